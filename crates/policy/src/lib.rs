@@ -1,0 +1,1 @@
+//! Policy: limit parsing, sandbox plans and narrowing. Pure: no I/O.
