@@ -1,0 +1,107 @@
+//! monitor ⇄ launcher: the finished plan goes down, what the kernel said comes back.
+//!
+//! The launcher never decides policy: everything in [`LaunchPlan`] has already been checked
+//! and narrowed by the monitor. The launcher only builds what it is told.
+
+use serde::{Deserialize, Serialize};
+
+/// Cap for frames on a launcher channel: plans and reports are small.
+pub const MAX_LAUNCH_FRAME: usize = 1024 * 1024;
+
+/// What the sandbox's root is made of.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Image {
+    /// The host's `/usr`, `/bin`, `/lib*`, `/sbin` and a subset of `/etc`, read-only.
+    Host,
+    /// Every top-level entry of this host directory, read-only.
+    Dir(String),
+}
+
+/// A host path bound into the sandbox.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct BindMount {
+    pub src: String,
+    pub dst: String,
+    pub rw: bool,
+}
+
+/// How the sandbox's ids map onto the host's.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum IdMap {
+    /// Zygo runs as root: ids 0..count inside map onto a subordinate host range that
+    /// nothing else uses. Never host id 0.
+    Range {
+        uid_base: u32,
+        gid_base: u32,
+        count: u32,
+    },
+    /// Zygo runs as an ordinary user: id 0 inside is that user, and nothing else is mapped.
+    Single { uid: u32, gid: u32 },
+}
+
+/// Everything the launcher needs to build one one-shot sandbox and run its program.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LaunchPlan {
+    pub argv: Vec<String>,
+    pub env: Vec<(String, String)>,
+    pub cwd: String,
+    pub image: Image,
+    pub mounts: Vec<BindMount>,
+    /// Size cap of `/tmp` and of `/work`, in bytes.
+    pub scratch_bytes: u64,
+    /// The launcher kills the whole sandbox this long after the program started.
+    pub timeout_ms: u64,
+    pub ids: IdMap,
+    pub hostname: String,
+}
+
+/// The phase a sandbox was in when something went wrong.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Phase {
+    /// Deciding what to build (policy, limits, images): nothing was started.
+    Plan,
+    /// Building the sandbox or starting the program in it.
+    Start,
+    /// The program was running.
+    Run,
+}
+
+impl Phase {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Phase::Plan => "plan",
+            Phase::Start => "start",
+            Phase::Run => "run",
+        }
+    }
+}
+
+/// monitor → launcher.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum ToLauncher {
+    /// Build this sandbox and run its program. Sent once, first.
+    Start(LaunchPlan),
+    /// The sandbox's first process is in its cgroups: let it go on.
+    Proceed,
+    /// Kill the sandbox now (cancel, or the monitor's own deadline).
+    Kill,
+}
+
+/// launcher → monitor.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum FromLauncher {
+    /// The sandbox's first process exists (host pid) and waits to be placed in its
+    /// cgroups; the launcher waits for [`ToLauncher::Proceed`].
+    Cloned { pid: i32 },
+    /// The program was exec'd inside the finished sandbox.
+    Started,
+    /// The program ended. `signal` is set when it was killed by one.
+    Exited {
+        code: Option<i32>,
+        signal: Option<i32>,
+        timed_out: bool,
+        wall_us: u64,
+    },
+    /// The sandbox could not be built, or the program could not be started.
+    Failed { phase: Phase, reason: String },
+}
