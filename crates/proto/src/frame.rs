@@ -109,8 +109,8 @@ impl FrameBuf {
 
     fn check_len(&self) -> Result<(), ProtoError> {
         if self.buf.len() >= 4 {
-            let len = u32::from_le_bytes([self.buf[0], self.buf[1], self.buf[2], self.buf[3]])
-                as usize;
+            let len =
+                u32::from_le_bytes([self.buf[0], self.buf[1], self.buf[2], self.buf[3]]) as usize;
             if len > self.max {
                 return Err(ProtoError::TooLarge { len, max: self.max });
             }

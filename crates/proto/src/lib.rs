@@ -12,8 +12,8 @@
 
 pub mod codec;
 pub mod frame;
-pub mod launch;
 pub mod front;
+pub mod launch;
 
 pub use frame::{read_frame, write_frame, FrameBuf, ProtoError};
 

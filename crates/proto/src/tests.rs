@@ -32,20 +32,28 @@ fn clean_eof_is_closed() {
 #[test]
 fn truncated_length_and_payload() {
     let r: Result<ToLauncher, _> = read_frame(&mut Cursor::new(vec![5, 0]), MAX_LAUNCH_FRAME);
-    assert!(matches!(r, Err(ProtoError::Truncated { got: 2, want: 4 })), "{r:?}");
+    assert!(
+        matches!(r, Err(ProtoError::Truncated { got: 2, want: 4 })),
+        "{r:?}"
+    );
     let mut whole = Vec::new();
     write_frame(&mut whole, &ToLauncher::Kill).expect("encode");
     let mut cut = framed(&[1, 2, 3, 4, 5, 6, 7]);
     cut.truncate(6);
     let r: Result<ToLauncher, _> = read_frame(&mut Cursor::new(cut), MAX_LAUNCH_FRAME);
-    assert!(matches!(r, Err(ProtoError::Truncated { got: 2, want: 7 })), "{r:?}");
+    assert!(
+        matches!(r, Err(ProtoError::Truncated { got: 2, want: 7 })),
+        "{r:?}"
+    );
 }
 
 #[test]
 fn oversize_length_is_refused_before_allocation() {
     // 4 GiB - 1 announced; nothing behind it. Must fail on the length alone.
-    let r: Result<ToLauncher, _> =
-        read_frame(&mut Cursor::new(vec![0xff, 0xff, 0xff, 0xff]), MAX_LAUNCH_FRAME);
+    let r: Result<ToLauncher, _> = read_frame(
+        &mut Cursor::new(vec![0xff, 0xff, 0xff, 0xff]),
+        MAX_LAUNCH_FRAME,
+    );
     assert!(matches!(r, Err(ProtoError::TooLarge { .. })), "{r:?}");
     let mut fb = FrameBuf::new(MAX_LAUNCH_FRAME);
     let r = fb.push(&[0xff, 0xff, 0xff, 0x7f]);
@@ -64,7 +72,9 @@ fn garbage_and_unknown_variant() {
     assert!(matches!(r, Err(ProtoError::Decode(_))), "{r:?}");
     // A string claiming a huge length inside a small frame.
     let r: Result<FromLauncher, _> = read_frame(
-        &mut Cursor::new(framed(&[3, 1, 0xfd, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0x7f])),
+        &mut Cursor::new(framed(&[
+            3, 1, 0xfd, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0x7f,
+        ])),
         MAX_LAUNCH_FRAME,
     );
     assert!(matches!(r, Err(ProtoError::Decode(_))), "{r:?}");
@@ -74,7 +84,10 @@ fn garbage_and_unknown_variant() {
 fn trailing_bytes_are_refused() {
     // Variant 2 (Kill) followed by one extra byte.
     let r: Result<ToLauncher, _> = read_frame(&mut Cursor::new(framed(&[2, 0])), MAX_LAUNCH_FRAME);
-    assert!(matches!(r, Err(ProtoError::TrailingBytes { extra: 1 })), "{r:?}");
+    assert!(
+        matches!(r, Err(ProtoError::TrailingBytes { extra: 1 })),
+        "{r:?}"
+    );
 }
 
 #[test]
@@ -90,7 +103,10 @@ fn framebuf_reassembles_split_frames() {
             got.push(m);
         }
     }
-    assert_eq!(got, vec![FromLauncher::Started, FromLauncher::Cloned { pid: 42 }]);
+    assert_eq!(
+        got,
+        vec![FromLauncher::Started, FromLauncher::Cloned { pid: 42 }]
+    );
     assert!(matches!(fb.finish(), Err(ProtoError::Closed)));
     fb.push(&[9, 0]).expect("push");
     assert!(matches!(fb.finish(), Err(ProtoError::Truncated { .. })));

@@ -1,1 +1,47 @@
-fn main() {}
+//! The `zygo` binary: one executable, several roles. `zygo __launcher` is the launcher role
+//! (started only by the monitor, with its socket on fd 3); everything else is the CLI.
+
+mod run;
+mod usage;
+mod version;
+
+use std::process::ExitCode;
+
+fn main() -> ExitCode {
+    let mut args = std::env::args_os();
+    let _argv0 = args.next();
+    let first = args.next();
+    if first.as_deref() == Some(std::ffi::OsStr::new("__launcher")) {
+        init_logging();
+        return ExitCode::from(zygo_launcher::main().clamp(0, 255) as u8);
+    }
+    init_logging();
+    let rest: Vec<std::ffi::OsString> = args.collect();
+    let code = match first.as_ref().and_then(|f| f.to_str()) {
+        None | Some("help") | Some("--help") | Some("-h") => {
+            print!("{}", usage::TOP);
+            0
+        }
+        Some("run") => run::main(rest),
+        Some("version") | Some("--version") | Some("-V") => version::main(rest),
+        Some(other) => {
+            eprintln!("zygo: unknown command {other:?}; see `zygo --help`");
+            2
+        }
+    };
+    ExitCode::from(code.clamp(0, 255) as u8)
+}
+
+fn init_logging() {
+    let env = env_logger::Env::new().filter_or("ZYGO_LOG", "warn");
+    env_logger::Builder::from_env(env)
+        .format_timestamp(None)
+        .format_target(false)
+        .init();
+}
+
+/// A usage error: one line, exit code 2.
+pub fn usage_error(cmd: &str, msg: impl std::fmt::Display) -> i32 {
+    eprintln!("zygo {cmd}: {msg}; see `zygo {cmd} --help`");
+    2
+}

@@ -1,1 +1,10 @@
-//! monitor
+//! The monitor: the privileged side of Zygo and the only process that decides.
+//!
+//! It owns the cgroup tree, every sandbox's lifecycle and deadline, and the identity a
+//! sandbox runs as. It trusts the `policy` crate's verdicts and nothing it reads from a
+//! launcher or a front: every message is checked against what the monitor itself granted.
+//! One-shot commands (`zygo run`) embed it; the supervisor will run it as a daemon.
+
+pub mod cgroup;
+pub mod identity;
+pub mod oneshot;

@@ -1,0 +1,195 @@
+//! `zygo run`: one program in a fresh one-shot sandbox, with the monitor embedded.
+
+use std::ffi::OsString;
+use std::fs::File;
+use std::io::IsTerminal;
+
+use policy::limits::Mem;
+use policy::plan::OneShotArgs;
+use proto::launch::Phase;
+use zygo_monitor::cgroup::Backend;
+use zygo_monitor::oneshot::{self, Outcome, Output, Request, Stdin};
+
+use crate::{usage, usage_error};
+
+struct Opts {
+    args: OneShotArgs,
+    stdin: Option<OsString>,
+    json: bool,
+}
+
+fn parse(raw: Vec<OsString>) -> Result<Option<Opts>, String> {
+    use lexopt::prelude::*;
+    let mut o = Opts {
+        args: OneShotArgs::default(),
+        stdin: None,
+        json: false,
+    };
+    let mut p = lexopt::Parser::from_args(raw);
+    let text = |v: OsString, flag: &str| {
+        v.into_string()
+            .map_err(|v| format!("--{flag}: {v:?} is not valid UTF-8"))
+    };
+    while let Some(arg) = p.next().map_err(|e| e.to_string())? {
+        match arg {
+            Long("help") | Short('h') => return Ok(None),
+            Long("json") => o.json = true,
+            Long(
+                flag @ ("mem" | "cpu" | "pids" | "timeout" | "scratch" | "net" | "image" | "mount"
+                | "env"),
+            ) => {
+                let flag = flag.to_string();
+                let v = text(p.value().map_err(|e| e.to_string())?, &flag)?;
+                let a = &mut o.args;
+                let slot = match flag.as_str() {
+                    "mem" => &mut a.mem,
+                    "cpu" => &mut a.cpu,
+                    "pids" => &mut a.pids,
+                    "timeout" => &mut a.timeout,
+                    "scratch" => &mut a.scratch,
+                    "net" => &mut a.net,
+                    "image" => &mut a.image,
+                    "mount" => {
+                        a.mounts.push(v);
+                        continue;
+                    }
+                    _ => {
+                        a.env.push(v);
+                        continue;
+                    }
+                };
+                if slot.is_some() {
+                    return Err(format!("--{flag} given twice"));
+                }
+                *slot = Some(v);
+            }
+            Long("stdin") => o.stdin = Some(p.value().map_err(|e| e.to_string())?),
+            Value(v) => {
+                o.args.argv.push(text(v, "command")?);
+                for rest in p.raw_args().map_err(|e| e.to_string())? {
+                    o.args.argv.push(text(rest, "command")?);
+                }
+            }
+            other => return Err(other.unexpected().to_string()),
+        }
+    }
+    Ok(Some(o))
+}
+
+pub fn main(raw: Vec<OsString>) -> i32 {
+    let opts = match parse(raw) {
+        Ok(Some(o)) => o,
+        Ok(None) => {
+            print!("{}", usage::RUN);
+            return 0;
+        }
+        Err(e) => return usage_error("run", e),
+    };
+    let plan = match policy::plan::one_shot(&opts.args) {
+        Ok(p) => p,
+        Err(e) => return usage_error("run", e),
+    };
+    let mem_text = match plan.limits.mem {
+        Mem::Limited(b) => b.to_string(),
+        Mem::Unlimited => "unlimited".into(),
+    };
+    let timeout_text = policy::limits::Dur(plan.limits.timeout).to_string();
+    let refuse = |phase: Phase, why: String| {
+        let out = Outcome {
+            phase: Some(phase),
+            error: Some(why),
+            ..Outcome::default()
+        };
+        report(&out, opts.json, &mem_text, &timeout_text)
+    };
+    let (launch, limits) = match oneshot::launch_plan(&plan) {
+        Ok(x) => x,
+        Err(why) => return refuse(Phase::Plan, why),
+    };
+    let stdin = match &opts.stdin {
+        Some(path) => match File::open(path) {
+            Ok(f) => Stdin::File(f),
+            Err(e) => {
+                return refuse(
+                    Phase::Plan,
+                    format!("--stdin {}: {e}", path.to_string_lossy()),
+                )
+            }
+        },
+        None if opts.json => Stdin::Null,
+        None if std::io::stdin().is_terminal() => Stdin::Forward,
+        None => Stdin::Forward,
+    };
+    let backend = match Backend::detect() {
+        Ok(b) => b,
+        Err(e) => return refuse(Phase::Plan, e.to_string()),
+    };
+    let launcher = match std::env::current_exe() {
+        Ok(p) => p,
+        Err(e) => return refuse(Phase::Plan, format!("find the zygo binary: {e}")),
+    };
+    let req = Request {
+        plan: launch,
+        limits,
+        stdin,
+        output: if opts.json {
+            Output::Capture
+        } else {
+            Output::PassThrough
+        },
+        launcher,
+    };
+    let out = oneshot::run(&backend, req);
+    report(&out, opts.json, &mem_text, &timeout_text)
+}
+
+/// Why a started program was killed, in words; None when it ended by itself.
+fn kill_reason(out: &Outcome, mem: &str, timeout: &str) -> Option<String> {
+    if out.timed_out {
+        Some(format!("exceeded its {timeout} time limit"))
+    } else if out.oom_killed {
+        Some(format!("ran out of memory (limit {mem})"))
+    } else {
+        out.signal.map(|s| format!("terminated by signal {s}"))
+    }
+}
+
+fn report(out: &Outcome, json: bool, mem: &str, timeout: &str) -> i32 {
+    let code = if out.started && out.error.is_none() {
+        out.exit_code.unwrap_or(1)
+    } else {
+        1
+    };
+    if json {
+        let phase = out.phase.unwrap_or(Phase::Run).as_str();
+        let v = serde_json::json!({
+            "started": out.started,
+            "phase": phase,
+            "error": out.error,
+            "exit_code": out.exit_code,
+            "signal": out.signal,
+            "timed_out": out.timed_out,
+            "oom_killed": out.oom_killed,
+            "kill_reason": if out.started { kill_reason(out, mem, timeout) } else { None },
+            "peak_rss_kb": out.peak_rss_kb,
+            "wall_ms": out.wall_ms,
+            "cpu_ms": out.cpu_ms,
+            "stdout": String::from_utf8_lossy(&out.stdout),
+            "stdout_truncated": out.stdout_truncated,
+            "stderr": String::from_utf8_lossy(&out.stderr),
+            "stderr_truncated": out.stderr_truncated,
+        });
+        println!("{v}");
+    } else if let Some(err) = &out.error {
+        let phase = out.phase.unwrap_or(Phase::Start);
+        let what = match phase {
+            Phase::Plan => "refused",
+            Phase::Start => "could not start the sandbox",
+            Phase::Run => "sandbox failed",
+        };
+        eprintln!("zygo: {what}: {err}");
+    } else if let Some(why) = kill_reason(out, mem, timeout) {
+        eprintln!("zygo: killed: {why}");
+    }
+    code
+}

@@ -1,0 +1,56 @@
+//! `zygo version`: the build, and which layers of the boundary this host provides.
+
+use std::ffi::OsString;
+
+use crate::{usage, usage_error};
+
+pub fn main(args: Vec<OsString>) -> i32 {
+    let mut json = false;
+    let mut p = lexopt::Parser::from_args(args);
+    loop {
+        match p.next() {
+            Ok(Some(lexopt::Arg::Long("json"))) => json = true,
+            Ok(Some(lexopt::Arg::Long("help") | lexopt::Arg::Short('h'))) => {
+                print!("{}", usage::VERSION);
+                return 0;
+            }
+            Ok(Some(other)) => return usage_error("version", other.unexpected()),
+            Ok(None) => break,
+            Err(e) => return usage_error("version", e),
+        }
+    }
+    let (cgroup, cgroup_root, cgroup_error) = match zygo_monitor::cgroup::Backend::detect() {
+        Ok(b) => (Some(b.name()), Some(b.root()), None),
+        Err(e) => (None, None, Some(e.to_string())),
+    };
+    let abi = zygo_launcher::harden::landlock_abi();
+    if json {
+        let v = serde_json::json!({
+            "version": env!("CARGO_PKG_VERSION"),
+            "backend": "ns",
+            "cgroup": cgroup,
+            "cgroup_root": cgroup_root,
+            "cgroup_error": cgroup_error,
+            "landlock_abi": abi,
+            "seccomp": true,
+        });
+        println!("{v}");
+    } else {
+        println!("zygo {}", env!("CARGO_PKG_VERSION"));
+        println!("backend:  namespaces (user, mount, pid, net, ipc, uts, cgroup)");
+        match (cgroup, cgroup_root) {
+            (Some(c), Some(root)) => println!("cgroup:   {c} ({root})"),
+            _ => println!(
+                "cgroup:   unavailable — sandboxes will be refused: {}",
+                cgroup_error.unwrap_or_default()
+            ),
+        }
+        if abi > 0 {
+            println!("landlock: ABI {abi}");
+        } else {
+            println!("landlock: not available on this kernel — sandboxes run without it (the mount namespace and read-only root still hold)");
+        }
+        println!("seccomp:  allowlist, installed last before exec");
+    }
+    0
+}

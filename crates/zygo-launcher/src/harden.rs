@@ -1,0 +1,137 @@
+//! The last steps before the program runs, in this order: rlimits, drop every capability,
+//! no_new_privs, Landlock. (The seccomp filter is installed after these, in the program's
+//! own process, immediately before exec: see `seccomp`.)
+
+use std::path::Path;
+
+use landlock::{
+    Access, AccessFs, CompatLevel, Compatible, PathBeneath, PathFd, Ruleset, RulesetAttr,
+    RulesetCreatedAttr, RulesetStatus, Scope, ABI,
+};
+
+use crate::sys::{self, fail, step, Result};
+
+/// The newest Landlock ABI whose rights this code was written and tested against.
+const LANDLOCK_ABI: ABI = ABI::V6;
+
+/// Limits that are per process rather than per cgroup.
+pub fn rlimits() -> Result<()> {
+    // No core dumps: a crashing program must not write its memory anywhere.
+    step(sys::set_rlimit(libc::RLIMIT_CORE, 0, 0), || {
+        "set RLIMIT_CORE".into()
+    })?;
+    // Enough descriptors for an interpreter, few enough to keep a leak contained.
+    let (_, hard) = step(sys::get_rlimit(libc::RLIMIT_NOFILE), || {
+        "read RLIMIT_NOFILE".into()
+    })?;
+    let n = hard.min(4096);
+    step(sys::set_rlimit(libc::RLIMIT_NOFILE, n, n), || {
+        "set RLIMIT_NOFILE".into()
+    })?;
+    Ok(())
+}
+
+/// Drop every capability from every set, lock the securebits so that uid 0 inside the
+/// sandbox gets none back on exec, and set no_new_privs.
+pub fn drop_privileges() -> Result<()> {
+    use caps::CapSet;
+    // SECBIT_NOROOT | SECBIT_NO_SETUID_FIXUP | SECBIT_KEEP_CAPS_LOCKED |
+    // SECBIT_NO_CAP_AMBIENT_RAISE and the lock bits of each: set while CAP_SETPCAP is held.
+    const SECBITS: libc::c_ulong = 0x01 | 0x02 | 0x04 | 0x08 | 0x20 | 0x40 | 0x80;
+    step(sys::prctl(libc::PR_SET_SECUREBITS, SECBITS), || {
+        "lock the securebits".into()
+    })?;
+    for cap in caps::all() {
+        caps::drop(None, CapSet::Bounding, cap).map_err(|e| {
+            fail(
+                format!("drop {cap} from the bounding set"),
+                std::io::Error::other(e.to_string()),
+            )
+        })?;
+    }
+    for set in [
+        CapSet::Ambient,
+        CapSet::Inheritable,
+        CapSet::Effective,
+        CapSet::Permitted,
+    ] {
+        caps::clear(None, set).map_err(|e| {
+            fail(
+                format!("clear the {set:?} capability set"),
+                std::io::Error::other(e.to_string()),
+            )
+        })?;
+    }
+    step(sys::prctl(libc::PR_SET_NO_NEW_PRIVS, 1), || {
+        "set no_new_privs".into()
+    })?;
+    Ok(())
+}
+
+/// The Landlock ABI this kernel offers (0 when it has none).
+pub fn landlock_abi() -> i64 {
+    const LANDLOCK_CREATE_RULESET_VERSION: libc::c_uint = 1;
+    // SAFETY: the version query takes no ruleset pointer and size 0.
+    let r = unsafe {
+        libc::syscall(
+            libc::SYS_landlock_create_ruleset,
+            std::ptr::null::<libc::c_void>(),
+            0usize,
+            LANDLOCK_CREATE_RULESET_VERSION,
+        )
+    };
+    if r < 0 {
+        0
+    } else {
+        r
+    }
+}
+
+/// Filesystem writes only under `/tmp`, `/work` and the plan's writable mounts (plus the
+/// harmless devices); reads and execution anywhere in the (already minimal) root. Where the
+/// kernel supports it, also scope signals and abstract unix sockets to the sandbox.
+///
+/// On a kernel without Landlock this does nothing and says so: the mount namespace and the
+/// read-only root still hold; `zygo version` reports the missing layer.
+pub fn landlock(writable: &[&str]) -> Result<bool> {
+    let abi = LANDLOCK_ABI;
+    let io =
+        |e: landlock::RulesetError| fail("set up Landlock", std::io::Error::other(e.to_string()));
+    let path = |p: &str| {
+        PathFd::new(Path::new(p)).map_err(|e| {
+            fail(
+                format!("open {p} for Landlock"),
+                std::io::Error::other(e.to_string()),
+            )
+        })
+    };
+    let mut ruleset = Ruleset::default()
+        .set_compatibility(CompatLevel::BestEffort)
+        .handle_access(AccessFs::from_all(abi))
+        .map_err(io)?
+        .scope(Scope::from_all(abi))
+        .map_err(io)?
+        .create()
+        .map_err(io)?
+        .add_rule(PathBeneath::new(path("/")?, AccessFs::from_read(abi)))
+        .map_err(io)?;
+    for w in ["/tmp", "/work"].iter().chain(writable.iter()) {
+        ruleset = ruleset
+            .add_rule(PathBeneath::new(path(w)?, AccessFs::from_all(abi)))
+            .map_err(io)?;
+    }
+    let dev_rights = AccessFs::ReadFile | AccessFs::WriteFile | AccessFs::IoctlDev;
+    for d in [
+        "/dev/null",
+        "/dev/zero",
+        "/dev/full",
+        "/dev/random",
+        "/dev/urandom",
+    ] {
+        ruleset = ruleset
+            .add_rule(PathBeneath::new(path(d)?, dev_rights))
+            .map_err(io)?;
+    }
+    let status = ruleset.restrict_self().map_err(io)?;
+    Ok(status.ruleset != RulesetStatus::NotEnforced)
+}

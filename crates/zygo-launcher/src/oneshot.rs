@@ -1,0 +1,635 @@
+//! One sandbox, one program: the launcher's side of `zygo run`.
+//!
+//! Three processes are involved:
+//! - the **launcher** (this process, in the host's namespaces): clones the sandbox, writes
+//!   its id maps once the monitor has placed it in its cgroups, enforces the deadline, and
+//!   reports to the monitor;
+//! - the sandbox's **init** (pid 1 of the new pid namespace): builds the root, drops every
+//!   privilege, starts the program and reaps; when it exits the kernel kills everything
+//!   left in the namespace, so nothing the program started can outlive it;
+//! - the **program**, forked by init, which installs the seccomp filter and execs.
+//!
+//! init reports to the launcher over a close-on-exec pipe with one short line per event:
+//! `S` (the program was exec'd), `F <reason>` (building or starting failed), `W <status>`
+//! (the program's wait status). The program itself never holds that pipe.
+
+use std::ffi::CString;
+use std::io::{Read, Write};
+use std::os::fd::{AsRawFd, RawFd};
+use std::os::unix::net::UnixStream;
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use proto::launch::{FromLauncher, IdMap, LaunchPlan, Phase, ToLauncher, MAX_LAUNCH_FRAME};
+use proto::{read_frame, write_frame};
+
+use crate::sys::{self, SetupError};
+use crate::{harden, rootfs, seccomp};
+
+/// Descriptor numbers the monitor hands the launcher.
+pub const FD_MONITOR: RawFd = 3;
+pub const FD_PROGRAM_STDERR: RawFd = 4;
+
+/// The longest a sandbox may take to build before the launcher gives up on it.
+const BUILD_DEADLINE: Duration = Duration::from_secs(30);
+/// The most init may say on its report pipe; more is a protocol violation.
+const MAX_REPORT: usize = 64 * 1024;
+
+const NAMESPACES: libc::c_int = libc::CLONE_NEWUSER
+    | libc::CLONE_NEWNS
+    | libc::CLONE_NEWPID
+    | libc::CLONE_NEWNET
+    | libc::CLONE_NEWIPC
+    | libc::CLONE_NEWUTS;
+
+/// What went wrong in the launcher itself (not in the sandbox).
+#[derive(Debug)]
+pub enum LaunchError {
+    Channel(proto::ProtoError),
+    Unexpected(&'static str),
+}
+
+impl std::fmt::Display for LaunchError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            LaunchError::Channel(e) => write!(f, "monitor channel: {e}"),
+            LaunchError::Unexpected(what) => write!(f, "monitor sent {what}"),
+        }
+    }
+}
+
+impl From<proto::ProtoError> for LaunchError {
+    fn from(e: proto::ProtoError) -> Self {
+        LaunchError::Channel(e)
+    }
+}
+
+fn send(sock: &mut UnixStream, msg: &FromLauncher) -> Result<(), LaunchError> {
+    write_frame(sock, msg).map_err(LaunchError::Channel)
+}
+
+fn failed(sock: &mut UnixStream, phase: Phase, reason: String) -> Result<(), LaunchError> {
+    send(sock, &FromLauncher::Failed { phase, reason })
+}
+
+/// Run one sandbox for the monitor on `sock`, which has already sent `Start(plan)`.
+pub fn run(sock: &mut UnixStream, plan: &LaunchPlan) -> Result<(), LaunchError> {
+    if plan.argv.is_empty() {
+        return failed(sock, Phase::Start, "no command to run".into());
+    }
+    // Compiled before the clone so the program only has to install it.
+    let filter = match seccomp::sandbox_filter() {
+        Ok(f) => f,
+        Err(e) => return failed(sock, Phase::Start, format!("build the seccomp filter: {e}")),
+    };
+    let (go_r, go_w) = match sys::pipe_cloexec() {
+        Ok(p) => p,
+        Err(e) => return failed(sock, Phase::Start, format!("create a pipe: {e}")),
+    };
+    let (rep_r, rep_w) = match sys::pipe_cloexec() {
+        Ok(p) => p,
+        Err(e) => return failed(sock, Phase::Start, format!("create a pipe: {e}")),
+    };
+
+    // SAFETY: a raw clone with a null stack behaves like fork. The launcher is
+    // single-threaded, so the child may go on running ordinary Rust code.
+    let pid = unsafe {
+        libc::syscall(
+            libc::SYS_clone,
+            (NAMESPACES | libc::SIGCHLD) as libc::c_ulong,
+            0usize,
+            0usize,
+            0usize,
+            0usize,
+        )
+    };
+    if pid < 0 {
+        let e = std::io::Error::last_os_error();
+        return failed(
+            sock,
+            Phase::Start,
+            format!("create the sandbox's namespaces: {e}{}", userns_hint(&e)),
+        );
+    }
+    if pid == 0 {
+        sys::close(go_w);
+        sys::close(rep_r);
+        sys::close(FD_MONITOR);
+        init_main(plan, go_r, rep_w, &filter);
+    }
+    let pid = pid as libc::pid_t;
+    sys::close(go_r);
+    sys::close(rep_w);
+    let outcome = supervise(sock, plan, pid, go_w, rep_r);
+    // Whatever happened, nothing of the sandbox outlives this function.
+    kill_tree(pid);
+    reap(pid);
+    sys::close(rep_r);
+    outcome
+}
+
+fn userns_hint(e: &std::io::Error) -> &'static str {
+    match e.raw_os_error() {
+        Some(libc::EPERM) | Some(libc::ENOSPC) | Some(libc::EINVAL) => {
+            " (user namespaces may be disabled: check kernel.unprivileged_userns_clone, \
+             user.max_user_namespaces and AppArmor's restrict_unprivileged_userns)"
+        }
+        _ => "",
+    }
+}
+
+/// SIGKILL to the sandbox's init: the kernel then kills every process in its pid namespace.
+fn kill_tree(pid: libc::pid_t) {
+    // SAFETY: signalling our own child.
+    unsafe { libc::kill(pid, libc::SIGKILL) };
+}
+
+fn reap(pid: libc::pid_t) -> Option<libc::c_int> {
+    let mut status = 0;
+    loop {
+        // SAFETY: waiting for our own child.
+        let r = unsafe { libc::waitpid(pid, &mut status, libc::__WALL) };
+        if r == pid {
+            return Some(status);
+        }
+        if r < 0 && std::io::Error::last_os_error().raw_os_error() == Some(libc::EINTR) {
+            continue;
+        }
+        return None;
+    }
+}
+
+fn write_id_maps(pid: libc::pid_t, ids: &IdMap) -> Result<(), String> {
+    let proc_ = format!("/proc/{pid}");
+    let write = |file: &str, text: &str| {
+        std::fs::write(format!("{proc_}/{file}"), text).map_err(|e| format!("write {file}: {e}"))
+    };
+    match *ids {
+        IdMap::Range {
+            uid_base,
+            gid_base,
+            count,
+        } => {
+            if uid_base == 0 || gid_base == 0 {
+                return Err("refusing an id map onto host id 0".into());
+            }
+            write("uid_map", &format!("0 {uid_base} {count}\n"))?;
+            write("gid_map", &format!("0 {gid_base} {count}\n"))?;
+        }
+        IdMap::Single { uid, gid } => {
+            write("setgroups", "deny")?;
+            write("uid_map", &format!("0 {uid} 1\n"))?;
+            write("gid_map", &format!("0 {gid} 1\n"))?;
+        }
+    }
+    Ok(())
+}
+
+enum Report {
+    Started,
+    Failed(String),
+    Status(libc::c_int),
+}
+
+fn parse_report(line: &[u8]) -> Option<Report> {
+    let line = std::str::from_utf8(line).ok()?;
+    match line.split_once(' ').unwrap_or((line, "")) {
+        ("S", "") => Some(Report::Started),
+        ("F", why) if !why.is_empty() => Some(Report::Failed(why.to_string())),
+        ("W", n) => n.parse().ok().map(Report::Status),
+        _ => None,
+    }
+}
+
+fn supervise(
+    sock: &mut UnixStream,
+    plan: &LaunchPlan,
+    pid: libc::pid_t,
+    go_w: RawFd,
+    rep_r: RawFd,
+) -> Result<(), LaunchError> {
+    // 1. The monitor places the sandbox in its cgroups before anything runs in it.
+    send(sock, &FromLauncher::Cloned { pid })?;
+    match read_frame::<_, ToLauncher>(sock, MAX_LAUNCH_FRAME) {
+        Ok(ToLauncher::Proceed) => {}
+        Ok(ToLauncher::Kill) => {
+            sys::close(go_w);
+            return Ok(());
+        }
+        Ok(ToLauncher::Start(_)) => {
+            sys::close(go_w);
+            return Err(LaunchError::Unexpected("a second Start"));
+        }
+        Err(e) => {
+            sys::close(go_w);
+            return Err(e.into());
+        }
+    }
+    // 2. Id maps, then let init go on.
+    if let Err(e) = write_id_maps(pid, &plan.ids) {
+        sys::close(go_w);
+        return failed(
+            sock,
+            Phase::Start,
+            format!("map the sandbox's user ids: {e}"),
+        );
+    }
+    let go = sys::write_fd(go_w, b"1");
+    sys::close(go_w);
+    if let Err(e) = go {
+        return failed(sock, Phase::Start, format!("start the sandbox: {e}"));
+    }
+
+    // 3. Wait for init's reports, the monitor, or the deadline.
+    let mut buf: Vec<u8> = Vec::new();
+    let mut started: Option<Instant> = None;
+    let mut status: Option<libc::c_int> = None;
+    let mut failure: Option<String> = None;
+    let mut timed_out = false;
+    let mut killed = false;
+    let mut ended: Option<Instant> = None;
+    let build_deadline = Instant::now() + BUILD_DEADLINE;
+    let timeout = Duration::from_millis(plan.timeout_ms);
+    loop {
+        let deadline = match started {
+            Some(t) => t + timeout,
+            None => build_deadline,
+        };
+        let now = Instant::now();
+        if !killed && now >= deadline {
+            kill_tree(pid);
+            killed = true;
+            if started.is_some() {
+                timed_out = true;
+                ended = Some(now);
+            } else {
+                failure = Some(format!(
+                    "the sandbox took longer than {}s to build",
+                    BUILD_DEADLINE.as_secs()
+                ));
+            }
+        }
+        let wait_ms = if killed {
+            -1
+        } else {
+            deadline
+                .saturating_duration_since(now)
+                .as_millis()
+                .min(i32::MAX as u128) as i32
+                + 1
+        };
+        let mut fds = [
+            libc::pollfd {
+                fd: rep_r,
+                events: libc::POLLIN,
+                revents: 0,
+            },
+            libc::pollfd {
+                fd: sock.as_raw_fd(),
+                events: libc::POLLIN,
+                revents: 0,
+            },
+        ];
+        // SAFETY: fds is a valid array of pollfd for its length.
+        let n = unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, wait_ms) };
+        if n < 0 {
+            if std::io::Error::last_os_error().raw_os_error() == Some(libc::EINTR) {
+                continue;
+            }
+            kill_tree(pid);
+            break;
+        }
+        if fds[1].revents != 0 {
+            match read_frame::<_, ToLauncher>(sock, MAX_LAUNCH_FRAME) {
+                Ok(ToLauncher::Kill) => {
+                    kill_tree(pid);
+                    killed = true;
+                    ended.get_or_insert_with(Instant::now);
+                }
+                Ok(_) => {
+                    kill_tree(pid);
+                    return Err(LaunchError::Unexpected("a message out of order"));
+                }
+                Err(e) => {
+                    // The monitor is gone: nobody is left to report to.
+                    kill_tree(pid);
+                    log::warn!("launcher: {e}; killing the sandbox");
+                    return Ok(());
+                }
+            }
+        }
+        if fds[0].revents != 0 {
+            let mut chunk = [0u8; 4096];
+            let n = sys::read_fd(rep_r, &mut chunk).unwrap_or(0);
+            if n == 0 {
+                break; // init is gone
+            }
+            buf.extend_from_slice(&chunk[..n]);
+            if buf.len() > MAX_REPORT {
+                kill_tree(pid);
+                failure = Some("the sandbox's init said too much".into());
+                break;
+            }
+            while let Some(nl) = buf.iter().position(|&b| b == b'\n') {
+                let line: Vec<u8> = buf.drain(..=nl).collect();
+                match parse_report(&line[..line.len() - 1]) {
+                    Some(Report::Started) if started.is_none() => {
+                        started = Some(Instant::now());
+                        send(sock, &FromLauncher::Started)?;
+                    }
+                    Some(Report::Failed(why)) => failure = Some(why),
+                    Some(Report::Status(s)) if started.is_some() => {
+                        status = Some(s);
+                        ended.get_or_insert_with(Instant::now);
+                    }
+                    _ => {
+                        kill_tree(pid);
+                        failure = Some("the sandbox's init broke its report protocol".into());
+                    }
+                }
+            }
+        }
+    }
+    let init_status = reap(pid);
+    if let Some(why) = failure {
+        let phase = if started.is_some() {
+            Phase::Run
+        } else {
+            Phase::Start
+        };
+        return failed(sock, phase, why);
+    }
+    let Some(t0) = started else {
+        return failed(
+            sock,
+            Phase::Start,
+            "the sandbox ended before its program started".into(),
+        );
+    };
+    // The program's own status if init reported it; otherwise init's (killed with it).
+    let s = status.or(init_status).unwrap_or(libc::SIGKILL);
+    let (code, signal) = if libc::WIFSIGNALED(s) {
+        (None, Some(libc::WTERMSIG(s)))
+    } else {
+        (Some(libc::WEXITSTATUS(s)), None)
+    };
+    let wall = ended
+        .unwrap_or_else(Instant::now)
+        .saturating_duration_since(t0);
+    send(
+        sock,
+        &FromLauncher::Exited {
+            code,
+            signal,
+            timed_out,
+            wall_us: wall.as_micros() as u64,
+        },
+    )
+}
+
+// ---------------------------------------------------------------------------------------
+// Inside the sandbox.
+
+fn report(fd: RawFd, kind: &str, text: &str) {
+    let clean: String = text
+        .chars()
+        .map(|c| if c == '\n' || c == '\r' { ' ' } else { c })
+        .take(4000)
+        .collect();
+    let line = if clean.is_empty() {
+        format!("{kind}\n")
+    } else {
+        format!("{kind} {clean}\n")
+    };
+    let _ = sys::write_fd(fd, line.as_bytes());
+}
+
+fn exit_now(code: libc::c_int) -> ! {
+    // SAFETY: _exit ends the process without running the parent's atexit handlers.
+    unsafe { libc::_exit(code) }
+}
+
+/// pid 1 of the sandbox. Never returns.
+fn init_main(plan: &LaunchPlan, go_r: RawFd, rep_w: RawFd, filter: &seccompiler::BpfProgram) -> ! {
+    // If the launcher dies, so does the sandbox.
+    let _ = sys::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL as libc::c_ulong);
+    let mut go = [0u8; 1];
+    if sys::read_fd(go_r, &mut go).unwrap_or(0) != 1 {
+        exit_now(1);
+    }
+    sys::close(go_r);
+    let prepared = match setup(plan) {
+        Ok(p) => p,
+        Err(e) => {
+            report(rep_w, "F", &e.to_string());
+            exit_now(1);
+        }
+    };
+    let (ex_r, ex_w) = match sys::pipe_cloexec() {
+        Ok(p) => p,
+        Err(e) => {
+            report(rep_w, "F", &format!("create a pipe: {e}"));
+            exit_now(1);
+        }
+    };
+    // SAFETY: init is single-threaded; the child only execs or exits.
+    let child = unsafe { libc::fork() };
+    if child < 0 {
+        report(
+            rep_w,
+            "F",
+            &format!("fork the program: {}", std::io::Error::last_os_error()),
+        );
+        exit_now(1);
+    }
+    if child == 0 {
+        sys::close(ex_r);
+        sys::close(rep_w);
+        exec_program(&prepared, ex_w, filter);
+    }
+    sys::close(ex_w);
+    let mut why = Vec::new();
+    let _ = std::fs::File::from(owned(ex_r))
+        .take(4096)
+        .read_to_end(&mut why);
+    if !why.is_empty() {
+        report(rep_w, "F", &String::from_utf8_lossy(&why));
+        exit_now(1);
+    }
+    report(rep_w, "S", "");
+    loop {
+        let mut status = 0;
+        // SAFETY: waiting for any child of init (the program or an orphan it inherited).
+        let r = unsafe { libc::waitpid(-1, &mut status, 0) };
+        if r == child {
+            report(rep_w, "W", &status.to_string());
+            exit_now(0);
+        }
+        if r < 0 && std::io::Error::last_os_error().raw_os_error() == Some(libc::ECHILD) {
+            exit_now(0);
+        }
+    }
+}
+
+fn owned(fd: RawFd) -> std::os::fd::OwnedFd {
+    use std::os::fd::FromRawFd;
+    // SAFETY: `fd` is a descriptor this process owns and hands over exactly once.
+    unsafe { std::os::fd::OwnedFd::from_raw_fd(fd) }
+}
+
+/// What the program's process needs, prepared before the fork so the child only execs.
+struct Prepared {
+    path: CString,
+    argv: Vec<CString>,
+    env: Vec<CString>,
+}
+
+fn setup(plan: &LaunchPlan) -> Result<Prepared, SetupError> {
+    use crate::sys::step;
+    // Become id 0 of the new user namespace (which holds no power over the host) and shed
+    // every supplementary group the launcher had.
+    // SAFETY: plain id-setting calls.
+    step(check(unsafe { libc::setresgid(0, 0, 0) }), || {
+        "become gid 0 in the sandbox".into()
+    })?;
+    if matches!(plan.ids, IdMap::Range { .. }) {
+        // SAFETY: an empty group list.
+        step(
+            check(unsafe { libc::setgroups(0, std::ptr::null()) }),
+            || "drop supplementary groups".into(),
+        )?;
+    }
+    // SAFETY: plain id-setting call.
+    step(check(unsafe { libc::setresuid(0, 0, 0) }), || {
+        "become uid 0 in the sandbox".into()
+    })?;
+    // Now that the monitor has placed us in our cgroups, make them our cgroup root.
+    // SAFETY: unshare with a namespace flag only.
+    step(
+        check(unsafe { libc::unshare(libc::CLONE_NEWCGROUP) }),
+        || "create the cgroup namespace".into(),
+    )?;
+    let host = plan.hostname.as_bytes();
+    // SAFETY: host is a valid byte slice for its length.
+    step(
+        check(unsafe { libc::sethostname(host.as_ptr().cast(), host.len()) }),
+        || "set the host name".into(),
+    )?;
+    step(sys::loopback_up(), || {
+        "bring up the loopback interface".into()
+    })?;
+    rootfs::build(plan)?;
+    // Not dumpable: the program cannot open init's /proc entries or descriptors.
+    step(sys::prctl(libc::PR_SET_DUMPABLE, 0), || {
+        "make init undumpable".into()
+    })?;
+    harden::rlimits()?;
+    harden::drop_privileges()?;
+    let writable: Vec<&str> = plan
+        .mounts
+        .iter()
+        .filter(|m| m.rw)
+        .map(|m| m.dst.as_str())
+        .collect();
+    harden::landlock(&writable)?;
+
+    let env: Vec<CString> = plan
+        .env
+        .iter()
+        .filter_map(|(k, v)| CString::new(format!("{k}={v}")).ok())
+        .collect();
+    let argv: Vec<CString> = plan
+        .argv
+        .iter()
+        .map(|a| CString::new(a.as_str()))
+        .collect::<Result<_, _>>()
+        .map_err(|_| {
+            sys::fail(
+                "prepare the command",
+                std::io::Error::other("argument contains a NUL byte"),
+            )
+        })?;
+    let path_var = plan
+        .env
+        .iter()
+        .find(|(k, _)| k == "PATH")
+        .map_or("/usr/local/bin:/usr/bin:/bin", |(_, v)| v.as_str());
+    let path = resolve(&plan.argv[0], path_var).ok_or_else(|| {
+        sys::fail(
+            format!("command not found in the sandbox: {}", plan.argv[0]),
+            std::io::Error::from_raw_os_error(libc::ENOENT),
+        )
+    })?;
+    let path = sys::cstr(&path).map_err(|e| sys::fail("prepare the command", e))?;
+    Ok(Prepared { path, argv, env })
+}
+
+fn check(ret: libc::c_int) -> std::io::Result<()> {
+    if ret < 0 {
+        Err(std::io::Error::last_os_error())
+    } else {
+        Ok(())
+    }
+}
+
+/// Find `cmd` the way a shell would, inside the sandbox's root.
+fn resolve(cmd: &str, path_var: &str) -> Option<std::path::PathBuf> {
+    use std::os::unix::fs::PermissionsExt;
+    let is_exec = |p: &Path| {
+        std::fs::metadata(p).is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
+    };
+    if cmd.contains('/') {
+        let p = Path::new(cmd).to_path_buf();
+        return is_exec(&p).then_some(p);
+    }
+    path_var
+        .split(':')
+        .filter(|d| !d.is_empty())
+        .map(|d| Path::new(d).join(cmd))
+        .find(|p| is_exec(p))
+}
+
+/// The program's process: fixed descriptors, default signals, the seccomp filter, exec.
+fn exec_program(p: &Prepared, ex_w: RawFd, filter: &seccompiler::BpfProgram) -> ! {
+    let fail = |what: &str, e: std::io::Error| -> ! {
+        let mut f = std::fs::File::from(owned(ex_w));
+        let _ = write!(f, "{what}: {e}");
+        exit_now(127);
+    };
+    // A new session: no controlling terminal, and no way to reach the launcher's.
+    // SAFETY: setsid in a fresh child that is not a group leader.
+    unsafe { libc::setsid() };
+    // SAFETY: dup2 onto fd 2 from the program's stderr pipe.
+    if unsafe { libc::dup2(FD_PROGRAM_STDERR, 2) } < 0 {
+        fail("set up stderr", std::io::Error::last_os_error());
+    }
+    sys::close_fds_from(3, &[ex_w]);
+    // Default dispositions and an empty mask (the launcher ignores SIGPIPE, and ignored
+    // signals would otherwise survive exec).
+    for sig in 1..=64 {
+        if sig != libc::SIGKILL && sig != libc::SIGSTOP {
+            // SAFETY: resetting a disposition to its default.
+            unsafe { libc::signal(sig, libc::SIG_DFL) };
+        }
+    }
+    // SAFETY: an empty signal set, applied to this thread.
+    unsafe {
+        let mut set: libc::sigset_t = std::mem::zeroed();
+        libc::sigemptyset(&mut set);
+        libc::sigprocmask(libc::SIG_SETMASK, &set, std::ptr::null_mut());
+    }
+    if let Err(e) = seccomp::install(filter) {
+        fail(
+            "install the seccomp filter",
+            std::io::Error::other(e.to_string()),
+        );
+    }
+    let mut argv: Vec<*const libc::c_char> = p.argv.iter().map(|a| a.as_ptr()).collect();
+    argv.push(std::ptr::null());
+    let mut env: Vec<*const libc::c_char> = p.env.iter().map(|a| a.as_ptr()).collect();
+    env.push(std::ptr::null());
+    // SAFETY: path, argv and env are NUL-terminated arrays of valid C strings.
+    unsafe { libc::execve(p.path.as_ptr(), argv.as_ptr(), env.as_ptr()) };
+    let e = std::io::Error::last_os_error();
+    fail(&format!("start {}", p.path.to_string_lossy()), e);
+}

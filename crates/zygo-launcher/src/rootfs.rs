@@ -1,0 +1,420 @@
+//! The sandbox's filesystem, built inside its own mount namespace.
+//!
+//! The way in (the same as bubblewrap's): a small staging tmpfs is mounted on `/tmp` and
+//! made the root with `pivot_root`, so the host's root stays reachable at `/oldroot` while
+//! the new root is assembled on a second tmpfs at `/newroot` from binds of `/oldroot/...`.
+//! Then `/oldroot` is detached, `/newroot` becomes the root with `pivot_root(".", ".")`,
+//! the staging mount is detached, and the new root itself is remounted read-only.
+//!
+//! Every mount is `nosuid` and `nodev` except the few device nodes bound into `/dev`.
+//! Nothing of the host is visible except what this module binds, read-only unless the plan
+//! asked for a writable mount.
+
+use std::fs;
+use std::os::unix::fs::{symlink, DirBuilderExt, PermissionsExt};
+use std::path::{Component, Path, PathBuf};
+
+use proto::launch::{Image, LaunchPlan};
+
+use crate::sys::{self, fail, step, Result};
+
+const MS_NOSUID: libc::c_ulong = libc::MS_NOSUID;
+const MS_NODEV: libc::c_ulong = libc::MS_NODEV;
+const MS_NOEXEC: libc::c_ulong = libc::MS_NOEXEC;
+
+/// Top-level host entries that make up the `host` image (each a directory bound read-only,
+/// or a symlink recreated as it is, e.g. `/bin -> usr/bin` on merged-/usr systems).
+const HOST_TOP: &[&str] = &["usr", "bin", "sbin", "lib", "lib32", "lib64", "libx32"];
+
+/// The part of the host's `/etc` a program needs to start and to find libraries,
+/// certificates and time zones. Account databases and host names are generated instead,
+/// so nothing about the host's users or network leaks in.
+const HOST_ETC: &[&str] = &[
+    "alternatives",
+    "ld.so.cache",
+    "ld.so.conf",
+    "ld.so.conf.d",
+    "localtime",
+    "timezone",
+    "nsswitch.conf",
+    "ssl",
+    "ca-certificates",
+    "ca-certificates.conf",
+    "mime.types",
+    "protocols",
+    "services",
+    "gai.conf",
+    "host.conf",
+    "os-release",
+    "debian_version",
+    "python3",
+    "python3.11",
+    "python3.12",
+    "xdg",
+    "profile",
+];
+
+/// Paths in `/proc` replaced by an empty read-only file: they leak kernel memory, keys,
+/// timers, or let a process poke the kernel (sysrq).
+const PROC_MASK_FILES: &[&str] = &[
+    "kcore",
+    "kmsg",
+    "keys",
+    "key-users",
+    "timer_list",
+    "timer_stats",
+    "sched_debug",
+    "latency_stats",
+    "sysrq-trigger",
+    "kallsyms",
+    "config.gz",
+    "vmallocinfo",
+    "pagetypeinfo",
+];
+
+/// Directories in `/proc` hidden behind an empty read-only tmpfs.
+const PROC_MASK_DIRS: &[&str] = &["acpi", "scsi", "asound", "driver", "tty"];
+
+/// Directories in `/proc` kept visible but read-only.
+const PROC_READONLY: &[&str] = &["sys", "irq", "bus", "fs", "sysvipc"];
+
+/// Device nodes bound from the host. No tty, no block device, nothing else.
+const DEVICES: &[&str] = &["null", "zero", "full", "random", "urandom"];
+
+/// Names the sandbox owns at its root; an image's entries with these names are skipped.
+const RESERVED: &[&str] = &[
+    "proc", "dev", "sys", "tmp", "work", "run", "oldroot", "newroot",
+];
+
+fn mkdir(p: &Path, mode: u32) -> Result<()> {
+    step(
+        fs::DirBuilder::new().mode(mode).recursive(true).create(p),
+        || format!("create directory {}", p.display()),
+    )
+}
+
+fn touch(p: &Path) -> Result<()> {
+    step(
+        fs::OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .open(p)
+            .map(drop),
+        || format!("create mount point {}", p.display()),
+    )
+}
+
+fn tmpfs(dst: &Path, opts: &str, flags: libc::c_ulong) -> Result<()> {
+    step(
+        sys::mount(
+            Some(Path::new("tmpfs")),
+            dst,
+            Some("tmpfs"),
+            flags,
+            Some(opts),
+        ),
+        || format!("mount tmpfs ({opts}) on {}", dst.display()),
+    )
+}
+
+/// Recursive bind of `src` onto `dst`, then nosuid+nodev (and read-only unless `rw`) on it
+/// and every mount under it.
+fn bind(src: &Path, dst: &Path, rw: bool) -> Result<()> {
+    step(
+        sys::mount(Some(src), dst, None, libc::MS_BIND | libc::MS_REC, None),
+        || format!("bind {} onto {}", src.display(), dst.display()),
+    )?;
+    let mut attrs = sys::MOUNT_ATTR_NOSUID | sys::MOUNT_ATTR_NODEV;
+    if !rw {
+        attrs |= sys::MOUNT_ATTR_RDONLY;
+    }
+    step(sys::mount_setattr_recursive(dst, attrs), || {
+        format!("make {} read-only, nosuid, nodev", dst.display())
+    })
+}
+
+/// Bind a host device node: read-only mount, nosuid, but not nodev (it is a device).
+fn bind_device(src: &Path, dst: &Path) -> Result<()> {
+    touch(dst)?;
+    step(
+        sys::mount(Some(src), dst, None, libc::MS_BIND, None),
+        || format!("bind device {} onto {}", src.display(), dst.display()),
+    )?;
+    step(
+        sys::mount_setattr_recursive(dst, sys::MOUNT_ATTR_NOSUID | sys::MOUNT_ATTR_NOEXEC),
+        || format!("make {} nosuid", dst.display()),
+    )
+}
+
+/// Remount an existing mount point read-only, keeping nosuid/nodev/noexec.
+fn remount_ro(dst: &Path, extra: libc::c_ulong) -> Result<()> {
+    step(
+        sys::mount(
+            None,
+            dst,
+            None,
+            libc::MS_REMOUNT | libc::MS_BIND | libc::MS_RDONLY | MS_NOSUID | MS_NODEV | extra,
+            None,
+        ),
+        || format!("remount {} read-only", dst.display()),
+    )
+}
+
+/// `/newroot` + an absolute path inside the sandbox.
+fn under(root: &Path, inside: &str) -> PathBuf {
+    let rel: PathBuf = Path::new(inside)
+        .components()
+        .filter(|c| matches!(c, Component::Normal(_)))
+        .collect();
+    root.join(rel)
+}
+
+/// Replicate a host top-level entry: a symlink is recreated, a directory is bound.
+fn host_entry(old: &Path, new: &Path, name: &str) -> Result<()> {
+    let src = old.join(name);
+    let meta = match fs::symlink_metadata(&src) {
+        Ok(m) => m,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+        Err(e) => return Err(fail(format!("inspect {}", src.display()), e)),
+    };
+    let dst = new.join(name);
+    if meta.file_type().is_symlink() {
+        let target = step(fs::read_link(&src), || {
+            format!("read link {}", src.display())
+        })?;
+        step(symlink(&target, &dst), || {
+            format!("create link {}", dst.display())
+        })
+    } else if meta.is_dir() {
+        mkdir(&dst, 0o755)?;
+        bind(&src, &dst, false)
+    } else {
+        touch(&dst)?;
+        bind(&src, &dst, false)
+    }
+}
+
+fn host_image(old: &Path, new: &Path) -> Result<()> {
+    for name in HOST_TOP {
+        host_entry(old, new, name)?;
+    }
+    let etc = new.join("etc");
+    mkdir(&etc, 0o755)?;
+    let old_etc = old.join("etc");
+    for name in HOST_ETC {
+        host_entry(&old_etc, &etc, name)?;
+    }
+    let files: &[(&str, &str)] = &[
+        (
+            "passwd",
+            "root:x:0:0:sandbox:/work:/bin/sh\nnobody:x:65534:65534:nobody:/nonexistent:/usr/sbin/nologin\n",
+        ),
+        ("group", "root:x:0:\nnogroup:x:65534:\n"),
+        ("hosts", "127.0.0.1\tlocalhost zygo\n::1\tlocalhost ip6-localhost ip6-loopback\n"),
+        ("hostname", "zygo\n"),
+        ("resolv.conf", ""),
+    ];
+    for (name, text) in files {
+        let p = etc.join(name);
+        step(fs::write(&p, text), || format!("write {}", p.display()))?;
+    }
+    Ok(())
+}
+
+fn dir_image(old: &Path, new: &Path, dir: &str) -> Result<()> {
+    let src_root = under(old, dir);
+    let entries = step(fs::read_dir(&src_root), || {
+        format!("read image directory {dir}")
+    })?;
+    for entry in entries {
+        let entry = step(entry, || format!("read image directory {dir}"))?;
+        let name = entry.file_name();
+        let Some(name) = name.to_str() else { continue };
+        if RESERVED.contains(&name) {
+            continue;
+        }
+        host_entry(&src_root, new, name)?;
+    }
+    Ok(())
+}
+
+fn proc_fs(new: &Path, empty_file: &Path) -> Result<()> {
+    let proc_ = new.join("proc");
+    mkdir(&proc_, 0o555)?;
+    step(
+        sys::mount(
+            Some(Path::new("proc")),
+            &proc_,
+            Some("proc"),
+            MS_NOSUID | MS_NODEV | MS_NOEXEC,
+            None,
+        ),
+        || "mount a new /proc".to_string(),
+    )?;
+    for name in PROC_MASK_FILES {
+        let p = proc_.join(name);
+        if p.exists() {
+            step(
+                sys::mount(Some(empty_file), &p, None, libc::MS_BIND, None),
+                || format!("mask /proc/{name}"),
+            )?;
+            remount_ro(&p, MS_NOEXEC)?;
+        }
+    }
+    for name in PROC_MASK_DIRS {
+        let p = proc_.join(name);
+        if p.is_dir() {
+            tmpfs(
+                &p,
+                "size=0,mode=0555",
+                MS_NOSUID | MS_NODEV | MS_NOEXEC | libc::MS_RDONLY,
+            )?;
+        }
+    }
+    for name in PROC_READONLY {
+        let p = proc_.join(name);
+        if p.exists() {
+            step(
+                sys::mount(Some(&p), &p, None, libc::MS_BIND | libc::MS_REC, None),
+                || format!("bind /proc/{name} onto itself"),
+            )?;
+            step(
+                sys::mount_setattr_recursive(
+                    &p,
+                    sys::MOUNT_ATTR_RDONLY
+                        | sys::MOUNT_ATTR_NOSUID
+                        | sys::MOUNT_ATTR_NODEV
+                        | sys::MOUNT_ATTR_NOEXEC,
+                ),
+                || format!("make /proc/{name} read-only"),
+            )?;
+        }
+    }
+    Ok(())
+}
+
+fn dev_fs(old: &Path, new: &Path) -> Result<()> {
+    let dev = new.join("dev");
+    mkdir(&dev, 0o755)?;
+    // mode=755: inside a user namespace a 1777 /dev makes opening bound devices fail.
+    tmpfs(&dev, "mode=0755,size=64k", MS_NOSUID | MS_NOEXEC)?;
+    for name in DEVICES {
+        bind_device(&old.join("dev").join(name), &dev.join(name))?;
+    }
+    for (link, target) in [
+        ("fd", "/proc/self/fd"),
+        ("stdin", "/proc/self/fd/0"),
+        ("stdout", "/proc/self/fd/1"),
+        ("stderr", "/proc/self/fd/2"),
+    ] {
+        let p = dev.join(link);
+        step(symlink(target, &p), || {
+            format!("create link {}", p.display())
+        })?;
+    }
+    remount_ro(&dev, MS_NOEXEC)
+}
+
+/// Assemble the sandbox's root and make it the process's root. On return the process sees
+/// only the sandbox, its working directory is `plan.cwd`, and the host's root is detached.
+pub fn build(plan: &LaunchPlan) -> Result<()> {
+    // Nothing we mount may propagate back to the host, and nothing the host mounts later
+    // may appear here.
+    step(
+        sys::mount(
+            None,
+            Path::new("/"),
+            None,
+            libc::MS_REC | libc::MS_PRIVATE,
+            None,
+        ),
+        || "make every mount private".to_string(),
+    )?;
+
+    let staging = Path::new("/tmp");
+    tmpfs(staging, "mode=0755,size=256k", MS_NOSUID | MS_NODEV)?;
+    mkdir(&staging.join("oldroot"), 0o755)?;
+    mkdir(&staging.join("newroot"), 0o755)?;
+    let empty_file = staging.join("empty");
+    step(fs::write(&empty_file, b""), || {
+        "create the mask file".to_string()
+    })?;
+    step(
+        fs::set_permissions(&empty_file, fs::Permissions::from_mode(0o444)),
+        || "chmod the mask file".to_string(),
+    )?;
+    step(sys::chdir(staging), || "enter the staging root".to_string())?;
+    step(sys::pivot_root(staging, &staging.join("oldroot")), || {
+        "pivot into the staging root".to_string()
+    })?;
+    step(sys::chdir(Path::new("/")), || "enter /".to_string())?;
+
+    let old = Path::new("/oldroot");
+    let new = Path::new("/newroot");
+    let empty_file = Path::new("/empty");
+    tmpfs(new, "mode=0755,size=1m", MS_NOSUID | MS_NODEV)?;
+
+    match &plan.image {
+        Image::Host => host_image(old, new)?,
+        Image::Dir(dir) => dir_image(old, new, dir)?,
+    }
+
+    // /proc must be mounted while the host's /proc is still visible: the kernel refuses a
+    // new proc mount in a user namespace that could not already see a full one.
+    proc_fs(new, empty_file)?;
+    dev_fs(old, new)?;
+    mkdir(&new.join("sys"), 0o555)?;
+    mkdir(&new.join("run"), 0o755)?;
+
+    let scratch = format!("size={}", plan.scratch_bytes.max(4096));
+    let tmp = new.join("tmp");
+    mkdir(&tmp, 0o1777)?;
+    tmpfs(&tmp, &format!("mode=1777,{scratch}"), MS_NOSUID | MS_NODEV)?;
+    let work = new.join("work");
+    mkdir(&work, 0o755)?;
+    tmpfs(&work, &format!("mode=0755,{scratch}"), MS_NOSUID | MS_NODEV)?;
+
+    for m in &plan.mounts {
+        let src = under(old, &m.src);
+        let dst = under(new, &m.dst);
+        let is_dir = step(fs::metadata(&src), || format!("mount source {}", m.src))?.is_dir();
+        if !dst.exists() {
+            let made = if is_dir {
+                mkdir(&dst, 0o755)
+            } else {
+                dst.parent()
+                    .map_or(Ok(()), |p| mkdir(p, 0o755))
+                    .and_then(|_| touch(&dst))
+            };
+            made.map_err(|e| {
+                fail(
+                    format!(
+                        "mount point {} does not exist in the image and cannot be made there",
+                        m.dst
+                    ),
+                    e.source,
+                )
+            })?;
+        }
+        bind(&src, &dst, m.rw)?;
+    }
+
+    step(sys::umount_detach(old), || {
+        "detach the host's root".to_string()
+    })?;
+    step(sys::chdir(new), || "enter the new root".to_string())?;
+    step(sys::pivot_root(Path::new("."), Path::new(".")), || {
+        "pivot into the new root".to_string()
+    })?;
+    // The staging root is now stacked under "/": detach it.
+    step(sys::umount_detach(Path::new(".")), || {
+        "detach the staging root".to_string()
+    })?;
+    step(sys::chdir(Path::new("/")), || "enter /".to_string())?;
+    remount_ro(Path::new("/"), 0)?;
+    step(sys::chdir(Path::new(&plan.cwd)), || {
+        format!("enter working directory {}", plan.cwd)
+    })?;
+    Ok(())
+}

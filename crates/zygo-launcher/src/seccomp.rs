@@ -1,0 +1,1259 @@
+//! The seccomp allowlist: the last layer installed, immediately before exec, in every
+//! sandboxed program.
+//!
+//! # What it defends against
+//!
+//! The kernel's attack surface. The other layers (user, mount, pid, net, ipc, uts and cgroup
+//! namespaces, an empty capability set, no_new_privs, Landlock, cgroup limits) decide what a
+//! program may *touch*; this filter decides which kernel *code* it may reach at all. It
+//! refuses:
+//!
+//! - everything that builds or leaves a sandbox: `mount` and the new mount API, `unshare`,
+//!   `setns`, namespace flags on `clone`, `chroot`, `pivot_root`;
+//! - reaching into other processes: `ptrace`, `process_vm_readv/writev`, `kcmp`,
+//!   `pidfd_getfd`;
+//! - large, bug-prone kernel subsystems ordinary programs never need: `bpf`, `perf_event_open`,
+//!   `userfaultfd`, the keyring, `io_uring` (whose operations also bypass seccomp), socket
+//!   families other than unix/inet/inet6/netlink (`AF_VSOCK` is not namespaced and reaches
+//!   the VM host), `open_by_handle_at`, fanotify, NUMA page placement;
+//! - whole-machine controls: modules, kexec, reboot, swap, accounting, quotas, clocks,
+//!   host/domain names, `syslog`, `iopl`/`ioperm`;
+//! - terminal injection: `ioctl(TIOCSTI)` and `ioctl(TIOCLINUX)`;
+//! - personality flags that weaken the address space (`ADDR_NO_RANDOMIZE`,
+//!   `READ_IMPLIES_EXEC`, ...).
+//!
+//! Anything not listed fails with `EPERM`. A few syscalls fail with `ENOSYS` instead, so
+//! that libc and libuv take their fallback paths (`clone3` → `clone`, whose flags we can
+//! read; `io_uring` → epoll and a thread pool), as does every syscall number above
+//! [`NEWEST_REVIEWED`] (syscalls newer than this review, so fallbacks work on newer kernels,
+//! and the x32 ABI). A foreign architecture (i386 via `int 0x80`, arm32 compat) kills the
+//! process.
+//!
+//! # What it does not defend against
+//!
+//! Bugs in the syscalls it allows (read, mmap, futex, sockets, ... are still a large
+//! surface); what a program does with the files, sockets and processes it may legitimately
+//! reach (Landlock, the mount namespace and the network namespace decide that); resource
+//! exhaustion (cgroups and rlimits); side channels. Arguments passed by pointer cannot be
+//! inspected by seccomp at all. `chmod`, `chown`, xattr writes, `set*id` and `kill` are
+//! allowed: inside the user and pid namespaces they only reach what the sandbox already owns.
+//! (Landlock does not mediate chmod, chown or xattrs; ownership and read-only mounts do.)
+//!
+//! # `seccomp()` itself
+//!
+//! Allowed. A filter a program installs is evaluated together with this one and the most
+//! restrictive verdict wins, so it can only narrow: an `EPERM` here beats an `ALLOW` (or a
+//! user-notification `CONTINUE`) there. Browsers and language runtimes sandbox themselves
+//! this way.
+//!
+//! # Reading the table
+//!
+//! [`allowlist`] is the whole policy: one line per syscall, with the reason a normal program
+//! needs it. Five entries filter an argument ([`When`]); [`enosys_list`] holds the `ENOSYS`
+//! answers. The BPF is generated from these tables by `seccompiler` (a linear scan in syscall
+//! number order) behind a short hand-written prefix, described at [`sandbox_filter`]. The scan
+//! is long (about 1500 instructions) but rarely runs: since Linux 5.11 the kernel caches the
+//! verdict of every syscall allowed whatever its arguments, so only the five filtered ones
+//! and refused calls evaluate the program.
+
+use std::collections::BTreeMap;
+use std::fmt;
+
+use seccompiler::{
+    sock_filter, BpfProgram, SeccompAction, SeccompCmpArgLen, SeccompCmpOp, SeccompCondition,
+    SeccompFilter, SeccompRule,
+};
+
+/// Syscall numbers: libc's, plus the one it lacks on some architecture.
+mod sys {
+    pub use libc::*;
+
+    /// `fchmodat2` (Linux 6.6) is 452 on every architecture; libc names it only for x86_64.
+    #[cfg(target_arch = "aarch64")]
+    #[allow(non_upper_case_globals)]
+    pub const SYS_fchmodat2: libc::c_long = 452;
+}
+
+/// One allowed syscall.
+#[derive(Debug, Clone, Copy)]
+pub struct Allowed {
+    sym: &'static str,
+    /// The syscall number on this architecture.
+    pub nr: i64,
+    /// Unconditionally, or only for some argument values.
+    pub when: When,
+    /// Why an ordinary program needs it.
+    pub reason: &'static str,
+}
+
+impl Allowed {
+    /// The syscall's name, e.g. `openat`.
+    pub fn name(&self) -> &'static str {
+        self.sym.trim_start_matches("SYS_")
+    }
+}
+
+/// The argument condition of an allowed syscall. Arguments are compared on their low 32 bits,
+/// which is all the kernel reads of each filtered argument (an `int` or `unsigned int`, or,
+/// for `clone`, `lower_32_bits(flags)`), so setting high bits cannot slip past a check.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum When {
+    /// Whatever the arguments.
+    Always,
+    /// When `arg & mask == 0`.
+    MaskClear { arg: u8, mask: u32 },
+    /// When `arg` is one of `values`.
+    OneOf { arg: u8, values: &'static [u32] },
+    /// When `arg` is none of `values`.
+    NoneOf { arg: u8, values: &'static [u32] },
+}
+
+/// A syscall answered with `ENOSYS`, as if the kernel were too old to have it.
+#[derive(Debug, Clone, Copy)]
+pub struct Enosys {
+    sym: &'static str,
+    /// The syscall number on this architecture.
+    pub nr: i64,
+    /// Why `ENOSYS` rather than `EPERM`.
+    pub reason: &'static str,
+}
+
+impl Enosys {
+    /// The syscall's name, e.g. `clone3`.
+    pub fn name(&self) -> &'static str {
+        self.sym.trim_start_matches("SYS_")
+    }
+}
+
+macro_rules! allow {
+    ($sys:ident, $why:literal) => {
+        allow!($sys, When::Always, $why)
+    };
+    ($sys:ident, $when:expr, $why:literal) => {
+        Allowed {
+            sym: stringify!($sys),
+            nr: sys::$sys as i64,
+            when: $when,
+            reason: $why,
+        }
+    };
+}
+
+macro_rules! enosys {
+    ($sys:ident, $why:literal) => {
+        Enosys {
+            sym: stringify!($sys),
+            nr: sys::$sys as i64,
+            reason: $why,
+        }
+    };
+}
+
+/// `clone` flags that create namespaces. (`CLONE_NEWTIME` shares its bit with the exit
+/// signal in `clone`, and is reachable only through `clone3` and `unshare`, both refused.)
+const NAMESPACE_FLAGS: u32 = (libc::CLONE_NEWNS
+    | libc::CLONE_NEWUSER
+    | libc::CLONE_NEWPID
+    | libc::CLONE_NEWNET
+    | libc::CLONE_NEWIPC
+    | libc::CLONE_NEWUTS
+    | libc::CLONE_NEWCGROUP) as u32;
+
+/// Terminal ioctls that inject input into, or reconfigure, a terminal the sandbox may share.
+const TERMINAL_INJECTION: &[u32] = &[libc::TIOCSTI as u32, libc::TIOCLINUX as u32];
+
+/// `personality` values that change nothing dangerous: PER_LINUX, PER_LINUX32, UNAME26,
+/// UNAME26|PER_LINUX32, and 0xffffffff, which only queries.
+const SAFE_PERSONALITIES: &[u32] = &[0x0, 0x8, 0x20000, 0x20008, 0xffff_ffff];
+
+/// Socket families ordinary programs use. The others are either privileged (packet), not
+/// namespaced (vsock), or rarely used kernel code with a history of bugs (alg, tipc, rds, ...).
+const SOCKET_FAMILIES: &[u32] = &[
+    libc::AF_UNIX as u32,
+    libc::AF_INET as u32,
+    libc::AF_INET6 as u32,
+    libc::AF_NETLINK as u32, // getaddrinfo, getifaddrs, `ip`
+];
+
+/// The allowlist. Lines marked `#[cfg(target_arch = "x86_64")]` are legacy forms aarch64
+/// never had (it has only the `*at` and other modern calls).
+#[rustfmt::skip]
+static ALLOWLIST: &[Allowed] = &[
+    // ---- Processes and threads
+    allow!(SYS_execve, "run a program"),
+    allow!(SYS_execveat, "run a program by descriptor (fexecve)"),
+    allow!(SYS_exit, "end a thread"),
+    allow!(SYS_exit_group, "end the process"),
+    allow!(SYS_clone, When::MaskClear { arg: 0, mask: NAMESPACE_FLAGS },
+           "threads, fork, posix_spawn; never with namespace-creating flags"),
+    #[cfg(target_arch = "x86_64")] allow!(SYS_fork, "fork"),
+    #[cfg(target_arch = "x86_64")] allow!(SYS_vfork, "vfork, posix_spawn"),
+    allow!(SYS_wait4, "reap children"),
+    allow!(SYS_waitid, "reap children"),
+    allow!(SYS_set_tid_address, "thread and process start-up in libc"),
+    allow!(SYS_set_robust_list, "thread start-up: robust futexes"),
+    allow!(SYS_rseq, "restartable sequences, registered by glibc at start-up"),
+    allow!(SYS_prctl, "thread names, PDEATHSIG, dumpable; privileged options need capabilities"),
+    #[cfg(target_arch = "x86_64")] allow!(SYS_arch_prctl, "set the TLS register at start-up"),
+    allow!(SYS_personality, When::OneOf { arg: 0, values: SAFE_PERSONALITIES },
+           "query, linux32, uname26 (setarch); not ADDR_NO_RANDOMIZE, READ_IMPLIES_EXEC"),
+    allow!(SYS_seccomp, "a program may add its own filter; filters only narrow"),
+    allow!(SYS_landlock_create_ruleset, "a program may restrict itself further"),
+    allow!(SYS_landlock_add_rule, "a program may restrict itself further"),
+    allow!(SYS_landlock_restrict_self, "a program may restrict itself further"),
+    allow!(SYS_capget, "read capability sets (libcap, runtimes' checks)"),
+    allow!(SYS_capset, "drop capabilities; all are already dropped, none can be regained"),
+    allow!(SYS_restart_syscall, "the kernel restarting a call interrupted by a signal"),
+
+    // ---- Identity, sessions, process groups (inside the user and pid namespaces)
+    allow!(SYS_getpid, "own pid"),
+    allow!(SYS_getppid, "parent pid"),
+    allow!(SYS_gettid, "thread id"),
+    allow!(SYS_getuid, "user ids"),
+    allow!(SYS_geteuid, "user ids"),
+    allow!(SYS_getresuid, "user ids"),
+    allow!(SYS_getgid, "group ids"),
+    allow!(SYS_getegid, "group ids"),
+    allow!(SYS_getresgid, "group ids"),
+    allow!(SYS_getgroups, "supplementary groups"),
+    allow!(SYS_setuid, "switch ids within the namespace's id map"),
+    allow!(SYS_setgid, "switch ids within the namespace's id map"),
+    allow!(SYS_setreuid, "switch ids within the namespace's id map"),
+    allow!(SYS_setregid, "switch ids within the namespace's id map"),
+    allow!(SYS_setresuid, "switch ids within the namespace's id map"),
+    allow!(SYS_setresgid, "switch ids within the namespace's id map"),
+    allow!(SYS_setfsuid, "switch ids within the namespace's id map"),
+    allow!(SYS_setfsgid, "switch ids within the namespace's id map"),
+    allow!(SYS_setgroups, "drop supplementary groups (su, setpriv)"),
+    allow!(SYS_getpgid, "job control in shells"),
+    allow!(SYS_setpgid, "job control in shells"),
+    #[cfg(target_arch = "x86_64")] allow!(SYS_getpgrp, "job control in shells"),
+    allow!(SYS_getsid, "sessions"),
+    allow!(SYS_setsid, "sessions: daemons, subprocess(start_new_session)"),
+
+    // ---- Signals
+    allow!(SYS_rt_sigaction, "signal handlers"),
+    allow!(SYS_rt_sigprocmask, "signal masks"),
+    allow!(SYS_rt_sigreturn, "return from a signal handler"),
+    allow!(SYS_rt_sigpending, "pending signals"),
+    allow!(SYS_rt_sigtimedwait, "sigwait, sigtimedwait"),
+    allow!(SYS_rt_sigsuspend, "sigsuspend"),
+    allow!(SYS_rt_sigqueueinfo, "sigqueue"),
+    allow!(SYS_rt_tgsigqueueinfo, "sigqueue to a thread"),
+    allow!(SYS_sigaltstack, "alternate signal stacks (stack-overflow handlers)"),
+    allow!(SYS_kill, "signal a process; the pid namespace bounds who"),
+    allow!(SYS_tkill, "signal a thread"),
+    allow!(SYS_tgkill, "signal a thread (raise, abort)"),
+    allow!(SYS_pidfd_open, "race-free child handling (systemd, Python 3.9+)"),
+    allow!(SYS_pidfd_send_signal, "race-free signalling"),
+    #[cfg(target_arch = "x86_64")] allow!(SYS_signalfd, "signals as a descriptor"),
+    allow!(SYS_signalfd4, "signals as a descriptor (libuv, systemd)"),
+    #[cfg(target_arch = "x86_64")] allow!(SYS_pause, "wait for a signal"),
+    #[cfg(target_arch = "x86_64")] allow!(SYS_alarm, "SIGALRM timer"),
+    allow!(SYS_getitimer, "interval timers"),
+    allow!(SYS_setitimer, "interval timers"),
+
+    // ---- Scheduling, limits, system information
+    allow!(SYS_sched_yield, "yield the CPU"),
+    allow!(SYS_sched_getaffinity, "count usable CPUs (nproc, os.cpu_count, V8)"),
+    allow!(SYS_sched_setaffinity, "pin own threads"),
+    allow!(SYS_sched_getparam, "scheduling parameters"),
+    allow!(SYS_sched_setparam, "scheduling parameters; realtime needs rlimits/caps"),
+    allow!(SYS_sched_getscheduler, "scheduling policy"),
+    allow!(SYS_sched_setscheduler, "scheduling policy (e.g. SCHED_IDLE for batch work)"),
+    allow!(SYS_sched_getattr, "scheduling attributes"),
+    allow!(SYS_sched_setattr, "scheduling attributes"),
+    allow!(SYS_sched_get_priority_max, "priority range"),
+    allow!(SYS_sched_get_priority_min, "priority range"),
+    allow!(SYS_sched_rr_get_interval, "round-robin quantum"),
+    allow!(SYS_getpriority, "nice value"),
+    allow!(SYS_setpriority, "nice value; raising priority needs CAP_SYS_NICE"),
+    allow!(SYS_ioprio_get, "I/O priority (ionice)"),
+    allow!(SYS_ioprio_set, "I/O priority (ionice)"),
+    allow!(SYS_getrlimit, "resource limits"),
+    allow!(SYS_setrlimit, "resource limits; raising hard limits needs CAP_SYS_RESOURCE"),
+    allow!(SYS_prlimit64, "resource limits (glibc's getrlimit/setrlimit)"),
+    allow!(SYS_getrusage, "resource usage"),
+    allow!(SYS_times, "process times"),
+    allow!(SYS_sysinfo, "memory and uptime (free, Node's os module)"),
+    allow!(SYS_uname, "kernel name and version"),
+    allow!(SYS_getcpu, "current CPU (sched_getcpu)"),
+    allow!(SYS_getrandom, "random bytes"),
+
+    // ---- Time
+    allow!(SYS_clock_gettime, "read clocks (when the vDSO falls back)"),
+    allow!(SYS_clock_getres, "clock resolution"),
+    allow!(SYS_clock_nanosleep, "sleep"),
+    allow!(SYS_nanosleep, "sleep"),
+    allow!(SYS_gettimeofday, "read the clock"),
+    #[cfg(target_arch = "x86_64")] allow!(SYS_time, "read the clock"),
+    allow!(SYS_timer_create, "POSIX timers"),
+    allow!(SYS_timer_settime, "POSIX timers"),
+    allow!(SYS_timer_gettime, "POSIX timers"),
+    allow!(SYS_timer_getoverrun, "POSIX timers"),
+    allow!(SYS_timer_delete, "POSIX timers"),
+    allow!(SYS_timerfd_create, "timers as descriptors (event loops)"),
+    allow!(SYS_timerfd_settime, "timers as descriptors"),
+    allow!(SYS_timerfd_gettime, "timers as descriptors"),
+
+    // ---- Memory
+    allow!(SYS_brk, "heap"),
+    allow!(SYS_mmap, "map memory and files"),
+    allow!(SYS_munmap, "unmap memory"),
+    allow!(SYS_mprotect, "page protections (loader, JITs)"),
+    allow!(SYS_mremap, "grow mappings (realloc)"),
+    allow!(SYS_madvise, "memory hints (allocators, GCs)"),
+    allow!(SYS_msync, "flush file mappings"),
+    allow!(SYS_mincore, "page residency"),
+    allow!(SYS_mlock, "lock memory, bounded by RLIMIT_MEMLOCK"),
+    allow!(SYS_mlock2, "lock memory, bounded by RLIMIT_MEMLOCK"),
+    allow!(SYS_munlock, "unlock memory"),
+    allow!(SYS_mlockall, "lock memory, bounded by RLIMIT_MEMLOCK"),
+    allow!(SYS_munlockall, "unlock memory"),
+    allow!(SYS_membarrier, "process-wide barriers (JITs, liburcu, .NET)"),
+    allow!(SYS_memfd_create, "anonymous files (JITs, shared memory)"),
+    allow!(SYS_pkey_alloc, "memory protection keys (V8, OpenJDK)"),
+    allow!(SYS_pkey_free, "memory protection keys"),
+    allow!(SYS_pkey_mprotect, "memory protection keys"),
+    allow!(SYS_get_mempolicy, "read NUMA policy (libnuma, JVMs probe it)"),
+    allow!(SYS_mseal, "seal own mappings; only narrows"),
+
+    // ---- Descriptors and file I/O
+    allow!(SYS_read, "read"),
+    allow!(SYS_write, "write"),
+    allow!(SYS_readv, "vectored read"),
+    allow!(SYS_writev, "vectored write"),
+    allow!(SYS_pread64, "positioned read"),
+    allow!(SYS_pwrite64, "positioned write"),
+    allow!(SYS_preadv, "positioned vectored read"),
+    allow!(SYS_pwritev, "positioned vectored write"),
+    allow!(SYS_preadv2, "positioned vectored read with flags"),
+    allow!(SYS_pwritev2, "positioned vectored write with flags"),
+    allow!(SYS_lseek, "seek"),
+    allow!(SYS_close, "close a descriptor"),
+    allow!(SYS_close_range, "close descriptors before exec"),
+    allow!(SYS_dup, "duplicate a descriptor"),
+    #[cfg(target_arch = "x86_64")] allow!(SYS_dup2, "duplicate a descriptor"),
+    allow!(SYS_dup3, "duplicate a descriptor"),
+    allow!(SYS_fcntl, "descriptor flags and record locks"),
+    allow!(SYS_flock, "file locks"),
+    allow!(SYS_ioctl, When::NoneOf { arg: 1, values: TERMINAL_INJECTION },
+           "terminals, FIONREAD, FIOCLEX...; not TIOCSTI/TIOCLINUX (terminal injection)"),
+    #[cfg(target_arch = "x86_64")] allow!(SYS_open, "open a file"),
+    allow!(SYS_openat, "open a file"),
+    allow!(SYS_openat2, "open a file with resolve flags"),
+    #[cfg(target_arch = "x86_64")] allow!(SYS_creat, "create a file"),
+    allow!(SYS_truncate, "set a file's size"),
+    allow!(SYS_ftruncate, "set a file's size"),
+    allow!(SYS_fallocate, "reserve file space"),
+    allow!(SYS_fadvise64, "access-pattern hints"),
+    allow!(SYS_readahead, "prefetch file data"),
+    allow!(SYS_fsync, "flush a file"),
+    allow!(SYS_fdatasync, "flush a file's data"),
+    allow!(SYS_sync_file_range, "flush part of a file"),
+    allow!(SYS_syncfs, "flush a filesystem (dpkg, databases)"),
+    allow!(SYS_sync, "flush everything (sync(1)); costs I/O, grants nothing"),
+    allow!(SYS_copy_file_range, "in-kernel copy (cp, shutil)"),
+    allow!(SYS_sendfile, "in-kernel copy (cp, servers)"),
+    allow!(SYS_splice, "move data through pipes"),
+    allow!(SYS_tee, "duplicate pipe data"),
+    #[cfg(target_arch = "x86_64")] allow!(SYS_pipe, "pipes"),
+    allow!(SYS_pipe2, "pipes"),
+    allow!(SYS_io_setup, "Linux AIO (libaio: databases, qemu-img)"),
+    allow!(SYS_io_destroy, "Linux AIO"),
+    allow!(SYS_io_submit, "Linux AIO"),
+    allow!(SYS_io_cancel, "Linux AIO"),
+    allow!(SYS_io_getevents, "Linux AIO"),
+
+    // ---- Paths, directories, metadata
+    #[cfg(target_arch = "x86_64")] allow!(SYS_stat, "file status"),
+    #[cfg(target_arch = "x86_64")] allow!(SYS_lstat, "file status"),
+    allow!(SYS_fstat, "file status"),
+    allow!(SYS_newfstatat, "file status"),
+    allow!(SYS_statx, "file status (coreutils, Node, Rust std)"),
+    allow!(SYS_statfs, "filesystem status (df)"),
+    allow!(SYS_fstatfs, "filesystem status"),
+    #[cfg(target_arch = "x86_64")] allow!(SYS_access, "permission check"),
+    allow!(SYS_faccessat, "permission check"),
+    allow!(SYS_faccessat2, "permission check with flags"),
+    #[cfg(target_arch = "x86_64")] allow!(SYS_readlink, "read a symlink"),
+    allow!(SYS_readlinkat, "read a symlink"),
+    #[cfg(target_arch = "x86_64")] allow!(SYS_getdents, "list a directory"),
+    allow!(SYS_getdents64, "list a directory"),
+    allow!(SYS_getcwd, "current directory"),
+    allow!(SYS_chdir, "change directory"),
+    allow!(SYS_fchdir, "change directory"),
+    allow!(SYS_umask, "file creation mask"),
+    #[cfg(target_arch = "x86_64")] allow!(SYS_mkdir, "make a directory"),
+    allow!(SYS_mkdirat, "make a directory"),
+    #[cfg(target_arch = "x86_64")] allow!(SYS_rmdir, "remove a directory"),
+    #[cfg(target_arch = "x86_64")] allow!(SYS_unlink, "remove a file"),
+    allow!(SYS_unlinkat, "remove a file or directory"),
+    #[cfg(target_arch = "x86_64")] allow!(SYS_rename, "rename"),
+    allow!(SYS_renameat, "rename"),
+    allow!(SYS_renameat2, "rename, atomically exchange"),
+    #[cfg(target_arch = "x86_64")] allow!(SYS_link, "hard link"),
+    allow!(SYS_linkat, "hard link"),
+    #[cfg(target_arch = "x86_64")] allow!(SYS_symlink, "symbolic link"),
+    allow!(SYS_symlinkat, "symbolic link"),
+    #[cfg(target_arch = "x86_64")] allow!(SYS_mknod, "FIFOs and sockets; device nodes need CAP_MKNOD"),
+    allow!(SYS_mknodat, "FIFOs and sockets (mkfifo); device nodes need CAP_MKNOD"),
+    #[cfg(target_arch = "x86_64")] allow!(SYS_chmod, "file mode"),
+    allow!(SYS_fchmod, "file mode"),
+    allow!(SYS_fchmodat, "file mode"),
+    allow!(SYS_fchmodat2, "file mode with flags (lchmod in newer libcs)"),
+    #[cfg(target_arch = "x86_64")] allow!(SYS_chown, "file owner, within the namespace's id map"),
+    #[cfg(target_arch = "x86_64")] allow!(SYS_lchown, "file owner, within the namespace's id map"),
+    allow!(SYS_fchown, "file owner, within the namespace's id map"),
+    allow!(SYS_fchownat, "file owner, within the namespace's id map"),
+    #[cfg(target_arch = "x86_64")] allow!(SYS_utime, "file times"),
+    #[cfg(target_arch = "x86_64")] allow!(SYS_utimes, "file times"),
+    #[cfg(target_arch = "x86_64")] allow!(SYS_futimesat, "file times"),
+    allow!(SYS_utimensat, "file times (touch, tar, cp -p)"),
+    allow!(SYS_getxattr, "read extended attributes (ls, cp, tar)"),
+    allow!(SYS_lgetxattr, "read extended attributes"),
+    allow!(SYS_fgetxattr, "read extended attributes"),
+    allow!(SYS_listxattr, "list extended attributes"),
+    allow!(SYS_llistxattr, "list extended attributes"),
+    allow!(SYS_flistxattr, "list extended attributes"),
+    allow!(SYS_setxattr, "write xattrs and POSIX ACLs (cp -a sets system.posix_acl_access)"),
+    allow!(SYS_lsetxattr, "write xattrs and ACLs; like chmod, bounded by ownership"),
+    allow!(SYS_fsetxattr, "write xattrs and ACLs; like chmod, bounded by ownership"),
+    allow!(SYS_removexattr, "remove xattrs and ACLs"),
+    allow!(SYS_lremovexattr, "remove xattrs and ACLs"),
+    allow!(SYS_fremovexattr, "remove xattrs and ACLs"),
+
+    // ---- Waiting for events
+    #[cfg(target_arch = "x86_64")] allow!(SYS_poll, "wait on descriptors"),
+    allow!(SYS_ppoll, "wait on descriptors"),
+    #[cfg(target_arch = "x86_64")] allow!(SYS_select, "wait on descriptors"),
+    allow!(SYS_pselect6, "wait on descriptors"),
+    #[cfg(target_arch = "x86_64")] allow!(SYS_epoll_create, "event loops"),
+    allow!(SYS_epoll_create1, "event loops"),
+    allow!(SYS_epoll_ctl, "event loops"),
+    #[cfg(target_arch = "x86_64")] allow!(SYS_epoll_wait, "event loops"),
+    allow!(SYS_epoll_pwait, "event loops"),
+    allow!(SYS_epoll_pwait2, "event loops with a precise timeout"),
+    #[cfg(target_arch = "x86_64")] allow!(SYS_eventfd, "event counters"),
+    allow!(SYS_eventfd2, "event counters (event loops, wakeups)"),
+    #[cfg(target_arch = "x86_64")] allow!(SYS_inotify_init, "file change notification"),
+    allow!(SYS_inotify_init1, "file change notification (watchers, tail -f)"),
+    allow!(SYS_inotify_add_watch, "file change notification"),
+    allow!(SYS_inotify_rm_watch, "file change notification"),
+    allow!(SYS_futex, "locks and condition variables"),
+    allow!(SYS_futex_waitv, "wait on several futexes (Wine, game runtimes)"),
+
+    // ---- Sockets (the sandbox has its own network namespace)
+    allow!(SYS_socket, When::OneOf { arg: 0, values: SOCKET_FAMILIES },
+           "unix, inet, inet6 and netlink sockets"),
+    allow!(SYS_socketpair, When::OneOf { arg: 0, values: SOCKET_FAMILIES },
+           "connected socket pairs (unix)"),
+    allow!(SYS_bind, "sockets"),
+    allow!(SYS_listen, "sockets"),
+    allow!(SYS_accept, "sockets"),
+    allow!(SYS_accept4, "sockets"),
+    allow!(SYS_connect, "sockets"),
+    allow!(SYS_shutdown, "sockets"),
+    allow!(SYS_getsockname, "sockets"),
+    allow!(SYS_getpeername, "sockets"),
+    allow!(SYS_getsockopt, "sockets"),
+    allow!(SYS_setsockopt, "sockets"),
+    allow!(SYS_sendto, "sockets"),
+    allow!(SYS_recvfrom, "sockets"),
+    allow!(SYS_sendmsg, "sockets, passing descriptors"),
+    allow!(SYS_recvmsg, "sockets, passing descriptors"),
+    allow!(SYS_sendmmsg, "sockets, batched (DNS resolvers)"),
+    allow!(SYS_recvmmsg, "sockets, batched"),
+
+    // ---- System V and POSIX IPC (the IPC namespace is private)
+    allow!(SYS_shmget, "shared memory (PostgreSQL, X clients)"),
+    allow!(SYS_shmat, "shared memory"),
+    allow!(SYS_shmdt, "shared memory"),
+    allow!(SYS_shmctl, "shared memory"),
+    allow!(SYS_semget, "semaphores"),
+    allow!(SYS_semop, "semaphores"),
+    allow!(SYS_semtimedop, "semaphores"),
+    allow!(SYS_semctl, "semaphores"),
+    allow!(SYS_msgget, "message queues"),
+    allow!(SYS_msgsnd, "message queues"),
+    allow!(SYS_msgrcv, "message queues"),
+    allow!(SYS_msgctl, "message queues"),
+    allow!(SYS_mq_open, "POSIX message queues"),
+    allow!(SYS_mq_unlink, "POSIX message queues"),
+    allow!(SYS_mq_timedsend, "POSIX message queues"),
+    allow!(SYS_mq_timedreceive, "POSIX message queues"),
+    allow!(SYS_mq_notify, "POSIX message queues"),
+    allow!(SYS_mq_getsetattr, "POSIX message queues"),
+];
+
+/// Syscalls answered with `ENOSYS`, so that callers fall back to something we can filter.
+#[rustfmt::skip]
+static ENOSYS_LIST: &[Enosys] = &[
+    enosys!(SYS_clone3, "flags are passed in memory, out of seccomp's sight; glibc falls back to clone"),
+    enosys!(SYS_io_uring_setup, "io_uring's operations bypass seccomp; libuv falls back to epoll and threads"),
+    enosys!(SYS_io_uring_enter, "see io_uring_setup"),
+    enosys!(SYS_io_uring_register, "see io_uring_setup"),
+];
+
+/// The highest syscall number this table was reviewed against (`mseal`, 462, Linux 6.10).
+/// Higher numbers — syscalls added since (`setxattrat`, `open_tree_attr`, `file_getattr`, ...
+/// on 6.18), and on x86_64 the whole x32 ABI (bit 30 set) — get `ENOSYS`, so that libc falls
+/// back as it would on an older kernel. Raise this after reviewing the syscalls in between.
+pub const NEWEST_REVIEWED: i64 = sys::SYS_mseal;
+
+/// The allowlist as data, for review and for tests.
+pub fn allowlist() -> &'static [Allowed] {
+    ALLOWLIST
+}
+
+/// The syscalls answered with `ENOSYS` (besides every number above [`NEWEST_REVIEWED`]).
+pub fn enosys_list() -> &'static [Enosys] {
+    ENOSYS_LIST
+}
+
+/// Why the filter could not be built or installed.
+#[derive(Debug)]
+pub enum SeccompError {
+    /// The tables name a syscall twice.
+    Duplicate(&'static str),
+    /// `seccompiler` refused the rules.
+    Compile(seccompiler::BackendError),
+    /// The program exceeds the kernel's limit of `BPF_MAXINSNS` instructions.
+    TooLarge(usize),
+    /// The kernel refused the filter.
+    Install(seccompiler::Error),
+}
+
+impl fmt::Display for SeccompError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::Duplicate(name) => write!(f, "seccomp table lists {name} twice"),
+            Self::Compile(e) => write!(f, "compile the seccomp filter: {e}"),
+            Self::TooLarge(n) => write!(f, "seccomp filter too large: {n} instructions"),
+            Self::Install(e) => write!(f, "install the seccomp filter: {e}"),
+        }
+    }
+}
+
+impl From<seccompiler::BackendError> for SeccompError {
+    fn from(e: seccompiler::BackendError) -> Self {
+        Self::Compile(e)
+    }
+}
+
+impl std::error::Error for SeccompError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self {
+            Self::Compile(e) => Some(e),
+            Self::Install(e) => Some(e),
+            Self::Duplicate(_) | Self::TooLarge(_) => None,
+        }
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+mod arch {
+    pub const TARGET: seccompiler::TargetArch = seccompiler::TargetArch::x86_64;
+    /// `AUDIT_ARCH_X86_64` (include/uapi/linux/audit.h).
+    pub const AUDIT: u32 = 0xC000_003E;
+}
+
+#[cfg(target_arch = "aarch64")]
+mod arch {
+    pub const TARGET: seccompiler::TargetArch = seccompiler::TargetArch::aarch64;
+    /// `AUDIT_ARCH_AARCH64` (include/uapi/linux/audit.h).
+    pub const AUDIT: u32 = 0xC000_00B7;
+}
+
+/// Build the BPF program for this architecture.
+///
+/// The program is two parts run in sequence:
+///
+/// 1. a hand-written prefix: kill the process on a foreign architecture; answer `ENOSYS` to
+///    [`enosys_list`] and to every number above [`NEWEST_REVIEWED`]; otherwise fall through;
+/// 2. the allowlist, compiled by `seccompiler`: allow [`allowlist`] (with its argument
+///    conditions), `EPERM` for everything else, and again kill on a foreign architecture.
+pub fn sandbox_filter() -> Result<BpfProgram, SeccompError> {
+    let mut rules: BTreeMap<i64, Vec<SeccompRule>> = BTreeMap::new();
+    for entry in ALLOWLIST {
+        if rules.insert(entry.nr, rules_for(entry.when)?).is_some() {
+            return Err(SeccompError::Duplicate(entry.name()));
+        }
+    }
+    for entry in ENOSYS_LIST {
+        if rules.contains_key(&entry.nr) {
+            return Err(SeccompError::Duplicate(entry.name()));
+        }
+    }
+    let allowlist = SeccompFilter::new(
+        rules,
+        SeccompAction::Errno(libc::EPERM as u32),
+        SeccompAction::Allow,
+        arch::TARGET,
+    )?;
+    let allowlist = BpfProgram::try_from(allowlist)?;
+
+    let mut prog = enosys_prefix(arch::AUDIT)?;
+    prog.extend(allowlist);
+    if prog.len() > libc::BPF_MAXINSNS as usize {
+        return Err(SeccompError::TooLarge(prog.len()));
+    }
+    Ok(prog)
+}
+
+/// Install `prog` on the calling thread (and so on everything it execs).
+///
+/// Call it last before exec, with no_new_privs already set (`seccompiler` sets it again, which
+/// is harmless). It allocates nothing, so it is safe in a single-threaded child after fork.
+pub fn install(prog: &BpfProgram) -> Result<(), SeccompError> {
+    seccompiler::apply_filter(prog).map_err(SeccompError::Install)
+}
+
+/// The `seccompiler` rules for one [`When`]: none means "always"; several rules are OR-ed;
+/// the conditions within one rule are AND-ed.
+fn rules_for(when: When) -> Result<Vec<SeccompRule>, SeccompError> {
+    let cond = |arg: u8, op: SeccompCmpOp, value: u32| {
+        SeccompCondition::new(arg, SeccompCmpArgLen::Dword, op, u64::from(value))
+    };
+    let rules = match when {
+        When::Always => Vec::new(),
+        When::MaskClear { arg, mask } => {
+            vec![SeccompRule::new(vec![cond(
+                arg,
+                SeccompCmpOp::MaskedEq(u64::from(mask)),
+                0,
+            )?])?]
+        }
+        When::OneOf { arg, values } => values
+            .iter()
+            .map(|&v| SeccompRule::new(vec![cond(arg, SeccompCmpOp::Eq, v)?]))
+            .collect::<Result<_, _>>()?,
+        When::NoneOf { arg, values } => vec![SeccompRule::new(
+            values
+                .iter()
+                .map(|&v| cond(arg, SeccompCmpOp::Ne, v))
+                .collect::<Result<_, _>>()?,
+        )?],
+    };
+    Ok(rules)
+}
+
+/// The first part of the program (see [`sandbox_filter`]):
+///
+/// ```text
+///   ld  [arch]
+///   jeq AUDIT, +1            ; our architecture: go on
+///   ret KILL_PROCESS
+///   ld  [nr]
+///   jgt NEWEST_REVIEWED, →E
+///   jeq enosys[0], →E
+///   ...
+///   jeq enosys[n-1], →E
+///   ja  +1                   ; none matched: on to the allowlist
+/// E: ret ERRNO(ENOSYS)
+/// ```
+fn enosys_prefix(audit_arch: u32) -> Result<BpfProgram, SeccompError> {
+    const LD_ABS: u16 = (libc::BPF_LD | libc::BPF_W | libc::BPF_ABS) as u16;
+    const JEQ: u16 = (libc::BPF_JMP | libc::BPF_JEQ | libc::BPF_K) as u16;
+    const JGT: u16 = (libc::BPF_JMP | libc::BPF_JGT | libc::BPF_K) as u16;
+    const JA: u16 = (libc::BPF_JMP | libc::BPF_JA) as u16;
+    const RET: u16 = (libc::BPF_RET | libc::BPF_K) as u16;
+    // Offsets in `struct seccomp_data` (include/uapi/linux/seccomp.h).
+    const NR: u32 = 0;
+    const ARCH: u32 = 4;
+    let ins = |code, jt, k| sock_filter { code, jt, jf: 0, k };
+
+    let n = ENOSYS_LIST.len();
+    // A jump from the `at`-th test after `ld [nr]` (0: the jgt) to E skips the tests after
+    // it and the `ja`: n + 1 - at instructions.
+    let to_e = |at: usize| u8::try_from(n + 1 - at).map_err(|_| SeccompError::TooLarge(n));
+
+    let mut prog = vec![
+        ins(LD_ABS, 0, ARCH),
+        ins(JEQ, 1, audit_arch),
+        ins(RET, 0, libc::SECCOMP_RET_KILL_PROCESS),
+        ins(LD_ABS, 0, NR),
+        ins(JGT, to_e(0)?, NEWEST_REVIEWED as u32),
+    ];
+    for (i, entry) in ENOSYS_LIST.iter().enumerate() {
+        prog.push(ins(JEQ, to_e(i + 1)?, entry.nr as u32));
+    }
+    prog.push(ins(JA, 0, 1));
+    prog.push(ins(RET, 0, libc::SECCOMP_RET_ERRNO | libc::ENOSYS as u32));
+    Ok(prog)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::ffi::CString;
+
+    /// Syscalls the module must never allow unconditionally.
+    fn must_deny() -> Vec<(i64, &'static str)> {
+        let v = vec![
+            (sys::SYS_mount, "mount"),
+            (sys::SYS_umount2, "umount2"),
+            (sys::SYS_fsopen, "fsopen"),
+            (sys::SYS_fsmount, "fsmount"),
+            (sys::SYS_fsconfig, "fsconfig"),
+            (sys::SYS_fspick, "fspick"),
+            (sys::SYS_move_mount, "move_mount"),
+            (sys::SYS_open_tree, "open_tree"),
+            (sys::SYS_mount_setattr, "mount_setattr"),
+            (sys::SYS_unshare, "unshare"),
+            (sys::SYS_setns, "setns"),
+            (sys::SYS_clone, "clone"),
+            (sys::SYS_clone3, "clone3"),
+            (sys::SYS_ptrace, "ptrace"),
+            (sys::SYS_process_vm_readv, "process_vm_readv"),
+            (sys::SYS_process_vm_writev, "process_vm_writev"),
+            (sys::SYS_bpf, "bpf"),
+            (sys::SYS_keyctl, "keyctl"),
+            (sys::SYS_add_key, "add_key"),
+            (sys::SYS_request_key, "request_key"),
+            (sys::SYS_userfaultfd, "userfaultfd"),
+            (sys::SYS_perf_event_open, "perf_event_open"),
+            (sys::SYS_io_uring_setup, "io_uring_setup"),
+            (sys::SYS_io_uring_enter, "io_uring_enter"),
+            (sys::SYS_io_uring_register, "io_uring_register"),
+            (sys::SYS_open_by_handle_at, "open_by_handle_at"),
+            (sys::SYS_name_to_handle_at, "name_to_handle_at"),
+            (sys::SYS_kexec_load, "kexec_load"),
+            (sys::SYS_kexec_file_load, "kexec_file_load"),
+            (sys::SYS_init_module, "init_module"),
+            (sys::SYS_finit_module, "finit_module"),
+            (sys::SYS_delete_module, "delete_module"),
+            (sys::SYS_reboot, "reboot"),
+            (sys::SYS_swapon, "swapon"),
+            (sys::SYS_swapoff, "swapoff"),
+            (sys::SYS_acct, "acct"),
+            (sys::SYS_quotactl, "quotactl"),
+            (sys::SYS_quotactl_fd, "quotactl_fd"),
+            (sys::SYS_chroot, "chroot"),
+            (sys::SYS_pivot_root, "pivot_root"),
+            (sys::SYS_clock_settime, "clock_settime"),
+            (sys::SYS_clock_adjtime, "clock_adjtime"),
+            (sys::SYS_settimeofday, "settimeofday"),
+            (sys::SYS_adjtimex, "adjtimex"),
+            (sys::SYS_ioctl, "ioctl"),
+            (sys::SYS_personality, "personality"),
+            (sys::SYS_socket, "socket"),
+            (sys::SYS_lookup_dcookie, "lookup_dcookie"),
+            (sys::SYS_vhangup, "vhangup"),
+            (sys::SYS_syslog, "syslog"),
+            (sys::SYS_kcmp, "kcmp"),
+            (sys::SYS_pidfd_getfd, "pidfd_getfd"),
+            (sys::SYS_fanotify_init, "fanotify_init"),
+            (sys::SYS_nfsservctl, "nfsservctl"),
+            (sys::SYS_mbind, "mbind"),
+            (sys::SYS_set_mempolicy, "set_mempolicy"),
+            (sys::SYS_migrate_pages, "migrate_pages"),
+            (sys::SYS_move_pages, "move_pages"),
+            (sys::SYS_sethostname, "sethostname"),
+            (sys::SYS_setdomainname, "setdomainname"),
+            (sys::SYS_process_madvise, "process_madvise"),
+            (sys::SYS_memfd_secret, "memfd_secret"),
+        ];
+        #[cfg(target_arch = "x86_64")]
+        let v = [
+            v,
+            vec![
+                (sys::SYS_iopl, "iopl"),
+                (sys::SYS_ioperm, "ioperm"),
+                (sys::SYS_uselib, "uselib"),
+                (sys::SYS_sysfs, "sysfs"),
+                (sys::SYS__sysctl, "_sysctl"),
+                (sys::SYS_modify_ldt, "modify_ldt"),
+            ],
+        ]
+        .concat();
+        v
+    }
+
+    #[test]
+    fn seccomp_filter_compiles() {
+        let prog = sandbox_filter().expect("filter builds");
+        assert!(prog.len() > ALLOWLIST.len());
+        assert!(
+            prog.len() <= libc::BPF_MAXINSNS as usize,
+            "{} instructions",
+            prog.len()
+        );
+    }
+
+    #[test]
+    fn seccomp_tables_are_consistent() {
+        let mut seen = std::collections::HashSet::new();
+        for e in ALLOWLIST {
+            assert!(seen.insert(e.nr), "{} listed twice", e.name());
+            assert!(
+                !e.reason.is_empty() && !e.name().starts_with("SYS"),
+                "{e:?}"
+            );
+            assert!(
+                e.nr <= NEWEST_REVIEWED,
+                "{} is above NEWEST_REVIEWED",
+                e.name()
+            );
+        }
+        for e in ENOSYS_LIST {
+            assert!(seen.insert(e.nr), "{} listed twice", e.name());
+        }
+        let filtered: Vec<_> = ALLOWLIST
+            .iter()
+            .filter(|e| e.when != When::Always)
+            .map(|e| e.name())
+            .collect();
+        assert_eq!(
+            filtered,
+            ["clone", "personality", "ioctl", "socket", "socketpair"]
+        );
+    }
+
+    #[test]
+    fn seccomp_dangerous_syscalls_are_not_allowed_unconditionally() {
+        for (nr, name) in must_deny() {
+            let entry = ALLOWLIST.iter().find(|e| e.nr == nr);
+            assert!(
+                !matches!(entry, Some(e) if e.when == When::Always),
+                "{name} is allowed unconditionally"
+            );
+        }
+    }
+
+    // ---- Running under the filter
+
+    fn errno() -> i32 {
+        std::io::Error::last_os_error().raw_os_error().unwrap_or(0)
+    }
+
+    /// `ret` is -1 with `errno` set to `want`.
+    fn fails_with(ret: libc::c_long, want: i32) -> bool {
+        ret == -1 && errno() == want
+    }
+
+    /// A NUL-terminated byte string as a C string pointer.
+    fn cstr(s: &'static [u8]) -> *const libc::c_char {
+        assert_eq!(s.last(), Some(&0));
+        s.as_ptr().cast()
+    }
+
+    const NOWHERE: &[u8] = b"/nonexistent-zygo-seccomp-test\0";
+
+    /// Checks run inside the filtered child. None may allocate (the parent is multithreaded),
+    /// and every call uses arguments that would fail harmlessly were the filter missing.
+    #[allow(clippy::type_complexity)]
+    const CHECKS: &[(&str, fn() -> bool)] = &[
+        ("getpid works", || {
+            // SAFETY: no arguments, no memory.
+            let pid = unsafe { libc::getpid() };
+            pid > 0
+        }),
+        ("unshare(CLONE_NEWNS) -> EPERM", || {
+            // SAFETY: only affects this throwaway child, and should fail anyway.
+            fails_with(
+                unsafe { libc::unshare(libc::CLONE_NEWNS) }.into(),
+                libc::EPERM,
+            )
+        }),
+        ("setns -> EPERM", || {
+            // SAFETY: invalid descriptor; EBADF unfiltered.
+            fails_with(unsafe { libc::setns(-1, 0) }.into(), libc::EPERM)
+        }),
+        ("clone3 -> ENOSYS", || {
+            // SAFETY: null args and size 0: EINVAL unfiltered, nothing created.
+            let r = unsafe { libc::syscall(libc::SYS_clone3, std::ptr::null::<u8>(), 0usize) };
+            fails_with(r, libc::ENOSYS)
+        }),
+        ("clone(CLONE_NEWUSER) -> EPERM", || {
+            let flags = (libc::CLONE_NEWUSER | libc::SIGCHLD) as libc::c_ulong;
+            // SAFETY: fork-like raw clone (no new stack). Should the filter let it through,
+            // the new child exits at once without touching any state, and is reaped below.
+            let r =
+                unsafe { libc::syscall(libc::SYS_clone, flags, 0usize, 0usize, 0usize, 0usize) };
+            match r {
+                // SAFETY: in the unexpected child: leave immediately.
+                0 => unsafe { libc::_exit(0) },
+                pid if pid > 0 => {
+                    // SAFETY: reaping our own child.
+                    unsafe { libc::waitpid(pid as libc::pid_t, std::ptr::null_mut(), 0) };
+                    false
+                }
+                r => fails_with(r, libc::EPERM),
+            }
+        }),
+        ("fork works (clone without namespace flags)", || {
+            // SAFETY: the child exits immediately; the parent reaps it.
+            let pid = unsafe { libc::fork() };
+            if pid == 0 {
+                // SAFETY: in the child: leave immediately.
+                unsafe { libc::_exit(7) };
+            }
+            let mut status = 0;
+            // SAFETY: reaping our own child into a local.
+            pid > 0
+                && unsafe { libc::waitpid(pid, &mut status, 0) } == pid
+                && libc::WIFEXITED(status)
+                && libc::WEXITSTATUS(status) == 7
+        }),
+        ("ptrace(PTRACE_TRACEME) -> EPERM", || {
+            // SAFETY: at worst makes this throwaway child traceable by its parent.
+            fails_with(
+                unsafe { libc::ptrace(libc::PTRACE_TRACEME, 0, 0, 0) },
+                libc::EPERM,
+            )
+        }),
+        ("process_vm_readv -> EPERM", || {
+            // SAFETY: zero iovecs: reads nothing even unfiltered.
+            let r = unsafe {
+                libc::syscall(
+                    libc::SYS_process_vm_readv,
+                    libc::getppid(),
+                    0usize,
+                    0,
+                    0usize,
+                    0,
+                    0,
+                )
+            };
+            fails_with(r, libc::EPERM)
+        }),
+        ("mount -> EPERM", || {
+            // SAFETY: valid C strings; the target does not exist (ENOENT unfiltered).
+            let r = unsafe {
+                libc::mount(
+                    cstr(b"none\0"),
+                    cstr(NOWHERE),
+                    cstr(b"tmpfs\0"),
+                    0,
+                    std::ptr::null(),
+                )
+            };
+            fails_with(r.into(), libc::EPERM)
+        }),
+        ("umount2 -> EPERM", || {
+            // SAFETY: the target does not exist (ENOENT unfiltered).
+            fails_with(
+                unsafe { libc::umount2(cstr(NOWHERE), 0) }.into(),
+                libc::EPERM,
+            )
+        }),
+        ("chroot -> EPERM", || {
+            // SAFETY: the target does not exist (ENOENT unfiltered).
+            fails_with(unsafe { libc::chroot(cstr(NOWHERE)) }.into(), libc::EPERM)
+        }),
+        ("reboot(bad magic) -> EPERM", || {
+            // SAFETY: magic 0 is invalid: EINVAL unfiltered, the machine is never rebooted.
+            let r = unsafe { libc::syscall(libc::SYS_reboot, 0, 0, 0, 0usize) };
+            fails_with(r, libc::EPERM)
+        }),
+        ("sethostname -> EPERM", || {
+            // SAFETY: an over-long length: EINVAL unfiltered, nothing is changed.
+            fails_with(
+                unsafe { libc::sethostname(cstr(b"x\0"), usize::MAX) }.into(),
+                libc::EPERM,
+            )
+        }),
+        ("clock_settime -> EPERM", || {
+            // SAFETY: null timespec: EFAULT unfiltered, the clock is not changed.
+            let r = unsafe { libc::syscall(libc::SYS_clock_settime, libc::CLOCK_REALTIME, 0usize) };
+            fails_with(r, libc::EPERM)
+        }),
+        ("ioctl(TIOCSTI) -> EPERM", || {
+            let c = b'x';
+            // SAFETY: invalid descriptor (EBADF unfiltered): nothing can be injected.
+            fails_with(
+                unsafe { libc::ioctl(-1, libc::TIOCSTI, &c) }.into(),
+                libc::EPERM,
+            )
+        }),
+        ("ioctl(TIOCSTI | 1<<32) -> EPERM", || {
+            let c = b'x';
+            let cmd: u64 = libc::TIOCSTI | 1 << 32;
+            // SAFETY: invalid descriptor (EBADF unfiltered): nothing can be injected.
+            fails_with(
+                unsafe { libc::syscall(libc::SYS_ioctl, -1, cmd, &c) },
+                libc::EPERM,
+            )
+        }),
+        ("ioctl(TIOCLINUX) -> EPERM", || {
+            let c = 0u8;
+            // SAFETY: invalid descriptor (EBADF unfiltered).
+            fails_with(
+                unsafe { libc::ioctl(-1, libc::TIOCLINUX, &c) }.into(),
+                libc::EPERM,
+            )
+        }),
+        ("ioctl(FIONREAD) allowed -> EBADF", || {
+            let mut n: libc::c_int = 0;
+            // SAFETY: invalid descriptor; n is a valid out-pointer.
+            fails_with(
+                unsafe { libc::ioctl(-1, libc::FIONREAD, &mut n) }.into(),
+                libc::EBADF,
+            )
+        }),
+        ("personality(ADDR_NO_RANDOMIZE) -> EPERM", || {
+            // SAFETY: would only change this throwaway child's personality.
+            let r = unsafe { libc::personality(libc::ADDR_NO_RANDOMIZE as libc::c_ulong) };
+            fails_with(r.into(), libc::EPERM)
+        }),
+        ("personality(query) allowed", || {
+            // SAFETY: 0xffffffff only queries.
+            let r = unsafe { libc::personality(0xffff_ffff) };
+            r >= 0
+        }),
+        ("bpf -> EPERM", || {
+            // SAFETY: null attr, size 0: EINVAL/EFAULT unfiltered.
+            let r = unsafe { libc::syscall(libc::SYS_bpf, 0, 0usize, 0) };
+            fails_with(r, libc::EPERM)
+        }),
+        ("perf_event_open -> EPERM", || {
+            // SAFETY: null attr: EFAULT unfiltered.
+            let r = unsafe { libc::syscall(libc::SYS_perf_event_open, 0usize, 0, -1, -1, 0) };
+            fails_with(r, libc::EPERM)
+        }),
+        ("keyctl -> EPERM", || {
+            // SAFETY: an invalid operation: EOPNOTSUPP unfiltered.
+            let r = unsafe { libc::syscall(libc::SYS_keyctl, -1, 0, 0, 0, 0) };
+            fails_with(r, libc::EPERM)
+        }),
+        ("open_by_handle_at -> EPERM", || {
+            // SAFETY: invalid descriptor and null handle: EBADF/EFAULT unfiltered.
+            let r = unsafe { libc::syscall(libc::SYS_open_by_handle_at, -1, 0usize, 0) };
+            fails_with(r, libc::EPERM)
+        }),
+        ("finit_module -> EPERM", || {
+            // SAFETY: invalid descriptor: EBADF unfiltered.
+            let r = unsafe { libc::syscall(libc::SYS_finit_module, -1, cstr(b"\0"), 0) };
+            fails_with(r, libc::EPERM)
+        }),
+        ("io_uring_setup -> ENOSYS", || {
+            // SAFETY: null params: EFAULT unfiltered.
+            let r = unsafe { libc::syscall(libc::SYS_io_uring_setup, 1, 0usize) };
+            fails_with(r, libc::ENOSYS)
+        }),
+        ("socket(AF_VSOCK) -> EPERM", || {
+            // SAFETY: plain socket creation; closed if it unexpectedly succeeds.
+            let fd = unsafe { libc::socket(libc::AF_VSOCK, libc::SOCK_STREAM, 0) };
+            if fd >= 0 {
+                // SAFETY: our own descriptor.
+                unsafe { libc::close(fd) };
+            }
+            fails_with(fd.into(), libc::EPERM)
+        }),
+        ("socket(AF_INET) allowed", || {
+            // SAFETY: plain socket creation, closed at once.
+            let fd = unsafe { libc::socket(libc::AF_INET, libc::SOCK_STREAM, 0) };
+            // SAFETY: our own descriptor.
+            fd >= 0 && unsafe { libc::close(fd) } == 0
+        }),
+        ("seccomp(GET_ACTION_AVAIL) allowed", || {
+            let action = libc::SECCOMP_RET_ERRNO;
+            // SAFETY: a query; action is a valid u32.
+            let r = unsafe {
+                libc::syscall(
+                    libc::SYS_seccomp,
+                    libc::SECCOMP_GET_ACTION_AVAIL,
+                    0,
+                    &action,
+                )
+            };
+            r == 0
+        }),
+        ("newer than reviewed (463, setxattrat) -> ENOSYS", || {
+            // SAFETY: bad descriptor and null pointers: EBADF/EFAULT unfiltered.
+            let r = unsafe { libc::syscall(463, -1, 0usize, 0, 0usize, 0usize) };
+            fails_with(r, libc::ENOSYS)
+        }),
+        #[cfg(target_arch = "x86_64")]
+        ("x32 ABI getpid -> ENOSYS", || {
+            // SAFETY: x32 getpid, harmless either way.
+            fails_with(
+                unsafe { libc::syscall(libc::SYS_getpid | 0x4000_0000) },
+                libc::ENOSYS,
+            )
+        }),
+    ];
+
+    /// Fork; in the child set no_new_privs, install the filter and run `body`, whose value
+    /// becomes the exit code. Returns the child's wait status and pid.
+    fn in_filtered_child(prog: &BpfProgram, body: impl FnOnce() -> i32) -> (i32, libc::pid_t) {
+        // SAFETY: the child only makes raw syscalls and async-signal-safe calls, then _exits.
+        let pid = unsafe { libc::fork() };
+        assert!(pid >= 0, "fork: {}", std::io::Error::last_os_error());
+        if pid == 0 {
+            // SAFETY: plain prctl in our own process.
+            let code = if unsafe { libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) } != 0 {
+                201
+            } else if install(prog).is_err() {
+                202
+            } else {
+                body()
+            };
+            // SAFETY: leave the child without running the parent's destructors or atexit.
+            unsafe { libc::_exit(code) };
+        }
+        let mut status = 0;
+        // SAFETY: reaping our own child into a local.
+        let r = unsafe { libc::waitpid(pid, &mut status, 0) };
+        assert_eq!(r, pid, "waitpid: {}", std::io::Error::last_os_error());
+        (status, pid)
+    }
+
+    fn describe(status: i32) -> String {
+        if libc::WIFEXITED(status) {
+            format!("exit {}", libc::WEXITSTATUS(status))
+        } else if libc::WIFSIGNALED(status) {
+            format!("killed by signal {}", libc::WTERMSIG(status))
+        } else {
+            format!("status {status:#x}")
+        }
+    }
+
+    #[test]
+    fn seccomp_denies_and_allows_in_a_child() {
+        let prog = sandbox_filter().expect("filter builds");
+        let (status, _) = in_filtered_child(&prog, || {
+            for (i, (_, check)) in CHECKS.iter().enumerate() {
+                if !check() {
+                    return i as i32 + 1;
+                }
+            }
+            0
+        });
+        if libc::WIFEXITED(status) && (1..=CHECKS.len() as i32).contains(&libc::WEXITSTATUS(status))
+        {
+            panic!(
+                "check failed: {}",
+                CHECKS[libc::WEXITSTATUS(status) as usize - 1].0
+            );
+        }
+        assert_eq!(describe(status), "exit 0");
+    }
+
+    /// Run `argv` under the filter with a minimal environment (stdout to /dev/null, stderr
+    /// kept for diagnostics). Returns the wait status and the pid, which exec keeps.
+    fn run_filtered(argv: &[&str], extra_env: &[&str]) -> (i32, libc::pid_t) {
+        let prog = sandbox_filter().expect("filter builds");
+        let cargs: Vec<CString> = argv
+            .iter()
+            .map(|a| CString::new(*a).expect("no NUL"))
+            .collect();
+        let mut env = vec![
+            "PATH=/usr/local/bin:/usr/bin:/bin",
+            "HOME=/tmp",
+            "LANG=C.UTF-8",
+        ];
+        env.extend_from_slice(extra_env);
+        let cenv: Vec<CString> = env
+            .iter()
+            .map(|a| CString::new(*a).expect("no NUL"))
+            .collect();
+        let mut argp: Vec<*const libc::c_char> = cargs.iter().map(|a| a.as_ptr()).collect();
+        argp.push(std::ptr::null());
+        let mut envp: Vec<*const libc::c_char> = cenv.iter().map(|a| a.as_ptr()).collect();
+        envp.push(std::ptr::null());
+        let devnull = std::fs::File::options()
+            .write(true)
+            .open("/dev/null")
+            .expect("/dev/null");
+        let devnull = std::os::fd::AsRawFd::as_raw_fd(&devnull);
+
+        in_filtered_child(&prog, || {
+            // SAFETY: dup2 onto stdout; execve with NUL-terminated arrays of C strings that
+            // outlive the call (built before fork).
+            unsafe {
+                libc::dup2(devnull, 1);
+                libc::execve(argp[0], argp.as_ptr(), envp.as_ptr());
+            }
+            127
+        })
+    }
+
+    fn have(path: &str) -> bool {
+        let exists = std::path::Path::new(path).exists();
+        if !exists {
+            eprintln!("skipping: {path} not installed");
+        }
+        exists
+    }
+
+    #[test]
+    fn seccomp_python_runs() {
+        if !have("/usr/bin/python3") {
+            return;
+        }
+        let script = "\
+import json, os, subprocess, threading, tempfile, socket, hashlib, random
+box = []
+t = threading.Thread(target=lambda: box.append(hashlib.sha256(os.urandom(64)).hexdigest()))
+t.start(); t.join()
+assert len(box) == 1
+out = subprocess.run(['/bin/sh', '-c', 'echo hi'], capture_output=True, check=True).stdout
+assert out == b'hi\\n', out
+with tempfile.NamedTemporaryFile('w') as f:
+    json.dump({'r': random.random(), 'pid': os.getpid()}, f)
+    f.flush()
+    assert os.path.getsize(f.name) > 0
+a, b = socket.socketpair()
+a.sendall(b'ping')
+assert b.recv(4) == b'ping'
+a.close(); b.close()
+";
+        let (status, _) = run_filtered(&["/usr/bin/python3", "-c", script], &[]);
+        assert_eq!(describe(status), "exit 0");
+    }
+
+    #[test]
+    fn seccomp_node_runs() {
+        if !have("/usr/bin/node") {
+            return;
+        }
+        let script = "const fs=require('fs'); const cp=require('child_process'); \
+            fs.writeFileSync('/tmp/zygo-seccomp-test-'+process.pid, 'x'); \
+            console.log(cp.execSync('echo hi').toString()); \
+            setTimeout(()=>{},10); Promise.resolve().then(()=>{})";
+        // UV_USE_IO_URING=1 makes libuv try io_uring, so the ENOSYS fallback is exercised.
+        let (status, pid) = run_filtered(&["/usr/bin/node", "-e", script], &["UV_USE_IO_URING=1"]);
+        let marker = format!("/tmp/zygo-seccomp-test-{pid}");
+        let wrote = std::fs::remove_file(&marker).is_ok();
+        assert_eq!(describe(status), "exit 0");
+        assert!(wrote, "node did not write {marker}");
+    }
+
+    #[test]
+    fn seccomp_shell_runs() {
+        let (status, _) = run_filtered(
+            &["/bin/sh", "-c", "ls / | wc -l; cat /etc/hostname; date"],
+            &[],
+        );
+        assert_eq!(describe(status), "exit 0");
+    }
+
+    #[test]
+    fn seccomp_coreutils_run() {
+        let script = "set -e; d=$(mktemp -d); cd \"$d\"; echo x > a; cp -a a b; mv b c; \
+            ln -s c l; chmod 600 c; mkdir -p e/f; mkfifo p; touch -d 2020-01-01 a; \
+            tar -cf t.tar a c e; tar -tf t.tar >/dev/null; ls -la >/dev/null; stat c >/dev/null; \
+            sort a | uniq | head -1 >/dev/null; find . -type f | xargs cat >/dev/null; \
+            cd /; rm -rf \"$d\"";
+        let (status, _) = run_filtered(&["/bin/sh", "-c", script], &[]);
+        assert_eq!(describe(status), "exit 0");
+    }
+
+    #[test]
+    fn seccomp_pip_runs() {
+        if !have("/usr/bin/python3") {
+            return;
+        }
+        let argv = [
+            "/usr/bin/python3",
+            "-m",
+            "pip",
+            "list",
+            "--disable-pip-version-check",
+        ];
+        let (status, _) = run_filtered(&argv, &["PIP_NO_INDEX=1"]);
+        assert_eq!(describe(status), "exit 0");
+    }
+}

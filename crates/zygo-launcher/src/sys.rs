@@ -1,0 +1,269 @@
+//! Thin wrappers over the system calls the launcher makes. Each failure names the
+//! operation and its paths, so a failed build says exactly which step broke.
+
+use std::ffi::CString;
+use std::fmt;
+use std::io;
+use std::os::fd::RawFd;
+use std::path::Path;
+
+/// One failed setup step: what was being done, and what the kernel said.
+#[derive(Debug)]
+pub struct SetupError {
+    pub step: String,
+    pub source: io::Error,
+}
+
+impl fmt::Display for SetupError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}: {}", self.step, self.source)
+    }
+}
+
+impl std::error::Error for SetupError {}
+
+pub type Result<T> = std::result::Result<T, SetupError>;
+
+/// Attach a step name to an io::Error.
+pub fn step<T>(r: io::Result<T>, what: impl FnOnce() -> String) -> Result<T> {
+    r.map_err(|source| SetupError {
+        step: what(),
+        source,
+    })
+}
+
+pub fn fail(what: impl Into<String>, source: io::Error) -> SetupError {
+    SetupError {
+        step: what.into(),
+        source,
+    }
+}
+
+pub fn cstr(p: impl AsRef<Path>) -> io::Result<CString> {
+    use std::os::unix::ffi::OsStrExt;
+    CString::new(p.as_ref().as_os_str().as_bytes())
+        .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "path contains a NUL byte"))
+}
+
+fn check(ret: libc::c_int) -> io::Result<libc::c_int> {
+    if ret < 0 {
+        Err(io::Error::last_os_error())
+    } else {
+        Ok(ret)
+    }
+}
+
+fn check_long(ret: libc::c_long) -> io::Result<libc::c_long> {
+    if ret < 0 {
+        Err(io::Error::last_os_error())
+    } else {
+        Ok(ret)
+    }
+}
+
+pub fn mount(
+    src: Option<&Path>,
+    dst: &Path,
+    fstype: Option<&str>,
+    flags: libc::c_ulong,
+    data: Option<&str>,
+) -> io::Result<()> {
+    let src = src.map(cstr).transpose()?;
+    let dst = cstr(dst)?;
+    let fstype = fstype.map(CString::new).transpose()?;
+    let data = data.map(CString::new).transpose()?;
+    let p = |c: &Option<CString>| c.as_ref().map_or(std::ptr::null(), |c| c.as_ptr());
+    // SAFETY: every pointer is either null or a NUL-terminated string that outlives the call.
+    check(unsafe { libc::mount(p(&src), dst.as_ptr(), p(&fstype), flags, p(&data).cast()) })?;
+    Ok(())
+}
+
+#[repr(C)]
+struct MountAttr {
+    attr_set: u64,
+    attr_clr: u64,
+    propagation: u64,
+    userns_fd: u64,
+}
+
+pub const MOUNT_ATTR_RDONLY: u64 = 0x1;
+pub const MOUNT_ATTR_NOSUID: u64 = 0x2;
+pub const MOUNT_ATTR_NODEV: u64 = 0x4;
+pub const MOUNT_ATTR_NOEXEC: u64 = 0x8;
+
+/// Set mount attributes on `path` and every mount below it (mount_setattr, AT_RECURSIVE).
+/// Unlike a remount, this reaches submounts of a recursive bind.
+pub fn mount_setattr_recursive(path: &Path, set: u64) -> io::Result<()> {
+    let p = cstr(path)?;
+    let attr = MountAttr {
+        attr_set: set,
+        attr_clr: 0,
+        propagation: 0,
+        userns_fd: 0,
+    };
+    // SAFETY: `p` is a valid C string and `attr` a properly sized mount_attr for the call.
+    check_long(unsafe {
+        libc::syscall(
+            libc::SYS_mount_setattr,
+            libc::AT_FDCWD,
+            p.as_ptr(),
+            libc::AT_RECURSIVE as libc::c_uint,
+            &attr as *const MountAttr,
+            std::mem::size_of::<MountAttr>(),
+        )
+    })?;
+    Ok(())
+}
+
+pub fn umount_detach(path: &Path) -> io::Result<()> {
+    let p = cstr(path)?;
+    // SAFETY: valid C string.
+    check(unsafe { libc::umount2(p.as_ptr(), libc::MNT_DETACH) })?;
+    Ok(())
+}
+
+pub fn pivot_root(new_root: &Path, put_old: &Path) -> io::Result<()> {
+    let n = cstr(new_root)?;
+    let o = cstr(put_old)?;
+    // SAFETY: valid C strings.
+    check_long(unsafe { libc::syscall(libc::SYS_pivot_root, n.as_ptr(), o.as_ptr()) })?;
+    Ok(())
+}
+
+pub fn chdir(path: &Path) -> io::Result<()> {
+    let p = cstr(path)?;
+    // SAFETY: valid C string.
+    check(unsafe { libc::chdir(p.as_ptr()) })?;
+    Ok(())
+}
+
+pub fn write_fd(fd: RawFd, mut buf: &[u8]) -> io::Result<()> {
+    while !buf.is_empty() {
+        // SAFETY: buf is a valid slice for its length.
+        let n = unsafe { libc::write(fd, buf.as_ptr().cast(), buf.len()) };
+        if n < 0 {
+            let e = io::Error::last_os_error();
+            if e.kind() == io::ErrorKind::Interrupted {
+                continue;
+            }
+            return Err(e);
+        }
+        buf = &buf[n as usize..];
+    }
+    Ok(())
+}
+
+/// Read until `buf` is full or end of file; returns the bytes read.
+pub fn read_fd(fd: RawFd, buf: &mut [u8]) -> io::Result<usize> {
+    loop {
+        // SAFETY: buf is a valid mutable slice for its length.
+        let n = unsafe { libc::read(fd, buf.as_mut_ptr().cast(), buf.len()) };
+        if n < 0 {
+            let e = io::Error::last_os_error();
+            if e.kind() == io::ErrorKind::Interrupted {
+                continue;
+            }
+            return Err(e);
+        }
+        return Ok(n as usize);
+    }
+}
+
+pub fn close(fd: RawFd) {
+    // SAFETY: closing a descriptor this process owns; errors are irrelevant here.
+    unsafe { libc::close(fd) };
+}
+
+/// A pipe with both ends close-on-exec: (read, write).
+pub fn pipe_cloexec() -> io::Result<(RawFd, RawFd)> {
+    let mut fds = [0; 2];
+    // SAFETY: fds is a two-element array as pipe2 requires.
+    check(unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) })?;
+    Ok((fds[0], fds[1]))
+}
+
+pub fn set_cloexec(fd: RawFd) -> io::Result<()> {
+    // SAFETY: fcntl on an owned descriptor.
+    check(unsafe { libc::fcntl(fd, libc::F_SETFD, libc::FD_CLOEXEC) })?;
+    Ok(())
+}
+
+/// Close every descriptor from `from` up, except those in `keep`.
+pub fn close_fds_from(from: RawFd, keep: &[RawFd]) {
+    let mut keep: Vec<RawFd> = keep.iter().copied().filter(|&k| k >= from).collect();
+    keep.sort_unstable();
+    let mut lo = from as libc::c_uint;
+    for k in keep {
+        let k = k as libc::c_uint;
+        if k > lo {
+            // SAFETY: close_range on this process's own descriptor table.
+            unsafe { libc::syscall(libc::SYS_close_range, lo, k - 1, 0) };
+        }
+        lo = k + 1;
+    }
+    // SAFETY: as above.
+    unsafe { libc::syscall(libc::SYS_close_range, lo, libc::c_uint::MAX, 0) };
+}
+
+pub fn prctl(option: libc::c_int, arg: libc::c_ulong) -> io::Result<()> {
+    // SAFETY: prctl with integer arguments only.
+    check(unsafe {
+        libc::prctl(
+            option,
+            arg,
+            0 as libc::c_ulong,
+            0 as libc::c_ulong,
+            0 as libc::c_ulong,
+        )
+    })?;
+    Ok(())
+}
+
+pub fn set_rlimit(resource: libc::__rlimit_resource_t, soft: u64, hard: u64) -> io::Result<()> {
+    let lim = libc::rlimit {
+        rlim_cur: soft,
+        rlim_max: hard,
+    };
+    // SAFETY: lim is a valid rlimit struct.
+    check(unsafe { libc::setrlimit(resource, &lim) })?;
+    Ok(())
+}
+
+pub fn get_rlimit(resource: libc::__rlimit_resource_t) -> io::Result<(u64, u64)> {
+    let mut lim = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: lim is a valid rlimit struct to fill in.
+    check(unsafe { libc::getrlimit(resource, &mut lim) })?;
+    Ok((lim.rlim_cur, lim.rlim_max))
+}
+
+/// Bring the loopback interface up in the current network namespace.
+pub fn loopback_up() -> io::Result<()> {
+    // SAFETY: plain socket creation.
+    let sock =
+        check(unsafe { libc::socket(libc::AF_INET, libc::SOCK_DGRAM | libc::SOCK_CLOEXEC, 0) })?;
+    // SAFETY: ifreq is plain old data; zeroed is a valid value.
+    let mut req: libc::ifreq = unsafe { std::mem::zeroed() };
+    for (i, b) in b"lo".iter().enumerate() {
+        req.ifr_name[i] = *b as libc::c_char;
+    }
+    // SAFETY: SIOCGIFFLAGS fills the flags of the named interface in `req`.
+    let r = unsafe { libc::ioctl(sock, libc::SIOCGIFFLAGS, &mut req) };
+    if r < 0 {
+        let e = io::Error::last_os_error();
+        close(sock);
+        return Err(e);
+    }
+    // SAFETY: the union member written by SIOCGIFFLAGS is ifru_flags.
+    unsafe { req.ifr_ifru.ifru_flags |= (libc::IFF_UP | libc::IFF_RUNNING) as libc::c_short };
+    // SAFETY: SIOCSIFFLAGS reads `req`.
+    let r = unsafe { libc::ioctl(sock, libc::SIOCSIFFLAGS, &req) };
+    let e = io::Error::last_os_error();
+    close(sock);
+    if r < 0 {
+        return Err(e);
+    }
+    Ok(())
+}

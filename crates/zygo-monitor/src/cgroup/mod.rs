@@ -1,0 +1,327 @@
+//! The cgroup tree: one interface, two kernels' worth of implementation.
+//!
+//! Zygo builds its tree under the cgroup it was started in (or under `$ZYGO_CGROUP`, a
+//! subtree delegated to the user running it), never anywhere else. Every sandbox gets its
+//! own cgroup with its limits written before anything runs in it; kill, freeze, the OOM
+//! counter and the memory peak are read from the kernel, never inferred.
+//!
+//! cgroup v2 is used where its memory, pids and cpu controllers are available to us;
+//! otherwise the v1 memory, pids, cpu, cpuacct and freezer hierarchies. Where neither can
+//! enforce limits, sandboxes are refused with the steps to fix it.
+
+mod v1;
+mod v2;
+
+use std::fmt;
+use std::io;
+use std::path::{Path, PathBuf};
+
+pub use v1::V1;
+pub use v2::V2;
+
+/// Limits written into a sandbox's cgroup.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Limits {
+    /// Memory in bytes; `None` is unlimited (only a sandbox.toml may ask for that).
+    pub mem_bytes: Option<u64>,
+    /// CPU bandwidth in thousandths of a CPU.
+    pub cpu_millis: u32,
+    pub pids: u32,
+}
+
+/// What the kernel counted for a cgroup.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Usage {
+    pub oom_kills: u64,
+    pub peak_bytes: u64,
+    pub cpu_usec: u64,
+}
+
+#[derive(Debug)]
+pub enum CgroupError {
+    /// No hierarchy we can use: limits cannot be enforced.
+    Unavailable(String),
+    /// We may not create cgroups where we are: the fix is a delegated subtree.
+    NotDelegated { path: PathBuf, source: io::Error },
+    Io {
+        what: String,
+        path: PathBuf,
+        source: io::Error,
+    },
+}
+
+impl fmt::Display for CgroupError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            CgroupError::Unavailable(why) => write!(
+                f,
+                "cannot enforce memory, cpu and pids limits: {why}; Zygo refuses to run sandboxes without limits"
+            ),
+            CgroupError::NotDelegated { path, source } => {
+                write!(f, "cannot create cgroups under {} ({source}); ", path.display())?;
+                f.write_str(&delegation_steps())
+            }
+            CgroupError::Io { what, path, source } => {
+                write!(f, "{what} {}: {source}", path.display())
+            }
+        }
+    }
+}
+
+impl std::error::Error for CgroupError {}
+
+pub(crate) fn io_err(what: &str, path: &Path, source: io::Error) -> CgroupError {
+    CgroupError::Io {
+        what: what.to_string(),
+        path: path.to_path_buf(),
+        source,
+    }
+}
+
+/// The exact steps to give the current user a cgroup subtree of their own.
+pub fn delegation_steps() -> String {
+    // SAFETY: getuid/getgid cannot fail.
+    let (uid, gid) = unsafe { (libc::getuid(), libc::getgid()) };
+    let user = std::env::var("USER").unwrap_or_else(|_| uid.to_string());
+    if Path::new("/sys/fs/cgroup/cgroup.controllers").exists() {
+        format!(
+            "run Zygo inside a delegated cgroup, e.g. `systemd-run --user --scope -p Delegate=yes zygo ...`, \
+             or as root: `mkdir /sys/fs/cgroup/zygo-{user} && echo '+memory +pids +cpu' > /sys/fs/cgroup/cgroup.subtree_control \
+             && chown -R {uid}:{gid} /sys/fs/cgroup/zygo-{user}` and then `export ZYGO_CGROUP=/zygo-{user}`"
+        )
+    } else {
+        format!(
+            "give this user a cgroup subtree, as root: `for c in memory pids cpu cpuacct freezer; do \
+             mkdir -p /sys/fs/cgroup/$c/zygo-{user} && chown -R {uid}:{gid} /sys/fs/cgroup/$c/zygo-{user}; done` \
+             and then `export ZYGO_CGROUP=/zygo-{user}`"
+        )
+    }
+}
+
+/// A cgroup Zygo created for one sandbox (or one request).
+pub trait Cgroup: Send {
+    /// For logs and messages.
+    fn describe(&self) -> String;
+    fn set_limits(&self, limits: &Limits) -> Result<(), CgroupError>;
+    /// Move a process (host pid) into this cgroup.
+    fn add_pid(&self, pid: i32) -> Result<(), CgroupError>;
+    fn usage(&self) -> Result<Usage, CgroupError>;
+    fn freeze(&self) -> Result<(), CgroupError>;
+    fn thaw(&self) -> Result<(), CgroupError>;
+    /// Kill every process in the cgroup, including ones that are forking.
+    fn kill_all(&self) -> Result<(), CgroupError>;
+    /// Whether any process is still in the cgroup.
+    fn is_empty(&self) -> Result<bool, CgroupError>;
+    /// Kill what is left and remove the cgroup.
+    fn remove(self: Box<Self>) -> Result<(), CgroupError>;
+}
+
+/// The backend chosen at start-up.
+pub enum Backend {
+    V1(V1),
+    V2(V2),
+}
+
+impl Backend {
+    /// Pick the backend this host supports, rooted at our own cgroup or `$ZYGO_CGROUP`.
+    pub fn detect() -> Result<Backend, CgroupError> {
+        let own = read_own_cgroups()?;
+        let base_override = std::env::var("ZYGO_CGROUP").ok().filter(|s| !s.is_empty());
+        let mounts = read_mounts()?;
+        if let Some(v2) = V2::probe(&own, base_override.as_deref(), &mounts)? {
+            return Ok(Backend::V2(v2));
+        }
+        if let Some(v1) = V1::probe(&own, base_override.as_deref(), &mounts)? {
+            return Ok(Backend::V1(v1));
+        }
+        Err(CgroupError::Unavailable(
+            "no cgroup v2 hierarchy with the memory, pids and cpu controllers, and no cgroup v1 \
+             memory, pids, cpu, cpuacct and freezer hierarchies are mounted"
+                .into(),
+        ))
+    }
+
+    pub fn name(&self) -> &'static str {
+        match self {
+            Backend::V1(_) => "v1",
+            Backend::V2(_) => "v2",
+        }
+    }
+
+    /// Where Zygo's tree lives (for `zygo version` and logs).
+    pub fn root(&self) -> String {
+        match self {
+            Backend::V1(b) => b.root(),
+            Backend::V2(b) => b.root(),
+        }
+    }
+
+    /// Create `<root>/<name>` with no limits yet. Fails if it exists.
+    pub fn create(&self, name: &str) -> Result<Box<dyn Cgroup>, CgroupError> {
+        match self {
+            Backend::V1(b) => Ok(Box::new(b.create(name)?)),
+            Backend::V2(b) => Ok(Box::new(b.create(name)?)),
+        }
+    }
+}
+
+/// `/proc/self/cgroup`: (hierarchy id, controllers, path).
+pub(crate) struct OwnCgroup {
+    pub controllers: Vec<String>,
+    pub path: String,
+}
+
+fn read_own_cgroups() -> Result<Vec<OwnCgroup>, CgroupError> {
+    let p = Path::new("/proc/self/cgroup");
+    let text = std::fs::read_to_string(p).map_err(|e| io_err("read", p, e))?;
+    Ok(text
+        .lines()
+        .filter_map(|l| {
+            let mut it = l.splitn(3, ':');
+            let _id = it.next()?;
+            let ctrls = it.next()?;
+            let path = it.next()?;
+            Some(OwnCgroup {
+                controllers: ctrls
+                    .split(',')
+                    .filter(|c| !c.is_empty())
+                    .map(str::to_string)
+                    .collect(),
+                path: path.to_string(),
+            })
+        })
+        .collect())
+}
+
+/// A cgroup filesystem mount: (mount point, fs type, super options).
+pub(crate) struct CgroupMount {
+    pub point: PathBuf,
+    pub v2: bool,
+    pub options: Vec<String>,
+}
+
+fn read_mounts() -> Result<Vec<CgroupMount>, CgroupError> {
+    let p = Path::new("/proc/self/mountinfo");
+    let text = std::fs::read_to_string(p).map_err(|e| io_err("read", p, e))?;
+    let mut out = Vec::new();
+    for line in text.lines() {
+        // id parent maj:min root point opts [optional...] - fstype source superopts
+        let Some((left, right)) = line.split_once(" - ") else {
+            continue;
+        };
+        let mut r = right.split(' ');
+        let fstype = r.next().unwrap_or("");
+        let _src = r.next();
+        let superopts = r.next().unwrap_or("");
+        if fstype != "cgroup" && fstype != "cgroup2" {
+            continue;
+        }
+        let Some(point) = left.split(' ').nth(4) else {
+            continue;
+        };
+        out.push(CgroupMount {
+            point: PathBuf::from(point.replace("\\040", " ")),
+            v2: fstype == "cgroup2",
+            options: superopts.split(',').map(str::to_string).collect(),
+        });
+    }
+    Ok(out)
+}
+
+/// Where Zygo's tree goes in one hierarchy: `$ZYGO_CGROUP` when absolute, our own cgroup
+/// joined with it when relative, or our own cgroup.
+pub(crate) fn base_path(own: &str, base_override: Option<&str>) -> String {
+    match base_override {
+        Some(b) if b.starts_with('/') => b.to_string(),
+        Some(b) => format!("{}/{}", own.trim_end_matches('/'), b.trim_matches('/')),
+        None => own.to_string(),
+    }
+}
+
+/// Join a cgroup path (absolute within its hierarchy) onto a mount point.
+pub(crate) fn join(mount: &Path, cg: &str) -> PathBuf {
+    let rel = cg.trim_start_matches('/');
+    if rel.is_empty() {
+        mount.to_path_buf()
+    } else {
+        mount.join(rel)
+    }
+}
+
+pub(crate) fn write_file(path: &Path, value: &str) -> Result<(), CgroupError> {
+    std::fs::write(path, value).map_err(|e| io_err(&format!("write {value:?} to"), path, e))
+}
+
+pub(crate) fn read_file(path: &Path) -> Result<String, CgroupError> {
+    std::fs::read_to_string(path).map_err(|e| io_err("read", path, e))
+}
+
+/// Make the directory that holds Zygo's cgroups; a permission error means no delegation.
+pub(crate) fn ensure_dir(path: &Path) -> Result<(), CgroupError> {
+    match std::fs::create_dir(path) {
+        Ok(()) => Ok(()),
+        Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {
+            // It exists; we must also be allowed to create children in it.
+            if access_w(path) {
+                Ok(())
+            } else {
+                Err(CgroupError::NotDelegated {
+                    path: path.to_path_buf(),
+                    source: io::Error::from_raw_os_error(libc::EACCES),
+                })
+            }
+        }
+        Err(e)
+            if matches!(
+                e.raw_os_error(),
+                Some(libc::EACCES) | Some(libc::EPERM) | Some(libc::EROFS)
+            ) =>
+        {
+            Err(CgroupError::NotDelegated {
+                path: path.to_path_buf(),
+                source: e,
+            })
+        }
+        Err(e) => Err(io_err("create", path, e)),
+    }
+}
+
+fn access_w(path: &Path) -> bool {
+    use std::os::unix::ffi::OsStrExt;
+    let Ok(c) = std::ffi::CString::new(path.as_os_str().as_bytes()) else {
+        return false;
+    };
+    // SAFETY: c is a valid C string.
+    unsafe { libc::access(c.as_ptr(), libc::W_OK) == 0 }
+}
+
+/// Remove a cgroup directory, waiting briefly for exiting tasks to leave it.
+pub(crate) fn rmdir_retry(path: &Path) -> Result<(), CgroupError> {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+    loop {
+        match std::fs::remove_dir(path) {
+            Ok(()) => return Ok(()),
+            Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(()),
+            Err(e)
+                if e.raw_os_error() == Some(libc::EBUSY)
+                    && std::time::Instant::now() < deadline =>
+            {
+                std::thread::sleep(std::time::Duration::from_millis(2));
+            }
+            Err(e) => return Err(io_err("remove", path, e)),
+        }
+    }
+}
+
+/// Parse `cgroup.procs`.
+pub(crate) fn procs(path: &Path) -> Result<Vec<i32>, CgroupError> {
+    Ok(read_file(path)?
+        .lines()
+        .filter_map(|l| l.trim().parse().ok())
+        .collect())
+}
+
+pub(crate) fn sigkill(pid: i32) {
+    // SAFETY: plain kill(2); the pid was read from a frozen cgroup we own.
+    unsafe { libc::kill(pid, libc::SIGKILL) };
+}

@@ -1,0 +1,216 @@
+//! cgroup v1: one directory per controller (memory, pids, cpu, cpuacct, freezer), created
+//! side by side under the same relative path in each hierarchy.
+//!
+//! v1 has no `cgroup.kill`: a tree is killed by freezing it (so nothing can fork or exit
+//! while we look), SIGKILLing every task listed, then thawing so the kills are delivered.
+
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use super::{
+    ensure_dir, io_err, join, procs, read_file, rmdir_retry, sigkill, write_file, Cgroup,
+    CgroupError, CgroupMount, Limits, OwnCgroup, Usage,
+};
+
+const CONTROLLERS: [&str; 5] = ["memory", "pids", "cpu", "cpuacct", "freezer"];
+
+/// Zygo's tree in each v1 hierarchy: `<mount>/<base>/zygo`.
+pub struct V1 {
+    /// Per controller in CONTROLLERS order: the directory holding Zygo's cgroups.
+    roots: [PathBuf; 5],
+}
+
+impl V1 {
+    pub(crate) fn probe(
+        own: &[OwnCgroup],
+        base_override: Option<&str>,
+        mounts: &[CgroupMount],
+    ) -> Result<Option<V1>, CgroupError> {
+        let mut roots: Vec<PathBuf> = Vec::new();
+        for ctrl in CONTROLLERS {
+            let Some(m) = mounts
+                .iter()
+                .find(|m| !m.v2 && m.options.iter().any(|o| o == ctrl))
+            else {
+                return Ok(None);
+            };
+            let Some(own_path) = own
+                .iter()
+                .find(|o| o.controllers.iter().any(|c| c == ctrl))
+                .map(|o| o.path.as_str())
+            else {
+                return Ok(None);
+            };
+            let base = super::base_path(own_path, base_override);
+            let base_dir = join(&m.point, &base);
+            if !base_dir.is_dir() {
+                return Err(CgroupError::NotDelegated {
+                    path: base_dir,
+                    source: std::io::Error::from_raw_os_error(libc::ENOENT),
+                });
+            }
+            let root = base_dir.join("zygo");
+            ensure_dir(&root)?;
+            roots.push(root);
+        }
+        let roots: [PathBuf; 5] = roots
+            .try_into()
+            .map_err(|_| CgroupError::Unavailable("v1 controllers missing".into()))?;
+        Ok(Some(V1 { roots }))
+    }
+
+    pub fn root(&self) -> String {
+        self.roots[0].display().to_string()
+    }
+
+    pub fn create(&self, name: &str) -> Result<V1Cgroup, CgroupError> {
+        let dirs: Vec<PathBuf> = self.roots.iter().map(|r| r.join(name)).collect();
+        let mut made: Vec<PathBuf> = Vec::new();
+        for d in &dirs {
+            if let Err(e) = std::fs::create_dir(d) {
+                for m in made.iter().rev() {
+                    let _ = std::fs::remove_dir(m);
+                }
+                return Err(io_err("create cgroup", d, e));
+            }
+            made.push(d.clone());
+        }
+        let dirs: [PathBuf; 5] = dirs
+            .try_into()
+            .map_err(|_| CgroupError::Unavailable("v1 controllers missing".into()))?;
+        Ok(V1Cgroup { dirs })
+    }
+}
+
+/// One sandbox's cgroup in every v1 hierarchy.
+pub struct V1Cgroup {
+    dirs: [PathBuf; 5],
+}
+
+impl V1Cgroup {
+    fn memory(&self) -> &Path {
+        &self.dirs[0]
+    }
+    fn pids(&self) -> &Path {
+        &self.dirs[1]
+    }
+    fn cpu(&self) -> &Path {
+        &self.dirs[2]
+    }
+    fn cpuacct(&self) -> &Path {
+        &self.dirs[3]
+    }
+    fn freezer(&self) -> &Path {
+        &self.dirs[4]
+    }
+
+    fn wait_frozen(&self) -> Result<(), CgroupError> {
+        let state = self.freezer().join("freezer.state");
+        let deadline = Instant::now() + Duration::from_secs(2);
+        loop {
+            if read_file(&state)?.trim() == "FROZEN" || Instant::now() > deadline {
+                return Ok(());
+            }
+            std::thread::sleep(Duration::from_micros(200));
+        }
+    }
+}
+
+impl Cgroup for V1Cgroup {
+    fn describe(&self) -> String {
+        format!("v1 {}", self.memory().display())
+    }
+
+    fn set_limits(&self, l: &Limits) -> Result<(), CgroupError> {
+        let mem = self.memory();
+        match l.mem_bytes {
+            Some(b) => {
+                write_file(&mem.join("memory.limit_in_bytes"), &b.to_string())?;
+                // With swap accounting, memory+swap gets the same cap, so the limit cannot
+                // be dodged by swapping.
+                let memsw = mem.join("memory.memsw.limit_in_bytes");
+                if memsw.exists() {
+                    write_file(&memsw, &b.to_string())?;
+                }
+            }
+            None => write_file(&mem.join("memory.limit_in_bytes"), "-1")?,
+        }
+        // Best effort: not every kernel lets a child cgroup set swappiness.
+        let _ = std::fs::write(mem.join("memory.swappiness"), "0");
+        write_file(&self.pids().join("pids.max"), &l.pids.to_string())?;
+        let period: u64 = 100_000;
+        let quota = (u64::from(l.cpu_millis) * period / 1000).max(1000);
+        write_file(&self.cpu().join("cpu.cfs_period_us"), &period.to_string())?;
+        write_file(&self.cpu().join("cpu.cfs_quota_us"), &quota.to_string())?;
+        Ok(())
+    }
+
+    fn add_pid(&self, pid: i32) -> Result<(), CgroupError> {
+        for d in &self.dirs {
+            write_file(&d.join("cgroup.procs"), &pid.to_string())?;
+        }
+        Ok(())
+    }
+
+    fn usage(&self) -> Result<Usage, CgroupError> {
+        let oom = read_file(&self.memory().join("memory.oom_control"))?;
+        let oom_kills = oom
+            .lines()
+            .find_map(|l| l.strip_prefix("oom_kill "))
+            .and_then(|v| v.trim().parse().ok())
+            .unwrap_or(0);
+        let peak_bytes = read_file(&self.memory().join("memory.max_usage_in_bytes"))?
+            .trim()
+            .parse()
+            .unwrap_or(0);
+        let cpu_ns: u64 = read_file(&self.cpuacct().join("cpuacct.usage"))?
+            .trim()
+            .parse()
+            .unwrap_or(0);
+        Ok(Usage {
+            oom_kills,
+            peak_bytes,
+            cpu_usec: cpu_ns / 1000,
+        })
+    }
+
+    fn freeze(&self) -> Result<(), CgroupError> {
+        write_file(&self.freezer().join("freezer.state"), "FROZEN")?;
+        self.wait_frozen()
+    }
+
+    fn thaw(&self) -> Result<(), CgroupError> {
+        write_file(&self.freezer().join("freezer.state"), "THAWED")
+    }
+
+    fn kill_all(&self) -> Result<(), CgroupError> {
+        for _ in 0..10 {
+            let listed = procs(&self.freezer().join("cgroup.procs"))?;
+            if listed.is_empty() {
+                return Ok(());
+            }
+            self.freeze()?;
+            for pid in procs(&self.freezer().join("cgroup.procs"))? {
+                sigkill(pid);
+            }
+            self.thaw()?;
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        Ok(())
+    }
+
+    fn is_empty(&self) -> Result<bool, CgroupError> {
+        Ok(procs(&self.freezer().join("cgroup.procs"))?.is_empty())
+    }
+
+    fn remove(self: Box<Self>) -> Result<(), CgroupError> {
+        let killed = self.kill_all();
+        let mut first_err = killed.err();
+        for d in self.dirs.iter().rev() {
+            if let Err(e) = rmdir_retry(d) {
+                first_err.get_or_insert(e);
+            }
+        }
+        first_err.map_or(Ok(()), Err)
+    }
+}

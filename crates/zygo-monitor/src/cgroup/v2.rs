@@ -1,0 +1,170 @@
+//! cgroup v2: one directory per cgroup in the unified hierarchy, with the memory, pids and
+//! cpu controllers enabled down to Zygo's tree. Kill is `cgroup.kill`; freeze is
+//! `cgroup.freeze`; the OOM count is `memory.events`' `oom_kill`; the peak is `memory.peak`.
+
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use super::{
+    ensure_dir, join, procs, read_file, rmdir_retry, write_file, Cgroup, CgroupError, CgroupMount,
+    Limits, OwnCgroup, Usage,
+};
+
+const NEEDED: [&str; 3] = ["memory", "pids", "cpu"];
+
+pub struct V2 {
+    root: PathBuf,
+}
+
+fn has_all(list: &str) -> bool {
+    NEEDED
+        .iter()
+        .all(|c| list.split_whitespace().any(|x| x == *c))
+}
+
+impl V2 {
+    pub(crate) fn probe(
+        own: &[OwnCgroup],
+        base_override: Option<&str>,
+        mounts: &[CgroupMount],
+    ) -> Result<Option<V2>, CgroupError> {
+        let Some(m) = mounts.iter().find(|m| m.v2) else {
+            return Ok(None);
+        };
+        let Some(own_path) = own
+            .iter()
+            .find(|o| o.controllers.is_empty())
+            .map(|o| o.path.as_str())
+        else {
+            return Ok(None);
+        };
+        let base = super::base_path(own_path, base_override);
+        let base_dir = join(&m.point, &base);
+        let available = read_file(&base_dir.join("cgroup.controllers")).unwrap_or_default();
+        if !has_all(&available) {
+            // A v2 mount without the controllers (a hybrid host): not ours to use.
+            return Ok(None);
+        }
+        // Controllers must be enabled on our cgroup for its children to have them. That is
+        // refused (EBUSY) while our cgroup holds processes, so leave it as a leaf if needed.
+        let subtree = base_dir.join("cgroup.subtree_control");
+        if !has_all(&read_file(&subtree).unwrap_or_default()) {
+            if let Err(first) = write_file(&subtree, "+memory +pids +cpu") {
+                let procs_here = procs(&base_dir.join("cgroup.procs")).unwrap_or_default();
+                // SAFETY: getpid cannot fail.
+                let me = unsafe { libc::getpid() };
+                if procs_here == [me] {
+                    let leaf = base_dir.join("zygo-monitor");
+                    ensure_dir(&leaf)?;
+                    write_file(&leaf.join("cgroup.procs"), &me.to_string())?;
+                    write_file(&subtree, "+memory +pids +cpu")?;
+                } else {
+                    return Err(CgroupError::NotDelegated {
+                        path: base_dir,
+                        source: std::io::Error::other(first.to_string()),
+                    });
+                }
+            }
+        }
+        let root = base_dir.join("zygo");
+        ensure_dir(&root)?;
+        write_file(&root.join("cgroup.subtree_control"), "+memory +pids +cpu")?;
+        Ok(Some(V2 { root }))
+    }
+
+    pub fn root(&self) -> String {
+        self.root.display().to_string()
+    }
+
+    pub fn create(&self, name: &str) -> Result<V2Cgroup, CgroupError> {
+        let dir = self.root.join(name);
+        std::fs::create_dir(&dir).map_err(|e| super::io_err("create cgroup", &dir, e))?;
+        Ok(V2Cgroup { dir })
+    }
+}
+
+pub struct V2Cgroup {
+    dir: PathBuf,
+}
+
+fn keyed(text: &str, key: &str) -> u64 {
+    text.lines()
+        .find_map(|l| l.strip_prefix(key).and_then(|r| r.strip_prefix(' ')))
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or(0)
+}
+
+impl Cgroup for V2Cgroup {
+    fn describe(&self) -> String {
+        format!("v2 {}", self.dir.display())
+    }
+
+    fn set_limits(&self, l: &Limits) -> Result<(), CgroupError> {
+        let mem = l.mem_bytes.map_or("max".to_string(), |b| b.to_string());
+        write_file(&self.dir.join("memory.max"), &mem)?;
+        let swap = self.dir.join("memory.swap.max");
+        if swap.exists() {
+            write_file(&swap, "0")?;
+        }
+        write_file(&self.dir.join("pids.max"), &l.pids.to_string())?;
+        let period: u64 = 100_000;
+        let quota = (u64::from(l.cpu_millis) * period / 1000).max(1000);
+        write_file(&self.dir.join("cpu.max"), &format!("{quota} {period}"))
+    }
+
+    fn add_pid(&self, pid: i32) -> Result<(), CgroupError> {
+        write_file(&self.dir.join("cgroup.procs"), &pid.to_string())
+    }
+
+    fn usage(&self) -> Result<Usage, CgroupError> {
+        let events = read_file(&self.dir.join("memory.events"))?;
+        let peak = read_file(&self.dir.join("memory.peak"))
+            .ok()
+            .and_then(|s| s.trim().parse().ok())
+            .unwrap_or(0);
+        let cpu = read_file(&self.dir.join("cpu.stat"))?;
+        Ok(Usage {
+            oom_kills: keyed(&events, "oom_kill"),
+            peak_bytes: peak,
+            cpu_usec: keyed(&cpu, "usage_usec"),
+        })
+    }
+
+    fn freeze(&self) -> Result<(), CgroupError> {
+        write_file(&self.dir.join("cgroup.freeze"), "1")?;
+        let deadline = Instant::now() + Duration::from_secs(2);
+        while keyed(&read_file(&self.dir.join("cgroup.events"))?, "frozen") != 1
+            && Instant::now() < deadline
+        {
+            std::thread::sleep(Duration::from_micros(200));
+        }
+        Ok(())
+    }
+
+    fn thaw(&self) -> Result<(), CgroupError> {
+        write_file(&self.dir.join("cgroup.freeze"), "0")
+    }
+
+    fn kill_all(&self) -> Result<(), CgroupError> {
+        if self.is_empty()? {
+            return Ok(());
+        }
+        write_file(&self.dir.join("cgroup.kill"), "1")?;
+        let deadline = Instant::now() + Duration::from_secs(2);
+        while !self.is_empty()? && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_micros(500));
+        }
+        Ok(())
+    }
+
+    fn is_empty(&self) -> Result<bool, CgroupError> {
+        let events = read_file(&self.dir.join("cgroup.events"))?;
+        Ok(keyed(&events, "populated") == 0)
+    }
+
+    fn remove(self: Box<Self>) -> Result<(), CgroupError> {
+        let killed = self.kill_all();
+        let removed = rmdir_retry(&self.dir);
+        killed.and(removed)
+    }
+}

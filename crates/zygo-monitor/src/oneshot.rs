@@ -1,0 +1,536 @@
+//! A one-shot sandbox, from the monitor's side: create its cgroup and write its limits,
+//! spawn a launcher, place the sandbox in the cgroup when the launcher says it exists,
+//! collect the program's output within its caps, read what the kernel counted, and leave
+//! nothing behind — no cgroup, no process — whatever happened.
+
+use std::fs::File;
+use std::io::{Read, Write};
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::os::unix::net::UnixStream;
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use proto::launch::{FromLauncher, LaunchPlan, Phase, ToLauncher, MAX_LAUNCH_FRAME};
+use proto::{write_frame, FrameBuf};
+
+use crate::cgroup::{Backend, Cgroup, Limits};
+
+/// The most of each output stream kept for a captured answer.
+pub const OUTPUT_CAP: usize = 1024 * 1024;
+
+/// The launcher's own build deadline plus this is the monitor's watchdog beyond the
+/// program's timeout: if the launcher has not reported by then, the monitor kills it all.
+const WATCHDOG_SLACK: Duration = Duration::from_secs(35);
+
+/// Where the program's stdin comes from.
+pub enum Stdin {
+    /// Nothing: the program reads end of file.
+    Null,
+    /// A file opened by the monitor.
+    File(File),
+    /// The monitor's own stdin, copied through a pipe (never handed over directly: a
+    /// terminal must not reach the sandbox).
+    Forward,
+    /// These bytes, then end of file.
+    Bytes(Vec<u8>),
+}
+
+/// What to do with the program's stdout and stderr.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Output {
+    /// Keep the first [`OUTPUT_CAP`] bytes of each, drain and drop the rest.
+    Capture,
+    /// Copy to the monitor's own stdout and stderr as it arrives.
+    PassThrough,
+}
+
+pub struct Request {
+    pub plan: LaunchPlan,
+    pub limits: Limits,
+    pub stdin: Stdin,
+    pub output: Output,
+    /// The `zygo` binary to run as the launcher.
+    pub launcher: PathBuf,
+}
+
+/// What happened, in the words `zygo run --json` prints.
+#[derive(Debug, Clone, Default)]
+pub struct Outcome {
+    pub started: bool,
+    pub phase: Option<Phase>,
+    pub error: Option<String>,
+    pub exit_code: Option<i32>,
+    pub signal: Option<i32>,
+    pub timed_out: bool,
+    pub oom_killed: bool,
+    pub peak_rss_kb: u64,
+    pub wall_ms: u64,
+    pub cpu_ms: u64,
+    pub stdout: Vec<u8>,
+    pub stdout_truncated: bool,
+    pub stderr: Vec<u8>,
+    pub stderr_truncated: bool,
+}
+
+impl Outcome {
+    fn refused(phase: Phase, why: String) -> Outcome {
+        Outcome {
+            phase: Some(phase),
+            error: Some(why),
+            ..Outcome::default()
+        }
+    }
+}
+
+fn unique_name() -> String {
+    static N: AtomicU64 = AtomicU64::new(0);
+    let n = N.fetch_add(1, Ordering::Relaxed);
+    let t = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.subsec_nanos());
+    format!("run-{}-{n}-{t:08x}", std::process::id())
+}
+
+/// Run one sandbox to completion.
+pub fn run(backend: &Backend, req: Request) -> Outcome {
+    let cg = match backend.create(&unique_name()) {
+        Ok(cg) => cg,
+        Err(e) => return Outcome::refused(Phase::Plan, e.to_string()),
+    };
+    if let Err(e) = cg.set_limits(&req.limits) {
+        let _ = cg.remove();
+        return Outcome::refused(Phase::Plan, format!("write the sandbox's limits: {e}"));
+    }
+    let mut out = drive(cg.as_ref(), req);
+    match cg.usage() {
+        Ok(u) => {
+            out.oom_killed = u.oom_kills > 0;
+            out.peak_rss_kb = u.peak_bytes / 1024;
+            out.cpu_ms = u.cpu_usec / 1000;
+        }
+        Err(e) => log::warn!("read the sandbox's usage: {e}"),
+    }
+    if let Err(e) = cg.remove() {
+        log::error!("remove the sandbox's cgroup: {e}");
+    }
+    out
+}
+
+fn pipe() -> std::io::Result<(OwnedFd, OwnedFd)> {
+    let mut fds = [0; 2];
+    // SAFETY: fds is a two-element array as pipe2 requires.
+    if unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) } < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    // SAFETY: pipe2 returned two fresh descriptors that we now own.
+    Ok(unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) })
+}
+
+/// Duplicate a descriptor to 10 or above (close-on-exec), so that moving it to fd 3 or 4
+/// in the launcher cannot clobber another one we are also moving.
+fn high(fd: &OwnedFd) -> std::io::Result<OwnedFd> {
+    // SAFETY: duplicating a descriptor we own.
+    let n = unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_DUPFD_CLOEXEC, 10) };
+    if n < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    // SAFETY: fcntl returned a fresh descriptor that we now own.
+    Ok(unsafe { OwnedFd::from_raw_fd(n) })
+}
+
+fn spawn_launcher(
+    exe: &Path,
+    stdin: Stdio,
+    stdout: OwnedFd,
+    sock: &OwnedFd,
+    stderr: &OwnedFd,
+) -> std::io::Result<std::process::Child> {
+    let sock_fd: RawFd = sock.as_raw_fd();
+    let err_fd: RawFd = stderr.as_raw_fd();
+    let mut cmd = Command::new(exe);
+    cmd.arg("__launcher")
+        .stdin(stdin)
+        .stdout(Stdio::from(stdout))
+        .stderr(Stdio::inherit())
+        .env_clear();
+    for key in ["RUST_LOG", "ZYGO_LOG"] {
+        if let Ok(v) = std::env::var(key) {
+            cmd.env(key, v);
+        }
+    }
+    // SAFETY: only async-signal-safe calls (dup2) between fork and exec.
+    unsafe {
+        cmd.pre_exec(move || {
+            if libc::dup2(sock_fd, 3) < 0 || libc::dup2(err_fd, 4) < 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+    cmd.spawn()
+}
+
+struct Stream {
+    fd: Option<File>,
+    kept: Vec<u8>,
+    truncated: bool,
+}
+
+impl Stream {
+    fn new(fd: OwnedFd) -> Stream {
+        Stream {
+            fd: Some(File::from(fd)),
+            kept: Vec::new(),
+            truncated: false,
+        }
+    }
+
+    fn raw(&self) -> RawFd {
+        self.fd.as_ref().map_or(-1, |f| f.as_raw_fd())
+    }
+
+    /// Read what is there; keep, forward or drop it.
+    fn pump(&mut self, mode: Output, to_stderr: bool) {
+        let Some(f) = self.fd.as_mut() else { return };
+        let mut buf = [0u8; 65536];
+        match f.read(&mut buf) {
+            Ok(0) | Err(_) => self.fd = None,
+            Ok(n) => match mode {
+                Output::Capture => {
+                    let room = OUTPUT_CAP - self.kept.len();
+                    if n > room {
+                        self.truncated = true;
+                    }
+                    self.kept.extend_from_slice(&buf[..n.min(room)]);
+                }
+                Output::PassThrough => {
+                    let _ = if to_stderr {
+                        std::io::stderr().write_all(&buf[..n])
+                    } else {
+                        std::io::stdout().write_all(&buf[..n])
+                    };
+                }
+            },
+        }
+    }
+}
+
+fn drive(cg: &dyn Cgroup, req: Request) -> Outcome {
+    let start_err =
+        |what: &str, e: std::io::Error| Outcome::refused(Phase::Start, format!("{what}: {e}"));
+    let (sock_mon, sock_launcher) = match UnixStream::pair() {
+        Ok(p) => p,
+        Err(e) => return start_err("create the launcher channel", e),
+    };
+    let (out_r, out_w) = match pipe() {
+        Ok(p) => p,
+        Err(e) => return start_err("create a pipe", e),
+    };
+    let (err_r, err_w) = match pipe() {
+        Ok(p) => p,
+        Err(e) => return start_err("create a pipe", e),
+    };
+    let stdin = match req.stdin {
+        Stdin::Null => Stdio::null(),
+        Stdin::File(f) => Stdio::from(f),
+        Stdin::Forward => match pipe() {
+            Ok((r, w)) => {
+                forward_stdin(w);
+                Stdio::from(r)
+            }
+            Err(e) => return start_err("create a pipe", e),
+        },
+        Stdin::Bytes(bytes) => match pipe() {
+            Ok((r, w)) => {
+                std::thread::spawn(move || {
+                    let _ = File::from(w).write_all(&bytes);
+                });
+                Stdio::from(r)
+            }
+            Err(e) => return start_err("create a pipe", e),
+        },
+    };
+    let launcher_sock = OwnedFd::from(sock_launcher);
+    let (sock_hi, err_hi) = match (high(&launcher_sock), high(&err_w)) {
+        (Ok(a), Ok(b)) => (a, b),
+        (Err(e), _) | (_, Err(e)) => return start_err("prepare the launcher's descriptors", e),
+    };
+    let mut child = match spawn_launcher(&req.launcher, stdin, out_w, &sock_hi, &err_hi) {
+        Ok(c) => c,
+        Err(e) => return start_err(&format!("start the launcher {}", req.launcher.display()), e),
+    };
+    drop((sock_hi, err_hi, launcher_sock, err_w));
+
+    let mut sock = sock_mon;
+    let mut out = Outcome {
+        phase: Some(Phase::Start),
+        ..Outcome::default()
+    };
+    if let Err(e) = write_frame(&mut sock, &ToLauncher::Start(req.plan.clone())) {
+        out.error = Some(format!("send the plan to the launcher: {e}"));
+        let _ = child.kill();
+        let _ = child.wait();
+        return out;
+    }
+    let _ = sock.set_nonblocking(true);
+    let mut frames = FrameBuf::new(MAX_LAUNCH_FRAME);
+    let mut stdout = Stream::new(out_r);
+    let mut stderr = Stream::new(err_r);
+    let mut sock_open = true;
+    let mut finished = false;
+    let watchdog = Instant::now() + Duration::from_millis(req.plan.timeout_ms) + WATCHDOG_SLACK;
+    let mut drain_deadline: Option<Instant> = None;
+
+    while sock_open || stdout.fd.is_some() || stderr.fd.is_some() {
+        let now = Instant::now();
+        if now >= watchdog && sock_open {
+            log::error!("the launcher missed its deadline; killing the sandbox");
+            let _ = write_frame(&mut sock, &ToLauncher::Kill);
+            let _ = child.kill();
+            let _ = cg.kill_all();
+            out.error
+                .get_or_insert_with(|| "the launcher stopped answering".into());
+            sock_open = false;
+        }
+        if !sock_open {
+            let d = *drain_deadline.get_or_insert(now + Duration::from_secs(2));
+            if now >= d {
+                break;
+            }
+        }
+        let wait = if sock_open {
+            watchdog.saturating_duration_since(now)
+        } else {
+            drain_deadline.map_or(Duration::ZERO, |d| d.saturating_duration_since(now))
+        };
+        let mut fds = [
+            libc::pollfd {
+                fd: if sock_open { sock.as_raw_fd() } else { -1 },
+                events: libc::POLLIN,
+                revents: 0,
+            },
+            libc::pollfd {
+                fd: stdout.raw(),
+                events: libc::POLLIN,
+                revents: 0,
+            },
+            libc::pollfd {
+                fd: stderr.raw(),
+                events: libc::POLLIN,
+                revents: 0,
+            },
+        ];
+        let ms = wait.as_millis().min(i32::MAX as u128) as i32 + 1;
+        // SAFETY: fds is a valid pollfd array for its length.
+        let n = unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, ms) };
+        if n < 0 {
+            if std::io::Error::last_os_error().raw_os_error() == Some(libc::EINTR) {
+                continue;
+            }
+            break;
+        }
+        if fds[1].revents != 0 {
+            stdout.pump(req.output, false);
+        }
+        if fds[2].revents != 0 {
+            stderr.pump(req.output, true);
+        }
+        if fds[0].revents != 0 {
+            let mut buf = [0u8; 4096];
+            match sock.read(&mut buf) {
+                Ok(0) => sock_open = false,
+                Ok(n) => {
+                    if let Err(e) = frames.push(&buf[..n]) {
+                        log::error!("launcher channel: {e}; ending it");
+                        sock_open = false;
+                        let _ = child.kill();
+                    }
+                }
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                Err(_) => sock_open = false,
+            }
+            loop {
+                match frames.next::<FromLauncher>() {
+                    Ok(Some(msg)) => {
+                        if !handle(msg, cg, &mut sock, &mut out, &mut finished) {
+                            let _ = child.kill();
+                            sock_open = false;
+                            break;
+                        }
+                    }
+                    Ok(None) => break,
+                    Err(e) => {
+                        log::error!("launcher channel: {e}; ending it");
+                        let _ = child.kill();
+                        sock_open = false;
+                        break;
+                    }
+                }
+            }
+        }
+    }
+    let status = child.wait();
+    if !finished && out.error.is_none() {
+        let how = match status {
+            Ok(s) => format!("{s}"),
+            Err(e) => e.to_string(),
+        };
+        out.error = Some(format!(
+            "the launcher died while {} ({how})",
+            if out.started {
+                "the program ran"
+            } else {
+                "building the sandbox"
+            }
+        ));
+        if out.started {
+            out.phase = Some(Phase::Run);
+        }
+    }
+    // Anything still in the cgroup (the launcher died without killing its sandbox) goes now.
+    let _ = cg.kill_all();
+    out.stdout = stdout.kept;
+    out.stdout_truncated = stdout.truncated;
+    out.stderr = stderr.kept;
+    out.stderr_truncated = stderr.truncated;
+    out
+}
+
+/// One launcher message. Returns false when the channel must end.
+fn handle(
+    msg: FromLauncher,
+    cg: &dyn Cgroup,
+    sock: &mut UnixStream,
+    out: &mut Outcome,
+    finished: &mut bool,
+) -> bool {
+    match msg {
+        FromLauncher::Cloned { pid } if !out.started && !*finished => {
+            let reply = match cg.add_pid(pid) {
+                Ok(()) => ToLauncher::Proceed,
+                Err(e) => {
+                    out.error = Some(format!("place the sandbox in its cgroup: {e}"));
+                    ToLauncher::Kill
+                }
+            };
+            let _ = sock.set_nonblocking(false);
+            let sent = write_frame(sock, &reply).is_ok();
+            let _ = sock.set_nonblocking(true);
+            sent
+        }
+        FromLauncher::Started if !out.started && !*finished => {
+            out.started = true;
+            out.phase = Some(Phase::Run);
+            true
+        }
+        FromLauncher::Exited {
+            code,
+            signal,
+            timed_out,
+            wall_us,
+        } if out.started && !*finished => {
+            *finished = true;
+            out.exit_code = Some(code.unwrap_or_else(|| 128 + signal.unwrap_or(libc::SIGKILL)));
+            out.signal = signal;
+            out.timed_out = timed_out;
+            out.wall_ms = wall_us / 1000;
+            true
+        }
+        FromLauncher::Failed { phase, reason } if !*finished => {
+            *finished = true;
+            out.phase = Some(phase);
+            out.error = Some(reason);
+            true
+        }
+        other => {
+            log::error!("launcher sent {other:?} out of order; ending the channel");
+            false
+        }
+    }
+}
+
+fn forward_stdin(w: OwnedFd) {
+    std::thread::spawn(move || {
+        let mut w = File::from(w);
+        let mut stdin = std::io::stdin().lock();
+        let mut buf = [0u8; 65536];
+        loop {
+            match stdin.read(&mut buf) {
+                Ok(0) | Err(_) => break,
+                Ok(n) => {
+                    if w.write_all(&buf[..n]).is_err() {
+                        break;
+                    }
+                }
+            }
+        }
+    });
+}
+
+/// The monitor's checks of a policy plan against the host, and the launcher plan that
+/// follows from it. A refusal here is phase `plan`: nothing was created.
+pub fn launch_plan(plan: &policy::plan::OneShotPlan) -> Result<(LaunchPlan, Limits), String> {
+    use policy::limits::Mem;
+    use policy::plan::{Image, Network};
+    if plan.network != Network::None {
+        return Err(format!(
+            "network {} is not available for one-shot sandboxes; use --net none",
+            plan.network
+        ));
+    }
+    let image = match &plan.image {
+        Image::Host => proto::launch::Image::Host,
+        Image::Dir(d) => {
+            if !d.is_dir() {
+                return Err(format!(
+                    "image directory {} does not exist or is not a directory",
+                    d.display()
+                ));
+            }
+            proto::launch::Image::Dir(path_str(d)?)
+        }
+    };
+    let mut mounts = Vec::new();
+    for m in &plan.mounts {
+        if !m.src.exists() {
+            return Err(format!("mount source {} does not exist", m.src.display()));
+        }
+        mounts.push(proto::launch::BindMount {
+            src: path_str(&m.src)?,
+            dst: path_str(&m.dst)?,
+            rw: m.rw,
+        });
+    }
+    let ids = crate::identity::id_map().map_err(|e| e.to_string())?;
+    let l = &plan.limits;
+    let limits = Limits {
+        mem_bytes: match l.mem {
+            Mem::Limited(b) => Some(b.0),
+            Mem::Unlimited => None,
+        },
+        cpu_millis: l.cpu.millis(),
+        pids: l.pids,
+    };
+    let launch = LaunchPlan {
+        argv: plan.argv.clone(),
+        env: plan.env.clone(),
+        cwd: "/work".into(),
+        image,
+        mounts,
+        scratch_bytes: l.scratch.0,
+        timeout_ms: l.timeout.as_millis().min(u64::MAX as u128) as u64,
+        ids,
+        hostname: "zygo".into(),
+    };
+    Ok((launch, limits))
+}
+
+fn path_str(p: &Path) -> Result<String, String> {
+    p.to_str()
+        .map(str::to_string)
+        .ok_or_else(|| format!("path {} is not valid UTF-8", p.display()))
+}
