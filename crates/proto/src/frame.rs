@@ -119,7 +119,7 @@ impl FrameBuf {
     }
 
     /// Take the next whole frame, decoded, if one has arrived.
-    pub fn next<T: DeserializeOwned>(&mut self) -> Result<Option<T>, ProtoError> {
+    pub fn next_frame<T: DeserializeOwned>(&mut self) -> Result<Option<T>, ProtoError> {
         if self.buf.len() < 4 {
             return Ok(None);
         }

@@ -99,7 +99,7 @@ fn framebuf_reassembles_split_frames() {
     let mut got = Vec::new();
     for b in &bytes {
         fb.push(std::slice::from_ref(b)).expect("push");
-        while let Some(m) = fb.next::<FromLauncher>().expect("next") {
+        while let Some(m) = fb.next_frame::<FromLauncher>().expect("next") {
             got.push(m);
         }
     }

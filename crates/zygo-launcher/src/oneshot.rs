@@ -488,33 +488,25 @@ fn setup(plan: &LaunchPlan) -> Result<Prepared, SetupError> {
     use crate::sys::step;
     // Become id 0 of the new user namespace (which holds no power over the host) and shed
     // every supplementary group the launcher had.
-    // SAFETY: plain id-setting calls.
-    step(check(unsafe { libc::setresgid(0, 0, 0) }), || {
-        "become gid 0 in the sandbox".into()
-    })?;
+    // SAFETY: plain id-setting call.
+    let r = unsafe { libc::setresgid(0, 0, 0) };
+    step(check(r), || "become gid 0 in the sandbox".into())?;
     if matches!(plan.ids, IdMap::Range { .. }) {
-        // SAFETY: an empty group list.
-        step(
-            check(unsafe { libc::setgroups(0, std::ptr::null()) }),
-            || "drop supplementary groups".into(),
-        )?;
+        // SAFETY: an empty group list needs no buffer.
+        let r = unsafe { libc::setgroups(0, std::ptr::null()) };
+        step(check(r), || "drop supplementary groups".into())?;
     }
     // SAFETY: plain id-setting call.
-    step(check(unsafe { libc::setresuid(0, 0, 0) }), || {
-        "become uid 0 in the sandbox".into()
-    })?;
+    let r = unsafe { libc::setresuid(0, 0, 0) };
+    step(check(r), || "become uid 0 in the sandbox".into())?;
     // Now that the monitor has placed us in our cgroups, make them our cgroup root.
     // SAFETY: unshare with a namespace flag only.
-    step(
-        check(unsafe { libc::unshare(libc::CLONE_NEWCGROUP) }),
-        || "create the cgroup namespace".into(),
-    )?;
+    let r = unsafe { libc::unshare(libc::CLONE_NEWCGROUP) };
+    step(check(r), || "create the cgroup namespace".into())?;
     let host = plan.hostname.as_bytes();
     // SAFETY: host is a valid byte slice for its length.
-    step(
-        check(unsafe { libc::sethostname(host.as_ptr().cast(), host.len()) }),
-        || "set the host name".into(),
-    )?;
+    let r = unsafe { libc::sethostname(host.as_ptr().cast(), host.len()) };
+    step(check(r), || "set the host name".into())?;
     step(sys::loopback_up(), || {
         "bring up the loopback interface".into()
     })?;
@@ -556,8 +548,8 @@ fn setup(plan: &LaunchPlan) -> Result<Prepared, SetupError> {
         .map_or("/usr/local/bin:/usr/bin:/bin", |(_, v)| v.as_str());
     let path = resolve(&plan.argv[0], path_var).ok_or_else(|| {
         sys::fail(
-            format!("command not found in the sandbox: {}", plan.argv[0]),
-            std::io::Error::from_raw_os_error(libc::ENOENT),
+            "command not found in the sandbox",
+            std::io::Error::new(std::io::ErrorKind::NotFound, plan.argv[0].clone()),
         )
     })?;
     let path = sys::cstr(&path).map_err(|e| sys::fail("prepare the command", e))?;

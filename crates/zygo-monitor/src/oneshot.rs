@@ -354,7 +354,7 @@ fn drive(cg: &dyn Cgroup, req: Request) -> Outcome {
                 Err(_) => sock_open = false,
             }
             loop {
-                match frames.next::<FromLauncher>() {
+                match frames.next_frame::<FromLauncher>() {
                     Ok(Some(msg)) => {
                         if !handle(msg, cg, &mut sock, &mut out, &mut finished) {
                             let _ = child.kill();
