@@ -34,16 +34,7 @@ pub enum ProtoError {
 /// Write one message as a frame. The frame is assembled first and written with one call,
 /// so two writers holding a lock per frame never interleave.
 pub fn write_frame<W: Write, T: Serialize>(w: &mut W, msg: &T) -> Result<(), ProtoError> {
-    let payload = codec::encode(msg)?;
-    if payload.len() > MAX_FRAME {
-        return Err(ProtoError::TooLarge {
-            len: payload.len(),
-            max: MAX_FRAME,
-        });
-    }
-    let mut buf = Vec::with_capacity(4 + payload.len());
-    buf.extend_from_slice(&(payload.len() as u32).to_le_bytes());
-    buf.extend_from_slice(&payload);
+    let buf = encode_frame(msg)?;
     w.write_all(&buf)?;
     w.flush()?;
     Ok(())
@@ -151,4 +142,19 @@ impl FrameBuf {
             want,
         })
     }
+}
+
+/// One message as a whole frame (length prefix and payload), for buffered writers.
+pub fn encode_frame<T: Serialize>(msg: &T) -> Result<Vec<u8>, ProtoError> {
+    let payload = codec::encode(msg)?;
+    if payload.len() > MAX_FRAME {
+        return Err(ProtoError::TooLarge {
+            len: payload.len(),
+            max: MAX_FRAME,
+        });
+    }
+    let mut buf = Vec::with_capacity(4 + payload.len());
+    buf.extend_from_slice(&(payload.len() as u32).to_le_bytes());
+    buf.extend_from_slice(&payload);
+    Ok(buf)
 }

@@ -31,3 +31,208 @@ pub enum HelloReply {
     Welcome { version: String },
     Refused { reason: String },
 }
+
+/// What a front may ask. Which of these a role may send is the monitor's dispatch table.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Request {
+    /// Serve every `[fn.*]` of this sandbox.toml (absolute path, read by the monitor).
+    ServeAll { file: String },
+    /// Serve one function of this sandbox.toml.
+    Serve { name: String, file: String },
+    /// Stop a function: its zygotes end, in-flight requests are cancelled.
+    Stop { name: String },
+    /// Call a function with a JSON event (text; the monitor parses it).
+    Exec(ExecRequest),
+    /// Functions and pools with their state.
+    List,
+    /// The last `n` finished requests of a function.
+    Logs { name: String, n: u32 },
+    /// Counters and latency percentiles; all functions when `name` is None.
+    Stats { name: Option<String> },
+    /// Keep at least `n` zygotes of a function ready.
+    Warm { name: String, n: u32 },
+    /// Cancel every in-flight request under this key.
+    Cancel { key: String },
+    /// Stop taking requests; let running ones finish within `grace_ms`; then exit.
+    Drain { grace_ms: u64 },
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ExecRequest {
+    pub name: String,
+    pub event: String,
+    pub key: Option<String>,
+    /// Narrows the function's timeout; never widens it.
+    pub timeout_ms: Option<u64>,
+    /// Send output and progress as they happen, before the answer.
+    pub stream: bool,
+}
+
+/// Why a request was refused or failed, as a word the fronts map to statuses.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum ErrorCode {
+    BadRequest,
+    BadSpec,
+    NotFound,
+    Forbidden,
+    Conflict,
+    TooLarge,
+    Busy,
+    Unavailable,
+    Internal,
+}
+
+impl ErrorCode {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ErrorCode::BadRequest => "bad_request",
+            ErrorCode::BadSpec => "bad_spec",
+            ErrorCode::NotFound => "not_found",
+            ErrorCode::Forbidden => "forbidden",
+            ErrorCode::Conflict => "conflict",
+            ErrorCode::TooLarge => "too_large",
+            ErrorCode::Busy => "busy",
+            ErrorCode::Unavailable => "unavailable",
+            ErrorCode::Internal => "internal",
+        }
+    }
+}
+
+/// How a request ended. Exactly one word per finished request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Outcome {
+    Ok,
+    Error,
+    Timeout,
+    Cancelled,
+    Stuck,
+}
+
+impl Outcome {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Outcome::Ok => "ok",
+            Outcome::Error => "error",
+            Outcome::Timeout => "timeout",
+            Outcome::Cancelled => "cancelled",
+            Outcome::Stuck => "stuck",
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Metrics {
+    pub wall_ms: u64,
+    pub cpu_ms: u64,
+    pub peak_rss_kb: u64,
+}
+
+/// The answer to one call.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ExecAnswer {
+    pub request_id: String,
+    pub outcome: Outcome,
+    /// JSON text of the handler's value when `outcome` is Ok.
+    pub result: Option<String>,
+    /// What went wrong, in words a caller (or a model) can act on.
+    pub error: Option<String>,
+    pub traceback: Option<String>,
+    /// False when the request was refused or cancelled before its child was let go.
+    pub started: bool,
+    pub oom_killed: bool,
+    pub stdout: String,
+    pub stdout_truncated: bool,
+    pub stderr: String,
+    pub stderr_truncated: bool,
+    pub metrics: Metrics,
+}
+
+/// Something that happened during a streamed call.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum ExecEvent {
+    Stdout(String),
+    Stderr(String),
+    Progress(String),
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ZygoteCounts {
+    pub ready: u32,
+    pub busy: u32,
+    pub frozen: u32,
+    pub starting: u32,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FunctionInfo {
+    pub name: String,
+    /// "function" or "pool".
+    pub kind: String,
+    /// "serving", "starting", "failed", "stopping".
+    pub state: String,
+    /// Why it failed to serve (the import error), when it did.
+    pub error: Option<String>,
+    pub zygotes: ZygoteCounts,
+    pub in_flight: u32,
+    pub min_warm: u32,
+    pub max_warm: u32,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LogEntry {
+    pub request_id: String,
+    pub finished_ms: u64,
+    pub outcome: Outcome,
+    pub wall_ms: u64,
+    pub error: Option<String>,
+    pub stdout: String,
+    pub stderr: String,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FunctionStats {
+    pub name: String,
+    pub requests: u64,
+    pub ok: u64,
+    pub error: u64,
+    pub timeout: u64,
+    pub cancelled: u64,
+    pub stuck: u64,
+    pub p50_wall_us: u64,
+    pub p99_wall_us: u64,
+    pub peak_rss_kb: u64,
+}
+
+/// The monitor's answers. Every request gets exactly one final reply; a streamed Exec
+/// gets any number of `Event`s before it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Reply {
+    Error {
+        code: ErrorCode,
+        message: String,
+        /// Seconds to wait before retrying (busy, unavailable).
+        retry_after: Option<u32>,
+    },
+    Served {
+        served: Vec<String>,
+        failed: Vec<(String, String)>,
+    },
+    Stopped {
+        name: String,
+    },
+    Event(ExecEvent),
+    Answer(ExecAnswer),
+    Functions(Vec<FunctionInfo>),
+    Logs(Vec<LogEntry>),
+    Stats(Vec<FunctionStats>),
+    Warmed {
+        name: String,
+        ready: u32,
+    },
+    Cancelled {
+        count: u32,
+    },
+    Draining {
+        in_flight: u32,
+    },
+}

@@ -39,9 +39,28 @@ pub enum IdMap {
     Single { uid: u32, gid: u32 },
 }
 
-/// Everything the launcher needs to build one one-shot sandbox and run its program.
+/// A file the launcher writes into the sandbox's root before it is made read-only
+/// (the agent, scripts). `path` is absolute inside the sandbox, under `/run`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct InjectedFile {
+    pub path: String,
+    pub contents: Vec<u8>,
+}
+
+/// What runs in the sandbox once it is built.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Mode {
+    /// One program; the sandbox ends with it.
+    OneShot,
+    /// A warm agent speaking the agent protocol on fds 3 and 4; the sandbox lives until
+    /// the monitor ends it. `/work` is mode 0311 and the deadline is per request.
+    Zygote,
+}
+
+/// Everything the launcher needs to build one sandbox and run its program.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct LaunchPlan {
+    pub mode: Mode,
     pub argv: Vec<String>,
     pub env: Vec<(String, String)>,
     pub cwd: String,
@@ -53,6 +72,7 @@ pub struct LaunchPlan {
     pub timeout_ms: u64,
     pub ids: IdMap,
     pub hostname: String,
+    pub files: Vec<InjectedFile>,
 }
 
 /// The phase a sandbox was in when something went wrong.
@@ -85,6 +105,24 @@ pub enum ToLauncher {
     Proceed,
     /// Kill the sandbox now (cancel, or the monitor's own deadline).
     Kill,
+    /// Zygote: have the agent fork one child for this slot.
+    Park { slot: String },
+    /// Zygote: hand this request to the slot's parked child. `event` is JSON text the
+    /// monitor has already parsed and re-serialised.
+    Call {
+        slot: String,
+        request_id: String,
+        event: String,
+    },
+    /// Zygote: the slot's request is over; drop its channel and remove its directory.
+    Reap { slot: String },
+}
+
+/// Which output stream.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Stream {
+    Stdout,
+    Stderr,
 }
 
 /// launcher → monitor.
@@ -104,4 +142,38 @@ pub enum FromLauncher {
     },
     /// The sandbox could not be built, or the program could not be started.
     Failed { phase: Phase, reason: String },
+    /// Zygote: the agent imported the handler.
+    Ready,
+    /// Zygote: the handler could not be imported; the zygote is ending.
+    ImportError { message: String, traceback: String },
+    /// Zygote: the agent is alive.
+    Heartbeat,
+    /// Zygote: a child for this slot exists (host pid) and waits, parked.
+    Parked { slot: String, pid: i32 },
+    /// Zygote: the agent could not fork for this slot.
+    ParkFailed { slot: String, message: String },
+    /// Zygote: output of the slot's request.
+    Output {
+        slot: String,
+        stream: Stream,
+        data: String,
+    },
+    /// Zygote: `event.progress(text)`.
+    Progress { slot: String, text: String },
+    /// Zygote: the slot's child is alive.
+    ChildHeartbeat { slot: String },
+    /// Zygote: the handler returned this JSON value (text).
+    Returned { slot: String, value: String },
+    /// Zygote: the handler raised, or its value could not be serialised.
+    Raised {
+        slot: String,
+        message: String,
+        traceback: String,
+    },
+    /// Zygote: the slot's channel closed. `violation` says why when the child broke the
+    /// protocol (it has been disowned; the monitor kills its cgroup).
+    SlotClosed {
+        slot: String,
+        violation: Option<String>,
+    },
 }

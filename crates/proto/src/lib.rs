@@ -15,7 +15,7 @@ pub mod frame;
 pub mod front;
 pub mod launch;
 
-pub use frame::{read_frame, write_frame, FrameBuf, ProtoError};
+pub use frame::{encode_frame, read_frame, write_frame, FrameBuf, ProtoError};
 
 #[cfg(test)]
 mod tests;

@@ -1,6 +1,8 @@
 //! The `zygo` binary: one executable, several roles. `zygo __launcher` is the launcher role
 //! (started only by the monitor, with its socket on fd 3); everything else is the CLI.
 
+mod client;
+mod fncmds;
 mod run;
 mod usage;
 mod version;
@@ -23,6 +25,17 @@ fn main() -> ExitCode {
             0
         }
         Some("run") => run::main(rest),
+        Some("supervisor") => fncmds::supervisor(rest),
+        Some("up") => fncmds::up(rest),
+        Some("serve") => fncmds::serve(rest),
+        Some("stop") => fncmds::stop(rest),
+        Some("exec") => fncmds::exec(rest),
+        Some("ls") => fncmds::ls(rest),
+        Some("logs") => fncmds::logs(rest),
+        Some("stats") => fncmds::stats(rest),
+        Some("warm") => fncmds::warm(rest),
+        Some("cancel") => fncmds::cancel(rest),
+        Some("drain") => fncmds::drain(rest),
         Some("version") | Some("--version") | Some("-V") => version::main(rest),
         Some(other) => {
             eprintln!("zygo: unknown command {other:?}; see `zygo --help`");

@@ -6,8 +6,19 @@ zygo — run untrusted code in sandboxes the Linux kernel enforces
 Usage: zygo <command> [options]
 
 Commands:
-  run       run one program in a fresh one-shot sandbox
-  version   what this build and this kernel support
+  run         run one program in a fresh one-shot sandbox
+  up          start the supervisor if none runs; serve a sandbox.toml's functions
+  serve       serve one function of a sandbox.toml
+  stop        stop serving a function
+  exec        call a served function
+  ls          served functions and their zygotes
+  logs        a function's last finished requests
+  stats       requests, failures, latency percentiles
+  warm        keep N zygotes of a function ready
+  cancel      cancel running requests by key
+  drain       stop taking calls, finish running ones, exit the supervisor
+  supervisor  the supervisor in the foreground (for systemd)
+  version     what this build and this kernel support
 
 Run `zygo <command> --help` for a command's options.
 ";
@@ -56,4 +67,88 @@ pub const VERSION: &str = "\
 zygo version — what this build and this kernel support
 
 Usage: zygo version [--json]
+";
+
+pub const SUPERVISOR: &str = "\
+zygo supervisor — the long-lived monitor, in the foreground (systemd's ExecStart)
+
+Usage: zygo supervisor
+
+Listens on $ZYGO_RUNTIME_DIR/zygo.sock (default $XDG_RUNTIME_DIR/zygo, or /run/zygo as
+root), mode 0600. SIGTERM or SIGINT drains: no new calls, running ones may finish within
+25s, then every sandbox is killed and every cgroup removed. Finished requests are appended
+to usage.log in the state directory ($ZYGO_STATE_DIR, default /var/lib/zygo as root or
+~/.local/state/zygo).
+";
+
+pub const UP: &str = "\
+zygo up — start the supervisor if none runs, and serve every [fn.*] of a sandbox.toml
+
+Usage: zygo up [-f sandbox.toml] [--json]
+
+Without -f, ./sandbox.toml is served if it exists. The supervisor runs detached and logs
+to supervisor.log in the state directory. Waits until each function has a ready zygote or
+has failed (an import error is printed).
+";
+
+pub const SERVE: &str = "\
+zygo serve — serve one function of a sandbox.toml
+
+Usage: zygo serve NAME [-f sandbox.toml] [--json]
+";
+
+pub const STOP: &str = "\
+zygo stop — stop serving a function; its running requests are cancelled
+
+Usage: zygo stop NAME [--json]
+";
+
+pub const EXEC: &str = "\
+zygo exec — call a served function
+
+Usage: zygo exec NAME [EVENT|-|FILE] [--stream] [--timeout DUR] [--key K] [--json]
+
+EVENT is JSON text; `-` reads it from stdin; otherwise a file holding it. Default: {}.
+  --stream       print the handler's output and progress as they happen
+  --timeout DUR  narrow the function's timeout for this call (never widens it)
+  --key K        a name for this call, for `zygo cancel K`
+  --json         print {result, request_id, stdout, stderr, metrics} (and, on failure,
+                 error, code, traceback, oom_killed)
+Exit status: 0 when the handler returned, 1 otherwise.
+";
+
+pub const LS: &str = "\
+zygo ls — served functions, their state and zygotes
+
+Usage: zygo ls [--json]
+";
+
+pub const LOGS: &str = "\
+zygo logs — the last finished requests of a function
+
+Usage: zygo logs NAME [-n N] [-f] [--json]
+";
+
+pub const STATS: &str = "\
+zygo stats — requests, failures by outcome, p50/p99 wall time and peak memory
+
+Usage: zygo stats [NAME] [--json]
+";
+
+pub const WARM: &str = "\
+zygo warm — keep at least N zygotes of a function ready (at most max_warm)
+
+Usage: zygo warm NAME [N] [--json]
+";
+
+pub const CANCEL: &str = "\
+zygo cancel — cancel every running request under a key
+
+Usage: zygo cancel KEY [--json]
+";
+
+pub const DRAIN: &str = "\
+zygo drain — stop taking calls; let running ones finish; then the supervisor exits
+
+Usage: zygo drain [--grace 30s] [--json]
 ";

@@ -11,6 +11,7 @@ pub mod oneshot;
 mod rootfs;
 pub mod seccomp;
 mod sys;
+pub mod zygote;
 
 use std::os::fd::FromRawFd;
 use std::os::unix::net::UnixStream;

@@ -20,11 +20,11 @@ use std::os::unix::net::UnixStream;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use proto::launch::{FromLauncher, IdMap, LaunchPlan, Phase, ToLauncher, MAX_LAUNCH_FRAME};
+use proto::launch::{FromLauncher, IdMap, LaunchPlan, Mode, Phase, ToLauncher, MAX_LAUNCH_FRAME};
 use proto::{read_frame, write_frame};
 
 use crate::sys::{self, SetupError};
-use crate::{harden, rootfs, seccomp};
+use crate::{harden, rootfs, seccomp, zygote};
 
 /// Descriptor numbers the monitor hands the launcher.
 pub const FD_MONITOR: RawFd = 3;
@@ -47,6 +47,8 @@ const NAMESPACES: libc::c_int = libc::CLONE_NEWUSER
 pub enum LaunchError {
     Channel(proto::ProtoError),
     Unexpected(&'static str),
+    /// A zygote ended abnormally (protocol violation, kill).
+    Sandbox(String),
 }
 
 impl std::fmt::Display for LaunchError {
@@ -54,6 +56,7 @@ impl std::fmt::Display for LaunchError {
         match self {
             LaunchError::Channel(e) => write!(f, "monitor channel: {e}"),
             LaunchError::Unexpected(what) => write!(f, "monitor sent {what}"),
+            LaunchError::Sandbox(why) => write!(f, "zygote ended: {why}"),
         }
     }
 }
@@ -91,6 +94,23 @@ pub fn run(sock: &mut UnixStream, plan: &LaunchPlan) -> Result<(), LaunchError> 
         Err(e) => return failed(sock, Phase::Start, format!("create a pipe: {e}")),
     };
 
+    // Zygote: the agent's control channel and the registration socket. The sandbox's ends
+    // become fds 3 and 4 of the agent.
+    let agent_fds = match plan.mode {
+        Mode::OneShot => None,
+        Mode::Zygote => match zygote::channels() {
+            Ok(c) => Some(c),
+            Err(e) => {
+                return failed(
+                    sock,
+                    Phase::Start,
+                    format!("create the agent's channels: {e}"),
+                )
+            }
+        },
+    };
+    let inner_fds = agent_fds.as_ref().map(|c| c.inner());
+
     // SAFETY: a raw clone with a null stack behaves like fork. The launcher is
     // single-threaded, so the child may go on running ordinary Rust code.
     let pid = unsafe {
@@ -115,12 +135,18 @@ pub fn run(sock: &mut UnixStream, plan: &LaunchPlan) -> Result<(), LaunchError> 
         sys::close(go_w);
         sys::close(rep_r);
         sys::close(FD_MONITOR);
-        init_main(plan, go_r, rep_w, &filter);
+        if let Some(c) = &agent_fds {
+            c.close_outer();
+        }
+        init_main(plan, go_r, rep_w, &filter, inner_fds);
     }
     let pid = pid as libc::pid_t;
     sys::close(go_r);
     sys::close(rep_w);
-    let outcome = supervise(sock, plan, pid, go_w, rep_r);
+    if let Some(c) = &agent_fds {
+        c.close_inner();
+    }
+    let outcome = supervise(sock, plan, pid, go_w, rep_r, agent_fds);
     // Whatever happened, nothing of the sandbox outlives this function.
     kill_tree(pid);
     reap(pid);
@@ -207,6 +233,7 @@ fn supervise(
     pid: libc::pid_t,
     go_w: RawFd,
     rep_r: RawFd,
+    mut agent_fds: Option<zygote::Channels>,
 ) -> Result<(), LaunchError> {
     // 1. The monitor places the sandbox in its cgroups before anything runs in it.
     send(sock, &FromLauncher::Cloned { pid })?;
@@ -216,9 +243,11 @@ fn supervise(
             sys::close(go_w);
             return Ok(());
         }
-        Ok(ToLauncher::Start(_)) => {
+        Ok(_) => {
             sys::close(go_w);
-            return Err(LaunchError::Unexpected("a second Start"));
+            return Err(LaunchError::Unexpected(
+                "a message other than Proceed or Kill",
+            ));
         }
         Err(e) => {
             sys::close(go_w);
@@ -336,6 +365,11 @@ fn supervise(
                     Some(Report::Started) if started.is_none() => {
                         started = Some(Instant::now());
                         send(sock, &FromLauncher::Started)?;
+                        if let Some(ch) = agent_fds.take() {
+                            // A zygote has no overall deadline: the monitor ends it.
+                            let rest = std::mem::take(&mut buf);
+                            return zygote::serve(sock, pid, rep_r, rest, ch);
+                        }
                     }
                     Some(Report::Failed(why)) => failure = Some(why),
                     Some(Report::Status(s)) if started.is_some() => {
@@ -410,7 +444,13 @@ fn exit_now(code: libc::c_int) -> ! {
 }
 
 /// pid 1 of the sandbox. Never returns.
-fn init_main(plan: &LaunchPlan, go_r: RawFd, rep_w: RawFd, filter: &seccompiler::BpfProgram) -> ! {
+fn init_main(
+    plan: &LaunchPlan,
+    go_r: RawFd,
+    rep_w: RawFd,
+    filter: &seccompiler::BpfProgram,
+    agent_fds: Option<(RawFd, RawFd)>,
+) -> ! {
     // If the launcher dies, so does the sandbox.
     let _ = sys::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL as libc::c_ulong);
     let mut go = [0u8; 1];
@@ -445,7 +485,7 @@ fn init_main(plan: &LaunchPlan, go_r: RawFd, rep_w: RawFd, filter: &seccompiler:
     if child == 0 {
         sys::close(ex_r);
         sys::close(rep_w);
-        exec_program(&prepared, ex_w, filter);
+        exec_program(&prepared, ex_w, filter, agent_fds);
     }
     sys::close(ex_w);
     let mut why = Vec::new();
@@ -582,7 +622,12 @@ fn resolve(cmd: &str, path_var: &str) -> Option<std::path::PathBuf> {
 }
 
 /// The program's process: fixed descriptors, default signals, the seccomp filter, exec.
-fn exec_program(p: &Prepared, ex_w: RawFd, filter: &seccompiler::BpfProgram) -> ! {
+fn exec_program(
+    p: &Prepared,
+    ex_w: RawFd,
+    filter: &seccompiler::BpfProgram,
+    agent_fds: Option<(RawFd, RawFd)>,
+) -> ! {
     let fail = |what: &str, e: std::io::Error| -> ! {
         let mut f = std::fs::File::from(owned(ex_w));
         let _ = write!(f, "{what}: {e}");
@@ -595,7 +640,20 @@ fn exec_program(p: &Prepared, ex_w: RawFd, filter: &seccompiler::BpfProgram) -> 
     if unsafe { libc::dup2(FD_PROGRAM_STDERR, 2) } < 0 {
         fail("set up stderr", std::io::Error::last_os_error());
     }
-    sys::close_fds_from(3, &[ex_w]);
+    // A zygote's agent gets its control channel on fd 3 and registration socket on fd 4
+    // (both above fd 4 until now, so these dup2s cannot clobber each other).
+    if let Some((ctl, reg)) = agent_fds {
+        // SAFETY: dup2 of descriptors this process owns onto fixed numbers.
+        if unsafe { libc::dup2(ctl, 3) } < 0 || unsafe { libc::dup2(reg, 4) } < 0 {
+            fail(
+                "set up the agent's channels",
+                std::io::Error::last_os_error(),
+            );
+        }
+        sys::close_fds_from(5, &[ex_w]);
+    } else {
+        sys::close_fds_from(3, &[ex_w]);
+    }
     // Default dispositions and an empty mask (the launcher ignores SIGPIPE, and ignored
     // signals would otherwise survive exec).
     for sig in 1..=64 {

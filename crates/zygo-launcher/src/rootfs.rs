@@ -14,7 +14,7 @@ use std::fs;
 use std::os::unix::fs::{symlink, DirBuilderExt, PermissionsExt};
 use std::path::{Component, Path, PathBuf};
 
-use proto::launch::{Image, LaunchPlan};
+use proto::launch::{Image, LaunchPlan, Mode};
 
 use crate::sys::{self, fail, step, Result};
 
@@ -371,9 +371,48 @@ pub fn build(plan: &LaunchPlan) -> Result<()> {
     let tmp = new.join("tmp");
     mkdir(&tmp, 0o1777)?;
     tmpfs(&tmp, &format!("mode=1777,{scratch}"), MS_NOSUID | MS_NODEV)?;
+    // A zygote's /work is 0311: each request makes its own unguessable directory in it,
+    // and no request (nor anything else without capabilities) can list the others.
+    let work_mode = match plan.mode {
+        Mode::OneShot => "0755",
+        Mode::Zygote => "0311",
+    };
     let work = new.join("work");
     mkdir(&work, 0o755)?;
-    tmpfs(&work, &format!("mode=0755,{scratch}"), MS_NOSUID | MS_NODEV)?;
+    tmpfs(
+        &work,
+        &format!("mode={work_mode},{scratch}"),
+        MS_NOSUID | MS_NODEV,
+    )?;
+
+    // Files written from outside (the agent, scripts) on their own read-only tmpfs.
+    if !plan.files.is_empty() {
+        let total: usize = plan.files.iter().map(|f| f.contents.len() + 4096).sum();
+        let run = new.join("run");
+        tmpfs(
+            &run,
+            &format!("mode=0755,size={}", total + 65536),
+            MS_NOSUID | MS_NODEV,
+        )?;
+        for f in &plan.files {
+            let p = under(new, &f.path);
+            if !p.starts_with(&run) {
+                return Err(fail(
+                    format!("injected file {} is not under /run", f.path),
+                    std::io::Error::from_raw_os_error(libc::EINVAL),
+                ));
+            }
+            if let Some(parent) = p.parent() {
+                mkdir(parent, 0o755)?;
+            }
+            step(fs::write(&p, &f.contents), || format!("write {}", f.path))?;
+            step(
+                fs::set_permissions(&p, fs::Permissions::from_mode(0o444)),
+                || format!("chmod {}", f.path),
+            )?;
+        }
+        remount_ro(&run, MS_NOEXEC)?;
+    }
 
     for m in &plan.mounts {
         let src = under(old, &m.src);

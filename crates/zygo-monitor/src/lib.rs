@@ -8,3 +8,5 @@
 pub mod cgroup;
 pub mod identity;
 pub mod oneshot;
+pub mod paths;
+pub mod supervisor;

@@ -119,7 +119,7 @@ pub fn run(backend: &Backend, req: Request) -> Outcome {
     out
 }
 
-fn pipe() -> std::io::Result<(OwnedFd, OwnedFd)> {
+pub(crate) fn pipe() -> std::io::Result<(OwnedFd, OwnedFd)> {
     let mut fds = [0; 2];
     // SAFETY: fds is a two-element array as pipe2 requires.
     if unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) } < 0 {
@@ -131,7 +131,7 @@ fn pipe() -> std::io::Result<(OwnedFd, OwnedFd)> {
 
 /// Duplicate a descriptor to 10 or above (close-on-exec), so that moving it to fd 3 or 4
 /// in the launcher cannot clobber another one we are also moving.
-fn high(fd: &OwnedFd) -> std::io::Result<OwnedFd> {
+pub(crate) fn high(fd: &OwnedFd) -> std::io::Result<OwnedFd> {
     // SAFETY: duplicating a descriptor we own.
     let n = unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_DUPFD_CLOEXEC, 10) };
     if n < 0 {
@@ -141,7 +141,7 @@ fn high(fd: &OwnedFd) -> std::io::Result<OwnedFd> {
     Ok(unsafe { OwnedFd::from_raw_fd(n) })
 }
 
-fn spawn_launcher(
+pub(crate) fn spawn_launcher(
     exe: &Path,
     stdin: Stdio,
     stdout: OwnedFd,
@@ -516,6 +516,8 @@ pub fn launch_plan(plan: &policy::plan::OneShotPlan) -> Result<(LaunchPlan, Limi
         pids: l.pids,
     };
     let launch = LaunchPlan {
+        mode: proto::launch::Mode::OneShot,
+        files: Vec::new(),
         argv: plan.argv.clone(),
         env: plan.env.clone(),
         cwd: "/work".into(),

@@ -156,7 +156,15 @@ impl Backend {
         }
     }
 
-    /// Create `<root>/<name>` with no limits yet. Fails if it exists.
+    /// Remove an intermediate directory of Zygo's tree if it is empty.
+    pub fn prune(&self, rel: &str) {
+        match self {
+            Backend::V1(b) => b.prune(rel),
+            Backend::V2(b) => b.prune(rel),
+        }
+    }
+
+    /// Create `<root>/<name>` (parents as needed) with no limits yet. Fails if it exists.
     pub fn create(&self, name: &str) -> Result<Box<dyn Cgroup>, CgroupError> {
         match self {
             Backend::V1(b) => Ok(Box::new(b.create(name)?)),

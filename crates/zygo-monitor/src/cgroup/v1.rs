@@ -63,10 +63,22 @@ impl V1 {
         self.roots[0].display().to_string()
     }
 
+    /// Remove an (empty) intermediate directory of Zygo's tree in every hierarchy.
+    pub fn prune(&self, rel: &str) {
+        for r in &self.roots {
+            let _ = std::fs::remove_dir(r.join(rel));
+        }
+    }
+
     pub fn create(&self, name: &str) -> Result<V1Cgroup, CgroupError> {
         let dirs: Vec<PathBuf> = self.roots.iter().map(|r| r.join(name)).collect();
         let mut made: Vec<PathBuf> = Vec::new();
         for d in &dirs {
+            if let Some(parent) = d.parent() {
+                if let Err(e) = std::fs::create_dir_all(parent) {
+                    return Err(io_err("create cgroup", parent, e));
+                }
+            }
             if let Err(e) = std::fs::create_dir(d) {
                 for m in made.iter().rev() {
                     let _ = std::fs::remove_dir(m);

@@ -2,7 +2,7 @@
 //! cpu controllers enabled down to Zygo's tree. Kill is `cgroup.kill`; freeze is
 //! `cgroup.freeze`; the OOM count is `memory.events`' `oom_kill`; the peak is `memory.peak`.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use super::{
@@ -76,8 +76,25 @@ impl V2 {
         self.root.display().to_string()
     }
 
+    /// Remove an (empty) intermediate directory of Zygo's tree.
+    pub fn prune(&self, rel: &str) {
+        let _ = std::fs::remove_dir(self.root.join(rel));
+    }
+
     pub fn create(&self, name: &str) -> Result<V2Cgroup, CgroupError> {
         let dir = self.root.join(name);
+        // Intermediate levels need the controllers enabled for their children.
+        let mut level = self.root.clone();
+        if let Some(parent) = Path::new(name).parent() {
+            for part in parent.components() {
+                level = level.join(part);
+                if !level.is_dir() {
+                    std::fs::create_dir(&level)
+                        .map_err(|e| super::io_err("create cgroup", &level, e))?;
+                    write_file(&level.join("cgroup.subtree_control"), "+memory +pids +cpu")?;
+                }
+            }
+        }
         std::fs::create_dir(&dir).map_err(|e| super::io_err("create cgroup", &dir, e))?;
         Ok(V2Cgroup { dir })
     }

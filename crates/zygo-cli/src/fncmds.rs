@@ -1,0 +1,816 @@
+//! The commands that talk to the supervisor: up, supervisor, serve, stop, exec, ls, logs,
+//! stats, warm, cancel, drain.
+
+use std::ffi::OsString;
+use std::io::{Read, Write};
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use proto::front::{ExecAnswer, ExecEvent, ExecRequest, Outcome, Reply, Request};
+use serde_json::json;
+
+use crate::client::{Client, ConnectError};
+use crate::{usage, usage_error};
+
+/// Common flags: `--json`, `--help`, plus whatever the command takes.
+struct Args {
+    json: bool,
+    positional: Vec<String>,
+    flags: Vec<(String, String)>,
+    switches: Vec<String>,
+}
+
+/// Parse with lexopt; `valued` flags take a value, `switches` do not.
+fn parse(
+    cmd: &str,
+    raw: Vec<OsString>,
+    valued: &[&str],
+    switches: &[&str],
+) -> Result<Option<Args>, i32> {
+    use lexopt::prelude::*;
+    let mut a = Args {
+        json: false,
+        positional: Vec::new(),
+        flags: Vec::new(),
+        switches: Vec::new(),
+    };
+    let mut p = lexopt::Parser::from_args(raw);
+    loop {
+        let arg = match p.next() {
+            Ok(Some(a)) => a,
+            Ok(None) => break,
+            Err(e) => return Err(usage_error(cmd, e)),
+        };
+        match arg {
+            Long("help") | Short('h') => return Ok(None),
+            Long("json") => a.json = true,
+            Long(f) if valued.contains(&f) => {
+                let f = f.to_string();
+                match p.value().map(|v| v.into_string()) {
+                    Ok(Ok(v)) => a.flags.push((f, v)),
+                    Ok(Err(_)) => {
+                        return Err(usage_error(cmd, format!("--{f} is not valid UTF-8")))
+                    }
+                    Err(e) => return Err(usage_error(cmd, e)),
+                }
+            }
+            Short(c) if valued.contains(&c.to_string().as_str()) => {
+                match p.value().map(|v| v.into_string()) {
+                    Ok(Ok(v)) => a.flags.push((c.to_string(), v)),
+                    Ok(Err(_)) => return Err(usage_error(cmd, format!("-{c} is not valid UTF-8"))),
+                    Err(e) => return Err(usage_error(cmd, e)),
+                }
+            }
+            Long(f) if switches.contains(&f) => a.switches.push(f.to_string()),
+            Short(c) if switches.contains(&c.to_string().as_str()) => {
+                a.switches.push(c.to_string())
+            }
+            Value(v) => match v.into_string() {
+                Ok(s) => a.positional.push(s),
+                Err(_) => return Err(usage_error(cmd, "an argument is not valid UTF-8")),
+            },
+            other => return Err(usage_error(cmd, other.unexpected())),
+        }
+    }
+    Ok(Some(a))
+}
+
+impl Args {
+    fn flag(&self, name: &str) -> Option<&str> {
+        self.flags
+            .iter()
+            .rev()
+            .find(|(f, _)| f == name)
+            .map(|(_, v)| v.as_str())
+    }
+    fn has(&self, name: &str) -> bool {
+        self.switches.iter().any(|s| s == name)
+    }
+}
+
+fn connect() -> Result<Client, i32> {
+    Client::connect().map_err(|e| {
+        eprintln!("zygo: {e}");
+        1
+    })
+}
+
+/// Print a refusal as one line (or JSON) and return exit code 1.
+fn refused(json: bool, code: &str, message: &str) -> i32 {
+    if json {
+        println!("{}", json!({"error": message, "code": code}));
+    } else {
+        eprintln!("zygo: {message}");
+    }
+    1
+}
+
+fn call(json: bool, req: &Request) -> Result<Reply, i32> {
+    let mut c = connect()?;
+    match c.call(req, |_| {}) {
+        Ok(Reply::Error {
+            code,
+            message,
+            retry_after,
+        }) => {
+            let mut m = message;
+            if let Some(s) = retry_after {
+                m.push_str(&format!(" (retry after {s}s)"));
+            }
+            Err(refused(json, code.as_str(), &m))
+        }
+        Ok(r) => Ok(r),
+        Err(e) => Err(refused(json, "internal", &e)),
+    }
+}
+
+fn sandbox_file(flag: Option<&str>, required: bool) -> Result<Option<PathBuf>, String> {
+    let p = match flag {
+        Some(f) => PathBuf::from(f),
+        None => {
+            let d = PathBuf::from("sandbox.toml");
+            if !d.exists() {
+                return if required {
+                    Err("no sandbox.toml here; name one with -f FILE".into())
+                } else {
+                    Ok(None)
+                };
+            }
+            d
+        }
+    };
+    std::fs::canonicalize(&p)
+        .map(Some)
+        .map_err(|e| format!("{}: {e}", p.display()))
+}
+
+// --- supervisor / up -------------------------------------------------------------------
+
+pub fn supervisor(raw: Vec<OsString>) -> i32 {
+    match parse("supervisor", raw, &[], &[]) {
+        Ok(Some(_)) => {}
+        Ok(None) => {
+            print!("{}", usage::SUPERVISOR);
+            return 0;
+        }
+        Err(c) => return c,
+    }
+    let exe = match std::env::current_exe() {
+        Ok(p) => p,
+        Err(e) => {
+            eprintln!("zygo supervisor: find the zygo binary: {e}");
+            return 1;
+        }
+    };
+    match zygo_monitor::supervisor::Supervisor::new(exe).and_then(|s| s.run()) {
+        Ok(()) => 0,
+        Err(e) => {
+            eprintln!("zygo supervisor: {e}");
+            1
+        }
+    }
+}
+
+fn start_supervisor() -> Result<PathBuf, String> {
+    use std::os::unix::process::CommandExt;
+    let state = zygo_monitor::paths::state_dir();
+    zygo_monitor::paths::make_private_dir(&state)
+        .map_err(|e| format!("create {}: {e}", state.display()))?;
+    let log_path = state.join("supervisor.log");
+    let log = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(&log_path)
+        .map_err(|e| format!("open {}: {e}", log_path.display()))?;
+    let log2 = log.try_clone().map_err(|e| e.to_string())?;
+    let exe = std::env::current_exe().map_err(|e| format!("find the zygo binary: {e}"))?;
+    let mut cmd = std::process::Command::new(exe);
+    cmd.arg("supervisor")
+        .stdin(std::process::Stdio::null())
+        .stdout(log)
+        .stderr(log2)
+        .current_dir("/");
+    if std::env::var_os("ZYGO_LOG").is_none() {
+        cmd.env("ZYGO_LOG", "info");
+    }
+    // SAFETY: setsid only, between fork and exec.
+    unsafe {
+        cmd.pre_exec(|| {
+            libc::setsid();
+            Ok(())
+        });
+    }
+    let mut child = cmd
+        .spawn()
+        .map_err(|e| format!("start the supervisor: {e}"))?;
+    let deadline = Instant::now() + Duration::from_secs(15);
+    loop {
+        if Client::connect().is_ok() {
+            return Ok(log_path);
+        }
+        if let Ok(Some(status)) = child.try_wait() {
+            let text = std::fs::read_to_string(&log_path).unwrap_or_default();
+            let last = text.lines().last().unwrap_or("").to_string();
+            return Err(format!(
+                "the supervisor exited ({status}): {last} (log: {})",
+                log_path.display()
+            ));
+        }
+        if Instant::now() > deadline {
+            return Err(format!(
+                "the supervisor did not start within 15s (log: {})",
+                log_path.display()
+            ));
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+fn print_served(json: bool, r: Reply) -> i32 {
+    let Reply::Served { served, failed } = r else {
+        return refused(json, "internal", "unexpected reply");
+    };
+    if json {
+        let failed: Vec<_> = failed
+            .iter()
+            .map(|(n, e)| json!({"name": n, "error": e}))
+            .collect();
+        println!("{}", json!({"served": served, "failed": failed}));
+    } else {
+        for s in &served {
+            println!("serving {s}");
+        }
+        for (n, e) in &failed {
+            eprintln!("zygo: {n} failed to serve: {e}");
+        }
+    }
+    if failed.is_empty() {
+        0
+    } else {
+        1
+    }
+}
+
+pub fn up(raw: Vec<OsString>) -> i32 {
+    let a = match parse("up", raw, &["f", "file"], &[]) {
+        Ok(Some(a)) => a,
+        Ok(None) => {
+            print!("{}", usage::UP);
+            return 0;
+        }
+        Err(c) => return c,
+    };
+    let file = match sandbox_file(a.flag("f").or(a.flag("file")), false) {
+        Ok(f) => f,
+        Err(e) => return refused(a.json, "bad_spec", &e),
+    };
+    match Client::connect() {
+        Ok(_) => {
+            if !a.json {
+                println!("a supervisor is already running");
+            }
+        }
+        Err(ConnectError::NotRunning) => match start_supervisor() {
+            Ok(log) => {
+                if !a.json {
+                    println!("supervisor started; its log is {}", log.display());
+                }
+            }
+            Err(e) => return refused(a.json, "internal", &e),
+        },
+        Err(e) => return refused(a.json, "internal", &e.to_string()),
+    }
+    let Some(file) = file else {
+        if a.json {
+            println!("{}", json!({"served": [], "failed": []}));
+        }
+        return 0;
+    };
+    match call(
+        a.json,
+        &Request::ServeAll {
+            file: file.display().to_string(),
+        },
+    ) {
+        Ok(r) => print_served(a.json, r),
+        Err(c) => c,
+    }
+}
+
+pub fn serve(raw: Vec<OsString>) -> i32 {
+    let a = match parse("serve", raw, &["f", "file", "secret"], &[]) {
+        Ok(Some(a)) => a,
+        Ok(None) => {
+            print!("{}", usage::SERVE);
+            return 0;
+        }
+        Err(c) => return c,
+    };
+    let [name] = a.positional.as_slice() else {
+        return usage_error(
+            "serve",
+            "name exactly one function: zygo serve NAME [-f sandbox.toml]",
+        );
+    };
+    if a.flag("secret").is_some() {
+        return refused(
+            a.json,
+            "bad_request",
+            "secrets are not available in this version of Zygo",
+        );
+    }
+    let file = match sandbox_file(a.flag("f").or(a.flag("file")), true) {
+        Ok(Some(f)) => f,
+        Ok(None) => return refused(a.json, "bad_spec", "no sandbox.toml"),
+        Err(e) => return refused(a.json, "bad_spec", &e),
+    };
+    match call(
+        a.json,
+        &Request::Serve {
+            name: name.clone(),
+            file: file.display().to_string(),
+        },
+    ) {
+        Ok(r) => print_served(a.json, r),
+        Err(c) => c,
+    }
+}
+
+pub fn stop(raw: Vec<OsString>) -> i32 {
+    let a = match parse("stop", raw, &[], &[]) {
+        Ok(Some(a)) => a,
+        Ok(None) => {
+            print!("{}", usage::STOP);
+            return 0;
+        }
+        Err(c) => return c,
+    };
+    let [name] = a.positional.as_slice() else {
+        return usage_error("stop", "name exactly one function: zygo stop NAME");
+    };
+    match call(a.json, &Request::Stop { name: name.clone() }) {
+        Ok(_) => {
+            if a.json {
+                println!("{}", json!({"stopped": name}));
+            } else {
+                println!("stopped {name}");
+            }
+            0
+        }
+        Err(c) => c,
+    }
+}
+
+// --- exec --------------------------------------------------------------------------------
+
+fn read_event(arg: Option<&str>) -> Result<String, String> {
+    const MAX: u64 = 16 * 1024 * 1024;
+    let text = match arg {
+        None => return Ok("{}".into()),
+        Some("-") => {
+            let mut s = String::new();
+            std::io::stdin()
+                .take(MAX + 1)
+                .read_to_string(&mut s)
+                .map_err(|e| format!("read the event from stdin: {e}"))?;
+            s
+        }
+        Some(a) => {
+            if serde_json::from_str::<serde_json::Value>(a).is_ok() {
+                return Ok(a.to_string());
+            }
+            let p = Path::new(a);
+            if !p.is_file() {
+                return Err(format!("the event {a:?} is neither JSON nor a file"));
+            }
+            let mut s = String::new();
+            std::fs::File::open(p)
+                .and_then(|f| f.take(MAX + 1).read_to_string(&mut s))
+                .map_err(|e| format!("read {a}: {e}"))?;
+            s
+        }
+    };
+    if text.len() as u64 > MAX {
+        return Err("the event is over 16 MiB".into());
+    }
+    Ok(text)
+}
+
+fn answer_json(a: &ExecAnswer) -> serde_json::Value {
+    let metrics = json!({"wall_ms": a.metrics.wall_ms, "cpu_ms": a.metrics.cpu_ms, "peak_rss_kb": a.metrics.peak_rss_kb});
+    let result: serde_json::Value = a
+        .result
+        .as_deref()
+        .and_then(|r| serde_json::from_str(r).ok())
+        .unwrap_or(serde_json::Value::Null);
+    let mut v = json!({
+        "request_id": a.request_id,
+        "outcome": a.outcome.as_str(),
+        "result": result,
+        "stdout": a.stdout,
+        "stderr": a.stderr,
+        "stdout_truncated": a.stdout_truncated,
+        "stderr_truncated": a.stderr_truncated,
+        "metrics": metrics,
+    });
+    if a.outcome != Outcome::Ok {
+        v["error"] = json!(a.error);
+        v["code"] = json!(match a.outcome {
+            Outcome::Timeout => "timeout",
+            Outcome::Stuck => "stuck",
+            Outcome::Cancelled => "cancelled",
+            _ => "handler",
+        });
+        v["traceback"] = json!(a.traceback);
+        v["oom_killed"] = json!(a.oom_killed);
+        v["started"] = json!(a.started);
+    }
+    v
+}
+
+pub fn exec(raw: Vec<OsString>) -> i32 {
+    let a = match parse(
+        "exec",
+        raw,
+        &["timeout", "key", "workspace", "out"],
+        &["stream"],
+    ) {
+        Ok(Some(a)) => a,
+        Ok(None) => {
+            print!("{}", usage::EXEC);
+            return 0;
+        }
+        Err(c) => return c,
+    };
+    if a.flag("workspace").is_some() || a.flag("out").is_some() {
+        return refused(
+            a.json,
+            "bad_request",
+            "--workspace and --out are not available in this version of Zygo",
+        );
+    }
+    let (name, event_arg) = match a.positional.as_slice() {
+        [n] => (n.clone(), None),
+        [n, e] => (n.clone(), Some(e.as_str())),
+        _ => return usage_error("exec", "usage: zygo exec NAME [EVENT|-|FILE]"),
+    };
+    let timeout_ms = match a.flag("timeout") {
+        Some(t) => match policy::limits::parse_duration("--timeout", t) {
+            Ok(d) => Some(d.as_millis() as u64),
+            Err(e) => return usage_error("exec", e),
+        },
+        None => None,
+    };
+    let event = match read_event(event_arg) {
+        Ok(e) => e,
+        Err(e) => return usage_error("exec", e),
+    };
+    let stream = a.has("stream");
+    let req = Request::Exec(ExecRequest {
+        name,
+        event,
+        key: a.flag("key").map(str::to_string),
+        timeout_ms,
+        stream,
+    });
+    let mut c = match connect() {
+        Ok(c) => c,
+        Err(code) => return code,
+    };
+    let json_out = a.json;
+    let reply = c.call(&req, |ev| {
+        if json_out {
+            let (k, d) = match ev {
+                ExecEvent::Stdout(d) => ("stdout", d),
+                ExecEvent::Stderr(d) => ("stderr", d),
+                ExecEvent::Progress(d) => ("progress", d),
+            };
+            println!("{}", json!({"event": k, "data": d}));
+        } else {
+            match ev {
+                ExecEvent::Stdout(d) => {
+                    print!("{d}");
+                    let _ = std::io::stdout().flush();
+                }
+                ExecEvent::Stderr(d) => eprint!("{d}"),
+                ExecEvent::Progress(d) => eprintln!("progress: {d}"),
+            }
+        }
+    });
+    let ans = match reply {
+        Ok(Reply::Answer(ans)) => ans,
+        Ok(Reply::Error {
+            code,
+            message,
+            retry_after,
+        }) => {
+            let mut m = message;
+            if let Some(s) = retry_after {
+                m.push_str(&format!(" (retry after {s}s)"));
+            }
+            return refused(a.json, code.as_str(), &m);
+        }
+        Ok(_) => return refused(a.json, "internal", "unexpected reply"),
+        Err(e) => return refused(a.json, "internal", &e),
+    };
+    if a.json {
+        println!("{}", answer_json(&ans));
+    } else {
+        if !stream {
+            print!("{}", ans.stdout);
+            eprint!("{}", ans.stderr);
+        }
+        match (&ans.outcome, &ans.result) {
+            (Outcome::Ok, Some(r)) => println!("{r}"),
+            _ => {
+                if let Some(tb) = &ans.traceback {
+                    eprint!("{tb}");
+                }
+                eprintln!(
+                    "zygo: {} ({})",
+                    ans.error.as_deref().unwrap_or("failed"),
+                    ans.outcome.as_str()
+                );
+            }
+        }
+    }
+    if ans.outcome == Outcome::Ok {
+        0
+    } else {
+        1
+    }
+}
+
+// --- ls, logs, stats, warm, cancel, drain ------------------------------------------------
+
+pub fn ls(raw: Vec<OsString>) -> i32 {
+    let a = match parse("ls", raw, &[], &[]) {
+        Ok(Some(a)) => a,
+        Ok(None) => {
+            print!("{}", usage::LS);
+            return 0;
+        }
+        Err(c) => return c,
+    };
+    let Ok(Reply::Functions(fs)) = call(a.json, &Request::List) else {
+        return 1;
+    };
+    if a.json {
+        let v: Vec<_> = fs
+            .iter()
+            .map(|f| {
+                json!({"name": f.name, "kind": f.kind, "state": f.state, "error": f.error,
+                    "zygotes": {"ready": f.zygotes.ready, "busy": f.zygotes.busy, "frozen": f.zygotes.frozen, "starting": f.zygotes.starting},
+                    "in_flight": f.in_flight, "min_warm": f.min_warm, "max_warm": f.max_warm})
+            })
+            .collect();
+        println!("{}", serde_json::Value::Array(v));
+        return 0;
+    }
+    if fs.is_empty() {
+        println!("nothing is served; serve functions with `zygo up -f sandbox.toml`");
+        return 0;
+    }
+    println!(
+        "{:<20} {:<9} {:<9} {:>5} {:>5} {:>6} {:>8} {:>9}",
+        "NAME", "KIND", "STATE", "READY", "BUSY", "FROZEN", "STARTING", "IN-FLIGHT"
+    );
+    for f in &fs {
+        println!(
+            "{:<20} {:<9} {:<9} {:>5} {:>5} {:>6} {:>8} {:>9}",
+            f.name,
+            f.kind,
+            f.state,
+            f.zygotes.ready,
+            f.zygotes.busy,
+            f.zygotes.frozen,
+            f.zygotes.starting,
+            f.in_flight
+        );
+        if let Some(e) = &f.error {
+            for line in e.lines() {
+                println!("    {line}");
+            }
+        }
+    }
+    0
+}
+
+pub fn logs(raw: Vec<OsString>) -> i32 {
+    let a = match parse("logs", raw, &["n"], &["f", "follow"]) {
+        Ok(Some(a)) => a,
+        Ok(None) => {
+            print!("{}", usage::LOGS);
+            return 0;
+        }
+        Err(c) => return c,
+    };
+    let [name] = a.positional.as_slice() else {
+        return usage_error("logs", "usage: zygo logs NAME [-n N] [-f]");
+    };
+    let n: u32 = match a.flag("n").map(str::parse) {
+        None => 20,
+        Some(Ok(n)) if n > 0 => n,
+        _ => return usage_error("logs", "-n takes a positive number"),
+    };
+    let follow = a.has("f") || a.has("follow");
+    let mut seen: std::collections::HashSet<String> = Default::default();
+    let mut first = true;
+    loop {
+        let entries = match call(
+            a.json,
+            &Request::Logs {
+                name: name.clone(),
+                n: if first { n } else { 1000 },
+            },
+        ) {
+            Ok(Reply::Logs(e)) => e,
+            Ok(_) => return 1,
+            Err(c) => return c,
+        };
+        first = false;
+        for e in entries {
+            if !seen.insert(e.request_id.clone()) {
+                continue;
+            }
+            if a.json {
+                println!(
+                    "{}",
+                    json!({"request_id": e.request_id, "finished_ms": e.finished_ms, "outcome": e.outcome.as_str(),
+                        "wall_ms": e.wall_ms, "error": e.error, "stdout": e.stdout, "stderr": e.stderr})
+                );
+            } else {
+                println!(
+                    "{} {:<9} {:>6} ms  {}",
+                    e.request_id,
+                    e.outcome.as_str(),
+                    e.wall_ms,
+                    e.error.as_deref().unwrap_or("")
+                );
+                for line in e.stdout.lines() {
+                    println!("    out: {line}");
+                }
+                for line in e.stderr.lines() {
+                    println!("    err: {line}");
+                }
+            }
+        }
+        let _ = std::io::stdout().flush();
+        if !follow {
+            return 0;
+        }
+        std::thread::sleep(Duration::from_secs(1));
+    }
+}
+
+pub fn stats(raw: Vec<OsString>) -> i32 {
+    let a = match parse("stats", raw, &[], &[]) {
+        Ok(Some(a)) => a,
+        Ok(None) => {
+            print!("{}", usage::STATS);
+            return 0;
+        }
+        Err(c) => return c,
+    };
+    let name = a.positional.first().cloned();
+    let Ok(Reply::Stats(st)) = call(a.json, &Request::Stats { name }) else {
+        return 1;
+    };
+    if a.json {
+        let v: Vec<_> = st
+            .iter()
+            .map(|s| {
+                json!({"name": s.name, "requests": s.requests,
+                    "failures": {"error": s.error, "timeout": s.timeout, "cancelled": s.cancelled, "stuck": s.stuck},
+                    "ok": s.ok, "p50_wall_ms": s.p50_wall_us as f64 / 1000.0, "p99_wall_ms": s.p99_wall_us as f64 / 1000.0,
+                    "peak_rss_kb": s.peak_rss_kb})
+            })
+            .collect();
+        println!("{}", serde_json::Value::Array(v));
+        return 0;
+    }
+    println!(
+        "{:<20} {:>8} {:>6} {:>6} {:>7} {:>9} {:>5} {:>9} {:>9} {:>10}",
+        "NAME",
+        "REQUESTS",
+        "OK",
+        "ERROR",
+        "TIMEOUT",
+        "CANCELLED",
+        "STUCK",
+        "P50 ms",
+        "P99 ms",
+        "PEAK RSS"
+    );
+    for s in &st {
+        println!(
+            "{:<20} {:>8} {:>6} {:>6} {:>7} {:>9} {:>5} {:>9.2} {:>9.2} {:>7} KB",
+            s.name,
+            s.requests,
+            s.ok,
+            s.error,
+            s.timeout,
+            s.cancelled,
+            s.stuck,
+            s.p50_wall_us as f64 / 1000.0,
+            s.p99_wall_us as f64 / 1000.0,
+            s.peak_rss_kb
+        );
+    }
+    0
+}
+
+pub fn warm(raw: Vec<OsString>) -> i32 {
+    let a = match parse("warm", raw, &[], &[]) {
+        Ok(Some(a)) => a,
+        Ok(None) => {
+            print!("{}", usage::WARM);
+            return 0;
+        }
+        Err(c) => return c,
+    };
+    let (name, n) = match a.positional.as_slice() {
+        [name] => (name.clone(), 1),
+        [name, n] => match n.parse::<u32>() {
+            Ok(n) if n > 0 => (name.clone(), n),
+            _ => return usage_error("warm", "N must be a positive number"),
+        },
+        _ => return usage_error("warm", "usage: zygo warm NAME [N]"),
+    };
+    match call(a.json, &Request::Warm { name, n }) {
+        Ok(Reply::Warmed { name, ready }) => {
+            if a.json {
+                println!("{}", json!({"name": name, "ready": ready}));
+            } else {
+                println!("{name}: {ready} zygote(s) ready, more starting if asked for");
+            }
+            0
+        }
+        Ok(_) => 1,
+        Err(c) => c,
+    }
+}
+
+pub fn cancel(raw: Vec<OsString>) -> i32 {
+    let a = match parse("cancel", raw, &[], &[]) {
+        Ok(Some(a)) => a,
+        Ok(None) => {
+            print!("{}", usage::CANCEL);
+            return 0;
+        }
+        Err(c) => return c,
+    };
+    let [key] = a.positional.as_slice() else {
+        return usage_error("cancel", "usage: zygo cancel KEY");
+    };
+    match call(a.json, &Request::Cancel { key: key.clone() }) {
+        Ok(Reply::Cancelled { count }) => {
+            if a.json {
+                println!("{}", json!({"cancelled": count}));
+            } else {
+                println!("cancelled {count} request(s)");
+            }
+            0
+        }
+        Ok(_) => 1,
+        Err(c) => c,
+    }
+}
+
+pub fn drain(raw: Vec<OsString>) -> i32 {
+    let a = match parse("drain", raw, &["grace"], &[]) {
+        Ok(Some(a)) => a,
+        Ok(None) => {
+            print!("{}", usage::DRAIN);
+            return 0;
+        }
+        Err(c) => return c,
+    };
+    let grace = match a.flag("grace") {
+        Some(g) => match policy::limits::parse_duration("--grace", g) {
+            Ok(d) => d,
+            Err(e) => return usage_error("drain", e),
+        },
+        None => Duration::from_secs(30),
+    };
+    match call(
+        a.json,
+        &Request::Drain {
+            grace_ms: grace.as_millis() as u64,
+        },
+    ) {
+        Ok(Reply::Draining { in_flight }) => {
+            if a.json {
+                println!("{}", json!({"drained": true, "in_flight": in_flight}));
+            } else {
+                println!(
+                    "draining: {in_flight} request(s) in flight may finish within {}s",
+                    grace.as_secs()
+                );
+            }
+            0
+        }
+        Ok(_) => 1,
+        Err(c) => c,
+    }
+}

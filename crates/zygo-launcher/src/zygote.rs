@@ -1,0 +1,600 @@
+//! A zygote, from the launcher's side: a strict relay between the monitor (proto frames)
+//! and the agent and its request children inside the sandbox (JSON lines, see
+//! `docs/agent-protocol.md`).
+//!
+//! Everything read from the sandbox is hostile. Lines are capped and parsed into closed
+//! enums that reject unknown kinds and fields; a child that breaks the protocol is disowned
+//! (its channel closed, the monitor told, its cgroup killed by the monitor); an agent that
+//! breaks it ends the zygote. Registrations carry the kernel-checked pid of the sender
+//! (`SCM_CREDENTIALS`, translated into our pid namespace), which is how the monitor can
+//! place exactly that process in its request's cgroup.
+
+use std::collections::HashMap;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::os::unix::net::UnixStream;
+
+use proto::launch::{FromLauncher, Stream, ToLauncher, MAX_LAUNCH_FRAME};
+use proto::read_frame;
+use serde::Deserialize;
+
+use crate::oneshot::LaunchError;
+use crate::sys;
+
+/// The longest line the agent may send on its control channel.
+const MAX_CONTROL_LINE: usize = 1024 * 1024;
+/// The longest line a child may send (a result value; the monitor caps it again).
+const MAX_CHILD_LINE: usize = 20 * 1024 * 1024;
+
+/// The launcher's ends of the agent's channels, and the sandbox's ends until the clone.
+pub struct Channels {
+    ctl: RawFd,
+    reg: RawFd,
+    inner_ctl: RawFd,
+    inner_reg: RawFd,
+}
+
+fn socketpair(kind: libc::c_int) -> std::io::Result<(RawFd, RawFd)> {
+    let mut fds = [0; 2];
+    // SAFETY: fds is a two-element array as socketpair requires.
+    let r = unsafe {
+        libc::socketpair(
+            libc::AF_UNIX,
+            kind | libc::SOCK_CLOEXEC,
+            0,
+            fds.as_mut_ptr(),
+        )
+    };
+    if r < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok((fds[0], fds[1]))
+}
+
+/// Create the control channel and the registration socket.
+pub fn channels() -> std::io::Result<Channels> {
+    let (ctl, inner_ctl) = socketpair(libc::SOCK_STREAM)?;
+    let (reg, inner_reg) = socketpair(libc::SOCK_SEQPACKET)?;
+    let one: libc::c_int = 1;
+    // SAFETY: setsockopt with a pointer to an int of the right size.
+    let r = unsafe {
+        libc::setsockopt(
+            reg,
+            libc::SOL_SOCKET,
+            libc::SO_PASSCRED,
+            (&one as *const libc::c_int).cast(),
+            std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+        )
+    };
+    if r < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(Channels {
+        ctl,
+        reg,
+        inner_ctl,
+        inner_reg,
+    })
+}
+
+impl Channels {
+    pub fn inner(&self) -> (RawFd, RawFd) {
+        (self.inner_ctl, self.inner_reg)
+    }
+    pub fn close_inner(&self) {
+        sys::close(self.inner_ctl);
+        sys::close(self.inner_reg);
+    }
+    pub fn close_outer(&self) {
+        sys::close(self.ctl);
+        sys::close(self.reg);
+    }
+}
+
+// --- What the sandbox may say ------------------------------------------------------------
+
+#[derive(Debug, Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case", deny_unknown_fields)]
+enum AgentMsg {
+    Ready {
+        #[serde(rename = "pid")]
+        _pid: i64,
+    },
+    ImportError {
+        message: String,
+        traceback: String,
+    },
+    Heartbeat,
+    ParkFailed {
+        slot: String,
+        message: String,
+    },
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case", deny_unknown_fields)]
+enum Registration {
+    Register { slot: String },
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case", deny_unknown_fields)]
+enum ChildMsg {
+    Stdout { data: String },
+    Stderr { data: String },
+    Progress { text: String },
+    Heartbeat,
+    Result { value: serde_json::Value },
+    Error { message: String, traceback: String },
+}
+
+/// A slot name the monitor chose; anything else from the sandbox is refused.
+fn valid_slot(s: &str) -> bool {
+    !s.is_empty()
+        && s.len() <= 64
+        && s.bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
+}
+
+// --- Lines ---------------------------------------------------------------------------------
+
+/// Bytes read so far on a line-oriented channel.
+struct Lines {
+    buf: Vec<u8>,
+    max: usize,
+}
+
+enum Read_ {
+    Data,
+    Eof,
+}
+
+impl Lines {
+    fn new(max: usize) -> Lines {
+        Lines {
+            buf: Vec::new(),
+            max,
+        }
+    }
+
+    fn fill(&mut self, fd: RawFd) -> Result<Read_, String> {
+        let mut chunk = [0u8; 65536];
+        let n = sys::read_fd(fd, &mut chunk).map_err(|e| e.to_string())?;
+        if n == 0 {
+            if !self.buf.is_empty() {
+                return Err("the channel closed in the middle of a line".into());
+            }
+            return Ok(Read_::Eof);
+        }
+        self.buf.extend_from_slice(&chunk[..n]);
+        Ok(Read_::Data)
+    }
+
+    /// The next whole line, if any. A line over the cap is an error.
+    fn next_line(&mut self) -> Result<Option<Vec<u8>>, String> {
+        match self.buf.iter().position(|&b| b == b'\n') {
+            Some(i) if i <= self.max => {
+                let mut line: Vec<u8> = self.buf.drain(..=i).collect();
+                line.pop();
+                Ok(Some(line))
+            }
+            Some(_) => Err(format!("a line over {} bytes", self.max)),
+            None if self.buf.len() > self.max => Err(format!("a line over {} bytes", self.max)),
+            None => Ok(None),
+        }
+    }
+}
+
+fn parse<T: for<'de> Deserialize<'de>>(line: &[u8]) -> Result<T, String> {
+    serde_json::from_slice(line).map_err(|e| format!("bad line: {e}"))
+}
+
+fn write_line(fd: RawFd, v: &serde_json::Value) -> std::io::Result<()> {
+    let mut text = v.to_string();
+    text.push('\n');
+    sys::write_fd(fd, text.as_bytes())
+}
+
+// --- The relay -----------------------------------------------------------------------------
+
+struct Child {
+    fd: OwnedFd,
+    lines: Lines,
+    done: bool,
+}
+
+/// Receive one registration: (slot, host pid, the child's channel).
+fn receive_registration(reg: RawFd) -> Result<Option<(String, i32, OwnedFd)>, String> {
+    let mut data = [0u8; 4096];
+    // Room for credentials and a few descriptors (more than one is refused).
+    let mut control = [0u64; 64];
+    let mut iov = libc::iovec {
+        iov_base: data.as_mut_ptr().cast(),
+        iov_len: data.len(),
+    };
+    // SAFETY: msghdr is plain old data; zeroed is a valid starting value.
+    let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
+    msg.msg_iov = &mut iov;
+    msg.msg_iovlen = 1;
+    msg.msg_control = control.as_mut_ptr().cast();
+    msg.msg_controllen = std::mem::size_of_val(&control);
+    // SAFETY: msg points at buffers that live for the call.
+    let n = unsafe { libc::recvmsg(reg, &mut msg, libc::MSG_CMSG_CLOEXEC | libc::MSG_DONTWAIT) };
+    if n < 0 {
+        let e = std::io::Error::last_os_error();
+        if e.kind() == std::io::ErrorKind::WouldBlock {
+            return Ok(None);
+        }
+        return Err(e.to_string());
+    }
+    let mut pid: Option<i32> = None;
+    let mut fds: Vec<OwnedFd> = Vec::new();
+    // SAFETY: walking the control messages the kernel filled in, within msg_controllen.
+    unsafe {
+        let mut c = libc::CMSG_FIRSTHDR(&msg);
+        while !c.is_null() {
+            let h = &*c;
+            if h.cmsg_level == libc::SOL_SOCKET && h.cmsg_type == libc::SCM_CREDENTIALS {
+                let cred: libc::ucred = std::ptr::read_unaligned(libc::CMSG_DATA(c).cast());
+                pid = Some(cred.pid);
+            } else if h.cmsg_level == libc::SOL_SOCKET && h.cmsg_type == libc::SCM_RIGHTS {
+                let len = h.cmsg_len as usize - libc::CMSG_LEN(0) as usize;
+                let count = len / std::mem::size_of::<RawFd>();
+                let base: *const RawFd = libc::CMSG_DATA(c).cast();
+                for i in 0..count {
+                    fds.push(OwnedFd::from_raw_fd(std::ptr::read_unaligned(base.add(i))));
+                }
+            }
+            c = libc::CMSG_NXTHDR(&msg, c);
+        }
+    }
+    if msg.msg_flags & (libc::MSG_CTRUNC | libc::MSG_TRUNC) != 0 {
+        return Err("a truncated registration".into());
+    }
+    if n == 0 {
+        return Err("the registration socket closed".into());
+    }
+    let Some(pid) = pid.filter(|&p| p > 0) else {
+        return Err("a registration without credentials".into());
+    };
+    if fds.len() != 1 {
+        return Err(format!(
+            "a registration with {} descriptors (want 1)",
+            fds.len()
+        ));
+    }
+    let Registration::Register { slot } = parse(&data[..n as usize])?;
+    if !valid_slot(&slot) {
+        return Err("a registration with an invalid slot".into());
+    }
+    let fd = fds.pop().ok_or("no descriptor")?;
+    // The descriptor must be a unix stream socket, nothing else.
+    let mut ty: libc::c_int = 0;
+    let mut len = std::mem::size_of::<libc::c_int>() as libc::socklen_t;
+    // SAFETY: getsockopt with a pointer to an int and its size.
+    let r = unsafe {
+        libc::getsockopt(
+            fd.as_raw_fd(),
+            libc::SOL_SOCKET,
+            libc::SO_TYPE,
+            (&mut ty as *mut libc::c_int).cast(),
+            &mut len,
+        )
+    };
+    if r < 0 || ty != libc::SOCK_STREAM {
+        return Err("a registration whose descriptor is not a stream socket".into());
+    }
+    Ok(Some((slot, pid, fd)))
+}
+
+fn send(sock: &mut UnixStream, msg: &FromLauncher) -> Result<(), LaunchError> {
+    proto::write_frame(sock, msg).map_err(LaunchError::Channel)
+}
+
+/// Serve the zygote until the agent exits or the monitor ends it. `report` is init's report
+/// pipe (a `W` line means the agent exited), with any bytes already read in `pending`.
+pub fn serve(
+    sock: &mut UnixStream,
+    init_pid: libc::pid_t,
+    report: RawFd,
+    pending: Vec<u8>,
+    ch: Channels,
+) -> Result<(), LaunchError> {
+    let ctl = ch.ctl;
+    let reg = ch.reg;
+    let mut ctl_lines = Lines::new(MAX_CONTROL_LINE);
+    let mut report_buf = pending;
+    let mut ready = false;
+    let mut children: HashMap<String, Child> = HashMap::new();
+    let mut ctl_open = true;
+    let mut reg_open = true;
+    let mut agent_status: Option<i32> = None;
+    let end = |why: String| -> Result<(), LaunchError> {
+        // SAFETY: signalling our own child (the sandbox's init).
+        unsafe { libc::kill(init_pid, libc::SIGKILL) };
+        Err(LaunchError::Sandbox(why))
+    };
+
+    loop {
+        let mut fds: Vec<libc::pollfd> = vec![
+            libc::pollfd {
+                fd: sock.as_raw_fd(),
+                events: libc::POLLIN,
+                revents: 0,
+            },
+            libc::pollfd {
+                fd: report,
+                events: libc::POLLIN,
+                revents: 0,
+            },
+            libc::pollfd {
+                fd: if ctl_open { ctl } else { -1 },
+                events: libc::POLLIN,
+                revents: 0,
+            },
+            libc::pollfd {
+                fd: if reg_open { reg } else { -1 },
+                events: libc::POLLIN,
+                revents: 0,
+            },
+        ];
+        let slots: Vec<String> = children.keys().cloned().collect();
+        for s in &slots {
+            let fd = children.get(s).map_or(-1, |c| c.fd.as_raw_fd());
+            fds.push(libc::pollfd {
+                fd,
+                events: libc::POLLIN,
+                revents: 0,
+            });
+        }
+        // SAFETY: fds is a valid pollfd array for its length.
+        let n = unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, -1) };
+        if n < 0 {
+            if std::io::Error::last_os_error().raw_os_error() == Some(libc::EINTR) {
+                continue;
+            }
+            return end("poll failed".into());
+        }
+
+        // The monitor.
+        if fds[0].revents != 0 {
+            match read_frame::<_, ToLauncher>(sock, MAX_LAUNCH_FRAME) {
+                Ok(ToLauncher::Park { slot }) if valid_slot(&slot) => {
+                    let line = serde_json::json!({"kind": "park", "slot": slot});
+                    if write_line(ctl, &line).is_err() {
+                        send(
+                            sock,
+                            &FromLauncher::ParkFailed {
+                                slot,
+                                message: "the agent is not reading".into(),
+                            },
+                        )?;
+                    }
+                }
+                Ok(ToLauncher::Call {
+                    slot,
+                    request_id,
+                    event,
+                }) => {
+                    let delivered = match children.get(&slot) {
+                        Some(c) => {
+                            let mut line = Vec::with_capacity(event.len() + 128);
+                            line.extend_from_slice(b"{\"kind\":\"request\",\"id\":");
+                            line.extend_from_slice(
+                                serde_json::Value::from(request_id).to_string().as_bytes(),
+                            );
+                            line.extend_from_slice(b",\"event\":");
+                            line.extend_from_slice(event.as_bytes());
+                            line.extend_from_slice(b"}\n");
+                            sys::write_fd(c.fd.as_raw_fd(), &line).is_ok()
+                        }
+                        None => false,
+                    };
+                    if !delivered {
+                        children.remove(&slot);
+                        send(
+                            sock,
+                            &FromLauncher::SlotClosed {
+                                slot,
+                                violation: Some("the child could not take the request".into()),
+                            },
+                        )?;
+                    }
+                }
+                Ok(ToLauncher::Reap { slot }) if valid_slot(&slot) => {
+                    children.remove(&slot);
+                    let _ = write_line(ctl, &serde_json::json!({"kind": "reap", "slot": slot}));
+                }
+                Ok(ToLauncher::Kill) => return end("killed by the monitor".into()),
+                Ok(other) => return end(format!("the monitor sent {other:?} to a zygote")),
+                Err(e) => return end(format!("monitor channel: {e}")),
+            }
+        }
+
+        // The agent's control channel.
+        if fds[2].revents != 0 {
+            match ctl_lines.fill(ctl) {
+                Ok(Read_::Eof) => ctl_open = false,
+                Ok(Read_::Data) => {}
+                Err(e) => return end(format!("the agent broke the protocol: {e}")),
+            }
+            loop {
+                let line = match ctl_lines.next_line() {
+                    Ok(Some(l)) => l,
+                    Ok(None) => break,
+                    Err(e) => return end(format!("the agent broke the protocol: {e}")),
+                };
+                let msg = match parse::<AgentMsg>(&line) {
+                    Ok(m) => m,
+                    Err(e) => return end(format!("the agent broke the protocol: {e}")),
+                };
+                let out = match msg {
+                    AgentMsg::Ready { .. } if !ready => {
+                        ready = true;
+                        FromLauncher::Ready
+                    }
+                    AgentMsg::ImportError { message, traceback } if !ready => {
+                        FromLauncher::ImportError { message, traceback }
+                    }
+                    AgentMsg::Heartbeat if ready => FromLauncher::Heartbeat,
+                    AgentMsg::ParkFailed { slot, message } if ready && valid_slot(&slot) => {
+                        FromLauncher::ParkFailed { slot, message }
+                    }
+                    other => {
+                        return end(format!(
+                            "the agent broke the protocol: {other:?} out of order"
+                        ))
+                    }
+                };
+                send(sock, &out)?;
+            }
+        }
+
+        // Registrations.
+        if fds[3].revents != 0 {
+            match receive_registration(reg) {
+                Ok(Some((slot, pid, fd))) => {
+                    if children.contains_key(&slot) {
+                        return end(format!("slot {slot} registered twice"));
+                    }
+                    children.insert(
+                        slot.clone(),
+                        Child {
+                            fd,
+                            lines: Lines::new(MAX_CHILD_LINE),
+                            done: false,
+                        },
+                    );
+                    send(sock, &FromLauncher::Parked { slot, pid })?;
+                }
+                Ok(None) => {}
+                Err(e) if e.contains("closed") => reg_open = false,
+                Err(e) => return end(format!("the agent broke the protocol: {e}")),
+            }
+        }
+
+        // Children.
+        for (i, slot) in slots.iter().enumerate() {
+            if fds[4 + i].revents == 0 {
+                continue;
+            }
+            let Some(c) = children.get_mut(slot) else {
+                continue;
+            };
+            let mut violation: Option<String> = None;
+            let mut closed = false;
+            match c.lines.fill(c.fd.as_raw_fd()) {
+                Ok(Read_::Eof) => closed = true,
+                Ok(Read_::Data) => {}
+                Err(e) => violation = Some(e),
+            }
+            while violation.is_none() {
+                let line = match c.lines.next_line() {
+                    Ok(Some(l)) => l,
+                    Ok(None) => break,
+                    Err(e) => {
+                        violation = Some(e);
+                        break;
+                    }
+                };
+                let msg = match parse::<ChildMsg>(&line) {
+                    Ok(m) => m,
+                    Err(e) => {
+                        violation = Some(e);
+                        break;
+                    }
+                };
+                if c.done {
+                    violation = Some("a line after the terminal result".into());
+                    break;
+                }
+                let s = slot.clone();
+                let out = match msg {
+                    ChildMsg::Stdout { data } => FromLauncher::Output {
+                        slot: s,
+                        stream: Stream::Stdout,
+                        data,
+                    },
+                    ChildMsg::Stderr { data } => FromLauncher::Output {
+                        slot: s,
+                        stream: Stream::Stderr,
+                        data,
+                    },
+                    ChildMsg::Progress { text } => FromLauncher::Progress { slot: s, text },
+                    ChildMsg::Heartbeat => FromLauncher::ChildHeartbeat { slot: s },
+                    ChildMsg::Result { value } => {
+                        c.done = true;
+                        FromLauncher::Returned {
+                            slot: s,
+                            value: value.to_string(),
+                        }
+                    }
+                    ChildMsg::Error { message, traceback } => {
+                        c.done = true;
+                        FromLauncher::Raised {
+                            slot: s,
+                            message,
+                            traceback,
+                        }
+                    }
+                };
+                send(sock, &out)?;
+            }
+            if violation.is_some() || closed {
+                children.remove(slot);
+                send(
+                    sock,
+                    &FromLauncher::SlotClosed {
+                        slot: slot.clone(),
+                        violation,
+                    },
+                )?;
+            }
+        }
+
+        // init: the agent exited (W) or init itself is gone (EOF).
+        if fds[1].revents != 0 {
+            let mut chunk = [0u8; 512];
+            let n = sys::read_fd(report, &mut chunk).unwrap_or(0);
+            if n == 0 {
+                break;
+            }
+            report_buf.extend_from_slice(&chunk[..n]);
+            if report_buf.len() > 4096 {
+                return end("the sandbox's init said too much".into());
+            }
+            while let Some(nl) = report_buf.iter().position(|&b| b == b'\n') {
+                let line: Vec<u8> = report_buf.drain(..=nl).collect();
+                let text = String::from_utf8_lossy(&line[..line.len() - 1]).to_string();
+                match text.strip_prefix("W ").and_then(|n| n.parse::<i32>().ok()) {
+                    Some(s) => agent_status = Some(s),
+                    None => return end("the sandbox's init broke its report protocol".into()),
+                }
+            }
+        }
+    }
+    // init is gone: every child went with it.
+    for (slot, _) in children.drain() {
+        send(
+            sock,
+            &FromLauncher::SlotClosed {
+                slot,
+                violation: None,
+            },
+        )?;
+    }
+    let s = agent_status.unwrap_or(libc::SIGKILL);
+    let (code, signal) = if libc::WIFSIGNALED(s) {
+        (None, Some(libc::WTERMSIG(s)))
+    } else {
+        (Some(libc::WEXITSTATUS(s)), None)
+    };
+    send(
+        sock,
+        &FromLauncher::Exited {
+            code,
+            signal,
+            timed_out: false,
+            wall_us: 0,
+        },
+    )
+}
