@@ -22,10 +22,22 @@ use proto::launch::{ToLauncher, MAX_LAUNCH_FRAME};
 pub fn main() -> i32 {
     // If the monitor dies, the launcher dies, and init's death signal takes the sandbox.
     let _ = sys::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL as libc::c_ulong);
-    // Only the descriptors of the launcher contract survive.
-    sys::close_fds_from(oneshot::FD_PROGRAM_STDERR + 1, &[]);
-    for fd in [oneshot::FD_MONITOR, oneshot::FD_PROGRAM_STDERR] {
-        let _ = sys::set_cloexec(fd);
+    // Only the descriptors of the launcher contract survive: the channel, the program's
+    // stderr, and the sandbox's cgroup attach files (fds 5.., as many as the monitor said).
+    let attach_count: i32 = std::env::var("ZYGO_ATTACH_FDS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .filter(|n| (0..=8).contains(n))
+        .unwrap_or(0);
+    let attach: Vec<i32> = (0..attach_count)
+        .map(|i| oneshot::FD_PROGRAM_STDERR + 1 + i)
+        .collect();
+    sys::close_fds_from(oneshot::FD_PROGRAM_STDERR + 1 + attach_count, &[]);
+    for fd in [oneshot::FD_MONITOR, oneshot::FD_PROGRAM_STDERR]
+        .iter()
+        .chain(attach.iter())
+    {
+        let _ = sys::set_cloexec(*fd);
     }
     // SAFETY: fd 3 is the monitor's socketpair end by the launcher contract; owned here once.
     let mut sock = unsafe { UnixStream::from_raw_fd(oneshot::FD_MONITOR) };
@@ -40,7 +52,7 @@ pub fn main() -> i32 {
             return 2;
         }
     };
-    match oneshot::run(&mut sock, &plan) {
+    match oneshot::run(&mut sock, &plan, &attach) {
         Ok(()) => 0,
         Err(e) => {
             log::error!("launcher: {e}");

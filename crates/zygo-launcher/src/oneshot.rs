@@ -76,7 +76,7 @@ fn failed(sock: &mut UnixStream, phase: Phase, reason: String) -> Result<(), Lau
 }
 
 /// Run one sandbox for the monitor on `sock`, which has already sent `Start(plan)`.
-pub fn run(sock: &mut UnixStream, plan: &LaunchPlan) -> Result<(), LaunchError> {
+pub fn run(sock: &mut UnixStream, plan: &LaunchPlan, attach: &[RawFd]) -> Result<(), LaunchError> {
     if plan.argv.is_empty() {
         return failed(sock, Phase::Start, "no command to run".into());
     }
@@ -138,11 +138,14 @@ pub fn run(sock: &mut UnixStream, plan: &LaunchPlan) -> Result<(), LaunchError> 
         if let Some(c) = &agent_fds {
             c.close_outer();
         }
-        init_main(plan, go_r, rep_w, &filter, inner_fds);
+        init_main(plan, go_r, rep_w, &filter, inner_fds, attach);
     }
     let pid = pid as libc::pid_t;
     sys::close(go_r);
     sys::close(rep_w);
+    for fd in attach {
+        sys::close(*fd);
+    }
     if let Some(c) = &agent_fds {
         c.close_inner();
     }
@@ -227,6 +230,47 @@ fn parse_report(line: &[u8]) -> Option<Report> {
     }
 }
 
+/// Read init's first report line (blocking, bounded by the build deadline).
+fn wait_line(rep_r: RawFd, buf: &mut Vec<u8>) -> Result<Vec<u8>, String> {
+    let deadline = Instant::now() + BUILD_DEADLINE;
+    loop {
+        if let Some(nl) = buf.iter().position(|&b| b == b'\n') {
+            let mut line: Vec<u8> = buf.drain(..=nl).collect();
+            line.pop();
+            return Ok(line);
+        }
+        if buf.len() > MAX_REPORT {
+            return Err("the sandbox's init said too much".into());
+        }
+        let left = deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return Err("the sandbox did not start in time".into());
+        }
+        let mut fd = libc::pollfd {
+            fd: rep_r,
+            events: libc::POLLIN,
+            revents: 0,
+        };
+        // SAFETY: one valid pollfd.
+        let n = unsafe { libc::poll(&mut fd, 1, left.as_millis().min(i32::MAX as u128) as i32) };
+        if n < 0 {
+            if std::io::Error::last_os_error().raw_os_error() == Some(libc::EINTR) {
+                continue;
+            }
+            return Err(format!(
+                "wait for the sandbox: {}",
+                std::io::Error::last_os_error()
+            ));
+        }
+        let mut chunk = [0u8; 512];
+        let got = sys::read_fd(rep_r, &mut chunk).map_err(|e| e.to_string())?;
+        if got == 0 {
+            return Err("the sandbox's init exited before it started".into());
+        }
+        buf.extend_from_slice(&chunk[..got]);
+    }
+}
+
 fn supervise(
     sock: &mut UnixStream,
     plan: &LaunchPlan,
@@ -235,7 +279,24 @@ fn supervise(
     rep_r: RawFd,
     mut agent_fds: Option<zygote::Channels>,
 ) -> Result<(), LaunchError> {
-    // 1. The monitor places the sandbox in its cgroups before anything runs in it.
+    // 1. init joins its cgroups first thing and says `P`; the monitor checks that (and
+    // moves it itself if not) before anything else runs in the sandbox.
+    let mut buf: Vec<u8> = Vec::new();
+    match wait_line(rep_r, &mut buf) {
+        Ok(line) if line == b"P" => {}
+        Ok(line) => {
+            sys::close(go_w);
+            let why = match parse_report(&line) {
+                Some(Report::Failed(why)) => why,
+                _ => "the sandbox's init broke its report protocol".into(),
+            };
+            return failed(sock, Phase::Start, why);
+        }
+        Err(e) => {
+            sys::close(go_w);
+            return failed(sock, Phase::Start, e);
+        }
+    }
     send(sock, &FromLauncher::Cloned { pid })?;
     match read_frame::<_, ToLauncher>(sock, MAX_LAUNCH_FRAME) {
         Ok(ToLauncher::Proceed) => {}
@@ -270,7 +331,6 @@ fn supervise(
     }
 
     // 3. Wait for init's reports, the monitor, or the deadline.
-    let mut buf: Vec<u8> = Vec::new();
     let mut started: Option<Instant> = None;
     let mut status: Option<libc::c_int> = None;
     let mut failure: Option<String> = None;
@@ -450,9 +510,19 @@ fn init_main(
     rep_w: RawFd,
     filter: &seccompiler::BpfProgram,
     agent_fds: Option<(RawFd, RawFd)>,
+    attach: &[RawFd],
 ) -> ! {
     // If the launcher dies, so does the sandbox.
     let _ = sys::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL as libc::c_ulong);
+    // Join the sandbox's cgroups before anything else ("0" is the writer itself).
+    for fd in attach {
+        if let Err(e) = sys::write_fd(*fd, b"0") {
+            report(rep_w, "F", &format!("join the sandbox's cgroup: {e}"));
+            exit_now(1);
+        }
+        sys::close(*fd);
+    }
+    report(rep_w, "P", "");
     let mut go = [0u8; 1];
     if sys::read_fd(go_r, &mut go).unwrap_or(0) != 1 {
         exit_now(1);

@@ -141,15 +141,23 @@ pub(crate) fn high(fd: &OwnedFd) -> std::io::Result<OwnedFd> {
     Ok(unsafe { OwnedFd::from_raw_fd(n) })
 }
 
+/// Start a launcher: stdin, the program's stdout, our stderr for logs, the channel on
+/// fd 3, the program's stderr on fd 4, and the sandbox's cgroup attach files on fds 5...
 pub(crate) fn spawn_launcher(
     exe: &Path,
     stdin: Stdio,
     stdout: OwnedFd,
     sock: &OwnedFd,
     stderr: &OwnedFd,
+    attach: &[OwnedFd],
 ) -> std::io::Result<std::process::Child> {
     let sock_fd: RawFd = sock.as_raw_fd();
     let err_fd: RawFd = stderr.as_raw_fd();
+    let mut attach_fds: Vec<RawFd> = Vec::new();
+    for f in attach {
+        attach_fds.push(high(f)?.into_raw_fd_keep());
+    }
+    let n_attach = attach_fds.len();
     let mut cmd = Command::new(exe);
     cmd.arg("__launcher")
         .stdin(stdin)
@@ -161,16 +169,40 @@ pub(crate) fn spawn_launcher(
             cmd.env(key, v);
         }
     }
-    // SAFETY: only async-signal-safe calls (dup2) between fork and exec.
+    cmd.env("ZYGO_ATTACH_FDS", n_attach.to_string());
+    let fds = attach_fds.clone();
+    // SAFETY: only async-signal-safe calls (dup2) between fork and exec. The sources are
+    // all at 10 or above, so no dup2 below can clobber one not yet moved.
     unsafe {
         cmd.pre_exec(move || {
             if libc::dup2(sock_fd, 3) < 0 || libc::dup2(err_fd, 4) < 0 {
                 return Err(std::io::Error::last_os_error());
             }
+            for (i, fd) in fds.iter().enumerate() {
+                if libc::dup2(*fd, 5 + i as RawFd) < 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+            }
             Ok(())
         });
     }
-    cmd.spawn()
+    let child = cmd.spawn();
+    for fd in attach_fds {
+        // SAFETY: closing the duplicates made above, which we own.
+        unsafe { libc::close(fd) };
+    }
+    child
+}
+
+trait IntoRawKeep {
+    fn into_raw_fd_keep(self) -> RawFd;
+}
+
+impl IntoRawKeep for OwnedFd {
+    fn into_raw_fd_keep(self) -> RawFd {
+        use std::os::fd::IntoRawFd;
+        self.into_raw_fd()
+    }
 }
 
 struct Stream {
@@ -258,11 +290,18 @@ fn drive(cg: &dyn Cgroup, req: Request) -> Outcome {
         (Ok(a), Ok(b)) => (a, b),
         (Err(e), _) | (_, Err(e)) => return start_err("prepare the launcher's descriptors", e),
     };
-    let mut child = match spawn_launcher(&req.launcher, stdin, out_w, &sock_hi, &err_hi) {
+    // The sandbox's init joins its cgroups itself by writing "0" to these, before it does
+    // anything else: cheaper than moving it from outside (no wait on the kernel's global
+    // cgroup lock), and the monitor checks the result before letting the sandbox go on.
+    let attach = match cg.attach_files() {
+        Ok(a) => a,
+        Err(e) => return Outcome::refused(Phase::Start, format!("open the sandbox's cgroup: {e}")),
+    };
+    let mut child = match spawn_launcher(&req.launcher, stdin, out_w, &sock_hi, &err_hi, &attach) {
         Ok(c) => c,
         Err(e) => return start_err(&format!("start the launcher {}", req.launcher.display()), e),
     };
-    drop((sock_hi, err_hi, launcher_sock, err_w));
+    drop((sock_hi, err_hi, launcher_sock, err_w, attach));
 
     let mut sock = sock_mon;
     let mut out = Outcome {
@@ -410,7 +449,9 @@ fn handle(
 ) -> bool {
     match msg {
         FromLauncher::Cloned { pid } if !out.started && !*finished => {
-            let reply = match cg.add_pid(pid) {
+            // Re-check what the launcher's sandbox claims to have done; move it if not.
+            let placed = cg.contains(pid).unwrap_or(false);
+            let reply = match if placed { Ok(()) } else { cg.add_pid(pid) } {
                 Ok(()) => ToLauncher::Proceed,
                 Err(e) => {
                     out.error = Some(format!("place the sandbox in its cgroup: {e}"));

@@ -105,6 +105,11 @@ pub trait Cgroup: Send {
     fn set_limits(&self, limits: &Limits) -> Result<(), CgroupError>;
     /// Move a process (host pid) into this cgroup.
     fn add_pid(&self, pid: i32) -> Result<(), CgroupError>;
+    /// Files a process writes "0" to in order to join this cgroup itself (opened here, so
+    /// the kernel checks our permission, not the writer's).
+    fn attach_files(&self) -> Result<Vec<std::os::fd::OwnedFd>, CgroupError>;
+    /// Whether a process (host pid) is in this cgroup.
+    fn contains(&self, pid: i32) -> Result<bool, CgroupError>;
     fn usage(&self) -> Result<Usage, CgroupError>;
     fn freeze(&self) -> Result<(), CgroupError>;
     fn thaw(&self) -> Result<(), CgroupError>;
@@ -327,6 +332,16 @@ pub(crate) fn procs(path: &Path) -> Result<Vec<i32>, CgroupError> {
         .lines()
         .filter_map(|l| l.trim().parse().ok())
         .collect())
+}
+
+pub(crate) fn open_write(path: &Path) -> Result<std::os::fd::OwnedFd, CgroupError> {
+    use std::os::unix::fs::OpenOptionsExt;
+    std::fs::OpenOptions::new()
+        .write(true)
+        .custom_flags(libc::O_CLOEXEC)
+        .open(path)
+        .map(std::os::fd::OwnedFd::from)
+        .map_err(|e| io_err("open", path, e))
 }
 
 pub(crate) fn sigkill(pid: i32) {

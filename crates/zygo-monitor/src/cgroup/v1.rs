@@ -164,6 +164,24 @@ impl Cgroup for V1Cgroup {
         Ok(())
     }
 
+    fn attach_files(&self) -> Result<Vec<std::os::fd::OwnedFd>, CgroupError> {
+        // `tasks` moves just the writing thread, without the global threadgroup lock that
+        // `cgroup.procs` takes; the writer is single-threaded, so that is the whole process.
+        self.dirs
+            .iter()
+            .map(|d| super::open_write(&d.join("tasks")))
+            .collect()
+    }
+
+    fn contains(&self, pid: i32) -> Result<bool, CgroupError> {
+        for d in &self.dirs {
+            if !procs(&d.join("cgroup.procs"))?.contains(&pid) {
+                return Ok(false);
+            }
+        }
+        Ok(true)
+    }
+
     fn usage(&self) -> Result<Usage, CgroupError> {
         let oom = read_file(&self.memory().join("memory.oom_control"))?;
         let oom_kills = oom

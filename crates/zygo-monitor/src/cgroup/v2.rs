@@ -133,6 +133,14 @@ impl Cgroup for V2Cgroup {
         write_file(&self.dir.join("cgroup.procs"), &pid.to_string())
     }
 
+    fn attach_files(&self) -> Result<Vec<std::os::fd::OwnedFd>, CgroupError> {
+        Ok(vec![super::open_write(&self.dir.join("cgroup.procs"))?])
+    }
+
+    fn contains(&self, pid: i32) -> Result<bool, CgroupError> {
+        Ok(procs(&self.dir.join("cgroup.procs"))?.contains(&pid))
+    }
+
     fn usage(&self) -> Result<Usage, CgroupError> {
         let events = read_file(&self.dir.join("memory.events"))?;
         let peak = read_file(&self.dir.join("memory.peak"))

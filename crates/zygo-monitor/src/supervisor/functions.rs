@@ -561,12 +561,16 @@ impl Functions {
             (Ok(a), Ok(b)) => (a, b),
             (Err(e), _) | (_, Err(e)) => return Err(format!("prepare descriptors: {e}")),
         };
+        let attach = cg
+            .attach_files()
+            .map_err(|e| format!("open the zygote's cgroup: {e}"))?;
         let child = crate::oneshot::spawn_launcher(
             &self.launcher,
             Stdio::null(),
             log_out,
             &sock_hi,
             &err_hi,
+            &attach,
         )
         .map_err(|e| format!("start the launcher: {e}"))?;
         drop((sock_hi, err_hi, launcher_end, log_err));
@@ -743,7 +747,12 @@ impl Functions {
         let z = self.zygotes.get_mut(&zt).ok_or("no such zygote")?;
         match m {
             FromLauncher::Cloned { pid } if z.state == ZState::Starting => {
-                let reply = match z.cgroup.add_pid(pid) {
+                let placed = z.cgroup.contains(pid).unwrap_or(false);
+                let reply = match if placed {
+                    Ok(())
+                } else {
+                    z.cgroup.add_pid(pid)
+                } {
                     Ok(()) => ToLauncher::Proceed,
                     Err(e) => {
                         log::error!("place a zygote in its cgroup: {e}");

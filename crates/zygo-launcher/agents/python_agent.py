@@ -1,0 +1,449 @@
+"""Zygo's Python agent: import a handler once, then serve each request in a fresh fork.
+
+Run inside the sandbox as `/usr/bin/python3 -I /run/zygo/python_agent.py ENTRY_FILE FUNC`
+with fd 3 (control channel) and fd 4 (registration); docs/agent-protocol.md is the contract.
+
+Trusts: the launcher, and only after checking each of its lines strictly (a violation ends
+the agent with status 2, so the zygote is replaced). Nothing from the handler. Its code runs
+in this process (at import) and in every child, so it could subvert all of this: the agent
+serves handlers, it is not a security boundary; the launcher treats all we send as hostile.
+
+Guarantees, to a handler that does not sabotage it:
+- fd 3 and fd 4 are close-on-exec, and a child closes both before it reads its request;
+  nothing else of ours leaks into the handler's programs either. Processes are
+  non-dumpable, so another request (same uid and pid namespace) cannot reach them
+  through /proc.
+- Each request runs once, in its own fork of the imported handler, in /work/<workdir>
+  (0700), with `random` reseeded and fd 1 and fd 2 captured, subprocesses included (up to
+  1 MiB per stream; output still flowing after the handler returned is dropped).
+- A request channel carries stdout, stderr, progress and heartbeat lines, then exactly one
+  terminal line (result or error), then the child exits. Lines never interleave, and each
+  is one UTF-8 JSON object under 20 MiB. The control channel carries ready (or
+  import_error) first and once, then heartbeat at least every second, and park_failed.
+"""
+
+import array, codecs, importlib.machinery, importlib.util, json, os, random, re
+import select, shutil, signal, socket, stat, struct, sys, threading, time, traceback
+
+WORK_ROOT = os.environ.get("ZYGO_WORK_ROOT", "/work")  # set only by the tests
+CTL, REG = 3, 4
+MAX_CONTROL_LINE, MAX_REQUEST_LINE = 1 << 20, 20 << 20  # launcher -> agent, -> child
+MAX_LINE_OUT = 20 << 20  # child -> launcher, newline included
+MAX_RELAY = 1 << 20  # bytes relayed per output stream; the rest is read and dropped
+MAX_PROGRESS, MAX_MESSAGE, MAX_TRACEBACK = 64 << 10, 64 << 10, 1 << 20  # characters
+DRAIN_LIMIT = 1.0  # seconds to relay output still flowing after the handler returned
+SLOT, WORKDIR = re.compile(r"[A-Za-z0-9_-]{1,64}"), re.compile(r"[0-9a-f]{32}")
+CONTROL = {"park": {"kind", "slot"}, "reap": {"kind", "slot"}}
+REQUEST = {"request": {"kind", "id", "event", "workdir"}}
+
+
+class Violation(Exception):
+    """The launcher broke the protocol."""
+
+
+def _pairs(pairs):
+    if len({k for k, _ in pairs}) != len(pairs):
+        raise Violation("a duplicate key")
+    return dict(pairs)
+
+
+def _constant(name):
+    raise Violation(f"{name} is not JSON")
+
+
+def strict(line, schema):
+    """Parse one line: a JSON object whose kind is in `schema`, with exactly its fields."""
+    try:
+        obj = json.loads(line.decode("utf-8"), object_pairs_hook=_pairs, parse_constant=_constant)
+    except (ValueError, RecursionError) as e:  # UnicodeDecodeError is a ValueError
+        raise Violation(f"not a JSON line: {e}") from None
+    kind = obj.get("kind") if type(obj) is dict else None
+    if type(kind) is not str or schema.get(kind) != set(obj):
+        raise Violation(f"not a known kind with its fields: {line[:200]!r}")
+    return obj
+
+
+def encode(obj):
+    """One line; lone surrogates, which UTF-8 cannot carry, become '?'."""
+    text = json.dumps(obj, ensure_ascii=False, allow_nan=False) + "\n"
+    return text.encode("utf-8", "replace")
+
+
+def complain(text):
+    try:
+        os.write(2, f"python_agent[{os.getpid()}]: {text}\n".encode("utf-8", "replace"))
+    except OSError:
+        pass
+
+
+def describe(e):
+    try:
+        text = str(e)
+    except Exception:
+        text = "<unprintable>"
+    return (f"{type(e).__name__}: {text}" if text else type(e).__name__)[:MAX_MESSAGE]
+
+
+def format_tb(e):
+    """The traceback, without its leading frames from this file and from importlib."""
+    tb, ours = e.__traceback__, (__file__, "<frozen importlib._bootstrap>",
+                                 "<frozen importlib._bootstrap_external>")
+    while tb and tb.tb_frame.f_code.co_filename in ours:
+        tb = tb.tb_next
+    return "".join(traceback.format_exception(type(e), e, tb))[-MAX_TRACEBACK:]
+
+
+def flush(*streams):
+    for s in streams:
+        try:
+            s.flush()
+        except BaseException:
+            pass
+
+
+def die(code):
+    flush(sys.stdout, sys.stderr)
+    os._exit(code)
+
+
+# --- The agent --------------------------------------------------------------------------
+
+
+def tell(obj):
+    """One line to the launcher on the control channel."""
+    data = encode(obj)
+    try:
+        while data:
+            data = data[os.write(CTL, data):]
+    except OSError:
+        die(0)  # the launcher has gone
+
+
+def load(entry, name):
+    """The handler function; or an import_error line, and exit."""
+    for d in ("/fn", os.path.dirname(os.path.abspath(entry))):
+        if d not in sys.path:
+            sys.path.insert(0, d)
+    try:
+        loader = importlib.machinery.SourceFileLoader("handler_module", entry)
+        module = importlib.util.module_from_spec(
+            importlib.util.spec_from_file_location("handler_module", entry, loader=loader))
+        sys.modules["handler_module"] = module
+        loader.exec_module(module)
+        func = getattr(module, name, None)
+    except BaseException as e:
+        func, message, tb = None, f"cannot import {entry}: {describe(e)}", format_tb(e)
+    else:
+        what = "no function" if func is None else f"a {type(func).__name__}, not a function, as"
+        message, tb = f"{entry} has {what} {name!r}", ""
+    if not callable(func):
+        tell({"kind": "import_error", "message": message, "traceback": tb})
+        die(1)
+    return func
+
+
+def no_dump():
+    """PR_SET_DUMPABLE 0: without CAP_SYS_PTRACE no other process may open our /proc/<pid>
+    fd, cwd, mem or environ. Forks inherit it; exec resets it."""
+    try:
+        import ctypes
+        ctypes.CDLL(None, use_errno=True).prctl(4, 0, 0, 0, 0)
+    except Exception as e:
+        complain(f"cannot make the agent non-dumpable: {e}")
+
+
+def serve(func):
+    slots = {}  # slot -> read end of the pipe on which its child names its workdir
+    buf = bytearray()
+    poller = select.poll()
+    poller.register(CTL, select.POLLIN)
+    beat = time.monotonic() + 1.0
+    while True:
+        reap_children()
+        if time.monotonic() >= beat:
+            tell({"kind": "heartbeat"})
+            beat = time.monotonic() + 1.0
+        if not poller.poll(max(0, int((beat - time.monotonic()) * 1000) + 1)):
+            continue
+        try:
+            data = os.read(CTL, 65536)
+        except OSError:
+            data = b""
+        try:
+            if not data:
+                if buf:
+                    raise Violation("the channel closed mid-line")
+                die(0)
+            buf += data
+            while (nl := buf.find(b"\n")) >= 0:
+                line = bytes(buf[:nl])
+                del buf[:nl + 1]
+                if len(line) > MAX_CONTROL_LINE:
+                    raise Violation("a line over 1 MiB")
+                handle(strict(line, CONTROL), slots, func)
+            if len(buf) > MAX_CONTROL_LINE:
+                raise Violation("a line over 1 MiB")
+        except Violation as e:
+            complain(f"protocol violation on the control channel: {e}")
+            die(2)
+
+
+def handle(msg, slots, func):
+    slot = msg["slot"]
+    if type(slot) is not str or not SLOT.fullmatch(slot):
+        raise Violation("a bad slot")
+    if msg["kind"] == "reap":
+        named = slots.pop(slot, None)
+        if named is not None:
+            os.set_blocking(named, False)
+            try:
+                name = os.read(named, 64).decode("ascii", "replace")
+            except OSError:
+                name = ""  # no request reached the child (yet)
+            os.close(named)
+            if WORKDIR.fullmatch(name):
+                remove(os.path.join(WORK_ROOT, name))
+        return
+    if slot in slots:
+        raise Violation(f"slot {slot} parked twice")
+    flush(sys.stdout, sys.stderr)  # or the child would print it again
+    try:
+        named, tell_name = os.pipe()
+        try:
+            pid = os.fork()
+        except OSError:
+            os.close(named)
+            os.close(tell_name)
+            raise
+    except OSError as e:
+        tell({"kind": "park_failed", "slot": slot, "message": f"cannot fork: {e}"})
+        return
+    if pid == 0:
+        child(slot, tell_name, [named, *slots.values()], func)
+    os.close(tell_name)
+    slots[slot] = named
+
+
+def reap_children():
+    while True:
+        try:
+            pid, status = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return
+        if pid == 0:
+            return
+        if os.WIFEXITED(status) and os.WEXITSTATUS(status) != 0:
+            complain(f"request process {pid} exited with status {os.WEXITSTATUS(status)}")
+
+
+def remove(path):
+    """rmtree, after making each directory in it ours to empty (a handler may have chmod-ed
+    one to 0, and we have no CAP_DAC_OVERRIDE). Symbolic links are never followed."""
+    def unlock(p):
+        try:
+            if stat.S_ISDIR(os.lstat(p).st_mode):
+                os.chmod(p, 0o700)
+        except OSError:
+            pass
+    unlock(path)
+    for top, dirs, _ in os.walk(path):
+        for d in dirs:
+            unlock(os.path.join(top, d))
+    shutil.rmtree(path, ignore_errors=True)
+
+
+# --- A request process ------------------------------------------------------------------
+
+
+def child(slot, tell_name, inherited, func):
+    """Register, wait for one request, serve it, exit. Never returns."""
+    try:
+        signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+        for fd in [CTL, *inherited]:  # other slots' workdir names are not ours to read
+            os.close(fd)
+        mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        reg = socket.socket(fileno=REG)
+        creds = struct.pack("iII", os.getpid(), os.getuid(), os.getgid())
+        reg.sendmsg([json.dumps({"kind": "register", "slot": slot}).encode()],
+                    [(socket.SOL_SOCKET, socket.SCM_CREDENTIALS, creds),
+                     (socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", [theirs.fileno()]))])
+        theirs.close()
+        reg.close()
+        request = read_request(mine)
+    except Violation as e:
+        complain(f"protocol violation on the request channel: {e}")
+        os._exit(2)
+    except BaseException as e:
+        complain(f"a parked child failed: {describe(e)}")
+        os._exit(1)
+    channel = Channel(mine)
+    try:
+        os.write(tell_name, request["workdir"].encode())
+        os.close(tell_name)
+        run(channel, request, func)
+    except BaseException as e:
+        try:
+            channel.send({"kind": "error", "message": f"the agent failed: {describe(e)}",
+                          "traceback": format_tb(e)}, last=True)
+        finally:
+            os._exit(1)
+
+
+def read_request(sock):
+    buf = bytearray()
+    while True:
+        chunk = sock.recv(1 << 20)
+        if not chunk:
+            if buf:
+                raise Violation("the channel closed mid-line")
+            os._exit(0)  # the launcher dropped this slot unused
+        nl = chunk.find(b"\n")
+        buf += chunk if nl < 0 else chunk[:nl]
+        if len(buf) > MAX_REQUEST_LINE:
+            raise Violation("a line over 20 MiB")
+        if nl >= 0:
+            if nl + 1 < len(chunk):
+                raise Violation("more than one line")
+            break
+    request = strict(bytes(buf), REQUEST)
+    if type(request["id"]) is not str:
+        raise Violation("id is not a string")
+    if type(request["workdir"]) is not str or not WORKDIR.fullmatch(request["workdir"]):
+        raise Violation("workdir is not 32 lowercase hex digits")
+    return request
+
+
+class Channel:
+    """The request channel: whole lines, one writer at a time, nothing after the last."""
+
+    def __init__(self, sock):
+        self.sock, self.lock, self.over, self.pid = sock, threading.Lock(), False, os.getpid()
+
+    def send(self, obj, data=None, last=False):
+        data = encode(obj) if data is None else data
+        with self.lock:
+            if self.over or os.getpid() != self.pid:  # done, or in a fork of the handler's
+                return
+            self.over = last
+            try:
+                self.sock.sendall(data)
+            except OSError:
+                os._exit(1)  # the launcher has gone
+
+
+_channel = None
+
+
+class Event(dict):
+    """The request's event, when it is a JSON object."""
+
+    def progress(self, text):
+        """Tell the caller how the request is going."""
+        _channel.send({"kind": "progress", "text": str(text)[:MAX_PROGRESS]})
+
+
+def relay(fd, kind, channel, finishing):
+    """Send what arrives on the pipe at `fd` as `kind` lines, until EOF or, once the handler
+    has returned, until the pipe is empty (a daemon it started may hold the pipe open)."""
+    decoder = codecs.getincrementaldecoder("utf-8")("replace")
+    left = MAX_RELAY
+    poller = select.poll()
+    poller.register(fd, select.POLLIN)
+    while True:
+        if not poller.poll(50):
+            if finishing.is_set():
+                break
+            continue
+        data = os.read(fd, 65536)
+        if not data:
+            break
+        text = decoder.decode(data[:left])
+        left -= min(left, len(data))
+        if text:
+            channel.send({"kind": kind, "data": text})
+    text = decoder.decode(b"", final=True)
+    if text and left:
+        channel.send({"kind": kind, "data": text})
+
+
+def beat(channel, finishing):
+    while not finishing.wait(1.0):
+        channel.send({"kind": "heartbeat"})
+
+
+def run(channel, request, func):
+    global _channel
+    _channel = channel
+    path = os.path.join(WORK_ROOT, request["workdir"])
+    os.mkdir(path, 0o700)
+    os.chmod(path, 0o700)  # whatever the umask
+    os.chdir(path)
+    random.seed()
+    finishing = threading.Event()
+    threads = [threading.Thread(target=beat, args=(channel, finishing), daemon=True)]
+    for fd, kind in ((1, "stdout"), (2, "stderr")):
+        r, w = os.pipe()
+        os.dup2(w, fd)
+        os.close(w)
+        threads.append(threading.Thread(target=relay, args=(r, kind, channel, finishing), daemon=True))
+    for t in threads:
+        t.start()
+    ours = [open(fd, "w", buffering=1, encoding="utf-8", errors="backslashreplace", closefd=False)
+            for fd in (1, 2)]
+    sys.stdout, sys.stderr = ours
+    event = Event(request["event"]) if type(request["event"]) is dict else request["event"]
+    try:
+        terminal = result(func(event))
+    except SystemExit as e:
+        terminal = result(None) if e.code in (None, 0) else error(describe(e), format_tb(e))
+    except BaseException as e:
+        terminal = error(describe(e), format_tb(e))
+    # What the handler wrote is in the pipes: relay it all, then the terminal line.
+    signal.pthread_sigmask(signal.SIG_BLOCK, signal.valid_signals())
+    flush(sys.stdout, sys.stderr, sys.__stdout__, sys.__stderr__, *ours)
+    null = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(null, 1)
+    os.dup2(null, 2)
+    finishing.set()
+    deadline = time.monotonic() + DRAIN_LIMIT
+    for t in threads:
+        t.join(max(0.0, deadline - time.monotonic()))
+    channel.send(None, terminal, last=True)
+    os._exit(0)
+
+
+def result(value):
+    """The terminal line for a returned value."""
+    try:
+        text = json.dumps({"kind": "result", "value": value}, ensure_ascii=False, allow_nan=False)
+        data = (text + "\n").encode("utf-8")
+    except BaseException as e:
+        return error(f"result is not JSON-serialisable: {e}"[:MAX_MESSAGE], "")
+    if len(data) > MAX_LINE_OUT:
+        return error(f"result is too large: {len(data)} bytes of JSON (the limit is 20 MiB)", "")
+    return data
+
+
+def error(message, tb):
+    return encode({"kind": "error", "message": message, "traceback": tb})
+
+
+def main(argv):
+    if len(argv) != 3:
+        complain("usage: python_agent.py ENTRY_FILE FUNC")
+        die(2)
+    try:
+        for fd in (CTL, REG):
+            os.set_inheritable(fd, False)
+            os.set_blocking(fd, True)
+    except OSError as e:
+        complain(f"fd 3 and fd 4 must be the agent's channels: {e}")
+        die(2)
+    func = load(argv[1], argv[2])
+    no_dump()
+    tell({"kind": "ready", "pid": os.getpid()})
+    serve(func)
+
+
+if __name__ == "__main__":
+    main(sys.argv)

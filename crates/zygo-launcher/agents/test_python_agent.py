@@ -1,0 +1,539 @@
+"""Tests of python_agent.py against a fake launcher (docs/agent-protocol.md).
+
+The agent runs as a real /usr/bin/python3 -I process with fd 3 and fd 4 as in the sandbox;
+a temporary directory stands in for /fn and (through ZYGO_WORK_ROOT) for /work.
+
+    python3 -m unittest discover -s crates/zygo-launcher/agents -p 'test_*.py'
+"""
+
+import array
+import json
+import os
+import shutil
+import socket
+import stat
+import struct
+import subprocess
+import tempfile
+import textwrap
+import time
+import unittest
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+AGENT = os.path.join(HERE, "python_agent.py")
+PYTHON = "/usr/bin/python3"
+
+# Put the two descriptors named by argv[1] and argv[2] at fd 3 and fd 4, then exec the rest.
+WRAP = textwrap.dedent("""
+    import fcntl, os, resource, sys
+    ctl, reg, nofile = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3])
+    a = fcntl.fcntl(ctl, fcntl.F_DUPFD_CLOEXEC, 10)
+    b = fcntl.fcntl(reg, fcntl.F_DUPFD_CLOEXEC, 10)
+    os.close(ctl); os.close(reg)
+    os.dup2(a, 3); os.dup2(b, 4)
+    if nofile:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (nofile, nofile))
+    os.execv(sys.argv[4], sys.argv[4:])
+""")
+
+HANDLER = textwrap.dedent("""
+    import os, random, subprocess, sys, time
+
+    def handler(event):
+        case = event["case"] if isinstance(event, dict) else "echo"
+        if case == "echo":
+            return {"event": event, "type": type(event).__name__, "isdict": isinstance(event, dict)}
+        if case == "output":
+            print("hello")
+            os.system("echo hi")
+            print("oops", file=sys.stderr)
+            os.system("echo err >&2")
+            sys.stdout.write("no newline")
+            return "done"
+        if case == "progress":
+            event.progress("half")
+            event.progress(42)
+            return 1
+        if case == "raise":
+            raise ValueError("bad input")
+        if case == "exit":
+            sys.exit(event["code"])
+        if case == "interrupt":
+            raise KeyboardInterrupt
+        if case == "set":
+            return {1, 2}
+        if case == "nan":
+            return float("nan")
+        if case == "surrogate":
+            return "\\ud800"
+        if case == "random":
+            return [random.random(), os.urandom(16).hex()]
+        if case == "workdir":
+            st = os.stat(".")
+            with open("file", "w") as f:
+                f.write("x")
+            os.makedirs("sub/deeper")
+            os.chmod("sub", 0)
+            return {"cwd": os.getcwd(), "mode": stat_mode(st.st_mode)}
+        if case == "fds":
+            os.system("/usr/bin/python3 -c 'import os; print(sorted(os.listdir(\\"/proc/self/fd\\")))'")
+            return None
+        if case == "daemon":
+            print("before", flush=True)
+            os.system("sleep 3 &")
+            return "quick"
+        if case == "sleep":
+            time.sleep(event["seconds"])
+            return "slept"
+        if case == "big":
+            sys.stdout.write("x" * (3 << 20))
+            return len(event["case"])
+        if case == "utf8":
+            os.write(1, "é€😀".encode()[:-1] + b"\\xff\\n")
+            return None
+        raise AssertionError(case)
+
+    def stat_mode(m):
+        import stat
+        return oct(stat.S_IMODE(m))
+
+    not_callable = 3
+""")
+
+
+class Agent:
+    """One agent process and the launcher's ends of its channels."""
+
+    def __init__(self, cleanup, source=HANDLER, func="handler", entry=None, nofile=0, files=()):
+        self.tmp = tempfile.mkdtemp(prefix="zygo-agent-test-")
+        cleanup(self.close)
+        self.fn = os.path.join(self.tmp, "fn")
+        self.work = os.path.join(self.tmp, "work")
+        os.mkdir(self.fn)
+        os.mkdir(self.work)
+        for name, text in dict(files, **{"handler.py": source}).items():
+            with open(os.path.join(self.fn, name), "w") as f:
+                f.write(text)
+        entry = entry or os.path.join(self.fn, "handler.py")
+        self.ctl, ctl_inner = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.reg, reg_inner = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        self.reg.setsockopt(socket.SOL_SOCKET, socket.SO_PASSCRED, 1)
+        self.stderr = tempfile.TemporaryFile()
+        self.proc = subprocess.Popen(
+            [PYTHON, "-I", "-c", WRAP, str(ctl_inner.fileno()), str(reg_inner.fileno()), str(nofile),
+             PYTHON, "-I", AGENT, entry, func],
+            pass_fds=(ctl_inner.fileno(), reg_inner.fileno()), cwd=self.fn,
+            env={"ZYGO_WORK_ROOT": self.work, "PATH": "/usr/bin:/bin"},
+            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=self.stderr)
+        ctl_inner.close()
+        reg_inner.close()
+        self.buf = b""
+        self.children = []
+
+    def close(self):
+        for s in [self.ctl, self.reg] + self.children:
+            s.close()
+        if self.proc.poll() is None:
+            self.proc.kill()
+        self.proc.wait()
+        self.stderr.close()
+        for top, dirs, _ in os.walk(self.tmp):
+            for d in dirs:
+                os.chmod(os.path.join(top, d), 0o700)
+        shutil.rmtree(self.tmp, ignore_errors=True)
+
+    def send(self, data):
+        self.ctl.sendall(data)
+
+    def command(self, kind, slot):
+        self.send(json.dumps({"kind": kind, "slot": slot}).encode() + b"\n")
+
+    def line(self, timeout=5.0, heartbeats=False):
+        """The next line from the agent (skipping heartbeats unless asked), or None at EOF."""
+        end = time.monotonic() + timeout
+        while True:
+            while b"\n" not in self.buf:
+                self.ctl.settimeout(max(0.01, end - time.monotonic()))
+                chunk = self.ctl.recv(65536)
+                if not chunk:
+                    assert self.buf == b"", f"a partial line at EOF: {self.buf!r}"
+                    return None
+                self.buf += chunk
+            raw, self.buf = self.buf.split(b"\n", 1)
+            msg = json.loads(raw.decode("utf-8"))
+            if heartbeats or msg != {"kind": "heartbeat"}:
+                return msg
+
+    def ready(self):
+        msg = self.line()
+        assert msg["kind"] == "ready", msg
+        return msg
+
+    def exit_code(self, timeout=5.0):
+        return self.proc.wait(timeout)
+
+    def log(self):
+        self.stderr.seek(0)
+        return self.stderr.read().decode("utf-8", "replace")
+
+    def park(self, slot):
+        """Park a child; return (registration, its pid, its request channel)."""
+        self.command("park", slot)
+        self.reg.settimeout(5)
+        data, anc, flags, _ = self.reg.recvmsg(4096, socket.CMSG_SPACE(12) + socket.CMSG_SPACE(16))
+        assert flags & (socket.MSG_TRUNC | socket.MSG_CTRUNC) == 0
+        pid, fds = None, []
+        for level, kind, payload in anc:
+            assert level == socket.SOL_SOCKET
+            if kind == socket.SCM_CREDENTIALS:
+                pid, _, _ = struct.unpack("iII", payload)
+            elif kind == socket.SCM_RIGHTS:
+                fds.extend(array.array("i", payload[:len(payload) - len(payload) % 4]))
+        assert len(fds) == 1, fds
+        chan = socket.socket(fileno=fds[0])
+        self.children.append(chan)
+        return json.loads(data), pid, chan
+
+    def call(self, event, slot="s", workdir=None):
+        """Park a child, send it one request, return (its lines, the workdir)."""
+        _, _, chan = self.park(slot)
+        workdir = workdir or os.urandom(16).hex()
+        request = {"kind": "request", "id": "r-" + slot, "event": event, "workdir": workdir}
+        chan.sendall(json.dumps(request).encode() + b"\n")
+        return read_child(chan), workdir
+
+
+def read_child(chan, timeout=10.0, heartbeats=False):
+    """Every line from a child up to its terminal line; check that EOF follows it."""
+    end = time.monotonic() + timeout
+    buf, lines = b"", []
+    while True:
+        while b"\n" not in buf:
+            chan.settimeout(max(0.01, end - time.monotonic()))
+            chunk = chan.recv(1 << 20)
+            if not chunk:
+                raise AssertionError(f"EOF before a terminal line: {lines} {buf!r}")
+            buf += chunk
+        raw, buf = buf.split(b"\n", 1)
+        msg = json.loads(raw.decode("utf-8"))
+        if heartbeats or msg != {"kind": "heartbeat"}:
+            lines.append(msg)
+        if msg["kind"] in ("result", "error"):
+            chan.settimeout(5)
+            rest = buf + chan.recv(65536)
+            assert rest == b"", f"bytes after the terminal line: {rest!r}"
+            return lines
+
+
+def output(lines, kind):
+    return "".join(m["data"] for m in lines if m["kind"] == kind)
+
+
+def gone(pid, timeout=5.0):
+    """Whether the process disappears (is reaped) within the timeout."""
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        if not os.path.exists(f"/proc/{pid}"):
+            return True
+        time.sleep(0.02)
+    return False
+
+
+class Startup(unittest.TestCase):
+    def test_ready_first_and_once(self):
+        a = Agent(self.addCleanup)
+        msg = a.line(heartbeats=True)
+        self.assertEqual(msg, {"kind": "ready", "pid": a.proc.pid})
+        end = time.monotonic() + 1.3
+        while time.monotonic() < end:
+            self.assertEqual(a.line(heartbeats=True), {"kind": "heartbeat"})
+        a.ctl.shutdown(socket.SHUT_WR)
+        self.assertEqual(a.exit_code(), 0)
+
+    def import_error(self, **kw):
+        a = Agent(self.addCleanup, **kw)
+        msg = a.line(heartbeats=True)
+        self.assertEqual(msg["kind"], "import_error", msg)
+        self.assertEqual(set(msg), {"kind", "message", "traceback"})
+        self.assertEqual(a.exit_code(), 1)
+        self.assertIsNone(a.line(timeout=1))
+        return msg
+
+    def test_missing_file(self):
+        msg = self.import_error(entry="/nonexistent/x.py")
+        self.assertEqual(msg["message"], "cannot import /nonexistent/x.py: FileNotFoundError: "
+                         "[Errno 2] No such file or directory: '/nonexistent/x.py'")
+
+    def test_syntax_error(self):
+        msg = self.import_error(source="def handler(:\n    pass\n")
+        self.assertIn("SyntaxError", msg["message"])
+        self.assertIn("def handler(:", msg["traceback"])
+        self.assertNotIn("python_agent.py", msg["traceback"])
+
+    def test_missing_module(self):
+        msg = self.import_error(source="import no_such_module_zygo\ndef handler(e): pass\n")
+        self.assertTrue(msg["message"].startswith("cannot import /"), msg)
+        self.assertTrue(msg["message"].endswith(
+            "handler.py: ModuleNotFoundError: No module named 'no_such_module_zygo'"), msg)
+        self.assertIn("import no_such_module_zygo", msg["traceback"])
+
+    def test_exception_at_import(self):
+        msg = self.import_error(source="raise RuntimeError('boom')\n")
+        self.assertTrue(msg["message"].endswith("RuntimeError: boom"), msg)
+        self.assertIn("raise RuntimeError('boom')", msg["traceback"])
+        msg = self.import_error(source="import sys\nsys.exit(0)\n")
+        self.assertTrue(msg["message"].endswith("SystemExit: 0"), msg)
+
+    def test_missing_function(self):
+        msg = self.import_error(func="nope")
+        self.assertTrue(msg["message"].endswith("handler.py has no function 'nope'"), msg)
+        self.assertEqual(msg["traceback"], "")
+        msg = self.import_error(func="not_callable")
+        self.assertIn("a int, not a function, as 'not_callable'", msg["message"])
+
+    def test_handler_dir_on_path(self):
+        a = Agent(self.addCleanup, source="import helper\ndef handler(e):\n    return helper.X\n",
+                  files={"helper.py": "X = 7\n"})
+        a.ready()
+        lines, _ = a.call(None)
+        self.assertEqual(lines[-1], {"kind": "result", "value": 7})
+
+
+class Requests(unittest.TestCase):
+    @classmethod
+    def setUpClass(cls):
+        cls.agent = Agent(cls.addClassCleanup)
+        cls.agent.ready()
+        cls.n = 0
+
+    def call(self, event, **kw):
+        type(self).n += 1
+        return self.agent.call(event, slot=f"slot-{self.n}", **kw)
+
+    def test_registration(self):
+        msg, pid, chan = self.agent.park("reg_1")
+        self.assertEqual(msg, {"kind": "register", "slot": "reg_1"})
+        with open(f"/proc/{pid}/status") as f:
+            ppid = [line.split()[1] for line in f if line.startswith("PPid:")][0]
+        self.assertEqual(int(ppid), self.agent.proc.pid)
+        self.assertEqual(chan.getsockopt(socket.SOL_SOCKET, socket.SO_TYPE), socket.SOCK_STREAM)
+        chan.sendall(b'{"kind":"request","id":"x","event":[1],"workdir":"%s"}\n' % os.urandom(16).hex().encode())
+        self.assertEqual(read_child(chan)[-1]["value"]["event"], [1])
+        self.assertTrue(gone(pid))
+
+    def test_result(self):
+        lines, _ = self.call({"case": "echo", "x": [1, "é"]})
+        self.assertEqual(lines, [{"kind": "result", "value": {
+            "event": {"case": "echo", "x": [1, "é"]}, "type": "Event", "isdict": True}}])
+        for event, name in (([1, 2], "list"), ("s", "str"), (None, "NoneType"), (1.5, "float")):
+            lines, _ = self.call(event)
+            self.assertEqual(lines[-1]["value"], {"event": event, "type": name, "isdict": False})
+
+    def test_output(self):
+        lines, _ = self.call({"case": "output"})
+        self.assertEqual(lines[-1], {"kind": "result", "value": "done"})
+        self.assertEqual(output(lines, "stdout"), "hello\nhi\nno newline")
+        self.assertEqual(output(lines, "stderr"), "oops\nerr\n")
+        self.assertEqual({m["kind"] for m in lines[:-1]}, {"stdout", "stderr"})
+
+    def test_output_utf8_and_cap(self):
+        lines, _ = self.call({"case": "utf8"})
+        self.assertEqual(output(lines, "stdout"), "é€\ufffd\ufffd\n")
+        lines, _ = self.call({"case": "big"})
+        self.assertEqual(lines[-1], {"kind": "result", "value": 3})
+        self.assertEqual(output(lines, "stdout"), "x" * (1 << 20))
+
+    def test_progress(self):
+        lines, _ = self.call({"case": "progress"})
+        self.assertEqual(lines, [{"kind": "progress", "text": "half"}, {"kind": "progress", "text": "42"},
+                                 {"kind": "result", "value": 1}])
+
+    def test_exception(self):
+        lines, _ = self.call({"case": "raise"})
+        self.assertEqual(len(lines), 1)
+        self.assertEqual(lines[0]["kind"], "error")
+        self.assertEqual(lines[0]["message"], "ValueError: bad input")
+        tb = lines[0]["traceback"]
+        self.assertIn('raise ValueError("bad input")', tb)
+        self.assertIn("handler.py", tb)
+        self.assertNotIn("python_agent.py", tb)
+
+    def test_exit_and_interrupt(self):
+        lines, _ = self.call({"case": "exit", "code": 0})
+        self.assertEqual(lines, [{"kind": "result", "value": None}])
+        lines, _ = self.call({"case": "exit", "code": None})
+        self.assertEqual(lines, [{"kind": "result", "value": None}])
+        lines, _ = self.call({"case": "exit", "code": 3})
+        self.assertEqual(lines[-1]["message"], "SystemExit: 3")
+        lines, _ = self.call({"case": "interrupt"})
+        self.assertEqual(lines[-1]["message"], "KeyboardInterrupt")
+
+    def test_not_serialisable(self):
+        lines, _ = self.call({"case": "set"})
+        self.assertEqual(lines, [{"kind": "error", "traceback": "", "message":
+                                  "result is not JSON-serialisable: Object of type set is not JSON serializable"}])
+        for case in ("nan", "surrogate"):
+            lines, _ = self.call({"case": case})
+            self.assertEqual(lines[-1]["kind"], "error")
+            self.assertTrue(lines[-1]["message"].startswith("result is not JSON-serialisable: "), lines)
+
+    def test_random_differs(self):
+        (a, _), (b, _) = self.call({"case": "random"}), self.call({"case": "random"})
+        ra, rb = a[-1]["value"], b[-1]["value"]
+        self.assertNotEqual(ra[0], rb[0])
+        self.assertNotEqual(ra[1], rb[1])
+
+    def test_workdir_and_reap(self):
+        slot = f"slot-w{self.n}"
+        lines, workdir = self.agent.call({"case": "workdir"}, slot=slot)
+        path = os.path.join(self.agent.work, workdir)
+        self.assertEqual(lines[-1], {"kind": "result", "value": {"cwd": path, "mode": "0o700"}})
+        self.assertEqual(stat.S_IMODE(os.stat(path).st_mode), 0o700)
+        self.agent.command("reap", slot)
+        end = time.monotonic() + 5
+        while os.path.exists(path) and time.monotonic() < end:
+            time.sleep(0.02)
+        self.assertFalse(os.path.exists(path))
+        # reaping an unknown or already reaped slot is harmless, and the slot may be reused
+        self.agent.command("reap", slot)
+        self.agent.command("reap", "never-parked")
+        lines, _ = self.agent.call(None, slot=slot)
+        self.assertEqual(lines[-1]["kind"], "result")
+
+    def test_reap_unused(self):
+        _, pid, chan = self.agent.park("unused")
+        self.agent.command("reap", "unused")
+        chan.close()
+        self.assertTrue(gone(pid))
+
+    def test_no_descriptor_leaks(self):
+        lines, _ = self.call({"case": "fds"})
+        self.assertEqual(output(lines, "stdout"), "['0', '1', '2', '3']\n")
+
+    def test_daemon_holding_the_pipe(self):
+        start = time.monotonic()
+        lines, _ = self.call({"case": "daemon"})
+        self.assertLess(time.monotonic() - start, 0.7)
+        self.assertEqual(output(lines, "stdout"), "before\n")
+        self.assertEqual(lines[-1], {"kind": "result", "value": "quick"})
+
+    def test_heartbeats(self):
+        _, _, chan = self.agent.park("beats")
+        chan.sendall(json.dumps({"kind": "request", "id": "b", "event": {"case": "sleep", "seconds": 2.5},
+                                 "workdir": os.urandom(16).hex()}).encode() + b"\n")
+        # the agent's heartbeats meanwhile
+        start = last = time.monotonic()
+        gaps = []
+        while time.monotonic() - start < 2.4:
+            self.assertEqual(self.agent.line(heartbeats=True), {"kind": "heartbeat"})
+            now = time.monotonic()
+            gaps.append(now - last)
+            last = now
+        self.assertGreaterEqual(len(gaps), 2)
+        self.assertTrue(all(g < 1.3 for g in gaps), gaps)
+        lines = read_child(chan, heartbeats=True)
+        self.assertIn(lines.count({"kind": "heartbeat"}), (2, 3))
+        self.assertEqual(lines[-1], {"kind": "result", "value": "slept"})
+
+    def test_hostile_requests(self):
+        bad = [
+            b'{"kind":"request","id":"x","event":1,"workdir":"%s","extra":1}\n' % (b"a" * 32),
+            b'{"kind":"request","id":"x","event":1,"workdir":"%s"}\n' % (b"A" * 32),
+            b'{"kind":"request","id":"x","event":1,"workdir":"../../../../tmp/zygo-escape"}\n',
+            b'{"kind":"request","id":"x","event":1,"workdir":"%s"}\n' % (b"a" * 31),
+            b'{"kind":"request","id":7,"event":1,"workdir":"%s"}\n' % (b"a" * 32),
+            b'{"kind":"request","id":"x","workdir":"%s"}\n' % (b"a" * 32),
+            b'{"kind":"result","id":"x","event":1,"workdir":"%s"}\n' % (b"a" * 32),
+            b'{"kind":"request","id":"x","event":NaN,"workdir":"%s"}\n' % (b"a" * 32),
+            b'{"kind":"request","id":"\xff","event":1,"workdir":"%s"}\n' % (b"a" * 32),
+            b'{"kind":"request","id":"x","event":1,"workdir":"%s"}\n{}\n' % (b"a" * 32),
+            b'{"kind":"request","id":"x","event":1,"workdir":"%s"}' % (b"a" * 32),  # then EOF
+            b'[1]\n',
+        ]
+        pids = []
+        for i, line in enumerate(bad):
+            _, pid, chan = self.agent.park(f"bad-{i}")
+            chan.sendall(line)
+            chan.shutdown(socket.SHUT_WR)
+            chan.settimeout(5)
+            self.assertEqual(chan.recv(65536), b"", line)
+            pids.append(pid)
+        for pid in pids:
+            self.assertTrue(gone(pid))
+        self.assertFalse(os.path.exists(os.path.join(self.agent.work, "a" * 32)))
+        self.assertFalse(os.path.exists("/tmp/zygo-escape"))
+        log = self.agent.log()
+        for pid in pids:
+            self.assertIn(f"request process {pid} exited with status 2", log)
+
+    def test_huge_request(self):
+        _, pid, chan = self.agent.park("huge")
+        try:
+            chan.sendall(b"[" * ((20 << 20) + 100))
+        except OSError:
+            pass
+        chan.settimeout(5)
+        self.assertEqual(chan.recv(65536), b"")
+        self.assertTrue(gone(pid))
+
+
+class Hostile(unittest.TestCase):
+    def assert_fails(self, data, close=False):
+        a = Agent(self.addCleanup)
+        a.ready()
+        try:
+            a.send(data)
+            if close:
+                a.ctl.shutdown(socket.SHUT_WR)
+        except OSError:
+            pass  # it may stop reading a huge line early
+        self.assertEqual(a.exit_code(), 2, data[:100])
+        self.assertIn("protocol violation", a.log())
+        self.assertIsNone(a.line(timeout=2))
+
+    def test_hostile_control_lines(self):
+        cases = [
+            b'{"kind":"bogus","slot":"a"}\n',
+            b'{"kind":"park","slot":"a","extra":1}\n',
+            b'{"kind":"park"}\n',
+            b'{"slot":"a"}\n',
+            b'{"kind":"park","slot":1}\n',
+            b'{"kind":"park","slot":null}\n',
+            b'{"kind":["park"],"slot":"a"}\n',
+            b'["park","a"]\n',
+            b'"park"\n',
+            b'not json\n',
+            b'\n',
+            b'{"kind":"park","slot":"\xff"}\n',
+            b'{"kind":"park","slot":""}\n',
+            b'{"kind":"park","slot":"a/b"}\n',
+            b'{"kind":"park","slot":"a\\n"}\n',
+            b'{"kind":"park","slot":"%s"}\n' % (b"a" * 65),
+            b'{"kind":"park","slot":"a","slot":"b"}\n',
+            b'{"kind":"park","slot":"a"}\n{"kind":"park","slot":"a"}\n',
+            b"x" * ((1 << 20) + 10),
+        ]
+        for data in cases:
+            with self.subTest(data=data[:80]):
+                self.assert_fails(data)
+
+    def test_partial_line_at_close(self):
+        self.assert_fails(b'{"kind":"park","slot":"a"}', close=True)
+
+    def test_park_failed(self):
+        # With 8 descriptors the agent can hold two parked slots; the third cannot be forked.
+        a = Agent(self.addCleanup, nofile=8)
+        a.ready()
+        a.park("one")
+        a.park("two")
+        a.command("park", "three")
+        msg = a.line()
+        self.assertEqual(msg["kind"], "park_failed", msg)
+        self.assertEqual(msg["slot"], "three")
+        self.assertIn("Too many open files", msg["message"])
+        a.command("reap", "one")
+        a.park("three")
+
+
+if __name__ == "__main__":
+    unittest.main()
