@@ -1,1 +1,824 @@
-//! End-to-end test support.
+//! End-to-end test support: run the real `zygo` binary, as root and as an unprivileged
+//! user, under a hard outer timeout, and probe the sandbox from inside with Python.
+//!
+//! - [`zygo_bin`] finds the binary (`$ZYGO_BIN`, else `<target>/debug/zygo`).
+//! - [`Who`] says who runs it; [`both_tests!`] turns one test body into a `root` and a
+//!   `rootless` test. The rootless side (a system user, a delegated cgroup subtree, a copy
+//!   of the binary that user can execute) is set up once per test process.
+//! - [`run_json`] / [`py`] run `zygo run --json` and parse its answer; [`finish`] runs any
+//!   command with the outer timeout and reports its exit code, output, wall time and peak RSS.
+//! - [`probe`] runs a Python probe behind the safety guard ([`GUARD`]): the script first
+//!   proves it is in its own user, mount and pid namespaces, and exits with
+//!   [`REFUSED_CODE`] without probing anything otherwise.
+
+use std::ffi::CString;
+use std::fs;
+use std::io::Read;
+use std::os::unix::fs::{MetadataExt, PermissionsExt};
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::OnceLock;
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+
+/// Every zygo process is killed (and the test failed) after this long.
+pub const OUTER_TIMEOUT: Duration = Duration::from_secs(60);
+/// The system user rootless runs use.
+pub const ROOTLESS_USER: &str = "zygo-rootless";
+/// The cgroup subtree delegated to that user, relative to the test's own cgroup.
+pub const ROOTLESS_CGROUP: &str = "zygo-rootless-test";
+/// Everything this suite creates in /tmp starts with this.
+pub const TMP_PREFIX: &str = "zygo-tests-";
+/// The exit code of a probe whose guard found it was not sandboxed.
+pub const REFUSED_CODE: i32 = 99;
+/// The v1 controllers Zygo uses (the v2 ones are memory, pids, cpu).
+pub const V1_CONTROLLERS: [&str; 5] = ["memory", "pids", "cpu", "cpuacct", "freezer"];
+
+/// The `zygo` binary under test: `$ZYGO_BIN`, else `<target dir>/debug/zygo`.
+pub fn zygo_bin() -> PathBuf {
+    let path = match std::env::var_os("ZYGO_BIN") {
+        Some(p) => PathBuf::from(p),
+        None => {
+            let target = std::env::var_os("CARGO_TARGET_DIR")
+                .map(PathBuf::from)
+                .map(|t| {
+                    if t.is_absolute() {
+                        t
+                    } else {
+                        Path::new(env!("CARGO_MANIFEST_DIR")).join("..").join(t)
+                    }
+                })
+                .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../target"));
+            target.join("debug/zygo")
+        }
+    };
+    assert!(
+        path.is_file(),
+        "no zygo binary at {}: build it first with `cargo build`",
+        path.display()
+    );
+    path
+}
+
+/// Who runs `zygo`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Who {
+    /// The test process itself, as root.
+    Root,
+    /// An unprivileged user with a delegated cgroup subtree.
+    Rootless,
+}
+
+/// Every probe runs for both.
+pub fn both() -> [Who; 2] {
+    [Who::Root, Who::Rootless]
+}
+
+impl Who {
+    pub fn name(self) -> &'static str {
+        match self {
+            Who::Root => "root",
+            Who::Rootless => "rootless",
+        }
+    }
+
+    /// Whether this kind of run is possible here (root runs need a root test process).
+    pub fn available(self) -> bool {
+        self == Who::Rootless || am_root()
+    }
+}
+
+/// One test body, run as two tests: `NAME::root` and `NAME::rootless`.
+///
+/// ```text
+/// both_tests! {
+///     /// What this proves.
+///     fn writes_fail(who) { let (v, _) = py(who, &[], "..."); }
+/// }
+/// ```
+/// Attributes (e.g. `#[ignore = "..."]`) apply to both; to ignore only one of the two,
+/// write the two tests by hand.
+#[macro_export]
+macro_rules! both_tests {
+    ($($(#[$meta:meta])* fn $name:ident($who:ident) $body:block)*) => {$(
+        mod $name {
+            #[allow(unused_imports)]
+            use super::*;
+
+            fn body($who: $crate::Who) {
+                if !$who.available() {
+                    eprintln!("skipped: {} runs need the tests to run as root", $who.name());
+                    return;
+                }
+                $body
+            }
+
+            $(#[$meta])*
+            #[test]
+            fn root() {
+                body($crate::Who::Root)
+            }
+
+            $(#[$meta])*
+            #[test]
+            fn rootless() {
+                body($crate::Who::Rootless)
+            }
+        }
+    )*};
+}
+
+pub fn am_root() -> bool {
+    // SAFETY: geteuid cannot fail.
+    unsafe { libc::geteuid() == 0 }
+}
+
+// ---------------------------------------------------------------------------------------
+// Rootless setup.
+
+/// What a rootless run needs: the user's ids and a copy of zygo it can execute.
+pub struct Rootless {
+    pub uid: u32,
+    pub gid: u32,
+    pub bin: PathBuf,
+}
+
+/// The rootless setup, done once per test process (idempotent across processes).
+pub fn rootless_setup() -> &'static Rootless {
+    static SETUP: OnceLock<Rootless> = OnceLock::new();
+    SETUP.get_or_init(|| {
+        if !am_root() {
+            // Already unprivileged: run as ourselves, with whatever ZYGO_CGROUP says.
+            // SAFETY: getuid/getgid cannot fail.
+            let (uid, gid) = unsafe { (libc::getuid(), libc::getgid()) };
+            return Rootless {
+                uid,
+                gid,
+                bin: zygo_bin(),
+            };
+        }
+        let (uid, gid) = match user_ids(ROOTLESS_USER) {
+            Some(ids) => ids,
+            None => {
+                let st = Command::new("useradd")
+                    .args([
+                        "--system",
+                        "--no-create-home",
+                        "--shell",
+                        "/usr/sbin/nologin",
+                        ROOTLESS_USER,
+                    ])
+                    .status()
+                    .expect("run useradd");
+                // Another test process may have created it meanwhile (exit 9: exists).
+                assert!(
+                    st.success() || st.code() == Some(9),
+                    "useradd {ROOTLESS_USER}: {st}"
+                );
+                user_ids(ROOTLESS_USER).expect("the rootless user exists after useradd")
+            }
+        };
+        delegate_cgroups(uid, gid);
+        let bin = copy_binary(&zygo_bin(), Path::new("/tmp/zygo-tests-bin"), "zygo");
+        Rootless { uid, gid, bin }
+    })
+}
+
+/// uid and gid of a user, from the password database.
+pub fn user_ids(name: &str) -> Option<(u32, u32)> {
+    let c = CString::new(name).ok()?;
+    // SAFETY: c is a valid C string; the returned record is copied out at once (the
+    // suite's only getpwnam caller runs inside a OnceLock).
+    unsafe {
+        let pw = libc::getpwnam(c.as_ptr());
+        if pw.is_null() {
+            None
+        } else {
+            Some(((*pw).pw_uid, (*pw).pw_gid))
+        }
+    }
+}
+
+/// Copy `src` to `dir/name` (dir 0755, file 0755) by rename, so that a concurrently
+/// running copy is never overwritten in place.
+pub fn copy_binary(src: &Path, dir: &Path, name: &str) -> PathBuf {
+    fs::create_dir_all(dir).expect("create the binary directory");
+    fs::set_permissions(dir, fs::Permissions::from_mode(0o755)).expect("chmod the bin dir");
+    let tmp = dir.join(format!(".{name}.{}", std::process::id()));
+    fs::copy(src, &tmp).expect("copy the zygo binary");
+    fs::set_permissions(&tmp, fs::Permissions::from_mode(0o755)).expect("chmod zygo");
+    let dst = dir.join(name);
+    fs::rename(&tmp, &dst).expect("rename the zygo binary into place");
+    dst
+}
+
+/// Give the rootless user `<own cgroup>/zygo-rootless-test` in every hierarchy Zygo uses.
+fn delegate_cgroups(uid: u32, gid: u32) {
+    if is_cgroup_v2_host() {
+        let dir = unified_own_dir().join(ROOTLESS_CGROUP);
+        let _ = fs::create_dir_all(&dir);
+        // Best effort: controllers can only be enabled where the no-internal-process rule
+        // allows it.
+        for c in ["+memory", "+pids", "+cpu"] {
+            if let Some(parent) = dir.parent() {
+                let _ = fs::write(parent.join("cgroup.subtree_control"), c);
+            }
+            let _ = fs::write(dir.join("cgroup.subtree_control"), c);
+        }
+        chown_tree(&dir, uid, gid);
+        return;
+    }
+    for ctrl in V1_CONTROLLERS {
+        let Some(own) = v1_own_dir(ctrl) else {
+            continue;
+        };
+        let dir = own.join(ROOTLESS_CGROUP);
+        if let Err(e) = fs::create_dir(&dir) {
+            assert!(
+                e.kind() == std::io::ErrorKind::AlreadyExists,
+                "create {}: {e}",
+                dir.display()
+            );
+        }
+        chown_tree(&dir, uid, gid);
+    }
+}
+
+fn chown_tree(dir: &Path, uid: u32, gid: u32) {
+    let _ = std::os::unix::fs::chown(dir, Some(uid), Some(gid));
+    if let Ok(entries) = fs::read_dir(dir) {
+        for e in entries.flatten() {
+            let p = e.path();
+            if e.file_type().is_ok_and(|t| t.is_dir()) {
+                chown_tree(&p, uid, gid);
+            } else {
+                let _ = std::os::unix::fs::chown(&p, Some(uid), Some(gid));
+            }
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// Host cgroups and processes.
+
+/// A pure cgroup v2 host (no v1 hierarchies at /sys/fs/cgroup).
+pub fn is_cgroup_v2_host() -> bool {
+    Path::new("/sys/fs/cgroup/cgroup.controllers").exists()
+}
+
+/// `/proc/self/cgroup`: (controllers, path) per line.
+pub fn own_cgroups() -> Vec<(Vec<String>, String)> {
+    let text = fs::read_to_string("/proc/self/cgroup").expect("read /proc/self/cgroup");
+    text.lines()
+        .filter_map(|l| {
+            let mut it = l.splitn(3, ':');
+            let _id = it.next()?;
+            let ctrls = it.next()?;
+            let path = it.next()?;
+            Some((
+                ctrls
+                    .split(',')
+                    .filter(|c| !c.is_empty())
+                    .map(str::to_string)
+                    .collect(),
+                path.to_string(),
+            ))
+        })
+        .collect()
+}
+
+/// cgroup mounts from `/proc/self/mountinfo`: (mount point, is v2, super options).
+pub fn cgroup_mounts() -> Vec<(PathBuf, bool, Vec<String>)> {
+    let text = fs::read_to_string("/proc/self/mountinfo").expect("read mountinfo");
+    text.lines()
+        .filter_map(|line| {
+            let (left, right) = line.split_once(" - ")?;
+            let mut r = right.split(' ');
+            let fstype = r.next()?;
+            let _src = r.next();
+            let opts = r.next().unwrap_or("");
+            if fstype != "cgroup" && fstype != "cgroup2" {
+                return None;
+            }
+            let point = left.split(' ').nth(4)?;
+            Some((
+                PathBuf::from(point),
+                fstype == "cgroup2",
+                opts.split(',').map(str::to_string).collect(),
+            ))
+        })
+        .collect()
+}
+
+fn join_cg(mount: &Path, cg: &str) -> PathBuf {
+    let rel = cg.trim_start_matches('/');
+    if rel.is_empty() {
+        mount.to_path_buf()
+    } else {
+        mount.join(rel)
+    }
+}
+
+/// `<v1 mount of ctrl><our own cgroup for ctrl>`, if that hierarchy is mounted.
+pub fn v1_own_dir(ctrl: &str) -> Option<PathBuf> {
+    let (point, _, _) = cgroup_mounts()
+        .into_iter()
+        .find(|(_, v2, opts)| !v2 && opts.iter().any(|o| o == ctrl))?;
+    let (_, own) = own_cgroups()
+        .into_iter()
+        .find(|(c, _)| c.iter().any(|c| c == ctrl))?;
+    Some(join_cg(&point, &own))
+}
+
+/// `<cgroup2 mount><our own unified cgroup>`.
+pub fn unified_own_dir() -> PathBuf {
+    let point = cgroup_mounts()
+        .into_iter()
+        .find(|(_, v2, _)| *v2)
+        .map_or_else(|| PathBuf::from("/sys/fs/cgroup"), |(p, _, _)| p);
+    let own = own_cgroups()
+        .into_iter()
+        .find(|(c, _)| c.is_empty())
+        .map_or_else(|| "/".to_string(), |(_, p)| p);
+    join_cg(&point, &own)
+}
+
+/// Every directory Zygo creates per-sandbox cgroups in, for root and rootless runs.
+pub fn zygo_cgroup_roots() -> Vec<PathBuf> {
+    let bases: Vec<PathBuf> = if is_cgroup_v2_host() {
+        vec![unified_own_dir()]
+    } else {
+        V1_CONTROLLERS
+            .iter()
+            .filter_map(|c| v1_own_dir(c))
+            .collect()
+    };
+    bases
+        .into_iter()
+        .flat_map(|b| [b.join("zygo"), b.join(ROOTLESS_CGROUP).join("zygo")])
+        .collect()
+}
+
+/// Every host process: (pid, cmdline with NUL separators).
+pub fn host_processes() -> Vec<(i32, Vec<u8>)> {
+    let mut out = Vec::new();
+    for e in fs::read_dir("/proc").expect("list /proc").flatten() {
+        let Some(pid) = e.file_name().to_str().and_then(|s| s.parse::<i32>().ok()) else {
+            continue;
+        };
+        if let Ok(cmd) = fs::read(format!("/proc/{pid}/cmdline")) {
+            out.push((pid, cmd));
+        }
+    }
+    out
+}
+
+/// Host pids whose command line contains `needle`.
+pub fn host_pids_with(needle: &[u8]) -> Vec<i32> {
+    host_processes()
+        .into_iter()
+        .filter(|(_, cmd)| contains(cmd, needle))
+        .map(|(pid, _)| pid)
+        .collect()
+}
+
+/// Host pids whose command line starts with `prefix` (NUL-separated arguments).
+pub fn host_pids_starting_with(prefix: &[u8]) -> Vec<i32> {
+    host_processes()
+        .into_iter()
+        .filter(|(_, cmd)| cmd.starts_with(prefix))
+        .map(|(pid, _)| pid)
+        .collect()
+}
+
+pub fn contains(hay: &[u8], needle: &[u8]) -> bool {
+    !needle.is_empty() && hay.windows(needle.len()).any(|w| w == needle)
+}
+
+/// Whether a host process is alive (and not a zombie).
+pub fn alive(pid: i32) -> bool {
+    match fs::read_to_string(format!("/proc/{pid}/stat")) {
+        Ok(s) => s
+            .rsplit_once(") ")
+            .is_some_and(|(_, rest)| !rest.starts_with('Z') && !rest.starts_with('X')),
+        Err(_) => false,
+    }
+}
+
+/// A unique number for names and markers.
+pub fn unique() -> u64 {
+    static N: AtomicU64 = AtomicU64::new(0);
+    let t = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.subsec_nanos() as u64);
+    (u64::from(std::process::id()) << 32) ^ (N.fetch_add(1, Ordering::Relaxed) << 20) ^ t
+}
+
+// ---------------------------------------------------------------------------------------
+// Temporary host directories.
+
+/// A directory under /tmp, removed on drop.
+pub struct TempDir {
+    pub path: PathBuf,
+}
+
+impl TempDir {
+    /// `/tmp/zygo-tests-<unique>`, with `mode` (e.g. 0o755 so the rootless user can enter).
+    pub fn new(mode: u32) -> TempDir {
+        let path = std::env::temp_dir().join(format!("{TMP_PREFIX}{:x}", unique()));
+        fs::create_dir(&path).expect("create a temp dir");
+        fs::set_permissions(&path, fs::Permissions::from_mode(mode)).expect("chmod temp dir");
+        TempDir { path }
+    }
+
+    /// A file in this directory with `text`, mode 0644.
+    pub fn file(&self, name: &str, text: &[u8]) -> PathBuf {
+        let p = self.path.join(name);
+        fs::write(&p, text).expect("write a temp file");
+        fs::set_permissions(&p, fs::Permissions::from_mode(0o644)).expect("chmod temp file");
+        p
+    }
+
+    pub fn str(&self) -> &str {
+        self.path.to_str().expect("temp paths are UTF-8")
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = fs::remove_dir_all(&self.path);
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// Running zygo.
+
+/// A `zygo` command for `who`, from the given binary, with a clean environment.
+pub fn zygo_with(who: Who, bin: &Path) -> Command {
+    let mut cmd = Command::new(bin);
+    cmd.env_clear()
+        .env("PATH", "/usr/bin:/bin")
+        .current_dir("/")
+        .stdin(Stdio::null());
+    for key in ["ZYGO_LOG", "RUST_LOG"] {
+        if let Some(v) = std::env::var_os(key) {
+            cmd.env(key, v);
+        }
+    }
+    match who {
+        Who::Root => {
+            cmd.env("HOME", "/root");
+            if let Some(v) = std::env::var_os("ZYGO_SUBID") {
+                cmd.env("ZYGO_SUBID", v);
+            }
+        }
+        Who::Rootless => {
+            let r = rootless_setup();
+            cmd.env("HOME", "/tmp");
+            if am_root() {
+                cmd.uid(r.uid)
+                    .gid(r.gid)
+                    .env("ZYGO_CGROUP", ROOTLESS_CGROUP);
+            } else if let Some(v) = std::env::var_os("ZYGO_CGROUP") {
+                cmd.env("ZYGO_CGROUP", v);
+            }
+        }
+    }
+    cmd
+}
+
+/// A raw `zygo` command for `who` (add the arguments yourself; run it with [`finish`]).
+pub fn zygo(who: Who) -> Command {
+    match who {
+        Who::Root => zygo_with(who, &zygo_bin()),
+        Who::Rootless => zygo_with(who, &rootless_setup().bin),
+    }
+}
+
+/// How a command ended.
+#[derive(Debug)]
+pub struct Finished {
+    pub pid: i32,
+    /// Exit code, or 128+signal.
+    pub code: i32,
+    pub stdout: Vec<u8>,
+    pub stderr: Vec<u8>,
+    /// From spawn to exit, measured here.
+    pub elapsed: Duration,
+    /// Peak RSS of the process and the descendants it waited for (wait4's rusage), in KiB.
+    pub max_rss_kb: i64,
+}
+
+impl Finished {
+    pub fn stderr_text(&self) -> String {
+        String::from_utf8_lossy(&self.stderr).into_owned()
+    }
+}
+
+fn reader(mut r: impl Read + Send + 'static) -> std::thread::JoinHandle<Vec<u8>> {
+    std::thread::spawn(move || {
+        let mut v = Vec::new();
+        let _ = r.read_to_end(&mut v);
+        v
+    })
+}
+
+/// Run a command to completion with pipes for stdout and stderr, killing it (and failing
+/// the test) after [`OUTER_TIMEOUT`].
+// The child is reaped with wait4 (for its rusage), which clippy cannot see.
+#[allow(clippy::zombie_processes)]
+pub fn finish(mut cmd: Command) -> Finished {
+    cmd.stdout(Stdio::piped()).stderr(Stdio::piped());
+    let t0 = Instant::now();
+    let mut child = cmd.spawn().unwrap_or_else(|e| panic!("spawn {cmd:?}: {e}"));
+    let pid = child.id() as i32;
+    let out = reader(child.stdout.take().expect("stdout is piped"));
+    let err = reader(child.stderr.take().expect("stderr is piped"));
+    let mut status = 0;
+    // SAFETY: rusage is plain old data; zeroes are a valid value.
+    let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
+    loop {
+        // SAFETY: waiting for our own child with valid out-pointers. std's Child never
+        // waits for it after this (we do not call wait on it).
+        let r = unsafe { libc::wait4(pid, &mut status, libc::WNOHANG, &mut ru) };
+        if r == pid {
+            break;
+        }
+        assert!(r == 0, "wait4 {pid}: {}", std::io::Error::last_os_error());
+        if t0.elapsed() > OUTER_TIMEOUT {
+            // SAFETY: killing and reaping our own child.
+            unsafe {
+                libc::kill(pid, libc::SIGKILL);
+                libc::wait4(pid, &mut status, 0, &mut ru);
+            }
+            panic!(
+                "{cmd:?} did not finish within {}s; killed it",
+                OUTER_TIMEOUT.as_secs()
+            );
+        }
+        std::thread::sleep(Duration::from_millis(3));
+    }
+    let elapsed = t0.elapsed();
+    let code = if libc::WIFEXITED(status) {
+        libc::WEXITSTATUS(status)
+    } else {
+        128 + libc::WTERMSIG(status)
+    };
+    Finished {
+        pid,
+        code,
+        stdout: out.join().expect("stdout reader"),
+        stderr: err.join().expect("stderr reader"),
+        elapsed,
+        max_rss_kb: ru.ru_maxrss,
+    }
+}
+
+/// `zygo run --json FLAGS -- CMD...`: the parsed answer and all the rest.
+pub fn run_json_full(who: Who, flags: &[&str], cmd: &[&str]) -> (Value, Finished) {
+    let mut c = zygo(who);
+    c.args(["run", "--json"]).args(flags).arg("--").args(cmd);
+    let f = finish(c);
+    let text = String::from_utf8_lossy(&f.stdout);
+    let v: Value = serde_json::from_str(text.trim()).unwrap_or_else(|e| {
+        panic!(
+            "[{}] zygo run {flags:?} -- {cmd:?}: stdout is not one JSON object ({e}); exit {}\nstdout: {}\nstderr: {}",
+            who.name(),
+            f.code,
+            truncate(&text, 2000),
+            f.stderr_text()
+        )
+    });
+    (v, f)
+}
+
+/// `zygo run --json FLAGS -- CMD...`: the parsed answer and zygo's exit code.
+pub fn run_json(who: Who, flags: &[&str], cmd: &[&str]) -> (Value, i32) {
+    let (v, f) = run_json_full(who, flags, cmd);
+    (v, f.code)
+}
+
+/// `python3 -c CODE` in a sandbox.
+pub fn py(who: Who, flags: &[&str], code: &str) -> (Value, i32) {
+    run_json(who, flags, &["python3", "-c", code])
+}
+
+pub fn truncate(s: &str, n: usize) -> String {
+    if s.len() <= n {
+        s.to_string()
+    } else {
+        let mut end = n;
+        while !s.is_char_boundary(end) {
+            end -= 1;
+        }
+        format!("{}... ({} bytes)", &s[..end], s.len())
+    }
+}
+
+/// A field of a `--json` answer as a string ("" when missing or not a string).
+pub fn s<'a>(v: &'a Value, key: &str) -> &'a str {
+    v[key].as_str().unwrap_or("")
+}
+
+/// Assert that the program started and exited 0.
+#[track_caller]
+pub fn assert_ok(who: Who, v: &Value, code: i32) {
+    assert!(
+        v["started"] == true && v["exit_code"] == 0 && code == 0,
+        "[{}] expected a clean run, got exit {code}: {}",
+        who.name(),
+        truncate(&v.to_string(), 4000)
+    );
+}
+
+// ---------------------------------------------------------------------------------------
+// Probes and their safety guard.
+
+/// Python that refuses (exit 99, "REFUSED: not sandboxed") unless it runs in its own user,
+/// mount and pid namespaces (inode numbers differ from the host's, passed in the
+/// environment), with a pid other than the test's and a pid 1 that is not the host's init.
+/// Any doubt (a missing variable, an unreadable file) also refuses.
+pub const GUARD: &str = r#"
+import os, sys
+def _zygo_sandboxed():
+    try:
+        for kind in ("user", "mnt", "pid"):
+            host = {int(x) for x in os.environ["ZYGO_GUARD_NS_" + kind.upper()].split()}
+            if not host or os.stat("/proc/self/ns/" + kind).st_ino in host:
+                return False
+        if os.getpid() == int(os.environ["ZYGO_GUARD_PID"]):
+            return False
+        host_init = bytes.fromhex(os.environ["ZYGO_GUARD_INIT"])
+        with open("/proc/1/cmdline", "rb") as f:
+            if not host_init or f.read() == host_init:
+                return False
+        return True
+    except Exception:
+        return False
+if not _zygo_sandboxed():
+    print("REFUSED: not sandboxed")
+    sys.stderr.write("REFUSED: not sandboxed\n")
+    sys.exit(99)
+"#;
+
+/// Helpers every probe may use (after the guard):
+/// `sc(nr, *args)` a raw x86_64 syscall → "OK" or the errno's name; `attempt(f, *args)`
+/// → "OK" or the errno's name of the OSError it raised; `done(**results)` prints them as
+/// one JSON line; `libc` is the C library (use_errno).
+pub const PRELUDE: &str = r#"
+import ctypes, errno, json
+libc = ctypes.CDLL(None, use_errno=True)
+libc.syscall.restype = ctypes.c_long
+def ename(n):
+    return errno.errorcode.get(n, str(n))
+def _arg(a):
+    return ctypes.c_long(a) if isinstance(a, int) else a
+def raw(nr, *args):
+    ctypes.set_errno(0)
+    r = libc.syscall(ctypes.c_long(nr), *[_arg(a) for a in args])
+    return r, ctypes.get_errno()
+def sc(nr, *args):
+    r, e = raw(nr, *args)
+    if r == 0 and nr in (56, 57, 58, 435):
+        os._exit(0)  # a fork-like call that succeeded: this is the child
+    return ename(e) if r == -1 else "OK"
+def attempt(f, *args):
+    try:
+        f(*args)
+        return "OK"
+    except OSError as e:
+        return ename(e.errno)
+def done(**r):
+    print(json.dumps(r))
+"#;
+
+/// The host's identity, as the guard compares it.
+pub struct HostIds {
+    /// (kind, inode numbers of the test process's and pid 1's namespaces of that kind)
+    pub ns: Vec<(&'static str, Vec<u64>)>,
+    pub pid: u32,
+    pub init_cmdline: Vec<u8>,
+}
+
+pub fn host_ids() -> HostIds {
+    let ns = ["user", "mnt", "pid"]
+        .into_iter()
+        .map(|kind| {
+            let mut inos = Vec::new();
+            for who in ["self", "1"] {
+                if let Ok(m) = fs::metadata(format!("/proc/{who}/ns/{kind}")) {
+                    inos.push(m.ino());
+                }
+            }
+            assert!(!inos.is_empty(), "cannot read the host's {kind} namespace");
+            (kind, inos)
+        })
+        .collect();
+    HostIds {
+        ns,
+        pid: std::process::id(),
+        init_cmdline: fs::read("/proc/1/cmdline").expect("read the host's /proc/1/cmdline"),
+    }
+}
+
+/// The `--env` flags that hand the host's identity to [`GUARD`].
+pub fn guard_flags() -> Vec<String> {
+    let h = host_ids();
+    let mut f = Vec::new();
+    for (kind, inos) in &h.ns {
+        let list: Vec<String> = inos.iter().map(u64::to_string).collect();
+        f.push("--env".to_string());
+        f.push(format!(
+            "ZYGO_GUARD_NS_{}={}",
+            kind.to_uppercase(),
+            list.join(" ")
+        ));
+    }
+    let hex: String = h.init_cmdline.iter().map(|b| format!("{b:02x}")).collect();
+    f.push("--env".into());
+    f.push(format!("ZYGO_GUARD_PID={}", h.pid));
+    f.push("--env".into());
+    f.push(format!("ZYGO_GUARD_INIT={hex}"));
+    f
+}
+
+/// The full script of a probe: guard, prelude, then `code`.
+pub fn probe_script(code: &str) -> String {
+    format!("{GUARD}\n{PRELUDE}\n{code}\n")
+}
+
+/// Run `code` as a guarded Python probe; return the sandbox's answer and zygo's exit code.
+pub fn guarded_py(who: Who, flags: &[&str], code: &str) -> (Value, i32) {
+    let g = guard_flags();
+    let mut all: Vec<&str> = g.iter().map(String::as_str).collect();
+    all.extend_from_slice(flags);
+    let script = probe_script(code);
+    let (v, code) = py(who, &all, &script);
+    assert_not_refused(who, &v, code);
+    (v, code)
+}
+
+/// Assert that a guarded probe did not refuse to run.
+#[track_caller]
+pub fn assert_not_refused(who: Who, v: &Value, code: i32) {
+    assert!(
+        code != REFUSED_CODE && !s(v, "stdout").contains("REFUSED: not sandboxed"),
+        "[{}] the probe's guard refused: it did not find itself sandboxed: {}",
+        who.name(),
+        truncate(&v.to_string(), 4000)
+    );
+}
+
+/// Run a guarded probe that must exit 0 and end by calling `done(...)`; return what it
+/// reported.
+pub fn probe(who: Who, flags: &[&str], code: &str) -> Value {
+    let (v, exit) = guarded_py(who, flags, code);
+    assert_ok(who, &v, exit);
+    let out = s(&v, "stdout");
+    let last = out.lines().last().unwrap_or("");
+    serde_json::from_str(last).unwrap_or_else(|e| {
+        panic!(
+            "[{}] the probe's last line is not JSON ({e}): {}",
+            who.name(),
+            truncate(&v.to_string(), 4000)
+        )
+    })
+}
+
+/// The host uid and gid that id 0 inside a sandbox of `who` maps onto.
+pub fn sandbox_host_ids(who: Who) -> (u32, u32) {
+    let (v, code) = run_json(
+        who,
+        &[],
+        &["sh", "-c", "cat /proc/self/uid_map /proc/self/gid_map"],
+    );
+    assert_ok(who, &v, code);
+    let lines: Vec<Vec<u64>> = s(&v, "stdout")
+        .lines()
+        .map(|l| {
+            l.split_whitespace()
+                .map(|n| n.parse().expect("id map numbers"))
+                .collect()
+        })
+        .collect();
+    assert_eq!(lines.len(), 2, "one uid and one gid map line: {v}");
+    (lines[0][1] as u32, lines[1][1] as u32)
+}
+
+/// Assert that a probe's result `key` is one of `expected` (errno names, or "OK").
+#[track_caller]
+pub fn assert_result(who: Who, r: &Value, key: &str, expected: &[&str]) {
+    let got = match &r[key] {
+        Value::String(s) => s.clone(),
+        Value::Null => "<missing>".to_string(),
+        other => other.to_string(),
+    };
+    assert!(
+        expected.contains(&got.as_str()),
+        "[{}] {key}: expected one of {expected:?}, got {got}\nall results: {r}",
+        who.name()
+    );
+}

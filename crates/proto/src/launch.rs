@@ -40,7 +40,8 @@ pub enum IdMap {
 }
 
 /// A file the launcher writes into the sandbox's root before it is made read-only
-/// (the agent, scripts). `path` is absolute inside the sandbox, under `/run`.
+/// (the agent, scripts, code sent with a call). `path` is absolute inside the sandbox,
+/// under `/run` or `/zygo`; each of those is a read-only tmpfs holding only these files.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct InjectedFile {
     pub path: String,
@@ -73,6 +74,9 @@ pub struct LaunchPlan {
     pub ids: IdMap,
     pub hostname: String,
     pub files: Vec<InjectedFile>,
+    /// A host directory bound writable at `/work` instead of a fresh tmpfs (a workspace that
+    /// persists across sandboxes).
+    pub work: Option<String>,
 }
 
 /// The phase a sandbox was in when something went wrong.

@@ -14,6 +14,7 @@ pub mod codec;
 pub mod frame;
 pub mod front;
 pub mod launch;
+pub mod mcp;
 
 pub use frame::{encode_frame, read_frame, write_frame, FrameBuf, ProtoError};
 

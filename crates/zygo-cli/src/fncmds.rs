@@ -98,7 +98,7 @@ fn connect() -> Result<Client, i32> {
 /// Print a refusal as one line (or JSON) and return exit code 1.
 fn refused(json: bool, code: &str, message: &str) -> i32 {
     if json {
-        println!("{}", json!({"error": message, "code": code}));
+        say!("{}", json!({"error": message, "code": code}));
     } else {
         eprintln!("zygo: {message}");
     }
@@ -150,7 +150,7 @@ pub fn supervisor(raw: Vec<OsString>) -> i32 {
     match parse("supervisor", raw, &[], &[]) {
         Ok(Some(_)) => {}
         Ok(None) => {
-            print!("{}", usage::SUPERVISOR);
+            say_raw!("{}", usage::SUPERVISOR);
             return 0;
         }
         Err(c) => return c,
@@ -235,10 +235,10 @@ fn print_served(json: bool, r: Reply) -> i32 {
             .iter()
             .map(|(n, e)| json!({"name": n, "error": e}))
             .collect();
-        println!("{}", json!({"served": served, "failed": failed}));
+        say!("{}", json!({"served": served, "failed": failed}));
     } else {
         for s in &served {
-            println!("serving {s}");
+            say!("serving {s}");
         }
         for (n, e) in &failed {
             eprintln!("zygo: {n} failed to serve: {e}");
@@ -255,7 +255,7 @@ pub fn up(raw: Vec<OsString>) -> i32 {
     let a = match parse("up", raw, &["f", "file"], &[]) {
         Ok(Some(a)) => a,
         Ok(None) => {
-            print!("{}", usage::UP);
+            say_raw!("{}", usage::UP);
             return 0;
         }
         Err(c) => return c,
@@ -267,13 +267,13 @@ pub fn up(raw: Vec<OsString>) -> i32 {
     match Client::connect() {
         Ok(_) => {
             if !a.json {
-                println!("a supervisor is already running");
+                say!("a supervisor is already running");
             }
         }
         Err(ConnectError::NotRunning) => match start_supervisor() {
             Ok(log) => {
                 if !a.json {
-                    println!("supervisor started; its log is {}", log.display());
+                    say!("supervisor started; its log is {}", log.display());
                 }
             }
             Err(e) => return refused(a.json, "internal", &e),
@@ -282,7 +282,7 @@ pub fn up(raw: Vec<OsString>) -> i32 {
     }
     let Some(file) = file else {
         if a.json {
-            println!("{}", json!({"served": [], "failed": []}));
+            say!("{}", json!({"served": [], "failed": []}));
         }
         return 0;
     };
@@ -301,7 +301,7 @@ pub fn serve(raw: Vec<OsString>) -> i32 {
     let a = match parse("serve", raw, &["f", "file", "secret"], &[]) {
         Ok(Some(a)) => a,
         Ok(None) => {
-            print!("{}", usage::SERVE);
+            say_raw!("{}", usage::SERVE);
             return 0;
         }
         Err(c) => return c,
@@ -340,7 +340,7 @@ pub fn stop(raw: Vec<OsString>) -> i32 {
     let a = match parse("stop", raw, &[], &[]) {
         Ok(Some(a)) => a,
         Ok(None) => {
-            print!("{}", usage::STOP);
+            say_raw!("{}", usage::STOP);
             return 0;
         }
         Err(c) => return c,
@@ -351,9 +351,9 @@ pub fn stop(raw: Vec<OsString>) -> i32 {
     match call(a.json, &Request::Stop { name: name.clone() }) {
         Ok(_) => {
             if a.json {
-                println!("{}", json!({"stopped": name}));
+                say!("{}", json!({"stopped": name}));
             } else {
-                println!("stopped {name}");
+                say!("stopped {name}");
             }
             0
         }
@@ -437,7 +437,7 @@ pub fn exec(raw: Vec<OsString>) -> i32 {
     ) {
         Ok(Some(a)) => a,
         Ok(None) => {
-            print!("{}", usage::EXEC);
+            say_raw!("{}", usage::EXEC);
             return 0;
         }
         Err(c) => return c,
@@ -485,11 +485,11 @@ pub fn exec(raw: Vec<OsString>) -> i32 {
                 ExecEvent::Stderr(d) => ("stderr", d),
                 ExecEvent::Progress(d) => ("progress", d),
             };
-            println!("{}", json!({"event": k, "data": d}));
+            say!("{}", json!({"event": k, "data": d}));
         } else {
             match ev {
                 ExecEvent::Stdout(d) => {
-                    print!("{d}");
+                    say_raw!("{d}");
                     let _ = std::io::stdout().flush();
                 }
                 ExecEvent::Stderr(d) => eprint!("{d}"),
@@ -514,14 +514,14 @@ pub fn exec(raw: Vec<OsString>) -> i32 {
         Err(e) => return refused(a.json, "internal", &e),
     };
     if a.json {
-        println!("{}", answer_json(&ans));
+        say!("{}", answer_json(&ans));
     } else {
         if !stream {
-            print!("{}", ans.stdout);
+            say_raw!("{}", ans.stdout);
             eprint!("{}", ans.stderr);
         }
         match (&ans.outcome, &ans.result) {
-            (Outcome::Ok, Some(r)) => println!("{r}"),
+            (Outcome::Ok, Some(r)) => say!("{r}"),
             _ => {
                 if let Some(tb) = &ans.traceback {
                     eprint!("{tb}");
@@ -547,7 +547,7 @@ pub fn ls(raw: Vec<OsString>) -> i32 {
     let a = match parse("ls", raw, &[], &[]) {
         Ok(Some(a)) => a,
         Ok(None) => {
-            print!("{}", usage::LS);
+            say_raw!("{}", usage::LS);
             return 0;
         }
         Err(c) => return c,
@@ -564,19 +564,26 @@ pub fn ls(raw: Vec<OsString>) -> i32 {
                     "in_flight": f.in_flight, "min_warm": f.min_warm, "max_warm": f.max_warm})
             })
             .collect();
-        println!("{}", serde_json::Value::Array(v));
+        say!("{}", serde_json::Value::Array(v));
         return 0;
     }
     if fs.is_empty() {
-        println!("nothing is served; serve functions with `zygo up -f sandbox.toml`");
+        say!("nothing is served; serve functions with `zygo up -f sandbox.toml`");
         return 0;
     }
-    println!(
+    say!(
         "{:<20} {:<9} {:<9} {:>5} {:>5} {:>6} {:>8} {:>9}",
-        "NAME", "KIND", "STATE", "READY", "BUSY", "FROZEN", "STARTING", "IN-FLIGHT"
+        "NAME",
+        "KIND",
+        "STATE",
+        "READY",
+        "BUSY",
+        "FROZEN",
+        "STARTING",
+        "IN-FLIGHT"
     );
     for f in &fs {
-        println!(
+        say!(
             "{:<20} {:<9} {:<9} {:>5} {:>5} {:>6} {:>8} {:>9}",
             f.name,
             f.kind,
@@ -589,7 +596,7 @@ pub fn ls(raw: Vec<OsString>) -> i32 {
         );
         if let Some(e) = &f.error {
             for line in e.lines() {
-                println!("    {line}");
+                say!("    {line}");
             }
         }
     }
@@ -600,7 +607,7 @@ pub fn logs(raw: Vec<OsString>) -> i32 {
     let a = match parse("logs", raw, &["n"], &["f", "follow"]) {
         Ok(Some(a)) => a,
         Ok(None) => {
-            print!("{}", usage::LOGS);
+            say_raw!("{}", usage::LOGS);
             return 0;
         }
         Err(c) => return c,
@@ -634,13 +641,13 @@ pub fn logs(raw: Vec<OsString>) -> i32 {
                 continue;
             }
             if a.json {
-                println!(
+                say!(
                     "{}",
                     json!({"request_id": e.request_id, "finished_ms": e.finished_ms, "outcome": e.outcome.as_str(),
                         "wall_ms": e.wall_ms, "error": e.error, "stdout": e.stdout, "stderr": e.stderr})
                 );
             } else {
-                println!(
+                say!(
                     "{} {:<9} {:>6} ms  {}",
                     e.request_id,
                     e.outcome.as_str(),
@@ -648,10 +655,10 @@ pub fn logs(raw: Vec<OsString>) -> i32 {
                     e.error.as_deref().unwrap_or("")
                 );
                 for line in e.stdout.lines() {
-                    println!("    out: {line}");
+                    say!("    out: {line}");
                 }
                 for line in e.stderr.lines() {
-                    println!("    err: {line}");
+                    say!("    err: {line}");
                 }
             }
         }
@@ -667,7 +674,7 @@ pub fn stats(raw: Vec<OsString>) -> i32 {
     let a = match parse("stats", raw, &[], &[]) {
         Ok(Some(a)) => a,
         Ok(None) => {
-            print!("{}", usage::STATS);
+            say_raw!("{}", usage::STATS);
             return 0;
         }
         Err(c) => return c,
@@ -686,10 +693,10 @@ pub fn stats(raw: Vec<OsString>) -> i32 {
                     "peak_rss_kb": s.peak_rss_kb})
             })
             .collect();
-        println!("{}", serde_json::Value::Array(v));
+        say!("{}", serde_json::Value::Array(v));
         return 0;
     }
-    println!(
+    say!(
         "{:<20} {:>8} {:>6} {:>6} {:>7} {:>9} {:>5} {:>9} {:>9} {:>10}",
         "NAME",
         "REQUESTS",
@@ -703,7 +710,7 @@ pub fn stats(raw: Vec<OsString>) -> i32 {
         "PEAK RSS"
     );
     for s in &st {
-        println!(
+        say!(
             "{:<20} {:>8} {:>6} {:>6} {:>7} {:>9} {:>5} {:>9.2} {:>9.2} {:>7} KB",
             s.name,
             s.requests,
@@ -724,7 +731,7 @@ pub fn warm(raw: Vec<OsString>) -> i32 {
     let a = match parse("warm", raw, &[], &[]) {
         Ok(Some(a)) => a,
         Ok(None) => {
-            print!("{}", usage::WARM);
+            say_raw!("{}", usage::WARM);
             return 0;
         }
         Err(c) => return c,
@@ -740,9 +747,9 @@ pub fn warm(raw: Vec<OsString>) -> i32 {
     match call(a.json, &Request::Warm { name, n }) {
         Ok(Reply::Warmed { name, ready }) => {
             if a.json {
-                println!("{}", json!({"name": name, "ready": ready}));
+                say!("{}", json!({"name": name, "ready": ready}));
             } else {
-                println!("{name}: {ready} zygote(s) ready, more starting if asked for");
+                say!("{name}: {ready} zygote(s) ready, more starting if asked for");
             }
             0
         }
@@ -755,7 +762,7 @@ pub fn cancel(raw: Vec<OsString>) -> i32 {
     let a = match parse("cancel", raw, &[], &[]) {
         Ok(Some(a)) => a,
         Ok(None) => {
-            print!("{}", usage::CANCEL);
+            say_raw!("{}", usage::CANCEL);
             return 0;
         }
         Err(c) => return c,
@@ -766,9 +773,9 @@ pub fn cancel(raw: Vec<OsString>) -> i32 {
     match call(a.json, &Request::Cancel { key: key.clone() }) {
         Ok(Reply::Cancelled { count }) => {
             if a.json {
-                println!("{}", json!({"cancelled": count}));
+                say!("{}", json!({"cancelled": count}));
             } else {
-                println!("cancelled {count} request(s)");
+                say!("cancelled {count} request(s)");
             }
             0
         }
@@ -781,7 +788,7 @@ pub fn drain(raw: Vec<OsString>) -> i32 {
     let a = match parse("drain", raw, &["grace"], &[]) {
         Ok(Some(a)) => a,
         Ok(None) => {
-            print!("{}", usage::DRAIN);
+            say_raw!("{}", usage::DRAIN);
             return 0;
         }
         Err(c) => return c,
@@ -801,9 +808,9 @@ pub fn drain(raw: Vec<OsString>) -> i32 {
     ) {
         Ok(Reply::Draining { in_flight }) => {
             if a.json {
-                println!("{}", json!({"drained": true, "in_flight": in_flight}));
+                say!("{}", json!({"drained": true, "in_flight": in_flight}));
             } else {
-                println!(
+                say!(
                     "draining: {in_flight} request(s) in flight may finish within {}s",
                     grace.as_secs()
                 );

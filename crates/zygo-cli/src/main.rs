@@ -1,6 +1,25 @@
 //! The `zygo` binary: one executable, several roles. `zygo __launcher` is the launcher role
 //! (started only by the monitor, with its socket on fd 3); everything else is the CLI.
 
+/// `println!` that does not panic when stdout is closed (e.g. piped into `head`): the
+/// monitor must still clean up its sandbox whatever happens to its output.
+#[macro_export]
+macro_rules! say {
+    ($($t:tt)*) => {{
+        use std::io::Write as _;
+        let _ = writeln!(std::io::stdout(), $($t)*);
+    }};
+}
+
+/// `print!` that does not panic when stdout is closed.
+#[macro_export]
+macro_rules! say_raw {
+    ($($t:tt)*) => {{
+        use std::io::Write as _;
+        let _ = write!(std::io::stdout(), $($t)*);
+    }};
+}
+
 mod client;
 mod fncmds;
 mod run;
@@ -21,7 +40,7 @@ fn main() -> ExitCode {
     let rest: Vec<std::ffi::OsString> = args.collect();
     let code = match first.as_ref().and_then(|f| f.to_str()) {
         None | Some("help") | Some("--help") | Some("-h") => {
-            print!("{}", usage::TOP);
+            say_raw!("{}", usage::TOP);
             0
         }
         Some("run") => run::main(rest),

@@ -80,7 +80,7 @@ pub fn main(raw: Vec<OsString>) -> i32 {
     let opts = match parse(raw) {
         Ok(Some(o)) => o,
         Ok(None) => {
-            print!("{}", usage::RUN);
+            say_raw!("{}", usage::RUN);
             return 0;
         }
         Err(e) => return usage_error("run", e),
@@ -138,6 +138,7 @@ pub fn main(raw: Vec<OsString>) -> i32 {
             Output::PassThrough
         },
         launcher,
+        cancel: None,
     };
     let out = oneshot::run(&backend, req);
     report(&out, opts.json, &mem_text, &timeout_text)
@@ -179,7 +180,7 @@ fn report(out: &Outcome, json: bool, mem: &str, timeout: &str) -> i32 {
             "stderr": String::from_utf8_lossy(&out.stderr),
             "stderr_truncated": out.stderr_truncated,
         });
-        println!("{v}");
+        say!("{v}");
     } else if let Some(err) = &out.error {
         let phase = out.phase.unwrap_or(Phase::Start);
         let what = match phase {

@@ -11,7 +11,7 @@ pub fn main(args: Vec<OsString>) -> i32 {
         match p.next() {
             Ok(Some(lexopt::Arg::Long("json"))) => json = true,
             Ok(Some(lexopt::Arg::Long("help") | lexopt::Arg::Short('h'))) => {
-                print!("{}", usage::VERSION);
+                say_raw!("{}", usage::VERSION);
                 return 0;
             }
             Ok(Some(other)) => return usage_error("version", other.unexpected()),
@@ -34,23 +34,23 @@ pub fn main(args: Vec<OsString>) -> i32 {
             "landlock_abi": abi,
             "seccomp": true,
         });
-        println!("{v}");
+        say!("{v}");
     } else {
-        println!("zygo {}", env!("CARGO_PKG_VERSION"));
-        println!("backend:  namespaces (user, mount, pid, net, ipc, uts, cgroup)");
+        say!("zygo {}", env!("CARGO_PKG_VERSION"));
+        say!("backend:  namespaces (user, mount, pid, net, ipc, uts, cgroup)");
         match (cgroup, cgroup_root) {
-            (Some(c), Some(root)) => println!("cgroup:   {c} ({root})"),
-            _ => println!(
+            (Some(c), Some(root)) => say!("cgroup:   {c} ({root})"),
+            _ => say!(
                 "cgroup:   unavailable — sandboxes will be refused: {}",
                 cgroup_error.unwrap_or_default()
             ),
         }
         if abi > 0 {
-            println!("landlock: ABI {abi}");
+            say!("landlock: ABI {abi}");
         } else {
-            println!("landlock: not available on this kernel — sandboxes run without it (the mount namespace and read-only root still hold)");
+            say!("landlock: not available on this kernel — sandboxes run without it (the mount namespace and read-only root still hold)");
         }
-        println!("seccomp:  allowlist, installed last before exec");
+        say!("seccomp:  allowlist, installed last before exec");
     }
     0
 }

@@ -111,6 +111,32 @@ pub fn run(sock: &mut UnixStream, plan: &LaunchPlan, attach: &[RawFd]) -> Result
     };
     let inner_fds = agent_fds.as_ref().map(|c| c.inner());
 
+    // As root, create the user namespace *as* the subordinate uid: the namespace's owner is
+    // then that uid, so the per-user kernel counters (inotify instances and watches, queued
+    // signals, ...) the sandbox uses are charged to it, never to the host's root. Only the
+    // effective ids change; the real and saved ids stay 0 so we can change back.
+    let as_subordinate = match plan.ids {
+        IdMap::Range {
+            uid_base, gid_base, ..
+        } => {
+            // SAFETY: changing only the effective ids of this single-threaded process.
+            let r = unsafe { libc::setresgid(u32::MAX, gid_base, u32::MAX) };
+            // SAFETY: as above.
+            let r2 = unsafe { libc::setresuid(u32::MAX, uid_base, u32::MAX) };
+            if r < 0 || r2 < 0 {
+                let e = std::io::Error::last_os_error();
+                restore_root();
+                return failed(
+                    sock,
+                    Phase::Start,
+                    format!("take the sandbox's host ids: {e}"),
+                );
+            }
+            true
+        }
+        IdMap::Single { .. } => false,
+    };
+
     // SAFETY: a raw clone with a null stack behaves like fork. The launcher is
     // single-threaded, so the child may go on running ordinary Rust code.
     let pid = unsafe {
@@ -123,6 +149,9 @@ pub fn run(sock: &mut UnixStream, plan: &LaunchPlan, attach: &[RawFd]) -> Result
             0usize,
         )
     };
+    if pid != 0 && as_subordinate {
+        restore_root();
+    }
     if pid < 0 {
         let e = std::io::Error::last_os_error();
         return failed(
@@ -155,6 +184,15 @@ pub fn run(sock: &mut UnixStream, plan: &LaunchPlan, attach: &[RawFd]) -> Result
     reap(pid);
     sys::close(rep_r);
     outcome
+}
+
+/// Back to effective root after creating the sandbox as its subordinate uid.
+fn restore_root() {
+    // SAFETY: the real and saved ids are 0, so these only restore the effective ids.
+    unsafe {
+        libc::setresuid(u32::MAX, 0, u32::MAX);
+        libc::setresgid(u32::MAX, 0, u32::MAX);
+    }
 }
 
 fn userns_hint(e: &std::io::Error) -> &'static str {
@@ -609,6 +647,11 @@ fn setup(plan: &LaunchPlan) -> Result<Prepared, SetupError> {
     // SAFETY: plain id-setting call.
     let r = unsafe { libc::setresuid(0, 0, 0) };
     step(check(r), || "become uid 0 in the sandbox".into())?;
+    // Changing ids cleared the parent-death signal: arm it again.
+    step(
+        sys::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL as libc::c_ulong),
+        || "set the parent-death signal".into(),
+    )?;
     // Now that the monitor has placed us in our cgroups, make them our cgroup root.
     // SAFETY: unshare with a namespace flag only.
     let r = unsafe { libc::unshare(libc::CLONE_NEWCGROUP) };

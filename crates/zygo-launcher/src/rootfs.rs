@@ -379,29 +379,45 @@ pub fn build(plan: &LaunchPlan) -> Result<()> {
     };
     let work = new.join("work");
     mkdir(&work, 0o755)?;
-    tmpfs(
-        &work,
-        &format!("mode={work_mode},{scratch}"),
-        MS_NOSUID | MS_NODEV,
-    )?;
+    match &plan.work {
+        Some(dir) => bind(&under(old, dir), &work, true)?,
+        None => tmpfs(
+            &work,
+            &format!("mode={work_mode},{scratch}"),
+            MS_NOSUID | MS_NODEV,
+        )?,
+    }
 
-    // Files written from outside (the agent, scripts) on their own read-only tmpfs.
-    if !plan.files.is_empty() {
-        let total: usize = plan.files.iter().map(|f| f.contents.len() + 4096).sum();
-        let run = new.join("run");
+    // Files written from outside (the agent, scripts, code) on read-only tmpfs mounts of
+    // their own: one for /run, one for /zygo.
+    for f in &plan.files {
+        let p = under(new, &f.path);
+        if !p.starts_with(new.join("run")) && !p.starts_with(new.join("zygo")) {
+            return Err(fail(
+                format!("injected file {} is not under /run or /zygo", f.path),
+                std::io::Error::from_raw_os_error(libc::EINVAL),
+            ));
+        }
+    }
+    for top in ["run", "zygo"] {
+        let dir = new.join(top);
+        let mine: Vec<_> = plan
+            .files
+            .iter()
+            .filter(|f| under(new, &f.path).starts_with(&dir))
+            .collect();
+        if mine.is_empty() {
+            continue;
+        }
+        let total: usize = mine.iter().map(|f| f.contents.len() + 4096).sum();
+        mkdir(&dir, 0o755)?;
         tmpfs(
-            &run,
+            &dir,
             &format!("mode=0755,size={}", total + 65536),
             MS_NOSUID | MS_NODEV,
         )?;
-        for f in &plan.files {
+        for f in mine {
             let p = under(new, &f.path);
-            if !p.starts_with(&run) {
-                return Err(fail(
-                    format!("injected file {} is not under /run", f.path),
-                    std::io::Error::from_raw_os_error(libc::EINVAL),
-                ));
-            }
             if let Some(parent) = p.parent() {
                 mkdir(parent, 0o755)?;
             }
@@ -411,7 +427,7 @@ pub fn build(plan: &LaunchPlan) -> Result<()> {
                 || format!("chmod {}", f.path),
             )?;
         }
-        remount_ro(&run, MS_NOEXEC)?;
+        remount_ro(&dir, MS_NOEXEC)?;
     }
 
     for m in &plan.mounts {

@@ -50,19 +50,16 @@
 //!
 //! [`allowlist`] is the whole policy: one line per syscall, with the reason a normal program
 //! needs it. Five entries filter an argument ([`When`]); [`enosys_list`] holds the `ENOSYS`
-//! answers. The BPF is generated from these tables by `seccompiler` (a linear scan in syscall
-//! number order) behind a short hand-written prefix, described at [`sandbox_filter`]. The scan
-//! is long (about 1500 instructions) but rarely runs: since Linux 5.11 the kernel caches the
-//! verdict of every syscall allowed whatever its arguments, so only the five filtered ones
+//! answers. The BPF is generated from these tables: after the architecture check, a balanced
+//! binary search on the syscall number (about 200 instructions, 11 or so run per call),
+//! described at [`sandbox_filter`]. It rarely runs anyway: since Linux 5.11 the kernel caches
+//! the verdict of every syscall allowed whatever its arguments, so only the five filtered ones
 //! and refused calls evaluate the program.
 
 use std::collections::BTreeMap;
 use std::fmt;
 
-use seccompiler::{
-    sock_filter, BpfProgram, SeccompAction, SeccompCmpArgLen, SeccompCmpOp, SeccompCondition,
-    SeccompFilter, SeccompRule,
-};
+use seccompiler::{sock_filter, BpfProgram};
 
 /// Syscall numbers: libc's, plus the one it lacks on some architecture.
 mod sys {
@@ -516,9 +513,8 @@ pub fn enosys_list() -> &'static [Enosys] {
 pub enum SeccompError {
     /// The tables name a syscall twice.
     Duplicate(&'static str),
-    /// `seccompiler` refused the rules.
-    Compile(seccompiler::BackendError),
-    /// The program exceeds the kernel's limit of `BPF_MAXINSNS` instructions.
+    /// Too large for classic BPF: a program over `BPF_MAXINSNS` instructions, or a [`When`]
+    /// with more values than an 8-bit jump can skip.
     TooLarge(usize),
     /// The kernel refused the filter.
     Install(seccompiler::Error),
@@ -528,23 +524,15 @@ impl fmt::Display for SeccompError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             Self::Duplicate(name) => write!(f, "seccomp table lists {name} twice"),
-            Self::Compile(e) => write!(f, "compile the seccomp filter: {e}"),
             Self::TooLarge(n) => write!(f, "seccomp filter too large: {n} instructions"),
             Self::Install(e) => write!(f, "install the seccomp filter: {e}"),
         }
     }
 }
 
-impl From<seccompiler::BackendError> for SeccompError {
-    fn from(e: seccompiler::BackendError) -> Self {
-        Self::Compile(e)
-    }
-}
-
 impl std::error::Error for SeccompError {
     fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
         match self {
-            Self::Compile(e) => Some(e),
             Self::Install(e) => Some(e),
             Self::Duplicate(_) | Self::TooLarge(_) => None,
         }
@@ -553,48 +541,174 @@ impl std::error::Error for SeccompError {
 
 #[cfg(target_arch = "x86_64")]
 mod arch {
-    pub const TARGET: seccompiler::TargetArch = seccompiler::TargetArch::x86_64;
     /// `AUDIT_ARCH_X86_64` (include/uapi/linux/audit.h).
     pub const AUDIT: u32 = 0xC000_003E;
 }
 
 #[cfg(target_arch = "aarch64")]
 mod arch {
-    pub const TARGET: seccompiler::TargetArch = seccompiler::TargetArch::aarch64;
     /// `AUDIT_ARCH_AARCH64` (include/uapi/linux/audit.h).
     pub const AUDIT: u32 = 0xC000_00B7;
 }
 
-/// Build the BPF program for this architecture.
-///
-/// The program is two parts run in sequence:
-///
-/// 1. a hand-written prefix: kill the process on a foreign architecture; answer `ENOSYS` to
-///    [`enosys_list`] and to every number above [`NEWEST_REVIEWED`]; otherwise fall through;
-/// 2. the allowlist, compiled by `seccompiler`: allow [`allowlist`] (with its argument
-///    conditions), `EPERM` for everything else, and again kill on a foreign architecture.
-pub fn sandbox_filter() -> Result<BpfProgram, SeccompError> {
-    let mut rules: BTreeMap<i64, Vec<SeccompRule>> = BTreeMap::new();
-    for entry in ALLOWLIST {
-        if rules.insert(entry.nr, rules_for(entry.when)?).is_some() {
-            return Err(SeccompError::Duplicate(entry.name()));
-        }
-    }
-    for entry in ENOSYS_LIST {
-        if rules.contains_key(&entry.nr) {
-            return Err(SeccompError::Duplicate(entry.name()));
-        }
-    }
-    let allowlist = SeccompFilter::new(
-        rules,
-        SeccompAction::Errno(libc::EPERM as u32),
-        SeccompAction::Allow,
-        arch::TARGET,
-    )?;
-    let allowlist = BpfProgram::try_from(allowlist)?;
+// Classic BPF opcodes (include/uapi/linux/bpf_common.h). Only these: they are the ones the
+// kernel can also evaluate itself when it builds its always-allow cache at install time.
+const LD_ABS: u16 = (libc::BPF_LD | libc::BPF_W | libc::BPF_ABS) as u16;
+const JEQ: u16 = (libc::BPF_JMP | libc::BPF_JEQ | libc::BPF_K) as u16;
+const JGE: u16 = (libc::BPF_JMP | libc::BPF_JGE | libc::BPF_K) as u16;
+const JSET: u16 = (libc::BPF_JMP | libc::BPF_JSET | libc::BPF_K) as u16;
+const JA: u16 = (libc::BPF_JMP | libc::BPF_JA) as u16;
+const RET: u16 = (libc::BPF_RET | libc::BPF_K) as u16;
 
-    let mut prog = enosys_prefix(arch::AUDIT)?;
-    prog.extend(allowlist);
+// Offsets in `struct seccomp_data` (include/uapi/linux/seccomp.h): `int nr; __u32 arch;
+// __u64 instruction_pointer; __u64 args[6];`.
+const NR: u32 = 0;
+const ARCH: u32 = 4;
+/// The offset of the low 32 bits of argument `arg`, the only half ever compared.
+const fn arg_low(arg: u8) -> u32 {
+    16 + 8 * arg as u32
+}
+const _: () = assert!(cfg!(target_endian = "little"), "arg_low assumes little-endian");
+
+const RET_ALLOW: u32 = libc::SECCOMP_RET_ALLOW;
+const RET_EPERM: u32 = libc::SECCOMP_RET_ERRNO | libc::EPERM as u32;
+const RET_ENOSYS: u32 = libc::SECCOMP_RET_ERRNO | libc::ENOSYS as u32;
+
+fn ins(code: u16, jt: u8, jf: u8, k: u32) -> sock_filter {
+    sock_filter { code, jt, jf, k }
+}
+
+fn ret(k: u32) -> sock_filter {
+    ins(RET, 0, 0, k)
+}
+
+/// What the filter answers for one syscall number.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Answer {
+    /// Return this `SECCOMP_RET_*` value.
+    Ret(u32),
+    /// Allow when the argument condition holds, `EPERM` otherwise.
+    Check(When),
+}
+
+/// The whole policy as runs of syscall numbers with the same answer: `(first number,
+/// answer)`, ascending from 0, each run ending where the next begins and the last (`ENOSYS`
+/// above [`NEWEST_REVIEWED`]) at `u32::MAX`. About 85 runs on x86_64: neighbouring syscalls
+/// tend to share an answer.
+fn runs() -> Result<Vec<(u32, Answer)>, SeccompError> {
+    let mut table = BTreeMap::new();
+    for e in ALLOWLIST {
+        let answer = match e.when {
+            When::Always => Answer::Ret(RET_ALLOW),
+            when => Answer::Check(when),
+        };
+        if table.insert(e.nr, answer).is_some() {
+            return Err(SeccompError::Duplicate(e.name()));
+        }
+    }
+    for e in ENOSYS_LIST {
+        if table.insert(e.nr, Answer::Ret(RET_ENOSYS)).is_some() {
+            return Err(SeccompError::Duplicate(e.name()));
+        }
+    }
+    let mut runs: Vec<(u32, Answer)> = Vec::new();
+    for nr in 0..=NEWEST_REVIEWED + 1 {
+        let answer = match table.get(&nr) {
+            _ if nr > NEWEST_REVIEWED => Answer::Ret(RET_ENOSYS),
+            Some(&answer) => answer,
+            None => Answer::Ret(RET_EPERM),
+        };
+        if runs.last().map(|&(_, a)| a) != Some(answer) {
+            runs.push((nr as u32, answer));
+        }
+    }
+    Ok(runs)
+}
+
+/// A binary search over `runs`, entered with the syscall number in A. Each node splits the
+/// runs in half with `jge <first number of the right half>`: true jumps over the left half,
+/// false falls into it. Should the left half be longer than a conditional jump's 8-bit offset
+/// can skip, true goes to a `ja` (32-bit offset) over it instead. Nothing else jumps far: a
+/// leaf is a `ret` or an argument check that ends in its own `ret`s.
+fn search(runs: &[(u32, Answer)]) -> Result<Vec<sock_filter>, SeccompError> {
+    let (left, right) = match runs {
+        [] => unreachable!("runs() covers every number"),
+        [(_, answer)] => return leaf(*answer),
+        _ => runs.split_at(runs.len() / 2),
+    };
+    let (left, split) = (search(left)?, right[0].0);
+    let mut prog = match u8::try_from(left.len()) {
+        Ok(skip) => vec![ins(JGE, skip, 0, split)],
+        Err(_) => {
+            let skip = u32::try_from(left.len()).map_err(|_| SeccompError::TooLarge(left.len()))?;
+            vec![ins(JGE, 0, 1, split), ins(JA, 0, 0, skip)]
+        }
+    };
+    prog.extend(left);
+    prog.extend(search(right)?);
+    Ok(prog)
+}
+
+/// The code for one run's answer.
+fn leaf(answer: Answer) -> Result<Vec<sock_filter>, SeccompError> {
+    Ok(match answer {
+        Answer::Ret(k) => vec![ret(k)],
+        Answer::Check(When::Always) => vec![ret(RET_ALLOW)], // runs() never makes this
+        Answer::Check(When::MaskClear { arg, mask }) => vec![
+            ins(LD_ABS, 0, 0, arg_low(arg)),
+            ins(JSET, 1, 0, mask), // any bit of `mask` set: EPERM
+            ret(RET_ALLOW),
+            ret(RET_EPERM),
+        ],
+        Answer::Check(When::OneOf { arg, values }) => any_of(arg, values, RET_ALLOW, RET_EPERM)?,
+        Answer::Check(When::NoneOf { arg, values }) => any_of(arg, values, RET_EPERM, RET_ALLOW)?,
+    })
+}
+
+/// `hit` when argument `arg` is one of `values`, else `miss`:
+///
+/// ```text
+///   ld  [arg, low half]
+///   jeq values[0], →H
+///   ...
+///   jeq values[n-1], →H
+///   ret miss
+/// H: ret hit
+/// ```
+fn any_of(arg: u8, values: &[u32], hit: u32, miss: u32) -> Result<Vec<sock_filter>, SeccompError> {
+    let n = values.len();
+    let mut prog = vec![ins(LD_ABS, 0, 0, arg_low(arg))];
+    for (i, &value) in values.iter().enumerate() {
+        // From the i-th test, H is past the n - 1 - i tests after it and `ret miss`.
+        let to_hit = u8::try_from(n - i).map_err(|_| SeccompError::TooLarge(n))?;
+        prog.push(ins(JEQ, to_hit, 0, value));
+    }
+    prog.extend([ret(miss), ret(hit)]);
+    Ok(prog)
+}
+
+/// Build the BPF program for this architecture:
+///
+/// ```text
+///   ld  [arch]
+///   jeq AUDIT, +1            ; our architecture: go on
+///   ret KILL_PROCESS
+///   ld  [nr]
+///   <binary search over the runs of `runs()`>
+/// ```
+///
+/// Every syscall number runs 4 + about 7 comparisons (log2 of the number of runs) before its
+/// `ret` or argument check, where the linear scan `seccompiler` generated ran up to 1500.
+/// The kernel also walks the program once per syscall number at install, to find the calls
+/// it may allow without running it, so a shorter walk is also a cheaper install.
+pub fn sandbox_filter() -> Result<BpfProgram, SeccompError> {
+    let mut prog = vec![
+        ins(LD_ABS, 0, 0, ARCH),
+        ins(JEQ, 1, 0, arch::AUDIT),
+        ret(libc::SECCOMP_RET_KILL_PROCESS),
+        ins(LD_ABS, 0, 0, NR),
+    ];
+    prog.extend(search(&runs()?)?);
     if prog.len() > libc::BPF_MAXINSNS as usize {
         return Err(SeccompError::TooLarge(prog.len()));
     }
@@ -607,80 +721,6 @@ pub fn sandbox_filter() -> Result<BpfProgram, SeccompError> {
 /// is harmless). It allocates nothing, so it is safe in a single-threaded child after fork.
 pub fn install(prog: &BpfProgram) -> Result<(), SeccompError> {
     seccompiler::apply_filter(prog).map_err(SeccompError::Install)
-}
-
-/// The `seccompiler` rules for one [`When`]: none means "always"; several rules are OR-ed;
-/// the conditions within one rule are AND-ed.
-fn rules_for(when: When) -> Result<Vec<SeccompRule>, SeccompError> {
-    let cond = |arg: u8, op: SeccompCmpOp, value: u32| {
-        SeccompCondition::new(arg, SeccompCmpArgLen::Dword, op, u64::from(value))
-    };
-    let rules = match when {
-        When::Always => Vec::new(),
-        When::MaskClear { arg, mask } => {
-            vec![SeccompRule::new(vec![cond(
-                arg,
-                SeccompCmpOp::MaskedEq(u64::from(mask)),
-                0,
-            )?])?]
-        }
-        When::OneOf { arg, values } => values
-            .iter()
-            .map(|&v| SeccompRule::new(vec![cond(arg, SeccompCmpOp::Eq, v)?]))
-            .collect::<Result<_, _>>()?,
-        When::NoneOf { arg, values } => vec![SeccompRule::new(
-            values
-                .iter()
-                .map(|&v| cond(arg, SeccompCmpOp::Ne, v))
-                .collect::<Result<_, _>>()?,
-        )?],
-    };
-    Ok(rules)
-}
-
-/// The first part of the program (see [`sandbox_filter`]):
-///
-/// ```text
-///   ld  [arch]
-///   jeq AUDIT, +1            ; our architecture: go on
-///   ret KILL_PROCESS
-///   ld  [nr]
-///   jgt NEWEST_REVIEWED, →E
-///   jeq enosys[0], →E
-///   ...
-///   jeq enosys[n-1], →E
-///   ja  +1                   ; none matched: on to the allowlist
-/// E: ret ERRNO(ENOSYS)
-/// ```
-fn enosys_prefix(audit_arch: u32) -> Result<BpfProgram, SeccompError> {
-    const LD_ABS: u16 = (libc::BPF_LD | libc::BPF_W | libc::BPF_ABS) as u16;
-    const JEQ: u16 = (libc::BPF_JMP | libc::BPF_JEQ | libc::BPF_K) as u16;
-    const JGT: u16 = (libc::BPF_JMP | libc::BPF_JGT | libc::BPF_K) as u16;
-    const JA: u16 = (libc::BPF_JMP | libc::BPF_JA) as u16;
-    const RET: u16 = (libc::BPF_RET | libc::BPF_K) as u16;
-    // Offsets in `struct seccomp_data` (include/uapi/linux/seccomp.h).
-    const NR: u32 = 0;
-    const ARCH: u32 = 4;
-    let ins = |code, jt, k| sock_filter { code, jt, jf: 0, k };
-
-    let n = ENOSYS_LIST.len();
-    // A jump from the `at`-th test after `ld [nr]` (0: the jgt) to E skips the tests after
-    // it and the `ja`: n + 1 - at instructions.
-    let to_e = |at: usize| u8::try_from(n + 1 - at).map_err(|_| SeccompError::TooLarge(n));
-
-    let mut prog = vec![
-        ins(LD_ABS, 0, ARCH),
-        ins(JEQ, 1, audit_arch),
-        ins(RET, 0, libc::SECCOMP_RET_KILL_PROCESS),
-        ins(LD_ABS, 0, NR),
-        ins(JGT, to_e(0)?, NEWEST_REVIEWED as u32),
-    ];
-    for (i, entry) in ENOSYS_LIST.iter().enumerate() {
-        prog.push(ins(JEQ, to_e(i + 1)?, entry.nr as u32));
-    }
-    prog.push(ins(JA, 0, 1));
-    prog.push(ins(RET, 0, libc::SECCOMP_RET_ERRNO | libc::ENOSYS as u32));
-    Ok(prog)
 }
 
 #[cfg(test)]

@@ -67,18 +67,19 @@ pub fn id_map() -> Result<IdMap, IdentityError> {
             count,
         });
     }
-    let (uid_base, count) = match subid_entry("/etc/subuid") {
+    let (uid_base, uid_count) = match subid_entry("/etc/subuid") {
         Some((b, c)) => check_range(b, c, "/etc/subuid")?,
         None => (DEFAULT_BASE, DEFAULT_COUNT),
     };
-    let gid_base = match subid_entry("/etc/subgid") {
-        Some((b, c)) => check_range(b, c.min(count), "/etc/subgid")?.0,
-        None => DEFAULT_BASE,
+    let (gid_base, gid_count) = match subid_entry("/etc/subgid") {
+        Some((b, c)) => check_range(b, c, "/etc/subgid")?,
+        None => (DEFAULT_BASE, DEFAULT_COUNT),
     };
+    // One count for both maps, so neither reaches past its own range.
     Ok(IdMap::Range {
         uid_base,
         gid_base,
-        count,
+        count: uid_count.min(gid_count),
     })
 }
 

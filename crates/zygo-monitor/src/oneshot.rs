@@ -54,6 +54,9 @@ pub struct Request {
     pub output: Output,
     /// The `zygo` binary to run as the launcher.
     pub launcher: PathBuf,
+    /// When this descriptor becomes readable (or its write end closes), the sandbox is
+    /// killed and the outcome says `cancelled`.
+    pub cancel: Option<OwnedFd>,
 }
 
 /// What happened, in the words `zygo run --json` prints.
@@ -66,6 +69,7 @@ pub struct Outcome {
     pub signal: Option<i32>,
     pub timed_out: bool,
     pub oom_killed: bool,
+    pub cancelled: bool,
     pub peak_rss_kb: u64,
     pub wall_ms: u64,
     pub cpu_ms: u64,
@@ -345,22 +349,20 @@ fn drive(cg: &dyn Cgroup, req: Request) -> Outcome {
         } else {
             drain_deadline.map_or(Duration::ZERO, |d| d.saturating_duration_since(now))
         };
+        let cancel_fd = match &req.cancel {
+            Some(fd) if sock_open && !out.cancelled => fd.as_raw_fd(),
+            _ => -1,
+        };
+        let poll_in = |fd: RawFd| libc::pollfd {
+            fd,
+            events: libc::POLLIN,
+            revents: 0,
+        };
         let mut fds = [
-            libc::pollfd {
-                fd: if sock_open { sock.as_raw_fd() } else { -1 },
-                events: libc::POLLIN,
-                revents: 0,
-            },
-            libc::pollfd {
-                fd: stdout.raw(),
-                events: libc::POLLIN,
-                revents: 0,
-            },
-            libc::pollfd {
-                fd: stderr.raw(),
-                events: libc::POLLIN,
-                revents: 0,
-            },
+            poll_in(if sock_open { sock.as_raw_fd() } else { -1 }),
+            poll_in(stdout.raw()),
+            poll_in(stderr.raw()),
+            poll_in(cancel_fd),
         ];
         let ms = wait.as_millis().min(i32::MAX as u128) as i32 + 1;
         // SAFETY: fds is a valid pollfd array for its length.
@@ -370,6 +372,12 @@ fn drive(cg: &dyn Cgroup, req: Request) -> Outcome {
                 continue;
             }
             break;
+        }
+        if fds[3].revents != 0 {
+            out.cancelled = true;
+            let _ = sock.set_nonblocking(false);
+            let _ = write_frame(&mut sock, &ToLauncher::Kill);
+            let _ = sock.set_nonblocking(true);
         }
         if fds[1].revents != 0 {
             stdout.pump(req.output, false);
@@ -559,6 +567,7 @@ pub fn launch_plan(plan: &policy::plan::OneShotPlan) -> Result<(LaunchPlan, Limi
     let launch = LaunchPlan {
         mode: proto::launch::Mode::OneShot,
         files: Vec::new(),
+        work: None,
         argv: plan.argv.clone(),
         env: plan.env.clone(),
         cwd: "/work".into(),

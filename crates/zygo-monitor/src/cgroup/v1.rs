@@ -144,6 +144,12 @@ impl Cgroup for V1Cgroup {
                 if memsw.exists() {
                     write_file(&memsw, &b.to_string())?;
                 }
+                // v1 charges socket buffers to a cgroup only once this is set: without it a
+                // sandbox could park unbounded memory in TCP buffers.
+                let tcp = mem.join("memory.kmem.tcp.limit_in_bytes");
+                if tcp.exists() {
+                    write_file(&tcp, &b.to_string())?;
+                }
             }
             None => write_file(&mem.join("memory.limit_in_bytes"), "-1")?,
         }

@@ -500,6 +500,7 @@ impl Functions {
             ids: self.ids,
             hostname: "zygo".into(),
             files,
+            work: None,
         };
         let min_warm = (spec.min_warm as usize).max(1);
         self.fns.insert(

@@ -1,0 +1,340 @@
+//! Bad input gets a clear refusal with the documented exit status (2 for usage errors, 1 when
+//! the sandbox could not be built or started), and many sandboxes of every kind leave
+//! nothing behind: no cgroup, no process, no mount, no temp file.
+
+use std::collections::BTreeSet;
+use std::fs;
+use std::os::unix::fs::MetadataExt;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Mutex;
+use std::time::Instant;
+
+use serde_json::Value;
+use zygo_tests::*;
+
+/// Run `zygo ARGS...` (no JSON parsing: usage errors print none).
+fn zygo_raw(who: Who, args: &[&str]) -> Finished {
+    let mut c = zygo(who);
+    c.args(args);
+    finish(c)
+}
+
+/// Assert a usage error: exit 2, nothing on stdout, exactly one line on stderr that
+/// contains `mentions`.
+#[track_caller]
+fn assert_usage_error(who: Who, f: &Finished, mentions: &str) {
+    let err = f.stderr_text();
+    assert_eq!(
+        f.code,
+        2,
+        "[{}] expected exit 2, got {}: {err}",
+        who.name(),
+        f.code
+    );
+    assert!(
+        f.stdout.is_empty(),
+        "[{}] stdout on a usage error: {:?}",
+        who.name(),
+        String::from_utf8_lossy(&f.stdout)
+    );
+    assert_eq!(
+        err.lines().count(),
+        1,
+        "[{}] expected one line on stderr: {err:?}",
+        who.name()
+    );
+    assert!(err.ends_with('\n'), "[{}] stderr: {err:?}", who.name());
+    assert!(
+        err.contains(mentions),
+        "[{}] stderr does not name {mentions}: {err:?}",
+        who.name()
+    );
+}
+
+both_tests! {
+    /// An unknown flag: exit 2 and one line naming it.
+    fn unknown_flag(who) {
+        for json in [false, true] {
+            let mut args = vec!["run"];
+            if json {
+                args.push("--json");
+            }
+            args.extend(["--bogus", "--", "true"]);
+            assert_usage_error(who, &zygo_raw(who, &args), "--bogus");
+        }
+    }
+
+    /// Malformed or out-of-range limits: exit 2 and one line naming the flag.
+    fn malformed_limits(who) {
+        for (flag, value) in [
+            ("--mem", "12X"),
+            ("--timeout", "25h"),
+            ("--cpu", "abc"),
+            ("--pids", "0"),
+            ("--scratch", "-1"),
+            ("--mem", ""),
+            ("--cpu", "NaN"),
+        ] {
+            for json in [false, true] {
+                let mut args = vec!["run"];
+                if json {
+                    args.push("--json");
+                }
+                args.extend([flag, value, "--", "true"]);
+                assert_usage_error(who, &zygo_raw(who, &args), flag);
+            }
+        }
+    }
+
+    /// No command at all: exit 2.
+    fn no_command(who) {
+        for args in [&["run"][..], &["run", "--json"], &["run", "--json", "--"], &["run", "--mem", "64M", "--"]] {
+            let f = zygo_raw(who, args);
+            assert_eq!(f.code, 2, "[{}] {args:?}: {}", who.name(), f.stderr_text());
+            assert_eq!(f.stderr_text().lines().count(), 1, "[{}] {args:?}: {}", who.name(), f.stderr_text());
+        }
+    }
+
+    /// An image directory that does not exist: refused while planning (exit 1).
+    fn missing_image_dir(who) {
+        let (v, code) = run_json(who, &["--image", "dir:/nonexistent/zygo-tests-image"], &["true"]);
+        assert_eq!(code, 1, "[{}] {v}", who.name());
+        assert_eq!(v["started"], false, "[{}] {v}", who.name());
+        assert_eq!(v["phase"], "plan", "[{}] {v}", who.name());
+        assert!(s(&v, "error").contains("/nonexistent/zygo-tests-image"), "[{}] {v}", who.name());
+        assert_eq!(v["exit_code"], Value::Null, "[{}] {v}", who.name());
+    }
+
+    /// A command that is not in the image: the sandbox could not start it (exit 1).
+    fn command_not_found(who) {
+        let (v, code) = run_json(who, &[], &["zygo-tests-no-such-command"]);
+        assert_eq!(code, 1, "[{}] {v}", who.name());
+        assert_eq!(v["started"], false, "[{}] {v}", who.name());
+        assert_eq!(v["phase"], "start", "[{}] {v}", who.name());
+        assert!(s(&v, "error").contains("zygo-tests-no-such-command"), "[{}] {v}", who.name());
+        assert_eq!(v["exit_code"], Value::Null, "[{}] {v}", who.name());
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// Leaks.
+
+/// One kind of sandbox in the leak test, and what its answer must say.
+#[derive(Debug, Clone, Copy)]
+enum Kind {
+    Normal,
+    TimedOut,
+    OomKilled,
+    NotFound,
+}
+
+impl Kind {
+    fn args(self) -> Vec<&'static str> {
+        match self {
+            Kind::Normal => vec!["--", "sh", "-c", "echo hi; sleep 0.01 & wait"],
+            Kind::TimedOut => vec![
+                "--timeout",
+                "200ms",
+                "--",
+                "sh",
+                "-c",
+                "sleep 100 & while :; do :; done",
+            ],
+            Kind::OomKilled => vec![
+                "--mem",
+                "32M",
+                "--",
+                "python3",
+                "-c",
+                "b = b'x' * (1 << 30)",
+            ],
+            Kind::NotFound => vec!["--", "zygo-tests-no-such-command"],
+        }
+    }
+
+    #[track_caller]
+    fn check(self, who: Who, v: &Value, code: i32) {
+        let ok = match self {
+            Kind::Normal => code == 0 && v["exit_code"] == 0 && s(v, "stdout") == "hi\n",
+            Kind::TimedOut => code == 137 && v["timed_out"] == true,
+            Kind::OomKilled => code == 137 && v["oom_killed"] == true,
+            Kind::NotFound => code == 1 && v["started"] == false && v["phase"] == "start",
+        };
+        assert!(ok, "[{}] {self:?} sandbox: exit {code}: {v}", who.name());
+    }
+}
+
+/// The host's state that sandboxes must not change.
+struct Snapshot {
+    mounts: BTreeSet<String>,
+    tmp: BTreeSet<String>,
+}
+
+fn snapshot() -> Snapshot {
+    let mounts = fs::read_to_string("/proc/self/mountinfo")
+        .expect("read mountinfo")
+        .lines()
+        .map(str::to_string)
+        .collect();
+    Snapshot {
+        mounts,
+        tmp: tmp_entries(),
+    }
+}
+
+/// /tmp's entries, except this suite's own.
+fn tmp_entries() -> BTreeSet<String> {
+    fs::read_dir("/tmp")
+        .expect("list /tmp")
+        .flatten()
+        .filter_map(|e| e.file_name().into_string().ok())
+        .filter(|n| !n.starts_with(TMP_PREFIX))
+        .collect()
+}
+
+/// The zygo pid encoded in a per-sandbox cgroup name `run-<pid>-<n>-<time>`.
+fn run_cgroup_pid(name: &str) -> Option<u32> {
+    name.strip_prefix("run-")?.split('-').next()?.parse().ok()
+}
+
+/// 200 sandboxes (normal, timed out, OOM-killed, command not found), half as root and half
+/// rootless, four at a time; then no cgroup, process, mount or temp entry of theirs is left.
+#[test]
+fn no_leaks_after_many_sandboxes() {
+    const RUNS: usize = 200;
+    const THREADS: usize = 4;
+    let whos: Vec<Who> = both().into_iter().filter(|w| w.available()).collect();
+    if whos.contains(&Who::Rootless) {
+        rootless_setup();
+    }
+    // A private copy of the binary, so that this test's launchers (and the sandboxes' init,
+    // a fork of a launcher) are told apart from anyone else's by their argv[0].
+    let bin_dir = PathBuf::from(format!("/tmp/zygo-tests-bin/leak-{}", std::process::id()));
+    let bin = copy_binary(&zygo_bin(), &bin_dir, "zygo");
+    let bin_str = bin.to_str().expect("utf-8").to_string();
+
+    let before = snapshot();
+    let t0 = Instant::now();
+    let next = AtomicUsize::new(0);
+    let pids = Mutex::new(BTreeSet::new());
+    let kinds = [
+        Kind::Normal,
+        Kind::TimedOut,
+        Kind::OomKilled,
+        Kind::NotFound,
+    ];
+    std::thread::scope(|scope| {
+        for _ in 0..THREADS {
+            scope.spawn(|| loop {
+                let i = next.fetch_add(1, Ordering::Relaxed);
+                if i >= RUNS {
+                    break;
+                }
+                let who = whos[i % whos.len()];
+                let kind = kinds[(i / whos.len()) % kinds.len()];
+                let mut c = zygo_with(who, &bin);
+                c.args(["run", "--json"]).args(kind.args());
+                let f = finish(c);
+                pids.lock().expect("lock").insert(f.pid as u32);
+                let v: Value = serde_json::from_slice(&f.stdout).unwrap_or_else(|e| {
+                    panic!(
+                        "[{}] {kind:?}: not JSON ({e}): {}",
+                        who.name(),
+                        f.stderr_text()
+                    )
+                });
+                kind.check(who, &v, f.code);
+            });
+        }
+    });
+    eprintln!("{RUNS} sandboxes, {THREADS} at a time: {:?}", t0.elapsed());
+    let pids = pids.into_inner().expect("lock");
+    assert_eq!(pids.len(), RUNS);
+
+    // Cgroups: no `run-<one of our zygo pids>-*` under any zygo root, root's or rootless.
+    let mut leaked_cgroups = Vec::new();
+    for root in zygo_cgroup_roots() {
+        let Ok(entries) = fs::read_dir(&root) else {
+            continue;
+        };
+        for e in entries.flatten() {
+            let name = e.file_name().to_string_lossy().into_owned();
+            if let Some(pid) = run_cgroup_pid(&name) {
+                if pids.contains(&pid) {
+                    leaked_cgroups.push(root.join(&name));
+                } else {
+                    eprintln!(
+                        "note: a cgroup not made by this test: {}",
+                        root.join(&name).display()
+                    );
+                }
+            }
+        }
+    }
+    assert!(
+        leaked_cgroups.is_empty(),
+        "leftover cgroups: {leaked_cgroups:#?}"
+    );
+
+    // Processes: no launcher or sandbox init of ours (argv[0] is our copy, argv[1]
+    // `__launcher`), and nothing still in one of our sandboxes' cgroups.
+    let mut leaked_procs = Vec::new();
+    for (pid, cmdline) in host_processes() {
+        let ours = cmdline.starts_with(bin_str.as_bytes());
+        let cgroup = fs::read_to_string(format!("/proc/{pid}/cgroup")).unwrap_or_default();
+        let in_ours = pids
+            .iter()
+            .any(|p| cgroup.contains(&format!("/zygo/run-{p}-")));
+        if (ours && contains(&cmdline, b"__launcher")) || in_ours {
+            leaked_procs.push((pid, String::from_utf8_lossy(&cmdline).replace('\0', " ")));
+        } else if contains(&cmdline, b"__launcher") {
+            eprintln!(
+                "note: a launcher not started by this test: {pid} {:?}",
+                String::from_utf8_lossy(&cmdline)
+            );
+        }
+    }
+    assert!(
+        leaked_procs.is_empty(),
+        "leftover sandbox processes: {leaked_procs:#?}"
+    );
+
+    // Mounts: the host's mount table is unchanged.
+    let after = snapshot();
+    let new_mounts: Vec<&String> = after.mounts.difference(&before.mounts).collect();
+    assert!(new_mounts.is_empty(), "new host mounts: {new_mounts:#?}");
+
+    // /tmp: nothing new that stays and is zygo's. Other programs on this machine create
+    // and remove entries in /tmp while this runs, so an entry fails the test only if it is
+    // still there a moment later and is plausibly zygo's: owned by an id the sandboxes run
+    // as (the rootless user, or a subordinate id) or named like zygo's. Others are listed.
+    let new_tmp: Vec<String> = after.tmp.difference(&before.tmp).cloned().collect();
+    if !new_tmp.is_empty() {
+        std::thread::sleep(std::time::Duration::from_secs(1));
+    }
+    let still = tmp_entries();
+    let sandbox_uids: BTreeSet<u32> = whos.iter().map(|w| sandbox_host_ids(*w).0).collect();
+    let mut leaked_tmp = Vec::new();
+    for name in new_tmp.into_iter().filter(|n| still.contains(n)) {
+        let uid = fs::symlink_metadata(format!("/tmp/{name}")).map_or(0, |m| m.uid());
+        let lower = name.to_lowercase();
+        let zygo_owned = (uid != 0 && (sandbox_uids.contains(&uid) || uid >= 65536))
+            || (whos.contains(&Who::Rootless) && uid == rootless_setup().uid);
+        let zygo_named = ["zygo", "launcher", "sandbox", "newroot", "oldroot", "run-"]
+            .iter()
+            .any(|w| lower.contains(w));
+        if zygo_owned || zygo_named {
+            leaked_tmp.push((name, uid));
+        } else {
+            eprintln!(
+                "note: /tmp/{name} (uid {uid}) appeared meanwhile; not zygo's by owner or name"
+            );
+        }
+    }
+    assert!(
+        leaked_tmp.is_empty(),
+        "new entries in /tmp (name, owner uid): {leaked_tmp:?}"
+    );
+    let _ = fs::remove_dir_all(&bin_dir);
+}
