@@ -13,9 +13,11 @@ Guarantees, to a handler that does not sabotage it:
   nothing else of ours leaks into the handler's programs either. Processes are
   non-dumpable, so another request (same uid and pid namespace) cannot reach them
   through /proc.
-- Each request runs once, in its own fork of the imported handler, in /work/<workdir>
-  (0700), with `random` reseeded and fd 1 and fd 2 captured, subprocesses included (up to
-  1 MiB per stream; output still flowing after the handler returned is dropped).
+- Each request runs once, in its own fork of the imported handler, in a new /work/<name>
+  (0700; 32 random hex digits) that reap removes, with `random` reseeded and fd 1 and fd 2
+  captured, subprocesses included (up to 1 MiB per stream; output still flowing after the
+  handler returned is dropped). The agent process never sees a request, an event or a
+  live directory name, so a fork inherits nothing of its neighbours'.
 - A request channel carries stdout, stderr, progress and heartbeat lines, then exactly one
   terminal line (result or error), then the child exits. Lines never interleave, and each
   is one UTF-8 JSON object under 20 MiB. The control channel carries ready (or
@@ -34,7 +36,7 @@ MAX_PROGRESS, MAX_MESSAGE, MAX_TRACEBACK = 64 << 10, 64 << 10, 1 << 20  # charac
 DRAIN_LIMIT = 1.0  # seconds to relay output still flowing after the handler returned
 SLOT, WORKDIR = re.compile(r"[A-Za-z0-9_-]{1,64}"), re.compile(r"[0-9a-f]{32}")
 CONTROL = {"park": {"kind", "slot"}, "reap": {"kind", "slot"}}
-REQUEST = {"request": {"kind", "id", "event", "workdir"}}
+REQUEST = {"request": {"kind", "id", "event"}}
 
 
 class Violation(Exception):
@@ -153,7 +155,7 @@ def no_dump():
 
 
 def serve(func):
-    slots = {}  # slot -> read end of the pipe on which its child names its workdir
+    slots = {}  # slot -> read end of the pipe on which its child named its workdir
     buf = bytearray()
     poller = select.poll()
     poller.register(CTL, select.POLLIN)
@@ -189,6 +191,9 @@ def serve(func):
 
 
 def handle(msg, slots, func):
+    """One launcher line. Each slot's workdir name is chosen in its fresh fork, before any
+    handler code runs there, and sent back on a private pipe that the agent reads only on
+    reap: the agent never holds a live name, so no later fork inherits a neighbour's."""
     slot = msg["slot"]
     if type(slot) is not str or not SLOT.fullmatch(slot):
         raise Violation("a bad slot")
@@ -199,7 +204,7 @@ def handle(msg, slots, func):
             try:
                 name = os.read(named, 64).decode("ascii", "replace")
             except OSError:
-                name = ""  # no request reached the child (yet)
+                name = ""  # the child never got as far as naming it
             os.close(named)
             if WORKDIR.fullmatch(name):
                 remove(os.path.join(WORK_ROOT, name))
@@ -261,6 +266,9 @@ def child(slot, tell_name, inherited, func):
         signal.signal(signal.SIGCHLD, signal.SIG_DFL)
         for fd in [CTL, *inherited]:  # other slots' workdir names are not ours to read
             os.close(fd)
+        workdir = os.urandom(16).hex()  # told before it exists, so reap always finds it
+        os.write(tell_name, workdir.encode())
+        os.close(tell_name)
         mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         reg = socket.socket(fileno=REG)
         creds = struct.pack("iII", os.getpid(), os.getuid(), os.getgid())
@@ -278,9 +286,7 @@ def child(slot, tell_name, inherited, func):
         os._exit(1)
     channel = Channel(mine)
     try:
-        os.write(tell_name, request["workdir"].encode())
-        os.close(tell_name)
-        run(channel, request, func)
+        run(channel, request, func, workdir)
     except BaseException as e:
         try:
             channel.send({"kind": "error", "message": f"the agent failed: {describe(e)}",
@@ -308,8 +314,6 @@ def read_request(sock):
     request = strict(bytes(buf), REQUEST)
     if type(request["id"]) is not str:
         raise Violation("id is not a string")
-    if type(request["workdir"]) is not str or not WORKDIR.fullmatch(request["workdir"]):
-        raise Violation("workdir is not 32 lowercase hex digits")
     return request
 
 
@@ -371,10 +375,10 @@ def beat(channel, finishing):
         channel.send({"kind": "heartbeat"})
 
 
-def run(channel, request, func):
+def run(channel, request, func, workdir):
     global _channel
     _channel = channel
-    path = os.path.join(WORK_ROOT, request["workdir"])
+    path = os.path.join(WORK_ROOT, workdir)
     os.mkdir(path, 0o700)
     os.chmod(path, 0o700)  # whatever the umask
     os.chdir(path)

@@ -39,6 +39,10 @@ WRAP = textwrap.dedent("""
 HANDLER = textwrap.dedent("""
     import os, random, subprocess, sys, time
 
+    # What a program started at import time can see: fd 3 and fd 4 must not be there.
+    LIST_FDS = ["/usr/bin/python3", "-c", "import os; print(sorted(os.listdir('/proc/self/fd')))"]
+    IMPORT_FDS = subprocess.run(LIST_FDS, close_fds=False, capture_output=True, text=True).stdout
+
     def handler(event):
         case = event["case"] if isinstance(event, dict) else "echo"
         if case == "echo":
@@ -77,17 +81,36 @@ HANDLER = textwrap.dedent("""
             return {"cwd": os.getcwd(), "mode": stat_mode(st.st_mode)}
         if case == "fds":
             os.system("/usr/bin/python3 -c 'import os; print(sorted(os.listdir(\\"/proc/self/fd\\")))'")
-            return None
+            return IMPORT_FDS
         if case == "daemon":
             print("before", flush=True)
             os.system("sleep 3 &")
             return "quick"
         if case == "sleep":
+            with open("file", "w") as f:
+                f.write("x")
+            print(os.getcwd(), flush=True)
             time.sleep(event["seconds"])
             return "slept"
         if case == "big":
             sys.stdout.write("x" * (3 << 20))
             return len(event["case"])
+        if case == "ownfds":
+            kinds = []
+            for fd in os.listdir("/proc/self/fd"):
+                try:
+                    kinds.append(os.readlink(f"/proc/self/fd/{fd}").split(":")[0])
+                except OSError:
+                    pass  # the directory listing itself
+            return sorted(kinds)
+        if case == "dumpable":
+            import ctypes
+            return ctypes.CDLL(None).prctl(3, 0, 0, 0, 0)  # PR_GET_DUMPABLE
+        if case == "peek":
+            try:
+                return os.readlink(f"/proc/{event['pid']}/cwd")
+            except PermissionError:
+                return "denied"
         if case == "utf8":
             os.write(1, "é€😀".encode()[:-1] + b"\\xff\\n")
             return None
@@ -160,7 +183,7 @@ class Agent:
                     return None
                 self.buf += chunk
             raw, self.buf = self.buf.split(b"\n", 1)
-            msg = json.loads(raw.decode("utf-8"))
+            msg = parse(raw, AGENT_SAYS)
             if heartbeats or msg != {"kind": "heartbeat"}:
                 return msg
 
@@ -179,6 +202,9 @@ class Agent:
     def park(self, slot):
         """Park a child; return (registration, its pid, its request channel)."""
         self.command("park", slot)
+        return self.registration()
+
+    def registration(self):
         self.reg.settimeout(5)
         data, anc, flags, _ = self.reg.recvmsg(4096, socket.CMSG_SPACE(12) + socket.CMSG_SPACE(16))
         assert flags & (socket.MSG_TRUNC | socket.MSG_CTRUNC) == 0
@@ -194,13 +220,34 @@ class Agent:
         self.children.append(chan)
         return json.loads(data), pid, chan
 
-    def call(self, event, slot="s", workdir=None):
-        """Park a child, send it one request, return (its lines, the workdir)."""
+    def call(self, event, slot="s"):
+        """Park a child, send it one request, return its lines."""
         _, _, chan = self.park(slot)
-        workdir = workdir or os.urandom(16).hex()
-        request = {"kind": "request", "id": "r-" + slot, "event": event, "workdir": workdir}
-        chan.sendall(json.dumps(request).encode() + b"\n")
-        return read_child(chan), workdir
+        request(chan, event)
+        return read_child(chan)
+
+
+# What the launcher accepts (crates/zygo-launcher/src/zygote.rs): kind -> {field: type}.
+AGENT_SAYS = {"ready": {"pid": int}, "import_error": {"message": str, "traceback": str},
+              "heartbeat": {}, "park_failed": {"slot": str, "message": str}}
+CHILD_SAYS = {"stdout": {"data": str}, "stderr": {"data": str}, "progress": {"text": str},
+              "heartbeat": {}, "result": {"value": object},
+              "error": {"message": str, "traceback": str}}
+
+
+def parse(raw, schema):
+    """One line as strictly as the launcher parses it."""
+    assert len(raw) < 20 << 20, "a line over 20 MiB"
+    msg = json.loads(raw.decode("utf-8"), parse_constant=lambda c: 1 / 0)
+    fields = schema[msg["kind"]]
+    assert set(msg) == {"kind", *fields}, msg
+    for name, kind in fields.items():
+        assert isinstance(msg[name], kind), msg
+    return msg
+
+
+def request(chan, event, id="r"):
+    chan.sendall(json.dumps({"kind": "request", "id": id, "event": event}).encode() + b"\n")
 
 
 def read_child(chan, timeout=10.0, heartbeats=False):
@@ -215,7 +262,7 @@ def read_child(chan, timeout=10.0, heartbeats=False):
                 raise AssertionError(f"EOF before a terminal line: {lines} {buf!r}")
             buf += chunk
         raw, buf = buf.split(b"\n", 1)
-        msg = json.loads(raw.decode("utf-8"))
+        msg = parse(raw, CHILD_SAYS)
         if heartbeats or msg != {"kind": "heartbeat"}:
             lines.append(msg)
         if msg["kind"] in ("result", "error"):
@@ -227,6 +274,12 @@ def read_child(chan, timeout=10.0, heartbeats=False):
 
 def output(lines, kind):
     return "".join(m["data"] for m in lines if m["kind"] == kind)
+
+
+def can_ptrace():
+    with open("/proc/self/status") as f:
+        caps = [int(line.split()[1], 16) for line in f if line.startswith("CapEff:")][0]
+    return bool(caps & (1 << 19))  # CAP_SYS_PTRACE
 
 
 def gone(pid, timeout=5.0):
@@ -295,7 +348,7 @@ class Startup(unittest.TestCase):
         a = Agent(self.addCleanup, source="import helper\ndef handler(e):\n    return helper.X\n",
                   files={"helper.py": "X = 7\n"})
         a.ready()
-        lines, _ = a.call(None)
+        lines = a.call(None)
         self.assertEqual(lines[-1], {"kind": "result", "value": 7})
 
 
@@ -317,39 +370,39 @@ class Requests(unittest.TestCase):
             ppid = [line.split()[1] for line in f if line.startswith("PPid:")][0]
         self.assertEqual(int(ppid), self.agent.proc.pid)
         self.assertEqual(chan.getsockopt(socket.SOL_SOCKET, socket.SO_TYPE), socket.SOCK_STREAM)
-        chan.sendall(b'{"kind":"request","id":"x","event":[1],"workdir":"%s"}\n' % os.urandom(16).hex().encode())
+        chan.sendall(b'{"kind":"request","id":"x","event":[1]}\n')
         self.assertEqual(read_child(chan)[-1]["value"]["event"], [1])
         self.assertTrue(gone(pid))
 
     def test_result(self):
-        lines, _ = self.call({"case": "echo", "x": [1, "é"]})
+        lines = self.call({"case": "echo", "x": [1, "é"]})
         self.assertEqual(lines, [{"kind": "result", "value": {
             "event": {"case": "echo", "x": [1, "é"]}, "type": "Event", "isdict": True}}])
         for event, name in (([1, 2], "list"), ("s", "str"), (None, "NoneType"), (1.5, "float")):
-            lines, _ = self.call(event)
+            lines = self.call(event)
             self.assertEqual(lines[-1]["value"], {"event": event, "type": name, "isdict": False})
 
     def test_output(self):
-        lines, _ = self.call({"case": "output"})
+        lines = self.call({"case": "output"})
         self.assertEqual(lines[-1], {"kind": "result", "value": "done"})
         self.assertEqual(output(lines, "stdout"), "hello\nhi\nno newline")
         self.assertEqual(output(lines, "stderr"), "oops\nerr\n")
         self.assertEqual({m["kind"] for m in lines[:-1]}, {"stdout", "stderr"})
 
     def test_output_utf8_and_cap(self):
-        lines, _ = self.call({"case": "utf8"})
+        lines = self.call({"case": "utf8"})
         self.assertEqual(output(lines, "stdout"), "é€\ufffd\ufffd\n")
-        lines, _ = self.call({"case": "big"})
+        lines = self.call({"case": "big"})
         self.assertEqual(lines[-1], {"kind": "result", "value": 3})
         self.assertEqual(output(lines, "stdout"), "x" * (1 << 20))
 
     def test_progress(self):
-        lines, _ = self.call({"case": "progress"})
+        lines = self.call({"case": "progress"})
         self.assertEqual(lines, [{"kind": "progress", "text": "half"}, {"kind": "progress", "text": "42"},
                                  {"kind": "result", "value": 1}])
 
     def test_exception(self):
-        lines, _ = self.call({"case": "raise"})
+        lines = self.call({"case": "raise"})
         self.assertEqual(len(lines), 1)
         self.assertEqual(lines[0]["kind"], "error")
         self.assertEqual(lines[0]["message"], "ValueError: bad input")
@@ -359,34 +412,36 @@ class Requests(unittest.TestCase):
         self.assertNotIn("python_agent.py", tb)
 
     def test_exit_and_interrupt(self):
-        lines, _ = self.call({"case": "exit", "code": 0})
+        lines = self.call({"case": "exit", "code": 0})
         self.assertEqual(lines, [{"kind": "result", "value": None}])
-        lines, _ = self.call({"case": "exit", "code": None})
+        lines = self.call({"case": "exit", "code": None})
         self.assertEqual(lines, [{"kind": "result", "value": None}])
-        lines, _ = self.call({"case": "exit", "code": 3})
+        lines = self.call({"case": "exit", "code": 3})
         self.assertEqual(lines[-1]["message"], "SystemExit: 3")
-        lines, _ = self.call({"case": "interrupt"})
+        lines = self.call({"case": "interrupt"})
         self.assertEqual(lines[-1]["message"], "KeyboardInterrupt")
 
     def test_not_serialisable(self):
-        lines, _ = self.call({"case": "set"})
+        lines = self.call({"case": "set"})
         self.assertEqual(lines, [{"kind": "error", "traceback": "", "message":
                                   "result is not JSON-serialisable: Object of type set is not JSON serializable"}])
         for case in ("nan", "surrogate"):
-            lines, _ = self.call({"case": case})
+            lines = self.call({"case": case})
             self.assertEqual(lines[-1]["kind"], "error")
             self.assertTrue(lines[-1]["message"].startswith("result is not JSON-serialisable: "), lines)
 
     def test_random_differs(self):
-        (a, _), (b, _) = self.call({"case": "random"}), self.call({"case": "random"})
+        a, b = self.call({"case": "random"}), self.call({"case": "random"})
         ra, rb = a[-1]["value"], b[-1]["value"]
         self.assertNotEqual(ra[0], rb[0])
         self.assertNotEqual(ra[1], rb[1])
 
     def test_workdir_and_reap(self):
         slot = f"slot-w{self.n}"
-        lines, workdir = self.agent.call({"case": "workdir"}, slot=slot)
-        path = os.path.join(self.agent.work, workdir)
+        lines = self.agent.call({"case": "workdir"}, slot=slot)
+        path = lines[-1]["value"]["cwd"]
+        self.assertEqual(os.path.dirname(path), self.agent.work)
+        self.assertRegex(os.path.basename(path), r"^[0-9a-f]{32}$")
         self.assertEqual(lines[-1], {"kind": "result", "value": {"cwd": path, "mode": "0o700"}})
         self.assertEqual(stat.S_IMODE(os.stat(path).st_mode), 0o700)
         self.agent.command("reap", slot)
@@ -397,8 +452,29 @@ class Requests(unittest.TestCase):
         # reaping an unknown or already reaped slot is harmless, and the slot may be reused
         self.agent.command("reap", slot)
         self.agent.command("reap", "never-parked")
-        lines, _ = self.agent.call(None, slot=slot)
-        self.assertEqual(lines[-1]["kind"], "result")
+        lines = self.agent.call({"case": "workdir"}, slot=slot)
+        self.assertNotEqual(lines[-1]["value"]["cwd"], path)
+
+    def test_reap_after_the_child_was_killed(self):
+        _, pid, chan = self.agent.park("killed")
+        request(chan, {"case": "sleep", "seconds": 30})
+        chan.settimeout(5)
+        line = json.loads(chan.recv(65536).split(b"\n")[0])
+        path = line["data"].strip()
+        self.assertTrue(os.path.isfile(os.path.join(path, "file")))
+        os.kill(pid, 9)
+        self.assertTrue(gone(pid))
+        self.agent.command("reap", "killed")
+        self.agent.call(None, slot="after-killed")  # the reap has been handled by now
+        self.assertFalse(os.path.exists(path))
+
+    def test_line_split_across_writes(self):
+        self.agent.send(b'{"kind":"pa')
+        time.sleep(0.1)
+        self.agent.send(b'rk","slot":"split"}')
+        time.sleep(0.1)
+        self.agent.send(b'\n')
+        self.assertEqual(self.agent.registration()[0], {"kind": "register", "slot": "split"})
 
     def test_reap_unused(self):
         _, pid, chan = self.agent.park("unused")
@@ -407,20 +483,37 @@ class Requests(unittest.TestCase):
         self.assertTrue(gone(pid))
 
     def test_no_descriptor_leaks(self):
-        lines, _ = self.call({"case": "fds"})
+        lines = self.call({"case": "fds"})
         self.assertEqual(output(lines, "stdout"), "['0', '1', '2', '3']\n")
+        self.assertEqual(lines[-1]["value"], "['0', '1', '2', '3']\n")
+
+    def test_non_dumpable(self):
+        lines = self.call({"case": "dumpable"})
+        self.assertEqual(lines[-1], {"kind": "result", "value": 0})
+
+    @unittest.skipIf(can_ptrace(), "with CAP_SYS_PTRACE we may read any process's /proc entries")
+    def test_neighbours_unreachable_through_proc(self):
+        _, pid, _ = self.agent.park("neighbour")
+        lines = self.call({"case": "peek", "pid": pid})
+        self.assertEqual(lines[-1], {"kind": "result", "value": "denied"})
+
+    def test_nothing_of_the_neighbours_inherited(self):
+        self.agent.park("neighbour-1")
+        self.agent.park("neighbour-2")
+        lines = self.call({"case": "ownfds"})
+        # fd 0 (/dev/null), fd 1 and fd 2 and the relays' ends of their pipes, our channel
+        self.assertEqual(lines[-1]["value"], ["/dev/null", "pipe", "pipe", "pipe", "pipe", "socket"])
 
     def test_daemon_holding_the_pipe(self):
         start = time.monotonic()
-        lines, _ = self.call({"case": "daemon"})
+        lines = self.call({"case": "daemon"})
         self.assertLess(time.monotonic() - start, 0.7)
         self.assertEqual(output(lines, "stdout"), "before\n")
         self.assertEqual(lines[-1], {"kind": "result", "value": "quick"})
 
     def test_heartbeats(self):
         _, _, chan = self.agent.park("beats")
-        chan.sendall(json.dumps({"kind": "request", "id": "b", "event": {"case": "sleep", "seconds": 2.5},
-                                 "workdir": os.urandom(16).hex()}).encode() + b"\n")
+        request(chan, {"case": "sleep", "seconds": 2.5})
         # the agent's heartbeats meanwhile
         start = last = time.monotonic()
         gaps = []
@@ -437,18 +530,20 @@ class Requests(unittest.TestCase):
 
     def test_hostile_requests(self):
         bad = [
-            b'{"kind":"request","id":"x","event":1,"workdir":"%s","extra":1}\n' % (b"a" * 32),
-            b'{"kind":"request","id":"x","event":1,"workdir":"%s"}\n' % (b"A" * 32),
+            b'{"kind":"request","id":"x","event":1,"extra":1}\n',
             b'{"kind":"request","id":"x","event":1,"workdir":"../../../../tmp/zygo-escape"}\n',
-            b'{"kind":"request","id":"x","event":1,"workdir":"%s"}\n' % (b"a" * 31),
-            b'{"kind":"request","id":7,"event":1,"workdir":"%s"}\n' % (b"a" * 32),
-            b'{"kind":"request","id":"x","workdir":"%s"}\n' % (b"a" * 32),
-            b'{"kind":"result","id":"x","event":1,"workdir":"%s"}\n' % (b"a" * 32),
-            b'{"kind":"request","id":"x","event":NaN,"workdir":"%s"}\n' % (b"a" * 32),
-            b'{"kind":"request","id":"\xff","event":1,"workdir":"%s"}\n' % (b"a" * 32),
-            b'{"kind":"request","id":"x","event":1,"workdir":"%s"}\n{}\n' % (b"a" * 32),
-            b'{"kind":"request","id":"x","event":1,"workdir":"%s"}' % (b"a" * 32),  # then EOF
+            b'{"kind":"request","id":7,"event":1}\n',
+            b'{"kind":"request","id":null,"event":1}\n',
+            b'{"kind":"request","id":"x"}\n',
+            b'{"kind":"result","id":"x","event":1}\n',
+            b'{"kind":"request","id":"x","event":NaN}\n',
+            b'{"kind":"request","id":"x","event":{"a":1,"a":2}}\n',
+            b'{"kind":"request","id":"\xff","event":1}\n',
+            b'{"kind":"request","id":"x","event":1}\n{}\n',
+            b'{"kind":"request","id":"x","event":1}',  # then EOF
+            b'{"kind":"request","id":"x","event":1',
             b'[1]\n',
+            b'\n',
         ]
         pids = []
         for i, line in enumerate(bad):
@@ -460,7 +555,6 @@ class Requests(unittest.TestCase):
             pids.append(pid)
         for pid in pids:
             self.assertTrue(gone(pid))
-        self.assertFalse(os.path.exists(os.path.join(self.agent.work, "a" * 32)))
         self.assertFalse(os.path.exists("/tmp/zygo-escape"))
         log = self.agent.log()
         for pid in pids:
@@ -522,7 +616,7 @@ class Hostile(unittest.TestCase):
 
     def test_park_failed(self):
         # With 8 descriptors the agent can hold two parked slots; the third cannot be forked.
-        a = Agent(self.addCleanup, nofile=8)
+        a = Agent(self.addCleanup, source="def handler(e):\n    return e\n", nofile=8)
         a.ready()
         a.park("one")
         a.park("two")
