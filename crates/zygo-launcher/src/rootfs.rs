@@ -455,16 +455,15 @@ pub fn build(plan: &LaunchPlan) -> Result<()> {
         bind(&src, &dst, m.rw)?;
     }
 
-    step(sys::umount_detach(old), || {
-        "detach the host's root".to_string()
-    })?;
     step(sys::chdir(new), || "enter the new root".to_string())?;
     step(sys::pivot_root(Path::new("."), Path::new(".")), || {
         "pivot into the new root".to_string()
     })?;
-    // The staging root is now stacked under "/": detach it.
+    // The staging root, with the host's root still mounted on its /oldroot, is now stacked
+    // under "/": one lazy detach takes both (a detach is recursive), with one wait for the
+    // kernel's RCU grace period instead of two.
     step(sys::umount_detach(Path::new(".")), || {
-        "detach the staging root".to_string()
+        "detach the staging root and the host's root".to_string()
     })?;
     step(sys::chdir(Path::new("/")), || "enter /".to_string())?;
     remount_ro(Path::new("/"), 0)?;
