@@ -339,7 +339,6 @@ done(buffered_mb=total >> 20, conns=len(conns))"#);
     /// A sandbox cannot take the host's whole Linux AIO budget (fs.aio-max-nr is one
     /// counter for the machine): while it holds all it can get, the host can still
     /// io_setup.
-    #[ignore = "BUG: io_setup is allowed and fs.aio-max-nr is global: one sandbox exhausts Linux AIO for the whole host"]
     fn host_aio_budget_survives(who) {
         let code = r#"
 total, last = 0, "OK"

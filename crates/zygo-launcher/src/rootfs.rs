@@ -195,6 +195,32 @@ fn host_entry(old: &Path, new: &Path, name: &str) -> Result<()> {
     }
 }
 
+/// Largest `/etc` file copied rather than bound.
+const ETC_COPY_MAX: u64 = 256 * 1024;
+
+/// An `/etc` entry: small world-readable files are copied into the new root's tmpfs (a
+/// mount costs more than a copy, and the sandbox sees the same bytes); directories are
+/// bound read-only; symlinks are recreated. A file that is not world-readable is bound,
+/// never copied, so the sandbox can read exactly what it could read through a bind.
+fn etc_entry(old_etc: &Path, etc: &Path, name: &str) -> Result<()> {
+    use std::os::unix::fs::MetadataExt;
+    let src = old_etc.join(name);
+    let meta = match fs::symlink_metadata(&src) {
+        Ok(m) => m,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+        Err(e) => return Err(fail(format!("inspect {}", src.display()), e)),
+    };
+    if meta.is_file() && meta.len() <= ETC_COPY_MAX && meta.mode() & 0o004 != 0 {
+        let dst = etc.join(name);
+        step(fs::copy(&src, &dst), || format!("copy {}", src.display()))?;
+        return step(
+            fs::set_permissions(&dst, fs::Permissions::from_mode(0o444)),
+            || format!("chmod {}", dst.display()),
+        );
+    }
+    host_entry(old_etc, etc, name)
+}
+
 fn host_image(old: &Path, new: &Path) -> Result<()> {
     for name in HOST_TOP {
         host_entry(old, new, name)?;
@@ -203,7 +229,7 @@ fn host_image(old: &Path, new: &Path) -> Result<()> {
     mkdir(&etc, 0o755)?;
     let old_etc = old.join("etc");
     for name in HOST_ETC {
-        host_entry(&old_etc, &etc, name)?;
+        etc_entry(&old_etc, &etc, name)?;
     }
     let files: &[(&str, &str)] = &[
         (
@@ -255,11 +281,12 @@ fn proc_fs(new: &Path, empty_file: &Path) -> Result<()> {
     for name in PROC_MASK_FILES {
         let p = proc_.join(name);
         if p.exists() {
+            // The mask file lives on a read-only, nosuid, nodev, noexec tmpfs; a bind
+            // takes those flags with it.
             step(
                 sys::mount(Some(empty_file), &p, None, libc::MS_BIND, None),
                 || format!("mask /proc/{name}"),
             )?;
-            remount_ro(&p, MS_NOEXEC)?;
         }
     }
     for name in PROC_MASK_DIRS {
@@ -336,7 +363,15 @@ pub fn build(plan: &LaunchPlan) -> Result<()> {
     tmpfs(staging, "mode=0755,size=256k", MS_NOSUID | MS_NODEV)?;
     mkdir(&staging.join("oldroot"), 0o755)?;
     mkdir(&staging.join("newroot"), 0o755)?;
-    let empty_file = staging.join("empty");
+    // The file that masks /proc entries, alone on a small read-only tmpfs.
+    let masks = staging.join("masks");
+    mkdir(&masks, 0o755)?;
+    tmpfs(
+        &masks,
+        "mode=0755,size=4k",
+        MS_NOSUID | MS_NODEV | MS_NOEXEC,
+    )?;
+    let empty_file = masks.join("empty");
     step(fs::write(&empty_file, b""), || {
         "create the mask file".to_string()
     })?;
@@ -344,6 +379,7 @@ pub fn build(plan: &LaunchPlan) -> Result<()> {
         fs::set_permissions(&empty_file, fs::Permissions::from_mode(0o444)),
         || "chmod the mask file".to_string(),
     )?;
+    remount_ro(&masks, MS_NOEXEC)?;
     step(sys::chdir(staging), || "enter the staging root".to_string())?;
     step(sys::pivot_root(staging, &staging.join("oldroot")), || {
         "pivot into the staging root".to_string()
@@ -352,7 +388,7 @@ pub fn build(plan: &LaunchPlan) -> Result<()> {
 
     let old = Path::new("/oldroot");
     let new = Path::new("/newroot");
-    let empty_file = Path::new("/empty");
+    let empty_file = Path::new("/masks/empty");
     tmpfs(new, "mode=0755,size=1m", MS_NOSUID | MS_NODEV)?;
 
     match &plan.image {
