@@ -336,6 +336,9 @@ fn supervise(
         }
     }
     send(sock, &FromLauncher::Cloned { pid })?;
+    // 2. While the monitor checks, write the id maps (nothing runs in the sandbox until
+    // `go`, so the order of these two does not matter; doing them together saves a wait).
+    let maps = write_id_maps(pid, &plan.ids);
     match read_frame::<_, ToLauncher>(sock, MAX_LAUNCH_FRAME) {
         Ok(ToLauncher::Proceed) => {}
         Ok(ToLauncher::Kill) => {
@@ -353,8 +356,8 @@ fn supervise(
             return Err(e.into());
         }
     }
-    // 2. Id maps, then let init go on.
-    if let Err(e) = write_id_maps(pid, &plan.ids) {
+    // 3. Let init go on.
+    if let Err(e) = maps {
         sys::close(go_w);
         return failed(
             sock,
@@ -368,7 +371,7 @@ fn supervise(
         return failed(sock, Phase::Start, format!("start the sandbox: {e}"));
     }
 
-    // 3. Wait for init's reports, the monitor, or the deadline.
+    // 4. Wait for init's reports, the monitor, or the deadline.
     let mut started: Option<Instant> = None;
     let mut status: Option<libc::c_int> = None;
     let mut failure: Option<String> = None;

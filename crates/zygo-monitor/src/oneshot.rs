@@ -100,6 +100,7 @@ fn unique_name() -> String {
 
 /// Run one sandbox to completion.
 pub fn run(backend: &Backend, req: Request) -> Outcome {
+    let t0 = Instant::now();
     let cg = match backend.create(&unique_name()) {
         Ok(cg) => cg,
         Err(e) => return Outcome::refused(Phase::Plan, e.to_string()),
@@ -108,7 +109,8 @@ pub fn run(backend: &Backend, req: Request) -> Outcome {
         let _ = cg.remove();
         return Outcome::refused(Phase::Plan, format!("write the sandbox's limits: {e}"));
     }
-    let mut out = drive(cg.as_ref(), req);
+    log::debug!("cgroup {} ready after {:?}", cg.describe(), t0.elapsed());
+    let mut out = drive(cg.as_ref(), req, t0);
     match cg.usage() {
         Ok(u) => {
             out.oom_killed = u.oom_kills > 0;
@@ -120,6 +122,7 @@ pub fn run(backend: &Backend, req: Request) -> Outcome {
     if let Err(e) = cg.remove() {
         log::error!("remove the sandbox's cgroup: {e}");
     }
+    log::debug!("sandbox cleaned up after {:?}", t0.elapsed());
     out
 }
 
@@ -254,7 +257,7 @@ impl Stream {
     }
 }
 
-fn drive(cg: &dyn Cgroup, req: Request) -> Outcome {
+fn drive(cg: &dyn Cgroup, req: Request, t0: Instant) -> Outcome {
     let start_err =
         |what: &str, e: std::io::Error| Outcome::refused(Phase::Start, format!("{what}: {e}"));
     let (sock_mon, sock_launcher) = match UnixStream::pair() {
@@ -306,6 +309,7 @@ fn drive(cg: &dyn Cgroup, req: Request) -> Outcome {
         Err(e) => return start_err(&format!("start the launcher {}", req.launcher.display()), e),
     };
     drop((sock_hi, err_hi, launcher_sock, err_w, attach));
+    log::debug!("launcher spawned after {:?}", t0.elapsed());
 
     let mut sock = sock_mon;
     let mut out = Outcome {
@@ -403,6 +407,7 @@ fn drive(cg: &dyn Cgroup, req: Request) -> Outcome {
             loop {
                 match frames.next_frame::<FromLauncher>() {
                     Ok(Some(msg)) => {
+                        log::debug!("launcher: {} after {:?}", msg_name(&msg), t0.elapsed());
                         if !handle(msg, cg, &mut sock, &mut out, &mut finished) {
                             let _ = child.kill();
                             sock_open = false;
@@ -445,6 +450,16 @@ fn drive(cg: &dyn Cgroup, req: Request) -> Outcome {
     out.stderr = stderr.kept;
     out.stderr_truncated = stderr.truncated;
     out
+}
+
+fn msg_name(m: &FromLauncher) -> &'static str {
+    match m {
+        FromLauncher::Cloned { .. } => "cloned",
+        FromLauncher::Started => "started",
+        FromLauncher::Exited { .. } => "exited",
+        FromLauncher::Failed { .. } => "failed",
+        _ => "zygote message",
+    }
 }
 
 /// One launcher message. Returns false when the channel must end.

@@ -180,12 +180,11 @@ impl Cgroup for V1Cgroup {
     }
 
     fn contains(&self, pid: i32) -> Result<bool, CgroupError> {
-        for d in &self.dirs {
-            if !procs(&d.join("cgroup.procs"))?.contains(&pid) {
-                return Ok(false);
-            }
-        }
-        Ok(true)
+        // The memory hierarchy is the one whose limit matters most, and a process joins the
+        // hierarchies in order (memory first, freezer last), so freezer membership implies
+        // the others: check the first and the last.
+        Ok(procs(&self.memory().join("cgroup.procs"))?.contains(&pid)
+            && procs(&self.freezer().join("cgroup.procs"))?.contains(&pid))
     }
 
     fn usage(&self) -> Result<Usage, CgroupError> {
