@@ -277,6 +277,8 @@ def child(slot, tell_name, inherited, func):
                      (socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", [theirs.fileno()]))])
         theirs.close()
         reg.close()
+        if isinstance(func, NodeSpare):
+            exec_node(func, mine, workdir)
         request = read_request(mine)
     except Violation as e:
         complain(f"protocol violation on the request channel: {e}")
@@ -432,9 +434,60 @@ def error(message, tb):
     return encode({"kind": "error", "message": message, "traceback": tb})
 
 
+NODE, NODE_AGENT = "/usr/bin/node", "/run/zygo/node_agent.mjs"
+
+
+class NodeSpare:
+    """In place of a Python handler: each child execs a Node spare that imports the
+    handler and serves the one request (Node itself cannot fork)."""
+
+    def __init__(self, entry, name):
+        self.entry, self.name = entry, name
+
+
+def check_node(entry, name):
+    """Import the Node handler once, in a throwaway process, so that an import error is
+    reported before `ready` as it is for Python."""
+    import subprocess
+    try:
+        r = subprocess.run([NODE, NODE_AGENT, "--check", entry, name], stdin=subprocess.DEVNULL,
+                           stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, timeout=120)
+        if r.returncode == 0:
+            return NodeSpare(entry, name)
+        lines = r.stderr.decode("utf-8", "replace").strip().splitlines()
+        try:
+            why = json.loads(lines[-1])
+            message, tb = str(why["message"]), str(why.get("traceback", ""))
+        except (ValueError, KeyError, IndexError, TypeError):
+            message, tb = f"cannot import {entry}: node exited with status {r.returncode}", "\n".join(lines[-50:])
+    except (OSError, subprocess.SubprocessError) as e:
+        message, tb = f"cannot start node to import {entry}: {describe(e)}", ""
+    tell({"kind": "import_error", "message": message, "traceback": tb})
+    die(1)
+
+
+def exec_node(spare, mine, workdir):
+    """The child becomes a Node spare: request channel on fd 3; fd 1 and 2 are pipes whose
+    read ends are fd 4 and 5, relayed by the spare itself."""
+    import fcntl
+    out_r, out_w = os.pipe()
+    err_r, err_w = os.pipe()
+    # Move everything above the targets first, so no dup2 clobbers a source not yet moved.
+    high = [fcntl.fcntl(fd, fcntl.F_DUPFD_CLOEXEC, 10) for fd in (mine.fileno(), out_r, err_r, out_w, err_w)]
+    for src, dst in zip(high, (3, 4, 5, 1, 2)):
+        os.dup2(src, dst, inheritable=True)
+    os.closerange(6, 1 << 16)
+    os.execv(NODE, [NODE, NODE_AGENT, spare.entry, spare.name, workdir])
+
+
 def main(argv):
+    if len(argv) == 4 and argv[1] == "--node":
+        argv = [argv[0], argv[2], argv[3]]
+        node = True
+    else:
+        node = False
     if len(argv) != 3:
-        complain("usage: python_agent.py ENTRY_FILE FUNC")
+        complain("usage: python_agent.py [--node] ENTRY_FILE FUNC")
         die(2)
     try:
         for fd in (CTL, REG):
@@ -443,7 +496,7 @@ def main(argv):
     except OSError as e:
         complain(f"fd 3 and fd 4 must be the agent's channels: {e}")
         die(2)
-    func = load(argv[1], argv[2])
+    func = check_node(argv[1], argv[2]) if node else load(argv[1], argv[2])
     no_dump()
     tell({"kind": "ready", "pid": os.getpid()})
     serve(func)

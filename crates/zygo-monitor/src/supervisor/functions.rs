@@ -49,6 +49,7 @@ const LOG_KEEP: usize = 1000;
 const SAMPLES: usize = 10_000;
 
 const PYTHON_AGENT: &[u8] = include_bytes!("../../../zygo-launcher/agents/python_agent.py");
+const NODE_AGENT: &[u8] = include_bytes!("../../../zygo-launcher/agents/node_agent.mjs");
 
 /// A request with no heartbeat for this long is killed as stuck
 /// (`$ZYGO_STUCK_AFTER_MS` overrides it, for tests).
@@ -379,6 +380,19 @@ fn read_capped(path: &Path, max: u64) -> std::io::Result<String> {
     Ok(text)
 }
 
+/// The folder holding an entry file (bound at /fn) and the file's name in it.
+fn entry_parts(file: &Path) -> Result<(String, String), String> {
+    let dir = file
+        .parent()
+        .and_then(|d| d.to_str())
+        .ok_or_else(|| format!("entry {} has no usable folder", file.display()))?;
+    let name = file
+        .file_name()
+        .and_then(|n| n.to_str())
+        .ok_or_else(|| format!("entry {} has no usable file name", file.display()))?;
+    Ok((dir.to_string(), name.to_string()))
+}
+
 /// The agent's command line and the extra mounts for a function's entry.
 fn agent_argv(spec: &FnSpec) -> Result<AgentLaunch, String> {
     match &spec.kind {
@@ -416,8 +430,38 @@ fn agent_argv(spec: &FnSpec) -> Result<AgentLaunch, String> {
             ))
         }
         FnKind::Agent {
-            agent: Agent::Node, ..
-        } => Err("node functions are not served yet: only agent = \"python\" is".into()),
+            agent: Agent::Node,
+            entry: Some(entry),
+        } => {
+            // Node cannot fork: the Python agent keeps the zygote, and each parked child
+            // execs a Node spare that has imported the handler before its request arrives.
+            let (dir, name) = entry_parts(&entry.file)?;
+            Ok((
+                vec![
+                    "/usr/bin/python3".into(),
+                    "-I".into(),
+                    "/run/zygo/python_agent.py".into(),
+                    "--node".into(),
+                    format!("/fn/{name}"),
+                    entry.func.clone().unwrap_or_default(),
+                ],
+                Some(BindMount {
+                    src: dir,
+                    dst: "/fn".into(),
+                    rw: false,
+                }),
+                vec![
+                    InjectedFile {
+                        path: "/run/zygo/python_agent.py".into(),
+                        contents: PYTHON_AGENT.to_vec(),
+                    },
+                    InjectedFile {
+                        path: "/run/zygo/node_agent.mjs".into(),
+                        contents: NODE_AGENT.to_vec(),
+                    },
+                ],
+            ))
+        }
         FnKind::Agent { entry: None, .. } => {
             Err("runtime pools (a function without entry) are not served yet".into())
         }

@@ -1,0 +1,156 @@
+// Zygo's Node spare: one pre-started Node process that has imported the handler and serves
+// exactly one request, then exits. Node cannot fork safely, so the zygote's Python agent
+// forks a registered child per slot (docs/agent-protocol.md) which execs this file:
+//
+//   node /run/zygo/node_agent.mjs ENTRY FUNC WORKDIR     (serve one request)
+//   node /run/zygo/node_agent.mjs --check ENTRY FUNC     (import only; exit 0 or print why)
+//
+// fd 3 is the request channel (JSON lines, as for a Python child); fd 4 and fd 5 read what
+// anything started by the handler writes to fd 1 and fd 2. FUNC empty means the module's
+// default export, else its `handler` export. Trusts nothing the handler does.
+
+import fs from "node:fs";
+import net from "node:net";
+import { pathToFileURL } from "node:url";
+
+const MAX_RELAY = 1 << 20;
+const MAX_REQUEST_LINE = 20 << 20;
+const MAX_PROGRESS = 64 << 10;
+
+async function load(entry, funcName) {
+  const mod = await import(pathToFileURL(entry).href);
+  const fn = funcName ? mod[funcName] : (mod.default ?? mod.handler);
+  if (typeof fn !== "function") {
+    const what = funcName ? `no function ${JSON.stringify(funcName)}` : "no default export and no `handler` export";
+    throw new Error(`${entry} has ${what}`);
+  }
+  return fn;
+}
+
+function describe(e) {
+  if (e instanceof Error) return `${e.name}: ${e.message}`;
+  return String(e);
+}
+
+if (process.argv[2] === "--check") {
+  try {
+    await load(process.argv[3], process.argv[4]);
+    process.exit(0);
+  } catch (e) {
+    fs.writeSync(2, JSON.stringify({ message: `cannot import ${process.argv[3]}: ${describe(e)}`, traceback: String(e?.stack ?? "") }) + "\n");
+    process.exit(1);
+  }
+}
+
+const [entry, funcName, workdir] = process.argv.slice(2);
+const channel = new net.Socket({ fd: 3, readable: true, writable: true });
+let closed = false;
+function send(obj) {
+  if (!closed) channel.write(JSON.stringify(obj) + "\n");
+}
+
+// console.log and friends write through process.stdout/stderr: send those as lines directly
+// (a synchronous write to a pipe we read ourselves could block forever).
+const relayed = { stdout: 0, stderr: 0 };
+function relay(kind, data) {
+  const text = typeof data === "string" ? data : Buffer.from(data).toString("utf8");
+  const room = MAX_RELAY - relayed[kind];
+  if (room <= 0) return;
+  const part = text.length > room ? text.slice(0, room) : text;
+  relayed[kind] += part.length;
+  send({ kind, data: part });
+}
+for (const kind of ["stdout", "stderr"]) {
+  process[kind].write = (chunk, enc, cb) => {
+    relay(kind, chunk);
+    const done = typeof enc === "function" ? enc : cb;
+    if (typeof done === "function") done();
+    return true;
+  };
+}
+// What subprocesses write to fd 1 and 2 arrives on fd 4 and 5.
+const pending = [];
+for (const [fd, kind] of [[4, "stdout"], [5, "stderr"]]) {
+  const stream = fs.createReadStream(null, { fd, encoding: "utf8" });
+  stream.on("data", (d) => relay(kind, d));
+  stream.on("error", () => {});
+  pending.push(stream);
+}
+
+let handler = null;
+let importError = null;
+try {
+  handler = await load(entry, funcName);
+} catch (e) {
+  importError = e;
+}
+
+function strictRequest(line) {
+  const obj = JSON.parse(line);
+  if (obj === null || typeof obj !== "object" || Array.isArray(obj)) throw new Error("not an object");
+  const keys = Object.keys(obj).sort().join(",");
+  if (keys !== "event,id,kind" || obj.kind !== "request" || typeof obj.id !== "string") {
+    throw new Error("not a request line");
+  }
+  return obj;
+}
+
+async function run(line) {
+  let request;
+  try {
+    request = strictRequest(line);
+  } catch (e) {
+    fs.writeSync(2, `node_agent: protocol violation on the request channel: ${describe(e)}\n`);
+    process.exit(2);
+  }
+  const beat = setInterval(() => send({ kind: "heartbeat" }), 1000);
+  let terminal;
+  try {
+    fs.mkdirSync(`/work/${workdir}`, { mode: 0o700 });
+    process.chdir(`/work/${workdir}`);
+    if (importError) throw importError;
+    let event = request.event;
+    if (event !== null && typeof event === "object" && !Array.isArray(event)) {
+      Object.defineProperty(event, "progress", {
+        enumerable: false,
+        value: (text) => send({ kind: "progress", text: String(text).slice(0, MAX_PROGRESS) }),
+      });
+    }
+    const value = await handler(event);
+    let text;
+    try {
+      text = JSON.stringify(value === undefined ? null : value);
+      if (text === undefined) throw new Error(`a ${typeof value} is not JSON`);
+    } catch (e) {
+      terminal = { kind: "error", message: `result is not JSON-serialisable: ${describe(e)}`, traceback: "" };
+    }
+    terminal ??= { kind: "result", value: JSON.parse(text) };
+  } catch (e) {
+    terminal = { kind: "error", message: describe(e), traceback: String(e?.stack ?? "") };
+  }
+  clearInterval(beat);
+  // Let output still in flight from subprocesses arrive first (bounded).
+  await new Promise((r) => setTimeout(r, 20));
+  send(terminal);
+  closed = true;
+  channel.end(() => process.exit(0));
+  setTimeout(() => process.exit(0), 1000).unref();
+}
+
+let buf = "";
+channel.setEncoding("utf8");
+channel.on("data", (d) => {
+  buf += d;
+  const nl = buf.indexOf("\n");
+  if (nl >= 0) {
+    channel.removeAllListeners("data");
+    channel.pause();
+    run(buf.slice(0, nl));
+  } else if (buf.length > MAX_REQUEST_LINE) {
+    process.exit(2);
+  }
+});
+channel.on("end", () => {
+  if (!buf.includes("\n")) process.exit(0); // the slot was reaped before a request came
+});
+channel.on("error", () => process.exit(1));
