@@ -9,8 +9,9 @@ use serde::{de::DeserializeOwned, Serialize};
 
 use crate::codec;
 
-/// The largest frame any channel accepts: a 16 MiB event plus room for its envelope.
-pub const MAX_FRAME: usize = 17 * 1024 * 1024;
+/// The largest frame any channel accepts: a 16 MiB event, or a handler's value (up to
+/// 20 MiB from the agent) with its output (1 MiB per stream), plus the envelope.
+pub const MAX_FRAME: usize = 24 * 1024 * 1024;
 
 /// Why a channel was ended.
 #[derive(Debug, thiserror::Error)]

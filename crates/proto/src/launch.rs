@@ -5,8 +5,8 @@
 
 use serde::{Deserialize, Serialize};
 
-/// Cap for frames on a launcher channel: plans and reports are small.
-pub const MAX_LAUNCH_FRAME: usize = 1024 * 1024;
+/// Cap for frames on a launcher channel: a zygote's channel carries events and results.
+pub const MAX_LAUNCH_FRAME: usize = crate::frame::MAX_FRAME;
 
 /// What the sandbox's root is made of.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]

@@ -97,10 +97,21 @@ fn connect() -> Result<Client, i32> {
 
 /// Print a refusal as one line (or JSON) and return exit code 1.
 fn refused(json: bool, code: &str, message: &str) -> i32 {
+    refused_retry(json, code, message, None)
+}
+
+fn refused_retry(json: bool, code: &str, message: &str, retry_after: Option<u32>) -> i32 {
     if json {
-        say!("{}", json!({"error": message, "code": code}));
+        let mut v = json!({"error": message, "code": code});
+        if let Some(s) = retry_after {
+            v["retry_after"] = json!(s);
+        }
+        say!("{}", v);
     } else {
-        eprintln!("zygo: {message}");
+        match retry_after {
+            Some(s) => eprintln!("zygo: {message} (retry after {s}s)"),
+            None => eprintln!("zygo: {message}"),
+        }
     }
     1
 }
@@ -112,13 +123,7 @@ fn call(json: bool, req: &Request) -> Result<Reply, i32> {
             code,
             message,
             retry_after,
-        }) => {
-            let mut m = message;
-            if let Some(s) = retry_after {
-                m.push_str(&format!(" (retry after {s}s)"));
-            }
-            Err(refused(json, code.as_str(), &m))
-        }
+        }) => Err(refused_retry(json, code.as_str(), &message, retry_after)),
         Ok(r) => Ok(r),
         Err(e) => Err(refused(json, "internal", &e)),
     }
@@ -503,13 +508,7 @@ pub fn exec(raw: Vec<OsString>) -> i32 {
             code,
             message,
             retry_after,
-        }) => {
-            let mut m = message;
-            if let Some(s) = retry_after {
-                m.push_str(&format!(" (retry after {s}s)"));
-            }
-            return refused(a.json, code.as_str(), &m);
-        }
+        }) => return refused_retry(a.json, code.as_str(), &message, retry_after),
         Ok(_) => return refused(a.json, "internal", "unexpected reply"),
         Err(e) => return refused(a.json, "internal", &e),
     };

@@ -13,7 +13,7 @@ import fs from "node:fs";
 import net from "node:net";
 import { pathToFileURL } from "node:url";
 
-const MAX_RELAY = 1 << 20;
+const MAX_RELAY = (1 << 20) + 1; // one more than the monitor keeps, so it sees the cut
 const MAX_REQUEST_LINE = 20 << 20;
 const MAX_PROGRESS = 64 << 10;
 

@@ -32,6 +32,7 @@ CTL, REG = 3, 4
 MAX_CONTROL_LINE, MAX_REQUEST_LINE = 1 << 20, 20 << 20  # launcher -> agent, -> child
 MAX_LINE_OUT = 20 << 20  # child -> launcher, newline included
 MAX_RELAY = 1 << 20  # bytes relayed per output stream; the rest is read and dropped
+# (one byte more is relayed, so the launcher's own 1 MiB cap sees that output was cut)
 MAX_PROGRESS, MAX_MESSAGE, MAX_TRACEBACK = 64 << 10, 64 << 10, 1 << 20  # characters
 DRAIN_LIMIT = 1.0  # seconds to relay output still flowing after the handler returned
 SLOT, WORKDIR = re.compile(r"[A-Za-z0-9_-]{1,64}"), re.compile(r"[0-9a-f]{32}")
@@ -352,7 +353,7 @@ def relay(fd, kind, channel, finishing):
     """Send what arrives on the pipe at `fd` as `kind` lines, until EOF or, once the handler
     has returned, until the pipe is empty (a daemon it started may hold the pipe open)."""
     decoder = codecs.getincrementaldecoder("utf-8")("replace")
-    left = MAX_RELAY
+    left = MAX_RELAY + 1
     poller = select.poll()
     poller.register(fd, select.POLLIN)
     while True:

@@ -572,16 +572,8 @@ pub fn serve(
             }
         }
     }
-    // init is gone: every child went with it.
-    for (slot, _) in children.drain() {
-        send(
-            sock,
-            &FromLauncher::SlotClosed {
-                slot,
-                violation: None,
-            },
-        )?;
-    }
+    // init is gone, and every child went with it. Say so first, so the monitor blames the
+    // zygote, not the handlers, for the requests that were running.
     let s = agent_status.unwrap_or(libc::SIGKILL);
     let (code, signal) = if libc::WIFSIGNALED(s) {
         (None, Some(libc::WTERMSIG(s)))
@@ -596,5 +588,15 @@ pub fn serve(
             timed_out: false,
             wall_us: 0,
         },
-    )
+    )?;
+    for (slot, _) in children.drain() {
+        send(
+            sock,
+            &FromLauncher::SlotClosed {
+                slot,
+                violation: None,
+            },
+        )?;
+    }
+    Ok(())
 }

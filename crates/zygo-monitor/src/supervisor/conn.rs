@@ -46,6 +46,11 @@ impl Conn {
         }
     }
 
+    /// Whether queued bytes have not reached the socket yet.
+    pub fn pending(&self) -> bool {
+        !self.closed && self.sent < self.out.len()
+    }
+
     pub fn flush(&mut self) {
         while self.sent < self.out.len() {
             match self.stream.write(&self.out[self.sent..]) {

@@ -950,6 +950,7 @@ impl Functions {
                 }
             }
             FromLauncher::SlotClosed { slot, violation } => {
+                let zygote_dead = z.state == ZState::Dead;
                 let Some(s) = z.slots.remove(&slot) else {
                     z.parking.retain(|p| *p != slot);
                     return Ok(());
@@ -964,6 +965,14 @@ impl Functions {
                 z.conn.send(&ToLauncher::Reap { slot });
                 let _ = s.pid;
                 if let Some(id) = s.request {
+                    if zygote_dead {
+                        if let Some(c) = self.calls.get_mut(&id) {
+                            c.terminal.get_or_insert(Terminal::Raised {
+                                message: "the zygote serving this request died".into(),
+                                traceback: String::new(),
+                            });
+                        }
+                    }
                     self.finish(&id, usage, violation);
                 }
                 self.park(zt);
@@ -1212,8 +1221,8 @@ impl Functions {
                 Outcome::Stuck,
                 None,
                 Some(format!(
-                    "sent no heartbeat for {}s and was killed as stuck",
-                    stuck_after().as_secs()
+                    "sent no heartbeat for {} and was killed as stuck",
+                    policy::limits::Dur(stuck_after())
                 )),
                 None,
             ),

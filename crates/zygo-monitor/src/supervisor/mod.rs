@@ -268,8 +268,19 @@ impl Supervisor {
             }
         }
         self.fns.shutdown(self.poll.registry());
-        for c in self.clients.values_mut() {
-            c.conn.flush();
+        // Answer what shutdown cut off, and give the answers a moment to leave.
+        self.deliver();
+        let until = Instant::now() + Duration::from_secs(2);
+        while Instant::now() < until {
+            let mut pending = false;
+            for c in self.clients.values_mut() {
+                c.conn.flush();
+                pending |= c.conn.pending();
+            }
+            if !pending {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(5));
         }
         let _ = std::fs::remove_file(&self.socket);
         Ok(())
