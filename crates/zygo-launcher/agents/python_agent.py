@@ -280,6 +280,8 @@ def child(slot, tell_name, inherited, func):
         reg.close()
         if isinstance(func, NodeSpare):
             exec_node(func, mine, workdir)
+        channel = Channel(mine)
+        prepared = prepare(channel, workdir)  # everything not tied to the request, now
         request = read_request(mine)
     except Violation as e:
         complain(f"protocol violation on the request channel: {e}")
@@ -287,9 +289,8 @@ def child(slot, tell_name, inherited, func):
     except BaseException as e:
         complain(f"a parked child failed: {describe(e)}")
         os._exit(1)
-    channel = Channel(mine)
     try:
-        run(channel, request, func, workdir)
+        run(prepared, request, func)
     except BaseException as e:
         try:
             channel.send({"kind": "error", "message": f"the agent failed: {describe(e)}",
@@ -349,18 +350,19 @@ class Event(dict):
         _channel.send({"kind": "progress", "text": str(text)[:MAX_PROGRESS]})
 
 
-def relay(fd, kind, channel, finishing):
+def relay(fd, kind, channel, wake):
     """Send what arrives on the pipe at `fd` as `kind` lines, until EOF or, once the handler
-    has returned, until the pipe is empty (a daemon it started may hold the pipe open)."""
+    has returned (`wake` readable), until the pipe is empty: a daemon the handler started
+    may hold the pipe open, and what it writes later is not this request's."""
     decoder = codecs.getincrementaldecoder("utf-8")("replace")
     left = MAX_RELAY + 1
     poller = select.poll()
     poller.register(fd, select.POLLIN)
+    poller.register(wake, select.POLLIN)
     while True:
-        if not poller.poll(50):
-            if finishing.is_set():
-                break
-            continue
+        ready = {f for f, _ in poller.poll()}
+        if fd not in ready:
+            break  # woken, and nothing is left to read
         data = os.read(fd, 65536)
         if not data:
             break
@@ -373,31 +375,52 @@ def relay(fd, kind, channel, finishing):
         channel.send({"kind": kind, "data": text})
 
 
-def beat(channel, finishing):
+def beat(channel, started, finishing):
+    started.wait()
     while not finishing.wait(1.0):
         channel.send({"kind": "heartbeat"})
 
 
-def run(channel, request, func, workdir):
-    global _channel
-    _channel = channel
+class Prepared:
+    """A parked child's setup, done before its request exists (off the request path)."""
+
+    def __init__(self, channel, started, finishing, wake_w, threads, ours):
+        self.channel, self.started, self.finishing = channel, started, finishing
+        self.wake_w, self.threads, self.ours = wake_w, threads, ours
+
+
+def prepare(channel, workdir):
+    """The child's own /work directory (made its working directory), `random` reseeded,
+    fd 1 and fd 2 turned into pipes with their relays running, and the paths a request
+    takes touched once, so the request itself copies few pages."""
     path = os.path.join(WORK_ROOT, workdir)
     os.mkdir(path, 0o700)
     os.chmod(path, 0o700)  # whatever the umask
     os.chdir(path)
     random.seed()
-    finishing = threading.Event()
-    threads = [threading.Thread(target=beat, args=(channel, finishing), daemon=True)]
+    started, finishing = threading.Event(), threading.Event()
+    wake_r, wake_w = os.pipe()
+    threads = [threading.Thread(target=beat, args=(channel, started, finishing), daemon=True)]
     for fd, kind in ((1, "stdout"), (2, "stderr")):
         r, w = os.pipe()
         os.dup2(w, fd)
         os.close(w)
-        threads.append(threading.Thread(target=relay, args=(r, kind, channel, finishing), daemon=True))
+        threads.append(threading.Thread(target=relay, args=(r, kind, channel, wake_r), daemon=True))
     for t in threads:
         t.start()
     ours = [open(fd, "w", buffering=1, encoding="utf-8", errors="backslashreplace", closefd=False)
             for fd in (1, 2)]
     sys.stdout, sys.stderr = ours
+    encode(json.loads('{"kind": "result", "value": [1, "x", {"y": null}]}'))
+    import gc
+    gc.disable()  # a collection would touch (and so copy) every page the agent shares with us
+    return Prepared(channel, started, finishing, wake_w, threads, ours)
+
+
+def run(p, request, func):
+    global _channel
+    _channel = p.channel
+    p.started.set()
     event = Event(request["event"]) if type(request["event"]) is dict else request["event"]
     try:
         terminal = result(func(event))
@@ -407,15 +430,16 @@ def run(channel, request, func, workdir):
         terminal = error(describe(e), format_tb(e))
     # What the handler wrote is in the pipes: relay it all, then the terminal line.
     signal.pthread_sigmask(signal.SIG_BLOCK, signal.valid_signals())
-    flush(sys.stdout, sys.stderr, sys.__stdout__, sys.__stderr__, *ours)
+    flush(sys.stdout, sys.stderr, sys.__stdout__, sys.__stderr__, *p.ours)
     null = os.open(os.devnull, os.O_WRONLY)
     os.dup2(null, 1)
     os.dup2(null, 2)
-    finishing.set()
+    p.finishing.set()
+    os.write(p.wake_w, b"x")
     deadline = time.monotonic() + DRAIN_LIMIT
-    for t in threads:
+    for t in p.threads:
         t.join(max(0.0, deadline - time.monotonic()))
-    channel.send(None, terminal, last=True)
+    p.channel.send(None, terminal, last=True)
     os._exit(0)
 
 
@@ -498,6 +522,8 @@ def main(argv):
         complain(f"fd 3 and fd 4 must be the agent's channels: {e}")
         die(2)
     func = check_node(argv[1], argv[2]) if node else load(argv[1], argv[2])
+    import gc
+    gc.freeze()  # what import made stays put: forks copy fewer pages
     no_dump()
     tell({"kind": "ready", "pid": os.getpid()})
     serve(func)

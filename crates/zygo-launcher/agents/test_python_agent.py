@@ -502,8 +502,10 @@ class Requests(unittest.TestCase):
         self.agent.park("neighbour-1")
         self.agent.park("neighbour-2")
         lines = self.call({"case": "ownfds"})
-        # fd 0 (/dev/null), fd 1 and fd 2 and the relays' ends of their pipes, our channel
-        self.assertEqual(lines[-1]["value"], ["/dev/null", "pipe", "pipe", "pipe", "pipe", "socket"])
+        # fd 0 (/dev/null), fd 1 and fd 2 and the relays' ends of their pipes, the relays'
+        # wake pipe, our channel
+        self.assertEqual(lines[-1]["value"],
+                         ["/dev/null", "pipe", "pipe", "pipe", "pipe", "pipe", "pipe", "socket"])
 
     def test_daemon_holding_the_pipe(self):
         start = time.monotonic()

@@ -90,7 +90,13 @@ struct Slot {
     pid: i32,
     cgroup: Box<dyn Cgroup>,
     request: Option<String>,
+    /// When its request was answered: the child should exit at once; past a grace it
+    /// is killed with its cgroup.
+    answered: Option<Instant>,
 }
+
+/// How long a child may linger after its answer before its cgroup is killed.
+const LINGER: Duration = Duration::from_secs(2);
 
 struct Zygote {
     func: String,
@@ -875,6 +881,7 @@ impl Functions {
                                 pid,
                                 cgroup: cg,
                                 request: None,
+                                answered: None,
                             },
                         );
                     }
@@ -930,24 +937,18 @@ impl Functions {
                     }
                 }
             }
+            // The terminal line: every output line came before it on the same channel, so
+            // the caller is answered now; the child's exit and its cgroup's removal follow
+            // off the request path.
             FromLauncher::Returned { slot, value } => {
-                if let Some(id) = slot_request(z, &slot) {
-                    if let Some(c) = self.calls.get_mut(&id) {
-                        c.terminal.get_or_insert(Terminal::Returned(value));
-                    }
-                }
+                self.answer_now(zt, &slot, Terminal::Returned(value));
             }
             FromLauncher::Raised {
                 slot,
                 message,
                 traceback,
             } => {
-                if let Some(id) = slot_request(z, &slot) {
-                    if let Some(c) = self.calls.get_mut(&id) {
-                        c.terminal
-                            .get_or_insert(Terminal::Raised { message, traceback });
-                    }
-                }
+                self.answer_now(zt, &slot, Terminal::Raised { message, traceback });
             }
             FromLauncher::SlotClosed { slot, violation } => {
                 let zygote_dead = z.state == ZState::Dead;
@@ -988,6 +989,33 @@ impl Functions {
         }
         let _ = (reg, tokens);
         Ok(())
+    }
+}
+
+impl Functions {
+    /// A request's handler returned or raised: answer its caller at once.
+    fn answer_now(&mut self, zt: Token, slot: &str, t: Terminal) {
+        let Some(z) = self.zygotes.get_mut(&zt) else {
+            return;
+        };
+        let Some(s) = z.slots.get_mut(slot) else {
+            return;
+        };
+        let Some(id) = s.request.clone() else { return };
+        if s.answered.is_some() {
+            return;
+        }
+        s.answered = Some(Instant::now());
+        let usage = s.cgroup.usage().ok();
+        match self.calls.get_mut(&id) {
+            Some(c) if c.forced.is_none() => {
+                c.terminal.get_or_insert(t);
+            }
+            // Already being killed (timeout, cancel): that outcome stands, answered when
+            // the channel closes.
+            _ => return,
+        }
+        self.finish(&id, usage, None);
     }
 }
 
@@ -1157,7 +1185,16 @@ impl Functions {
             request_id: id.to_string(),
             event,
         });
-        self.park(zt);
+        // The spare this call used is replaced when its child has exited (SlotClosed), not
+        // now: forking and placing a new child while the request runs would compete with it
+        // for the CPUs and for this loop. A zygote with no spare left parks one at once.
+        if self
+            .zygotes
+            .get(&zt)
+            .is_some_and(|z| z.parked() + z.parking.len() == 0)
+        {
+            self.park(zt);
+        }
         true
     }
 
@@ -1311,7 +1348,10 @@ impl Functions {
                 "outcome": outcome.as_str(),
                 "finished_ms": finished_ms,
             });
-            if let Err(e) = writeln!(u, "{line}") {
+            // One write per line, so a line is never split by a crash or a reader.
+            let mut text = line.to_string();
+            text.push('\n');
+            if let Err(e) = u.write_all(text.as_bytes()) {
                 log::error!("write the usage log: {e}");
             }
         }
@@ -1395,6 +1435,16 @@ impl Functions {
                 f.pending.retain(|p| *p != id);
             }
             self.finish(&id, None, None);
+        }
+        // Children that were answered but have not exited within the grace go with their
+        // cgroup (the launcher then reports the channel closed).
+        for z in self.zygotes.values() {
+            for s in z.slots.values() {
+                if s.answered.is_some_and(|t| now.duration_since(t) >= LINGER) {
+                    let _ = s.cgroup.thaw();
+                    let _ = s.cgroup.kill_all();
+                }
+            }
         }
         // Zygotes: a silent agent is replaced; an idle one is frozen.
         let mut dead = Vec::new();
