@@ -413,7 +413,7 @@ def prepare(channel, workdir):
     sys.stdout, sys.stderr = ours
     encode(json.loads('{"kind": "result", "value": [1, "x", {"y": null}]}'))
     import gc
-    gc.disable()  # a collection would touch (and so copy) every page the agent shares with us
+    gc.freeze()  # collections during the request leave the pages shared with the agent alone
     return Prepared(channel, started, finishing, wake_w, threads, ours)
 
 
