@@ -22,6 +22,7 @@ macro_rules! say_raw {
 
 mod client;
 mod fncmds;
+mod mcp;
 mod run;
 mod usage;
 mod version;
@@ -55,6 +56,8 @@ fn main() -> ExitCode {
         Some("warm") => fncmds::warm(rest),
         Some("cancel") => fncmds::cancel(rest),
         Some("drain") => fncmds::drain(rest),
+        Some("mcp") => mcp::main(rest),
+        Some("__mcp-front") => mcp::front(rest),
         Some("version") | Some("--version") | Some("-V") => version::main(rest),
         Some(other) => {
             eprintln!("zygo: unknown command {other:?}; see `zygo --help`");

@@ -18,6 +18,7 @@ Commands:
   cancel      cancel running requests by key
   drain       stop taking calls, finish running ones, exit the supervisor
   supervisor  the supervisor in the foreground (for systemd)
+  mcp         an MCP server on stdio: run_code in fresh sandboxes, and warm functions
   version     what this build and this kernel support
 
 Run `zygo <command> --help` for a command's options.
@@ -151,4 +152,41 @@ pub const DRAIN: &str = "\
 zygo drain — stop taking calls; let running ones finish; then the supervisor exits
 
 Usage: zygo drain [--grace 30s] [--json]
+";
+
+pub const MCP: &str = "\
+zygo mcp — an MCP server on stdin/stdout for agent hosts (Claude Code, Codex, Cursor, ...)
+
+Usage: zygo mcp [LIMITS] [--image IMG] [--workspace DIR] [--net none] [-f sandbox.toml]
+
+Speaks JSON-RPC 2.0, one message per line: MCP revisions 2025-06-18 (preferred),
+2025-03-26, 2024-11-05 and 2025-11-25 through initialize, and the stateless 2026-07-28.
+Tools: run_code (python, javascript or sh in a fresh one-shot sandbox), list_functions,
+call_function and function_logs (warm functions of a supervisor already running; none is
+started). Standard output carries only the protocol; everything else goes to stderr.
+
+The flags are the ceiling the model works under; no tool argument can change them.
+
+Limits (of every run_code sandbox):
+  --mem SIZE         memory, e.g. 256M, 1.5G              [default: 256M]
+  --cpu CPUS         CPU bandwidth, e.g. 0.5, 2            [default: 1]
+  --pids N           processes and threads                 [default: 64]
+  --timeout DUR      wall-clock deadline, e.g. 30s, 5m     [default: 30s]
+  --scratch SIZE     size of /tmp                          [default: 64M]
+  --net none         network: none (only lo). egress is not implemented yet and is
+                     refused, as is --allow HOST:PORT, which needs it
+
+Sandbox:
+  --image IMG        host or dir:/path/to/rootfs            [default: host]
+  --workspace DIR    the folder mounted writable at /work, kept after exit (made 0700 if
+                     missing); default: a scratch folder removed when the server exits
+  -f FILE            a sandbox.toml whose [defaults] (image, limits, network) is the
+                     ceiling; flags may only narrow it
+
+Install in a host:
+  { \"mcpServers\": { \"zygo\": { \"command\": \"zygo\", \"args\": [\"mcp\"] } } }
+  claude mcp add zygo -- zygo mcp --mem 512M --timeout 60s
+
+Exit status: 0 when stdin closes or on SIGTERM/SIGINT (every sandbox is stopped first);
+1 when the server could not start; 2 for usage errors.
 ";

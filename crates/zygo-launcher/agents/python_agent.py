@@ -72,9 +72,12 @@ def encode(obj):
     return text.encode("utf-8", "replace")
 
 
+LOG_FD = 2  # the agent's own stderr (the supervisor's log); a child keeps a copy of it
+
+
 def complain(text):
     try:
-        os.write(2, f"python_agent[{os.getpid()}]: {text}\n".encode("utf-8", "replace"))
+        os.write(LOG_FD, f"python_agent[{os.getpid()}]: {text}\n".encode("utf-8", "replace"))
     except OSError:
         pass
 
@@ -398,6 +401,8 @@ def prepare(channel, workdir):
     os.chmod(path, 0o700)  # whatever the umask
     os.chdir(path)
     random.seed()
+    global LOG_FD
+    LOG_FD = os.dup(2)  # close-on-exec: complaints go to the log, never to the handler's stderr
     started, finishing = threading.Event(), threading.Event()
     wake_r, wake_w = os.pipe()
     threads = [threading.Thread(target=beat, args=(channel, started, finishing), daemon=True)]

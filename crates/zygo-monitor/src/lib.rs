@@ -7,6 +7,7 @@
 
 pub mod cgroup;
 pub mod identity;
+pub mod mcp;
 pub mod oneshot;
 pub mod paths;
 pub mod supervisor;

@@ -1,0 +1,281 @@
+//! `zygo mcp`: read the ceiling from the flags (or `[defaults]` of a sandbox.toml), prepare
+//! the workspace, and hand over to the monitor side ([`zygo_monitor::mcp`]), which starts
+//! the confined front (`zygo __mcp-front`, [`zygo_mcp::front_main`]).
+
+use std::ffi::OsString;
+use std::path::PathBuf;
+
+use policy::limits::{Dur, Mem, ResolvedLimits};
+use policy::plan::{Image, Network, OneShotArgs, OneShotPlan, BASE_ENV};
+use policy::{narrow_to_ceiling, AllowRule, Layer, Source};
+use zygo_monitor::cgroup::Backend;
+use zygo_monitor::mcp::{Ceiling, Options, Workspace};
+
+use crate::{usage, usage_error};
+
+struct Opts {
+    limits: OneShotArgs,
+    workspace: Option<PathBuf>,
+    allow: Vec<String>,
+    file: Option<PathBuf>,
+}
+
+fn parse(raw: Vec<OsString>) -> Result<Option<Opts>, String> {
+    use lexopt::prelude::*;
+    let mut o = Opts {
+        limits: OneShotArgs::default(),
+        workspace: None,
+        allow: Vec::new(),
+        file: None,
+    };
+    let mut p = lexopt::Parser::from_args(raw);
+    let text = |v: OsString, flag: &str| {
+        v.into_string()
+            .map_err(|v| format!("--{flag}: {v:?} is not valid UTF-8"))
+    };
+    while let Some(arg) = p.next().map_err(|e| e.to_string())? {
+        match arg {
+            Long("help") | Short('h') => return Ok(None),
+            Long(flag @ ("mem" | "cpu" | "pids" | "timeout" | "scratch" | "net" | "image")) => {
+                let flag = flag.to_string();
+                let v = text(p.value().map_err(|e| e.to_string())?, &flag)?;
+                let a = &mut o.limits;
+                let slot = match flag.as_str() {
+                    "mem" => &mut a.mem,
+                    "cpu" => &mut a.cpu,
+                    "pids" => &mut a.pids,
+                    "timeout" => &mut a.timeout,
+                    "scratch" => &mut a.scratch,
+                    "net" => &mut a.net,
+                    _ => &mut a.image,
+                };
+                if slot.is_some() {
+                    return Err(format!("--{flag} given twice"));
+                }
+                *slot = Some(v);
+            }
+            Long("allow") => o
+                .allow
+                .push(text(p.value().map_err(|e| e.to_string())?, "allow")?),
+            Long("workspace") => {
+                if o.workspace.is_some() {
+                    return Err("--workspace given twice".into());
+                }
+                o.workspace = Some(PathBuf::from(p.value().map_err(|e| e.to_string())?));
+            }
+            Short('f') | Long("file") => {
+                if o.file.is_some() {
+                    return Err("-f given twice".into());
+                }
+                o.file = Some(PathBuf::from(p.value().map_err(|e| e.to_string())?));
+            }
+            other => return Err(other.unexpected().to_string()),
+        }
+    }
+    Ok(Some(o))
+}
+
+/// A refusal: one line, exit code 1.
+fn refuse(msg: impl std::fmt::Display) -> i32 {
+    eprintln!("zygo mcp: {msg}");
+    1
+}
+
+/// `[defaults]` of a sandbox.toml (empty without `-f`).
+fn file_defaults(file: Option<&PathBuf>) -> Result<Layer, String> {
+    let Some(f) = file else {
+        return Ok(Layer::default());
+    };
+    let path = std::fs::canonicalize(f).map_err(|e| format!("-f {}: {e}", f.display()))?;
+    let meta = std::fs::metadata(&path).map_err(|e| format!("-f {}: {e}", path.display()))?;
+    if meta.len() > policy::file::MAX_FILE_BYTES as u64 {
+        return Err(format!(
+            "-f {}: the file is over 1 MiB, the most a sandbox.toml may be",
+            path.display()
+        ));
+    }
+    let text = std::fs::read_to_string(&path).map_err(|e| format!("-f {}: {e}", path.display()))?;
+    let parsed = policy::parse_sandbox_toml(&text, &path).map_err(|e| e.to_string())?;
+    Ok(parsed.defaults)
+}
+
+/// The ceiling from the flags and the file: the file's `[defaults]` is the ceiling, flags
+/// may only narrow it; without a file, the flags over the built-in defaults.
+fn ceiling(o: &Opts) -> Result<(OneShotPlan, Vec<String>), (i32, String)> {
+    let usage = |e: String| (2, e);
+    let flags = o.limits.limits().map_err(|e| usage(e.to_string()))?;
+    let file = file_defaults(o.file.as_ref()).map_err(|e| (2, e))?;
+    let limits = if o.file.is_some() {
+        narrow_to_ceiling(&flags, &file.limits)
+            .map_err(|e| usage(format!("{e} (the -f file's [defaults] is the ceiling)")))?
+    } else {
+        flags
+    }
+    .resolve(&ResolvedLimits::DEFAULT);
+    let flag_image = o
+        .limits
+        .image
+        .as_deref()
+        .map(|s| Image::parse("--image", s))
+        .transpose()
+        .map_err(|e| usage(e.to_string()))?;
+    let image = match (flag_image, &file.image) {
+        (Some(f), Some(d)) if &f != d => {
+            return Err(usage(format!(
+                "--image {f} differs from image = \"{d}\" in the -f file's [defaults], which \
+                 is the ceiling; drop one of them"
+            )))
+        }
+        (Some(f), _) => f,
+        (None, Some(d)) => d.clone(),
+        (None, None) => Image::Host,
+    };
+    let network = match &o.limits.net {
+        Some(s) => Network::parse("--net", s, Source::Cli).map_err(|e| usage(e.to_string()))?,
+        None => file.network.unwrap_or(Network::None),
+    };
+    let mut allow = Vec::new();
+    for a in &o.allow {
+        allow.push(
+            AllowRule::parse("--allow", a)
+                .map_err(|e| usage(e.to_string()))?
+                .to_string(),
+        );
+    }
+    if let Some(rules) = &file.allow {
+        allow.extend(rules.iter().map(ToString::to_string));
+    }
+    if network != Network::None {
+        return Err((
+            1,
+            format!(
+                "network {network} is refused: egress networking is not implemented yet, so \
+                 run_code sandboxes have no network; use --net none (the default)"
+            ),
+        ));
+    }
+    if !allow.is_empty() {
+        return Err((
+            1,
+            format!(
+                "--allow {} needs --net egress, which is not implemented yet; drop --allow",
+                allow.join(", ")
+            ),
+        ));
+    }
+    let mut ignored = Vec::new();
+    if file.mounts.as_ref().is_some_and(|m| !m.is_empty()) {
+        ignored.push("mounts");
+    }
+    if file.env.as_ref().is_some_and(|e| !e.is_empty()) {
+        ignored.push("env");
+    }
+    if file.secrets.as_ref().is_some_and(|s| !s.is_empty()) {
+        ignored.push("secrets");
+    }
+    let notes = if ignored.is_empty() {
+        Vec::new()
+    } else {
+        vec![format!(
+            "[defaults] {} apply to warm functions, not to run_code; ignored here",
+            ignored.join(", ")
+        )]
+    };
+    let plan = OneShotPlan {
+        image,
+        mounts: Vec::new(),
+        env: BASE_ENV
+            .iter()
+            .map(|(k, v)| ((*k).to_string(), (*v).to_string()))
+            .collect(),
+        limits,
+        network,
+        argv: vec!["/bin/sh".into()],
+    };
+    Ok((plan, notes))
+}
+
+/// `zygo mcp`: the monitor side of the MCP server.
+pub fn main(raw: Vec<OsString>) -> i32 {
+    let opts = match parse(raw) {
+        Ok(Some(o)) => o,
+        Ok(None) => {
+            say_raw!("{}", usage::MCP);
+            return 0;
+        }
+        Err(e) => return usage_error("mcp", e),
+    };
+    let (plan, notes) = match ceiling(&opts) {
+        Ok(x) => x,
+        Err((2, e)) => return usage_error("mcp", e),
+        Err((_, e)) => return refuse(e),
+    };
+    for n in notes {
+        eprintln!("zygo mcp: {n}");
+    }
+    let mem_text = match plan.limits.mem {
+        Mem::Limited(b) => b.to_string(),
+        Mem::Unlimited => "unlimited".into(),
+    };
+    let timeout_text = Dur(plan.limits.timeout).to_string();
+    let (launch, limits) = match zygo_monitor::oneshot::launch_plan(&plan) {
+        Ok(x) => x,
+        Err(e) => return refuse(e),
+    };
+    let backend = match Backend::detect() {
+        Ok(b) => b,
+        Err(e) => return refuse(e),
+    };
+    let exe = match std::env::current_exe() {
+        Ok(p) => p,
+        Err(e) => return refuse(format!("find the zygo binary: {e}")),
+    };
+    let (workspace, warning) = match &opts.workspace {
+        Some(dir) => match Workspace::given(dir, &launch.ids) {
+            Ok(x) => x,
+            Err(e) => return refuse(e),
+        },
+        None => match Workspace::scratch(&launch.ids) {
+            Ok(w) => (w, None),
+            Err(e) => return refuse(e),
+        },
+    };
+    eprintln!(
+        "zygo mcp: workspace {} ({}); run_code limits: mem {mem_text}, cpu {}, pids {}, \
+         timeout {timeout_text}, scratch {}; image {}; network none",
+        workspace.path.display(),
+        if workspace.scratch {
+            "scratch, removed when the server exits"
+        } else {
+            "kept"
+        },
+        plan.limits.cpu,
+        plan.limits.pids,
+        plan.limits.scratch,
+        plan.image,
+    );
+    if let Some(w) = warning {
+        eprintln!("zygo mcp: warning: {w}");
+    }
+    zygo_monitor::mcp::serve(Options {
+        ceiling: Ceiling {
+            plan: launch,
+            limits,
+            mem_text,
+            timeout_text,
+            timeout: plan.limits.timeout,
+        },
+        workspace,
+        exe,
+        backend,
+    })
+}
+
+/// `zygo __mcp-front`: the confined JSON-RPC front, started only by `zygo mcp`.
+pub fn front(raw: Vec<OsString>) -> i32 {
+    if !raw.is_empty() {
+        eprintln!("zygo __mcp-front: takes no arguments; it is started by `zygo mcp`");
+        return 2;
+    }
+    zygo_mcp::front_main()
+}

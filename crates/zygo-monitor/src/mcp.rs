@@ -1,0 +1,947 @@
+//! `zygo mcp`'s monitor side: the privileged half of the MCP server.
+//!
+//! The host starts `zygo mcp`; this is that process. It holds the ceiling — the image, the
+//! limits and the workspace, fixed by its own command line — and starts the confined front
+//! (`zygo __mcp-front`) with the host's stdin and stdout and one end of a socketpair on
+//! fd 3. From then on it only answers what the front asks over that socketpair
+//! ([`McpRequest`]), checking each request as if the front were hostile:
+//!
+//! - `RunCode`: a fresh one-shot sandbox ([`oneshot::run`]) from the ceiling's plan, with
+//!   the code written through the plan's files to `/zygo/main.{py,js,sh}` (read-only), run
+//!   as `python3`/`node`/`/bin/sh` with `/work` (the workspace) as its working directory,
+//!   stdin fed then closed, output captured, a cancel pipe of its own, and an outer deadline
+//!   of the timeout plus 300 s on top of the launcher's own deadline;
+//! - `ListFunctions`, `CallFunction`, `FunctionLogs`: a connection of its own to the running
+//!   supervisor's socket as an `Mcp` front (whose dispatch table allows only List, Exec and
+//!   Logs). It never starts a supervisor;
+//! - `Cancel`: kills that call's sandbox (or closes its supervisor connection, which the
+//!   supervisor treats as a cancel).
+//!
+//! Each request runs on its own thread; each reply is one frame, written whole under a
+//! lock. At most [`MAX_CALLS`] run at once; more are refused with a tool error. A frame
+//! that does not decode, or a call number used twice, ends the channel.
+//!
+//! When the front's channel closes (the host closed stdin and the front exited, or the
+//! front died), or on SIGTERM, SIGINT or SIGHUP, every call is cancelled, and this process
+//! exits only after every sandbox is gone and the scratch workspace is removed.
+
+use std::collections::HashMap;
+use std::os::fd::{AsRawFd, OwnedFd};
+use std::os::unix::fs::{DirBuilderExt, MetadataExt, PermissionsExt};
+use std::os::unix::net::UnixStream;
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicBool, AtomicI32, Ordering};
+use std::sync::mpsc::{self, RecvTimeoutError};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
+use std::time::Duration;
+
+use proto::front::{
+    ExecRequest, Hello, HelloReply, Reply, Request, Role, FRONT_PROTOCOL, MAX_FRONT_FRAME,
+};
+use proto::launch::{IdMap, InjectedFile, LaunchPlan};
+use proto::mcp::{Language, McpReply, McpRequest, RunCodeResult, MAX_MCP_FRAME};
+use proto::{read_frame, write_frame, ProtoError};
+
+use crate::cgroup::{Backend, Limits};
+use crate::oneshot::{self, Output, Stdin};
+use crate::paths;
+
+/// The most calls running at once (sandboxes and supervisor calls together).
+pub const MAX_CALLS: usize = 16;
+
+/// The outer deadline of a `run_code` is its timeout plus this (room for an image pull on
+/// a first run); the sandbox's own timeout still applies to the program.
+pub const OUTER_SLACK: Duration = Duration::from_secs(300);
+
+/// What a tool says when no supervisor runs.
+pub const NO_SUPERVISOR: &str = "no supervisor is running; start one with `zygo up`";
+
+/// `function_logs`' limit is clamped into this range.
+pub const LOG_LIMIT: std::ops::RangeInclusive<u32> = 1..=200;
+
+/// What every `run_code` sandbox is held to, decided once from `zygo mcp`'s flags.
+#[derive(Debug, Clone)]
+pub struct Ceiling {
+    /// The plan each call starts from; its argv, files and work are set per call.
+    pub plan: LaunchPlan,
+    pub limits: Limits,
+    /// The limits in words, for failures: "ran out of memory (limit 512M)".
+    pub mem_text: String,
+    /// "exceeded its 60s time limit".
+    pub timeout_text: String,
+    pub timeout: Duration,
+}
+
+/// The folder bound at `/work` in every `run_code` sandbox.
+#[derive(Debug)]
+pub struct Workspace {
+    pub path: PathBuf,
+    /// A scratch folder this process made, removed when it exits.
+    pub scratch: bool,
+}
+
+fn sandbox_owner(ids: &IdMap) -> Option<(u32, u32)> {
+    match ids {
+        IdMap::Range {
+            uid_base, gid_base, ..
+        } => Some((*uid_base, *gid_base)),
+        IdMap::Single { .. } => None,
+    }
+}
+
+fn random_hex() -> String {
+    let mut b = [0u8; 8];
+    // SAFETY: getrandom writes at most b.len() bytes into b.
+    let n = unsafe { libc::getrandom(b.as_mut_ptr().cast(), b.len(), 0) };
+    if n != b.len() as isize {
+        let t = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos());
+        return format!("{t:x}");
+    }
+    b.iter().map(|x| format!("{x:02x}")).collect()
+}
+
+fn utf8(p: &Path) -> Result<String, String> {
+    p.to_str()
+        .map(str::to_string)
+        .ok_or_else(|| format!("the workspace path {} is not valid UTF-8", p.display()))
+}
+
+impl Workspace {
+    /// A fresh private folder (0700) under the temporary directory, owned by the sandbox's
+    /// root on the host, removed when the server exits.
+    pub fn scratch(ids: &IdMap) -> Result<Workspace, String> {
+        let base = std::env::temp_dir();
+        sweep_stale(&base, ids);
+        let path = base.join(format!("zygo-mcp-{}-{}", std::process::id(), random_hex()));
+        std::fs::DirBuilder::new()
+            .mode(0o700)
+            .create(&path)
+            .map_err(|e| format!("create the scratch workspace {}: {e}", path.display()))?;
+        let ws = Workspace {
+            path,
+            scratch: true,
+        };
+        if let Some((uid, gid)) = sandbox_owner(ids) {
+            if let Err(e) = std::os::unix::fs::chown(&ws.path, Some(uid), Some(gid)) {
+                ws.remove();
+                return Err(format!(
+                    "give the scratch workspace to the sandbox's user ({uid}:{gid}): {e}"
+                ));
+            }
+        }
+        utf8(&ws.path)?;
+        Ok(ws)
+    }
+
+    /// `--workspace DIR`: made (0700, owned by the sandbox's root) if it does not exist,
+    /// kept when the server exits. Returns the workspace and, when the sandbox's user will
+    /// probably not be able to write it, a warning saying how to fix that.
+    pub fn given(dir: &Path, ids: &IdMap) -> Result<(Workspace, Option<String>), String> {
+        let owner = sandbox_owner(ids);
+        if let Some((uid, gid)) = owner {
+            // Before making anything: the folders that exist on the way must let it through.
+            reachable(dir, uid, gid)?;
+        }
+        let mut made = false;
+        if !dir.exists() {
+            // Missing parents 0755 (so the sandbox's user can pass), the workspace 0700.
+            std::fs::DirBuilder::new()
+                .mode(0o755)
+                .recursive(true)
+                .create(dir)
+                .and_then(|()| {
+                    std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700))
+                })
+                .map_err(|e| format!("create the workspace {}: {e}", dir.display()))?;
+            made = true;
+        }
+        let path = std::fs::canonicalize(dir)
+            .map_err(|e| format!("the workspace {}: {e}", dir.display()))?;
+        let meta = std::fs::metadata(&path)
+            .map_err(|e| format!("the workspace {}: {e}", path.display()))?;
+        if !meta.is_dir() {
+            return Err(format!(
+                "the workspace {} is not a directory",
+                path.display()
+            ));
+        }
+        utf8(&path)?;
+        let mut warning = None;
+        if let Some((uid, gid)) = owner {
+            reachable(&path, uid, gid)?;
+            if made {
+                std::os::unix::fs::chown(&path, Some(uid), Some(gid)).map_err(|e| {
+                    format!(
+                        "give the workspace {} to the sandbox's user: {e}",
+                        path.display()
+                    )
+                })?;
+            } else if !may(&meta, uid, gid, 0o3) {
+                warning = Some(format!(
+                    "the sandbox runs as host uid {uid}, which cannot write {}; to let run_code \
+                     write there, run `chown -R {uid}:{gid} {}`",
+                    path.display(),
+                    path.display()
+                ));
+            }
+        }
+        Ok((
+            Workspace {
+                path,
+                scratch: false,
+            },
+            warning,
+        ))
+    }
+
+    /// Remove a scratch workspace (a given one is kept).
+    pub fn remove(&self) {
+        if !self.scratch {
+            return;
+        }
+        if std::fs::remove_dir_all(&self.path).is_ok() {
+            return;
+        }
+        // A program may have left folders it cannot be listed or entered (mode 0): as
+        // their owner we may chmod them back. Nothing runs in the workspace any more.
+        open_up(&self.path);
+        if let Err(e) = std::fs::remove_dir_all(&self.path) {
+            log::error!(
+                "remove the scratch workspace {}: {e}; remove it by hand",
+                self.path.display()
+            );
+        }
+    }
+}
+
+/// Whether `uid`:`gid` (no capabilities on the host) has all of `bits` (r=4, w=2, x=1) on
+/// a file with this metadata, by its mode bits.
+fn may(meta: &std::fs::Metadata, uid: u32, gid: u32, bits: u32) -> bool {
+    let mode = meta.mode();
+    let granted = if meta.uid() == uid {
+        mode >> 6
+    } else if meta.gid() == gid {
+        mode >> 3
+    } else {
+        mode
+    } & 0o7;
+    granted & bits == bits
+}
+
+/// The sandbox's user must be able to walk to `path`: its launcher binds it from inside
+/// the sandbox's user namespace, where it has no power over the host's files.
+fn reachable(path: &Path, uid: u32, gid: u32) -> Result<(), String> {
+    let abs = std::env::current_dir()
+        .map(|cwd| cwd.join(path))
+        .unwrap_or_else(|_| path.to_path_buf());
+    for dir in abs.ancestors().skip(1) {
+        let meta = match std::fs::metadata(dir) {
+            Ok(m) => m,
+            // Made by us later, 0755.
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => continue,
+            Err(e) => return Err(format!("{}: {e}", dir.display())),
+        };
+        if !may(&meta, uid, gid, 0o1) {
+            return Err(format!(
+                "the sandbox runs as host uid {uid}, which cannot enter {} (mode {:o}, owner \
+                 uid {}), so it cannot reach the workspace {}; pick a workspace under folders \
+                 anyone may enter (such as /srv or /tmp), or run `chmod o+x {}`",
+                dir.display(),
+                meta.mode() & 0o7777,
+                meta.uid(),
+                path.display(),
+                dir.display()
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// Remove scratch workspaces left by servers that were killed before they could clean up
+/// (SIGKILL): `zygo-mcp-<pid>-<random>` whose process is gone, owned by us or by our
+/// sandboxes' user.
+fn sweep_stale(base: &Path, ids: &IdMap) {
+    // SAFETY: geteuid cannot fail.
+    let me = unsafe { libc::geteuid() };
+    let sandbox = sandbox_owner(ids).map(|(u, _)| u);
+    let Ok(entries) = std::fs::read_dir(base) else {
+        return;
+    };
+    for e in entries.flatten() {
+        let name = e.file_name();
+        let Some(pid) = name
+            .to_str()
+            .and_then(|n| n.strip_prefix("zygo-mcp-"))
+            .and_then(|rest| rest.split_once('-'))
+            .and_then(|(pid, _)| pid.parse::<u32>().ok())
+        else {
+            continue;
+        };
+        if Path::new(&format!("/proc/{pid}")).exists() {
+            continue;
+        }
+        let Ok(meta) = std::fs::symlink_metadata(e.path()) else {
+            continue;
+        };
+        if !meta.is_dir() || (meta.uid() != me && Some(meta.uid()) != sandbox) {
+            continue;
+        }
+        let stale = Workspace {
+            path: e.path(),
+            scratch: true,
+        };
+        log::info!(
+            "removing {}, the scratch workspace of a zygo mcp that is gone",
+            stale.path.display()
+        );
+        stale.remove();
+    }
+}
+
+fn open_up(dir: &Path) {
+    let _ = std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700));
+    if let Ok(entries) = std::fs::read_dir(dir) {
+        for e in entries.flatten() {
+            if e.file_type().is_ok_and(|t| t.is_dir()) {
+                open_up(&e.path());
+            }
+        }
+    }
+}
+
+/// Everything the monitor side needs.
+pub struct Options {
+    pub ceiling: Ceiling,
+    pub workspace: Workspace,
+    /// The `zygo` binary: the front and every launcher are started from it.
+    pub exe: PathBuf,
+    pub backend: Backend,
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+/// How to stop one call.
+#[derive(Default)]
+struct Stopper {
+    cancelled: AtomicBool,
+    /// The write end of a sandbox's cancel pipe: dropping it kills the sandbox.
+    pipe: Mutex<Option<OwnedFd>>,
+    /// A connection to the supervisor: shutting it down cancels the call there.
+    sock: Mutex<Option<UnixStream>>,
+}
+
+impl Stopper {
+    fn cancel(&self) {
+        self.cancelled.store(true, Ordering::SeqCst);
+        drop(lock(&self.pipe).take());
+        if let Some(s) = lock(&self.sock).as_ref() {
+            let _ = s.shutdown(std::net::Shutdown::Both);
+        }
+    }
+
+    fn cancelled(&self) -> bool {
+        self.cancelled.load(Ordering::SeqCst)
+    }
+}
+
+struct Shared {
+    opts: Options,
+    out: Mutex<UnixStream>,
+    calls: Mutex<HashMap<u64, Arc<Stopper>>>,
+    done: Condvar,
+}
+
+impl Shared {
+    fn reply(&self, r: &McpReply) {
+        if let Err(e) = write_frame(&mut *lock(&self.out), r) {
+            log::debug!("reply to the front: {e}");
+        }
+    }
+
+    fn finish(&self, call: u64) {
+        lock(&self.calls).remove(&call);
+        self.done.notify_all();
+    }
+}
+
+/// Block the signals that end the server in the calling thread (and so in every thread it
+/// starts after); a thread of ours waits for them.
+fn block_signals() -> Result<libc::sigset_t, String> {
+    // SAFETY: building a signal set on the stack and blocking it in this thread.
+    unsafe {
+        let mut set: libc::sigset_t = std::mem::zeroed();
+        libc::sigemptyset(&mut set);
+        for s in [libc::SIGTERM, libc::SIGINT, libc::SIGHUP] {
+            libc::sigaddset(&mut set, s);
+        }
+        if libc::pthread_sigmask(libc::SIG_BLOCK, &set, std::ptr::null_mut()) != 0 {
+            return Err(format!(
+                "block signals: {}",
+                std::io::Error::last_os_error()
+            ));
+        }
+        Ok(set)
+    }
+}
+
+fn spawn_front(exe: &Path, chan: &UnixStream) -> Result<Child, String> {
+    let hi = oneshot::high(&OwnedFd::from(
+        chan.try_clone()
+            .map_err(|e| format!("duplicate the front's channel: {e}"))?,
+    ))
+    .map_err(|e| format!("prepare the front's channel: {e}"))?;
+    let fd = hi.as_raw_fd();
+    let mut cmd = Command::new(exe);
+    cmd.arg("__mcp-front")
+        .stdin(Stdio::inherit())
+        .stdout(Stdio::inherit())
+        .stderr(Stdio::inherit())
+        .env_clear();
+    for key in ["RUST_LOG", "ZYGO_LOG"] {
+        if let Ok(v) = std::env::var(key) {
+            cmd.env(key, v);
+        }
+    }
+    // SAFETY: only async-signal-safe calls (dup2, prctl) between fork and exec. The channel
+    // is at fd 10 or above, so moving it to 3 clobbers nothing we need.
+    unsafe {
+        cmd.pre_exec(move || {
+            if libc::dup2(fd, 3) < 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            // The front dies with us.
+            if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL, 0, 0, 0) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+    let child = cmd
+        .spawn()
+        .map_err(|e| format!("start the front ({} __mcp-front): {e}", exe.display()))?;
+    drop(hi);
+    Ok(child)
+}
+
+/// From here on nothing this process prints can reach the protocol stream: stdin is
+/// /dev/null and stdout is stderr. The front holds the host's stdin and stdout.
+fn quiet_stdio() {
+    // SAFETY: opening /dev/null and moving descriptors 0 and 1; no Rust object owns
+    // either (this process never reads stdin or writes stdout after this point).
+    unsafe {
+        let null = libc::open(c"/dev/null".as_ptr(), libc::O_RDWR | libc::O_CLOEXEC);
+        if null >= 0 {
+            libc::dup2(null, 0);
+            libc::close(null);
+        }
+        libc::dup2(2, 1);
+    }
+}
+
+fn hello(chan: &mut UnixStream) -> Result<(), String> {
+    let h: Hello =
+        read_frame(chan, MAX_FRONT_FRAME).map_err(|e| format!("the front's hello: {e}"))?;
+    let refusal = if h.protocol != FRONT_PROTOCOL {
+        Some(format!(
+            "front protocol {} is not {FRONT_PROTOCOL}",
+            h.protocol
+        ))
+    } else if h.role != Role::Mcp {
+        Some(format!(
+            "this channel is for the Mcp role, not {:?}",
+            h.role
+        ))
+    } else {
+        None
+    };
+    let reply = match &refusal {
+        Some(reason) => HelloReply::Refused {
+            reason: reason.clone(),
+        },
+        None => HelloReply::Welcome {
+            version: env!("CARGO_PKG_VERSION").into(),
+        },
+    };
+    write_frame(chan, &reply).map_err(|e| format!("answer the front's hello: {e}"))?;
+    match refusal {
+        Some(r) => Err(format!("refused the front: {r}")),
+        None => Ok(()),
+    }
+}
+
+/// Run the monitor side until the front's channel closes or a signal says stop. Returns
+/// the process's exit code.
+pub fn serve(opts: Options) -> i32 {
+    let sigset = match block_signals() {
+        Ok(s) => s,
+        Err(e) => {
+            eprintln!("zygo mcp: {e}");
+            opts.workspace.remove();
+            return 1;
+        }
+    };
+    let (mut chan, theirs) = match UnixStream::pair() {
+        Ok(p) => p,
+        Err(e) => {
+            eprintln!("zygo mcp: create the front's channel: {e}");
+            opts.workspace.remove();
+            return 1;
+        }
+    };
+    let mut front = match spawn_front(&opts.exe, &theirs) {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("zygo mcp: {e}");
+            opts.workspace.remove();
+            return 1;
+        }
+    };
+    drop(theirs);
+    quiet_stdio();
+    let front_pid = front.id() as i32;
+    let stopped_by = Arc::new(AtomicI32::new(0));
+    {
+        let stopped_by = stopped_by.clone();
+        std::thread::spawn(move || {
+            let mut sig = 0;
+            // SAFETY: waiting for the signals blocked above, with valid pointers.
+            if unsafe { libc::sigwait(&sigset, &mut sig) } == 0 {
+                log::info!("signal {sig}: stopping every sandbox and exiting");
+                stopped_by.store(sig, Ordering::SeqCst);
+                // SAFETY: killing our own child, the front; its channel closes and the
+                // reading loop below ends.
+                unsafe { libc::kill(front_pid, libc::SIGKILL) };
+            }
+        });
+    }
+    let mut broke = false;
+    if let Err(e) = hello(&mut chan) {
+        log::error!("{e}");
+        broke = true;
+    }
+    let out = match chan.try_clone() {
+        Ok(o) => o,
+        Err(e) => {
+            eprintln!("zygo mcp: duplicate the front's channel: {e}");
+            let _ = front.kill();
+            let _ = front.wait();
+            opts.workspace.remove();
+            return 1;
+        }
+    };
+    let shared = Arc::new(Shared {
+        opts,
+        out: Mutex::new(out),
+        calls: Mutex::new(HashMap::new()),
+        done: Condvar::new(),
+    });
+    while !broke {
+        let req = match read_frame::<_, McpRequest>(&mut chan, MAX_MCP_FRAME) {
+            Ok(r) => r,
+            Err(ProtoError::Closed) => break,
+            Err(e) => {
+                log::error!("the MCP front broke the protocol ({e}); ending it");
+                broke = true;
+                break;
+            }
+        };
+        if let McpRequest::Cancel { call } = req {
+            if let Some(s) = lock(&shared.calls).get(&call) {
+                log::info!("call {call} cancelled");
+                s.cancel();
+            }
+            continue;
+        }
+        let call = req.call();
+        let stopper = Arc::new(Stopper::default());
+        {
+            let mut calls = lock(&shared.calls);
+            if calls.contains_key(&call) {
+                log::error!("the MCP front used call number {call} twice; ending it");
+                broke = true;
+                break;
+            }
+            if calls.len() >= MAX_CALLS {
+                drop(calls);
+                shared.reply(&McpReply::ToolError {
+                    call,
+                    message: format!(
+                        "{MAX_CALLS} calls are already running, the most this server runs at \
+                         once; wait for one to finish and try again"
+                    ),
+                });
+                continue;
+            }
+            calls.insert(call, stopper.clone());
+        }
+        let sh = shared.clone();
+        let started = std::thread::Builder::new().spawn(move || {
+            let reply = handle(&sh, req, &stopper);
+            sh.finish(call);
+            sh.reply(&reply);
+        });
+        if let Err(e) = started {
+            shared.finish(call);
+            shared.reply(&McpReply::ToolError {
+                call,
+                message: format!("could not start a thread for this call: {e}"),
+            });
+        }
+    }
+    // The front is gone (or broke the protocol, or a signal came): stop everything.
+    if broke {
+        let _ = front.kill();
+    }
+    let mut calls = lock(&shared.calls);
+    if !calls.is_empty() {
+        log::info!("stopping {} running call(s)", calls.len());
+    }
+    for s in calls.values() {
+        s.cancel();
+    }
+    while !calls.is_empty() {
+        calls = shared
+            .done
+            .wait_timeout(calls, Duration::from_secs(1))
+            .map_or_else(|p| p.into_inner().0, |(g, _)| g);
+        for s in calls.values() {
+            s.cancel();
+        }
+    }
+    drop(calls);
+    let status = match front.try_wait() {
+        Ok(Some(s)) => Some(s),
+        _ => {
+            let _ = front.kill();
+            front.wait().ok()
+        }
+    };
+    shared.opts.workspace.remove();
+    if stopped_by.load(Ordering::SeqCst) != 0 {
+        return 0;
+    }
+    match status {
+        _ if broke => 1,
+        Some(s) if s.success() => 0,
+        Some(s) => {
+            log::debug!("the front ended: {s}");
+            1
+        }
+        None => 1,
+    }
+}
+
+fn handle(sh: &Shared, req: McpRequest, stopper: &Arc<Stopper>) -> McpReply {
+    match req {
+        McpRequest::RunCode {
+            call,
+            language,
+            code,
+            stdin,
+        } => McpReply::RunCode {
+            call,
+            result: run_code(sh, language, code, stdin, stopper),
+        },
+        McpRequest::ListFunctions { call } => match supervisor(Request::List, stopper) {
+            Ok(Reply::Functions(functions)) => McpReply::Functions { call, functions },
+            Ok(other) => tool_error(call, other),
+            Err(message) => McpReply::ToolError { call, message },
+        },
+        McpRequest::CallFunction { call, name, event } => {
+            if let Err(e) = policy::check_fn_name(&name, None) {
+                return McpReply::ToolError {
+                    call,
+                    message: format!("no such function: {e}"),
+                };
+            }
+            let req = Request::Exec(ExecRequest {
+                name,
+                event,
+                key: None,
+                timeout_ms: None,
+                stream: false,
+            });
+            match supervisor(req, stopper) {
+                Ok(Reply::Answer(answer)) => McpReply::Called { call, answer },
+                Ok(other) => tool_error(call, other),
+                Err(message) => McpReply::ToolError { call, message },
+            }
+        }
+        McpRequest::FunctionLogs { call, name, limit } => {
+            if let Err(e) = policy::check_fn_name(&name, None) {
+                return McpReply::ToolError {
+                    call,
+                    message: format!("no such function: {e}"),
+                };
+            }
+            let n = limit.clamp(*LOG_LIMIT.start(), *LOG_LIMIT.end());
+            match supervisor(Request::Logs { name, n }, stopper) {
+                Ok(Reply::Logs(entries)) => McpReply::Logs { call, entries },
+                Ok(other) => tool_error(call, other),
+                Err(message) => McpReply::ToolError { call, message },
+            }
+        }
+        McpRequest::Cancel { call } => McpReply::ToolError {
+            call,
+            message: "internal error: a cancel is not a call".into(),
+        },
+    }
+}
+
+fn tool_error(call: u64, reply: Reply) -> McpReply {
+    let message = match reply {
+        Reply::Error {
+            message,
+            retry_after: Some(s),
+            ..
+        } => format!("{message} (try again in {s}s)"),
+        Reply::Error { message, .. } => message,
+        other => format!("internal error: the supervisor answered {other:?}"),
+    };
+    McpReply::ToolError { call, message }
+}
+
+/// One request to the running supervisor on a connection of its own, as an `Mcp` front.
+fn supervisor(req: Request, stopper: &Stopper) -> Result<Reply, String> {
+    let path = paths::socket_path();
+    let mut sock = match UnixStream::connect(&path) {
+        Ok(s) => s,
+        Err(e)
+            if matches!(
+                e.kind(),
+                std::io::ErrorKind::NotFound | std::io::ErrorKind::ConnectionRefused
+            ) =>
+        {
+            return Err(NO_SUPERVISOR.into())
+        }
+        Err(e) => {
+            return Err(format!(
+                "could not reach the supervisor at {}: {e}",
+                path.display()
+            ))
+        }
+    };
+    {
+        let mut slot = lock(&stopper.sock);
+        if stopper.cancelled() {
+            return Err("cancelled".into());
+        }
+        *slot = sock.try_clone().ok();
+    }
+    let failed = |e: ProtoError| {
+        if stopper.cancelled() {
+            "cancelled".to_string()
+        } else if matches!(e, ProtoError::Closed) {
+            "the supervisor closed the connection (it may be draining); try again".to_string()
+        } else {
+            format!("talking to the supervisor failed: {e}")
+        }
+    };
+    write_frame(
+        &mut sock,
+        &Hello {
+            protocol: FRONT_PROTOCOL,
+            role: Role::Mcp,
+        },
+    )
+    .map_err(failed)?;
+    match read_frame::<_, HelloReply>(&mut sock, MAX_FRONT_FRAME).map_err(failed)? {
+        HelloReply::Welcome { .. } => {}
+        HelloReply::Refused { reason } => {
+            return Err(format!("the supervisor refused this server: {reason}"))
+        }
+    }
+    write_frame(&mut sock, &req).map_err(failed)?;
+    loop {
+        match read_frame::<_, Reply>(&mut sock, MAX_FRONT_FRAME).map_err(failed)? {
+            Reply::Event(_) => continue,
+            other => return Ok(other),
+        }
+    }
+}
+
+fn run_code(
+    sh: &Shared,
+    language: Language,
+    code: String,
+    stdin: Option<String>,
+    stopper: &Arc<Stopper>,
+) -> RunCodeResult {
+    let ceiling = &sh.opts.ceiling;
+    let refused = |why: String| RunCodeResult {
+        exit_code: None,
+        timed_out: false,
+        oom_killed: false,
+        cancelled: false,
+        stdout: String::new(),
+        stdout_truncated: false,
+        stderr: String::new(),
+        stderr_truncated: false,
+        wall_ms: 0,
+        error: Some(why),
+    };
+    let (file, argv): (&str, &[&str]) = match language {
+        Language::Python => ("/zygo/main.py", &["python3", "/zygo/main.py"]),
+        Language::Javascript => ("/zygo/main.js", &["node", "/zygo/main.js"]),
+        Language::Sh => ("/zygo/main.sh", &["/bin/sh", "/zygo/main.sh"]),
+    };
+    let size = code.len() + stdin.as_ref().map_or(0, String::len);
+    if size > 16 * 1024 * 1024 {
+        return refused(format!(
+            "code and stdin together are {size} bytes, over the 16 MiB a call may carry"
+        ));
+    }
+    let work = match sh.opts.workspace.path.to_str() {
+        Some(w) => w.to_string(),
+        None => return refused("the workspace path is not valid UTF-8".into()),
+    };
+    let mut plan = ceiling.plan.clone();
+    plan.argv = argv.iter().map(|s| s.to_string()).collect();
+    plan.files = vec![InjectedFile {
+        path: file.into(),
+        contents: code.into_bytes(),
+    }];
+    plan.work = Some(work);
+    plan.cwd = "/work".into();
+
+    let (cancel_r, cancel_w) = match oneshot::pipe() {
+        Ok(p) => p,
+        Err(e) => return refused(format!("the sandbox could not start: create a pipe: {e}")),
+    };
+    {
+        let mut slot = lock(&stopper.pipe);
+        if stopper.cancelled() {
+            let mut r = refused("cancelled before the program started".into());
+            r.cancelled = true;
+            return r;
+        }
+        *slot = Some(cancel_w);
+    }
+    // The outer deadline: the timeout plus OUTER_SLACK, whatever the launcher does.
+    let outer = ceiling.timeout.saturating_add(OUTER_SLACK);
+    let outer_hit = Arc::new(AtomicBool::new(false));
+    let (done_tx, done_rx) = mpsc::channel::<()>();
+    {
+        let stopper = stopper.clone();
+        let hit = outer_hit.clone();
+        std::thread::spawn(move || {
+            if let Err(RecvTimeoutError::Timeout) = done_rx.recv_timeout(outer) {
+                hit.store(true, Ordering::SeqCst);
+                stopper.cancel();
+            }
+        });
+    }
+    let req = oneshot::Request {
+        plan,
+        limits: ceiling.limits,
+        stdin: match stdin {
+            Some(s) => Stdin::Bytes(s.into_bytes()),
+            None => Stdin::Null,
+        },
+        output: Output::Capture,
+        launcher: sh.opts.exe.clone(),
+        cancel: Some(cancel_r),
+    };
+    let out = oneshot::run(&sh.opts.backend, req);
+    drop(done_tx);
+    let error = if outer_hit.load(Ordering::SeqCst) {
+        Some(format!(
+            "did not finish within the outer deadline of {}s (its time limit plus 300s) and \
+             was stopped",
+            outer.as_secs()
+        ))
+    } else if out.cancelled {
+        Some("cancelled".to_string())
+    } else if !out.started {
+        Some(format!(
+            "the sandbox could not start: {}",
+            out.error
+                .as_deref()
+                .unwrap_or("the launcher gave no reason")
+        ))
+    } else if out.timed_out {
+        Some(format!("exceeded its {} time limit", ceiling.timeout_text))
+    } else if out.oom_killed {
+        Some(format!("ran out of memory (limit {})", ceiling.mem_text))
+    } else if let Some(e) = &out.error {
+        Some(format!("the sandbox failed: {e}"))
+    } else {
+        out.signal
+            .map(|s| format!("was killed by signal {s} ({})", signal_name(s)))
+    };
+    RunCodeResult {
+        exit_code: if out.started { out.exit_code } else { None },
+        timed_out: out.timed_out,
+        oom_killed: out.oom_killed,
+        cancelled: out.cancelled,
+        stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
+        stdout_truncated: out.stdout_truncated,
+        stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
+        stderr_truncated: out.stderr_truncated,
+        wall_ms: out.wall_ms,
+        error,
+    }
+}
+
+fn signal_name(s: i32) -> &'static str {
+    match s {
+        libc::SIGKILL => "SIGKILL",
+        libc::SIGSEGV => "SIGSEGV, a crash",
+        libc::SIGABRT => "SIGABRT, an abort",
+        libc::SIGBUS => "SIGBUS, a crash",
+        libc::SIGFPE => "SIGFPE, an arithmetic fault",
+        libc::SIGILL => "SIGILL, an illegal instruction",
+        libc::SIGTERM => "SIGTERM",
+        libc::SIGINT => "SIGINT",
+        libc::SIGPIPE => "SIGPIPE, a closed pipe",
+        libc::SIGSYS => "SIGSYS, a refused system call",
+        libc::SIGXCPU => "SIGXCPU, the CPU time limit",
+        libc::SIGXFSZ => "SIGXFSZ, the file size limit",
+        _ => "a signal",
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn scratch_workspace_is_private_and_removed() {
+        let ws = Workspace::scratch(&IdMap::Single { uid: 0, gid: 0 }).unwrap();
+        let m = std::fs::metadata(&ws.path).unwrap();
+        assert_eq!(m.mode() & 0o777, 0o700);
+        std::fs::create_dir(ws.path.join("locked")).unwrap();
+        std::fs::write(ws.path.join("locked/f"), b"x").unwrap();
+        std::fs::set_permissions(
+            ws.path.join("locked"),
+            std::fs::Permissions::from_mode(0o000),
+        )
+        .unwrap();
+        ws.remove();
+        assert!(!ws.path.exists());
+    }
+
+    #[test]
+    fn given_workspace_is_made_and_kept() {
+        let base = std::env::temp_dir().join(format!("zygo-mcp-test-{}", random_hex()));
+        let dir = base.join("a/b");
+        let (ws, warning) = Workspace::given(&dir, &IdMap::Single { uid: 0, gid: 0 }).unwrap();
+        assert!(warning.is_none());
+        assert!(ws.path.is_dir() && !ws.scratch);
+        ws.remove();
+        assert!(ws.path.is_dir(), "a given workspace is kept");
+        let file = base.join("file");
+        std::fs::write(&file, b"x").unwrap();
+        assert!(Workspace::given(&file, &IdMap::Single { uid: 0, gid: 0 })
+            .unwrap_err()
+            .contains("not a directory"));
+        std::fs::remove_dir_all(&base).unwrap();
+    }
+}
