@@ -487,6 +487,7 @@ impl Front {
             key: None,
             timeout_ms: None,
             stream: false,
+            script: None,
         });
         match self.call(&req) {
             Ok(Reply::Answer(a)) => {

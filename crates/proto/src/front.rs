@@ -55,6 +55,8 @@ pub enum Request {
     Cancel { key: String },
     /// Stop taking requests; let running ones finish within `grace_ms`; then exit.
     Drain { grace_ms: u64 },
+    /// Register a script in the content-addressed store (idempotent).
+    PutScript { source: Vec<u8> },
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -66,6 +68,17 @@ pub struct ExecRequest {
     pub timeout_ms: Option<u64>,
     /// Send output and progress as they happen, before the answer.
     pub stream: bool,
+    /// For a runtime pool: the script to run (a pool has no handler of its own).
+    pub script: Option<ScriptRef>,
+}
+
+/// Which script a pool runs for a call.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum ScriptRef {
+    /// One registered before (lowercase hex SHA-256 of its bytes).
+    Digest(String),
+    /// These bytes, for this call (stored like any script: the same bytes are one file).
+    Source(Vec<u8>),
 }
 
 /// Why a request was refused or failed, as a word the fronts map to statuses.
@@ -234,5 +247,10 @@ pub enum Reply {
     },
     Draining {
         in_flight: u32,
+    },
+    /// The script's digest (lowercase hex SHA-256 of its bytes).
+    ScriptStored {
+        digest: String,
+        size: u64,
     },
 }

@@ -77,6 +77,9 @@ pub struct LaunchPlan {
     /// A host directory bound writable at `/work` instead of a fresh tmpfs (a workspace that
     /// persists across sandboxes).
     pub work: Option<String>,
+    /// A runtime pool: `/run/script` is a tmpfs the launcher writes scripts into from
+    /// outside; nothing inside may list or change it.
+    pub scripts: bool,
 }
 
 /// The phase a sandbox was in when something went wrong.
@@ -117,9 +120,20 @@ pub enum ToLauncher {
         slot: String,
         request_id: String,
         event: String,
+        /// A pool's script for this call: written (if not there yet) at
+        /// `/run/script/<digest>`, read-only, before the request reaches the child.
+        script: Option<Script>,
     },
     /// Zygote: the slot's request is over; drop its channel and remove its directory.
     Reap { slot: String },
+}
+
+/// A script from the monitor's store.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Script {
+    /// Lowercase hex SHA-256 of `source`.
+    pub digest: String,
+    pub source: Vec<u8>,
 }
 
 /// Which output stream.

@@ -437,7 +437,7 @@ pub fn exec(raw: Vec<OsString>) -> i32 {
     let a = match parse(
         "exec",
         raw,
-        &["timeout", "key", "workspace", "out"],
+        &["timeout", "key", "workspace", "out", "script", "digest"],
         &["stream"],
     ) {
         Ok(Some(a)) => a,
@@ -471,12 +471,24 @@ pub fn exec(raw: Vec<OsString>) -> i32 {
         Err(e) => return usage_error("exec", e),
     };
     let stream = a.has("stream");
+    let script = match (a.flag("script"), a.flag("digest")) {
+        (Some(_), Some(_)) => {
+            return usage_error("exec", "give --script FILE or --digest SHA256, not both")
+        }
+        (Some(file), None) => match read_script(file) {
+            Ok(bytes) => Some(proto::front::ScriptRef::Source(bytes)),
+            Err(e) => return usage_error("exec", e),
+        },
+        (None, Some(d)) => Some(proto::front::ScriptRef::Digest(d.to_ascii_lowercase())),
+        (None, None) => None,
+    };
     let req = Request::Exec(ExecRequest {
         name,
         event,
         key: a.flag("key").map(str::to_string),
         timeout_ms,
         stream,
+        script,
     });
     let mut c = match connect() {
         Ok(c) => c,
@@ -537,6 +549,55 @@ pub fn exec(raw: Vec<OsString>) -> i32 {
         0
     } else {
         1
+    }
+}
+
+fn read_script(file: &str) -> Result<Vec<u8>, String> {
+    const MAX: u64 = 16 * 1024 * 1024;
+    let mut bytes = Vec::new();
+    std::fs::File::open(file)
+        .and_then(|f| f.take(MAX + 1).read_to_end(&mut bytes))
+        .map_err(|e| format!("read {file}: {e}"))?;
+    if bytes.len() as u64 > MAX {
+        return Err(format!("{file} is over 16 MiB"));
+    }
+    Ok(bytes)
+}
+
+/// `zygo scripts put FILE`: register a script for runtime pools; prints its digest.
+pub fn scripts(raw: Vec<OsString>) -> i32 {
+    let a = match parse("scripts", raw, &[], &[]) {
+        Ok(Some(a)) => a,
+        Ok(None) => {
+            say_raw!("{}", usage::SCRIPTS);
+            return 0;
+        }
+        Err(c) => return c,
+    };
+    let [verb, file] = a.positional.as_slice() else {
+        return usage_error("scripts", "usage: zygo scripts put FILE");
+    };
+    if verb != "put" {
+        return usage_error(
+            "scripts",
+            format!("unknown action {verb:?}; the one action is `put`"),
+        );
+    }
+    let source = match read_script(file) {
+        Ok(b) => b,
+        Err(e) => return usage_error("scripts", e),
+    };
+    match call(a.json, &Request::PutScript { source }) {
+        Ok(Reply::ScriptStored { digest, size }) => {
+            if a.json {
+                say!("{}", json!({"digest": digest, "size": size}));
+            } else {
+                say!("{digest}");
+            }
+            0
+        }
+        Ok(_) => refused(a.json, "internal", "unexpected reply"),
+        Err(c) => c,
     }
 }
 

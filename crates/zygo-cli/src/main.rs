@@ -50,6 +50,7 @@ fn main() -> ExitCode {
         Some("serve") => fncmds::serve(rest),
         Some("stop") => fncmds::stop(rest),
         Some("exec") => fncmds::exec(rest),
+        Some("scripts") => fncmds::scripts(rest),
         Some("ls") => fncmds::ls(rest),
         Some("logs") => fncmds::logs(rest),
         Some("stats") => fncmds::stats(rest),

@@ -10,7 +10,8 @@ Commands:
   up          start the supervisor if none runs; serve a sandbox.toml's functions
   serve       serve one function of a sandbox.toml
   stop        stop serving a function
-  exec        call a served function
+  exec        call a served function (or run a script in a runtime pool)
+  scripts     register scripts for runtime pools
   ls          served functions and their zygotes
   logs        a function's last finished requests
   stats       requests, failures, latency percentiles
@@ -105,17 +106,31 @@ Usage: zygo stop NAME [--json]
 ";
 
 pub const EXEC: &str = "\
-zygo exec — call a served function
+zygo exec — call a served function, or run a script in a runtime pool
 
 Usage: zygo exec NAME [EVENT|-|FILE] [--stream] [--timeout DUR] [--key K] [--json]
+       zygo exec POOL [EVENT|-|FILE] (--script FILE | --digest SHA256) [...]
 
 EVENT is JSON text; `-` reads it from stdin; otherwise a file holding it. Default: {}.
   --stream       print the handler's output and progress as they happen
   --timeout DUR  narrow the function's timeout for this call (never widens it)
   --key K        a name for this call, for `zygo cancel K`
+  --script FILE  for a runtime pool: run this script (stored by digest, as `scripts put`)
+  --digest D     for a runtime pool: run the script registered under this SHA-256
   --json         print {result, request_id, stdout, stderr, metrics} (and, on failure,
                  error, code, traceback, oom_killed)
 Exit status: 0 when the handler returned, 1 otherwise.
+";
+
+pub const SCRIPTS: &str = "\
+zygo scripts — register scripts for runtime pools
+
+Usage: zygo scripts put FILE [--json]
+
+Stores FILE's bytes under their SHA-256 (the same bytes are one file, whoever sends them)
+and prints the digest, for `zygo exec POOL --digest SHA256`. A pool is a [fn.NAME] with an
+agent and no entry (a Python script defines `handler(event)`), or with cmd = [...] (the
+command runs with the script's path as its last argument and the event on stdin).
 ";
 
 pub const LS: &str = "\

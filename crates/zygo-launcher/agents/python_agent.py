@@ -38,6 +38,8 @@ DRAIN_LIMIT = 1.0  # seconds to relay output still flowing after the handler ret
 SLOT, WORKDIR = re.compile(r"[A-Za-z0-9_-]{1,64}"), re.compile(r"[0-9a-f]{32}")
 CONTROL = {"park": {"kind", "slot"}, "reap": {"kind", "slot"}}
 REQUEST = {"request": {"kind", "id", "event"}}
+POOL_REQUEST = {"request": {"kind", "id", "event", "script"}}  # a runtime pool's
+SCRIPT = re.compile(r"/run/script/[0-9a-f]{64}")
 
 
 class Violation(Exception):
@@ -125,11 +127,8 @@ def tell(obj):
         die(0)  # the launcher has gone
 
 
-def load(entry, name):
-    """The handler function; or an import_error line, and exit."""
-    for d in ("/fn", os.path.dirname(os.path.abspath(entry))):
-        if d not in sys.path:
-            sys.path.insert(0, d)
+def import_handler(entry, name):
+    """(function, None, None), or (None, message, traceback) saying why not."""
     try:
         loader = importlib.machinery.SourceFileLoader("handler_module", entry)
         module = importlib.util.module_from_spec(
@@ -138,14 +137,36 @@ def load(entry, name):
         loader.exec_module(module)
         func = getattr(module, name, None)
     except BaseException as e:
-        func, message, tb = None, f"cannot import {entry}: {describe(e)}", format_tb(e)
-    else:
-        what = "no function" if func is None else f"a {type(func).__name__}, not a function, as"
-        message, tb = f"{entry} has {what} {name!r}", ""
-    if not callable(func):
+        return None, f"cannot import {entry}: {describe(e)}", format_tb(e)
+    if callable(func):
+        return func, None, None
+    what = "no function" if func is None else f"a {type(func).__name__}, not a function, as"
+    return None, f"{entry} has {what} {name!r}", ""
+
+
+def load(entry, name):
+    """The handler function; or an import_error line, and exit."""
+    for d in ("/fn", os.path.dirname(os.path.abspath(entry))):
+        if d not in sys.path:
+            sys.path.insert(0, d)
+    func, message, tb = import_handler(entry, name)
+    if func is None:
         tell({"kind": "import_error", "message": message, "traceback": tb})
         die(1)
     return func
+
+
+class Pool:
+    """A runtime pool: no handler of its own; each request names a script that defines
+    `handler(event)`, loaded by the request's own process."""
+
+
+class ExecPool:
+    """Warm-exec: each request runs the command with the script's path as its last argument
+    and the event (JSON) on stdin; its value is {"exit_code": 0}."""
+
+    def __init__(self, argv):
+        self.argv = argv
 
 
 def no_dump():
@@ -302,6 +323,15 @@ def child(slot, tell_name, inherited, func):
             os._exit(1)
 
 
+def _peek_keys(buf):
+    """The top-level keys of a request line (strict() validates it properly after)."""
+    try:
+        obj = json.loads(bytes(buf).decode("utf-8"))
+    except ValueError:
+        return set()
+    return set(obj) if type(obj) is dict else set()
+
+
 def read_request(sock):
     buf = bytearray()
     while True:
@@ -318,7 +348,10 @@ def read_request(sock):
             if nl + 1 < len(chunk):
                 raise Violation("more than one line")
             break
-    request = strict(bytes(buf), REQUEST)
+    request = strict(bytes(buf), POOL_REQUEST if "script" in _peek_keys(buf) else REQUEST)
+    if "script" in request and (type(request["script"]) is not str
+                                or not SCRIPT.fullmatch(request["script"])):
+        raise Violation("a bad script path")
     if type(request["id"]) is not str:
         raise Violation("id is not a string")
     return request
@@ -428,7 +461,18 @@ def run(p, request, func):
     p.started.set()
     event = Event(request["event"]) if type(request["event"]) is dict else request["event"]
     try:
-        terminal = result(func(event))
+        if isinstance(func, (Pool, ExecPool)) != ("script" in request):
+            raise RuntimeError("a pool's request names a script; a function's does not")
+        if isinstance(func, ExecPool):
+            terminal = exec_script(func, request["script"], request["event"])
+        else:
+            if isinstance(func, Pool):
+                func, message, tb = import_handler(request["script"], "handler")
+                if func is None:
+                    raise ScriptError(message, tb)
+            terminal = result(func(event))
+    except ScriptError as e:
+        terminal = error(e.message, e.tb)
     except SystemExit as e:
         terminal = result(None) if e.code in (None, 0) else error(describe(e), format_tb(e))
     except BaseException as e:
@@ -446,6 +490,28 @@ def run(p, request, func):
         t.join(max(0.0, deadline - time.monotonic()))
     p.channel.send(None, terminal, last=True)
     os._exit(0)
+
+
+class ScriptError(Exception):
+    def __init__(self, message, tb):
+        super().__init__(message)
+        self.message, self.tb = message, tb
+
+
+def exec_script(pool, script, event):
+    """Warm-exec: the command, the script as its last argument, the event on stdin; its
+    output goes to our fd 1 and 2 (relayed)."""
+    import subprocess
+    try:
+        done = subprocess.run([*pool.argv, script], input=json.dumps(event).encode(),
+                              stdout=1, stderr=2, close_fds=True)
+    except OSError as e:
+        return error(f"cannot start {pool.argv[0]}: {describe(e)}", "")
+    if done.returncode == 0:
+        return result({"exit_code": 0})
+    how = (f"was killed by signal {-done.returncode}" if done.returncode < 0
+           else f"exited with status {done.returncode}")
+    return error(f"{pool.argv[0]} {how}", "")
 
 
 def result(value):
@@ -511,13 +577,15 @@ def exec_node(spare, mine, workdir):
 
 
 def main(argv):
+    mode = "python"
     if len(argv) == 4 and argv[1] == "--node":
-        argv = [argv[0], argv[2], argv[3]]
-        node = True
-    else:
-        node = False
-    if len(argv) != 3:
-        complain("usage: python_agent.py [--node] ENTRY_FILE FUNC")
+        argv, mode = [argv[0], argv[2], argv[3]], "node"
+    elif len(argv) == 2 and argv[1] == "--pool":
+        mode = "pool"
+    elif len(argv) >= 3 and argv[1] == "--exec":
+        mode = "exec"
+    elif len(argv) != 3:
+        complain("usage: python_agent.py [--node] ENTRY_FILE FUNC | --pool | --exec CMD...")
         die(2)
     try:
         for fd in (CTL, REG):
@@ -526,7 +594,14 @@ def main(argv):
     except OSError as e:
         complain(f"fd 3 and fd 4 must be the agent's channels: {e}")
         die(2)
-    func = check_node(argv[1], argv[2]) if node else load(argv[1], argv[2])
+    if mode == "node":
+        func = check_node(argv[1], argv[2])
+    elif mode == "pool":
+        func = Pool()
+    elif mode == "exec":
+        func = ExecPool(argv[2:])
+    else:
+        func = load(argv[1], argv[2])
     import gc
     gc.freeze()  # what import made stays put: forks copy fewer pages
     no_dump()

@@ -93,7 +93,11 @@ pub fn landlock_abi() -> i64 {
 ///
 /// On a kernel without Landlock this does nothing and says so: the mount namespace and the
 /// read-only root still hold; `zygo version` reports the missing layer.
-pub fn landlock(writable: &[&str]) -> Result<bool> {
+///
+/// With `unlisted` (a runtime pool's `/run/script`), no directory at or above it may be
+/// listed: reading and executing stay allowed everywhere, but listing is granted only on
+/// the other top-level directories, so a script cannot learn the names of the others.
+pub fn landlock(writable: &[&str], unlisted: Option<&str>) -> Result<bool> {
     let abi = LANDLOCK_ABI;
     let io =
         |e: landlock::RulesetError| fail("set up Landlock", std::io::Error::other(e.to_string()));
@@ -113,8 +117,48 @@ pub fn landlock(writable: &[&str]) -> Result<bool> {
         .map_err(io)?
         .create()
         .map_err(io)?
-        .add_rule(PathBeneath::new(path("/")?, AccessFs::from_read(abi)))
+        .add_rule(PathBeneath::new(
+            path("/")?,
+            match unlisted {
+                None => AccessFs::from_read(abi),
+                Some(_) => AccessFs::from_read(abi) & !AccessFs::ReadDir,
+            },
+        ))
         .map_err(io)?;
+    if let Some(hidden) = unlisted {
+        let top = Path::new(hidden)
+            .components()
+            .nth(1)
+            .map(|c| c.as_os_str().to_string_lossy().to_string())
+            .unwrap_or_default();
+        let entries = std::fs::read_dir("/").map_err(|e| fail("list / for Landlock", e))?;
+        for entry in entries.flatten() {
+            let name = entry.file_name().to_string_lossy().to_string();
+            let is_dir = entry.file_type().is_ok_and(|t| t.is_dir());
+            if !is_dir || name == top {
+                continue;
+            }
+            ruleset = ruleset
+                .add_rule(PathBeneath::new(
+                    path(&format!("/{name}"))?,
+                    AccessFs::ReadDir,
+                ))
+                .map_err(io)?;
+        }
+        // The rest of that top-level directory (the agent's own folder) stays listable.
+        let parent = Path::new(hidden).parent().unwrap_or(Path::new("/"));
+        if let Ok(siblings) = std::fs::read_dir(parent) {
+            for entry in siblings.flatten() {
+                let p = entry.path();
+                if p != Path::new(hidden) && entry.file_type().is_ok_and(|t| t.is_dir()) {
+                    let p = p.to_string_lossy().to_string();
+                    ruleset = ruleset
+                        .add_rule(PathBeneath::new(path(&p)?, AccessFs::ReadDir))
+                        .map_err(io)?;
+                }
+            }
+        }
+    }
     for w in ["/tmp", "/work"].iter().chain(writable.iter()) {
         ruleset = ruleset
             .add_rule(PathBeneath::new(path(w)?, AccessFs::from_all(abi)))

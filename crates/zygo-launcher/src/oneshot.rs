@@ -469,7 +469,18 @@ fn supervise(
                         if let Some(ch) = agent_fds.take() {
                             // A zygote has no overall deadline: the monitor ends it.
                             let rest = std::mem::take(&mut buf);
-                            return zygote::serve(sock, pid, rep_r, rest, ch);
+                            let owner = match plan.ids {
+                                IdMap::Range {
+                                    uid_base,
+                                    gid_base,
+                                    count,
+                                } if count > 65534 => Some((uid_base + 65534, gid_base + 65534)),
+                                IdMap::Range {
+                                    uid_base, gid_base, ..
+                                } => Some((uid_base, gid_base)),
+                                IdMap::Single { .. } => None,
+                            };
+                            return zygote::serve(sock, pid, rep_r, rest, ch, owner);
                         }
                     }
                     Some(Report::Failed(why)) => failure = Some(why),
@@ -679,7 +690,7 @@ fn setup(plan: &LaunchPlan) -> Result<Prepared, SetupError> {
         .filter(|m| m.rw)
         .map(|m| m.dst.as_str())
         .collect();
-    harden::landlock(&writable)?;
+    harden::landlock(&writable, plan.scripts.then_some("/run/script"))?;
 
     let env: Vec<CString> = plan
         .env

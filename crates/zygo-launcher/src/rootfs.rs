@@ -463,7 +463,26 @@ pub fn build(plan: &LaunchPlan) -> Result<()> {
                 || format!("chmod {}", f.path),
             )?;
         }
+        if top == "run" && plan.scripts {
+            mkdir(&dir.join("script"), 0o755)?;
+        }
         remount_ro(&dir, MS_NOEXEC)?;
+    }
+    // A runtime pool's scripts: a tmpfs the launcher writes into from outside, mode 0311 so
+    // it cannot be listed; owned (as root) by an id the sandbox's processes are not, so they
+    // cannot change its mode either. Landlock forbids every write to it from inside.
+    if plan.scripts {
+        let dir = new.join("run/script");
+        mkdir(&dir, 0o755)?;
+        let owner = match plan.ids {
+            proto::launch::IdMap::Range { count, .. } if count > 65534 => ",uid=65534,gid=65534",
+            _ => "",
+        };
+        tmpfs(
+            &dir,
+            &format!("mode=0311,{scratch}{owner}"),
+            MS_NOSUID | MS_NODEV | MS_NOEXEC,
+        )?;
     }
 
     for m in &plan.mounts {

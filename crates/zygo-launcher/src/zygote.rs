@@ -286,6 +286,74 @@ fn receive_registration(reg: RawFd) -> Result<Option<(String, i32, OwnedFd)>, St
     Ok(Some((slot, pid, fd)))
 }
 
+/// Write a pool's script into the sandbox at `/run/script/<digest>` (read-only, 0444), from
+/// outside, through the sandbox's root as seen in /proc. Nothing in the sandbox can create
+/// or change files there (Landlock); a file already there with that name must hold exactly
+/// these bytes, or it is replaced. Returns the path inside the sandbox.
+fn write_script(
+    init_pid: libc::pid_t,
+    s: &proto::launch::Script,
+    owner: Option<(u32, u32)>,
+) -> std::io::Result<String> {
+    // As root, create the file as an id that exists in the sandbox (its `nobody`), so the
+    // sandbox sees it owned by someone it is not, and cannot change its mode.
+    if let Some((uid, gid)) = owner {
+        // SAFETY: setfsgid/setfsuid only change this thread's filesystem ids.
+        unsafe {
+            libc::setfsgid(gid);
+            libc::setfsuid(uid);
+        }
+    }
+    let r = write_script_as(init_pid, s);
+    if owner.is_some() {
+        // SAFETY: back to root's filesystem ids (our real and saved ids are 0).
+        unsafe {
+            libc::setfsuid(0);
+            libc::setfsgid(0);
+        }
+    }
+    r
+}
+
+fn write_script_as(init_pid: libc::pid_t, s: &proto::launch::Script) -> std::io::Result<String> {
+    use std::io::{Read, Write};
+    use std::os::unix::fs::OpenOptionsExt;
+    let bad = |what: &str| std::io::Error::new(std::io::ErrorKind::InvalidInput, what.to_string());
+    if s.digest.len() != 64 || !s.digest.bytes().all(|b| b.is_ascii_hexdigit()) {
+        return Err(bad("a script digest that is not 64 hex digits"));
+    }
+    let dir = format!("/proc/{init_pid}/root/run/script");
+    let path = format!("{dir}/{}", s.digest);
+    let open_new = || {
+        std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(0o444)
+            .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
+            .open(&path)
+    };
+    let mut f = match open_new() {
+        Ok(f) => f,
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
+            let mut held = Vec::new();
+            std::fs::OpenOptions::new()
+                .read(true)
+                .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
+                .open(&path)?
+                .take(s.source.len() as u64 + 1)
+                .read_to_end(&mut held)?;
+            if held == s.source {
+                return Ok(format!("/run/script/{}", s.digest));
+            }
+            std::fs::remove_file(&path)?;
+            open_new()?
+        }
+        Err(e) => return Err(e),
+    };
+    f.write_all(&s.source)?;
+    Ok(format!("/run/script/{}", s.digest))
+}
+
 fn send(sock: &mut UnixStream, msg: &FromLauncher) -> Result<(), LaunchError> {
     proto::write_frame(sock, msg).map_err(LaunchError::Channel)
 }
@@ -298,6 +366,7 @@ pub fn serve(
     report: RawFd,
     pending: Vec<u8>,
     ch: Channels,
+    script_owner: Option<(u32, u32)>,
 ) -> Result<(), LaunchError> {
     let ctl = ch.ctl;
     let reg = ch.reg;
@@ -374,20 +443,36 @@ pub fn serve(
                     slot,
                     request_id,
                     event,
+                    script,
                 }) => {
-                    let delivered = match children.get(&slot) {
-                        Some(c) => {
+                    // A pool's script goes into the sandbox before its request does.
+                    let placed = match &script {
+                        Some(s) => write_script(init_pid, s, script_owner).map(Some),
+                        None => Ok(None),
+                    };
+                    let delivered = match (children.get(&slot), placed) {
+                        (Some(c), Ok(path)) => {
                             let mut line = Vec::with_capacity(event.len() + 128);
                             line.extend_from_slice(b"{\"kind\":\"request\",\"id\":");
                             line.extend_from_slice(
                                 serde_json::Value::from(request_id).to_string().as_bytes(),
                             );
+                            if let Some(p) = path {
+                                line.extend_from_slice(b",\"script\":");
+                                line.extend_from_slice(
+                                    serde_json::Value::from(p).to_string().as_bytes(),
+                                );
+                            }
                             line.extend_from_slice(b",\"event\":");
                             line.extend_from_slice(event.as_bytes());
                             line.extend_from_slice(b"}\n");
                             sys::write_fd(c.fd.as_raw_fd(), &line).is_ok()
                         }
-                        None => false,
+                        (_, Err(e)) => {
+                            log::error!("launcher: write a script into the sandbox: {e}");
+                            false
+                        }
+                        (None, _) => false,
                     };
                     if !delivered {
                         children.remove(&slot);

@@ -666,6 +666,7 @@ fn handle(sh: &Shared, req: McpRequest, stopper: &Arc<Stopper>) -> McpReply {
                 key: None,
                 timeout_ms: None,
                 stream: false,
+                script: None,
             });
             match supervisor(req, stopper) {
                 Ok(Reply::Answer(answer)) => McpReply::Called { call, answer },

@@ -583,6 +583,7 @@ pub fn launch_plan(plan: &policy::plan::OneShotPlan) -> Result<(LaunchPlan, Limi
         mode: proto::launch::Mode::OneShot,
         files: Vec::new(),
         work: None,
+        scripts: false,
         argv: plan.argv.clone(),
         env: plan.env.clone(),
         cwd: "/work".into(),

@@ -24,11 +24,11 @@ use policy::file::{Agent, FnKind, FnSpec};
 use policy::limits::Mem;
 use proto::front::{
     ErrorCode, ExecAnswer, ExecEvent, ExecRequest, FunctionInfo, FunctionStats, LogEntry, Metrics,
-    Outcome, Reply, Request, ZygoteCounts,
+    Outcome, Reply, Request, ScriptRef, ZygoteCounts,
 };
 use proto::launch::{
-    BindMount, FromLauncher, IdMap, Image, InjectedFile, LaunchPlan, Mode, Stream, ToLauncher,
-    MAX_LAUNCH_FRAME,
+    BindMount, FromLauncher, IdMap, Image, InjectedFile, LaunchPlan, Mode, Script, Stream,
+    ToLauncher, MAX_LAUNCH_FRAME,
 };
 
 use super::conn::Conn;
@@ -206,6 +206,8 @@ struct InFlight {
     stderr: Capped,
     terminal: Option<Terminal>,
     forced: Option<Outcome>,
+    /// A pool's script, handed to the launcher with the call.
+    script: Option<Script>,
 }
 
 /// A `serve` answer waiting: the client, the functions named, and those already failed.
@@ -220,6 +222,8 @@ pub struct Functions {
     ids: IdMap,
     launcher: PathBuf,
     usage: Option<std::fs::File>,
+    /// The content-addressed script store: `<state>/scripts/<sha256 hex>`.
+    scripts: PathBuf,
     fns: BTreeMap<String, Function>,
     zygotes: HashMap<Token, Zygote>,
     calls: HashMap<String, InFlight>,
@@ -227,6 +231,13 @@ pub struct Functions {
     /// `serve`/`up` answers waiting for functions to become ready or fail.
     pending_serves: Vec<PendingServe>,
     counter: u64,
+}
+
+/// Why something was refused, before it becomes a reply.
+type Refusal = (ErrorCode, String);
+
+fn refuse(code: ErrorCode, message: impl Into<String>) -> Refusal {
+    (code, message.into())
 }
 
 fn fail(code: ErrorCode, message: impl Into<String>) -> Reply {
@@ -243,6 +254,7 @@ impl Functions {
         ids: IdMap,
         launcher: PathBuf,
         usage_path: PathBuf,
+        scripts: PathBuf,
     ) -> Result<Functions, SupervisorError> {
         let usage = std::fs::OpenOptions::new()
             .create(true)
@@ -254,6 +266,7 @@ impl Functions {
             ids,
             launcher,
             usage: Some(usage),
+            scripts,
             fns: BTreeMap::new(),
             zygotes: HashMap::new(),
             calls: HashMap::new(),
@@ -308,6 +321,13 @@ impl Functions {
             Request::Drain { .. } => {
                 Some(fail(ErrorCode::Internal, "drain is handled by the loop"))
             }
+            Request::PutScript { source } => Some(match self.store_script(&source) {
+                Ok(digest) => Reply::ScriptStored {
+                    digest,
+                    size: source.len() as u64,
+                },
+                Err((code, message)) => fail(code, message),
+            }),
         }
     }
 
@@ -384,6 +404,21 @@ fn read_capped(path: &Path, max: u64) -> std::io::Result<String> {
         return Err(std::io::Error::other(format!("larger than {max} bytes")));
     }
     Ok(text)
+}
+
+/// A runtime pool: an agent without a handler, or a command (warm-exec); each call names
+/// a script.
+fn is_pool(spec: &FnSpec) -> bool {
+    matches!(
+        spec.kind,
+        FnKind::Agent { entry: None, .. } | FnKind::Cmd(_)
+    )
+}
+
+fn valid_digest(d: &str) -> bool {
+    d.len() == 64
+        && d.bytes()
+            .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
 }
 
 /// The folder holding an entry file (bound at /fn) and the file's name in it.
@@ -468,10 +503,47 @@ fn agent_argv(spec: &FnSpec) -> Result<AgentLaunch, String> {
                 ],
             ))
         }
-        FnKind::Agent { entry: None, .. } => {
-            Err("runtime pools (a function without entry) are not served yet".into())
+        FnKind::Agent {
+            agent: Agent::Python,
+            entry: None,
+        } => Ok((
+            vec![
+                "/usr/bin/python3".into(),
+                "-I".into(),
+                "/run/zygo/python_agent.py".into(),
+                "--pool".into(),
+            ],
+            None,
+            vec![InjectedFile {
+                path: "/run/zygo/python_agent.py".into(),
+                contents: PYTHON_AGENT.to_vec(),
+            }],
+        )),
+        FnKind::Agent {
+            agent: Agent::Node,
+            entry: None,
+        } => Err(
+            "node runtime pools are not served yet: use agent = \"python\" or cmd = [...]".into(),
+        ),
+        // Warm-exec: the sandbox is held by the agent, and each call starts the command with
+        // the script's path as its last argument and the event on stdin.
+        FnKind::Cmd(cmd) => {
+            let mut argv: Vec<String> = vec![
+                "/usr/bin/python3".into(),
+                "-I".into(),
+                "/run/zygo/python_agent.py".into(),
+                "--exec".into(),
+            ];
+            argv.extend(cmd.iter().cloned());
+            Ok((
+                argv,
+                None,
+                vec![InjectedFile {
+                    path: "/run/zygo/python_agent.py".into(),
+                    contents: PYTHON_AGENT.to_vec(),
+                }],
+            ))
         }
-        FnKind::Cmd(_) => Err("warm-exec functions (cmd = [...]) are not served yet".into()),
     }
 }
 
@@ -542,13 +614,15 @@ impl Functions {
             mode: Mode::Zygote,
             argv,
             env: spec.env.clone(),
-            cwd: "/fn".into(),
+            // A function starts in its own folder; a pool has none.
+            cwd: if is_pool(&spec) { "/work" } else { "/fn" }.into(),
             image,
             mounts,
             scratch_bytes: l.scratch.0,
             timeout_ms: l.timeout.as_millis() as u64,
             ids: self.ids,
             hostname: "zygo".into(),
+            scripts: is_pool(&spec),
             files,
             work: None,
         };
@@ -993,6 +1067,77 @@ impl Functions {
 }
 
 impl Functions {
+    /// Put bytes in the content-addressed store: `<scripts>/<sha256 hex>`, written
+    /// crash-safe (temporary file, fsync, rename, fsync of the folder). Idempotent: the same
+    /// bytes from any caller are one file.
+    fn store_script(&self, source: &[u8]) -> Result<String, Refusal> {
+        use sha2::{Digest, Sha256};
+        if source.len() > MAX_EVENT {
+            return Err(refuse(
+                ErrorCode::TooLarge,
+                format!("a script may be at most {} MiB", MAX_EVENT >> 20),
+            ));
+        }
+        let digest: String = Sha256::digest(source)
+            .iter()
+            .map(|b| format!("{b:02x}"))
+            .collect();
+        let path = self.scripts.join(&digest);
+        if path.is_file() {
+            return Ok(digest);
+        }
+        let tmp = self.scripts.join(format!(".{digest}.{}", random_hex(6)));
+        let written = (|| -> std::io::Result<()> {
+            let mut f = std::fs::OpenOptions::new()
+                .write(true)
+                .create_new(true)
+                .open(&tmp)?;
+            f.write_all(source)?;
+            f.sync_all()?;
+            std::fs::rename(&tmp, &path)?;
+            std::fs::File::open(&self.scripts)?.sync_all()
+        })();
+        if let Err(e) = written {
+            let _ = std::fs::remove_file(&tmp);
+            return Err(refuse(
+                ErrorCode::Internal,
+                format!("store the script: {e}"),
+            ));
+        }
+        Ok(digest)
+    }
+
+    /// The script a call names, from the store (a source sent with the call is stored first).
+    fn resolve_script(&self, r: ScriptRef) -> Result<Script, Refusal> {
+        let digest = match r {
+            ScriptRef::Source(source) => {
+                let digest = self.store_script(&source)?;
+                return Ok(Script { digest, source });
+            }
+            ScriptRef::Digest(d) => d,
+        };
+        if !valid_digest(&digest) {
+            return Err(refuse(
+                ErrorCode::BadRequest,
+                "a script digest is 64 lowercase hex digits (SHA-256)",
+            ));
+        }
+        match read_capped(&self.scripts.join(&digest), MAX_EVENT as u64) {
+            Ok(text) => Ok(Script {
+                digest,
+                source: text.into_bytes(),
+            }),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Err(refuse(
+                ErrorCode::NotFound,
+                format!("no script with digest {digest} is stored"),
+            )),
+            Err(e) => Err(refuse(
+                ErrorCode::Internal,
+                format!("read the script {digest}: {e}"),
+            )),
+        }
+    }
+
     /// A request's handler returned or raised: answer its caller at once.
     fn answer_now(&mut self, zt: Token, slot: &str, t: Terminal) {
         let Some(z) = self.zygotes.get_mut(&zt) else {
@@ -1067,6 +1212,39 @@ impl Functions {
                 format!("{} failed to serve: {why}", e.name),
             ));
         }
+        // A pool runs the script named with the call; a function runs its own handler.
+        let pool = is_pool(&f.spec);
+        let script = match (pool, e.script) {
+            (true, None) => {
+                return Some(fail(
+                    ErrorCode::BadRequest,
+                    format!(
+                    "{} is a runtime pool: name a script to run (--script FILE or --digest SHA256)",
+                    e.name
+                ),
+                ))
+            }
+            (false, Some(_)) => {
+                return Some(fail(
+                    ErrorCode::BadRequest,
+                    format!(
+                        "{} is a function with its own handler; scripts are run by runtime pools",
+                        e.name
+                    ),
+                ))
+            }
+            (false, None) => None,
+            (true, Some(r)) => match self.resolve_script(r) {
+                Ok(s) => Some(s),
+                Err((code, message)) => return Some(fail(code, message)),
+            },
+        };
+        let Some(f) = self.fns.get(&e.name) else {
+            return Some(fail(
+                ErrorCode::NotFound,
+                format!("no function named {:?} is served", e.name),
+            ));
+        };
         let mut timeout = f.spec.limits.timeout;
         if let Some(ms) = e.timeout_ms {
             timeout = timeout.min(Duration::from_millis(ms.max(1)));
@@ -1090,6 +1268,7 @@ impl Functions {
                 stderr: Capped::new(),
                 terminal: None,
                 forced: None,
+                script,
             },
         );
         if self.try_dispatch(&id) {
@@ -1180,10 +1359,12 @@ impl Functions {
         c.last_beat = now;
         z.last_used = now;
         let event = std::mem::take(&mut c.event);
+        let script = c.script.take();
         z.conn.send(&ToLauncher::Call {
             slot,
             request_id: id.to_string(),
             event,
+            script,
         });
         // The spare this call used is replaced when its child has exited (SlotClosed), not
         // now: forking and placing a new child while the request runs would compete with it
@@ -1710,7 +1891,7 @@ impl Functions {
                 };
                 FunctionInfo {
                     name: name.clone(),
-                    kind: "function".into(),
+                    kind: if is_pool(&f.spec) { "pool" } else { "function" }.into(),
                     state: state.into(),
                     error,
                     zygotes: counts,

@@ -65,6 +65,7 @@ enum Kind {
     Warm,
     Cancel,
     Drain,
+    PutScript,
 }
 
 fn kind(r: &Request) -> Kind {
@@ -79,6 +80,7 @@ fn kind(r: &Request) -> Kind {
         Request::Warm { .. } => Kind::Warm,
         Request::Cancel { .. } => Kind::Cancel,
         Request::Drain { .. } => Kind::Drain,
+        Request::PutScript { .. } => Kind::PutScript,
     }
 }
 
@@ -95,6 +97,7 @@ const DISPATCH_CLI: &[Kind] = &[
     Kind::Warm,
     Kind::Cancel,
     Kind::Drain,
+    Kind::PutScript,
 ];
 const DISPATCH_MCP: &[Kind] = &[Kind::List, Kind::Exec, Kind::Logs];
 const DISPATCH_API: &[Kind] = &[];
@@ -189,7 +192,10 @@ impl Supervisor {
             )
             .map_err(|e| err("register the signalfd", e))?;
         let usage_path = state.join("usage.log");
-        let fns = Functions::new(backend, ids, launcher, usage_path)?;
+        let scripts = state.join("scripts");
+        paths::make_private_dir(&scripts)
+            .map_err(|e| err(&format!("create {}", scripts.display()), e))?;
+        let fns = Functions::new(backend, ids, launcher, usage_path, scripts)?;
         log::info!(
             "supervisor listening on {} (cgroup {}, state {})",
             socket.display(),
