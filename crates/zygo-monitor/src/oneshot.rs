@@ -538,7 +538,6 @@ fn forward_stdin(w: OwnedFd) {
 /// The monitor's checks of a policy plan against the host, and the launcher plan that
 /// follows from it. A refusal here is phase `plan`: nothing was created.
 pub fn launch_plan(plan: &policy::plan::OneShotPlan) -> Result<(LaunchPlan, Limits), String> {
-    use policy::limits::Mem;
     use policy::plan::{Image, Network};
     if plan.network != Network::None {
         return Err(format!(
@@ -571,14 +570,7 @@ pub fn launch_plan(plan: &policy::plan::OneShotPlan) -> Result<(LaunchPlan, Limi
     }
     let ids = crate::identity::id_map().map_err(|e| e.to_string())?;
     let l = &plan.limits;
-    let limits = Limits {
-        mem_bytes: match l.mem {
-            Mem::Limited(b) => Some(b.0),
-            Mem::Unlimited => None,
-        },
-        cpu_millis: l.cpu.millis(),
-        pids: l.pids,
-    };
+    let limits = Limits::from_policy(l);
     let launch = LaunchPlan {
         mode: proto::launch::Mode::OneShot,
         files: Vec::new(),

@@ -29,6 +29,20 @@ pub struct Limits {
     pub pids: u32,
 }
 
+impl Limits {
+    /// The cgroup limits of a policy decision.
+    pub fn from_policy(l: &policy::limits::ResolvedLimits) -> Limits {
+        Limits {
+            mem_bytes: match l.mem {
+                policy::limits::Mem::Limited(b) => Some(b.0),
+                policy::limits::Mem::Unlimited => None,
+            },
+            cpu_millis: l.cpu.millis(),
+            pids: l.pids,
+        }
+    }
+}
+
 /// What the kernel counted for a cgroup.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Usage {

@@ -21,7 +21,6 @@ use std::time::{Duration, Instant};
 
 use mio::{Interest, Registry, Token};
 use policy::file::{Agent, FnKind, FnSpec};
-use policy::limits::Mem;
 use proto::front::{
     ErrorCode, ExecAnswer, ExecEvent, ExecRequest, FunctionInfo, FunctionStats, LogEntry, Metrics,
     Outcome, Reply, Request, ScriptRef, ZygoteCounts,
@@ -601,14 +600,7 @@ impl Functions {
             mounts.push(m);
         }
         let l = &spec.limits;
-        let limits = Limits {
-            mem_bytes: match l.mem {
-                Mem::Limited(b) => Some(b.0),
-                Mem::Unlimited => None,
-            },
-            cpu_millis: l.cpu.millis(),
-            pids: l.pids,
-        };
+        let limits = Limits::from_policy(l);
         let mem_text = l.mem.to_string();
         let plan = LaunchPlan {
             mode: Mode::Zygote,
