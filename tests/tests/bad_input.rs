@@ -338,3 +338,83 @@ fn no_leaks_after_many_sandboxes() {
     );
     let _ = fs::remove_dir_all(&bin_dir);
 }
+
+/// A launcher killed while it builds the sandbox: `zygo run` says so in one line
+/// (`started: false`, phase `start`), exits 1, and leaves no cgroup behind. The image has
+/// thousands of top-level entries so that the build (one bind each) takes long enough to
+/// kill the launcher in the middle of it.
+#[test]
+fn launcher_dies_mid_build() {
+    if !am_root() {
+        eprintln!("launcher_dies_mid_build: needs root to watch the launcher; skipped");
+        return;
+    }
+    let image = TempDir::new(0o755);
+    for i in 0..4000 {
+        fs::create_dir(PathBuf::from(image.str()).join(format!("d{i}"))).expect("mkdir");
+    }
+    let flag = format!("dir:{}", image.str());
+    let mut cmd = zygo(Who::Root);
+    cmd.args(["run", "--json", "--image", &flag, "--", "/nothing"]);
+    cmd.stdout(std::process::Stdio::piped());
+    cmd.stderr(std::process::Stdio::piped());
+    let child = cmd.spawn().expect("spawn zygo run");
+    let parent = child.id() as i32;
+    // Find the launcher (a child of this zygo run) and kill it as soon as it exists.
+    let deadline = Instant::now() + std::time::Duration::from_secs(10);
+    let mut killed = false;
+    while Instant::now() < deadline && !killed {
+        for (pid, cmdline) in host_processes() {
+            if !contains(&cmdline, b"__launcher") {
+                continue;
+            }
+            let stat = fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+            let ppid: i32 = stat
+                .rsplit(") ")
+                .next()
+                .and_then(|rest| rest.split_whitespace().nth(1))
+                .and_then(|p| p.parse().ok())
+                .unwrap_or(0);
+            if ppid == parent {
+                // SAFETY: killing the launcher this test's own zygo run started.
+                unsafe { libc::kill(pid, libc::SIGKILL) };
+                killed = true;
+                break;
+            }
+        }
+    }
+    let out = child.wait_with_output().expect("wait for zygo run");
+    assert!(killed, "never saw the launcher");
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
+        panic!(
+            "one JSON object: {e}: {:?} / {:?}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        )
+    });
+    assert_eq!(out.status.code(), Some(1), "{v}");
+    assert_eq!(v["started"], false, "{v}");
+    assert_eq!(v["phase"], "start", "{v}");
+    assert!(
+        v["error"]
+            .as_str()
+            .is_some_and(|e| e.contains("launcher died")),
+        "{v}"
+    );
+    // Its cgroup is gone.
+    for root in zygo_cgroup_roots() {
+        let leftovers: Vec<_> = fs::read_dir(&root)
+            .map(|d| {
+                d.flatten()
+                    .map(|e| e.file_name().to_string_lossy().to_string())
+                    .filter(|n| n.starts_with(&format!("run-{parent}-")))
+                    .collect()
+            })
+            .unwrap_or_default();
+        assert!(
+            leftovers.is_empty(),
+            "cgroups left in {}: {leftovers:?}",
+            root.display()
+        );
+    }
+}
