@@ -360,26 +360,30 @@ fn launcher_dies_mid_build() {
     cmd.stderr(std::process::Stdio::piped());
     let child = cmd.spawn().expect("spawn zygo run");
     let parent = child.id() as i32;
-    // Find the launcher (a child of this zygo run) and kill it as soon as it exists.
+    // Find the launcher (a child of this zygo run); once the sandbox's init (the launcher's
+    // child) exists, the build is under way: kill the launcher then.
+    let ppid_of = |pid: i32| -> i32 {
+        fs::read_to_string(format!("/proc/{pid}/stat"))
+            .unwrap_or_default()
+            .rsplit(") ")
+            .next()
+            .and_then(|rest| rest.split_whitespace().nth(1))
+            .and_then(|p| p.parse().ok())
+            .unwrap_or(0)
+    };
     let deadline = Instant::now() + std::time::Duration::from_secs(10);
     let mut killed = false;
     while Instant::now() < deadline && !killed {
-        for (pid, cmdline) in host_processes() {
-            if !contains(&cmdline, b"__launcher") {
-                continue;
-            }
-            let stat = fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
-            let ppid: i32 = stat
-                .rsplit(") ")
-                .next()
-                .and_then(|rest| rest.split_whitespace().nth(1))
-                .and_then(|p| p.parse().ok())
-                .unwrap_or(0);
-            if ppid == parent {
+        let procs = host_processes();
+        let launcher = procs
+            .iter()
+            .find(|(pid, cmd)| contains(cmd, b"__launcher") && ppid_of(*pid) == parent)
+            .map(|(pid, _)| *pid);
+        if let Some(l) = launcher {
+            if procs.iter().any(|(pid, _)| ppid_of(*pid) == l) {
                 // SAFETY: killing the launcher this test's own zygo run started.
-                unsafe { libc::kill(pid, libc::SIGKILL) };
+                unsafe { libc::kill(l, libc::SIGKILL) };
                 killed = true;
-                break;
             }
         }
     }
