@@ -480,7 +480,7 @@ fn supervise(
                                 } => Some((uid_base, gid_base)),
                                 IdMap::Single { .. } => None,
                             };
-                            return zygote::serve(sock, pid, rep_r, rest, ch, owner);
+                            return zygote::serve(sock, pid, rep_r, rest, ch, owner, plan.scripts);
                         }
                     }
                     Some(Report::Failed(why)) => failure = Some(why),
@@ -580,7 +580,7 @@ fn init_main(
         exit_now(1);
     }
     sys::close(go_r);
-    let prepared = match setup(plan) {
+    let prepared = match setup(plan, agent_fds.map(|(_, reg)| reg)) {
         Ok(p) => p,
         Err(e) => {
             report(rep_w, "F", &e.to_string());
@@ -646,7 +646,7 @@ struct Prepared {
     env: Vec<CString>,
 }
 
-fn setup(plan: &LaunchPlan) -> Result<Prepared, SetupError> {
+fn setup(plan: &LaunchPlan, reg: Option<RawFd>) -> Result<Prepared, SetupError> {
     use crate::sys::step;
     // Become id 0 of the new user namespace (which holds no power over the host) and shed
     // every supplementary group the launcher had.
@@ -678,6 +678,11 @@ fn setup(plan: &LaunchPlan) -> Result<Prepared, SetupError> {
         "bring up the loopback interface".into()
     })?;
     rootfs::build(plan)?;
+    if plan.scripts {
+        if let Some(reg) = reg {
+            hand_over_script_dir(reg)?;
+        }
+    }
     // Not dumpable: the program cannot open init's /proc entries or descriptors.
     step(sys::prctl(libc::PR_SET_DUMPABLE, 0), || {
         "make init undumpable".into()
@@ -721,6 +726,47 @@ fn setup(plan: &LaunchPlan) -> Result<Prepared, SetupError> {
     })?;
     let path = sys::cstr(&path).map_err(|e| sys::fail("prepare the command", e))?;
     Ok(Prepared { path, argv, env })
+}
+
+/// A runtime pool's init hands its `/run/script` folder to the launcher (which writes the
+/// scripts into it from outside) as the first message on the registration socket, before
+/// anything untrusted runs in the sandbox.
+fn hand_over_script_dir(reg: RawFd) -> Result<(), SetupError> {
+    let dir = sys::step(std::fs::File::open("/run/script"), || {
+        "open /run/script".into()
+    })?;
+    let fd = dir.as_raw_fd();
+    let data = b"scripts";
+    let mut iov = libc::iovec {
+        iov_base: data.as_ptr() as *mut libc::c_void,
+        iov_len: data.len(),
+    };
+    // SAFETY: CMSG_SPACE of a constant size.
+    let space = unsafe { libc::CMSG_SPACE(std::mem::size_of::<RawFd>() as u32) } as usize;
+    let mut control = vec![0u64; space.div_ceil(8)];
+    // SAFETY: msghdr is plain old data; zeroed is a valid starting value.
+    let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
+    msg.msg_iov = &mut iov;
+    msg.msg_iovlen = 1;
+    msg.msg_control = control.as_mut_ptr().cast();
+    msg.msg_controllen = space;
+    // SAFETY: filling in the one control message the buffer was sized for.
+    unsafe {
+        let c = libc::CMSG_FIRSTHDR(&msg);
+        (*c).cmsg_level = libc::SOL_SOCKET;
+        (*c).cmsg_type = libc::SCM_RIGHTS;
+        (*c).cmsg_len = libc::CMSG_LEN(std::mem::size_of::<RawFd>() as u32) as _;
+        std::ptr::write_unaligned(libc::CMSG_DATA(c).cast::<RawFd>(), fd);
+    }
+    // SAFETY: msg points at buffers that live for the call.
+    let n = unsafe { libc::sendmsg(reg, &msg, 0) };
+    if n < 0 {
+        return Err(sys::fail(
+            "hand /run/script to the launcher",
+            std::io::Error::last_os_error(),
+        ));
+    }
+    Ok(())
 }
 
 fn check(ret: libc::c_int) -> std::io::Result<()> {

@@ -202,10 +202,13 @@ struct Child {
     done: bool,
 }
 
-/// Receive one registration: (slot, host pid, the child's channel).
-fn receive_registration(reg: RawFd) -> Result<Option<(String, i32, OwnedFd)>, String> {
+/// One datagram from the registration socket with its kernel-checked sender pid and any
+/// descriptors. `None` when nothing is waiting.
+type Datagram = (Vec<u8>, i32, Vec<OwnedFd>);
+
+fn recv_with_creds(reg: RawFd) -> Result<Option<Datagram>, String> {
     let mut data = [0u8; 4096];
-    // Room for credentials and a few descriptors (more than one is refused).
+    // Room for credentials and a few descriptors (the callers refuse more than one).
     let mut control = [0u64; 64];
     let mut iov = libc::iovec {
         iov_base: data.as_mut_ptr().cast(),
@@ -256,13 +259,21 @@ fn receive_registration(reg: RawFd) -> Result<Option<(String, i32, OwnedFd)>, St
     let Some(pid) = pid.filter(|&p| p > 0) else {
         return Err("a registration without credentials".into());
     };
+    Ok(Some((data[..n as usize].to_vec(), pid, fds)))
+}
+
+/// Receive one registration: (slot, host pid, the child's channel).
+fn receive_registration(reg: RawFd) -> Result<Option<(String, i32, OwnedFd)>, String> {
+    let Some((data, pid, mut fds)) = recv_with_creds(reg)? else {
+        return Ok(None);
+    };
     if fds.len() != 1 {
         return Err(format!(
             "a registration with {} descriptors (want 1)",
             fds.len()
         ));
     }
-    let Registration::Register { slot } = parse(&data[..n as usize])?;
+    let Registration::Register { slot } = parse(&data)?;
     if !valid_slot(&slot) {
         return Err("a registration with an invalid slot".into());
     }
@@ -286,15 +297,22 @@ fn receive_registration(reg: RawFd) -> Result<Option<(String, i32, OwnedFd)>, St
     Ok(Some((slot, pid, fd)))
 }
 
-/// Write a pool's script into the sandbox at `/run/script/<digest>` (read-only, 0444), from
-/// outside, through the sandbox's root as seen in /proc. Nothing in the sandbox can create
-/// or change files there (Landlock); a file already there with that name must hold exactly
-/// these bytes, or it is replaced. Returns the path inside the sandbox.
+/// Write a pool's script into the sandbox at `/run/script/<digest>` (0444), from outside,
+/// through `dir`: that folder, handed over by the sandbox's init before any untrusted code
+/// ran. Nothing in the sandbox can create or change files there (Landlock); a file already
+/// there with that name must hold exactly these bytes, or it is replaced. Returns the path
+/// inside the sandbox.
 fn write_script(
-    init_pid: libc::pid_t,
+    dir: RawFd,
     s: &proto::launch::Script,
     owner: Option<(u32, u32)>,
 ) -> std::io::Result<String> {
+    if s.digest.len() != 64 || !s.digest.bytes().all(|b| b.is_ascii_hexdigit()) {
+        return Err(std::io::Error::new(
+            std::io::ErrorKind::InvalidInput,
+            "a script digest that is not 64 hex digits",
+        ));
+    }
     // As root, create the file as an id that exists in the sandbox (its `nobody`), so the
     // sandbox sees it owned by someone it is not, and cannot change its mode.
     if let Some((uid, gid)) = owner {
@@ -304,7 +322,7 @@ fn write_script(
             libc::setfsuid(uid);
         }
     }
-    let r = write_script_as(init_pid, s);
+    let r = write_script_at(dir, s);
     if owner.is_some() {
         // SAFETY: back to root's filesystem ids (our real and saved ids are 0).
         unsafe {
@@ -312,46 +330,85 @@ fn write_script(
             libc::setfsgid(0);
         }
     }
-    r
+    r.map(|()| format!("/run/script/{}", s.digest))
 }
 
-fn write_script_as(init_pid: libc::pid_t, s: &proto::launch::Script) -> std::io::Result<String> {
+fn write_script_at(dir: RawFd, s: &proto::launch::Script) -> std::io::Result<()> {
     use std::io::{Read, Write};
-    use std::os::unix::fs::OpenOptionsExt;
-    let bad = |what: &str| std::io::Error::new(std::io::ErrorKind::InvalidInput, what.to_string());
-    if s.digest.len() != 64 || !s.digest.bytes().all(|b| b.is_ascii_hexdigit()) {
-        return Err(bad("a script digest that is not 64 hex digits"));
-    }
-    let dir = format!("/proc/{init_pid}/root/run/script");
-    let path = format!("{dir}/{}", s.digest);
-    let open_new = || {
-        std::fs::OpenOptions::new()
-            .write(true)
-            .create_new(true)
-            .mode(0o444)
-            .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
-            .open(&path)
+    let name = std::ffi::CString::new(s.digest.as_str())
+        .map_err(|_| std::io::Error::from_raw_os_error(libc::EINVAL))?;
+    let open = |flags: libc::c_int| -> std::io::Result<std::fs::File> {
+        // SAFETY: openat relative to a directory descriptor we hold, with a C string name.
+        let fd = unsafe {
+            libc::openat(
+                dir,
+                name.as_ptr(),
+                flags | libc::O_NOFOLLOW | libc::O_CLOEXEC,
+                0o444 as libc::c_uint,
+            )
+        };
+        if fd < 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        // SAFETY: openat returned a fresh descriptor that we now own.
+        Ok(std::fs::File::from(unsafe { OwnedFd::from_raw_fd(fd) }))
     };
-    let mut f = match open_new() {
+    let create = || open(libc::O_WRONLY | libc::O_CREAT | libc::O_EXCL);
+    let mut f = match create() {
         Ok(f) => f,
-        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
+        Err(e) if e.raw_os_error() == Some(libc::EEXIST) => {
             let mut held = Vec::new();
-            std::fs::OpenOptions::new()
-                .read(true)
-                .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
-                .open(&path)?
+            open(libc::O_RDONLY)?
                 .take(s.source.len() as u64 + 1)
                 .read_to_end(&mut held)?;
             if held == s.source {
-                return Ok(format!("/run/script/{}", s.digest));
+                return Ok(());
             }
-            std::fs::remove_file(&path)?;
-            open_new()?
+            // SAFETY: unlinkat relative to our directory descriptor.
+            if unsafe { libc::unlinkat(dir, name.as_ptr(), 0) } < 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            create()?
         }
         Err(e) => return Err(e),
     };
-    f.write_all(&s.source)?;
-    Ok(format!("/run/script/{}", s.digest))
+    f.write_all(&s.source)
+}
+
+/// A pool's sandbox hands its `/run/script` folder to the launcher as the first message on
+/// the registration socket, from its init (checked by the kernel-supplied pid), before
+/// anything untrusted ran in it.
+fn receive_script_dir(reg: RawFd, init_pid: libc::pid_t) -> Result<OwnedFd, String> {
+    // The message was sent before the program started; wait for it briefly all the same.
+    let mut fd = libc::pollfd {
+        fd: reg,
+        events: libc::POLLIN,
+        revents: 0,
+    };
+    // SAFETY: one valid pollfd.
+    if unsafe { libc::poll(&mut fd, 1, 5000) } <= 0 {
+        return Err("the sandbox did not hand over its script folder".into());
+    }
+    let Some((data, pid, fds)) = recv_with_creds(reg)? else {
+        return Err("the sandbox did not hand over its script folder".into());
+    };
+    if data != b"scripts" || pid != init_pid {
+        return Err(
+            "the first message on the registration socket is not init's script folder".into(),
+        );
+    }
+    let mut fds = fds;
+    let dir = match (fds.pop(), fds.is_empty()) {
+        (Some(d), true) => d,
+        _ => return Err("the script folder came with the wrong number of descriptors".into()),
+    };
+    let meta = std::fs::File::from(dir.try_clone().map_err(|e| e.to_string())?)
+        .metadata()
+        .map_err(|e| e.to_string())?;
+    if !meta.is_dir() {
+        return Err("the script folder is not a directory".into());
+    }
+    Ok(dir)
 }
 
 fn send(sock: &mut UnixStream, msg: &FromLauncher) -> Result<(), LaunchError> {
@@ -367,9 +424,22 @@ pub fn serve(
     pending: Vec<u8>,
     ch: Channels,
     script_owner: Option<(u32, u32)>,
+    scripts: bool,
 ) -> Result<(), LaunchError> {
     let ctl = ch.ctl;
     let reg = ch.reg;
+    let script_dir = if scripts {
+        match receive_script_dir(reg, init_pid) {
+            Ok(d) => Some(d),
+            Err(why) => {
+                // SAFETY: signalling our own child (the sandbox's init).
+                unsafe { libc::kill(init_pid, libc::SIGKILL) };
+                return Err(LaunchError::Sandbox(why));
+            }
+        }
+    } else {
+        None
+    };
     let mut ctl_lines = Lines::new(MAX_CONTROL_LINE);
     let mut report_buf = pending;
     let mut ready = false;
@@ -447,7 +517,10 @@ pub fn serve(
                 }) => {
                     // A pool's script goes into the sandbox before its request does.
                     let placed = match &script {
-                        Some(s) => write_script(init_pid, s, script_owner).map(Some),
+                        Some(s) => match &script_dir {
+                            Some(dir) => write_script(dir.as_raw_fd(), s, script_owner).map(Some),
+                            None => Err(std::io::Error::other("this zygote is not a runtime pool")),
+                        },
                         None => Ok(None),
                     };
                     let delivered = match (children.get(&slot), placed) {

@@ -207,6 +207,8 @@ struct InFlight {
     forced: Option<Outcome>,
     /// A pool's script, handed to the launcher with the call.
     script: Option<Script>,
+    /// Its digest, for the usage log.
+    script_digest: Option<String>,
 }
 
 /// A `serve` answer waiting: the client, the functions named, and those already failed.
@@ -1114,11 +1116,15 @@ impl Functions {
                 "a script digest is 64 lowercase hex digits (SHA-256)",
             ));
         }
-        match read_capped(&self.scripts.join(&digest), MAX_EVENT as u64) {
-            Ok(text) => Ok(Script {
-                digest,
-                source: text.into_bytes(),
-            }),
+        let path = self.scripts.join(&digest);
+        let read = std::fs::File::open(&path).and_then(|f| {
+            use std::io::Read;
+            let mut bytes = Vec::new();
+            f.take(MAX_EVENT as u64 + 1).read_to_end(&mut bytes)?;
+            Ok(bytes)
+        });
+        match read {
+            Ok(source) => Ok(Script { digest, source }),
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => Err(refuse(
                 ErrorCode::NotFound,
                 format!("no script with digest {digest} is stored"),
@@ -1260,6 +1266,7 @@ impl Functions {
                 stderr: Capped::new(),
                 terminal: None,
                 forced: None,
+                script_digest: script.as_ref().map(|s| s.digest.clone()),
                 script,
             },
         );
@@ -1513,7 +1520,7 @@ impl Functions {
             let line = serde_json::json!({
                 "tenant": "_host",
                 "function": c.func,
-                "script": null,
+                "script": c.script_digest,
                 "request_id": id,
                 "wall_ms": metrics.wall_ms,
                 "cpu_ms": metrics.cpu_ms,

@@ -1,0 +1,1243 @@
+//! Runtime pools and the script store, end to end on the real kernel: each test starts its
+//! own supervisor (`zygo up -f <tmp>/sandbox.toml` with its own runtime and state
+//! directories), registers scripts with `zygo scripts put`, runs them with
+//! `zygo exec POOL --digest D | --script FILE`, and at the end drains the supervisor and
+//! checks that it left no cgroup and no process behind.
+//!
+//! A pool is a `[fn.NAME]` with `agent = "python"` and no `entry` (each call's script
+//! defines `handler(event)`), or with `cmd = [...]` (warm-exec: the command runs with the
+//! script's path as its last argument and the event on stdin). Scripts are stored under
+//! `<ZYGO_STATE_DIR>/scripts/<sha256>` and written into the sandbox at
+//! `/run/script/<sha256>`, which no script may list, write or change.
+
+use std::fs;
+use std::io::Write;
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use serde_json::{json, Value};
+use zygo_tests::*;
+
+/// How long a drained supervisor may take to remove its socket.
+const EXIT_WAIT: Duration = Duration::from_secs(30);
+
+/// A Python pool: an agent and no entry.
+const PY_POOL: &str = "agent = \"python\"";
+/// A warm-exec pool running scripts with /bin/sh.
+const SH_POOL: &str = "cmd = [\"/bin/sh\"]";
+
+/// The handler of the one ordinary function some tests serve next to their pools.
+const HANDLERS: &str = "def hello(event):\n    return {\"echo\": event}\n";
+
+// ---------------------------------------------------------------------------------------
+// One supervisor per test (after tests/tests/functions.rs).
+
+/// A supervisor of this test's own, with its directories and pools.
+struct Sup {
+    who: Who,
+    tag: String,
+    uniq: String,
+    dir: TempDir,
+    rt: PathBuf,
+    st: PathBuf,
+    names: Vec<String>,
+    supervisor: Option<i32>,
+    closed: bool,
+}
+
+impl Sup {
+    /// Fresh directories (runtime 0700, state 0700, owned by whoever runs zygo) and a
+    /// handler file in `<dir>/fn/` for the ordinary function some tests serve.
+    fn new(who: Who, test: &str) -> Sup {
+        let dir = TempDir::new(0o755);
+        let rt = dir.path.join("rt");
+        let st = dir.path.join("st");
+        for d in [&rt, &st] {
+            fs::create_dir(d).expect("create a supervisor directory");
+            fs::set_permissions(d, fs::Permissions::from_mode(0o700)).expect("chmod 0700");
+        }
+        let fndir = dir.path.join("fn");
+        fs::create_dir(&fndir).expect("create fn/");
+        fs::set_permissions(&fndir, fs::Permissions::from_mode(0o755)).expect("chmod fn/");
+        let h = fndir.join("handlers.py");
+        fs::write(&h, HANDLERS).expect("write handlers.py");
+        fs::set_permissions(&h, fs::Permissions::from_mode(0o644)).expect("chmod handlers");
+        if who == Who::Rootless && am_root() {
+            let r = rootless_setup();
+            for d in [&rt, &st] {
+                std::os::unix::fs::chown(d, Some(r.uid), Some(r.gid)).expect("chown");
+            }
+        }
+        let w = match who {
+            Who::Root => "r",
+            Who::Rootless => "u",
+        };
+        Sup {
+            who,
+            tag: format!("pool-{test}-{w}"),
+            uniq: format!("{:012x}", unique() & 0xffff_ffff_ffff),
+            dir,
+            rt,
+            st,
+            names: Vec::new(),
+            supervisor: None,
+            closed: false,
+        }
+    }
+
+    /// `zygo up -f sandbox.toml` with these `[fn.*]` tables (the name's suffix and the
+    /// table's lines), under small defaults; it must succeed. Returns the full names.
+    fn up(&mut self, fns: &[(&str, &str)]) -> Vec<String> {
+        let mut text =
+            String::from("[defaults]\ntimeout = \"8s\"\nmem = \"64M\"\nidle_timeout = \"30s\"\n");
+        let mut names = Vec::new();
+        for (suffix, body) in fns {
+            let name = format!("{}-{suffix}-{}", self.tag, self.uniq);
+            text.push_str(&format!("\n[fn.{name}]\n{body}\n"));
+            self.names.push(name.clone());
+            names.push(name);
+        }
+        let file = self.dir.file("sandbox.toml", text.as_bytes());
+        let f = self.run(&["up", "-f", file.to_str().expect("UTF-8 path")]);
+        self.find_supervisor();
+        assert_eq!(
+            f.code,
+            0,
+            "[{}] zygo up failed: {}\nstdout: {}\n{}",
+            self.who.name(),
+            f.stderr_text(),
+            String::from_utf8_lossy(&f.stdout),
+            self.log()
+        );
+        assert!(
+            self.supervisor.is_some(),
+            "no process holds {}",
+            self.log_path().display()
+        );
+        for n in &names {
+            assert!(
+                zygo_cgroup_roots()
+                    .iter()
+                    .any(|r| r.join("tenants/_host").join(n).is_dir()),
+                "[{}] no cgroup of {n} under {:?}",
+                self.who.name(),
+                zygo_cgroup_roots()
+            );
+        }
+        names
+    }
+
+    /// A file in this test's directory (mode 0644, readable by the rootless user).
+    fn file(&self, name: &str, bytes: &[u8]) -> String {
+        let p = self.dir.file(name, bytes);
+        p.to_str().expect("UTF-8 path").to_string()
+    }
+
+    /// A zygo command with this supervisor's directories.
+    fn cmd(&self, args: &[&str]) -> Command {
+        let mut c = zygo(self.who);
+        c.env("ZYGO_RUNTIME_DIR", &self.rt)
+            .env("ZYGO_STATE_DIR", &self.st)
+            .args(args);
+        c
+    }
+
+    fn run(&self, args: &[&str]) -> Finished {
+        finish(self.cmd(args))
+    }
+
+    /// `zygo scripts put FILE`, which must succeed: the digest it printed.
+    #[track_caller]
+    fn put(&self, file: &str) -> String {
+        let f = self.run(&["scripts", "put", file]);
+        assert_eq!(
+            f.code,
+            0,
+            "[{}] zygo scripts put {file}: {}\n{}",
+            self.who.name(),
+            f.stderr_text(),
+            self.log()
+        );
+        stdout_text(&f).trim().to_string()
+    }
+
+    /// Write a script and register it: its digest.
+    #[track_caller]
+    fn put_script(&self, name: &str, source: &str) -> String {
+        let file = self.file(name, source.as_bytes());
+        self.put(&file)
+    }
+
+    /// `zygo exec NAME [EVENT] FLAGS... --json`: the answer (the last line) and the rest.
+    fn exec(&self, name: &str, event: Option<&str>, flags: &[&str]) -> (Value, Finished) {
+        let f = finish(self.exec_cmd(name, event, flags));
+        (last_json(&f), f)
+    }
+
+    fn exec_cmd(&self, name: &str, event: Option<&str>, flags: &[&str]) -> Command {
+        let mut args = vec!["exec", name];
+        args.extend(event);
+        args.extend_from_slice(flags);
+        args.push("--json");
+        self.cmd(&args)
+    }
+
+    /// The same, in the background.
+    fn exec_bg(&self, name: &str, event: &str, flags: &[&str]) -> JoinHandle<Finished> {
+        let cmd = self.exec_cmd(name, Some(event), flags);
+        std::thread::spawn(move || finish(cmd))
+    }
+
+    /// `zygo exec POOL EVENT --digest D --json`, which must return: the whole answer.
+    #[track_caller]
+    fn run_ok(&self, pool: &str, event: &str, digest: &str) -> Value {
+        let (v, f) = self.exec(pool, Some(event), &["--digest", digest]);
+        self.assert_ok(&v, &f, &format!("{pool} --digest {digest} {event}"));
+        v
+    }
+
+    #[track_caller]
+    fn assert_ok(&self, v: &Value, f: &Finished, what: &str) {
+        assert!(
+            f.code == 0 && v["outcome"] == "ok",
+            "[{}] {what}: expected ok, got exit {}: {v}\nstderr: {}\n{}",
+            self.who.name(),
+            f.code,
+            f.stderr_text(),
+            self.log()
+        );
+    }
+
+    /// A script's handler error: exit 1, outcome error, code handler; the error message.
+    #[track_caller]
+    fn assert_handler_error(&self, v: &Value, f: &Finished) -> String {
+        assert!(
+            f.code == 1 && v["outcome"] == "error" && v["code"] == "handler",
+            "[{}] expected a handler error (exit 1), got exit {}: {v}\nstderr: {}\n{}",
+            self.who.name(),
+            f.code,
+            f.stderr_text(),
+            self.log()
+        );
+        v["error"].as_str().unwrap_or("").to_string()
+    }
+
+    /// A refusal before anything ran: exit 1 and `{"code": code, "error": ...}`; the error.
+    #[track_caller]
+    fn assert_refused(&self, v: &Value, f: &Finished, code: &str) -> String {
+        let error = v["error"].as_str().unwrap_or("");
+        assert!(
+            f.code == 1 && v["code"] == code && !error.is_empty() && v.get("outcome").is_none(),
+            "[{}] expected a {code} refusal (exit 1), got exit {}: {v}\nstderr: {}\n{}",
+            self.who.name(),
+            f.code,
+            f.stderr_text(),
+            self.log()
+        );
+        error.to_string()
+    }
+
+    /// `zygo ls --json`: one function's line (Null when it is not listed).
+    fn info(&self, name: &str) -> Value {
+        let f = self.run(&["ls", "--json"]);
+        assert_eq!(f.code, 0, "zygo ls: {}", f.stderr_text());
+        match serde_json::from_slice(&f.stdout) {
+            Ok(Value::Array(a)) => a
+                .into_iter()
+                .find(|f| f["name"] == name)
+                .unwrap_or(Value::Null),
+            other => panic!("zygo ls --json: not an array: {other:?}"),
+        }
+    }
+
+    /// Wait until `zygo ls` counts `n` requests in flight for `name`.
+    fn wait_in_flight(&self, name: &str, n: u64) {
+        wait_for(Duration::from_secs(10), &format!("{n} in flight"), || {
+            self.info(name)["in_flight"].as_u64() >= Some(n)
+        });
+    }
+
+    /// The files of the script store (every entry, temporary ones included).
+    fn store(&self) -> Vec<String> {
+        let mut names: Vec<String> = fs::read_dir(self.st.join("scripts"))
+            .map(|d| {
+                d.flatten()
+                    .map(|e| e.file_name().to_string_lossy().into_owned())
+                    .collect()
+            })
+            .unwrap_or_default();
+        names.sort();
+        names
+    }
+
+    /// The end of the supervisor's log, for failure messages.
+    fn log(&self) -> String {
+        let text = fs::read_to_string(self.log_path()).unwrap_or_default();
+        let start = text.len().saturating_sub(3000);
+        let start = (start..text.len())
+            .find(|i| text.is_char_boundary(*i))
+            .unwrap_or(text.len());
+        format!("--- supervisor.log (end) ---\n{}", &text[start..])
+    }
+
+    fn log_path(&self) -> PathBuf {
+        self.st.join("supervisor.log")
+    }
+
+    fn socket(&self) -> PathBuf {
+        self.rt.join("zygo.sock")
+    }
+
+    /// Remember the supervisor's pid: the process whose stderr is our log.
+    fn find_supervisor(&mut self) {
+        if self.supervisor.is_some() {
+            return;
+        }
+        self.supervisor = pids_holding(&self.log_path())
+            .into_iter()
+            .find(|(_, cmd)| cmd.split(|b| *b == 0).nth(1) == Some(b"supervisor"))
+            .map(|(pid, _)| pid);
+    }
+
+    /// `zygo drain --grace 1s`; wait for the supervisor to exit; check that nothing of it
+    /// is left (no cgroup of its pools, no process holding its log).
+    fn shutdown(mut self) {
+        let f = self.run(&["drain", "--grace", "1s"]);
+        assert_eq!(
+            f.code,
+            0,
+            "[{}] zygo drain: {}\n{}",
+            self.who.name(),
+            f.stderr_text(),
+            self.log()
+        );
+        let t0 = Instant::now();
+        while self.socket().exists() {
+            assert!(
+                t0.elapsed() < EXIT_WAIT,
+                "[{}] the supervisor did not remove its socket within {}s\n{}",
+                self.who.name(),
+                EXIT_WAIT.as_secs(),
+                self.log()
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        if let Some(pid) = self.supervisor {
+            wait_for(Duration::from_secs(10), "the supervisor to exit", || {
+                !alive(pid)
+            });
+        }
+        self.closed = true;
+        let mut left = Vec::new();
+        wait_for_quietly(Duration::from_secs(3), || {
+            left = self.leftover_cgroups();
+            left.is_empty()
+        });
+        assert!(
+            left.is_empty(),
+            "[{}] cgroups left behind: {left:?}\n{}",
+            self.who.name(),
+            self.log()
+        );
+        let mut procs = Vec::new();
+        wait_for_quietly(Duration::from_secs(3), || {
+            procs = pids_holding(&self.log_path());
+            procs.is_empty()
+        });
+        let described: Vec<String> = procs
+            .iter()
+            .map(|(pid, cmd)| format!("{pid}: {}", String::from_utf8_lossy(cmd)))
+            .collect();
+        assert!(
+            described.is_empty(),
+            "[{}] processes of this supervisor left behind: {described:?}",
+            self.who.name()
+        );
+    }
+
+    fn leftover_cgroups(&self) -> Vec<PathBuf> {
+        let mut left = Vec::new();
+        for root in zygo_cgroup_roots() {
+            for n in &self.names {
+                let d = root.join("tenants/_host").join(n);
+                if d.exists() {
+                    left.push(d);
+                }
+            }
+        }
+        left
+    }
+}
+
+impl Drop for Sup {
+    /// A test that failed half-way: stop its supervisor and whatever it started (by pid),
+    /// and remove its cgroups, without panicking again.
+    fn drop(&mut self) {
+        if self.closed {
+            return;
+        }
+        let mut c = self.cmd(&["drain", "--grace", "0s"]);
+        c.stdout(Stdio::null()).stderr(Stdio::null());
+        if let Ok(mut child) = c.spawn() {
+            let t0 = Instant::now();
+            while t0.elapsed() < Duration::from_secs(5) {
+                if let Ok(Some(_)) = child.try_wait() {
+                    break;
+                }
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+        wait_for_quietly(Duration::from_secs(5), || !self.socket().exists());
+        for (pid, _) in pids_holding(&self.log_path()) {
+            // SAFETY: killing a process this test's supervisor started (it holds our log).
+            unsafe { libc::kill(pid, libc::SIGKILL) };
+        }
+        std::thread::sleep(Duration::from_millis(200));
+        for d in self.leftover_cgroups() {
+            remove_cgroup_tree(&d);
+        }
+    }
+}
+
+/// rmdir a cgroup and its children, deepest first (best effort).
+fn remove_cgroup_tree(d: &Path) {
+    if let Ok(entries) = fs::read_dir(d) {
+        for e in entries.flatten() {
+            if e.file_type().is_ok_and(|t| t.is_dir()) {
+                remove_cgroup_tree(&e.path());
+            }
+        }
+    }
+    let _ = fs::remove_dir(d);
+}
+
+// ---------------------------------------------------------------------------------------
+// Helpers.
+
+/// The last non-empty line of stdout as JSON (Null if it is not).
+fn last_json(f: &Finished) -> Value {
+    String::from_utf8_lossy(&f.stdout)
+        .lines()
+        .rev()
+        .find(|l| !l.trim().is_empty())
+        .and_then(|l| serde_json::from_str(l).ok())
+        .unwrap_or(Value::Null)
+}
+
+fn stdout_text(f: &Finished) -> String {
+    String::from_utf8_lossy(&f.stdout).into_owned()
+}
+
+/// Poll `cond` every 50 ms; panic naming `what` after `limit`.
+#[track_caller]
+fn wait_for(limit: Duration, what: &str, mut cond: impl FnMut() -> bool) {
+    let t0 = Instant::now();
+    while !cond() {
+        assert!(
+            t0.elapsed() < limit,
+            "timed out after {}s waiting for {what}",
+            limit.as_secs_f32()
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// Poll `cond` every 50 ms for at most `limit`; whether it came true.
+fn wait_for_quietly(limit: Duration, mut cond: impl FnMut() -> bool) -> bool {
+    let t0 = Instant::now();
+    loop {
+        if cond() {
+            return true;
+        }
+        if t0.elapsed() >= limit {
+            return false;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// Host processes with an open descriptor on `path`: (pid, cmdline).
+fn pids_holding(path: &Path) -> Vec<(i32, Vec<u8>)> {
+    let mut out = Vec::new();
+    for (pid, cmd) in host_processes() {
+        let Ok(fds) = fs::read_dir(format!("/proc/{pid}/fd")) else {
+            continue;
+        };
+        if fds
+            .flatten()
+            .any(|e| fs::read_link(e.path()).is_ok_and(|t| t == path))
+        {
+            out.push((pid, cmd));
+        }
+    }
+    out
+}
+
+/// SHA-256 of `bytes` as lowercase hex, computed by `sha256sum` (independently of Zygo).
+fn sha256_hex(bytes: &[u8]) -> String {
+    let mut child = Command::new("sha256sum")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .expect("run sha256sum");
+    child
+        .stdin
+        .take()
+        .expect("piped stdin")
+        .write_all(bytes)
+        .expect("feed sha256sum");
+    let out = child.wait_with_output().expect("sha256sum output");
+    assert!(out.status.success(), "sha256sum: {}", out.status);
+    let text = String::from_utf8(out.stdout).expect("sha256sum prints ASCII");
+    text.split_whitespace()
+        .next()
+        .expect("a digest")
+        .to_string()
+}
+
+fn is_digest(s: &str) -> bool {
+    s.len() == 64 && s.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f'))
+}
+
+fn is_hex(s: &str, len: usize) -> bool {
+    s.len() == len && s.bytes().all(|b| b.is_ascii_hexdigit())
+}
+
+fn root_only() -> bool {
+    if Who::Root.available() {
+        true
+    } else {
+        eprintln!("skipped: this test needs to run as root");
+        false
+    }
+}
+
+/// A string field of an answer ("" when missing or not a string).
+fn text<'a>(v: &'a Value, key: &str) -> &'a str {
+    v[key].as_str().unwrap_or("")
+}
+
+// ---------------------------------------------------------------------------------------
+// Scripts the tests run.
+
+/// Returns what it was given and where it runs; writes to stdout and stderr.
+const ECHO_PY: &str = r#"import os, sys
+def handler(event):
+    print("script stdout")
+    print("script stderr", file=sys.stderr)
+    return {"event": event, "file": __file__, "cwd": os.getcwd()}
+"#;
+
+/// Writes a secret into its own /work directory, waits, and says whether it is still there.
+const SECRET_PY: &str = r#"import os, time
+def handler(event):
+    with open("secret.txt", "w") as f:
+        f.write(event["token"])
+    time.sleep(event["secs"])
+    with open("secret.txt") as f:
+        still = f.read() == event["token"]
+    return {"cwd": os.getcwd(), "still_there": still, "marker": "secret-script"}
+"#;
+
+/// Looks everywhere a neighbour's script name or /work directory could show: the script
+/// folder and /run (listed and globbed), mountinfo, the environment, and for every visible
+/// process its cmdline, environ, status, maps, cwd/root/exe links, descriptors and the
+/// files in its cwd; /tmp and /work walked. Returns what it found as one text.
+const SNOOP_PY: &str = r#"import glob, os
+def attempt(f):
+    try:
+        return f()
+    except OSError as e:
+        return type(e).__name__
+def read(path):
+    try:
+        with open(path, "rb") as f:
+            return f.read(1 << 16).decode("utf-8", "replace")
+    except OSError as e:
+        return type(e).__name__
+def handler(event):
+    seen = []
+    r = {"own": __file__, "cwd": os.getcwd()}
+    r["listdir_script"] = attempt(lambda: sorted(os.listdir("/run/script")))
+    r["listdir_run"] = attempt(lambda: sorted(os.listdir("/run")))
+    r["scandir_script"] = attempt(lambda: [e.name for e in os.scandir("/run/script")])
+    r["glob"] = glob.glob("/run/script/*") + glob.glob("/run/*") + glob.glob("/run/*/*")
+    seen.append(read("/proc/self/mountinfo"))
+    seen.append(repr(dict(os.environ)))
+    me, others = os.getpid(), 0
+    for p in os.listdir("/proc"):
+        if not p.isdigit():
+            continue
+        others += int(p) != me
+        base = "/proc/" + p
+        for name in ("cmdline", "environ", "status", "stat", "maps", "mountinfo", "comm"):
+            seen.append(read(base + "/" + name))
+        for link in ("cwd", "root", "exe"):
+            seen.append(str(attempt(lambda: os.readlink(base + "/" + link))))
+        fds = attempt(lambda: os.listdir(base + "/fd"))
+        if isinstance(fds, list):
+            for fd in fds:
+                seen.append(str(attempt(lambda: os.readlink(base + "/fd/" + fd))))
+        entries = attempt(lambda: os.listdir(base + "/cwd"))
+        if isinstance(entries, list):
+            for n in entries:
+                seen.append(n)
+                seen.append(read(base + "/cwd/" + n))
+    for top in ("/tmp", "/work"):
+        for d, dirs, files in os.walk(top):
+            seen.extend([d] + dirs + files)
+            for n in files:
+                seen.append(read(os.path.join(d, n)))
+    r["processes"] = others
+    r["seen"] = "\n".join(str(s) for s in seen)
+    return r
+"#;
+
+/// Tries to change /run/script: write, truncate, unlink, chmod, rename, link its own file
+/// and the one named in the event; chmod the folder; create a file, a folder and a symlink
+/// in it. Returns "OK" or the errno's name for each.
+const TAMPER_PY: &str = r#"import errno, os
+def attempt(f):
+    try:
+        f()
+        return "OK"
+    except OSError as e:
+        return errno.errorcode.get(e.errno, str(e.errno))
+def handler(event):
+    d = "/run/script"
+    r = {}
+    for who, p in (("own", __file__), ("other", d + "/" + event["other"])):
+        r[who + "_write"] = attempt(lambda: open(p, "a").write("x"))
+        r[who + "_rdwr"] = attempt(lambda: os.close(os.open(p, os.O_RDWR)))
+        r[who + "_truncate"] = attempt(lambda: os.truncate(p, 0))
+        r[who + "_unlink"] = attempt(lambda: os.unlink(p))
+        r[who + "_chmod"] = attempt(lambda: os.chmod(p, 0o666))
+        r[who + "_rename"] = attempt(lambda: os.rename(p, d + "/" + "e" * 64))
+        r[who + "_link"] = attempt(lambda: os.link(p, d + "/" + "f" * 64))
+        r[who + "_utime"] = attempt(lambda: os.utime(p, (0, 0)))
+    r["dir_chmod"] = attempt(lambda: os.chmod(d, 0o777))
+    r["create"] = attempt(lambda: open(d + "/" + "0" * 64, "x").write("x"))
+    r["create_tmp"] = attempt(lambda: open(d + "/new.txt", "w").write("x"))
+    r["mkdir"] = attempt(lambda: os.mkdir(d + "/sub"))
+    r["symlink"] = attempt(lambda: os.symlink("/etc/passwd", d + "/" + "1" * 64))
+    r["run_create"] = attempt(lambda: open("/run/x", "w").write("x"))
+    return r
+"#;
+
+// ---------------------------------------------------------------------------------------
+// The store.
+
+/// `zygo scripts put FILE` prints the SHA-256 of the file's bytes (any bytes: NUL, non-UTF-8,
+/// no final newline, empty); the same bytes twice are one digest and one file; different
+/// bytes another; the stored file holds exactly the bytes; --json gives digest and size.
+#[test]
+fn scripts_put_is_content_addressed() {
+    if !root_only() {
+        return;
+    }
+    let mut s = Sup::new(Who::Root, "store");
+    s.up(&[("py", PY_POOL)]);
+
+    let a: &[u8] = b"def handler(event):\r\n    return '\xff\x00\xe9'";
+    let b: &[u8] = b"def handler(event):\n    return 2\n";
+    let (da, db) = (sha256_hex(a), sha256_hex(b));
+
+    let got = s.put(&s.file("a.py", a));
+    assert_eq!(got, da, "the digest printed is the SHA-256 of the bytes");
+    assert!(is_digest(&got), "64 lowercase hex digits: {got:?}");
+    assert_eq!(s.store(), vec![da.clone()], "one file in the store");
+
+    // The same bytes again, from another file: the same digest, still one file.
+    assert_eq!(s.put(&s.file("a-again.py", a)), da);
+    assert_eq!(s.put(&s.file("a.py", a)), da);
+    assert_eq!(s.store(), vec![da.clone()], "the same bytes are one file");
+
+    // Different bytes: a different digest and a second file.
+    assert_eq!(s.put(&s.file("b.py", b)), db);
+    assert_ne!(da, db);
+    let mut both = vec![da.clone(), db.clone()];
+    both.sort();
+    assert_eq!(
+        s.store(),
+        both,
+        "two scripts, two files (and no temporary left)"
+    );
+
+    // The store holds exactly the bytes.
+    let store = s.st.join("scripts");
+    assert_eq!(fs::read(store.join(&da)).expect("read the stored a"), a);
+    assert_eq!(fs::read(store.join(&db)).expect("read the stored b"), b);
+
+    // --json: {"digest", "size"}.
+    let f = s.run(&["scripts", "put", &s.file("b2.py", b), "--json"]);
+    assert_eq!(f.code, 0, "{}", f.stderr_text());
+    let v: Value = serde_json::from_slice(&f.stdout).expect("--json prints JSON");
+    assert_eq!(v, json!({"digest": db, "size": b.len()}), "{v}");
+
+    // The empty script has the empty string's digest.
+    let empty = s.put(&s.file("empty.py", b""));
+    assert_eq!(empty, sha256_hex(b""));
+    assert_eq!(
+        fs::read(store.join(&empty)).expect("read the stored empty"),
+        b""
+    );
+    assert_eq!(s.store().len(), 3, "{:?}", s.store());
+
+    // A file that does not exist is the caller's mistake, and stores nothing.
+    let f = s.run(&["scripts", "put", "/nonexistent/zygo-no-such-script.py"]);
+    assert_eq!(f.code, 2, "a missing file: {}", f.stderr_text());
+    assert_eq!(s.store().len(), 3, "{:?}", s.store());
+    s.shutdown();
+}
+
+// ---------------------------------------------------------------------------------------
+// Python pools and warm-exec pools, rootful and rootless.
+
+/// The rootful side runs; the rootless side is ignored, because in a rootless supervisor
+/// no pool call can run at all: `write_script` (zygo-launcher/src/zygote.rs) opens
+/// `/proc/<init_pid>/root/run/script/<digest>`, and a rootless launcher may not (init made
+/// itself non-dumpable and never exec'd, so its mm belongs to the host's user namespace,
+/// where the launcher has no CAP_SYS_PTRACE): EACCES, the launcher logs "write a script
+/// into the sandbox: Permission denied", and the caller gets `{"code": "handler", "error":
+/// "the handler's process broke the agent protocol: the child could not take the request"}`.
+macro_rules! root_runs_rootless_broken {
+    ($($name:ident),*) => {$(
+        mod $name {
+            #[test]
+            fn root() {
+                super::run_as(zygo_tests::Who::Root, super::$name)
+            }
+
+            #[test]
+            fn rootless() {
+                super::run_as(zygo_tests::Who::Rootless, super::$name)
+            }
+        }
+    )*};
+}
+
+fn run_as(who: Who, body: fn(Who)) {
+    if !who.available() {
+        eprintln!("skipped: {} runs need the tests to run as root", who.name());
+        return;
+    }
+    body(who)
+}
+
+root_runs_rootless_broken!(python_pool, warm_exec, script_isolation);
+
+/// A Python pool runs the named script's handler(event): by --digest (lowercase or
+/// upper) and by --script FILE (which stores the file); stdout and stderr are captured;
+/// the request runs in its own /work directory. A script that raises, one with no
+/// handler, one whose handler is not a function and one with a syntax error each give a
+/// clear handler error, and the pool keeps serving.
+fn python_pool(who: Who) {
+    let mut s = Sup::new(who, "py");
+    let n = s.up(&[("py", PY_POOL)]);
+    let pool = &n[0];
+    let info = s.info(pool);
+    assert_eq!(info["kind"], "pool", "{info}");
+    assert_eq!(info["state"], "serving", "{info}");
+
+    let d = s.put_script("echo.py", ECHO_PY);
+    assert_eq!(d, sha256_hex(ECHO_PY.as_bytes()));
+    let v = s.run_ok(pool, r#"{"x":1}"#, &d);
+    let r = &v["result"];
+    assert_eq!(r["event"], json!({"x": 1}), "{v}");
+    assert_eq!(r["file"], format!("/run/script/{d}"), "{v}");
+    let cwd = text(r, "cwd");
+    assert!(
+        cwd.strip_prefix("/work/").is_some_and(|x| is_hex(x, 32)),
+        "cwd: {v}"
+    );
+    assert_eq!(v["stdout"], "script stdout\n", "{v}");
+    assert_eq!(v["stderr"], "script stderr\n", "{v}");
+    assert!(is_hex(text(&v, "request_id"), 32), "{v}");
+
+    // The CLI takes the digest in capitals too.
+    let v = s.run_ok(pool, r#"{"x":2}"#, &d.to_ascii_uppercase());
+    assert_eq!(v["result"]["event"], json!({"x": 2}), "{v}");
+
+    // --script FILE: run, and stored under its digest (exactly its bytes).
+    let src = format!("{ECHO_PY}# a one-off {}\n", unique());
+    let file = s.file("oneoff.py", src.as_bytes());
+    let d2 = sha256_hex(src.as_bytes());
+    assert!(!s.store().contains(&d2), "not stored before the call");
+    let (v, f) = s.exec(pool, Some(r#"{"y":[1,2]}"#), &["--script", &file]);
+    s.assert_ok(&v, &f, "--script");
+    assert_eq!(v["result"]["event"], json!({"y": [1, 2]}), "{v}");
+    assert_eq!(v["result"]["file"], format!("/run/script/{d2}"), "{v}");
+    assert!(
+        s.store().contains(&d2),
+        "--script stores the file: {:?}",
+        s.store()
+    );
+    assert_eq!(
+        fs::read(s.st.join("scripts").join(&d2)).expect("read"),
+        src.as_bytes()
+    );
+    // ... and can be called by digest afterwards.
+    assert_eq!(s.run_ok(pool, "{}", &d2)["result"]["event"], json!({}));
+
+    // A script that raises: the error and its traceback, with the output so far.
+    let raises = s.put_script(
+        "raises.py",
+        "def handler(event):\n    print('before')\n    raise ValueError('boom ' + str(event['n']))\n",
+    );
+    let (v, f) = s.exec(pool, Some(r#"{"n":7}"#), &["--digest", &raises]);
+    let e = s.assert_handler_error(&v, &f);
+    assert_eq!(e, "ValueError: boom 7", "{v}");
+    let tb = text(&v, "traceback");
+    assert!(
+        tb.starts_with("Traceback (most recent call last):"),
+        "traceback: {v}"
+    );
+    assert!(
+        tb.contains(&format!("/run/script/{raises}")),
+        "the traceback names the script: {v}"
+    );
+    assert!(tb.contains("raise ValueError"), "{v}");
+    assert_eq!(v["stdout"], "before\n", "{v}");
+
+    // No handler.
+    let nohandler = s.put_script("nohandler.py", "def main(event):\n    return 1\n");
+    let (v, f) = s.exec(pool, None, &["--digest", &nohandler]);
+    let e = s.assert_handler_error(&v, &f);
+    assert!(e.contains("has no function 'handler'"), "{v}");
+
+    // A handler that is not a function.
+    let notfn = s.put_script("notfn.py", "handler = 5\n");
+    let (v, f) = s.exec(pool, None, &["--digest", &notfn]);
+    let e = s.assert_handler_error(&v, &f);
+    assert!(
+        e.contains("not a function") && e.contains("'handler'"),
+        "{v}"
+    );
+
+    // A syntax error: "cannot import ...: SyntaxError", the line shown.
+    let syntax = s.put_script("syntax.py", "def handler(event)\n    return 1\n");
+    let (v, f) = s.exec(pool, None, &["--digest", &syntax]);
+    let e = s.assert_handler_error(&v, &f);
+    assert!(
+        e.starts_with("cannot import ") && e.contains("SyntaxError"),
+        "{v}"
+    );
+    assert!(text(&v, "traceback").contains("def handler(event)"), "{v}");
+
+    // The pool keeps serving, the same zygote.
+    let v = s.run_ok(pool, r#"{"after":"errors"}"#, &d);
+    assert_eq!(v["result"]["event"], json!({"after": "errors"}), "{v}");
+    let info = s.info(pool);
+    assert_eq!(info["state"], "serving", "{info}");
+    s.shutdown();
+}
+
+/// A warm-exec pool (cmd = ["/bin/sh"]; another with ["/bin/sh", "-e"]): the command runs
+/// with /run/script/<digest> as its last argument (argv read from /proc/self/cmdline),
+/// the event JSON on stdin, in its own /work directory; stdout and stderr are captured;
+/// exit 0 → {"exit_code": 0}; exit 3 → an error naming status 3, output kept.
+fn warm_exec(who: Who) {
+    let mut s = Sup::new(who, "exec");
+    let n = s.up(&[("sh", SH_POOL), ("she", "cmd = [\"/bin/sh\", \"-e\"]")]);
+    let (sh, she) = (&n[0], &n[1]);
+    assert_eq!(s.info(sh)["kind"], "pool");
+    let script = "tr '\\0' '\\n' < /proc/$$/cmdline | sed 's/^/argv: /'\n\
+                  printf 'zero: %s\\n' \"$0\"\n\
+                  printf 'pwd: %s\\n' \"$(pwd)\"\n\
+                  printf 'event: %s\\n' \"$(cat)\"\n\
+                  echo 'to stderr' >&2\n";
+    let d = s.put_script("argv.sh", script);
+    let path = format!("/run/script/{d}");
+    for (pool, argv) in [
+        (sh, vec!["/bin/sh", &path]),
+        (she, vec!["/bin/sh", "-e", &path]),
+    ] {
+        let v = s.run_ok(pool, r#"{"y": [1, 2], "s": "é"}"#, &d);
+        assert_eq!(v["result"], json!({"exit_code": 0}), "{v}");
+        let out = text(&v, "stdout");
+        let got: Vec<&str> = out
+            .lines()
+            .filter_map(|l| l.strip_prefix("argv: "))
+            .collect();
+        assert_eq!(got, argv, "argv: the script's path last: {v}");
+        assert!(out.contains(&format!("zero: {path}\n")), "{v}");
+        let pwd = out
+            .lines()
+            .find_map(|l| l.strip_prefix("pwd: "))
+            .unwrap_or("");
+        assert!(
+            pwd.strip_prefix("/work/").is_some_and(|x| is_hex(x, 32)),
+            "pwd: {v}"
+        );
+        let ev = out
+            .lines()
+            .find_map(|l| l.strip_prefix("event: "))
+            .unwrap_or("");
+        let ev: Value = serde_json::from_str(ev).unwrap_or(Value::Null);
+        assert_eq!(
+            ev,
+            json!({"y": [1, 2], "s": "é"}),
+            "the event on stdin: {v}"
+        );
+        assert_eq!(v["stderr"], "to stderr\n", "{v}");
+    }
+
+    // --script works too (and stores it).
+    let file = s.file("three.sh", b"echo out; echo err >&2; exit 3\n");
+    let (v, f) = s.exec(sh, None, &["--script", &file]);
+    let e = s.assert_handler_error(&v, &f);
+    assert!(e.contains("status 3"), "the error names the status: {v}");
+    assert_eq!(v["stdout"], "out\n", "{v}");
+    assert_eq!(v["stderr"], "err\n", "{v}");
+    assert!(s
+        .store()
+        .contains(&sha256_hex(b"echo out; echo err >&2; exit 3\n")));
+
+    // Killed by a signal: an error saying so; then the pool still serves.
+    let killed = s.put_script("killed.sh", "kill -9 $$\n");
+    let (v, f) = s.exec(sh, None, &["--digest", &killed]);
+    let e = s.assert_handler_error(&v, &f);
+    assert!(e.contains("signal 9"), "{v}");
+    let v = s.run_ok(sh, "{}", &d);
+    assert_eq!(v["result"], json!({"exit_code": 0}), "{v}");
+    s.shutdown();
+}
+
+/// From inside a pool script (max_warm = 1, so every request shares one sandbox):
+/// /run/script and /run cannot be listed (PermissionError), and a script A that looks
+/// everywhere (the folders, mountinfo, the environment, every visible process's
+/// cmdline/environ/status/maps/links/descriptors/cwd, /tmp, /work) while script B is in
+/// flight, and after script C ran there, finds neither B's nor C's digest, nor B's /work
+/// directory or the secret B wrote in it. Then a script cannot write, truncate, unlink,
+/// chmod, rename or link its own file or another's in /run/script, nor chmod the folder,
+/// nor create a file, folder or symlink there; the scripts still run unchanged.
+fn script_isolation(who: Who) {
+    let mut s = Sup::new(who, "iso");
+    let n = s.up(&[("py", &format!("{PY_POOL}\nmax_warm = 1"))]);
+    let pool = &n[0];
+    let da = s.put_script("a.py", SNOOP_PY);
+    let db = s.put_script("b.py", SECRET_PY);
+    let dc = s.put_script("c.py", ECHO_PY);
+    // C ran in this sandbox before: its file is in /run/script.
+    s.run_ok(pool, "{}", &dc);
+
+    let token = format!("token-{:x}", unique());
+    let b = s.exec_bg(
+        pool,
+        &json!({"token": token, "secs": 2}).to_string(),
+        &["--digest", &db],
+    );
+    s.wait_in_flight(pool, 1);
+    std::thread::sleep(Duration::from_millis(300));
+    let (a, f) = s.exec(pool, None, &["--digest", &da]);
+    s.assert_ok(&a, &f, "the snooping script");
+    let r = &a["result"];
+    assert_eq!(
+        r["listdir_script"],
+        "PermissionError",
+        "listing /run/script: {}",
+        truncate(&r.to_string(), 2000)
+    );
+    assert_eq!(
+        r["listdir_run"],
+        "PermissionError",
+        "listing /run: {}",
+        truncate(&r.to_string(), 2000)
+    );
+    assert_eq!(
+        r["scandir_script"],
+        "PermissionError",
+        "{}",
+        truncate(&r.to_string(), 2000)
+    );
+    assert_eq!(
+        r["glob"],
+        json!([]),
+        "globbing /run: {}",
+        truncate(&r.to_string(), 2000)
+    );
+    assert_eq!(r["own"], format!("/run/script/{da}"));
+    assert!(
+        r["processes"].as_u64() > Some(1),
+        "saw no other process: {}",
+        truncate(&r.to_string(), 2000)
+    );
+
+    let bf = b.join().expect("the B thread");
+    let bv = last_json(&bf);
+    s.assert_ok(&bv, &bf, "script B");
+    assert_eq!(bv["result"]["still_there"], true, "{bv}");
+    let bcwd = text(&bv["result"], "cwd").to_string();
+    assert_ne!(bcwd, text(r, "cwd"), "A and B shared a /work directory");
+
+    let answer = a.to_string();
+    for (what, needle) in [
+        ("B's digest", &db),
+        ("C's digest", &dc),
+        ("B's secret", &token),
+        ("B's /work directory", &bcwd),
+    ] {
+        if let Some(i) = answer.find(needle.as_str()) {
+            let from = answer[..i]
+                .char_indices()
+                .rev()
+                .nth(300)
+                .map_or(0, |(j, _)| j);
+            panic!(
+                "[{}] script A found {what} ({needle}): ...{}...",
+                who.name(),
+                truncate(&answer[from..], 700)
+            );
+        }
+    }
+
+    // Tampering with /run/script fails, for its own file and for B's.
+    let t = s.put_script("tamper.py", TAMPER_PY);
+    let v = s.run_ok(pool, &json!({"other": db}).to_string(), &t);
+    let r = v["result"].as_object().expect("an object").clone();
+    assert!(r.len() >= 20, "{v}");
+    for (k, got) in &r {
+        // Rootless, the sandbox's one id owns /run/script and its files (no other id is
+        // mapped), so it may change their mode and times; what it may not do — list, read
+        // others' names, write, create, remove — Landlock still refuses (checked here and
+        // by the intact-scripts check below).
+        let metadata_only = k.ends_with("_chmod") || k.ends_with("_utime");
+        if who == Who::Rootless && metadata_only {
+            continue;
+        }
+        assert!(
+            ["EPERM", "EACCES", "EROFS"].contains(&got.as_str().unwrap_or("")),
+            "[{}] {k}: expected EPERM, EACCES or EROFS, got {got}\nall: {v}",
+            who.name()
+        );
+    }
+    // The scripts are intact, in the sandbox and in the store.
+    let v = s.run_ok(pool, &json!({"token": "t", "secs": 0}).to_string(), &db);
+    assert_eq!(v["result"]["marker"], "secret-script", "{v}");
+    let v = s.run_ok(pool, &json!({"other": dc}).to_string(), &t);
+    assert!(v["result"].is_object(), "{v}");
+    assert_eq!(
+        fs::read(s.st.join("scripts").join(&db)).expect("read"),
+        SECRET_PY.as_bytes()
+    );
+    assert_eq!(
+        fs::read(s.st.join("scripts").join(&t)).expect("read"),
+        TAMPER_PY.as_bytes()
+    );
+    s.shutdown();
+}
+
+// ---------------------------------------------------------------------------------------
+// Refusals (rootful).
+
+/// A pool called without a script, a function called with one, an unknown digest, a
+/// malformed digest, both flags at once, and a script file that does not exist: each is
+/// refused before anything runs, with a message that says what to do.
+#[test]
+fn refusals() {
+    if !root_only() {
+        return;
+    }
+    let mut s = Sup::new(Who::Root, "refuse");
+    let n = s.up(&[
+        ("py", PY_POOL),
+        ("sh", SH_POOL),
+        ("fn", "agent = \"python\"\nentry = \"fn/handlers.py:hello\""),
+    ]);
+    let (py, sh, func) = (&n[0], &n[1], &n[2]);
+    assert_eq!(s.info(func)["kind"], "function");
+    let d = s.put_script("echo.py", ECHO_PY);
+    let file = s.file("echo2.py", ECHO_PY.as_bytes());
+
+    // A pool without a script: bad_request naming the pool and both flags.
+    for pool in [py, sh] {
+        let (v, f) = s.exec(pool, Some("{}"), &[]);
+        let e = s.assert_refused(&v, &f, "bad_request");
+        assert!(
+            e.contains(pool.as_str())
+                && e.contains("--script FILE")
+                && e.contains("--digest SHA256"),
+            "{v}"
+        );
+    }
+
+    // A function with its own handler, called with a script (either way): bad_request.
+    for flags in [["--script", file.as_str()], ["--digest", d.as_str()]] {
+        let (v, f) = s.exec(func, Some("{}"), &flags);
+        let e = s.assert_refused(&v, &f, "bad_request");
+        assert!(
+            e.contains(func.as_str()) && e.contains("own handler"),
+            "{flags:?}: {v}"
+        );
+    }
+    // ... and without, it answers.
+    let (v, f) = s.exec(func, Some(r#"{"k":1}"#), &[]);
+    s.assert_ok(&v, &f, "the function");
+    assert_eq!(v["result"], json!({"echo": {"k": 1}}), "{v}");
+
+    // An unknown digest: not_found, naming it.
+    let unknown = sha256_hex(format!("never stored {}", unique()).as_bytes());
+    let (v, f) = s.exec(py, None, &["--digest", &unknown]);
+    let e = s.assert_refused(&v, &f, "not_found");
+    assert!(e.contains(&unknown), "{v}");
+
+    // Malformed digests: bad_request.
+    let long = format!("{d}0");
+    let not_hex = "g".repeat(64);
+    let with_path = format!("../{}", &d[3..]);
+    for bad in ["abc", &d[..63], &long, &not_hex, &with_path, ""] {
+        let (v, f) = s.exec(py, None, &["--digest", bad]);
+        let e = s.assert_refused(&v, &f, "bad_request");
+        assert!(e.contains("64") && e.contains("hex"), "{bad:?}: {v}");
+    }
+
+    // Both flags, or a missing file: the CLI's usage error (exit 2), nothing sent.
+    let f = s.run(&["exec", py, "--script", &file, "--digest", &d]);
+    assert_eq!(f.code, 2, "both flags: {}", f.stderr_text());
+    assert!(f.stderr_text().contains("not both"), "{}", f.stderr_text());
+    let f = s.run(&["exec", py, "--script", "/nonexistent/zygo-no-such.py"]);
+    assert_eq!(f.code, 2, "a missing script: {}", f.stderr_text());
+
+    // Refusals cost the pool nothing.
+    let v = s.run_ok(py, "{}", &d);
+    assert_eq!(v["result"]["event"], json!({}), "{v}");
+    s.shutdown();
+}
+
+// ---------------------------------------------------------------------------------------
+// Usage events (rootful).
+
+/// Every pool call writes a usage line whose `function` is the pool's name; the `script`
+/// field is there (today null; the digest would be as good).
+#[test]
+fn usage_log_names_the_pool() {
+    if !root_only() {
+        return;
+    }
+    let mut s = Sup::new(Who::Root, "usage");
+    let n = s.up(&[("py", PY_POOL), ("sh", SH_POOL)]);
+    let (py, sh) = (&n[0], &n[1]);
+    let ok = s.put_script("echo.py", ECHO_PY);
+    let raises = s.put_script(
+        "raises.py",
+        "def handler(event):\n    raise RuntimeError('x')\n",
+    );
+    let shd = s.put_script("ok.sh", "exit 0\n");
+    let mut answers = Vec::new();
+    for (pool, digest) in [(py, &ok), (py, &raises), (sh, &shd)] {
+        let (v, _) = s.exec(pool, None, &["--digest", digest]);
+        assert!(v["request_id"].is_string(), "{v}");
+        answers.push((pool.clone(), digest.clone(), v));
+    }
+    let usage = fs::read_to_string(s.st.join("usage.log")).expect("read usage.log");
+    let lines: Vec<Value> = usage
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("usage line ({e}): {l}")))
+        .collect();
+    assert_eq!(lines.len(), answers.len(), "one line per call: {usage}");
+    for ((pool, digest, ans), line) in answers.iter().zip(&lines) {
+        assert_eq!(&line["function"], pool, "{line}");
+        assert_eq!(line["tenant"], "_host", "{line}");
+        assert_eq!(line["request_id"], ans["request_id"], "{line} vs {ans}");
+        assert_eq!(line["outcome"], ans["outcome"], "{line} vs {ans}");
+        let script = line.get("script").expect("a script field");
+        eprintln!("usage line of a {pool} call: script = {script}");
+        assert!(
+            script.is_null() || script == digest,
+            "script is null or the digest: {line}"
+        );
+    }
+    let outcomes: Vec<&str> = lines.iter().map(|l| text(l, "outcome")).collect();
+    assert_eq!(outcomes, ["ok", "error", "ok"]);
+    s.shutdown();
+}
+
+// ---------------------------------------------------------------------------------------
+// Known bugs (ignored until fixed).
+
+both_tests! {
+    /// A script stored with `zygo scripts put` is bytes, and `--script FILE` runs any bytes,
+    /// but `--digest` reads the stored script as UTF-8: a warm-exec script with one Latin-1
+    /// byte (in a comment) is refused as `internal` ("stream did not contain valid UTF-8").
+    fn non_utf8_script_by_digest(who) {
+        let mut s = Sup::new(who, "latin1");
+        let n = s.up(&[("sh", SH_POOL)]);
+        let sh = &n[0];
+        let bytes: &[u8] = b"# caf\xe9\necho ok\n";
+        let file = s.file("latin1.sh", bytes);
+        let (v, f) = s.exec(sh, None, &["--script", &file]);
+        s.assert_ok(&v, &f, "--script");
+        let d = s.put(&file);
+        assert_eq!(d, sha256_hex(bytes));
+        let v = s.run_ok(sh, "{}", &d);
+        assert_eq!(v["stdout"], "ok\n", "{v}");
+        s.shutdown();
+    }
+
+    /// Warm-exec runs `CMD... /run/script/<digest>` as an ordinary process in the pool's
+    /// sandbox: any other request in flight there (max_warm = 1) reads its argv from
+    /// /proc/<pid>/cmdline (and, as the exec'd command is dumpable, the script's descriptor
+    /// from /proc/<pid>/fd) and so learns the other script's digest.
+    #[ignore = "BUG: a warm-exec script's path /run/script/<digest> is in its command line (and open fds), readable by neighbour requests through /proc"]
+    fn warm_exec_hides_neighbour_digest(who) {
+        let mut s = Sup::new(who, "exec-leak");
+        let n = s.up(&[("sh", &format!("{SH_POOL}\nmax_warm = 1"))]);
+        let sh = &n[0];
+        let db = s.put_script("b.sh", "sleep 2\n");
+        let da = s.put_script(
+            "a.sh",
+            "for p in /proc/[0-9]*; do tr '\\0' ' ' < $p/cmdline 2>/dev/null; echo; \
+             ls -l $p/fd 2>/dev/null; done; exit 0\n",
+        );
+        let b = s.exec_bg(sh, "{}", &["--digest", &db]);
+        s.wait_in_flight(sh, 1);
+        std::thread::sleep(Duration::from_millis(300));
+        let v = s.run_ok(sh, "{}", &da);
+        let out = text(&v, "stdout");
+        assert!(out.contains(&da), "the scan sees its own command line: {v}");
+        assert!(!out.contains(&db), "[{}] script A learnt B's digest:\n{out}", who.name());
+        let bf = b.join().expect("the B thread");
+        s.assert_ok(&last_json(&bf), &bf, "script B");
+        s.shutdown();
+    }
+
+    /// A request's process that execs a program (a Python script's subprocess, and every
+    /// warm-exec command) is dumpable again, so another request in flight in the same
+    /// sandbox can follow /proc/<pid>/cwd into its /work directory and read its files.
+    #[ignore = "BUG: exec'd request processes are dumpable; neighbours read their /work through /proc/<pid>/cwd"]
+    fn exec_child_work_hidden(who) {
+        let mut s = Sup::new(who, "exec-work");
+        let n = s.up(&[
+            ("py", &format!("{PY_POOL}\nmax_warm = 1")),
+            ("sh", &format!("{SH_POOL}\nmax_warm = 1")),
+        ]);
+        let (py, sh) = (&n[0], &n[1]);
+        let snoop = s.put_script("a.py", SNOOP_PY);
+        let bpy = s.put_script(
+            "b.py",
+            "import subprocess\ndef handler(event):\n    \
+             open('secret.txt', 'w').write(event['token'])\n    \
+             subprocess.run(['sleep', '2'])\n",
+        );
+        let bsh = s.put_script("b.sh", "sed -n 's/.*\"token\": \"\\([^\"]*\\)\".*/\\1/p' > secret.txt; sleep 2\n");
+        let ash = s.put_script("a.sh", "cat /proc/[0-9]*/cwd/secret.txt 2>/dev/null; exit 0\n");
+        for (pool, b, a) in [(py, &bpy, &snoop), (sh, &bsh, &ash)] {
+            let token = format!("token-{:x}", unique());
+            let bg = s.exec_bg(pool, &json!({"token": token}).to_string(), &["--digest", b]);
+            s.wait_in_flight(pool, 1);
+            std::thread::sleep(Duration::from_millis(500));
+            let v = s.run_ok(pool, "{}", a);
+            let bf = bg.join().expect("the B thread");
+            s.assert_ok(&last_json(&bf), &bf, "script B");
+            assert!(!v.to_string().contains(&token),
+                "[{}] {pool}: script A read B's secret from B's /work: {}", who.name(),
+                truncate(&v.to_string(), 1500));
+        }
+        s.shutdown();
+    }
+}
