@@ -111,7 +111,11 @@ impl Sup {
         let mut names = Vec::new();
         for (suffix, func, extra) in fns {
             let name = self.name(suffix);
-            text.push_str(&format!("\n[fn.{name}]\nagent = \"python\"\n"));
+            if extra.contains("agent =") {
+                text.push_str(&format!("\n[fn.{name}]\n"));
+            } else {
+                text.push_str(&format!("\n[fn.{name}]\nagent = \"python\"\n"));
+            }
             if !extra.contains("entry") {
                 text.push_str(&format!("entry = \"fn/handlers.py:{func}\"\n"));
             }
@@ -1961,5 +1965,70 @@ fn stop_in_flight_and_frozen() {
         wait_for_quietly(Duration::from_secs(3), || agent_pids(cold).is_empty()),
         "a frozen zygote's agent survived stop"
     );
+    s.shutdown();
+}
+
+const NODE_HELLO: &str = r#"import { execSync } from "node:child_process";
+export default async function (event) {
+  console.log("hello from node", event.name);
+  event.progress("half way");
+  const sub = execSync("echo from-subprocess; echo sub-err 1>&2").toString();
+  if (event.fail) throw new Error("node says no");
+  if (event.bigint) return 10n;
+  return { hello: event.name, cwd: process.cwd(), sub };
+}
+"#;
+
+both_tests! {
+    /// A Node function: each call is served by a spare that imported the handler before
+    /// the call arrived; console output and subprocesses' output are captured; a throw is
+    /// an error with its stack; a value JSON cannot hold is the specific error; the spares
+    /// refill behind each call.
+    fn node_function(who) {
+        let mut s = Sup::new(who, "node", &[]);
+        s.fn_file("hello.mjs", NODE_HELLO);
+        let n = s.up(&[("nh", "", "agent = \"node\"\nentry = \"fn/hello.mjs\"\ntimeout = \"20s\"")]);
+        let nh = &n[0];
+        for i in 0..4 {
+            let (v, f) = s.exec(nh, Some(&format!(r#"{{"name": "n{i}"}}"#)), &[]);
+            assert_eq!(f.code, 0, "exec: {v} {}\n{}", f.stderr_text(), s.log());
+            assert_eq!(v["result"]["hello"], format!("n{i}"), "{v}");
+            assert_eq!(v["result"]["sub"], "from-subprocess\n", "{v}");
+            assert!(s_(&v["result"], "cwd").starts_with("/work/"), "{v}");
+            assert_eq!(v["stdout"], format!("hello from node n{i}\n"), "{v}");
+            assert_eq!(v["stderr"], "sub-err\n", "{v}");
+        }
+        let (v, f) = s.exec(nh, Some(r#"{"name": "x", "fail": true}"#), &[]);
+        assert_eq!(f.code, 1, "{v}");
+        assert_eq!(v["code"], "handler", "{v}");
+        assert!(s_(&v, "error").contains("node says no"), "{v}");
+        assert!(s_(&v, "traceback").contains("hello.mjs"), "{v}");
+        let (v, _) = s.exec(nh, Some(r#"{"name": "x", "bigint": true}"#), &[]);
+        assert!(s_(&v, "error").contains("not JSON-serialisable"), "{v}");
+        s.shutdown();
+    }
+}
+
+/// A Node handler that fails to import: `zygo up` prints why and the function is failed.
+#[test]
+fn node_import_failure() {
+    if !root_only() {
+        return;
+    }
+    let mut s = Sup::new(Who::Root, "nodeimp", &[]);
+    s.fn_file(
+        "broken.mjs",
+        "import \"no-such-package-zygo\";\nexport default () => 1;\n",
+    );
+    let (file, n) = s.write_toml(&[("nb", "", "agent = \"node\"\nentry = \"fn/broken.mjs\"")]);
+    let f = s.run(&["up", "-f", file.to_str().expect("UTF-8")]);
+    s.find_supervisor();
+    assert_eq!(f.code, 1, "{}", f.stderr_text());
+    assert!(
+        f.stderr_text().contains("no-such-package-zygo"),
+        "{}",
+        f.stderr_text()
+    );
+    assert_eq!(s.info(&n[0])["state"], "failed");
     s.shutdown();
 }

@@ -1,4 +1,4 @@
-//! Fronts: the confinement a front applies to itself before it reads untrusted input,
-//! and the HTTP front. Fronts only ask; every decision is the monitor's.
+//! Fronts: the confinement a front applies to itself before it reads untrusted input.
+//! Fronts only ask; every decision is the monitor's.
 
 pub mod confine;

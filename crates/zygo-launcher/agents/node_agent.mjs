@@ -5,15 +5,14 @@
 //   node /run/zygo/node_agent.mjs ENTRY FUNC WORKDIR     (serve one request)
 //   node /run/zygo/node_agent.mjs --check ENTRY FUNC     (import only; exit 0 or print why)
 //
-// fd 3 is the request channel (JSON lines, as for a Python child); fd 4 and fd 5 read what
-// anything started by the handler writes to fd 1 and fd 2. FUNC empty means the module's
-// default export, else its `handler` export. Trusts nothing the handler does.
+// fd 3 is the request channel (JSON lines, as for a Python child); fd 1 and fd 2 are pipes
+// the launcher reads and relays (console.log and subprocesses alike). FUNC empty means the
+// module's default export, else its `handler` export. Trusts nothing the handler does.
 
 import fs from "node:fs";
 import net from "node:net";
 import { pathToFileURL } from "node:url";
 
-const MAX_RELAY = (1 << 20) + 1; // one more than the monitor keeps, so it sees the cut
 const MAX_REQUEST_LINE = 20 << 20;
 const MAX_PROGRESS = 64 << 10;
 
@@ -47,34 +46,6 @@ const channel = new net.Socket({ fd: 3, readable: true, writable: true });
 let closed = false;
 function send(obj) {
   if (!closed) channel.write(JSON.stringify(obj) + "\n");
-}
-
-// console.log and friends write through process.stdout/stderr: send those as lines directly
-// (a synchronous write to a pipe we read ourselves could block forever).
-const relayed = { stdout: 0, stderr: 0 };
-function relay(kind, data) {
-  const text = typeof data === "string" ? data : Buffer.from(data).toString("utf8");
-  const room = MAX_RELAY - relayed[kind];
-  if (room <= 0) return;
-  const part = text.length > room ? text.slice(0, room) : text;
-  relayed[kind] += part.length;
-  send({ kind, data: part });
-}
-for (const kind of ["stdout", "stderr"]) {
-  process[kind].write = (chunk, enc, cb) => {
-    relay(kind, chunk);
-    const done = typeof enc === "function" ? enc : cb;
-    if (typeof done === "function") done();
-    return true;
-  };
-}
-// What subprocesses write to fd 1 and 2 arrives on fd 4 and 5.
-const pending = [];
-for (const [fd, kind] of [[4, "stdout"], [5, "stderr"]]) {
-  const stream = fs.createReadStream(null, { fd, encoding: "utf8" });
-  stream.on("data", (d) => relay(kind, d));
-  stream.on("error", () => {});
-  pending.push(stream);
 }
 
 let handler = null;
@@ -129,8 +100,7 @@ async function run(line) {
     terminal = { kind: "error", message: describe(e), traceback: String(e?.stack ?? "") };
   }
   clearInterval(beat);
-  // Let output still in flight from subprocesses arrive first (bounded).
-  await new Promise((r) => setTimeout(r, 20));
+  // Writes to a pipe are synchronous in Node: what the handler printed is already there.
   send(terminal);
   closed = true;
   channel.end(() => process.exit(0));

@@ -15,26 +15,24 @@ Guarantees, to a handler that does not sabotage it:
   through /proc.
 - Each request runs once, in its own fork of the imported handler, in a new /work/<name>
   (0700; 32 random hex digits) that reap removes, with `random` reseeded and fd 1 and fd 2
-  captured, subprocesses included (up to 1 MiB per stream; output still flowing after the
-  handler returned is dropped). The agent process never sees a request, an event or a
-  live directory name, so a fork inherits nothing of its neighbours'.
-- A request channel carries stdout, stderr, progress and heartbeat lines, then exactly one
-  terminal line (result or error), then the child exits. Lines never interleave, and each
-  is one UTF-8 JSON object under 20 MiB. The control channel carries ready (or
+  pipes whose read ends the launcher holds (so subprocesses' output is captured too, and no
+  thread of ours relays it). The agent process never sees a request, an event or a live
+  directory name, so a fork inherits nothing of its neighbours'.
+- A request channel carries progress and heartbeat lines (one a second, from a timer),
+  then exactly one terminal line (result or error), then the child exits. Everything the
+  handler wrote is in the pipes before the terminal line is sent. Lines never interleave,
+  and each is one UTF-8 JSON object under 20 MiB. The control channel carries ready (or
   import_error) first and once, then heartbeat at least every second, and park_failed.
 """
 
-import array, codecs, importlib.machinery, importlib.util, json, os, random, re
+import array, importlib.machinery, importlib.util, json, os, random, re
 import select, shutil, signal, socket, stat, struct, sys, threading, time, traceback
 
 WORK_ROOT = os.environ.get("ZYGO_WORK_ROOT", "/work")  # set only by the tests
 CTL, REG = 3, 4
 MAX_CONTROL_LINE, MAX_REQUEST_LINE = 1 << 20, 20 << 20  # launcher -> agent, -> child
 MAX_LINE_OUT = 20 << 20  # child -> launcher, newline included
-MAX_RELAY = 1 << 20  # bytes relayed per output stream; the rest is read and dropped
-# (one byte more is relayed, so the launcher's own 1 MiB cap sees that output was cut)
 MAX_PROGRESS, MAX_MESSAGE, MAX_TRACEBACK = 64 << 10, 64 << 10, 1 << 20  # characters
-DRAIN_LIMIT = 1.0  # seconds to relay output still flowing after the handler returned
 SLOT, WORKDIR = re.compile(r"[A-Za-z0-9_-]{1,64}"), re.compile(r"[0-9a-f]{32}")
 CONTROL = {"park": {"kind", "slot"}, "reap": {"kind", "slot"}}
 REQUEST = {"request": {"kind", "id", "event"}}
@@ -237,20 +235,26 @@ def handle(msg, slots, func):
     if slot in slots:
         raise Violation(f"slot {slot} parked twice")
     flush(sys.stdout, sys.stderr)  # or the child would print it again
+    made = []
     try:
+        # The child's workdir-name pipe and its stdout and stderr pipes, made here so that
+        # running out of descriptors is a park_failed, not a child that silently dies.
         named, tell_name = os.pipe()
-        try:
-            pid = os.fork()
-        except OSError:
-            os.close(named)
-            os.close(tell_name)
-            raise
+        made += [named, tell_name]
+        out = os.pipe()
+        made += out
+        err = os.pipe()
+        made += err
+        pid = os.fork()
     except OSError as e:
+        for fd in made:
+            os.close(fd)
         tell({"kind": "park_failed", "slot": slot, "message": f"cannot fork: {e}"})
         return
     if pid == 0:
-        child(slot, tell_name, [named, *slots.values()], func)
-    os.close(tell_name)
+        child(slot, tell_name, [named, *slots.values()], func, out, err)
+    for fd in (tell_name, *out, *err):
+        os.close(fd)
     slots[slot] = named
 
 
@@ -285,7 +289,7 @@ def remove(path):
 # --- A request process ------------------------------------------------------------------
 
 
-def child(slot, tell_name, inherited, func):
+def child(slot, tell_name, inherited, func, out, err):
     """Register, wait for one request, serve it, exit. Never returns."""
     try:
         signal.signal(signal.SIGCHLD, signal.SIG_DFL)
@@ -295,12 +299,25 @@ def child(slot, tell_name, inherited, func):
         os.write(tell_name, workdir.encode())
         os.close(tell_name)
         mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        # fd 1 and fd 2 become pipes whose read ends go to the launcher, which relays them
+        # (anything the handler starts writes there too); the launcher reads them to the
+        # end of what was written before it relays our terminal line.
+        global LOG_FD
+        LOG_FD = os.dup(2)  # close-on-exec: our complaints go to the log, not to the caller
+        (out_r, out_w), (err_r, err_w) = out, err
+        os.dup2(out_w, 1)
+        os.dup2(err_w, 2)
+        os.close(out_w)
+        os.close(err_w)
         reg = socket.socket(fileno=REG)
         creds = struct.pack("iII", os.getpid(), os.getuid(), os.getgid())
         reg.sendmsg([json.dumps({"kind": "register", "slot": slot}).encode()],
                     [(socket.SOL_SOCKET, socket.SCM_CREDENTIALS, creds),
-                     (socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", [theirs.fileno()]))])
+                     (socket.SOL_SOCKET, socket.SCM_RIGHTS,
+                      array.array("i", [theirs.fileno(), out_r, err_r]))])
         theirs.close()
+        os.close(out_r)
+        os.close(err_r)
         reg.close()
         if isinstance(func, NodeSpare):
             exec_node(func, mine, workdir)
@@ -363,9 +380,11 @@ class Channel:
     def __init__(self, sock):
         self.sock, self.lock, self.over, self.pid = sock, threading.Lock(), False, os.getpid()
 
-    def send(self, obj, data=None, last=False):
+    def send(self, obj, data=None, last=False, blocking=True):
         data = encode(obj) if data is None else data
-        with self.lock:
+        if not self.lock.acquire(blocking):
+            return  # a heartbeat that found a line being written: the line is one too
+        try:
             if self.over or os.getpid() != self.pid:  # done, or in a fork of the handler's
                 return
             self.over = last
@@ -373,6 +392,8 @@ class Channel:
                 self.sock.sendall(data)
             except OSError:
                 os._exit(1)  # the launcher has gone
+        finally:
+            self.lock.release()
 
 
 _channel = None
@@ -386,79 +407,39 @@ class Event(dict):
         _channel.send({"kind": "progress", "text": str(text)[:MAX_PROGRESS]})
 
 
-def relay(fd, kind, channel, wake):
-    """Send what arrives on the pipe at `fd` as `kind` lines, until EOF or, once the handler
-    has returned (`wake` readable), until the pipe is empty: a daemon the handler started
-    may hold the pipe open, and what it writes later is not this request's."""
-    decoder = codecs.getincrementaldecoder("utf-8")("replace")
-    left = MAX_RELAY + 1
-    poller = select.poll()
-    poller.register(fd, select.POLLIN)
-    poller.register(wake, select.POLLIN)
-    while True:
-        ready = {f for f, _ in poller.poll()}
-        if fd not in ready:
-            break  # woken, and nothing is left to read
-        data = os.read(fd, 65536)
-        if not data:
-            break
-        text = decoder.decode(data[:left])
-        left -= min(left, len(data))
-        if text:
-            channel.send({"kind": kind, "data": text})
-    text = decoder.decode(b"", final=True)
-    if text and left:
-        channel.send({"kind": kind, "data": text})
-
-
-def beat(channel, started, finishing):
-    started.wait()
-    while not finishing.wait(1.0):
-        channel.send({"kind": "heartbeat"})
-
-
 class Prepared:
     """A parked child's setup, done before its request exists (off the request path)."""
 
-    def __init__(self, channel, started, finishing, wake_w, threads, ours):
-        self.channel, self.started, self.finishing = channel, started, finishing
-        self.wake_w, self.threads, self.ours = wake_w, threads, ours
+    def __init__(self, channel, ours):
+        self.channel, self.ours = channel, ours
 
 
 def prepare(channel, workdir):
     """The child's own /work directory (made its working directory), `random` reseeded,
-    fd 1 and fd 2 turned into pipes with their relays running, and the paths a request
-    takes touched once, so the request itself copies few pages."""
+    Python's stdout and stderr on fd 1 and fd 2, and the paths a request takes touched
+    once, so the request itself copies few pages."""
+    global LOG_FD
     path = os.path.join(WORK_ROOT, workdir)
     os.mkdir(path, 0o700)
     os.chmod(path, 0o700)  # whatever the umask
     os.chdir(path)
     random.seed()
-    global LOG_FD
-    LOG_FD = os.dup(2)  # close-on-exec: complaints go to the log, never to the handler's stderr
-    started, finishing = threading.Event(), threading.Event()
-    wake_r, wake_w = os.pipe()
-    threads = [threading.Thread(target=beat, args=(channel, started, finishing), daemon=True)]
-    for fd, kind in ((1, "stdout"), (2, "stderr")):
-        r, w = os.pipe()
-        os.dup2(w, fd)
-        os.close(w)
-        threads.append(threading.Thread(target=relay, args=(r, kind, channel, wake_r), daemon=True))
-    for t in threads:
-        t.start()
     ours = [open(fd, "w", buffering=1, encoding="utf-8", errors="backslashreplace", closefd=False)
             for fd in (1, 2)]
     sys.stdout, sys.stderr = ours
     encode(json.loads('{"kind": "result", "value": [1, "x", {"y": null}]}'))
     import gc
     gc.freeze()  # collections during the request leave the pages shared with the agent alone
-    return Prepared(channel, started, finishing, wake_w, threads, ours)
+    return Prepared(channel, ours)
 
 
 def run(p, request, func):
     global _channel
     _channel = p.channel
-    p.started.set()
+    # A heartbeat every second while the handler runs, from a timer: a process that is
+    # stopped, or stuck where Python cannot run, stops sending them.
+    signal.signal(signal.SIGALRM, lambda *_: p.channel.send({"kind": "heartbeat"}, blocking=False))
+    signal.setitimer(signal.ITIMER_REAL, 1.0, 1.0)
     event = Event(request["event"]) if type(request["event"]) is dict else request["event"]
     try:
         if isinstance(func, (Pool, ExecPool)) != ("script" in request):
@@ -477,19 +458,14 @@ def run(p, request, func):
         terminal = result(None) if e.code in (None, 0) else error(describe(e), format_tb(e))
     except BaseException as e:
         terminal = error(describe(e), format_tb(e))
-    # What the handler wrote is in the pipes: relay it all, then the terminal line.
+    # What the handler wrote is in the pipes, ahead of the terminal line.
+    signal.setitimer(signal.ITIMER_REAL, 0, 0)
     signal.pthread_sigmask(signal.SIG_BLOCK, signal.valid_signals())
     flush(sys.stdout, sys.stderr, sys.__stdout__, sys.__stderr__, *p.ours)
-    null = os.open(os.devnull, os.O_WRONLY)
-    os.dup2(null, 1)
-    os.dup2(null, 2)
-    p.finishing.set()
-    os.write(p.wake_w, b"x")
-    deadline = time.monotonic() + DRAIN_LIMIT
-    for t in p.threads:
-        t.join(max(0.0, deadline - time.monotonic()))
     p.channel.send(None, terminal, last=True)
     os._exit(0)
+
+
 
 
 class ScriptError(Exception):
@@ -563,16 +539,14 @@ def check_node(entry, name):
 
 
 def exec_node(spare, mine, workdir):
-    """The child becomes a Node spare: request channel on fd 3; fd 1 and 2 are pipes whose
-    read ends are fd 4 and 5, relayed by the spare itself."""
-    import fcntl
-    out_r, out_w = os.pipe()
-    err_r, err_w = os.pipe()
-    # Move everything above the targets first, so no dup2 clobbers a source not yet moved.
-    high = [fcntl.fcntl(fd, fcntl.F_DUPFD_CLOEXEC, 10) for fd in (mine.fileno(), out_r, err_r, out_w, err_w)]
-    for src, dst in zip(high, (3, 4, 5, 1, 2)):
-        os.dup2(src, dst, inheritable=True)
-    os.closerange(6, 1 << 16)
+    """The child becomes a Node spare: its request channel on fd 3; fd 1 and fd 2 are
+    already the pipes the launcher relays."""
+    fd = mine.fileno()
+    if fd == 3:
+        os.set_inheritable(3, True)  # dup2 onto itself would leave it close-on-exec
+    else:
+        os.dup2(fd, 3, inheritable=True)
+    os.closerange(4, 1 << 16)
     os.execv(NODE, [NODE, NODE_AGENT, spare.entry, spare.name, workdir])
 
 

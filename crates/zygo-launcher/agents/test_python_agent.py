@@ -6,7 +6,7 @@ a temporary directory stands in for /fn and (through ZYGO_WORK_ROOT) for /work.
     python3 -m unittest discover -s crates/zygo-launcher/agents -p 'test_*.py'
 """
 
-import array
+import array, codecs, select
 import json
 import os
 import shutil
@@ -215,8 +215,12 @@ class Agent:
                 pid, _, _ = struct.unpack("iII", payload)
             elif kind == socket.SCM_RIGHTS:
                 fds.extend(array.array("i", payload[:len(payload) - len(payload) % 4]))
-        assert len(fds) == 1, fds
+        assert len(fds) == 3, fds
         chan = socket.socket(fileno=fds[0])
+        for fd in fds[1:]:
+            assert stat.S_ISFIFO(os.fstat(fd).st_mode), "fd 1 and 2 are pipes"
+            os.set_blocking(fd, False)
+        PIPES[chan.fileno()] = (fds[1], fds[2])
         self.children.append(chan)
         return json.loads(data), pid, chan
 
@@ -230,9 +234,37 @@ class Agent:
 # What the launcher accepts (crates/zygo-launcher/src/zygote.rs): kind -> {field: type}.
 AGENT_SAYS = {"ready": {"pid": int}, "import_error": {"message": str, "traceback": str},
               "heartbeat": {}, "park_failed": {"slot": str, "message": str}}
-CHILD_SAYS = {"stdout": {"data": str}, "stderr": {"data": str}, "progress": {"text": str},
-              "heartbeat": {}, "result": {"value": object},
+CHILD_SAYS = {"progress": {"text": str}, "heartbeat": {}, "result": {"value": object},
               "error": {"message": str, "traceback": str}}
+
+# A child's stdout and stderr pipes (read ends, as the launcher gets them), by channel fd.
+PIPES = {}
+MAX_RELAY = (1 << 20) + 1  # what the launcher relays of each stream
+
+
+class Relay:
+    """The launcher's relay of one pipe, as crates/zygo-launcher/src/zygote.rs does it."""
+
+    def __init__(self, fd, kind):
+        self.fd, self.kind, self.sent = fd, kind, 0
+        self.decoder = codecs.getincrementaldecoder("utf-8")("replace")
+
+    def pump(self, lines, drain):
+        while self.fd is not None:
+            try:
+                data = os.read(self.fd, 65536)
+            except BlockingIOError:
+                return
+            text = self.decoder.decode(data, final=not data)
+            if not data:
+                os.close(self.fd)
+                self.fd = None
+            text = text[:max(0, MAX_RELAY - self.sent)]
+            self.sent += len(text.encode())
+            if text:
+                lines.append({"kind": self.kind, "data": text})
+            if not drain:
+                return
 
 
 def parse(raw, schema):
@@ -251,18 +283,32 @@ def request(chan, event, id="r"):
 
 
 def read_child(chan, timeout=10.0, heartbeats=False):
-    """Every line from a child up to its terminal line; check that EOF follows it."""
+    """Every line from a child up to its terminal line, with its output relayed from its
+    pipes as stdout/stderr entries (all of it before the terminal line, as the launcher
+    does); check that EOF follows the terminal line."""
     end = time.monotonic() + timeout
+    out, err = PIPES.get(chan.fileno(), (None, None))
+    relays = [Relay(fd, kind) for fd, kind in ((out, "stdout"), (err, "stderr")) if fd is not None]
     buf, lines = b"", []
     while True:
         while b"\n" not in buf:
-            chan.settimeout(max(0.01, end - time.monotonic()))
-            chunk = chan.recv(1 << 20)
-            if not chunk:
-                raise AssertionError(f"EOF before a terminal line: {lines} {buf!r}")
-            buf += chunk
+            left = end - time.monotonic()
+            if left <= 0:
+                raise AssertionError(f"no terminal line in time: {lines} {buf!r}")
+            ready, _, _ = select.select([chan] + [r.fd for r in relays if r.fd is not None], [], [], left)
+            for r in relays:
+                if r.fd in ready:
+                    r.pump(lines, drain=False)
+            if chan in ready:
+                chunk = chan.recv(1 << 20)
+                if not chunk:
+                    raise AssertionError(f"EOF before a terminal line: {lines} {buf!r}")
+                buf += chunk
         raw, buf = buf.split(b"\n", 1)
         msg = parse(raw, CHILD_SAYS)
+        if msg["kind"] in ("result", "error"):
+            for r in relays:
+                r.pump(lines, drain=True)
         if heartbeats or msg != {"kind": "heartbeat"}:
             lines.append(msg)
         if msg["kind"] in ("result", "error"):
@@ -459,9 +505,9 @@ class Requests(unittest.TestCase):
     def test_reap_after_the_child_was_killed(self):
         _, pid, chan = self.agent.park("killed")
         request(chan, {"case": "sleep", "seconds": 30})
-        chan.settimeout(5)
-        line = json.loads(chan.recv(65536).split(b"\n")[0])
-        path = line["data"].strip()
+        out, _ = PIPES[chan.fileno()]
+        select.select([out], [], [], 5)
+        path = os.read(out, 65536).decode().split("\n")[0].strip()
         self.assertTrue(os.path.isfile(os.path.join(path, "file")))
         os.kill(pid, 9)
         self.assertTrue(gone(pid))
@@ -502,11 +548,11 @@ class Requests(unittest.TestCase):
         self.agent.park("neighbour-1")
         self.agent.park("neighbour-2")
         lines = self.call({"case": "ownfds"})
-        # fd 0 (/dev/null), fd 1 and fd 2 and the relays' ends of their pipes, the relays'
-        # wake pipe, our channel; and a copy of the agent's own log (a temp file here)
+        # fd 0 (/dev/null), fd 1 and fd 2 (pipes to the launcher), our channel; and a copy of
+        # the agent's own log (a temp file here)
         fds = [f for f in lines[-1]["value"] if not f.startswith("/tmp/")]
         self.assertEqual(len(lines[-1]["value"]) - len(fds), 1, lines[-1]["value"])
-        self.assertEqual(fds, ["/dev/null", "pipe", "pipe", "pipe", "pipe", "pipe", "pipe", "socket"])
+        self.assertEqual(fds, ["/dev/null", "pipe", "pipe", "socket"])
 
     def test_daemon_holding_the_pipe(self):
         start = time.monotonic()
@@ -619,8 +665,9 @@ class Hostile(unittest.TestCase):
         self.assert_fails(b'{"kind":"park","slot":"a"}', close=True)
 
     def test_park_failed(self):
-        # With 8 descriptors the agent can hold two parked slots; the third cannot be forked.
-        a = Agent(self.addCleanup, source="def handler(e):\n    return e\n", nofile=8)
+        # With 12 descriptors the agent (5 of its own, one kept per parked slot, six for a
+        # fork in progress) can park two slots; the third cannot be forked.
+        a = Agent(self.addCleanup, source="def handler(e):\n    return e\n", nofile=12)
         a.ready()
         a.park("one")
         a.park("two")

@@ -119,8 +119,6 @@ enum Registration {
 #[derive(Debug, Deserialize)]
 #[serde(tag = "kind", rename_all = "snake_case", deny_unknown_fields)]
 enum ChildMsg {
-    Stdout { data: String },
-    Stderr { data: String },
     Progress { text: String },
     Heartbeat,
     Result { value: serde_json::Value },
@@ -200,6 +198,122 @@ struct Child {
     fd: OwnedFd,
     lines: Lines,
     done: bool,
+    out: Relay,
+    err: Relay,
+}
+
+/// Output a child's process tree writes to fd 1 or fd 2: the read end of that pipe, relayed
+/// as `Output` messages, one byte past the monitor's 1 MiB cap (so it sees the cut), the
+/// rest read and dropped. UTF-8 split across reads is carried over, never mangled.
+struct Relay {
+    fd: Option<OwnedFd>,
+    stream: Stream,
+    sent: usize,
+    carry: Vec<u8>,
+}
+
+/// What is relayed of each stream; the monitor keeps one byte less.
+const MAX_RELAY: usize = 1024 * 1024 + 1;
+
+impl Relay {
+    fn new(fd: OwnedFd, stream: Stream) -> Relay {
+        // SAFETY: fcntl on a descriptor we own, adding O_NONBLOCK.
+        unsafe {
+            let flags = libc::fcntl(fd.as_raw_fd(), libc::F_GETFL);
+            libc::fcntl(fd.as_raw_fd(), libc::F_SETFL, flags | libc::O_NONBLOCK);
+        }
+        Relay {
+            fd: Some(fd),
+            stream,
+            sent: 0,
+            carry: Vec::new(),
+        }
+    }
+
+    fn raw(&self) -> RawFd {
+        self.fd.as_ref().map_or(-1, |f| f.as_raw_fd())
+    }
+
+    /// Read what is in the pipe now (all of it when `drain`), and send it on.
+    fn pump(&mut self, slot: &str, sock: &mut UnixStream, drain: bool) -> Result<(), LaunchError> {
+        let mut buf = [0u8; 65536];
+        // A drain is bounded: a daemon the handler left behind may write without end.
+        for _ in 0..64 {
+            let Some(fd) = self.fd.as_ref() else {
+                return Ok(());
+            };
+            let n = match sys::read_fd(fd.as_raw_fd(), &mut buf) {
+                Ok(0) => {
+                    self.fd = None;
+                    0
+                }
+                Ok(n) => n,
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => return Ok(()),
+                Err(_) => {
+                    self.fd = None;
+                    0
+                }
+            };
+            let eof = self.fd.is_none();
+            if self.sent < MAX_RELAY && (n > 0 || (eof && !self.carry.is_empty())) {
+                let mut bytes = std::mem::take(&mut self.carry);
+                bytes.extend_from_slice(&buf[..n]);
+                // Keep an incomplete UTF-8 sequence at the end for the next read.
+                let cut = if eof {
+                    bytes.len()
+                } else {
+                    complete_utf8_prefix(&bytes)
+                };
+                self.carry = bytes.split_off(cut);
+                let mut text = String::from_utf8_lossy(&bytes).into_owned();
+                let room = MAX_RELAY - self.sent;
+                if text.len() > room {
+                    let mut at = room;
+                    while !text.is_char_boundary(at) {
+                        at -= 1;
+                    }
+                    text.truncate(at);
+                    self.sent = MAX_RELAY;
+                } else {
+                    self.sent += text.len();
+                }
+                if !text.is_empty() {
+                    send(
+                        sock,
+                        &FromLauncher::Output {
+                            slot: slot.to_string(),
+                            stream: self.stream,
+                            data: text,
+                        },
+                    )?;
+                }
+            }
+            if eof || !drain {
+                return Ok(());
+            }
+        }
+        Ok(())
+    }
+}
+
+/// The length of `b` without a trailing, possibly incomplete, UTF-8 sequence.
+fn complete_utf8_prefix(b: &[u8]) -> usize {
+    let start = b.len().saturating_sub(3);
+    for i in (start..b.len()).rev() {
+        let byte = b[i];
+        if byte & 0xC0 != 0x80 {
+            // A lead byte (or ASCII): is its sequence complete?
+            let need = match byte {
+                0x00..=0x7F => 1,
+                0xC0..=0xDF => 2,
+                0xE0..=0xEF => 3,
+                0xF0..=0xF7 => 4,
+                _ => 1,
+            };
+            return if b.len() - i >= need { b.len() } else { i };
+        }
+    }
+    b.len()
 }
 
 /// One datagram from the registration socket with its kernel-checked sender pid and any
@@ -263,15 +377,30 @@ fn recv_with_creds(reg: RawFd) -> Result<Option<Datagram>, String> {
 }
 
 /// Receive one registration: (slot, host pid, the child's channel).
-fn receive_registration(reg: RawFd) -> Result<Option<(String, i32, OwnedFd)>, String> {
+/// A registered child: its request channel and the read ends of its stdout and stderr.
+type Registered = (String, i32, OwnedFd, OwnedFd, OwnedFd);
+
+fn receive_registration(reg: RawFd) -> Result<Option<Registered>, String> {
     let Some((data, pid, mut fds)) = recv_with_creds(reg)? else {
         return Ok(None);
     };
-    if fds.len() != 1 {
+    if fds.len() != 3 {
         return Err(format!(
-            "a registration with {} descriptors (want 1)",
+            "a registration with {} descriptors (want 3)",
             fds.len()
         ));
+    }
+    let (Some(err), Some(out)) = (fds.pop(), fds.pop()) else {
+        return Err("a registration without its pipes".into());
+    };
+    for p in [&out, &err] {
+        let meta = std::fs::File::from(p.try_clone().map_err(|e| e.to_string())?)
+            .metadata()
+            .map_err(|e| e.to_string())?;
+        use std::os::unix::fs::FileTypeExt;
+        if !meta.file_type().is_fifo() {
+            return Err("a registration whose output descriptor is not a pipe".into());
+        }
     }
     let Registration::Register { slot } = parse(&data)?;
     if !valid_slot(&slot) {
@@ -294,7 +423,7 @@ fn receive_registration(reg: RawFd) -> Result<Option<(String, i32, OwnedFd)>, St
     if r < 0 || ty != libc::SOCK_STREAM {
         return Err("a registration whose descriptor is not a stream socket".into());
     }
-    Ok(Some((slot, pid, fd)))
+    Ok(Some((slot, pid, fd, out, err)))
 }
 
 /// Write a pool's script into the sandbox at `/run/script/<digest>` (0444), from outside,
@@ -478,12 +607,16 @@ pub fn serve(
         ];
         let slots: Vec<String> = children.keys().cloned().collect();
         for s in &slots {
-            let fd = children.get(s).map_or(-1, |c| c.fd.as_raw_fd());
-            fds.push(libc::pollfd {
-                fd,
-                events: libc::POLLIN,
-                revents: 0,
+            let (fd, out, err) = children.get(s).map_or((-1, -1, -1), |c| {
+                (c.fd.as_raw_fd(), c.out.raw(), c.err.raw())
             });
+            for fd in [fd, out, err] {
+                fds.push(libc::pollfd {
+                    fd,
+                    events: libc::POLLIN,
+                    revents: 0,
+                });
+            }
         }
         // SAFETY: fds is a valid pollfd array for its length.
         let n = unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, -1) };
@@ -610,7 +743,7 @@ pub fn serve(
         // Registrations.
         if fds[3].revents != 0 {
             match receive_registration(reg) {
-                Ok(Some((slot, pid, fd))) => {
+                Ok(Some((slot, pid, fd, out, err))) => {
                     if children.contains_key(&slot) {
                         return end(format!("slot {slot} registered twice"));
                     }
@@ -620,6 +753,8 @@ pub fn serve(
                             fd,
                             lines: Lines::new(MAX_CHILD_LINE),
                             done: false,
+                            out: Relay::new(out, Stream::Stdout),
+                            err: Relay::new(err, Stream::Stderr),
                         },
                     );
                     send(sock, &FromLauncher::Parked { slot, pid })?;
@@ -632,12 +767,20 @@ pub fn serve(
 
         // Children.
         for (i, slot) in slots.iter().enumerate() {
-            if fds[4 + i].revents == 0 {
-                continue;
-            }
+            let base = 4 + 3 * i;
             let Some(c) = children.get_mut(slot) else {
                 continue;
             };
+            // Output first: it belongs before anything the channel says after it.
+            if fds[base + 1].revents != 0 {
+                c.out.pump(slot, sock, false)?;
+            }
+            if fds[base + 2].revents != 0 {
+                c.err.pump(slot, sock, false)?;
+            }
+            if fds[base].revents == 0 {
+                continue;
+            }
             let mut violation: Option<String> = None;
             let mut closed = false;
             match c.lines.fill(c.fd.as_raw_fd()) {
@@ -666,17 +809,13 @@ pub fn serve(
                     break;
                 }
                 let s = slot.clone();
+                if matches!(msg, ChildMsg::Result { .. } | ChildMsg::Error { .. }) {
+                    // Everything the handler wrote is in the pipes by now: relay all of it
+                    // before its answer.
+                    c.out.pump(slot, sock, true)?;
+                    c.err.pump(slot, sock, true)?;
+                }
                 let out = match msg {
-                    ChildMsg::Stdout { data } => FromLauncher::Output {
-                        slot: s,
-                        stream: Stream::Stdout,
-                        data,
-                    },
-                    ChildMsg::Stderr { data } => FromLauncher::Output {
-                        slot: s,
-                        stream: Stream::Stderr,
-                        data,
-                    },
                     ChildMsg::Progress { text } => FromLauncher::Progress { slot: s, text },
                     ChildMsg::Heartbeat => FromLauncher::ChildHeartbeat { slot: s },
                     ChildMsg::Result { value } => {
@@ -698,6 +837,8 @@ pub fn serve(
                 send(sock, &out)?;
             }
             if violation.is_some() || closed {
+                c.out.pump(slot, sock, true)?;
+                c.err.pump(slot, sock, true)?;
                 children.remove(slot);
                 send(
                     sock,
