@@ -119,6 +119,12 @@ pub trait Cgroup: Send {
     fn set_limits(&self, limits: &Limits) -> Result<(), CgroupError>;
     /// Move a process (host pid) into this cgroup.
     fn add_pid(&self, pid: i32) -> Result<(), CgroupError>;
+    /// Move a single-threaded process (host pid) into this cgroup. On v1 this writes its
+    /// thread to `tasks`, which does not wait on the global threadgroup lock (and its RCU
+    /// grace period) that `cgroup.procs` does.
+    fn add_single_threaded(&self, pid: i32) -> Result<(), CgroupError> {
+        self.add_pid(pid)
+    }
     /// Files a process writes "0" to in order to join this cgroup itself (opened here, so
     /// the kernel checks our permission, not the writer's).
     fn attach_files(&self) -> Result<Vec<std::os::fd::OwnedFd>, CgroupError>;

@@ -170,6 +170,13 @@ impl Cgroup for V1Cgroup {
         Ok(())
     }
 
+    fn add_single_threaded(&self, pid: i32) -> Result<(), CgroupError> {
+        for d in &self.dirs {
+            write_file(&d.join("tasks"), &pid.to_string())?;
+        }
+        Ok(())
+    }
+
     fn attach_files(&self) -> Result<Vec<std::os::fd::OwnedFd>, CgroupError> {
         // `tasks` moves just the writing thread, without the global threadgroup lock that
         // `cgroup.procs` takes; the writer is single-threaded, so that is the whole process.

@@ -86,7 +86,6 @@ enum ZState {
 }
 
 struct Slot {
-    pid: i32,
     cgroup: Box<dyn Cgroup>,
     request: Option<String>,
     /// When its request was answered: the child should exit at once; past a grace it
@@ -211,6 +210,15 @@ struct InFlight {
     script_digest: Option<String>,
 }
 
+/// Work that follows a request but need not delay the next one: done when the loop has
+/// nothing more urgent.
+enum Background {
+    /// Kill what is left in a finished request's cgroup and remove it.
+    Remove(Box<dyn Cgroup>),
+    /// Replace a zygote's spare.
+    Park(Token),
+}
+
 /// A `serve` answer waiting: the client, the functions named, and those already failed.
 type PendingServe = (Token, Vec<String>, Vec<(String, String)>);
 
@@ -231,6 +239,7 @@ pub struct Functions {
     outbox: Vec<(Token, Reply, bool)>,
     /// `serve`/`up` answers waiting for functions to become ready or fail.
     pending_serves: Vec<PendingServe>,
+    background: VecDeque<Background>,
     counter: u64,
 }
 
@@ -273,6 +282,7 @@ impl Functions {
             calls: HashMap::new(),
             outbox: Vec::new(),
             pending_serves: Vec::new(),
+            background: VecDeque::new(),
             counter: 0,
         })
     }
@@ -936,7 +946,8 @@ impl Functions {
                     .backend
                     .create(&format!("tenants/_host/{func}/{slot}"))
                     .and_then(|cg| cg.set_limits(&limits).map(|_| cg))
-                    .and_then(|cg| cg.add_pid(pid).map(|_| cg));
+                    // A parked child is single-threaded (the agent starts no thread in it).
+                    .and_then(|cg| cg.add_single_threaded(pid).map(|_| cg));
                 let z = self.zygotes.get_mut(&zt).ok_or("no such zygote")?;
                 match cg {
                     Ok(cg) => {
@@ -946,7 +957,6 @@ impl Functions {
                         z.slots.insert(
                             slot,
                             Slot {
-                                pid,
                                 cgroup: cg,
                                 request: None,
                                 answered: None,
@@ -1024,15 +1034,22 @@ impl Functions {
                     z.parking.retain(|p| *p != slot);
                     return Ok(());
                 };
-                // Whatever the child left behind goes with its cgroup.
-                let _ = s.cgroup.thaw();
-                let _ = s.cgroup.kill_all();
-                let usage = s.cgroup.usage().ok();
-                if let Err(e) = s.cgroup.remove() {
-                    log::warn!("remove a request cgroup: {e}");
-                }
                 z.conn.send(&ToLauncher::Reap { slot });
-                let _ = s.pid;
+                // A call still waiting for its answer (killed, died, out of memory) reads
+                // what its cgroup counted now; the cgroup itself (and whatever the child
+                // left in it) goes later, off the request path.
+                let unanswered = s
+                    .request
+                    .as_ref()
+                    .is_some_and(|id| self.calls.contains_key(id));
+                let usage = if unanswered {
+                    let _ = s.cgroup.kill_all();
+                    s.cgroup.usage().ok()
+                } else {
+                    None
+                };
+                self.background.push_back(Background::Remove(s.cgroup));
+                self.background.push_back(Background::Park(zt));
                 if let Some(id) = s.request {
                     if zygote_dead {
                         if let Some(c) = self.calls.get_mut(&id) {
@@ -1044,7 +1061,6 @@ impl Functions {
                     }
                     self.finish(&id, usage, violation);
                 }
-                self.park(zt);
                 if let Some(z) = self.zygotes.get(&zt) {
                     let func = z.func.clone();
                     self.dispatch_pending(&func);
@@ -1708,6 +1724,24 @@ impl Functions {
         }
     }
 
+    /// Whether background work is waiting (the loop then polls without sleeping).
+    pub fn has_background(&self) -> bool {
+        !self.background.is_empty()
+    }
+
+    /// Do one piece of background work.
+    pub fn background_step(&mut self) {
+        match self.background.pop_front() {
+            Some(Background::Remove(cg)) => {
+                if let Err(e) = cg.remove() {
+                    log::warn!("remove a request cgroup: {e}");
+                }
+            }
+            Some(Background::Park(zt)) => self.park(zt),
+            None => {}
+        }
+    }
+
     pub fn next_wake(&self, _now: Instant) -> Option<Duration> {
         if self.calls.is_empty() && self.pending_serves.is_empty() {
             Some(Duration::from_secs(1))
@@ -1844,6 +1878,11 @@ impl Functions {
     }
 
     pub fn shutdown(&mut self, reg: &Registry) {
+        while let Some(b) = self.background.pop_front() {
+            if let Background::Remove(cg) = b {
+                let _ = cg.remove();
+            }
+        }
         let ids: Vec<String> = self.calls.keys().cloned().collect();
         for id in &ids {
             if let Some(c) = self.calls.get_mut(id) {

@@ -223,10 +223,13 @@ impl Supervisor {
     pub fn run(mut self) -> Result<(), SupervisorError> {
         let mut events = Events::with_capacity(256);
         loop {
-            let timeout = self
-                .fns
-                .next_wake(Instant::now())
-                .map(|d| d.min(Duration::from_secs(1)));
+            let timeout = if self.fns.has_background() {
+                Some(Duration::ZERO)
+            } else {
+                self.fns
+                    .next_wake(Instant::now())
+                    .map(|d| d.min(Duration::from_secs(1)))
+            };
             if let Err(e) = self
                 .poll
                 .poll(&mut events, Some(timeout.unwrap_or(Duration::from_secs(1))))
@@ -263,6 +266,11 @@ impl Supervisor {
                     .tick(now, registry, &mut new_tokens, self.drain.is_some());
             }
             self.deliver();
+            // Background work (removing finished requests' cgroups, refilling spares) one
+            // piece at a time, so a call that arrives meanwhile waits for one piece at most.
+            if events.is_empty() {
+                self.fns.background_step();
+            }
             if let Some(deadline) = self.drain {
                 if self.fns.in_flight() == 0 || now >= deadline {
                     log::info!(
