@@ -27,6 +27,7 @@ pub fn main(args: Vec<OsString>) -> i32 {
     if json {
         let v = serde_json::json!({
             "version": env!("CARGO_PKG_VERSION"),
+            "api": 1,
             "backend": "ns",
             "cgroup": cgroup,
             "cgroup_root": cgroup_root,

@@ -138,8 +138,9 @@ def import_handler(entry, name):
         return None, f"cannot import {entry}: {describe(e)}", format_tb(e)
     if callable(func):
         return func, None, None
-    what = "no function" if func is None else f"a {type(func).__name__}, not a function, as"
-    return None, f"{entry} has {what} {name!r}", ""
+    if func is None:
+        return None, f"{entry} has no function {name!r}", ""
+    return None, f"{entry} has {name!r}, but it is a {type(func).__name__}, not a function", ""
 
 
 def load(entry, name):

@@ -388,7 +388,7 @@ class Startup(unittest.TestCase):
         self.assertTrue(msg["message"].endswith("handler.py has no function 'nope'"), msg)
         self.assertEqual(msg["traceback"], "")
         msg = self.import_error(func="not_callable")
-        self.assertIn("a int, not a function, as 'not_callable'", msg["message"])
+        self.assertIn("'not_callable', but it is a int, not a function", msg["message"])
 
     def test_handler_dir_on_path(self):
         a = Agent(self.addCleanup, source="import helper\ndef handler(e):\n    return helper.X\n",
