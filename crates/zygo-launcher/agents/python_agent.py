@@ -25,8 +25,10 @@ Guarantees, to a handler that does not sabotage it:
   import_error) first and once, then heartbeat at least every second, and park_failed.
 """
 
-import array, importlib.machinery, importlib.util, json, os, random, re
-import select, shutil, signal, socket, stat, struct, sys, threading, time, traceback
+import _thread, array, importlib.machinery, json, os, re
+import select, signal, socket, stat, struct, sys, time
+# traceback and shutil are imported where they are needed (an error, a reap): every module
+# imported here is memory each zygote holds for as long as it lives.
 
 WORK_ROOT = os.environ.get("ZYGO_WORK_ROOT", "/work")  # set only by the tests
 CTL, REG = 3, 4
@@ -96,6 +98,7 @@ def format_tb(e):
                                  "<frozen importlib._bootstrap_external>")
     while tb and tb.tb_frame.f_code.co_filename in ours:
         tb = tb.tb_next
+    import traceback
     return "".join(traceback.format_exception(type(e), e, tb))[-MAX_TRACEBACK:]
 
 
@@ -129,8 +132,10 @@ def import_handler(entry, name):
     """(function, None, None), or (None, message, traceback) saying why not."""
     try:
         loader = importlib.machinery.SourceFileLoader("handler_module", entry)
-        module = importlib.util.module_from_spec(
-            importlib.util.spec_from_file_location("handler_module", entry, loader=loader))
+        spec = importlib.machinery.ModuleSpec("handler_module", loader, origin=entry)
+        spec.has_location = True
+        module = type(sys)("handler_module")
+        module.__spec__, module.__loader__, module.__file__ = spec, loader, entry
         sys.modules["handler_module"] = module
         loader.exec_module(module)
         func = getattr(module, name, None)
@@ -284,6 +289,7 @@ def remove(path):
     for top, dirs, _ in os.walk(path):
         for d in dirs:
             unlock(os.path.join(top, d))
+    import shutil
     shutil.rmtree(path, ignore_errors=True)
 
 
@@ -379,7 +385,7 @@ class Channel:
     """The request channel: whole lines, one writer at a time, nothing after the last."""
 
     def __init__(self, sock):
-        self.sock, self.lock, self.over, self.pid = sock, threading.Lock(), False, os.getpid()
+        self.sock, self.lock, self.over, self.pid = sock, _thread.allocate_lock(), False, os.getpid()
 
     def send(self, obj, data=None, last=False, blocking=True):
         data = encode(obj) if data is None else data
@@ -424,7 +430,10 @@ def prepare(channel, workdir):
     os.mkdir(path, 0o700)
     os.chmod(path, 0o700)  # whatever the umask
     os.chdir(path)
-    random.seed()
+    # A fresh state for `random` if the handler's module already holds one (the fork copied
+    # the agent's); if it imports `random` later, that seeds itself from the kernel.
+    if "random" in sys.modules:
+        sys.modules["random"].seed()
     ours = [open(fd, "w", buffering=1, encoding="utf-8", errors="backslashreplace", closefd=False)
             for fd in (1, 2)]
     sys.stdout, sys.stderr = ours
