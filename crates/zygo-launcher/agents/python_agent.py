@@ -219,6 +219,43 @@ def serve(func):
             die(2)
 
 
+# Per-request user ids: where the sandbox maps a whole range (Zygo runs as root), the agent
+# keeps CAP_SETUID and CAP_SETGID and gives each request's process an id of its own, which
+# also strips them. A request then cannot see its neighbours in /proc (mounted hidepid) nor
+# enter their /work directories, even after it runs other programs.
+FIRST_REQUEST_UID, REQUEST_UIDS = 1000, 60000
+_next_uid = [0]
+
+
+def can_setid():
+    """Whether this process holds CAP_SETUID and CAP_SETGID (bits 7 and 6 of CapEff)."""
+    try:
+        with open("/proc/self/status") as f:
+            eff = next(int(l.split()[1], 16) for l in f if l.startswith("CapEff:"))
+    except (OSError, StopIteration, ValueError):
+        return False
+    return eff & (1 << 7) != 0 and eff & (1 << 6) != 0
+
+
+PER_REQUEST_UIDS = False  # set in main()
+
+
+def request_uid():
+    if not PER_REQUEST_UIDS:
+        return None
+    n = _next_uid[0]
+    _next_uid[0] = (n + 1) % REQUEST_UIDS
+    return FIRST_REQUEST_UID + n
+
+
+def become(uid):
+    """Run as this request's own uid (and gid), with no supplementary groups. Moving every
+    uid off 0 makes the kernel clear every capability the agent kept."""
+    os.setgroups([])
+    os.setresgid(uid, uid, uid)
+    os.setresuid(uid, uid, uid)
+
+
 def handle(msg, slots, func):
     """One launcher line. Each slot's workdir name is chosen in its fresh fork, before any
     handler code runs there, and sent back on a private pipe that the agent reads only on
@@ -227,7 +264,7 @@ def handle(msg, slots, func):
     if type(slot) is not str or not SLOT.fullmatch(slot):
         raise Violation("a bad slot")
     if msg["kind"] == "reap":
-        named = slots.pop(slot, None)
+        named, uid = slots.pop(slot, (None, None))
         if named is not None:
             os.set_blocking(named, False)
             try:
@@ -236,11 +273,20 @@ def handle(msg, slots, func):
                 name = ""  # the child never got as far as naming it
             os.close(named)
             if WORKDIR.fullmatch(name):
-                remove(os.path.join(WORK_ROOT, name))
+                path = os.path.join(WORK_ROOT, name)
+                if uid is None:
+                    remove(path)
+                elif os.fork() == 0:  # only its owner may empty it: do it as that uid
+                    try:
+                        become(uid)
+                        remove(path)
+                    finally:
+                        os._exit(0)
         return
     if slot in slots:
         raise Violation(f"slot {slot} parked twice")
     flush(sys.stdout, sys.stderr)  # or the child would print it again
+    uid = request_uid()
     made = []
     try:
         # The child's workdir-name pipe and its stdout and stderr pipes, made here so that
@@ -258,10 +304,10 @@ def handle(msg, slots, func):
         tell({"kind": "park_failed", "slot": slot, "message": f"cannot fork: {e}"})
         return
     if pid == 0:
-        child(slot, tell_name, [named, *slots.values()], func, out, err)
+        child(slot, tell_name, [named, *(n for n, _ in slots.values())], func, out, err, uid)
     for fd in (tell_name, *out, *err):
         os.close(fd)
-    slots[slot] = named
+    slots[slot] = (named, uid)
 
 
 def reap_children():
@@ -296,7 +342,7 @@ def remove(path):
 # --- A request process ------------------------------------------------------------------
 
 
-def child(slot, tell_name, inherited, func, out, err):
+def child(slot, tell_name, inherited, func, out, err, uid):
     """Register, wait for one request, serve it, exit. Never returns."""
     try:
         signal.signal(signal.SIGCHLD, signal.SIG_DFL)
@@ -326,6 +372,8 @@ def child(slot, tell_name, inherited, func, out, err):
         os.close(out_r)
         os.close(err_r)
         reg.close()
+        if uid is not None:
+            become(uid)
         if isinstance(func, NodeSpare):
             exec_node(func, mine, workdir)
         channel = Channel(mine)
@@ -561,6 +609,9 @@ def exec_node(spare, mine, workdir):
 
 
 def main(argv):
+    per_request_uids = len(argv) > 1 and argv[1] == "--per-request-uids"
+    if per_request_uids:
+        argv = [argv[0], *argv[2:]]
     mode = "python"
     if len(argv) == 4 and argv[1] == "--node":
         argv, mode = [argv[0], argv[2], argv[3]], "node"
@@ -589,6 +640,11 @@ def main(argv):
     import gc
     gc.freeze()  # what import made stays put: forks copy fewer pages
     no_dump()
+    global PER_REQUEST_UIDS
+    if per_request_uids and not can_setid():
+        complain("--per-request-uids needs CAP_SETUID and CAP_SETGID, which this agent lacks")
+        die(2)
+    PER_REQUEST_UIDS = per_request_uids
     tell({"kind": "ready", "pid": os.getpid()})
     serve(func)
 

@@ -33,35 +33,60 @@ pub fn rlimits() -> Result<()> {
 
 /// Drop every capability from every set, lock the securebits so that uid 0 inside the
 /// sandbox gets none back on exec, and set no_new_privs.
-pub fn drop_privileges() -> Result<()> {
-    use caps::CapSet;
-    // SECBIT_NOROOT | SECBIT_NO_SETUID_FIXUP | SECBIT_KEEP_CAPS_LOCKED |
-    // SECBIT_NO_CAP_AMBIENT_RAISE and the lock bits of each: set while CAP_SETPCAP is held.
-    const SECBITS: libc::c_ulong = 0x01 | 0x02 | 0x04 | 0x08 | 0x20 | 0x40 | 0x80;
-    step(sys::prctl(libc::PR_SET_SECUREBITS, SECBITS), || {
-        "lock the securebits".into()
-    })?;
+///
+/// With `keep_setid` (a zygote whose sandbox maps a whole id range), CAP_SETUID and
+/// CAP_SETGID alone survive, through the ambient set, into the agent: it uses them only to
+/// give each request's process an id of its own, which also strips them (the securebits
+/// keep the kernel's uid-change fixup, so moving every uid off 0 clears every capability).
+pub fn drop_privileges(keep_setid: bool) -> Result<()> {
+    use caps::{CapSet, Capability};
+    let kept: &[Capability] = if keep_setid {
+        &[Capability::CAP_SETUID, Capability::CAP_SETGID]
+    } else {
+        &[]
+    };
+    // NOROOT (+lock), KEEP_CAPS locked off, NO_CAP_AMBIENT_RAISE (+lock); NO_SETUID_FIXUP
+    // too (+lock) when nothing is kept, else its lock alone (the fixup stays on).
+    const NOROOT: libc::c_ulong = 0x01 | 0x02;
+    const NO_SETUID_FIXUP: libc::c_ulong = 0x04;
+    const NO_SETUID_FIXUP_LOCKED: libc::c_ulong = 0x08;
+    const KEEP_CAPS_LOCKED: libc::c_ulong = 0x20;
+    const NO_AMBIENT_RAISE: libc::c_ulong = 0x40 | 0x80;
+    let fixup = if keep_setid {
+        NO_SETUID_FIXUP_LOCKED
+    } else {
+        NO_SETUID_FIXUP | NO_SETUID_FIXUP_LOCKED
+    };
+    step(
+        sys::prctl(libc::PR_SET_SECUREBITS, NOROOT | fixup | KEEP_CAPS_LOCKED),
+        || "lock the securebits".into(),
+    )?;
+    let cap_err = |what: String| {
+        move |e: caps::errors::CapsError| fail(what, std::io::Error::other(e.to_string()))
+    };
     for cap in caps::all() {
-        caps::drop(None, CapSet::Bounding, cap).map_err(|e| {
-            fail(
-                format!("drop {cap} from the bounding set"),
-                std::io::Error::other(e.to_string()),
-            )
-        })?;
+        if !kept.contains(&cap) {
+            caps::drop(None, CapSet::Bounding, cap)
+                .map_err(cap_err(format!("drop {cap} from the bounding set")))?;
+        }
     }
-    for set in [
-        CapSet::Ambient,
-        CapSet::Inheritable,
-        CapSet::Effective,
-        CapSet::Permitted,
-    ] {
-        caps::clear(None, set).map_err(|e| {
-            fail(
-                format!("clear the {set:?} capability set"),
-                std::io::Error::other(e.to_string()),
-            )
-        })?;
+    let keep: caps::CapsHashSet = kept.iter().copied().collect();
+    caps::clear(None, CapSet::Ambient).map_err(cap_err("clear the ambient set".into()))?;
+    caps::set(None, CapSet::Inheritable, &keep)
+        .map_err(cap_err("set the inheritable set".into()))?;
+    for cap in kept {
+        caps::raise(None, CapSet::Ambient, *cap)
+            .map_err(cap_err(format!("raise ambient {cap}")))?;
     }
+    step(
+        sys::prctl(
+            libc::PR_SET_SECUREBITS,
+            NOROOT | fixup | KEEP_CAPS_LOCKED | NO_AMBIENT_RAISE,
+        ),
+        || "lock the securebits".into(),
+    )?;
+    caps::set(None, CapSet::Effective, &keep).map_err(cap_err("set the effective set".into()))?;
+    caps::set(None, CapSet::Permitted, &keep).map_err(cap_err("set the permitted set".into()))?;
     step(sys::prctl(libc::PR_SET_NO_NEW_PRIVS, 1), || {
         "set no_new_privs".into()
     })?;

@@ -688,7 +688,7 @@ fn setup(plan: &LaunchPlan, reg: Option<RawFd>) -> Result<Prepared, SetupError> 
         "make init undumpable".into()
     })?;
     harden::rlimits()?;
-    harden::drop_privileges()?;
+    harden::drop_privileges(per_request_ids(plan))?;
     let writable: Vec<&str> = plan
         .mounts
         .iter()
@@ -767,6 +767,12 @@ fn hand_over_script_dir(reg: RawFd) -> Result<(), SetupError> {
         ));
     }
     Ok(())
+}
+
+/// A zygote whose sandbox maps a whole id range gives each request's process its own uid
+/// (see `harden::drop_privileges`); elsewhere every process of a sandbox is uid 0 inside.
+pub fn per_request_ids(plan: &LaunchPlan) -> bool {
+    plan.mode == Mode::Zygote && matches!(plan.ids, IdMap::Range { count, .. } if count >= 65536)
 }
 
 fn check(ret: libc::c_int) -> std::io::Result<()> {

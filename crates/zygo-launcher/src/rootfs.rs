@@ -265,7 +265,7 @@ fn dir_image(old: &Path, new: &Path, dir: &str) -> Result<()> {
     Ok(())
 }
 
-fn proc_fs(new: &Path, empty_file: &Path) -> Result<()> {
+fn proc_fs(new: &Path, empty_file: &Path, plan: &LaunchPlan) -> Result<()> {
     let proc_ = new.join("proc");
     mkdir(&proc_, 0o555)?;
     step(
@@ -274,7 +274,8 @@ fn proc_fs(new: &Path, empty_file: &Path) -> Result<()> {
             &proc_,
             Some("proc"),
             MS_NOSUID | MS_NODEV | MS_NOEXEC,
-            None,
+            // With per-request uids, a request sees only its own processes.
+            crate::oneshot::per_request_ids(plan).then_some("hidepid=invisible"),
         ),
         || "mount a new /proc".to_string(),
     )?;
@@ -398,7 +399,7 @@ pub fn build(plan: &LaunchPlan) -> Result<()> {
 
     // /proc must be mounted while the host's /proc is still visible: the kernel refuses a
     // new proc mount in a user namespace that could not already see a full one.
-    proc_fs(new, empty_file)?;
+    proc_fs(new, empty_file, plan)?;
     dev_fs(old, new)?;
     mkdir(&new.join("sys"), 0o555)?;
     mkdir(&new.join("run"), 0o755)?;
@@ -409,8 +410,11 @@ pub fn build(plan: &LaunchPlan) -> Result<()> {
     tmpfs(&tmp, &format!("mode=1777,{scratch}"), MS_NOSUID | MS_NODEV)?;
     // A zygote's /work is 0311: each request makes its own unguessable directory in it,
     // and no request (nor anything else without capabilities) can list the others.
+    // With per-request uids, /work is 1733: any request may make its directory there, none
+    // may list it or remove another's (sticky). Otherwise one uid runs every request.
     let work_mode = match plan.mode {
         Mode::OneShot => "0755",
+        Mode::Zygote if crate::oneshot::per_request_ids(plan) => "1733",
         Mode::Zygote => "0311",
     };
     let work = new.join("work");

@@ -584,7 +584,13 @@ impl Functions {
                 spec.network
             ));
         }
-        let (argv, fn_mount, files) = agent_argv(&spec)?;
+        let (mut argv, fn_mount, files) = agent_argv(&spec)?;
+        // Where the sandbox maps a whole id range, each request runs as a uid of its own
+        // (the launcher leaves the agent CAP_SETUID/CAP_SETGID for that, see
+        // zygo_launcher::harden::drop_privileges).
+        if matches!(self.ids, IdMap::Range { count, .. } if count >= 65536) {
+            argv.insert(3, "--per-request-uids".into());
+        }
         let image = match &spec.image {
             policy::plan::Image::Host => Image::Host,
             policy::plan::Image::Dir(d) => {
