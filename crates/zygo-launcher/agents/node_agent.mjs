@@ -103,7 +103,15 @@ async function run(line) {
   // Writes to a pipe are synchronous in Node: what the handler printed is already there.
   send(terminal);
   closed = true;
-  channel.end(() => process.exit(0));
+  channel.end(() => {
+    // The caller has its answer; now this request's directory goes (the agent's reap is
+    // the fallback for a spare that was killed first).
+    try {
+      process.chdir("/");
+      fs.rmSync(`/work/${workdir}`, { recursive: true, force: true });
+    } catch {}
+    process.exit(0);
+  });
   setTimeout(() => process.exit(0), 1000).unref();
 }
 

@@ -276,7 +276,9 @@ def handle(msg, slots, func):
                 path = os.path.join(WORK_ROOT, name)
                 if uid is None:
                     remove(path)
-                elif os.fork() == 0:  # only its owner may empty it: do it as that uid
+                elif os.path.lexists(path) and os.fork() == 0:
+                    # The child removes its own directory when it answers; one killed first
+                    # left it, and only its owner may empty it: do that as the owner.
                     try:
                         become(uid)
                         remove(path)
@@ -465,8 +467,8 @@ class Event(dict):
 class Prepared:
     """A parked child's setup, done before its request exists (off the request path)."""
 
-    def __init__(self, channel, ours):
-        self.channel, self.ours = channel, ours
+    def __init__(self, channel, ours, path):
+        self.channel, self.ours, self.path = channel, ours, path
 
 
 def prepare(channel, workdir):
@@ -488,7 +490,7 @@ def prepare(channel, workdir):
     encode(json.loads('{"kind": "result", "value": [1, "x", {"y": null}]}'))
     import gc
     gc.freeze()  # collections during the request leave the pages shared with the agent alone
-    return Prepared(channel, ours)
+    return Prepared(channel, ours, path)
 
 
 def run(p, request, func):
@@ -521,7 +523,15 @@ def run(p, request, func):
     signal.pthread_sigmask(signal.SIG_BLOCK, signal.valid_signals())
     flush(sys.stdout, sys.stderr, sys.__stdout__, sys.__stderr__, *p.ours)
     p.channel.send(None, terminal, last=True)
-    os._exit(0)
+    # The caller has its answer; now our directory goes (the agent's reap is the fallback).
+    try:
+        os.chdir("/")
+        try:
+            os.rmdir(p.path)  # the usual case: the handler left nothing behind
+        except OSError:
+            remove(p.path)
+    finally:
+        os._exit(0)
 
 
 
