@@ -422,3 +422,51 @@ fn launcher_dies_mid_build() {
         );
     }
 }
+
+/// A `zygo run` killed with SIGKILL cannot remove its cgroup; the next `zygo run` removes
+/// such leftovers (`run-<pid>-…` whose process is gone), and only those.
+#[test]
+fn stale_run_cgroups_are_swept() {
+    if !am_root() {
+        eprintln!("stale_run_cgroups_are_swept: needs root; skipped");
+        return;
+    }
+    // Root's own trees (not the rootless user's).
+    let roots: Vec<PathBuf> = zygo_cgroup_roots()
+        .into_iter()
+        .filter(|r| r.is_dir() && !r.to_string_lossy().contains("rootless"))
+        .collect();
+    assert!(!roots.is_empty(), "no zygo cgroup roots found");
+    // A pid that cannot exist (above pid_max), and one that does (ours).
+    let stale = format!(
+        "run-{}-0-sweeptest{:x}",
+        4_194_305u32 + 1,
+        unique() & 0xffff
+    );
+    let alive = format!(
+        "run-{}-0-sweeptest{:x}",
+        std::process::id(),
+        unique() & 0xffff
+    );
+    for root in &roots {
+        fs::create_dir(root.join(&stale)).expect("make a stale cgroup");
+        fs::create_dir(root.join(&alive)).expect("make a live cgroup");
+    }
+    let (v, code) = run_json(Who::Root, &[], &["true"]);
+    assert_eq!(code, 0, "{v}");
+    for root in &roots {
+        assert!(
+            !root.join(&stale).exists(),
+            "{} survived",
+            root.join(&stale).display()
+        );
+        assert!(
+            root.join(&alive).exists(),
+            "{} was removed",
+            root.join(&alive).display()
+        );
+    }
+    for root in roots.iter().rev() {
+        let _ = fs::remove_dir(root.join(&alive));
+    }
+}

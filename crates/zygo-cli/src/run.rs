@@ -124,6 +124,7 @@ pub fn main(raw: Vec<OsString>) -> i32 {
         Ok(b) => b,
         Err(e) => return refuse(Phase::Plan, e.to_string()),
     };
+    backend.sweep_stale_runs();
     let launcher = match std::env::current_exe() {
         Ok(p) => p,
         Err(e) => return refuse(Phase::Plan, format!("find the zygo binary: {e}")),

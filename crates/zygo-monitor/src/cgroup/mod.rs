@@ -181,6 +181,30 @@ impl Backend {
         }
     }
 
+    /// Remove the cgroups of one-shot sandboxes whose monitor is gone (a `zygo run` that was
+    /// killed with SIGKILL cannot clean up after itself): `run-<pid>-...` where no process
+    /// `<pid>` exists. A cgroup that still holds processes is left alone (rmdir refuses).
+    pub fn sweep_stale_runs(&self) {
+        let names = match self {
+            Backend::V1(b) => b.child_names(),
+            Backend::V2(b) => b.child_names(),
+        };
+        for name in names {
+            let Some(pid) = name
+                .strip_prefix("run-")
+                .and_then(|r| r.split('-').next())
+                .and_then(|p| p.parse::<u32>().ok())
+            else {
+                continue;
+            };
+            if Path::new(&format!("/proc/{pid}")).exists() {
+                continue;
+            }
+            log::info!("removing the cgroup {name} left by a monitor that is gone");
+            self.prune(&name);
+        }
+    }
+
     /// Remove an intermediate directory of Zygo's tree if it is empty.
     pub fn prune(&self, rel: &str) {
         match self {

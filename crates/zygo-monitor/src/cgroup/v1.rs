@@ -63,9 +63,22 @@ impl V1 {
         self.roots[0].display().to_string()
     }
 
+    /// The names of the cgroups directly under Zygo's tree (from the freezer hierarchy, the
+    /// last one created and the first removed).
+    pub fn child_names(&self) -> Vec<String> {
+        std::fs::read_dir(&self.roots[4])
+            .map(|d| {
+                d.flatten()
+                    .filter(|e| e.file_type().is_ok_and(|t| t.is_dir()))
+                    .map(|e| e.file_name().to_string_lossy().into_owned())
+                    .collect()
+            })
+            .unwrap_or_default()
+    }
+
     /// Remove an (empty) intermediate directory of Zygo's tree in every hierarchy.
     pub fn prune(&self, rel: &str) {
-        for r in &self.roots {
+        for r in self.roots.iter().rev() {
             let _ = std::fs::remove_dir(r.join(rel));
         }
     }

@@ -76,6 +76,18 @@ impl V2 {
         self.root.display().to_string()
     }
 
+    /// The names of the cgroups directly under Zygo's tree.
+    pub fn child_names(&self) -> Vec<String> {
+        std::fs::read_dir(&self.root)
+            .map(|d| {
+                d.flatten()
+                    .filter(|e| e.file_type().is_ok_and(|t| t.is_dir()))
+                    .map(|e| e.file_name().to_string_lossy().into_owned())
+                    .collect()
+            })
+            .unwrap_or_default()
+    }
+
     /// Remove an (empty) intermediate directory of Zygo's tree.
     pub fn prune(&self, rel: &str) {
         let _ = std::fs::remove_dir(self.root.join(rel));
