@@ -30,9 +30,11 @@ use proto::launch::{
     ToLauncher, MAX_LAUNCH_FRAME,
 };
 
+use super::cgworker::{Job, Worker};
 use super::conn::Conn;
 use super::SupervisorError;
 use crate::cgroup::{Backend, Cgroup, Limits};
+use std::sync::Arc;
 
 /// Requests one zygote serves at once.
 pub const SLOTS: usize = 4;
@@ -104,8 +106,10 @@ struct Zygote {
     state: ZState,
     /// Parked or busy children, by slot name.
     slots: HashMap<String, Slot>,
-    /// Slots asked to park that have not registered yet.
+    /// Slots asked to park that have not registered yet, or whose cgroup is being made.
     parking: Vec<String>,
+    /// Slots registered, their cgroup being made by the worker.
+    placing: Vec<String>,
     last_used: Instant,
     last_beat: Instant,
     frozen: bool,
@@ -213,8 +217,6 @@ struct InFlight {
 /// Work that follows a request but need not delay the next one: done when the loop has
 /// nothing more urgent.
 enum Background {
-    /// Kill what is left in a finished request's cgroup and remove it.
-    Remove(Box<dyn Cgroup>),
     /// Replace a zygote's spare.
     Park(Token),
 }
@@ -227,7 +229,8 @@ type PendingServe = (Token, Vec<String>, Vec<(String, String)>);
 type AgentLaunch = (Vec<String>, Option<BindMount>, Vec<InjectedFile>);
 
 pub struct Functions {
-    backend: Backend,
+    backend: Arc<Backend>,
+    worker: Worker,
     ids: IdMap,
     launcher: PathBuf,
     usage: Option<std::fs::File>,
@@ -261,6 +264,7 @@ fn fail(code: ErrorCode, message: impl Into<String>) -> Reply {
 impl Functions {
     pub fn new(
         backend: Backend,
+        waker: Arc<mio::Waker>,
         ids: IdMap,
         launcher: PathBuf,
         usage_path: PathBuf,
@@ -271,8 +275,12 @@ impl Functions {
             .append(true)
             .open(&usage_path)
             .map_err(|e| SupervisorError(format!("open {}: {e}", usage_path.display())))?;
+        let backend = Arc::new(backend);
+        let worker = Worker::start(backend.clone(), waker)
+            .map_err(|e| SupervisorError(format!("start the cgroup worker: {e}")))?;
         Ok(Functions {
             backend,
+            worker,
             ids,
             launcher,
             usage: Some(usage),
@@ -727,6 +735,7 @@ impl Functions {
                 state: ZState::Starting,
                 slots: HashMap::new(),
                 parking: Vec::new(),
+                placing: Vec::new(),
                 last_used: now,
                 last_beat: now,
                 frozen: false,
@@ -745,9 +754,9 @@ impl Functions {
         if z.state != ZState::Ready {
             return;
         }
-        let room = SLOTS.saturating_sub(z.slots.len() + z.parking.len());
+        let room = SLOTS.saturating_sub(z.slots.len() + z.parking.len() + z.placing.len());
         let want = SPARES
-            .saturating_sub(z.parked() + z.parking.len())
+            .saturating_sub(z.parked() + z.parking.len() + z.placing.len())
             .min(room);
         for _ in 0..want {
             self.counter += 1;
@@ -946,37 +955,17 @@ impl Functions {
                     .position(|s| *s == slot)
                     .ok_or("a slot nobody asked to park")?;
                 z.parking.remove(pos);
+                z.placing.push(slot.clone());
                 let func = z.func.clone();
                 let limits = self.fns.get(&func).map(|f| f.limits).ok_or("no function")?;
-                let cg = self
-                    .backend
-                    .create(&format!("tenants/_host/{func}/{slot}"))
-                    .and_then(|cg| cg.set_limits(&limits).map(|_| cg))
-                    // A parked child is single-threaded (the agent starts no thread in it).
-                    .and_then(|cg| cg.add_single_threaded(pid).map(|_| cg));
-                let z = self.zygotes.get_mut(&zt).ok_or("no such zygote")?;
-                match cg {
-                    Ok(cg) => {
-                        if z.frozen {
-                            let _ = cg.freeze();
-                        }
-                        z.slots.insert(
-                            slot,
-                            Slot {
-                                cgroup: cg,
-                                request: None,
-                                answered: None,
-                            },
-                        );
-                    }
-                    Err(e) => {
-                        log::error!("give a parked child its cgroup: {e}");
-                        z.conn.send(&ToLauncher::Reap { slot });
-                        // SAFETY: killing the parked child we could not confine.
-                        unsafe { libc::kill(pid, libc::SIGKILL) };
-                    }
-                }
-                self.dispatch_pending(&func);
+                // The cgroup is made off the loop; `placed` takes the result.
+                self.worker.send(Job::Place {
+                    zt,
+                    rel: format!("tenants/_host/{func}/{slot}"),
+                    slot,
+                    pid,
+                    limits,
+                });
             }
             FromLauncher::ParkFailed { slot, message } => {
                 z.parking.retain(|s| *s != slot);
@@ -1038,6 +1027,7 @@ impl Functions {
                 let zygote_dead = z.state == ZState::Dead;
                 let Some(s) = z.slots.remove(&slot) else {
                     z.parking.retain(|p| *p != slot);
+                    z.placing.retain(|p| *p != slot);
                     return Ok(());
                 };
                 z.conn.send(&ToLauncher::Reap { slot });
@@ -1054,7 +1044,7 @@ impl Functions {
                 } else {
                     None
                 };
-                self.background.push_back(Background::Remove(s.cgroup));
+                self.worker.send(Job::Remove(s.cgroup));
                 self.background.push_back(Background::Park(zt));
                 if let Some(id) = s.request {
                     if zygote_dead {
@@ -1730,6 +1720,50 @@ impl Functions {
         }
     }
 
+    /// The cgroup worker finished placing parked children: their slots are ready.
+    pub fn worker_done(&mut self) {
+        for p in self.worker.done() {
+            let waiting = self
+                .zygotes
+                .get(&p.zt)
+                .is_some_and(|z| z.state != ZState::Dead && z.placing.contains(&p.slot));
+            if !waiting {
+                // Its zygote or the child went away meanwhile.
+                if let Ok(cg) = p.result {
+                    self.worker.send(Job::Remove(cg));
+                }
+                continue;
+            }
+            let Some(z) = self.zygotes.get_mut(&p.zt) else {
+                continue;
+            };
+            z.placing.retain(|s| *s != p.slot);
+            match p.result {
+                Ok(cg) => {
+                    if z.frozen {
+                        let _ = cg.freeze();
+                    }
+                    z.slots.insert(
+                        p.slot,
+                        Slot {
+                            cgroup: cg,
+                            request: None,
+                            answered: None,
+                        },
+                    );
+                }
+                Err(e) => {
+                    log::error!("give a parked child its cgroup: {e}");
+                    z.conn.send(&ToLauncher::Reap { slot: p.slot });
+                    // SAFETY: killing the parked child we could not confine.
+                    unsafe { libc::kill(p.pid, libc::SIGKILL) };
+                }
+            }
+            let func = z.func.clone();
+            self.dispatch_pending(&func);
+        }
+    }
+
     /// Whether background work is waiting (the loop then polls without sleeping).
     pub fn has_background(&self) -> bool {
         !self.background.is_empty()
@@ -1737,14 +1771,8 @@ impl Functions {
 
     /// Do one piece of background work.
     pub fn background_step(&mut self) {
-        match self.background.pop_front() {
-            Some(Background::Remove(cg)) => {
-                if let Err(e) = cg.remove() {
-                    log::warn!("remove a request cgroup: {e}");
-                }
-            }
-            Some(Background::Park(zt)) => self.park(zt),
-            None => {}
+        if let Some(Background::Park(zt)) = self.background.pop_front() {
+            self.park(zt);
         }
     }
 
@@ -1884,11 +1912,14 @@ impl Functions {
     }
 
     pub fn shutdown(&mut self, reg: &Registry) {
-        while let Some(b) = self.background.pop_front() {
-            if let Background::Remove(cg) = b {
+        // What the worker is still placing goes with its zygote; wait for it first.
+        self.worker.finish();
+        for p in self.worker.done() {
+            if let Ok(cg) = p.result {
                 let _ = cg.remove();
             }
         }
+        self.background.clear();
         let ids: Vec<String> = self.calls.keys().cloned().collect();
         for id in &ids {
             if let Some(c) = self.calls.get_mut(id) {

@@ -10,6 +10,7 @@
 //! SIGTERM and SIGINT drain: no new calls, running ones may finish within the grace
 //! (25 s), then every zygote is killed and every cgroup removed. SIGCHLD reaps launchers.
 
+mod cgworker;
 mod conn;
 mod functions;
 
@@ -32,6 +33,7 @@ use functions::Functions;
 
 const LISTENER: Token = Token(0);
 const SIGNALS: Token = Token(1);
+const WAKER: Token = Token(2);
 const FIRST_DYNAMIC: usize = 16;
 
 /// How long running requests may go on after a drain begins, unless told otherwise.
@@ -195,7 +197,10 @@ impl Supervisor {
         let scripts = state.join("scripts");
         paths::make_private_dir(&scripts)
             .map_err(|e| err(&format!("create {}", scripts.display()), e))?;
-        let fns = Functions::new(backend, ids, launcher, usage_path, scripts)?;
+        let waker = std::sync::Arc::new(
+            mio::Waker::new(poll.registry(), WAKER).map_err(|e| err("create a waker", e))?,
+        );
+        let fns = Functions::new(backend, waker, ids, launcher, usage_path, scripts)?;
         log::info!(
             "supervisor listening on {} (cgroup {}, state {})",
             socket.display(),
@@ -242,6 +247,7 @@ impl Supervisor {
                 match ev.token() {
                     LISTENER => self.accept(),
                     SIGNALS => self.signals(),
+                    WAKER => self.fns.worker_done(),
                     t if self.clients.contains_key(&t) => self.client_event(t),
                     t => {
                         let registry = self.poll.registry();
