@@ -488,6 +488,8 @@ def prepare(channel, workdir):
             for fd in (1, 2)]
     sys.stdout, sys.stderr = ours
     encode(json.loads('{"kind": "result", "value": [1, "x", {"y": null}]}'))
+    # The heartbeat's handler now; its timer is armed when the request starts.
+    signal.signal(signal.SIGALRM, lambda *_: channel.send({"kind": "heartbeat"}, blocking=False))
     import gc
     gc.freeze()  # collections during the request leave the pages shared with the agent alone
     return Prepared(channel, ours, path)
@@ -498,7 +500,6 @@ def run(p, request, func):
     _channel = p.channel
     # A heartbeat every second while the handler runs, from a timer: a process that is
     # stopped, or stuck where Python cannot run, stops sending them.
-    signal.signal(signal.SIGALRM, lambda *_: p.channel.send({"kind": "heartbeat"}, blocking=False))
     signal.setitimer(signal.ITIMER_REAL, 1.0, 1.0)
     event = Event(request["event"]) if type(request["event"]) is dict else request["event"]
     try:
@@ -519,8 +520,9 @@ def run(p, request, func):
     except BaseException as e:
         terminal = error(describe(e), format_tb(e))
     # What the handler wrote is in the pipes, ahead of the terminal line.
+    # No heartbeat after this point matters: one already due is sent before the terminal
+    # line (harmless), and none can follow it (the channel refuses lines after the last).
     signal.setitimer(signal.ITIMER_REAL, 0, 0)
-    signal.pthread_sigmask(signal.SIG_BLOCK, signal.valid_signals())
     flush(sys.stdout, sys.stderr, sys.__stdout__, sys.__stderr__, *p.ours)
     p.channel.send(None, terminal, last=True)
     # The caller has its answer; now our directory goes (the agent's reap is the fallback).
