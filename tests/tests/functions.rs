@@ -2038,3 +2038,59 @@ fn node_import_failure() {
     assert_eq!(s.info(&n[0])["state"], "failed");
     s.shutdown();
 }
+
+/// A supervisor killed with SIGKILL cannot drain: its sandboxes die with their launchers,
+/// and the next supervisor removes the cgroups it left (named after the dead pid).
+#[test]
+fn killed_supervisor_leftovers_are_swept() {
+    if !root_only() {
+        return;
+    }
+    let mut s = Sup::new(Who::Root, "swept", &[]);
+    let n = s.up(&[("hello", "hello", "")]);
+    let hello = &n[0];
+    assert_eq!(s.call_ok(hello, "{}")["echo"], json!({}));
+    let old = s.supervisor.expect("the supervisor's pid");
+    // SAFETY: killing the supervisor this test started.
+    unsafe { libc::kill(old, libc::SIGKILL) };
+    wait_for(
+        Duration::from_secs(10),
+        "the killed supervisor to be gone",
+        || !alive(old),
+    );
+    assert!(
+        !s.leftover_cgroups().is_empty(),
+        "a killed supervisor leaves its cgroups (else this test proves nothing)"
+    );
+    // A new supervisor for the same functions sweeps what the old one left.
+    s.supervisor = None;
+    let (file, _) = s.write_toml(&[("hello", "hello", "")]);
+    let f = s.run(&["up", "-f", file.to_str().expect("UTF-8")]);
+    assert_eq!(f.code, 0, "{}\n{}", f.stderr_text(), s.log());
+    s.find_supervisor();
+    let prefix = [format!("z-{old}-"), format!("r-{old}-")];
+    let stale: Vec<PathBuf> = zygo_cgroup_roots()
+        .into_iter()
+        .flat_map(|r| {
+            fs::read_dir(r.join("tenants/_host").join(hello))
+                .into_iter()
+                .flatten()
+        })
+        .flatten()
+        .map(|e| e.path())
+        .filter(|p| {
+            let name = p
+                .file_name()
+                .map(|n| n.to_string_lossy().to_string())
+                .unwrap_or_default();
+            prefix.iter().any(|x| name.starts_with(x.as_str()))
+        })
+        .collect();
+    assert!(
+        stale.is_empty(),
+        "cgroups of the killed supervisor survived: {stale:?}\n{}",
+        s.log()
+    );
+    assert_eq!(s.call_ok(hello, "{}")["echo"], json!({}));
+    s.shutdown();
+}

@@ -185,10 +185,7 @@ impl Backend {
     /// killed with SIGKILL cannot clean up after itself): `run-<pid>-...` where no process
     /// `<pid>` exists. A cgroup that still holds processes is left alone (rmdir refuses).
     pub fn sweep_stale_runs(&self) {
-        let names = match self {
-            Backend::V1(b) => b.child_names(),
-            Backend::V2(b) => b.child_names(),
-        };
+        let names = self.child_names_of("");
         for name in names {
             let Some(pid) = name
                 .strip_prefix("run-")
@@ -197,11 +194,27 @@ impl Backend {
             else {
                 continue;
             };
-            if Path::new(&format!("/proc/{pid}")).exists() {
+            if process_alive(pid) {
                 continue;
             }
             log::info!("removing the cgroup {name} left by a monitor that is gone");
             self.prune(&name);
+        }
+    }
+
+    /// The names of the directories under `<root>/<rel>`.
+    pub fn child_names_of(&self, rel: &str) -> Vec<String> {
+        match self {
+            Backend::V1(b) => b.child_names_in(rel),
+            Backend::V2(b) => b.child_names_in(rel),
+        }
+    }
+
+    /// An existing cgroup of Zygo's tree, to kill and remove.
+    pub fn open(&self, rel: &str) -> Option<Box<dyn Cgroup>> {
+        match self {
+            Backend::V1(b) => b.open(rel).map(|c| Box::new(c) as Box<dyn Cgroup>),
+            Backend::V2(b) => b.open(rel).map(|c| Box::new(c) as Box<dyn Cgroup>),
         }
     }
 
@@ -219,6 +232,19 @@ impl Backend {
             Backend::V1(b) => Ok(Box::new(b.create(name)?)),
             Backend::V2(b) => Ok(Box::new(b.create(name)?)),
         }
+    }
+}
+
+/// Whether a process (in our pid namespace) exists and has not exited: a zombie waiting
+/// for its parent to reap it is gone for our purposes.
+pub fn process_alive(pid: u32) -> bool {
+    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        Ok(stat) => stat
+            .rsplit(") ")
+            .next()
+            .and_then(|rest| rest.split_whitespace().next())
+            .is_some_and(|state| state != "Z" && state != "X"),
+        Err(_) => false,
     }
 }
 

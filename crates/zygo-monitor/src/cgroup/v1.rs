@@ -63,10 +63,15 @@ impl V1 {
         self.roots[0].display().to_string()
     }
 
-    /// The names of the cgroups directly under Zygo's tree (from the freezer hierarchy, the
+    /// The names of the directories under `<tree>/<rel>` (in the freezer hierarchy, the
     /// last one created and the first removed).
-    pub fn child_names(&self) -> Vec<String> {
-        std::fs::read_dir(&self.roots[4])
+    pub fn child_names_in(&self, rel: &str) -> Vec<String> {
+        let dir = if rel.is_empty() {
+            self.roots[4].clone()
+        } else {
+            self.roots[4].join(rel)
+        };
+        std::fs::read_dir(dir)
             .map(|d| {
                 d.flatten()
                     .filter(|e| e.file_type().is_ok_and(|t| t.is_dir()))
@@ -74,6 +79,20 @@ impl V1 {
                     .collect()
             })
             .unwrap_or_default()
+    }
+
+    /// An existing cgroup, present in every hierarchy.
+    pub fn open(&self, rel: &str) -> Option<V1Cgroup> {
+        let dirs: Vec<PathBuf> = self.roots.iter().map(|r| r.join(rel)).collect();
+        if !dirs.iter().all(|d| d.is_dir()) {
+            // Partly removed already: finish the job on what is there.
+            for d in dirs.iter().rev() {
+                let _ = std::fs::remove_dir(d);
+            }
+            return None;
+        }
+        let dirs: [PathBuf; 5] = dirs.try_into().ok()?;
+        Some(V1Cgroup { dirs })
     }
 
     /// Remove an (empty) intermediate directory of Zygo's tree in every hierarchy.

@@ -76,9 +76,14 @@ impl V2 {
         self.root.display().to_string()
     }
 
-    /// The names of the cgroups directly under Zygo's tree.
-    pub fn child_names(&self) -> Vec<String> {
-        std::fs::read_dir(&self.root)
+    /// The names of the directories under `<tree>/<rel>`.
+    pub fn child_names_in(&self, rel: &str) -> Vec<String> {
+        let dir = if rel.is_empty() {
+            self.root.clone()
+        } else {
+            self.root.join(rel)
+        };
+        std::fs::read_dir(dir)
             .map(|d| {
                 d.flatten()
                     .filter(|e| e.file_type().is_ok_and(|t| t.is_dir()))
@@ -86,6 +91,12 @@ impl V2 {
                     .collect()
             })
             .unwrap_or_default()
+    }
+
+    /// An existing cgroup.
+    pub fn open(&self, rel: &str) -> Option<V2Cgroup> {
+        let dir = self.root.join(rel);
+        dir.is_dir().then_some(V2Cgroup { dir })
     }
 
     /// Remove an (empty) intermediate directory of Zygo's tree.

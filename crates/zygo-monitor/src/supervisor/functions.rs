@@ -295,6 +295,33 @@ impl Functions {
         })
     }
 
+    /// Remove what supervisors that are gone (killed before they could drain) left in the
+    /// tree: `tenants/_host/<fn>/z-<pid>-…` and `r-<pid>-…` whose process does not exist.
+    /// Whatever still runs in such a cgroup is killed first.
+    pub fn sweep_stale(&self) {
+        for func in self.backend.child_names_of("tenants/_host") {
+            let base = format!("tenants/_host/{func}");
+            for name in self.backend.child_names_of(&base) {
+                let pid = name
+                    .strip_prefix("z-")
+                    .or_else(|| name.strip_prefix("r-"))
+                    .and_then(|r| r.split('-').next())
+                    .and_then(|p| p.parse::<u32>().ok());
+                let Some(pid) = pid else { continue };
+                if pid == std::process::id() || crate::cgroup::process_alive(pid) {
+                    continue;
+                }
+                if let Some(cg) = self.backend.open(&format!("{base}/{name}")) {
+                    log::info!("removing {base}/{name}, left by a supervisor that is gone");
+                    if let Err(e) = cg.remove() {
+                        log::warn!("remove {base}/{name}: {e}");
+                    }
+                }
+            }
+            self.backend.prune(&base);
+        }
+    }
+
     pub fn backend_root(&self) -> String {
         format!("{} {}", self.backend.name(), self.backend.root())
     }
@@ -681,7 +708,11 @@ impl Functions {
         let f = self.fns.get(name).ok_or("no such function")?;
         let cg = self
             .backend
-            .create(&format!("tenants/_host/{name}/z-{}", random_hex(6)))
+            .create(&format!(
+                "tenants/_host/{name}/z-{}-{}",
+                std::process::id(),
+                random_hex(6)
+            ))
             .map_err(|e| e.to_string())?;
         if let Err(e) = cg.set_limits(&f.limits) {
             let _ = cg.remove();
@@ -961,7 +992,7 @@ impl Functions {
                 // The cgroup is made off the loop; `placed` takes the result.
                 self.worker.send(Job::Place {
                     zt,
-                    rel: format!("tenants/_host/{func}/{slot}"),
+                    rel: format!("tenants/_host/{func}/r-{}-{slot}", std::process::id()),
                     slot,
                     pid,
                     limits,

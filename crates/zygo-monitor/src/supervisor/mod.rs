@@ -201,6 +201,7 @@ impl Supervisor {
             mio::Waker::new(poll.registry(), WAKER).map_err(|e| err("create a waker", e))?,
         );
         let fns = Functions::new(backend, waker, ids, launcher, usage_path, scripts)?;
+        fns.sweep_stale();
         log::info!(
             "supervisor listening on {} (cgroup {}, state {})",
             socket.display(),
