@@ -321,6 +321,18 @@ pub(crate) fn base_path(own: &str, base_override: Option<&str>) -> String {
     }
 }
 
+/// The names of the directories in `dir` (none when it cannot be read).
+pub(crate) fn subdirectories(dir: &Path) -> Vec<String> {
+    std::fs::read_dir(dir)
+        .map(|d| {
+            d.flatten()
+                .filter(|e| e.file_type().is_ok_and(|t| t.is_dir()))
+                .map(|e| e.file_name().to_string_lossy().into_owned())
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
 /// Join a cgroup path (absolute within its hierarchy) onto a mount point.
 pub(crate) fn join(mount: &Path, cg: &str) -> PathBuf {
     let rel = cg.trim_start_matches('/');

@@ -66,19 +66,7 @@ impl V1 {
     /// The names of the directories under `<tree>/<rel>` (in the freezer hierarchy, the
     /// last one created and the first removed).
     pub fn child_names_in(&self, rel: &str) -> Vec<String> {
-        let dir = if rel.is_empty() {
-            self.roots[4].clone()
-        } else {
-            self.roots[4].join(rel)
-        };
-        std::fs::read_dir(dir)
-            .map(|d| {
-                d.flatten()
-                    .filter(|e| e.file_type().is_ok_and(|t| t.is_dir()))
-                    .map(|e| e.file_name().to_string_lossy().into_owned())
-                    .collect()
-            })
-            .unwrap_or_default()
+        super::subdirectories(&super::join(&self.roots[4], rel))
     }
 
     /// An existing cgroup, present in every hierarchy.

@@ -78,19 +78,7 @@ impl V2 {
 
     /// The names of the directories under `<tree>/<rel>`.
     pub fn child_names_in(&self, rel: &str) -> Vec<String> {
-        let dir = if rel.is_empty() {
-            self.root.clone()
-        } else {
-            self.root.join(rel)
-        };
-        std::fs::read_dir(dir)
-            .map(|d| {
-                d.flatten()
-                    .filter(|e| e.file_type().is_ok_and(|t| t.is_dir()))
-                    .map(|e| e.file_name().to_string_lossy().into_owned())
-                    .collect()
-            })
-            .unwrap_or_default()
+        super::subdirectories(&super::join(&self.root, rel))
     }
 
     /// An existing cgroup.
