@@ -214,13 +214,6 @@ struct InFlight {
     script_digest: Option<String>,
 }
 
-/// Work that follows a request but need not delay the next one: done when the loop has
-/// nothing more urgent.
-enum Background {
-    /// Replace a zygote's spare.
-    Park(Token),
-}
-
 /// A `serve` answer waiting: the client, the functions named, and those already failed.
 type PendingServe = (Token, Vec<String>, Vec<(String, String)>);
 
@@ -242,7 +235,8 @@ pub struct Functions {
     outbox: Vec<(Token, Reply, bool)>,
     /// `serve`/`up` answers waiting for functions to become ready or fail.
     pending_serves: Vec<PendingServe>,
-    background: VecDeque<Background>,
+    /// Zygotes whose spare is to be replaced when the loop has nothing more urgent.
+    parks: VecDeque<Token>,
     counter: u64,
 }
 
@@ -290,7 +284,7 @@ impl Functions {
             calls: HashMap::new(),
             outbox: Vec::new(),
             pending_serves: Vec::new(),
-            background: VecDeque::new(),
+            parks: VecDeque::new(),
             counter: 0,
         })
     }
@@ -1076,7 +1070,7 @@ impl Functions {
                     None
                 };
                 self.worker.send(Job::Remove(s.cgroup));
-                self.background.push_back(Background::Park(zt));
+                self.parks.push_back(zt);
                 if let Some(id) = s.request {
                     if zygote_dead {
                         if let Some(c) = self.calls.get_mut(&id) {
@@ -1797,12 +1791,12 @@ impl Functions {
 
     /// Whether background work is waiting (the loop then polls without sleeping).
     pub fn has_background(&self) -> bool {
-        !self.background.is_empty()
+        !self.parks.is_empty()
     }
 
-    /// Do one piece of background work.
+    /// Replace one spare.
     pub fn background_step(&mut self) {
-        if let Some(Background::Park(zt)) = self.background.pop_front() {
+        if let Some(zt) = self.parks.pop_front() {
             self.park(zt);
         }
     }
@@ -1950,7 +1944,7 @@ impl Functions {
                 let _ = cg.remove();
             }
         }
-        self.background.clear();
+        self.parks.clear();
         let ids: Vec<String> = self.calls.keys().cloned().collect();
         for id in &ids {
             if let Some(c) = self.calls.get_mut(id) {

@@ -273,7 +273,7 @@ impl Supervisor {
                     .tick(now, registry, &mut new_tokens, self.drain.is_some());
             }
             self.deliver();
-            // Background work (removing finished requests' cgroups, refilling spares) one
+            // Background work (refilling spares; cgroups are the worker thread's) one
             // piece at a time, so a call that arrives meanwhile waits for one piece at most.
             if events.is_empty() {
                 self.fns.background_step();
