@@ -2062,6 +2062,13 @@ fn killed_supervisor_leftovers_are_swept() {
         !s.leftover_cgroups().is_empty(),
         "a killed supervisor leaves its cgroups (else this test proves nothing)"
     );
+    // A supervisor killed in the middle of creating a request's cgroup leaves it in the
+    // first hierarchies only; the sweep must find that too.
+    let partial = zygo_cgroup_roots()[0]
+        .join("tenants/_host")
+        .join(hello)
+        .join(format!("r-{old}-partial"));
+    fs::create_dir(&partial).expect("create a partly made cgroup");
     // A new supervisor for the same functions sweeps what the old one left.
     s.supervisor = None;
     let (file, _) = s.write_toml(&[("hello", "hello", "")]);

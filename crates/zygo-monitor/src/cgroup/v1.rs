@@ -63,10 +63,17 @@ impl V1 {
         self.roots[0].display().to_string()
     }
 
-    /// The names of the directories under `<tree>/<rel>` (in the freezer hierarchy, the
-    /// last one created and the first removed).
+    /// The names under `rel` in any hierarchy: a supervisor killed while it was creating a
+    /// cgroup leaves it in the first few hierarchies only, and those must be found too.
     pub fn child_names_in(&self, rel: &str) -> Vec<String> {
-        super::subdirectories(&super::join(&self.roots[4], rel))
+        let mut names: Vec<String> = self
+            .roots
+            .iter()
+            .flat_map(|r| super::subdirectories(&super::join(r, rel)))
+            .collect();
+        names.sort();
+        names.dedup();
+        names
     }
 
     /// An existing cgroup, present in every hierarchy.

@@ -305,8 +305,9 @@ impl Functions {
                 if pid == std::process::id() || crate::cgroup::process_alive(pid) {
                     continue;
                 }
+                log::info!("removing {base}/{name}, left by a supervisor that is gone");
+                // `open` finishes a cgroup that was only partly created or removed itself.
                 if let Some(cg) = self.backend.open(&format!("{base}/{name}")) {
-                    log::info!("removing {base}/{name}, left by a supervisor that is gone");
                     if let Err(e) = cg.remove() {
                         log::warn!("remove {base}/{name}: {e}");
                     }
