@@ -189,7 +189,21 @@ def work_snoop(event):
                             leaks.append(f"read the token from {d}/{name}")
                 except OSError:
                     pass
+    # Signals reach nothing outside this request (pid 1, the agent, a neighbour), whether
+    # or not /proc shows it: every pid a small pid namespace has used so far is tried.
+    signalled = []
+    for pid in range(1, 4096):
+        if pid == me:
+            continue
+        try:
+            os.kill(pid, 0)
+            signalled.append(pid)
+        except ProcessLookupError:
+            pass
+        except PermissionError:
+            pass
     r["neighbours"] = neighbours
+    r["signalled"] = signalled
     r["leaks"] = leaks
     return r
 

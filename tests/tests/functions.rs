@@ -740,10 +740,12 @@ both_tests! {
         assert_eq!(snoop["listdir_work"], "EACCES", "listing /work: {snoop}");
         assert_eq!(snoop["glob_work"], json!([]), "{snoop}");
         assert_eq!(snoop["leaks"], json!([]), "found the neighbour: {snoop}");
-        if who == Who::Rootless {
-            // As root, /proc hides other requests' processes (hidepid) and there is none.
-            assert!(snoop["neighbours"].as_u64() > Some(0), "saw no other process at all: {snoop}");
-        }
+        // /proc (hidepid) shows no other request's process: as root each has a uid of its
+        // own; rootless (one uid) each has a Landlock domain of its own.
+        assert_eq!(snoop["neighbours"], 0, "saw other processes: {snoop}");
+        // Nor can it signal any process outside itself: another uid as root, and rootless
+        // its Landlock domain is scoped (signals stay inside it).
+        assert_eq!(snoop["signalled"], json!([]), "signalled others: {snoop}");
 
         let w = writer.join().expect("the writer thread");
         let wv = last_json(&w);

@@ -698,14 +698,8 @@ fn scripts_put_is_content_addressed() {
 // ---------------------------------------------------------------------------------------
 // Python pools and warm-exec pools, rootful and rootless.
 
-/// The rootful side runs; the rootless side is ignored, because in a rootless supervisor
-/// no pool call can run at all: `write_script` (zygo-launcher/src/zygote.rs) opens
-/// `/proc/<init_pid>/root/run/script/<digest>`, and a rootless launcher may not (init made
-/// itself non-dumpable and never exec'd, so its mm belongs to the host's user namespace,
-/// where the launcher has no CAP_SYS_PTRACE): EACCES, the launcher logs "write a script
-/// into the sandbox: Permission denied", and the caller gets `{"code": "handler", "error":
-/// "the handler's process broke the agent protocol: the child could not take the request"}`.
-macro_rules! root_runs_rootless_broken {
+/// Each body runs twice: `NAME::root` and `NAME::rootless`.
+macro_rules! root_and_rootless {
     ($($name:ident),*) => {$(
         mod $name {
             #[test]
@@ -729,7 +723,13 @@ fn run_as(who: Who, body: fn(Who)) {
     body(who)
 }
 
-root_runs_rootless_broken!(python_pool, warm_exec, script_isolation);
+root_and_rootless!(
+    python_pool,
+    warm_exec,
+    script_isolation,
+    warm_exec_hides_neighbour_digest,
+    exec_child_work_hidden
+);
 
 /// A Python pool runs the named script's handler(event): by --digest (lowercase or
 /// upper) and by --script FILE (which stores the file); stdout and stderr are captured;
@@ -962,15 +962,15 @@ fn script_isolation(who: Who) {
         truncate(&r.to_string(), 2000)
     );
     assert_eq!(r["own"], format!("/run/script/{da}"));
-    // Rootless, the scan must have looked at other processes; as root, each request has a
-    // uid of its own and /proc (hidepid) shows it none of its neighbours.
-    if who == Who::Rootless {
-        assert!(
-            r["processes"].as_u64() > Some(1),
-            "saw no other process: {}",
-            truncate(&r.to_string(), 2000)
-        );
-    }
+    // /proc (hidepid) shows a request none of its neighbours: as root each has a uid of its
+    // own, and rootless (one uid for all) each has a Landlock domain of its own.
+    assert_eq!(
+        r["processes"],
+        0,
+        "[{}] saw other processes: {}",
+        who.name(),
+        truncate(&r.to_string(), 2000)
+    );
 
     let bf = b.join().expect("the B thread");
     let bv = last_json(&bf);
@@ -1162,12 +1162,11 @@ fn usage_log_names_the_pool() {
 }
 
 // ---------------------------------------------------------------------------------------
-// Known bugs (ignored until fixed).
+// Stored scripts are bytes, and isolation that must survive exec.
 
 both_tests! {
-    /// A script stored with `zygo scripts put` is bytes, and `--script FILE` runs any bytes,
-    /// but `--digest` reads the stored script as UTF-8: a warm-exec script with one Latin-1
-    /// byte (in a comment) is refused as `internal` ("stream did not contain valid UTF-8").
+    /// A script stored with `zygo scripts put` is bytes: a warm-exec script with one Latin-1
+    /// byte (in a comment) runs the same by `--script FILE` and by `--digest`.
     fn non_utf8_script_by_digest(who) {
         let mut s = Sup::new(who, "latin1");
         let n = s.up(&[("sh", SH_POOL)]);
@@ -1182,15 +1181,12 @@ both_tests! {
         assert_eq!(v["stdout"], "ok\n", "{v}");
         s.shutdown();
     }
-
-
 }
 
-/// Warm-exec runs `CMD... /run/script/<digest>` as an ordinary process in the pool's
-/// sandbox: any other request in flight there (max_warm = 1) reads its argv from
-/// /proc/<pid>/cmdline (and, as the exec'd command is dumpable, the script's descriptor
-/// from /proc/<pid>/fd) and so learns the other script's digest.
-fn warm_exec_hides_neighbour_digest_body(who: Who) {
+/// Warm-exec runs `CMD... /run/script/<digest>`, an exec'd (so dumpable) process whose
+/// command line names its script: another request in flight in the same sandbox
+/// (max_warm = 1) finds neither its /proc/<pid>/cmdline nor its descriptors.
+fn warm_exec_hides_neighbour_digest(who: Who) {
     let mut s = Sup::new(who, "exec-leak");
     let n = s.up(&[("sh", &format!("{SH_POOL}\nmax_warm = 1"))]);
     let sh = &n[0];
@@ -1216,24 +1212,10 @@ fn warm_exec_hides_neighbour_digest_body(who: Who) {
     s.shutdown();
 }
 
-mod warm_exec_hides_neighbour_digest {
-    #[test]
-    fn root() {
-        super::warm_exec_hides_neighbour_digest_body(zygo_tests::Who::Root)
-    }
-
-    /// Rootless, a sandbox maps one uid, so its requests share it (docs/agent-protocol.md).
-    #[test]
-    #[ignore = "LIMITATION: a rootless sandbox maps one uid, which all its requests share"]
-    fn rootless() {
-        super::warm_exec_hides_neighbour_digest_body(zygo_tests::Who::Rootless)
-    }
-}
-
 /// A request's process that execs a program (a Python script's subprocess, and every
-/// warm-exec command) is dumpable again, so another request in flight in the same
-/// sandbox can follow /proc/<pid>/cwd into its /work directory and read its files.
-fn exec_child_work_hidden_body(who: Who) {
+/// warm-exec command) is dumpable again; still, another request in flight in the same
+/// sandbox cannot follow its /proc/<pid>/cwd into its /work directory.
+fn exec_child_work_hidden(who: Who) {
     let mut s = Sup::new(who, "exec-work");
     let n = s.up(&[
         ("py", &format!("{PY_POOL}\nmax_warm = 1")),
@@ -1271,18 +1253,4 @@ fn exec_child_work_hidden_body(who: Who) {
         );
     }
     s.shutdown();
-}
-
-mod exec_child_work_hidden {
-    #[test]
-    fn root() {
-        super::exec_child_work_hidden_body(zygo_tests::Who::Root)
-    }
-
-    /// Rootless, a sandbox maps one uid, so its requests share it (docs/agent-protocol.md).
-    #[test]
-    #[ignore = "LIMITATION: a rootless sandbox maps one uid, which all its requests share"]
-    fn rootless() {
-        super::exec_child_work_hidden_body(zygo_tests::Who::Rootless)
-    }
 }

@@ -10,9 +10,9 @@ serves handlers, it is not a security boundary; the launcher treats all we send 
 
 Guarantees, to a handler that does not sabotage it:
 - fd 3 and fd 4 are close-on-exec, and a child closes both before it reads its request;
-  nothing else of ours leaks into the handler's programs either. Processes are
-  non-dumpable, so another request (same uid and pid namespace) cannot reach them
-  through /proc.
+  nothing else of ours leaks into the handler's programs either. Each request's process
+  enters a Landlock domain of its own before its request arrives, so no other request
+  (same uid or not) can see it in /proc, trace it or signal it, even after it execs.
 - Each request runs once, in its own fork of the imported handler, in a new /work/<name>
   (0700; 32 random hex digits) that reap removes, with `random` reseeded and fd 1 and fd 2
   pipes whose read ends the launcher holds (so subprocesses' output is captured too, and no
@@ -173,14 +173,58 @@ class ExecPool:
         self.argv = argv
 
 
+LIBC = None  # ctypes' handle on the C library, opened once in the agent (see no_dump)
+
+
 def no_dump():
     """PR_SET_DUMPABLE 0: without CAP_SYS_PTRACE no other process may open our /proc/<pid>
     fd, cwd, mem or environ. Forks inherit it; exec resets it."""
+    global LIBC
     try:
         import ctypes
-        ctypes.CDLL(None, use_errno=True).prctl(4, 0, 0, 0, 0)
+        LIBC = ctypes.CDLL(None, use_errno=True)
+        LIBC.syscall.restype = ctypes.c_long
+        LIBC.prctl(4, 0, 0, 0, 0)
     except Exception as e:
         complain(f"cannot make the agent non-dumpable: {e}")
+
+
+# A Landlock domain of the request's own (struct landlock_ruleset_attr: handled_access_fs,
+# handled_access_net, scoped). Landlock lets a process reach another through ptrace or
+# /proc/<pid> only when that one is in its own domain or one nested in it, so sibling
+# domains are invisible to each other under /proc's hidepid=invisible whatever their uid,
+# even after exec. Scoped (Landlock ABI 6): no signals to, and no abstract unix sockets of,
+# processes outside the domain. The only file right handled, making block devices, is one
+# nobody in a sandbox has anyway: a domain needs at least one handled right.
+SYS_LANDLOCK_CREATE_RULESET, SYS_LANDLOCK_RESTRICT_SELF = 444, 446
+LANDLOCK_ACCESS_FS_MAKE_BLOCK = 1 << 11
+LANDLOCK_SCOPE_ABSTRACT_UNIX_SOCKET, LANDLOCK_SCOPE_SIGNAL = 1, 2
+NO_LANDLOCK = (38, 95)  # ENOSYS, EOPNOTSUPP: the kernel has no Landlock (zygo version says)
+
+
+def own_domain():
+    """Enter a Landlock domain nested in the sandbox's, before any request code runs."""
+    import ctypes
+    fd, err = -1, 0
+    for attr in (struct.pack("QQQ", LANDLOCK_ACCESS_FS_MAKE_BLOCK, 0,
+                             LANDLOCK_SCOPE_ABSTRACT_UNIX_SOCKET | LANDLOCK_SCOPE_SIGNAL),
+                 struct.pack("QQ", LANDLOCK_ACCESS_FS_MAKE_BLOCK, 0)):  # before ABI 6
+        fd = LIBC.syscall(ctypes.c_long(SYS_LANDLOCK_CREATE_RULESET), attr,
+                          ctypes.c_size_t(len(attr)), ctypes.c_uint32(0))
+        if fd >= 0:
+            break
+        err = ctypes.get_errno()
+        if err in NO_LANDLOCK:
+            return
+    if fd < 0:
+        raise OSError(err, f"landlock_create_ruleset: {os.strerror(err)}")
+    try:
+        if LIBC.syscall(ctypes.c_long(SYS_LANDLOCK_RESTRICT_SELF), ctypes.c_int(fd),
+                        ctypes.c_uint32(0)) != 0:
+            err = ctypes.get_errno()
+            raise OSError(err, f"landlock_restrict_self: {os.strerror(err)}")
+    finally:
+        os.close(fd)
 
 
 def serve(func):
@@ -376,6 +420,7 @@ def child(slot, tell_name, inherited, func, out, err, uid):
         reg.close()
         if uid is not None:
             become(uid)
+        own_domain()
         if isinstance(func, NodeSpare):
             exec_node(func, mine, workdir)
         channel = Channel(mine)

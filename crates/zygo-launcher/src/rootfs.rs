@@ -274,8 +274,9 @@ fn proc_fs(new: &Path, empty_file: &Path, plan: &LaunchPlan) -> Result<()> {
             &proc_,
             Some("proc"),
             MS_NOSUID | MS_NODEV | MS_NOEXEC,
-            // With per-request uids, a request sees only its own processes.
-            crate::oneshot::per_request_ids(plan).then_some("hidepid=invisible"),
+            // In a zygote each request sees only its own processes: the others have another
+            // uid or another Landlock domain (python_agent.py), so ptrace rules hide them.
+            (plan.mode == Mode::Zygote).then_some("hidepid=invisible"),
         ),
         || "mount a new /proc".to_string(),
     )?;
