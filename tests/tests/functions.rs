@@ -720,6 +720,33 @@ both_tests! {
         s.shutdown();
     }
 
+    /// A request's cgroup may be one an earlier request of the function used (emptied and
+    /// reset): its metrics and its OOM verdict are still its own. A big request, then
+    /// small ones; an OOM-killed request, then small ones.
+    fn metrics_are_each_requests_own(who) {
+        let mut s = Sup::new(who, "metrics", &[]);
+        let n = s.up(&[("hog", "hog", "mem = \"128M\"\ntimeout = \"10s\"\nmax_warm = 1")]);
+        let hog = &n[0];
+        let small = |s: &Sup, after: &str| {
+            for _ in 0..6 {
+                let (v, f) = s.exec(hog, Some(r#"{"bytes": 1000}"#), &[]);
+                assert!(f.code == 0 && v["outcome"] == "ok", "after {after}: {v}\n{}", s.log());
+                assert_ne!(v["oom_killed"], true, "after {after}: {v}");
+                let peak = v["metrics"]["peak_rss_kb"].as_u64().unwrap_or(u64::MAX);
+                assert!(peak < 32 << 10, "after {after}, a small request's peak: {v}");
+            }
+        };
+        let (v, f) = s.exec(hog, Some(&json!({"bytes": 64 << 20}).to_string()), &[]);
+        assert!(f.code == 0 && v["outcome"] == "ok", "{v}\n{}", s.log());
+        assert!(v["metrics"]["peak_rss_kb"].as_u64() > Some(60 << 10), "64 MiB: {v}");
+        small(&s, "a 64 MiB request");
+        let (v, f) = s.exec(hog, None, &[]);
+        assert_failed(&s, &v, &f, "error", "handler");
+        assert_eq!(v["oom_killed"], true, "{v}");
+        small(&s, "an OOM kill");
+        s.shutdown();
+    }
+
     /// Two requests in one pool cannot see each other's /work directories or files:
     /// /work is 0311 (not listable), each request's directory 0700 with a 128-bit name,
     /// nothing in /proc reveals a neighbour's; the directory is gone after the request.

@@ -139,6 +139,12 @@ pub trait Cgroup: Send {
     fn is_empty(&self) -> Result<bool, CgroupError>;
     /// Kill what is left and remove the cgroup.
     fn remove(self: Box<Self>) -> Result<(), CgroupError>;
+    /// Make an emptied cgroup ready for another process of the same function, as if new:
+    /// its counters reset, what its last process left charged to it reclaimed, thawed.
+    /// `Ok(false)` when it cannot be made so (then it is removed instead).
+    fn recycle(&self) -> Result<bool, CgroupError> {
+        Ok(false)
+    }
 }
 
 /// The backend chosen at start-up.
@@ -426,7 +432,39 @@ pub(crate) fn open_write(path: &Path) -> Result<std::os::fd::OwnedFd, CgroupErro
         .map_err(|e| io_err("open", path, e))
 }
 
-pub(crate) fn sigkill(pid: i32) {
-    // SAFETY: plain kill(2); the pid was read from a frozen cgroup we own.
-    unsafe { libc::kill(pid, libc::SIGKILL) };
+/// SIGKILL every process listed in `procs_file` (a `cgroup.procs` of Zygo's tree). A pid
+/// is held through a pidfd and killed only if the cgroup still lists it after that: a
+/// listed process that exited meanwhile may have left its pid to an unrelated one.
+pub(crate) fn kill_listed(procs_file: &Path) -> Result<(), CgroupError> {
+    let mut held: Vec<(i32, std::os::fd::OwnedFd)> = Vec::new();
+    for pid in procs(procs_file)? {
+        // SAFETY: pidfd_open(2) with a plain pid and no flags.
+        let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid, 0) };
+        if fd >= 0 {
+            // SAFETY: the kernel just gave us this descriptor; nothing else owns it.
+            held.push((pid, unsafe {
+                std::os::fd::FromRawFd::from_raw_fd(fd as i32)
+            }));
+        }
+    }
+    if held.is_empty() {
+        return Ok(());
+    }
+    let still = procs(procs_file)?;
+    for (pid, fd) in &held {
+        if still.contains(pid) {
+            use std::os::fd::AsRawFd;
+            // SAFETY: pidfd_send_signal(2) on a pidfd we hold, no siginfo, no flags.
+            unsafe {
+                libc::syscall(
+                    libc::SYS_pidfd_send_signal,
+                    fd.as_raw_fd(),
+                    libc::SIGKILL,
+                    std::ptr::null::<libc::siginfo_t>(),
+                    0,
+                )
+            };
+        }
+    }
+    Ok(())
 }

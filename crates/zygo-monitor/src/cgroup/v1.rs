@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use super::{
-    ensure_dir, io_err, join, procs, read_file, rmdir_retry, sigkill, write_file, Cgroup,
+    ensure_dir, io_err, join, kill_listed, procs, read_file, rmdir_retry, write_file, Cgroup,
     CgroupError, CgroupMount, Limits, OwnCgroup, Usage,
 };
 
@@ -120,6 +120,10 @@ impl V1 {
         Ok(V1Cgroup { dirs })
     }
 }
+
+/// The most a recycled cgroup may still have charged to it in pages (its next request's
+/// peak counts them).
+const RECYCLE_MAX_CHARGED: u64 = 64 << 10;
 
 /// One sandbox's cgroup in every v1 hierarchy.
 pub struct V1Cgroup {
@@ -253,15 +257,28 @@ impl Cgroup for V1Cgroup {
     }
 
     fn kill_all(&self) -> Result<(), CgroupError> {
+        let listed = self.freezer().join("cgroup.procs");
+        if procs(&listed)?.is_empty() {
+            return Ok(());
+        }
+        // Most often what is left is already on its way out (a request's process that has
+        // answered): kill it and let it finish, without the freezer. Freezing the first
+        // cgroup of a host switches a kernel static key, which stalls every CPU briefly.
+        kill_listed(&listed)?;
+        let deadline = Instant::now() + Duration::from_millis(20);
+        while Instant::now() < deadline {
+            if procs(&listed)?.is_empty() {
+                return Ok(());
+            }
+            std::thread::sleep(Duration::from_micros(200));
+        }
+        // Something keeps forking: freeze, kill, thaw until nothing is left.
         for _ in 0..10 {
-            let listed = procs(&self.freezer().join("cgroup.procs"))?;
-            if listed.is_empty() {
+            if procs(&listed)?.is_empty() {
                 return Ok(());
             }
             self.freeze()?;
-            for pid in procs(&self.freezer().join("cgroup.procs"))? {
-                sigkill(pid);
-            }
+            kill_listed(&listed)?;
             self.thaw()?;
             std::thread::sleep(Duration::from_millis(1));
         }
@@ -270,6 +287,51 @@ impl Cgroup for V1Cgroup {
 
     fn is_empty(&self) -> Result<bool, CgroupError> {
         Ok(procs(&self.freezer().join("cgroup.procs"))?.is_empty())
+    }
+
+    fn recycle(&self) -> Result<bool, CgroupError> {
+        self.kill_all()?;
+        if !self.is_empty()? {
+            log::debug!("not reusing {}: it does not empty", self.describe());
+            return Ok(false);
+        }
+        // The kernel's OOM-kill counter cannot be reset: a cgroup that counted one is not
+        // reused, or the next request would be reported as killed.
+        if self.usage()?.oom_kills > 0 {
+            log::debug!("not reusing {}: it counted an OOM kill", self.describe());
+            return Ok(false);
+        }
+        // Pages its last process left charged to it (files it wrote in a tmpfs, page cache
+        // it read in) would count against the next one: only a cgroup with next to none
+        // left is reused. (`memory.usage_in_bytes` is no guide: it also counts charges the
+        // kernel holds in advance per CPU, and kernel memory freed lazily.) Reclaiming
+        // instead, with force_empty, costs more than a new cgroup.
+        let mem = self.memory();
+        let stat = read_file(&mem.join("memory.stat"))?;
+        let pages: u64 = ["cache", "rss"]
+            .iter()
+            .map(|k| {
+                stat.lines()
+                    .find_map(|l| l.strip_prefix(k).and_then(|r| r.strip_prefix(' ')))
+                    .and_then(|v| v.trim().parse::<u64>().ok())
+                    .unwrap_or(u64::MAX / 4)
+            })
+            .sum();
+        if pages > RECYCLE_MAX_CHARGED {
+            log::debug!(
+                "not reusing {}: {pages} bytes of pages still charged to it",
+                self.describe()
+            );
+            return Ok(false);
+        }
+        write_file(&mem.join("memory.max_usage_in_bytes"), "0")?;
+        let memsw = mem.join("memory.memsw.max_usage_in_bytes");
+        if memsw.exists() {
+            write_file(&memsw, "0")?;
+        }
+        write_file(&self.cpuacct().join("cpuacct.usage"), "0")?;
+        self.thaw()?;
+        Ok(true)
     }
 
     fn remove(self: Box<Self>) -> Result<(), CgroupError> {

@@ -198,6 +198,9 @@ impl Cgroup for V2Cgroup {
         Ok(keyed(&events, "populated") == 0)
     }
 
+    // `recycle` is left at "no": cpu.stat cannot be reset, and memory.peak only per open
+    // file on recent kernels, so a v2 cgroup serves one request.
+
     fn remove(self: Box<Self>) -> Result<(), CgroupError> {
         let killed = self.kill_all();
         let removed = rmdir_retry(&self.dir);

@@ -3,6 +3,7 @@
 //! call that arrives meanwhile is never queued behind it. The loop hands out jobs and takes
 //! results back when the worker wakes it.
 
+use std::collections::HashMap;
 use std::sync::mpsc::{channel, Receiver, Sender};
 use std::sync::Arc;
 use std::thread::JoinHandle;
@@ -11,17 +12,84 @@ use mio::{Token, Waker};
 
 use crate::cgroup::{Backend, Cgroup, Limits};
 
+/// The worker thread's nice value.
+const WORKER_NICE: libc::c_int = 10;
+
 pub enum Job {
-    /// Create `rel` with `limits` and move the (single-threaded) parked child `pid` in.
+    /// Move the (single-threaded) parked child `pid` into a cgroup with `limits`: one kept
+    /// from an earlier request of `pool` (the function) if there is one, else `rel`, new.
     Place {
         zt: Token,
         slot: String,
         pid: i32,
+        pool: String,
         rel: String,
         limits: Limits,
     },
-    /// Kill what is left in a finished request's cgroup and remove it.
+    /// A finished request's cgroup: what is left in it is killed, then it is kept for the
+    /// next request of `pool` if it can be made as good as new, else removed.
+    Release {
+        pool: String,
+        limits: Limits,
+        cg: Box<dyn Cgroup>,
+    },
+    /// Kill what is left in a cgroup and remove it.
     Remove(Box<dyn Cgroup>),
+    /// `pool` is served no more: remove the cgroups kept for it, then `dir`, its folder.
+    Forget { pool: String, dir: String },
+}
+
+/// How many emptied cgroups are kept for each function.
+const KEEP: usize = 8;
+
+/// An emptied request cgroup and the limits written in it.
+type Ready = (Limits, Box<dyn Cgroup>);
+
+/// Emptied request cgroups, by function.
+#[derive(Default)]
+struct Kept(HashMap<String, Vec<Ready>>);
+
+impl Kept {
+    fn take(&mut self, pool: &str, limits: &Limits) -> Option<Box<dyn Cgroup>> {
+        let v = self.0.get_mut(pool)?;
+        let i = v.iter().position(|(l, _)| l == limits)?;
+        Some(v.swap_remove(i).1)
+    }
+
+    fn release(&mut self, pool: String, limits: Limits, cg: Box<dyn Cgroup>) {
+        let v = self.0.entry(pool).or_default();
+        if v.len() < KEEP {
+            match cg.recycle() {
+                Ok(true) => {
+                    v.push((limits, cg));
+                    return;
+                }
+                Ok(false) => {}
+                Err(e) => log::warn!("reuse a request cgroup: {e}"),
+            }
+        }
+        remove(cg);
+    }
+
+    fn forget(&mut self, pool: &str) {
+        for (_, cg) in self.0.remove(pool).unwrap_or_default() {
+            remove(cg);
+        }
+    }
+
+    fn forget_all(&mut self) {
+        for (_, v) in self.0.drain() {
+            for (_, cg) in v {
+                remove(cg);
+            }
+        }
+    }
+}
+
+fn remove(cg: Box<dyn Cgroup>) {
+    if let Err(e) = cg.remove() {
+        log::warn!("remove a request cgroup: {e}");
+    }
 }
 
 pub struct Placed {
@@ -44,20 +112,43 @@ impl Worker {
         let handle = std::thread::Builder::new()
             .name("cgroups".into())
             .spawn(move || {
+                // Below the event loop and the requests it serves: this thread's work is
+                // never on a caller's path, and on a small machine it would compete with
+                // one for a CPU. (setpriority on a thread id sets that thread alone.)
+                // SAFETY: gettid and setpriority on this thread; failure leaves it as is.
+                unsafe {
+                    let tid = libc::syscall(libc::SYS_gettid) as libc::id_t;
+                    libc::setpriority(libc::PRIO_PROCESS, tid, WORKER_NICE);
+                }
+                let mut kept = Kept::default();
                 for job in jobs {
                     match job {
                         Job::Place {
                             zt,
                             slot,
                             pid,
+                            pool,
                             rel,
                             limits,
                         } => {
-                            let result = backend
-                                .create(&rel)
-                                .and_then(|cg| cg.set_limits(&limits).map(|_| cg))
-                                .and_then(|cg| cg.add_single_threaded(pid).map(|_| cg))
-                                .map_err(|e| e.to_string());
+                            let reused = kept.take(&pool, &limits).and_then(|cg| {
+                                match cg.add_single_threaded(pid) {
+                                    Ok(()) => Some(cg),
+                                    Err(e) => {
+                                        log::warn!("reuse a request cgroup: {e}");
+                                        remove(cg);
+                                        None
+                                    }
+                                }
+                            });
+                            let result = match reused {
+                                Some(cg) => Ok(cg),
+                                None => backend
+                                    .create(&rel)
+                                    .and_then(|cg| cg.set_limits(&limits).map(|_| cg))
+                                    .and_then(|cg| cg.add_single_threaded(pid).map(|_| cg))
+                                    .map_err(|e| e.to_string()),
+                            };
                             if done
                                 .send(Placed {
                                     zt,
@@ -67,17 +158,19 @@ impl Worker {
                                 })
                                 .is_err()
                             {
-                                return;
+                                break;
                             }
                             let _ = waker.wake();
                         }
-                        Job::Remove(cg) => {
-                            if let Err(e) = cg.remove() {
-                                log::warn!("remove a request cgroup: {e}");
-                            }
+                        Job::Release { pool, limits, cg } => kept.release(pool, limits, cg),
+                        Job::Remove(cg) => remove(cg),
+                        Job::Forget { pool, dir } => {
+                            kept.forget(&pool);
+                            backend.prune(&dir);
                         }
                     }
                 }
+                kept.forget_all();
             })?;
         Ok(Worker {
             tx: Some(tx),
@@ -95,11 +188,10 @@ impl Worker {
             None => job,
         };
         // The worker is gone (after shutdown began): a removal is done here; a placement
-        // is moot, its zygote is being killed.
-        if let Job::Remove(cg) = job {
-            if let Err(e) = cg.remove() {
-                log::warn!("remove a request cgroup: {e}");
-            }
+        // is moot, its zygote is being killed; what was kept went with the worker.
+        match job {
+            Job::Remove(cg) | Job::Release { cg, .. } => remove(cg),
+            Job::Place { .. } | Job::Forget { .. } => {}
         }
     }
 

@@ -988,6 +988,7 @@ impl Functions {
                 self.worker.send(Job::Place {
                     zt,
                     rel: format!("tenants/_host/{func}/r-{}-{slot}", std::process::id()),
+                    pool: func,
                     slot,
                     pid,
                     limits,
@@ -1070,7 +1071,15 @@ impl Functions {
                 } else {
                     None
                 };
-                self.worker.send(Job::Remove(s.cgroup));
+                let func = z.func.clone();
+                match self.fns.get(&func) {
+                    Some(f) => self.worker.send(Job::Release {
+                        pool: func,
+                        limits: f.limits,
+                        cg: s.cgroup,
+                    }),
+                    None => self.worker.send(Job::Remove(s.cgroup)),
+                }
                 self.parks.push_back(zt);
                 if let Some(id) = s.request {
                     if zygote_dead {
@@ -1836,7 +1845,11 @@ impl Functions {
             self.finish(&id, None, None);
         }
         self.fns.remove(name);
-        self.backend.prune(&format!("tenants/_host/{name}"));
+        // The worker removes the cgroups it kept for the function, then its folder.
+        self.worker.send(Job::Forget {
+            pool: name.to_string(),
+            dir: format!("tenants/_host/{name}"),
+        });
         log::info!("stopped {name}");
         Reply::Stopped {
             name: name.to_string(),
