@@ -182,7 +182,16 @@ pub fn rootless_setup() -> &'static Rootless {
             }
         };
         delegate_cgroups(uid, gid);
-        let bin = copy_binary(&zygo_bin(), Path::new("/tmp/zygo-tests-bin"), "zygo");
+        // One folder per checkout: two checkouts' suites may run at once on one machine.
+        let src = zygo_bin();
+        let tag = {
+            use std::hash::{Hash, Hasher};
+            let mut h = std::collections::hash_map::DefaultHasher::new();
+            src.hash(&mut h);
+            h.finish()
+        };
+        let dir = PathBuf::from(format!("/tmp/zygo-tests-bin-{tag:016x}"));
+        let bin = copy_binary(&src, &dir, "zygo");
         Rootless { uid, gid, bin }
     })
 }

@@ -432,12 +432,14 @@ pub(crate) fn open_write(path: &Path) -> Result<std::os::fd::OwnedFd, CgroupErro
         .map_err(|e| io_err("open", path, e))
 }
 
-/// SIGKILL every process listed in `procs_file` (a `cgroup.procs` of Zygo's tree). A pid
-/// is held through a pidfd and killed only if the cgroup still lists it after that: a
-/// listed process that exited meanwhile may have left its pid to an unrelated one.
-pub(crate) fn kill_listed(procs_file: &Path) -> Result<(), CgroupError> {
+/// SIGKILL every process `listed` says is in a cgroup of Zygo's tree. A pid is held
+/// through a pidfd and killed only if the cgroup still lists it after that: a listed
+/// process that exited meanwhile may have left its pid to an unrelated one.
+pub(crate) fn kill_listed(
+    listed: &dyn Fn() -> Result<Vec<i32>, CgroupError>,
+) -> Result<(), CgroupError> {
     let mut held: Vec<(i32, std::os::fd::OwnedFd)> = Vec::new();
-    for pid in procs(procs_file)? {
+    for pid in listed()? {
         // SAFETY: pidfd_open(2) with a plain pid and no flags.
         let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid, 0) };
         if fd >= 0 {
@@ -450,7 +452,7 @@ pub(crate) fn kill_listed(procs_file: &Path) -> Result<(), CgroupError> {
     if held.is_empty() {
         return Ok(());
     }
-    let still = procs(procs_file)?;
+    let still = listed()?;
     for (pid, fd) in &held {
         if still.contains(pid) {
             use std::os::fd::AsRawFd;

@@ -4,12 +4,17 @@
 //! v1 has no `cgroup.kill`: a tree is killed by freezing it (so nothing can fork or exit
 //! while we look), SIGKILLing every task listed, then thawing so the kills are delivered.
 
-use std::path::{Path, PathBuf};
+use std::ffi::CString;
+use std::fs::File;
+use std::io::{Read, Write};
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::os::unix::fs::OpenOptionsExt;
+use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use super::{
-    ensure_dir, io_err, join, kill_listed, procs, read_file, rmdir_retry, write_file, Cgroup,
-    CgroupError, CgroupMount, Limits, OwnCgroup, Usage,
+    ensure_dir, io_err, join, kill_listed, rmdir_retry, Cgroup, CgroupError, CgroupMount, Limits,
+    OwnCgroup, Usage,
 };
 
 const CONTROLLERS: [&str; 5] = ["memory", "pids", "cpu", "cpuacct", "freezer"];
@@ -18,6 +23,8 @@ const CONTROLLERS: [&str; 5] = ["memory", "pids", "cpu", "cpuacct", "freezer"];
 pub struct V1 {
     /// Per controller in CONTROLLERS order: the directory holding Zygo's cgroups.
     roots: [PathBuf; 5],
+    /// Whether the kernel accounts swap (`memory.memsw.*` files exist).
+    memsw: bool,
 }
 
 impl V1 {
@@ -56,7 +63,8 @@ impl V1 {
         let roots: [PathBuf; 5] = roots
             .try_into()
             .map_err(|_| CgroupError::Unavailable("v1 controllers missing".into()))?;
-        Ok(Some(V1 { roots }))
+        let memsw = roots[0].join("memory.memsw.limit_in_bytes").exists();
+        Ok(Some(V1 { roots, memsw }))
     }
 
     pub fn root(&self) -> String {
@@ -87,7 +95,7 @@ impl V1 {
             return None;
         }
         let dirs: [PathBuf; 5] = dirs.try_into().ok()?;
-        Some(V1Cgroup { dirs })
+        V1Cgroup::new(dirs, self.memsw).ok()
     }
 
     /// Remove an (empty) intermediate directory of Zygo's tree in every hierarchy.
@@ -117,7 +125,13 @@ impl V1 {
         let dirs: [PathBuf; 5] = dirs
             .try_into()
             .map_err(|_| CgroupError::Unavailable("v1 controllers missing".into()))?;
-        Ok(V1Cgroup { dirs })
+        let cg = V1Cgroup::new(dirs, self.memsw);
+        if cg.is_err() {
+            for m in made.iter().rev() {
+                let _ = std::fs::remove_dir(m);
+            }
+        }
+        cg
     }
 }
 
@@ -125,33 +139,95 @@ impl V1 {
 /// peak counts them).
 const RECYCLE_MAX_CHARGED: u64 = 64 << 10;
 
-/// One sandbox's cgroup in every v1 hierarchy.
+/// Indexes into a cgroup's directories, in CONTROLLERS order.
+const MEMORY: usize = 0;
+const PIDS: usize = 1;
+const CPU: usize = 2;
+const CPUACCT: usize = 3;
+const FREEZER: usize = 4;
+
+/// One sandbox's cgroup in every v1 hierarchy. Its files are opened relative to a
+/// descriptor of each directory, held for the cgroup's life: a cgroup serves many
+/// requests, and each would otherwise look up every long path again.
 pub struct V1Cgroup {
     dirs: [PathBuf; 5],
+    dirfds: [OwnedFd; 5],
+    memsw: bool,
 }
 
 impl V1Cgroup {
-    fn memory(&self) -> &Path {
-        &self.dirs[0]
+    fn new(dirs: [PathBuf; 5], memsw: bool) -> Result<V1Cgroup, CgroupError> {
+        let mut fds = Vec::with_capacity(5);
+        for d in &dirs {
+            let f = std::fs::OpenOptions::new()
+                .read(true)
+                .custom_flags(libc::O_PATH | libc::O_DIRECTORY | libc::O_CLOEXEC)
+                .open(d)
+                .map_err(|e| io_err("open", d, e))?;
+            fds.push(OwnedFd::from(f));
+        }
+        let dirfds: [OwnedFd; 5] = fds
+            .try_into()
+            .map_err(|_| CgroupError::Unavailable("v1 controllers missing".into()))?;
+        Ok(V1Cgroup {
+            dirs,
+            dirfds,
+            memsw,
+        })
     }
-    fn pids(&self) -> &Path {
-        &self.dirs[1]
+
+    fn open_in(&self, h: usize, name: &str, flags: libc::c_int) -> Result<File, CgroupError> {
+        let path = || self.dirs[h].join(name);
+        let cname = CString::new(name).map_err(|_| {
+            io_err(
+                "open",
+                &path(),
+                std::io::Error::from_raw_os_error(libc::EINVAL),
+            )
+        })?;
+        // SAFETY: openat on a directory descriptor we own, with a NUL-terminated name.
+        let fd = unsafe {
+            libc::openat(
+                self.dirfds[h].as_raw_fd(),
+                cname.as_ptr(),
+                flags | libc::O_CLOEXEC,
+            )
+        };
+        if fd < 0 {
+            return Err(io_err("open", &path(), std::io::Error::last_os_error()));
+        }
+        // SAFETY: the kernel just gave us this descriptor; nothing else owns it.
+        Ok(File::from(unsafe { OwnedFd::from_raw_fd(fd) }))
     }
-    fn cpu(&self) -> &Path {
-        &self.dirs[2]
+
+    fn write_in(&self, h: usize, name: &str, value: &str) -> Result<(), CgroupError> {
+        self.open_in(h, name, libc::O_WRONLY)?
+            .write_all(value.as_bytes())
+            .map_err(|e| io_err(&format!("write {value:?} to"), &self.dirs[h].join(name), e))
     }
-    fn cpuacct(&self) -> &Path {
-        &self.dirs[3]
+
+    fn read_in(&self, h: usize, name: &str) -> Result<String, CgroupError> {
+        let mut text = String::new();
+        self.open_in(h, name, libc::O_RDONLY)?
+            .read_to_string(&mut text)
+            .map_err(|e| io_err("read", &self.dirs[h].join(name), e))?;
+        Ok(text)
     }
-    fn freezer(&self) -> &Path {
-        &self.dirs[4]
+
+    fn procs_in(&self, h: usize) -> Result<Vec<i32>, CgroupError> {
+        Ok(self
+            .read_in(h, "cgroup.procs")?
+            .lines()
+            .filter_map(|l| l.trim().parse().ok())
+            .collect())
     }
 
     fn wait_frozen(&self) -> Result<(), CgroupError> {
-        let state = self.freezer().join("freezer.state");
         let deadline = Instant::now() + Duration::from_secs(2);
         loop {
-            if read_file(&state)?.trim() == "FROZEN" || Instant::now() > deadline {
+            if self.read_in(FREEZER, "freezer.state")?.trim() == "FROZEN"
+                || Instant::now() > deadline
+            {
                 return Ok(());
             }
             std::thread::sleep(Duration::from_micros(200));
@@ -161,59 +237,60 @@ impl V1Cgroup {
 
 impl Cgroup for V1Cgroup {
     fn describe(&self) -> String {
-        format!("v1 {}", self.memory().display())
+        format!("v1 {}", self.dirs[MEMORY].display())
     }
 
     fn set_limits(&self, l: &Limits) -> Result<(), CgroupError> {
-        let mem = self.memory();
         match l.mem_bytes {
             Some(b) => {
-                write_file(&mem.join("memory.limit_in_bytes"), &b.to_string())?;
+                let b = b.to_string();
+                self.write_in(MEMORY, "memory.limit_in_bytes", &b)?;
                 // With swap accounting, memory+swap gets the same cap, so the limit cannot
                 // be dodged by swapping.
-                let memsw = mem.join("memory.memsw.limit_in_bytes");
-                if memsw.exists() {
-                    write_file(&memsw, &b.to_string())?;
+                if self.memsw {
+                    self.write_in(MEMORY, "memory.memsw.limit_in_bytes", &b)?;
                 }
                 // v1 charges socket buffers to a cgroup only once this is set: without it a
-                // sandbox could park unbounded memory in TCP buffers.
-                let tcp = mem.join("memory.kmem.tcp.limit_in_bytes");
-                if tcp.exists() {
-                    write_file(&tcp, &b.to_string())?;
+                // sandbox could park unbounded memory in TCP buffers. (Not every kernel has
+                // it.)
+                match self.write_in(MEMORY, "memory.kmem.tcp.limit_in_bytes", &b) {
+                    Err(CgroupError::Io { source, .. })
+                        if source.raw_os_error() == Some(libc::ENOENT) => {}
+                    other => other?,
                 }
             }
-            None => write_file(&mem.join("memory.limit_in_bytes"), "-1")?,
+            None => self.write_in(MEMORY, "memory.limit_in_bytes", "-1")?,
         }
         // Best effort: not every kernel lets a child cgroup set swappiness.
-        let _ = std::fs::write(mem.join("memory.swappiness"), "0");
-        write_file(&self.pids().join("pids.max"), &l.pids.to_string())?;
+        let _ = self.write_in(MEMORY, "memory.swappiness", "0");
+        self.write_in(PIDS, "pids.max", &l.pids.to_string())?;
         let period: u64 = 100_000;
         let quota = (u64::from(l.cpu_millis) * period / 1000).max(1000);
-        write_file(&self.cpu().join("cpu.cfs_period_us"), &period.to_string())?;
-        write_file(&self.cpu().join("cpu.cfs_quota_us"), &quota.to_string())?;
+        self.write_in(CPU, "cpu.cfs_period_us", &period.to_string())?;
+        self.write_in(CPU, "cpu.cfs_quota_us", &quota.to_string())?;
         Ok(())
     }
 
     fn add_pid(&self, pid: i32) -> Result<(), CgroupError> {
-        for d in &self.dirs {
-            write_file(&d.join("cgroup.procs"), &pid.to_string())?;
+        for h in 0..5 {
+            self.write_in(h, "cgroup.procs", &pid.to_string())?;
         }
         Ok(())
     }
 
     fn add_single_threaded(&self, pid: i32) -> Result<(), CgroupError> {
-        for d in &self.dirs {
-            write_file(&d.join("tasks"), &pid.to_string())?;
+        let pid = pid.to_string();
+        for h in 0..5 {
+            self.write_in(h, "tasks", &pid)?;
         }
         Ok(())
     }
 
-    fn attach_files(&self) -> Result<Vec<std::os::fd::OwnedFd>, CgroupError> {
+    fn attach_files(&self) -> Result<Vec<OwnedFd>, CgroupError> {
         // `tasks` moves just the writing thread, without the global threadgroup lock that
         // `cgroup.procs` takes; the writer is single-threaded, so that is the whole process.
-        self.dirs
-            .iter()
-            .map(|d| super::open_write(&d.join("tasks")))
+        (0..5)
+            .map(|h| self.open_in(h, "tasks", libc::O_WRONLY).map(OwnedFd::from))
             .collect()
     }
 
@@ -221,22 +298,23 @@ impl Cgroup for V1Cgroup {
         // The memory hierarchy is the one whose limit matters most, and a process joins the
         // hierarchies in order (memory first, freezer last), so freezer membership implies
         // the others: check the first and the last.
-        Ok(procs(&self.memory().join("cgroup.procs"))?.contains(&pid)
-            && procs(&self.freezer().join("cgroup.procs"))?.contains(&pid))
+        Ok(self.procs_in(MEMORY)?.contains(&pid) && self.procs_in(FREEZER)?.contains(&pid))
     }
 
     fn usage(&self) -> Result<Usage, CgroupError> {
-        let oom = read_file(&self.memory().join("memory.oom_control"))?;
+        let oom = self.read_in(MEMORY, "memory.oom_control")?;
         let oom_kills = oom
             .lines()
             .find_map(|l| l.strip_prefix("oom_kill "))
             .and_then(|v| v.trim().parse().ok())
             .unwrap_or(0);
-        let peak_bytes = read_file(&self.memory().join("memory.max_usage_in_bytes"))?
+        let peak_bytes = self
+            .read_in(MEMORY, "memory.max_usage_in_bytes")?
             .trim()
             .parse()
             .unwrap_or(0);
-        let cpu_ns: u64 = read_file(&self.cpuacct().join("cpuacct.usage"))?
+        let cpu_ns: u64 = self
+            .read_in(CPUACCT, "cpuacct.usage")?
             .trim()
             .parse()
             .unwrap_or(0);
@@ -248,17 +326,17 @@ impl Cgroup for V1Cgroup {
     }
 
     fn freeze(&self) -> Result<(), CgroupError> {
-        write_file(&self.freezer().join("freezer.state"), "FROZEN")?;
+        self.write_in(FREEZER, "freezer.state", "FROZEN")?;
         self.wait_frozen()
     }
 
     fn thaw(&self) -> Result<(), CgroupError> {
-        write_file(&self.freezer().join("freezer.state"), "THAWED")
+        self.write_in(FREEZER, "freezer.state", "THAWED")
     }
 
     fn kill_all(&self) -> Result<(), CgroupError> {
-        let listed = self.freezer().join("cgroup.procs");
-        if procs(&listed)?.is_empty() {
+        let listed = || self.procs_in(FREEZER);
+        if listed()?.is_empty() {
             return Ok(());
         }
         // Most often what is left is already on its way out (a request's process that has
@@ -267,14 +345,14 @@ impl Cgroup for V1Cgroup {
         kill_listed(&listed)?;
         let deadline = Instant::now() + Duration::from_millis(20);
         while Instant::now() < deadline {
-            if procs(&listed)?.is_empty() {
+            if listed()?.is_empty() {
                 return Ok(());
             }
             std::thread::sleep(Duration::from_micros(200));
         }
         // Something keeps forking: freeze, kill, thaw until nothing is left.
         for _ in 0..10 {
-            if procs(&listed)?.is_empty() {
+            if listed()?.is_empty() {
                 return Ok(());
             }
             self.freeze()?;
@@ -286,7 +364,7 @@ impl Cgroup for V1Cgroup {
     }
 
     fn is_empty(&self) -> Result<bool, CgroupError> {
-        Ok(procs(&self.freezer().join("cgroup.procs"))?.is_empty())
+        Ok(self.procs_in(FREEZER)?.is_empty())
     }
 
     fn recycle(&self) -> Result<bool, CgroupError> {
@@ -306,8 +384,7 @@ impl Cgroup for V1Cgroup {
         // left is reused. (`memory.usage_in_bytes` is no guide: it also counts charges the
         // kernel holds in advance per CPU, and kernel memory freed lazily.) Reclaiming
         // instead, with force_empty, costs more than a new cgroup.
-        let mem = self.memory();
-        let stat = read_file(&mem.join("memory.stat"))?;
+        let stat = self.read_in(MEMORY, "memory.stat")?;
         let pages: u64 = ["cache", "rss"]
             .iter()
             .map(|k| {
@@ -324,12 +401,11 @@ impl Cgroup for V1Cgroup {
             );
             return Ok(false);
         }
-        write_file(&mem.join("memory.max_usage_in_bytes"), "0")?;
-        let memsw = mem.join("memory.memsw.max_usage_in_bytes");
-        if memsw.exists() {
-            write_file(&memsw, "0")?;
+        self.write_in(MEMORY, "memory.max_usage_in_bytes", "0")?;
+        if self.memsw {
+            self.write_in(MEMORY, "memory.memsw.max_usage_in_bytes", "0")?;
         }
-        write_file(&self.cpuacct().join("cpuacct.usage"), "0")?;
+        self.write_in(CPUACCT, "cpuacct.usage", "0")?;
         self.thaw()?;
         Ok(true)
     }
