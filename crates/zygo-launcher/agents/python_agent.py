@@ -25,7 +25,7 @@ Guarantees, to a handler that does not sabotage it:
   import_error) first and once, then heartbeat at least every second, and park_failed.
 """
 
-import _thread, array, importlib.machinery, json, os, re
+import _socket, _thread, array, importlib.machinery, json, os, re
 import select, signal, socket, stat, struct, sys, time
 # traceback and shutil are imported where they are needed (an error, a reap): every module
 # imported here is memory each zygote holds for as long as it lives.
@@ -318,9 +318,11 @@ def handle(msg, slots, func):
             os.close(named)
             if WORKDIR.fullmatch(name):
                 path = os.path.join(WORK_ROOT, name)
-                if uid is None:
+                if not os.path.lexists(path):
+                    pass  # the usual case: the child removed it when it answered
+                elif uid is None:
                     remove(path)
-                elif os.path.lexists(path) and os.fork() == 0:
+                elif os.fork() == 0:
                     # The child removes its own directory when it answers; one killed first
                     # left it, and only its owner may empty it: do that as the owner.
                     try:
@@ -397,7 +399,9 @@ def child(slot, tell_name, inherited, func, out, err, uid):
         workdir = os.urandom(16).hex()  # told before it exists, so reap always finds it
         os.write(tell_name, workdir.encode())
         os.close(tell_name)
-        mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        # The C-level socket type: the request channel needs nothing more, and a fork copies
+        # fewer pages making it.
+        mine, theirs = _socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         # fd 1 and fd 2 become pipes whose read ends go to the launcher, which relays them
         # (anything the handler starts writes there too); the launcher reads them to the
         # end of what was written before it relays our terminal line.
@@ -408,16 +412,16 @@ def child(slot, tell_name, inherited, func, out, err, uid):
         os.dup2(err_w, 2)
         os.close(out_w)
         os.close(err_w)
-        reg = socket.socket(fileno=REG)
         creds = struct.pack("iII", os.getpid(), os.getuid(), os.getgid())
-        reg.sendmsg([json.dumps({"kind": "register", "slot": slot}).encode()],
-                    [(socket.SOL_SOCKET, socket.SCM_CREDENTIALS, creds),
-                     (socket.SOL_SOCKET, socket.SCM_RIGHTS,
-                      array.array("i", [theirs.fileno(), out_r, err_r]))])
+        # The slot was checked against SLOT: nothing in it needs escaping.
+        REG_SOCKET.sendmsg([b'{"kind":"register","slot":"%s"}' % slot.encode()],
+                           [(socket.SOL_SOCKET, socket.SCM_CREDENTIALS, creds),
+                            (socket.SOL_SOCKET, socket.SCM_RIGHTS,
+                             array.array("i", [theirs.fileno(), out_r, err_r]))])
         theirs.close()
         os.close(out_r)
         os.close(err_r)
-        reg.close()
+        os.close(REG_SOCKET.detach())
         if uid is not None:
             become(uid)
         own_domain()
@@ -529,8 +533,7 @@ def prepare(channel, workdir):
     # the agent's); if it imports `random` later, that seeds itself from the kernel.
     if "random" in sys.modules:
         sys.modules["random"].seed()
-    ours = [open(fd, "w", buffering=1, encoding="utf-8", errors="backslashreplace", closefd=False)
-            for fd in (1, 2)]
+    ours = CHILD_STREAMS
     sys.stdout, sys.stderr = ours
     encode(json.loads('{"kind": "result", "value": [1, "x", {"y": null}]}'))
     # The heartbeat's handler now; its timer is armed when the request starts.
@@ -694,6 +697,13 @@ def main(argv):
         func = ExecPool(argv[2:])
     else:
         func = load(argv[1], argv[2])
+    # Made once here rather than in every child: the registration socket (fd 4), and the
+    # text streams a child's print() and tracebacks use on fd 1 and fd 2 (which are its
+    # output pipes by then; nothing here ever writes to them).
+    global REG_SOCKET, CHILD_STREAMS
+    REG_SOCKET = _socket.socket(fileno=REG)
+    CHILD_STREAMS = [open(fd, "w", buffering=1, encoding="utf-8", errors="backslashreplace",
+                          closefd=False) for fd in (1, 2)]
     import gc
     gc.freeze()  # what import made stays put: forks copy fewer pages
     no_dump()
