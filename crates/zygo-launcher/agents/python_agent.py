@@ -25,7 +25,7 @@ Guarantees, to a handler that does not sabotage it:
   import_error) first and once, then heartbeat at least every second, and park_failed.
 """
 
-import _socket, _thread, array, importlib.machinery, json, os, re
+import _signal, _socket, _thread, array, importlib.machinery, json, os, re
 import select, signal, socket, stat, struct, sys, time
 # traceback and shutil are imported where they are needed (an error, a reap): every module
 # imported here is memory each zygote holds for as long as it lives.
@@ -179,11 +179,12 @@ LIBC = None  # ctypes' handle on the C library, opened once in the agent (see no
 def no_dump():
     """PR_SET_DUMPABLE 0: without CAP_SYS_PTRACE no other process may open our /proc/<pid>
     fd, cwd, mem or environ. Forks inherit it; exec resets it."""
-    global LIBC
+    global LIBC, LANDLOCK_CALLS
     try:
         import ctypes
         LIBC = ctypes.CDLL(None, use_errno=True)
         LIBC.syscall.restype = ctypes.c_long
+        LANDLOCK_CALLS = landlock_calls(ctypes)
         LIBC.prctl(4, 0, 0, 0, 0)
     except Exception as e:
         complain(f"cannot make the agent non-dumpable: {e}")
@@ -202,15 +203,26 @@ LANDLOCK_SCOPE_ABSTRACT_UNIX_SOCKET, LANDLOCK_SCOPE_SIGNAL = 1, 2
 NO_LANDLOCK = (38, 95)  # ENOSYS, EOPNOTSUPP: the kernel has no Landlock (zygo version says)
 
 
+LANDLOCK_CALLS = None  # the system calls' arguments, made once in the agent (see no_dump)
+
+
+def landlock_calls(ctypes):
+    """(create_ruleset argument tuples, newest ABI first; restrict_self's number, flags)."""
+    attrs = (struct.pack("QQQ", LANDLOCK_ACCESS_FS_MAKE_BLOCK, 0,
+                         LANDLOCK_SCOPE_ABSTRACT_UNIX_SOCKET | LANDLOCK_SCOPE_SIGNAL),
+             struct.pack("QQ", LANDLOCK_ACCESS_FS_MAKE_BLOCK, 0))  # before ABI 6
+    create = tuple((ctypes.c_long(SYS_LANDLOCK_CREATE_RULESET), a, ctypes.c_size_t(len(a)),
+                    ctypes.c_uint32(0)) for a in attrs)
+    return create, ctypes.c_long(SYS_LANDLOCK_RESTRICT_SELF), ctypes.c_uint32(0)
+
+
 def own_domain():
     """Enter a Landlock domain nested in the sandbox's, before any request code runs."""
     import ctypes
+    create, restrict, no_flags = LANDLOCK_CALLS
     fd, err = -1, 0
-    for attr in (struct.pack("QQQ", LANDLOCK_ACCESS_FS_MAKE_BLOCK, 0,
-                             LANDLOCK_SCOPE_ABSTRACT_UNIX_SOCKET | LANDLOCK_SCOPE_SIGNAL),
-                 struct.pack("QQ", LANDLOCK_ACCESS_FS_MAKE_BLOCK, 0)):  # before ABI 6
-        fd = LIBC.syscall(ctypes.c_long(SYS_LANDLOCK_CREATE_RULESET), attr,
-                          ctypes.c_size_t(len(attr)), ctypes.c_uint32(0))
+    for args in create:
+        fd = LIBC.syscall(*args)
         if fd >= 0:
             break
         err = ctypes.get_errno()
@@ -219,8 +231,7 @@ def own_domain():
     if fd < 0:
         raise OSError(err, f"landlock_create_ruleset: {os.strerror(err)}")
     try:
-        if LIBC.syscall(ctypes.c_long(SYS_LANDLOCK_RESTRICT_SELF), ctypes.c_int(fd),
-                        ctypes.c_uint32(0)) != 0:
+        if LIBC.syscall(restrict, ctypes.c_int(fd), no_flags) != 0:
             err = ctypes.get_errno()
             raise OSError(err, f"landlock_restrict_self: {os.strerror(err)}")
     finally:
@@ -393,7 +404,8 @@ def remove(path):
 def child(slot, tell_name, inherited, func, out, err, uid):
     """Register, wait for one request, serve it, exit. Never returns."""
     try:
-        signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+        # _signal, not signal: its wrappers convert through enum, which copies pages.
+        _signal.signal(_signal.SIGCHLD, _signal.SIG_DFL)
         for fd in [CTL, *inherited]:  # other slots' workdir names are not ours to read
             os.close(fd)
         workdir = os.urandom(16).hex()  # told before it exists, so reap always finds it
@@ -535,9 +547,11 @@ def prepare(channel, workdir):
         sys.modules["random"].seed()
     ours = CHILD_STREAMS
     sys.stdout, sys.stderr = ours
-    encode(json.loads('{"kind": "result", "value": [1, "x", {"y": null}]}'))
+    result(Event(strict(b'{"kind":"request","id":"0","event":{"a":[1,"x",{"y":null}]}}',
+                        REQUEST)["event"]))
     # The heartbeat's handler now; its timer is armed when the request starts.
-    signal.signal(signal.SIGALRM, lambda *_: channel.send({"kind": "heartbeat"}, blocking=False))
+    _signal.signal(_signal.SIGALRM,
+                   lambda *_: channel.send({"kind": "heartbeat"}, blocking=False))
     import gc
     gc.freeze()  # collections during the request leave the pages shared with the agent alone
     return Prepared(channel, ours, path)
