@@ -19,6 +19,15 @@ use std::path::{Path, PathBuf};
 pub use v1::V1;
 pub use v2::V2;
 
+/// A cgroup's CPU weight among its siblings.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Weight {
+    /// The kernel's default: a request being served, a one-shot sandbox.
+    Foreground,
+    /// A quarter of that: work done ahead of requests.
+    Background,
+}
+
 /// Limits written into a sandbox's cgroup.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Limits {
@@ -139,6 +148,10 @@ pub trait Cgroup: Send {
     fn is_empty(&self) -> Result<bool, CgroupError>;
     /// Kill what is left and remove the cgroup.
     fn remove(self: Box<Self>) -> Result<(), CgroupError>;
+    /// Its share of the CPU against its siblings when the CPUs are contended: a zygote's
+    /// agent and its parked children (forking, setting up) run in the background, so that
+    /// a request being served never waits behind them.
+    fn set_weight(&self, w: Weight) -> Result<(), CgroupError>;
     /// Make an emptied cgroup ready for another process of the same function, as if new:
     /// its counters reset, what its last process left charged to it reclaimed, thawed.
     /// `Ok(false)` when it cannot be made so (then it is removed instead).

@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 
 use super::{
     ensure_dir, io_err, join, kill_listed, rmdir_retry, Cgroup, CgroupError, CgroupMount, Limits,
-    OwnCgroup, Usage,
+    OwnCgroup, Usage, Weight,
 };
 
 const CONTROLLERS: [&str; 5] = ["memory", "pids", "cpu", "cpuacct", "freezer"];
@@ -269,6 +269,14 @@ impl Cgroup for V1Cgroup {
         self.write_in(CPU, "cpu.cfs_period_us", &period.to_string())?;
         self.write_in(CPU, "cpu.cfs_quota_us", &quota.to_string())?;
         Ok(())
+    }
+
+    fn set_weight(&self, w: Weight) -> Result<(), CgroupError> {
+        let shares = match w {
+            Weight::Foreground => "1024",
+            Weight::Background => "256",
+        };
+        self.write_in(CPU, "cpu.shares", shares)
     }
 
     fn add_pid(&self, pid: i32) -> Result<(), CgroupError> {

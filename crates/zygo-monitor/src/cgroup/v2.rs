@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 
 use super::{
     ensure_dir, join, procs, read_file, rmdir_retry, write_file, Cgroup, CgroupError, CgroupMount,
-    Limits, OwnCgroup, Usage,
+    Limits, OwnCgroup, Usage, Weight,
 };
 
 const NEEDED: [&str; 3] = ["memory", "pids", "cpu"];
@@ -138,6 +138,14 @@ impl Cgroup for V2Cgroup {
         let period: u64 = 100_000;
         let quota = (u64::from(l.cpu_millis) * period / 1000).max(1000);
         write_file(&self.dir.join("cpu.max"), &format!("{quota} {period}"))
+    }
+
+    fn set_weight(&self, w: Weight) -> Result<(), CgroupError> {
+        let weight = match w {
+            Weight::Foreground => "100",
+            Weight::Background => "25",
+        };
+        write_file(&self.dir.join("cpu.weight"), weight)
     }
 
     fn add_pid(&self, pid: i32) -> Result<(), CgroupError> {

@@ -10,7 +10,7 @@ use std::thread::JoinHandle;
 
 use mio::{Token, Waker};
 
-use crate::cgroup::{Backend, Cgroup, Limits};
+use crate::cgroup::{Backend, Cgroup, Limits, Weight};
 
 /// The worker thread's nice value.
 const WORKER_NICE: libc::c_int = 10;
@@ -131,8 +131,13 @@ impl Worker {
                             rel,
                             limits,
                         } => {
+                            // A parked child works in the background until it is given
+                            // a request (see `Weight`).
                             let reused = kept.take(&pool, &limits).and_then(|cg| {
-                                match cg.add_single_threaded(pid) {
+                                match cg
+                                    .set_weight(Weight::Background)
+                                    .and_then(|_| cg.add_single_threaded(pid))
+                                {
                                     Ok(()) => Some(cg),
                                     Err(e) => {
                                         log::warn!("reuse a request cgroup: {e}");
@@ -146,6 +151,7 @@ impl Worker {
                                 None => backend
                                     .create(&rel)
                                     .and_then(|cg| cg.set_limits(&limits).map(|_| cg))
+                                    .and_then(|cg| cg.set_weight(Weight::Background).map(|_| cg))
                                     .and_then(|cg| cg.add_single_threaded(pid).map(|_| cg))
                                     .map_err(|e| e.to_string()),
                             };

@@ -33,7 +33,7 @@ use proto::launch::{
 use super::cgworker::{Job, Worker};
 use super::conn::Conn;
 use super::SupervisorError;
-use crate::cgroup::{Backend, Cgroup, Limits};
+use crate::cgroup::{Backend, Cgroup, Limits, Weight};
 use std::sync::Arc;
 
 /// Requests one zygote serves at once.
@@ -709,7 +709,10 @@ impl Functions {
                 random_hex(6)
             ))
             .map_err(|e| e.to_string())?;
-        if let Err(e) = cg.set_limits(&f.limits) {
+        if let Err(e) = cg
+            .set_limits(&f.limits)
+            .and_then(|_| cg.set_weight(Weight::Background))
+        {
             let _ = cg.remove();
             return Err(format!("write the zygote's limits: {e}"));
         }
@@ -1399,6 +1402,10 @@ impl Functions {
         }
         if let Some(s) = z.slots.get_mut(&slot) {
             s.request = Some(id.to_string());
+            // From now on this child is what a caller waits for.
+            if let Err(e) = s.cgroup.set_weight(Weight::Foreground) {
+                log::warn!("raise a request's CPU weight: {e}");
+            }
         }
         c.at = Some((zt, slot.clone()));
         c.started = Some(now);
