@@ -3,8 +3,9 @@
 
 use std::os::unix::net::UnixStream;
 
-use proto::front::{Hello, HelloReply, Reply, Request, Role, FRONT_PROTOCOL, MAX_FRONT_FRAME};
+use proto::front::{Reply, Request, Role, MAX_FRONT_FRAME};
 use proto::{read_frame, write_frame};
+use zygo_monitor::reach;
 
 pub struct Client {
     sock: UnixStream,
@@ -19,9 +20,7 @@ pub enum ConnectError {
 impl std::fmt::Display for ConnectError {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
-            ConnectError::NotRunning => {
-                f.write_str("no supervisor is running; start one with `zygo up`")
-            }
+            ConnectError::NotRunning => f.write_str(reach::NO_SUPERVISOR),
             ConnectError::Other(e) => f.write_str(e),
         }
     }
@@ -29,38 +28,18 @@ impl std::fmt::Display for ConnectError {
 
 impl Client {
     pub fn connect() -> Result<Client, ConnectError> {
-        let path = zygo_monitor::paths::socket_path();
-        let mut sock = match UnixStream::connect(&path) {
-            Ok(s) => s,
-            Err(e)
-                if matches!(
-                    e.kind(),
-                    std::io::ErrorKind::NotFound | std::io::ErrorKind::ConnectionRefused
-                ) =>
-            {
-                return Err(ConnectError::NotRunning)
-            }
-            Err(e) => {
-                return Err(ConnectError::Other(format!(
-                    "connect to {}: {e}",
-                    path.display()
-                )))
-            }
-        };
-        write_frame(
-            &mut sock,
-            &Hello {
-                protocol: FRONT_PROTOCOL,
-                role: Role::Cli,
-            },
-        )
-        .map_err(|e| ConnectError::Other(format!("talk to the supervisor: {e}")))?;
-        match read_frame::<_, HelloReply>(&mut sock, MAX_FRONT_FRAME) {
-            Ok(HelloReply::Welcome { .. }) => Ok(Client { sock }),
-            Ok(HelloReply::Refused { reason }) => Err(ConnectError::Other(format!(
+        let mut sock = reach::connect().map_err(|e| match e {
+            reach::ReachError::NotRunning => ConnectError::NotRunning,
+            reach::ReachError::Unreachable(e) => ConnectError::Other(e),
+        })?;
+        match reach::hello(&mut sock, Role::Cli) {
+            Ok(()) => Ok(Client { sock }),
+            Err(reach::HelloError::Refused(reason)) => Err(ConnectError::Other(format!(
                 "the supervisor refused: {reason}"
             ))),
-            Err(e) => Err(ConnectError::Other(format!("talk to the supervisor: {e}"))),
+            Err(reach::HelloError::Proto(e)) => {
+                Err(ConnectError::Other(format!("talk to the supervisor: {e}")))
+            }
         }
     }
 

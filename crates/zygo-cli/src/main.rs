@@ -21,6 +21,7 @@ macro_rules! say_raw {
 }
 
 mod client;
+mod flags;
 mod fncmds;
 mod mcp;
 mod run;

@@ -11,6 +11,7 @@ use policy::{narrow_to_ceiling, AllowRule, Layer, Source};
 use zygo_monitor::cgroup::Backend;
 use zygo_monitor::mcp::{Ceiling, Options, Workspace};
 
+use crate::flags::{self, text};
 use crate::{usage, usage_error};
 
 struct Opts {
@@ -29,30 +30,13 @@ fn parse(raw: Vec<OsString>) -> Result<Option<Opts>, String> {
         file: None,
     };
     let mut p = lexopt::Parser::from_args(raw);
-    let text = |v: OsString, flag: &str| {
-        v.into_string()
-            .map_err(|v| format!("--{flag}: {v:?} is not valid UTF-8"))
-    };
     while let Some(arg) = p.next().map_err(|e| e.to_string())? {
         match arg {
             Long("help") | Short('h') => return Ok(None),
             Long(flag @ ("mem" | "cpu" | "pids" | "timeout" | "scratch" | "net" | "image")) => {
                 let flag = flag.to_string();
                 let v = text(p.value().map_err(|e| e.to_string())?, &flag)?;
-                let a = &mut o.limits;
-                let slot = match flag.as_str() {
-                    "mem" => &mut a.mem,
-                    "cpu" => &mut a.cpu,
-                    "pids" => &mut a.pids,
-                    "timeout" => &mut a.timeout,
-                    "scratch" => &mut a.scratch,
-                    "net" => &mut a.net,
-                    _ => &mut a.image,
-                };
-                if slot.is_some() {
-                    return Err(format!("--{flag} given twice"));
-                }
-                *slot = Some(v);
+                flags::set(&mut o.limits, &flag, v)?;
             }
             Long("allow") => o
                 .allow

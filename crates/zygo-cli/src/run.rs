@@ -10,6 +10,7 @@ use proto::launch::Phase;
 use zygo_monitor::cgroup::Backend;
 use zygo_monitor::oneshot::{self, Outcome, Output, Request, Stdin};
 
+use crate::flags::{self, text};
 use crate::{usage, usage_error};
 
 struct Opts {
@@ -26,10 +27,6 @@ fn parse(raw: Vec<OsString>) -> Result<Option<Opts>, String> {
         json: false,
     };
     let mut p = lexopt::Parser::from_args(raw);
-    let text = |v: OsString, flag: &str| {
-        v.into_string()
-            .map_err(|v| format!("--{flag}: {v:?} is not valid UTF-8"))
-    };
     while let Some(arg) = p.next().map_err(|e| e.to_string())? {
         match arg {
             Long("help") | Short('h') => return Ok(None),
@@ -40,28 +37,7 @@ fn parse(raw: Vec<OsString>) -> Result<Option<Opts>, String> {
             ) => {
                 let flag = flag.to_string();
                 let v = text(p.value().map_err(|e| e.to_string())?, &flag)?;
-                let a = &mut o.args;
-                let slot = match flag.as_str() {
-                    "mem" => &mut a.mem,
-                    "cpu" => &mut a.cpu,
-                    "pids" => &mut a.pids,
-                    "timeout" => &mut a.timeout,
-                    "scratch" => &mut a.scratch,
-                    "net" => &mut a.net,
-                    "image" => &mut a.image,
-                    "mount" => {
-                        a.mounts.push(v);
-                        continue;
-                    }
-                    _ => {
-                        a.env.push(v);
-                        continue;
-                    }
-                };
-                if slot.is_some() {
-                    return Err(format!("--{flag} given twice"));
-                }
-                *slot = Some(v);
+                flags::set(&mut o.args, &flag, v)?;
             }
             Long("stdin") => o.stdin = Some(p.value().map_err(|e| e.to_string())?),
             Value(v) => {

@@ -3,11 +3,12 @@
 //! It owns the cgroup tree, every sandbox's lifecycle and deadline, and the identity a
 //! sandbox runs as. It trusts the `policy` crate's verdicts and nothing it reads from a
 //! launcher or a front: every message is checked against what the monitor itself granted.
-//! One-shot commands (`zygo run`) embed it; the supervisor will run it as a daemon.
+//! One-shot commands (`zygo run`) embed it; the supervisor runs it as a daemon.
 
 pub mod cgroup;
 pub mod identity;
 pub mod mcp;
 pub mod oneshot;
 pub mod paths;
+pub mod reach;
 pub mod supervisor;

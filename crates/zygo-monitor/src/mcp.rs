@@ -46,7 +46,7 @@ use proto::{read_frame, write_frame, ProtoError};
 
 use crate::cgroup::{Backend, Limits};
 use crate::oneshot::{self, Output, Stdin};
-use crate::paths;
+use crate::reach::HelloError;
 
 /// The most calls running at once (sandboxes and supervisor calls together).
 pub const MAX_CALLS: usize = 16;
@@ -56,7 +56,7 @@ pub const MAX_CALLS: usize = 16;
 pub const OUTER_SLACK: Duration = Duration::from_secs(300);
 
 /// What a tool says when no supervisor runs.
-pub const NO_SUPERVISOR: &str = "no supervisor is running; start one with `zygo up`";
+pub use crate::reach::NO_SUPERVISOR;
 
 /// `function_logs`' limit is clamped into this range.
 pub const LOG_LIMIT: std::ops::RangeInclusive<u32> = 1..=200;
@@ -710,24 +710,7 @@ fn tool_error(call: u64, reply: Reply) -> McpReply {
 
 /// One request to the running supervisor on a connection of its own, as an `Mcp` front.
 fn supervisor(req: Request, stopper: &Stopper) -> Result<Reply, String> {
-    let path = paths::socket_path();
-    let mut sock = match UnixStream::connect(&path) {
-        Ok(s) => s,
-        Err(e)
-            if matches!(
-                e.kind(),
-                std::io::ErrorKind::NotFound | std::io::ErrorKind::ConnectionRefused
-            ) =>
-        {
-            return Err(NO_SUPERVISOR.into())
-        }
-        Err(e) => {
-            return Err(format!(
-                "could not reach the supervisor at {}: {e}",
-                path.display()
-            ))
-        }
-    };
+    let mut sock = crate::reach::connect().map_err(|e| e.to_string())?;
     {
         let mut slot = lock(&stopper.sock);
         if stopper.cancelled() {
@@ -744,17 +727,10 @@ fn supervisor(req: Request, stopper: &Stopper) -> Result<Reply, String> {
             format!("talking to the supervisor failed: {e}")
         }
     };
-    write_frame(
-        &mut sock,
-        &Hello {
-            protocol: FRONT_PROTOCOL,
-            role: Role::Mcp,
-        },
-    )
-    .map_err(failed)?;
-    match read_frame::<_, HelloReply>(&mut sock, MAX_FRONT_FRAME).map_err(failed)? {
-        HelloReply::Welcome { .. } => {}
-        HelloReply::Refused { reason } => {
+    match crate::reach::hello(&mut sock, Role::Mcp) {
+        Ok(()) => {}
+        Err(HelloError::Proto(e)) => return Err(failed(e)),
+        Err(HelloError::Refused(reason)) => {
             return Err(format!("the supervisor refused this server: {reason}"))
         }
     }

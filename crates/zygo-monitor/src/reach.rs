@@ -1,0 +1,65 @@
+//! How a front reaches the running supervisor: its socket, then a hello that names the
+//! front's role (which decides what it may ask).
+
+use std::os::unix::net::UnixStream;
+
+use proto::front::{Hello, HelloReply, Role, FRONT_PROTOCOL, MAX_FRONT_FRAME};
+use proto::{read_frame, write_frame, ProtoError};
+
+use crate::paths;
+
+pub const NO_SUPERVISOR: &str = "no supervisor is running; start one with `zygo up`";
+
+/// Why the supervisor's socket could not be reached.
+#[derive(Debug)]
+pub enum ReachError {
+    /// No socket, or nothing listening on it.
+    NotRunning,
+    Unreachable(String),
+}
+
+impl std::fmt::Display for ReachError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            ReachError::NotRunning => f.write_str(NO_SUPERVISOR),
+            ReachError::Unreachable(e) => f.write_str(e),
+        }
+    }
+}
+
+/// Connect to the supervisor's socket (nothing said yet).
+pub fn connect() -> Result<UnixStream, ReachError> {
+    let path = paths::socket_path();
+    UnixStream::connect(&path).map_err(|e| match e.kind() {
+        std::io::ErrorKind::NotFound | std::io::ErrorKind::ConnectionRefused => {
+            ReachError::NotRunning
+        }
+        _ => ReachError::Unreachable(format!(
+            "could not reach the supervisor at {}: {e}",
+            path.display()
+        )),
+    })
+}
+
+/// Why a hello was not welcomed.
+#[derive(Debug)]
+pub enum HelloError {
+    Refused(String),
+    Proto(ProtoError),
+}
+
+/// Say hello as `role` and read the supervisor's answer.
+pub fn hello(sock: &mut UnixStream, role: Role) -> Result<(), HelloError> {
+    write_frame(
+        sock,
+        &Hello {
+            protocol: FRONT_PROTOCOL,
+            role,
+        },
+    )
+    .map_err(HelloError::Proto)?;
+    match read_frame::<_, HelloReply>(sock, MAX_FRONT_FRAME).map_err(HelloError::Proto)? {
+        HelloReply::Welcome { .. } => Ok(()),
+        HelloReply::Refused { reason } => Err(HelloError::Refused(reason)),
+    }
+}
