@@ -237,6 +237,9 @@ pub struct Functions {
     pending_serves: Vec<PendingServe>,
     /// Zygotes whose spare is to be replaced when the loop has nothing more urgent.
     parks: VecDeque<Token>,
+    /// Slots whose request was answered: their child is exiting, which is work in the
+    /// background again (their cgroup's weight goes back down once the answer is out).
+    settling: Vec<(Token, String)>,
     counter: u64,
 }
 
@@ -285,6 +288,7 @@ impl Functions {
             outbox: Vec::new(),
             pending_serves: Vec::new(),
             parks: VecDeque::new(),
+            settling: Vec::new(),
             counter: 0,
         })
     }
@@ -1200,6 +1204,7 @@ impl Functions {
         }
         s.answered = Some(Instant::now());
         let usage = s.cgroup.usage().ok();
+        self.settling.push((zt, slot.to_string()));
         match self.calls.get_mut(&id) {
             Some(c) if c.forced.is_none() => {
                 c.terminal.get_or_insert(t);
@@ -1808,12 +1813,21 @@ impl Functions {
 
     /// Whether background work is waiting (the loop then polls without sleeping).
     pub fn has_background(&self) -> bool {
-        !self.parks.is_empty()
+        !self.parks.is_empty() || !self.settling.is_empty()
     }
 
-    /// Replace one spare.
+    /// Lower the weight of what was answered, or replace one spare.
     pub fn background_step(&mut self) {
-        if let Some(zt) = self.parks.pop_front() {
+        if !self.settling.is_empty() {
+            for (zt, slot) in std::mem::take(&mut self.settling) {
+                let Some(s) = self.zygotes.get(&zt).and_then(|z| z.slots.get(&slot)) else {
+                    continue;
+                };
+                if let Err(e) = s.cgroup.set_weight(Weight::Background) {
+                    log::debug!("lower an answered request's CPU weight: {e}");
+                }
+            }
+        } else if let Some(zt) = self.parks.pop_front() {
             self.park(zt);
         }
     }
