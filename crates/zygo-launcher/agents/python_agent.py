@@ -179,12 +179,13 @@ LIBC = None  # ctypes' handle on the C library, opened once in the agent (see no
 def no_dump():
     """PR_SET_DUMPABLE 0: without CAP_SYS_PTRACE no other process may open our /proc/<pid>
     fd, cwd, mem or environ. Forks inherit it; exec resets it."""
-    global LIBC, LANDLOCK_CALLS
+    global LIBC, LANDLOCK_RULESET, RESTRICT_SELF
     try:
         import ctypes
         LIBC = ctypes.CDLL(None, use_errno=True)
         LIBC.syscall.restype = ctypes.c_long
-        LANDLOCK_CALLS = landlock_calls(ctypes)
+        LANDLOCK_RULESET = landlock_ruleset(ctypes)
+        RESTRICT_SELF = ctypes.c_long(SYS_LANDLOCK_RESTRICT_SELF)
         LIBC.prctl(4, 0, 0, 0, 0)
     except Exception as e:
         complain(f"cannot make the agent non-dumpable: {e}")
@@ -203,39 +204,44 @@ LANDLOCK_SCOPE_ABSTRACT_UNIX_SOCKET, LANDLOCK_SCOPE_SIGNAL = 1, 2
 NO_LANDLOCK = (38, 95)  # ENOSYS, EOPNOTSUPP: the kernel has no Landlock (zygo version says)
 
 
-LANDLOCK_CALLS = None  # the system calls' arguments, made once in the agent (see no_dump)
+# The ruleset every request's domain is made from, created once in the agent (see
+# no_dump): a child only restricts itself with it. None where the kernel has no Landlock;
+# an OSError if creating it failed (then no child may run).
+LANDLOCK_RULESET = None
+RESTRICT_SELF = None  # the system call's number as a C long (syscall(2) reads a long)
 
 
-def landlock_calls(ctypes):
-    """(create_ruleset argument tuples, newest ABI first; restrict_self's number, flags)."""
+def landlock_ruleset(ctypes):
+    """A ruleset file descriptor, None without Landlock, or the OSError that stopped it."""
     attrs = (struct.pack("QQQ", LANDLOCK_ACCESS_FS_MAKE_BLOCK, 0,
                          LANDLOCK_SCOPE_ABSTRACT_UNIX_SOCKET | LANDLOCK_SCOPE_SIGNAL),
              struct.pack("QQ", LANDLOCK_ACCESS_FS_MAKE_BLOCK, 0))  # before ABI 6
-    create = tuple((ctypes.c_long(SYS_LANDLOCK_CREATE_RULESET), a, ctypes.c_size_t(len(a)),
-                    ctypes.c_uint32(0)) for a in attrs)
-    return create, ctypes.c_long(SYS_LANDLOCK_RESTRICT_SELF), ctypes.c_uint32(0)
+    err = 0
+    for a in attrs:
+        fd = LIBC.syscall(ctypes.c_long(SYS_LANDLOCK_CREATE_RULESET), a,
+                          ctypes.c_size_t(len(a)), ctypes.c_uint32(0))
+        if fd >= 0:
+            return fd
+        err = ctypes.get_errno()
+        if err in NO_LANDLOCK:
+            return None
+    return OSError(err, f"landlock_create_ruleset: {os.strerror(err)}")
 
 
 def own_domain():
     """Enter a Landlock domain nested in the sandbox's, before any request code runs."""
-    import ctypes
-    create, restrict, no_flags = LANDLOCK_CALLS
-    fd, err = -1, 0
-    for args in create:
-        fd = LIBC.syscall(*args)
-        if fd >= 0:
-            break
-        err = ctypes.get_errno()
-        if err in NO_LANDLOCK:
-            return
-    if fd < 0:
-        raise OSError(err, f"landlock_create_ruleset: {os.strerror(err)}")
+    rs = LANDLOCK_RULESET
+    if rs is None:
+        return
+    if isinstance(rs, OSError):
+        raise rs
     try:
-        if LIBC.syscall(restrict, ctypes.c_int(fd), no_flags) != 0:
+        if LIBC.syscall(RESTRICT_SELF, rs, 0) != 0:
+            import ctypes
             err = ctypes.get_errno()
             raise OSError(err, f"landlock_restrict_self: {os.strerror(err)}")
     finally:
-        os.close(fd)
+        os.close(rs)  # the request's code has no use for it
 
 
 def serve(func):

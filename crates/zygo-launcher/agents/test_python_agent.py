@@ -669,9 +669,10 @@ class Hostile(unittest.TestCase):
         self.assert_fails(b'{"kind":"park","slot":"a"}', close=True)
 
     def test_park_failed(self):
-        # With 12 descriptors the agent (5 of its own, one kept per parked slot, six for a
-        # fork in progress) can park two slots; the third cannot be forked.
-        a = Agent(self.addCleanup, source="def handler(e):\n    return e\n", nofile=12)
+        # With 13 descriptors the agent (6 of its own: 0-4 and the Landlock ruleset; one
+        # kept per parked slot; six for a fork in progress) can park two slots; the third
+        # cannot be forked.
+        a = Agent(self.addCleanup, source="def handler(e):\n    return e\n", nofile=13)
         a.ready()
         a.park("one")
         a.park("two")
