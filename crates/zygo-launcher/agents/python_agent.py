@@ -37,6 +37,10 @@ MAX_LINE_OUT = 20 << 20  # child -> launcher, newline included
 MAX_PROGRESS, MAX_MESSAGE, MAX_TRACEBACK = 64 << 10, 64 << 10, 1 << 20  # characters
 SLOT, WORKDIR = re.compile(r"[A-Za-z0-9_-]{1,64}"), re.compile(r"[0-9a-f]{32}")
 CONTROL = {"park": {"kind", "slot"}, "reap": {"kind", "slot"}}
+# A control line exactly as the launcher writes one (compact JSON): read without the JSON
+# machinery, which would copy pages in a process that forks after most lines. Any other
+# line, valid or not, goes through strict().
+CONTROL_LINE = re.compile(rb'\{"kind":"(park|reap)","slot":"([A-Za-z0-9_-]{1,64})"\}')
 REQUEST = {"request": {"kind", "id", "event"}}
 POOL_REQUEST = {"request": {"kind", "id", "event", "script"}}  # a runtime pool's
 SCRIPT = re.compile(r"/run/script/[0-9a-f]{64}")
@@ -258,7 +262,7 @@ def serve(func):
         if not poller.poll(max(0, int((beat - time.monotonic()) * 1000) + 1)):
             continue
         try:
-            data = os.read(CTL, 65536)
+            data = os.read(CTL, 4096)  # small: a big buffer would touch (copy) more pages
         except OSError:
             data = b""
         try:
@@ -272,7 +276,9 @@ def serve(func):
                 del buf[:nl + 1]
                 if len(line) > MAX_CONTROL_LINE:
                     raise Violation("a line over 1 MiB")
-                handle(strict(line, CONTROL), slots, func)
+                m = CONTROL_LINE.fullmatch(line)
+                msg = {"kind": m[1].decode(), "slot": m[2].decode()} if m else None
+                handle(msg or strict(line, CONTROL), slots, func)
             if len(buf) > MAX_CONTROL_LINE:
                 raise Violation("a line over 1 MiB")
         except Violation as e:
