@@ -198,6 +198,9 @@ struct Child {
     fd: OwnedFd,
     lines: Lines,
     done: bool,
+    /// Its channel closed after the agent's did: the zygote is dying, and the child is
+    /// reported with the zygote's end (after `Exited`), not as a handler that quit.
+    orphaned: bool,
     out: Relay,
     err: Relay,
 }
@@ -607,9 +610,12 @@ pub fn serve(
         ];
         let slots: Vec<String> = children.keys().cloned().collect();
         for s in &slots {
-            let (fd, out, err) = children.get(s).map_or((-1, -1, -1), |c| {
-                (c.fd.as_raw_fd(), c.out.raw(), c.err.raw())
-            });
+            let (fd, out, err) = children
+                .get(s)
+                .filter(|c| !c.orphaned)
+                .map_or((-1, -1, -1), |c| {
+                    (c.fd.as_raw_fd(), c.out.raw(), c.err.raw())
+                });
             for fd in [fd, out, err] {
                 fds.push(libc::pollfd {
                     fd,
@@ -753,6 +759,7 @@ pub fn serve(
                             fd,
                             lines: Lines::new(MAX_CHILD_LINE),
                             done: false,
+                            orphaned: false,
                             out: Relay::new(out, Stream::Stdout),
                             err: Relay::new(err, Stream::Stderr),
                         },
@@ -835,6 +842,13 @@ pub fn serve(
                     }
                 };
                 send(sock, &out)?;
+            }
+            if violation.is_none() && closed && !ctl_open && !c.done {
+                // The agent went first: this child is going down with the zygote.
+                c.out.pump(slot, sock, true)?;
+                c.err.pump(slot, sock, true)?;
+                c.orphaned = true;
+                continue;
             }
             if violation.is_some() || closed {
                 c.out.pump(slot, sock, true)?;
