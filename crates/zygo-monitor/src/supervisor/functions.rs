@@ -227,6 +227,8 @@ pub struct Functions {
     ids: IdMap,
     launcher: PathBuf,
     usage: Option<std::fs::File>,
+    /// Usage lines of requests answered since the last `write_usage`.
+    usage_lines: String,
     /// The content-addressed script store: `<state>/scripts/<sha256 hex>`.
     scripts: PathBuf,
     fns: BTreeMap<String, Function>,
@@ -281,6 +283,7 @@ impl Functions {
             ids,
             launcher,
             usage: Some(usage),
+            usage_lines: String::new(),
             scripts,
             fns: BTreeMap::new(),
             zygotes: HashMap::new(),
@@ -1575,7 +1578,7 @@ impl Functions {
             }
             st.peak_rss_kb = st.peak_rss_kb.max(metrics.peak_rss_kb);
         }
-        if let Some(u) = self.usage.as_mut() {
+        if self.usage.is_some() {
             let line = serde_json::json!({
                 "tenant": "_host",
                 "function": c.func,
@@ -1587,12 +1590,9 @@ impl Functions {
                 "outcome": outcome.as_str(),
                 "finished_ms": finished_ms,
             });
-            // One write per line, so a line is never split by a crash or a reader.
-            let mut text = line.to_string();
-            text.push('\n');
-            if let Err(e) = u.write_all(text.as_bytes()) {
-                log::error!("write the usage log: {e}");
-            }
+            // Written by `write_usage`, after the answer has gone out.
+            self.usage_lines.push_str(&line.to_string());
+            self.usage_lines.push('\n');
         }
         let _ = c.received;
     }
@@ -1808,6 +1808,20 @@ impl Functions {
             }
             let func = z.func.clone();
             self.dispatch_pending(&func);
+        }
+    }
+
+    /// Append the usage lines of the requests answered since the last call to the usage
+    /// log: whole lines in one write, so a line is never split by a crash or a reader.
+    pub fn write_usage(&mut self) {
+        if self.usage_lines.is_empty() {
+            return;
+        }
+        let text = std::mem::take(&mut self.usage_lines);
+        if let Some(u) = self.usage.as_mut() {
+            if let Err(e) = u.write_all(text.as_bytes()) {
+                log::error!("write the usage log: {e}");
+            }
         }
     }
 

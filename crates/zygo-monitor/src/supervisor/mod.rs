@@ -260,7 +260,8 @@ impl Supervisor {
                     }
                 }
             }
-            // Timers, replacements, answers.
+            // Answers first, then timers (which may answer too), then the usage log.
+            self.deliver();
             let now = Instant::now();
             {
                 let registry = self.poll.registry();
@@ -273,6 +274,7 @@ impl Supervisor {
                     .tick(now, registry, &mut new_tokens, self.drain.is_some());
             }
             self.deliver();
+            self.fns.write_usage();
             // Background work (refilling spares; cgroups are the worker thread's) one
             // piece at a time, so a call that arrives meanwhile waits for one piece at most.
             if events.is_empty() {
@@ -291,6 +293,7 @@ impl Supervisor {
         self.fns.shutdown(self.poll.registry());
         // Answer what shutdown cut off, and give the answers a moment to leave.
         self.deliver();
+        self.fns.write_usage();
         let until = Instant::now() + Duration::from_secs(2);
         while Instant::now() < until {
             let mut pending = false;
