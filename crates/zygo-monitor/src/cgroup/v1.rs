@@ -4,6 +4,7 @@
 //! v1 has no `cgroup.kill`: a tree is killed by freezing it (so nothing can fork or exit
 //! while we look), SIGKILLing every task listed, then thawing so the kills are delivered.
 
+use std::cell::OnceCell;
 use std::ffi::CString;
 use std::fs::File;
 use std::io::{Read, Write};
@@ -153,7 +154,17 @@ pub struct V1Cgroup {
     dirs: [PathBuf; 5],
     dirfds: [OwnedFd; 5],
     memsw: bool,
+    /// The three files `usage` reads when a request is answered, opened on first use and
+    /// read again from the start each time (None: they could not all be opened).
+    counters: OnceCell<Option<[File; 3]>>,
 }
+
+/// What `usage` reads, in the order of `V1Cgroup::counters`.
+const COUNTERS: [(usize, &str); 3] = [
+    (MEMORY, "memory.oom_control"),
+    (MEMORY, "memory.max_usage_in_bytes"),
+    (CPUACCT, "cpuacct.usage"),
+];
 
 impl V1Cgroup {
     fn new(dirs: [PathBuf; 5], memsw: bool) -> Result<V1Cgroup, CgroupError> {
@@ -173,6 +184,7 @@ impl V1Cgroup {
             dirs,
             dirfds,
             memsw,
+            counters: OnceCell::new(),
         })
     }
 
@@ -212,6 +224,29 @@ impl V1Cgroup {
             .read_to_string(&mut text)
             .map_err(|e| io_err("read", &self.dirs[h].join(name), e))?;
         Ok(text)
+    }
+
+    /// One of `COUNTERS`, read from the start of its held file (or opened afresh).
+    fn counter(&self, i: usize) -> Result<String, CgroupError> {
+        let (h, name) = COUNTERS[i];
+        let held = self.counters.get_or_init(|| {
+            let files: Vec<File> = COUNTERS
+                .iter()
+                .filter_map(|(h, n)| self.open_in(*h, n, libc::O_RDONLY).ok())
+                .collect();
+            files.try_into().ok()
+        });
+        if let Some(files) = held {
+            use std::os::unix::fs::FileExt;
+            let mut buf = [0u8; 512];
+            let n = files[i]
+                .read_at(&mut buf, 0)
+                .map_err(|e| io_err("read", &self.dirs[h].join(name), e))?;
+            if n < buf.len() {
+                return Ok(String::from_utf8_lossy(&buf[..n]).into_owned());
+            }
+        }
+        self.read_in(h, name)
     }
 
     fn procs_in(&self, h: usize) -> Result<Vec<i32>, CgroupError> {
@@ -310,22 +345,14 @@ impl Cgroup for V1Cgroup {
     }
 
     fn usage(&self) -> Result<Usage, CgroupError> {
-        let oom = self.read_in(MEMORY, "memory.oom_control")?;
+        let oom = self.counter(0)?;
         let oom_kills = oom
             .lines()
             .find_map(|l| l.strip_prefix("oom_kill "))
             .and_then(|v| v.trim().parse().ok())
             .unwrap_or(0);
-        let peak_bytes = self
-            .read_in(MEMORY, "memory.max_usage_in_bytes")?
-            .trim()
-            .parse()
-            .unwrap_or(0);
-        let cpu_ns: u64 = self
-            .read_in(CPUACCT, "cpuacct.usage")?
-            .trim()
-            .parse()
-            .unwrap_or(0);
+        let peak_bytes = self.counter(1)?.trim().parse().unwrap_or(0);
+        let cpu_ns: u64 = self.counter(2)?.trim().parse().unwrap_or(0);
         Ok(Usage {
             oom_kills,
             peak_bytes,
