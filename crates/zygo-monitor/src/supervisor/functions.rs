@@ -1427,16 +1427,9 @@ impl Functions {
             event,
             script,
         });
-        // The spare this call used is replaced when its child has exited (SlotClosed), not
-        // now: forking and placing a new child while the request runs would compete with it
-        // for the CPUs and for this loop. A zygote with no spare left parks one at once.
-        if self
-            .zygotes
-            .get(&zt)
-            .is_some_and(|z| z.parked() + z.parking.len() == 0)
-        {
-            self.park(zt);
-        }
+        // The spare this call used is replaced now, so the next call finds one: the new
+        // child works at the background weight, so it does not slow this request down.
+        self.park(zt);
         true
     }
 
