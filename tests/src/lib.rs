@@ -2,14 +2,17 @@
 //! user, under a hard outer timeout, and probe the sandbox from inside with Python.
 //!
 //! - [`zygo_bin`] finds the binary (`$ZYGO_BIN`, else `<target>/debug/zygo`).
-//! - [`Who`] says who runs it; [`both_tests!`] turns one test body into a `root` and a
-//!   `rootless` test. The rootless side (a system user, a delegated cgroup subtree, a copy
-//!   of the binary that user can execute) is set up once per test process.
+//! - [`Who`] says who runs it; [`both_tests!`] turns one test body (and
+//!   [`root_and_rootless!`] each named function) into a `root` and a `rootless` test. The
+//!   rootless side (a system user, a delegated cgroup subtree, a copy of the binary that
+//!   user can execute) is set up once per test process.
 //! - [`run_json`] / [`py`] run `zygo run --json` and parse its answer; [`finish`] runs any
 //!   command with the outer timeout and reports its exit code, output, wall time and peak RSS.
 //! - [`probe`] runs a Python probe behind the safety guard ([`GUARD`]): the script first
 //!   proves it is in its own user, mount and pid namespaces, and exits with
 //!   [`REFUSED_CODE`] without probing anything otherwise.
+//! - [`Sup`] (module [`sup`]) is a supervisor of a test's own (`zygo up` with private
+//!   runtime and state directories), checked at the end for leftover cgroups and processes.
 
 use std::ffi::CString;
 use std::fs;
@@ -23,6 +26,9 @@ use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
+
+pub mod sup;
+pub use sup::*;
 
 /// Every zygo process is killed (and the test failed) after this long.
 pub const OUTER_TIMEOUT: Duration = Duration::from_secs(60);
@@ -108,27 +114,64 @@ macro_rules! both_tests {
             #[allow(unused_imports)]
             use super::*;
 
-            fn body($who: $crate::Who) {
-                if !$who.available() {
-                    eprintln!("skipped: {} runs need the tests to run as root", $who.name());
-                    return;
-                }
-                $body
-            }
+            fn body($who: $crate::Who) $body
 
             $(#[$meta])*
             #[test]
             fn root() {
-                body($crate::Who::Root)
+                $crate::run_as($crate::Who::Root, body)
             }
 
             $(#[$meta])*
             #[test]
             fn rootless() {
-                body($crate::Who::Rootless)
+                $crate::run_as($crate::Who::Rootless, body)
             }
         }
     )*};
+}
+
+/// Functions `fn NAME(who: Who)` of the calling module, each run as two tests:
+/// `NAME::root` and `NAME::rootless` (the functions stay ordinary code, which rustfmt
+/// formats, unlike a body inside [`both_tests!`]).
+///
+/// ```text
+/// root_and_rootless!(python_pool, warm_exec);
+/// ```
+#[macro_export]
+macro_rules! root_and_rootless {
+    ($($name:ident),* $(,)?) => {$(
+        mod $name {
+            #[test]
+            fn root() {
+                $crate::run_as($crate::Who::Root, super::$name)
+            }
+
+            #[test]
+            fn rootless() {
+                $crate::run_as($crate::Who::Rootless, super::$name)
+            }
+        }
+    )*};
+}
+
+/// Run `body` as `who`, or say why it is skipped when that kind of run is not possible.
+pub fn run_as(who: Who, body: fn(Who)) {
+    if !who.available() {
+        eprintln!("skipped: {} runs need the tests to run as root", who.name());
+        return;
+    }
+    body(who)
+}
+
+/// Whether a root-only test can run here; says it is skipped when not.
+pub fn root_only() -> bool {
+    if Who::Root.available() {
+        true
+    } else {
+        eprintln!("skipped: this test needs to run as root");
+        false
+    }
 }
 
 pub fn am_root() -> bool {
@@ -280,7 +323,11 @@ pub fn is_cgroup_v2_host() -> bool {
 
 /// `/proc/self/cgroup`: (controllers, path) per line.
 pub fn own_cgroups() -> Vec<(Vec<String>, String)> {
-    let text = fs::read_to_string("/proc/self/cgroup").expect("read /proc/self/cgroup");
+    parse_cgroups(&fs::read_to_string("/proc/self/cgroup").expect("read /proc/self/cgroup"))
+}
+
+/// The lines of a `/proc/<pid>/cgroup`: (controllers, path) per line.
+pub fn parse_cgroups(text: &str) -> Vec<(Vec<String>, String)> {
     text.lines()
         .filter_map(|l| {
             let mut it = l.splitn(3, ':');
@@ -297,6 +344,24 @@ pub fn own_cgroups() -> Vec<(Vec<String>, String)> {
             ))
         })
         .collect()
+}
+
+/// A process's cgroup path in the memory hierarchy (the unified one on a v2 host); ""
+/// when it cannot be read.
+pub fn memory_cgroup(pid: i32) -> String {
+    let text = fs::read_to_string(format!("/proc/{pid}/cgroup")).unwrap_or_default();
+    let v2 = is_cgroup_v2_host();
+    parse_cgroups(&text)
+        .into_iter()
+        .find(|(ctrls, _)| {
+            if v2 {
+                ctrls.is_empty()
+            } else {
+                ctrls.iter().any(|c| c == "memory")
+            }
+        })
+        .map(|(_, path)| path)
+        .unwrap_or_default()
 }
 
 /// cgroup mounts from `/proc/self/mountinfo`: (mount point, is v2, super options).
@@ -407,6 +472,32 @@ pub fn contains(hay: &[u8], needle: &[u8]) -> bool {
     !needle.is_empty() && hay.windows(needle.len()).any(|w| w == needle)
 }
 
+/// Host processes with an open descriptor on `path`: (pid, cmdline).
+pub fn pids_holding(path: &Path) -> Vec<(i32, Vec<u8>)> {
+    let mut out = Vec::new();
+    for (pid, cmd) in host_processes() {
+        let Ok(fds) = fs::read_dir(format!("/proc/{pid}/fd")) else {
+            continue;
+        };
+        if fds
+            .flatten()
+            .any(|e| fs::read_link(e.path()).is_ok_and(|t| t == path))
+        {
+            out.push((pid, cmd));
+        }
+    }
+    out
+}
+
+/// A host process's parent.
+pub fn ppid(pid: i32) -> Option<i32> {
+    fs::read_to_string(format!("/proc/{pid}/status"))
+        .ok()?
+        .lines()
+        .find_map(|l| l.strip_prefix("PPid:"))
+        .and_then(|v| v.trim().parse().ok())
+}
+
 /// Whether a host process is alive (and not a zombie).
 pub fn alive(pid: i32) -> bool {
     match fs::read_to_string(format!("/proc/{pid}/stat")) {
@@ -414,6 +505,34 @@ pub fn alive(pid: i32) -> bool {
             .rsplit_once(") ")
             .is_some_and(|(_, rest)| !rest.starts_with('Z') && !rest.starts_with('X')),
         Err(_) => false,
+    }
+}
+
+/// Poll `cond` every 50 ms; panic naming `what` after `limit`.
+#[track_caller]
+pub fn wait_for(limit: Duration, what: &str, mut cond: impl FnMut() -> bool) {
+    let t0 = Instant::now();
+    while !cond() {
+        assert!(
+            t0.elapsed() < limit,
+            "timed out after {}s waiting for {what}",
+            limit.as_secs_f32()
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// Poll `cond` every 50 ms for at most `limit`; whether it came true.
+pub fn wait_for_quietly(limit: Duration, mut cond: impl FnMut() -> bool) -> bool {
+    let t0 = Instant::now();
+    loop {
+        if cond() {
+            return true;
+        }
+        if t0.elapsed() >= limit {
+            return false;
+        }
+        std::thread::sleep(Duration::from_millis(50));
     }
 }
 
@@ -525,6 +644,31 @@ impl Finished {
     pub fn stderr_text(&self) -> String {
         String::from_utf8_lossy(&self.stderr).into_owned()
     }
+
+    pub fn stdout_text(&self) -> String {
+        String::from_utf8_lossy(&self.stdout).into_owned()
+    }
+
+    /// The last non-empty line of stdout as JSON (Null if it is not).
+    pub fn last_json(&self) -> Value {
+        String::from_utf8_lossy(&self.stdout)
+            .lines()
+            .rev()
+            .find(|l| !l.trim().is_empty())
+            .and_then(|l| serde_json::from_str(l).ok())
+            .unwrap_or(Value::Null)
+    }
+
+    /// Every non-empty line of stdout as JSON (panics on one that is not).
+    pub fn json_lines(&self) -> Vec<Value> {
+        String::from_utf8_lossy(&self.stdout)
+            .lines()
+            .filter(|l| !l.trim().is_empty())
+            .map(|l| {
+                serde_json::from_str(l).unwrap_or_else(|e| panic!("not a JSON line ({e}): {l}"))
+            })
+            .collect()
+    }
 }
 
 fn reader(mut r: impl Read + Send + 'static) -> std::thread::JoinHandle<Vec<u8>> {
@@ -630,6 +774,16 @@ pub fn truncate(s: &str, n: usize) -> String {
 /// A field of a `--json` answer as a string ("" when missing or not a string).
 pub fn s<'a>(v: &'a Value, key: &str) -> &'a str {
     v[key].as_str().unwrap_or("")
+}
+
+/// [`s`] under a name that code where `s` is a supervisor can call.
+pub fn text<'a>(v: &'a Value, key: &str) -> &'a str {
+    s(v, key)
+}
+
+/// Whether `s` is `len` hex digits.
+pub fn is_hex(s: &str, len: usize) -> bool {
+    s.len() == len && s.bytes().all(|b| b.is_ascii_hexdigit())
 }
 
 /// Assert that the program started and exited 0.

@@ -8,542 +8,44 @@
 //! can run in parallel with each other and with other runs of the suite.
 
 use std::fs;
-use std::os::unix::fs::PermissionsExt;
-use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
-use std::thread::JoinHandle;
+use std::path::PathBuf;
+use std::process::Stdio;
 use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
 use zygo_tests::*;
 
-/// The handlers every test serves from (copied into each test's directory).
-const HANDLERS: &str = include_str!("../functions/handlers.py");
-
-/// How long a drained supervisor may take to remove its socket.
-const EXIT_WAIT: Duration = Duration::from_secs(30);
+/// One supervisor per test: its functions are served from the handlers of
+/// `tests/functions/handlers.py` (copied into each test's directory), under small
+/// defaults, each with its launcher and Python agent.
+static SUITE: Suite = Suite {
+    prefix: "",
+    handlers: include_str!("../functions/handlers.py"),
+    defaults: "timeout = \"2s\"\nmem = \"64M\"\nidle_timeout = \"30s\"\n",
+    agents: true,
+};
 
 /// The one line every command prints when no supervisor runs.
 const NO_SUPERVISOR: &str = "zygo: no supervisor is running; start one with `zygo up`";
 
 // ---------------------------------------------------------------------------------------
-// One supervisor per test.
-
-/// One `[fn.*]` table: the name's suffix, the handler function, extra TOML lines.
-type FnDef<'a> = (&'a str, &'a str, &'a str);
-
-/// A supervisor of this test's own, with its directories and functions.
-struct Sup {
-    who: Who,
-    tag: String,
-    uniq: String,
-    dir: TempDir,
-    rt: PathBuf,
-    st: PathBuf,
-    env: Vec<(String, String)>,
-    names: Vec<String>,
-    supervisor: Option<i32>,
-    closed: bool,
-}
-
-impl Sup {
-    /// Fresh directories (runtime 0700, state 0700, owned by whoever runs zygo) and the
-    /// handlers in `<dir>/fn/`. `env` is passed to every zygo command (and so, through
-    /// `zygo up`, to the supervisor).
-    fn new(who: Who, test: &str, env: &[(&str, &str)]) -> Sup {
-        let dir = TempDir::new(0o755);
-        let rt = dir.path.join("rt");
-        let st = dir.path.join("st");
-        for d in [&rt, &st] {
-            fs::create_dir(d).expect("create a supervisor directory");
-            fs::set_permissions(d, fs::Permissions::from_mode(0o700)).expect("chmod 0700");
-        }
-        let fndir = dir.path.join("fn");
-        fs::create_dir(&fndir).expect("create fn/");
-        fs::set_permissions(&fndir, fs::Permissions::from_mode(0o755)).expect("chmod fn/");
-        let h = fndir.join("handlers.py");
-        fs::write(&h, HANDLERS).expect("write handlers.py");
-        fs::set_permissions(&h, fs::Permissions::from_mode(0o644)).expect("chmod handlers");
-        if who == Who::Rootless && am_root() {
-            let r = rootless_setup();
-            for d in [&rt, &st] {
-                std::os::unix::fs::chown(d, Some(r.uid), Some(r.gid)).expect("chown");
-            }
-        }
-        let w = match who {
-            Who::Root => "r",
-            Who::Rootless => "u",
-        };
-        Sup {
-            who,
-            tag: format!("{test}-{w}"),
-            uniq: format!("{:012x}", unique() & 0xffff_ffff_ffff),
-            dir,
-            rt,
-            st,
-            env: env
-                .iter()
-                .map(|(k, v)| (k.to_string(), v.to_string()))
-                .collect(),
-            names: Vec::new(),
-            supervisor: None,
-            closed: false,
-        }
-    }
-
-    /// The full name of one of this test's functions.
-    fn name(&self, suffix: &str) -> String {
-        format!("{}-{suffix}-{}", self.tag, self.uniq)
-    }
-
-    /// A file in the functions' folder (mode 0644).
-    fn fn_file(&self, name: &str, text: &str) {
-        let p = self.dir.path.join("fn").join(name);
-        fs::write(&p, text).expect("write a handler file");
-        fs::set_permissions(&p, fs::Permissions::from_mode(0o644)).expect("chmod");
-    }
-
-    /// Write `sandbox.toml` with these functions (entry `fn/handlers.py:<func>` unless the
-    /// extra lines name another), under small defaults; return its path and the names.
-    fn write_toml(&mut self, fns: &[FnDef]) -> (PathBuf, Vec<String>) {
-        let mut text =
-            String::from("[defaults]\ntimeout = \"2s\"\nmem = \"64M\"\nidle_timeout = \"30s\"\n");
-        let mut names = Vec::new();
-        for (suffix, func, extra) in fns {
-            let name = self.name(suffix);
-            if extra.contains("agent =") {
-                text.push_str(&format!("\n[fn.{name}]\n"));
-            } else {
-                text.push_str(&format!("\n[fn.{name}]\nagent = \"python\"\n"));
-            }
-            if !extra.contains("entry") {
-                text.push_str(&format!("entry = \"fn/handlers.py:{func}\"\n"));
-            }
-            text.push_str(extra);
-            text.push('\n');
-            self.names.push(name.clone());
-            names.push(name);
-        }
-        let p = self.dir.file("sandbox.toml", text.as_bytes());
-        (p, names)
-    }
-
-    /// `zygo up -f sandbox.toml` with these functions; it must succeed.
-    fn up(&mut self, fns: &[FnDef]) -> Vec<String> {
-        let (file, names) = self.write_toml(fns);
-        let f = self.run(&["up", "-f", file.to_str().expect("UTF-8 path")]);
-        self.find_supervisor();
-        assert_eq!(
-            f.code,
-            0,
-            "[{}] zygo up failed: {}\nstdout: {}\n{}",
-            self.who.name(),
-            f.stderr_text(),
-            String::from_utf8_lossy(&f.stdout),
-            self.log()
-        );
-        // The checks at the end look in the right places: the supervisor and its launchers
-        // hold our log, and every function served has its cgroup and agent where they look.
-        assert!(
-            self.supervisor.is_some(),
-            "no process holds {}",
-            self.log_path().display()
-        );
-        assert!(
-            pids_holding(&self.log_path())
-                .iter()
-                .any(|(_, cmd)| contains(cmd, b"__launcher")),
-            "no launcher holds {}",
-            self.log_path().display()
-        );
-        for n in &names {
-            assert!(
-                zygo_cgroup_roots()
-                    .iter()
-                    .any(|r| r.join("tenants/_host").join(n).is_dir()),
-                "[{}] no cgroup of {n} under {:?}",
-                self.who.name(),
-                zygo_cgroup_roots()
-            );
-            assert!(
-                !agent_pids(n).is_empty(),
-                "[{}] no agent of {n} found",
-                self.who.name()
-            );
-        }
-        names
-    }
-
-    /// A zygo command with this supervisor's directories and environment.
-    fn cmd(&self, args: &[&str]) -> Command {
-        let mut c = zygo(self.who);
-        c.env("ZYGO_RUNTIME_DIR", &self.rt)
-            .env("ZYGO_STATE_DIR", &self.st);
-        for (k, v) in &self.env {
-            c.env(k, v);
-        }
-        c.args(args);
-        c
-    }
-
-    fn run(&self, args: &[&str]) -> Finished {
-        finish(self.cmd(args))
-    }
-
-    /// `zygo exec NAME [EVENT] FLAGS... --json`: the answer (the last line) and the rest.
-    fn exec(&self, name: &str, event: Option<&str>, flags: &[&str]) -> (Value, Finished) {
-        let f = finish(self.exec_cmd(name, event, flags));
-        (last_json(&f), f)
-    }
-
-    fn exec_cmd(&self, name: &str, event: Option<&str>, flags: &[&str]) -> Command {
-        let mut args = vec!["exec", name];
-        args.extend(event);
-        args.extend_from_slice(flags);
-        args.push("--json");
-        self.cmd(&args)
-    }
-
-    /// The same, in the background.
-    fn exec_bg(&self, name: &str, event: &str, flags: &[&str]) -> JoinHandle<Finished> {
-        let cmd = self.exec_cmd(name, Some(event), flags);
-        std::thread::spawn(move || finish(cmd))
-    }
-
-    /// `zygo exec` that must return: its result.
-    #[track_caller]
-    fn call_ok(&self, name: &str, event: &str) -> Value {
-        let (v, f) = self.exec(name, Some(event), &[]);
-        assert!(
-            f.code == 0 && v["outcome"] == "ok",
-            "[{}] {name} {event}: expected ok, got exit {}: {v}\nstderr: {}\n{}",
-            self.who.name(),
-            f.code,
-            f.stderr_text(),
-            self.log()
-        );
-        v["result"].clone()
-    }
-
-    /// `zygo ls --json`.
-    fn ls(&self) -> Vec<Value> {
-        let f = self.run(&["ls", "--json"]);
-        assert_eq!(f.code, 0, "zygo ls: {}", f.stderr_text());
-        match serde_json::from_slice(&f.stdout) {
-            Ok(Value::Array(a)) => a,
-            other => panic!("zygo ls --json: not an array: {other:?}"),
-        }
-    }
-
-    /// One function's line of `zygo ls --json` (Null when it is not listed).
-    fn info(&self, name: &str) -> Value {
-        self.ls()
-            .into_iter()
-            .find(|f| f["name"] == name)
-            .unwrap_or(Value::Null)
-    }
-
-    /// Wait until `zygo ls` counts `n` requests in flight for `name`.
-    fn wait_in_flight(&self, name: &str, n: u64) {
-        wait_for(Duration::from_secs(10), &format!("{n} in flight"), || {
-            self.info(name)["in_flight"].as_u64() >= Some(n)
-        });
-    }
-
-    /// The end of the supervisor's log, for failure messages.
-    fn log(&self) -> String {
-        let text = fs::read_to_string(self.st.join("supervisor.log")).unwrap_or_default();
-        let start = text.len().saturating_sub(3000);
-        let start = (start..text.len())
-            .find(|i| text.is_char_boundary(*i))
-            .unwrap_or(text.len());
-        format!("--- supervisor.log (end) ---\n{}", &text[start..])
-    }
-
-    fn log_path(&self) -> PathBuf {
-        self.st.join("supervisor.log")
-    }
-
-    fn socket(&self) -> PathBuf {
-        self.rt.join("zygo.sock")
-    }
-
-    /// Remember the supervisor's pid: the process whose stderr is our log.
-    fn find_supervisor(&mut self) {
-        if self.supervisor.is_some() {
-            return;
-        }
-        self.supervisor = pids_holding(&self.log_path())
-            .into_iter()
-            .find(|(_, cmd)| cmd.split(|b| *b == 0).nth(1) == Some(b"supervisor"))
-            .map(|(pid, _)| pid);
-    }
-
-    /// Wait for the supervisor to exit (its socket removed, its process gone), then check
-    /// that nothing of it is left.
-    fn wait_gone(&mut self) {
-        let t0 = Instant::now();
-        while self.socket().exists() {
-            assert!(
-                t0.elapsed() < EXIT_WAIT,
-                "[{}] the supervisor did not remove its socket within {}s\n{}",
-                self.who.name(),
-                EXIT_WAIT.as_secs(),
-                self.log()
-            );
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        if let Some(pid) = self.supervisor {
-            wait_for(Duration::from_secs(10), "the supervisor to exit", || {
-                !alive(pid)
-            });
-        }
-        self.closed = true;
-        self.assert_clean();
-    }
-
-    /// `zygo drain --grace 1s`, then [`Sup::wait_gone`].
-    fn shutdown(mut self) {
-        let f = self.run(&["drain", "--grace", "1s"]);
-        assert_eq!(
-            f.code,
-            0,
-            "[{}] zygo drain: {}\n{}",
-            self.who.name(),
-            f.stderr_text(),
-            self.log()
-        );
-        self.wait_gone();
-    }
-
-    /// No cgroup of this test's functions and no process of its supervisor remain.
-    fn assert_clean(&self) {
-        let mut left = Vec::new();
-        wait_for_quietly(Duration::from_secs(3), || {
-            left = self.leftover_cgroups();
-            left.is_empty()
-        });
-        assert!(
-            left.is_empty(),
-            "[{}] cgroups left behind: {left:?}\n{}",
-            self.who.name(),
-            self.log()
-        );
-        let mut procs = Vec::new();
-        wait_for_quietly(Duration::from_secs(3), || {
-            procs = pids_holding(&self.log_path());
-            procs.is_empty()
-        });
-        let described: Vec<String> = procs
-            .iter()
-            .map(|(pid, cmd)| format!("{pid}: {}", String::from_utf8_lossy(cmd)))
-            .collect();
-        assert!(
-            described.is_empty(),
-            "[{}] processes of this supervisor left behind (launchers, agents): {described:?}",
-            self.who.name()
-        );
-    }
-
-    fn leftover_cgroups(&self) -> Vec<PathBuf> {
-        let mut left = Vec::new();
-        for root in zygo_cgroup_roots() {
-            for n in &self.names {
-                let d = root.join("tenants/_host").join(n);
-                if d.exists() {
-                    left.push(d);
-                }
-            }
-        }
-        left
-    }
-}
-
-impl Drop for Sup {
-    /// A test that failed half-way: stop its supervisor and whatever it started (by pid),
-    /// and remove its cgroups, without panicking again.
-    fn drop(&mut self) {
-        if self.closed {
-            return;
-        }
-        let mut c = self.cmd(&["drain", "--grace", "0s"]);
-        c.stdout(Stdio::null()).stderr(Stdio::null());
-        if let Ok(mut child) = c.spawn() {
-            let t0 = Instant::now();
-            while t0.elapsed() < Duration::from_secs(5) {
-                if let Ok(Some(_)) = child.try_wait() {
-                    break;
-                }
-                std::thread::sleep(Duration::from_millis(20));
-            }
-            let _ = child.kill();
-            let _ = child.wait();
-        }
-        wait_for_quietly(Duration::from_secs(5), || !self.socket().exists());
-        for (pid, _) in pids_holding(&self.log_path()) {
-            // SAFETY: killing a process this test's supervisor started (it holds our log).
-            unsafe { libc::kill(pid, libc::SIGKILL) };
-        }
-        std::thread::sleep(Duration::from_millis(200));
-        for d in self.leftover_cgroups() {
-            remove_cgroup_tree(&d);
-        }
-    }
-}
-
-/// rmdir a cgroup and its children, deepest first (best effort).
-fn remove_cgroup_tree(d: &Path) {
-    if let Ok(entries) = fs::read_dir(d) {
-        for e in entries.flatten() {
-            if e.file_type().is_ok_and(|t| t.is_dir()) {
-                remove_cgroup_tree(&e.path());
-            }
-        }
-    }
-    let _ = fs::remove_dir(d);
-}
-
-// ---------------------------------------------------------------------------------------
 // Helpers.
-
-/// The last non-empty line of stdout as JSON (Null if it is not).
-fn last_json(f: &Finished) -> Value {
-    String::from_utf8_lossy(&f.stdout)
-        .lines()
-        .rev()
-        .find(|l| !l.trim().is_empty())
-        .and_then(|l| serde_json::from_str(l).ok())
-        .unwrap_or(Value::Null)
-}
-
-/// Every line of stdout as JSON.
-fn json_lines(f: &Finished) -> Vec<Value> {
-    String::from_utf8_lossy(&f.stdout)
-        .lines()
-        .filter(|l| !l.trim().is_empty())
-        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("not a JSON line ({e}): {l}")))
-        .collect()
-}
-
-fn stdout_text(f: &Finished) -> String {
-    String::from_utf8_lossy(&f.stdout).into_owned()
-}
-
-/// Poll `cond` every 50 ms; panic naming `what` after `limit`.
-#[track_caller]
-fn wait_for(limit: Duration, what: &str, mut cond: impl FnMut() -> bool) {
-    let t0 = Instant::now();
-    while !cond() {
-        assert!(
-            t0.elapsed() < limit,
-            "timed out after {}s waiting for {what}",
-            limit.as_secs_f32()
-        );
-        std::thread::sleep(Duration::from_millis(50));
-    }
-}
-
-/// Poll `cond` every 50 ms for at most `limit`; whether it came true.
-fn wait_for_quietly(limit: Duration, mut cond: impl FnMut() -> bool) -> bool {
-    let t0 = Instant::now();
-    loop {
-        if cond() {
-            return true;
-        }
-        if t0.elapsed() >= limit {
-            return false;
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    }
-}
-
-/// Host processes with an open descriptor on `path`: (pid, cmdline).
-fn pids_holding(path: &Path) -> Vec<(i32, Vec<u8>)> {
-    let mut out = Vec::new();
-    for (pid, cmd) in host_processes() {
-        let Ok(fds) = fs::read_dir(format!("/proc/{pid}/fd")) else {
-            continue;
-        };
-        if fds
-            .flatten()
-            .any(|e| fs::read_link(e.path()).is_ok_and(|t| t == path))
-        {
-            out.push((pid, cmd));
-        }
-    }
-    out
-}
-
-/// A process's cgroup path in the memory hierarchy (the unified one on a v2 host).
-fn memory_cgroup(pid: i32) -> String {
-    let text = fs::read_to_string(format!("/proc/{pid}/cgroup")).unwrap_or_default();
-    let v2 = is_cgroup_v2_host();
-    text.lines()
-        .find_map(|l| {
-            let mut it = l.splitn(3, ':');
-            let _ = it.next()?;
-            let ctrls = it.next()?;
-            let path = it.next()?;
-            let hit = if v2 {
-                ctrls.is_empty()
-            } else {
-                ctrls.split(',').any(|c| c == "memory")
-            };
-            hit.then(|| path.to_string())
-        })
-        .unwrap_or_default()
-}
-
-/// The python agents of a function's zygotes: python3 running the agent, in one of its
-/// zygote cgroups (`…/tenants/_host/<fn>/z-…`), whose parent is not itself an agent (a
-/// child just forked to park is in the zygote's cgroup until it is given its own).
-fn agent_pids(name: &str) -> Vec<i32> {
-    let needle = format!("/tenants/_host/{name}/z-");
-    let agent = b"/run/zygo/python_agent.py";
-    host_pids_with(agent)
-        .into_iter()
-        .filter(|pid| {
-            fs::read(format!("/proc/{pid}/cmdline"))
-                .is_ok_and(|c| c.starts_with(b"/usr/bin/python3\0"))
-                && memory_cgroup(*pid).contains(&needle)
-                && ppid(*pid).is_some_and(|pp| {
-                    !fs::read(format!("/proc/{pp}/cmdline")).is_ok_and(|c| contains(&c, agent))
-                })
-        })
-        .collect()
-}
-
-fn ppid(pid: i32) -> Option<i32> {
-    fs::read_to_string(format!("/proc/{pid}/status"))
-        .ok()?
-        .lines()
-        .find_map(|l| l.strip_prefix("PPid:"))
-        .and_then(|v| v.trim().parse().ok())
-}
 
 /// The launcher of a function's (one) zygote: the parent of the sandbox's init, which is
 /// the process in the zygote's cgroup whose parent is not.
 fn launcher_pid(name: &str) -> Option<i32> {
-    for root in zygo_cgroup_roots() {
-        let Ok(entries) = fs::read_dir(root.join("tenants/_host").join(name)) else {
-            continue;
-        };
-        for e in entries.flatten() {
-            if !e.file_name().to_string_lossy().starts_with("z-") {
-                continue;
-            }
-            let procs: Vec<i32> = fs::read_to_string(e.path().join("cgroup.procs"))
-                .unwrap_or_default()
-                .lines()
-                .filter_map(|l| l.trim().parse().ok())
-                .collect();
-            for p in &procs {
-                if let Some(pp) = ppid(*p) {
-                    if !procs.contains(&pp) {
-                        let cmd = fs::read(format!("/proc/{pp}/cmdline")).unwrap_or_default();
-                        if contains(&cmd, b"__launcher") {
-                            return Some(pp);
-                        }
+    for z in fn_subgroups(name, "z-") {
+        let procs: Vec<i32> = fs::read_to_string(z.join("cgroup.procs"))
+            .unwrap_or_default()
+            .lines()
+            .filter_map(|l| l.trim().parse().ok())
+            .collect();
+        for p in &procs {
+            if let Some(pp) = ppid(*p) {
+                if !procs.contains(&pp) {
+                    let cmd = fs::read(format!("/proc/{pp}/cmdline")).unwrap_or_default();
+                    if contains(&cmd, b"__launcher") {
+                        return Some(pp);
                     }
                 }
             }
@@ -558,45 +60,6 @@ fn sigkill(pid: i32) {
     assert_eq!(r, 0, "kill -9 {pid}: {}", std::io::Error::last_os_error());
 }
 
-fn is_hex(s: &str, len: usize) -> bool {
-    s.len() == len && s.bytes().all(|b| b.is_ascii_hexdigit())
-}
-
-/// Assert an exec answer failed the way expected.
-#[track_caller]
-fn assert_failed(sup: &Sup, v: &Value, f: &Finished, outcome: &str, code: &str) {
-    assert!(
-        f.code == 1 && v["outcome"] == outcome && v["code"] == code,
-        "[{}] expected outcome {outcome} (code {code}, exit 1), got exit {}: {v}\nstderr: {}\n{}",
-        sup.who.name(),
-        f.code,
-        f.stderr_text(),
-        sup.log()
-    );
-}
-
-/// Assert a refusal: exit 1 and `{"code": code, "error": ...}`.
-#[track_caller]
-fn assert_refused(sup: &Sup, v: &Value, f: &Finished, code: &str) {
-    assert!(
-        f.code == 1 && v["code"] == code && v["error"].as_str().is_some_and(|e| !e.is_empty()),
-        "[{}] expected a {code} refusal (exit 1), got exit {}: {v}\nstderr: {}\n{}",
-        sup.who.name(),
-        f.code,
-        f.stderr_text(),
-        sup.log()
-    );
-}
-
-fn root_only() -> bool {
-    if Who::Root.available() {
-        true
-    } else {
-        eprintln!("skipped: this test needs to run as root");
-        false
-    }
-}
-
 // ---------------------------------------------------------------------------------------
 // Calls, rootful and rootless.
 
@@ -606,7 +69,7 @@ both_tests! {
     /// stdout and progress as events before the answer. The event comes as an argument,
     /// a file or stdin.
     fn basic_call(who) {
-        let mut s = Sup::new(who, "basic", &[]);
+        let mut s = SUITE.sup(who, "basic");
         let n = s.up(&[("hello", "hello", ""), ("stream", "stream", "")]);
         let (hello, stream) = (&n[0], &n[1]);
         assert_eq!(s.info(hello)["state"], "serving", "{}", s.log());
@@ -620,7 +83,7 @@ both_tests! {
             cwd.strip_prefix("/work/").is_some_and(|d| is_hex(d, 32)),
             "the request's cwd is /work/<32 hex digits>: {v}"
         );
-        assert!(is_hex(s_(&v, "request_id"), 32), "request_id: {v}");
+        assert!(is_hex(text(&v, "request_id"), 32), "request_id: {v}");
         assert_eq!(v["stdout"], "hello on stdout\n", "{v}");
         assert_eq!(v["stderr"], "hello on stderr\n", "{v}");
         for k in ["wall_ms", "cpu_ms", "peak_rss_kb"] {
@@ -639,12 +102,12 @@ both_tests! {
         let mut c = s.exec_cmd(hello, Some("-"), &[]);
         c.stdin(fs::File::open(&ev).expect("open the event file"));
         let f = finish(c);
-        assert_eq!(last_json(&f)["result"]["echo"], json!({"from": "file"}), "stdin: {}", stdout_text(&f));
+        assert_eq!(f.last_json()["result"]["echo"], json!({"from": "file"}), "stdin: {}", f.stdout_text());
 
         // Human output: the handler's stdout, then the result; its stderr on stderr.
         let f = s.run(&["exec", hello, r#"{"x":1}"#]);
         assert_eq!(f.code, 0, "{}", f.stderr_text());
-        let out = stdout_text(&f);
+        let out = f.stdout_text();
         let (first, rest) = out.split_once('\n').unwrap_or(("", ""));
         assert_eq!(first, "hello on stdout", "human stdout: {out:?}");
         let r: Value = serde_json::from_str(rest.trim()).expect("the result line is JSON");
@@ -654,7 +117,7 @@ both_tests! {
         // --stream --json: event lines, then the answer.
         let (_, f) = s.exec(stream, None, &["--stream"]);
         assert_eq!(f.code, 0, "{}\n{}", f.stderr_text(), s.log());
-        let lines = json_lines(&f);
+        let lines = f.json_lines();
         let (answer, events) = lines.split_last().expect("at least the answer");
         assert_eq!(answer["outcome"], "ok", "the last line is the answer: {lines:?}");
         assert_eq!(answer["result"], json!({"steps": 3}));
@@ -671,7 +134,7 @@ both_tests! {
         // --stream, human: output as it comes, then the result; progress on stderr.
         let f = s.run(&["exec", stream, "--stream"]);
         assert_eq!(f.code, 0, "{}", f.stderr_text());
-        assert_eq!(stdout_text(&f), "out 0\nout 1\nout 2\n{\"steps\":3}\n");
+        assert_eq!(f.stdout_text(), "out 0\nout 1\nout 2\n{\"steps\":3}\n");
         for i in 0..3 {
             assert!(f.stderr_text().contains(&format!("progress: step {i}")), "{}", f.stderr_text());
         }
@@ -681,24 +144,24 @@ both_tests! {
     /// A handler past its timeout is killed: outcome timeout, within timeout + 1 s; a
     /// call's --timeout narrows it; the zygote keeps serving.
     fn timeout(who) {
-        let mut s = Sup::new(who, "timeout", &[]);
+        let mut s = SUITE.sup(who, "timeout");
         let n = s.up(&[("nap", "nap", "timeout = \"2s\"")]);
         let nap = &n[0];
         let (v, f) = s.exec(nap, Some(r#"{"secs": 10}"#), &[]);
-        assert_failed(&s, &v, &f, "timeout", "timeout");
+        s.assert_failed(&v, &f, "timeout", "timeout");
         assert!(f.elapsed < Duration::from_secs(3), "answered after {:?}", f.elapsed);
         assert!(f.elapsed >= Duration::from_millis(1900), "answered early: {:?}", f.elapsed);
-        assert!(s_(&v, "error").contains("2s"), "the error names the limit: {v}");
+        assert!(text(&v, "error").contains("2s"), "the error names the limit: {v}");
         assert_eq!(v["started"], true, "{v}");
 
         let (v, f) = s.exec(nap, Some(r#"{"secs": 10}"#), &["--timeout", "500ms"]);
-        assert_failed(&s, &v, &f, "timeout", "timeout");
+        s.assert_failed(&v, &f, "timeout", "timeout");
         assert!(f.elapsed < Duration::from_millis(1500), "--timeout 500ms: {:?}", f.elapsed);
-        assert!(s_(&v, "error").contains("500ms"), "the error names the limit: {v}");
+        assert!(text(&v, "error").contains("500ms"), "the error names the limit: {v}");
 
         // --timeout never widens the function's own.
         let (v, f) = s.exec(nap, Some(r#"{"secs": 10}"#), &["--timeout", "1m"]);
-        assert_failed(&s, &v, &f, "timeout", "timeout");
+        s.assert_failed(&v, &f, "timeout", "timeout");
         assert!(f.elapsed < Duration::from_secs(3), "--timeout 1m: {:?}", f.elapsed);
 
         assert_eq!(s.call_ok(nap, r#"{"secs": 0.1}"#), json!({"slept": 0.1}));
@@ -708,11 +171,11 @@ both_tests! {
     /// A handler that allocates 1 GiB under mem = "64M" is OOM-killed: oom_killed true
     /// and "ran out of memory (limit 64M)"; the zygote keeps serving.
     fn oom(who) {
-        let mut s = Sup::new(who, "oom", &[]);
+        let mut s = SUITE.sup(who, "oom");
         let n = s.up(&[("hog", "hog", "mem = \"64M\"\ntimeout = \"10s\"")]);
         let hog = &n[0];
         let (v, f) = s.exec(hog, None, &[]);
-        assert_failed(&s, &v, &f, "error", "handler");
+        s.assert_failed(&v, &f, "error", "handler");
         assert_eq!(v["oom_killed"], true, "{v}");
         assert_eq!(v["error"], "ran out of memory (limit 64M)", "{v}");
         assert!(f.elapsed < Duration::from_secs(8), "OOM took {:?}", f.elapsed);
@@ -724,7 +187,7 @@ both_tests! {
     /// reset): its metrics and its OOM verdict are still its own. A big request, then
     /// small ones; an OOM-killed request, then small ones.
     fn metrics_are_each_requests_own(who) {
-        let mut s = Sup::new(who, "metrics", &[]);
+        let mut s = SUITE.sup(who, "metrics");
         let n = s.up(&[("hog", "hog", "mem = \"128M\"\ntimeout = \"10s\"\nmax_warm = 1")]);
         let hog = &n[0];
         let small = |s: &Sup, after: &str| {
@@ -741,7 +204,7 @@ both_tests! {
         assert!(v["metrics"]["peak_rss_kb"].as_u64() > Some(60 << 10), "64 MiB: {v}");
         small(&s, "a 64 MiB request");
         let (v, f) = s.exec(hog, None, &[]);
-        assert_failed(&s, &v, &f, "error", "handler");
+        s.assert_failed(&v, &f, "error", "handler");
         assert_eq!(v["oom_killed"], true, "{v}");
         small(&s, "an OOM kill");
         s.shutdown();
@@ -751,12 +214,11 @@ both_tests! {
     /// /work is 0311 (not listable), each request's directory 0700 with a 128-bit name,
     /// nothing in /proc reveals a neighbour's; the directory is gone after the request.
     fn work_isolation(who) {
-        let mut s = Sup::new(who, "work", &[]);
+        let mut s = SUITE.sup(who, "work");
         let n = s.up(&[("pool", "work", "timeout = \"8s\"\nmax_warm = 1")]);
         let pool = &n[0];
         let token = format!("secret-{:x}", unique());
-        let writer = s.exec_bg(pool, &json!({"role": "secret", "token": token, "secs": 3}).to_string(), &[]);
-        s.wait_in_flight(pool, 1);
+        let writer = s.exec_in_flight(pool, &json!({"role": "secret", "token": token, "secs": 3}).to_string(), &[]);
         std::thread::sleep(Duration::from_millis(500));
         let snoop = s.call_ok(pool, &json!({"role": "snoop", "token": token}).to_string());
         // As root each request has its own uid and /work is 1733 (sticky, not listable);
@@ -775,7 +237,7 @@ both_tests! {
         assert_eq!(snoop["signalled"], json!([]), "signalled others: {snoop}");
 
         let w = writer.join().expect("the writer thread");
-        let wv = last_json(&w);
+        let wv = w.last_json();
         assert!(w.code == 0 && wv["outcome"] == "ok", "writer: {wv}\n{}", s.log());
         assert_eq!(wv["result"]["still_there"], true, "{wv}");
         let wcwd = wv["result"]["cwd"].as_str().unwrap_or("").to_string();
@@ -793,7 +255,7 @@ both_tests! {
     /// A request process and a child it forks cannot unshare(CLONE_NEWNS) (EPERM); two
     /// requests' random and os.urandom values differ.
     fn unshare_and_random(who) {
-        let mut s = Sup::new(who, "unshare", &[]);
+        let mut s = SUITE.sup(who, "unshare");
         let n = s.up(&[("iso", "isolation", "")]);
         let iso = &n[0];
         let mut seen = std::collections::BTreeSet::new();
@@ -810,11 +272,6 @@ both_tests! {
     }
 }
 
-/// `s(v, key)` under a name that does not clash with the macro's `s` binding.
-fn s_<'a>(v: &'a Value, key: &str) -> &'a str {
-    s(v, key)
-}
-
 // ---------------------------------------------------------------------------------------
 // Handler failures and bad input (rootful).
 
@@ -823,10 +280,9 @@ fn s_<'a>(v: &'a Value, key: &str) -> &'a str {
 /// writes garbage on its request channel each get their own clear error.
 #[test]
 fn handler_errors() {
-    if !root_only() {
+    let Some(mut s) = SUITE.root("errors") else {
         return;
-    }
-    let mut s = Sup::new(Who::Root, "errors", &[]);
+    };
     let n = s.up(&[
         ("boom", "boom", ""),
         ("unser", "unserialisable", ""),
@@ -837,12 +293,12 @@ fn handler_errors() {
     assert_eq!(agents.len(), 1, "one agent for {boom}: {agents:?}");
 
     let (v, f) = s.exec(boom, None, &[]);
-    assert_failed(&s, &v, &f, "error", "handler");
+    s.assert_failed(&v, &f, "error", "handler");
     assert!(
-        s_(&v, "error").contains("ValueError: kaboom from the handler"),
+        text(&v, "error").contains("ValueError: kaboom from the handler"),
         "{v}"
     );
-    let tb = s_(&v, "traceback");
+    let tb = text(&v, "traceback");
     assert!(
         tb.starts_with("Traceback")
             && tb.contains("handlers.py")
@@ -874,18 +330,18 @@ fn handler_errors() {
     );
 
     let (v, f) = s.exec(unser, None, &[]);
-    assert_failed(&s, &v, &f, "error", "handler");
+    s.assert_failed(&v, &f, "error", "handler");
     assert!(
-        s_(&v, "error").contains("result is not JSON-serialisable")
-            && s_(&v, "error").contains("set"),
+        text(&v, "error").contains("result is not JSON-serialisable")
+            && text(&v, "error").contains("set"),
         "{v}"
     );
 
     let g_agents = agent_pids(garbage);
     let (v, f) = s.exec(garbage, None, &[]);
-    assert_failed(&s, &v, &f, "error", "handler");
+    s.assert_failed(&v, &f, "error", "handler");
     assert!(
-        s_(&v, "error").contains("protocol"),
+        text(&v, "error").contains("protocol"),
         "garbage on the channel: {v}"
     );
     assert!(
@@ -894,7 +350,7 @@ fn handler_errors() {
         f.elapsed
     );
     let (v, f) = s.exec(garbage, None, &[]);
-    assert_failed(&s, &v, &f, "error", "handler");
+    s.assert_failed(&v, &f, "error", "handler");
     assert_eq!(
         agent_pids(garbage),
         g_agents,
@@ -909,10 +365,9 @@ fn handler_errors() {
 /// and the zygote keep serving.
 #[test]
 fn bad_events() {
-    if !root_only() {
+    let Some(mut s) = SUITE.root("badev") else {
         return;
-    }
-    let mut s = Sup::new(Who::Root, "badev", &[]);
+    };
     let n = s.up(&[("hello", "hello", "")]);
     let hello = &n[0];
     let agents = agent_pids(hello);
@@ -930,11 +385,11 @@ fn bad_events() {
     let mut c = s.exec_cmd(hello, Some("-"), &[]);
     c.stdin(fs::File::open(&bad).expect("open"));
     let f = finish(c);
-    let v = last_json(&f);
-    assert_refused(&s, &v, &f, "bad_request");
-    assert!(s_(&v, "error").contains("not JSON"), "{v}");
+    let v = f.last_json();
+    s.assert_refused(&v, &f, "bad_request");
+    assert!(text(&v, "error").contains("not JSON"), "{v}");
     let (v, f) = s.exec(hello, Some(bad.to_str().expect("UTF-8")), &[]);
-    assert_refused(&s, &v, &f, "bad_request");
+    s.assert_refused(&v, &f, "bad_request");
 
     // Over 16 MiB, from a file and from stdin: refused before anything runs.
     let mut big = Vec::with_capacity((16 << 20) + 8);
@@ -945,13 +400,13 @@ fn bad_events() {
     let t0 = Instant::now();
     let f = s.run(&["exec", hello, big.to_str().expect("UTF-8"), "--json"]);
     assert!(
-        f.code == 2 || last_json(&f)["code"] == "too_large",
+        f.code == 2 || f.last_json()["code"] == "too_large",
         "over 16 MiB: exit {} {}",
         f.code,
         f.stderr_text()
     );
     assert!(
-        f.stderr_text().contains("16 MiB") || stdout_text(&f).contains("16 MiB"),
+        f.stderr_text().contains("16 MiB") || f.stdout_text().contains("16 MiB"),
         "the refusal names the limit: {}",
         f.stderr_text()
     );
@@ -959,13 +414,13 @@ fn bad_events() {
     c.stdin(fs::File::open(&big).expect("open"));
     let f = finish(c);
     assert!(
-        f.code == 2 || last_json(&f)["code"] == "too_large",
+        f.code == 2 || f.last_json()["code"] == "too_large",
         "over 16 MiB on stdin: exit {} {}",
         f.code,
         f.stderr_text()
     );
     assert!(
-        f.stderr_text().contains("16 MiB") || stdout_text(&f).contains("16 MiB"),
+        f.stderr_text().contains("16 MiB") || f.stdout_text().contains("16 MiB"),
         "{}",
         f.stderr_text()
     );
@@ -973,10 +428,10 @@ fn bad_events() {
 
     // A key must be 1 to 256 bytes.
     let (v, f) = s.exec(hello, None, &["--key", ""]);
-    assert_refused(&s, &v, &f, "bad_request");
+    s.assert_refused(&v, &f, "bad_request");
     let long = "k".repeat(257);
     let (v, f) = s.exec(hello, None, &["--key", &long]);
-    assert_refused(&s, &v, &f, "bad_request");
+    s.assert_refused(&v, &f, "bad_request");
 
     assert_eq!(
         s.call_ok(hello, r#"{"still": "serving"}"#)["echo"],
@@ -991,15 +446,13 @@ fn bad_events() {
 /// running in the same zygote.
 #[test]
 fn large_event_and_result() {
-    if !root_only() {
+    let Some(mut s) = SUITE.root("large") else {
         return;
-    }
-    let mut s = Sup::new(Who::Root, "large", &[]);
+    };
     let n = s.up(&[("big", "big", "timeout = \"10s\"\nmax_warm = 1")]);
     let big = &n[0];
     // A neighbour running in the same zygote while the big calls are made.
-    let neighbour = s.exec_bg(big, r#"{"n": 0, "secs": 2}"#, &[]);
-    s.wait_in_flight(big, 1);
+    let neighbour = s.exec_in_flight(big, r#"{"n": 0, "secs": 2}"#, &[]);
     let event = json!({"n": 0, "pad": "a".repeat(2 << 20)}).to_string();
     let file = s.dir.file("event.json", event.as_bytes());
     let (v, f) = s.exec(big, Some(file.to_str().expect("UTF-8")), &[]);
@@ -1019,7 +472,7 @@ fn large_event_and_result() {
         s.log()
     );
     let nb = neighbour.join().expect("neighbour");
-    assert_eq!(last_json(&nb)["outcome"], "ok", "{}", stdout_text(&nb));
+    assert_eq!(nb.last_json()["outcome"], "ok", "{}", nb.stdout_text());
     s.shutdown();
 }
 
@@ -1028,10 +481,9 @@ fn large_event_and_result() {
 /// function failed with that error; its calls are refused; the others are served.
 #[test]
 fn import_failures() {
-    if !root_only() {
+    let Some(mut s) = SUITE.root("import") else {
         return;
-    }
-    let mut s = Sup::new(Who::Root, "import", &[]);
+    };
     s.fn_file(
         "nomod.py",
         "import no_such_module_zygo\n\ndef handler(event):\n    return 1\n",
@@ -1050,11 +502,11 @@ fn import_failures() {
     let err = f.stderr_text();
     assert_eq!(f.code, 1, "zygo up with import errors: {err}\n{}", s.log());
     assert!(
-        stdout_text(&f).contains(&format!("serving {good}")),
+        f.stdout_text().contains(&format!("serving {good}")),
         "{}",
-        stdout_text(&f)
+        f.stdout_text()
     );
-    for (name, text) in [
+    for (name, why) in [
         (
             nomod,
             "ModuleNotFoundError: No module named 'no_such_module_zygo'",
@@ -1067,18 +519,18 @@ fn import_failures() {
             .find(|l| l.contains(&format!("{name} failed to serve")))
             .unwrap_or_else(|| panic!("zygo up does not name {name}: {err}"));
         assert!(
-            line.contains(text) || err.contains(text),
-            "{name}: expected {text:?} in {err}"
+            line.contains(why) || err.contains(why),
+            "{name}: expected {why:?} in {err}"
         );
         let info = s.info(name);
         assert_eq!(info["state"], "failed", "{info}");
         assert!(
-            s_(&info, "error").contains(text),
+            text(&info, "error").contains(why),
             "ls shows the error: {info}"
         );
         let (v, f) = s.exec(name, None, &[]);
-        assert_refused(&s, &v, &f, "unavailable");
-        assert!(s_(&v, "error").contains(text), "{v}");
+        s.assert_refused(&v, &f, "unavailable");
+        assert!(text(&v, "error").contains(why), "{v}");
     }
     assert_eq!(s.info(good)["state"], "serving");
 
@@ -1092,7 +544,7 @@ fn import_failures() {
     );
     let f = s.run(&["serve", nomod, "-f", &file, "--json"]);
     assert_eq!(f.code, 1);
-    let v = last_json(&f);
+    let v = f.last_json();
     assert!(
         v["failed"][0]["error"]
             .as_str()
@@ -1118,10 +570,9 @@ fn import_failures() {
 /// (its timeout still kills it).
 #[test]
 fn unruly_handlers() {
-    if !root_only() {
+    let Some(mut s) = SUITE.root("unruly") else {
         return;
-    }
-    let mut s = Sup::new(Who::Root, "unruly", &[]);
+    };
     let n = s.up(&[
         ("closer", "close_stdout", ""),
         ("daemon", "daemon", "timeout = \"8s\""),
@@ -1161,14 +612,14 @@ fn unruly_handlers() {
     );
 
     let (v, f) = s.exec(stubborn, None, &[]);
-    assert_failed(&s, &v, &f, "timeout", "timeout");
+    s.assert_failed(&v, &f, "timeout", "timeout");
     assert!(
         f.elapsed < Duration::from_secs(3),
         "SIGTERM ignored: answered after {:?}",
         f.elapsed
     );
     let (v, f) = s.exec(stubborn, None, &["--timeout", "300ms"]);
-    assert_failed(&s, &v, &f, "timeout", "timeout");
+    s.assert_failed(&v, &f, "timeout", "timeout");
     s.shutdown();
 }
 
@@ -1178,18 +629,18 @@ fn unruly_handlers() {
 /// A handler that stops itself sends no heartbeat and is killed as stuck.
 #[test]
 fn stuck() {
-    if !root_only() {
+    let Some(mut s) = SUITE.root("stuck") else {
         return;
-    }
-    let mut s = Sup::new(Who::Root, "stuck", &[("ZYGO_STUCK_AFTER_MS", "1500")]);
+    };
+    s.env("ZYGO_STUCK_AFTER_MS", "1500");
     let n = s.up(&[
         ("stop", "selfstop", "timeout = \"10s\""),
         ("hello", "hello", ""),
     ]);
     let (stop, hello) = (&n[0], &n[1]);
     let (v, f) = s.exec(stop, None, &[]);
-    assert_failed(&s, &v, &f, "stuck", "stuck");
-    assert!(s_(&v, "error").contains("heartbeat"), "{v}");
+    s.assert_failed(&v, &f, "stuck", "stuck");
+    assert!(text(&v, "error").contains("heartbeat"), "{v}");
     assert!(
         f.elapsed >= Duration::from_millis(1400) && f.elapsed < Duration::from_secs(4),
         "stuck after {:?}",
@@ -1226,23 +677,21 @@ fn stuck() {
 /// `zygo cancel KEY` kills the running call under that key: the call answers cancelled.
 #[test]
 fn cancel() {
-    if !root_only() {
+    let Some(mut s) = SUITE.root("cancel") else {
         return;
-    }
-    let mut s = Sup::new(Who::Root, "cancel", &[]);
+    };
     let n = s.up(&[("nap", "nap", "timeout = \"15s\"")]);
     let nap = &n[0];
     let key = format!("k-{:x}", unique());
-    let call = s.exec_bg(nap, r#"{"secs": 10}"#, &["--key", &key]);
-    s.wait_in_flight(nap, 1);
+    let call = s.exec_in_flight(nap, r#"{"secs": 10}"#, &["--key", &key]);
     std::thread::sleep(Duration::from_millis(300));
     let t0 = Instant::now();
     let f = s.run(&["cancel", &key, "--json"]);
     assert_eq!(f.code, 0, "{}", f.stderr_text());
-    assert_eq!(last_json(&f), json!({"cancelled": 1}));
+    assert_eq!(f.last_json(), json!({"cancelled": 1}));
     let f = call.join().expect("the call");
-    let v = last_json(&f);
-    assert_failed(&s, &v, &f, "cancelled", "cancelled");
+    let v = f.last_json();
+    s.assert_failed(&v, &f, "cancelled", "cancelled");
     assert_eq!(v["started"], true, "{v}");
     assert!(
         t0.elapsed() < Duration::from_secs(2),
@@ -1251,13 +700,13 @@ fn cancel() {
     );
     // Nothing left under that key; another key cancels nothing.
     let f = s.run(&["cancel", &key, "--json"]);
-    assert_eq!(last_json(&f), json!({"cancelled": 0}));
+    assert_eq!(f.last_json(), json!({"cancelled": 0}));
     let f = s.run(&["cancel", "no-such-key"]);
     assert_eq!(f.code, 0);
     assert!(
-        stdout_text(&f).contains("cancelled 0 request(s)"),
+        f.stdout_text().contains("cancelled 0 request(s)"),
         "{}",
-        stdout_text(&f)
+        f.stdout_text()
     );
     assert_eq!(s.call_ok(nap, r#"{"secs": 0}"#), json!({"slept": 0}));
     s.shutdown();
@@ -1267,10 +716,9 @@ fn cancel() {
 /// busy with a retry-after hint; the 4 complete.
 #[test]
 fn busy_at_max_warm() {
-    if !root_only() {
+    let Some(mut s) = SUITE.root("busy") else {
         return;
-    }
-    let mut s = Sup::new(Who::Root, "busy", &[]);
+    };
     let n = s.up(&[("nap", "nap", "timeout = \"15s\"\nmax_warm = 1")]);
     let nap = &n[0];
     let calls: Vec<_> = (0..4)
@@ -1278,7 +726,7 @@ fn busy_at_max_warm() {
         .collect();
     s.wait_in_flight(nap, 4);
     let (v, f) = s.exec(nap, Some(r#"{"secs": 0}"#), &[]);
-    assert_refused(&s, &v, &f, "busy");
+    s.assert_refused(&v, &f, "busy");
     assert!(
         v["retry_after"].as_u64().is_some_and(|s| s >= 1),
         "a retry-after hint: {v}"
@@ -1305,7 +753,7 @@ fn busy_at_max_warm() {
     );
     for c in calls {
         let f = c.join().expect("a call");
-        let v = last_json(&f);
+        let v = f.last_json();
         assert!(
             f.code == 0 && v["result"] == json!({"slept": 3}),
             "an accepted call: {v}\n{}",
@@ -1320,23 +768,15 @@ fn busy_at_max_warm() {
 fn zygote_freezer(name: &str) -> (usize, usize) {
     let mut frozen = 0;
     let mut total = 0;
-    for root in zygo_cgroup_roots() {
-        let Ok(entries) = fs::read_dir(root.join("tenants/_host").join(name)) else {
-            continue;
+    for z in fn_subgroups(name, "z-") {
+        let state = if is_cgroup_v2_host() {
+            fs::read_to_string(z.join("cgroup.freeze")).map(|s| s.trim() == "1")
+        } else {
+            fs::read_to_string(z.join("freezer.state")).map(|s| s.trim() == "FROZEN")
         };
-        for e in entries.flatten() {
-            if !e.file_name().to_string_lossy().starts_with("z-") {
-                continue;
-            }
-            let state = if is_cgroup_v2_host() {
-                fs::read_to_string(e.path().join("cgroup.freeze")).map(|s| s.trim() == "1")
-            } else {
-                fs::read_to_string(e.path().join("freezer.state")).map(|s| s.trim() == "FROZEN")
-            };
-            if let Ok(st) = state {
-                total += 1;
-                frozen += usize::from(st);
-            }
+        if let Ok(st) = state {
+            total += 1;
+            frozen += usize::from(st);
         }
     }
     (frozen, total)
@@ -1346,10 +786,9 @@ fn zygote_freezer(name: &str) -> (usize, usize) {
 /// thawed by the next call; a zygote with a request in flight is never frozen.
 #[test]
 fn freeze_and_thaw() {
-    if !root_only() {
+    let Some(mut s) = SUITE.root("freeze") else {
         return;
-    }
-    let mut s = Sup::new(Who::Root, "freeze", &[]);
+    };
     let n = s.up(&[
         ("hello", "hello", "idle_timeout = \"1s\""),
         ("nap", "nap", "idle_timeout = \"1s\"\ntimeout = \"8s\""),
@@ -1381,8 +820,7 @@ fn freeze_and_thaw() {
     assert_eq!(info["zygotes"]["frozen"], 0, "thawed by the call: {info}");
 
     // A 3 s call under idle_timeout 1s: busy, never frozen, completes.
-    let call = s.exec_bg(nap, r#"{"secs": 3}"#, &[]);
-    s.wait_in_flight(nap, 1);
+    let call = s.exec_in_flight(nap, r#"{"secs": 3}"#, &[]);
     std::thread::sleep(Duration::from_millis(2000));
     let info = s.info(nap);
     assert_eq!(
@@ -1392,7 +830,7 @@ fn freeze_and_thaw() {
     assert_eq!(info["zygotes"]["busy"], 1, "{info}");
     assert_eq!(zygote_freezer(nap).0, 0, "the kernel froze a busy zygote");
     let f = call.join().expect("the call");
-    let v = last_json(&f);
+    let v = f.last_json();
     assert!(
         f.code == 0 && v["result"] == json!({"slept": 3}),
         "{v}\n{}",
@@ -1407,11 +845,12 @@ fn freeze_and_thaw() {
 /// Start a 5 s call, kill `victim` (found by `find`) with -9 while it runs; the call gets
 /// a clear error at once, the supervisor survives, a new zygote serves the next call.
 fn crash_mid_request(test: &str, find: fn(&str) -> Vec<i32>, expect: &str) {
-    let mut s = Sup::new(Who::Root, test, &[]);
+    let Some(mut s) = SUITE.root(test) else {
+        return;
+    };
     let n = s.up(&[("nap", "nap", "timeout = \"15s\"")]);
     let nap = &n[0];
-    let call = s.exec_bg(nap, r#"{"secs": 5}"#, &[]);
-    s.wait_in_flight(nap, 1);
+    let call = s.exec_in_flight(nap, r#"{"secs": 5}"#, &[]);
     std::thread::sleep(Duration::from_millis(300));
     let victims = find(nap);
     assert_eq!(victims.len(), 1, "exactly one process to kill: {victims:?}");
@@ -1419,10 +858,10 @@ fn crash_mid_request(test: &str, find: fn(&str) -> Vec<i32>, expect: &str) {
     let t0 = Instant::now();
     sigkill(victims[0]);
     let f = call.join().expect("the call");
-    let v = last_json(&f);
+    let v = f.last_json();
     eprintln!("[{test}] the in-flight call answered: {v}");
     assert!(
-        f.code == 1 && v["outcome"] == "error" && s_(&v, "error").contains(expect),
+        f.code == 1 && v["outcome"] == "error" && text(&v, "error").contains(expect),
         "the in-flight call: expected an error containing {expect:?}, got exit {}: {v}\n{}",
         f.code,
         s.log()
@@ -1459,18 +898,12 @@ fn the_launcher(name: &str) -> Vec<i32> {
 /// The zygote's agent killed with -9 mid-request.
 #[test]
 fn agent_killed() {
-    if !root_only() {
-        return;
-    }
     crash_mid_request("agentkill", the_agent, "");
 }
 
 /// The zygote's launcher killed with -9 mid-request.
 #[test]
 fn launcher_killed() {
-    if !root_only() {
-        return;
-    }
     crash_mid_request("launchkill", the_launcher, "died");
 }
 
@@ -1478,22 +911,20 @@ fn launcher_killed() {
 /// unavailable, then the supervisor exits and removes its socket.
 #[test]
 fn drain_in_flight() {
-    if !root_only() {
+    let Some(mut s) = SUITE.root("drain") else {
         return;
-    }
-    let mut s = Sup::new(Who::Root, "drain", &[]);
+    };
     let n = s.up(&[("nap", "nap", "timeout = \"10s\"")]);
     let nap = &n[0];
-    let call = s.exec_bg(nap, r#"{"secs": 2}"#, &[]);
-    s.wait_in_flight(nap, 1);
+    let call = s.exec_in_flight(nap, r#"{"secs": 2}"#, &[]);
     let f = s.run(&["drain", "--grace", "10s", "--json"]);
     assert_eq!(f.code, 0, "{}", f.stderr_text());
-    assert_eq!(last_json(&f), json!({"drained": true, "in_flight": 1}));
+    assert_eq!(f.last_json(), json!({"drained": true, "in_flight": 1}));
     let (v, f) = s.exec(nap, Some(r#"{"secs": 0}"#), &[]);
-    assert_refused(&s, &v, &f, "unavailable");
-    assert!(s_(&v, "error").contains("draining"), "{v}");
+    s.assert_refused(&v, &f, "unavailable");
+    assert!(text(&v, "error").contains("draining"), "{v}");
     let f = call.join().expect("the call");
-    let v = last_json(&f);
+    let v = f.last_json();
     assert!(
         f.code == 0 && v["result"] == json!({"slept": 2}),
         "the call in flight: {v}\n{}",
@@ -1511,10 +942,9 @@ fn drain_in_flight() {
 /// After N calls, usage.log holds N JSON lines with every field, the outcomes matching.
 #[test]
 fn usage_log() {
-    if !root_only() {
+    let Some(mut s) = SUITE.root("usage") else {
         return;
-    }
-    let mut s = Sup::new(Who::Root, "usage", &[]);
+    };
     let n = s.up(&[
         ("hello", "hello", ""),
         ("boom", "boom", ""),
@@ -1592,7 +1022,7 @@ fn usage_log() {
 #[test]
 fn no_supervisor() {
     let who = if am_root() { Who::Root } else { Who::Rootless };
-    let s = Sup::new(who, "nosup", &[]);
+    let s = SUITE.sup(who, "nosup");
     for args in [
         &["exec", "anything"][..],
         &["exec", "anything", "{}", "--json"],
@@ -1612,27 +1042,25 @@ fn no_supervisor() {
             format!("{NO_SUPERVISOR}\n"),
             "zygo {args:?}"
         );
-        assert!(f.stdout.is_empty(), "zygo {args:?}: {}", stdout_text(&f));
+        assert!(f.stdout.is_empty(), "zygo {args:?}: {}", f.stdout_text());
     }
     assert!(!s.socket().exists());
-    let mut s = s;
-    s.closed = true; // nothing was started
+    s.never_started();
 }
 
 /// `zygo logs`, `stats`, `warm`, `ls`, `stop`, and an unknown function.
 #[test]
 fn admin_commands() {
-    if !root_only() {
+    let Some(mut s) = SUITE.root("admin") else {
         return;
-    }
-    let mut s = Sup::new(Who::Root, "admin", &[]);
+    };
     let n = s.up(&[("hello", "hello", "max_warm = 3"), ("boom", "boom", "")]);
     let (hello, boom) = (&n[0], &n[1]);
     let ids: Vec<String> = (0..3)
         .map(|i| {
             let (v, f) = s.exec(hello, Some(&json!({"i": i}).to_string()), &[]);
             assert_eq!(f.code, 0, "{v}");
-            s_(&v, "request_id").to_string()
+            text(&v, "request_id").to_string()
         })
         .collect();
     let (_, f) = s.exec(boom, None, &[]);
@@ -1641,30 +1069,30 @@ fn admin_commands() {
     // logs: the last N, oldest first.
     let f = s.run(&["logs", hello, "-n", "2", "--json"]);
     assert_eq!(f.code, 0, "{}", f.stderr_text());
-    let lines = json_lines(&f);
-    let got: Vec<&str> = lines.iter().map(|l| s_(l, "request_id")).collect();
+    let lines = f.json_lines();
+    let got: Vec<&str> = lines.iter().map(|l| text(l, "request_id")).collect();
     assert_eq!(got, [ids[1].as_str(), ids[2].as_str()], "{lines:?}");
     for l in &lines {
         assert_eq!(l["outcome"], "ok", "{l}");
-        assert!(s_(l, "stdout").contains("hello on stdout"), "{l}");
+        assert!(text(l, "stdout").contains("hello on stdout"), "{l}");
         assert!(l["wall_ms"].is_u64() && l["finished_ms"].is_u64(), "{l}");
     }
     let f = s.run(&["logs", hello]);
     assert_eq!(f.code, 0);
     for id in &ids {
-        assert!(stdout_text(&f).contains(id.as_str()), "{}", stdout_text(&f));
+        assert!(f.stdout_text().contains(id.as_str()), "{}", f.stdout_text());
     }
     let f = s.run(&["logs", boom, "--json"]);
-    let l = last_json(&f);
+    let l = f.last_json();
     assert_eq!(l["outcome"], "error", "{l}");
-    assert!(s_(&l, "error").contains("kaboom"), "{l}");
+    assert!(text(&l, "error").contains("kaboom"), "{l}");
     let f = s.run(&["logs", "no-such-fn", "--json"]);
-    assert_refused(&s, &last_json(&f), &f, "not_found");
+    s.assert_refused(&f.last_json(), &f, "not_found");
 
     // stats
     let f = s.run(&["stats", "--json"]);
     assert_eq!(f.code, 0, "{}", f.stderr_text());
-    let all = last_json(&f);
+    let all = f.last_json();
     let find = |name: &str| -> Value {
         all.as_array()
             .and_then(|a| a.iter().find(|x| x["name"] == name).cloned())
@@ -1684,24 +1112,24 @@ fn admin_commands() {
     assert_eq!(b["failures"]["error"], 1, "{all}");
     let f = s.run(&["stats", hello, "--json"]);
     assert_eq!(
-        last_json(&f).as_array().map(Vec::len),
+        f.last_json().as_array().map(Vec::len),
         Some(1),
         "{}",
-        stdout_text(&f)
+        f.stdout_text()
     );
     let f = s.run(&["stats"]);
     assert!(
-        stdout_text(&f).contains("REQUESTS") && stdout_text(&f).contains(hello.as_str()),
+        f.stdout_text().contains("REQUESTS") && f.stdout_text().contains(hello.as_str()),
         "{}",
-        stdout_text(&f)
+        f.stdout_text()
     );
     let f = s.run(&["stats", "no-such-fn", "--json"]);
-    assert_refused(&s, &last_json(&f), &f, "not_found");
+    s.assert_refused(&f.last_json(), &f, "not_found");
 
     // warm: a second zygote starts and becomes ready.
     let f = s.run(&["warm", hello, "2", "--json"]);
     assert_eq!(f.code, 0, "{}", f.stderr_text());
-    let v = last_json(&f);
+    let v = f.last_json();
     assert_eq!(v["name"], *hello, "{v}");
     assert!(v["ready"].is_u64(), "{v}");
     wait_for(
@@ -1717,36 +1145,34 @@ fn admin_commands() {
     assert_eq!(s.info(hello)["min_warm"], 2);
     assert_eq!(agent_pids(hello).len(), 2);
     let f = s.run(&["warm", "no-such-fn", "--json"]);
-    assert_refused(&s, &last_json(&f), &f, "not_found");
+    s.assert_refused(&f.last_json(), &f, "not_found");
 
     // ls, human.
     let f = s.run(&["ls"]);
     assert!(
-        stdout_text(&f).contains(hello.as_str()) && stdout_text(&f).contains("serving"),
+        f.stdout_text().contains(hello.as_str()) && f.stdout_text().contains("serving"),
         "{}",
-        stdout_text(&f)
+        f.stdout_text()
     );
 
     // stop: gone from ls, its calls not found, its cgroups and agents gone.
     let f = s.run(&["stop", boom, "--json"]);
     assert_eq!(f.code, 0, "{}", f.stderr_text());
-    assert_eq!(last_json(&f), json!({"stopped": boom}));
+    assert_eq!(f.last_json(), json!({"stopped": boom}));
     assert!(s.info(boom).is_null(), "stopped but listed");
     let (v, f) = s.exec(boom, None, &[]);
-    assert_refused(&s, &v, &f, "not_found");
+    s.assert_refused(&v, &f, "not_found");
     assert!(agent_pids(boom).is_empty(), "agents of a stopped function");
     let left = wait_for_quietly(Duration::from_secs(3), || {
-        zygo_cgroup_roots()
-            .iter()
-            .all(|r| !r.join("tenants/_host").join(boom).exists())
+        fn_cgroups(boom).iter().all(|d| !d.exists())
     });
     assert!(left, "a stopped function's cgroups remain");
     let f = s.run(&["stop", "no-such-fn", "--json"]);
-    assert_refused(&s, &last_json(&f), &f, "not_found");
+    s.assert_refused(&f.last_json(), &f, "not_found");
 
     // An unknown function.
     let (v, f) = s.exec("no-such-fn", None, &[]);
-    assert_refused(&s, &v, &f, "not_found");
+    s.assert_refused(&v, &f, "not_found");
     let f = s.run(&["exec", "no-such-fn"]);
     assert_eq!(f.code, 1);
     assert!(
@@ -1765,9 +1191,6 @@ fn admin_commands() {
 /// does, rather than blaming the handler.
 #[test]
 fn agent_killed_error_names_the_zygote() {
-    if !root_only() {
-        return;
-    }
     crash_mid_request("agentmsg", the_agent, "zygote");
 }
 
@@ -1775,14 +1198,15 @@ fn agent_killed_error_names_the_zygote() {
 /// end of the grace, leaving nothing behind; with `check_answer`, the call cut off must
 /// have been answered (cancelled) rather than dropped.
 fn drain_grace(test: &str, check_answer: bool) {
-    let mut s = Sup::new(Who::Root, test, &[]);
+    let Some(mut s) = SUITE.root(test) else {
+        return;
+    };
     let n = s.up(&[("nap", "nap", "timeout = \"15s\"")]);
     let nap = &n[0];
-    let call = s.exec_bg(nap, r#"{"secs": 10}"#, &[]);
-    s.wait_in_flight(nap, 1);
+    let call = s.exec_in_flight(nap, r#"{"secs": 10}"#, &[]);
     let t0 = Instant::now();
     let f = s.run(&["drain", "--grace", "1s", "--json"]);
-    assert_eq!(last_json(&f), json!({"drained": true, "in_flight": 1}));
+    assert_eq!(f.last_json(), json!({"drained": true, "in_flight": 1}));
     let f = call.join().expect("the call");
     assert!(
         t0.elapsed() < Duration::from_secs(4),
@@ -1795,36 +1219,29 @@ fn drain_grace(test: &str, check_answer: bool) {
         "exited after {:?}",
         t0.elapsed()
     );
-    let v = last_json(&f);
+    let v = f.last_json();
     assert_eq!(f.code, 1, "the call cut off: {v}");
     if check_answer {
-        assert_failed(&s, &v, &f, "cancelled", "cancelled");
+        s.assert_failed(&v, &f, "cancelled", "cancelled");
     }
 }
 
 #[test]
 fn drain_grace_expires() {
-    if !root_only() {
-        return;
-    }
     drain_grace("grace", false);
 }
 
 #[test]
 fn drain_grace_answers_the_cut_off_call() {
-    if !root_only() {
-        return;
-    }
     drain_grace("graceans", true);
 }
 
 /// A caller that goes away mid-call: its request is killed (cancelled), not left running.
 #[test]
 fn caller_goes_away() {
-    if !root_only() {
+    let Some(mut s) = SUITE.root("gone") else {
         return;
-    }
-    let mut s = Sup::new(Who::Root, "gone", &[]);
+    };
     let n = s.up(&[("nap", "nap", "timeout = \"15s\"")]);
     let nap = &n[0];
     let mut c = s.exec_cmd(nap, Some(r#"{"secs": 10}"#), &[]);
@@ -1849,12 +1266,14 @@ fn caller_goes_away() {
 /// Output over 1 MiB per stream is cut at 1 MiB (with `check_flag`: and flagged as
 /// truncated); exactly 1 MiB is kept whole and not flagged.
 fn output_cap(test: &str, check_flag: bool) {
-    let mut s = Sup::new(Who::Root, test, &[]);
+    let Some(mut s) = SUITE.root(test) else {
+        return;
+    };
     let n = s.up(&[("chatty", "chatty", "timeout = \"10s\"")]);
     let chatty = &n[0];
     let (v, f) = s.exec(chatty, Some(r#"{"out": 3145728}"#), &[]);
     assert_eq!(f.code, 0, "{}\n{}", truncate(&v.to_string(), 300), s.log());
-    let out = s_(&v, "stdout");
+    let out = text(&v, "stdout");
     assert!(
         out.len() <= 1 << 20 && out.len() >= (1 << 20) - 65536,
         "stdout kept: {} bytes",
@@ -1871,34 +1290,27 @@ fn output_cap(test: &str, check_flag: bool) {
         );
     }
     let (v, _) = s.exec(chatty, Some(r#"{"out": 1048576}"#), &[]);
-    assert_eq!(s_(&v, "stdout").len(), 1 << 20);
+    assert_eq!(text(&v, "stdout").len(), 1 << 20);
     assert_eq!(v["stdout_truncated"], false);
     s.shutdown();
 }
 
 #[test]
 fn output_is_capped() {
-    if !root_only() {
-        return;
-    }
     output_cap("cap", false);
 }
 
 #[test]
 fn output_truncation_is_flagged() {
-    if !root_only() {
-        return;
-    }
     output_cap("capflag", true);
 }
 
 /// Events that are JSON but not objects reach the handler as they are.
 #[test]
 fn non_object_events() {
-    if !root_only() {
+    let Some(mut s) = SUITE.root("events") else {
         return;
-    }
-    let mut s = Sup::new(Who::Root, "events", &[]);
+    };
     let n = s.up(&[("hello", "hello", "")]);
     let hello = &n[0];
     for ev in [
@@ -1918,10 +1330,9 @@ fn non_object_events() {
 /// Under load a function grows to max_warm zygotes and serves every call that fits.
 #[test]
 fn scales_to_max_warm() {
-    if !root_only() {
+    let Some(mut s) = SUITE.root("scale") else {
         return;
-    }
-    let mut s = Sup::new(Who::Root, "scale", &[]);
+    };
     let n = s.up(&[("nap", "nap", "timeout = \"15s\"\nmax_warm = 2")]);
     let nap = &n[0];
     let calls: Vec<_> = (0..6)
@@ -1933,7 +1344,7 @@ fn scales_to_max_warm() {
     });
     for c in calls {
         let f = c.join().expect("a call");
-        let v = last_json(&f);
+        let v = f.last_json();
         assert!(
             f.code == 0 && v["result"] == json!({"slept": 2}),
             "{v}\n{}",
@@ -1954,31 +1365,25 @@ fn scales_to_max_warm() {
 /// zygotes and cgroups are gone; stopping a frozen function works too.
 #[test]
 fn stop_in_flight_and_frozen() {
-    if !root_only() {
+    let Some(mut s) = SUITE.root("stop") else {
         return;
-    }
-    let mut s = Sup::new(Who::Root, "stop", &[]);
+    };
     let n = s.up(&[
         ("nap", "nap", "timeout = \"15s\""),
         ("cold", "hello", "idle_timeout = \"1s\""),
     ]);
     let (nap, cold) = (&n[0], &n[1]);
-    let call = s.exec_bg(nap, r#"{"secs": 10}"#, &[]);
-    s.wait_in_flight(nap, 1);
+    let call = s.exec_in_flight(nap, r#"{"secs": 10}"#, &[]);
     std::thread::sleep(Duration::from_millis(300));
     let f = s.run(&["stop", nap]);
     assert_eq!(f.code, 0, "{}", f.stderr_text());
     let f = call.join().expect("the call");
-    let v = last_json(&f);
-    assert_failed(&s, &v, &f, "cancelled", "cancelled");
+    let v = f.last_json();
+    s.assert_failed(&v, &f, "cancelled", "cancelled");
     wait_for(
         Duration::from_secs(3),
         "the stopped function's cgroups to go",
-        || {
-            zygo_cgroup_roots()
-                .iter()
-                .all(|r| !r.join("tenants/_host").join(nap).exists())
-        },
+        || fn_cgroups(nap).iter().all(|d| !d.exists()),
     );
     assert!(agent_pids(nap).is_empty());
 
@@ -1990,11 +1395,7 @@ fn stop_in_flight_and_frozen() {
     wait_for(
         Duration::from_secs(3),
         "the frozen function's cgroups to go",
-        || {
-            zygo_cgroup_roots()
-                .iter()
-                .all(|r| !r.join("tenants/_host").join(cold).exists())
-        },
+        || fn_cgroups(cold).iter().all(|d| !d.exists()),
     );
     assert!(
         wait_for_quietly(Duration::from_secs(3), || agent_pids(cold).is_empty()),
@@ -2020,7 +1421,7 @@ both_tests! {
     /// an error with its stack; a value JSON cannot hold is the specific error; the spares
     /// refill behind each call.
     fn node_function(who) {
-        let mut s = Sup::new(who, "node", &[]);
+        let mut s = SUITE.sup(who, "node");
         s.fn_file("hello.mjs", NODE_HELLO);
         let n = s.up(&[("nh", "", "agent = \"node\"\nentry = \"fn/hello.mjs\"\ntimeout = \"20s\"")]);
         let nh = &n[0];
@@ -2029,17 +1430,17 @@ both_tests! {
             assert_eq!(f.code, 0, "exec: {v} {}\n{}", f.stderr_text(), s.log());
             assert_eq!(v["result"]["hello"], format!("n{i}"), "{v}");
             assert_eq!(v["result"]["sub"], "from-subprocess\n", "{v}");
-            assert!(s_(&v["result"], "cwd").starts_with("/work/"), "{v}");
+            assert!(text(&v["result"], "cwd").starts_with("/work/"), "{v}");
             assert_eq!(v["stdout"], format!("hello from node n{i}\n"), "{v}");
             assert_eq!(v["stderr"], "sub-err\n", "{v}");
         }
         let (v, f) = s.exec(nh, Some(r#"{"name": "x", "fail": true}"#), &[]);
         assert_eq!(f.code, 1, "{v}");
         assert_eq!(v["code"], "handler", "{v}");
-        assert!(s_(&v, "error").contains("node says no"), "{v}");
-        assert!(s_(&v, "traceback").contains("hello.mjs"), "{v}");
+        assert!(text(&v, "error").contains("node says no"), "{v}");
+        assert!(text(&v, "traceback").contains("hello.mjs"), "{v}");
         let (v, _) = s.exec(nh, Some(r#"{"name": "x", "bigint": true}"#), &[]);
-        assert!(s_(&v, "error").contains("not JSON-serialisable"), "{v}");
+        assert!(text(&v, "error").contains("not JSON-serialisable"), "{v}");
         s.shutdown();
     }
 }
@@ -2047,10 +1448,9 @@ both_tests! {
 /// A Node handler that fails to import: `zygo up` prints why and the function is failed.
 #[test]
 fn node_import_failure() {
-    if !root_only() {
+    let Some(mut s) = SUITE.root("nodeimp") else {
         return;
-    }
-    let mut s = Sup::new(Who::Root, "nodeimp", &[]);
+    };
     s.fn_file(
         "broken.mjs",
         "import \"no-such-package-zygo\";\nexport default () => 1;\n",
@@ -2072,10 +1472,9 @@ fn node_import_failure() {
 /// and the next supervisor removes the cgroups it left (named after the dead pid).
 #[test]
 fn killed_supervisor_leftovers_are_swept() {
-    if !root_only() {
+    let Some(mut s) = SUITE.root("swept") else {
         return;
-    }
-    let mut s = Sup::new(Who::Root, "swept", &[]);
+    };
     let n = s.up(&[("hello", "hello", "")]);
     let hello = &n[0];
     assert_eq!(s.call_ok(hello, "{}")["echo"], json!({}));
@@ -2093,10 +1492,7 @@ fn killed_supervisor_leftovers_are_swept() {
     );
     // A supervisor killed in the middle of creating a request's cgroup leaves it in the
     // first hierarchies only; the sweep must find that too.
-    let partial = zygo_cgroup_roots()[0]
-        .join("tenants/_host")
-        .join(hello)
-        .join(format!("r-{old}-partial"));
+    let partial = fn_cgroups(hello)[0].join(format!("r-{old}-partial"));
     fs::create_dir(&partial).expect("create a partly made cgroup");
     // A new supervisor for the same functions sweeps what the old one left.
     s.supervisor = None;
@@ -2104,23 +1500,9 @@ fn killed_supervisor_leftovers_are_swept() {
     let f = s.run(&["up", "-f", file.to_str().expect("UTF-8")]);
     assert_eq!(f.code, 0, "{}\n{}", f.stderr_text(), s.log());
     s.find_supervisor();
-    let prefix = [format!("z-{old}-"), format!("r-{old}-")];
-    let stale: Vec<PathBuf> = zygo_cgroup_roots()
-        .into_iter()
-        .flat_map(|r| {
-            fs::read_dir(r.join("tenants/_host").join(hello))
-                .into_iter()
-                .flatten()
-        })
-        .flatten()
-        .map(|e| e.path())
-        .filter(|p| {
-            let name = p
-                .file_name()
-                .map(|n| n.to_string_lossy().to_string())
-                .unwrap_or_default();
-            prefix.iter().any(|x| name.starts_with(x.as_str()))
-        })
+    let stale: Vec<PathBuf> = [format!("z-{old}-"), format!("r-{old}-")]
+        .iter()
+        .flat_map(|prefix| fn_subgroups(hello, prefix))
         .collect();
     assert!(
         stale.is_empty(),

@@ -298,25 +298,8 @@ fn typescript_client_2x_stateless_revision() {
 /// Stops the test's supervisor whatever happens.
 struct Supervisor {
     env: Vec<(String, String)>,
-}
-
-impl Supervisor {
-    /// Host pids of the supervisor started with this runtime directory.
-    fn pids(&self) -> Vec<i32> {
-        let Some((_, dir)) = self.env.iter().find(|(k, _)| k == "ZYGO_RUNTIME_DIR") else {
-            return Vec::new();
-        };
-        let needle = format!("ZYGO_RUNTIME_DIR={dir}\0");
-        host_processes()
-            .into_iter()
-            .filter(|(pid, cmd)| {
-                contains(cmd, b"supervisor")
-                    && std::fs::read(format!("/proc/{pid}/environ"))
-                        .is_ok_and(|e| contains(&e, needle.as_bytes()))
-            })
-            .map(|(pid, _)| pid)
-            .collect()
-    }
+    /// Its log, `$ZYGO_STATE_DIR/supervisor.log` (see [`supervisor_pid`]).
+    log: PathBuf,
 }
 
 impl Drop for Supervisor {
@@ -328,11 +311,10 @@ impl Drop for Supervisor {
         if f.code != 0 {
             eprintln!("zygo drain: exit {}: {}", f.code, f.stderr_text());
         }
-        let deadline = Instant::now() + Duration::from_secs(15);
-        while !self.pids().is_empty() && Instant::now() < deadline {
-            std::thread::sleep(Duration::from_millis(50));
-        }
-        for pid in self.pids() {
+        wait_for_quietly(Duration::from_secs(15), || {
+            supervisor_pid(&self.log).is_none()
+        });
+        if let Some(pid) = supervisor_pid(&self.log) {
             eprintln!("the test's supervisor {pid} did not drain; killing it");
             // SAFETY: killing the supervisor this test started.
             unsafe { libc::kill(pid, libc::SIGKILL) };
@@ -364,7 +346,10 @@ fn warm_function_through_a_running_supervisor() {
     let mut up = clean(&zygo_bin(), &env);
     up.args(["up", "-f"]).arg(app.path.join("sandbox.toml"));
     let f = finish(up);
-    let _guard = Supervisor { env: env.clone() };
+    let _guard = Supervisor {
+        env: env.clone(),
+        log: d.state.path.join("supervisor.log"),
+    };
     assert_eq!(
         f.code,
         0,
@@ -544,14 +529,6 @@ fn run_code(id: i64, language: &str, code: &str) -> Value {
            "params": {"name": "run_code", "arguments": {"language": language, "code": code}}})
 }
 
-fn wait_until(what: &str, within: Duration, mut f: impl FnMut() -> bool) {
-    let deadline = Instant::now() + within;
-    while !f() {
-        assert!(Instant::now() < deadline, "{what}: not within {within:?}");
-        std::thread::sleep(Duration::from_millis(20));
-    }
-}
-
 /// The README's try-it: two lines in, two JSON lines out, the workspace named on stderr
 /// and removed at exit.
 #[test]
@@ -685,7 +662,7 @@ fn end_of_input_mid_request_leaves_no_sandbox() {
     let secs = format!("51.{}", unique() % 1_000_000);
     let marker = format!("sleep\0{secs}\0");
     s.send(run_code(1, "sh", &format!("sleep {secs}; echo done")));
-    wait_until("the sandbox started", Duration::from_secs(20), || {
+    wait_for(Duration::from_secs(20), "the sandbox started", || {
         !host_pids_with(marker.as_bytes()).is_empty()
     });
     let t0 = Instant::now();
@@ -717,7 +694,7 @@ fn sigterm_stops_every_sandbox() {
         "python",
         &format!("import subprocess\nsubprocess.run(['sleep', '{secs}'])"),
     ));
-    wait_until("both sandboxes started", Duration::from_secs(20), || {
+    wait_for(Duration::from_secs(20), "both sandboxes started", || {
         host_pids_with(marker.as_bytes()).len() >= 2
     });
     let t0 = Instant::now();

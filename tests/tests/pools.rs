@@ -12,471 +12,28 @@
 
 use std::fs;
 use std::io::Write;
-use std::os::unix::fs::PermissionsExt;
-use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
-use std::thread::JoinHandle;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use serde_json::{json, Value};
 use zygo_tests::*;
-
-/// How long a drained supervisor may take to remove its socket.
-const EXIT_WAIT: Duration = Duration::from_secs(30);
 
 /// A Python pool: an agent and no entry.
 const PY_POOL: &str = "agent = \"python\"";
 /// A warm-exec pool running scripts with /bin/sh.
 const SH_POOL: &str = "cmd = [\"/bin/sh\"]";
 
-/// The handler of the one ordinary function some tests serve next to their pools.
-const HANDLERS: &str = "def hello(event):\n    return {\"echo\": event}\n";
-
-// ---------------------------------------------------------------------------------------
-// One supervisor per test (after tests/tests/functions.rs).
-
-/// A supervisor of this test's own, with its directories and pools.
-struct Sup {
-    who: Who,
-    tag: String,
-    uniq: String,
-    dir: TempDir,
-    rt: PathBuf,
-    st: PathBuf,
-    names: Vec<String>,
-    supervisor: Option<i32>,
-    closed: bool,
-}
-
-impl Sup {
-    /// Fresh directories (runtime 0700, state 0700, owned by whoever runs zygo) and a
-    /// handler file in `<dir>/fn/` for the ordinary function some tests serve.
-    fn new(who: Who, test: &str) -> Sup {
-        let dir = TempDir::new(0o755);
-        let rt = dir.path.join("rt");
-        let st = dir.path.join("st");
-        for d in [&rt, &st] {
-            fs::create_dir(d).expect("create a supervisor directory");
-            fs::set_permissions(d, fs::Permissions::from_mode(0o700)).expect("chmod 0700");
-        }
-        let fndir = dir.path.join("fn");
-        fs::create_dir(&fndir).expect("create fn/");
-        fs::set_permissions(&fndir, fs::Permissions::from_mode(0o755)).expect("chmod fn/");
-        let h = fndir.join("handlers.py");
-        fs::write(&h, HANDLERS).expect("write handlers.py");
-        fs::set_permissions(&h, fs::Permissions::from_mode(0o644)).expect("chmod handlers");
-        if who == Who::Rootless && am_root() {
-            let r = rootless_setup();
-            for d in [&rt, &st] {
-                std::os::unix::fs::chown(d, Some(r.uid), Some(r.gid)).expect("chown");
-            }
-        }
-        let w = match who {
-            Who::Root => "r",
-            Who::Rootless => "u",
-        };
-        Sup {
-            who,
-            tag: format!("pool-{test}-{w}"),
-            uniq: format!("{:012x}", unique() & 0xffff_ffff_ffff),
-            dir,
-            rt,
-            st,
-            names: Vec::new(),
-            supervisor: None,
-            closed: false,
-        }
-    }
-
-    /// `zygo up -f sandbox.toml` with these `[fn.*]` tables (the name's suffix and the
-    /// table's lines), under small defaults; it must succeed. Returns the full names.
-    fn up(&mut self, fns: &[(&str, &str)]) -> Vec<String> {
-        let mut text =
-            String::from("[defaults]\ntimeout = \"8s\"\nmem = \"64M\"\nidle_timeout = \"30s\"\n");
-        let mut names = Vec::new();
-        for (suffix, body) in fns {
-            let name = format!("{}-{suffix}-{}", self.tag, self.uniq);
-            text.push_str(&format!("\n[fn.{name}]\n{body}\n"));
-            self.names.push(name.clone());
-            names.push(name);
-        }
-        let file = self.dir.file("sandbox.toml", text.as_bytes());
-        let f = self.run(&["up", "-f", file.to_str().expect("UTF-8 path")]);
-        self.find_supervisor();
-        assert_eq!(
-            f.code,
-            0,
-            "[{}] zygo up failed: {}\nstdout: {}\n{}",
-            self.who.name(),
-            f.stderr_text(),
-            String::from_utf8_lossy(&f.stdout),
-            self.log()
-        );
-        assert!(
-            self.supervisor.is_some(),
-            "no process holds {}",
-            self.log_path().display()
-        );
-        for n in &names {
-            assert!(
-                zygo_cgroup_roots()
-                    .iter()
-                    .any(|r| r.join("tenants/_host").join(n).is_dir()),
-                "[{}] no cgroup of {n} under {:?}",
-                self.who.name(),
-                zygo_cgroup_roots()
-            );
-        }
-        names
-    }
-
-    /// A file in this test's directory (mode 0644, readable by the rootless user).
-    fn file(&self, name: &str, bytes: &[u8]) -> String {
-        let p = self.dir.file(name, bytes);
-        p.to_str().expect("UTF-8 path").to_string()
-    }
-
-    /// A zygo command with this supervisor's directories.
-    fn cmd(&self, args: &[&str]) -> Command {
-        let mut c = zygo(self.who);
-        c.env("ZYGO_RUNTIME_DIR", &self.rt)
-            .env("ZYGO_STATE_DIR", &self.st)
-            .args(args);
-        c
-    }
-
-    fn run(&self, args: &[&str]) -> Finished {
-        finish(self.cmd(args))
-    }
-
-    /// `zygo scripts put FILE`, which must succeed: the digest it printed.
-    #[track_caller]
-    fn put(&self, file: &str) -> String {
-        let f = self.run(&["scripts", "put", file]);
-        assert_eq!(
-            f.code,
-            0,
-            "[{}] zygo scripts put {file}: {}\n{}",
-            self.who.name(),
-            f.stderr_text(),
-            self.log()
-        );
-        stdout_text(&f).trim().to_string()
-    }
-
-    /// Write a script and register it: its digest.
-    #[track_caller]
-    fn put_script(&self, name: &str, source: &str) -> String {
-        let file = self.file(name, source.as_bytes());
-        self.put(&file)
-    }
-
-    /// `zygo exec NAME [EVENT] FLAGS... --json`: the answer (the last line) and the rest.
-    fn exec(&self, name: &str, event: Option<&str>, flags: &[&str]) -> (Value, Finished) {
-        let f = finish(self.exec_cmd(name, event, flags));
-        (last_json(&f), f)
-    }
-
-    fn exec_cmd(&self, name: &str, event: Option<&str>, flags: &[&str]) -> Command {
-        let mut args = vec!["exec", name];
-        args.extend(event);
-        args.extend_from_slice(flags);
-        args.push("--json");
-        self.cmd(&args)
-    }
-
-    /// The same, in the background.
-    fn exec_bg(&self, name: &str, event: &str, flags: &[&str]) -> JoinHandle<Finished> {
-        let cmd = self.exec_cmd(name, Some(event), flags);
-        std::thread::spawn(move || finish(cmd))
-    }
-
-    /// `zygo exec POOL EVENT --digest D --json`, which must return: the whole answer.
-    #[track_caller]
-    fn run_ok(&self, pool: &str, event: &str, digest: &str) -> Value {
-        let (v, f) = self.exec(pool, Some(event), &["--digest", digest]);
-        self.assert_ok(&v, &f, &format!("{pool} --digest {digest} {event}"));
-        v
-    }
-
-    #[track_caller]
-    fn assert_ok(&self, v: &Value, f: &Finished, what: &str) {
-        assert!(
-            f.code == 0 && v["outcome"] == "ok",
-            "[{}] {what}: expected ok, got exit {}: {v}\nstderr: {}\n{}",
-            self.who.name(),
-            f.code,
-            f.stderr_text(),
-            self.log()
-        );
-    }
-
-    /// A script's handler error: exit 1, outcome error, code handler; the error message.
-    #[track_caller]
-    fn assert_handler_error(&self, v: &Value, f: &Finished) -> String {
-        assert!(
-            f.code == 1 && v["outcome"] == "error" && v["code"] == "handler",
-            "[{}] expected a handler error (exit 1), got exit {}: {v}\nstderr: {}\n{}",
-            self.who.name(),
-            f.code,
-            f.stderr_text(),
-            self.log()
-        );
-        v["error"].as_str().unwrap_or("").to_string()
-    }
-
-    /// A refusal before anything ran: exit 1 and `{"code": code, "error": ...}`; the error.
-    #[track_caller]
-    fn assert_refused(&self, v: &Value, f: &Finished, code: &str) -> String {
-        let error = v["error"].as_str().unwrap_or("");
-        assert!(
-            f.code == 1 && v["code"] == code && !error.is_empty() && v.get("outcome").is_none(),
-            "[{}] expected a {code} refusal (exit 1), got exit {}: {v}\nstderr: {}\n{}",
-            self.who.name(),
-            f.code,
-            f.stderr_text(),
-            self.log()
-        );
-        error.to_string()
-    }
-
-    /// `zygo ls --json`: one function's line (Null when it is not listed).
-    fn info(&self, name: &str) -> Value {
-        let f = self.run(&["ls", "--json"]);
-        assert_eq!(f.code, 0, "zygo ls: {}", f.stderr_text());
-        match serde_json::from_slice(&f.stdout) {
-            Ok(Value::Array(a)) => a
-                .into_iter()
-                .find(|f| f["name"] == name)
-                .unwrap_or(Value::Null),
-            other => panic!("zygo ls --json: not an array: {other:?}"),
-        }
-    }
-
-    /// Wait until `zygo ls` counts `n` requests in flight for `name`.
-    fn wait_in_flight(&self, name: &str, n: u64) {
-        wait_for(Duration::from_secs(10), &format!("{n} in flight"), || {
-            self.info(name)["in_flight"].as_u64() >= Some(n)
-        });
-    }
-
-    /// The files of the script store (every entry, temporary ones included).
-    fn store(&self) -> Vec<String> {
-        let mut names: Vec<String> = fs::read_dir(self.st.join("scripts"))
-            .map(|d| {
-                d.flatten()
-                    .map(|e| e.file_name().to_string_lossy().into_owned())
-                    .collect()
-            })
-            .unwrap_or_default();
-        names.sort();
-        names
-    }
-
-    /// The end of the supervisor's log, for failure messages.
-    fn log(&self) -> String {
-        let text = fs::read_to_string(self.log_path()).unwrap_or_default();
-        let start = text.len().saturating_sub(3000);
-        let start = (start..text.len())
-            .find(|i| text.is_char_boundary(*i))
-            .unwrap_or(text.len());
-        format!("--- supervisor.log (end) ---\n{}", &text[start..])
-    }
-
-    fn log_path(&self) -> PathBuf {
-        self.st.join("supervisor.log")
-    }
-
-    fn socket(&self) -> PathBuf {
-        self.rt.join("zygo.sock")
-    }
-
-    /// Remember the supervisor's pid: the process whose stderr is our log.
-    fn find_supervisor(&mut self) {
-        if self.supervisor.is_some() {
-            return;
-        }
-        self.supervisor = pids_holding(&self.log_path())
-            .into_iter()
-            .find(|(_, cmd)| cmd.split(|b| *b == 0).nth(1) == Some(b"supervisor"))
-            .map(|(pid, _)| pid);
-    }
-
-    /// `zygo drain --grace 1s`; wait for the supervisor to exit; check that nothing of it
-    /// is left (no cgroup of its pools, no process holding its log).
-    fn shutdown(mut self) {
-        let f = self.run(&["drain", "--grace", "1s"]);
-        assert_eq!(
-            f.code,
-            0,
-            "[{}] zygo drain: {}\n{}",
-            self.who.name(),
-            f.stderr_text(),
-            self.log()
-        );
-        let t0 = Instant::now();
-        while self.socket().exists() {
-            assert!(
-                t0.elapsed() < EXIT_WAIT,
-                "[{}] the supervisor did not remove its socket within {}s\n{}",
-                self.who.name(),
-                EXIT_WAIT.as_secs(),
-                self.log()
-            );
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        if let Some(pid) = self.supervisor {
-            wait_for(Duration::from_secs(10), "the supervisor to exit", || {
-                !alive(pid)
-            });
-        }
-        self.closed = true;
-        let mut left = Vec::new();
-        wait_for_quietly(Duration::from_secs(3), || {
-            left = self.leftover_cgroups();
-            left.is_empty()
-        });
-        assert!(
-            left.is_empty(),
-            "[{}] cgroups left behind: {left:?}\n{}",
-            self.who.name(),
-            self.log()
-        );
-        let mut procs = Vec::new();
-        wait_for_quietly(Duration::from_secs(3), || {
-            procs = pids_holding(&self.log_path());
-            procs.is_empty()
-        });
-        let described: Vec<String> = procs
-            .iter()
-            .map(|(pid, cmd)| format!("{pid}: {}", String::from_utf8_lossy(cmd)))
-            .collect();
-        assert!(
-            described.is_empty(),
-            "[{}] processes of this supervisor left behind: {described:?}",
-            self.who.name()
-        );
-    }
-
-    fn leftover_cgroups(&self) -> Vec<PathBuf> {
-        let mut left = Vec::new();
-        for root in zygo_cgroup_roots() {
-            for n in &self.names {
-                let d = root.join("tenants/_host").join(n);
-                if d.exists() {
-                    left.push(d);
-                }
-            }
-        }
-        left
-    }
-}
-
-impl Drop for Sup {
-    /// A test that failed half-way: stop its supervisor and whatever it started (by pid),
-    /// and remove its cgroups, without panicking again.
-    fn drop(&mut self) {
-        if self.closed {
-            return;
-        }
-        let mut c = self.cmd(&["drain", "--grace", "0s"]);
-        c.stdout(Stdio::null()).stderr(Stdio::null());
-        if let Ok(mut child) = c.spawn() {
-            let t0 = Instant::now();
-            while t0.elapsed() < Duration::from_secs(5) {
-                if let Ok(Some(_)) = child.try_wait() {
-                    break;
-                }
-                std::thread::sleep(Duration::from_millis(20));
-            }
-            let _ = child.kill();
-            let _ = child.wait();
-        }
-        wait_for_quietly(Duration::from_secs(5), || !self.socket().exists());
-        for (pid, _) in pids_holding(&self.log_path()) {
-            // SAFETY: killing a process this test's supervisor started (it holds our log).
-            unsafe { libc::kill(pid, libc::SIGKILL) };
-        }
-        std::thread::sleep(Duration::from_millis(200));
-        for d in self.leftover_cgroups() {
-            remove_cgroup_tree(&d);
-        }
-    }
-}
-
-/// rmdir a cgroup and its children, deepest first (best effort).
-fn remove_cgroup_tree(d: &Path) {
-    if let Ok(entries) = fs::read_dir(d) {
-        for e in entries.flatten() {
-            if e.file_type().is_ok_and(|t| t.is_dir()) {
-                remove_cgroup_tree(&e.path());
-            }
-        }
-    }
-    let _ = fs::remove_dir(d);
-}
+/// One supervisor per test: its pools (and the one ordinary function some tests serve
+/// next to them, from `fn/handlers.py`), under small defaults.
+static SUITE: Suite = Suite {
+    prefix: "pool-",
+    handlers: "def hello(event):\n    return {\"echo\": event}\n",
+    defaults: "timeout = \"8s\"\nmem = \"64M\"\nidle_timeout = \"30s\"\n",
+    agents: false,
+};
 
 // ---------------------------------------------------------------------------------------
 // Helpers.
-
-/// The last non-empty line of stdout as JSON (Null if it is not).
-fn last_json(f: &Finished) -> Value {
-    String::from_utf8_lossy(&f.stdout)
-        .lines()
-        .rev()
-        .find(|l| !l.trim().is_empty())
-        .and_then(|l| serde_json::from_str(l).ok())
-        .unwrap_or(Value::Null)
-}
-
-fn stdout_text(f: &Finished) -> String {
-    String::from_utf8_lossy(&f.stdout).into_owned()
-}
-
-/// Poll `cond` every 50 ms; panic naming `what` after `limit`.
-#[track_caller]
-fn wait_for(limit: Duration, what: &str, mut cond: impl FnMut() -> bool) {
-    let t0 = Instant::now();
-    while !cond() {
-        assert!(
-            t0.elapsed() < limit,
-            "timed out after {}s waiting for {what}",
-            limit.as_secs_f32()
-        );
-        std::thread::sleep(Duration::from_millis(50));
-    }
-}
-
-/// Poll `cond` every 50 ms for at most `limit`; whether it came true.
-fn wait_for_quietly(limit: Duration, mut cond: impl FnMut() -> bool) -> bool {
-    let t0 = Instant::now();
-    loop {
-        if cond() {
-            return true;
-        }
-        if t0.elapsed() >= limit {
-            return false;
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    }
-}
-
-/// Host processes with an open descriptor on `path`: (pid, cmdline).
-fn pids_holding(path: &Path) -> Vec<(i32, Vec<u8>)> {
-    let mut out = Vec::new();
-    for (pid, cmd) in host_processes() {
-        let Ok(fds) = fs::read_dir(format!("/proc/{pid}/fd")) else {
-            continue;
-        };
-        if fds
-            .flatten()
-            .any(|e| fs::read_link(e.path()).is_ok_and(|t| t == path))
-        {
-            out.push((pid, cmd));
-        }
-    }
-    out
-}
 
 /// SHA-256 of `bytes` as lowercase hex, computed by `sha256sum` (independently of Zygo).
 fn sha256_hex(bytes: &[u8]) -> String {
@@ -502,24 +59,6 @@ fn sha256_hex(bytes: &[u8]) -> String {
 
 fn is_digest(s: &str) -> bool {
     s.len() == 64 && s.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f'))
-}
-
-fn is_hex(s: &str, len: usize) -> bool {
-    s.len() == len && s.bytes().all(|b| b.is_ascii_hexdigit())
-}
-
-fn root_only() -> bool {
-    if Who::Root.available() {
-        true
-    } else {
-        eprintln!("skipped: this test needs to run as root");
-        false
-    }
-}
-
-/// A string field of an answer ("" when missing or not a string).
-fn text<'a>(v: &'a Value, key: &str) -> &'a str {
-    v[key].as_str().unwrap_or("")
 }
 
 // ---------------------------------------------------------------------------------------
@@ -637,10 +176,9 @@ def handler(event):
 /// bytes another; the stored file holds exactly the bytes; --json gives digest and size.
 #[test]
 fn scripts_put_is_content_addressed() {
-    if !root_only() {
+    let Some(mut s) = SUITE.root("store") else {
         return;
-    }
-    let mut s = Sup::new(Who::Root, "store");
+    };
     s.up(&[("py", PY_POOL)]);
 
     let a: &[u8] = b"def handler(event):\r\n    return '\xff\x00\xe9'";
@@ -698,31 +236,6 @@ fn scripts_put_is_content_addressed() {
 // ---------------------------------------------------------------------------------------
 // Python pools and warm-exec pools, rootful and rootless.
 
-/// Each body runs twice: `NAME::root` and `NAME::rootless`.
-macro_rules! root_and_rootless {
-    ($($name:ident),*) => {$(
-        mod $name {
-            #[test]
-            fn root() {
-                super::run_as(zygo_tests::Who::Root, super::$name)
-            }
-
-            #[test]
-            fn rootless() {
-                super::run_as(zygo_tests::Who::Rootless, super::$name)
-            }
-        }
-    )*};
-}
-
-fn run_as(who: Who, body: fn(Who)) {
-    if !who.available() {
-        eprintln!("skipped: {} runs need the tests to run as root", who.name());
-        return;
-    }
-    body(who)
-}
-
 root_and_rootless!(
     python_pool,
     warm_exec,
@@ -737,7 +250,7 @@ root_and_rootless!(
 /// handler, one whose handler is not a function and one with a syntax error each give a
 /// clear handler error, and the pool keeps serving.
 fn python_pool(who: Who) {
-    let mut s = Sup::new(who, "py");
+    let mut s = SUITE.sup(who, "py");
     let n = s.up(&[("py", PY_POOL)]);
     let pool = &n[0];
     let info = s.info(pool);
@@ -842,7 +355,7 @@ fn python_pool(who: Who) {
 /// the event JSON on stdin, in its own /work directory; stdout and stderr are captured;
 /// exit 0 → {"exit_code": 0}; exit 3 → an error naming status 3, output kept.
 fn warm_exec(who: Who) {
-    let mut s = Sup::new(who, "exec");
+    let mut s = SUITE.sup(who, "exec");
     let n = s.up(&[("sh", SH_POOL), ("she", "cmd = [\"/bin/sh\", \"-e\"]")]);
     let (sh, she) = (&n[0], &n[1]);
     assert_eq!(s.info(sh)["kind"], "pool");
@@ -917,7 +430,7 @@ fn warm_exec(who: Who) {
 /// chmod, rename or link its own file or another's in /run/script, nor chmod the folder,
 /// nor create a file, folder or symlink there; the scripts still run unchanged.
 fn script_isolation(who: Who) {
-    let mut s = Sup::new(who, "iso");
+    let mut s = SUITE.sup(who, "iso");
     let n = s.up(&[("py", &format!("{PY_POOL}\nmax_warm = 1"))]);
     let pool = &n[0];
     let da = s.put_script("a.py", SNOOP_PY);
@@ -927,12 +440,11 @@ fn script_isolation(who: Who) {
     s.run_ok(pool, "{}", &dc);
 
     let token = format!("token-{:x}", unique());
-    let b = s.exec_bg(
+    let b = s.exec_in_flight(
         pool,
         &json!({"token": token, "secs": 2}).to_string(),
         &["--digest", &db],
     );
-    s.wait_in_flight(pool, 1);
     std::thread::sleep(Duration::from_millis(300));
     let (a, f) = s.exec(pool, None, &["--digest", &da]);
     s.assert_ok(&a, &f, "the snooping script");
@@ -973,7 +485,7 @@ fn script_isolation(who: Who) {
     );
 
     let bf = b.join().expect("the B thread");
-    let bv = last_json(&bf);
+    let bv = bf.last_json();
     s.assert_ok(&bv, &bf, "script B");
     assert_eq!(bv["result"]["still_there"], true, "{bv}");
     let bcwd = text(&bv["result"], "cwd").to_string();
@@ -1044,10 +556,9 @@ fn script_isolation(who: Who) {
 /// refused before anything runs, with a message that says what to do.
 #[test]
 fn refusals() {
-    if !root_only() {
+    let Some(mut s) = SUITE.root("refuse") else {
         return;
-    }
-    let mut s = Sup::new(Who::Root, "refuse");
+    };
     let n = s.up(&[
         ("py", PY_POOL),
         ("sh", SH_POOL),
@@ -1120,10 +631,9 @@ fn refusals() {
 /// field is there (today null; the digest would be as good).
 #[test]
 fn usage_log_names_the_pool() {
-    if !root_only() {
+    let Some(mut s) = SUITE.root("usage") else {
         return;
-    }
-    let mut s = Sup::new(Who::Root, "usage");
+    };
     let n = s.up(&[("py", PY_POOL), ("sh", SH_POOL)]);
     let (py, sh) = (&n[0], &n[1]);
     let ok = s.put_script("echo.py", ECHO_PY);
@@ -1168,7 +678,7 @@ both_tests! {
     /// A script stored with `zygo scripts put` is bytes: a warm-exec script with one Latin-1
     /// byte (in a comment) runs the same by `--script FILE` and by `--digest`.
     fn non_utf8_script_by_digest(who) {
-        let mut s = Sup::new(who, "latin1");
+        let mut s = SUITE.sup(who, "latin1");
         let n = s.up(&[("sh", SH_POOL)]);
         let sh = &n[0];
         let bytes: &[u8] = b"# caf\xe9\necho ok\n";
@@ -1187,7 +697,7 @@ both_tests! {
 /// command line names its script: another request in flight in the same sandbox
 /// (max_warm = 1) finds neither its /proc/<pid>/cmdline nor its descriptors.
 fn warm_exec_hides_neighbour_digest(who: Who) {
-    let mut s = Sup::new(who, "exec-leak");
+    let mut s = SUITE.sup(who, "exec-leak");
     let n = s.up(&[("sh", &format!("{SH_POOL}\nmax_warm = 1"))]);
     let sh = &n[0];
     let db = s.put_script("b.sh", "sleep 2\n");
@@ -1196,8 +706,7 @@ fn warm_exec_hides_neighbour_digest(who: Who) {
         "for p in /proc/[0-9]*; do tr '\\0' ' ' < $p/cmdline 2>/dev/null; echo; \
          ls -l $p/fd 2>/dev/null; done; exit 0\n",
     );
-    let b = s.exec_bg(sh, "{}", &["--digest", &db]);
-    s.wait_in_flight(sh, 1);
+    let b = s.exec_in_flight(sh, "{}", &["--digest", &db]);
     std::thread::sleep(Duration::from_millis(300));
     let v = s.run_ok(sh, "{}", &da);
     let out = text(&v, "stdout");
@@ -1208,7 +717,7 @@ fn warm_exec_hides_neighbour_digest(who: Who) {
         who.name()
     );
     let bf = b.join().expect("the B thread");
-    s.assert_ok(&last_json(&bf), &bf, "script B");
+    s.assert_ok(&bf.last_json(), &bf, "script B");
     s.shutdown();
 }
 
@@ -1216,7 +725,7 @@ fn warm_exec_hides_neighbour_digest(who: Who) {
 /// warm-exec command) is dumpable again; still, another request in flight in the same
 /// sandbox cannot follow its /proc/<pid>/cwd into its /work directory.
 fn exec_child_work_hidden(who: Who) {
-    let mut s = Sup::new(who, "exec-work");
+    let mut s = SUITE.sup(who, "exec-work");
     let n = s.up(&[
         ("py", &format!("{PY_POOL}\nmax_warm = 1")),
         ("sh", &format!("{SH_POOL}\nmax_warm = 1")),
@@ -1239,12 +748,11 @@ fn exec_child_work_hidden(who: Who) {
     );
     for (pool, b, a) in [(py, &bpy, &snoop), (sh, &bsh, &ash)] {
         let token = format!("token-{:x}", unique());
-        let bg = s.exec_bg(pool, &json!({"token": token}).to_string(), &["--digest", b]);
-        s.wait_in_flight(pool, 1);
+        let bg = s.exec_in_flight(pool, &json!({"token": token}).to_string(), &["--digest", b]);
         std::thread::sleep(Duration::from_millis(500));
         let v = s.run_ok(pool, "{}", a);
         let bf = bg.join().expect("the B thread");
-        s.assert_ok(&last_json(&bf), &bf, "script B");
+        s.assert_ok(&bf.last_json(), &bf, "script B");
         assert!(
             !v.to_string().contains(&token),
             "[{}] {pool}: script A read B's secret from B's /work: {}",
