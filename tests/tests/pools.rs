@@ -238,11 +238,66 @@ fn scripts_put_is_content_addressed() {
 
 root_and_rootless!(
     python_pool,
+    node_pool,
     warm_exec,
     script_isolation,
     warm_exec_hides_neighbour_digest,
     exec_child_work_hidden
 );
+
+/// A Node runtime pool (`agent = "node"`, no entry): each call's Node spare imports the
+/// script the call names, an ES module's default export or a CommonJS module's `handler`;
+/// its output is captured; a script with no function, or one that does not parse, is that
+/// caller's error; and a script cannot list the other scripts.
+fn node_pool(who: Who) {
+    if !std::path::Path::new("/usr/bin/node").exists() {
+        eprintln!("skipped: no /usr/bin/node on this machine");
+        return;
+    }
+    let mut s = SUITE.sup(who, "js");
+    let n = s.up(&[("js", "agent = \"node\"")]);
+    let pool = &n[0];
+    let info = s.info(pool);
+    assert_eq!(info["kind"], "pool", "{info}");
+    assert_eq!(info["state"], "serving", "{info}");
+
+    let esm = "import fs from \"node:fs\";\n\
+               export default async function (event) {\n\
+               console.log(\"from js\");\n\
+               let listed;\n\
+               try { listed = fs.readdirSync(\"/run/script\"); } catch (e) { listed = e.code; }\n\
+               return { sum: event.a + event.b, url: import.meta.url, listed };\n\
+               }\n";
+    let d = s.put_script("add.mjs", esm);
+    let v = s.run_ok(pool, r#"{"a": 2, "b": 3}"#, &d);
+    assert_eq!(v["result"]["sum"], 5, "{v}");
+    assert_eq!(v["result"]["url"], format!("file:///run/script/{d}"), "{v}");
+    assert_eq!(v["result"]["listed"], "EACCES", "listing /run/script: {v}");
+    assert_eq!(v["stdout"], "from js\n", "{v}");
+
+    let cjs = s.put_script(
+        "cjs.js",
+        "module.exports.handler = async (e) => ({ cjs: e });\n",
+    );
+    let v = s.run_ok(pool, r#"{"x": 1}"#, &cjs);
+    assert_eq!(v["result"], json!({"cjs": {"x": 1}}), "{v}");
+
+    let none = s.put_script("none.mjs", "export const x = 1;\n");
+    let (v, f) = s.exec(pool, None, &["--digest", &none]);
+    let e = s.assert_handler_error(&v, &f);
+    assert!(e.contains("no default export"), "{v}");
+    let bad = s.put_script(
+        "bad.mjs",
+        "export default function () { return nope nope; }\n",
+    );
+    let (v, f) = s.exec(pool, None, &["--digest", &bad]);
+    let e = s.assert_handler_error(&v, &f);
+    assert!(e.contains("SyntaxError"), "{v}");
+    // The pool keeps serving.
+    let v = s.run_ok(pool, r#"{"a": 1, "b": 1}"#, &d);
+    assert_eq!(v["result"]["sum"], 2, "{v}");
+    s.shutdown();
+}
 
 /// A Python pool runs the named script's handler(event): by --digest (lowercase or
 /// upper) and by --script FILE (which stores the file); stdout and stderr are captured;

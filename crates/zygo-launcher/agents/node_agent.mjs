@@ -3,6 +3,8 @@
 // forks a registered child per slot (docs/agent-protocol.md) which execs this file:
 //
 //   node /run/zygo/node_agent.mjs ENTRY FUNC WORKDIR     (serve one request)
+//   node /run/zygo/node_agent.mjs --pool WORKDIR         (serve one request of a runtime
+//                                                         pool: import the script it names)
 //   node /run/zygo/node_agent.mjs --check ENTRY FUNC     (import only; exit 0 or print why)
 //
 // fd 3 is the request channel (JSON lines, as for a Python child); fd 1 and fd 2 are pipes
@@ -18,7 +20,12 @@ const MAX_PROGRESS = 64 << 10;
 
 async function load(entry, funcName) {
   const mod = await import(pathToFileURL(entry).href);
-  const fn = funcName ? mod[funcName] : (mod.default ?? mod.handler);
+  // A CommonJS module's exports object arrives as its default export.
+  const fn = funcName
+    ? mod[funcName]
+    : typeof mod.default === "function"
+      ? mod.default
+      : (mod.handler ?? mod.default?.handler);
   if (typeof fn !== "function") {
     const what = funcName ? `no function ${JSON.stringify(funcName)}` : "no default export and no `handler` export";
     throw new Error(`${entry} has ${what}`);
@@ -41,7 +48,9 @@ if (process.argv[2] === "--check") {
   }
 }
 
-const [entry, funcName, workdir] = process.argv.slice(2);
+const pool = process.argv[2] === "--pool";
+const [entry, funcName, workdir] = pool ? [null, "", process.argv[3]] : process.argv.slice(2);
+const SCRIPT = /^\/run\/script\/[0-9a-f]{64}$/;
 const channel = new net.Socket({ fd: 3, readable: true, writable: true });
 let closed = false;
 function send(obj) {
@@ -50,18 +59,24 @@ function send(obj) {
 
 let handler = null;
 let importError = null;
-try {
-  handler = await load(entry, funcName);
-} catch (e) {
-  importError = e;
+if (!pool) {
+  try {
+    handler = await load(entry, funcName);
+  } catch (e) {
+    importError = e;
+  }
 }
 
 function strictRequest(line) {
   const obj = JSON.parse(line);
   if (obj === null || typeof obj !== "object" || Array.isArray(obj)) throw new Error("not an object");
   const keys = Object.keys(obj).sort().join(",");
-  if (keys !== "event,id,kind" || obj.kind !== "request" || typeof obj.id !== "string") {
+  const want = pool ? "event,id,kind,script" : "event,id,kind";
+  if (keys !== want || obj.kind !== "request" || typeof obj.id !== "string") {
     throw new Error("not a request line");
+  }
+  if (pool && (typeof obj.script !== "string" || !SCRIPT.test(obj.script))) {
+    throw new Error("a bad script path");
   }
   return obj;
 }
@@ -79,6 +94,7 @@ async function run(line) {
   try {
     fs.mkdirSync(`/work/${workdir}`, { mode: 0o700 });
     process.chdir(`/work/${workdir}`);
+    if (pool) handler = await load(request.script, "");
     if (importError) throw importError;
     let event = request.event;
     if (event !== null && typeof event === "object" && !Array.isArray(event)) {

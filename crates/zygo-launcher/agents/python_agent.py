@@ -659,7 +659,8 @@ NODE, NODE_AGENT = "/usr/bin/node", "/run/zygo/node_agent.mjs"
 
 class NodeSpare:
     """In place of a Python handler: each child execs a Node spare that imports the
-    handler and serves the one request (Node itself cannot fork)."""
+    handler and serves the one request (Node itself cannot fork). With no entry (a Node
+    runtime pool), the spare imports the script its request names."""
 
     def __init__(self, entry, name):
         self.entry, self.name = entry, name
@@ -695,6 +696,8 @@ def exec_node(spare, mine, workdir):
     else:
         os.dup2(fd, 3, inheritable=True)
     os.closerange(4, 1 << 16)
+    if spare.entry is None:
+        os.execv(NODE, [NODE, NODE_AGENT, "--pool", workdir])
     os.execv(NODE, [NODE, NODE_AGENT, spare.entry, spare.name, workdir])
 
 
@@ -707,10 +710,13 @@ def main(argv):
         argv, mode = [argv[0], argv[2], argv[3]], "node"
     elif len(argv) == 2 and argv[1] == "--pool":
         mode = "pool"
+    elif len(argv) == 2 and argv[1] == "--node-pool":
+        mode = "node-pool"
     elif len(argv) >= 3 and argv[1] == "--exec":
         mode = "exec"
     elif len(argv) != 3:
-        complain("usage: python_agent.py [--node] ENTRY_FILE FUNC | --pool | --exec CMD...")
+        complain("usage: python_agent.py [--node] ENTRY_FILE FUNC | --pool | --node-pool"
+                 " | --exec CMD...")
         die(2)
     try:
         for fd in (CTL, REG):
@@ -723,6 +729,12 @@ def main(argv):
         func = check_node(argv[1], argv[2])
     elif mode == "pool":
         func = Pool()
+    elif mode == "node-pool":
+        if not os.access(NODE, os.X_OK):
+            tell({"kind": "import_error", "message": f"this image has no {NODE}",
+                  "traceback": ""})
+            die(1)
+        func = NodeSpare(None, "")
     elif mode == "exec":
         func = ExecPool(argv[2:])
     else:

@@ -567,12 +567,30 @@ fn agent_argv(spec: &FnSpec) -> Result<AgentLaunch, String> {
                 contents: PYTHON_AGENT.to_vec(),
             }],
         )),
+        // A Node runtime pool: each parked child execs a Node spare that waits for its
+        // request and imports the script it names.
         FnKind::Agent {
             agent: Agent::Node,
             entry: None,
-        } => Err(
-            "node runtime pools are not served yet: use agent = \"python\" or cmd = [...]".into(),
-        ),
+        } => Ok((
+            vec![
+                "/usr/bin/python3".into(),
+                "-I".into(),
+                "/run/zygo/python_agent.py".into(),
+                "--node-pool".into(),
+            ],
+            None,
+            vec![
+                InjectedFile {
+                    path: "/run/zygo/python_agent.py".into(),
+                    contents: PYTHON_AGENT.to_vec(),
+                },
+                InjectedFile {
+                    path: "/run/zygo/node_agent.mjs".into(),
+                    contents: NODE_AGENT.to_vec(),
+                },
+            ],
+        )),
         // Warm-exec: the sandbox is held by the agent, and each call starts the command with
         // the script's path as its last argument and the event on stdin.
         FnKind::Cmd(cmd) => {
