@@ -103,10 +103,17 @@ impl Phase {
     }
 }
 
+/// The most cgroup attach files a launcher accepts (one per cgroup hierarchy).
+pub const MAX_ATTACH_FILES: u8 = 8;
+
 /// monitor → launcher.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub enum ToLauncher {
-    /// Build this sandbox and run its program. Sent once, first.
+    /// The sandbox's cgroup attach files: this frame carries `files` descriptors (at most
+    /// [`MAX_ATTACH_FILES`]) as `SCM_RIGHTS` on its first byte. The sandbox's init joins
+    /// its cgroups by writing "0" to each. Sent once, first.
+    Cgroup { files: u8 },
+    /// Build this sandbox and run its program. Sent once, right after `Cgroup`.
     Start(LaunchPlan),
     /// The sandbox's first process is in its cgroups: let it go on.
     Proceed,

@@ -120,11 +120,6 @@ pub fn main(raw: Vec<OsString>) -> i32 {
         None if std::io::stdin().is_terminal() => Stdin::Forward,
         None => Stdin::Forward,
     };
-    let backend = match Backend::detect() {
-        Ok(b) => b,
-        Err(e) => return refuse(Phase::Plan, e.to_string()),
-    };
-    backend.sweep_stale_runs();
     let launcher = match std::env::current_exe() {
         Ok(p) => p,
         Err(e) => return refuse(Phase::Plan, format!("find the zygo binary: {e}")),
@@ -141,7 +136,24 @@ pub fn main(raw: Vec<OsString>) -> i32 {
         launcher,
         cancel: None,
     };
-    let out = oneshot::run(&backend, req);
+    // The launcher starts up while this process finds its cgroups.
+    let started = match oneshot::start(req) {
+        Ok(s) => s,
+        Err(out) => return report(&out, opts.json, &mem_text, &timeout_text),
+    };
+    let backend = match Backend::detect() {
+        Ok(b) => b,
+        Err(e) => {
+            let out = started.abandon(Outcome {
+                phase: Some(Phase::Plan),
+                error: Some(e.to_string()),
+                ..Outcome::default()
+            });
+            return report(&out, opts.json, &mem_text, &timeout_text);
+        }
+    };
+    backend.sweep_stale_runs();
+    let out = started.finish(&backend);
     report(&out, opts.json, &mem_text, &timeout_text)
 }
 

@@ -267,3 +267,75 @@ pub fn loopback_up() -> io::Result<()> {
     }
     Ok(())
 }
+
+/// Read exactly `buf.len()` bytes from a stream socket, collecting at most `max_fds`
+/// descriptors passed with them (`SCM_RIGHTS`, received close-on-exec). More descriptors
+/// than that, or a truncated control message, is an error (the extra ones are closed).
+pub fn recv_exact_with_fds(
+    fd: RawFd,
+    buf: &mut [u8],
+    max_fds: usize,
+) -> io::Result<Vec<std::os::fd::OwnedFd>> {
+    use std::os::fd::{FromRawFd, OwnedFd};
+    let mut fds: Vec<OwnedFd> = Vec::new();
+    let mut got = 0;
+    while got < buf.len() {
+        // Room for more descriptors than anyone may send, so an excess is seen, not cut.
+        let mut control = [0u64; 32];
+        let mut iov = libc::iovec {
+            iov_base: buf[got..].as_mut_ptr().cast(),
+            iov_len: buf.len() - got,
+        };
+        // SAFETY: msghdr is plain old data; zeroed is a valid starting value.
+        let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
+        msg.msg_iov = &mut iov;
+        msg.msg_iovlen = 1;
+        msg.msg_control = control.as_mut_ptr().cast();
+        msg.msg_controllen = std::mem::size_of_val(&control);
+        // SAFETY: msg points at buffers that live for the call.
+        let n = unsafe { libc::recvmsg(fd, &mut msg, libc::MSG_CMSG_CLOEXEC) };
+        if n < 0 {
+            let e = io::Error::last_os_error();
+            if e.kind() == io::ErrorKind::Interrupted {
+                continue;
+            }
+            return Err(e);
+        }
+        // SAFETY: walking the control messages the kernel filled in, within msg_controllen;
+        // each descriptor in an SCM_RIGHTS message is new in this process and owned here.
+        unsafe {
+            let mut c = libc::CMSG_FIRSTHDR(&msg);
+            while !c.is_null() {
+                let h = &*c;
+                if h.cmsg_level == libc::SOL_SOCKET && h.cmsg_type == libc::SCM_RIGHTS {
+                    let len = h.cmsg_len as usize - libc::CMSG_LEN(0) as usize;
+                    let base: *const RawFd = libc::CMSG_DATA(c).cast();
+                    for i in 0..len / std::mem::size_of::<RawFd>() {
+                        fds.push(OwnedFd::from_raw_fd(std::ptr::read_unaligned(base.add(i))));
+                    }
+                }
+                c = libc::CMSG_NXTHDR(&msg, c);
+            }
+        }
+        if msg.msg_flags & libc::MSG_CTRUNC != 0 {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidData,
+                "more descriptors than the control buffer holds",
+            ));
+        }
+        if fds.len() > max_fds {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidData,
+                format!("{} descriptors (at most {max_fds} expected)", fds.len()),
+            ));
+        }
+        if n == 0 {
+            return Err(io::Error::new(
+                io::ErrorKind::UnexpectedEof,
+                "the channel closed",
+            ));
+        }
+        got += n as usize;
+    }
+    Ok(fds)
+}

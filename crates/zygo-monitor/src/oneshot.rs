@@ -100,30 +100,171 @@ fn unique_name() -> String {
 
 /// Run one sandbox to completion.
 pub fn run(backend: &Backend, req: Request) -> Outcome {
+    match start(req) {
+        Ok(started) => started.finish(backend),
+        Err(out) => out,
+    }
+}
+
+/// A launcher spawned for one sandbox, starting up while the monitor prepares the
+/// sandbox's cgroup; it waits for its cgroup files and its plan.
+pub struct Started {
+    t0: Instant,
+    child: std::process::Child,
+    sock: UnixStream,
+    stdout: OwnedFd,
+    stderr: OwnedFd,
+    plan: LaunchPlan,
+    limits: Limits,
+    output: Output,
+    cancel: Option<OwnedFd>,
+}
+
+/// Spawn the launcher for `req`. The sandbox is not built until [`Started::finish`].
+pub fn start(req: Request) -> Result<Started, Outcome> {
     let t0 = Instant::now();
-    let cg = match backend.create(&unique_name()) {
-        Ok(cg) => cg,
-        Err(e) => return Outcome::refused(Phase::Plan, e.to_string()),
-    };
-    if let Err(e) = cg.set_limits(&req.limits) {
-        let _ = cg.remove();
-        return Outcome::refused(Phase::Plan, format!("write the sandbox's limits: {e}"));
-    }
-    log::debug!("cgroup {} ready after {:?}", cg.describe(), t0.elapsed());
-    let mut out = drive(cg.as_ref(), req, t0);
-    match cg.usage() {
-        Ok(u) => {
-            out.oom_killed = u.oom_kills > 0;
-            out.peak_rss_kb = u.peak_bytes / 1024;
-            out.cpu_ms = u.cpu_usec / 1000;
+    let start_err =
+        |what: &str, e: std::io::Error| Outcome::refused(Phase::Start, format!("{what}: {e}"));
+    let (sock_mon, sock_launcher) =
+        UnixStream::pair().map_err(|e| start_err("create the launcher channel", e))?;
+    let (out_r, out_w) = pipe().map_err(|e| start_err("create a pipe", e))?;
+    let (err_r, err_w) = pipe().map_err(|e| start_err("create a pipe", e))?;
+    let stdin = match req.stdin {
+        Stdin::Null => Stdio::null(),
+        Stdin::File(f) => Stdio::from(f),
+        Stdin::Forward => {
+            let (r, w) = pipe().map_err(|e| start_err("create a pipe", e))?;
+            forward_stdin(w);
+            Stdio::from(r)
         }
-        Err(e) => log::warn!("read the sandbox's usage: {e}"),
+        Stdin::Bytes(bytes) => {
+            let (r, w) = pipe().map_err(|e| start_err("create a pipe", e))?;
+            std::thread::spawn(move || {
+                let _ = File::from(w).write_all(&bytes);
+            });
+            Stdio::from(r)
+        }
+    };
+    let launcher_sock = OwnedFd::from(sock_launcher);
+    let (sock_hi, err_hi) = match (high(&launcher_sock), high(&err_w)) {
+        (Ok(a), Ok(b)) => (a, b),
+        (Err(e), _) | (_, Err(e)) => {
+            return Err(start_err("prepare the launcher's descriptors", e))
+        }
+    };
+    let child = spawn_launcher(&req.launcher, stdin, out_w, &sock_hi, &err_hi)
+        .map_err(|e| start_err(&format!("start the launcher {}", req.launcher.display()), e))?;
+    drop((sock_hi, err_hi, launcher_sock, err_w));
+    log::debug!("launcher spawned after {:?}", t0.elapsed());
+    Ok(Started {
+        t0,
+        child,
+        sock: sock_mon,
+        stdout: out_r,
+        stderr: err_r,
+        plan: req.plan,
+        limits: req.limits,
+        output: req.output,
+        cancel: req.cancel,
+    })
+}
+
+impl Started {
+    /// Create the sandbox's cgroup, hand it and the plan to the launcher, run the sandbox
+    /// to completion, read what the kernel counted, and remove the cgroup.
+    pub fn finish(self, backend: &Backend) -> Outcome {
+        let cg = match backend.create(&unique_name()) {
+            Ok(cg) => cg,
+            Err(e) => return self.abandon(Outcome::refused(Phase::Plan, e.to_string())),
+        };
+        if let Err(e) = cg.set_limits(&self.limits) {
+            let _ = cg.remove();
+            return self.abandon(Outcome::refused(
+                Phase::Plan,
+                format!("write the sandbox's limits: {e}"),
+            ));
+        }
+        log::debug!(
+            "cgroup {} ready after {:?}",
+            cg.describe(),
+            self.t0.elapsed()
+        );
+        let t0 = self.t0;
+        let mut out = drive(cg.as_ref(), self);
+        match cg.usage() {
+            Ok(u) => {
+                out.oom_killed = u.oom_kills > 0;
+                out.peak_rss_kb = u.peak_bytes / 1024;
+                out.cpu_ms = u.cpu_usec / 1000;
+            }
+            Err(e) => log::warn!("read the sandbox's usage: {e}"),
+        }
+        if let Err(e) = cg.remove() {
+            log::error!("remove the sandbox's cgroup: {e}");
+        }
+        log::debug!("sandbox cleaned up after {:?}", t0.elapsed());
+        out
     }
-    if let Err(e) = cg.remove() {
-        log::error!("remove the sandbox's cgroup: {e}");
+
+    /// Give up before the sandbox exists: the launcher, which has been told nothing, is
+    /// killed and reaped.
+    pub fn abandon(mut self, out: Outcome) -> Outcome {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        out
     }
-    log::debug!("sandbox cleaned up after {:?}", t0.elapsed());
-    out
+}
+
+/// Send `ToLauncher::Cgroup` with the sandbox's cgroup attach files as `SCM_RIGHTS`.
+pub(crate) fn send_cgroup_files(sock: &UnixStream, files: &[OwnedFd]) -> std::io::Result<()> {
+    let count = u8::try_from(files.len())
+        .ok()
+        .filter(|&n| n <= proto::launch::MAX_ATTACH_FILES)
+        .ok_or_else(|| std::io::Error::other(format!("{} cgroup files", files.len())))?;
+    let frame = proto::encode_frame(&ToLauncher::Cgroup { files: count })
+        .map_err(|e| std::io::Error::other(e.to_string()))?;
+    let raw: Vec<RawFd> = files.iter().map(AsRawFd::as_raw_fd).collect();
+    let fd_bytes = std::mem::size_of_val(raw.as_slice()) as u32;
+    let mut iov = libc::iovec {
+        iov_base: frame.as_ptr() as *mut libc::c_void,
+        iov_len: frame.len(),
+    };
+    // SAFETY: CMSG_SPACE of a small size.
+    let space = unsafe { libc::CMSG_SPACE(fd_bytes) } as usize;
+    let mut control = vec![0u64; space.div_ceil(8)];
+    // SAFETY: msghdr is plain old data; zeroed is a valid starting value.
+    let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
+    msg.msg_iov = &mut iov;
+    msg.msg_iovlen = 1;
+    if !raw.is_empty() {
+        msg.msg_control = control.as_mut_ptr().cast();
+        msg.msg_controllen = space;
+        // SAFETY: filling in the one control message the buffer was sized for.
+        unsafe {
+            let c = libc::CMSG_FIRSTHDR(&msg);
+            (*c).cmsg_level = libc::SOL_SOCKET;
+            (*c).cmsg_type = libc::SCM_RIGHTS;
+            (*c).cmsg_len = libc::CMSG_LEN(fd_bytes) as _;
+            std::ptr::copy_nonoverlapping(
+                raw.as_ptr(),
+                libc::CMSG_DATA(c).cast::<RawFd>(),
+                raw.len(),
+            );
+        }
+    }
+    let n = loop {
+        // SAFETY: msg points at buffers that live for the call.
+        let n = unsafe { libc::sendmsg(sock.as_raw_fd(), &msg, libc::MSG_NOSIGNAL) };
+        if n >= 0 {
+            break n as usize;
+        }
+        let e = std::io::Error::last_os_error();
+        if e.kind() != std::io::ErrorKind::Interrupted {
+            return Err(e);
+        }
+    };
+    // The descriptors went with the first byte; the rest of a short write follows plainly.
+    (&*sock).write_all(&frame[n..])
 }
 
 pub(crate) fn pipe() -> std::io::Result<(OwnedFd, OwnedFd)> {
@@ -149,22 +290,17 @@ pub(crate) fn high(fd: &OwnedFd) -> std::io::Result<OwnedFd> {
 }
 
 /// Start a launcher: stdin, the program's stdout, our stderr for logs, the channel on
-/// fd 3, the program's stderr on fd 4, and the sandbox's cgroup attach files on fds 5...
+/// fd 3 and the program's stderr on fd 4. Its first frame must be
+/// [`send_cgroup_files`]'s.
 pub(crate) fn spawn_launcher(
     exe: &Path,
     stdin: Stdio,
     stdout: OwnedFd,
     sock: &OwnedFd,
     stderr: &OwnedFd,
-    attach: &[OwnedFd],
 ) -> std::io::Result<std::process::Child> {
     let sock_fd: RawFd = sock.as_raw_fd();
     let err_fd: RawFd = stderr.as_raw_fd();
-    let mut attach_fds: Vec<RawFd> = Vec::new();
-    for f in attach {
-        attach_fds.push(high(f)?.into_raw_fd_keep());
-    }
-    let n_attach = attach_fds.len();
     let mut cmd = Command::new(exe);
     cmd.arg("__launcher")
         .stdin(stdin)
@@ -176,40 +312,17 @@ pub(crate) fn spawn_launcher(
             cmd.env(key, v);
         }
     }
-    cmd.env("ZYGO_ATTACH_FDS", n_attach.to_string());
-    let fds = attach_fds.clone();
-    // SAFETY: only async-signal-safe calls (dup2) between fork and exec. The sources are
-    // all at 10 or above, so no dup2 below can clobber one not yet moved.
+    // SAFETY: only async-signal-safe calls (dup2) between fork and exec. Both sources are
+    // at 10 or above, so neither dup2 can clobber the other.
     unsafe {
         cmd.pre_exec(move || {
             if libc::dup2(sock_fd, 3) < 0 || libc::dup2(err_fd, 4) < 0 {
                 return Err(std::io::Error::last_os_error());
             }
-            for (i, fd) in fds.iter().enumerate() {
-                if libc::dup2(*fd, 5 + i as RawFd) < 0 {
-                    return Err(std::io::Error::last_os_error());
-                }
-            }
             Ok(())
         });
     }
-    let child = cmd.spawn();
-    for fd in attach_fds {
-        // SAFETY: closing the duplicates made above, which we own.
-        unsafe { libc::close(fd) };
-    }
-    child
-}
-
-trait IntoRawKeep {
-    fn into_raw_fd_keep(self) -> RawFd;
-}
-
-impl IntoRawKeep for OwnedFd {
-    fn into_raw_fd_keep(self) -> RawFd {
-        use std::os::fd::IntoRawFd;
-        self.into_raw_fd()
-    }
+    cmd.spawn()
 }
 
 struct Stream {
@@ -257,78 +370,49 @@ impl Stream {
     }
 }
 
-fn drive(cg: &dyn Cgroup, req: Request, t0: Instant) -> Outcome {
-    let start_err =
-        |what: &str, e: std::io::Error| Outcome::refused(Phase::Start, format!("{what}: {e}"));
-    let (sock_mon, sock_launcher) = match UnixStream::pair() {
-        Ok(p) => p,
-        Err(e) => return start_err("create the launcher channel", e),
-    };
-    let (out_r, out_w) = match pipe() {
-        Ok(p) => p,
-        Err(e) => return start_err("create a pipe", e),
-    };
-    let (err_r, err_w) = match pipe() {
-        Ok(p) => p,
-        Err(e) => return start_err("create a pipe", e),
-    };
-    let stdin = match req.stdin {
-        Stdin::Null => Stdio::null(),
-        Stdin::File(f) => Stdio::from(f),
-        Stdin::Forward => match pipe() {
-            Ok((r, w)) => {
-                forward_stdin(w);
-                Stdio::from(r)
-            }
-            Err(e) => return start_err("create a pipe", e),
-        },
-        Stdin::Bytes(bytes) => match pipe() {
-            Ok((r, w)) => {
-                std::thread::spawn(move || {
-                    let _ = File::from(w).write_all(&bytes);
-                });
-                Stdio::from(r)
-            }
-            Err(e) => return start_err("create a pipe", e),
-        },
-    };
-    let launcher_sock = OwnedFd::from(sock_launcher);
-    let (sock_hi, err_hi) = match (high(&launcher_sock), high(&err_w)) {
-        (Ok(a), Ok(b)) => (a, b),
-        (Err(e), _) | (_, Err(e)) => return start_err("prepare the launcher's descriptors", e),
-    };
-    // The sandbox's init joins its cgroups itself by writing "0" to these, before it does
-    // anything else: cheaper than moving it from outside (no wait on the kernel's global
-    // cgroup lock), and the monitor checks the result before letting the sandbox go on.
-    let attach = match cg.attach_files() {
-        Ok(a) => a,
-        Err(e) => return Outcome::refused(Phase::Start, format!("open the sandbox's cgroup: {e}")),
-    };
-    let mut child = match spawn_launcher(&req.launcher, stdin, out_w, &sock_hi, &err_hi, &attach) {
-        Ok(c) => c,
-        Err(e) => return start_err(&format!("start the launcher {}", req.launcher.display()), e),
-    };
-    drop((sock_hi, err_hi, launcher_sock, err_w, attach));
-    log::debug!("launcher spawned after {:?}", t0.elapsed());
-
-    let mut sock = sock_mon;
+fn drive(cg: &dyn Cgroup, st: Started) -> Outcome {
+    let Started {
+        t0,
+        mut child,
+        mut sock,
+        stdout,
+        stderr,
+        plan,
+        output,
+        cancel,
+        ..
+    } = st;
     let mut out = Outcome {
         phase: Some(Phase::Start),
         ..Outcome::default()
     };
-    if let Err(e) = write_frame(&mut sock, &ToLauncher::Start(req.plan.clone())) {
-        out.error = Some(format!("send the plan to the launcher: {e}"));
+    // The sandbox's init joins its cgroups itself by writing "0" to these, before it does
+    // anything else: cheaper than moving it from outside (no wait on the kernel's global
+    // cgroup lock), and the monitor checks the result before letting the sandbox go on.
+    let sent = cg
+        .attach_files()
+        .map_err(|e| format!("open the sandbox's cgroup: {e}"))
+        .and_then(|files| {
+            send_cgroup_files(&sock, &files)
+                .map_err(|e| format!("send the sandbox's cgroup to the launcher: {e}"))
+        })
+        .and_then(|()| {
+            write_frame(&mut sock, &ToLauncher::Start(plan.clone()))
+                .map_err(|e| format!("send the plan to the launcher: {e}"))
+        });
+    if let Err(e) = sent {
+        out.error = Some(e);
         let _ = child.kill();
         let _ = child.wait();
         return out;
     }
     let _ = sock.set_nonblocking(true);
     let mut frames = FrameBuf::new(MAX_LAUNCH_FRAME);
-    let mut stdout = Stream::new(out_r);
-    let mut stderr = Stream::new(err_r);
+    let mut stdout = Stream::new(stdout);
+    let mut stderr = Stream::new(stderr);
     let mut sock_open = true;
     let mut finished = false;
-    let watchdog = Instant::now() + Duration::from_millis(req.plan.timeout_ms) + WATCHDOG_SLACK;
+    let watchdog = Instant::now() + Duration::from_millis(plan.timeout_ms) + WATCHDOG_SLACK;
     let mut drain_deadline: Option<Instant> = None;
 
     while sock_open || stdout.fd.is_some() || stderr.fd.is_some() {
@@ -353,7 +437,7 @@ fn drive(cg: &dyn Cgroup, req: Request, t0: Instant) -> Outcome {
         } else {
             drain_deadline.map_or(Duration::ZERO, |d| d.saturating_duration_since(now))
         };
-        let cancel_fd = match &req.cancel {
+        let cancel_fd = match &cancel {
             Some(fd) if sock_open && !out.cancelled => fd.as_raw_fd(),
             _ => -1,
         };
@@ -384,10 +468,10 @@ fn drive(cg: &dyn Cgroup, req: Request, t0: Instant) -> Outcome {
             let _ = sock.set_nonblocking(true);
         }
         if fds[1].revents != 0 {
-            stdout.pump(req.output, false);
+            stdout.pump(output, false);
         }
         if fds[2].revents != 0 {
-            stderr.pump(req.output, true);
+            stderr.pump(output, true);
         }
         if fds[0].revents != 0 {
             let mut buf = [0u8; 4096];

@@ -733,16 +733,23 @@ impl Functions {
         let attach = cg
             .attach_files()
             .map_err(|e| format!("open the zygote's cgroup: {e}"))?;
-        let child = crate::oneshot::spawn_launcher(
+        let mut child = crate::oneshot::spawn_launcher(
             &self.launcher,
             Stdio::null(),
             log_out,
             &sock_hi,
             &err_hi,
-            &attach,
         )
         .map_err(|e| format!("start the launcher: {e}"))?;
         drop((sock_hi, err_hi, launcher_end, log_err));
+        // The launcher's first frame, on a fresh socket: it cannot block.
+        if let Err(e) = crate::oneshot::send_cgroup_files(&mon, &attach) {
+            let _ = child.kill();
+            let _ = child.wait();
+            let _ = cg.remove();
+            return Err(format!("send the zygote's cgroup to the launcher: {e}"));
+        }
+        drop(attach);
         mon.set_nonblocking(true).map_err(|e| e.to_string())?;
         let mut stream = mio::net::UnixStream::from_std(mon);
         let t = tokens();
