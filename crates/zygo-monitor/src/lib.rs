@@ -10,4 +10,5 @@ pub mod identity;
 pub mod mcp;
 pub mod oneshot;
 pub mod paths;
+pub mod spawn;
 pub mod supervisor;

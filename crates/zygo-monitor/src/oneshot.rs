@@ -7,9 +7,7 @@ use std::fs::File;
 use std::io::{Read, Write};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::os::unix::net::UnixStream;
-use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
@@ -17,6 +15,7 @@ use proto::launch::{FromLauncher, LaunchPlan, Phase, ToLauncher, MAX_LAUNCH_FRAM
 use proto::{write_frame, FrameBuf};
 
 use crate::cgroup::{Backend, Cgroup, Limits};
+use crate::spawn::{spawn_launcher, Launcher, LauncherFds};
 
 /// The most of each output stream kept for a captured answer.
 pub const OUTPUT_CAP: usize = 1024 * 1024;
@@ -110,7 +109,7 @@ pub fn run(backend: &Backend, req: Request) -> Outcome {
 /// sandbox's cgroup; it waits for its cgroup files and its plan.
 pub struct Started {
     t0: Instant,
-    child: std::process::Child,
+    child: Launcher,
     sock: UnixStream,
     stdout: OwnedFd,
     stderr: OwnedFd,
@@ -129,32 +128,52 @@ pub fn start(req: Request) -> Result<Started, Outcome> {
         UnixStream::pair().map_err(|e| start_err("create the launcher channel", e))?;
     let (out_r, out_w) = pipe().map_err(|e| start_err("create a pipe", e))?;
     let (err_r, err_w) = pipe().map_err(|e| start_err("create a pipe", e))?;
-    let stdin = match req.stdin {
-        Stdin::Null => Stdio::null(),
-        Stdin::File(f) => Stdio::from(f),
+    let stdin: Option<OwnedFd> = match req.stdin {
+        Stdin::Null => None,
+        Stdin::File(f) => Some(OwnedFd::from(f)),
         Stdin::Forward => {
             let (r, w) = pipe().map_err(|e| start_err("create a pipe", e))?;
             forward_stdin(w);
-            Stdio::from(r)
+            Some(r)
         }
         Stdin::Bytes(bytes) => {
             let (r, w) = pipe().map_err(|e| start_err("create a pipe", e))?;
             std::thread::spawn(move || {
                 let _ = File::from(w).write_all(&bytes);
             });
-            Stdio::from(r)
+            Some(r)
         }
     };
     let launcher_sock = OwnedFd::from(sock_launcher);
-    let (sock_hi, err_hi) = match (high(&launcher_sock), high(&err_w)) {
-        (Ok(a), Ok(b)) => (a, b),
-        (Err(e), _) | (_, Err(e)) => {
-            return Err(start_err("prepare the launcher's descriptors", e))
-        }
+    // Above every descriptor the launcher is given, so that no move clobbers another.
+    let lifted = (|| {
+        Ok::<_, std::io::Error>((
+            stdin.as_ref().map(high).transpose()?,
+            high(&out_w)?,
+            high(&launcher_sock)?,
+            high(&err_w)?,
+        ))
+    })();
+    let (stdin_hi, out_hi, sock_hi, err_hi) =
+        lifted.map_err(|e| start_err("prepare the launcher's descriptors", e))?;
+    let fds = LauncherFds {
+        stdin: stdin_hi.as_ref(),
+        stdout: &out_hi,
+        channel: &sock_hi,
+        program_stderr: &err_hi,
     };
-    let child = spawn_launcher(&req.launcher, stdin, out_w, &sock_hi, &err_hi)
+    let child = spawn_launcher(&req.launcher, fds)
         .map_err(|e| start_err(&format!("start the launcher {}", req.launcher.display()), e))?;
-    drop((sock_hi, err_hi, launcher_sock, err_w));
+    drop((
+        stdin,
+        stdin_hi,
+        out_w,
+        out_hi,
+        launcher_sock,
+        sock_hi,
+        err_w,
+        err_hi,
+    ));
     log::debug!("launcher spawned after {:?}", t0.elapsed());
     Ok(Started {
         t0,
@@ -287,42 +306,6 @@ pub(crate) fn high(fd: &OwnedFd) -> std::io::Result<OwnedFd> {
     }
     // SAFETY: fcntl returned a fresh descriptor that we now own.
     Ok(unsafe { OwnedFd::from_raw_fd(n) })
-}
-
-/// Start a launcher: stdin, the program's stdout, our stderr for logs, the channel on
-/// fd 3 and the program's stderr on fd 4. Its first frame must be
-/// [`send_cgroup_files`]'s.
-pub(crate) fn spawn_launcher(
-    exe: &Path,
-    stdin: Stdio,
-    stdout: OwnedFd,
-    sock: &OwnedFd,
-    stderr: &OwnedFd,
-) -> std::io::Result<std::process::Child> {
-    let sock_fd: RawFd = sock.as_raw_fd();
-    let err_fd: RawFd = stderr.as_raw_fd();
-    let mut cmd = Command::new(exe);
-    cmd.arg("__launcher")
-        .stdin(stdin)
-        .stdout(Stdio::from(stdout))
-        .stderr(Stdio::inherit())
-        .env_clear();
-    for key in ["RUST_LOG", "ZYGO_LOG"] {
-        if let Ok(v) = std::env::var(key) {
-            cmd.env(key, v);
-        }
-    }
-    // SAFETY: only async-signal-safe calls (dup2) between fork and exec. Both sources are
-    // at 10 or above, so neither dup2 can clobber the other.
-    unsafe {
-        cmd.pre_exec(move || {
-            if libc::dup2(sock_fd, 3) < 0 || libc::dup2(err_fd, 4) < 0 {
-                return Err(std::io::Error::last_os_error());
-            }
-            Ok(())
-        });
-    }
-    cmd.spawn()
 }
 
 struct Stream {
