@@ -4,7 +4,7 @@
 use std::ffi::CString;
 use std::fmt;
 use std::io;
-use std::os::fd::RawFd;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::path::Path;
 
 /// One failed setup step: what was being done, and what the kernel said.
@@ -338,4 +338,65 @@ pub fn recv_exact_with_fds(
         got += n as usize;
     }
     Ok(fds)
+}
+
+/// Create an empty regular file (for a file to be mounted onto). Fails if it exists.
+pub fn mknod_file(path: &Path, mode: libc::mode_t) -> io::Result<()> {
+    let p = cstr(path)?;
+    // SAFETY: valid C string; S_IFREG with device 0 creates a plain file.
+    check(unsafe { libc::mknod(p.as_ptr(), libc::S_IFREG | mode, 0) })?;
+    Ok(())
+}
+
+/// Open `path` with `flags` (close-on-exec added) and `mode`.
+fn open(path: &Path, flags: libc::c_int, mode: libc::mode_t) -> io::Result<OwnedFd> {
+    let p = cstr(path)?;
+    // SAFETY: valid C string; the returned descriptor is new and owned here.
+    let fd = check(unsafe { libc::open(p.as_ptr(), flags | libc::O_CLOEXEC, mode) })?;
+    // SAFETY: `fd` was just opened by this process.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+}
+
+/// Create `path` (it must not exist) holding `contents`, with exactly `mode` whatever the
+/// umask.
+pub fn create_file(path: &Path, contents: &[u8], mode: libc::mode_t) -> io::Result<()> {
+    let fd = open(path, libc::O_WRONLY | libc::O_CREAT | libc::O_EXCL, mode)?;
+    write_fd(fd.as_raw_fd(), contents)?;
+    // SAFETY: fchmod on a descriptor we own.
+    check(unsafe { libc::fchmod(fd.as_raw_fd(), mode) })?;
+    Ok(())
+}
+
+/// Copy the first `len` bytes of the regular file `src` (fewer if it is shorter) into a new
+/// file `dst` with exactly `mode`.
+pub fn copy_file(src: &Path, dst: &Path, len: u64, mode: libc::mode_t) -> io::Result<()> {
+    let from = open(src, libc::O_RDONLY | libc::O_NOFOLLOW, 0)?;
+    let to = open(dst, libc::O_WRONLY | libc::O_CREAT | libc::O_EXCL, mode)?;
+    let mut left = len;
+    while left > 0 {
+        let chunk = left.min(1 << 30) as usize;
+        // SAFETY: both descriptors are open and owned here; a null offset uses the file's.
+        let n = unsafe {
+            libc::sendfile(
+                to.as_raw_fd(),
+                from.as_raw_fd(),
+                std::ptr::null_mut(),
+                chunk,
+            )
+        };
+        if n < 0 {
+            let e = io::Error::last_os_error();
+            if e.kind() == io::ErrorKind::Interrupted {
+                continue;
+            }
+            return Err(e);
+        }
+        if n == 0 {
+            break;
+        }
+        left -= n as u64;
+    }
+    // SAFETY: fchmod on a descriptor we own.
+    check(unsafe { libc::fchmod(to.as_raw_fd(), mode) })?;
+    Ok(())
 }
