@@ -172,6 +172,10 @@ pub fn run(sock: &mut UnixStream, plan: &LaunchPlan, attach: &[RawFd]) -> Result
     let pid = pid as libc::pid_t;
     sys::close(go_r);
     sys::close(rep_w);
+    // The program's stdout and stderr belong to the sandbox now: once it is gone, the
+    // monitor sees them end without waiting for this process to exit.
+    let _ = sys::stdout_to_dev_null();
+    sys::close(FD_PROGRAM_STDERR);
     for fd in attach {
         sys::close(*fd);
     }

@@ -400,3 +400,11 @@ pub fn copy_file(src: &Path, dst: &Path, len: u64, mode: libc::mode_t) -> io::Re
     check(unsafe { libc::fchmod(to.as_raw_fd(), mode) })?;
     Ok(())
 }
+
+/// Point fd 1 at `/dev/null`, letting go of whatever it was.
+pub fn stdout_to_dev_null() -> io::Result<()> {
+    let null = open(Path::new("/dev/null"), libc::O_WRONLY, 0)?;
+    // SAFETY: dup2 of a descriptor we own onto fd 1.
+    check(unsafe { libc::dup2(null.as_raw_fd(), 1) })?;
+    Ok(())
+}

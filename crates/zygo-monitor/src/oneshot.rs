@@ -209,7 +209,7 @@ impl Started {
             self.t0.elapsed()
         );
         let t0 = self.t0;
-        let mut out = drive(cg.as_ref(), self);
+        let (mut out, mut launcher) = drive(cg.as_ref(), self);
         match cg.usage() {
             Ok(u) => {
                 out.oom_killed = u.oom_kills > 0;
@@ -221,6 +221,9 @@ impl Started {
         if let Err(e) = cg.remove() {
             log::error!("remove the sandbox's cgroup: {e}");
         }
+        // A launcher that reported the end has nothing left to do but exit; it did that
+        // while the cgroup was read and removed.
+        let _ = launcher.wait();
         log::debug!("sandbox cleaned up after {:?}", t0.elapsed());
         out
     }
@@ -353,7 +356,10 @@ impl Stream {
     }
 }
 
-fn drive(cg: &dyn Cgroup, st: Started) -> Outcome {
+/// Hand the launcher its cgroup and plan, and follow the sandbox until the launcher has
+/// reported its end (or died) and the program's output has ended. The launcher may still
+/// be exiting: it is returned to be reaped.
+fn drive(cg: &dyn Cgroup, st: Started) -> (Outcome, Launcher) {
     let Started {
         t0,
         mut child,
@@ -387,7 +393,7 @@ fn drive(cg: &dyn Cgroup, st: Started) -> Outcome {
         out.error = Some(e);
         let _ = child.kill();
         let _ = child.wait();
-        return out;
+        return (out, child);
     }
     let _ = sock.set_nonblocking(true);
     let mut frames = FrameBuf::new(MAX_LAUNCH_FRAME);
@@ -398,9 +404,12 @@ fn drive(cg: &dyn Cgroup, st: Started) -> Outcome {
     let watchdog = Instant::now() + Duration::from_millis(plan.timeout_ms) + WATCHDOG_SLACK;
     let mut drain_deadline: Option<Instant> = None;
 
-    while sock_open || stdout.fd.is_some() || stderr.fd.is_some() {
+    // Once the launcher has reported the end (its sandbox is gone by then), only the
+    // output is still awaited: the launcher's own exit is not.
+    while (sock_open && !finished) || stdout.fd.is_some() || stderr.fd.is_some() {
+        let listening = sock_open && !finished;
         let now = Instant::now();
-        if now >= watchdog && sock_open {
+        if now >= watchdog && listening {
             log::error!("the launcher missed its deadline; killing the sandbox");
             let _ = write_frame(&mut sock, &ToLauncher::Kill);
             let _ = child.kill();
@@ -409,19 +418,19 @@ fn drive(cg: &dyn Cgroup, st: Started) -> Outcome {
                 .get_or_insert_with(|| "the launcher stopped answering".into());
             sock_open = false;
         }
-        if !sock_open {
+        if !listening {
             let d = *drain_deadline.get_or_insert(now + Duration::from_secs(2));
             if now >= d {
                 break;
             }
         }
-        let wait = if sock_open {
+        let wait = if listening {
             watchdog.saturating_duration_since(now)
         } else {
             drain_deadline.map_or(Duration::ZERO, |d| d.saturating_duration_since(now))
         };
         let cancel_fd = match &cancel {
-            Some(fd) if sock_open && !out.cancelled => fd.as_raw_fd(),
+            Some(fd) if listening && !out.cancelled => fd.as_raw_fd(),
             _ => -1,
         };
         let poll_in = |fd: RawFd| libc::pollfd {
@@ -430,7 +439,7 @@ fn drive(cg: &dyn Cgroup, st: Started) -> Outcome {
             revents: 0,
         };
         let mut fds = [
-            poll_in(if sock_open { sock.as_raw_fd() } else { -1 }),
+            poll_in(if listening { sock.as_raw_fd() } else { -1 }),
             poll_in(stdout.raw()),
             poll_in(stderr.raw()),
             poll_in(cancel_fd),
@@ -492,9 +501,8 @@ fn drive(cg: &dyn Cgroup, st: Started) -> Outcome {
             }
         }
     }
-    let status = child.wait();
     if !finished && out.error.is_none() {
-        let how = match status {
+        let how = match child.wait() {
             Ok(s) => format!("{s}"),
             Err(e) => e.to_string(),
         };
@@ -516,7 +524,7 @@ fn drive(cg: &dyn Cgroup, st: Started) -> Outcome {
     out.stdout_truncated = stdout.truncated;
     out.stderr = stderr.kept;
     out.stderr_truncated = stderr.truncated;
-    out
+    (out, child)
 }
 
 fn msg_name(m: &FromLauncher) -> &'static str {
