@@ -111,9 +111,11 @@ pub const MAX_ATTACH_FILES: u8 = 8;
 pub enum ToLauncher {
     /// The sandbox's cgroup attach files: this frame carries `files` descriptors (at most
     /// [`MAX_ATTACH_FILES`]) as `SCM_RIGHTS` on its first byte. The sandbox's init joins
-    /// its cgroups by writing "0" to each. Sent once, first.
+    /// its cgroups by writing "0" to each before it does anything else. Sent once, just
+    /// before or just after `Start` (the launcher creates the sandbox's namespaces as soon
+    /// as it has the plan, and hands these to its init when they come).
     Cgroup { files: u8 },
-    /// Build this sandbox and run its program. Sent once, right after `Cgroup`.
+    /// Build this sandbox and run its program. Sent once, first or right after `Cgroup`.
     Start(LaunchPlan),
     /// The sandbox's first process is in its cgroups: let it go on.
     Proceed,

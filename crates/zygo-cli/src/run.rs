@@ -136,7 +136,8 @@ pub fn main(raw: Vec<OsString>) -> i32 {
         launcher,
         cancel: None,
     };
-    // The launcher starts up while this process finds its cgroups.
+    // The launcher starts up and creates the sandbox's namespaces while this process
+    // finds and makes its cgroups.
     let started = match oneshot::start(req) {
         Ok(s) => s,
         Err(out) => return report(&out, opts.json, &mem_text, &timeout_text),
@@ -152,8 +153,8 @@ pub fn main(raw: Vec<OsString>) -> i32 {
             return report(&out, opts.json, &mem_text, &timeout_text);
         }
     };
-    backend.sweep_stale_runs();
-    let out = started.finish(&backend);
+    // Cgroups left by killed monitors are swept while the sandbox is being built.
+    let out = started.finish(&backend, || backend.sweep_stale_runs());
     report(&out, opts.json, &mem_text, &timeout_text)
 }
 

@@ -13,13 +13,10 @@ pub mod seccomp;
 mod sys;
 pub mod zygote;
 
-use std::os::fd::{AsRawFd, FromRawFd, IntoRawFd, OwnedFd, RawFd};
+use std::os::fd::{AsRawFd, FromRawFd};
 use std::os::unix::net::UnixStream;
 
-use proto::launch::{ToLauncher, MAX_ATTACH_FILES, MAX_LAUNCH_FRAME};
-
-/// The largest `Cgroup` frame payload (an enum tag and a small integer).
-const MAX_CGROUP_FRAME: usize = 16;
+use proto::launch::ToLauncher;
 
 /// Entry point of the launcher role. Returns the process exit code.
 pub fn main() -> i32 {
@@ -33,59 +30,28 @@ pub fn main() -> i32 {
     }
     // SAFETY: fd 3 is the monitor's socketpair end by the launcher contract; owned here once.
     let mut sock = unsafe { UnixStream::from_raw_fd(oneshot::FD_MONITOR) };
-    let attach = match read_cgroup_files(&sock) {
-        Ok(files) => files,
-        Err(e) => {
-            log::error!("launcher: {e}; ending the channel");
-            return 2;
+    // The plan, and possibly the cgroup files before it (a one-shot monitor sends them
+    // after the plan, once it has made the cgroup; the launcher clones meanwhile).
+    let mut attach = None;
+    let plan = loop {
+        match oneshot::read_launch_frame(sock.as_raw_fd()) {
+            Ok((ToLauncher::Start(plan), _)) => break plan,
+            Ok((ToLauncher::Cgroup { .. }, fds)) if attach.is_none() => attach = Some(fds),
+            Ok((other, _)) => {
+                log::error!("launcher: expected Start, got {other:?}; ending the channel");
+                return 2;
+            }
+            Err(e) => {
+                log::error!("launcher: {e}; ending the channel");
+                return 2;
+            }
         }
     };
-    let plan = match proto::read_frame::<_, ToLauncher>(&mut sock, MAX_LAUNCH_FRAME) {
-        Ok(ToLauncher::Start(plan)) => plan,
-        Ok(other) => {
-            log::error!("launcher: expected Start, got {other:?}; ending the channel");
-            return 2;
-        }
-        Err(e) => {
-            log::error!("launcher: {e}; ending the channel");
-            return 2;
-        }
-    };
-    // Raw from here on: `oneshot::run` closes them once the sandbox's init holds its copies.
-    let attach: Vec<RawFd> = attach.into_iter().map(IntoRawFd::into_raw_fd).collect();
-    match oneshot::run(&mut sock, &plan, &attach) {
+    match oneshot::run(&mut sock, &plan, attach) {
         Ok(()) => 0,
         Err(e) => {
             log::error!("launcher: {e}");
             1
         }
-    }
-}
-
-/// The monitor's first frame, `Cgroup { files }`, and exactly that many descriptors with it.
-fn read_cgroup_files(sock: &UnixStream) -> Result<Vec<OwnedFd>, String> {
-    let fd = sock.as_raw_fd();
-    let max = usize::from(MAX_ATTACH_FILES);
-    let mut len = [0u8; 4];
-    let mut fds = sys::recv_exact_with_fds(fd, &mut len, max)
-        .map_err(|e| format!("read the cgroup frame: {e}"))?;
-    let len = u32::from_le_bytes(len) as usize;
-    if len > MAX_CGROUP_FRAME {
-        return Err(format!(
-            "a first frame of {len} bytes (a cgroup frame has at most {MAX_CGROUP_FRAME})"
-        ));
-    }
-    let mut payload = [0u8; MAX_CGROUP_FRAME];
-    let more = sys::recv_exact_with_fds(fd, &mut payload[..len], max - fds.len())
-        .map_err(|e| format!("read the cgroup frame: {e}"))?;
-    fds.extend(more);
-    match proto::codec::decode::<ToLauncher>(&payload[..len]) {
-        Ok(ToLauncher::Cgroup { files }) if usize::from(files) == fds.len() => Ok(fds),
-        Ok(ToLauncher::Cgroup { files }) => Err(format!(
-            "the cgroup frame announced {files} descriptors and carried {}",
-            fds.len()
-        )),
-        Ok(other) => Err(format!("expected Cgroup, got {other:?}")),
-        Err(e) => Err(format!("read the cgroup frame: {e}")),
     }
 }

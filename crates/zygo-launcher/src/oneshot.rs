@@ -1,26 +1,32 @@
 //! One sandbox, one program: the launcher's side of `zygo run`.
 //!
 //! Three processes are involved:
-//! - the **launcher** (this process, in the host's namespaces): clones the sandbox, writes
-//!   its id maps once the monitor has placed it in its cgroups, enforces the deadline, and
-//!   reports to the monitor;
+//! - the **launcher** (this process, in the host's namespaces): clones the sandbox as soon
+//!   as it has the plan, writes its id maps, hands its init the cgroup files when the
+//!   monitor sends them, lets it go on once the monitor has checked its placement, enforces
+//!   the deadline, and reports to the monitor;
 //! - the sandbox's **init** (pid 1 of the new pid namespace): builds the root, drops every
 //!   privilege, starts the program and reaps; when it exits the kernel kills everything
 //!   left in the namespace, so nothing the program started can outlive it;
 //! - the **program**, forked by init, which installs the seccomp filter and execs.
 //!
+//! The launcher talks to init over a seqpacket socket pair with two messages: `C` carrying
+//! the cgroup attach files (init joins them, then does anything else), and `G` (go on).
 //! init reports to the launcher over a close-on-exec pipe with one short line per event:
-//! `S` (the program was exec'd), `F <reason>` (building or starting failed), `W <status>`
-//! (the program's wait status). The program itself never holds that pipe.
+//! `P` (placed in its cgroups), `S` (the program was exec'd), `F <reason>` (building or
+//! starting failed), `W <status>` (the program's wait status). The program itself holds
+//! neither.
 
 use std::ffi::CString;
 use std::io::{Read, Write};
-use std::os::fd::{AsRawFd, RawFd};
+use std::os::fd::{AsRawFd, OwnedFd, RawFd};
 use std::os::unix::net::UnixStream;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use proto::launch::{FromLauncher, IdMap, LaunchPlan, Mode, Phase, ToLauncher, MAX_LAUNCH_FRAME};
+use proto::launch::{
+    FromLauncher, IdMap, LaunchPlan, Mode, Phase, ToLauncher, MAX_ATTACH_FILES, MAX_LAUNCH_FRAME,
+};
 use proto::{read_frame, write_frame};
 
 use crate::sys::{self, SetupError};
@@ -75,8 +81,56 @@ fn failed(sock: &mut UnixStream, phase: Phase, reason: String) -> Result<(), Lau
     send(sock, &FromLauncher::Failed { phase, reason })
 }
 
-/// Run one sandbox for the monitor on `sock`, which has already sent `Start(plan)`.
-pub fn run(sock: &mut UnixStream, plan: &LaunchPlan, attach: &[RawFd]) -> Result<(), LaunchError> {
+/// One frame from the monitor with the descriptors sent with it. Only `Cgroup` may carry
+/// descriptors, exactly as many as it announces.
+pub fn read_launch_frame(sock: RawFd) -> Result<(ToLauncher, Vec<OwnedFd>), proto::ProtoError> {
+    let max = usize::from(MAX_ATTACH_FILES);
+    let bad = |what: String| {
+        proto::ProtoError::Io(std::io::Error::new(std::io::ErrorKind::InvalidData, what))
+    };
+    let mut len = [0u8; 4];
+    let mut fds = match sys::recv_exact_with_fds(sock, &mut len, max) {
+        Ok(fds) => fds,
+        Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => {
+            return Err(proto::ProtoError::Closed)
+        }
+        Err(e) => return Err(e.into()),
+    };
+    let len = u32::from_le_bytes(len) as usize;
+    if len > MAX_LAUNCH_FRAME {
+        return Err(proto::ProtoError::TooLarge {
+            len,
+            max: MAX_LAUNCH_FRAME,
+        });
+    }
+    let mut payload = vec![0u8; len];
+    fds.extend(sys::recv_exact_with_fds(
+        sock,
+        &mut payload,
+        max - fds.len(),
+    )?);
+    let msg: ToLauncher = proto::codec::decode(&payload)?;
+    match &msg {
+        ToLauncher::Cgroup { files } if usize::from(*files) != fds.len() => Err(bad(format!(
+            "a cgroup frame announcing {files} descriptors carried {}",
+            fds.len()
+        ))),
+        ToLauncher::Cgroup { .. } => Ok((msg, fds)),
+        _ if !fds.is_empty() => Err(bad(format!(
+            "{} descriptors came with a frame that carries none",
+            fds.len()
+        ))),
+        _ => Ok((msg, fds)),
+    }
+}
+
+/// Run one sandbox for the monitor on `sock`, which has already sent `Start(plan)`, and
+/// `Cgroup` before it if `attach` is `Some` (otherwise it follows).
+pub fn run(
+    sock: &mut UnixStream,
+    plan: &LaunchPlan,
+    attach: Option<Vec<OwnedFd>>,
+) -> Result<(), LaunchError> {
     if plan.argv.is_empty() {
         return failed(sock, Phase::Start, "no command to run".into());
     }
@@ -85,9 +139,10 @@ pub fn run(sock: &mut UnixStream, plan: &LaunchPlan, attach: &[RawFd]) -> Result
         Ok(f) => f,
         Err(e) => return failed(sock, Phase::Start, format!("build the seccomp filter: {e}")),
     };
-    let (go_r, go_w) = match sys::pipe_cloexec() {
+    // launcher → init: the cgroup files, then the word to go on.
+    let (ctl, ctl_init) = match sys::seqpacket_pair() {
         Ok(p) => p,
-        Err(e) => return failed(sock, Phase::Start, format!("create a pipe: {e}")),
+        Err(e) => return failed(sock, Phase::Start, format!("create a socket pair: {e}")),
     };
     let (rep_r, rep_w) = match sys::pipe_cloexec() {
         Ok(p) => p,
@@ -161,28 +216,26 @@ pub fn run(sock: &mut UnixStream, plan: &LaunchPlan, attach: &[RawFd]) -> Result
         );
     }
     if pid == 0 {
-        sys::close(go_w);
+        drop(ctl);
+        drop(attach);
         sys::close(rep_r);
         sys::close(FD_MONITOR);
         if let Some(c) = &agent_fds {
             c.close_outer();
         }
-        init_main(plan, go_r, rep_w, &filter, inner_fds, attach);
+        init_main(plan, ctl_init, rep_w, &filter, inner_fds);
     }
     let pid = pid as libc::pid_t;
-    sys::close(go_r);
+    drop(ctl_init);
     sys::close(rep_w);
     // The program's stdout and stderr belong to the sandbox now: once it is gone, the
     // monitor sees them end without waiting for this process to exit.
     let _ = sys::stdout_to_dev_null();
     sys::close(FD_PROGRAM_STDERR);
-    for fd in attach {
-        sys::close(*fd);
-    }
     if let Some(c) = &agent_fds {
         c.close_inner();
     }
-    let outcome = supervise(sock, plan, pid, go_w, rep_r, agent_fds);
+    let outcome = supervise(sock, plan, pid, ctl, rep_r, agent_fds, attach);
     // Whatever happened, nothing of the sandbox outlives this function.
     kill_tree(pid);
     reap(pid);
@@ -317,60 +370,71 @@ fn supervise(
     sock: &mut UnixStream,
     plan: &LaunchPlan,
     pid: libc::pid_t,
-    go_w: RawFd,
+    ctl: OwnedFd,
     rep_r: RawFd,
     mut agent_fds: Option<zygote::Channels>,
+    attach: Option<Vec<OwnedFd>>,
 ) -> Result<(), LaunchError> {
-    // 1. init joins its cgroups first thing and says `P`; the monitor checks that (and
+    // 1. The id maps (nothing runs in the sandbox before `go`), while the monitor may still
+    // be making the sandbox's cgroup.
+    let maps = write_id_maps(pid, &plan.ids);
+    // 2. init joins its cgroups first thing and says `P`; the monitor checks that (and
     // moves it itself if not) before anything else runs in the sandbox.
+    let attach = match attach {
+        Some(fds) => fds,
+        None => match read_launch_frame(sock.as_raw_fd())? {
+            (ToLauncher::Cgroup { .. }, fds) => fds,
+            (ToLauncher::Kill, _) => return Ok(()),
+            _ => {
+                return Err(LaunchError::Unexpected(
+                    "a message other than Cgroup or Kill",
+                ))
+            }
+        },
+    };
+    let raw: Vec<RawFd> = attach.iter().map(AsRawFd::as_raw_fd).collect();
+    let handed = sys::send_with_fds(ctl.as_raw_fd(), b"C", &raw);
+    drop(attach);
+    if let Err(e) = handed {
+        return failed(
+            sock,
+            Phase::Start,
+            format!("hand the sandbox its cgroup: {e}"),
+        );
+    }
     let mut buf: Vec<u8> = Vec::new();
     match wait_line(rep_r, &mut buf) {
         Ok(line) if line == b"P" => {}
         Ok(line) => {
-            sys::close(go_w);
             let why = match parse_report(&line) {
                 Some(Report::Failed(why)) => why,
                 _ => "the sandbox's init broke its report protocol".into(),
             };
             return failed(sock, Phase::Start, why);
         }
-        Err(e) => {
-            sys::close(go_w);
-            return failed(sock, Phase::Start, e);
-        }
+        Err(e) => return failed(sock, Phase::Start, e),
     }
     send(sock, &FromLauncher::Cloned { pid })?;
-    // 2. While the monitor checks, write the id maps (nothing runs in the sandbox until
-    // `go`, so the order of these two does not matter; doing them together saves a wait).
-    let maps = write_id_maps(pid, &plan.ids);
     match read_frame::<_, ToLauncher>(sock, MAX_LAUNCH_FRAME) {
         Ok(ToLauncher::Proceed) => {}
-        Ok(ToLauncher::Kill) => {
-            sys::close(go_w);
-            return Ok(());
-        }
+        Ok(ToLauncher::Kill) => return Ok(()),
         Ok(_) => {
-            sys::close(go_w);
             return Err(LaunchError::Unexpected(
                 "a message other than Proceed or Kill",
-            ));
+            ))
         }
-        Err(e) => {
-            sys::close(go_w);
-            return Err(e.into());
-        }
+        Err(e) => return Err(e.into()),
     }
     // 3. Let init go on.
     if let Err(e) = maps {
-        sys::close(go_w);
         return failed(
             sock,
             Phase::Start,
             format!("map the sandbox's user ids: {e}"),
         );
     }
-    let go = sys::write_fd(go_w, b"1");
-    sys::close(go_w);
+    let go = sys::send_with_fds(ctl.as_raw_fd(), b"G", &[]);
+    drop(ctl);
     if let Err(e) = go {
         return failed(sock, Phase::Start, format!("start the sandbox: {e}"));
     }
@@ -562,28 +626,44 @@ fn exit_now(code: libc::c_int) -> ! {
 /// pid 1 of the sandbox. Never returns.
 fn init_main(
     plan: &LaunchPlan,
-    go_r: RawFd,
+    ctl: OwnedFd,
     rep_w: RawFd,
     filter: &seccompiler::BpfProgram,
     agent_fds: Option<(RawFd, RawFd)>,
-    attach: &[RawFd],
 ) -> ! {
     // If the launcher dies, so does the sandbox.
     let _ = sys::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL as libc::c_ulong);
-    // Join the sandbox's cgroups before anything else ("0" is the writer itself).
-    for fd in attach {
-        if let Err(e) = sys::write_fd(*fd, b"0") {
+    // The launcher's first message carries the sandbox's cgroup files: join them before
+    // anything else ("0" is the writer itself).
+    let mut tag = [0u8; 1];
+    let attach = match sys::recv_with_fds(ctl.as_raw_fd(), &mut tag, usize::from(MAX_ATTACH_FILES))
+    {
+        Ok((1, fds)) if tag == *b"C" => fds,
+        // The launcher gave up before the sandbox was placed.
+        Ok((0, _)) => exit_now(1),
+        Ok(_) => {
+            report(rep_w, "F", "the launcher broke the init protocol");
+            exit_now(1);
+        }
+        Err(e) => {
+            report(rep_w, "F", &format!("receive the sandbox's cgroup: {e}"));
+            exit_now(1);
+        }
+    };
+    for fd in &attach {
+        if let Err(e) = sys::write_fd(fd.as_raw_fd(), b"0") {
             report(rep_w, "F", &format!("join the sandbox's cgroup: {e}"));
             exit_now(1);
         }
-        sys::close(*fd);
     }
+    drop(attach);
     report(rep_w, "P", "");
-    let mut go = [0u8; 1];
-    if sys::read_fd(go_r, &mut go).unwrap_or(0) != 1 {
-        exit_now(1);
+    // Then the word to go on; anything else (the launcher closing the socket) ends init.
+    match sys::recv_with_fds(ctl.as_raw_fd(), &mut tag, 0) {
+        Ok((1, _)) if tag == *b"G" => {}
+        _ => exit_now(1),
     }
-    sys::close(go_r);
+    drop(ctl);
     let prepared = match setup(plan, agent_fds.map(|(_, reg)| reg)) {
         Ok(p) => p,
         Err(e) => {

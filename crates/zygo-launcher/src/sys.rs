@@ -268,76 +268,146 @@ pub fn loopback_up() -> io::Result<()> {
     Ok(())
 }
 
-/// Read exactly `buf.len()` bytes from a stream socket, collecting at most `max_fds`
-/// descriptors passed with them (`SCM_RIGHTS`, received close-on-exec). More descriptors
-/// than that, or a truncated control message, is an error (the extra ones are closed).
-pub fn recv_exact_with_fds(
+/// One `recvmsg` into `buf`, collecting at most `max_fds` descriptors passed with the bytes
+/// (`SCM_RIGHTS`, received close-on-exec). More descriptors than that, or a truncated
+/// control message, is an error (the extra ones are closed). Returns the bytes read.
+pub fn recv_with_fds(
     fd: RawFd,
     buf: &mut [u8],
     max_fds: usize,
-) -> io::Result<Vec<std::os::fd::OwnedFd>> {
-    use std::os::fd::{FromRawFd, OwnedFd};
+) -> io::Result<(usize, Vec<OwnedFd>)> {
+    // Room for more descriptors than anyone may send, so an excess is seen, not cut.
+    let mut control = [0u64; 32];
+    let mut iov = libc::iovec {
+        iov_base: buf.as_mut_ptr().cast(),
+        iov_len: buf.len(),
+    };
+    // SAFETY: msghdr is plain old data; zeroed is a valid starting value.
+    let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
+    msg.msg_iov = &mut iov;
+    msg.msg_iovlen = 1;
+    msg.msg_control = control.as_mut_ptr().cast();
+    msg.msg_controllen = std::mem::size_of_val(&control);
+    let n = loop {
+        // SAFETY: msg points at buffers that live for the call.
+        let n = unsafe { libc::recvmsg(fd, &mut msg, libc::MSG_CMSG_CLOEXEC) };
+        if n >= 0 {
+            break n as usize;
+        }
+        let e = io::Error::last_os_error();
+        if e.kind() != io::ErrorKind::Interrupted {
+            return Err(e);
+        }
+    };
+    let mut fds: Vec<OwnedFd> = Vec::new();
+    // SAFETY: walking the control messages the kernel filled in, within msg_controllen;
+    // each descriptor in an SCM_RIGHTS message is new in this process and owned here.
+    unsafe {
+        let mut c = libc::CMSG_FIRSTHDR(&msg);
+        while !c.is_null() {
+            let h = &*c;
+            if h.cmsg_level == libc::SOL_SOCKET && h.cmsg_type == libc::SCM_RIGHTS {
+                let len = h.cmsg_len as usize - libc::CMSG_LEN(0) as usize;
+                let base: *const RawFd = libc::CMSG_DATA(c).cast();
+                for i in 0..len / std::mem::size_of::<RawFd>() {
+                    fds.push(OwnedFd::from_raw_fd(std::ptr::read_unaligned(base.add(i))));
+                }
+            }
+            c = libc::CMSG_NXTHDR(&msg, c);
+        }
+    }
+    if msg.msg_flags & libc::MSG_CTRUNC != 0 {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidData,
+            "more descriptors than the control buffer holds",
+        ));
+    }
+    if fds.len() > max_fds {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidData,
+            format!("{} descriptors (at most {max_fds} expected)", fds.len()),
+        ));
+    }
+    Ok((n, fds))
+}
+
+/// Read exactly `buf.len()` bytes from a stream socket, collecting at most `max_fds`
+/// descriptors passed with them (see [`recv_with_fds`]).
+pub fn recv_exact_with_fds(fd: RawFd, buf: &mut [u8], max_fds: usize) -> io::Result<Vec<OwnedFd>> {
     let mut fds: Vec<OwnedFd> = Vec::new();
     let mut got = 0;
     while got < buf.len() {
-        // Room for more descriptors than anyone may send, so an excess is seen, not cut.
-        let mut control = [0u64; 32];
-        let mut iov = libc::iovec {
-            iov_base: buf[got..].as_mut_ptr().cast(),
-            iov_len: buf.len() - got,
-        };
-        // SAFETY: msghdr is plain old data; zeroed is a valid starting value.
-        let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
-        msg.msg_iov = &mut iov;
-        msg.msg_iovlen = 1;
-        msg.msg_control = control.as_mut_ptr().cast();
-        msg.msg_controllen = std::mem::size_of_val(&control);
-        // SAFETY: msg points at buffers that live for the call.
-        let n = unsafe { libc::recvmsg(fd, &mut msg, libc::MSG_CMSG_CLOEXEC) };
-        if n < 0 {
-            let e = io::Error::last_os_error();
-            if e.kind() == io::ErrorKind::Interrupted {
-                continue;
-            }
-            return Err(e);
-        }
-        // SAFETY: walking the control messages the kernel filled in, within msg_controllen;
-        // each descriptor in an SCM_RIGHTS message is new in this process and owned here.
-        unsafe {
-            let mut c = libc::CMSG_FIRSTHDR(&msg);
-            while !c.is_null() {
-                let h = &*c;
-                if h.cmsg_level == libc::SOL_SOCKET && h.cmsg_type == libc::SCM_RIGHTS {
-                    let len = h.cmsg_len as usize - libc::CMSG_LEN(0) as usize;
-                    let base: *const RawFd = libc::CMSG_DATA(c).cast();
-                    for i in 0..len / std::mem::size_of::<RawFd>() {
-                        fds.push(OwnedFd::from_raw_fd(std::ptr::read_unaligned(base.add(i))));
-                    }
-                }
-                c = libc::CMSG_NXTHDR(&msg, c);
-            }
-        }
-        if msg.msg_flags & libc::MSG_CTRUNC != 0 {
-            return Err(io::Error::new(
-                io::ErrorKind::InvalidData,
-                "more descriptors than the control buffer holds",
-            ));
-        }
-        if fds.len() > max_fds {
-            return Err(io::Error::new(
-                io::ErrorKind::InvalidData,
-                format!("{} descriptors (at most {max_fds} expected)", fds.len()),
-            ));
-        }
+        let (n, more) = recv_with_fds(fd, &mut buf[got..], max_fds - fds.len())?;
+        fds.extend(more);
         if n == 0 {
             return Err(io::Error::new(
                 io::ErrorKind::UnexpectedEof,
                 "the channel closed",
             ));
         }
-        got += n as usize;
+        got += n;
     }
     Ok(fds)
+}
+
+/// One `sendmsg` of `data` with `fds` attached (`SCM_RIGHTS`). On a datagram or seqpacket
+/// socket the message is sent whole or not at all.
+pub fn send_with_fds(fd: RawFd, data: &[u8], fds: &[RawFd]) -> io::Result<()> {
+    let fd_bytes = std::mem::size_of_val(fds) as u32;
+    let mut iov = libc::iovec {
+        iov_base: data.as_ptr() as *mut libc::c_void,
+        iov_len: data.len(),
+    };
+    // SAFETY: CMSG_SPACE of a small size.
+    let space = unsafe { libc::CMSG_SPACE(fd_bytes) } as usize;
+    let mut control = vec![0u64; space.div_ceil(8)];
+    // SAFETY: msghdr is plain old data; zeroed is a valid starting value.
+    let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
+    msg.msg_iov = &mut iov;
+    msg.msg_iovlen = 1;
+    if !fds.is_empty() {
+        msg.msg_control = control.as_mut_ptr().cast();
+        msg.msg_controllen = space;
+        // SAFETY: filling in the one control message the buffer was sized for.
+        unsafe {
+            let c = libc::CMSG_FIRSTHDR(&msg);
+            (*c).cmsg_level = libc::SOL_SOCKET;
+            (*c).cmsg_type = libc::SCM_RIGHTS;
+            (*c).cmsg_len = libc::CMSG_LEN(fd_bytes) as _;
+            std::ptr::copy_nonoverlapping(
+                fds.as_ptr(),
+                libc::CMSG_DATA(c).cast::<RawFd>(),
+                fds.len(),
+            );
+        }
+    }
+    loop {
+        // SAFETY: msg points at buffers that live for the call.
+        let n = unsafe { libc::sendmsg(fd, &msg, libc::MSG_NOSIGNAL) };
+        if n >= 0 {
+            return Ok(());
+        }
+        let e = io::Error::last_os_error();
+        if e.kind() != io::ErrorKind::Interrupted {
+            return Err(e);
+        }
+    }
+}
+
+/// A connected pair of close-on-exec seqpacket sockets.
+pub fn seqpacket_pair() -> io::Result<(OwnedFd, OwnedFd)> {
+    let mut fds = [0; 2];
+    // SAFETY: fds is a two-element array as socketpair requires.
+    check(unsafe {
+        libc::socketpair(
+            libc::AF_UNIX,
+            libc::SOCK_SEQPACKET | libc::SOCK_CLOEXEC,
+            0,
+            fds.as_mut_ptr(),
+        )
+    })?;
+    // SAFETY: socketpair returned two fresh descriptors that we now own.
+    Ok(unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) })
 }
 
 /// Create an empty regular file (for a file to be mounted onto). Fails if it exists.

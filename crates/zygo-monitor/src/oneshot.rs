@@ -100,26 +100,28 @@ fn unique_name() -> String {
 /// Run one sandbox to completion.
 pub fn run(backend: &Backend, req: Request) -> Outcome {
     match start(req) {
-        Ok(started) => started.finish(backend),
+        Ok(started) => started.finish(backend, || {}),
         Err(out) => out,
     }
 }
 
-/// A launcher spawned for one sandbox, starting up while the monitor prepares the
-/// sandbox's cgroup; it waits for its cgroup files and its plan.
+/// A launcher spawned for one sandbox and sent its plan: it starts up and creates the
+/// sandbox's namespaces while the monitor prepares the sandbox's cgroup, which the
+/// sandbox's first process must join before it does anything else.
 pub struct Started {
     t0: Instant,
     child: Launcher,
     sock: UnixStream,
     stdout: OwnedFd,
     stderr: OwnedFd,
-    plan: LaunchPlan,
+    timeout_ms: u64,
     limits: Limits,
     output: Output,
     cancel: Option<OwnedFd>,
 }
 
-/// Spawn the launcher for `req`. The sandbox is not built until [`Started::finish`].
+/// Spawn the launcher for `req` and send it the plan. Nothing runs in the sandbox until
+/// [`Started::finish`] has placed it in its cgroup.
 pub fn start(req: Request) -> Result<Started, Outcome> {
     let t0 = Instant::now();
     let start_err =
@@ -162,7 +164,7 @@ pub fn start(req: Request) -> Result<Started, Outcome> {
         channel: &sock_hi,
         program_stderr: &err_hi,
     };
-    let child = spawn_launcher(&req.launcher, fds)
+    let mut child = spawn_launcher(&req.launcher, fds)
         .map_err(|e| start_err(&format!("start the launcher {}", req.launcher.display()), e))?;
     drop((
         stdin,
@@ -175,13 +177,23 @@ pub fn start(req: Request) -> Result<Started, Outcome> {
         err_hi,
     ));
     log::debug!("launcher spawned after {:?}", t0.elapsed());
+    let mut sock = sock_mon;
+    let timeout_ms = req.plan.timeout_ms;
+    if let Err(e) = write_frame(&mut sock, &ToLauncher::Start(req.plan)) {
+        let _ = child.kill();
+        let _ = child.wait();
+        return Err(Outcome::refused(
+            Phase::Start,
+            format!("send the plan to the launcher: {e}"),
+        ));
+    }
     Ok(Started {
         t0,
         child,
-        sock: sock_mon,
+        sock,
         stdout: out_r,
         stderr: err_r,
-        plan: req.plan,
+        timeout_ms,
         limits: req.limits,
         output: req.output,
         cancel: req.cancel,
@@ -189,9 +201,10 @@ pub fn start(req: Request) -> Result<Started, Outcome> {
 }
 
 impl Started {
-    /// Create the sandbox's cgroup, hand it and the plan to the launcher, run the sandbox
-    /// to completion, read what the kernel counted, and remove the cgroup.
-    pub fn finish(self, backend: &Backend) -> Outcome {
+    /// Create the sandbox's cgroup and hand it to the launcher, run the sandbox to
+    /// completion, read what the kernel counted, and remove the cgroup. `meanwhile` runs
+    /// once the cgroup is handed over, while the sandbox is being built.
+    pub fn finish(self, backend: &Backend, meanwhile: impl FnOnce()) -> Outcome {
         let cg = match backend.create(&unique_name()) {
             Ok(cg) => cg,
             Err(e) => return self.abandon(Outcome::refused(Phase::Plan, e.to_string())),
@@ -209,7 +222,7 @@ impl Started {
             self.t0.elapsed()
         );
         let t0 = self.t0;
-        let (mut out, mut launcher) = drive(cg.as_ref(), self);
+        let (mut out, mut launcher) = drive(cg.as_ref(), self, meanwhile);
         match cg.usage() {
             Ok(u) => {
                 out.oom_killed = u.oom_kills > 0;
@@ -356,17 +369,17 @@ impl Stream {
     }
 }
 
-/// Hand the launcher its cgroup and plan, and follow the sandbox until the launcher has
-/// reported its end (or died) and the program's output has ended. The launcher may still
-/// be exiting: it is returned to be reaped.
-fn drive(cg: &dyn Cgroup, st: Started) -> (Outcome, Launcher) {
+/// Hand the launcher its cgroup, and follow the sandbox until the launcher has reported
+/// its end (or died) and the program's output has ended. The launcher may still be
+/// exiting: it is returned to be reaped.
+fn drive(cg: &dyn Cgroup, st: Started, meanwhile: impl FnOnce()) -> (Outcome, Launcher) {
     let Started {
         t0,
         mut child,
         mut sock,
         stdout,
         stderr,
-        plan,
+        timeout_ms,
         output,
         cancel,
         ..
@@ -384,10 +397,6 @@ fn drive(cg: &dyn Cgroup, st: Started) -> (Outcome, Launcher) {
         .and_then(|files| {
             send_cgroup_files(&sock, &files)
                 .map_err(|e| format!("send the sandbox's cgroup to the launcher: {e}"))
-        })
-        .and_then(|()| {
-            write_frame(&mut sock, &ToLauncher::Start(plan.clone()))
-                .map_err(|e| format!("send the plan to the launcher: {e}"))
         });
     if let Err(e) = sent {
         out.error = Some(e);
@@ -395,13 +404,14 @@ fn drive(cg: &dyn Cgroup, st: Started) -> (Outcome, Launcher) {
         let _ = child.wait();
         return (out, child);
     }
+    meanwhile();
     let _ = sock.set_nonblocking(true);
     let mut frames = FrameBuf::new(MAX_LAUNCH_FRAME);
     let mut stdout = Stream::new(stdout);
     let mut stderr = Stream::new(stderr);
     let mut sock_open = true;
     let mut finished = false;
-    let watchdog = Instant::now() + Duration::from_millis(plan.timeout_ms) + WATCHDOG_SLACK;
+    let watchdog = Instant::now() + Duration::from_millis(timeout_ms) + WATCHDOG_SLACK;
     let mut drain_deadline: Option<Instant> = None;
 
     // Once the launcher has reported the end (its sandbox is gone by then), only the
