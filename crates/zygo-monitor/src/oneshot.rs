@@ -120,6 +120,14 @@ pub struct Started {
     cancel: Option<OwnedFd>,
 }
 
+/// Where the program's stdin pipe is fed from.
+enum Feeder {
+    /// The monitor's own stdin.
+    Forward(OwnedFd),
+    /// These bytes.
+    Bytes(OwnedFd, Vec<u8>),
+}
+
 /// Spawn the launcher for `req` and send it the plan. Nothing runs in the sandbox until
 /// [`Started::finish`] has placed it in its cgroup.
 pub fn start(req: Request) -> Result<Started, Outcome> {
@@ -130,20 +138,19 @@ pub fn start(req: Request) -> Result<Started, Outcome> {
         UnixStream::pair().map_err(|e| start_err("create the launcher channel", e))?;
     let (out_r, out_w) = pipe().map_err(|e| start_err("create a pipe", e))?;
     let (err_r, err_w) = pipe().map_err(|e| start_err("create a pipe", e))?;
-    let stdin: Option<OwnedFd> = match req.stdin {
-        Stdin::Null => None,
-        Stdin::File(f) => Some(OwnedFd::from(f)),
+    // A thread that feeds the program's stdin is started once the launcher is: a thread
+    // starting or ending meanwhile slows the spawn down a lot (they contend for the
+    // address space the spawn shares until the launcher has exec'd).
+    let (stdin, feeder): (Option<OwnedFd>, Option<Feeder>) = match req.stdin {
+        Stdin::Null => (None, None),
+        Stdin::File(f) => (Some(OwnedFd::from(f)), None),
         Stdin::Forward => {
             let (r, w) = pipe().map_err(|e| start_err("create a pipe", e))?;
-            forward_stdin(w);
-            Some(r)
+            (Some(r), Some(Feeder::Forward(w)))
         }
         Stdin::Bytes(bytes) => {
             let (r, w) = pipe().map_err(|e| start_err("create a pipe", e))?;
-            std::thread::spawn(move || {
-                let _ = File::from(w).write_all(&bytes);
-            });
-            Some(r)
+            (Some(r), Some(Feeder::Bytes(w, bytes)))
         }
     };
     let launcher_sock = OwnedFd::from(sock_launcher);
@@ -176,6 +183,15 @@ pub fn start(req: Request) -> Result<Started, Outcome> {
         err_w,
         err_hi,
     ));
+    match feeder {
+        Some(Feeder::Forward(w)) => forward_stdin(w),
+        Some(Feeder::Bytes(w, bytes)) => {
+            std::thread::spawn(move || {
+                let _ = File::from(w).write_all(&bytes);
+            });
+        }
+        None => {}
+    }
     log::debug!("launcher spawned after {:?}", t0.elapsed());
     let mut sock = sock_mon;
     let timeout_ms = req.plan.timeout_ms;
