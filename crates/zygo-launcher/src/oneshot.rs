@@ -2,16 +2,19 @@
 //!
 //! Three processes are involved:
 //! - the **launcher** (this process, in the host's namespaces): clones the sandbox as soon
-//!   as it has the plan, writes its id maps, hands its init the cgroup files when the
-//!   monitor sends them, lets it go on once the monitor has checked its placement, enforces
-//!   the deadline, and reports to the monitor;
+//!   as it has the plan, hands its init the cgroup files when the monitor sends them,
+//!   writes its id maps, compiles the seccomp filter, lets init start the program once the
+//!   monitor has checked the placement, enforces the deadline, and reports to the monitor;
 //! - the sandbox's **init** (pid 1 of the new pid namespace): builds the root, drops every
 //!   privilege, starts the program and reaps; when it exits the kernel kills everything
 //!   left in the namespace, so nothing the program started can outlive it;
 //! - the **program**, forked by init, which installs the seccomp filter and execs.
 //!
-//! The launcher talks to init over a seqpacket socket pair with two messages: `C` carrying
-//! the cgroup attach files (init joins them, then does anything else), and `G` (go on).
+//! The launcher talks to init over a seqpacket socket pair with three messages: `C`
+//! carrying the cgroup attach files (init joins them before it does anything else), `M`
+//! (the id maps are written: init builds the sandbox while the monitor checks the cgroup
+//! placement), and `G` with the seccomp filter (the placement is confirmed: init drops its
+//! privileges and starts the program).
 //! init reports to the launcher over a close-on-exec pipe with one short line per event:
 //! `P` (placed in its cgroups), `S` (the program was exec'd), `F <reason>` (building or
 //! starting failed), `W <status>` (the program's wait status). The program itself holds
@@ -134,11 +137,6 @@ pub fn run(
     if plan.argv.is_empty() {
         return failed(sock, Phase::Start, "no command to run".into());
     }
-    // Compiled before the clone so the program only has to install it.
-    let filter = match seccomp::sandbox_filter() {
-        Ok(f) => f,
-        Err(e) => return failed(sock, Phase::Start, format!("build the seccomp filter: {e}")),
-    };
     // launcher → init: the cgroup files, then the word to go on.
     let (ctl, ctl_init) = match sys::seqpacket_pair() {
         Ok(p) => p,
@@ -223,7 +221,7 @@ pub fn run(
         if let Some(c) = &agent_fds {
             c.close_outer();
         }
-        init_main(plan, ctl_init, rep_w, &filter, inner_fds);
+        init_main(plan, ctl_init, rep_w, inner_fds);
     }
     let pid = pid as libc::pid_t;
     drop(ctl_init);
@@ -375,11 +373,8 @@ fn supervise(
     mut agent_fds: Option<zygote::Channels>,
     attach: Option<Vec<OwnedFd>>,
 ) -> Result<(), LaunchError> {
-    // 1. The id maps (nothing runs in the sandbox before `go`), while the monitor may still
-    // be making the sandbox's cgroup.
-    let maps = write_id_maps(pid, &plan.ids);
-    // 2. init joins its cgroups first thing and says `P`; the monitor checks that (and
-    // moves it itself if not) before anything else runs in the sandbox.
+    // 1. The cgroup files, from the monitor now if they did not come before the plan.
+    // 2. init joins them before it does anything else.
     let attach = match attach {
         Some(fds) => fds,
         None => match read_launch_frame(sock.as_raw_fd())? {
@@ -402,6 +397,24 @@ fn supervise(
             format!("hand the sandbox its cgroup: {e}"),
         );
     }
+    // 3. The id maps; init builds the sandbox once they are there.
+    if let Err(e) = write_id_maps(pid, &plan.ids) {
+        return failed(
+            sock,
+            Phase::Start,
+            format!("map the sandbox's user ids: {e}"),
+        );
+    }
+    if let Err(e) = sys::send_with_fds(ctl.as_raw_fd(), b"M", &[]) {
+        return failed(sock, Phase::Start, format!("start the sandbox: {e}"));
+    }
+    // 4. The seccomp filter, compiled here while init builds; it goes to init with `go`.
+    let filter = match seccomp::sandbox_filter() {
+        Ok(f) => seccomp::encode(&f),
+        Err(e) => return failed(sock, Phase::Start, format!("build the seccomp filter: {e}")),
+    };
+    // 5. init says `P` once it is in its cgroups; the monitor checks that (and moves it
+    // itself if not) before the program may start.
     let mut buf: Vec<u8> = Vec::new();
     match wait_line(rep_r, &mut buf) {
         Ok(line) if line == b"P" => {}
@@ -425,19 +438,13 @@ fn supervise(
         }
         Err(e) => return Err(e.into()),
     }
-    // 3. Let init go on.
-    if let Err(e) = maps {
-        return failed(
-            sock,
-            Phase::Start,
-            format!("map the sandbox's user ids: {e}"),
-        );
-    }
-    let go = sys::send_with_fds(ctl.as_raw_fd(), b"G", &[]);
+    // 6. Let init finish and start the program. If init has failed meanwhile, this send
+    // fails too, and its report says why.
+    let mut go = Vec::with_capacity(1 + filter.len());
+    go.push(b'G');
+    go.extend_from_slice(&filter);
+    let _ = sys::send_with_fds(ctl.as_raw_fd(), &go, &[]);
     drop(ctl);
-    if let Err(e) = go {
-        return failed(sock, Phase::Start, format!("start the sandbox: {e}"));
-    }
 
     // 4. Wait for init's reports, the monitor, or the deadline.
     let mut started: Option<Instant> = None;
@@ -628,7 +635,6 @@ fn init_main(
     plan: &LaunchPlan,
     ctl: OwnedFd,
     rep_w: RawFd,
-    filter: &seccompiler::BpfProgram,
     agent_fds: Option<(RawFd, RawFd)>,
 ) -> ! {
     // If the launcher dies, so does the sandbox.
@@ -658,13 +664,28 @@ fn init_main(
     }
     drop(attach);
     report(rep_w, "P", "");
-    // Then the word to go on; anything else (the launcher closing the socket) ends init.
+    // `M`: the id maps are written; build the sandbox meanwhile the monitor checks the
+    // placement. Anything else (the launcher closing the socket) ends init.
     match sys::recv_with_fds(ctl.as_raw_fd(), &mut tag, 0) {
-        Ok((1, _)) if tag == *b"G" => {}
+        Ok((1, _)) if tag == *b"M" => {}
         _ => exit_now(1),
     }
+    if let Err(e) = build(plan, agent_fds.map(|(_, reg)| reg)) {
+        report(rep_w, "F", &e.to_string());
+        exit_now(1);
+    }
+    // `G` and the seccomp filter: the monitor found the sandbox in its cgroups.
+    let mut go = vec![0u8; 1 + seccomp::MAX_ENCODED];
+    let filter = match sys::recv_with_fds(ctl.as_raw_fd(), &mut go, 0) {
+        Ok((n, _)) if n > 1 && go[0] == b'G' => seccomp::decode(&go[1..n]),
+        _ => exit_now(1),
+    };
     drop(ctl);
-    let prepared = match setup(plan, agent_fds.map(|(_, reg)| reg)) {
+    let Some(filter) = filter else {
+        report(rep_w, "F", "the launcher sent a malformed seccomp filter");
+        exit_now(1);
+    };
+    let prepared = match finish(plan) {
         Ok(p) => p,
         Err(e) => {
             report(rep_w, "F", &e.to_string());
@@ -691,7 +712,7 @@ fn init_main(
     if child == 0 {
         sys::close(ex_r);
         sys::close(rep_w);
-        exec_program(&prepared, ex_w, filter, agent_fds);
+        exec_program(&prepared, ex_w, &filter, agent_fds);
     }
     sys::close(ex_w);
     let mut why = Vec::new();
@@ -730,7 +751,9 @@ struct Prepared {
     env: Vec<CString>,
 }
 
-fn setup(plan: &LaunchPlan, reg: Option<RawFd>) -> Result<Prepared, SetupError> {
+/// Build the sandbox: init's ids, host name, loopback and root. This runs while the
+/// monitor checks the cgroup placement; nothing of the program runs before that is done.
+fn build(plan: &LaunchPlan, reg: Option<RawFd>) -> Result<(), SetupError> {
     use crate::sys::step;
     // Become id 0 of the new user namespace (which holds no power over the host) and shed
     // every supplementary group the launcher had.
@@ -750,10 +773,6 @@ fn setup(plan: &LaunchPlan, reg: Option<RawFd>) -> Result<Prepared, SetupError> 
         sys::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL as libc::c_ulong),
         || "set the parent-death signal".into(),
     )?;
-    // Now that the monitor has placed us in our cgroups, make them our cgroup root.
-    // SAFETY: unshare with a namespace flag only.
-    let r = unsafe { libc::unshare(libc::CLONE_NEWCGROUP) };
-    step(check(r), || "create the cgroup namespace".into())?;
     let host = plan.hostname.as_bytes();
     // SAFETY: host is a valid byte slice for its length.
     let r = unsafe { libc::sethostname(host.as_ptr().cast(), host.len()) };
@@ -767,6 +786,17 @@ fn setup(plan: &LaunchPlan, reg: Option<RawFd>) -> Result<Prepared, SetupError> 
             hand_over_script_dir(reg)?;
         }
     }
+    Ok(())
+}
+
+/// The last steps before the program, once the monitor has confirmed the cgroup
+/// placement: the cgroup namespace, then every privilege dropped.
+fn finish(plan: &LaunchPlan) -> Result<Prepared, SetupError> {
+    use crate::sys::step;
+    // Now that the monitor has placed us in our cgroups, make them our cgroup root.
+    // SAFETY: unshare with a namespace flag only.
+    let r = unsafe { libc::unshare(libc::CLONE_NEWCGROUP) };
+    step(check(r), || "create the cgroup namespace".into())?;
     // Not dumpable: the program cannot open init's /proc entries or descriptors.
     step(sys::prctl(libc::PR_SET_DUMPABLE, 0), || {
         "make init undumpable".into()

@@ -322,6 +322,12 @@ pub fn recv_with_fds(
             "more descriptors than the control buffer holds",
         ));
     }
+    if msg.msg_flags & libc::MSG_TRUNC != 0 {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidData,
+            "a message longer than the buffer",
+        ));
+    }
     if fds.len() > max_fds {
         return Err(io::Error::new(
             io::ErrorKind::InvalidData,
