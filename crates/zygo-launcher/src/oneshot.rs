@@ -8,7 +8,8 @@
 //! - the sandbox's **init** (pid 1 of the new pid namespace): builds the root, drops every
 //!   privilege, starts the program and reaps; when it exits the kernel kills everything
 //!   left in the namespace, so nothing the program started can outlive it;
-//! - the **program**, forked by init, which installs the seccomp filter and execs.
+//! - the **program**, started by init with `posix_spawn` once init has installed the
+//!   seccomp filter on itself (the program inherits it).
 //!
 //! The launcher talks to init over a seqpacket socket pair with three messages: `C`
 //! carrying the cgroup attach files (init joins them before it does anything else), `M`
@@ -21,7 +22,6 @@
 //! neither.
 
 use std::ffi::CString;
-use std::io::{Read, Write};
 use std::os::fd::{AsRawFd, OwnedFd, RawFd};
 use std::os::unix::net::UnixStream;
 use std::path::Path;
@@ -692,37 +692,23 @@ fn init_main(
             exit_now(1);
         }
     };
-    let (ex_r, ex_w) = match sys::pipe_cloexec() {
-        Ok(p) => p,
+    // The seccomp allowlist, last: init itself runs under it from here on, and the
+    // program inherits it through the exec.
+    if let Err(e) = seccomp::install(&filter) {
+        report(rep_w, "F", &format!("install the seccomp filter: {e}"));
+        exit_now(1);
+    }
+    let child = match start_program(&prepared, agent_fds) {
+        Ok(pid) => pid,
         Err(e) => {
-            report(rep_w, "F", &format!("create a pipe: {e}"));
+            report(
+                rep_w,
+                "F",
+                &format!("start {}: {e}", prepared.path.to_string_lossy()),
+            );
             exit_now(1);
         }
     };
-    // SAFETY: init is single-threaded; the child only execs or exits.
-    let child = unsafe { libc::fork() };
-    if child < 0 {
-        report(
-            rep_w,
-            "F",
-            &format!("fork the program: {}", std::io::Error::last_os_error()),
-        );
-        exit_now(1);
-    }
-    if child == 0 {
-        sys::close(ex_r);
-        sys::close(rep_w);
-        exec_program(&prepared, ex_w, &filter, agent_fds);
-    }
-    sys::close(ex_w);
-    let mut why = Vec::new();
-    let _ = std::fs::File::from(owned(ex_r))
-        .take(4096)
-        .read_to_end(&mut why);
-    if !why.is_empty() {
-        report(rep_w, "F", &String::from_utf8_lossy(&why));
-        exit_now(1);
-    }
     report(rep_w, "S", "");
     loop {
         let mut status = 0;
@@ -738,13 +724,7 @@ fn init_main(
     }
 }
 
-fn owned(fd: RawFd) -> std::os::fd::OwnedFd {
-    use std::os::fd::FromRawFd;
-    // SAFETY: `fd` is a descriptor this process owns and hands over exactly once.
-    unsafe { std::os::fd::OwnedFd::from_raw_fd(fd) }
-}
-
-/// What the program's process needs, prepared before the fork so the child only execs.
+/// What starting the program needs.
 struct Prepared {
     path: CString,
     argv: Vec<CString>,
@@ -914,65 +894,22 @@ fn resolve(cmd: &str, path_var: &str) -> Option<std::path::PathBuf> {
         .find(|p| is_exec(p))
 }
 
-/// The program's process: fixed descriptors, default signals, the seccomp filter, exec.
-fn exec_program(
-    p: &Prepared,
-    ex_w: RawFd,
-    filter: &seccompiler::BpfProgram,
-    agent_fds: Option<(RawFd, RawFd)>,
-) -> ! {
-    let fail = |what: &str, e: std::io::Error| -> ! {
-        let mut f = std::fs::File::from(owned(ex_w));
-        let _ = write!(f, "{what}: {e}");
-        exit_now(127);
+/// Start the program: a new session (no controlling terminal, and no way to reach the
+/// launcher's), stderr from the program's stderr pipe, a zygote's agent channels on fds 3
+/// and 4, nothing else open, every signal at its default (the launcher ignores SIGPIPE,
+/// and ignored signals would otherwise survive exec) and none blocked.
+fn start_program(p: &Prepared, agent_fds: Option<(RawFd, RawFd)>) -> std::io::Result<libc::pid_t> {
+    // The agent's channels are above fd 4 until they are moved, so no move clobbers a
+    // source not yet moved.
+    let (moves, close_from): (Vec<(RawFd, RawFd)>, RawFd) = match agent_fds {
+        Some((ctl, reg)) => (vec![(FD_PROGRAM_STDERR, 2), (ctl, 3), (reg, 4)], 5),
+        None => (vec![(FD_PROGRAM_STDERR, 2)], 3),
     };
-    // A new session: no controlling terminal, and no way to reach the launcher's.
-    // SAFETY: setsid in a fresh child that is not a group leader.
-    unsafe { libc::setsid() };
-    // SAFETY: dup2 onto fd 2 from the program's stderr pipe.
-    if unsafe { libc::dup2(FD_PROGRAM_STDERR, 2) } < 0 {
-        fail("set up stderr", std::io::Error::last_os_error());
-    }
-    // A zygote's agent gets its control channel on fd 3 and registration socket on fd 4
-    // (both above fd 4 until now, so these dup2s cannot clobber each other).
-    if let Some((ctl, reg)) = agent_fds {
-        // SAFETY: dup2 of descriptors this process owns onto fixed numbers.
-        if unsafe { libc::dup2(ctl, 3) } < 0 || unsafe { libc::dup2(reg, 4) } < 0 {
-            fail(
-                "set up the agent's channels",
-                std::io::Error::last_os_error(),
-            );
-        }
-        sys::close_fds_from(5, &[ex_w]);
-    } else {
-        sys::close_fds_from(3, &[ex_w]);
-    }
-    // Default dispositions and an empty mask (the launcher ignores SIGPIPE, and ignored
-    // signals would otherwise survive exec).
-    for sig in 1..=64 {
-        if sig != libc::SIGKILL && sig != libc::SIGSTOP {
-            // SAFETY: resetting a disposition to its default.
-            unsafe { libc::signal(sig, libc::SIG_DFL) };
-        }
-    }
-    // SAFETY: an empty signal set, applied to this thread.
-    unsafe {
-        let mut set: libc::sigset_t = std::mem::zeroed();
-        libc::sigemptyset(&mut set);
-        libc::sigprocmask(libc::SIG_SETMASK, &set, std::ptr::null_mut());
-    }
-    if let Err(e) = seccomp::install(filter) {
-        fail(
-            "install the seccomp filter",
-            std::io::Error::other(e.to_string()),
-        );
-    }
-    let mut argv: Vec<*const libc::c_char> = p.argv.iter().map(|a| a.as_ptr()).collect();
-    argv.push(std::ptr::null());
-    let mut env: Vec<*const libc::c_char> = p.env.iter().map(|a| a.as_ptr()).collect();
-    env.push(std::ptr::null());
-    // SAFETY: path, argv and env are NUL-terminated arrays of valid C strings.
-    unsafe { libc::execve(p.path.as_ptr(), argv.as_ptr(), env.as_ptr()) };
-    let e = std::io::Error::last_os_error();
-    fail(&format!("start {}", p.path.to_string_lossy()), e);
+    sys::spawn(&sys::Spawn {
+        path: &p.path,
+        argv: &p.argv,
+        env: &p.env,
+        moves: &moves,
+        close_from,
+    })
 }

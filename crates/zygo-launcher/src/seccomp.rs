@@ -1,5 +1,5 @@
-//! The seccomp allowlist: the last layer installed, immediately before exec, in every
-//! sandboxed program.
+//! The seccomp allowlist: the last layer installed, by the sandbox's init on itself right
+//! before it starts the program (which inherits it through its exec), in every sandbox.
 //!
 //! # What it defends against
 //!
@@ -767,8 +767,8 @@ pub fn decode(bytes: &[u8]) -> Option<BpfProgram> {
 
 /// Install `prog` on the calling thread (and so on everything it execs).
 ///
-/// Call it last before exec, with no_new_privs already set (`seccompiler` sets it again, which
-/// is harmless). It allocates nothing, so it is safe in a single-threaded child after fork.
+/// Call it last, with no_new_privs already set (`seccompiler` sets it again, which is
+/// harmless): the calling process keeps it, and every program it starts inherits it.
 pub fn install(prog: &BpfProgram) -> Result<(), SeccompError> {
     seccompiler::apply_filter(prog).map_err(SeccompError::Install)
 }

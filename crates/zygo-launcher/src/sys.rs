@@ -484,3 +484,101 @@ pub fn stdout_to_dev_null() -> io::Result<()> {
     check(unsafe { libc::dup2(null.as_raw_fd(), 1) })?;
     Ok(())
 }
+
+/// What `spawn` starts: `path` with `argv` and `env`, after moving each `(from, to)`
+/// descriptor in order and closing every descriptor from `close_from` up.
+pub struct Spawn<'a> {
+    pub path: &'a std::ffi::CStr,
+    pub argv: &'a [CString],
+    pub env: &'a [CString],
+    pub moves: &'a [(RawFd, RawFd)],
+    pub close_from: RawFd,
+}
+
+/// Owns the spawn attributes and file actions, and destroys them however the call ends.
+struct SpawnSetup {
+    attr: libc::posix_spawnattr_t,
+    actions: libc::posix_spawn_file_actions_t,
+}
+
+impl Drop for SpawnSetup {
+    fn drop(&mut self) {
+        // SAFETY: both objects were initialised before this value was made.
+        unsafe {
+            libc::posix_spawn_file_actions_destroy(&mut self.actions);
+            libc::posix_spawnattr_destroy(&mut self.attr);
+        }
+    }
+}
+
+/// posix_spawn returns its error instead of setting errno.
+fn spawn_check(r: libc::c_int) -> io::Result<()> {
+    if r != 0 {
+        return Err(io::Error::from_raw_os_error(r));
+    }
+    Ok(())
+}
+
+/// Start `s` with `posix_spawn` (glibc creates the child with `CLONE_VM | CLONE_VFORK`:
+/// nothing of this process's memory is copied, and this returns once the exec is done or
+/// has failed) in a new session, with every signal at its default and none blocked.
+/// Returns the child's pid.
+pub fn spawn(s: &Spawn<'_>) -> io::Result<libc::pid_t> {
+    let mut argv: Vec<*mut libc::c_char> = s.argv.iter().map(|a| a.as_ptr().cast_mut()).collect();
+    argv.push(std::ptr::null_mut());
+    let mut envp: Vec<*mut libc::c_char> = s.env.iter().map(|a| a.as_ptr().cast_mut()).collect();
+    envp.push(std::ptr::null_mut());
+    // SAFETY: both are plain C structs, initialised by the calls below before any use.
+    let mut setup: Box<SpawnSetup> = Box::new(unsafe { std::mem::zeroed() });
+    // SAFETY: initialising a zeroed attribute object.
+    spawn_check(unsafe { libc::posix_spawnattr_init(&mut setup.attr) })?;
+    // SAFETY: initialising a zeroed file-actions object; on failure the attribute object
+    // alone is destroyed (the Box is forgotten so Drop does not touch the other).
+    if let Err(e) = spawn_check(unsafe { libc::posix_spawn_file_actions_init(&mut setup.actions) })
+    {
+        // SAFETY: the attribute object was initialised above.
+        unsafe { libc::posix_spawnattr_destroy(&mut setup.attr) };
+        std::mem::forget(setup);
+        return Err(e);
+    }
+    // SAFETY: the objects are initialised; the signal sets are initialised by
+    // sigemptyset/sigfillset before use.
+    unsafe {
+        for &(from, to) in s.moves {
+            spawn_check(libc::posix_spawn_file_actions_adddup2(
+                &mut setup.actions,
+                from,
+                to,
+            ))?;
+        }
+        spawn_check(libc::posix_spawn_file_actions_addclosefrom_np(
+            &mut setup.actions,
+            s.close_from,
+        ))?;
+        let mut all: libc::sigset_t = std::mem::zeroed();
+        libc::sigfillset(&mut all);
+        let mut none: libc::sigset_t = std::mem::zeroed();
+        libc::sigemptyset(&mut none);
+        spawn_check(libc::posix_spawnattr_setsigdefault(&mut setup.attr, &all))?;
+        spawn_check(libc::posix_spawnattr_setsigmask(&mut setup.attr, &none))?;
+        spawn_check(libc::posix_spawnattr_setflags(
+            &mut setup.attr,
+            libc::POSIX_SPAWN_SETSID
+                | (libc::POSIX_SPAWN_SETSIGDEF | libc::POSIX_SPAWN_SETSIGMASK) as libc::c_short,
+        ))?;
+    }
+    let mut pid: libc::pid_t = 0;
+    // SAFETY: the path, and argv and envp (NULL-terminated, pointing into CStrings that
+    // outlive the call), and the initialised attributes and file actions are all valid.
+    spawn_check(unsafe {
+        libc::posix_spawn(
+            &mut pid,
+            s.path.as_ptr(),
+            &setup.actions,
+            &setup.attr,
+            argv.as_ptr(),
+            envp.as_ptr(),
+        )
+    })?;
+    Ok(pid)
+}
