@@ -1,13 +1,13 @@
 //! The sandbox's filesystem, built inside its own mount namespace.
 //!
-//! The way in (the same as bubblewrap's): a small staging tmpfs is mounted on `/tmp` and
-//! made the root with `pivot_root`, so the host's root stays reachable at `/oldroot` while
-//! the new root is assembled on a second tmpfs at `/newroot` from binds of `/oldroot/...`.
-//! The staging tmpfs also holds the empty file and directory that mask `/proc` entries; it
-//! is read-only, nosuid, nodev and noexec before anything is bound from it. Then
-//! `/newroot` becomes the root with `pivot_root(".", ".")`, one lazy detach removes the
-//! staging root and the host's root under it, and the new root itself is remounted
-//! read-only.
+//! The way in (the same as bubblewrap's): a staging tmpfs is mounted on `/tmp` and made the
+//! root with `pivot_root`, so the host's root stays reachable at `/oldroot` while the new
+//! root is assembled at `/newroot` from binds of `/oldroot/...`. `/newroot` is a directory
+//! of the same tmpfs, bound onto itself to be a mount point; the tmpfs also holds the empty
+//! file and directory that mask `/proc` entries (each mask bind is made read-only, nosuid,
+//! nodev and noexec). Then `/newroot` becomes the root with `pivot_root(".", ".")`, one
+//! lazy detach removes the staging root and the host's root under it, and the new root
+//! itself is remounted read-only: only its own directory of the tmpfs is reachable.
 //!
 //! Every mount is `nosuid` and `nodev` except the few device nodes bound into `/dev`.
 //! Nothing of the host is visible except what this module binds, read-only unless the plan
@@ -132,13 +132,20 @@ fn bind(src: &Path, dst: &Path, rw: bool) -> Result<()> {
     })
 }
 
-/// Bind a host device node (its flags are set with the rest of `/dev`: read-only, nosuid,
-/// noexec, but not nodev).
+/// Bind a host device node: read-only (the device stays writable), nosuid, noexec, but
+/// not nodev.
 fn bind_device(src: &Path, dst: &Path) -> Result<()> {
     touch(dst)?;
     step(
         sys::mount(Some(src), dst, None, libc::MS_BIND, None),
         || format!("bind device {} onto {}", src.display(), dst.display()),
+    )?;
+    step(
+        sys::mount_setattr_recursive(
+            dst,
+            sys::MOUNT_ATTR_RDONLY | sys::MOUNT_ATTR_NOSUID | sys::MOUNT_ATTR_NOEXEC,
+        ),
+        || format!("make {} read-only, nosuid, noexec", dst.display()),
     )
 }
 
@@ -268,13 +275,23 @@ fn dir_image(old: &Path, new: &Path, dir: &str) -> Result<()> {
     Ok(())
 }
 
-/// Bind a mask over `dst`; a `dst` that does not exist (this kernel has no such entry)
-/// needs no mask.
+/// Bind a mask over `dst`, read-only, nosuid, nodev, noexec; a `dst` that does not exist
+/// (this kernel has no such entry) needs no mask.
 fn mask(src: &Path, dst: &Path, what: &str) -> Result<()> {
     match sys::mount(Some(src), dst, None, libc::MS_BIND, None) {
-        Err(e) if e.raw_os_error() == Some(libc::ENOENT) => Ok(()),
-        r => step(r, || format!("mask {what}")),
+        Err(e) if e.raw_os_error() == Some(libc::ENOENT) => return Ok(()),
+        r => step(r, || format!("mask {what}"))?,
     }
+    step(
+        sys::mount_setattr_recursive(
+            dst,
+            sys::MOUNT_ATTR_RDONLY
+                | sys::MOUNT_ATTR_NOSUID
+                | sys::MOUNT_ATTR_NODEV
+                | sys::MOUNT_ATTR_NOEXEC,
+        ),
+        || format!("make the mask of {what} read-only"),
+    )
 }
 
 fn proc_fs(new: &Path, masks: &Masks, plan: &LaunchPlan) -> Result<()> {
@@ -291,8 +308,6 @@ fn proc_fs(new: &Path, masks: &Masks, plan: &LaunchPlan) -> Result<()> {
         ),
         || "mount a new /proc".to_string(),
     )?;
-    // The masks live on the read-only, nosuid, nodev, noexec staging tmpfs; a bind takes
-    // those flags with it.
     for name in PROC_MASK_FILES {
         mask(masks.file, &proc_.join(name), &format!("/proc/{name}"))?;
     }
@@ -319,11 +334,11 @@ fn proc_fs(new: &Path, masks: &Masks, plan: &LaunchPlan) -> Result<()> {
     Ok(())
 }
 
+/// `/dev`: a directory of the (later read-only) root holding the five devices and the
+/// standard links.
 fn dev_fs(old: &Path, new: &Path) -> Result<()> {
     let dev = new.join("dev");
     mkdir(&dev, 0o755)?;
-    // mode=755: inside a user namespace a 1777 /dev makes opening bound devices fail.
-    tmpfs(&dev, "mode=0755,size=64k", MS_NOSUID | MS_NOEXEC)?;
     for name in DEVICES {
         bind_device(&old.join("dev").join(name), &dev.join(name))?;
     }
@@ -338,15 +353,7 @@ fn dev_fs(old: &Path, new: &Path) -> Result<()> {
             format!("create link {}", p.display())
         })?;
     }
-    // The tmpfs and every device on it: read-only (a device node stays writable), nosuid,
-    // noexec. Not nodev: the devices must work.
-    step(
-        sys::mount_setattr_recursive(
-            &dev,
-            sys::MOUNT_ATTR_RDONLY | sys::MOUNT_ATTR_NOSUID | sys::MOUNT_ATTR_NOEXEC,
-        ),
-        || "make /dev read-only, nosuid, noexec".to_string(),
-    )
+    Ok(())
 }
 
 /// An empty file and an empty directory that hide `/proc` entries.
@@ -371,22 +378,26 @@ pub fn build(plan: &LaunchPlan) -> Result<()> {
         || "make every mount private".to_string(),
     )?;
 
-    // The staging tmpfs also holds the masks for /proc: it is made read-only (and is
-    // nosuid, nodev, noexec) before anything is bound from it.
+    // Exact modes for everything made here; the program gets the umask we were given.
+    // SAFETY: umask cannot fail.
+    let umask = unsafe { libc::umask(0o022) };
+    let built = assemble(plan);
+    // SAFETY: as above.
+    unsafe { libc::umask(umask) };
+    built
+}
+
+fn assemble(plan: &LaunchPlan) -> Result<()> {
+    // One tmpfs holds the staging root, the masks for /proc, and the new root (a directory
+    // bound onto itself to be a mount point).
     let staging = Path::new("/tmp");
-    tmpfs(
-        staging,
-        "mode=0755,size=16k",
-        MS_NOSUID | MS_NODEV | MS_NOEXEC,
-    )?;
+    tmpfs(staging, "mode=0755,size=1m", MS_NOSUID | MS_NODEV)?;
     mkdir(&staging.join("oldroot"), 0o755)?;
     mkdir(&staging.join("newroot"), 0o755)?;
     mkdir(&staging.join("mask.d"), 0o555)?;
-    let mask_file = staging.join("mask");
-    step(sys::create_file(&mask_file, b"", 0o444), || {
+    step(sys::create_file(&staging.join("mask"), b"", 0o444), || {
         "create the mask file".to_string()
     })?;
-    remount_ro(staging, MS_NOEXEC)?;
     step(sys::chdir(staging), || "enter the staging root".to_string())?;
     step(sys::pivot_root(staging, &staging.join("oldroot")), || {
         "pivot into the staging root".to_string()
@@ -399,7 +410,10 @@ pub fn build(plan: &LaunchPlan) -> Result<()> {
         file: Path::new("/mask"),
         dir: Path::new("/mask.d"),
     };
-    tmpfs(new, "mode=0755,size=1m", MS_NOSUID | MS_NODEV)?;
+    step(
+        sys::mount(Some(new), new, None, libc::MS_BIND, None),
+        || "make the new root a mount point".to_string(),
+    )?;
 
     match &plan.image {
         Image::Host => host_image(old, new)?,
