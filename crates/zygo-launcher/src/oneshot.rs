@@ -44,10 +44,11 @@ const BUILD_DEADLINE: Duration = Duration::from_secs(30);
 /// The most init may say on its report pipe; more is a protocol violation.
 const MAX_REPORT: usize = 64 * 1024;
 
+/// The namespaces the sandbox is cloned into. Its network namespace comes from its init
+/// (`build`), its cgroup namespace once it is placed (`finish`).
 const NAMESPACES: libc::c_int = libc::CLONE_NEWUSER
     | libc::CLONE_NEWNS
     | libc::CLONE_NEWPID
-    | libc::CLONE_NEWNET
     | libc::CLONE_NEWIPC
     | libc::CLONE_NEWUTS;
 
@@ -753,19 +754,34 @@ fn build(plan: &LaunchPlan, reg: Option<RawFd>) -> Result<(), SetupError> {
         sys::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL as libc::c_ulong),
         || "set the parent-death signal".into(),
     )?;
+    // The network namespace (with its loopback up) is made on a helper thread while this
+    // one builds the root: it is the slowest single step of a sandbox (the kernel registers
+    // a namespace's sysctl tables and loopback device). This thread joins it below, before
+    // anything of the program runs; until then init is only building.
+    let net = step(
+        std::thread::Builder::new()
+            .name("netns".into())
+            .stack_size(64 * 1024)
+            .spawn(sys::new_net_namespace),
+        || "start the network namespace's thread".into(),
+    )?;
     let host = plan.hostname.as_bytes();
     // SAFETY: host is a valid byte slice for its length.
     let r = unsafe { libc::sethostname(host.as_ptr().cast(), host.len()) };
     step(check(r), || "set the host name".into())?;
-    step(sys::loopback_up(), || {
-        "bring up the loopback interface".into()
-    })?;
     rootfs::build(plan)?;
     if plan.scripts {
         if let Some(reg) = reg {
             hand_over_script_dir(reg)?;
         }
     }
+    let ns = net
+        .join()
+        .unwrap_or_else(|_| Err(std::io::Error::other("its thread panicked")));
+    let ns = step(ns, || "create the network namespace".into())?;
+    step(sys::enter_net_namespace(&ns), || {
+        "enter the network namespace".into()
+    })?;
     Ok(())
 }
 

@@ -239,32 +239,39 @@ pub fn get_rlimit(resource: libc::__rlimit_resource_t) -> io::Result<(u64, u64)>
     Ok((lim.rlim_cur, lim.rlim_max))
 }
 
-/// Bring the loopback interface up in the current network namespace.
-pub fn loopback_up() -> io::Result<()> {
+/// Create a network namespace for the calling thread (owned by its user namespace), bring
+/// its loopback interface up, and return a descriptor for it, to `setns` another thread
+/// into.
+pub fn new_net_namespace() -> io::Result<OwnedFd> {
+    // SAFETY: unshare with a namespace flag only; it applies to this thread.
+    check(unsafe { libc::unshare(libc::CLONE_NEWNET) })?;
     // SAFETY: plain socket creation.
-    let sock =
+    let fd =
         check(unsafe { libc::socket(libc::AF_INET, libc::SOCK_DGRAM | libc::SOCK_CLOEXEC, 0) })?;
+    // SAFETY: the socket was just created by this process.
+    let sock = unsafe { OwnedFd::from_raw_fd(fd) };
     // SAFETY: ifreq is plain old data; zeroed is a valid value.
     let mut req: libc::ifreq = unsafe { std::mem::zeroed() };
     for (i, b) in b"lo".iter().enumerate() {
         req.ifr_name[i] = *b as libc::c_char;
     }
     // SAFETY: SIOCGIFFLAGS fills the flags of the named interface in `req`.
-    let r = unsafe { libc::ioctl(sock, libc::SIOCGIFFLAGS, &mut req) };
-    if r < 0 {
-        let e = io::Error::last_os_error();
-        close(sock);
-        return Err(e);
-    }
+    check(unsafe { libc::ioctl(sock.as_raw_fd(), libc::SIOCGIFFLAGS, &mut req) })?;
     // SAFETY: the union member written by SIOCGIFFLAGS is ifru_flags.
     unsafe { req.ifr_ifru.ifru_flags |= (libc::IFF_UP | libc::IFF_RUNNING) as libc::c_short };
     // SAFETY: SIOCSIFFLAGS reads `req`.
-    let r = unsafe { libc::ioctl(sock, libc::SIOCSIFFLAGS, &req) };
-    let e = io::Error::last_os_error();
-    close(sock);
-    if r < 0 {
-        return Err(e);
-    }
+    check(unsafe { libc::ioctl(sock.as_raw_fd(), libc::SIOCSIFFLAGS, &req) })?;
+    // SAFETY: SIOCGSKNS returns a new close-on-exec descriptor for the socket's network
+    // namespace, which is this thread's new one.
+    let ns = check(unsafe { libc::ioctl(sock.as_raw_fd(), libc::SIOCGSKNS as _) })?;
+    // SAFETY: `ns` was just opened by the kernel for this process.
+    Ok(unsafe { OwnedFd::from_raw_fd(ns) })
+}
+
+/// Move the calling thread into the network namespace `ns`.
+pub fn enter_net_namespace(ns: &OwnedFd) -> io::Result<()> {
+    // SAFETY: setns on a namespace descriptor we own.
+    check(unsafe { libc::setns(ns.as_raw_fd(), libc::CLONE_NEWNET) })?;
     Ok(())
 }
 
