@@ -447,7 +447,7 @@ fn supervise(
     let _ = sys::send_with_fds(ctl.as_raw_fd(), &go, &[]);
     drop(ctl);
 
-    // 4. Wait for init's reports, the monitor, or the deadline.
+    // 7. Wait for init's reports, the monitor, or the deadline.
     let mut started: Option<Instant> = None;
     let mut status: Option<libc::c_int> = None;
     let mut failure: Option<String> = None;
@@ -456,7 +456,7 @@ fn supervise(
     let mut ended: Option<Instant> = None;
     let build_deadline = Instant::now() + BUILD_DEADLINE;
     let timeout = Duration::from_millis(plan.timeout_ms);
-    loop {
+    'events: loop {
         let deadline = match started {
             Some(t) => t + timeout,
             None => build_deadline,
@@ -563,6 +563,9 @@ fn supervise(
                     Some(Report::Status(s)) if started.is_some() => {
                         status = Some(s);
                         ended.get_or_insert_with(Instant::now);
+                        // init exits right after this report: reap it now rather than
+                        // wait to see its end of the pipe first.
+                        break 'events;
                     }
                     _ => {
                         kill_tree(pid);
