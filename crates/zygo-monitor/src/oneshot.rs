@@ -257,8 +257,9 @@ impl Started {
         out
     }
 
-    /// Give up before the sandbox exists: the launcher, which has been told nothing, is
-    /// killed and reaped.
+    /// Give up before the sandbox is placed: the launcher is killed and reaped. A sandbox
+    /// init it may have cloned has run nothing and dies with it (its parent-death signal,
+    /// or its control socket closing while it waits for its cgroup).
     pub fn abandon(mut self, out: Outcome) -> Outcome {
         let _ = self.child.kill();
         let _ = self.child.wait();
