@@ -155,7 +155,7 @@ pub fn main(raw: Vec<OsString>) -> i32 {
             return report(&out, opts.json, &mem_text, &timeout_text);
         }
     };
-    // Cgroups left by killed monitors are swept while the sandbox is being built.
+    // Cgroups left by killed monitors are swept while the program runs.
     let out = started.finish(&backend, || backend.sweep_stale_runs());
     report(&out, opts.json, &mem_text, &timeout_text)
 }

@@ -219,7 +219,8 @@ pub fn start(req: Request) -> Result<Started, Outcome> {
 impl Started {
     /// Create the sandbox's cgroup and hand it to the launcher, run the sandbox to
     /// completion, read what the kernel counted, and remove the cgroup. `meanwhile` runs
-    /// once the cgroup is handed over, while the sandbox is being built.
+    /// once, while the program runs (or once the sandbox has ended, if it never started):
+    /// the monitor has nothing else to do then, and the machine is least busy.
     pub fn finish(self, backend: &Backend, meanwhile: impl FnOnce()) -> Outcome {
         let cg = match backend.create(&unique_name()) {
             Ok(cg) => cg,
@@ -419,9 +420,10 @@ fn drive(cg: &dyn Cgroup, st: Started, meanwhile: impl FnOnce()) -> (Outcome, La
         out.error = Some(e);
         let _ = child.kill();
         let _ = child.wait();
+        meanwhile();
         return (out, child);
     }
-    meanwhile();
+    let mut meanwhile = Some(meanwhile);
     let _ = sock.set_nonblocking(true);
     let mut frames = FrameBuf::new(MAX_LAUNCH_FRAME);
     let mut stdout = Stream::new(stdout);
@@ -511,10 +513,16 @@ fn drive(cg: &dyn Cgroup, st: Started, meanwhile: impl FnOnce()) -> (Outcome, La
                 match frames.next_frame::<FromLauncher>() {
                     Ok(Some(msg)) => {
                         log::debug!("launcher: {} after {:?}", msg_name(&msg), t0.elapsed());
+                        let started = matches!(msg, FromLauncher::Started);
                         if !handle(msg, cg, &mut sock, &mut out, &mut finished) {
                             let _ = child.kill();
                             sock_open = false;
                             break;
+                        }
+                        if started {
+                            if let Some(work) = meanwhile.take() {
+                                work();
+                            }
                         }
                     }
                     Ok(None) => break,
@@ -527,6 +535,9 @@ fn drive(cg: &dyn Cgroup, st: Started, meanwhile: impl FnOnce()) -> (Outcome, La
                 }
             }
         }
+    }
+    if let Some(work) = meanwhile.take() {
+        work();
     }
     if !finished && out.error.is_none() {
         let how = match child.wait() {
