@@ -103,10 +103,19 @@ impl Phase {
     }
 }
 
+/// The most cgroup attach files a launcher accepts (one per cgroup hierarchy).
+pub const MAX_ATTACH_FILES: u8 = 8;
+
 /// monitor → launcher.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub enum ToLauncher {
-    /// Build this sandbox and run its program. Sent once, first.
+    /// The sandbox's cgroup attach files: this frame carries `files` descriptors (at most
+    /// [`MAX_ATTACH_FILES`]) as `SCM_RIGHTS` on its first byte. The sandbox's init joins
+    /// its cgroups by writing "0" to each before it does anything else. Sent once, just
+    /// before or just after `Start` (the launcher creates the sandbox's namespaces as soon
+    /// as it has the plan, and hands these to its init when they come).
+    Cgroup { files: u8 },
+    /// Build this sandbox and run its program. Sent once, first or right after `Cgroup`.
     Start(LaunchPlan),
     /// The sandbox's first process is in its cgroups: let it go on.
     Proceed,

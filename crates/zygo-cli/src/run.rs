@@ -94,13 +94,10 @@ pub fn main(raw: Vec<OsString>) -> i32 {
         },
         None if opts.json => Stdin::Null,
         None if std::io::stdin().is_terminal() => Stdin::Forward,
+        // Nothing to forward from /dev/null: the program gets its own (no copying thread).
+        None if stdin_is_dev_null() => Stdin::Null,
         None => Stdin::Forward,
     };
-    let backend = match Backend::detect() {
-        Ok(b) => b,
-        Err(e) => return refuse(Phase::Plan, e.to_string()),
-    };
-    backend.sweep_stale_runs();
     let launcher = match std::env::current_exe() {
         Ok(p) => p,
         Err(e) => return refuse(Phase::Plan, format!("find the zygo binary: {e}")),
@@ -117,8 +114,43 @@ pub fn main(raw: Vec<OsString>) -> i32 {
         launcher,
         cancel: None,
     };
-    let out = oneshot::run(&backend, req);
+    // The launcher starts up and creates the sandbox's namespaces while this process
+    // finds and makes its cgroups.
+    let started = match oneshot::start(req) {
+        Ok(s) => s,
+        Err(out) => return report(&out, opts.json, &mem_text, &timeout_text),
+    };
+    let backend = match Backend::detect() {
+        Ok(b) => b,
+        Err(e) => {
+            let out = started.abandon(Outcome {
+                phase: Some(Phase::Plan),
+                error: Some(e.to_string()),
+                ..Outcome::default()
+            });
+            return report(&out, opts.json, &mem_text, &timeout_text);
+        }
+    };
+    // Cgroups left by killed monitors are swept while the program runs.
+    let out = started.finish(&backend, || backend.sweep_stale_runs());
     report(&out, opts.json, &mem_text, &timeout_text)
+}
+
+/// Whether our stdin is the null device (the same character device as `/dev/null`).
+fn stdin_is_dev_null() -> bool {
+    use std::os::unix::fs::{FileTypeExt, MetadataExt};
+    let Ok(null) = std::fs::metadata("/dev/null") else {
+        return false;
+    };
+    // SAFETY: stat is plain old data, so all zeroes is a valid value for fstat to fill.
+    let mut st: libc::stat = unsafe { std::mem::zeroed() };
+    // SAFETY: fstat of fd 0 into a valid, writable stat buffer.
+    if unsafe { libc::fstat(0, &mut st) } != 0 {
+        return false;
+    }
+    null.file_type().is_char_device()
+        && st.st_mode & libc::S_IFMT == libc::S_IFCHR
+        && st.st_rdev == null.rdev()
 }
 
 /// Why a started program was killed, in words; None when it ended by itself.

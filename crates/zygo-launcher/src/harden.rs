@@ -1,6 +1,6 @@
 //! The last steps before the program runs, in this order: rlimits, drop every capability,
-//! no_new_privs, Landlock. (The seccomp filter is installed after these, in the program's
-//! own process, immediately before exec: see `seccomp`.)
+//! no_new_privs, Landlock. (The seccomp filter is installed after these, by init on itself
+//! right before it starts the program: see `seccomp`.)
 
 use std::path::Path;
 

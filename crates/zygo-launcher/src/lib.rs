@@ -13,46 +13,41 @@ pub mod seccomp;
 mod sys;
 pub mod zygote;
 
-use std::os::fd::FromRawFd;
+use std::os::fd::{AsRawFd, FromRawFd};
 use std::os::unix::net::UnixStream;
 
-use proto::launch::{ToLauncher, MAX_LAUNCH_FRAME};
+use proto::launch::ToLauncher;
 
 /// Entry point of the launcher role. Returns the process exit code.
 pub fn main() -> i32 {
     // If the monitor dies, the launcher dies, and init's death signal takes the sandbox.
     let _ = sys::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL as libc::c_ulong);
-    // Only the descriptors of the launcher contract survive: the channel, the program's
-    // stderr, and the sandbox's cgroup attach files (fds 5.., as many as the monitor said).
-    let attach_count: i32 = std::env::var("ZYGO_ATTACH_FDS")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .filter(|n| (0..=8).contains(n))
-        .unwrap_or(0);
-    let attach: Vec<i32> = (0..attach_count)
-        .map(|i| oneshot::FD_PROGRAM_STDERR + 1 + i)
-        .collect();
-    sys::close_fds_from(oneshot::FD_PROGRAM_STDERR + 1 + attach_count, &[]);
-    for fd in [oneshot::FD_MONITOR, oneshot::FD_PROGRAM_STDERR]
-        .iter()
-        .chain(attach.iter())
-    {
-        let _ = sys::set_cloexec(*fd);
+    // Only the descriptors of the launcher contract survive: stdin, stdout, stderr, the
+    // channel and the program's stderr.
+    sys::close_fds_from(oneshot::FD_PROGRAM_STDERR + 1, &[]);
+    for fd in [oneshot::FD_MONITOR, oneshot::FD_PROGRAM_STDERR] {
+        let _ = sys::set_cloexec(fd);
     }
     // SAFETY: fd 3 is the monitor's socketpair end by the launcher contract; owned here once.
     let mut sock = unsafe { UnixStream::from_raw_fd(oneshot::FD_MONITOR) };
-    let plan = match proto::read_frame::<_, ToLauncher>(&mut sock, MAX_LAUNCH_FRAME) {
-        Ok(ToLauncher::Start(plan)) => plan,
-        Ok(other) => {
-            log::error!("launcher: expected Start, got {other:?}; ending the channel");
-            return 2;
-        }
-        Err(e) => {
-            log::error!("launcher: {e}; ending the channel");
-            return 2;
+    // The plan, and possibly the cgroup files before it (a one-shot monitor sends them
+    // after the plan, once it has made the cgroup; the launcher clones meanwhile).
+    let mut attach = None;
+    let plan = loop {
+        match oneshot::read_launch_frame(sock.as_raw_fd()) {
+            Ok((ToLauncher::Start(plan), _)) => break plan,
+            Ok((ToLauncher::Cgroup { .. }, fds)) if attach.is_none() => attach = Some(fds),
+            Ok((other, _)) => {
+                log::error!("launcher: expected Start, got {other:?}; ending the channel");
+                return 2;
+            }
+            Err(e) => {
+                log::error!("launcher: {e}; ending the channel");
+                return 2;
+            }
         }
     };
-    match oneshot::run(&mut sock, &plan, &attach) {
+    match oneshot::run(&mut sock, &plan, attach) {
         Ok(()) => 0,
         Err(e) => {
             log::error!("launcher: {e}");

@@ -1,26 +1,35 @@
 //! One sandbox, one program: the launcher's side of `zygo run`.
 //!
 //! Three processes are involved:
-//! - the **launcher** (this process, in the host's namespaces): clones the sandbox, writes
-//!   its id maps once the monitor has placed it in its cgroups, enforces the deadline, and
-//!   reports to the monitor;
+//! - the **launcher** (this process, in the host's namespaces): clones the sandbox as soon
+//!   as it has the plan, hands its init the cgroup files when the monitor sends them,
+//!   writes its id maps, compiles the seccomp filter, lets init start the program once the
+//!   monitor has checked the placement, enforces the deadline, and reports to the monitor;
 //! - the sandbox's **init** (pid 1 of the new pid namespace): builds the root, drops every
 //!   privilege, starts the program and reaps; when it exits the kernel kills everything
 //!   left in the namespace, so nothing the program started can outlive it;
-//! - the **program**, forked by init, which installs the seccomp filter and execs.
+//! - the **program**, started by init with `posix_spawn` once init has installed the
+//!   seccomp filter on itself (the program inherits it).
 //!
+//! The launcher talks to init over a seqpacket socket pair with three messages: `C`
+//! carrying the cgroup attach files (init joins them before it does anything else), `M`
+//! (the id maps are written: init builds the sandbox while the monitor checks the cgroup
+//! placement), and `G` with the seccomp filter (the placement is confirmed: init drops its
+//! privileges and starts the program).
 //! init reports to the launcher over a close-on-exec pipe with one short line per event:
-//! `S` (the program was exec'd), `F <reason>` (building or starting failed), `W <status>`
-//! (the program's wait status). The program itself never holds that pipe.
+//! `P` (placed in its cgroups), `S` (the program was exec'd), `F <reason>` (building or
+//! starting failed), `W <status>` (the program's wait status). The program itself holds
+//! neither.
 
 use std::ffi::CString;
-use std::io::{Read, Write};
-use std::os::fd::{AsRawFd, RawFd};
+use std::os::fd::{AsRawFd, OwnedFd, RawFd};
 use std::os::unix::net::UnixStream;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use proto::launch::{FromLauncher, IdMap, LaunchPlan, Mode, Phase, ToLauncher, MAX_LAUNCH_FRAME};
+use proto::launch::{
+    FromLauncher, IdMap, LaunchPlan, Mode, Phase, ToLauncher, MAX_ATTACH_FILES, MAX_LAUNCH_FRAME,
+};
 use proto::{read_frame, write_frame};
 
 use crate::sys::{self, SetupError};
@@ -35,10 +44,11 @@ const BUILD_DEADLINE: Duration = Duration::from_secs(30);
 /// The most init may say on its report pipe; more is a protocol violation.
 const MAX_REPORT: usize = 64 * 1024;
 
+/// The namespaces the sandbox is cloned into. Its network namespace comes from its init
+/// (`build`), its cgroup namespace once it is placed (`finish`).
 const NAMESPACES: libc::c_int = libc::CLONE_NEWUSER
     | libc::CLONE_NEWNS
     | libc::CLONE_NEWPID
-    | libc::CLONE_NEWNET
     | libc::CLONE_NEWIPC
     | libc::CLONE_NEWUTS;
 
@@ -75,19 +85,63 @@ fn failed(sock: &mut UnixStream, phase: Phase, reason: String) -> Result<(), Lau
     send(sock, &FromLauncher::Failed { phase, reason })
 }
 
-/// Run one sandbox for the monitor on `sock`, which has already sent `Start(plan)`.
-pub fn run(sock: &mut UnixStream, plan: &LaunchPlan, attach: &[RawFd]) -> Result<(), LaunchError> {
+/// One frame from the monitor with the descriptors sent with it. Only `Cgroup` may carry
+/// descriptors, exactly as many as it announces.
+pub fn read_launch_frame(sock: RawFd) -> Result<(ToLauncher, Vec<OwnedFd>), proto::ProtoError> {
+    let max = usize::from(MAX_ATTACH_FILES);
+    let bad = |what: String| {
+        proto::ProtoError::Io(std::io::Error::new(std::io::ErrorKind::InvalidData, what))
+    };
+    let mut len = [0u8; 4];
+    let mut fds = match sys::recv_exact_with_fds(sock, &mut len, max) {
+        Ok(fds) => fds,
+        Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => {
+            return Err(proto::ProtoError::Closed)
+        }
+        Err(e) => return Err(e.into()),
+    };
+    let len = u32::from_le_bytes(len) as usize;
+    if len > MAX_LAUNCH_FRAME {
+        return Err(proto::ProtoError::TooLarge {
+            len,
+            max: MAX_LAUNCH_FRAME,
+        });
+    }
+    let mut payload = vec![0u8; len];
+    fds.extend(sys::recv_exact_with_fds(
+        sock,
+        &mut payload,
+        max - fds.len(),
+    )?);
+    let msg: ToLauncher = proto::codec::decode(&payload)?;
+    match &msg {
+        ToLauncher::Cgroup { files } if usize::from(*files) != fds.len() => Err(bad(format!(
+            "a cgroup frame announcing {files} descriptors carried {}",
+            fds.len()
+        ))),
+        ToLauncher::Cgroup { .. } => Ok((msg, fds)),
+        _ if !fds.is_empty() => Err(bad(format!(
+            "{} descriptors came with a frame that carries none",
+            fds.len()
+        ))),
+        _ => Ok((msg, fds)),
+    }
+}
+
+/// Run one sandbox for the monitor on `sock`, which has already sent `Start(plan)`, and
+/// `Cgroup` before it if `attach` is `Some` (otherwise it follows).
+pub fn run(
+    sock: &mut UnixStream,
+    plan: &LaunchPlan,
+    attach: Option<Vec<OwnedFd>>,
+) -> Result<(), LaunchError> {
     if plan.argv.is_empty() {
         return failed(sock, Phase::Start, "no command to run".into());
     }
-    // Compiled before the clone so the program only has to install it.
-    let filter = match seccomp::sandbox_filter() {
-        Ok(f) => f,
-        Err(e) => return failed(sock, Phase::Start, format!("build the seccomp filter: {e}")),
-    };
-    let (go_r, go_w) = match sys::pipe_cloexec() {
+    // launcher → init: the cgroup files, then the word to go on.
+    let (ctl, ctl_init) = match sys::seqpacket_pair() {
         Ok(p) => p,
-        Err(e) => return failed(sock, Phase::Start, format!("create a pipe: {e}")),
+        Err(e) => return failed(sock, Phase::Start, format!("create a socket pair: {e}")),
     };
     let (rep_r, rep_w) = match sys::pipe_cloexec() {
         Ok(p) => p,
@@ -161,24 +215,26 @@ pub fn run(sock: &mut UnixStream, plan: &LaunchPlan, attach: &[RawFd]) -> Result
         );
     }
     if pid == 0 {
-        sys::close(go_w);
+        drop(ctl);
+        drop(attach);
         sys::close(rep_r);
         sys::close(FD_MONITOR);
         if let Some(c) = &agent_fds {
             c.close_outer();
         }
-        init_main(plan, go_r, rep_w, &filter, inner_fds, attach);
+        init_main(plan, ctl_init, rep_w, inner_fds);
     }
     let pid = pid as libc::pid_t;
-    sys::close(go_r);
+    drop(ctl_init);
     sys::close(rep_w);
-    for fd in attach {
-        sys::close(*fd);
-    }
+    // The program's stdout and stderr belong to the sandbox now: once it is gone, the
+    // monitor sees them end without waiting for this process to exit.
+    let _ = sys::stdout_to_dev_null();
+    sys::close(FD_PROGRAM_STDERR);
     if let Some(c) = &agent_fds {
         c.close_inner();
     }
-    let outcome = supervise(sock, plan, pid, go_w, rep_r, agent_fds);
+    let outcome = supervise(sock, plan, pid, ctl, rep_r, agent_fds, attach);
     // Whatever happened, nothing of the sandbox outlives this function.
     kill_tree(pid);
     reap(pid);
@@ -313,65 +369,85 @@ fn supervise(
     sock: &mut UnixStream,
     plan: &LaunchPlan,
     pid: libc::pid_t,
-    go_w: RawFd,
+    ctl: OwnedFd,
     rep_r: RawFd,
     mut agent_fds: Option<zygote::Channels>,
+    attach: Option<Vec<OwnedFd>>,
 ) -> Result<(), LaunchError> {
-    // 1. init joins its cgroups first thing and says `P`; the monitor checks that (and
-    // moves it itself if not) before anything else runs in the sandbox.
-    let mut buf: Vec<u8> = Vec::new();
-    match wait_line(rep_r, &mut buf) {
-        Ok(line) if line == b"P" => {}
-        Ok(line) => {
-            sys::close(go_w);
-            let why = match parse_report(&line) {
-                Some(Report::Failed(why)) => why,
-                _ => "the sandbox's init broke its report protocol".into(),
-            };
-            return failed(sock, Phase::Start, why);
-        }
-        Err(e) => {
-            sys::close(go_w);
-            return failed(sock, Phase::Start, e);
-        }
+    // 1. The cgroup files, from the monitor now if they did not come before the plan.
+    // 2. init joins them before it does anything else.
+    let attach = match attach {
+        Some(fds) => fds,
+        None => match read_launch_frame(sock.as_raw_fd())? {
+            (ToLauncher::Cgroup { .. }, fds) => fds,
+            (ToLauncher::Kill, _) => return Ok(()),
+            _ => {
+                return Err(LaunchError::Unexpected(
+                    "a message other than Cgroup or Kill",
+                ))
+            }
+        },
+    };
+    let raw: Vec<RawFd> = attach.iter().map(AsRawFd::as_raw_fd).collect();
+    let handed = sys::send_with_fds(ctl.as_raw_fd(), b"C", &raw);
+    drop(attach);
+    if let Err(e) = handed {
+        return failed(
+            sock,
+            Phase::Start,
+            format!("hand the sandbox its cgroup: {e}"),
+        );
     }
-    send(sock, &FromLauncher::Cloned { pid })?;
-    // 2. While the monitor checks, write the id maps (nothing runs in the sandbox until
-    // `go`, so the order of these two does not matter; doing them together saves a wait).
-    let maps = write_id_maps(pid, &plan.ids);
-    match read_frame::<_, ToLauncher>(sock, MAX_LAUNCH_FRAME) {
-        Ok(ToLauncher::Proceed) => {}
-        Ok(ToLauncher::Kill) => {
-            sys::close(go_w);
-            return Ok(());
-        }
-        Ok(_) => {
-            sys::close(go_w);
-            return Err(LaunchError::Unexpected(
-                "a message other than Proceed or Kill",
-            ));
-        }
-        Err(e) => {
-            sys::close(go_w);
-            return Err(e.into());
-        }
-    }
-    // 3. Let init go on.
-    if let Err(e) = maps {
-        sys::close(go_w);
+    // 3. The id maps; init builds the sandbox once they are there.
+    if let Err(e) = write_id_maps(pid, &plan.ids) {
         return failed(
             sock,
             Phase::Start,
             format!("map the sandbox's user ids: {e}"),
         );
     }
-    let go = sys::write_fd(go_w, b"1");
-    sys::close(go_w);
-    if let Err(e) = go {
+    if let Err(e) = sys::send_with_fds(ctl.as_raw_fd(), b"M", &[]) {
         return failed(sock, Phase::Start, format!("start the sandbox: {e}"));
     }
+    // 4. The seccomp filter, compiled here while init builds; it goes to init with `go`.
+    let filter = match seccomp::sandbox_filter() {
+        Ok(f) => seccomp::encode(&f),
+        Err(e) => return failed(sock, Phase::Start, format!("build the seccomp filter: {e}")),
+    };
+    // 5. init says `P` once it is in its cgroups; the monitor checks that (and moves it
+    // itself if not) before the program may start.
+    let mut buf: Vec<u8> = Vec::new();
+    match wait_line(rep_r, &mut buf) {
+        Ok(line) if line == b"P" => {}
+        Ok(line) => {
+            let why = match parse_report(&line) {
+                Some(Report::Failed(why)) => why,
+                _ => "the sandbox's init broke its report protocol".into(),
+            };
+            return failed(sock, Phase::Start, why);
+        }
+        Err(e) => return failed(sock, Phase::Start, e),
+    }
+    send(sock, &FromLauncher::Cloned { pid })?;
+    match read_frame::<_, ToLauncher>(sock, MAX_LAUNCH_FRAME) {
+        Ok(ToLauncher::Proceed) => {}
+        Ok(ToLauncher::Kill) => return Ok(()),
+        Ok(_) => {
+            return Err(LaunchError::Unexpected(
+                "a message other than Proceed or Kill",
+            ))
+        }
+        Err(e) => return Err(e.into()),
+    }
+    // 6. Let init finish and start the program. If init has failed meanwhile, this send
+    // fails too, and its report says why.
+    let mut go = Vec::with_capacity(1 + filter.len());
+    go.push(b'G');
+    go.extend_from_slice(&filter);
+    let _ = sys::send_with_fds(ctl.as_raw_fd(), &go, &[]);
+    drop(ctl);
 
-    // 4. Wait for init's reports, the monitor, or the deadline.
+    // 7. Wait for init's reports, the monitor, or the deadline.
     let mut started: Option<Instant> = None;
     let mut status: Option<libc::c_int> = None;
     let mut failure: Option<String> = None;
@@ -380,7 +456,7 @@ fn supervise(
     let mut ended: Option<Instant> = None;
     let build_deadline = Instant::now() + BUILD_DEADLINE;
     let timeout = Duration::from_millis(plan.timeout_ms);
-    loop {
+    'events: loop {
         let deadline = match started {
             Some(t) => t + timeout,
             None => build_deadline,
@@ -487,6 +563,9 @@ fn supervise(
                     Some(Report::Status(s)) if started.is_some() => {
                         status = Some(s);
                         ended.get_or_insert_with(Instant::now);
+                        // init exits right after this report: reap it now rather than
+                        // wait to see its end of the pipe first.
+                        break 'events;
                     }
                     _ => {
                         kill_tree(pid);
@@ -558,66 +637,82 @@ fn exit_now(code: libc::c_int) -> ! {
 /// pid 1 of the sandbox. Never returns.
 fn init_main(
     plan: &LaunchPlan,
-    go_r: RawFd,
+    ctl: OwnedFd,
     rep_w: RawFd,
-    filter: &seccompiler::BpfProgram,
     agent_fds: Option<(RawFd, RawFd)>,
-    attach: &[RawFd],
 ) -> ! {
     // If the launcher dies, so does the sandbox.
     let _ = sys::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL as libc::c_ulong);
-    // Join the sandbox's cgroups before anything else ("0" is the writer itself).
-    for fd in attach {
-        if let Err(e) = sys::write_fd(*fd, b"0") {
+    // The launcher's first message carries the sandbox's cgroup files: join them before
+    // anything else ("0" is the writer itself).
+    let mut tag = [0u8; 1];
+    let attach = match sys::recv_with_fds(ctl.as_raw_fd(), &mut tag, usize::from(MAX_ATTACH_FILES))
+    {
+        Ok((1, fds)) if tag == *b"C" => fds,
+        // The launcher gave up before the sandbox was placed.
+        Ok((0, _)) => exit_now(1),
+        Ok(_) => {
+            report(rep_w, "F", "the launcher broke the init protocol");
+            exit_now(1);
+        }
+        Err(e) => {
+            report(rep_w, "F", &format!("receive the sandbox's cgroup: {e}"));
+            exit_now(1);
+        }
+    };
+    for fd in &attach {
+        if let Err(e) = sys::write_fd(fd.as_raw_fd(), b"0") {
             report(rep_w, "F", &format!("join the sandbox's cgroup: {e}"));
             exit_now(1);
         }
-        sys::close(*fd);
     }
+    drop(attach);
     report(rep_w, "P", "");
-    let mut go = [0u8; 1];
-    if sys::read_fd(go_r, &mut go).unwrap_or(0) != 1 {
+    // `M`: the id maps are written; build the sandbox meanwhile the monitor checks the
+    // placement. Anything else (the launcher closing the socket) ends init.
+    match sys::recv_with_fds(ctl.as_raw_fd(), &mut tag, 0) {
+        Ok((1, _)) if tag == *b"M" => {}
+        _ => exit_now(1),
+    }
+    if let Err(e) = build(plan, agent_fds.map(|(_, reg)| reg)) {
+        report(rep_w, "F", &e.to_string());
         exit_now(1);
     }
-    sys::close(go_r);
-    let prepared = match setup(plan, agent_fds.map(|(_, reg)| reg)) {
+    // `G` and the seccomp filter: the monitor found the sandbox in its cgroups.
+    let mut go = vec![0u8; 1 + seccomp::MAX_ENCODED];
+    let filter = match sys::recv_with_fds(ctl.as_raw_fd(), &mut go, 0) {
+        Ok((n, _)) if n > 1 && go[0] == b'G' => seccomp::decode(&go[1..n]),
+        _ => exit_now(1),
+    };
+    drop(ctl);
+    let Some(filter) = filter else {
+        report(rep_w, "F", "the launcher sent a malformed seccomp filter");
+        exit_now(1);
+    };
+    let prepared = match finish(plan) {
         Ok(p) => p,
         Err(e) => {
             report(rep_w, "F", &e.to_string());
             exit_now(1);
         }
     };
-    let (ex_r, ex_w) = match sys::pipe_cloexec() {
-        Ok(p) => p,
+    // The seccomp allowlist, last: init itself runs under it from here on, and the
+    // program inherits it through the exec.
+    if let Err(e) = seccomp::install(&filter) {
+        report(rep_w, "F", &format!("install the seccomp filter: {e}"));
+        exit_now(1);
+    }
+    let child = match start_program(&prepared, agent_fds) {
+        Ok(pid) => pid,
         Err(e) => {
-            report(rep_w, "F", &format!("create a pipe: {e}"));
+            report(
+                rep_w,
+                "F",
+                &format!("start {}: {e}", prepared.path.to_string_lossy()),
+            );
             exit_now(1);
         }
     };
-    // SAFETY: init is single-threaded; the child only execs or exits.
-    let child = unsafe { libc::fork() };
-    if child < 0 {
-        report(
-            rep_w,
-            "F",
-            &format!("fork the program: {}", std::io::Error::last_os_error()),
-        );
-        exit_now(1);
-    }
-    if child == 0 {
-        sys::close(ex_r);
-        sys::close(rep_w);
-        exec_program(&prepared, ex_w, filter, agent_fds);
-    }
-    sys::close(ex_w);
-    let mut why = Vec::new();
-    let _ = std::fs::File::from(owned(ex_r))
-        .take(4096)
-        .read_to_end(&mut why);
-    if !why.is_empty() {
-        report(rep_w, "F", &String::from_utf8_lossy(&why));
-        exit_now(1);
-    }
     report(rep_w, "S", "");
     loop {
         let mut status = 0;
@@ -633,20 +728,16 @@ fn init_main(
     }
 }
 
-fn owned(fd: RawFd) -> std::os::fd::OwnedFd {
-    use std::os::fd::FromRawFd;
-    // SAFETY: `fd` is a descriptor this process owns and hands over exactly once.
-    unsafe { std::os::fd::OwnedFd::from_raw_fd(fd) }
-}
-
-/// What the program's process needs, prepared before the fork so the child only execs.
+/// What starting the program needs.
 struct Prepared {
     path: CString,
     argv: Vec<CString>,
     env: Vec<CString>,
 }
 
-fn setup(plan: &LaunchPlan, reg: Option<RawFd>) -> Result<Prepared, SetupError> {
+/// Build the sandbox: init's ids, host name, loopback and root. This runs while the
+/// monitor checks the cgroup placement; nothing of the program runs before that is done.
+fn build(plan: &LaunchPlan, reg: Option<RawFd>) -> Result<(), SetupError> {
     use crate::sys::step;
     // Become id 0 of the new user namespace (which holds no power over the host) and shed
     // every supplementary group the launcher had.
@@ -666,23 +757,45 @@ fn setup(plan: &LaunchPlan, reg: Option<RawFd>) -> Result<Prepared, SetupError> 
         sys::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL as libc::c_ulong),
         || "set the parent-death signal".into(),
     )?;
-    // Now that the monitor has placed us in our cgroups, make them our cgroup root.
-    // SAFETY: unshare with a namespace flag only.
-    let r = unsafe { libc::unshare(libc::CLONE_NEWCGROUP) };
-    step(check(r), || "create the cgroup namespace".into())?;
+    // The network namespace (with its loopback up) is made on a helper thread while this
+    // one builds the root: it is the slowest single step of a sandbox (the kernel registers
+    // a namespace's sysctl tables and loopback device). This thread joins it below, before
+    // anything of the program runs; until then init is only building.
+    let net = step(
+        std::thread::Builder::new()
+            .name("netns".into())
+            .stack_size(64 * 1024)
+            .spawn(sys::new_net_namespace),
+        || "start the network namespace's thread".into(),
+    )?;
     let host = plan.hostname.as_bytes();
     // SAFETY: host is a valid byte slice for its length.
     let r = unsafe { libc::sethostname(host.as_ptr().cast(), host.len()) };
     step(check(r), || "set the host name".into())?;
-    step(sys::loopback_up(), || {
-        "bring up the loopback interface".into()
-    })?;
     rootfs::build(plan)?;
     if plan.scripts {
         if let Some(reg) = reg {
             hand_over_script_dir(reg)?;
         }
     }
+    let ns = net
+        .join()
+        .unwrap_or_else(|_| Err(std::io::Error::other("its thread panicked")));
+    let ns = step(ns, || "create the network namespace".into())?;
+    step(sys::enter_net_namespace(&ns), || {
+        "enter the network namespace".into()
+    })?;
+    Ok(())
+}
+
+/// The last steps before the program, once the monitor has confirmed the cgroup
+/// placement: the cgroup namespace, then every privilege dropped.
+fn finish(plan: &LaunchPlan) -> Result<Prepared, SetupError> {
+    use crate::sys::step;
+    // Now that the monitor has placed us in our cgroups, make them our cgroup root.
+    // SAFETY: unshare with a namespace flag only.
+    let r = unsafe { libc::unshare(libc::CLONE_NEWCGROUP) };
+    step(check(r), || "create the cgroup namespace".into())?;
     // Not dumpable: the program cannot open init's /proc entries or descriptors.
     step(sys::prctl(libc::PR_SET_DUMPABLE, 0), || {
         "make init undumpable".into()
@@ -800,65 +913,22 @@ fn resolve(cmd: &str, path_var: &str) -> Option<std::path::PathBuf> {
         .find(|p| is_exec(p))
 }
 
-/// The program's process: fixed descriptors, default signals, the seccomp filter, exec.
-fn exec_program(
-    p: &Prepared,
-    ex_w: RawFd,
-    filter: &seccompiler::BpfProgram,
-    agent_fds: Option<(RawFd, RawFd)>,
-) -> ! {
-    let fail = |what: &str, e: std::io::Error| -> ! {
-        let mut f = std::fs::File::from(owned(ex_w));
-        let _ = write!(f, "{what}: {e}");
-        exit_now(127);
+/// Start the program: a new session (no controlling terminal, and no way to reach the
+/// launcher's), stderr from the program's stderr pipe, a zygote's agent channels on fds 3
+/// and 4, nothing else open, every signal at its default (the launcher ignores SIGPIPE,
+/// and ignored signals would otherwise survive exec) and none blocked.
+fn start_program(p: &Prepared, agent_fds: Option<(RawFd, RawFd)>) -> std::io::Result<libc::pid_t> {
+    // The agent's channels are above fd 4 until they are moved, so no move clobbers a
+    // source not yet moved.
+    let (moves, close_from): (Vec<(RawFd, RawFd)>, RawFd) = match agent_fds {
+        Some((ctl, reg)) => (vec![(FD_PROGRAM_STDERR, 2), (ctl, 3), (reg, 4)], 5),
+        None => (vec![(FD_PROGRAM_STDERR, 2)], 3),
     };
-    // A new session: no controlling terminal, and no way to reach the launcher's.
-    // SAFETY: setsid in a fresh child that is not a group leader.
-    unsafe { libc::setsid() };
-    // SAFETY: dup2 onto fd 2 from the program's stderr pipe.
-    if unsafe { libc::dup2(FD_PROGRAM_STDERR, 2) } < 0 {
-        fail("set up stderr", std::io::Error::last_os_error());
-    }
-    // A zygote's agent gets its control channel on fd 3 and registration socket on fd 4
-    // (both above fd 4 until now, so these dup2s cannot clobber each other).
-    if let Some((ctl, reg)) = agent_fds {
-        // SAFETY: dup2 of descriptors this process owns onto fixed numbers.
-        if unsafe { libc::dup2(ctl, 3) } < 0 || unsafe { libc::dup2(reg, 4) } < 0 {
-            fail(
-                "set up the agent's channels",
-                std::io::Error::last_os_error(),
-            );
-        }
-        sys::close_fds_from(5, &[ex_w]);
-    } else {
-        sys::close_fds_from(3, &[ex_w]);
-    }
-    // Default dispositions and an empty mask (the launcher ignores SIGPIPE, and ignored
-    // signals would otherwise survive exec).
-    for sig in 1..=64 {
-        if sig != libc::SIGKILL && sig != libc::SIGSTOP {
-            // SAFETY: resetting a disposition to its default.
-            unsafe { libc::signal(sig, libc::SIG_DFL) };
-        }
-    }
-    // SAFETY: an empty signal set, applied to this thread.
-    unsafe {
-        let mut set: libc::sigset_t = std::mem::zeroed();
-        libc::sigemptyset(&mut set);
-        libc::sigprocmask(libc::SIG_SETMASK, &set, std::ptr::null_mut());
-    }
-    if let Err(e) = seccomp::install(filter) {
-        fail(
-            "install the seccomp filter",
-            std::io::Error::other(e.to_string()),
-        );
-    }
-    let mut argv: Vec<*const libc::c_char> = p.argv.iter().map(|a| a.as_ptr()).collect();
-    argv.push(std::ptr::null());
-    let mut env: Vec<*const libc::c_char> = p.env.iter().map(|a| a.as_ptr()).collect();
-    env.push(std::ptr::null());
-    // SAFETY: path, argv and env are NUL-terminated arrays of valid C strings.
-    unsafe { libc::execve(p.path.as_ptr(), argv.as_ptr(), env.as_ptr()) };
-    let e = std::io::Error::last_os_error();
-    fail(&format!("start {}", p.path.to_string_lossy()), e);
+    sys::spawn(&sys::Spawn {
+        path: &p.path,
+        argv: &p.argv,
+        env: &p.env,
+        moves: &moves,
+        close_from,
+    })
 }

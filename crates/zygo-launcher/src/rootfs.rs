@@ -1,10 +1,13 @@
 //! The sandbox's filesystem, built inside its own mount namespace.
 //!
-//! The way in (the same as bubblewrap's): a small staging tmpfs is mounted on `/tmp` and
-//! made the root with `pivot_root`, so the host's root stays reachable at `/oldroot` while
-//! the new root is assembled on a second tmpfs at `/newroot` from binds of `/oldroot/...`.
-//! Then `/oldroot` is detached, `/newroot` becomes the root with `pivot_root(".", ".")`,
-//! the staging mount is detached, and the new root itself is remounted read-only.
+//! The way in (the same as bubblewrap's): a staging tmpfs is mounted on `/tmp` and made the
+//! root with `pivot_root`, so the host's root stays reachable at `/oldroot` while the new
+//! root is assembled at `/newroot` from binds of `/oldroot/...`. `/newroot` is a directory
+//! of the same tmpfs, bound onto itself to be a mount point; the tmpfs also holds the empty
+//! file and directory that mask `/proc` entries (each mask bind is made read-only, nosuid,
+//! nodev and noexec). Then `/newroot` becomes the root with `pivot_root(".", ".")`, one
+//! lazy detach removes the staging root and the host's root under it, and the new root
+//! itself is remounted read-only: only its own directory of the tmpfs is reachable.
 //!
 //! Every mount is `nosuid` and `nodev` except the few device nodes bound into `/dev`.
 //! Nothing of the host is visible except what this module binds, read-only unless the plan
@@ -93,16 +96,11 @@ fn mkdir(p: &Path, mode: u32) -> Result<()> {
     )
 }
 
+/// Create an empty regular file to mount a file onto.
 fn touch(p: &Path) -> Result<()> {
-    step(
-        fs::OpenOptions::new()
-            .create(true)
-            .truncate(false)
-            .write(true)
-            .open(p)
-            .map(drop),
-        || format!("create mount point {}", p.display()),
-    )
+    step(sys::mknod_file(p, 0o644), || {
+        format!("create mount point {}", p.display())
+    })
 }
 
 fn tmpfs(dst: &Path, opts: &str, flags: libc::c_ulong) -> Result<()> {
@@ -134,7 +132,8 @@ fn bind(src: &Path, dst: &Path, rw: bool) -> Result<()> {
     })
 }
 
-/// Bind a host device node: read-only mount, nosuid, but not nodev (it is a device).
+/// Bind a host device node: read-only (the device stays writable), nosuid, noexec, but
+/// not nodev.
 fn bind_device(src: &Path, dst: &Path) -> Result<()> {
     touch(dst)?;
     step(
@@ -142,8 +141,11 @@ fn bind_device(src: &Path, dst: &Path) -> Result<()> {
         || format!("bind device {} onto {}", src.display(), dst.display()),
     )?;
     step(
-        sys::mount_setattr_recursive(dst, sys::MOUNT_ATTR_NOSUID | sys::MOUNT_ATTR_NOEXEC),
-        || format!("make {} nosuid", dst.display()),
+        sys::mount_setattr_recursive(
+            dst,
+            sys::MOUNT_ATTR_RDONLY | sys::MOUNT_ATTR_NOSUID | sys::MOUNT_ATTR_NOEXEC,
+        ),
+        || format!("make {} read-only, nosuid, noexec", dst.display()),
     )
 }
 
@@ -170,28 +172,40 @@ fn under(root: &Path, inside: &str) -> PathBuf {
     root.join(rel)
 }
 
+/// What a host entry is (without following a symlink); `None` when it does not exist.
+fn inspect(src: &Path) -> Result<Option<fs::Metadata>> {
+    match fs::symlink_metadata(src) {
+        Ok(m) => Ok(Some(m)),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+        Err(e) => Err(fail(format!("inspect {}", src.display()), e)),
+    }
+}
+
 /// Replicate a host top-level entry: a symlink is recreated, a directory is bound.
 fn host_entry(old: &Path, new: &Path, name: &str) -> Result<()> {
     let src = old.join(name);
-    let meta = match fs::symlink_metadata(&src) {
-        Ok(m) => m,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
-        Err(e) => return Err(fail(format!("inspect {}", src.display()), e)),
-    };
-    let dst = new.join(name);
+    match inspect(&src)? {
+        Some(meta) => replicate(&src, &new.join(name), &meta),
+        None => Ok(()),
+    }
+}
+
+/// Replicate `src` (described by `meta`) at `dst`: a symlink is recreated, anything else
+/// bound read-only.
+fn replicate(src: &Path, dst: &Path, meta: &fs::Metadata) -> Result<()> {
     if meta.file_type().is_symlink() {
-        let target = step(fs::read_link(&src), || {
+        let target = step(fs::read_link(src), || {
             format!("read link {}", src.display())
         })?;
-        step(symlink(&target, &dst), || {
+        step(symlink(&target, dst), || {
             format!("create link {}", dst.display())
         })
     } else if meta.is_dir() {
-        mkdir(&dst, 0o755)?;
-        bind(&src, &dst, false)
+        mkdir(dst, 0o755)?;
+        bind(src, dst, false)
     } else {
-        touch(&dst)?;
-        bind(&src, &dst, false)
+        touch(dst)?;
+        bind(src, dst, false)
     }
 }
 
@@ -205,20 +219,16 @@ const ETC_COPY_MAX: u64 = 256 * 1024;
 fn etc_entry(old_etc: &Path, etc: &Path, name: &str) -> Result<()> {
     use std::os::unix::fs::MetadataExt;
     let src = old_etc.join(name);
-    let meta = match fs::symlink_metadata(&src) {
-        Ok(m) => m,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
-        Err(e) => return Err(fail(format!("inspect {}", src.display()), e)),
+    let Some(meta) = inspect(&src)? else {
+        return Ok(());
     };
+    let dst = etc.join(name);
     if meta.is_file() && meta.len() <= ETC_COPY_MAX && meta.mode() & 0o004 != 0 {
-        let dst = etc.join(name);
-        step(fs::copy(&src, &dst), || format!("copy {}", src.display()))?;
-        return step(
-            fs::set_permissions(&dst, fs::Permissions::from_mode(0o444)),
-            || format!("chmod {}", dst.display()),
-        );
+        return step(sys::copy_file(&src, &dst, meta.len(), 0o444), || {
+            format!("copy {}", src.display())
+        });
     }
-    host_entry(old_etc, etc, name)
+    replicate(&src, &dst, &meta)
 }
 
 fn host_image(old: &Path, new: &Path) -> Result<()> {
@@ -265,7 +275,26 @@ fn dir_image(old: &Path, new: &Path, dir: &str) -> Result<()> {
     Ok(())
 }
 
-fn proc_fs(new: &Path, empty_file: &Path, plan: &LaunchPlan) -> Result<()> {
+/// Bind a mask over `dst`, read-only, nosuid, nodev, noexec; a `dst` that does not exist
+/// (this kernel has no such entry) needs no mask.
+fn mask(src: &Path, dst: &Path, what: &str) -> Result<()> {
+    match sys::mount(Some(src), dst, None, libc::MS_BIND, None) {
+        Err(e) if e.raw_os_error() == Some(libc::ENOENT) => return Ok(()),
+        r => step(r, || format!("mask {what}"))?,
+    }
+    step(
+        sys::mount_setattr_recursive(
+            dst,
+            sys::MOUNT_ATTR_RDONLY
+                | sys::MOUNT_ATTR_NOSUID
+                | sys::MOUNT_ATTR_NODEV
+                | sys::MOUNT_ATTR_NOEXEC,
+        ),
+        || format!("make the mask of {what} read-only"),
+    )
+}
+
+fn proc_fs(new: &Path, masks: &Masks, plan: &LaunchPlan) -> Result<()> {
     let proc_ = new.join("proc");
     mkdir(&proc_, 0o555)?;
     step(
@@ -281,53 +310,36 @@ fn proc_fs(new: &Path, empty_file: &Path, plan: &LaunchPlan) -> Result<()> {
         || "mount a new /proc".to_string(),
     )?;
     for name in PROC_MASK_FILES {
-        let p = proc_.join(name);
-        if p.exists() {
-            // The mask file lives on a read-only, nosuid, nodev, noexec tmpfs; a bind
-            // takes those flags with it.
-            step(
-                sys::mount(Some(empty_file), &p, None, libc::MS_BIND, None),
-                || format!("mask /proc/{name}"),
-            )?;
-        }
+        mask(masks.file, &proc_.join(name), &format!("/proc/{name}"))?;
     }
     for name in PROC_MASK_DIRS {
-        let p = proc_.join(name);
-        if p.is_dir() {
-            tmpfs(
-                &p,
-                "size=0,mode=0555",
-                MS_NOSUID | MS_NODEV | MS_NOEXEC | libc::MS_RDONLY,
-            )?;
-        }
+        mask(masks.dir, &proc_.join(name), &format!("/proc/{name}"))?;
     }
     for name in PROC_READONLY {
         let p = proc_.join(name);
-        if p.exists() {
-            step(
-                sys::mount(Some(&p), &p, None, libc::MS_BIND | libc::MS_REC, None),
-                || format!("bind /proc/{name} onto itself"),
-            )?;
-            step(
-                sys::mount_setattr_recursive(
-                    &p,
-                    sys::MOUNT_ATTR_RDONLY
-                        | sys::MOUNT_ATTR_NOSUID
-                        | sys::MOUNT_ATTR_NODEV
-                        | sys::MOUNT_ATTR_NOEXEC,
-                ),
-                || format!("make /proc/{name} read-only"),
-            )?;
+        match sys::mount(Some(&p), &p, None, libc::MS_BIND | libc::MS_REC, None) {
+            Err(e) if e.raw_os_error() == Some(libc::ENOENT) => continue,
+            r => step(r, || format!("bind /proc/{name} onto itself"))?,
         }
+        step(
+            sys::mount_setattr_recursive(
+                &p,
+                sys::MOUNT_ATTR_RDONLY
+                    | sys::MOUNT_ATTR_NOSUID
+                    | sys::MOUNT_ATTR_NODEV
+                    | sys::MOUNT_ATTR_NOEXEC,
+            ),
+            || format!("make /proc/{name} read-only"),
+        )?;
     }
     Ok(())
 }
 
+/// `/dev`: a directory of the (later read-only) root holding the five devices and the
+/// standard links.
 fn dev_fs(old: &Path, new: &Path) -> Result<()> {
     let dev = new.join("dev");
     mkdir(&dev, 0o755)?;
-    // mode=755: inside a user namespace a 1777 /dev makes opening bound devices fail.
-    tmpfs(&dev, "mode=0755,size=64k", MS_NOSUID | MS_NOEXEC)?;
     for name in DEVICES {
         bind_device(&old.join("dev").join(name), &dev.join(name))?;
     }
@@ -342,7 +354,13 @@ fn dev_fs(old: &Path, new: &Path) -> Result<()> {
             format!("create link {}", p.display())
         })?;
     }
-    remount_ro(&dev, MS_NOEXEC)
+    Ok(())
+}
+
+/// An empty file and an empty directory that hide `/proc` entries.
+struct Masks<'a> {
+    file: &'a Path,
+    dir: &'a Path,
 }
 
 /// Assemble the sandbox's root and make it the process's root. On return the process sees
@@ -361,27 +379,26 @@ pub fn build(plan: &LaunchPlan) -> Result<()> {
         || "make every mount private".to_string(),
     )?;
 
+    // Exact modes for everything made here; the program gets the umask we were given.
+    // SAFETY: umask cannot fail.
+    let umask = unsafe { libc::umask(0o022) };
+    let built = assemble(plan);
+    // SAFETY: as above.
+    unsafe { libc::umask(umask) };
+    built
+}
+
+fn assemble(plan: &LaunchPlan) -> Result<()> {
+    // One tmpfs holds the staging root, the masks for /proc, and the new root (a directory
+    // bound onto itself to be a mount point).
     let staging = Path::new("/tmp");
-    tmpfs(staging, "mode=0755,size=256k", MS_NOSUID | MS_NODEV)?;
+    tmpfs(staging, "mode=0755,size=1m", MS_NOSUID | MS_NODEV)?;
     mkdir(&staging.join("oldroot"), 0o755)?;
     mkdir(&staging.join("newroot"), 0o755)?;
-    // The file that masks /proc entries, alone on a small read-only tmpfs.
-    let masks = staging.join("masks");
-    mkdir(&masks, 0o755)?;
-    tmpfs(
-        &masks,
-        "mode=0755,size=4k",
-        MS_NOSUID | MS_NODEV | MS_NOEXEC,
-    )?;
-    let empty_file = masks.join("empty");
-    step(fs::write(&empty_file, b""), || {
+    mkdir(&staging.join("mask.d"), 0o555)?;
+    step(sys::create_file(&staging.join("mask"), b"", 0o444), || {
         "create the mask file".to_string()
     })?;
-    step(
-        fs::set_permissions(&empty_file, fs::Permissions::from_mode(0o444)),
-        || "chmod the mask file".to_string(),
-    )?;
-    remount_ro(&masks, MS_NOEXEC)?;
     step(sys::chdir(staging), || "enter the staging root".to_string())?;
     step(sys::pivot_root(staging, &staging.join("oldroot")), || {
         "pivot into the staging root".to_string()
@@ -390,8 +407,14 @@ pub fn build(plan: &LaunchPlan) -> Result<()> {
 
     let old = Path::new("/oldroot");
     let new = Path::new("/newroot");
-    let empty_file = Path::new("/masks/empty");
-    tmpfs(new, "mode=0755,size=1m", MS_NOSUID | MS_NODEV)?;
+    let masks = Masks {
+        file: Path::new("/mask"),
+        dir: Path::new("/mask.d"),
+    };
+    step(
+        sys::mount(Some(new), new, None, libc::MS_BIND, None),
+        || "make the new root a mount point".to_string(),
+    )?;
 
     match &plan.image {
         Image::Host => host_image(old, new)?,
@@ -400,7 +423,7 @@ pub fn build(plan: &LaunchPlan) -> Result<()> {
 
     // /proc must be mounted while the host's /proc is still visible: the kernel refuses a
     // new proc mount in a user namespace that could not already see a full one.
-    proc_fs(new, empty_file, plan)?;
+    proc_fs(new, &masks, plan)?;
     dev_fs(old, new)?;
     mkdir(&new.join("sys"), 0o555)?;
     mkdir(&new.join("run"), 0o755)?;

@@ -1,5 +1,5 @@
-//! The seccomp allowlist: the last layer installed, immediately before exec, in every
-//! sandboxed program.
+//! The seccomp allowlist: the last layer installed, by the sandbox's init on itself right
+//! before it starts the program (which inherits it through its exec), in every sandbox.
 //!
 //! # What it defends against
 //!
@@ -729,10 +729,46 @@ pub fn sandbox_filter() -> Result<BpfProgram, SeccompError> {
     Ok(prog)
 }
 
+/// The size of one BPF instruction on the wire (`code`, `jt`, `jf`, `k`).
+const INS_BYTES: usize = 8;
+
+/// The largest encoded program: [`libc::BPF_MAXINSNS`] instructions.
+pub const MAX_ENCODED: usize = libc::BPF_MAXINSNS as usize * INS_BYTES;
+
+/// `prog` as bytes, to hand it to another process of ours (the sandbox's init).
+pub fn encode(prog: &BpfProgram) -> Vec<u8> {
+    let mut out = Vec::with_capacity(prog.len() * INS_BYTES);
+    for i in prog {
+        out.extend_from_slice(&i.code.to_ne_bytes());
+        out.push(i.jt);
+        out.push(i.jf);
+        out.extend_from_slice(&i.k.to_ne_bytes());
+    }
+    out
+}
+
+/// The program [`encode`] made; `None` for bytes it could not have made.
+pub fn decode(bytes: &[u8]) -> Option<BpfProgram> {
+    if bytes.is_empty() || !bytes.len().is_multiple_of(INS_BYTES) || bytes.len() > MAX_ENCODED {
+        return None;
+    }
+    Some(
+        bytes
+            .chunks_exact(INS_BYTES)
+            .map(|c| sock_filter {
+                code: u16::from_ne_bytes([c[0], c[1]]),
+                jt: c[2],
+                jf: c[3],
+                k: u32::from_ne_bytes([c[4], c[5], c[6], c[7]]),
+            })
+            .collect(),
+    )
+}
+
 /// Install `prog` on the calling thread (and so on everything it execs).
 ///
-/// Call it last before exec, with no_new_privs already set (`seccompiler` sets it again, which
-/// is harmless). It allocates nothing, so it is safe in a single-threaded child after fork.
+/// Call it last, with no_new_privs already set (`seccompiler` sets it again, which is
+/// harmless): the calling process keeps it, and every program it starts inherits it.
 pub fn install(prog: &BpfProgram) -> Result<(), SeccompError> {
     seccompiler::apply_filter(prog).map_err(SeccompError::Install)
 }
@@ -741,6 +777,19 @@ pub fn install(prog: &BpfProgram) -> Result<(), SeccompError> {
 mod tests {
     use super::*;
     use std::ffi::CString;
+
+    #[test]
+    fn encoded_filter_decodes_to_itself() {
+        let prog = sandbox_filter().expect("the filter builds");
+        let back = decode(&encode(&prog)).expect("decodes");
+        assert_eq!(back.len(), prog.len());
+        for (a, b) in prog.iter().zip(back.iter()) {
+            assert_eq!((a.code, a.jt, a.jf, a.k), (b.code, b.jt, b.jf, b.k));
+        }
+        assert!(decode(&[]).is_none());
+        assert!(decode(&[0u8; 7]).is_none());
+        assert!(decode(&vec![0u8; MAX_ENCODED + INS_BYTES]).is_none());
+    }
 
     /// Syscalls the module must never allow unconditionally.
     fn must_deny() -> Vec<(i64, &'static str)> {

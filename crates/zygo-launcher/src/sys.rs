@@ -4,7 +4,7 @@
 use std::ffi::CString;
 use std::fmt;
 use std::io;
-use std::os::fd::RawFd;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::path::Path;
 
 /// One failed setup step: what was being done, and what the kernel said.
@@ -239,31 +239,353 @@ pub fn get_rlimit(resource: libc::__rlimit_resource_t) -> io::Result<(u64, u64)>
     Ok((lim.rlim_cur, lim.rlim_max))
 }
 
-/// Bring the loopback interface up in the current network namespace.
-pub fn loopback_up() -> io::Result<()> {
+/// Create a network namespace for the calling thread (owned by its user namespace), bring
+/// its loopback interface up, and return a descriptor for it, to `setns` another thread
+/// into.
+pub fn new_net_namespace() -> io::Result<OwnedFd> {
+    // SAFETY: unshare with a namespace flag only; it applies to this thread.
+    check(unsafe { libc::unshare(libc::CLONE_NEWNET) })?;
     // SAFETY: plain socket creation.
-    let sock =
+    let fd =
         check(unsafe { libc::socket(libc::AF_INET, libc::SOCK_DGRAM | libc::SOCK_CLOEXEC, 0) })?;
+    // SAFETY: the socket was just created by this process.
+    let sock = unsafe { OwnedFd::from_raw_fd(fd) };
     // SAFETY: ifreq is plain old data; zeroed is a valid value.
     let mut req: libc::ifreq = unsafe { std::mem::zeroed() };
     for (i, b) in b"lo".iter().enumerate() {
         req.ifr_name[i] = *b as libc::c_char;
     }
     // SAFETY: SIOCGIFFLAGS fills the flags of the named interface in `req`.
-    let r = unsafe { libc::ioctl(sock, libc::SIOCGIFFLAGS, &mut req) };
-    if r < 0 {
-        let e = io::Error::last_os_error();
-        close(sock);
-        return Err(e);
-    }
+    check(unsafe { libc::ioctl(sock.as_raw_fd(), libc::SIOCGIFFLAGS, &mut req) })?;
     // SAFETY: the union member written by SIOCGIFFLAGS is ifru_flags.
     unsafe { req.ifr_ifru.ifru_flags |= (libc::IFF_UP | libc::IFF_RUNNING) as libc::c_short };
     // SAFETY: SIOCSIFFLAGS reads `req`.
-    let r = unsafe { libc::ioctl(sock, libc::SIOCSIFFLAGS, &req) };
-    let e = io::Error::last_os_error();
-    close(sock);
-    if r < 0 {
-        return Err(e);
+    check(unsafe { libc::ioctl(sock.as_raw_fd(), libc::SIOCSIFFLAGS, &req) })?;
+    // SAFETY: SIOCGSKNS returns a new close-on-exec descriptor for the socket's network
+    // namespace, which is this thread's new one.
+    let ns = check(unsafe { libc::ioctl(sock.as_raw_fd(), libc::SIOCGSKNS as _) })?;
+    // SAFETY: `ns` was just opened by the kernel for this process.
+    Ok(unsafe { OwnedFd::from_raw_fd(ns) })
+}
+
+/// Move the calling thread into the network namespace `ns`.
+pub fn enter_net_namespace(ns: &OwnedFd) -> io::Result<()> {
+    // SAFETY: setns on a namespace descriptor we own.
+    check(unsafe { libc::setns(ns.as_raw_fd(), libc::CLONE_NEWNET) })?;
+    Ok(())
+}
+
+/// One `recvmsg` into `buf`, collecting at most `max_fds` descriptors passed with the bytes
+/// (`SCM_RIGHTS`, received close-on-exec). More descriptors than that, or a truncated
+/// control message, is an error (the extra ones are closed). Returns the bytes read.
+pub fn recv_with_fds(
+    fd: RawFd,
+    buf: &mut [u8],
+    max_fds: usize,
+) -> io::Result<(usize, Vec<OwnedFd>)> {
+    // Room for more descriptors than anyone may send, so an excess is seen, not cut.
+    let mut control = [0u64; 32];
+    let mut iov = libc::iovec {
+        iov_base: buf.as_mut_ptr().cast(),
+        iov_len: buf.len(),
+    };
+    // SAFETY: msghdr is plain old data; zeroed is a valid starting value.
+    let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
+    msg.msg_iov = &mut iov;
+    msg.msg_iovlen = 1;
+    msg.msg_control = control.as_mut_ptr().cast();
+    msg.msg_controllen = std::mem::size_of_val(&control);
+    let n = loop {
+        // SAFETY: msg points at buffers that live for the call.
+        let n = unsafe { libc::recvmsg(fd, &mut msg, libc::MSG_CMSG_CLOEXEC) };
+        if n >= 0 {
+            break n as usize;
+        }
+        let e = io::Error::last_os_error();
+        if e.kind() != io::ErrorKind::Interrupted {
+            return Err(e);
+        }
+    };
+    let mut fds: Vec<OwnedFd> = Vec::new();
+    // SAFETY: walking the control messages the kernel filled in, within msg_controllen;
+    // each descriptor in an SCM_RIGHTS message is new in this process and owned here.
+    unsafe {
+        let mut c = libc::CMSG_FIRSTHDR(&msg);
+        while !c.is_null() {
+            let h = &*c;
+            if h.cmsg_level == libc::SOL_SOCKET && h.cmsg_type == libc::SCM_RIGHTS {
+                let len = h.cmsg_len as usize - libc::CMSG_LEN(0) as usize;
+                let base: *const RawFd = libc::CMSG_DATA(c).cast();
+                for i in 0..len / std::mem::size_of::<RawFd>() {
+                    fds.push(OwnedFd::from_raw_fd(std::ptr::read_unaligned(base.add(i))));
+                }
+            }
+            c = libc::CMSG_NXTHDR(&msg, c);
+        }
+    }
+    if msg.msg_flags & libc::MSG_CTRUNC != 0 {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidData,
+            "more descriptors than the control buffer holds",
+        ));
+    }
+    if msg.msg_flags & libc::MSG_TRUNC != 0 {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidData,
+            "a message longer than the buffer",
+        ));
+    }
+    if fds.len() > max_fds {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidData,
+            format!("{} descriptors (at most {max_fds} expected)", fds.len()),
+        ));
+    }
+    Ok((n, fds))
+}
+
+/// Read exactly `buf.len()` bytes from a stream socket, collecting at most `max_fds`
+/// descriptors passed with them (see [`recv_with_fds`]).
+pub fn recv_exact_with_fds(fd: RawFd, buf: &mut [u8], max_fds: usize) -> io::Result<Vec<OwnedFd>> {
+    let mut fds: Vec<OwnedFd> = Vec::new();
+    let mut got = 0;
+    while got < buf.len() {
+        let (n, more) = recv_with_fds(fd, &mut buf[got..], max_fds - fds.len())?;
+        fds.extend(more);
+        if n == 0 {
+            return Err(io::Error::new(
+                io::ErrorKind::UnexpectedEof,
+                "the channel closed",
+            ));
+        }
+        got += n;
+    }
+    Ok(fds)
+}
+
+/// One `sendmsg` of `data` with `fds` attached (`SCM_RIGHTS`). On a datagram or seqpacket
+/// socket the message is sent whole or not at all.
+pub fn send_with_fds(fd: RawFd, data: &[u8], fds: &[RawFd]) -> io::Result<()> {
+    let fd_bytes = std::mem::size_of_val(fds) as u32;
+    let mut iov = libc::iovec {
+        iov_base: data.as_ptr() as *mut libc::c_void,
+        iov_len: data.len(),
+    };
+    // SAFETY: CMSG_SPACE of a small size.
+    let space = unsafe { libc::CMSG_SPACE(fd_bytes) } as usize;
+    let mut control = vec![0u64; space.div_ceil(8)];
+    // SAFETY: msghdr is plain old data; zeroed is a valid starting value.
+    let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
+    msg.msg_iov = &mut iov;
+    msg.msg_iovlen = 1;
+    if !fds.is_empty() {
+        msg.msg_control = control.as_mut_ptr().cast();
+        msg.msg_controllen = space;
+        // SAFETY: filling in the one control message the buffer was sized for.
+        unsafe {
+            let c = libc::CMSG_FIRSTHDR(&msg);
+            (*c).cmsg_level = libc::SOL_SOCKET;
+            (*c).cmsg_type = libc::SCM_RIGHTS;
+            (*c).cmsg_len = libc::CMSG_LEN(fd_bytes) as _;
+            std::ptr::copy_nonoverlapping(
+                fds.as_ptr(),
+                libc::CMSG_DATA(c).cast::<RawFd>(),
+                fds.len(),
+            );
+        }
+    }
+    loop {
+        // SAFETY: msg points at buffers that live for the call.
+        let n = unsafe { libc::sendmsg(fd, &msg, libc::MSG_NOSIGNAL) };
+        if n >= 0 {
+            return Ok(());
+        }
+        let e = io::Error::last_os_error();
+        if e.kind() != io::ErrorKind::Interrupted {
+            return Err(e);
+        }
+    }
+}
+
+/// A connected pair of close-on-exec seqpacket sockets.
+pub fn seqpacket_pair() -> io::Result<(OwnedFd, OwnedFd)> {
+    let mut fds = [0; 2];
+    // SAFETY: fds is a two-element array as socketpair requires.
+    check(unsafe {
+        libc::socketpair(
+            libc::AF_UNIX,
+            libc::SOCK_SEQPACKET | libc::SOCK_CLOEXEC,
+            0,
+            fds.as_mut_ptr(),
+        )
+    })?;
+    // SAFETY: socketpair returned two fresh descriptors that we now own.
+    Ok(unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) })
+}
+
+/// Create an empty regular file (for a file to be mounted onto). Fails if it exists.
+pub fn mknod_file(path: &Path, mode: libc::mode_t) -> io::Result<()> {
+    let p = cstr(path)?;
+    // SAFETY: valid C string; S_IFREG with device 0 creates a plain file.
+    check(unsafe { libc::mknod(p.as_ptr(), libc::S_IFREG | mode, 0) })?;
+    Ok(())
+}
+
+/// Open `path` with `flags` (close-on-exec added) and `mode`.
+fn open(path: &Path, flags: libc::c_int, mode: libc::mode_t) -> io::Result<OwnedFd> {
+    let p = cstr(path)?;
+    // SAFETY: valid C string; the returned descriptor is new and owned here.
+    let fd = check(unsafe { libc::open(p.as_ptr(), flags | libc::O_CLOEXEC, mode) })?;
+    // SAFETY: `fd` was just opened by this process.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+}
+
+/// Create `path` (it must not exist) holding `contents`, with exactly `mode` whatever the
+/// umask.
+pub fn create_file(path: &Path, contents: &[u8], mode: libc::mode_t) -> io::Result<()> {
+    let fd = open(path, libc::O_WRONLY | libc::O_CREAT | libc::O_EXCL, mode)?;
+    write_fd(fd.as_raw_fd(), contents)?;
+    // SAFETY: fchmod on a descriptor we own.
+    check(unsafe { libc::fchmod(fd.as_raw_fd(), mode) })?;
+    Ok(())
+}
+
+/// Copy the first `len` bytes of the regular file `src` (fewer if it is shorter) into a new
+/// file `dst` with exactly `mode`.
+pub fn copy_file(src: &Path, dst: &Path, len: u64, mode: libc::mode_t) -> io::Result<()> {
+    let from = open(src, libc::O_RDONLY | libc::O_NOFOLLOW, 0)?;
+    let to = open(dst, libc::O_WRONLY | libc::O_CREAT | libc::O_EXCL, mode)?;
+    let mut left = len;
+    while left > 0 {
+        let chunk = left.min(1 << 30) as usize;
+        // SAFETY: both descriptors are open and owned here; a null offset uses the file's.
+        let n = unsafe {
+            libc::sendfile(
+                to.as_raw_fd(),
+                from.as_raw_fd(),
+                std::ptr::null_mut(),
+                chunk,
+            )
+        };
+        if n < 0 {
+            let e = io::Error::last_os_error();
+            if e.kind() == io::ErrorKind::Interrupted {
+                continue;
+            }
+            return Err(e);
+        }
+        if n == 0 {
+            break;
+        }
+        left -= n as u64;
+    }
+    // SAFETY: fchmod on a descriptor we own.
+    check(unsafe { libc::fchmod(to.as_raw_fd(), mode) })?;
+    Ok(())
+}
+
+/// Point fd 1 at `/dev/null`, letting go of whatever it was.
+pub fn stdout_to_dev_null() -> io::Result<()> {
+    let null = open(Path::new("/dev/null"), libc::O_WRONLY, 0)?;
+    // SAFETY: dup2 of a descriptor we own onto fd 1.
+    check(unsafe { libc::dup2(null.as_raw_fd(), 1) })?;
+    Ok(())
+}
+
+/// What `spawn` starts: `path` with `argv` and `env`, after moving each `(from, to)`
+/// descriptor in order and closing every descriptor from `close_from` up.
+pub struct Spawn<'a> {
+    pub path: &'a std::ffi::CStr,
+    pub argv: &'a [CString],
+    pub env: &'a [CString],
+    pub moves: &'a [(RawFd, RawFd)],
+    pub close_from: RawFd,
+}
+
+/// Owns the spawn attributes and file actions, and destroys them however the call ends.
+struct SpawnSetup {
+    attr: libc::posix_spawnattr_t,
+    actions: libc::posix_spawn_file_actions_t,
+}
+
+impl Drop for SpawnSetup {
+    fn drop(&mut self) {
+        // SAFETY: both objects were initialised before this value was made.
+        unsafe {
+            libc::posix_spawn_file_actions_destroy(&mut self.actions);
+            libc::posix_spawnattr_destroy(&mut self.attr);
+        }
+    }
+}
+
+/// posix_spawn returns its error instead of setting errno.
+fn spawn_check(r: libc::c_int) -> io::Result<()> {
+    if r != 0 {
+        return Err(io::Error::from_raw_os_error(r));
     }
     Ok(())
+}
+
+/// Start `s` with `posix_spawn` (glibc creates the child with `CLONE_VM | CLONE_VFORK`:
+/// nothing of this process's memory is copied, and this returns once the exec is done or
+/// has failed) in a new session, with every signal at its default and none blocked.
+/// Returns the child's pid.
+pub fn spawn(s: &Spawn<'_>) -> io::Result<libc::pid_t> {
+    let mut argv: Vec<*mut libc::c_char> = s.argv.iter().map(|a| a.as_ptr().cast_mut()).collect();
+    argv.push(std::ptr::null_mut());
+    let mut envp: Vec<*mut libc::c_char> = s.env.iter().map(|a| a.as_ptr().cast_mut()).collect();
+    envp.push(std::ptr::null_mut());
+    // SAFETY: both are plain C structs, initialised by the calls below before any use.
+    let mut setup: Box<SpawnSetup> = Box::new(unsafe { std::mem::zeroed() });
+    // SAFETY: initialising a zeroed attribute object.
+    spawn_check(unsafe { libc::posix_spawnattr_init(&mut setup.attr) })?;
+    // SAFETY: initialising a zeroed file-actions object; on failure the attribute object
+    // alone is destroyed (the Box is forgotten so Drop does not touch the other).
+    if let Err(e) = spawn_check(unsafe { libc::posix_spawn_file_actions_init(&mut setup.actions) })
+    {
+        // SAFETY: the attribute object was initialised above.
+        unsafe { libc::posix_spawnattr_destroy(&mut setup.attr) };
+        std::mem::forget(setup);
+        return Err(e);
+    }
+    // SAFETY: the objects are initialised; the signal sets are initialised by
+    // sigemptyset/sigfillset before use.
+    unsafe {
+        for &(from, to) in s.moves {
+            spawn_check(libc::posix_spawn_file_actions_adddup2(
+                &mut setup.actions,
+                from,
+                to,
+            ))?;
+        }
+        spawn_check(libc::posix_spawn_file_actions_addclosefrom_np(
+            &mut setup.actions,
+            s.close_from,
+        ))?;
+        let mut all: libc::sigset_t = std::mem::zeroed();
+        libc::sigfillset(&mut all);
+        let mut none: libc::sigset_t = std::mem::zeroed();
+        libc::sigemptyset(&mut none);
+        spawn_check(libc::posix_spawnattr_setsigdefault(&mut setup.attr, &all))?;
+        spawn_check(libc::posix_spawnattr_setsigmask(&mut setup.attr, &none))?;
+        spawn_check(libc::posix_spawnattr_setflags(
+            &mut setup.attr,
+            libc::POSIX_SPAWN_SETSID
+                | (libc::POSIX_SPAWN_SETSIGDEF | libc::POSIX_SPAWN_SETSIGMASK) as libc::c_short,
+        ))?;
+    }
+    let mut pid: libc::pid_t = 0;
+    // SAFETY: the path, and argv and envp (NULL-terminated, pointing into CStrings that
+    // outlive the call), and the initialised attributes and file actions are all valid.
+    spawn_check(unsafe {
+        libc::posix_spawn(
+            &mut pid,
+            s.path.as_ptr(),
+            &setup.actions,
+            &setup.attr,
+            argv.as_ptr(),
+            envp.as_ptr(),
+        )
+    })?;
+    Ok(pid)
 }

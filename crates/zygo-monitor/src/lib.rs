@@ -11,4 +11,5 @@ pub mod mcp;
 pub mod oneshot;
 pub mod paths;
 pub mod reach;
+pub mod spawn;
 pub mod supervisor;

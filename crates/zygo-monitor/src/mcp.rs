@@ -35,7 +35,7 @@ use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicBool, AtomicI32, Ordering};
 use std::sync::mpsc::{self, RecvTimeoutError};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use proto::front::{
     ExecRequest, Hello, HelloReply, Reply, Request, Role, FRONT_PROTOCOL, MAX_FRONT_FRAME,
@@ -54,6 +54,9 @@ pub const MAX_CALLS: usize = 16;
 /// The outer deadline of a `run_code` is its timeout plus this (room for an image pull on
 /// a first run); the sandbox's own timeout still applies to the program.
 pub const OUTER_SLACK: Duration = Duration::from_secs(300);
+
+/// How long a front that closed its channel has to exit before it is killed.
+const FRONT_EXIT_GRACE: Duration = Duration::from_secs(2);
 
 /// What a tool says when no supervisor runs.
 pub use crate::reach::NO_SUPERVISOR;
@@ -615,11 +618,19 @@ pub fn serve(opts: Options) -> i32 {
         }
     }
     drop(calls);
-    let status = match front.try_wait() {
-        Ok(Some(s)) => Some(s),
-        _ => {
-            let _ = front.kill();
-            front.wait().ok()
+    // A front that closed its channel is exiting: give it a moment to finish doing so
+    // (its channel closes before it can be reaped) before it is killed.
+    let exit_by = Instant::now() + FRONT_EXIT_GRACE;
+    let status = loop {
+        match front.try_wait() {
+            Ok(Some(s)) => break Some(s),
+            Ok(None) if !broke && Instant::now() < exit_by => {
+                std::thread::sleep(Duration::from_millis(1));
+            }
+            _ => {
+                let _ = front.kill();
+                break front.wait().ok();
+            }
         }
     };
     shared.opts.workspace.remove();

@@ -7,9 +7,7 @@ use std::fs::File;
 use std::io::{Read, Write};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::os::unix::net::UnixStream;
-use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
@@ -17,6 +15,7 @@ use proto::launch::{FromLauncher, LaunchPlan, Phase, ToLauncher, MAX_LAUNCH_FRAM
 use proto::{write_frame, FrameBuf};
 
 use crate::cgroup::{Backend, Cgroup, Limits};
+use crate::spawn::{spawn_launcher, Launcher, LauncherFds};
 
 /// The most of each output stream kept for a captured answer.
 pub const OUTPUT_CAP: usize = 1024 * 1024;
@@ -100,30 +99,225 @@ fn unique_name() -> String {
 
 /// Run one sandbox to completion.
 pub fn run(backend: &Backend, req: Request) -> Outcome {
+    match start(req) {
+        Ok(started) => started.finish(backend, || {}),
+        Err(out) => out,
+    }
+}
+
+/// A launcher spawned for one sandbox and sent its plan: it starts up and creates the
+/// sandbox's namespaces while the monitor prepares the sandbox's cgroup, which the
+/// sandbox's first process must join before it does anything else.
+pub struct Started {
+    t0: Instant,
+    child: Launcher,
+    sock: UnixStream,
+    stdout: OwnedFd,
+    stderr: OwnedFd,
+    timeout_ms: u64,
+    limits: Limits,
+    output: Output,
+    cancel: Option<OwnedFd>,
+}
+
+/// Where the program's stdin pipe is fed from.
+enum Feeder {
+    /// The monitor's own stdin.
+    Forward(OwnedFd),
+    /// These bytes.
+    Bytes(OwnedFd, Vec<u8>),
+}
+
+/// Spawn the launcher for `req` and send it the plan. Nothing runs in the sandbox until
+/// [`Started::finish`] has placed it in its cgroup.
+pub fn start(req: Request) -> Result<Started, Outcome> {
     let t0 = Instant::now();
-    let cg = match backend.create(&unique_name()) {
-        Ok(cg) => cg,
-        Err(e) => return Outcome::refused(Phase::Plan, e.to_string()),
-    };
-    if let Err(e) = cg.set_limits(&req.limits) {
-        let _ = cg.remove();
-        return Outcome::refused(Phase::Plan, format!("write the sandbox's limits: {e}"));
-    }
-    log::debug!("cgroup {} ready after {:?}", cg.describe(), t0.elapsed());
-    let mut out = drive(cg.as_ref(), req, t0);
-    match cg.usage() {
-        Ok(u) => {
-            out.oom_killed = u.oom_kills > 0;
-            out.peak_rss_kb = u.peak_bytes / 1024;
-            out.cpu_ms = u.cpu_usec / 1000;
+    let start_err =
+        |what: &str, e: std::io::Error| Outcome::refused(Phase::Start, format!("{what}: {e}"));
+    let (sock_mon, sock_launcher) =
+        UnixStream::pair().map_err(|e| start_err("create the launcher channel", e))?;
+    let (out_r, out_w) = pipe().map_err(|e| start_err("create a pipe", e))?;
+    let (err_r, err_w) = pipe().map_err(|e| start_err("create a pipe", e))?;
+    // A thread that feeds the program's stdin is started once the launcher is: a thread
+    // starting or ending meanwhile slows the spawn down a lot (they contend for the
+    // address space the spawn shares until the launcher has exec'd).
+    let (stdin, feeder): (Option<OwnedFd>, Option<Feeder>) = match req.stdin {
+        Stdin::Null => (None, None),
+        Stdin::File(f) => (Some(OwnedFd::from(f)), None),
+        Stdin::Forward => {
+            let (r, w) = pipe().map_err(|e| start_err("create a pipe", e))?;
+            (Some(r), Some(Feeder::Forward(w)))
         }
-        Err(e) => log::warn!("read the sandbox's usage: {e}"),
+        Stdin::Bytes(bytes) => {
+            let (r, w) = pipe().map_err(|e| start_err("create a pipe", e))?;
+            (Some(r), Some(Feeder::Bytes(w, bytes)))
+        }
+    };
+    let launcher_sock = OwnedFd::from(sock_launcher);
+    // Above every descriptor the launcher is given, so that no move clobbers another.
+    let lifted = (|| {
+        Ok::<_, std::io::Error>((
+            stdin.as_ref().map(high).transpose()?,
+            high(&out_w)?,
+            high(&launcher_sock)?,
+            high(&err_w)?,
+        ))
+    })();
+    let (stdin_hi, out_hi, sock_hi, err_hi) =
+        lifted.map_err(|e| start_err("prepare the launcher's descriptors", e))?;
+    let fds = LauncherFds {
+        stdin: stdin_hi.as_ref(),
+        stdout: &out_hi,
+        channel: &sock_hi,
+        program_stderr: &err_hi,
+    };
+    let mut child = spawn_launcher(&req.launcher, fds)
+        .map_err(|e| start_err(&format!("start the launcher {}", req.launcher.display()), e))?;
+    drop((
+        stdin,
+        stdin_hi,
+        out_w,
+        out_hi,
+        launcher_sock,
+        sock_hi,
+        err_w,
+        err_hi,
+    ));
+    match feeder {
+        Some(Feeder::Forward(w)) => forward_stdin(w),
+        Some(Feeder::Bytes(w, bytes)) => {
+            std::thread::spawn(move || {
+                let _ = File::from(w).write_all(&bytes);
+            });
+        }
+        None => {}
     }
-    if let Err(e) = cg.remove() {
-        log::error!("remove the sandbox's cgroup: {e}");
+    log::debug!("launcher spawned after {:?}", t0.elapsed());
+    let mut sock = sock_mon;
+    let timeout_ms = req.plan.timeout_ms;
+    if let Err(e) = write_frame(&mut sock, &ToLauncher::Start(req.plan)) {
+        let _ = child.kill();
+        let _ = child.wait();
+        return Err(Outcome::refused(
+            Phase::Start,
+            format!("send the plan to the launcher: {e}"),
+        ));
     }
-    log::debug!("sandbox cleaned up after {:?}", t0.elapsed());
-    out
+    Ok(Started {
+        t0,
+        child,
+        sock,
+        stdout: out_r,
+        stderr: err_r,
+        timeout_ms,
+        limits: req.limits,
+        output: req.output,
+        cancel: req.cancel,
+    })
+}
+
+impl Started {
+    /// Create the sandbox's cgroup and hand it to the launcher, run the sandbox to
+    /// completion, read what the kernel counted, and remove the cgroup. `meanwhile` runs
+    /// once, while the program runs (or once the sandbox has ended, if it never started):
+    /// the monitor has nothing else to do then, and the machine is least busy.
+    pub fn finish(self, backend: &Backend, meanwhile: impl FnOnce()) -> Outcome {
+        let cg = match backend.create(&unique_name()) {
+            Ok(cg) => cg,
+            Err(e) => return self.abandon(Outcome::refused(Phase::Plan, e.to_string())),
+        };
+        if let Err(e) = cg.set_limits(&self.limits) {
+            let _ = cg.remove();
+            return self.abandon(Outcome::refused(
+                Phase::Plan,
+                format!("write the sandbox's limits: {e}"),
+            ));
+        }
+        log::debug!(
+            "cgroup {} ready after {:?}",
+            cg.describe(),
+            self.t0.elapsed()
+        );
+        let t0 = self.t0;
+        let (mut out, mut launcher) = drive(cg.as_ref(), self, meanwhile);
+        match cg.usage() {
+            Ok(u) => {
+                out.oom_killed = u.oom_kills > 0;
+                out.peak_rss_kb = u.peak_bytes / 1024;
+                out.cpu_ms = u.cpu_usec / 1000;
+            }
+            Err(e) => log::warn!("read the sandbox's usage: {e}"),
+        }
+        if let Err(e) = cg.remove() {
+            log::error!("remove the sandbox's cgroup: {e}");
+        }
+        // A launcher that reported the end has nothing left to do but exit; it did that
+        // while the cgroup was read and removed.
+        let _ = launcher.wait();
+        log::debug!("sandbox cleaned up after {:?}", t0.elapsed());
+        out
+    }
+
+    /// Give up before the sandbox is placed: the launcher is killed and reaped. A sandbox
+    /// init it may have cloned has run nothing and dies with it (its parent-death signal,
+    /// or its control socket closing while it waits for its cgroup).
+    pub fn abandon(mut self, out: Outcome) -> Outcome {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        out
+    }
+}
+
+/// Send `ToLauncher::Cgroup` with the sandbox's cgroup attach files as `SCM_RIGHTS`.
+pub(crate) fn send_cgroup_files(sock: &UnixStream, files: &[OwnedFd]) -> std::io::Result<()> {
+    let count = u8::try_from(files.len())
+        .ok()
+        .filter(|&n| n <= proto::launch::MAX_ATTACH_FILES)
+        .ok_or_else(|| std::io::Error::other(format!("{} cgroup files", files.len())))?;
+    let frame = proto::encode_frame(&ToLauncher::Cgroup { files: count })
+        .map_err(|e| std::io::Error::other(e.to_string()))?;
+    let raw: Vec<RawFd> = files.iter().map(AsRawFd::as_raw_fd).collect();
+    let fd_bytes = std::mem::size_of_val(raw.as_slice()) as u32;
+    let mut iov = libc::iovec {
+        iov_base: frame.as_ptr() as *mut libc::c_void,
+        iov_len: frame.len(),
+    };
+    // SAFETY: CMSG_SPACE of a small size.
+    let space = unsafe { libc::CMSG_SPACE(fd_bytes) } as usize;
+    let mut control = vec![0u64; space.div_ceil(8)];
+    // SAFETY: msghdr is plain old data; zeroed is a valid starting value.
+    let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
+    msg.msg_iov = &mut iov;
+    msg.msg_iovlen = 1;
+    if !raw.is_empty() {
+        msg.msg_control = control.as_mut_ptr().cast();
+        msg.msg_controllen = space;
+        // SAFETY: filling in the one control message the buffer was sized for.
+        unsafe {
+            let c = libc::CMSG_FIRSTHDR(&msg);
+            (*c).cmsg_level = libc::SOL_SOCKET;
+            (*c).cmsg_type = libc::SCM_RIGHTS;
+            (*c).cmsg_len = libc::CMSG_LEN(fd_bytes) as _;
+            std::ptr::copy_nonoverlapping(
+                raw.as_ptr(),
+                libc::CMSG_DATA(c).cast::<RawFd>(),
+                raw.len(),
+            );
+        }
+    }
+    let n = loop {
+        // SAFETY: msg points at buffers that live for the call.
+        let n = unsafe { libc::sendmsg(sock.as_raw_fd(), &msg, libc::MSG_NOSIGNAL) };
+        if n >= 0 {
+            break n as usize;
+        }
+        let e = std::io::Error::last_os_error();
+        if e.kind() != std::io::ErrorKind::Interrupted {
+            return Err(e);
+        }
+    };
+    // The descriptors went with the first byte; the rest of a short write follows plainly.
+    (&*sock).write_all(&frame[n..])
 }
 
 pub(crate) fn pipe() -> std::io::Result<(OwnedFd, OwnedFd)> {
@@ -146,70 +340,6 @@ pub(crate) fn high(fd: &OwnedFd) -> std::io::Result<OwnedFd> {
     }
     // SAFETY: fcntl returned a fresh descriptor that we now own.
     Ok(unsafe { OwnedFd::from_raw_fd(n) })
-}
-
-/// Start a launcher: stdin, the program's stdout, our stderr for logs, the channel on
-/// fd 3, the program's stderr on fd 4, and the sandbox's cgroup attach files on fds 5...
-pub(crate) fn spawn_launcher(
-    exe: &Path,
-    stdin: Stdio,
-    stdout: OwnedFd,
-    sock: &OwnedFd,
-    stderr: &OwnedFd,
-    attach: &[OwnedFd],
-) -> std::io::Result<std::process::Child> {
-    let sock_fd: RawFd = sock.as_raw_fd();
-    let err_fd: RawFd = stderr.as_raw_fd();
-    let mut attach_fds: Vec<RawFd> = Vec::new();
-    for f in attach {
-        attach_fds.push(high(f)?.into_raw_fd_keep());
-    }
-    let n_attach = attach_fds.len();
-    let mut cmd = Command::new(exe);
-    cmd.arg("__launcher")
-        .stdin(stdin)
-        .stdout(Stdio::from(stdout))
-        .stderr(Stdio::inherit())
-        .env_clear();
-    for key in ["RUST_LOG", "ZYGO_LOG"] {
-        if let Ok(v) = std::env::var(key) {
-            cmd.env(key, v);
-        }
-    }
-    cmd.env("ZYGO_ATTACH_FDS", n_attach.to_string());
-    let fds = attach_fds.clone();
-    // SAFETY: only async-signal-safe calls (dup2) between fork and exec. The sources are
-    // all at 10 or above, so no dup2 below can clobber one not yet moved.
-    unsafe {
-        cmd.pre_exec(move || {
-            if libc::dup2(sock_fd, 3) < 0 || libc::dup2(err_fd, 4) < 0 {
-                return Err(std::io::Error::last_os_error());
-            }
-            for (i, fd) in fds.iter().enumerate() {
-                if libc::dup2(*fd, 5 + i as RawFd) < 0 {
-                    return Err(std::io::Error::last_os_error());
-                }
-            }
-            Ok(())
-        });
-    }
-    let child = cmd.spawn();
-    for fd in attach_fds {
-        // SAFETY: closing the duplicates made above, which we own.
-        unsafe { libc::close(fd) };
-    }
-    child
-}
-
-trait IntoRawKeep {
-    fn into_raw_fd_keep(self) -> RawFd;
-}
-
-impl IntoRawKeep for OwnedFd {
-    fn into_raw_fd_keep(self) -> RawFd {
-        use std::os::fd::IntoRawFd;
-        self.into_raw_fd()
-    }
 }
 
 struct Stream {
@@ -257,83 +387,58 @@ impl Stream {
     }
 }
 
-fn drive(cg: &dyn Cgroup, req: Request, t0: Instant) -> Outcome {
-    let start_err =
-        |what: &str, e: std::io::Error| Outcome::refused(Phase::Start, format!("{what}: {e}"));
-    let (sock_mon, sock_launcher) = match UnixStream::pair() {
-        Ok(p) => p,
-        Err(e) => return start_err("create the launcher channel", e),
-    };
-    let (out_r, out_w) = match pipe() {
-        Ok(p) => p,
-        Err(e) => return start_err("create a pipe", e),
-    };
-    let (err_r, err_w) = match pipe() {
-        Ok(p) => p,
-        Err(e) => return start_err("create a pipe", e),
-    };
-    let stdin = match req.stdin {
-        Stdin::Null => Stdio::null(),
-        Stdin::File(f) => Stdio::from(f),
-        Stdin::Forward => match pipe() {
-            Ok((r, w)) => {
-                forward_stdin(w);
-                Stdio::from(r)
-            }
-            Err(e) => return start_err("create a pipe", e),
-        },
-        Stdin::Bytes(bytes) => match pipe() {
-            Ok((r, w)) => {
-                std::thread::spawn(move || {
-                    let _ = File::from(w).write_all(&bytes);
-                });
-                Stdio::from(r)
-            }
-            Err(e) => return start_err("create a pipe", e),
-        },
-    };
-    let launcher_sock = OwnedFd::from(sock_launcher);
-    let (sock_hi, err_hi) = match (high(&launcher_sock), high(&err_w)) {
-        (Ok(a), Ok(b)) => (a, b),
-        (Err(e), _) | (_, Err(e)) => return start_err("prepare the launcher's descriptors", e),
-    };
-    // The sandbox's init joins its cgroups itself by writing "0" to these, before it does
-    // anything else: cheaper than moving it from outside (no wait on the kernel's global
-    // cgroup lock), and the monitor checks the result before letting the sandbox go on.
-    let attach = match cg.attach_files() {
-        Ok(a) => a,
-        Err(e) => return Outcome::refused(Phase::Start, format!("open the sandbox's cgroup: {e}")),
-    };
-    let mut child = match spawn_launcher(&req.launcher, stdin, out_w, &sock_hi, &err_hi, &attach) {
-        Ok(c) => c,
-        Err(e) => return start_err(&format!("start the launcher {}", req.launcher.display()), e),
-    };
-    drop((sock_hi, err_hi, launcher_sock, err_w, attach));
-    log::debug!("launcher spawned after {:?}", t0.elapsed());
-
-    let mut sock = sock_mon;
+/// Hand the launcher its cgroup, and follow the sandbox until the launcher has reported
+/// its end (or died) and the program's output has ended. The launcher may still be
+/// exiting: it is returned to be reaped.
+fn drive(cg: &dyn Cgroup, st: Started, meanwhile: impl FnOnce()) -> (Outcome, Launcher) {
+    let Started {
+        t0,
+        mut child,
+        mut sock,
+        stdout,
+        stderr,
+        timeout_ms,
+        output,
+        cancel,
+        ..
+    } = st;
     let mut out = Outcome {
         phase: Some(Phase::Start),
         ..Outcome::default()
     };
-    if let Err(e) = write_frame(&mut sock, &ToLauncher::Start(req.plan.clone())) {
-        out.error = Some(format!("send the plan to the launcher: {e}"));
+    // The sandbox's init joins its cgroups itself by writing "0" to these, before it does
+    // anything else: cheaper than moving it from outside (no wait on the kernel's global
+    // cgroup lock), and the monitor checks the result before letting the sandbox go on.
+    let sent = cg
+        .attach_files()
+        .map_err(|e| format!("open the sandbox's cgroup: {e}"))
+        .and_then(|files| {
+            send_cgroup_files(&sock, &files)
+                .map_err(|e| format!("send the sandbox's cgroup to the launcher: {e}"))
+        });
+    if let Err(e) = sent {
+        out.error = Some(e);
         let _ = child.kill();
         let _ = child.wait();
-        return out;
+        meanwhile();
+        return (out, child);
     }
+    let mut meanwhile = Some(meanwhile);
     let _ = sock.set_nonblocking(true);
     let mut frames = FrameBuf::new(MAX_LAUNCH_FRAME);
-    let mut stdout = Stream::new(out_r);
-    let mut stderr = Stream::new(err_r);
+    let mut stdout = Stream::new(stdout);
+    let mut stderr = Stream::new(stderr);
     let mut sock_open = true;
     let mut finished = false;
-    let watchdog = Instant::now() + Duration::from_millis(req.plan.timeout_ms) + WATCHDOG_SLACK;
+    let watchdog = Instant::now() + Duration::from_millis(timeout_ms) + WATCHDOG_SLACK;
     let mut drain_deadline: Option<Instant> = None;
 
-    while sock_open || stdout.fd.is_some() || stderr.fd.is_some() {
+    // Once the launcher has reported the end (its sandbox is gone by then), only the
+    // output is still awaited: the launcher's own exit is not.
+    while (sock_open && !finished) || stdout.fd.is_some() || stderr.fd.is_some() {
+        let listening = sock_open && !finished;
         let now = Instant::now();
-        if now >= watchdog && sock_open {
+        if now >= watchdog && listening {
             log::error!("the launcher missed its deadline; killing the sandbox");
             let _ = write_frame(&mut sock, &ToLauncher::Kill);
             let _ = child.kill();
@@ -342,19 +447,19 @@ fn drive(cg: &dyn Cgroup, req: Request, t0: Instant) -> Outcome {
                 .get_or_insert_with(|| "the launcher stopped answering".into());
             sock_open = false;
         }
-        if !sock_open {
+        if !listening {
             let d = *drain_deadline.get_or_insert(now + Duration::from_secs(2));
             if now >= d {
                 break;
             }
         }
-        let wait = if sock_open {
+        let wait = if listening {
             watchdog.saturating_duration_since(now)
         } else {
             drain_deadline.map_or(Duration::ZERO, |d| d.saturating_duration_since(now))
         };
-        let cancel_fd = match &req.cancel {
-            Some(fd) if sock_open && !out.cancelled => fd.as_raw_fd(),
+        let cancel_fd = match &cancel {
+            Some(fd) if listening && !out.cancelled => fd.as_raw_fd(),
             _ => -1,
         };
         let poll_in = |fd: RawFd| libc::pollfd {
@@ -363,7 +468,7 @@ fn drive(cg: &dyn Cgroup, req: Request, t0: Instant) -> Outcome {
             revents: 0,
         };
         let mut fds = [
-            poll_in(if sock_open { sock.as_raw_fd() } else { -1 }),
+            poll_in(if listening { sock.as_raw_fd() } else { -1 }),
             poll_in(stdout.raw()),
             poll_in(stderr.raw()),
             poll_in(cancel_fd),
@@ -384,10 +489,10 @@ fn drive(cg: &dyn Cgroup, req: Request, t0: Instant) -> Outcome {
             let _ = sock.set_nonblocking(true);
         }
         if fds[1].revents != 0 {
-            stdout.pump(req.output, false);
+            stdout.pump(output, false);
         }
         if fds[2].revents != 0 {
-            stderr.pump(req.output, true);
+            stderr.pump(output, true);
         }
         if fds[0].revents != 0 {
             let mut buf = [0u8; 4096];
@@ -408,10 +513,16 @@ fn drive(cg: &dyn Cgroup, req: Request, t0: Instant) -> Outcome {
                 match frames.next_frame::<FromLauncher>() {
                     Ok(Some(msg)) => {
                         log::debug!("launcher: {} after {:?}", msg_name(&msg), t0.elapsed());
+                        let started = matches!(msg, FromLauncher::Started);
                         if !handle(msg, cg, &mut sock, &mut out, &mut finished) {
                             let _ = child.kill();
                             sock_open = false;
                             break;
+                        }
+                        if started {
+                            if let Some(work) = meanwhile.take() {
+                                work();
+                            }
                         }
                     }
                     Ok(None) => break,
@@ -425,9 +536,11 @@ fn drive(cg: &dyn Cgroup, req: Request, t0: Instant) -> Outcome {
             }
         }
     }
-    let status = child.wait();
+    if let Some(work) = meanwhile.take() {
+        work();
+    }
     if !finished && out.error.is_none() {
-        let how = match status {
+        let how = match child.wait() {
             Ok(s) => format!("{s}"),
             Err(e) => e.to_string(),
         };
@@ -449,7 +562,7 @@ fn drive(cg: &dyn Cgroup, req: Request, t0: Instant) -> Outcome {
     out.stdout_truncated = stdout.truncated;
     out.stderr = stderr.kept;
     out.stderr_truncated = stderr.truncated;
-    out
+    (out, child)
 }
 
 fn msg_name(m: &FromLauncher) -> &'static str {

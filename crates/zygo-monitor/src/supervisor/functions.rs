@@ -16,7 +16,6 @@ use std::io::Write;
 use std::os::fd::OwnedFd;
 use std::os::unix::net::UnixStream as StdUnixStream;
 use std::path::{Path, PathBuf};
-use std::process::Stdio;
 use std::time::{Duration, Instant};
 
 use mio::{Interest, Registry, Token};
@@ -101,7 +100,7 @@ const LINGER: Duration = Duration::from_secs(2);
 struct Zygote {
     func: String,
     conn: Conn,
-    child: std::process::Child,
+    child: crate::spawn::Launcher,
     cgroup: Box<dyn Cgroup>,
     state: ZState,
     /// Parked or busy children, by slot name.
@@ -751,26 +750,36 @@ impl Functions {
         let log_err = std::io::stderr()
             .as_fd_dup()
             .map_err(|e| format!("dup stderr: {e}"))?;
-        let (sock_hi, err_hi) = match (
+        let (out_hi, sock_hi, err_hi) = match (
+            crate::oneshot::high(&log_out),
             crate::oneshot::high(&launcher_end),
             crate::oneshot::high(&log_err),
         ) {
-            (Ok(a), Ok(b)) => (a, b),
-            (Err(e), _) | (_, Err(e)) => return Err(format!("prepare descriptors: {e}")),
+            (Ok(a), Ok(b), Ok(c)) => (a, b, c),
+            (Err(e), _, _) | (_, Err(e), _) | (_, _, Err(e)) => {
+                return Err(format!("prepare descriptors: {e}"))
+            }
         };
         let attach = cg
             .attach_files()
             .map_err(|e| format!("open the zygote's cgroup: {e}"))?;
-        let child = crate::oneshot::spawn_launcher(
-            &self.launcher,
-            Stdio::null(),
-            log_out,
-            &sock_hi,
-            &err_hi,
-            &attach,
-        )
-        .map_err(|e| format!("start the launcher: {e}"))?;
-        drop((sock_hi, err_hi, launcher_end, log_err));
+        let fds = crate::spawn::LauncherFds {
+            stdin: None,
+            stdout: &out_hi,
+            channel: &sock_hi,
+            program_stderr: &err_hi,
+        };
+        let mut child = crate::spawn::spawn_launcher(&self.launcher, fds)
+            .map_err(|e| format!("start the launcher: {e}"))?;
+        drop((out_hi, sock_hi, err_hi, log_out, launcher_end, log_err));
+        // The launcher's first frame, on a fresh socket: it cannot block.
+        if let Err(e) = crate::oneshot::send_cgroup_files(&mon, &attach) {
+            let _ = child.kill();
+            let _ = child.wait();
+            let _ = cg.remove();
+            return Err(format!("send the zygote's cgroup to the launcher: {e}"));
+        }
+        drop(attach);
         mon.set_nonblocking(true).map_err(|e| e.to_string())?;
         let mut stream = mio::net::UnixStream::from_std(mon);
         let t = tokens();
