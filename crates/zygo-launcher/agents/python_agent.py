@@ -25,10 +25,11 @@ Guarantees, to a handler that does not sabotage it:
   import_error) first and once, then heartbeat at least every second, and park_failed.
 """
 
-import _signal, _socket, _thread, array, importlib.machinery, json, os, re
-import select, signal, socket, stat, struct, sys, time
-# traceback and shutil are imported where they are needed (an error, a reap): every module
-# imported here is memory each zygote holds for as long as it lives.
+import _signal, _socket, _thread, importlib.machinery, json, os, re
+import select, stat, struct, sys, time
+# traceback and shutil are imported where they are needed (an error, a reap), and the C
+# modules _socket and _signal stand in for socket and signal: every module imported here
+# is memory each zygote holds for as long as it lives.
 
 WORK_ROOT = os.environ.get("ZYGO_WORK_ROOT", "/work")  # set only by the tests
 CTL, REG = 3, 4
@@ -425,7 +426,7 @@ def child(slot, tell_name, inherited, func, out, err, uid):
         os.close(tell_name)
         # The C-level socket type: the request channel needs nothing more, and a fork copies
         # fewer pages making it.
-        mine, theirs = _socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        mine, theirs = _socket.socketpair(_socket.AF_UNIX, _socket.SOCK_STREAM)
         # fd 1 and fd 2 become pipes whose read ends go to the launcher, which relays them
         # (anything the handler starts writes there too); the launcher reads them to the
         # end of what was written before it relays our terminal line.
@@ -439,9 +440,9 @@ def child(slot, tell_name, inherited, func, out, err, uid):
         creds = struct.pack("iII", os.getpid(), os.getuid(), os.getgid())
         # The slot was checked against SLOT: nothing in it needs escaping.
         REG_SOCKET.sendmsg([b'{"kind":"register","slot":"%s"}' % slot.encode()],
-                           [(socket.SOL_SOCKET, socket.SCM_CREDENTIALS, creds),
-                            (socket.SOL_SOCKET, socket.SCM_RIGHTS,
-                             array.array("i", [theirs.fileno(), out_r, err_r]))])
+                           [(_socket.SOL_SOCKET, _socket.SCM_CREDENTIALS, creds),
+                            (_socket.SOL_SOCKET, _socket.SCM_RIGHTS,
+                             struct.pack("3i", theirs.fileno(), out_r, err_r))])
         theirs.close()
         os.close(out_r)
         os.close(err_r)
@@ -578,7 +579,7 @@ def run(p, request, func):
     _channel = p.channel
     # A heartbeat every second while the handler runs, from a timer: a process that is
     # stopped, or stuck where Python cannot run, stops sending them.
-    signal.setitimer(signal.ITIMER_REAL, 1.0, 1.0)
+    _signal.setitimer(_signal.ITIMER_REAL, 1.0, 1.0)
     event = Event(request["event"]) if type(request["event"]) is dict else request["event"]
     try:
         if isinstance(func, (Pool, ExecPool)) != ("script" in request):
@@ -600,7 +601,7 @@ def run(p, request, func):
     # What the handler wrote is in the pipes, ahead of the terminal line.
     # No heartbeat after this point matters: one already due is sent before the terminal
     # line (harmless), and none can follow it (the channel refuses lines after the last).
-    signal.setitimer(signal.ITIMER_REAL, 0, 0)
+    _signal.setitimer(_signal.ITIMER_REAL, 0, 0)
     flush(sys.stdout, sys.stderr, sys.__stdout__, sys.__stderr__, *p.ours)
     p.channel.send(None, terminal, last=True)
     # The caller has its answer; now our directory goes (the agent's reap is the fallback).
