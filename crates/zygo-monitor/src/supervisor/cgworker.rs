@@ -95,7 +95,6 @@ fn remove(cg: Box<dyn Cgroup>) {
 pub struct Placed {
     pub zt: Token,
     pub slot: String,
-    pub pid: i32,
     pub result: Result<Box<dyn Cgroup>, String>,
 }
 
@@ -155,15 +154,7 @@ impl Worker {
                                     .and_then(|cg| cg.add_single_threaded(pid).map(|_| cg))
                                     .map_err(|e| e.to_string()),
                             };
-                            if done
-                                .send(Placed {
-                                    zt,
-                                    slot,
-                                    pid,
-                                    result,
-                                })
-                                .is_err()
-                            {
+                            if done.send(Placed { zt, slot, result }).is_err() {
                                 break;
                             }
                             let _ = waker.wake();

@@ -612,6 +612,72 @@ fn agent_argv(spec: &FnSpec) -> Result<AgentLaunch, String> {
     }
 }
 
+/// Start a zygote's launcher with its cgroup's attach files and its plan: the launcher
+/// process, its connection (registered with the loop) and the connection's token. Whatever
+/// was started is stopped again if a later step fails.
+fn start_launcher(
+    launcher: &Path,
+    cg: &dyn Cgroup,
+    plan: LaunchPlan,
+    reg: &Registry,
+    tokens: &mut dyn FnMut() -> Token,
+) -> Result<(crate::spawn::Launcher, Conn, Token), String> {
+    let (mon, launcher_end) = StdUnixStream::pair().map_err(|e| format!("socketpair: {e}"))?;
+    let launcher_end = OwnedFd::from(launcher_end);
+    // The agent's own stdout and stderr (not the requests') go to the supervisor's log.
+    let log_out = std::io::stderr()
+        .as_fd_dup()
+        .map_err(|e| format!("dup stderr: {e}"))?;
+    let log_err = std::io::stderr()
+        .as_fd_dup()
+        .map_err(|e| format!("dup stderr: {e}"))?;
+    let (out_hi, sock_hi, err_hi) = match (
+        crate::oneshot::high(&log_out),
+        crate::oneshot::high(&launcher_end),
+        crate::oneshot::high(&log_err),
+    ) {
+        (Ok(a), Ok(b), Ok(c)) => (a, b, c),
+        (Err(e), _, _) | (_, Err(e), _) | (_, _, Err(e)) => {
+            return Err(format!("prepare descriptors: {e}"))
+        }
+    };
+    let attach = cg
+        .attach_files()
+        .map_err(|e| format!("open the zygote's cgroup: {e}"))?;
+    let fds = crate::spawn::LauncherFds {
+        stdin: None,
+        stdout: &out_hi,
+        channel: &sock_hi,
+        program_stderr: &err_hi,
+    };
+    let mut child = crate::spawn::spawn_launcher(launcher, fds)
+        .map_err(|e| format!("start the launcher: {e}"))?;
+    drop((out_hi, sock_hi, err_hi, log_out, launcher_end, log_err));
+    let mut stop = |why: String| {
+        let _ = child.kill();
+        let _ = child.wait();
+        why
+    };
+    // The launcher's first frame, on a fresh socket: it cannot block.
+    if let Err(e) = crate::oneshot::send_cgroup_files(&mon, &attach) {
+        return Err(stop(format!(
+            "send the zygote's cgroup to the launcher: {e}"
+        )));
+    }
+    drop(attach);
+    if let Err(e) = mon.set_nonblocking(true) {
+        return Err(stop(e.to_string()));
+    }
+    let mut stream = mio::net::UnixStream::from_std(mon);
+    let t = tokens();
+    if let Err(e) = reg.register(&mut stream, t, Interest::READABLE | Interest::WRITABLE) {
+        return Err(stop(format!("register the launcher: {e}")));
+    }
+    let mut conn = Conn::new(stream, MAX_LAUNCH_FRAME);
+    conn.send(&ToLauncher::Start(plan));
+    Ok((child, conn, t))
+}
+
 impl Functions {
     fn serve_one(
         &mut self,
@@ -741,52 +807,16 @@ impl Functions {
             return Err(format!("write the zygote's limits: {e}"));
         }
         let plan = f.plan.clone();
-        let (mon, launcher_end) = StdUnixStream::pair().map_err(|e| format!("socketpair: {e}"))?;
-        let launcher_end = OwnedFd::from(launcher_end);
-        // The agent's own stdout and stderr (not the requests') go to the supervisor's log.
-        let log_out = std::io::stderr()
-            .as_fd_dup()
-            .map_err(|e| format!("dup stderr: {e}"))?;
-        let log_err = std::io::stderr()
-            .as_fd_dup()
-            .map_err(|e| format!("dup stderr: {e}"))?;
-        let (out_hi, sock_hi, err_hi) = match (
-            crate::oneshot::high(&log_out),
-            crate::oneshot::high(&launcher_end),
-            crate::oneshot::high(&log_err),
-        ) {
-            (Ok(a), Ok(b), Ok(c)) => (a, b, c),
-            (Err(e), _, _) | (_, Err(e), _) | (_, _, Err(e)) => {
-                return Err(format!("prepare descriptors: {e}"))
+        let launcher = self.launcher.clone();
+        let (child, conn, t) = match start_launcher(&launcher, &*cg, plan, reg, tokens) {
+            Ok(started) => started,
+            Err(e) => {
+                if let Err(r) = cg.remove() {
+                    log::warn!("remove a zygote's cgroup: {r}");
+                }
+                return Err(e);
             }
         };
-        let attach = cg
-            .attach_files()
-            .map_err(|e| format!("open the zygote's cgroup: {e}"))?;
-        let fds = crate::spawn::LauncherFds {
-            stdin: None,
-            stdout: &out_hi,
-            channel: &sock_hi,
-            program_stderr: &err_hi,
-        };
-        let mut child = crate::spawn::spawn_launcher(&self.launcher, fds)
-            .map_err(|e| format!("start the launcher: {e}"))?;
-        drop((out_hi, sock_hi, err_hi, log_out, launcher_end, log_err));
-        // The launcher's first frame, on a fresh socket: it cannot block.
-        if let Err(e) = crate::oneshot::send_cgroup_files(&mon, &attach) {
-            let _ = child.kill();
-            let _ = child.wait();
-            let _ = cg.remove();
-            return Err(format!("send the zygote's cgroup to the launcher: {e}"));
-        }
-        drop(attach);
-        mon.set_nonblocking(true).map_err(|e| e.to_string())?;
-        let mut stream = mio::net::UnixStream::from_std(mon);
-        let t = tokens();
-        reg.register(&mut stream, t, Interest::READABLE | Interest::WRITABLE)
-            .map_err(|e| format!("register the launcher: {e}"))?;
-        let mut conn = Conn::new(stream, MAX_LAUNCH_FRAME);
-        conn.send(&ToLauncher::Start(plan));
         let now = Instant::now();
         self.zygotes.insert(
             t,
@@ -1820,10 +1850,11 @@ impl Functions {
                     );
                 }
                 Err(e) => {
+                    // The launcher lets go of the child's channel, and a parked child whose
+                    // channel closes before a request exits (it is still in the zygote's
+                    // cgroup meanwhile). No kill by pid: that pid may be someone else's by now.
                     log::error!("give a parked child its cgroup: {e}");
                     z.conn.send(&ToLauncher::Reap { slot: p.slot });
-                    // SAFETY: killing the parked child we could not confine.
-                    unsafe { libc::kill(p.pid, libc::SIGKILL) };
                 }
             }
             let func = z.func.clone();
