@@ -115,8 +115,13 @@ struct Zygote {
 }
 
 impl Zygote {
+    /// Children serving a request that has not been answered yet. (An answered child is
+    /// on its way out: it no longer counts against the zygote's slots.)
     fn busy(&self) -> usize {
-        self.slots.values().filter(|s| s.request.is_some()).count()
+        self.slots
+            .values()
+            .filter(|s| s.request.is_some() && s.answered.is_none())
+            .count()
     }
     fn parked(&self) -> usize {
         self.slots.values().filter(|s| s.request.is_none()).count()
@@ -847,7 +852,7 @@ impl Functions {
         if z.state != ZState::Ready {
             return;
         }
-        let room = SLOTS.saturating_sub(z.slots.len() + z.parking.len() + z.placing.len());
+        let room = SLOTS.saturating_sub(z.busy() + z.parked() + z.parking.len() + z.placing.len());
         let want = SPARES
             .saturating_sub(z.parked() + z.parking.len() + z.placing.len())
             .min(room);
