@@ -848,38 +848,8 @@ fn hand_over_script_dir(reg: RawFd) -> Result<(), SetupError> {
     let dir = sys::step(std::fs::File::open("/run/script"), || {
         "open /run/script".into()
     })?;
-    let fd = dir.as_raw_fd();
-    let data = b"scripts";
-    let mut iov = libc::iovec {
-        iov_base: data.as_ptr() as *mut libc::c_void,
-        iov_len: data.len(),
-    };
-    // SAFETY: CMSG_SPACE of a constant size.
-    let space = unsafe { libc::CMSG_SPACE(std::mem::size_of::<RawFd>() as u32) } as usize;
-    let mut control = vec![0u64; space.div_ceil(8)];
-    // SAFETY: msghdr is plain old data; zeroed is a valid starting value.
-    let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
-    msg.msg_iov = &mut iov;
-    msg.msg_iovlen = 1;
-    msg.msg_control = control.as_mut_ptr().cast();
-    msg.msg_controllen = space;
-    // SAFETY: filling in the one control message the buffer was sized for.
-    unsafe {
-        let c = libc::CMSG_FIRSTHDR(&msg);
-        (*c).cmsg_level = libc::SOL_SOCKET;
-        (*c).cmsg_type = libc::SCM_RIGHTS;
-        (*c).cmsg_len = libc::CMSG_LEN(std::mem::size_of::<RawFd>() as u32) as _;
-        std::ptr::write_unaligned(libc::CMSG_DATA(c).cast::<RawFd>(), fd);
-    }
-    // SAFETY: msg points at buffers that live for the call.
-    let n = unsafe { libc::sendmsg(reg, &msg, 0) };
-    if n < 0 {
-        return Err(sys::fail(
-            "hand /run/script to the launcher",
-            std::io::Error::last_os_error(),
-        ));
-    }
-    Ok(())
+    sys::send_with_fds(reg, b"scripts", &[dir.as_raw_fd()])
+        .map_err(|e| sys::fail("hand /run/script to the launcher", e))
 }
 
 /// A zygote whose sandbox maps a whole id range gives each request's process its own uid

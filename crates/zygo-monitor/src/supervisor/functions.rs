@@ -486,6 +486,41 @@ fn entry_parts(file: &Path) -> Result<(String, String), String> {
     Ok((dir.to_string(), name.to_string()))
 }
 
+/// The Python agent, written into every zygote's sandbox at /run/zygo.
+fn python_agent_file() -> InjectedFile {
+    InjectedFile {
+        path: "/run/zygo/python_agent.py".into(),
+        contents: PYTHON_AGENT.to_vec(),
+    }
+}
+
+/// The Node spare, written next to it for Node functions and pools.
+fn node_agent_file() -> InjectedFile {
+    InjectedFile {
+        path: "/run/zygo/node_agent.mjs".into(),
+        contents: NODE_AGENT.to_vec(),
+    }
+}
+
+/// `python3 -I /run/zygo/python_agent.py ARGS...`: every zygote's agent.
+fn agent_cmd<S: AsRef<str>>(args: &[S]) -> Vec<String> {
+    let mut argv: Vec<String> = ["/usr/bin/python3", "-I", "/run/zygo/python_agent.py"]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+    argv.extend(args.iter().map(|a| a.as_ref().to_string()));
+    argv
+}
+
+/// The function's entry folder, mounted read-only at /fn.
+fn entry_mount(dir: String) -> Option<BindMount> {
+    Some(BindMount {
+        src: dir,
+        dst: "/fn".into(),
+        rw: false,
+    })
+}
+
 /// The agent's command line and the extra mounts for a function's entry.
 fn agent_argv(spec: &FnSpec) -> Result<AgentLaunch, String> {
     match &spec.kind {
@@ -493,33 +528,12 @@ fn agent_argv(spec: &FnSpec) -> Result<AgentLaunch, String> {
             agent: Agent::Python,
             entry: Some(entry),
         } => {
-            let file = &entry.file;
+            let (dir, name) = entry_parts(&entry.file)?;
             let func = entry.func.clone().unwrap_or_else(|| "handler".into());
-            let dir = file
-                .parent()
-                .ok_or_else(|| format!("entry {} has no folder", file.display()))?;
-            let name = file
-                .file_name()
-                .and_then(|n| n.to_str())
-                .ok_or_else(|| format!("entry {} has no usable file name", file.display()))?;
-            let dir_s = dir.to_str().ok_or("the entry's folder is not UTF-8")?;
             Ok((
-                vec![
-                    "/usr/bin/python3".into(),
-                    "-I".into(),
-                    "/run/zygo/python_agent.py".into(),
-                    format!("/fn/{name}"),
-                    func,
-                ],
-                Some(BindMount {
-                    src: dir_s.into(),
-                    dst: "/fn".into(),
-                    rw: false,
-                }),
-                vec![InjectedFile {
-                    path: "/run/zygo/python_agent.py".into(),
-                    contents: PYTHON_AGENT.to_vec(),
-                }],
+                agent_cmd(&[format!("/fn/{name}"), func]),
+                entry_mount(dir),
+                vec![python_agent_file()],
             ))
         }
         FnKind::Agent {
@@ -530,89 +544,35 @@ fn agent_argv(spec: &FnSpec) -> Result<AgentLaunch, String> {
             // execs a Node spare that has imported the handler before its request arrives.
             let (dir, name) = entry_parts(&entry.file)?;
             Ok((
-                vec![
-                    "/usr/bin/python3".into(),
-                    "-I".into(),
-                    "/run/zygo/python_agent.py".into(),
+                agent_cmd(&[
                     "--node".into(),
                     format!("/fn/{name}"),
                     entry.func.clone().unwrap_or_default(),
-                ],
-                Some(BindMount {
-                    src: dir,
-                    dst: "/fn".into(),
-                    rw: false,
-                }),
-                vec![
-                    InjectedFile {
-                        path: "/run/zygo/python_agent.py".into(),
-                        contents: PYTHON_AGENT.to_vec(),
-                    },
-                    InjectedFile {
-                        path: "/run/zygo/node_agent.mjs".into(),
-                        contents: NODE_AGENT.to_vec(),
-                    },
-                ],
+                ]),
+                entry_mount(dir),
+                vec![python_agent_file(), node_agent_file()],
             ))
         }
         FnKind::Agent {
             agent: Agent::Python,
             entry: None,
-        } => Ok((
-            vec![
-                "/usr/bin/python3".into(),
-                "-I".into(),
-                "/run/zygo/python_agent.py".into(),
-                "--pool".into(),
-            ],
-            None,
-            vec![InjectedFile {
-                path: "/run/zygo/python_agent.py".into(),
-                contents: PYTHON_AGENT.to_vec(),
-            }],
-        )),
+        } => Ok((agent_cmd(&["--pool"]), None, vec![python_agent_file()])),
         // A Node runtime pool: each parked child execs a Node spare that waits for its
         // request and imports the script it names.
         FnKind::Agent {
             agent: Agent::Node,
             entry: None,
         } => Ok((
-            vec![
-                "/usr/bin/python3".into(),
-                "-I".into(),
-                "/run/zygo/python_agent.py".into(),
-                "--node-pool".into(),
-            ],
+            agent_cmd(&["--node-pool"]),
             None,
-            vec![
-                InjectedFile {
-                    path: "/run/zygo/python_agent.py".into(),
-                    contents: PYTHON_AGENT.to_vec(),
-                },
-                InjectedFile {
-                    path: "/run/zygo/node_agent.mjs".into(),
-                    contents: NODE_AGENT.to_vec(),
-                },
-            ],
+            vec![python_agent_file(), node_agent_file()],
         )),
         // Warm-exec: the sandbox is held by the agent, and each call starts the command with
         // the script's path as its last argument and the event on stdin.
         FnKind::Cmd(cmd) => {
-            let mut argv: Vec<String> = vec![
-                "/usr/bin/python3".into(),
-                "-I".into(),
-                "/run/zygo/python_agent.py".into(),
-                "--exec".into(),
-            ];
-            argv.extend(cmd.iter().cloned());
-            Ok((
-                argv,
-                None,
-                vec![InjectedFile {
-                    path: "/run/zygo/python_agent.py".into(),
-                    contents: PYTHON_AGENT.to_vec(),
-                }],
-            ))
+            let mut args = vec!["--exec".to_string()];
+            args.extend(cmd.iter().cloned());
+            Ok((agent_cmd(&args), None, vec![python_agent_file()]))
         }
     }
 }
