@@ -133,8 +133,8 @@ fn ceiling(o: &Opts) -> Result<(OneShotPlan, Vec<String>), (i32, String)> {
         return Err((
             1,
             format!(
-                "network {network} is refused: egress networking is not implemented yet, so \
-                 run_code sandboxes have no network; use --net none (the default)"
+                "network {network} is refused: egress networking is not implemented in this \
+                 version of Zygo (run_code sandboxes see only lo); use --net none (the default)"
             ),
         ));
     }
@@ -142,7 +142,8 @@ fn ceiling(o: &Opts) -> Result<(OneShotPlan, Vec<String>), (i32, String)> {
         return Err((
             1,
             format!(
-                "--allow {} needs --net egress, which is not implemented yet; drop --allow",
+                "--allow {} needs --net egress, which is not implemented in this version of \
+                 Zygo; drop --allow",
                 allow.join(", ")
             ),
         ));

@@ -188,8 +188,8 @@ Limits (of every run_code sandbox):
   --pids N           processes and threads                 [default: 64]
   --timeout DUR      wall-clock deadline, e.g. 30s, 5m     [default: 30s]
   --scratch SIZE     size of /tmp                          [default: 64M]
-  --net none         network: none (only lo). egress is not implemented yet and is
-                     refused, as is --allow HOST:PORT, which needs it
+  --net none         network: none (only lo); egress is not implemented in this
+                     version, so it and --allow HOST:PORT are refused
 
 Sandbox:
   --image IMG        host or dir:/path/to/rootfs            [default: host]
