@@ -46,7 +46,12 @@ import sys
 import time
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-DEFAULT_ZYGO = os.path.join(REPO, "target", "release", "zygo")
+# Where `cargo build --release` puts zygo (.cargo/config.toml names the target).
+DEFAULT_ZYGO = next(
+    (p for p in (os.path.join(REPO, "target", f"{platform.machine()}-unknown-linux-gnu",
+                              "release", "zygo"),
+                 os.path.join(REPO, "target", "release", "zygo")) if os.path.exists(p)),
+    os.path.join(REPO, "target", f"{platform.machine()}-unknown-linux-gnu", "release", "zygo"))
 WARMUP = 5
 RUN_TIMEOUT_S = 60.0
 
@@ -185,7 +190,7 @@ def main():
     ap.add_argument("--reps", type=int, default=None,
                     help="samples per variant (default: 200 for /bin/true, 100 for python)")
     ap.add_argument("--zygo", default=DEFAULT_ZYGO,
-                    help="zygo binary (default: target/release/zygo in the repository)")
+                    help="zygo binary (default: the release build in the repository's target/)")
     ap.add_argument("--no-unshare", action="store_true",
                     help="skip the `unshare -Urnmpf --mount-proc /bin/true` reference")
     ap.add_argument("--raw", metavar="FILE",

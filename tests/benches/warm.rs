@@ -8,7 +8,8 @@
 //! cargo build --release && cargo bench -p zygo-tests --bench warm
 //! ```
 //!
-//! This bench does NOT build zygo: it runs `target/release/zygo` (or `$ZYGO_BIN`) and warns
+//! This bench does NOT build zygo: it runs the release `zygo` beside it
+//! (`target/x86_64-unknown-linux-gnu/release/zygo`, or `$ZYGO_BIN`) and warns
 //! when a source file under `crates/` is newer than that binary.
 //!
 //! What it does, in one run:
@@ -136,12 +137,11 @@ fn zygo_bin() -> PathBuf {
     if let Some(p) = std::env::var_os("ZYGO_BIN") {
         return PathBuf::from(p);
     }
-    let root = repo_root();
-    let target = std::env::var_os("CARGO_TARGET_DIR")
-        .map(PathBuf::from)
-        .map(|t| if t.is_absolute() { t } else { root.join(t) })
-        .unwrap_or_else(|| root.join("target"));
-    target.join("release/zygo")
+    // The bench runs from `<target>/<triple>/release/deps/`; the binary is in `release/`.
+    std::env::current_exe()
+        .ok()
+        .and_then(|exe| Some(exe.parent()?.parent()?.join("zygo")))
+        .unwrap_or_else(|| PathBuf::from("zygo"))
 }
 
 fn mtime(p: &Path) -> Option<SystemTime> {

@@ -1,7 +1,7 @@
 //! End-to-end test support: run the real `zygo` binary, as root and as an unprivileged
 //! user, under a hard outer timeout, and probe the sandbox from inside with Python.
 //!
-//! - [`zygo_bin`] finds the binary (`$ZYGO_BIN`, else `<target>/debug/zygo`).
+//! - [`zygo_bin`] finds the binary (`$ZYGO_BIN`, else the `zygo` cargo built with the tests).
 //! - [`Who`] says who runs it; [`both_tests!`] turns one test body (and
 //!   [`root_and_rootless!`] each named function) into a `root` and a `rootless` test. The
 //!   rootless side (a system user, a delegated cgroup subtree, a copy of the binary that
@@ -43,23 +43,12 @@ pub const REFUSED_CODE: i32 = 99;
 /// The v1 controllers Zygo uses (the v2 ones are memory, pids, cpu).
 pub const V1_CONTROLLERS: [&str; 5] = ["memory", "pids", "cpu", "cpuacct", "freezer"];
 
-/// The `zygo` binary under test: `$ZYGO_BIN`, else `<target dir>/debug/zygo`.
+/// The `zygo` binary under test: `$ZYGO_BIN`, else the one cargo built beside this test
+/// (a test runs from `<target>/<triple>/<profile>/deps/`, the binary is in `<profile>/`).
 pub fn zygo_bin() -> PathBuf {
     let path = match std::env::var_os("ZYGO_BIN") {
         Some(p) => PathBuf::from(p),
-        None => {
-            let target = std::env::var_os("CARGO_TARGET_DIR")
-                .map(PathBuf::from)
-                .map(|t| {
-                    if t.is_absolute() {
-                        t
-                    } else {
-                        Path::new(env!("CARGO_MANIFEST_DIR")).join("..").join(t)
-                    }
-                })
-                .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../target"));
-            target.join("debug/zygo")
-        }
+        None => built_beside_test(),
     };
     assert!(
         path.is_file(),
@@ -67,6 +56,13 @@ pub fn zygo_bin() -> PathBuf {
         path.display()
     );
     path
+}
+
+fn built_beside_test() -> PathBuf {
+    std::env::current_exe()
+        .ok()
+        .and_then(|exe| Some(exe.parent()?.parent()?.join("zygo")))
+        .unwrap_or_else(|| PathBuf::from("zygo"))
 }
 
 /// Who runs `zygo`.
