@@ -400,7 +400,7 @@ pub(crate) fn ensure_dir(path: &Path) -> Result<(), CgroupError> {
     }
 }
 
-fn access_w(path: &Path) -> bool {
+pub(crate) fn access_w(path: &Path) -> bool {
     use std::os::unix::ffi::OsStrExt;
     let Ok(c) = std::ffi::CString::new(path.as_os_str().as_bytes()) else {
         return false;

@@ -4,10 +4,9 @@
 //! v1 has no `cgroup.kill`: a tree is killed by freezing it (so nothing can fork or exit
 //! while we look), SIGKILLing every task listed, then thawing so the kills are delivered.
 
-use std::cell::OnceCell;
+use std::cell::{OnceCell, RefCell};
 use std::ffi::CString;
 use std::fs::File;
-use std::io::{Read, Write};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::PathBuf;
@@ -51,13 +50,18 @@ impl V1 {
             };
             let base = super::base_path(own_path, base_override);
             let base_dir = join(&m.point, &base);
+            let root = base_dir.join("zygo");
+            // The usual case, in one system call: Zygo's root is there and ours to use.
+            if super::access_w(&root) {
+                roots.push(root);
+                continue;
+            }
             if !base_dir.is_dir() {
                 return Err(CgroupError::NotDelegated {
                     path: base_dir,
                     source: std::io::Error::from_raw_os_error(libc::ENOENT),
                 });
             }
-            let root = base_dir.join("zygo");
             ensure_dir(&root)?;
             roots.push(root);
         }
@@ -110,12 +114,20 @@ impl V1 {
         let dirs: Vec<PathBuf> = self.roots.iter().map(|r| r.join(name)).collect();
         let mut made: Vec<PathBuf> = Vec::new();
         for d in &dirs {
-            if let Some(parent) = d.parent() {
-                if let Err(e) = std::fs::create_dir_all(parent) {
-                    return Err(io_err("create cgroup", parent, e));
+            // Parents are made only when missing: most cgroups go straight under one.
+            let mut made_dir = std::fs::create_dir(d);
+            if matches!(&made_dir, Err(e) if e.kind() == std::io::ErrorKind::NotFound) {
+                if let Some(parent) = d.parent() {
+                    if let Err(e) = std::fs::create_dir_all(parent) {
+                        for m in made.iter().rev() {
+                            let _ = std::fs::remove_dir(m);
+                        }
+                        return Err(io_err("create cgroup", parent, e));
+                    }
                 }
+                made_dir = std::fs::create_dir(d);
             }
-            if let Err(e) = std::fs::create_dir(d) {
+            if let Err(e) = made_dir {
                 for m in made.iter().rev() {
                     let _ = std::fs::remove_dir(m);
                 }
@@ -157,7 +169,24 @@ pub struct V1Cgroup {
     /// The three files `usage` reads when a request is answered, opened on first use and
     /// read again from the start each time (None: they could not all be opened).
     counters: OnceCell<Option<[File; 3]>>,
+    /// The other files a reused cgroup touches for every request (`HELD`), opened once.
+    held: RefCell<Vec<(usize, &'static str, libc::c_int, File)>>,
 }
+
+/// Files read or written for every request a reused cgroup serves: kept open after first
+/// use rather than opened and closed each time (cgroupfs opens are not cheap). Each read
+/// starts at offset 0 and each write is a whole value, so a held file behaves as a fresh one.
+/// Never `cgroup.procs`: v1 caches the pid list it reads per open file for a second, so a
+/// held descriptor would keep listing processes that are gone.
+const HELD: [&str; 7] = [
+    "tasks",
+    "cpu.shares",
+    "freezer.state",
+    "memory.stat",
+    "memory.max_usage_in_bytes",
+    "memory.memsw.max_usage_in_bytes",
+    "cpuacct.usage",
+];
 
 /// What `usage` reads, in the order of `V1Cgroup::counters`.
 const COUNTERS: [(usize, &str); 3] = [
@@ -185,7 +214,33 @@ impl V1Cgroup {
             dirfds,
             memsw,
             counters: OnceCell::new(),
+            held: RefCell::new(Vec::new()),
         })
+    }
+
+    /// Run `f` on `name` of hierarchy `h` opened with `flags`: held open after first use if
+    /// `name` is in `HELD`, else opened for this once.
+    fn with_file<T>(
+        &self,
+        h: usize,
+        name: &str,
+        flags: libc::c_int,
+        f: impl FnOnce(&File) -> std::io::Result<T>,
+    ) -> Result<std::io::Result<T>, CgroupError> {
+        let Some(key) = HELD.iter().find(|n| **n == name) else {
+            return Ok(f(&self.open_in(h, name, flags)?));
+        };
+        let mut held = self.held.borrow_mut();
+        if let Some((.., file)) = held
+            .iter()
+            .find(|(hh, n, fl, _)| *hh == h && n == key && *fl == flags)
+        {
+            return Ok(f(file));
+        }
+        let file = self.open_in(h, name, flags)?;
+        let out = f(&file);
+        held.push((h, key, flags, file));
+        Ok(out)
     }
 
     fn open_in(&self, h: usize, name: &str, flags: libc::c_int) -> Result<File, CgroupError> {
@@ -213,17 +268,33 @@ impl V1Cgroup {
     }
 
     fn write_in(&self, h: usize, name: &str, value: &str) -> Result<(), CgroupError> {
-        self.open_in(h, name, libc::O_WRONLY)?
-            .write_all(value.as_bytes())
-            .map_err(|e| io_err(&format!("write {value:?} to"), &self.dirs[h].join(name), e))
+        use std::os::unix::fs::FileExt;
+        self.with_file(h, name, libc::O_WRONLY, |file| {
+            // One write(2) per value: cgroupfs takes each write whole, whatever the offset.
+            match file.write_at(value.as_bytes(), 0)? {
+                n if n == value.len() => Ok(()),
+                _ => Err(std::io::Error::from(std::io::ErrorKind::WriteZero)),
+            }
+        })?
+        .map_err(|e| io_err(&format!("write {value:?} to"), &self.dirs[h].join(name), e))
     }
 
     fn read_in(&self, h: usize, name: &str) -> Result<String, CgroupError> {
-        let mut text = String::new();
-        self.open_in(h, name, libc::O_RDONLY)?
-            .read_to_string(&mut text)
-            .map_err(|e| io_err("read", &self.dirs[h].join(name), e))?;
-        Ok(text)
+        use std::os::unix::fs::FileExt;
+        self.with_file(h, name, libc::O_RDONLY, |file| {
+            // From offset 0 every time: a held file is read afresh.
+            let mut text = Vec::new();
+            let mut buf = [0u8; 4096];
+            loop {
+                let n = file.read_at(&mut buf, text.len() as u64)?;
+                if n == 0 {
+                    break;
+                }
+                text.extend_from_slice(&buf[..n]);
+            }
+            Ok(String::from_utf8_lossy(&text).into_owned())
+        })?
+        .map_err(|e| io_err("read", &self.dirs[h].join(name), e))
     }
 
     /// One of `COUNTERS`, read from the start of its held file (or opened afresh).
