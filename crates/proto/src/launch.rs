@@ -133,7 +133,8 @@ pub enum ToLauncher {
         /// `/run/script/<digest>`, read-only, before the request reaches the child.
         script: Option<Script>,
     },
-    /// Zygote: the slot's request is over; drop its channel and remove its directory.
+    /// Zygote: drop the slot's child unused (its channel closes, so it exits). A child
+    /// that served its request is dropped by the launcher itself once its channel closes.
     Reap { slot: String },
 }
 

@@ -14,7 +14,7 @@ Guarantees, to a handler that does not sabotage it:
   enters a Landlock domain of its own before its request arrives, so no other request
   (same uid or not) can see it in /proc, trace it or signal it, even after it execs.
 - Each request runs once, in its own fork of the imported handler, in a new /work/<name>
-  (0700; 32 random hex digits) that reap removes, with `random` reseeded and fd 1 and fd 2
+  (0700; 32 random hex digits) that is removed when it exits, with `random` reseeded and fd 1 and fd 2
   pipes whose read ends the launcher holds (so subprocesses' output is captured too, and no
   thread of ours relays it). The agent process never sees a request, an event or a live
   directory name, so a fork inherits nothing of its neighbours'.
@@ -27,7 +27,7 @@ Guarantees, to a handler that does not sabotage it:
 
 import _signal, _socket, _thread, importlib.machinery, json, os, re
 import select, stat, struct, sys, time
-# traceback and shutil are imported where they are needed (an error, a reap), and the C
+# traceback and shutil are imported where they are needed (an error, a cleanup), and the C
 # modules _socket and _signal stand in for socket and signal: every module imported here
 # is memory each zygote holds for as long as it lives.
 
@@ -37,11 +37,11 @@ MAX_CONTROL_LINE, MAX_REQUEST_LINE = 1 << 20, 20 << 20  # launcher -> agent, -> 
 MAX_LINE_OUT = 20 << 20  # child -> launcher, newline included
 MAX_PROGRESS, MAX_MESSAGE, MAX_TRACEBACK = 64 << 10, 64 << 10, 1 << 20  # characters
 SLOT, WORKDIR = re.compile(r"[A-Za-z0-9_-]{1,64}"), re.compile(r"[0-9a-f]{32}")
-CONTROL = {"park": {"kind", "slot"}, "reap": {"kind", "slot"}}
+CONTROL = {"park": {"kind", "slot"}}
 # A control line exactly as the launcher writes one (compact JSON): read without the JSON
 # machinery, which would copy pages in a process that forks after most lines. Any other
 # line, valid or not, goes through strict().
-CONTROL_LINE = re.compile(rb'\{"kind":"(park|reap)","slot":"([A-Za-z0-9_-]{1,64})"\}')
+CONTROL_LINE = re.compile(rb'\{"kind":"(park)","slot":"([A-Za-z0-9_-]{1,64})"\}')
 REQUEST = {"request": {"kind", "id", "event"}}
 POOL_REQUEST = {"request": {"kind", "id", "event", "script"}}  # a runtime pool's
 SCRIPT = re.compile(r"/run/script/[0-9a-f]{64}")
@@ -250,17 +250,19 @@ def own_domain():
 
 
 def serve(func):
-    slots = {}  # slot -> read end of the pipe on which its child named its workdir
+    # pid -> (slot, read end of the pipe on which the child named its workdir, its uid)
+    slots = {}
     buf = bytearray()
     poller = select.poll()
     poller.register(CTL, select.POLLIN)
     beat = time.monotonic() + 1.0
     while True:
-        reap_children()
         if time.monotonic() >= beat:
             tell({"kind": "heartbeat"})
             beat = time.monotonic() + 1.0
-        if not poller.poll(max(0, int((beat - time.monotonic()) * 1000) + 1)):
+        ready = poller.poll(max(0, int((beat - time.monotonic()) * 1000) + 1))
+        reap_children(slots, func)  # what exited meanwhile, before anything is forked
+        if not ready:
             continue
         try:
             data = os.read(CTL, 4096)  # small: a big buffer would touch (copy) more pages
@@ -325,37 +327,14 @@ def become(uid):
 
 
 def handle(msg, slots, func):
-    """One launcher line. Each slot's workdir name is chosen in its fresh fork, before any
-    handler code runs there, and sent back on a private pipe that the agent reads only on
-    reap: the agent never holds a live name, so no later fork inherits a neighbour's."""
+    """One launcher line: park a child for the slot. Each slot's workdir name is chosen in
+    its fresh fork, before any handler code runs there, and sent back on a private pipe that
+    the agent reads only once that child has exited: the agent never holds a live name, so
+    no later fork inherits a neighbour's."""
     slot = msg["slot"]
     if type(slot) is not str or not SLOT.fullmatch(slot):
         raise Violation("a bad slot")
-    if msg["kind"] == "reap":
-        named, uid = slots.pop(slot, (None, None))
-        if named is not None:
-            os.set_blocking(named, False)
-            try:
-                name = os.read(named, 64).decode("ascii", "replace")
-            except OSError:
-                name = ""  # the child never got as far as naming it
-            os.close(named)
-            if WORKDIR.fullmatch(name):
-                path = os.path.join(WORK_ROOT, name)
-                if not os.path.lexists(path):
-                    pass  # the usual case: the child removed it when it answered
-                elif uid is None:
-                    remove(path)
-                elif os.fork() == 0:
-                    # The child removes its own directory when it answers; one killed first
-                    # left it, and only its owner may empty it: do that as the owner.
-                    try:
-                        become(uid)
-                        remove(path)
-                    finally:
-                        os._exit(0)
-        return
-    if slot in slots:
+    if any(s == slot for s, _, _ in slots.values()):
         raise Violation(f"slot {slot} parked twice")
     flush(sys.stdout, sys.stderr)  # or the child would print it again
     uid = request_uid()
@@ -376,13 +355,20 @@ def handle(msg, slots, func):
         tell({"kind": "park_failed", "slot": slot, "message": f"cannot fork: {e}"})
         return
     if pid == 0:
-        child(slot, tell_name, [named, *(n for n, _ in slots.values())], func, out, err, uid)
+        child(slot, tell_name, [named, *(n for _, n, _ in slots.values())], func, out, err, uid)
     for fd in (tell_name, *out, *err):
         os.close(fd)
-    slots[slot] = (named, uid)
+    slots[pid] = (slot, named, uid)
 
 
-def reap_children():
+# A request process that exits 0 removed its /work directory itself (or never made one).
+# Exiting LEFT_WORKDIR says it left something there; any other end (killed, failed) may
+# have left it too. Node spares always get the check: Node's exit says nothing about it.
+LEFT_WORKDIR = 3
+
+
+def reap_children(slots, func):
+    """Wait for every child that has exited; remove what a request process left in /work."""
     while True:
         try:
             pid, status = os.waitpid(-1, os.WNOHANG)
@@ -390,8 +376,42 @@ def reap_children():
             return
         if pid == 0:
             return
-        if os.WIFEXITED(status) and os.WEXITSTATUS(status) != 0:
-            complain(f"request process {pid} exited with status {os.WEXITSTATUS(status)}")
+        entry = slots.pop(pid, None)
+        if entry is None:
+            continue  # a helper that removed a directory as its owner
+        _, named, uid = entry
+        code = os.WEXITSTATUS(status) if os.WIFEXITED(status) else None
+        if code == 0 and not isinstance(func, NodeSpare):
+            os.close(named)  # the usual case: nothing left behind
+            continue
+        if code not in (None, 0, LEFT_WORKDIR):
+            complain(f"request process {pid} exited with status {code}")
+        remove_workdir(named, uid)
+
+
+def remove_workdir(named, uid):
+    """Remove the /work directory a child named on `named` (then closed), if it is there."""
+    os.set_blocking(named, False)
+    try:
+        name = os.read(named, 64).decode("ascii", "replace")
+    except OSError:
+        name = ""  # the child never got as far as naming it
+    os.close(named)
+    if not WORKDIR.fullmatch(name):
+        return
+    path = os.path.join(WORK_ROOT, name)
+    if not os.path.lexists(path):
+        return
+    if uid is None:
+        remove(path)
+    elif os.fork() == 0:
+        # Only its owner may empty it (a handler may have locked subfolders): do that as
+        # the owner.
+        try:
+            become(uid)
+            remove(path)
+        finally:
+            os._exit(0)
 
 
 def remove(path):
@@ -421,7 +441,7 @@ def child(slot, tell_name, inherited, func, out, err, uid):
         _signal.signal(_signal.SIGCHLD, _signal.SIG_DFL)
         for fd in [CTL, *inherited]:  # other slots' workdir names are not ours to read
             os.close(fd)
-        workdir = os.urandom(16).hex()  # told before it exists, so reap always finds it
+        workdir = os.urandom(16).hex()  # told before it exists, so the agent always finds it
         os.write(tell_name, workdir.encode())
         os.close(tell_name)
         # The C-level socket type: the request channel needs nothing more, and a fork copies
@@ -454,7 +474,7 @@ def child(slot, tell_name, inherited, func, out, err, uid):
             exec_node(func, mine, workdir)
         channel = Channel(mine)
         prepared = prepare(channel, workdir)  # everything not tied to the request, now
-        request = read_request(mine, prepared.room)
+        request = read_request(mine, prepared)
     except Violation as e:
         complain(f"protocol violation on the request channel: {e}")
         os._exit(2)
@@ -480,17 +500,24 @@ def _peek_keys(buf):
     return set(obj) if type(obj) is dict else set()
 
 
-def read_request(sock, room):
-    """The request line, read through `room` (a buffer the child touched ahead of time, so
-    reading copies no pages and maps no memory on the request's path)."""
+def read_request(sock, prepared):
+    """The request line, read through `prepared.room` (a buffer the child touched ahead of
+    time, so reading copies no pages and maps no memory on the request's path)."""
     buf = bytearray()
+    room = prepared.room
     while True:
         n = sock.recv_into(room)
         chunk = room[:n]
         if not chunk:
             if buf:
                 raise Violation("the channel closed mid-line")
-            os._exit(0)  # the launcher dropped this slot unused
+            # The launcher dropped this slot unused: its directory is still empty.
+            try:
+                os.chdir("/")
+                os.rmdir(prepared.path)
+            except OSError:
+                os._exit(LEFT_WORKDIR)
+            os._exit(0)
         nl = chunk.find(b"\n")
         buf += chunk if nl < 0 else chunk[:nl]
         if len(buf) > MAX_REQUEST_LINE:
@@ -604,15 +631,19 @@ def run(p, request, func):
     _signal.setitimer(_signal.ITIMER_REAL, 0, 0)
     flush(sys.stdout, sys.stderr, sys.__stdout__, sys.__stderr__, *p.ours)
     p.channel.send(None, terminal, last=True)
-    # The caller has its answer; now our directory goes (the agent's reap is the fallback).
+    # The caller has its answer; now our directory goes (the agent checks what is left
+    # when we exit with anything but 0).
+    code = LEFT_WORKDIR
     try:
         os.chdir("/")
         try:
             os.rmdir(p.path)  # the usual case: the handler left nothing behind
+            code = 0
         except OSError:
             remove(p.path)
+            code = LEFT_WORKDIR if os.path.lexists(p.path) else 0
     finally:
-        os._exit(0)
+        os._exit(code)
 
 
 

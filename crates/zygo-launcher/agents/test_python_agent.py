@@ -328,6 +328,16 @@ def can_ptrace():
     return bool(caps & (1 << 19))  # CAP_SYS_PTRACE
 
 
+def wait_until(check, timeout=5.0):
+    """Whether `check()` becomes true within the timeout."""
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        if check():
+            return True
+        time.sleep(0.02)
+    return check()
+
+
 def gone(pid, timeout=5.0):
     """Whether the process disappears (is reaped) within the timeout."""
     end = time.monotonic() + timeout
@@ -483,7 +493,7 @@ class Requests(unittest.TestCase):
         self.assertNotEqual(ra[0], rb[0])
         self.assertNotEqual(ra[1], rb[1])
 
-    def test_workdir_and_reap(self):
+    def test_workdir_removed_by_its_child(self):
         slot = f"slot-w{self.n}"
         lines = self.agent.call({"case": "workdir"}, slot=slot)
         path = lines[-1]["value"]["cwd"]
@@ -491,22 +501,11 @@ class Requests(unittest.TestCase):
         self.assertRegex(os.path.basename(path), r"^[0-9a-f]{32}$")
         self.assertEqual(lines[-1], {"kind": "result", "value": {"cwd": path, "mode": "0o700"}})
         # the child removes its own directory once it has answered (even a locked subfolder)
-        end = time.monotonic() + 5
-        while os.path.exists(path) and time.monotonic() < end:
-            time.sleep(0.02)
-        self.assertFalse(os.path.exists(path))
-        self.agent.command("reap", slot)
-        end = time.monotonic() + 5
-        while os.path.exists(path) and time.monotonic() < end:
-            time.sleep(0.02)
-        self.assertFalse(os.path.exists(path))
-        # reaping an unknown or already reaped slot is harmless, and the slot may be reused
-        self.agent.command("reap", slot)
-        self.agent.command("reap", "never-parked")
-        lines = self.agent.call({"case": "workdir"}, slot=slot)
+        self.assertTrue(wait_until(lambda: not os.path.exists(path)))
+        lines = self.agent.call({"case": "workdir"}, slot=f"{slot}-again")
         self.assertNotEqual(lines[-1]["value"]["cwd"], path)
 
-    def test_reap_after_the_child_was_killed(self):
+    def test_workdir_of_a_killed_child_is_removed(self):
         _, pid, chan = self.agent.park("killed")
         request(chan, {"case": "sleep", "seconds": 30})
         out, _ = PIPES[chan.fileno()]
@@ -514,10 +513,11 @@ class Requests(unittest.TestCase):
         path = os.read(out, 65536).decode().split("\n")[0].strip()
         self.assertTrue(os.path.isfile(os.path.join(path, "file")))
         os.kill(pid, 9)
+        # The agent waits for it (within a heartbeat) and removes what it left.
         self.assertTrue(gone(pid))
-        self.agent.command("reap", "killed")
-        self.agent.call(None, slot="after-killed")  # the reap has been handled by now
-        self.assertFalse(os.path.exists(path))
+        self.assertTrue(wait_until(lambda: not os.path.exists(path)))
+        # and the slot's name is free again
+        self.agent.call(None, slot="killed")
 
     def test_line_split_across_writes(self):
         self.agent.send(b'{"kind":"pa')
@@ -527,11 +527,19 @@ class Requests(unittest.TestCase):
         self.agent.send(b'\n')
         self.assertEqual(self.agent.registration()[0], {"kind": "register", "slot": "split"})
 
-    def test_reap_unused(self):
+    def test_unused_child_exits_and_leaves_nothing(self):
+        before = set(os.listdir(self.agent.work))
         _, pid, chan = self.agent.park("unused")
-        self.agent.command("reap", "unused")
+        # What the launcher does with a slot it drops unused: it closes the channel.
         chan.close()
         self.assertTrue(gone(pid))
+        self.assertEqual(set(os.listdir(self.agent.work)), before)
+
+    def test_reap_is_not_a_control_line(self):
+        a = Agent(self.addCleanup)
+        a.ready()
+        a.command("reap", "one")
+        self.assertIsNone(a.line())  # a protocol violation ends the agent
 
     def test_no_descriptor_leaks(self):
         lines = self.call({"case": "fds"})
@@ -675,14 +683,15 @@ class Hostile(unittest.TestCase):
         own = 5 + (1 if landlock_available() else 0)
         a = Agent(self.addCleanup, source="def handler(e):\n    return e\n", nofile=own + 7)
         a.ready()
-        a.park("one")
+        _, one, chan = a.park("one")
         a.park("two")
         a.command("park", "three")
         msg = a.line()
         self.assertEqual(msg["kind"], "park_failed", msg)
         self.assertEqual(msg["slot"], "three")
         self.assertIn("Too many open files", msg["message"])
-        a.command("reap", "one")
+        chan.close()  # "one" exits unused; the agent frees its descriptors when it waits for it
+        self.assertTrue(gone(one))
         a.park("three")
 
 

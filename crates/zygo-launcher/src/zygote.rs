@@ -697,9 +697,10 @@ pub fn serve(
                         )?;
                     }
                 }
+                // An unused parked child: dropping its channel ends it (it sees the end of
+                // its request channel, removes its empty directory and exits).
                 Ok(ToLauncher::Reap { slot }) if valid_slot(&slot) => {
                     children.remove(&slot);
-                    let _ = write_line(ctl, &serde_json::json!({"kind": "reap", "slot": slot}));
                 }
                 Ok(ToLauncher::Kill) => return end("killed by the monitor".into()),
                 Ok(other) => return end(format!("the monitor sent {other:?} to a zygote")),

@@ -1089,7 +1089,8 @@ impl Functions {
                     z.placing.retain(|p| *p != slot);
                     return Ok(());
                 };
-                z.conn.send(&ToLauncher::Reap { slot });
+                // The launcher has dropped the child already; the agent cleans up after it
+                // when it exits.
                 // A call still waiting for its answer (killed, died, out of memory) reads
                 // what its cgroup counted now; the cgroup itself (and whatever the child
                 // left in it) goes later, off the request path.
