@@ -99,7 +99,8 @@ def describe(e):
 
 def format_tb(e):
     """The traceback, without its leading frames from this file and from importlib."""
-    tb, ours = e.__traceback__, (__file__, "<frozen importlib._bootstrap>",
+    boot = getattr(sys.modules.get("python_boot"), "__file__", None)
+    tb, ours = e.__traceback__, (__file__, boot, "<frozen importlib._bootstrap>",
                                  "<frozen importlib._bootstrap_external>")
     while tb and tb.tb_frame.f_code.co_filename in ours:
         tb = tb.tb_next
@@ -133,10 +134,23 @@ def tell(obj):
         die(0)  # the launcher has gone
 
 
-def import_handler(entry, name):
-    """(function, None, None), or (None, message, traceback) saying why not."""
+class ForkCompilingLoader(importlib.machinery.SourceFileLoader):
+    """Compiles in a throwaway fork (python_boot.py says why), where the agent was started
+    through python_boot.py; here otherwise."""
+
+    def source_to_code(self, data, path, *, _optimize=-1):
+        boot = sys.modules.get("python_boot")
+        if boot is None:
+            return super().source_to_code(data, path, _optimize=_optimize)
+        return boot.compile_in_fork(data, path)
+
+
+def import_handler(entry, name, in_agent=False):
+    """(function, None, None), or (None, message, traceback) saying why not. In the agent
+    the entry module is compiled in a fork: the agent is what every request's fork copies."""
     try:
-        loader = importlib.machinery.SourceFileLoader("handler_module", entry)
+        loader = (ForkCompilingLoader if in_agent else importlib.machinery.SourceFileLoader)(
+            "handler_module", entry)
         spec = importlib.machinery.ModuleSpec("handler_module", loader, origin=entry)
         spec.has_location = True
         module = type(sys)("handler_module")
@@ -158,7 +172,7 @@ def load(entry, name):
     for d in ("/fn", os.path.dirname(os.path.abspath(entry))):
         if d not in sys.path:
             sys.path.insert(0, d)
-    func, message, tb = import_handler(entry, name)
+    func, message, tb = import_handler(entry, name, in_agent=True)
     if func is None:
         tell({"kind": "import_error", "message": message, "traceback": tb})
         die(1)
@@ -457,11 +471,11 @@ def child(slot, tell_name, inherited, func, out, err, uid):
         os.dup2(err_w, 2)
         os.close(out_w)
         os.close(err_w)
-        creds = struct.pack("iII", os.getpid(), os.getuid(), os.getgid())
-        # The slot was checked against SLOT: nothing in it needs escaping.
+        # The slot was checked against SLOT: nothing in it needs escaping. Our credentials
+        # (pid, uid, gid) go with it without asking: the launcher's end has SO_PASSCRED, so
+        # the kernel attaches them itself.
         REG_SOCKET.sendmsg([b'{"kind":"register","slot":"%s"}' % slot.encode()],
-                           [(_socket.SOL_SOCKET, _socket.SCM_CREDENTIALS, creds),
-                            (_socket.SOL_SOCKET, _socket.SCM_RIGHTS,
+                           [(_socket.SOL_SOCKET, _socket.SCM_RIGHTS,
                              struct.pack("3i", theirs.fileno(), out_r, err_r))])
         theirs.close()
         os.close(out_r)
@@ -597,7 +611,7 @@ def prepare(channel, workdir):
                    lambda *_: channel.send({"kind": "heartbeat"}, blocking=False))
     import gc
     gc.freeze()  # collections during the request leave the pages shared with the agent alone
-    room = bytearray(64 << 10)  # zero-filled, so its pages are this process's own now
+    room = bytearray(16 << 10)  # zero-filled, so its pages are this process's own now
     return Prepared(channel, ours, path, room)
 
 

@@ -49,6 +49,9 @@ const LOG_KEEP: usize = 1000;
 const SAMPLES: usize = 10_000;
 
 const PYTHON_AGENT: &[u8] = include_bytes!("../../../zygo-launcher/agents/python_agent.py");
+const PYTHON_BOOT: &[u8] = include_bytes!("../../../zygo-launcher/agents/python_boot.py");
+/// Where the Python agent is written in a zygote's sandbox.
+const AGENT_SCRIPT: &str = "/run/zygo/python_agent.py";
 const NODE_AGENT: &[u8] = include_bytes!("../../../zygo-launcher/agents/node_agent.mjs");
 
 /// A request with no heartbeat for this long is killed as stuck
@@ -486,12 +489,18 @@ fn entry_parts(file: &Path) -> Result<(String, String), String> {
     Ok((dir.to_string(), name.to_string()))
 }
 
-/// The Python agent, written into every zygote's sandbox at /run/zygo.
-fn python_agent_file() -> InjectedFile {
-    InjectedFile {
-        path: "/run/zygo/python_agent.py".into(),
-        contents: PYTHON_AGENT.to_vec(),
-    }
+/// The Python agent and its bootstrap, written into every zygote's sandbox at /run/zygo.
+fn python_agent_files() -> Vec<InjectedFile> {
+    vec![
+        InjectedFile {
+            path: AGENT_SCRIPT.into(),
+            contents: PYTHON_AGENT.to_vec(),
+        },
+        InjectedFile {
+            path: "/run/zygo/python_boot.py".into(),
+            contents: PYTHON_BOOT.to_vec(),
+        },
+    ]
 }
 
 /// The Node spare, written next to it for Node functions and pools.
@@ -502,12 +511,19 @@ fn node_agent_file() -> InjectedFile {
     }
 }
 
-/// `python3 -I /run/zygo/python_agent.py ARGS...`: every zygote's agent.
+/// `python3 -I /run/zygo/python_boot.py /run/zygo/python_agent.py ARGS...`: every zygote's
+/// agent, compiled in a throwaway fork so that the agent (and so every request's fork of
+/// it) does not carry the compiler's leftover memory (python_boot.py says more).
 fn agent_cmd<S: AsRef<str>>(args: &[S]) -> Vec<String> {
-    let mut argv: Vec<String> = ["/usr/bin/python3", "-I", "/run/zygo/python_agent.py"]
-        .iter()
-        .map(|s| s.to_string())
-        .collect();
+    let mut argv: Vec<String> = [
+        "/usr/bin/python3",
+        "-I",
+        "/run/zygo/python_boot.py",
+        AGENT_SCRIPT,
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect();
     argv.extend(args.iter().map(|a| a.as_ref().to_string()));
     argv
 }
@@ -533,7 +549,7 @@ fn agent_argv(spec: &FnSpec) -> Result<AgentLaunch, String> {
             Ok((
                 agent_cmd(&[format!("/fn/{name}"), func]),
                 entry_mount(dir),
-                vec![python_agent_file()],
+                python_agent_files(),
             ))
         }
         FnKind::Agent {
@@ -550,13 +566,13 @@ fn agent_argv(spec: &FnSpec) -> Result<AgentLaunch, String> {
                     entry.func.clone().unwrap_or_default(),
                 ]),
                 entry_mount(dir),
-                vec![python_agent_file(), node_agent_file()],
+                [python_agent_files(), vec![node_agent_file()]].concat(),
             ))
         }
         FnKind::Agent {
             agent: Agent::Python,
             entry: None,
-        } => Ok((agent_cmd(&["--pool"]), None, vec![python_agent_file()])),
+        } => Ok((agent_cmd(&["--pool"]), None, python_agent_files())),
         // A Node runtime pool: each parked child execs a Node spare that waits for its
         // request and imports the script it names.
         FnKind::Agent {
@@ -565,14 +581,14 @@ fn agent_argv(spec: &FnSpec) -> Result<AgentLaunch, String> {
         } => Ok((
             agent_cmd(&["--node-pool"]),
             None,
-            vec![python_agent_file(), node_agent_file()],
+            [python_agent_files(), vec![node_agent_file()]].concat(),
         )),
         // Warm-exec: the sandbox is held by the agent, and each call starts the command with
         // the script's path as its last argument and the event on stdin.
         FnKind::Cmd(cmd) => {
             let mut args = vec!["--exec".to_string()];
             args.extend(cmd.iter().cloned());
-            Ok((agent_cmd(&args), None, vec![python_agent_file()]))
+            Ok((agent_cmd(&args), None, python_agent_files()))
         }
     }
 }
@@ -674,7 +690,12 @@ impl Functions {
         // (the launcher leaves the agent CAP_SETUID/CAP_SETGID for that, see
         // zygo_launcher::harden::drop_privileges).
         if matches!(self.ids, IdMap::Range { count, .. } if count >= 65536) {
-            argv.insert(3, "--per-request-uids".into());
+            // The agent's first argument, right after its own path.
+            let at = argv
+                .iter()
+                .position(|a| a == AGENT_SCRIPT)
+                .map_or(argv.len(), |i| i + 1);
+            argv.insert(at, "--per-request-uids".into());
         }
         let image = match &spec.image {
             policy::plan::Image::Host => Image::Host,
