@@ -263,9 +263,17 @@ def own_domain():
         os.close(rs)  # the request's code has no use for it
 
 
+class Slots(dict):
+    """pid -> (slot, read end of the pipe on which the child named its workdir, its uid),
+    and the slots of the children alive (`live`)."""
+
+    def __init__(self):
+        super().__init__()
+        self.live = set()
+
+
 def serve(func):
-    # pid -> (slot, read end of the pipe on which the child named its workdir, its uid)
-    slots = {}
+    slots = Slots()
     buf = bytearray()
     poller = select.poll()
     poller.register(CTL, select.POLLIN)
@@ -294,8 +302,13 @@ def serve(func):
                 if len(line) > MAX_CONTROL_LINE:
                     raise Violation("a line over 1 MiB")
                 m = CONTROL_LINE.fullmatch(line)
-                msg = {"kind": m[1].decode(), "slot": m[2].decode()} if m else None
-                handle(msg or strict(line, CONTROL), slots, func)
+                if m:  # the pattern admits only a valid slot
+                    slot = m[2].decode()
+                else:
+                    slot = strict(line, CONTROL)["slot"]
+                    if type(slot) is not str or not SLOT.fullmatch(slot):
+                        raise Violation("a bad slot")
+                handle(slot, slots, func)
             if len(buf) > MAX_CONTROL_LINE:
                 raise Violation("a line over 1 MiB")
         except Violation as e:
@@ -340,15 +353,12 @@ def become(uid):
     os.setresuid(uid, uid, uid)
 
 
-def handle(msg, slots, func):
-    """One launcher line: park a child for the slot. Each slot's workdir name is chosen in
-    its fresh fork, before any handler code runs there, and sent back on a private pipe that
+def handle(slot, slots, func):
+    """Park a child for the slot (a valid name). Each slot's workdir name is chosen in its
+    fresh fork, before any handler code runs there, and sent back on a private pipe that
     the agent reads only once that child has exited: the agent never holds a live name, so
     no later fork inherits a neighbour's."""
-    slot = msg["slot"]
-    if type(slot) is not str or not SLOT.fullmatch(slot):
-        raise Violation("a bad slot")
-    if any(s == slot for s, _, _ in slots.values()):
+    if slot in slots.live:
         raise Violation(f"slot {slot} parked twice")
     flush(sys.stdout, sys.stderr)  # or the child would print it again
     uid = request_uid()
@@ -373,6 +383,7 @@ def handle(msg, slots, func):
     for fd in (tell_name, *out, *err):
         os.close(fd)
     slots[pid] = (slot, named, uid)
+    slots.live.add(slot)
 
 
 # A request process that exits 0 removed its /work directory itself (or never made one).
@@ -393,7 +404,8 @@ def reap_children(slots, func):
         entry = slots.pop(pid, None)
         if entry is None:
             continue  # a helper that removed a directory as its owner
-        _, named, uid = entry
+        slot, named, uid = entry
+        slots.live.discard(slot)
         code = os.WEXITSTATUS(status) if os.WIFEXITED(status) else None
         if code == 0 and not isinstance(func, NodeSpare):
             os.close(named)  # the usual case: nothing left behind
@@ -488,7 +500,8 @@ def child(slot, tell_name, inherited, func, out, err, uid):
             exec_node(func, mine, workdir)
         channel = Channel(mine)
         prepared = prepare(channel, workdir)  # everything not tied to the request, now
-        request = read_request(mine, prepared)
+        pool = isinstance(func, (Pool, ExecPool))
+        request = read_request(mine, prepared, POOL_REQUEST if pool else REQUEST)
     except Violation as e:
         complain(f"protocol violation on the request channel: {e}")
         os._exit(2)
@@ -505,18 +518,10 @@ def child(slot, tell_name, inherited, func, out, err, uid):
             os._exit(1)
 
 
-def _peek_keys(buf):
-    """The top-level keys of a request line (strict() validates it properly after)."""
-    try:
-        obj = json.loads(bytes(buf).decode("utf-8"))
-    except ValueError:
-        return set()
-    return set(obj) if type(obj) is dict else set()
-
-
-def read_request(sock, prepared):
-    """The request line, read through `prepared.room` (a buffer the child touched ahead of
-    time, so reading copies no pages and maps no memory on the request's path)."""
+def read_request(sock, prepared, schema):
+    """The request line (a runtime pool's names a script: `schema` says which), read
+    through `prepared.room` (a buffer the child touched ahead of time, so reading copies no
+    pages and maps no memory on the request's path)."""
     buf = bytearray()
     room = prepared.room
     while True:
@@ -540,7 +545,7 @@ def read_request(sock, prepared):
             if nl + 1 < len(chunk):
                 raise Violation("more than one line")
             break
-    request = strict(bytes(buf), POOL_REQUEST if "script" in _peek_keys(buf) else REQUEST)
+    request = strict(bytes(buf), schema)
     if "script" in request and (type(request["script"]) is not str
                                 or not SCRIPT.fullmatch(request["script"])):
         raise Violation("a bad script path")

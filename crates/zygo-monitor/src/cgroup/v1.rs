@@ -287,10 +287,11 @@ impl V1Cgroup {
             let mut buf = [0u8; 4096];
             loop {
                 let n = file.read_at(&mut buf, text.len() as u64)?;
-                if n == 0 {
+                text.extend_from_slice(&buf[..n]);
+                // cgroupfs fills a read as far as it can: a short one was the end.
+                if n < buf.len() {
                     break;
                 }
-                text.extend_from_slice(&buf[..n]);
             }
             Ok(String::from_utf8_lossy(&text).into_owned())
         })?
