@@ -19,6 +19,7 @@
 //!   `ZYGO_RUNTIME_DIR`/`ZYGO_STATE_DIR`) serving `def handler(event): return {"ok": True}`
 //!   with min_warm = 2, max_warm = 8;
 //! - (b) one kept connection, 200 warm-up then ≥ 2000 sequential Exec calls: p50/p90/p99/max;
+//!   then 1000 more, 2 ms apart (a call's own cost once the spares have been refilled);
 //! - (c) 1, 8 and 32 concurrent callers (threads, one kept connection each), 0.5 s of warm-up
 //!   then ~3 s measured per level: calls/s, p50/p99; busy refusals counted apart (a refused
 //!   caller sleeps 1 ms and retries);
@@ -54,6 +55,10 @@ const WARMUP_CALLS: usize = 200;
 /// Node spares are slower to refill: fewer calls keep the run short.
 const NODE_WARMUP_CALLS: usize = 50;
 const FORKS: usize = 2000;
+/// (b) again with idle time between calls: what one call costs when the machine has had
+/// the time to refill the spares (back to back, the calls wait for the CPU that refills).
+const PACED_CALLS: usize = 1000;
+const PACED_GAP: Duration = Duration::from_millis(2);
 const FORK_WARMUP: usize = 200;
 const LEVELS: [usize; 3] = [1, 8, 32];
 const LEVEL_WARMUP: Duration = Duration::from_millis(500);
@@ -723,7 +728,14 @@ struct Sequential {
     cpu: (f64, f64, f64),
 }
 
-fn sequential(sup: &Supervisor, name: &str, warmup: usize, calls: usize) -> R<Sequential> {
+/// `calls` sequential calls on one connection; with `pace`, that long apart (idle between).
+fn sequential(
+    sup: &Supervisor,
+    name: &str,
+    warmup: usize,
+    calls: usize,
+    pace: Duration,
+) -> R<Sequential> {
     let mut c = sup.connect()?;
     let mut failures = 0;
     let mut busy = 0;
@@ -737,6 +749,9 @@ fn sequential(sup: &Supervisor, name: &str, warmup: usize, calls: usize) -> R<Se
     let cpu0 = cpu(sup.pid);
     let t0 = Instant::now();
     while lat.len() < calls {
+        if !pace.is_zero() {
+            std::thread::sleep(pace);
+        }
         let t = Instant::now();
         match c.exec(name) {
             Call::Ok => lat.push(t.elapsed()),
@@ -954,6 +969,7 @@ fn node(sup: &Supervisor, dir: &Path, name: &str, calls: usize) -> R<Node> {
                 name,
                 NODE_WARMUP_CALLS,
                 calls,
+                Duration::ZERO,
             )?))
         }
         Reply::Served { failed, .. } => Ok(Node::NotAvailable(
@@ -1184,7 +1200,7 @@ fn run() -> R<i32> {
 
     // (b)
     println!("(b) {calls} sequential calls on one connection (after {WARMUP_CALLS} warm-up) ...");
-    let seq = sequential(&sup, &name, WARMUP_CALLS, calls)?;
+    let seq = sequential(&sup, &name, WARMUP_CALLS, calls, Duration::ZERO)?;
     let seq_stats = server_stats(&sup, &name);
     println!(
         "    {} ok in {:.2}s, {} failed, {} busy",
@@ -1193,6 +1209,8 @@ fn run() -> R<i32> {
         seq.failures,
         seq.busy
     );
+    println!("(b) the same with {PACED_GAP:?} between calls, {PACED_CALLS} calls ...");
+    let paced = sequential(&sup, &name, 0, PACED_CALLS, PACED_GAP)?;
 
     // (c)
     let mut levels = Vec::new();
@@ -1293,6 +1311,19 @@ fn run() -> R<i32> {
         ),
         "p50 <= 1 ms",
         verdict(!seq.sorted.is_empty() && p50 <= Duration::from_millis(1)),
+    );
+    row(
+        &mut t,
+        &format!("    the same, {} ms apart", PACED_GAP.as_millis()),
+        &format!(
+            "p50 {}  p90 {}  p99 {} ms  ({} calls)",
+            ms(pct(&paced.sorted, 0.5)),
+            ms(pct(&paced.sorted, 0.9)),
+            ms(pct(&paced.sorted, 0.99)),
+            paced.sorted.len()
+        ),
+        "(info)",
+        "-",
     );
     if let Some(s) = &seq_stats {
         row(
