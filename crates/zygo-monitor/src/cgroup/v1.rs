@@ -329,6 +329,37 @@ impl V1Cgroup {
             .collect())
     }
 
+    /// Kill everything in the cgroup. Ok(false): it was empty when first listed; Ok(true):
+    /// something had to be killed (`is_empty` says whether that worked).
+    fn kill_all_found(&self) -> Result<bool, CgroupError> {
+        let listed = || self.procs_in(FREEZER);
+        if listed()?.is_empty() {
+            return Ok(false);
+        }
+        // Most often what is left is already on its way out (a request's process that has
+        // answered): kill it and let it finish, without the freezer. Freezing the first
+        // cgroup of a host switches a kernel static key, which stalls every CPU briefly.
+        kill_listed(&listed)?;
+        let deadline = Instant::now() + Duration::from_millis(20);
+        while Instant::now() < deadline {
+            if listed()?.is_empty() {
+                return Ok(true);
+            }
+            std::thread::sleep(Duration::from_micros(200));
+        }
+        // Something keeps forking: freeze, kill, thaw until nothing is left.
+        for _ in 0..10 {
+            if listed()?.is_empty() {
+                return Ok(true);
+            }
+            self.freeze()?;
+            kill_listed(&listed)?;
+            self.thaw()?;
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        Ok(true)
+    }
+
     fn wait_frozen(&self) -> Result<(), CgroupError> {
         let deadline = Instant::now() + Duration::from_secs(2);
         loop {
@@ -442,32 +473,7 @@ impl Cgroup for V1Cgroup {
     }
 
     fn kill_all(&self) -> Result<(), CgroupError> {
-        let listed = || self.procs_in(FREEZER);
-        if listed()?.is_empty() {
-            return Ok(());
-        }
-        // Most often what is left is already on its way out (a request's process that has
-        // answered): kill it and let it finish, without the freezer. Freezing the first
-        // cgroup of a host switches a kernel static key, which stalls every CPU briefly.
-        kill_listed(&listed)?;
-        let deadline = Instant::now() + Duration::from_millis(20);
-        while Instant::now() < deadline {
-            if listed()?.is_empty() {
-                return Ok(());
-            }
-            std::thread::sleep(Duration::from_micros(200));
-        }
-        // Something keeps forking: freeze, kill, thaw until nothing is left.
-        for _ in 0..10 {
-            if listed()?.is_empty() {
-                return Ok(());
-            }
-            self.freeze()?;
-            kill_listed(&listed)?;
-            self.thaw()?;
-            std::thread::sleep(Duration::from_millis(1));
-        }
-        Ok(())
+        self.kill_all_found().map(|_| ())
     }
 
     fn is_empty(&self) -> Result<bool, CgroupError> {
@@ -475,8 +481,8 @@ impl Cgroup for V1Cgroup {
     }
 
     fn recycle(&self) -> Result<bool, CgroupError> {
-        self.kill_all()?;
-        if !self.is_empty()? {
+        // The usual case: nothing left to kill, so no second listing.
+        if self.kill_all_found()? && !self.is_empty()? {
             log::debug!("not reusing {}: it does not empty", self.describe());
             return Ok(false);
         }
