@@ -14,9 +14,9 @@ Guarantees, to a handler that does not sabotage it:
   enters a Landlock domain of its own before its request arrives, so no other request
   (same uid or not) can see it in /proc, trace it or signal it, even after it execs.
 - Each request runs once, in its own fork of the imported handler, in a new /work/<name>
-  (0700; 32 random hex digits) that is removed when it exits, with `random` reseeded and fd 1 and fd 2
-  pipes whose read ends the launcher holds (so subprocesses' output is captured too, and no
-  thread of ours relays it). The agent process never sees a request, an event or a live
+  (0700; 32 random hex digits), removed when it has exited, with `random` reseeded and fd 1
+  and fd 2 pipes whose read ends the launcher holds (so subprocesses' output is captured
+  too, and no thread of ours relays it). The agent process never sees a request, an event or a live
   directory name, so a fork inherits nothing of its neighbours'.
 - A request channel carries progress and heartbeat lines (one a second, from a timer),
   then exactly one terminal line (result or error), then the child exits. Everything the
@@ -32,11 +32,12 @@ import select, stat, struct, sys, time
 # is memory each zygote holds for as long as it lives.
 
 WORK_ROOT = os.environ.get("ZYGO_WORK_ROOT", "/work")  # set only by the tests
+WORK_PREFIX = os.fsencode(WORK_ROOT) + b"/"
 CTL, REG = 3, 4
 MAX_CONTROL_LINE, MAX_REQUEST_LINE = 1 << 20, 20 << 20  # launcher -> agent, -> child
 MAX_LINE_OUT = 20 << 20  # child -> launcher, newline included
 MAX_PROGRESS, MAX_MESSAGE, MAX_TRACEBACK = 64 << 10, 64 << 10, 1 << 20  # characters
-SLOT, WORKDIR = re.compile(r"[A-Za-z0-9_-]{1,64}"), re.compile(r"[0-9a-f]{32}")
+SLOT, WORKDIR_B = re.compile(r"[A-Za-z0-9_-]{1,64}"), re.compile(rb"[0-9a-f]{32}")
 CONTROL = {"park": {"kind", "slot"}}
 # A control line exactly as the launcher writes one (compact JSON): read without the JSON
 # machinery, which would copy pages in a process that forks after most lines. Any other
@@ -283,7 +284,7 @@ def serve(func):
             tell({"kind": "heartbeat"})
             beat = time.monotonic() + 1.0
         ready = poller.poll(max(0, int((beat - time.monotonic()) * 1000) + 1))
-        reap_children(slots, func)  # what exited meanwhile, before anything is forked
+        reap_children(slots)  # what exited meanwhile, before anything is forked
         if not ready:
             continue
         try:
@@ -386,13 +387,13 @@ def handle(slot, slots, func):
     slots.live.add(slot)
 
 
-# A request process that exits 0 removed its /work directory itself (or never made one).
-# Exiting LEFT_WORKDIR says it left something there; any other end (killed, failed) may
-# have left it too. Node spares always get the check: Node's exit says nothing about it.
+# A request process exits 0 once it has removed its /work directory, LEFT_WORKDIR when it
+# could not remove all of it. Its exit status is not proof either way (the handler runs in
+# that process and may exit itself), so the agent checks every child's directory.
 LEFT_WORKDIR = 3
 
 
-def reap_children(slots, func):
+def reap_children(slots):
     """Wait for every child that has exited; remove what a request process left in /work."""
     while True:
         try:
@@ -407,27 +408,27 @@ def reap_children(slots, func):
         slot, named, uid = entry
         slots.live.discard(slot)
         code = os.WEXITSTATUS(status) if os.WIFEXITED(status) else None
-        if code == 0 and not isinstance(func, NodeSpare):
-            os.close(named)  # the usual case: nothing left behind
-            continue
         if code not in (None, 0, LEFT_WORKDIR):
             complain(f"request process {pid} exited with status {code}")
         remove_workdir(named, uid)
 
 
 def remove_workdir(named, uid):
-    """Remove the /work directory a child named on `named` (then closed), if it is there."""
-    os.set_blocking(named, False)
+    """Remove the /work directory a child named on `named` (then closed), if it is there.
+    The child wrote the name and closed its end before any handler code ran, so the read
+    returns at once."""
     try:
-        name = os.read(named, 64).decode("ascii", "replace")
+        name = os.read(named, 64)
     except OSError:
-        name = ""  # the child never got as far as naming it
+        name = b""
     os.close(named)
-    if not WORKDIR.fullmatch(name):
-        return
-    path = os.path.join(WORK_ROOT, name)
-    if not os.path.lexists(path):
-        return
+    if not WORKDIR_B.fullmatch(name):
+        return  # the child never got as far as naming it
+    try:
+        os.lstat(WORK_PREFIX + name)
+    except OSError:
+        return  # the usual case: the child removed it
+    path = os.path.join(WORK_ROOT, name.decode())
     if uid is None:
         remove(path)
     elif os.fork() == 0:

@@ -93,6 +93,11 @@ HANDLER = textwrap.dedent("""
             print(os.getcwd(), flush=True)
             time.sleep(event["seconds"])
             return "slept"
+        if case == "exit0":
+            with open("file", "w") as f:
+                f.write("x")
+            print(os.getcwd(), flush=True)
+            os._exit(0)
         if case == "big":
             sys.stdout.write("x" * (3 << 20))
             return len(event["case"])
@@ -527,6 +532,16 @@ class Requests(unittest.TestCase):
         time.sleep(0.1)
         self.agent.send(b'\n')
         self.assertEqual(self.agent.registration()[0], {"kind": "register", "slot": "split"})
+
+    def test_workdir_of_a_child_that_exits_0_itself_is_removed(self):
+        # Its exit status proves nothing: the handler ran in that process.
+        _, pid, chan = self.agent.park("exit0")
+        request(chan, {"case": "exit0"})
+        out, _ = PIPES[chan.fileno()]
+        select.select([out], [], [], 5)
+        path = os.read(out, 65536).decode().split("\n")[0].strip()
+        self.assertTrue(gone(pid))
+        self.assertTrue(wait_until(lambda: not os.path.exists(path)))
 
     def test_unused_child_exits_and_leaves_nothing(self):
         before = set(os.listdir(self.agent.work))
