@@ -285,13 +285,14 @@ impl V1Cgroup {
             // From offset 0 every time: a held file is read afresh.
             let mut text = Vec::new();
             let mut buf = [0u8; 4096];
+            // To the end: a seq_file read stops short at a page of output, so a short read
+            // is not the end (cgroup.procs of a cgroup with many tasks runs longer).
             loop {
                 let n = file.read_at(&mut buf, text.len() as u64)?;
-                text.extend_from_slice(&buf[..n]);
-                // cgroupfs fills a read as far as it can: a short one was the end.
-                if n < buf.len() {
+                if n == 0 {
                     break;
                 }
+                text.extend_from_slice(&buf[..n]);
             }
             Ok(String::from_utf8_lossy(&text).into_owned())
         })?
