@@ -389,7 +389,7 @@ fn supervise(
         },
     };
     let raw: Vec<RawFd> = attach.iter().map(AsRawFd::as_raw_fd).collect();
-    let handed = sys::send_with_fds(ctl.as_raw_fd(), b"C", &raw);
+    let handed = proto::fds::send_with_fds(ctl.as_raw_fd(), b"C", &raw);
     drop(attach);
     if let Err(e) = handed {
         return failed(
@@ -406,7 +406,7 @@ fn supervise(
             format!("map the sandbox's user ids: {e}"),
         );
     }
-    if let Err(e) = sys::send_with_fds(ctl.as_raw_fd(), b"M", &[]) {
+    if let Err(e) = proto::fds::send_with_fds(ctl.as_raw_fd(), b"M", &[]) {
         return failed(sock, Phase::Start, format!("start the sandbox: {e}"));
     }
     // 4. The seccomp filter, compiled here while init builds; it goes to init with `go`.
@@ -444,7 +444,7 @@ fn supervise(
     let mut go = Vec::with_capacity(1 + filter.len());
     go.push(b'G');
     go.extend_from_slice(&filter);
-    let _ = sys::send_with_fds(ctl.as_raw_fd(), &go, &[]);
+    let _ = proto::fds::send_with_fds(ctl.as_raw_fd(), &go, &[]);
     drop(ctl);
 
     // 7. Wait for init's reports, the monitor, or the deadline.
@@ -848,7 +848,8 @@ fn hand_over_script_dir(reg: RawFd) -> Result<(), SetupError> {
     let dir = sys::step(std::fs::File::open("/run/script"), || {
         "open /run/script".into()
     })?;
-    sys::send_with_fds(reg, b"scripts", &[dir.as_raw_fd()])
+    proto::fds::send_with_fds(reg, b"scripts", &[dir.as_raw_fd()])
+        .map(drop)
         .map_err(|e| sys::fail("hand /run/script to the launcher", e))
 }
 

@@ -277,45 +277,7 @@ pub(crate) fn send_cgroup_files(sock: &UnixStream, files: &[OwnedFd]) -> std::io
     let frame = proto::encode_frame(&ToLauncher::Cgroup { files: count })
         .map_err(|e| std::io::Error::other(e.to_string()))?;
     let raw: Vec<RawFd> = files.iter().map(AsRawFd::as_raw_fd).collect();
-    let fd_bytes = std::mem::size_of_val(raw.as_slice()) as u32;
-    let mut iov = libc::iovec {
-        iov_base: frame.as_ptr() as *mut libc::c_void,
-        iov_len: frame.len(),
-    };
-    // SAFETY: CMSG_SPACE of a small size.
-    let space = unsafe { libc::CMSG_SPACE(fd_bytes) } as usize;
-    let mut control = vec![0u64; space.div_ceil(8)];
-    // SAFETY: msghdr is plain old data; zeroed is a valid starting value.
-    let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
-    msg.msg_iov = &mut iov;
-    msg.msg_iovlen = 1;
-    if !raw.is_empty() {
-        msg.msg_control = control.as_mut_ptr().cast();
-        msg.msg_controllen = space;
-        // SAFETY: filling in the one control message the buffer was sized for.
-        unsafe {
-            let c = libc::CMSG_FIRSTHDR(&msg);
-            (*c).cmsg_level = libc::SOL_SOCKET;
-            (*c).cmsg_type = libc::SCM_RIGHTS;
-            (*c).cmsg_len = libc::CMSG_LEN(fd_bytes) as _;
-            std::ptr::copy_nonoverlapping(
-                raw.as_ptr(),
-                libc::CMSG_DATA(c).cast::<RawFd>(),
-                raw.len(),
-            );
-        }
-    }
-    let n = loop {
-        // SAFETY: msg points at buffers that live for the call.
-        let n = unsafe { libc::sendmsg(sock.as_raw_fd(), &msg, libc::MSG_NOSIGNAL) };
-        if n >= 0 {
-            break n as usize;
-        }
-        let e = std::io::Error::last_os_error();
-        if e.kind() != std::io::ErrorKind::Interrupted {
-            return Err(e);
-        }
-    };
+    let n = proto::fds::send_with_fds(sock.as_raw_fd(), &frame, &raw)?;
     // The descriptors went with the first byte; the rest of a short write follows plainly.
     (&*sock).write_all(&frame[n..])
 }
