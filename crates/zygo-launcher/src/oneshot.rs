@@ -225,6 +225,12 @@ pub fn run(
         init_main(plan, ctl_init, rep_w, inner_fds);
     }
     let pid = pid as libc::pid_t;
+    // Hold the sandbox's mount namespace until this process ends. When init exits it then
+    // only drops a reference, and the sandbox's mounts are taken down as this process
+    // exits, after it has reported the end: the monitor reads the usage and removes the
+    // cgroups meanwhile, instead of after. init has only just been cloned, so it is still
+    // ours to open (it becomes undumpable later).
+    let _mounts = std::fs::File::open(format!("/proc/{pid}/ns/mnt"));
     drop(ctl_init);
     sys::close(rep_w);
     // The program's stdout and stderr belong to the sandbox now: once it is gone, the
@@ -761,13 +767,9 @@ fn build(plan: &LaunchPlan, reg: Option<RawFd>) -> Result<(), SetupError> {
     // one builds the root: it is the slowest single step of a sandbox (the kernel registers
     // a namespace's sysctl tables and loopback device). This thread joins it below, before
     // anything of the program runs; until then init is only building.
-    let net = step(
-        std::thread::Builder::new()
-            .name("netns".into())
-            .stack_size(64 * 1024)
-            .spawn(sys::new_net_namespace),
-        || "start the network namespace's thread".into(),
-    )?;
+    let net = step(sys::spawn_net_namespace(), || {
+        "start the network namespace's thread".into()
+    })?;
     let host = plan.hostname.as_bytes();
     // SAFETY: host is a valid byte slice for its length.
     let r = unsafe { libc::sethostname(host.as_ptr().cast(), host.len()) };
@@ -778,10 +780,7 @@ fn build(plan: &LaunchPlan, reg: Option<RawFd>) -> Result<(), SetupError> {
             hand_over_script_dir(reg)?;
         }
     }
-    let ns = net
-        .join()
-        .unwrap_or_else(|_| Err(std::io::Error::other("its thread panicked")));
-    let ns = step(ns, || "create the network namespace".into())?;
+    let ns = step(net.join(), || "create the network namespace".into())?;
     step(sys::enter_net_namespace(&ns), || {
         "enter the network namespace".into()
     })?;

@@ -268,6 +268,104 @@ pub fn new_net_namespace() -> io::Result<OwnedFd> {
     Ok(unsafe { OwnedFd::from_raw_fd(ns) })
 }
 
+/// A thread making a network namespace ([`new_net_namespace`]), started by
+/// [`spawn_net_namespace`]; [`NetThread::join`] waits for it and returns the namespace.
+pub struct NetThread {
+    thread: libc::pthread_t,
+    slot: *mut Option<io::Result<OwnedFd>>,
+}
+
+extern "C" fn net_thread_main(arg: *mut libc::c_void) -> *mut libc::c_void {
+    let slot = arg.cast::<Option<io::Result<OwnedFd>>>();
+    let r = std::panic::catch_unwind(new_net_namespace)
+        .unwrap_or_else(|_| Err(io::Error::other("its thread panicked")));
+    // SAFETY: `slot` is the Box that spawn_net_namespace leaked for this thread, which
+    // nothing else touches until pthread_join has returned.
+    unsafe { *slot = Some(r) };
+    std::ptr::null_mut()
+}
+
+/// Start [`new_net_namespace`] on a thread of its own, placed on another CPU than the
+/// caller's when the caller may use more than one. The scheduler puts a new thread on
+/// the least loaded CPU at the moment it is made; while a sandbox starts that is often the
+/// creator's own (the monitor and launcher keep the other busy for a moment), and an idle
+/// CPU does not pull a queued thread over for up to a tick, so the namespace, which takes
+/// about half a millisecond to make, was made after the root instead of beside it. glibc
+/// sets the thread's CPU mask before the thread first runs. The mask only applies to this
+/// thread, which ends once the namespace exists.
+pub fn spawn_net_namespace() -> io::Result<NetThread> {
+    // SAFETY: cpu_set_t is plain data; all zeroes is the empty set.
+    let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
+    // SAFETY: pthread_attr_t is plain data that pthread_attr_init fills in.
+    let mut attr: libc::pthread_attr_t = unsafe { std::mem::zeroed() };
+    // SAFETY: attr is initialised before use and destroyed on every path below.
+    let r = unsafe { libc::pthread_attr_init(&mut attr) };
+    if r != 0 {
+        return Err(io::Error::from_raw_os_error(r));
+    }
+    let result = (|| {
+        // SAFETY: attr was initialised above.
+        let r = unsafe { libc::pthread_attr_setstacksize(&mut attr, 64 * 1024) };
+        if r != 0 {
+            return Err(io::Error::from_raw_os_error(r));
+        }
+        // SAFETY: `set` is a valid cpu_set_t of the size passed.
+        let got =
+            unsafe { libc::sched_getaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &mut set) };
+        // SAFETY: plain query of the calling thread's CPU.
+        let here = unsafe { libc::sched_getcpu() };
+        if got == 0 && here >= 0 && (here as usize) < libc::CPU_SETSIZE as usize {
+            // SAFETY: `here` is within the set's bounds (checked above).
+            unsafe { libc::CPU_CLR(here as usize, &mut set) };
+            // SAFETY: `set` is a valid cpu_set_t.
+            if unsafe { libc::CPU_COUNT(&set) } > 0 {
+                // SAFETY: attr was initialised; `set` outlives the call (glibc copies it).
+                let r = unsafe {
+                    libc::pthread_attr_setaffinity_np(
+                        &mut attr,
+                        std::mem::size_of::<libc::cpu_set_t>(),
+                        &set,
+                    )
+                };
+                if r != 0 {
+                    return Err(io::Error::from_raw_os_error(r));
+                }
+            }
+        }
+        let slot = Box::into_raw(Box::new(None::<io::Result<OwnedFd>>));
+        // SAFETY: pthread_t is plain data that pthread_create fills in.
+        let mut thread: libc::pthread_t = unsafe { std::mem::zeroed() };
+        // SAFETY: the thread gets `slot`, which stays alive until join() reclaims it; the
+        // start routine catches panics, so none unwinds across the C boundary.
+        let r = unsafe { libc::pthread_create(&mut thread, &attr, net_thread_main, slot.cast()) };
+        if r != 0 {
+            // SAFETY: no thread was made, so `slot` is still only ours.
+            drop(unsafe { Box::from_raw(slot) });
+            return Err(io::Error::from_raw_os_error(r));
+        }
+        Ok(NetThread { thread, slot })
+    })();
+    // SAFETY: attr was initialised above and is not used again.
+    unsafe { libc::pthread_attr_destroy(&mut attr) };
+    result
+}
+
+impl NetThread {
+    /// Wait for the thread and return the namespace it made.
+    pub fn join(self) -> io::Result<OwnedFd> {
+        // SAFETY: the thread was created joinable and is joined exactly once (self is
+        // consumed).
+        let r = unsafe { libc::pthread_join(self.thread, std::ptr::null_mut()) };
+        if r != 0 {
+            // The thread may still write to the slot: leave it leaked rather than free it.
+            return Err(io::Error::from_raw_os_error(r));
+        }
+        // SAFETY: the thread has ended, so the slot is only ours again.
+        let slot = unsafe { Box::from_raw(self.slot) };
+        slot.unwrap_or_else(|| Err(io::Error::other("its thread ended without an answer")))
+    }
+}
+
 /// Move the calling thread into the network namespace `ns`.
 pub fn enter_net_namespace(ns: &OwnedFd) -> io::Result<()> {
     // SAFETY: setns on a namespace descriptor we own.
