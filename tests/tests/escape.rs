@@ -591,6 +591,35 @@ done(
         assert_eq!(r["suid_nosuid"], true, "[{}] {r}", who.name());
     }
 
+    /// Every mount is nosuid; every one but the device nodes is nodev; everything is
+    /// read-only except /tmp, /work and /proc itself; the /proc masks and read-only /proc
+    /// folders are also noexec.
+    fn mount_flags(who) {
+        let r = probe(who, &[], r#"
+mounts = {}
+for line in open("/proc/self/mountinfo"):
+    f = line.split()
+    mounts[f[4]] = f[5].split(",")
+done(**mounts)"#);
+        let mounts = r.as_object().expect("mount table");
+        let has = |path: &str, flag: &str| {
+            mounts[path].as_array().expect("flags").iter().any(|f| f == flag)
+        };
+        for needed in ["/", "/usr", "/proc", "/proc/kmsg", "/proc/acpi", "/proc/sys", "/dev/null", "/tmp", "/work"] {
+            assert!(mounts.contains_key(needed), "[{}] no mount at {needed}: {r}", who.name());
+        }
+        for (path, _) in mounts {
+            let device = path.starts_with("/dev/");
+            let writable = ["/tmp", "/work", "/proc"].contains(&path.as_str());
+            assert!(has(path, "nosuid"), "[{}] {path} is not nosuid: {r}", who.name());
+            assert!(device || has(path, "nodev"), "[{}] {path} is not nodev: {r}", who.name());
+            assert_eq!(has(path, "ro"), !writable, "[{}] {path}: {r}", who.name());
+            if path.starts_with("/proc/") || device {
+                assert!(has(path, "noexec"), "[{}] {path} is not noexec: {r}", who.name());
+            }
+        }
+    }
+
     /// /dev holds only null, zero, full, random, urandom (character devices) and the
     /// fd/stdin/stdout/stderr links: no tty, no block device.
     fn dev_is_minimal(who) {

@@ -4,8 +4,9 @@
 //! root with `pivot_root`, so the host's root stays reachable at `/oldroot` while the new
 //! root is assembled at `/newroot` from binds of `/oldroot/...`. `/newroot` is a directory
 //! of the same tmpfs, bound onto itself to be a mount point; the tmpfs also holds the empty
-//! file and directory that mask `/proc` entries (each mask bind is made read-only, nosuid,
-//! nodev and noexec). Then `/newroot` becomes the root with `pivot_root(".", ".")`, one
+//! file and directory that mask `/proc` entries. Once the new root is bound, the staging
+//! root's own mount is made read-only, nosuid, nodev and noexec, and every mask bound from
+//! it takes those flags with it. Then `/newroot` becomes the root with `pivot_root(".", ".")`, one
 //! lazy detach removes the staging root and the host's root under it, and the new root
 //! itself is remounted read-only: only its own directory of the tmpfs is reachable.
 //!
@@ -31,18 +32,16 @@ const HOST_TOP: &[&str] = &["usr", "bin", "sbin", "lib", "lib32", "lib64", "libx
 
 /// The part of the host's `/etc` a program needs to start and to find libraries,
 /// certificates and time zones. Account databases and host names are generated instead,
-/// so nothing about the host's users or network leaks in.
+/// so nothing about the host's users or network leaks in. What only administration tools
+/// read (`ld.so.conf`, `ca-certificates.conf` and their folders: ldconfig and
+/// update-ca-certificates, which cannot work on a read-only `/etc` anyway) is left out.
 const HOST_ETC: &[&str] = &[
     "alternatives",
     "ld.so.cache",
-    "ld.so.conf",
-    "ld.so.conf.d",
     "localtime",
     "timezone",
     "nsswitch.conf",
     "ssl",
-    "ca-certificates",
-    "ca-certificates.conf",
     "mime.types",
     "protocols",
     "services",
@@ -277,21 +276,14 @@ fn dir_image(old: &Path, new: &Path, dir: &str) -> Result<()> {
 
 /// Bind a mask over `dst`, read-only, nosuid, nodev, noexec; a `dst` that does not exist
 /// (this kernel has no such entry) needs no mask.
+/// Bind the empty mask file or directory over `dst`. The bind takes its flags from the
+/// staging root's mount the masks live on, which is read-only, nosuid, nodev and noexec
+/// by then (see `assemble`).
 fn mask(src: &Path, dst: &Path, what: &str) -> Result<()> {
     match sys::mount(Some(src), dst, None, libc::MS_BIND, None) {
-        Err(e) if e.raw_os_error() == Some(libc::ENOENT) => return Ok(()),
-        r => step(r, || format!("mask {what}"))?,
+        Err(e) if e.raw_os_error() == Some(libc::ENOENT) => Ok(()),
+        r => step(r, || format!("mask {what}")),
     }
-    step(
-        sys::mount_setattr_recursive(
-            dst,
-            sys::MOUNT_ATTR_RDONLY
-                | sys::MOUNT_ATTR_NOSUID
-                | sys::MOUNT_ATTR_NODEV
-                | sys::MOUNT_ATTR_NOEXEC,
-        ),
-        || format!("make the mask of {what} read-only"),
-    )
 }
 
 fn proc_fs(new: &Path, masks: &Masks, plan: &LaunchPlan) -> Result<()> {
@@ -415,6 +407,9 @@ fn assemble(plan: &LaunchPlan) -> Result<()> {
         sys::mount(Some(new), new, None, libc::MS_BIND, None),
         || "make the new root a mount point".to_string(),
     )?;
+    // The staging root (not the new root, a mount of its own now) is done with: read-only,
+    // and noexec, so the masks bound from it carry those flags without a call each.
+    remount_ro(Path::new("/"), MS_NOEXEC)?;
 
     match &plan.image {
         Image::Host => host_image(old, new)?,

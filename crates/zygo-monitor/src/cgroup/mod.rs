@@ -203,7 +203,19 @@ impl Backend {
     /// Remove the cgroups of one-shot sandboxes whose monitor is gone (a `zygo run` that was
     /// killed with SIGKILL cannot clean up after itself): `run-<pid>-...` where no process
     /// `<pid>` exists. A cgroup that still holds processes is left alone (rmdir refuses).
+    ///
+    /// The caller's own sandbox cgroup is expected to be there: the directories are only
+    /// listed when some hierarchy's root holds more than that one (a cgroup directory's
+    /// link count is two plus its subdirectories), which is rare, so a run pays one `statx`
+    /// per hierarchy.
     pub fn sweep_stale_runs(&self) {
+        if self
+            .roots()
+            .iter()
+            .all(|r| subdirectory_count(r).is_some_and(|n| n <= 1))
+        {
+            return;
+        }
         let names = self.child_names_of("");
         for name in names {
             let Some(pid) = name
@@ -218,6 +230,14 @@ impl Backend {
             }
             log::info!("removing the cgroup {name} left by a monitor that is gone");
             self.prune(&name);
+        }
+    }
+
+    /// The root directory of Zygo's tree in each hierarchy.
+    fn roots(&self) -> Vec<&Path> {
+        match self {
+            Backend::V1(b) => b.roots().collect(),
+            Backend::V2(b) => vec![b.root_dir()],
         }
     }
 
@@ -341,6 +361,15 @@ pub(crate) fn base_path(own: &str, base_override: Option<&str>) -> String {
 }
 
 /// The names of the directories in `dir` (none when it cannot be read).
+/// How many subdirectories a cgroup directory has, from its link count (cgroupfs keeps it
+/// at two plus the number of subdirectories); `None` if it cannot be read.
+fn subdirectory_count(dir: &Path) -> Option<u64> {
+    use std::os::unix::fs::MetadataExt;
+    std::fs::metadata(dir)
+        .ok()
+        .map(|m| m.nlink().saturating_sub(2))
+}
+
 pub(crate) fn subdirectories(dir: &Path) -> Vec<String> {
     std::fs::read_dir(dir)
         .map(|d| {

@@ -9,7 +9,7 @@ use std::ffi::CString;
 use std::fs::File;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::os::unix::fs::OpenOptionsExt;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use super::{
@@ -78,6 +78,11 @@ impl V1 {
 
     /// The names under `rel` in any hierarchy: a supervisor killed while it was creating a
     /// cgroup leaves it in the first few hierarchies only, and those must be found too.
+    /// Zygo's root in each hierarchy.
+    pub fn roots(&self) -> impl Iterator<Item = &Path> {
+        self.roots.iter().map(PathBuf::as_path)
+    }
+
     pub fn child_names_in(&self, rel: &str) -> Vec<String> {
         let mut names: Vec<String> = self
             .roots

@@ -77,6 +77,11 @@ impl V2 {
     }
 
     /// The names of the directories under `<tree>/<rel>`.
+    /// Zygo's root directory.
+    pub fn root_dir(&self) -> &Path {
+        &self.root
+    }
+
     pub fn child_names_in(&self, rel: &str) -> Vec<String> {
         super::subdirectories(&super::join(&self.root, rel))
     }
