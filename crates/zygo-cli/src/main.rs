@@ -1,5 +1,9 @@
 //! The `zygo` binary: one executable, several roles. `zygo __launcher` is the launcher role
 //! (started only by the monitor, with its socket on fd 3); everything else is the CLI.
+//!
+//! The C runtime calls [`main`] directly (`no_main`), skipping Rust's own start-up; see
+//! there for what that keeps and what it leaves out.
+#![no_main]
 
 /// `println!` that does not panic when stdout is closed (e.g. piped into `head`): the
 /// monitor must still clean up its sandbox whatever happens to its output.
@@ -28,15 +32,61 @@ mod run;
 mod usage;
 mod version;
 
-use std::process::ExitCode;
+/// The process's entry point. Every sandbox starts two processes of this binary (the
+/// command and its launcher), so they start the way a C program does. Of what Rust's
+/// start-up would do, Zygo relies on two things, done here: descriptors 0, 1 and 2 are
+/// open (on `/dev/null` if whoever started us had closed them), so no file opened later
+/// can become our stdout; and SIGPIPE is ignored, so writing to a closed pipe is an error
+/// to handle rather than death. Left out: the main thread's stack guard lookup (glibc
+/// reads `/proc/self/maps` for it) and the alternate signal stack that turns a stack
+/// overflow into a message; an overflow still ends the process (SIGSEGV).
+/// `std::process::exit` flushes stdout, as Rust's usual exit path does.
+#[no_mangle]
+pub extern "C" fn main(_argc: libc::c_int, _argv: *const *const libc::c_char) -> libc::c_int {
+    standard_fds_open();
+    // SAFETY: setting a signal's disposition to ignore; no handler code is involved.
+    unsafe { libc::signal(libc::SIGPIPE, libc::SIG_IGN) };
+    let code = zygo_main();
+    std::process::exit(i32::from(code))
+}
 
-fn main() -> ExitCode {
+/// Open `/dev/null` on whichever of descriptors 0, 1 and 2 is closed; abort if that fails
+/// (as Rust's own start-up does).
+fn standard_fds_open() {
+    let mut fds = [0, 1, 2].map(|fd| libc::pollfd {
+        fd,
+        events: 0,
+        revents: 0,
+    });
+    let closed: [bool; 3] = loop {
+        // SAFETY: fds is a valid array of three pollfd.
+        let r = unsafe { libc::poll(fds.as_mut_ptr(), 3, 0) };
+        if r >= 0 {
+            break fds.map(|p| p.revents & libc::POLLNVAL != 0);
+        }
+        if std::io::Error::last_os_error().raw_os_error() == Some(libc::EINTR) {
+            continue;
+        }
+        // poll itself failed (e.g. a descriptor limit below 3): ask each one.
+        // SAFETY: F_GETFD on a descriptor number only queries it.
+        break [0, 1, 2].map(|fd| unsafe { libc::fcntl(fd, libc::F_GETFD) } == -1);
+    };
+    for (fd, closed) in closed.iter().enumerate() {
+        // SAFETY: opening a static NUL-terminated path; the lowest free descriptor is fd,
+        // since every lower one is open.
+        if *closed && unsafe { libc::open(c"/dev/null".as_ptr(), libc::O_RDWR) } != fd as i32 {
+            std::process::abort();
+        }
+    }
+}
+
+fn zygo_main() -> u8 {
     let mut args = std::env::args_os();
     let _argv0 = args.next();
     let first = args.next();
     if first.as_deref() == Some(std::ffi::OsStr::new("__launcher")) {
         init_logging();
-        return ExitCode::from(zygo_launcher::main().clamp(0, 255) as u8);
+        return zygo_launcher::main().clamp(0, 255) as u8;
     }
     init_logging();
     let rest: Vec<std::ffi::OsString> = args.collect();
@@ -66,7 +116,7 @@ fn main() -> ExitCode {
             2
         }
     };
-    ExitCode::from(code.clamp(0, 255) as u8)
+    code.clamp(0, 255) as u8
 }
 
 fn init_logging() {

@@ -294,8 +294,7 @@ pub(crate) struct OwnCgroup {
 }
 
 fn read_own_cgroups() -> Result<Vec<OwnCgroup>, CgroupError> {
-    let p = Path::new("/proc/self/cgroup");
-    let text = std::fs::read_to_string(p).map_err(|e| io_err("read", p, e))?;
+    let text = read_file(Path::new("/proc/self/cgroup"))?;
     Ok(text
         .lines()
         .filter_map(|l| {
@@ -323,8 +322,7 @@ pub(crate) struct CgroupMount {
 }
 
 fn read_mounts() -> Result<Vec<CgroupMount>, CgroupError> {
-    let p = Path::new("/proc/self/mountinfo");
-    let text = std::fs::read_to_string(p).map_err(|e| io_err("read", p, e))?;
+    let text = read_file(Path::new("/proc/self/mountinfo"))?;
     let mut out = Vec::new();
     for line in text.lines() {
         // id parent maj:min root point opts [optional...] - fstype source superopts
@@ -395,8 +393,16 @@ pub(crate) fn write_file(path: &Path, value: &str) -> Result<(), CgroupError> {
     std::fs::write(path, value).map_err(|e| io_err(&format!("write {value:?} to"), path, e))
 }
 
+/// Read a procfs or cgroupfs file whole. These report a size of 0, so a plain
+/// `read_to_string` starts from a 32-byte buffer and doubles it, one read per step;
+/// starting from a page-sized one, most files take two reads.
 pub(crate) fn read_file(path: &Path) -> Result<String, CgroupError> {
-    std::fs::read_to_string(path).map_err(|e| io_err("read", path, e))
+    use std::io::Read;
+    let mut text = String::with_capacity(8192);
+    std::fs::File::open(path)
+        .and_then(|mut f| f.read_to_string(&mut text))
+        .map_err(|e| io_err("read", path, e))?;
+    Ok(text)
 }
 
 /// Make the directory that holds Zygo's cgroups; a permission error means no delegation.
