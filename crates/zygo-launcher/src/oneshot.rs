@@ -240,10 +240,14 @@ pub fn run(
     if let Some(c) = &agent_fds {
         c.close_inner();
     }
-    let outcome = supervise(sock, plan, pid, ctl, rep_r, agent_fds, attach);
+    let init = Init {
+        pid,
+        reaped: std::cell::Cell::new(false),
+    };
+    let outcome = supervise(sock, plan, &init, ctl, rep_r, agent_fds, attach);
     // Whatever happened, nothing of the sandbox outlives this function.
-    kill_tree(pid);
-    reap(pid);
+    init.kill();
+    init.reap();
     sys::close(rep_r);
     outcome
 }
@@ -267,24 +271,40 @@ fn userns_hint(e: &std::io::Error) -> &'static str {
     }
 }
 
-/// SIGKILL to the sandbox's init: the kernel then kills every process in its pid namespace.
-fn kill_tree(pid: libc::pid_t) {
-    // SAFETY: signalling our own child.
-    unsafe { libc::kill(pid, libc::SIGKILL) };
+/// The sandbox's init, a child of this process. Once reaped its pid may be anyone's, so it
+/// is signalled only until then.
+struct Init {
+    pid: libc::pid_t,
+    reaped: std::cell::Cell<bool>,
 }
 
-fn reap(pid: libc::pid_t) -> Option<libc::c_int> {
-    let mut status = 0;
-    loop {
-        // SAFETY: waiting for our own child.
-        let r = unsafe { libc::waitpid(pid, &mut status, libc::__WALL) };
-        if r == pid {
-            return Some(status);
+impl Init {
+    /// SIGKILL to init: the kernel then kills every process in its pid namespace.
+    fn kill(&self) {
+        if !self.reaped.get() {
+            // SAFETY: signalling our own child, which has not been reaped.
+            unsafe { libc::kill(self.pid, libc::SIGKILL) };
         }
-        if r < 0 && std::io::Error::last_os_error().raw_os_error() == Some(libc::EINTR) {
-            continue;
+    }
+
+    /// Wait for init to end; its wait status, or `None` if it was reaped already.
+    fn reap(&self) -> Option<libc::c_int> {
+        if self.reaped.get() {
+            return None;
         }
-        return None;
+        let mut status = 0;
+        loop {
+            // SAFETY: waiting for our own child.
+            let r = unsafe { libc::waitpid(self.pid, &mut status, libc::__WALL) };
+            if r == self.pid {
+                self.reaped.set(true);
+                return Some(status);
+            }
+            if r < 0 && std::io::Error::last_os_error().raw_os_error() == Some(libc::EINTR) {
+                continue;
+            }
+            return None;
+        }
     }
 }
 
@@ -374,7 +394,7 @@ fn wait_line(rep_r: RawFd, buf: &mut Vec<u8>) -> Result<Vec<u8>, String> {
 fn supervise(
     sock: &mut UnixStream,
     plan: &LaunchPlan,
-    pid: libc::pid_t,
+    init: &Init,
     ctl: OwnedFd,
     rep_r: RawFd,
     mut agent_fds: Option<zygote::Channels>,
@@ -405,7 +425,7 @@ fn supervise(
         );
     }
     // 3. The id maps; init builds the sandbox once they are there.
-    if let Err(e) = write_id_maps(pid, &plan.ids) {
+    if let Err(e) = write_id_maps(init.pid, &plan.ids) {
         return failed(
             sock,
             Phase::Start,
@@ -434,7 +454,7 @@ fn supervise(
         }
         Err(e) => return failed(sock, Phase::Start, e),
     }
-    send(sock, &FromLauncher::Cloned { pid })?;
+    send(sock, &FromLauncher::Cloned { pid: init.pid })?;
     match read_frame::<_, ToLauncher>(sock, MAX_LAUNCH_FRAME) {
         Ok(ToLauncher::Proceed) => {}
         Ok(ToLauncher::Kill) => return Ok(()),
@@ -469,7 +489,7 @@ fn supervise(
         };
         let now = Instant::now();
         if !killed && now >= deadline {
-            kill_tree(pid);
+            init.kill();
             killed = true;
             if started.is_some() {
                 timed_out = true;
@@ -508,23 +528,23 @@ fn supervise(
             if std::io::Error::last_os_error().raw_os_error() == Some(libc::EINTR) {
                 continue;
             }
-            kill_tree(pid);
+            init.kill();
             break;
         }
         if fds[1].revents != 0 {
             match read_frame::<_, ToLauncher>(sock, MAX_LAUNCH_FRAME) {
                 Ok(ToLauncher::Kill) => {
-                    kill_tree(pid);
+                    init.kill();
                     killed = true;
                     ended.get_or_insert_with(Instant::now);
                 }
                 Ok(_) => {
-                    kill_tree(pid);
+                    init.kill();
                     return Err(LaunchError::Unexpected("a message out of order"));
                 }
                 Err(e) => {
                     // The monitor is gone: nobody is left to report to.
-                    kill_tree(pid);
+                    init.kill();
                     log::warn!("launcher: {e}; killing the sandbox");
                     return Ok(());
                 }
@@ -538,7 +558,7 @@ fn supervise(
             }
             buf.extend_from_slice(&chunk[..n]);
             if buf.len() > MAX_REPORT {
-                kill_tree(pid);
+                init.kill();
                 failure = Some("the sandbox's init said too much".into());
                 break;
             }
@@ -562,7 +582,15 @@ fn supervise(
                                 } => Some((uid_base, gid_base)),
                                 IdMap::Single { .. } => None,
                             };
-                            return zygote::serve(sock, pid, rep_r, rest, ch, owner, plan.scripts);
+                            return zygote::serve(
+                                sock,
+                                init.pid,
+                                rep_r,
+                                rest,
+                                ch,
+                                owner,
+                                plan.scripts,
+                            );
                         }
                     }
                     Some(Report::Failed(why)) => failure = Some(why),
@@ -574,14 +602,14 @@ fn supervise(
                         break 'events;
                     }
                     _ => {
-                        kill_tree(pid);
+                        init.kill();
                         failure = Some("the sandbox's init broke its report protocol".into());
                     }
                 }
             }
         }
     }
-    let init_status = reap(pid);
+    let init_status = init.reap();
     if let Some(why) = failure {
         let phase = if started.is_some() {
             Phase::Run
