@@ -214,6 +214,15 @@ fn no_leaks_after_many_sandboxes() {
     let bin = copy_binary(&zygo_bin(), &bin_dir, "zygo");
     let bin_str = bin.to_str().expect("utf-8").to_string();
 
+    // One sandbox each first: the first run for a user prepares the host image's /etc
+    // in that user's runtime directory (for the rootless user without $XDG_RUNTIME_DIR,
+    // /tmp/zygo-<uid>), which is kept for the runs after it, not left behind by one.
+    for &who in &whos {
+        let mut c = zygo_with(who, &bin);
+        c.args(["run", "--", "true"]);
+        let f = finish(c);
+        assert_eq!(f.code, 0, "[{}] {}", who.name(), f.stderr_text());
+    }
     let before = snapshot();
     let t0 = Instant::now();
     let next = AtomicUsize::new(0);
@@ -469,4 +478,54 @@ fn stale_run_cgroups_are_swept() {
     for root in roots.iter().rev() {
         let _ = fs::remove_dir(root.join(&alive));
     }
+}
+
+/// The host image's /etc is prepared once per user in the runtime directory; where that
+/// cannot be done (here a file stands where its folder would go) the sandbox still gets a
+/// whole /etc, assembled by its own init, and zygo says why on stderr.
+#[test]
+fn unusable_etc_cache_falls_back() {
+    let who = Who::Rootless;
+    let r = rootless_setup();
+    let dir = TempDir::new(0o700);
+    let blocker = dir.file("etc", b"not a folder\n");
+    if am_root() {
+        std::os::unix::fs::chown(&dir.path, Some(r.uid), Some(r.gid)).expect("chown");
+        std::os::unix::fs::chown(&blocker, Some(r.uid), Some(r.gid)).expect("chown");
+    }
+    let mut c = zygo(who);
+    c.env("ZYGO_RUNTIME_DIR", &dir.path).args([
+        "run",
+        "--json",
+        "--",
+        "python3",
+        "-c",
+        "import json, os; print(json.dumps(sorted(os.listdir('/etc'))))",
+    ]);
+    let f = finish(c);
+    let v: Value = serde_json::from_slice(&f.stdout)
+        .unwrap_or_else(|e| panic!("not JSON ({e}): {}", f.stderr_text()));
+    assert_eq!(v["exit_code"], 0, "{v} {}", f.stderr_text());
+    let listed: Vec<String> = serde_json::from_str(v["stdout"].as_str().unwrap_or(""))
+        .unwrap_or_else(|e| panic!("listing ({e}): {v}"));
+    for name in [
+        "passwd",
+        "group",
+        "hosts",
+        "ld.so.cache",
+        "ssl",
+        "nsswitch.conf",
+    ] {
+        assert!(
+            listed.iter().any(|n| n == name),
+            "/etc lacks {name}: {listed:?}"
+        );
+    }
+    assert!(!listed.iter().any(|n| n == "shadow"), "{listed:?}");
+    assert!(
+        f.stderr_text().contains("prepare the host image's /etc"),
+        "zygo did not say why: {}",
+        f.stderr_text()
+    );
+    assert_eq!(fs::read(&blocker).expect("read"), b"not a folder\n");
 }

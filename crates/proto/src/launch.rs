@@ -80,7 +80,67 @@ pub struct LaunchPlan {
     /// A runtime pool: `/run/script` is a tmpfs the launcher writes scripts into from
     /// outside; nothing inside may list or change it.
     pub scripts: bool,
+    /// The host image's `/etc`, prepared ahead by the monitor; `None` (or a prepared copy
+    /// that has gone) and the launcher assembles it from the host's `/etc` itself.
+    pub etc: Option<PreparedEtc>,
 }
+
+/// A directory holding the host image's `/etc` as [`HOST_ETC`] and [`HOST_ETC_GENERATED`]
+/// describe it: the copied files, the recreated symlinks and the generated files, plus an
+/// empty mount point for each entry in `binds`, which the launcher binds from the host's
+/// `/etc` (directories, and files not copied). The launcher binds `dir` read-only as the
+/// sandbox's `/etc`: one mount instead of a copy per file.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PreparedEtc {
+    pub dir: String,
+    pub binds: Vec<String>,
+}
+
+/// The part of the host's `/etc` in the host image: what a program needs to start and to
+/// find libraries, certificates and time zones. A world-readable regular file of at most
+/// [`ETC_COPY_MAX`] bytes is copied, a symlink recreated as it is, anything else bound
+/// read-only. What only administration tools read (`ld.so.conf`, `ca-certificates.conf`
+/// and their folders: ldconfig and update-ca-certificates cannot work on a read-only
+/// `/etc` anyway) is left out.
+pub const HOST_ETC: &[&str] = &[
+    "alternatives",
+    "ld.so.cache",
+    "localtime",
+    "timezone",
+    "nsswitch.conf",
+    "ssl",
+    "mime.types",
+    "protocols",
+    "services",
+    "gai.conf",
+    "host.conf",
+    "os-release",
+    "debian_version",
+    "python3",
+    "python3.11",
+    "python3.12",
+    "xdg",
+    "profile",
+];
+
+/// The largest host `/etc` file the host image copies rather than binds.
+pub const ETC_COPY_MAX: u64 = 256 * 1024;
+
+/// Files of the host image's `/etc` that Zygo writes itself, so nothing about the host's
+/// users or network leaks in.
+pub const HOST_ETC_GENERATED: &[(&str, &str)] = &[
+    (
+        "passwd",
+        "root:x:0:0:sandbox:/work:/bin/sh\nnobody:x:65534:65534:nobody:/nonexistent:/usr/sbin/nologin\n",
+    ),
+    ("group", "root:x:0:\nnogroup:x:65534:\n"),
+    (
+        "hosts",
+        "127.0.0.1\tlocalhost zygo\n::1\tlocalhost ip6-localhost ip6-loopback\n",
+    ),
+    ("hostname", "zygo\n"),
+    ("resolv.conf", ""),
+];
 
 /// The phase a sandbox was in when something went wrong.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]

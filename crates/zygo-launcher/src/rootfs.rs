@@ -18,7 +18,9 @@ use std::fs;
 use std::os::unix::fs::{symlink, DirBuilderExt, PermissionsExt};
 use std::path::{Component, Path, PathBuf};
 
-use proto::launch::{Image, LaunchPlan, Mode};
+use proto::launch::{
+    Image, LaunchPlan, Mode, PreparedEtc, ETC_COPY_MAX, HOST_ETC, HOST_ETC_GENERATED,
+};
 
 use crate::sys::{self, fail, step, Result};
 
@@ -29,32 +31,6 @@ const MS_NOEXEC: libc::c_ulong = libc::MS_NOEXEC;
 /// Top-level host entries that make up the `host` image (each a directory bound read-only,
 /// or a symlink recreated as it is, e.g. `/bin -> usr/bin` on merged-/usr systems).
 const HOST_TOP: &[&str] = &["usr", "bin", "sbin", "lib", "lib32", "lib64", "libx32"];
-
-/// The part of the host's `/etc` a program needs to start and to find libraries,
-/// certificates and time zones. Account databases and host names are generated instead,
-/// so nothing about the host's users or network leaks in. What only administration tools
-/// read (`ld.so.conf`, `ca-certificates.conf` and their folders: ldconfig and
-/// update-ca-certificates, which cannot work on a read-only `/etc` anyway) is left out.
-const HOST_ETC: &[&str] = &[
-    "alternatives",
-    "ld.so.cache",
-    "localtime",
-    "timezone",
-    "nsswitch.conf",
-    "ssl",
-    "mime.types",
-    "protocols",
-    "services",
-    "gai.conf",
-    "host.conf",
-    "os-release",
-    "debian_version",
-    "python3",
-    "python3.11",
-    "python3.12",
-    "xdg",
-    "profile",
-];
 
 /// Paths in `/proc` replaced by an empty read-only file: they leak kernel memory, keys,
 /// timers, or let a process poke the kernel (sysrq).
@@ -209,8 +185,6 @@ fn replicate(src: &Path, dst: &Path, meta: &fs::Metadata) -> Result<()> {
 }
 
 /// Largest `/etc` file copied rather than bound.
-const ETC_COPY_MAX: u64 = 256 * 1024;
-
 /// An `/etc` entry: small world-readable files are copied into the new root's tmpfs (a
 /// mount costs more than a copy, and the sandbox sees the same bytes); directories are
 /// bound read-only; symlinks are recreated. A file that is not world-readable is bound,
@@ -230,31 +204,59 @@ fn etc_entry(old_etc: &Path, etc: &Path, name: &str) -> Result<()> {
     replicate(&src, &dst, &meta)
 }
 
-fn host_image(old: &Path, new: &Path) -> Result<()> {
+fn host_image(old: &Path, new: &Path, prepared: Option<&PreparedEtc>) -> Result<()> {
     for name in HOST_TOP {
         host_entry(old, new, name)?;
     }
     let etc = new.join("etc");
     mkdir(&etc, 0o755)?;
     let old_etc = old.join("etc");
+    if let Some(p) = prepared {
+        if prepared_etc(old, &old_etc, &etc, p)? {
+            return Ok(());
+        }
+    }
     for name in HOST_ETC {
         etc_entry(&old_etc, &etc, name)?;
     }
-    let files: &[(&str, &str)] = &[
-        (
-            "passwd",
-            "root:x:0:0:sandbox:/work:/bin/sh\nnobody:x:65534:65534:nobody:/nonexistent:/usr/sbin/nologin\n",
-        ),
-        ("group", "root:x:0:\nnogroup:x:65534:\n"),
-        ("hosts", "127.0.0.1\tlocalhost zygo\n::1\tlocalhost ip6-localhost ip6-loopback\n"),
-        ("hostname", "zygo\n"),
-        ("resolv.conf", ""),
-    ];
-    for (name, text) in files {
+    for (name, text) in HOST_ETC_GENERATED {
         let p = etc.join(name);
         step(fs::write(&p, text), || format!("write {}", p.display()))?;
     }
     Ok(())
+}
+
+/// Bind the `/etc` the monitor prepared (see [`PreparedEtc`]) read-only onto `etc`, then
+/// the host entries it leaves to bind over their mount points in it. `Ok(false)` if the
+/// prepared directory cannot be bound (the caller assembles `/etc` instead); an entry that
+/// has left the host's `/etc` meanwhile stays an empty mount point.
+fn prepared_etc(old: &Path, old_etc: &Path, etc: &Path, p: &PreparedEtc) -> Result<bool> {
+    let known = |name: &String| HOST_ETC.contains(&name.as_str());
+    if !p.dir.starts_with('/') || !p.binds.iter().all(known) {
+        return Err(fail(
+            format!("the plan's prepared /etc ({}) is malformed", p.dir),
+            std::io::Error::from_raw_os_error(libc::EINVAL),
+        ));
+    }
+    // Gone (removed as stale, or the host's /run replaced), or out of this init's reach:
+    // either way nothing was mounted, and the caller assembles /etc instead.
+    if sys::mount(Some(&under(old, &p.dir)), etc, None, libc::MS_BIND, None).is_err() {
+        return Ok(false);
+    }
+    step(
+        sys::mount_setattr_recursive(
+            etc,
+            sys::MOUNT_ATTR_RDONLY | sys::MOUNT_ATTR_NOSUID | sys::MOUNT_ATTR_NODEV,
+        ),
+        || "make /etc read-only, nosuid, nodev".to_string(),
+    )?;
+    for name in &p.binds {
+        let src = old_etc.join(name);
+        if inspect(&src)?.is_some() {
+            bind(&src, &etc.join(name), false)?;
+        }
+    }
+    Ok(true)
 }
 
 fn dir_image(old: &Path, new: &Path, dir: &str) -> Result<()> {
@@ -412,7 +414,7 @@ fn assemble(plan: &LaunchPlan) -> Result<()> {
     remount_ro(Path::new("/"), MS_NOEXEC)?;
 
     match &plan.image {
-        Image::Host => host_image(old, new)?,
+        Image::Host => host_image(old, new, plan.etc.as_ref())?,
         Image::Dir(dir) => dir_image(old, new, dir)?,
     }
 

@@ -6,6 +6,7 @@
 //! One-shot commands (`zygo run`) embed it; the supervisor runs it as a daemon.
 
 pub mod cgroup;
+pub mod etc_cache;
 pub mod identity;
 pub mod mcp;
 pub mod oneshot;

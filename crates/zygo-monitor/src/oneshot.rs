@@ -194,8 +194,14 @@ pub fn start(req: Request) -> Result<Started, Outcome> {
     }
     log::debug!("launcher spawned after {:?}", t0.elapsed());
     let mut sock = sock_mon;
-    let timeout_ms = req.plan.timeout_ms;
-    if let Err(e) = write_frame(&mut sock, &ToLauncher::Start(req.plan)) {
+    let mut plan = req.plan;
+    // While the launcher starts up (it reads the plan only once it has), the host image's
+    // /etc is checked and, if the host's has changed, prepared again.
+    if plan.image == proto::launch::Image::Host && plan.etc.is_none() {
+        plan.etc = crate::etc_cache::prepare();
+    }
+    let timeout_ms = plan.timeout_ms;
+    if let Err(e) = write_frame(&mut sock, &ToLauncher::Start(plan)) {
         let _ = child.kill();
         let _ = child.wait();
         return Err(Outcome::refused(
@@ -669,6 +675,7 @@ pub fn launch_plan(plan: &policy::plan::OneShotPlan) -> Result<(LaunchPlan, Limi
         files: Vec::new(),
         work: None,
         scripts: false,
+        etc: None,
         argv: plan.argv.clone(),
         env: plan.env.clone(),
         cwd: "/work".into(),

@@ -741,6 +741,7 @@ impl Functions {
             scripts: is_pool(&spec),
             files,
             work: None,
+            etc: None,
         };
         let min_warm = (spec.min_warm as usize).max(1);
         self.fns.insert(
@@ -792,7 +793,10 @@ impl Functions {
             let _ = cg.remove();
             return Err(format!("write the zygote's limits: {e}"));
         }
-        let plan = f.plan.clone();
+        let mut plan = f.plan.clone();
+        if plan.image == Image::Host {
+            plan.etc = crate::etc_cache::prepare();
+        }
         let launcher = self.launcher.clone();
         let (child, conn, t) = match start_launcher(&launcher, &*cg, plan, reg, tokens) {
             Ok(started) => started,
