@@ -133,33 +133,38 @@ pub fn prepare_in(host_etc: &Path, root: &Path) -> io::Result<PreparedEtc> {
     prepared(&dir)
 }
 
-/// Create `root` if needed and check that only we can change it: owned by our euid, not a
-/// symlink, not writable by group or others.
+/// Create `root` if needed and check that only we can change it or the directory it is in:
+/// each owned by our euid, not a symlink, not writable by group or others (whoever can
+/// rename entries in the parent could swap the cache for their own).
 fn own_root(root: &Path) -> io::Result<()> {
-    let m = match fs::symlink_metadata(root) {
-        Ok(m) => m,
-        Err(e) if e.kind() == io::ErrorKind::NotFound => {
-            if let Some(parent) = root.parent() {
-                fs::DirBuilder::new()
-                    .recursive(true)
-                    .mode(0o700)
-                    .create(parent)?;
-            }
-            match fs::DirBuilder::new().mode(0o755).create(root) {
-                Ok(()) => fs::set_permissions(root, fs::Permissions::from_mode(0o755))?,
-                Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {}
-                Err(e) => return Err(e),
-            }
-            fs::symlink_metadata(root)?
-        }
+    let parent = root
+        .parent()
+        .ok_or_else(|| io::Error::other("the cache has no parent directory"))?;
+    if !parent.exists() {
+        fs::DirBuilder::new()
+            .recursive(true)
+            .mode(0o700)
+            .create(parent)?;
+    }
+    only_ours(parent)?;
+    match fs::DirBuilder::new().mode(0o755).create(root) {
+        Ok(()) => fs::set_permissions(root, fs::Permissions::from_mode(0o755))?,
+        Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {}
         Err(e) => return Err(e),
-    };
+    }
+    only_ours(root)
+}
+
+fn only_ours(dir: &Path) -> io::Result<()> {
+    let m = fs::symlink_metadata(dir)?;
     // SAFETY: geteuid cannot fail.
     let me = unsafe { libc::geteuid() };
-    if !m.is_dir() || m.uid() != me || m.mode() & 0o022 != 0 {
+    // A directory in the path may be root's (/run); it must not be writable by others.
+    let owner_ok = m.uid() == me || m.uid() == 0;
+    if !m.is_dir() || !owner_ok || m.mode() & 0o022 != 0 {
         return Err(io::Error::other(format!(
             "{} is not a directory only uid {me} can change",
-            root.display()
+            dir.display()
         )));
     }
     Ok(())
@@ -339,5 +344,15 @@ mod tests {
         let link = cache.0.join("link");
         symlink(&h.0, &link).expect("symlink");
         assert!(prepare_in(&h.0, &link).is_err(), "a symlinked cache root");
+        // A parent others can write to: they could rename the cache away and put theirs.
+        let open = cache.0.join("open");
+        fs::create_dir(&open).expect("mkdir");
+        fs::set_permissions(&open, fs::Permissions::from_mode(0o777)).expect("chmod");
+        let e = prepare_in(&h.0, &open.join("etc")).expect_err("a world-writable parent");
+        assert!(e.to_string().contains("only uid"), "{e}");
+        assert!(
+            !open.join("etc").exists(),
+            "made a cache in a directory others can change"
+        );
     }
 }
