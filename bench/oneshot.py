@@ -11,8 +11,10 @@ Measures, in one run and on the same machine, the wall time from spawn to exit o
 Each sample is time.perf_counter() around subprocess.run(...) with stdin, stdout and
 stderr on /dev/null (no timeout= argument: that makes Popen.wait poll with growing sleeps
 and quantizes the samples; a SIGALRM watchdog kills a run after 60 s instead). Every variant gets 5 warm-up runs (not counted), then the variants
-are run round-robin, one sample each per round (the starting variant rotates every round),
-so they all share the machine's noise. Defaults: 200 samples per /bin/true variant, 100
+are run in rounds, one sample each per round, in a new random order every round (seeded,
+--seed): they all share the machine's noise, and each follows every other about as often,
+so the work a sandbox leaves to the kernel after it exits (its network namespace is torn
+down asynchronously, for one) falls on every variant alike. Defaults: 200 samples per /bin/true variant, 100
 per python variant; --reps N sets both.
 
 The bwrap boundary: new user, mount, pid, net, ipc, uts and cgroup namespaces
@@ -37,6 +39,7 @@ import argparse
 import gc
 import os
 import platform
+import random
 import shlex
 import shutil
 import signal
@@ -186,13 +189,15 @@ def cgroup_kind():
 def main():
     ap = argparse.ArgumentParser(
         description="Time one-shot sandbox start-up: bare vs zygo run vs bwrap "
-                    "(interleaved round-robin).")
+                    "(interleaved, a random order per round).")
     ap.add_argument("--reps", type=int, default=None,
                     help="samples per variant (default: 200 for /bin/true, 100 for python)")
     ap.add_argument("--zygo", default=DEFAULT_ZYGO,
                     help="zygo binary (default: the release build in the repository's target/)")
     ap.add_argument("--no-unshare", action="store_true",
                     help="skip the `unshare -Urnmpf --mount-proc /bin/true` reference")
+    ap.add_argument("--seed", type=int, default=1,
+                    help="seed of the per-round order of the variants (default: 1)")
     ap.add_argument("--raw", metavar="FILE",
                     help="also write every sample (variant,ms) as CSV to FILE")
     args = ap.parse_args()
@@ -247,7 +252,7 @@ def main():
           f"{tool_version([bwrap, '--version'])}; python {platform.python_version()}")
     print(f"reproduce: cd {shlex.quote(REPO)} && {shlex.join([sys.executable] + sys.argv)}")
     print(f"method  : perf_counter around subprocess.run, stdio on /dev/null, "
-          f"{WARMUP} warm-ups each, round-robin interleaved, "
+          f"{WARMUP} warm-ups each, interleaved in a random order per round (seed {args.seed}), "
           f"{reps_true} reps (/bin/true) / {reps_py} reps (python)")
     print("commands:")
     for v in variants:
@@ -266,16 +271,17 @@ def main():
         if v.disabled:
             print(f"FAILED in warm-up, not measured: {v.name}: {v.first_error}", file=sys.stderr)
 
-    # Measurement: round-robin, rotating the starting variant each round.
+    # Measurement: rounds, each in a new random order.
     active = [v for v in variants if not v.disabled]
     rounds = max((v.reps for v in active), default=0)
+    rng = random.Random(args.seed)
     t_start = time.perf_counter()
     gc.disable()
     try:
         for r in range(rounds):
-            n = len(active)
-            for i in range(n):
-                v = active[(r + i) % n]
+            order = active[:]
+            rng.shuffle(order)
+            for v in order:
                 if len(v.samples) + v.failures >= v.reps:
                     continue
                 dt, rc, text = run_once(v, capture=False)
