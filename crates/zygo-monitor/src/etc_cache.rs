@@ -63,10 +63,14 @@ pub fn prepare() -> Option<PreparedEtc> {
     match prepare_in(Path::new("/etc"), &root) {
         Ok(p) => Some(p),
         Err(e) => {
-            log::warn!(
-                "prepare the host image's /etc in {}: {e}; sandboxes assemble it themselves",
-                root.display()
-            );
+            // Once per process: a supervisor starting zygotes would otherwise say it each time.
+            static SAID: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+            if !SAID.swap(true, std::sync::atomic::Ordering::Relaxed) {
+                log::warn!(
+                    "prepare the host image's /etc in {}: {e}; sandboxes assemble it themselves",
+                    root.display()
+                );
+            }
             None
         }
     }
