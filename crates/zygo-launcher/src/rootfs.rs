@@ -6,9 +6,10 @@
 //! of the same tmpfs, bound onto itself to be a mount point; the tmpfs also holds the empty
 //! file and directory that mask `/proc` entries. Once the new root is bound, the staging
 //! root's own mount is made read-only, nosuid, nodev and noexec, and every mask bound from
-//! it takes those flags with it. Then `/newroot` becomes the root with `pivot_root(".", ".")`, one
-//! lazy detach removes the staging root and the host's root under it, and the new root
-//! itself is remounted read-only: only its own directory of the tmpfs is reachable.
+//! it takes those flags with it. Then `/newroot` becomes the root with
+//! `pivot_root(".", ".")`, one lazy detach removes the staging root and the host's root
+//! under it, and the new root itself is remounted read-only: only its own directory of the
+//! tmpfs is reachable.
 //!
 //! Every mount is `nosuid` and `nodev` except the few device nodes bound into `/dev`.
 //! Nothing of the host is visible except what this module binds, read-only unless the plan
@@ -184,7 +185,6 @@ fn replicate(src: &Path, dst: &Path, meta: &fs::Metadata) -> Result<()> {
     }
 }
 
-/// Largest `/etc` file copied rather than bound.
 /// An `/etc` entry: small world-readable files are copied into the new root's tmpfs (a
 /// mount costs more than a copy, and the sandbox sees the same bytes); directories are
 /// bound read-only; symlinks are recreated. A file that is not world-readable is bound,
@@ -276,11 +276,10 @@ fn dir_image(old: &Path, new: &Path, dir: &str) -> Result<()> {
     Ok(())
 }
 
-/// Bind a mask over `dst`, read-only, nosuid, nodev, noexec; a `dst` that does not exist
-/// (this kernel has no such entry) needs no mask.
-/// Bind the empty mask file or directory over `dst`. The bind takes its flags from the
-/// staging root's mount the masks live on, which is read-only, nosuid, nodev and noexec
-/// by then (see `assemble`).
+/// Bind the empty mask file or directory over `dst`; a `dst` that does not exist (this
+/// kernel has no such entry) needs no mask. The bind takes its flags from the staging
+/// root's mount the masks live on, which is read-only, nosuid, nodev and noexec by then
+/// (see `assemble`).
 fn mask(src: &Path, dst: &Path, what: &str) -> Result<()> {
     match sys::mount(Some(src), dst, None, libc::MS_BIND, None) {
         Err(e) if e.raw_os_error() == Some(libc::ENOENT) => Ok(()),
