@@ -26,7 +26,8 @@ use std::time::{Duration, SystemTime};
 
 use proto::launch::{PreparedEtc, ETC_COPY_MAX, HOST_ETC, HOST_ETC_GENERATED};
 
-/// Changes whenever what this module writes changes (the generated files, the layout).
+/// Changes whenever the layout this module writes changes (the generated files and the copy
+/// limit are part of the key already).
 const FORMAT: u32 = 1;
 
 /// A prepared directory not used to start a sandbox for this long is removed when the next
@@ -79,7 +80,7 @@ pub fn prepare() -> Option<PreparedEtc> {
 /// [`prepare`] from `host_etc` into `root`.
 pub fn prepare_in(host_etc: &Path, root: &Path) -> io::Result<PreparedEtc> {
     let mut key = DefaultHasher::new();
-    FORMAT.hash(&mut key);
+    (FORMAT, ETC_COPY_MAX, HOST_ETC_GENERATED).hash(&mut key);
     let mut entries = Vec::with_capacity(HOST_ETC.len());
     for name in HOST_ETC {
         let meta = match fs::symlink_metadata(host_etc.join(name)) {
@@ -181,7 +182,7 @@ fn build(host_etc: &Path, tmp: &Path, entries: &[(&str, Entry)]) -> io::Result<(
         let dst = tmp.join(name);
         match kind {
             Entry::Missing => {}
-            Entry::Copy => write_file(&dst, &fs::read(&src)?)?,
+            Entry::Copy => write_file(&dst, &read_copyable(&src)?)?,
             Entry::Symlink => symlink(fs::read_link(&src)?, &dst)?,
             Entry::Bind if src.is_dir() => fs::DirBuilder::new().mode(0o755).create(&dst)?,
             Entry::Bind => write_file(&dst, b"")?,
@@ -192,6 +193,33 @@ fn build(host_etc: &Path, tmp: &Path, entries: &[(&str, Entry)]) -> io::Result<(
     }
     // The build directory was made 0755 whatever the umask, like everything in it.
     fs::set_permissions(tmp, fs::Permissions::from_mode(0o755))
+}
+
+/// The bytes of a host file that may be copied: still a regular file, world-readable and
+/// at most [`ETC_COPY_MAX`] bytes once opened (it may have changed since it was looked at,
+/// and this process may be root, which can read anything).
+fn read_copyable(src: &Path) -> io::Result<Vec<u8>> {
+    use std::io::Read;
+    let f = fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
+        .open(src)?;
+    let m = f.metadata()?;
+    if !m.is_file() || m.mode() & 0o004 == 0 || m.len() > ETC_COPY_MAX {
+        return Err(io::Error::other(format!(
+            "{} changed while the image's /etc was being made",
+            src.display()
+        )));
+    }
+    let mut bytes = Vec::with_capacity(m.len() as usize);
+    f.take(ETC_COPY_MAX + 1).read_to_end(&mut bytes)?;
+    if bytes.len() as u64 > ETC_COPY_MAX {
+        return Err(io::Error::other(format!(
+            "{} grew past the copy limit",
+            src.display()
+        )));
+    }
+    Ok(bytes)
 }
 
 fn write_file(path: &Path, bytes: &[u8]) -> io::Result<()> {
@@ -334,6 +362,23 @@ mod tests {
             .filter(|e| e.file_name().to_string_lossy().starts_with(".build-"))
             .count();
         assert_eq!(builds, 0, "a build directory was left behind");
+    }
+
+    #[test]
+    fn copies_only_what_is_still_copyable_when_read() {
+        let h = host();
+        assert_eq!(
+            read_copyable(&h.0.join("services")).expect("copy"),
+            b"ssh 22/tcp\n"
+        );
+        // Readable by its owner only (and by root, which this may be): never copied.
+        assert!(read_copyable(&h.0.join("timezone")).is_err());
+        assert!(
+            read_copyable(&h.0.join("localtime")).is_err(),
+            "a symlink is followed"
+        );
+        fs::write(h.0.join("big"), vec![b'x'; ETC_COPY_MAX as usize + 1]).expect("write");
+        assert!(read_copyable(&h.0.join("big")).is_err());
     }
 
     #[test]
