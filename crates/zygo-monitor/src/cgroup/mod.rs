@@ -358,7 +358,6 @@ pub(crate) fn base_path(own: &str, base_override: Option<&str>) -> String {
     }
 }
 
-/// The names of the directories in `dir` (none when it cannot be read).
 /// How many subdirectories a cgroup directory has, from its link count (cgroupfs keeps it
 /// at two plus the number of subdirectories); `None` if it cannot be read.
 fn subdirectory_count(dir: &Path) -> Option<u64> {
@@ -368,6 +367,7 @@ fn subdirectory_count(dir: &Path) -> Option<u64> {
         .map(|m| m.nlink().saturating_sub(2))
 }
 
+/// The names of the directories in `dir` (none when it cannot be read).
 pub(crate) fn subdirectories(dir: &Path) -> Vec<String> {
     std::fs::read_dir(dir)
         .map(|d| {
