@@ -166,6 +166,21 @@ both_tests! {
         assert_gone(who, &bomb);
     }
 
+    /// The program may run on every CPU zygo may: the CPU mask init gives the thread that
+    /// makes the network namespace (another CPU than its own) stays with that thread.
+    fn program_keeps_every_cpu(who) {
+        // SAFETY: cpu_set_t is plain data; sched_getaffinity fills it.
+        let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
+        // SAFETY: a valid cpu_set_t of the size passed.
+        let r = unsafe { libc::sched_getaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &mut set) };
+        assert_eq!(r, 0, "sched_getaffinity: {}", std::io::Error::last_os_error());
+        // SAFETY: set was filled above.
+        let host = unsafe { libc::CPU_COUNT(&set) };
+        let r = probe(who, &[], "done(cpus=sorted(os.sched_getaffinity(0)))");
+        let cpus = r["cpus"].as_array().map_or(0, Vec::len);
+        assert_eq!(cpus as i32, host, "[{}] the program's CPUs: {r}", who.name());
+    }
+
     /// /tmp and /work are each capped at --scratch: writing past 16M fails with ENOSPC.
     fn scratch_is_capped(who) {
         let r = probe(who, &["--scratch", "16M"], r#"
