@@ -12,9 +12,10 @@
 //! init runs as a subordinate uid and reaches it through the host's root), otherwise
 //! `<runtime dir>/etc` (the user's own, and the sandbox's init is the same user). The files
 //! are copies of world-readable host files. A directory is built under a temporary name and
-//! renamed into place, so concurrent monitors never see half of one; stale ones are removed
-//! once they are a few minutes old (a sandbox that bound one keeps it). If anything here
-//! fails, the plan carries no prepared `/etc` and the launcher assembles it as before.
+//! renamed into place, so concurrent monitors never see half of one. When a new one is made,
+//! those made more than ten minutes before are removed (a sandbox that bound one keeps it;
+//! one about to bind it finds it gone and assembles `/etc` itself). If anything here fails,
+//! the plan carries no prepared `/etc` and the launcher assembles it as before.
 
 use std::collections::hash_map::DefaultHasher;
 use std::fs;
@@ -30,8 +31,7 @@ use proto::launch::{PreparedEtc, ETC_COPY_MAX, HOST_ETC, HOST_ETC_GENERATED};
 /// limit are part of the key already).
 const FORMAT: u32 = 1;
 
-/// A prepared directory not used to start a sandbox for this long is removed when the next
-/// one is made.
+/// When a new directory is made, older ones made at least this long before are removed.
 const STALE_AFTER: Duration = Duration::from_secs(600);
 
 /// How one host `/etc` entry goes into the image.
