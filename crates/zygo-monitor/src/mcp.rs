@@ -548,6 +548,10 @@ pub fn serve(opts: Options) -> i32 {
         let req = match read_frame::<_, McpRequest>(&mut chan, MAX_MCP_FRAME) {
             Ok(r) => r,
             Err(ProtoError::Closed) => break,
+            // The front exited with answers of ours still unread (a call that ended just as
+            // it was leaving at the end of its input): it is gone, like a close. Its exit
+            // status says whether it left as it should.
+            Err(ProtoError::Io(e)) if e.kind() == std::io::ErrorKind::ConnectionReset => break,
             Err(e) => {
                 log::error!("the MCP front broke the protocol ({e}); ending it");
                 broke = true;
