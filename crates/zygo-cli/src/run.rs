@@ -131,9 +131,8 @@ pub fn main(raw: Vec<OsString>) -> i32 {
             return report(&out, opts.json, &mem_text, &timeout_text);
         }
     };
-    // Cgroups left by killed monitors are swept while the program runs. This process
-    // exits once it has the outcome, so the launcher's own exit is not waited for.
-    let out = started.finish_without_reaping(&backend, || backend.sweep_stale_runs());
+    // Cgroups left by killed monitors are swept while the program runs.
+    let out = started.finish(&backend, || backend.sweep_stale_runs());
     report(&out, opts.json, &mem_text, &timeout_text)
 }
 

@@ -228,19 +228,6 @@ impl Started {
     /// once, while the program runs (or once the sandbox has ended, if it never started):
     /// the monitor has nothing else to do then, and the machine is least busy.
     pub fn finish(self, backend: &Backend, meanwhile: impl FnOnce()) -> Outcome {
-        self.finish_inner(backend, meanwhile, true)
-    }
-
-    /// As [`Started::finish`], for a process that exits as soon as it has the outcome
-    /// (`zygo run`): the launcher is not waited for once it has reported the end and the
-    /// cgroup is removed. By then the sandbox's processes are gone and its cgroup with
-    /// them; what the launcher still does is exit, taking the sandbox's mounts down as it
-    /// goes, and whoever inherits it reaps it.
-    pub fn finish_without_reaping(self, backend: &Backend, meanwhile: impl FnOnce()) -> Outcome {
-        self.finish_inner(backend, meanwhile, false)
-    }
-
-    fn finish_inner(self, backend: &Backend, meanwhile: impl FnOnce(), reap: bool) -> Outcome {
         let cg = match backend.create(&unique_name()) {
             Ok(cg) => cg,
             Err(e) => return self.abandon(Outcome::refused(Phase::Plan, e.to_string())),
@@ -270,14 +257,10 @@ impl Started {
         if let Err(e) = cg.remove() {
             log::error!("remove the sandbox's cgroup: {e}");
         }
-        // A launcher that reported the end has nothing left to do but exit; it did that
-        // while the cgroup was read and removed. One that did not report the end was
-        // killed above and is reaped either way.
-        if reap || out.exit_code.is_none() || out.error.is_some() {
-            let _ = launcher.wait();
-        } else {
-            let _ = launcher.try_wait();
-        }
+        // A launcher that reported the end has nothing left to do but exit (taking the
+        // sandbox's mounts down as it goes); it did that while the cgroup was read and
+        // removed. Reaping it here leaves no orphan for the host's init to collect.
+        let _ = launcher.wait();
         log::debug!("sandbox cleaned up after {:?}", t0.elapsed());
         out
     }
