@@ -293,11 +293,16 @@ mod tests {
         h
     }
 
+    /// A fake host /etc, a temporary folder, and the cache root to use in it.
+    fn fixture(tag: &str) -> (Tmp, Tmp, PathBuf) {
+        let cache = Tmp::new(tag);
+        let root = cache.0.join("etc");
+        (host(), cache, root)
+    }
+
     #[test]
     fn builds_the_image_and_names_what_to_bind() {
-        let h = host();
-        let cache = Tmp::new("cache");
-        let root = cache.0.join("etc");
+        let (h, cache, root) = fixture("cache");
         let p = prepare_in(&h.0, &root).expect("prepare");
         let dir = PathBuf::from(&p.dir);
         assert!(dir.starts_with(&root), "{p:?}");
@@ -337,9 +342,7 @@ mod tests {
 
     #[test]
     fn reuses_it_until_the_host_changes() {
-        let h = host();
-        let cache = Tmp::new("reuse");
-        let root = cache.0.join("etc");
+        let (h, cache, root) = fixture("reuse");
         let first = prepare_in(&h.0, &root).expect("prepare");
         let again = prepare_in(&h.0, &root).expect("prepare");
         assert_eq!(first, again);
@@ -383,9 +386,7 @@ mod tests {
 
     #[test]
     fn refuses_a_cache_root_others_can_change() {
-        let h = host();
-        let cache = Tmp::new("perm");
-        let root = cache.0.join("etc");
+        let (h, cache, root) = fixture("perm");
         fs::create_dir(&root).expect("mkdir");
         fs::set_permissions(&root, fs::Permissions::from_mode(0o777)).expect("chmod");
         let e = prepare_in(&h.0, &root).expect_err("a world-writable cache root");
