@@ -302,7 +302,7 @@ mod tests {
 
     #[test]
     fn builds_the_image_and_names_what_to_bind() {
-        let (h, cache, root) = fixture("cache");
+        let (h, _cache, root) = fixture("cache");
         let p = prepare_in(&h.0, &root).expect("prepare");
         let dir = PathBuf::from(&p.dir);
         assert!(dir.starts_with(&root), "{p:?}");
@@ -342,7 +342,7 @@ mod tests {
 
     #[test]
     fn reuses_it_until_the_host_changes() {
-        let (h, cache, root) = fixture("reuse");
+        let (h, _cache, root) = fixture("reuse");
         let first = prepare_in(&h.0, &root).expect("prepare");
         let again = prepare_in(&h.0, &root).expect("prepare");
         assert_eq!(first, again);
