@@ -803,12 +803,13 @@ fn build(plan: &LaunchPlan, reg: Option<RawFd>) -> Result<(), SetupError> {
     let r = unsafe { libc::sethostname(host.as_ptr().cast(), host.len()) };
     step(check(r), || "set the host name".into())?;
     rootfs::build(plan)?;
+    let ns = step(net.join(), || "create the network namespace".into())?;
+    rootfs::detach_host(plan)?;
     if plan.scripts {
         if let Some(reg) = reg {
             hand_over_script_dir(reg)?;
         }
     }
-    let ns = step(net.join(), || "create the network namespace".into())?;
     step(sys::enter_net_namespace(&ns), || {
         "enter the network namespace".into()
     })?;

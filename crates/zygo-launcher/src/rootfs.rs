@@ -356,8 +356,9 @@ struct Masks<'a> {
     dir: &'a Path,
 }
 
-/// Assemble the sandbox's root and make it the process's root. On return the process sees
-/// only the sandbox, its working directory is `plan.cwd`, and the host's root is detached.
+/// Assemble the sandbox's root and pivot into it. On return the staging root (and the
+/// host's root under it) is still stacked over the new root: [`detach_host`] must follow
+/// before anything else resolves a path.
 pub fn build(plan: &LaunchPlan) -> Result<()> {
     // Nothing we mount may propagate back to the host, and nothing the host mounts later
     // may appear here.
@@ -538,9 +539,19 @@ fn assemble(plan: &LaunchPlan) -> Result<()> {
     step(sys::pivot_root(Path::new("."), Path::new(".")), || {
         "pivot into the new root".to_string()
     })?;
-    // The staging root, with the host's root still mounted on its /oldroot, is now stacked
-    // under "/": one lazy detach takes both (a detach is recursive), with one wait for the
-    // kernel's RCU grace period instead of two.
+    Ok(())
+}
+
+/// The end of the way in, after [`build`]: the staging root, with the host's root still
+/// mounted on its `/oldroot`, is stacked over the new root at "/". One lazy detach takes
+/// both (a detach is recursive), then the new root is remounted read-only and the plan's
+/// working directory entered. Until this runs, paths resolve in the staging root.
+///
+/// The detach waits for an RCU grace period, which on a kernel without preemption lasts
+/// until every other CPU has passed a scheduling point. Init calls this once the network
+/// namespace's thread has finished, not while that thread is in the middle of creating
+/// the namespace (a long stretch of kernel work) on the other CPU.
+pub fn detach_host(plan: &LaunchPlan) -> Result<()> {
     step(sys::umount_detach(Path::new(".")), || {
         "detach the staging root and the host's root".to_string()
     })?;
