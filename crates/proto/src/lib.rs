@@ -16,6 +16,7 @@ pub mod frame;
 pub mod front;
 pub mod launch;
 pub mod mcp;
+pub mod readbuf;
 
 pub use frame::{encode_frame, read_frame, write_frame, FrameBuf, ProtoError};
 

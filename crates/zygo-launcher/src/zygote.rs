@@ -15,6 +15,7 @@ use std::os::unix::net::UnixStream;
 
 use proto::launch::{FromLauncher, Stream, ToLauncher, MAX_LAUNCH_FRAME};
 use proto::read_frame;
+use proto::readbuf::read_append;
 use serde::Deserialize;
 
 use crate::oneshot::LaunchError;
@@ -22,6 +23,8 @@ use crate::sys;
 
 /// The longest line the agent may send on its control channel.
 const MAX_CONTROL_LINE: usize = 1024 * 1024;
+/// The most read from a pipe or socket at once.
+const CHUNK: usize = 64 * 1024;
 /// The longest line a child may send (a result value; the monitor caps it again).
 const MAX_CHILD_LINE: usize = 20 * 1024 * 1024;
 
@@ -155,15 +158,13 @@ impl Lines {
     }
 
     fn fill(&mut self, fd: RawFd) -> Result<Read_, String> {
-        let mut chunk = [0u8; 65536];
-        let n = sys::read_fd(fd, &mut chunk).map_err(|e| e.to_string())?;
+        let n = read_append(fd, &mut self.buf, CHUNK).map_err(|e| e.to_string())?;
         if n == 0 {
             if !self.buf.is_empty() {
                 return Err("the channel closed in the middle of a line".into());
             }
             return Ok(Read_::Eof);
         }
-        self.buf.extend_from_slice(&chunk[..n]);
         Ok(Read_::Data)
     }
 
@@ -213,6 +214,8 @@ struct Relay {
     stream: Stream,
     sent: usize,
     carry: Vec<u8>,
+    /// What one read brought.
+    scratch: Vec<u8>,
 }
 
 /// What is relayed of each stream; the monitor keeps one byte less.
@@ -230,6 +233,7 @@ impl Relay {
             stream,
             sent: 0,
             carry: Vec::new(),
+            scratch: Vec::new(),
         }
     }
 
@@ -239,13 +243,13 @@ impl Relay {
 
     /// Read what is in the pipe now (all of it when `drain`), and send it on.
     fn pump(&mut self, slot: &str, sock: &mut UnixStream, drain: bool) -> Result<(), LaunchError> {
-        let mut buf = [0u8; 65536];
         // A drain is bounded: a daemon the handler left behind may write without end.
         for _ in 0..64 {
             let Some(fd) = self.fd.as_ref() else {
                 return Ok(());
             };
-            let n = match sys::read_fd(fd.as_raw_fd(), &mut buf) {
+            self.scratch.clear();
+            let n = match read_append(fd.as_raw_fd(), &mut self.scratch, CHUNK) {
                 Ok(0) => {
                     self.fd = None;
                     0
@@ -260,7 +264,7 @@ impl Relay {
             let eof = self.fd.is_none();
             if self.sent < MAX_RELAY && (n > 0 || (eof && !self.carry.is_empty())) {
                 let mut bytes = std::mem::take(&mut self.carry);
-                bytes.extend_from_slice(&buf[..n]);
+                bytes.extend_from_slice(&self.scratch);
                 // Keep an incomplete UTF-8 sequence at the end for the next read.
                 let cut = if eof {
                     bytes.len()

@@ -12,6 +12,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use proto::launch::{FromLauncher, LaunchPlan, Phase, ToLauncher, MAX_LAUNCH_FRAME};
+use proto::readbuf::read_append;
 use proto::{write_frame, FrameBuf};
 
 use crate::cgroup::{Backend, Cgroup, Limits};
@@ -311,10 +312,15 @@ pub(crate) fn high(fd: &OwnedFd) -> std::io::Result<OwnedFd> {
     Ok(unsafe { OwnedFd::from_raw_fd(n) })
 }
 
+/// The most read from an output pipe at once.
+const CHUNK: usize = 64 * 1024;
+
 struct Stream {
     fd: Option<File>,
     kept: Vec<u8>,
     truncated: bool,
+    /// What is read to be passed through or dropped.
+    scratch: Vec<u8>,
 }
 
 impl Stream {
@@ -323,6 +329,7 @@ impl Stream {
             fd: Some(File::from(fd)),
             kept: Vec::new(),
             truncated: false,
+            scratch: Vec::new(),
         }
     }
 
@@ -330,25 +337,32 @@ impl Stream {
         self.fd.as_ref().map_or(-1, |f| f.as_raw_fd())
     }
 
-    /// Read what is there; keep, forward or drop it.
+    /// Read what is there; keep, forward or drop it. A captured stream is read straight
+    /// into what is kept, up to the cap; a byte past the cap marks it truncated.
     fn pump(&mut self, mode: Output, to_stderr: bool) {
-        let Some(f) = self.fd.as_mut() else { return };
-        let mut buf = [0u8; 65536];
-        match f.read(&mut buf) {
+        let Some(f) = self.fd.as_ref() else { return };
+        let fd = f.as_raw_fd();
+        let room = OUTPUT_CAP - self.kept.len();
+        let read = if mode == Output::Capture && room > 0 {
+            read_append(fd, &mut self.kept, room.min(CHUNK))
+        } else {
+            self.scratch.clear();
+            read_append(fd, &mut self.scratch, CHUNK)
+        };
+        match read {
             Ok(0) | Err(_) => self.fd = None,
-            Ok(n) => match mode {
+            Ok(_) => match mode {
                 Output::Capture => {
-                    let room = OUTPUT_CAP - self.kept.len();
-                    if n > room {
+                    if !self.scratch.is_empty() {
                         self.truncated = true;
+                        self.scratch.clear();
                     }
-                    self.kept.extend_from_slice(&buf[..n.min(room)]);
                 }
                 Output::PassThrough => {
                     let _ = if to_stderr {
-                        std::io::stderr().write_all(&buf[..n])
+                        std::io::stderr().write_all(&self.scratch)
                     } else {
-                        std::io::stdout().write_all(&buf[..n])
+                        std::io::stdout().write_all(&self.scratch)
                     };
                 }
             },
@@ -602,13 +616,13 @@ fn handle(
 fn forward_stdin(w: OwnedFd) {
     std::thread::spawn(move || {
         let mut w = File::from(w);
-        let mut stdin = std::io::stdin().lock();
-        let mut buf = [0u8; 65536];
+        let mut buf = Vec::new();
         loop {
-            match stdin.read(&mut buf) {
+            buf.clear();
+            match read_append(libc::STDIN_FILENO, &mut buf, CHUNK) {
                 Ok(0) | Err(_) => break,
-                Ok(n) => {
-                    if w.write_all(&buf[..n]).is_err() {
+                Ok(_) => {
+                    if w.write_all(&buf).is_err() {
                         break;
                     }
                 }

@@ -1,16 +1,23 @@
 //! A non-blocking, frame-oriented connection (a front or a launcher) for the event loop.
 
-use std::io::{Read, Write};
+use std::io::Write;
+use std::os::fd::AsRawFd;
 
+use proto::readbuf::read_append;
 use proto::{encode_frame, FrameBuf, ProtoError};
 use serde::{de::DeserializeOwned, Serialize};
 
 /// The most we buffer for a peer that does not read; past it the peer is dropped.
 const MAX_OUT: usize = 64 * 1024 * 1024;
 
+/// The most read from the socket at once.
+const CHUNK: usize = 64 * 1024;
+
 pub struct Conn {
     pub stream: mio::net::UnixStream,
     inbuf: FrameBuf,
+    /// What one read brought, on its way into `inbuf`.
+    scratch: Vec<u8>,
     out: Vec<u8>,
     sent: usize,
     pub closed: bool,
@@ -21,6 +28,7 @@ impl Conn {
         Conn {
             stream,
             inbuf: FrameBuf::new(max_frame),
+            scratch: Vec::new(),
             out: Vec::new(),
             sent: 0,
             closed: false,
@@ -76,14 +84,14 @@ impl Conn {
     /// peer closed cleanly after these.
     pub fn receive<T: DeserializeOwned>(&mut self) -> Result<(Vec<T>, bool), ProtoError> {
         let mut eof = false;
-        let mut buf = [0u8; 65536];
         loop {
-            match self.stream.read(&mut buf) {
+            self.scratch.clear();
+            match read_append(self.stream.as_raw_fd(), &mut self.scratch, CHUNK) {
                 Ok(0) => {
                     eof = true;
                     break;
                 }
-                Ok(n) => self.inbuf.push(&buf[..n])?,
+                Ok(_) => self.inbuf.push(&self.scratch)?,
                 Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => break,
                 Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
                 Err(e) => return Err(e.into()),
