@@ -92,24 +92,30 @@ fn tmpfs(dst: &Path, opts: &str, flags: libc::c_ulong) -> Result<()> {
     )
 }
 
-/// Recursive bind of `src` onto `dst`, then nosuid+nodev (and read-only unless `rw`) on it
-/// and every mount under it.
+/// Recursive bind of `src`, a path under the host's root at `/oldroot`, onto `dst`. Every
+/// mount there is read-only, nosuid and nodev already (see `assemble`), and a bind takes its
+/// flags from its source: a read-only bind needs nothing more, a writable one has read-only
+/// cleared on it and every mount under it.
 fn bind(src: &Path, dst: &Path, rw: bool) -> Result<()> {
     step(
         sys::mount(Some(src), dst, None, libc::MS_BIND | libc::MS_REC, None),
         || format!("bind {} onto {}", src.display(), dst.display()),
     )?;
-    let mut attrs = sys::MOUNT_ATTR_NOSUID | sys::MOUNT_ATTR_NODEV;
     if !rw {
-        attrs |= sys::MOUNT_ATTR_RDONLY;
+        return Ok(());
     }
-    step(sys::mount_setattr_recursive(dst, attrs), || {
-        format!("make {} read-only, nosuid, nodev", dst.display())
-    })
+    step(
+        sys::mount_setattr_recursive(
+            dst,
+            sys::MOUNT_ATTR_NOSUID | sys::MOUNT_ATTR_NODEV,
+            sys::MOUNT_ATTR_RDONLY,
+        ),
+        || format!("make {} writable, nosuid, nodev", dst.display()),
+    )
 }
 
 /// Bind a host device node: read-only (the device stays writable), nosuid, noexec, but
-/// not nodev.
+/// not nodev (which it took from its source under `/oldroot`).
 fn bind_device(src: &Path, dst: &Path) -> Result<()> {
     touch(dst)?;
     step(
@@ -120,6 +126,7 @@ fn bind_device(src: &Path, dst: &Path) -> Result<()> {
         sys::mount_setattr_recursive(
             dst,
             sys::MOUNT_ATTR_RDONLY | sys::MOUNT_ATTR_NOSUID | sys::MOUNT_ATTR_NOEXEC,
+            sys::MOUNT_ATTR_NODEV,
         ),
         || format!("make {} read-only, nosuid, noexec", dst.display()),
     )
@@ -240,16 +247,10 @@ fn prepared_etc(old: &Path, old_etc: &Path, etc: &Path, p: &PreparedEtc) -> Resu
     }
     // Gone (removed as stale, or the host's /run replaced), or out of this init's reach:
     // either way nothing was mounted, and the caller assembles /etc instead.
+    // Read-only, nosuid and nodev from its source, like every bind from /oldroot.
     if sys::mount(Some(&under(old, &p.dir)), etc, None, libc::MS_BIND, None).is_err() {
         return Ok(false);
     }
-    step(
-        sys::mount_setattr_recursive(
-            etc,
-            sys::MOUNT_ATTR_RDONLY | sys::MOUNT_ATTR_NOSUID | sys::MOUNT_ATTR_NODEV,
-        ),
-        || "make /etc read-only, nosuid, nodev".to_string(),
-    )?;
     for name in &p.binds {
         let src = old_etc.join(name);
         if inspect(&src)?.is_some() {
@@ -321,6 +322,7 @@ fn proc_fs(new: &Path, masks: &Masks, plan: &LaunchPlan) -> Result<()> {
                     | sys::MOUNT_ATTR_NOSUID
                     | sys::MOUNT_ATTR_NODEV
                     | sys::MOUNT_ATTR_NOEXEC,
+                0,
             ),
             || format!("make /proc/{name} read-only"),
         )?;
@@ -400,6 +402,17 @@ fn assemble(plan: &LaunchPlan) -> Result<()> {
     step(sys::chdir(Path::new("/")), || "enter /".to_string())?;
 
     let old = Path::new("/oldroot");
+    // The host's mounts, as this mount namespace has them, become read-only, nosuid and
+    // nodev, all with one call (the host's own mounts are not touched: every mount here is
+    // a private copy). Each bind taken from them below starts with those flags.
+    step(
+        sys::mount_setattr_recursive(
+            old,
+            sys::MOUNT_ATTR_RDONLY | sys::MOUNT_ATTR_NOSUID | sys::MOUNT_ATTR_NODEV,
+            0,
+        ),
+        || "make the host's mounts read-only, nosuid, nodev".to_string(),
+    )?;
     let new = Path::new("/newroot");
     let masks = Masks {
         file: Path::new("/mask"),

@@ -91,13 +91,13 @@ pub const MOUNT_ATTR_NOSUID: u64 = 0x2;
 pub const MOUNT_ATTR_NODEV: u64 = 0x4;
 pub const MOUNT_ATTR_NOEXEC: u64 = 0x8;
 
-/// Set mount attributes on `path` and every mount below it (mount_setattr, AT_RECURSIVE).
-/// Unlike a remount, this reaches submounts of a recursive bind.
-pub fn mount_setattr_recursive(path: &Path, set: u64) -> io::Result<()> {
+/// Set and clear mount attributes on `path` and every mount below it (mount_setattr,
+/// AT_RECURSIVE). Unlike a remount, this reaches submounts of a recursive bind.
+pub fn mount_setattr_recursive(path: &Path, set: u64, clear: u64) -> io::Result<()> {
     let p = cstr(path)?;
     let attr = MountAttr {
         attr_set: set,
-        attr_clr: 0,
+        attr_clr: clear,
         propagation: 0,
         userns_fd: 0,
     };
