@@ -114,20 +114,24 @@ fn bind(src: &Path, dst: &Path, rw: bool) -> Result<()> {
     )
 }
 
-/// Bind a host device node: read-only (the device stays writable), nosuid, noexec, but
-/// not nodev (which it took from its source under `/oldroot`).
-fn bind_device(src: &Path, dst: &Path) -> Result<()> {
+/// The flags of a device bind: read-only (the device itself stays writable), nosuid,
+/// noexec, and not nodev.
+const DEVICE_SET: u64 = sys::MOUNT_ATTR_RDONLY | sys::MOUNT_ATTR_NOSUID | sys::MOUNT_ATTR_NOEXEC;
+const DEVICE_CLEAR: u64 = sys::MOUNT_ATTR_NODEV;
+
+/// Bind a host device node. With `inherited`, its source mount has the device flags
+/// already (see `dev_fs`) and the bind takes them; otherwise they are set on the bind.
+fn bind_device(src: &Path, dst: &Path, inherited: bool) -> Result<()> {
     touch(dst)?;
     step(
         sys::mount(Some(src), dst, None, libc::MS_BIND, None),
         || format!("bind device {} onto {}", src.display(), dst.display()),
     )?;
+    if inherited {
+        return Ok(());
+    }
     step(
-        sys::mount_setattr_recursive(
-            dst,
-            sys::MOUNT_ATTR_RDONLY | sys::MOUNT_ATTR_NOSUID | sys::MOUNT_ATTR_NOEXEC,
-            sys::MOUNT_ATTR_NODEV,
-        ),
+        sys::mount_setattr_recursive(dst, DEVICE_SET, DEVICE_CLEAR),
         || format!("make {} read-only, nosuid, noexec", dst.display()),
     )
 }
@@ -335,8 +339,13 @@ fn proc_fs(new: &Path, masks: &Masks, plan: &LaunchPlan) -> Result<()> {
 fn dev_fs(old: &Path, new: &Path) -> Result<()> {
     let dev = new.join("dev");
     mkdir(&dev, 0o755)?;
+    // The host's /dev mount, as this namespace has it (detached with the rest of /oldroot
+    // before anything of the sandbox runs), takes the device flags once, and each device
+    // bind copies them. Where /dev is not a mount of its own, each bind gets them instead.
+    let host_dev = old.join("dev");
+    let inherited = sys::mount_setattr(&host_dev, DEVICE_SET, DEVICE_CLEAR).is_ok();
     for name in DEVICES {
-        bind_device(&old.join("dev").join(name), &dev.join(name))?;
+        bind_device(&host_dev.join(name), &dev.join(name), inherited)?;
     }
     for (link, target) in [
         ("fd", "/proc/self/fd"),

@@ -94,6 +94,16 @@ pub const MOUNT_ATTR_NOEXEC: u64 = 0x8;
 /// Set and clear mount attributes on `path` and every mount below it (mount_setattr,
 /// AT_RECURSIVE). Unlike a remount, this reaches submounts of a recursive bind.
 pub fn mount_setattr_recursive(path: &Path, set: u64, clear: u64) -> io::Result<()> {
+    setattr(path, set, clear, libc::AT_RECURSIVE as libc::c_uint)
+}
+
+/// Set and clear mount attributes on the mount at `path` alone (which must be the root of
+/// a mount: EINVAL otherwise).
+pub fn mount_setattr(path: &Path, set: u64, clear: u64) -> io::Result<()> {
+    setattr(path, set, clear, 0)
+}
+
+fn setattr(path: &Path, set: u64, clear: u64, flags: libc::c_uint) -> io::Result<()> {
     let p = cstr(path)?;
     let attr = MountAttr {
         attr_set: set,
@@ -107,7 +117,7 @@ pub fn mount_setattr_recursive(path: &Path, set: u64, clear: u64) -> io::Result<
             libc::SYS_mount_setattr,
             libc::AT_FDCWD,
             p.as_ptr(),
-            libc::AT_RECURSIVE as libc::c_uint,
+            flags,
             &attr as *const MountAttr,
             std::mem::size_of::<MountAttr>(),
         )
