@@ -371,17 +371,17 @@ struct Masks<'a> {
 /// host's root under it) is still stacked over the new root: [`detach_host`] must follow
 /// before anything else resolves a path.
 pub fn build(plan: &LaunchPlan) -> Result<()> {
-    // Nothing we mount may propagate back to the host, and nothing the host mounts later
-    // may appear here.
+    // Every mount of this namespace (its private copies of the host's) becomes private,
+    // so nothing mounted here propagates back to the host and nothing the host mounts later
+    // appears here, and read-only, nosuid and nodev, so each bind taken from the host's
+    // tree below (under /oldroot) starts with those flags. One call for the whole tree;
+    // the host's own mounts are not touched.
     step(
-        sys::mount(
-            None,
+        sys::mount_setattr_recursive_private(
             Path::new("/"),
-            None,
-            libc::MS_REC | libc::MS_PRIVATE,
-            None,
+            sys::MOUNT_ATTR_RDONLY | sys::MOUNT_ATTR_NOSUID | sys::MOUNT_ATTR_NODEV,
         ),
-        || "make every mount private".to_string(),
+        || "make every mount private, read-only, nosuid, nodev".to_string(),
     )?;
 
     // Exact modes for everything made here; the program gets the umask we were given.
@@ -411,17 +411,6 @@ fn assemble(plan: &LaunchPlan) -> Result<()> {
     step(sys::chdir(Path::new("/")), || "enter /".to_string())?;
 
     let old = Path::new("/oldroot");
-    // The host's mounts, as this mount namespace has them, become read-only, nosuid and
-    // nodev, all with one call (the host's own mounts are not touched: every mount here is
-    // a private copy). Each bind taken from them below starts with those flags.
-    step(
-        sys::mount_setattr_recursive(
-            old,
-            sys::MOUNT_ATTR_RDONLY | sys::MOUNT_ATTR_NOSUID | sys::MOUNT_ATTR_NODEV,
-            0,
-        ),
-        || "make the host's mounts read-only, nosuid, nodev".to_string(),
-    )?;
     let new = Path::new("/newroot");
     let masks = Masks {
         file: Path::new("/mask"),

@@ -94,21 +94,39 @@ pub const MOUNT_ATTR_NOEXEC: u64 = 0x8;
 /// Set and clear mount attributes on `path` and every mount below it (mount_setattr,
 /// AT_RECURSIVE). Unlike a remount, this reaches submounts of a recursive bind.
 pub fn mount_setattr_recursive(path: &Path, set: u64, clear: u64) -> io::Result<()> {
-    setattr(path, set, clear, libc::AT_RECURSIVE as libc::c_uint)
+    setattr(path, set, clear, 0, libc::AT_RECURSIVE as libc::c_uint)
+}
+
+/// [`mount_setattr_recursive`] that also makes every mount there private: nothing mounted
+/// under `path` afterwards propagates to a peer, nor comes from one.
+pub fn mount_setattr_recursive_private(path: &Path, set: u64) -> io::Result<()> {
+    setattr(
+        path,
+        set,
+        0,
+        libc::MS_PRIVATE,
+        libc::AT_RECURSIVE as libc::c_uint,
+    )
 }
 
 /// Set and clear mount attributes on the mount at `path` alone (which must be the root of
 /// a mount: EINVAL otherwise).
 pub fn mount_setattr(path: &Path, set: u64, clear: u64) -> io::Result<()> {
-    setattr(path, set, clear, 0)
+    setattr(path, set, clear, 0, 0)
 }
 
-fn setattr(path: &Path, set: u64, clear: u64, flags: libc::c_uint) -> io::Result<()> {
+fn setattr(
+    path: &Path,
+    set: u64,
+    clear: u64,
+    propagation: libc::c_ulong,
+    flags: libc::c_uint,
+) -> io::Result<()> {
     let p = cstr(path)?;
     let attr = MountAttr {
         attr_set: set,
         attr_clr: clear,
-        propagation: 0,
+        propagation,
         userns_fd: 0,
     };
     // SAFETY: `p` is a valid C string and `attr` a properly sized mount_attr for the call.
