@@ -2,10 +2,16 @@
 //! waits for the memory controller) runs on one worker thread, off the event loop, so a
 //! call that arrives meanwhile is never queued behind it. The loop hands out jobs and takes
 //! results back when the worker wakes it.
+//!
+//! The usual placement is not such work: a parked child (single-threaded, so its move does
+//! not wait on the global threadgroup lock) goes into a request cgroup kept from an
+//! earlier request, a handful of short writes. The loop does that itself
+//! ([`Worker::place_kept`]), sparing a round trip through the worker per request; only
+//! making a new cgroup is left to the worker.
 
 use std::collections::HashMap;
 use std::sync::mpsc::{channel, Receiver, Sender};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::thread::JoinHandle;
 
 use mio::{Token, Waker};
@@ -56,33 +62,12 @@ impl Kept {
         Some(v.swap_remove(i).1)
     }
 
-    fn release(&mut self, pool: String, limits: Limits, cg: Box<dyn Cgroup>) {
-        let v = self.0.entry(pool).or_default();
-        if v.len() < KEEP {
-            match cg.recycle() {
-                Ok(true) => {
-                    v.push((limits, cg));
-                    return;
-                }
-                Ok(false) => {}
-                Err(e) => log::warn!("reuse a request cgroup: {e}"),
-            }
-        }
-        remove(cg);
+    fn has_room(&self, pool: &str) -> bool {
+        self.0.get(pool).map_or(0, Vec::len) < KEEP
     }
 
-    fn forget(&mut self, pool: &str) {
-        for (_, cg) in self.0.remove(pool).unwrap_or_default() {
-            remove(cg);
-        }
-    }
-
-    fn forget_all(&mut self) {
-        for (_, v) in self.0.drain() {
-            for (_, cg) in v {
-                remove(cg);
-            }
-        }
+    fn keep(&mut self, pool: String, limits: Limits, cg: Box<dyn Cgroup>) {
+        self.0.entry(pool).or_default().push((limits, cg));
     }
 }
 
@@ -98,16 +83,63 @@ pub struct Placed {
     pub result: Result<Box<dyn Cgroup>, String>,
 }
 
+/// The kept cgroups, shared by the loop (which takes them) and the worker (which empties
+/// and keeps them). A lock poisoned by a panic still guards a valid list.
+#[derive(Clone, Default)]
+struct Shared(Arc<Mutex<Kept>>);
+
+impl Shared {
+    fn lock(&self) -> MutexGuard<'_, Kept> {
+        self.0.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// A finished request's cgroup: kept for the next request of `pool` if it can be made
+    /// as good as new and there is room, else removed. The emptying (file work) is done
+    /// without the lock.
+    fn release(&self, pool: String, limits: Limits, cg: Box<dyn Cgroup>) {
+        if self.lock().has_room(&pool) {
+            match cg.recycle() {
+                Ok(true) => {
+                    self.lock().keep(pool, limits, cg);
+                    return;
+                }
+                Ok(false) => {}
+                Err(e) => log::warn!("reuse a request cgroup: {e}"),
+            }
+        }
+        remove(cg);
+    }
+}
+
+/// Put a parked child (single-threaded) in a kept cgroup, at background weight. On failure
+/// the cgroup is removed and `None` returned: a new one is needed.
+fn reuse(cg: Box<dyn Cgroup>, pid: i32) -> Option<Box<dyn Cgroup>> {
+    match cg
+        .set_weight(Weight::Background)
+        .and_then(|_| cg.add_single_threaded(pid))
+    {
+        Ok(()) => Some(cg),
+        Err(e) => {
+            log::warn!("reuse a request cgroup: {e}");
+            remove(cg);
+            None
+        }
+    }
+}
+
 pub struct Worker {
     tx: Option<Sender<Job>>,
     rx: Receiver<Placed>,
     handle: Option<JoinHandle<()>>,
+    kept: Shared,
 }
 
 impl Worker {
     pub fn start(backend: Arc<Backend>, waker: Arc<Waker>) -> std::io::Result<Worker> {
         let (tx, jobs) = channel::<Job>();
         let (done, rx) = channel::<Placed>();
+        let shared = Shared::default();
+        let kept = shared.clone();
         let handle = std::thread::Builder::new()
             .name("cgroups".into())
             .spawn(move || {
@@ -119,7 +151,6 @@ impl Worker {
                     let tid = libc::syscall(libc::SYS_gettid) as libc::id_t;
                     libc::setpriority(libc::PRIO_PROCESS, tid, WORKER_NICE);
                 }
-                let mut kept = Kept::default();
                 for job in jobs {
                     match job {
                         Job::Place {
@@ -132,19 +163,8 @@ impl Worker {
                         } => {
                             // A parked child works in the background until it is given
                             // a request (see `Weight`).
-                            let reused = kept.take(&pool, &limits).and_then(|cg| {
-                                match cg
-                                    .set_weight(Weight::Background)
-                                    .and_then(|_| cg.add_single_threaded(pid))
-                                {
-                                    Ok(()) => Some(cg),
-                                    Err(e) => {
-                                        log::warn!("reuse a request cgroup: {e}");
-                                        remove(cg);
-                                        None
-                                    }
-                                }
-                            });
+                            let kept_one = kept.lock().take(&pool, &limits);
+                            let reused = kept_one.and_then(|cg| reuse(cg, pid));
                             let result = match reused {
                                 Some(cg) => Ok(cg),
                                 None => backend
@@ -162,18 +182,32 @@ impl Worker {
                         Job::Release { pool, limits, cg } => kept.release(pool, limits, cg),
                         Job::Remove(cg) => remove(cg),
                         Job::Forget { pool, dir } => {
-                            kept.forget(&pool);
+                            let gone = kept.lock().0.remove(&pool).unwrap_or_default();
+                            for (_, cg) in gone {
+                                remove(cg);
+                            }
                             backend.prune(&dir);
                         }
                     }
                 }
-                kept.forget_all();
+                let all: Vec<Ready> = kept.lock().0.drain().flat_map(|(_, v)| v).collect();
+                for (_, cg) in all {
+                    remove(cg);
+                }
             })?;
         Ok(Worker {
             tx: Some(tx),
             rx,
             handle: Some(handle),
+            kept: shared,
         })
+    }
+
+    /// Put the parked child `pid` in a cgroup kept for `pool` with these `limits`, here and
+    /// now; `None` when there is none (or it could not be reused): send [`Job::Place`].
+    pub fn place_kept(&self, pool: &str, limits: &Limits, pid: i32) -> Option<Box<dyn Cgroup>> {
+        let cg = self.kept.lock().take(pool, limits)?;
+        reuse(cg, pid)
     }
 
     pub fn send(&self, job: Job) {

@@ -29,7 +29,7 @@ use proto::launch::{
     ToLauncher, MAX_LAUNCH_FRAME,
 };
 
-use super::cgworker::{Job, Worker};
+use super::cgworker::{Job, Placed, Worker};
 use super::conn::Conn;
 use super::SupervisorError;
 use crate::cgroup::{Backend, Cgroup, Limits, Weight};
@@ -1041,7 +1041,16 @@ impl Functions {
                 z.placing.push(slot.clone());
                 let func = z.func.clone();
                 let limits = self.fns.get(&func).map(|f| f.limits).ok_or("no function")?;
-                // The cgroup is made off the loop; `placed` takes the result.
+                // Usually into a cgroup kept from an earlier request, here and now.
+                if let Some(cg) = self.worker.place_kept(&func, &limits, pid) {
+                    self.placed(Placed {
+                        zt,
+                        slot,
+                        result: Ok(cg),
+                    });
+                    return Ok(());
+                }
+                // Otherwise a new cgroup is made off the loop; `placed` takes the result.
                 self.worker.send(Job::Place {
                     zt,
                     rel: format!("tenants/_host/{func}/r-{}-{slot}", std::process::id()),
@@ -1811,46 +1820,52 @@ impl Functions {
     /// The cgroup worker finished placing parked children: their slots are ready.
     pub fn worker_done(&mut self) {
         for p in self.worker.done() {
-            let waiting = self
-                .zygotes
-                .get(&p.zt)
-                .is_some_and(|z| z.state != ZState::Dead && z.placing.contains(&p.slot));
-            if !waiting {
-                // Its zygote or the child went away meanwhile.
-                if let Ok(cg) = p.result {
-                    self.worker.send(Job::Remove(cg));
-                }
-                continue;
-            }
-            let Some(z) = self.zygotes.get_mut(&p.zt) else {
-                continue;
-            };
-            z.placing.retain(|s| *s != p.slot);
-            match p.result {
-                Ok(cg) => {
-                    if z.frozen {
-                        let _ = cg.freeze();
-                    }
-                    z.slots.insert(
-                        p.slot,
-                        Slot {
-                            cgroup: cg,
-                            request: None,
-                            answered: None,
-                        },
-                    );
-                }
-                Err(e) => {
-                    // The launcher lets go of the child's channel, and a parked child whose
-                    // channel closes before a request exits (it is still in the zygote's
-                    // cgroup meanwhile). No kill by pid: that pid may be someone else's by now.
-                    log::error!("give a parked child its cgroup: {e}");
-                    z.conn.send(&ToLauncher::Reap { slot: p.slot });
-                }
-            }
-            let func = z.func.clone();
-            self.dispatch_pending(&func);
+            self.placed(p);
         }
+    }
+
+    /// A parked child's placement, by the worker or the loop: its slot is ready (or, if
+    /// placing it failed, the launcher lets the child go).
+    fn placed(&mut self, p: Placed) {
+        let waiting = self
+            .zygotes
+            .get(&p.zt)
+            .is_some_and(|z| z.state != ZState::Dead && z.placing.contains(&p.slot));
+        if !waiting {
+            // Its zygote or the child went away meanwhile.
+            if let Ok(cg) = p.result {
+                self.worker.send(Job::Remove(cg));
+            }
+            return;
+        }
+        let Some(z) = self.zygotes.get_mut(&p.zt) else {
+            return;
+        };
+        z.placing.retain(|s| *s != p.slot);
+        match p.result {
+            Ok(cg) => {
+                if z.frozen {
+                    let _ = cg.freeze();
+                }
+                z.slots.insert(
+                    p.slot,
+                    Slot {
+                        cgroup: cg,
+                        request: None,
+                        answered: None,
+                    },
+                );
+            }
+            Err(e) => {
+                // The launcher lets go of the child's channel, and a parked child whose
+                // channel closes before a request exits (it is still in the zygote's
+                // cgroup meanwhile). No kill by pid: that pid may be someone else's by now.
+                log::error!("give a parked child its cgroup: {e}");
+                z.conn.send(&ToLauncher::Reap { slot: p.slot });
+            }
+        }
+        let func = z.func.clone();
+        self.dispatch_pending(&func);
     }
 
     /// Append the usage lines of the requests answered since the last call to the usage
