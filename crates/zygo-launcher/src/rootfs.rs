@@ -249,9 +249,9 @@ fn prepared_etc(old: &Path, old_etc: &Path, etc: &Path, p: &PreparedEtc) -> Resu
             std::io::Error::from_raw_os_error(libc::EINVAL),
         ));
     }
-    // Gone (removed as stale, or the host's /run replaced), or out of this init's reach:
-    // either way nothing was mounted, and the caller assembles /etc instead.
-    // Read-only, nosuid and nodev from its source, like every bind from /oldroot.
+    // Read-only, nosuid and nodev from its source, like every bind from /oldroot. If it
+    // is gone (removed as stale, or the host's /run replaced) or out of this init's reach,
+    // nothing was mounted, and the caller assembles /etc instead.
     if sys::mount(Some(&under(old, &p.dir)), etc, None, libc::MS_BIND, None).is_err() {
         return Ok(false);
     }

@@ -112,17 +112,16 @@ impl Shared {
 }
 
 /// Put a parked child (single-threaded) in a kept cgroup, at background weight. On failure
-/// the cgroup is removed and `None` returned: a new one is needed.
-fn reuse(cg: Box<dyn Cgroup>, pid: i32) -> Option<Box<dyn Cgroup>> {
+/// the cgroup comes back, to be removed: a new one is needed.
+fn reuse(cg: Box<dyn Cgroup>, pid: i32) -> Result<Box<dyn Cgroup>, Box<dyn Cgroup>> {
     match cg
         .set_weight(Weight::Background)
         .and_then(|_| cg.add_single_threaded(pid))
     {
-        Ok(()) => Some(cg),
+        Ok(()) => Ok(cg),
         Err(e) => {
             log::warn!("reuse a request cgroup: {e}");
-            remove(cg);
-            None
+            Err(cg)
         }
     }
 }
@@ -164,7 +163,8 @@ impl Worker {
                             // A parked child works in the background until it is given
                             // a request (see `Weight`).
                             let kept_one = kept.lock().take(&pool, &limits);
-                            let reused = kept_one.and_then(|cg| reuse(cg, pid));
+                            let reused =
+                                kept_one.and_then(|cg| reuse(cg, pid).map_err(remove).ok());
                             let result = match reused {
                                 Some(cg) => Ok(cg),
                                 None => backend
@@ -204,10 +204,11 @@ impl Worker {
     }
 
     /// Put the parked child `pid` in a cgroup kept for `pool` with these `limits`, here and
-    /// now; `None` when there is none (or it could not be reused): send [`Job::Place`].
+    /// now; `None` when there is none (or it could not be reused, and goes to the worker to
+    /// be removed): send [`Job::Place`].
     pub fn place_kept(&self, pool: &str, limits: &Limits, pid: i32) -> Option<Box<dyn Cgroup>> {
         let cg = self.kept.lock().take(pool, limits)?;
-        reuse(cg, pid)
+        reuse(cg, pid).map_err(|cg| self.send(Job::Remove(cg))).ok()
     }
 
     pub fn send(&self, job: Job) {
