@@ -25,11 +25,14 @@ Guarantees, to a handler that does not sabotage it:
   import_error) first and once, then heartbeat at least every second, and park_failed.
 """
 
-import _signal, _socket, _thread, importlib.machinery, json, os, re
-import select, stat, struct, sys, time
-# traceback and shutil are imported where they are needed (an error, a cleanup), and the C
-# modules _socket and _signal stand in for socket and signal: every module imported here
-# is memory each zygote holds for as long as it lives.
+import _json, _signal, _socket, _thread, os, select, stat, struct, sys, time
+import _frozen_importlib as _bootstrap, _frozen_importlib_external as _bootstrap_external
+# Every module imported here is memory each zygote holds for as long as it lives, and pages
+# that every request's fork maps at its start and unmaps at its exit. So the C modules
+# _json, _socket and _signal stand in for json, socket and signal (json alone brings re,
+# enum, functools and collections: about 1 MB); importlib.machinery's loader classes are
+# taken from the import system that is already loaded; traceback and shutil are imported
+# where they are needed (an error, a cleanup).
 
 WORK_ROOT = os.environ.get("ZYGO_WORK_ROOT", "/work")  # set only by the tests
 WORK_PREFIX = os.fsencode(WORK_ROOT) + b"/"
@@ -37,15 +40,35 @@ CTL, REG = 3, 4
 MAX_CONTROL_LINE, MAX_REQUEST_LINE = 1 << 20, 20 << 20  # launcher -> agent, -> child
 MAX_LINE_OUT = 20 << 20  # child -> launcher, newline included
 MAX_PROGRESS, MAX_MESSAGE, MAX_TRACEBACK = 64 << 10, 64 << 10, 1 << 20  # characters
-SLOT, WORKDIR_B = re.compile(r"[A-Za-z0-9_-]{1,64}"), re.compile(rb"[0-9a-f]{32}")
 CONTROL = {"park": {"kind", "slot"}}
-# A control line exactly as the launcher writes one (compact JSON): read without the JSON
+# A control line exactly as the launcher writes one (compact JSON) is read without the JSON
 # machinery, which would copy pages in a process that forks after most lines. Any other
 # line, valid or not, goes through strict().
-CONTROL_LINE = re.compile(rb'\{"kind":"(park)","slot":"([A-Za-z0-9_-]{1,64})"\}')
+PARK_HEAD, PARK_TAIL = b'{"kind":"park","slot":"', b'"}'
 REQUEST = {"request": {"kind", "id", "event"}}
 POOL_REQUEST = {"request": {"kind", "id", "event", "script"}}  # a runtime pool's
-SCRIPT = re.compile(r"/run/script/[0-9a-f]{64}")
+SCRIPT_DIR = "/run/script/"
+SLOT_CHARS = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_-"
+SLOT_CHARS_B = SLOT_CHARS.encode()
+HEX, HEX_B = "0123456789abcdef", b"0123456789abcdef"
+
+
+def is_slot(s):
+    """[A-Za-z0-9_-]{1,64}, as str or bytes (strip leaves whatever is not in the set)."""
+    if type(s) is str:
+        return 0 < len(s) <= 64 and not s.strip(SLOT_CHARS)
+    return type(s) is bytes and 0 < len(s) <= 64 and not s.strip(SLOT_CHARS_B)
+
+
+def is_workdir(name):
+    """A workdir name as a child tells it: 32 lowercase hex digits, as bytes."""
+    return len(name) == 32 and not name.strip(HEX_B)
+
+
+def is_script(path):
+    """/run/script/ and a SHA-256 in lowercase hex."""
+    return (type(path) is str and len(path) == len(SCRIPT_DIR) + 64
+            and path.startswith(SCRIPT_DIR) and not path[len(SCRIPT_DIR):].strip(HEX))
 
 
 class Violation(Exception):
@@ -62,10 +85,49 @@ def _constant(name):
     raise Violation(f"{name} is not JSON")
 
 
+class _ScanOptions:
+    """What the C scanner reads from json.JSONDecoder: strict strings (no control
+    characters), duplicate keys and NaN/Infinity refused."""
+
+    def __init__(self):
+        self.strict, self.object_hook, self.object_pairs_hook = True, None, _pairs
+        self.parse_float, self.parse_int, self.parse_constant = float, int, _constant
+
+
+_scan = _json.make_scanner(_ScanOptions())
+JSON_SPACE = " \t\n\r"
+
+
+def loads(text):
+    """json.loads(text, object_pairs_hook=_pairs, parse_constant=_constant), from the C
+    scanner that json.loads itself uses. Errors are ValueErrors (or RecursionError)."""
+    start = len(text) - len(text.lstrip(JSON_SPACE))
+    try:
+        obj, end = _scan(text, start)
+    except StopIteration as e:
+        raise ValueError(f"Expecting value: char {e.value}") from None
+    if end != len(text) and text[end:].strip(JSON_SPACE):
+        raise ValueError(f"Extra data: char {end}")
+    return obj
+
+
+def _not_json(o):
+    raise TypeError(f"Object of type {type(o).__name__} is not JSON serializable")
+
+
+def dumps(obj):
+    """json.dumps(obj, ensure_ascii=False, allow_nan=False): the C encoder json.dumps itself
+    uses, with the same separators and errors (a fresh one each time, as json.dumps makes:
+    its circular-reference markers must start empty)."""
+    encoder = _json.make_encoder({}, _not_json, _json.encode_basestring, None, ": ", ", ",
+                                 False, False, False)
+    return "".join(encoder(obj, 0))
+
+
 def strict(line, schema):
     """Parse one line: a JSON object whose kind is in `schema`, with exactly its fields."""
     try:
-        obj = json.loads(line.decode("utf-8"), object_pairs_hook=_pairs, parse_constant=_constant)
+        obj = loads(line.decode("utf-8"))
     except (ValueError, RecursionError) as e:  # UnicodeDecodeError is a ValueError
         raise Violation(f"not a JSON line: {e}") from None
     kind = obj.get("kind") if type(obj) is dict else None
@@ -76,8 +138,7 @@ def strict(line, schema):
 
 def encode(obj):
     """One line; lone surrogates, which UTF-8 cannot carry, become '?'."""
-    text = json.dumps(obj, ensure_ascii=False, allow_nan=False) + "\n"
-    return text.encode("utf-8", "replace")
+    return (dumps(obj) + "\n").encode("utf-8", "replace")
 
 
 LOG_FD = 2  # the agent's own stderr (the supervisor's log); a child keeps a copy of it
@@ -135,7 +196,7 @@ def tell(obj):
         die(0)  # the launcher has gone
 
 
-class ForkCompilingLoader(importlib.machinery.SourceFileLoader):
+class ForkCompilingLoader(_bootstrap_external.SourceFileLoader):
     """Compiles in a throwaway fork (python_boot.py says why), where the agent was started
     through python_boot.py; here otherwise."""
 
@@ -150,9 +211,9 @@ def import_handler(entry, name, in_agent=False):
     """(function, None, None), or (None, message, traceback) saying why not. In the agent
     the entry module is compiled in a fork: the agent is what every request's fork copies."""
     try:
-        loader = (ForkCompilingLoader if in_agent else importlib.machinery.SourceFileLoader)(
+        loader = (ForkCompilingLoader if in_agent else _bootstrap_external.SourceFileLoader)(
             "handler_module", entry)
-        spec = importlib.machinery.ModuleSpec("handler_module", loader, origin=entry)
+        spec = _bootstrap.ModuleSpec("handler_module", loader, origin=entry)
         spec.has_location = True
         module = type(sys)("handler_module")
         module.__spec__, module.__loader__, module.__file__ = spec, loader, entry
@@ -302,12 +363,12 @@ def serve(func):
                 del buf[:nl + 1]
                 if len(line) > MAX_CONTROL_LINE:
                     raise Violation("a line over 1 MiB")
-                m = CONTROL_LINE.fullmatch(line)
-                if m:  # the pattern admits only a valid slot
-                    slot = m[2].decode()
+                slot = line[len(PARK_HEAD):-len(PARK_TAIL)]
+                if line.startswith(PARK_HEAD) and line.endswith(PARK_TAIL) and is_slot(slot):
+                    slot = slot.decode()
                 else:
                     slot = strict(line, CONTROL)["slot"]
-                    if type(slot) is not str or not SLOT.fullmatch(slot):
+                    if not is_slot(slot):
                         raise Violation("a bad slot")
                 handle(slot, slots, func)
             if len(buf) > MAX_CONTROL_LINE:
@@ -422,7 +483,7 @@ def remove_workdir(named, uid):
     except OSError:
         name = b""
     os.close(named)
-    if not WORKDIR_B.fullmatch(name):
+    if not is_workdir(name):
         return  # the child never got as far as naming it
     try:
         os.lstat(WORK_PREFIX + name)
@@ -547,8 +608,7 @@ def read_request(sock, prepared, schema):
                 raise Violation("more than one line")
             break
     request = strict(bytes(buf), schema)
-    if "script" in request and (type(request["script"]) is not str
-                                or not SCRIPT.fullmatch(request["script"])):
+    if "script" in request and not is_script(request["script"]):
         raise Violation("a bad script path")
     if type(request["id"]) is not str:
         raise Violation("id is not a string")
@@ -679,7 +739,7 @@ def exec_script(pool, script, event):
     output goes to our fd 1 and 2 (relayed)."""
     import subprocess
     try:
-        done = subprocess.run([*pool.argv, script], input=json.dumps(event).encode(),
+        done = subprocess.run([*pool.argv, script], input=dumps(event).encode(),
                               stdout=1, stderr=2, close_fds=True)
     except OSError as e:
         return error(f"cannot start {pool.argv[0]}: {describe(e)}", "")
@@ -693,8 +753,7 @@ def exec_script(pool, script, event):
 def result(value):
     """The terminal line for a returned value."""
     try:
-        text = json.dumps({"kind": "result", "value": value}, ensure_ascii=False, allow_nan=False)
-        data = (text + "\n").encode("utf-8")
+        data = (dumps({"kind": "result", "value": value}) + "\n").encode("utf-8")
     except BaseException as e:
         return error(f"result is not JSON-serialisable: {e}"[:MAX_MESSAGE], "")
     if len(data) > MAX_LINE_OUT:
@@ -729,7 +788,7 @@ def check_node(entry, name):
             return NodeSpare(entry, name)
         lines = r.stderr.decode("utf-8", "replace").strip().splitlines()
         try:
-            why = json.loads(lines[-1])
+            why = loads(lines[-1])
             message, tb = str(why["message"]), str(why.get("traceback", ""))
         except (ValueError, KeyError, IndexError, TypeError):
             message, tb = f"cannot import {entry}: node exited with status {r.returncode}", "\n".join(lines[-50:])

@@ -793,3 +793,79 @@ def landlock_available():
 
 if __name__ == "__main__":
     unittest.main()
+
+
+def agent_module():
+    """python_agent.py imported as a module (its main() runs only as __main__)."""
+    import importlib.util
+    spec = importlib.util.spec_from_file_location("python_agent_under_test", AGENT)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+class Codec(unittest.TestCase):
+    """The agent's JSON (from _json, without the json package) and its name checks agree
+    with the standard library and with the patterns the protocol gives."""
+
+    @classmethod
+    def setUpClass(cls):
+        cls.a = agent_module()
+
+    def test_dumps_matches_json(self):
+        values = [None, True, 0, -7, 2 ** 70, 1.5, -0.0, 1e300, "", "é\u2028\"\\\n\t\x00",
+                  [], {}, {"b": [1, {"c": None}], "a": "x"}, {1: 2, 2.5: 3, None: 4, True: 5},
+                  ("t", "u"), [[[[]]]], "\U0001f600"]
+        for v in values:
+            with self.subTest(v=v):
+                self.assertEqual(self.a.dumps(v), json.dumps(v, ensure_ascii=False,
+                                                             allow_nan=False))
+
+    def test_dumps_refuses_what_json_refuses(self):
+        loop = []
+        loop.append(loop)
+        for v, exc in [(float("nan"), ValueError), (float("inf"), ValueError),
+                       ({(1, 2): 3}, TypeError), (object(), TypeError), ({1, 2}, TypeError),
+                       (b"bytes", TypeError), (loop, ValueError)]:
+            with self.subTest(v=type(v).__name__):
+                with self.assertRaises(exc) as got:
+                    self.a.dumps(v)
+                with self.assertRaises(exc) as want:
+                    json.dumps(v, ensure_ascii=False, allow_nan=False)
+                self.assertEqual(str(got.exception), str(want.exception))
+        # A failed encoding leaves nothing behind for the next one.
+        self.assertEqual(self.a.dumps([1]), "[1]")
+
+    def test_loads_matches_json(self):
+        texts = ['{"a": [1, 2.5, -3e2, true, false, null, "x\\u00e9\\ud83d\\ude00"]}',
+                 ' \t\r\n{"a":{"b":{}}} \n', '"s"', '0', '[]', '-0.0', '12345678901234567890']
+        for t in texts:
+            with self.subTest(t=t):
+                self.assertEqual(self.a.loads(t), json.loads(t))
+
+    def test_loads_refuses(self):
+        bad = ['', ' ', 'NaN', 'Infinity', '-Infinity', '[NaN]', '{"a":1,"a":2}',
+               '{"a":{"b":1,"b":1}}', '{"a":1} x', '{"a":1}{}', '"\x01"', "{'a':1}",
+               '[1,]', '{"a"}', '\ufeff{}', '01', '[' * 100000, '{"a":' * 100000]
+        for t in bad:
+            with self.subTest(t=t[:20]):
+                with self.assertRaises((ValueError, RecursionError, self.a.Violation)):
+                    self.a.loads(t)
+
+    def test_names(self):
+        a = self.a
+        for s in ["a", "A-z_09", "x" * 64]:
+            self.assertTrue(a.is_slot(s), s)
+            self.assertTrue(a.is_slot(s.encode()), s)
+        for s in ["", "x" * 65, "a/b", "a b", "a\n", "é", "a.b", "\x00", 7, None]:
+            self.assertFalse(a.is_slot(s), s)
+            if type(s) is str:
+                self.assertFalse(a.is_slot(s.encode()), s)
+        self.assertTrue(a.is_workdir(b"0123456789abcdef" * 2))
+        for w in [b"", b"0" * 31, b"0" * 33, b"A" * 32, b"g" * 32, b"../" + b"0" * 29]:
+            self.assertFalse(a.is_workdir(w), w)
+        good = "/run/script/" + "ab" * 32
+        self.assertTrue(a.is_script(good))
+        for p in [good + "0", good[:-1], good.upper(), "/run/scripts" + "a" * 64,
+                  "/run/script/../" + "a" * 61, None, 1, good.encode()]:
+            self.assertFalse(a.is_script(p), p)
