@@ -254,22 +254,49 @@ class ExecPool:
         self.argv = argv
 
 
-LIBC = None  # ctypes' handle on the C library, opened once in the agent (see no_dump)
+# syscall(2), the only C function a child calls, made once in the agent (see no_dump), and
+# the C long its arguments are passed as.
+SYSCALL = CLong = None
+
+
+def c_functions(*names):
+    """The C library's functions `names` as ctypes.CDLL(None, use_errno=True) gives them
+    with restype c_long (errno saved for _ctypes.get_errno()), and c_long itself. Built from
+    _ctypes, the C half of ctypes: the ctypes package (its types, its loader classes) would
+    add ~200 KB to every zygote, and so to every request's fork."""
+    import _ctypes
+
+    class c_long(_ctypes._SimpleCData):  # a direct subclass: results come back as int
+        _type_ = "l"
+
+    class Function(_ctypes.CFuncPtr):
+        _flags_ = _ctypes.FUNCFLAG_CDECL | _ctypes.FUNCFLAG_USE_ERRNO
+        _restype_ = c_long
+
+    libc = _ctypes.dlopen(None)
+    return [Function(_ctypes.dlsym(libc, n)) for n in names], c_long
+
+
+def c_errno():
+    import _ctypes
+    return _ctypes.get_errno()
 
 
 def no_dump():
     """PR_SET_DUMPABLE 0: without CAP_SYS_PTRACE no other process may open our /proc/<pid>
-    fd, cwd, mem or environ. Forks inherit it; exec resets it."""
-    global LIBC, LANDLOCK_RULESET, RESTRICT_SELF
+    fd, cwd, mem or environ. Forks inherit it; exec resets it. Also creates the Landlock
+    ruleset each request's domain is made from."""
+    global SYSCALL, CLong, LANDLOCK_RULESET, RESTRICT_SELF
     try:
-        import ctypes
-        LIBC = ctypes.CDLL(None, use_errno=True)
-        LIBC.syscall.restype = ctypes.c_long
-        LANDLOCK_RULESET = landlock_ruleset(ctypes)
-        RESTRICT_SELF = ctypes.c_long(SYS_LANDLOCK_RESTRICT_SELF)
-        LIBC.prctl(4, 0, 0, 0, 0)
+        (SYSCALL, prctl), CLong = c_functions("syscall", "prctl")
     except Exception as e:
-        complain(f"cannot make the agent non-dumpable: {e}")
+        LANDLOCK_RULESET = OSError(0, f"cannot call the C library: {describe(e)}")
+        complain(f"cannot make the agent non-dumpable: {describe(e)}")
+        return
+    LANDLOCK_RULESET = landlock_ruleset()
+    RESTRICT_SELF = CLong(SYS_LANDLOCK_RESTRICT_SELF)
+    if prctl(CLong(4), CLong(0), CLong(0), CLong(0), CLong(0)) != 0:
+        complain(f"cannot make the agent non-dumpable: {os.strerror(c_errno())}")
 
 
 # A Landlock domain of the request's own (struct landlock_ruleset_attr: handled_access_fs,
@@ -292,18 +319,17 @@ LANDLOCK_RULESET = None
 RESTRICT_SELF = None  # the system call's number as a C long (syscall(2) reads a long)
 
 
-def landlock_ruleset(ctypes):
+def landlock_ruleset():
     """A ruleset file descriptor, None without Landlock, or the OSError that stopped it."""
     attrs = (struct.pack("QQQ", LANDLOCK_ACCESS_FS_MAKE_BLOCK, 0,
                          LANDLOCK_SCOPE_ABSTRACT_UNIX_SOCKET | LANDLOCK_SCOPE_SIGNAL),
              struct.pack("QQ", LANDLOCK_ACCESS_FS_MAKE_BLOCK, 0))  # before ABI 6
     err = 0
     for a in attrs:
-        fd = LIBC.syscall(ctypes.c_long(SYS_LANDLOCK_CREATE_RULESET), a,
-                          ctypes.c_size_t(len(a)), ctypes.c_uint32(0))
+        fd = SYSCALL(CLong(SYS_LANDLOCK_CREATE_RULESET), a, CLong(len(a)), CLong(0))
         if fd >= 0:
             return fd
-        err = ctypes.get_errno()
+        err = c_errno()
         if err in NO_LANDLOCK:
             return None
     return OSError(err, f"landlock_create_ruleset: {os.strerror(err)}")
@@ -317,9 +343,8 @@ def own_domain():
     if isinstance(rs, OSError):
         raise rs
     try:
-        if LIBC.syscall(RESTRICT_SELF, rs, 0) != 0:
-            import ctypes
-            err = ctypes.get_errno()
+        if SYSCALL(RESTRICT_SELF, CLong(rs), CLong(0)) != 0:
+            err = c_errno()
             raise OSError(err, f"landlock_restrict_self: {os.strerror(err)}")
     finally:
         os.close(rs)  # the request's code has no use for it
