@@ -34,6 +34,11 @@
 //! Knobs (environment): `ZYGO_BIN`, `ZYGO_BENCH_CALLS` (sequential calls, default 2000),
 //! `ZYGO_BENCH_SECS` (seconds per concurrency level, default 3), `ZYGO_BENCH_NODE_CALLS`
 //! (sequential Node calls, default 500).
+//!
+//! Comparing two builds: `ZYGO_BENCH_AB=OTHER_ZYGO` runs only (b), for both binaries at once
+//! (`ZYGO_BENCH_AB_ROUNDS` rounds, default 10, of `ZYGO_BENCH_AB_CALLS` calls each, default
+//! 400, alternating), and prints the ratio of their p50s: on a shared machine, figures taken
+//! minutes apart differ by more than most changes do.
 
 use std::collections::HashMap;
 use std::fmt::Write as _;
@@ -1113,6 +1118,79 @@ fn memory(bin: &Path, dir: &Path, app: &Path, tag: &str) -> R<(Memory, Drained, 
     ))
 }
 
+// --- two builds side by side -------------------------------------------------------------------
+
+/// `ZYGO_BENCH_AB=OTHER`: (b) only, for this binary and OTHER at once. Both supervisors serve
+/// the same function; blocks of sequential calls alternate between them (the order swapped
+/// every round), so that both see the same machine. Prints each one's p50 and CPU per call
+/// and the ratio of p50s, per round and overall.
+fn ab(bins: &[PathBuf; 2], dir: &Path, toml: &Path, name: &str) -> R<i32> {
+    let rounds = env_usize("ZYGO_BENCH_AB_ROUNDS", 10);
+    let block = env_usize("ZYGO_BENCH_AB_CALLS", 400);
+    let mut sups = Vec::new();
+    for (i, bin) in bins.iter().enumerate() {
+        let (sup, _) = Supervisor::up(bin, &dir.join(format!("ab{i}")), toml)?;
+        println!(
+            "{}: {} (supervisor pid {})",
+            ["A", "B"][i],
+            bin.display(),
+            sup.pid
+        );
+        sups.push(sup);
+    }
+    println!(
+        "{rounds} rounds of {block} sequential calls on one connection per binary, alternating"
+    );
+    let mut all: [Vec<Duration>; 2] = [Vec::new(), Vec::new()];
+    let mut cpu_sum = [(0.0, 0.0, 0.0); 2];
+    let mut ratios = Vec::new();
+    for round in 0..rounds {
+        let mut p50 = [Duration::ZERO; 2];
+        let order = if round % 2 == 0 { [0, 1] } else { [1, 0] };
+        for i in order {
+            let seq = sequential(&sups[i], name, 50, block, Duration::ZERO)?;
+            if seq.failures > 0 {
+                return Err(format!(
+                    "{}: {} call(s) failed: {}",
+                    bins[i].display(),
+                    seq.failures,
+                    seq.first_failure.unwrap_or_default()
+                ));
+            }
+            p50[i] = pct(&seq.sorted, 0.50);
+            let c = &mut cpu_sum[i];
+            (c.0, c.1, c.2) = (c.0 + seq.cpu.0, c.1 + seq.cpu.1, c.2 + seq.cpu.2);
+            all[i].extend(seq.sorted);
+        }
+        let r = p50[1].as_secs_f64() / p50[0].as_secs_f64();
+        ratios.push(r);
+        println!(
+            "  round {round:2}: A p50 {}  B p50 {}  B/A {r:.3}",
+            ms(p50[0]),
+            ms(p50[1])
+        );
+    }
+    ratios.sort_by(f64::total_cmp);
+    for (i, lat) in all.iter_mut().enumerate() {
+        lat.sort_unstable();
+        let n = rounds as f64;
+        let c = cpu_sum[i];
+        println!(
+            "{}: p50 {}  p90 {}  p99 {}  CPU/call {}",
+            ["A", "B"][i],
+            ms(pct(lat, 0.50)),
+            ms(pct(lat, 0.90)),
+            ms(pct(lat, 0.99)),
+            cpu_text((c.0 / n, c.1 / n, c.2 / n))
+        );
+    }
+    println!("B/A p50: median of rounds {:.3}", ratios[ratios.len() / 2]);
+    for s in &mut sups {
+        s.drain_quietly();
+    }
+    Ok(0)
+}
+
 // --- the run -------------------------------------------------------------------------------------
 
 fn run() -> R<i32> {
@@ -1181,6 +1259,11 @@ fn run() -> R<i32> {
     println!("handler: {}", HANDLER.lines().collect::<Vec<_>>().join(" "));
     println!("work dir: {}", dir.display());
     println!();
+    if let Some(other) = std::env::var_os("ZYGO_BENCH_AB") {
+        let other = std::fs::canonicalize(&other)
+            .map_err(|e| format!("ZYGO_BENCH_AB={}: {e}", Path::new(&other).display()))?;
+        return ab(&[bin, other], &dir, &toml, &name);
+    }
 
     // (a)
     println!("(a) floor: fork + pipe round trip in a warm /usr/bin/python3 ...");

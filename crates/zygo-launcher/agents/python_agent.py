@@ -25,7 +25,7 @@ Guarantees, to a handler that does not sabotage it:
   import_error) first and once, then heartbeat at least every second, and park_failed.
 """
 
-import _json, _signal, _socket, _thread, os, select, stat, struct, sys, time
+import _json, _signal, _socket, _thread, gc, os, select, stat, struct, sys, time
 import _frozen_importlib as _bootstrap, _frozen_importlib_external as _bootstrap_external
 # Every module imported here is memory each zygote holds for as long as it lives, and pages
 # that every request's fork maps at its start and unmaps at its exit. So the C modules
@@ -35,7 +35,8 @@ import _frozen_importlib as _bootstrap, _frozen_importlib_external as _bootstrap
 # where they are needed (an error, a cleanup).
 
 WORK_ROOT = os.environ.get("ZYGO_WORK_ROOT", "/work")  # set only by the tests
-WORK_PREFIX = os.fsencode(WORK_ROOT) + b"/"
+WORK_PREFIX = WORK_ROOT + "/"
+WORK_PREFIX_B = os.fsencode(WORK_PREFIX)
 CTL, REG = 3, 4
 MAX_CONTROL_LINE, MAX_REQUEST_LINE = 1 << 20, 20 << 20  # launcher -> agent, -> child
 MAX_LINE_OUT = 20 << 20  # child -> launcher, newline included
@@ -45,6 +46,10 @@ CONTROL = {"park": {"kind", "slot"}}
 # machinery, which would copy pages in a process that forks after most lines. Any other
 # line, valid or not, goes through strict().
 PARK_HEAD, PARK_TAIL = b'{"kind":"park","slot":"', b'"}'
+# What a child writes, made here rather than in each child (which would copy more pages).
+REGISTER_HEAD, REGISTER_TAIL = b'{"kind":"register","slot":"', b'"}'
+THREE_FDS = struct.Struct("3i")
+HEARTBEAT = b'{"kind": "heartbeat"}\n'
 REQUEST = {"request": {"kind", "id", "event"}}
 POOL_REQUEST = {"request": {"kind", "id", "event", "script"}}  # a runtime pool's
 SCRIPT_DIR = "/run/script/"
@@ -510,11 +515,9 @@ def remove_workdir(named, uid):
     os.close(named)
     if not is_workdir(name):
         return  # the child never got as far as naming it
-    try:
-        os.lstat(WORK_PREFIX + name)
-    except OSError:
+    if not os.access(WORK_PREFIX_B + name, os.F_OK, follow_symlinks=False):
         return  # the usual case: the child removed it
-    path = os.path.join(WORK_ROOT, name.decode())
+    path = WORK_PREFIX + name.decode()
     if uid is None:
         remove(path)
     elif os.fork() == 0:
@@ -573,9 +576,9 @@ def child(slot, tell_name, inherited, func, out, err, uid):
         # The slot was checked against SLOT: nothing in it needs escaping. Our credentials
         # (pid, uid, gid) go with it without asking: the launcher's end has SO_PASSCRED, so
         # the kernel attaches them itself.
-        REG_SOCKET.sendmsg([b'{"kind":"register","slot":"%s"}' % slot.encode()],
+        REG_SOCKET.sendmsg([REGISTER_HEAD + slot.encode() + REGISTER_TAIL],
                            [(_socket.SOL_SOCKET, _socket.SCM_RIGHTS,
-                             struct.pack("3i", theirs.fileno(), out_r, err_r))])
+                             THREE_FDS.pack(theirs.fileno(), out_r, err_r))])
         theirs.close()
         os.close(out_r)
         os.close(err_r)
@@ -684,7 +687,7 @@ def prepare(channel, workdir):
     """The child's own /work directory (made its working directory), `random` reseeded,
     Python's stdout and stderr on fd 1 and fd 2, and the heartbeat's handler."""
     global LOG_FD
-    path = os.path.join(WORK_ROOT, workdir)
+    path = WORK_PREFIX + workdir
     os.mkdir(path, 0o700)
     os.chmod(path, 0o700)  # whatever the umask
     os.chdir(path)
@@ -698,17 +701,21 @@ def prepare(channel, workdir):
     # copies off its path (~0.06 ms less per call on an idle machine), but a busy one pays
     # for them twice (~0.1 ms more CPU per call, and that is what limits throughput).
     # The heartbeat's handler now; its timer is armed when the request starts.
-    _signal.signal(_signal.SIGALRM,
-                   lambda *_: channel.send({"kind": "heartbeat"}, blocking=False))
-    import gc
+    global _channel
+    _channel = channel
+    _signal.signal(_signal.SIGALRM, heartbeat)
     gc.freeze()  # collections during the request leave the pages shared with the agent alone
     room = bytearray(16 << 10)  # zero-filled, so its pages are this process's own now
     return Prepared(channel, ours, path, room)
 
 
+def heartbeat(*_):
+    """SIGALRM's handler in a request process: a heartbeat line, unless a line is being
+    written (that one shows we are alive)."""
+    _channel.send(None, HEARTBEAT, blocking=False)
+
+
 def run(p, request, func):
-    global _channel
-    _channel = p.channel
     # A heartbeat every second while the handler runs, from a timer: a process that is
     # stopped, or stuck where Python cannot run, stops sending them.
     _signal.setitimer(_signal.ITIMER_REAL, 1.0, 1.0)
@@ -882,7 +889,6 @@ def main(argv):
     REG_SOCKET = _socket.socket(fileno=REG)
     CHILD_STREAMS = [open(fd, "w", buffering=1, encoding="utf-8", errors="backslashreplace",
                           closefd=False) for fd in (1, 2)]
-    import gc
     gc.freeze()  # what import made stays put: forks copy fewer pages
     no_dump()
     global PER_REQUEST_UIDS
