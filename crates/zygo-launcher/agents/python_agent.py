@@ -822,7 +822,7 @@ def check_node(entry, name):
         try:
             why = loads(lines[-1])
             message, tb = str(why["message"]), str(why.get("traceback", ""))
-        except (ValueError, KeyError, IndexError, TypeError):
+        except (ValueError, RecursionError, Violation, KeyError, IndexError, TypeError):
             message, tb = f"cannot import {entry}: node exited with status {r.returncode}", "\n".join(lines[-50:])
     except (OSError, subprocess.SubprocessError) as e:
         message, tb = f"cannot start node to import {entry}: {describe(e)}", ""

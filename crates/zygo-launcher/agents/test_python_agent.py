@@ -869,3 +869,48 @@ class Codec(unittest.TestCase):
         for p in [good + "0", good[:-1], good.upper(), "/run/scripts" + "a" * 64,
                   "/run/script/../" + "a" * 61, None, 1, good.encode()]:
             self.assertFalse(a.is_script(p), p)
+
+
+class NodeCheck(unittest.TestCase):
+    """What check_node makes of a failed Node import whose last stderr line is hostile."""
+
+    def check(self, last_line):
+        with tempfile.TemporaryDirectory() as d:
+            fake = os.path.join(d, "fake_node.sh")
+            with open(fake, "w") as f:
+                f.write("echo 'some output' >&2\nprintf '%s\\n' \"$LAST\" >&2\nexit 1\n")
+            r, w = os.pipe()
+            # The agent's control channel (where import_error goes) is the pipe's write end.
+            prog = textwrap.dedent(f"""
+                import importlib.util
+                spec = importlib.util.spec_from_file_location("a", {AGENT!r})
+                a = importlib.util.module_from_spec(spec)
+                spec.loader.exec_module(a)
+                a.CTL, a.NODE, a.NODE_AGENT = {w}, "/bin/sh", {fake!r}
+                a.check_node("/fn/x.mjs", "")
+            """)
+            with tempfile.TemporaryFile() as err:
+                try:
+                    p = subprocess.Popen([PYTHON, "-I", "-c", prog], env={"LAST": last_line},
+                                         pass_fds=(w,), stdout=subprocess.DEVNULL, stderr=err)
+                finally:
+                    os.close(w)
+                with os.fdopen(r, "rb") as f:
+                    line = f.read()  # until the process exits: it may say more than a pipe holds
+                code = p.wait(timeout=60)
+                err.seek(0)
+                return code, json.loads(line), err.read()
+
+    def test_hostile_last_lines(self):
+        for last in ['{"message":"a","message":"b"}', '{"message": NaN}', "[" * 100000,
+                     "not json", '{"message": 1}', '"just a string"']:
+            with self.subTest(last=last[:30]):
+                code, told, err = self.check(last)
+                self.assertEqual(code, 1, err)
+                self.assertEqual(told["kind"], "import_error", told)
+                self.assertIsInstance(told["message"], str)
+
+    def test_the_agents_own_line(self):
+        code, told, _ = self.check('{"message": "cannot import x: boom", "traceback": "tb"}')
+        self.assertEqual(code, 1)
+        self.assertEqual((told["message"], told["traceback"]), ("cannot import x: boom", "tb"))
