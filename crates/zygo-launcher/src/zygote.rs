@@ -10,8 +10,10 @@
 //! place exactly that process in its request's cgroup.
 
 use std::collections::HashMap;
+use std::io::Write;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::os::unix::net::UnixStream;
+use std::time::{Duration, Instant};
 
 use proto::launch::{FromLauncher, Stream, ToLauncher, MAX_LAUNCH_FRAME};
 use proto::read_frame;
@@ -242,7 +244,7 @@ impl Relay {
     }
 
     /// Read what is in the pipe now (all of it when `drain`), and send it on.
-    fn pump(&mut self, slot: &str, sock: &mut UnixStream, drain: bool) -> Result<(), LaunchError> {
+    fn pump(&mut self, slot: &str, up: &mut Up, drain: bool) -> Result<(), LaunchError> {
         // A drain is bounded: a daemon the handler left behind may write without end.
         for _ in 0..64 {
             let Some(fd) = self.fd.as_ref() else {
@@ -285,14 +287,11 @@ impl Relay {
                     self.sent += text.len();
                 }
                 if !text.is_empty() {
-                    send(
-                        sock,
-                        &FromLauncher::Output {
-                            slot: slot.to_string(),
-                            stream: self.stream,
-                            data: text,
-                        },
-                    )?;
+                    up.send(&FromLauncher::Output {
+                        slot: slot.to_string(),
+                        stream: self.stream,
+                        data: text,
+                    })?;
                 }
             }
             if eof || !drain {
@@ -547,8 +546,64 @@ fn receive_script_dir(reg: RawFd, init_pid: libc::pid_t) -> Result<OwnedFd, Stri
     Ok(dir)
 }
 
-fn send(sock: &mut UnixStream, msg: &FromLauncher) -> Result<(), LaunchError> {
-    proto::write_frame(sock, msg).map_err(LaunchError::Channel)
+/// How long the end of a child that has answered may wait to leave with the next frame.
+/// Its caller has the answer and its replacement was asked for when it was handed the
+/// request, so the monitor has nothing urgent to do with it; sent on its own, it would wake
+/// the monitor once more per request.
+const HOLD: Duration = Duration::from_millis(2);
+
+/// The frames going up to the monitor, in order; some are held back up to [`HOLD`].
+struct Up {
+    sock: UnixStream,
+    held: Vec<u8>,
+    since: Option<Instant>,
+}
+
+impl Up {
+    /// Send `msg` now, after whatever is held, in one write.
+    fn send(&mut self, msg: &FromLauncher) -> Result<(), LaunchError> {
+        let frame = proto::encode_frame(msg).map_err(LaunchError::Channel)?;
+        if self.held.is_empty() {
+            return self.write(&frame);
+        }
+        self.held.extend_from_slice(&frame);
+        self.flush()
+    }
+
+    /// Send `msg` with the next frame that goes, or once it has waited [`HOLD`].
+    fn hold(&mut self, msg: &FromLauncher) -> Result<(), LaunchError> {
+        let frame = proto::encode_frame(msg).map_err(LaunchError::Channel)?;
+        self.held.extend_from_slice(&frame);
+        self.since.get_or_insert_with(Instant::now);
+        Ok(())
+    }
+
+    fn flush(&mut self) -> Result<(), LaunchError> {
+        let held = std::mem::take(&mut self.held);
+        self.since = None;
+        self.write(&held)
+    }
+
+    fn write(&mut self, bytes: &[u8]) -> Result<(), LaunchError> {
+        self.sock
+            .write_all(bytes)
+            .map_err(|e| LaunchError::Channel(e.into()))
+    }
+
+    /// How long poll(2) may sleep: until what is held is due (rounded up), or without end.
+    fn timeout_ms(&self) -> libc::c_int {
+        self.since.map_or(-1, |t| {
+            HOLD.saturating_sub(t.elapsed()).as_micros().div_ceil(1000) as libc::c_int
+        })
+    }
+
+    /// Send what is held once it has waited long enough.
+    fn flush_due(&mut self) -> Result<(), LaunchError> {
+        match self.since {
+            Some(t) if t.elapsed() >= HOLD => self.flush(),
+            _ => Ok(()),
+        }
+    }
 }
 
 /// Serve the zygote until the agent exits or the monitor ends it. `report` is init's report
@@ -575,6 +630,13 @@ pub fn serve(
         }
     } else {
         None
+    };
+    let mut up = Up {
+        sock: sock
+            .try_clone()
+            .map_err(|e| LaunchError::Channel(e.into()))?,
+        held: Vec::new(),
+        since: None,
     };
     let mut ctl_lines = Lines::new(MAX_CONTROL_LINE);
     let mut report_buf = pending;
@@ -629,7 +691,7 @@ pub fn serve(
             }
         }
         // SAFETY: fds is a valid pollfd array for its length.
-        let n = unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, -1) };
+        let n = unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, up.timeout_ms()) };
         if n < 0 {
             if std::io::Error::last_os_error().raw_os_error() == Some(libc::EINTR) {
                 continue;
@@ -643,13 +705,10 @@ pub fn serve(
                 Ok(ToLauncher::Park { slot }) if valid_slot(&slot) => {
                     let line = serde_json::json!({"kind": "park", "slot": slot});
                     if write_line(ctl, &line).is_err() {
-                        send(
-                            sock,
-                            &FromLauncher::ParkFailed {
-                                slot,
-                                message: "the agent is not reading".into(),
-                            },
-                        )?;
+                        up.send(&FromLauncher::ParkFailed {
+                            slot,
+                            message: "the agent is not reading".into(),
+                        })?;
                     }
                 }
                 Ok(ToLauncher::Call {
@@ -692,13 +751,10 @@ pub fn serve(
                     };
                     if !delivered {
                         children.remove(&slot);
-                        send(
-                            sock,
-                            &FromLauncher::SlotClosed {
-                                slot,
-                                violation: Some("the child could not take the request".into()),
-                            },
-                        )?;
+                        up.send(&FromLauncher::SlotClosed {
+                            slot,
+                            violation: Some("the child could not take the request".into()),
+                        })?;
                     }
                 }
                 // An unused parked child: dropping its channel ends it (it sees the end of
@@ -747,7 +803,7 @@ pub fn serve(
                         ))
                     }
                 };
-                send(sock, &out)?;
+                up.send(&out)?;
             }
         }
 
@@ -769,7 +825,7 @@ pub fn serve(
                             err: Relay::new(err, Stream::Stderr),
                         },
                     );
-                    send(sock, &FromLauncher::Parked { slot, pid })?;
+                    up.send(&FromLauncher::Parked { slot, pid })?;
                 }
                 Ok(None) => {}
                 Err(e) if e.contains("closed") => reg_open = false,
@@ -785,10 +841,10 @@ pub fn serve(
             };
             // Output first: it belongs before anything the channel says after it.
             if fds[base + 1].revents != 0 {
-                c.out.pump(slot, sock, false)?;
+                c.out.pump(slot, &mut up, false)?;
             }
             if fds[base + 2].revents != 0 {
-                c.err.pump(slot, sock, false)?;
+                c.err.pump(slot, &mut up, false)?;
             }
             if fds[base].revents == 0 {
                 continue;
@@ -824,8 +880,8 @@ pub fn serve(
                 if matches!(msg, ChildMsg::Result { .. } | ChildMsg::Error { .. }) {
                     // Everything the handler wrote is in the pipes by now: relay all of it
                     // before its answer.
-                    c.out.pump(slot, sock, true)?;
-                    c.err.pump(slot, sock, true)?;
+                    c.out.pump(slot, &mut up, true)?;
+                    c.err.pump(slot, &mut up, true)?;
                 }
                 let out = match msg {
                     ChildMsg::Progress { text } => FromLauncher::Progress { slot: s, text },
@@ -846,26 +902,31 @@ pub fn serve(
                         }
                     }
                 };
-                send(sock, &out)?;
+                up.send(&out)?;
             }
             if violation.is_none() && closed && !ctl_open && !c.done {
                 // The agent went first: this child is going down with the zygote.
-                c.out.pump(slot, sock, true)?;
-                c.err.pump(slot, sock, true)?;
+                c.out.pump(slot, &mut up, true)?;
+                c.err.pump(slot, &mut up, true)?;
                 c.orphaned = true;
                 continue;
             }
             if violation.is_some() || closed {
-                c.out.pump(slot, sock, true)?;
-                c.err.pump(slot, sock, true)?;
+                c.out.pump(slot, &mut up, true)?;
+                c.err.pump(slot, &mut up, true)?;
+                // The end of a child that has answered can wait for company (see HOLD); a
+                // child that broke the protocol or died unanswered is reported at once.
+                let answered = c.done && violation.is_none();
                 children.remove(slot);
-                send(
-                    sock,
-                    &FromLauncher::SlotClosed {
-                        slot: slot.clone(),
-                        violation,
-                    },
-                )?;
+                let msg = FromLauncher::SlotClosed {
+                    slot: slot.clone(),
+                    violation,
+                };
+                if answered {
+                    up.hold(&msg)?;
+                } else {
+                    up.send(&msg)?;
+                }
             }
         }
 
@@ -889,6 +950,7 @@ pub fn serve(
                 }
             }
         }
+        up.flush_due()?;
     }
     // init is gone, and every child went with it. Say so first, so the monitor blames the
     // zygote, not the handlers, for the requests that were running.
@@ -898,23 +960,91 @@ pub fn serve(
     } else {
         (Some(libc::WEXITSTATUS(s)), None)
     };
-    send(
-        sock,
-        &FromLauncher::Exited {
-            code,
-            signal,
-            timed_out: false,
-            wall_us: 0,
-        },
-    )?;
+    up.send(&FromLauncher::Exited {
+        code,
+        signal,
+        timed_out: false,
+        wall_us: 0,
+    })?;
     for (slot, _) in children.drain() {
-        send(
-            sock,
-            &FromLauncher::SlotClosed {
-                slot,
-                violation: None,
-            },
-        )?;
+        up.send(&FromLauncher::SlotClosed {
+            slot,
+            violation: None,
+        })?;
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proto::read_frame;
+
+    fn closed(slot: &str) -> FromLauncher {
+        FromLauncher::SlotClosed {
+            slot: slot.into(),
+            violation: None,
+        }
+    }
+
+    fn slot_of(m: FromLauncher) -> String {
+        match m {
+            FromLauncher::SlotClosed { slot, .. } | FromLauncher::Parked { slot, .. } => slot,
+            other => panic!("unexpected {other:?}"),
+        }
+    }
+
+    fn pending(s: &UnixStream) -> bool {
+        let mut p = libc::pollfd {
+            fd: s.as_raw_fd(),
+            events: libc::POLLIN,
+            revents: 0,
+        };
+        // SAFETY: one valid pollfd.
+        unsafe { libc::poll(&mut p, 1, 0) == 1 }
+    }
+
+    #[test]
+    fn held_frames_leave_in_order_with_the_next_or_when_due() {
+        let (ours, mut theirs) = UnixStream::pair().expect("socketpair");
+        let mut up = Up {
+            sock: ours,
+            held: Vec::new(),
+            since: None,
+        };
+        assert_eq!(
+            up.timeout_ms(),
+            -1,
+            "nothing held: poll may sleep without end"
+        );
+
+        // Held: nothing reaches the monitor yet, and poll wakes in time to send it.
+        up.hold(&closed("a")).expect("hold");
+        assert!(!pending(&theirs));
+        let t = up.timeout_ms();
+        assert!((1..=2).contains(&t), "timeout {t} ms");
+        up.flush_due().expect("not due yet");
+        assert!(!pending(&theirs));
+
+        // The next frame takes it along, first.
+        up.send(&FromLauncher::Parked {
+            slot: "b".into(),
+            pid: 7,
+        })
+        .expect("send");
+        let first: FromLauncher = read_frame(&mut theirs, MAX_LAUNCH_FRAME).expect("frame");
+        let second: FromLauncher = read_frame(&mut theirs, MAX_LAUNCH_FRAME).expect("frame");
+        assert_eq!((slot_of(first), slot_of(second)), ("a".into(), "b".into()));
+        assert_eq!(up.timeout_ms(), -1);
+
+        // Alone, it goes once it has waited HOLD.
+        up.hold(&closed("c")).expect("hold");
+        std::thread::sleep(HOLD + Duration::from_millis(1));
+        assert_eq!(up.timeout_ms(), 0);
+        up.flush_due().expect("due");
+        let third: FromLauncher = read_frame(&mut theirs, MAX_LAUNCH_FRAME).expect("frame");
+        assert_eq!(slot_of(third), "c");
+        assert!(!pending(&theirs));
+        assert_eq!(up.timeout_ms(), -1);
+    }
 }
