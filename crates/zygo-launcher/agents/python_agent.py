@@ -46,7 +46,8 @@ CONTROL = {"park": {"kind", "slot"}}
 # machinery, which would copy pages in a process that forks after most lines. Any other
 # line, valid or not, goes through strict().
 PARK_HEAD, PARK_TAIL = b'{"kind":"park","slot":"', b'"}'
-# What a child writes, made here rather than in each child (which would copy more pages).
+# Lines written often, made once here rather than each time (in a child, which would copy
+# more pages).
 REGISTER_HEAD, REGISTER_TAIL = b'{"kind":"register","slot":"', b'"}'
 THREE_FDS = struct.Struct("3i")
 HEARTBEAT = b'{"kind": "heartbeat"}\n'
@@ -191,9 +192,9 @@ def die(code):
 # --- The agent --------------------------------------------------------------------------
 
 
-def tell(obj):
-    """One line to the launcher on the control channel."""
-    data = encode(obj)
+def tell(obj, data=None):
+    """One line to the launcher on the control channel: `obj`, or `data` already encoded."""
+    data = encode(obj) if data is None else data
     try:
         while data:
             data = data[os.write(CTL, data):]
@@ -372,7 +373,7 @@ def serve(func):
     beat = time.monotonic() + 1.0
     while True:
         if time.monotonic() >= beat:
-            tell({"kind": "heartbeat"})
+            tell(None, HEARTBEAT)
             beat = time.monotonic() + 1.0
         ready = poller.poll(max(0, int((beat - time.monotonic()) * 1000) + 1))
         reap_children(slots)  # what exited meanwhile, before anything is forked
