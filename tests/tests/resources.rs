@@ -167,7 +167,9 @@ both_tests! {
     }
 
     /// The program may run on every CPU zygo may: the CPU mask init gives the thread that
-    /// makes the network namespace (another CPU than its own) stays with that thread.
+    /// makes the network namespace (another CPU than its own) stays with that thread, and
+    /// the one-CPU mask each parent takes for a fork (so the child starts on its CPU) is
+    /// given back before the child runs anything.
     fn program_keeps_every_cpu(who) {
         // SAFETY: cpu_set_t is plain data; sched_getaffinity fills it.
         let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
@@ -179,6 +181,41 @@ both_tests! {
         let r = probe(who, &[], "done(cpus=sorted(os.sched_getaffinity(0)))");
         let cpus = r["cpus"].as_array().map_or(0, Vec::len);
         assert_eq!(cpus as i32, host, "[{}] the program's CPUs: {r}", who.name());
+    }
+
+    /// The program starts with every signal at its default and none blocked, even when
+    /// zygo itself was started with some ignored and some blocked (as `nohup` or a shell's
+    /// background job leaves them): an ignored signal would otherwise stay ignored through
+    /// every exec down to the program. `grep` reports its own status: it changes no signal.
+    fn program_starts_with_default_signals(who) {
+        use std::os::unix::process::CommandExt;
+        let mut c = zygo(who);
+        c.args(["run", "--json", "--", "grep", "-E", "^Sig(Ign|Blk):", "/proc/self/status"]);
+        // SAFETY: only async-signal-safe calls between fork and exec.
+        unsafe {
+            c.pre_exec(|| {
+                for sig in [libc::SIGHUP, libc::SIGINT, libc::SIGQUIT, libc::SIGUSR1, libc::SIGTERM] {
+                    libc::signal(sig, libc::SIG_IGN);
+                }
+                let mut set: libc::sigset_t = std::mem::zeroed();
+                libc::sigemptyset(&mut set);
+                libc::sigaddset(&mut set, libc::SIGUSR2);
+                libc::sigaddset(&mut set, libc::SIGALRM);
+                libc::sigprocmask(libc::SIG_BLOCK, &set, std::ptr::null_mut());
+                Ok(())
+            });
+        }
+        let f = finish(c);
+        let text = String::from_utf8_lossy(&f.stdout);
+        let v: Value = serde_json::from_str(text.trim())
+            .unwrap_or_else(|e| panic!("[{}] not JSON ({e}): {text}\n{}", who.name(), f.stderr_text()));
+        assert_eq!(v["exit_code"], 0, "[{}] {v}", who.name());
+        assert_eq!(
+            s(&v, "stdout"),
+            "SigBlk:\t0000000000000000\nSigIgn:\t0000000000000000\n",
+            "[{}] {v}",
+            who.name()
+        );
     }
 
     /// /tmp and /work are each capped at --scratch: writing past 16M fails with ENOSPC.

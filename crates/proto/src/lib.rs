@@ -11,6 +11,7 @@
 //! be swapped without touching the message types.
 
 pub mod codec;
+pub mod cpu;
 pub mod fds;
 pub mod frame;
 pub mod front;

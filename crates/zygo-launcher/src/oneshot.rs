@@ -191,6 +191,9 @@ pub fn run(
         IdMap::Single { .. } => false,
     };
 
+    // init starts on this CPU, which this process leaves for it by waiting for its reports
+    // (see `proto::cpu`); both give the affinity back at once.
+    let pinned = proto::cpu::pin_here();
     // SAFETY: a raw clone with a null stack behaves like fork. The launcher is
     // single-threaded, so the child may go on running ordinary Rust code.
     let pid = unsafe {
@@ -203,6 +206,9 @@ pub fn run(
             0usize,
         )
     };
+    if let Some(p) = &pinned {
+        p.restore();
+    }
     if pid != 0 && as_subordinate {
         restore_root();
     }
@@ -712,8 +718,17 @@ fn init_main(
         report(rep_w, "F", &e.to_string());
         exit_now(1);
     }
-    // `G` and the seccomp filter: the monitor found the sandbox in its cgroups.
-    let mut go = vec![0u8; 1 + seccomp::MAX_ENCODED];
+    // `G` and the seccomp filter: the monitor found the sandbox in its cgroups. A buffer
+    // of the message's own size (a few pages fewer to copy than the largest filter's).
+    let size = match sys::next_message_len(ctl.as_raw_fd()) {
+        Ok(n) if n > 1 && n <= 1 + seccomp::MAX_ENCODED => n,
+        Ok(_) => {
+            report(rep_w, "F", "the launcher sent a malformed seccomp filter");
+            exit_now(1);
+        }
+        Err(_) => exit_now(1),
+    };
+    let mut go = vec![0u8; size];
     let filter = match sys::recv_with_fds(ctl.as_raw_fd(), &mut go, 0) {
         Ok((n, _)) if n > 1 && go[0] == b'G' => seccomp::decode(&go[1..n]),
         _ => exit_now(1),

@@ -404,6 +404,30 @@ pub fn enter_net_namespace(ns: &OwnedFd) -> io::Result<()> {
 /// One `recvmsg` into `buf`, collecting at most `max_fds` descriptors passed with the bytes
 /// (`SCM_RIGHTS`, received close-on-exec). More descriptors than that, or a truncated
 /// control message, is an error (the extra ones are closed). Returns the bytes read.
+/// The size of the next message on a datagram or seqpacket socket, which stays queued;
+/// 0 when the peer has closed its end. Waits for the message.
+pub fn next_message_len(fd: RawFd) -> io::Result<usize> {
+    loop {
+        // SAFETY: with a zero length nothing is written to the (null) buffer; MSG_TRUNC
+        // makes the call return the message's real length.
+        let n = unsafe {
+            libc::recv(
+                fd,
+                std::ptr::null_mut(),
+                0,
+                libc::MSG_PEEK | libc::MSG_TRUNC,
+            )
+        };
+        if n >= 0 {
+            return Ok(n as usize);
+        }
+        let e = io::Error::last_os_error();
+        if e.kind() != io::ErrorKind::Interrupted {
+            return Err(e);
+        }
+    }
+}
+
 pub fn recv_with_fds(
     fd: RawFd,
     buf: &mut [u8],
@@ -584,90 +608,184 @@ pub struct Spawn<'a> {
     pub close_from: RawFd,
 }
 
-/// Owns the spawn attributes and file actions, and destroys them however the call ends.
-struct SpawnSetup {
-    attr: libc::posix_spawnattr_t,
-    actions: libc::posix_spawn_file_actions_t,
+/// What the child of [`spawn`] needs, made ready by the parent: the child runs on the
+/// parent's memory (`CLONE_VM`) and may not allocate, lock or unwind, only make system
+/// calls.
+struct SpawnChild<'a> {
+    path: *const libc::c_char,
+    argv: *const *mut libc::c_char,
+    envp: *const *mut libc::c_char,
+    moves: &'a [(RawFd, RawFd)],
+    close_from: RawFd,
+    /// The signals this process ignores: an ignored signal stays ignored across exec.
+    ignored: &'a [libc::c_int],
+    /// The affinity the parent narrowed for the clone, for the child to restore.
+    pinned: Option<&'a proto::cpu::Pinned>,
+    /// Set by the child when it fails before or at exec.
+    errno: libc::c_int,
 }
 
-impl Drop for SpawnSetup {
-    fn drop(&mut self) {
-        // SAFETY: both objects were initialised before this value was made.
-        unsafe {
-            libc::posix_spawn_file_actions_destroy(&mut self.actions);
-            libc::posix_spawnattr_destroy(&mut self.attr);
+/// The child's stack: a few system calls, no frames of Rust's own.
+const SPAWN_STACK: usize = 64 * 1024;
+
+/// `struct sigaction` as the kernel takes it (x86_64 and arm64 alike).
+#[repr(C)]
+struct KernelSigaction {
+    handler: libc::sighandler_t,
+    flags: libc::c_ulong,
+    restorer: usize,
+    mask: u64,
+}
+
+extern "C" fn spawn_child(arg: *mut libc::c_void) -> libc::c_int {
+    // SAFETY: `arg` is the parent's SpawnChild, which outlives this child: the parent is
+    // suspended (CLONE_VFORK) until the exec below succeeds or this child exits.
+    let plan = unsafe { &mut *arg.cast::<SpawnChild>() };
+    if let Some(p) = plan.pinned {
+        p.restore();
+    }
+    // SAFETY: only async-signal-safe system calls on values the parent prepared, all valid
+    // until the parent resumes.
+    unsafe {
+        let placed = libc::setsid() >= 0
+            && plan.moves.iter().all(|&(from, to)| {
+                if from == to {
+                    // dup2 onto itself keeps close-on-exec: clear it instead.
+                    libc::fcntl(to, libc::F_SETFD, 0) == 0
+                } else {
+                    libc::dup2(from, to) == to
+                }
+            })
+            && libc::syscall(
+                libc::SYS_close_range,
+                plan.close_from as libc::c_uint,
+                libc::c_uint::MAX,
+                0,
+            ) == 0;
+        if placed {
+            // The system call itself: glibc's wrappers refuse the two signals it keeps for
+            // itself (32 and 33), which a parent may still have left ignored.
+            let default = KernelSigaction {
+                handler: libc::SIG_DFL,
+                flags: 0,
+                restorer: 0,
+                mask: 0,
+            };
+            for &sig in plan.ignored {
+                libc::syscall(
+                    libc::SYS_rt_sigaction,
+                    sig,
+                    &default as *const KernelSigaction,
+                    std::ptr::null_mut::<KernelSigaction>(),
+                    std::mem::size_of::<u64>(),
+                );
+            }
+            let mut none: libc::sigset_t = std::mem::zeroed();
+            libc::sigemptyset(&mut none);
+            libc::sigprocmask(libc::SIG_SETMASK, &none, std::ptr::null_mut());
+            libc::execve(plan.path, plan.argv.cast(), plan.envp.cast());
         }
+        plan.errno = *libc::__errno_location();
+        if plan.errno == 0 {
+            plan.errno = libc::EIO;
+        }
+        libc::_exit(127)
     }
 }
 
-/// posix_spawn returns its error instead of setting errno.
-fn spawn_check(r: libc::c_int) -> io::Result<()> {
-    if r != 0 {
-        return Err(io::Error::from_raw_os_error(r));
+/// The signals this process ignores, from `SigIgn` in `/proc/self/status`; every signal
+/// (bar SIGKILL and SIGSTOP, which cannot be ignored) if that cannot be read.
+fn ignored_signals() -> Vec<libc::c_int> {
+    let every = || {
+        (1..=libc::SIGRTMAX())
+            .filter(|&s| s != libc::SIGKILL && s != libc::SIGSTOP)
+            .collect()
+    };
+    let Ok(status) = std::fs::read_to_string("/proc/self/status") else {
+        return every();
+    };
+    let mask = status
+        .lines()
+        .find_map(|l| l.strip_prefix("SigIgn:"))
+        .and_then(|m| u64::from_str_radix(m.trim(), 16).ok());
+    match mask {
+        Some(mask) => (1..=64)
+            .filter(|&s| mask & (1u64 << (s - 1)) != 0)
+            .collect(),
+        None => every(),
     }
-    Ok(())
 }
 
-/// Start `s` with `posix_spawn` (glibc creates the child with `CLONE_VM | CLONE_VFORK`:
-/// nothing of this process's memory is copied, and this returns once the exec is done or
-/// has failed) in a new session, with every signal at its default and none blocked.
-/// Returns the child's pid.
+/// Start `s` and return its pid: in a new session, with every signal at its default and
+/// none blocked. The child is made with `CLONE_VM | CLONE_VFORK` on a stack of its own, as
+/// glibc's `posix_spawn` makes it (nothing of this process's memory is copied, and this
+/// returns once the exec is done or has failed), but it resets only the signals this
+/// process ignores where `posix_spawn` makes a call per signal (a handler does not survive
+/// an exec; an ignored signal does), and it starts on this CPU (see `proto::cpu`).
 pub fn spawn(s: &Spawn<'_>) -> io::Result<libc::pid_t> {
     let mut argv: Vec<*mut libc::c_char> = s.argv.iter().map(|a| a.as_ptr().cast_mut()).collect();
     argv.push(std::ptr::null_mut());
     let mut envp: Vec<*mut libc::c_char> = s.env.iter().map(|a| a.as_ptr().cast_mut()).collect();
     envp.push(std::ptr::null_mut());
-    // SAFETY: both are plain C structs, initialised by the calls below before any use.
-    let mut setup: Box<SpawnSetup> = Box::new(unsafe { std::mem::zeroed() });
-    // SAFETY: initialising a zeroed attribute object.
-    spawn_check(unsafe { libc::posix_spawnattr_init(&mut setup.attr) })?;
-    // SAFETY: initialising a zeroed file-actions object; on failure the attribute object
-    // alone is destroyed (the Box is forgotten so Drop does not touch the other).
-    if let Err(e) = spawn_check(unsafe { libc::posix_spawn_file_actions_init(&mut setup.actions) })
-    {
-        // SAFETY: the attribute object was initialised above.
-        unsafe { libc::posix_spawnattr_destroy(&mut setup.attr) };
-        std::mem::forget(setup);
-        return Err(e);
-    }
-    // SAFETY: the objects are initialised; the signal sets are initialised by
-    // sigemptyset/sigfillset before use.
+    let ignored = ignored_signals();
+    let mut plan = SpawnChild {
+        path: s.path.as_ptr(),
+        argv: argv.as_ptr(),
+        envp: envp.as_ptr(),
+        moves: s.moves,
+        close_from: s.close_from,
+        ignored: &ignored,
+        pinned: None,
+        errno: 0,
+    };
+    // 16-byte aligned (u128), as the ABI wants a stack; it grows down from the end. Left
+    // uninitialised: the child writes before it reads, and only the pages it uses are ever
+    // touched (zeroing would fault in all 16).
+    let mut stack: Vec<u128> = Vec::with_capacity(SPAWN_STACK / 16);
+    // SAFETY: one past the end of the allocation, which the child's stack grows down from.
+    let top = unsafe { stack.as_mut_ptr().add(stack.capacity()) }.cast::<libc::c_void>();
+    // Every signal blocked from before the clone until this thread resumes, so that no
+    // handler runs in the child while it shares this memory (it sets its own mask last).
+    // SAFETY: sigset_t is plain data, initialised by sigfillset before use.
+    let mut all: libc::sigset_t = unsafe { std::mem::zeroed() };
+    // SAFETY: as above.
+    let mut old: libc::sigset_t = unsafe { std::mem::zeroed() };
+    // SAFETY: valid sigset_t pointers.
     unsafe {
-        for &(from, to) in s.moves {
-            spawn_check(libc::posix_spawn_file_actions_adddup2(
-                &mut setup.actions,
-                from,
-                to,
-            ))?;
-        }
-        spawn_check(libc::posix_spawn_file_actions_addclosefrom_np(
-            &mut setup.actions,
-            s.close_from,
-        ))?;
-        let mut all: libc::sigset_t = std::mem::zeroed();
         libc::sigfillset(&mut all);
-        let mut none: libc::sigset_t = std::mem::zeroed();
-        libc::sigemptyset(&mut none);
-        spawn_check(libc::posix_spawnattr_setsigdefault(&mut setup.attr, &all))?;
-        spawn_check(libc::posix_spawnattr_setsigmask(&mut setup.attr, &none))?;
-        spawn_check(libc::posix_spawnattr_setflags(
-            &mut setup.attr,
-            libc::POSIX_SPAWN_SETSID
-                | (libc::POSIX_SPAWN_SETSIGDEF | libc::POSIX_SPAWN_SETSIGMASK) as libc::c_short,
-        ))?;
+        libc::pthread_sigmask(libc::SIG_SETMASK, &all, &mut old);
     }
-    let mut pid: libc::pid_t = 0;
-    // SAFETY: the path, and argv and envp (NULL-terminated, pointing into CStrings that
-    // outlive the call), and the initialised attributes and file actions are all valid.
-    spawn_check(unsafe {
-        libc::posix_spawn(
-            &mut pid,
-            s.path.as_ptr(),
-            &setup.actions,
-            &setup.attr,
-            argv.as_ptr(),
-            envp.as_ptr(),
+    let pinned = proto::cpu::pin_here();
+    plan.pinned = pinned.as_ref();
+    // SAFETY: spawn_child only makes system calls with what `plan` points to, all of it
+    // alive until clone returns (CLONE_VFORK: after the child's exec or exit); `top` is the
+    // end of a live, writable, aligned stack that nothing else uses meanwhile.
+    let pid = unsafe {
+        libc::clone(
+            spawn_child,
+            top,
+            libc::CLONE_VM | libc::CLONE_VFORK | libc::SIGCHLD,
+            (&mut plan as *mut SpawnChild).cast(),
         )
-    })?;
+    };
+    let clone_err = io::Error::last_os_error();
+    if let Some(p) = &pinned {
+        p.restore();
+    }
+    // SAFETY: restoring the mask saved above.
+    unsafe { libc::pthread_sigmask(libc::SIG_SETMASK, &old, std::ptr::null_mut()) };
+    drop(stack);
+    if pid < 0 {
+        return Err(clone_err);
+    }
+    if plan.errno != 0 {
+        // The child has exited (127) without exec: reap it.
+        let mut status = 0;
+        // SAFETY: waiting for our own child, which has exited.
+        while unsafe { libc::waitpid(pid, &mut status, 0) } < 0
+            && io::Error::last_os_error().kind() == io::ErrorKind::Interrupted
+        {}
+        return Err(io::Error::from_raw_os_error(plan.errno));
+    }
     Ok(pid)
 }

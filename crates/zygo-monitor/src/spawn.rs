@@ -86,7 +86,7 @@ fn cstring(s: &OsStr) -> io::Result<CString> {
 
 /// What the child of [`spawn_launcher`] needs, made ready by the parent: the child runs on
 /// the parent's memory and may not allocate, lock or unwind, only make system calls.
-struct ChildPlan {
+struct ChildPlan<'a> {
     path: *const libc::c_char,
     argv: *const *mut libc::c_char,
     envp: *const *mut libc::c_char,
@@ -95,6 +95,8 @@ struct ChildPlan {
     moves: [(RawFd, RawFd); 3],
     /// Set by the child when it fails before or at exec.
     errno: libc::c_int,
+    /// The affinity the parent narrowed for the clone, for the child to restore.
+    pinned: Option<&'a proto::cpu::Pinned>,
 }
 
 /// The child's stack. It needs little: a few system calls, no frames of Rust's own.
@@ -109,6 +111,9 @@ extern "C" fn child_main(arg: *mut libc::c_void) -> libc::c_int {
     // SAFETY: `arg` is the parent's ChildPlan, which outlives this child: the parent is
     // suspended (CLONE_VFORK) until the exec below succeeds or this child exits.
     let plan = unsafe { &mut *arg.cast::<ChildPlan>() };
+    if let Some(p) = plan.pinned {
+        p.restore();
+    }
     // SAFETY: only async-signal-safe system calls on values the parent prepared; every
     // pointer in `plan` is valid until the parent resumes.
     unsafe {
@@ -182,11 +187,14 @@ pub fn spawn_launcher(exe: &Path, fds: LauncherFds<'_>) -> io::Result<Launcher> 
         stdin: fds.stdin.map(|f| f.as_raw_fd()),
         moves,
         errno: 0,
+        pinned: None,
     };
-    // 16-byte aligned (u128), as the ABI wants a stack; it grows down from the end.
-    let mut stack = vec![0u128; CHILD_STACK / 16];
+    // 16-byte aligned (u128), as the ABI wants a stack; it grows down from the end. Left
+    // uninitialised: the child writes before it reads, and only the pages it uses are ever
+    // touched (zeroing would fault in all 16).
+    let mut stack: Vec<u128> = Vec::with_capacity(CHILD_STACK / 16);
     // SAFETY: one past the end of the allocation, which the child's stack grows down from.
-    let top = unsafe { stack.as_mut_ptr().add(stack.len()) }.cast::<libc::c_void>();
+    let top = unsafe { stack.as_mut_ptr().add(stack.capacity()) }.cast::<libc::c_void>();
 
     // Every signal blocked from before the clone until this thread resumes, so that none
     // is handled in the child while it shares this memory (it sets its own mask last).
@@ -199,6 +207,10 @@ pub fn spawn_launcher(exe: &Path, fds: LauncherFds<'_>) -> io::Result<Launcher> 
         libc::sigfillset(&mut all);
         libc::pthread_sigmask(libc::SIG_SETMASK, &all, &mut old);
     }
+    // The child starts on this CPU, which this thread leaves for it by waiting (see
+    // `proto::cpu`); it restores its own affinity before anything else.
+    let pinned = proto::cpu::pin_here();
+    plan.pinned = pinned.as_ref();
     // SAFETY: child_main only makes system calls with what `plan` points to, all of it
     // alive until clone returns (CLONE_VFORK: after the child's exec or exit); `top` is the
     // end of a live, writable, aligned stack that nothing else uses meanwhile.
@@ -211,6 +223,9 @@ pub fn spawn_launcher(exe: &Path, fds: LauncherFds<'_>) -> io::Result<Launcher> 
         )
     };
     let clone_err = io::Error::last_os_error();
+    if let Some(p) = &pinned {
+        p.restore();
+    }
     // SAFETY: restoring the mask saved above.
     unsafe { libc::pthread_sigmask(libc::SIG_SETMASK, &old, std::ptr::null_mut()) };
     drop(stack);

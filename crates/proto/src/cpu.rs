@@ -1,0 +1,103 @@
+//! Where a process Zygo starts first runs.
+//!
+//! A new process goes to the least busy CPU, which is usually an idle one. Waking an idle
+//! CPU costs far more than the child's first steps when the parent is about to wait for
+//! it anyway (a spawn waits for the child's exec; a launcher and its sandbox's init take
+//! turns): in a virtual machine an idle vCPU may take milliseconds to be scheduled again.
+//! So the parent narrows its own affinity to the CPU it runs on for the fork, the child
+//! starts there, and each gives its affinity back at once. Nothing stays narrowed: the
+//! child restores the saved set itself before it runs anything of its own (the program
+//! inherits exactly the affinity it would have had), and the parent right after the fork.
+
+use std::mem::size_of;
+
+/// A thread's affinity before [`pin_here`] narrowed it to one CPU.
+pub struct Pinned {
+    saved: libc::cpu_set_t,
+}
+
+/// Narrow the calling thread's affinity to the CPU it is running on, so that a child it
+/// forks starts there. `None` (nothing changed) when it is already limited to one CPU or
+/// the kernel refuses.
+pub fn pin_here() -> Option<Pinned> {
+    // SAFETY: cpu_set_t is plain data; all zeroes is the empty set.
+    let mut saved: libc::cpu_set_t = unsafe { std::mem::zeroed() };
+    // SAFETY: `saved` is a valid cpu_set_t of the size passed.
+    if unsafe { libc::sched_getaffinity(0, size_of::<libc::cpu_set_t>(), &mut saved) } != 0 {
+        return None;
+    }
+    // SAFETY: plain query of the calling thread's CPU.
+    let here = unsafe { libc::sched_getcpu() };
+    // SAFETY: `saved` is a valid cpu_set_t.
+    let many = unsafe { libc::CPU_COUNT(&saved) } > 1;
+    if !many || here < 0 || here as usize >= libc::CPU_SETSIZE as usize {
+        return None;
+    }
+    // SAFETY: as above.
+    let mut one: libc::cpu_set_t = unsafe { std::mem::zeroed() };
+    // SAFETY: `here` is within the set's bounds (checked above).
+    unsafe { libc::CPU_SET(here as usize, &mut one) };
+    // SAFETY: `one` is a valid cpu_set_t of the size passed.
+    if unsafe { libc::sched_setaffinity(0, size_of::<libc::cpu_set_t>(), &one) } != 0 {
+        return None;
+    }
+    Some(Pinned { saved })
+}
+
+impl Pinned {
+    /// Give the calling thread back the affinity it had. If the saved set is no longer
+    /// allowed (the cpuset changed meanwhile), every CPU the cpuset allows. Only system
+    /// calls, no allocation: safe in a child that shares its parent's memory.
+    pub fn restore(&self) {
+        // SAFETY: `saved` is a valid cpu_set_t of the size passed.
+        if unsafe { libc::sched_setaffinity(0, size_of::<libc::cpu_set_t>(), &self.saved) } == 0 {
+            return;
+        }
+        // Every CPU, which the kernel narrows to the cpuset's.
+        // SAFETY: cpu_set_t is plain data; all zeroes is the empty set.
+        let mut all: libc::cpu_set_t = unsafe { std::mem::zeroed() };
+        for cpu in 0..libc::CPU_SETSIZE as usize {
+            // SAFETY: `cpu` is within the set's bounds.
+            unsafe { libc::CPU_SET(cpu, &mut all) };
+        }
+        // SAFETY: `all` is a valid cpu_set_t of the size passed.
+        unsafe { libc::sched_setaffinity(0, size_of::<libc::cpu_set_t>(), &all) };
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn affinity() -> Vec<usize> {
+        // SAFETY: as in pin_here.
+        let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
+        // SAFETY: `set` is a valid cpu_set_t of the size passed.
+        let r = unsafe { libc::sched_getaffinity(0, size_of::<libc::cpu_set_t>(), &mut set) };
+        assert_eq!(r, 0, "sched_getaffinity");
+        (0..libc::CPU_SETSIZE as usize)
+            // SAFETY: every index is within the set's bounds.
+            .filter(|&c| unsafe { libc::CPU_ISSET(c, &set) })
+            .collect()
+    }
+
+    #[test]
+    fn pinning_narrows_to_one_cpu_and_restoring_gives_the_set_back() {
+        // A thread of its own: the test harness's threads keep their affinity.
+        std::thread::spawn(|| {
+            let before = affinity();
+            match pin_here() {
+                None => assert_eq!(before.len(), 1, "pin_here refused with several CPUs"),
+                Some(p) => {
+                    let during = affinity();
+                    assert_eq!(during.len(), 1);
+                    assert!(before.contains(&during[0]));
+                    p.restore();
+                    assert_eq!(affinity(), before);
+                }
+            }
+        })
+        .join()
+        .expect("thread");
+    }
+}
