@@ -701,10 +701,17 @@ fn ignored_signals() -> Vec<libc::c_int> {
             .filter(|&s| s != libc::SIGKILL && s != libc::SIGSTOP)
             .collect()
     };
-    let Ok(status) = std::fs::read_to_string("/proc/self/status") else {
-        return every();
+    // One read: the kernel makes the whole file (~1.5 KiB) on the first, where
+    // `read_to_string` would start small and double its way up, a call each time.
+    let mut buf = [0u8; 4096];
+    let n = match std::fs::File::open("/proc/self/status").and_then(|mut f| {
+        use std::io::Read;
+        f.read(&mut buf)
+    }) {
+        Ok(n) if n < buf.len() => n,
+        _ => return every(),
     };
-    let mask = status
+    let mask = String::from_utf8_lossy(&buf[..n])
         .lines()
         .find_map(|l| l.strip_prefix("SigIgn:"))
         .and_then(|m| u64::from_str_radix(m.trim(), 16).ok());
