@@ -48,6 +48,37 @@ done(
         assert_result(who, &r, "work", &["OK"]);
     }
 
+    /// A file the sandbox may write by its permissions (0666) but that is bound read-only
+    /// cannot be truncated: not by path, not by an open with O_TRUNC, not even one for
+    /// reading. (Landlock leaves truncation to the mounts outside a pool: see harden.rs.)
+    /// The file is the test's own, never a host file that matters.
+    fn read_only_binds_cannot_be_truncated(who) {
+        let dir = TempDir::new(0o777);
+        let file = dir.file("victim", b"intact");
+        std::fs::set_permissions(&file, std::fs::Permissions::from_mode(0o666)).expect("chmod");
+        let mount = format!("{}:/ro", dir.str());
+        let r = probe(who, &["--mount", &mount], r#"
+p = "/ro/victim"
+def ftrunc(flags):
+    fd = os.open(p, flags)
+    try:
+        os.ftruncate(fd, 0)
+    finally:
+        os.close(fd)
+done(
+    path=attempt(os.truncate, p, 0),
+    rdonly_trunc=attempt(os.open, p, os.O_RDONLY | os.O_TRUNC),
+    wronly_trunc=attempt(os.open, p, os.O_WRONLY | os.O_TRUNC),
+    rdwr=attempt(os.open, p, os.O_RDWR),
+    ftruncate_rdonly=attempt(ftrunc, os.O_RDONLY),
+)"#);
+        for key in ["path", "rdonly_trunc", "wronly_trunc", "rdwr"] {
+            assert_result(who, &r, key, WRITE_DENIED);
+        }
+        assert_result(who, &r, "ftruncate_rdonly", &["EINVAL", "EBADF"]);
+        assert_eq!(std::fs::read(&file).expect("read back"), b"intact", "[{}] {r}", who.name());
+    }
+
     /// /proc shows only the sandbox's own few processes: not the test, not a host `sleep`.
     fn host_processes_are_invisible(who) {
         let mut sleeper = Command::new("sleep")

@@ -121,11 +121,17 @@ pub fn landlock_abi() -> i64 {
 /// reading and executing are here. That keeps Landlock off the path of every open for
 /// reading: with a read right or `Truncate` handled, each `open` walks the file's path up
 /// to the root to find the rules that apply (~1 µs per open here, a third of its cost).
-/// `Truncate` is handled only where it adds something: in a runtime pool, whose
-/// `/run/script` is writable tmpfs whose files a rootless sandbox owns (it could `chmod`
-/// one, then `truncate(2)` it by path). Elsewhere every writable mount is one Landlock
-/// grants anyway, everything else is mounted read-only (truncation fails with EROFS), and
-/// a writable descriptor needs `WriteFile` to be opened.
+/// Reads are then not confined to paths under the sandbox's root either, which changes
+/// nothing while no descriptor from outside reaches the program (its stdio are pipes and
+/// `/dev/null`; init closes everything else).
+///
+/// `Truncate` is handled only in a runtime pool, whose `/run/script` is a writable tmpfs
+/// whose files a rootless sandbox owns (it could `chmod` one, then `truncate(2)` it by
+/// path); a pool's opens therefore still take the walk. Elsewhere truncation, by path or
+/// by an open with `O_TRUNC` (even one for reading), is left to the mounts: every writable
+/// mount but `/proc` is one Landlock grants anyway, `/proc` ignores a change of size, and
+/// everything else is read-only (EROFS; `read_only_binds_cannot_be_truncated` in
+/// tests/escape.rs).
 ///
 /// On a kernel without Landlock this does nothing and says so: the mount namespace and the
 /// read-only root still hold; `zygo version` reports the missing layer.

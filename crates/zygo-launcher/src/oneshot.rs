@@ -8,8 +8,8 @@
 //! - the sandbox's **init** (pid 1 of the new pid namespace): builds the root, drops every
 //!   privilege, starts the program and reaps; when it exits the kernel kills everything
 //!   left in the namespace, so nothing the program started can outlive it;
-//! - the **program**, started by init with `posix_spawn` once init has installed the
-//!   seccomp filter on itself (the program inherits it).
+//! - the **program**, started by init (`sys::spawn`) once init has installed the seccomp
+//!   filter on itself (the program inherits it).
 //!
 //! The launcher talks to init over a seqpacket socket pair with three messages: `C`
 //! carrying the cgroup attach files (init joins them before it does anything else), `M`
@@ -206,6 +206,8 @@ pub fn run(
             0usize,
         )
     };
+    // Taken before anything else can overwrite errno.
+    let clone_err = std::io::Error::last_os_error();
     if let Some(p) = &pinned {
         p.restore();
     }
@@ -213,7 +215,7 @@ pub fn run(
         restore_root();
     }
     if pid < 0 {
-        let e = std::io::Error::last_os_error();
+        let e = clone_err;
         return failed(
             sock,
             Phase::Start,
@@ -722,6 +724,8 @@ fn init_main(
     // of the message's own size (a few pages fewer to copy than the largest filter's).
     let size = match sys::next_message_len(ctl.as_raw_fd()) {
         Ok(n) if n > 1 && n <= 1 + seccomp::MAX_ENCODED => n,
+        // The launcher gave up (closed its end).
+        Ok(0) => exit_now(1),
         Ok(_) => {
             report(rep_w, "F", "the launcher sent a malformed seccomp filter");
             exit_now(1);

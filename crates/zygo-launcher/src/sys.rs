@@ -617,8 +617,11 @@ struct SpawnChild<'a> {
     envp: *const *mut libc::c_char,
     moves: &'a [(RawFd, RawFd)],
     close_from: RawFd,
-    /// The signals this process ignores: an ignored signal stays ignored across exec.
-    ignored: &'a [libc::c_int],
+    /// The signals this process ignores or handles, to be reset to their defaults: an
+    /// ignored signal would stay ignored across exec, and a handler of this process must
+    /// not run in the child, which shares its memory (it gets a copy of the handler table,
+    /// so resetting it here leaves the parent's alone).
+    reset: &'a [libc::c_int],
     /// The affinity the parent narrowed for the clone, for the child to restore.
     pinned: Option<&'a proto::cpu::Pinned>,
     /// Set by the child when it fails before or at exec.
@@ -627,6 +630,10 @@ struct SpawnChild<'a> {
 
 /// The child's stack: a few system calls, no frames of Rust's own.
 const SPAWN_STACK: usize = 64 * 1024;
+
+// Other architectures order or size the kernel's struct sigaction differently.
+#[cfg(not(any(target_arch = "x86_64", target_arch = "aarch64")))]
+compile_error!("KernelSigaction matches the kernel's struct sigaction on x86_64 and aarch64 only");
 
 /// `struct sigaction` as the kernel takes it (x86_64 and arm64 alike).
 #[repr(C)]
@@ -664,14 +671,15 @@ extern "C" fn spawn_child(arg: *mut libc::c_void) -> libc::c_int {
             ) == 0;
         if placed {
             // The system call itself: glibc's wrappers refuse the two signals it keeps for
-            // itself (32 and 33), which a parent may still have left ignored.
+            // itself (32 and 33), which have handlers here and which a parent may have left
+            // ignored.
             let default = KernelSigaction {
                 handler: libc::SIG_DFL,
                 flags: 0,
                 restorer: 0,
                 mask: 0,
             };
-            for &sig in plan.ignored {
+            for &sig in plan.reset {
                 libc::syscall(
                     libc::SYS_rt_sigaction,
                     sig,
@@ -693,9 +701,10 @@ extern "C" fn spawn_child(arg: *mut libc::c_void) -> libc::c_int {
     }
 }
 
-/// The signals this process ignores, from `SigIgn` in `/proc/self/status`; every signal
-/// (bar SIGKILL and SIGSTOP, which cannot be ignored) if that cannot be read.
-fn ignored_signals() -> Vec<libc::c_int> {
+/// The signals this process ignores or handles, from `SigIgn` and `SigCgt` in
+/// `/proc/self/status`; every signal (bar SIGKILL and SIGSTOP, which keep their defaults)
+/// if that cannot be read.
+fn signals_to_reset() -> Vec<libc::c_int> {
     let every = || {
         (1..=libc::SIGRTMAX())
             .filter(|&s| s != libc::SIGKILL && s != libc::SIGSTOP)
@@ -711,15 +720,17 @@ fn ignored_signals() -> Vec<libc::c_int> {
         Ok(n) if n < buf.len() => n,
         _ => return every(),
     };
-    let mask = String::from_utf8_lossy(&buf[..n])
-        .lines()
-        .find_map(|l| l.strip_prefix("SigIgn:"))
-        .and_then(|m| u64::from_str_radix(m.trim(), 16).ok());
-    match mask {
-        Some(mask) => (1..=64)
-            .filter(|&s| mask & (1u64 << (s - 1)) != 0)
+    let text = String::from_utf8_lossy(&buf[..n]);
+    let mask = |key: &str| {
+        text.lines()
+            .find_map(|l| l.strip_prefix(key))
+            .and_then(|m| u64::from_str_radix(m.trim(), 16).ok())
+    };
+    match (mask("SigIgn:"), mask("SigCgt:")) {
+        (Some(ignored), Some(caught)) => (1..=64)
+            .filter(|&s| (ignored | caught) & (1u64 << (s - 1)) != 0)
             .collect(),
-        None => every(),
+        _ => every(),
     }
 }
 
@@ -727,21 +738,21 @@ fn ignored_signals() -> Vec<libc::c_int> {
 /// none blocked. The child is made with `CLONE_VM | CLONE_VFORK` on a stack of its own, as
 /// glibc's `posix_spawn` makes it (nothing of this process's memory is copied, and this
 /// returns once the exec is done or has failed), but it resets only the signals this
-/// process ignores where `posix_spawn` makes a call per signal (a handler does not survive
-/// an exec; an ignored signal does), and it starts on this CPU (see `proto::cpu`).
+/// process ignores or handles where `posix_spawn` makes a call per signal, and it starts
+/// on this CPU (see `proto::cpu`).
 pub fn spawn(s: &Spawn<'_>) -> io::Result<libc::pid_t> {
     let mut argv: Vec<*mut libc::c_char> = s.argv.iter().map(|a| a.as_ptr().cast_mut()).collect();
     argv.push(std::ptr::null_mut());
     let mut envp: Vec<*mut libc::c_char> = s.env.iter().map(|a| a.as_ptr().cast_mut()).collect();
     envp.push(std::ptr::null_mut());
-    let ignored = ignored_signals();
+    let reset = signals_to_reset();
     let mut plan = SpawnChild {
         path: s.path.as_ptr(),
         argv: argv.as_ptr(),
         envp: envp.as_ptr(),
         moves: s.moves,
         close_from: s.close_from,
-        ignored: &ignored,
+        reset: &reset,
         pinned: None,
         errno: 0,
     };
