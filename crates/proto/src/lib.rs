@@ -18,6 +18,7 @@ pub mod front;
 pub mod launch;
 pub mod mcp;
 pub mod readbuf;
+pub mod vfork;
 
 pub use frame::{encode_frame, read_frame, write_frame, FrameBuf, ProtoError};
 

@@ -622,14 +622,9 @@ struct SpawnChild<'a> {
     /// not run in the child, which shares its memory (it gets a copy of the handler table,
     /// so resetting it here leaves the parent's alone).
     reset: &'a [libc::c_int],
-    /// The affinity the parent narrowed for the clone, for the child to restore.
-    pinned: Option<&'a proto::cpu::Pinned>,
     /// Set by the child when it fails before or at exec.
     errno: libc::c_int,
 }
-
-/// The child's stack: a few system calls, no frames of Rust's own.
-const SPAWN_STACK: usize = 64 * 1024;
 
 // Other architectures order or size the kernel's struct sigaction differently.
 #[cfg(not(any(target_arch = "x86_64", target_arch = "aarch64")))]
@@ -648,9 +643,6 @@ extern "C" fn spawn_child(arg: *mut libc::c_void) -> libc::c_int {
     // SAFETY: `arg` is the parent's SpawnChild, which outlives this child: the parent is
     // suspended (CLONE_VFORK) until the exec below succeeds or this child exits.
     let plan = unsafe { &mut *arg.cast::<SpawnChild>() };
-    if let Some(p) = plan.pinned {
-        p.restore();
-    }
     // SAFETY: only async-signal-safe system calls on values the parent prepared, all valid
     // until the parent resumes.
     unsafe {
@@ -688,16 +680,14 @@ extern "C" fn spawn_child(arg: *mut libc::c_void) -> libc::c_int {
                     std::mem::size_of::<u64>(),
                 );
             }
-            let mut none: libc::sigset_t = std::mem::zeroed();
-            libc::sigemptyset(&mut none);
-            libc::sigprocmask(libc::SIG_SETMASK, &none, std::ptr::null_mut());
-            libc::execve(plan.path, plan.argv.cast(), plan.envp.cast());
+            proto::vfork::exec(
+                plan.path,
+                plan.argv.cast(),
+                plan.envp.cast(),
+                &mut plan.errno,
+            )
         }
-        plan.errno = *libc::__errno_location();
-        if plan.errno == 0 {
-            plan.errno = libc::EIO;
-        }
-        libc::_exit(127)
+        proto::vfork::fail(&mut plan.errno)
     }
 }
 
@@ -735,11 +725,10 @@ fn signals_to_reset() -> Vec<libc::c_int> {
 }
 
 /// Start `s` and return its pid: in a new session, with every signal at its default and
-/// none blocked. The child is made with `CLONE_VM | CLONE_VFORK` on a stack of its own, as
-/// glibc's `posix_spawn` makes it (nothing of this process's memory is copied, and this
-/// returns once the exec is done or has failed), but it resets only the signals this
-/// process ignores or handles where `posix_spawn` makes a call per signal, and it starts
-/// on this CPU (see `proto::cpu`).
+/// none blocked. The child is made by `proto::vfork` (as glibc's `posix_spawn` makes one:
+/// nothing of this process's memory is copied, and this returns once the exec is done or
+/// has failed), but it resets only the signals this process ignores or handles where
+/// `posix_spawn` makes a call per signal, and it starts on this CPU.
 pub fn spawn(s: &Spawn<'_>) -> io::Result<libc::pid_t> {
     let mut argv: Vec<*mut libc::c_char> = s.argv.iter().map(|a| a.as_ptr().cast_mut()).collect();
     argv.push(std::ptr::null_mut());
@@ -753,49 +742,11 @@ pub fn spawn(s: &Spawn<'_>) -> io::Result<libc::pid_t> {
         moves: s.moves,
         close_from: s.close_from,
         reset: &reset,
-        pinned: None,
         errno: 0,
     };
-    // 16-byte aligned (u128), as the ABI wants a stack; it grows down from the end. Left
-    // uninitialised: the child writes before it reads, and only the pages it uses are ever
-    // touched (zeroing would fault in all 16).
-    let mut stack: Vec<u128> = Vec::with_capacity(SPAWN_STACK / 16);
-    // SAFETY: one past the end of the allocation, which the child's stack grows down from.
-    let top = unsafe { stack.as_mut_ptr().add(stack.capacity()) }.cast::<libc::c_void>();
-    // Every signal blocked from before the clone until this thread resumes, so that no
-    // handler runs in the child while it shares this memory (it sets its own mask last).
-    // SAFETY: sigset_t is plain data, initialised by sigfillset before use.
-    let mut all: libc::sigset_t = unsafe { std::mem::zeroed() };
-    // SAFETY: as above.
-    let mut old: libc::sigset_t = unsafe { std::mem::zeroed() };
-    // SAFETY: valid sigset_t pointers.
-    unsafe {
-        libc::sigfillset(&mut all);
-        libc::pthread_sigmask(libc::SIG_SETMASK, &all, &mut old);
-    }
-    let pinned = proto::cpu::pin_here();
-    plan.pinned = pinned.as_ref();
     // SAFETY: spawn_child only makes system calls with what `plan` points to, all of it
-    // alive until clone returns (CLONE_VFORK: after the child's exec or exit); `top` is the
-    // end of a live, writable, aligned stack that nothing else uses meanwhile.
-    let pid = unsafe {
-        libc::clone(
-            spawn_child,
-            top,
-            libc::CLONE_VM | libc::CLONE_VFORK | libc::SIGCHLD,
-            (&mut plan as *mut SpawnChild).cast(),
-        )
-    };
-    let clone_err = io::Error::last_os_error();
-    if let Some(p) = &pinned {
-        p.restore();
-    }
-    // SAFETY: restoring the mask saved above.
-    unsafe { libc::pthread_sigmask(libc::SIG_SETMASK, &old, std::ptr::null_mut()) };
-    drop(stack);
-    if pid < 0 {
-        return Err(clone_err);
-    }
+    // alive until this returns.
+    let pid = unsafe { proto::vfork::spawn(spawn_child, (&mut plan as *mut SpawnChild).cast()) }?;
     if plan.errno != 0 {
         // The child has exited (127) without exec: reap it.
         let mut status = 0;

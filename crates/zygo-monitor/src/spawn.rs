@@ -86,7 +86,7 @@ fn cstring(s: &OsStr) -> io::Result<CString> {
 
 /// What the child of [`spawn_launcher`] needs, made ready by the parent: the child runs on
 /// the parent's memory and may not allocate, lock or unwind, only make system calls.
-struct ChildPlan<'a> {
+struct ChildPlan {
     path: *const libc::c_char,
     argv: *const *mut libc::c_char,
     envp: *const *mut libc::c_char,
@@ -95,12 +95,7 @@ struct ChildPlan<'a> {
     moves: [(RawFd, RawFd); 3],
     /// Set by the child when it fails before or at exec.
     errno: libc::c_int,
-    /// The affinity the parent narrowed for the clone, for the child to restore.
-    pinned: Option<&'a proto::cpu::Pinned>,
 }
-
-/// The child's stack. It needs little: a few system calls, no frames of Rust's own.
-const CHILD_STACK: usize = 64 * 1024;
 
 /// The child: descriptors in place, SIGPIPE back to its default (this process ignores it,
 /// and an ignored signal stays ignored across exec), no signal blocked, then exec.
@@ -111,9 +106,6 @@ extern "C" fn child_main(arg: *mut libc::c_void) -> libc::c_int {
     // SAFETY: `arg` is the parent's ChildPlan, which outlives this child: the parent is
     // suspended (CLONE_VFORK) until the exec below succeeds or this child exits.
     let plan = unsafe { &mut *arg.cast::<ChildPlan>() };
-    if let Some(p) = plan.pinned {
-        p.restore();
-    }
     // SAFETY: only async-signal-safe system calls on values the parent prepared; every
     // pointer in `plan` is valid until the parent resumes.
     unsafe {
@@ -130,27 +122,25 @@ extern "C" fn child_main(arg: *mut libc::c_void) -> libc::c_int {
                 .iter()
                 .all(|&(from, to)| libc::dup2(from, to) == to)
         {
-            let mut none: libc::sigset_t = std::mem::zeroed();
-            libc::sigemptyset(&mut none);
             libc::signal(libc::SIGPIPE, libc::SIG_DFL);
-            libc::sigprocmask(libc::SIG_SETMASK, &none, std::ptr::null_mut());
-            libc::execve(plan.path, plan.argv.cast(), plan.envp.cast());
+            proto::vfork::exec(
+                plan.path,
+                plan.argv.cast(),
+                plan.envp.cast(),
+                &mut plan.errno,
+            )
         }
-        plan.errno = *libc::__errno_location();
-        if plan.errno == 0 {
-            plan.errno = libc::EIO;
-        }
-        libc::_exit(127)
+        proto::vfork::fail(&mut plan.errno)
     }
 }
 
 /// Spawn `exe __launcher` with `fds` in place, an empty signal mask, SIGPIPE at its
 /// default, and an environment of only the logging variables.
 ///
-/// The child is made with `CLONE_VM | CLONE_VFORK` on a stack of its own, as glibc's
-/// `posix_spawn` makes it, but without `posix_spawn`'s pass over every signal (two calls
-/// per signal, ~50 µs, while this process waits): nothing of this process's memory is
-/// copied, and this returns once the exec is done or has failed.
+/// The child is made by `proto::vfork`, as glibc's `posix_spawn` makes one, but without
+/// `posix_spawn`'s pass over every signal (two calls per signal, ~50 µs, while this
+/// process waits): nothing of this process's memory is copied, and this returns once the
+/// exec is done or has failed.
 pub fn spawn_launcher(exe: &Path, fds: LauncherFds<'_>) -> io::Result<Launcher> {
     let path = cstring(exe.as_os_str())?;
     let argv_c = [path.clone(), cstring(OsStr::new("__launcher"))?];
@@ -187,51 +177,10 @@ pub fn spawn_launcher(exe: &Path, fds: LauncherFds<'_>) -> io::Result<Launcher> 
         stdin: fds.stdin.map(|f| f.as_raw_fd()),
         moves,
         errno: 0,
-        pinned: None,
     };
-    // 16-byte aligned (u128), as the ABI wants a stack; it grows down from the end. Left
-    // uninitialised: the child writes before it reads, and only the pages it uses are ever
-    // touched (zeroing would fault in all 16).
-    let mut stack: Vec<u128> = Vec::with_capacity(CHILD_STACK / 16);
-    // SAFETY: one past the end of the allocation, which the child's stack grows down from.
-    let top = unsafe { stack.as_mut_ptr().add(stack.capacity()) }.cast::<libc::c_void>();
-
-    // Every signal blocked from before the clone until this thread resumes, so that none
-    // is handled in the child while it shares this memory (it sets its own mask last).
-    // SAFETY: sigset_t is plain data, initialised by sigfillset before use.
-    let mut all: libc::sigset_t = unsafe { std::mem::zeroed() };
-    // SAFETY: as above.
-    let mut old: libc::sigset_t = unsafe { std::mem::zeroed() };
-    // SAFETY: valid sigset_t pointers.
-    unsafe {
-        libc::sigfillset(&mut all);
-        libc::pthread_sigmask(libc::SIG_SETMASK, &all, &mut old);
-    }
-    // The child starts on this CPU, which this thread leaves for it by waiting (see
-    // `proto::cpu`); it restores its own affinity before anything else.
-    let pinned = proto::cpu::pin_here();
-    plan.pinned = pinned.as_ref();
     // SAFETY: child_main only makes system calls with what `plan` points to, all of it
-    // alive until clone returns (CLONE_VFORK: after the child's exec or exit); `top` is the
-    // end of a live, writable, aligned stack that nothing else uses meanwhile.
-    let pid = unsafe {
-        libc::clone(
-            child_main,
-            top,
-            libc::CLONE_VM | libc::CLONE_VFORK | libc::SIGCHLD,
-            (&mut plan as *mut ChildPlan).cast(),
-        )
-    };
-    let clone_err = io::Error::last_os_error();
-    if let Some(p) = &pinned {
-        p.restore();
-    }
-    // SAFETY: restoring the mask saved above.
-    unsafe { libc::pthread_sigmask(libc::SIG_SETMASK, &old, std::ptr::null_mut()) };
-    drop(stack);
-    if pid < 0 {
-        return Err(clone_err);
-    }
+    // alive until this returns.
+    let pid = unsafe { proto::vfork::spawn(child_main, (&mut plan as *mut ChildPlan).cast()) }?;
     let mut launcher = Launcher { pid, status: None };
     if plan.errno != 0 {
         // The child has exited (127) without exec: reap it.
