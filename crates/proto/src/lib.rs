@@ -9,6 +9,9 @@
 //!
 //! Every call into the codec (bincode 2, which is unmaintained) lives in [`codec`], so it can
 //! be swapped without touching the message types.
+//!
+//! Beside the messages, the process plumbing the monitor and the launcher share: passing
+//! descriptors ([`fds`]), starting a program ([`vfork`]) and where it first runs ([`cpu`]).
 
 pub mod codec;
 pub mod cpu;
