@@ -401,9 +401,6 @@ pub fn enter_net_namespace(ns: &OwnedFd) -> io::Result<()> {
     Ok(())
 }
 
-/// One `recvmsg` into `buf`, collecting at most `max_fds` descriptors passed with the bytes
-/// (`SCM_RIGHTS`, received close-on-exec). More descriptors than that, or a truncated
-/// control message, is an error (the extra ones are closed). Returns the bytes read.
 /// The size of the next message on a datagram or seqpacket socket, which stays queued;
 /// 0 when the peer has closed its end. Waits for the message.
 pub fn next_message_len(fd: RawFd) -> io::Result<usize> {
@@ -428,6 +425,9 @@ pub fn next_message_len(fd: RawFd) -> io::Result<usize> {
     }
 }
 
+/// One `recvmsg` into `buf`, collecting at most `max_fds` descriptors passed with the bytes
+/// (`SCM_RIGHTS`, received close-on-exec). More descriptors than that, or a truncated
+/// control message, is an error (the extra ones are closed). Returns the bytes read.
 pub fn recv_with_fds(
     fd: RawFd,
     buf: &mut [u8],
