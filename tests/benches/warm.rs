@@ -1262,7 +1262,13 @@ fn run() -> R<i32> {
     if let Some(other) = std::env::var_os("ZYGO_BENCH_AB") {
         let other = std::fs::canonicalize(&other)
             .map_err(|e| format!("ZYGO_BENCH_AB={}: {e}", Path::new(&other).display()))?;
-        return ab(&[bin, other], &dir, &toml, &name);
+        let r = ab(&[bin, other], &dir, &toml, &name);
+        if matches!(r, Ok(0)) {
+            let _ = std::fs::remove_dir_all(&dir);
+        } else {
+            println!("kept for inspection: {}", dir.display());
+        }
+        return r;
     }
 
     // (a)
