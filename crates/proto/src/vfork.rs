@@ -15,7 +15,7 @@ const STACK: usize = 64 * 1024;
 /// What the child runs first: the affinity given back, then the caller's function.
 struct Start<'a> {
     pinned: Option<&'a Pinned>,
-    child: extern "C" fn(*mut libc::c_void) -> libc::c_int,
+    child: extern "C" fn(*mut libc::c_void) -> !,
     arg: *mut libc::c_void,
 }
 
@@ -35,13 +35,16 @@ extern "C" fn start(start: *mut libc::c_void) -> libc::c_int {
 /// The child starts on this thread's CPU and restores the affinity before `child` runs;
 /// this thread restores its own when the clone returns. Every signal is blocked in this
 /// thread from before the clone until then, so that no handler of the parent's runs in
-/// the child while it shares this memory (`child` sets its own mask last).
+/// the child while it shares this memory (`child` ends in [`exec`], which empties the
+/// mask).
 ///
 /// # Safety
 /// `child` may only make system calls (no allocation, locks or unwinding) with what `arg`
-/// points to, which must stay valid until this returns.
+/// points to, which must stay valid until this returns; it never returns, ending in
+/// [`exec`] or [`fail`] (its type says so: a child that returned would pass for one that
+/// had exec'd).
 pub unsafe fn spawn(
-    child: extern "C" fn(*mut libc::c_void) -> libc::c_int,
+    child: extern "C" fn(*mut libc::c_void) -> !,
     arg: *mut libc::c_void,
 ) -> io::Result<libc::pid_t> {
     // 16-byte aligned (u128), as the ABI wants a stack; it grows down from the end. Left
@@ -60,7 +63,7 @@ pub unsafe fn spawn(
         libc::pthread_sigmask(libc::SIG_SETMASK, &all, &mut old);
     }
     let pinned = pin_here();
-    let mut s = Start {
+    let s = Start {
         pinned: pinned.as_ref(),
         child,
         arg,
@@ -73,7 +76,7 @@ pub unsafe fn spawn(
             start,
             top,
             libc::CLONE_VM | libc::CLONE_VFORK | libc::SIGCHLD,
-            (&mut s as *mut Start).cast(),
+            std::ptr::from_ref(&s).cast_mut().cast(),
         )
     };
     // Taken before anything else can overwrite errno.
@@ -139,7 +142,7 @@ mod tests {
         errno: libc::c_int,
     }
 
-    extern "C" fn child(arg: *mut libc::c_void) -> libc::c_int {
+    extern "C" fn child(arg: *mut libc::c_void) -> ! {
         // SAFETY: `arg` is the test's Plan, alive until spawn returns.
         let plan = unsafe { &mut *arg.cast::<Plan>() };
         // SAFETY: system calls only, on the plan's valid, NUL-terminated values.

@@ -639,7 +639,7 @@ struct KernelSigaction {
     mask: u64,
 }
 
-extern "C" fn spawn_child(arg: *mut libc::c_void) -> libc::c_int {
+extern "C" fn spawn_child(arg: *mut libc::c_void) -> ! {
     // SAFETY: `arg` is the parent's SpawnChild, which outlives this child: the parent is
     // suspended (CLONE_VFORK) until the exec below succeeds or this child exits.
     let plan = unsafe { &mut *arg.cast::<SpawnChild>() };

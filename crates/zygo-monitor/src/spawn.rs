@@ -102,7 +102,7 @@ struct ChildPlan {
 /// Nothing else about signals changes: a signal this process ignores stays ignored in the
 /// launcher, and none has a handler to reset (Zygo installs none; the supervisor reads its
 /// signals from a signalfd), so none can run on this process's memory here.
-extern "C" fn child_main(arg: *mut libc::c_void) -> libc::c_int {
+extern "C" fn child_main(arg: *mut libc::c_void) -> ! {
     // SAFETY: `arg` is the parent's ChildPlan, which outlives this child: the parent is
     // suspended (CLONE_VFORK) until the exec below succeeds or this child exits.
     let plan = unsafe { &mut *arg.cast::<ChildPlan>() };
