@@ -23,8 +23,17 @@ const SIZE: usize = size_of::<libc::cpu_set_t>();
 /// A thread's affinity before [`pin_here`] narrowed it to one CPU.
 pub struct Pinned {
     saved: libc::cpu_set_t,
-    /// Every CPU: the request that follows the cpuset.
-    all: libc::cpu_set_t,
+}
+
+/// Every CPU: the request the kernel narrows to the cpuset, and keeps following it.
+fn every_cpu() -> libc::cpu_set_t {
+    // SAFETY: cpu_set_t is plain data; all zeroes is the empty set.
+    let mut all: libc::cpu_set_t = unsafe { std::mem::zeroed() };
+    for cpu in 0..libc::CPU_SETSIZE as usize {
+        // SAFETY: `cpu` is within the set's bounds.
+        unsafe { libc::CPU_SET(cpu, &mut all) };
+    }
+    all
 }
 
 /// Narrow the calling thread's affinity to the CPU it is running on, so that a child it
@@ -52,13 +61,7 @@ pub fn pin_here() -> Option<Pinned> {
     if unsafe { libc::sched_setaffinity(0, SIZE, &one) } != 0 {
         return None;
     }
-    // SAFETY: as above.
-    let mut all: libc::cpu_set_t = unsafe { std::mem::zeroed() };
-    for cpu in 0..libc::CPU_SETSIZE as usize {
-        // SAFETY: `cpu` is within the set's bounds.
-        unsafe { libc::CPU_SET(cpu, &mut all) };
-    }
-    Some(Pinned { saved, all })
+    Some(Pinned { saved })
 }
 
 impl Pinned {
@@ -66,8 +69,8 @@ impl Pinned {
     /// that is the set it had, else the saved set (see the module's comment). Only system
     /// calls on this value, no allocation: safe in a child that shares its parent's memory.
     pub fn restore(&self) {
-        // SAFETY: `all` is a valid cpu_set_t of the size passed.
-        if unsafe { libc::sched_setaffinity(0, SIZE, &self.all) } == 0 {
+        // SAFETY: a valid cpu_set_t of the size passed.
+        if unsafe { libc::sched_setaffinity(0, SIZE, &every_cpu()) } == 0 {
             // SAFETY: as in pin_here.
             let mut now: libc::cpu_set_t = unsafe { std::mem::zeroed() };
             // SAFETY: `now` is a valid cpu_set_t of the size passed.
@@ -129,16 +132,9 @@ mod tests {
             let mut p = Pinned {
                 // SAFETY: as in pin_here.
                 saved: unsafe { std::mem::zeroed() },
-                // SAFETY: as in pin_here.
-                all: unsafe { std::mem::zeroed() },
             };
-            // SAFETY: the indices are within the sets' bounds.
-            unsafe {
-                libc::CPU_SET(first, &mut p.saved);
-                for cpu in 0..libc::CPU_SETSIZE as usize {
-                    libc::CPU_SET(cpu, &mut p.all);
-                }
-            }
+            // SAFETY: `first` is within the set's bounds.
+            unsafe { libc::CPU_SET(first, &mut p.saved) };
             p.restore();
             assert_eq!(affinity(), vec![first]);
         })

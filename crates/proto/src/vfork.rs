@@ -5,6 +5,7 @@
 //! program; each brings its own child function, which may make only system calls. The
 //! child starts on the parent's CPU (see [`crate::cpu`]) with the parent's affinity.
 
+use std::ffi::{CStr, CString};
 use std::io;
 
 use crate::cpu::{pin_here, Pinned};
@@ -35,14 +36,14 @@ extern "C" fn start(start: *mut libc::c_void) -> libc::c_int {
 /// The child starts on this thread's CPU and restores the affinity before `child` runs;
 /// this thread restores its own when the clone returns. Every signal is blocked in this
 /// thread from before the clone until then, so that no handler of the parent's runs in
-/// the child while it shares this memory (`child` ends in [`exec`], which empties the
-/// mask).
+/// the child while it shares this memory (`child` ends in [`Program::exec`], which empties
+/// the mask).
 ///
 /// # Safety
 /// `child` may only make system calls (no allocation, locks or unwinding) with what `arg`
 /// points to, which must stay valid until this returns; it never returns, ending in
-/// [`exec`] or [`fail`] (its type says so: a child that returned would pass for one that
-/// had exec'd).
+/// [`Program::exec`] or [`Program::fail`] (its type says so: a child that returned would
+/// pass for one that had exec'd).
 pub unsafe fn spawn(
     child: extern "C" fn(*mut libc::c_void) -> !,
     arg: *mut libc::c_void,
@@ -93,42 +94,67 @@ pub unsafe fn spawn(
     Ok(pid)
 }
 
-/// The child's last step: no signal blocked, then `execve`; if that fails, the error in
-/// `errno` (for the parent, which shares this memory) and exit 127. Only system calls.
-///
-/// # Safety
-/// `path`, `argv` and `envp` must be valid for `execve` (NUL-terminated strings,
-/// null-terminated arrays); to be called only in a child made by [`spawn`].
-pub unsafe fn exec(
-    path: *const libc::c_char,
-    argv: *const *const libc::c_char,
-    envp: *const *const libc::c_char,
-    errno: &mut libc::c_int,
-) -> ! {
-    // SAFETY: system calls on values the caller vouches for; sigset_t is plain data,
-    // initialised by sigemptyset before use.
-    unsafe {
-        let mut none: libc::sigset_t = std::mem::zeroed();
-        libc::sigemptyset(&mut none);
-        libc::sigprocmask(libc::SIG_SETMASK, &none, std::ptr::null_mut());
-        libc::execve(path, argv, envp);
-        fail(errno)
-    }
+/// The program a child made by [`spawn`] execs, ready before the clone (the child may not
+/// allocate): its path and the null-terminated argument and environment arrays, pointing
+/// into strings that outlive the spawn.
+pub struct Program<'a> {
+    path: &'a CStr,
+    argv: Vec<*const libc::c_char>,
+    envp: Vec<*const libc::c_char>,
+    /// Set by the child when a step before the exec, or the exec, failed (0: it exec'd).
+    pub errno: libc::c_int,
 }
 
-/// The child's end when a step before the exec (or the exec) failed: the error in `errno`
-/// for the parent (EIO should the C library not have set one), and exit 127.
-///
-/// # Safety
-/// To be called only in a child made by [`spawn`], right after the failed system call.
-pub unsafe fn fail(errno: &mut libc::c_int) -> ! {
-    // SAFETY: reading this thread's errno and exiting: system calls only.
-    unsafe {
-        *errno = *libc::__errno_location();
-        if *errno == 0 {
-            *errno = libc::EIO;
+impl<'a> Program<'a> {
+    pub fn new(path: &'a CStr, argv: &'a [CString], env: &'a [CString]) -> Program<'a> {
+        let array = |v: &'a [CString]| {
+            v.iter()
+                .map(|s| s.as_ptr())
+                .chain(std::iter::once(std::ptr::null()))
+                .collect()
+        };
+        Program {
+            path,
+            argv: array(argv),
+            envp: array(env),
+            errno: 0,
         }
-        libc::_exit(127)
+    }
+
+    /// The child's last step: no signal blocked, then `execve`; if that fails, [`fail`].
+    /// Only system calls.
+    ///
+    /// # Safety
+    /// To be called only in a child made by [`spawn`].
+    ///
+    /// [`fail`]: Program::fail
+    pub unsafe fn exec(&mut self) -> ! {
+        // SAFETY: system calls on values made ready by `new`; sigset_t is plain data,
+        // initialised by sigemptyset before use.
+        unsafe {
+            let mut none: libc::sigset_t = std::mem::zeroed();
+            libc::sigemptyset(&mut none);
+            libc::sigprocmask(libc::SIG_SETMASK, &none, std::ptr::null_mut());
+            libc::execve(self.path.as_ptr(), self.argv.as_ptr(), self.envp.as_ptr());
+            self.fail()
+        }
+    }
+
+    /// The child's end when a step before the exec (or the exec) failed: the error in
+    /// `errno` for the parent, which shares this memory (EIO should the C library not have
+    /// set one), and exit 127.
+    ///
+    /// # Safety
+    /// To be called only in a child made by [`spawn`], right after the failed system call.
+    pub unsafe fn fail(&mut self) -> ! {
+        // SAFETY: reading this thread's errno and exiting: system calls only.
+        unsafe {
+            self.errno = *libc::__errno_location();
+            if self.errno == 0 {
+                self.errno = libc::EIO;
+            }
+            libc::_exit(127)
+        }
     }
 }
 
@@ -136,34 +162,22 @@ pub unsafe fn fail(errno: &mut libc::c_int) -> ! {
 mod tests {
     use super::*;
 
-    struct Plan {
-        path: *const libc::c_char,
-        argv: [*const libc::c_char; 2],
-        errno: libc::c_int,
-    }
-
     extern "C" fn child(arg: *mut libc::c_void) -> ! {
-        // SAFETY: `arg` is the test's Plan, alive until spawn returns.
-        let plan = unsafe { &mut *arg.cast::<Plan>() };
-        // SAFETY: system calls only, on the plan's valid, NUL-terminated values.
-        unsafe {
-            let env: [*const libc::c_char; 1] = [std::ptr::null()];
-            exec(plan.path, plan.argv.as_ptr(), env.as_ptr(), &mut plan.errno)
-        }
+        // SAFETY: `arg` is the test's Program, alive until spawn returns.
+        let program = unsafe { &mut *arg.cast::<Program>() };
+        // SAFETY: in a child made by spawn.
+        unsafe { program.exec() }
     }
 
-    fn run(path: &std::ffi::CStr) -> (libc::c_int, libc::c_int) {
-        let mut plan = Plan {
-            path: path.as_ptr(),
-            argv: [path.as_ptr(), std::ptr::null()],
-            errno: 0,
-        };
-        // SAFETY: `child` only makes system calls with the plan, which outlives the call.
-        let pid = unsafe { spawn(child, (&mut plan as *mut Plan).cast()) }.expect("clone");
+    fn run(path: &CStr) -> (libc::c_int, libc::c_int) {
+        let argv = [path.to_owned()];
+        let mut program = Program::new(path, &argv, &[]);
+        // SAFETY: `child` only makes system calls with the program, which outlives the call.
+        let pid = unsafe { spawn(child, (&mut program as *mut Program).cast()) }.expect("clone");
         let mut status = 0;
         // SAFETY: waiting for our own child.
         assert_eq!(unsafe { libc::waitpid(pid, &mut status, 0) }, pid);
-        (status, plan.errno)
+        (status, program.errno)
     }
 
     #[test]

@@ -612,9 +612,7 @@ pub struct Spawn<'a> {
 /// parent's memory (`CLONE_VM`) and may not allocate, lock or unwind, only make system
 /// calls.
 struct SpawnChild<'a> {
-    path: *const libc::c_char,
-    argv: *const *mut libc::c_char,
-    envp: *const *mut libc::c_char,
+    program: proto::vfork::Program<'a>,
     moves: &'a [(RawFd, RawFd)],
     close_from: RawFd,
     /// The signals this process ignores or handles, to be reset to their defaults: an
@@ -622,8 +620,6 @@ struct SpawnChild<'a> {
     /// not run in the child, which shares its memory (it gets a copy of the handler table,
     /// so resetting it here leaves the parent's alone).
     reset: &'a [libc::c_int],
-    /// Set by the child when it fails before or at exec.
-    errno: libc::c_int,
 }
 
 // Other architectures order or size the kernel's struct sigaction differently.
@@ -680,14 +676,9 @@ extern "C" fn spawn_child(arg: *mut libc::c_void) -> ! {
                     std::mem::size_of::<u64>(),
                 );
             }
-            proto::vfork::exec(
-                plan.path,
-                plan.argv.cast(),
-                plan.envp.cast(),
-                &mut plan.errno,
-            )
+            plan.program.exec()
         }
-        proto::vfork::fail(&mut plan.errno)
+        plan.program.fail()
     }
 }
 
@@ -730,31 +721,24 @@ fn signals_to_reset() -> Vec<libc::c_int> {
 /// has failed), but it resets only the signals this process ignores or handles where
 /// `posix_spawn` makes a call per signal, and it starts on this CPU.
 pub fn spawn(s: &Spawn<'_>) -> io::Result<libc::pid_t> {
-    let mut argv: Vec<*mut libc::c_char> = s.argv.iter().map(|a| a.as_ptr().cast_mut()).collect();
-    argv.push(std::ptr::null_mut());
-    let mut envp: Vec<*mut libc::c_char> = s.env.iter().map(|a| a.as_ptr().cast_mut()).collect();
-    envp.push(std::ptr::null_mut());
     let reset = signals_to_reset();
     let mut plan = SpawnChild {
-        path: s.path.as_ptr(),
-        argv: argv.as_ptr(),
-        envp: envp.as_ptr(),
+        program: proto::vfork::Program::new(s.path, s.argv, s.env),
         moves: s.moves,
         close_from: s.close_from,
         reset: &reset,
-        errno: 0,
     };
     // SAFETY: spawn_child only makes system calls with what `plan` points to, all of it
     // alive until this returns.
     let pid = unsafe { proto::vfork::spawn(spawn_child, (&mut plan as *mut SpawnChild).cast()) }?;
-    if plan.errno != 0 {
+    if plan.program.errno != 0 {
         // The child has exited (127) without exec: reap it.
         let mut status = 0;
         // SAFETY: waiting for our own child, which has exited.
         while unsafe { libc::waitpid(pid, &mut status, 0) } < 0
             && io::Error::last_os_error().kind() == io::ErrorKind::Interrupted
         {}
-        return Err(io::Error::from_raw_os_error(plan.errno));
+        return Err(io::Error::from_raw_os_error(plan.program.errno));
     }
     Ok(pid)
 }

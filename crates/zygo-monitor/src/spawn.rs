@@ -86,15 +86,11 @@ fn cstring(s: &OsStr) -> io::Result<CString> {
 
 /// What the child of [`spawn_launcher`] needs, made ready by the parent: the child runs on
 /// the parent's memory and may not allocate, lock or unwind, only make system calls.
-struct ChildPlan {
-    path: *const libc::c_char,
-    argv: *const *mut libc::c_char,
-    envp: *const *mut libc::c_char,
+struct ChildPlan<'a> {
+    program: proto::vfork::Program<'a>,
     /// Descriptor for fd 0; `None` opens `/dev/null`.
     stdin: Option<RawFd>,
     moves: [(RawFd, RawFd); 3],
-    /// Set by the child when it fails before or at exec.
-    errno: libc::c_int,
 }
 
 /// The child: descriptors in place, SIGPIPE back to its default (this process ignores it,
@@ -123,14 +119,9 @@ extern "C" fn child_main(arg: *mut libc::c_void) -> ! {
                 .all(|&(from, to)| libc::dup2(from, to) == to)
         {
             libc::signal(libc::SIGPIPE, libc::SIG_DFL);
-            proto::vfork::exec(
-                plan.path,
-                plan.argv.cast(),
-                plan.envp.cast(),
-                &mut plan.errno,
-            )
+            plan.program.exec()
         }
-        proto::vfork::fail(&mut plan.errno)
+        plan.program.fail()
     }
 }
 
@@ -153,10 +144,6 @@ pub fn spawn_launcher(exe: &Path, fds: LauncherFds<'_>) -> io::Result<Launcher> 
             env_c.push(cstring(&kv)?);
         }
     }
-    let mut argv: Vec<*mut libc::c_char> = argv_c.iter().map(|a| a.as_ptr().cast_mut()).collect();
-    argv.push(std::ptr::null_mut());
-    let mut envp: Vec<*mut libc::c_char> = env_c.iter().map(|a| a.as_ptr().cast_mut()).collect();
-    envp.push(std::ptr::null_mut());
 
     let moves: [(RawFd, RawFd); 3] = [
         (fds.stdout.as_raw_fd(), 1),
@@ -171,21 +158,18 @@ pub fn spawn_launcher(exe: &Path, fds: LauncherFds<'_>) -> io::Result<Launcher> 
         ));
     }
     let mut plan = ChildPlan {
-        path: path.as_ptr(),
-        argv: argv.as_ptr(),
-        envp: envp.as_ptr(),
+        program: proto::vfork::Program::new(&path, &argv_c, &env_c),
         stdin: fds.stdin.map(|f| f.as_raw_fd()),
         moves,
-        errno: 0,
     };
     // SAFETY: child_main only makes system calls with what `plan` points to, all of it
     // alive until this returns.
     let pid = unsafe { proto::vfork::spawn(child_main, (&mut plan as *mut ChildPlan).cast()) }?;
     let mut launcher = Launcher { pid, status: None };
-    if plan.errno != 0 {
+    if plan.program.errno != 0 {
         // The child has exited (127) without exec: reap it.
         let _ = launcher.wait();
-        return Err(io::Error::from_raw_os_error(plan.errno));
+        return Err(io::Error::from_raw_os_error(plan.program.errno));
     }
     Ok(launcher)
 }
