@@ -218,6 +218,23 @@ both_tests! {
         );
     }
 
+    /// The host image's /etc has what glibc reads for locale names (`locale.alias`; Debian's
+    /// `/usr/share/locale/locale.alias` is a link to it), the same as the host's.
+    fn host_image_has_locale_aliases(who) {
+        let Ok(host) = std::fs::read_to_string("/etc/locale.alias") else {
+            eprintln!("skipping: the host has no /etc/locale.alias");
+            return;
+        };
+        let mut c = zygo(who);
+        c.args(["run", "--json", "--", "cat", "/etc/locale.alias"]);
+        let f = finish(c);
+        let text = String::from_utf8_lossy(&f.stdout);
+        let v: Value = serde_json::from_str(text.trim())
+            .unwrap_or_else(|e| panic!("[{}] not JSON ({e}): {text}\n{}", who.name(), f.stderr_text()));
+        assert_eq!(v["exit_code"], 0, "[{}] {v}", who.name());
+        assert_eq!(s(&v, "stdout"), host, "[{}] {v}", who.name());
+    }
+
     /// /tmp and /work are each capped at --scratch: writing past 16M fails with ENOSPC.
     fn scratch_is_capped(who) {
         let r = probe(who, &["--scratch", "16M"], r#"

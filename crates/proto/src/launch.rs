@@ -97,7 +97,7 @@ pub struct PreparedEtc {
 }
 
 /// The part of the host's `/etc` in the host image: what a program needs to start and to
-/// find libraries, certificates and time zones. A world-readable regular file of at most
+/// find libraries, certificates, time zones and locale names. A world-readable regular file of at most
 /// [`ETC_COPY_MAX`] bytes is copied, a symlink recreated as it is, anything else bound
 /// read-only. What only administration tools read (`ld.so.conf`, `ca-certificates.conf`
 /// and their folders: ldconfig and update-ca-certificates cannot work on a read-only
@@ -107,6 +107,7 @@ pub const HOST_ETC: &[&str] = &[
     "ld.so.cache",
     "localtime",
     "timezone",
+    "locale.alias",
     "nsswitch.conf",
     "ssl",
     "mime.types",
