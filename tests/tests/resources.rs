@@ -218,6 +218,42 @@ both_tests! {
         );
     }
 
+    /// `zygo run` returns only once everything it started is gone and reaped: run under a
+    /// child subreaper (which inherits whatever a process leaves unreaped), it leaves that
+    /// subreaper no child at all, running or a zombie, even when the program left a
+    /// background job behind.
+    fn run_leaves_nothing_to_reap(who) {
+        let bin = match who {
+            Who::Root => zygo_bin(),
+            Who::Rootless => rootless_setup().bin.clone(),
+        };
+        let reaper = r#"
+import ctypes, os, subprocess, sys
+if ctypes.CDLL(None, use_errno=True).prctl(36, 1, 0, 0, 0) != 0:  # PR_SET_CHILD_SUBREAPER
+    sys.exit("prctl failed: " + os.strerror(ctypes.get_errno()))
+code = subprocess.run(sys.argv[1:], stdout=subprocess.DEVNULL).returncode
+try:
+    pid, status = os.waitpid(-1, os.WNOHANG)
+except ChildProcessError:
+    sys.exit(code)
+print("left behind: pid %d (%s)" % (pid, "still running" if pid == 0 else "a zombie"))
+sys.exit(99)
+"#;
+        for program in [&["true"][..], &["sh", "-c", "sleep 30 & exit 0"][..]] {
+            let mut c = zygo_with(who, std::path::Path::new("/usr/bin/python3"));
+            c.arg("-c").arg(reaper).arg(&bin).args(["run", "--"]).args(program);
+            let f = finish(c);
+            assert_eq!(
+                f.code,
+                0,
+                "[{}] {program:?}: {}{}",
+                who.name(),
+                String::from_utf8_lossy(&f.stdout),
+                f.stderr_text()
+            );
+        }
+    }
+
     /// The host image's /etc has what glibc reads for locale names (`locale.alias`; Debian's
     /// `/usr/share/locale/locale.alias` is a link to it), the same as the host's.
     fn host_image_has_locale_aliases(who) {
