@@ -27,6 +27,10 @@ cgroup limits, Landlock, seccomp and /proc masks, which bwrap here does not.
 bare, bwrap and unshare run with the same small environment zygo gives its programs
 (PATH, HOME, LANG, TMPDIR), so python starts the same way everywhere.
 
+Next to each zygo/bwrap ratio of medians the script prints a 95% interval, from resampling
+each variant's runs 2000 times: a ratio whose interval spans 1.0 is level at this many
+runs, not ahead or behind.
+
 Exit status: 0 when every variant ran and exited 0 every time; 1 when some variant failed
 (non-zero exit or a 60 s hang); 2 when bwrap or the zygo binary is missing. Timings never
 affect the exit status.
@@ -178,6 +182,19 @@ def tool_version(argv):
         return "?"
 
 
+def ratio_interval(a, b, seed, rounds=2000):
+    """The 2.5th and 97.5th percentiles of median(a)/median(b) over `rounds` resamplings
+    (with replacement) of each list: how far the ratio could move with another draw of the
+    same runs. None if either list has fewer than 10 samples."""
+    if not a or not b or len(a) < 10 or len(b) < 10:
+        return None
+    rng = random.Random(seed)
+    ratios = sorted(
+        statistics.median(rng.choices(a, k=len(a))) / statistics.median(rng.choices(b, k=len(b)))
+        for _ in range(rounds))
+    return ratios[int(0.025 * rounds)], ratios[int(0.975 * rounds) - 1]
+
+
 def cgroup_kind():
     if os.path.exists("/sys/fs/cgroup/cgroup.controllers"):
         return "v2"
@@ -312,19 +329,23 @@ def main():
               f"{min(ms):>8.2f} {statistics.fmean(ms):>8.2f}{fail}")
 
     print()
-    print("comparison (medians):")
-    print(f"  {'command':<16} {'zygo/bwrap':>10} {'zygo-bare ms':>13} {'bwrap-bare ms':>14} "
-          f"{'zygo-bwrap ms':>14}")
+    print("comparison (medians; 95% interval of zygo/bwrap from resampling the runs):")
+    print(f"  {'command':<16} {'zygo/bwrap':>10} {'95% interval':>13} {'zygo-bare ms':>13} "
+          f"{'bwrap-bare ms':>14} {'zygo-bwrap ms':>14}")
+    samples = {(v.group, v.kind): v.samples for v in variants if v.samples}
     for group, label in (("true", "/bin/true"), ("python", "python3 -c pass")):
         b = med.get((group, "bare"))
         z = med.get((group, "zygo"))
         w = med.get((group, "bwrap"))
 
         ratio = f"{z / w:.2f}x" if z is not None and w else "-"
+        lo_hi = ratio_interval(samples.get((group, "zygo")), samples.get((group, "bwrap")),
+                               args.seed)
+        ci = f"{lo_hi[0]:.3f}-{lo_hi[1]:.3f}" if lo_hi else "-"
         zb = f"{z - b:+.2f}" if z is not None and b is not None else "-"
         wb = f"{w - b:+.2f}" if w is not None and b is not None else "-"
         zw = f"{z - w:+.2f}" if z is not None and w is not None else "-"
-        print(f"  {label:<16} {ratio:>10} {zb:>13} {wb:>14} {zw:>14}")
+        print(f"  {label:<16} {ratio:>10} {ci:>13} {zb:>13} {wb:>14} {zw:>14}")
     u = med.get(("true", "unshare"))
     if u is not None and ("true", "zygo") in med:
         print(f"  reference: unshare -Urnmpf /bin/true median {u:.2f} ms; "
