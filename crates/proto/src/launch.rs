@@ -97,11 +97,11 @@ pub struct PreparedEtc {
 }
 
 /// The part of the host's `/etc` in the host image: what a program needs to start and to
-/// find libraries, certificates, time zones and locale names. A world-readable regular file of at most
-/// [`ETC_COPY_MAX`] bytes is copied, a symlink recreated as it is, anything else bound
-/// read-only. What only administration tools read (`ld.so.conf`, `ca-certificates.conf`
-/// and their folders: ldconfig and update-ca-certificates cannot work on a read-only
-/// `/etc` anyway) is left out.
+/// find libraries, certificates, time zones and locale names. A world-readable regular
+/// file of at most [`ETC_COPY_MAX`] bytes is copied, a symlink recreated as it is, anything
+/// else bound read-only. What only administration tools read (`ld.so.conf`,
+/// `ca-certificates.conf` and their folders: ldconfig and update-ca-certificates cannot
+/// work on a read-only `/etc` anyway) is left out.
 pub const HOST_ETC: &[&str] = &[
     "alternatives",
     "ld.so.cache",
