@@ -812,9 +812,10 @@ fn build(plan: &LaunchPlan, reg: Option<RawFd>) -> Result<(), SetupError> {
     )?;
     // The network namespace (with its loopback up) is made on a helper thread while this
     // one builds the root: it is the slowest single step of a sandbox (the kernel registers
-    // a namespace's sysctl tables and loopback device). This thread joins it below, before
-    // anything of the program runs; until then init is only building.
-    let net = step(sys::spawn_net_namespace(), || {
+    // a namespace's sysctl tables and loopback device). This thread takes the namespace
+    // below and waits for the thread's end before anything of the program runs; until
+    // then init is only building.
+    let mut net = step(sys::spawn_net_namespace(), || {
         "start the network namespace's thread".into()
     })?;
     let host = plan.hostname.as_bytes();
@@ -822,7 +823,7 @@ fn build(plan: &LaunchPlan, reg: Option<RawFd>) -> Result<(), SetupError> {
     let r = unsafe { libc::sethostname(host.as_ptr().cast(), host.len()) };
     step(check(r), || "set the host name".into())?;
     rootfs::build(plan)?;
-    let ns = step(net.join(), || "create the network namespace".into())?;
+    let ns = step(net.take(), || "create the network namespace".into())?;
     rootfs::detach_host(plan)?;
     if plan.scripts {
         if let Some(reg) = reg {
@@ -832,7 +833,7 @@ fn build(plan: &LaunchPlan, reg: Option<RawFd>) -> Result<(), SetupError> {
     step(sys::enter_net_namespace(&ns), || {
         "enter the network namespace".into()
     })?;
-    Ok(())
+    step(net.join(), || "end the network namespace's thread".into())
 }
 
 /// The last steps before the program, once the monitor has confirmed the cgroup

@@ -6,6 +6,7 @@ use std::fmt;
 use std::io;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::path::Path;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 /// One failed setup step: what was being done, and what the kernel said.
 #[derive(Debug)]
@@ -297,19 +298,39 @@ pub fn new_net_namespace() -> io::Result<OwnedFd> {
 }
 
 /// A thread making a network namespace ([`new_net_namespace`]), started by
-/// [`spawn_net_namespace`]; [`NetThread::join`] waits for it and returns the namespace.
+/// [`spawn_net_namespace`]. [`NetThread::take`] waits for the namespace, [`NetThread::join`]
+/// for the thread's end.
 pub struct NetThread {
     thread: libc::pthread_t,
-    slot: *mut Option<io::Result<OwnedFd>>,
+    /// Shared with the thread until `join` frees it.
+    slot: *mut NetSlot,
+    /// The thread was placed on another CPU than its creator's.
+    elsewhere: bool,
+    /// pthread_join has returned.
+    joined: bool,
 }
 
+/// What the thread hands back: `result`, then `done` set (release), after which the thread
+/// touches neither again.
+struct NetSlot {
+    done: AtomicBool,
+    result: Option<io::Result<OwnedFd>>,
+}
+
+/// The longest [`NetThread::take`] watches for the namespace before it sleeps instead.
+const NET_SPIN: std::time::Duration = std::time::Duration::from_millis(1);
+
 extern "C" fn net_thread_main(arg: *mut libc::c_void) -> *mut libc::c_void {
-    let slot = arg.cast::<Option<io::Result<OwnedFd>>>();
+    let slot = arg.cast::<NetSlot>();
     let r = std::panic::catch_unwind(new_net_namespace)
         .unwrap_or_else(|_| Err(io::Error::other("its thread panicked")));
-    // SAFETY: `slot` is the Box that spawn_net_namespace leaked for this thread, which
-    // nothing else touches until pthread_join has returned.
-    unsafe { *slot = Some(r) };
+    // SAFETY: `slot` is the Box that spawn_net_namespace leaked for this thread. Its creator
+    // reads `result` only after seeing `done` (acquire) or after pthread_join, and frees
+    // the slot only after pthread_join.
+    unsafe {
+        (*slot).result = Some(r);
+        (*slot).done.store(true, Ordering::Release);
+    }
     std::ptr::null_mut()
 }
 
@@ -342,6 +363,7 @@ pub fn spawn_net_namespace() -> io::Result<NetThread> {
             unsafe { libc::sched_getaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &mut set) };
         // SAFETY: plain query of the calling thread's CPU.
         let here = unsafe { libc::sched_getcpu() };
+        let mut elsewhere = false;
         if got == 0 && here >= 0 && (here as usize) < libc::CPU_SETSIZE as usize {
             // SAFETY: `here` is within the set's bounds (checked above).
             unsafe { libc::CPU_CLR(here as usize, &mut set) };
@@ -358,9 +380,13 @@ pub fn spawn_net_namespace() -> io::Result<NetThread> {
                 if r != 0 {
                     return Err(io::Error::from_raw_os_error(r));
                 }
+                elsewhere = true;
             }
         }
-        let slot = Box::into_raw(Box::new(None::<io::Result<OwnedFd>>));
+        let slot = Box::into_raw(Box::new(NetSlot {
+            done: AtomicBool::new(false),
+            result: None,
+        }));
         // SAFETY: pthread_t is plain data that pthread_create fills in.
         let mut thread: libc::pthread_t = unsafe { std::mem::zeroed() };
         // SAFETY: the thread gets `slot`, which stays alive until join() reclaims it; the
@@ -371,7 +397,12 @@ pub fn spawn_net_namespace() -> io::Result<NetThread> {
             drop(unsafe { Box::from_raw(slot) });
             return Err(io::Error::from_raw_os_error(r));
         }
-        Ok(NetThread { thread, slot })
+        Ok(NetThread {
+            thread,
+            slot,
+            elsewhere,
+            joined: false,
+        })
     })();
     // SAFETY: attr was initialised above and is not used again.
     unsafe { libc::pthread_attr_destroy(&mut attr) };
@@ -379,18 +410,59 @@ pub fn spawn_net_namespace() -> io::Result<NetThread> {
 }
 
 impl NetThread {
-    /// Wait for the thread and return the namespace it made.
-    pub fn join(self) -> io::Result<OwnedFd> {
-        // SAFETY: the thread was created joinable and is joined exactly once (self is
-        // consumed).
+    /// Wait for the namespace the thread made. When the thread runs on another CPU this
+    /// watches for its answer (for up to [`NET_SPIN`]) rather than sleeping: the namespace is
+    /// usually a few dozen microseconds from done when the root is built, and a sleeping
+    /// init was woken only once the thread had fully exited, often then to wait behind
+    /// the launcher or the monitor on its CPU (~0.1 ms in all). Otherwise, or after that,
+    /// it waits for the thread to end.
+    pub fn take(&mut self) -> io::Result<OwnedFd> {
+        let slot = self.slot;
+        let taken = || {
+            // SAFETY: `done` was seen set (acquire) or the thread was joined: the thread
+            // wrote `result` before and does not touch the slot again.
+            unsafe { (*slot).result.take() }
+                .unwrap_or_else(|| Err(io::Error::other("its thread ended without an answer")))
+        };
+        if self.elsewhere {
+            let t0 = std::time::Instant::now();
+            let mut spins: u32 = 0;
+            loop {
+                // SAFETY: the slot lives until `join`.
+                if unsafe { (*slot).done.load(Ordering::Acquire) } {
+                    return taken();
+                }
+                std::hint::spin_loop();
+                spins = spins.wrapping_add(1);
+                if spins.is_multiple_of(64) && t0.elapsed() >= NET_SPIN {
+                    break;
+                }
+            }
+        }
+        self.wait_end()?;
+        taken()
+    }
+
+    fn wait_end(&mut self) -> io::Result<()> {
+        if self.joined {
+            return Ok(());
+        }
+        // SAFETY: the thread was created joinable and is joined at most once (`joined`).
         let r = unsafe { libc::pthread_join(self.thread, std::ptr::null_mut()) };
         if r != 0 {
-            // The thread may still write to the slot: leave it leaked rather than free it.
             return Err(io::Error::from_raw_os_error(r));
         }
-        // SAFETY: the thread has ended, so the slot is only ours again.
-        let slot = unsafe { Box::from_raw(self.slot) };
-        slot.unwrap_or_else(|| Err(io::Error::other("its thread ended without an answer")))
+        self.joined = true;
+        Ok(())
+    }
+
+    /// Wait for the thread to end (at once, some time after `take`) and free what it
+    /// shared. On an error the slot is left leaked: the thread may still be using it.
+    pub fn join(mut self) -> io::Result<()> {
+        self.wait_end()?;
+        // SAFETY: the thread has ended, so the slot is only ours again; `self` is consumed.
+        drop(unsafe { Box::from_raw(self.slot) });
+        Ok(())
     }
 }
 
