@@ -233,11 +233,17 @@ pub fn run(
         init_main(plan, ctl_init, rep_w, inner_fds);
     }
     let pid = pid as libc::pid_t;
+    let init = Init {
+        pid,
+        reaped: std::cell::Cell::new(false),
+    };
+    // init waits for its cgroup before it does anything else: that comes first.
+    let handed = hand_over_cgroup(sock, &ctl, attach);
     // Hold the sandbox's mount namespace until this process ends. When init exits it then
     // only drops a reference, and the sandbox's mounts are taken down as this process
     // exits, after it has reported the end: the monitor reads the usage and removes the
-    // cgroups meanwhile, instead of after. init has only just been cloned, so it is still
-    // ours to open (it becomes undumpable later).
+    // cgroups meanwhile, instead of after. init is still ours to open (it becomes
+    // undumpable only once this process lets it finish).
     let _mounts = std::fs::File::open(format!("/proc/{pid}/ns/mnt"));
     drop(ctl_init);
     sys::close(rep_w);
@@ -248,11 +254,10 @@ pub fn run(
     if let Some(c) = &agent_fds {
         c.close_inner();
     }
-    let init = Init {
-        pid,
-        reaped: std::cell::Cell::new(false),
+    let outcome = match handed {
+        Ok(true) => supervise(sock, plan, &init, ctl, rep_r, agent_fds),
+        other => other.map(drop),
     };
-    let outcome = supervise(sock, plan, &init, ctl, rep_r, agent_fds, attach);
     // Whatever happened, nothing of the sandbox outlives this function.
     init.kill();
     init.reap();
@@ -399,22 +404,19 @@ fn wait_line(rep_r: RawFd, buf: &mut Vec<u8>) -> Result<Vec<u8>, String> {
     }
 }
 
-fn supervise(
+/// Steps 1 and 2 of the start: the sandbox's cgroup files, from the monitor now if they did
+/// not come before the plan, go to init, which joins them before it does anything else.
+/// `Ok(false)`: the start ends here (the monitor said to kill, or the failure is reported).
+fn hand_over_cgroup(
     sock: &mut UnixStream,
-    plan: &LaunchPlan,
-    init: &Init,
-    ctl: OwnedFd,
-    rep_r: RawFd,
-    mut agent_fds: Option<zygote::Channels>,
+    ctl: &OwnedFd,
     attach: Option<Vec<OwnedFd>>,
-) -> Result<(), LaunchError> {
-    // 1. The cgroup files, from the monitor now if they did not come before the plan.
-    // 2. init joins them before it does anything else.
+) -> Result<bool, LaunchError> {
     let attach = match attach {
         Some(fds) => fds,
         None => match read_launch_frame(sock.as_raw_fd())? {
             (ToLauncher::Cgroup { .. }, fds) => fds,
-            (ToLauncher::Kill, _) => return Ok(()),
+            (ToLauncher::Kill, _) => return Ok(false),
             _ => {
                 return Err(LaunchError::Unexpected(
                     "a message other than Cgroup or Kill",
@@ -425,13 +427,26 @@ fn supervise(
     let raw: Vec<RawFd> = attach.iter().map(AsRawFd::as_raw_fd).collect();
     let handed = proto::fds::send_with_fds(ctl.as_raw_fd(), b"C", &raw);
     drop(attach);
-    if let Err(e) = handed {
-        return failed(
+    match handed {
+        Ok(_) => Ok(true),
+        Err(e) => failed(
             sock,
             Phase::Start,
             format!("hand the sandbox its cgroup: {e}"),
-        );
+        )
+        .map(|()| false),
     }
+}
+
+/// The rest of the start (init has its cgroup files), then the run.
+fn supervise(
+    sock: &mut UnixStream,
+    plan: &LaunchPlan,
+    init: &Init,
+    ctl: OwnedFd,
+    rep_r: RawFd,
+    mut agent_fds: Option<zygote::Channels>,
+) -> Result<(), LaunchError> {
     // 3. The id maps; init builds the sandbox once they are there.
     if let Err(e) = write_id_maps(init.pid, &plan.ids) {
         return failed(
