@@ -228,17 +228,40 @@ impl Started {
     /// completion, read what the kernel counted, and remove the cgroup. `meanwhile` runs
     /// once, while the program runs (or once the sandbox has ended, if it never started):
     /// the monitor has nothing else to do then, and the machine is least busy.
+    ///
+    /// The sandbox's init, waiting for its cgroup, gets it before the limits are written:
+    /// it joins and builds meanwhile, and nothing of the program runs before the placement
+    /// check that follows them (see `drive`).
     pub fn finish(self, backend: &Backend, meanwhile: impl FnOnce()) -> Outcome {
         let cg = match backend.create(&unique_name()) {
             Ok(cg) => cg,
             Err(e) => return self.abandon(Outcome::refused(Phase::Plan, e.to_string())),
         };
-        if let Err(e) = cg.set_limits(&self.limits) {
+        // init joins the cgroup itself by writing "0" to these, before it does anything
+        // else: cheaper than moving it from outside (no wait on the kernel's global cgroup
+        // lock), and the monitor checks the result before letting the sandbox go on.
+        let sent = cg
+            .attach_files()
+            .map_err(|e| format!("open the sandbox's cgroup: {e}"))
+            .and_then(|files| {
+                send_cgroup_files(&self.sock, &files)
+                    .map_err(|e| format!("send the sandbox's cgroup to the launcher: {e}"))
+            });
+        if let Err(e) = sent {
             let _ = cg.remove();
-            return self.abandon(Outcome::refused(
+            return self.abandon(Outcome::refused(Phase::Start, e));
+        }
+        if let Err(e) = cg.set_limits(&self.limits) {
+            // init may have joined already: it dies with the launcher, then the cgroup goes.
+            let out = self.abandon(Outcome::refused(
                 Phase::Plan,
                 format!("write the sandbox's limits: {e}"),
             ));
+            let _ = cg.kill_all();
+            if let Err(e) = cg.remove() {
+                log::error!("remove the sandbox's cgroup: {e}");
+            }
+            return out;
         }
         log::debug!(
             "cgroup {} ready after {:?}",
@@ -389,23 +412,6 @@ fn drive(cg: &dyn Cgroup, st: Started, meanwhile: impl FnOnce()) -> (Outcome, La
         phase: Some(Phase::Start),
         ..Outcome::default()
     };
-    // The sandbox's init joins its cgroups itself by writing "0" to these, before it does
-    // anything else: cheaper than moving it from outside (no wait on the kernel's global
-    // cgroup lock), and the monitor checks the result before letting the sandbox go on.
-    let sent = cg
-        .attach_files()
-        .map_err(|e| format!("open the sandbox's cgroup: {e}"))
-        .and_then(|files| {
-            send_cgroup_files(&sock, &files)
-                .map_err(|e| format!("send the sandbox's cgroup to the launcher: {e}"))
-        });
-    if let Err(e) = sent {
-        out.error = Some(e);
-        let _ = child.kill();
-        let _ = child.wait();
-        meanwhile();
-        return (out, child);
-    }
     let mut meanwhile = Some(meanwhile);
     let _ = sock.set_nonblocking(true);
     let mut frames = FrameBuf::new(MAX_LAUNCH_FRAME);
