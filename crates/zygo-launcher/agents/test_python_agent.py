@@ -166,9 +166,14 @@ class Agent:
             self.proc.kill()
         self.proc.wait()
         self.stderr.close()
+        # A request's process may still be removing its own folder (it outlives a killed
+        # agent for a moment): one that is gone needs nothing.
         for top, dirs, _ in os.walk(self.tmp):
             for d in dirs:
-                os.chmod(os.path.join(top, d), 0o700)
+                try:
+                    os.chmod(os.path.join(top, d), 0o700)
+                except FileNotFoundError:
+                    pass
         shutil.rmtree(self.tmp, ignore_errors=True)
 
     def send(self, data):

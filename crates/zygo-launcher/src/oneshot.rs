@@ -458,11 +458,8 @@ fn supervise(
     if let Err(e) = proto::fds::send_with_fds(ctl.as_raw_fd(), b"M", &[]) {
         return failed(sock, Phase::Start, format!("start the sandbox: {e}"));
     }
-    // 4. The seccomp filter, compiled here while init builds; it goes to init with `go`.
-    let filter = match seccomp::sandbox_filter() {
-        Ok(f) => seccomp::encode(&f),
-        Err(e) => return failed(sock, Phase::Start, format!("build the seccomp filter: {e}")),
-    };
+    // 4. The seccomp filter (built when `zygo` was compiled) goes to init with `go`.
+    let filter = seccomp::encode(seccomp::sandbox_filter());
     // 5. init says `P` once it is in its cgroups; the monitor checks that (and moves it
     // itself if not) before the program may start.
     let mut buf: Vec<u8> = Vec::new();

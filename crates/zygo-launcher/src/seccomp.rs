@@ -56,7 +56,6 @@
 //! the verdict of every syscall allowed whatever its arguments, so only the five filtered ones
 //! and refused calls evaluate the program.
 
-use std::collections::BTreeMap;
 use std::fmt;
 
 use seccompiler::{sock_filter, BpfProgram};
@@ -517,14 +516,9 @@ pub fn enosys_list() -> &'static [Enosys] {
     ENOSYS_LIST
 }
 
-/// Why the filter could not be built or installed.
+/// Why the filter could not be installed.
 #[derive(Debug)]
 pub enum SeccompError {
-    /// The tables name a syscall twice.
-    Duplicate(&'static str),
-    /// Too large for classic BPF: a program over `BPF_MAXINSNS` instructions, or a [`When`]
-    /// with more values than an 8-bit jump can skip.
-    TooLarge(usize),
     /// The kernel refused the filter.
     Install(seccompiler::Error),
 }
@@ -532,8 +526,6 @@ pub enum SeccompError {
 impl fmt::Display for SeccompError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            Self::Duplicate(name) => write!(f, "seccomp table lists {name} twice"),
-            Self::TooLarge(n) => write!(f, "seccomp filter too large: {n} instructions"),
             Self::Install(e) => write!(f, "install the seccomp filter: {e}"),
         }
     }
@@ -543,7 +535,6 @@ impl std::error::Error for SeccompError {
     fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
         match self {
             Self::Install(e) => Some(e),
-            Self::Duplicate(_) | Self::TooLarge(_) => None,
         }
     }
 }
@@ -586,11 +577,11 @@ const RET_ALLOW: u32 = libc::SECCOMP_RET_ALLOW;
 const RET_EPERM: u32 = libc::SECCOMP_RET_ERRNO | libc::EPERM as u32;
 const RET_ENOSYS: u32 = libc::SECCOMP_RET_ERRNO | libc::ENOSYS as u32;
 
-fn ins(code: u16, jt: u8, jf: u8, k: u32) -> sock_filter {
+const fn ins(code: u16, jt: u8, jf: u8, k: u32) -> sock_filter {
     sock_filter { code, jt, jf, k }
 }
 
-fn ret(k: u32) -> sock_filter {
+const fn ret(k: u32) -> sock_filter {
     ins(RET, 0, 0, k)
 }
 
@@ -603,38 +594,194 @@ enum Answer {
     Check(When),
 }
 
+/// `a == b`, for constant evaluation (where `PartialEq` cannot be called).
+const fn same(a: Answer, b: Answer) -> bool {
+    const fn same_values(a: &[u32], b: &[u32]) -> bool {
+        if a.len() != b.len() {
+            return false;
+        }
+        let mut i = 0;
+        while i < a.len() {
+            if a[i] != b[i] {
+                return false;
+            }
+            i += 1;
+        }
+        true
+    }
+    match (a, b) {
+        (Answer::Ret(x), Answer::Ret(y)) => x == y,
+        (Answer::Check(When::Always), Answer::Check(When::Always)) => true,
+        (
+            Answer::Check(When::MaskClear { arg: a1, mask: m1 }),
+            Answer::Check(When::MaskClear { arg: a2, mask: m2 }),
+        ) => a1 == a2 && m1 == m2,
+        (
+            Answer::Check(When::OneOf {
+                arg: a1,
+                values: v1,
+            }),
+            Answer::Check(When::OneOf {
+                arg: a2,
+                values: v2,
+            }),
+        )
+        | (
+            Answer::Check(When::NoneOf {
+                arg: a1,
+                values: v1,
+            }),
+            Answer::Check(When::NoneOf {
+                arg: a2,
+                values: v2,
+            }),
+        ) => a1 == a2 && same_values(v1, v2),
+        _ => false,
+    }
+}
+
+/// The answer the tables give syscall `nr`: allowed (perhaps for some arguments only),
+/// `ENOSYS`, or `EPERM` when neither table names it.
+const fn answer_for(nr: i64) -> Answer {
+    let mut i = 0;
+    while i < ALLOWLIST.len() {
+        if ALLOWLIST[i].nr == nr {
+            return match ALLOWLIST[i].when {
+                When::Always => Answer::Ret(RET_ALLOW),
+                when => Answer::Check(when),
+            };
+        }
+        i += 1;
+    }
+    let mut i = 0;
+    while i < ENOSYS_LIST.len() {
+        if ENOSYS_LIST[i].nr == nr {
+            return Answer::Ret(RET_ENOSYS);
+        }
+        i += 1;
+    }
+    Answer::Ret(RET_EPERM)
+}
+
+/// Every syscall number the two tables name, in one list, for the duplicate check.
+const fn table_number(i: usize) -> i64 {
+    if i < ALLOWLIST.len() {
+        ALLOWLIST[i].nr
+    } else {
+        ENOSYS_LIST[i - ALLOWLIST.len()].nr
+    }
+}
+
+/// Fails the build if the tables name a syscall twice (across both tables too).
+const fn check_no_duplicates() {
+    let n = ALLOWLIST.len() + ENOSYS_LIST.len();
+    let mut i = 0;
+    while i < n {
+        let mut j = i + 1;
+        while j < n {
+            assert!(
+                table_number(i) != table_number(j),
+                "the seccomp tables name a syscall twice"
+            );
+            j += 1;
+        }
+        i += 1;
+    }
+}
+
+/// At most one run per syscall number, and the last one above [`NEWEST_REVIEWED`].
+const MAX_RUNS: usize = NEWEST_REVIEWED as usize + 2;
+
 /// The whole policy as runs of syscall numbers with the same answer: `(first number,
 /// answer)`, ascending from 0, each run ending where the next begins and the last (`ENOSYS`
 /// above [`NEWEST_REVIEWED`]) at `u32::MAX`. About 85 runs on x86_64: neighbouring syscalls
 /// tend to share an answer.
-fn runs() -> Result<Vec<(u32, Answer)>, SeccompError> {
-    let mut table = BTreeMap::new();
-    for e in ALLOWLIST {
-        let answer = match e.when {
-            When::Always => Answer::Ret(RET_ALLOW),
-            when => Answer::Check(when),
+struct Runs {
+    runs: [(u32, Answer); MAX_RUNS],
+    len: usize,
+}
+
+impl Runs {
+    const fn build() -> Runs {
+        check_no_duplicates();
+        let mut r = Runs {
+            runs: [(0, Answer::Ret(0)); MAX_RUNS],
+            len: 0,
         };
-        if table.insert(e.nr, answer).is_some() {
-            return Err(SeccompError::Duplicate(e.name()));
+        let mut nr: i64 = 0;
+        while nr <= NEWEST_REVIEWED + 1 {
+            let answer = if nr > NEWEST_REVIEWED {
+                Answer::Ret(RET_ENOSYS)
+            } else {
+                answer_for(nr)
+            };
+            if r.len == 0 || !same(r.runs[r.len - 1].1, answer) {
+                r.runs[r.len] = (nr as u32, answer);
+                r.len += 1;
+            }
+            nr += 1;
+        }
+        r
+    }
+
+    const fn as_slice(&self) -> &[(u32, Answer)] {
+        self.runs.split_at(self.len).0
+    }
+}
+
+/// An instruction with every field zero, to fill arrays with.
+const NO_INS: sock_filter = ins(0, 0, 0, 0);
+
+/// A program being built, up to the kernel's limit of [`libc::BPF_MAXINSNS`] instructions.
+struct Code {
+    ins: [sock_filter; libc::BPF_MAXINSNS as usize],
+    len: usize,
+}
+
+impl Code {
+    const fn new() -> Code {
+        Code {
+            ins: [NO_INS; libc::BPF_MAXINSNS as usize],
+            len: 0,
         }
     }
-    for e in ENOSYS_LIST {
-        if table.insert(e.nr, Answer::Ret(RET_ENOSYS)).is_some() {
-            return Err(SeccompError::Duplicate(e.name()));
-        }
+
+    const fn push(&mut self, i: sock_filter) {
+        assert!(
+            self.len < self.ins.len(),
+            "the seccomp filter is larger than BPF_MAXINSNS"
+        );
+        self.ins[self.len] = i;
+        self.len += 1;
     }
-    let mut runs: Vec<(u32, Answer)> = Vec::new();
-    for nr in 0..=NEWEST_REVIEWED + 1 {
-        let answer = match table.get(&nr) {
-            _ if nr > NEWEST_REVIEWED => Answer::Ret(RET_ENOSYS),
-            Some(&answer) => answer,
-            None => Answer::Ret(RET_EPERM),
-        };
-        if runs.last().map(|&(_, a)| a) != Some(answer) {
-            runs.push((nr as u32, answer));
+
+    /// The first `N` instructions (`N` is the length).
+    const fn first<const N: usize>(&self) -> [sock_filter; N] {
+        let mut out = [NO_INS; N];
+        let mut i = 0;
+        while i < N {
+            let x = &self.ins[i];
+            out[i] = ins(x.code, x.jt, x.jf, x.k);
+            i += 1;
         }
+        out
     }
-    Ok(runs)
+
+    #[cfg(test)]
+    fn to_vec(&self) -> BpfProgram {
+        self.ins.split_at(self.len).0.to_vec()
+    }
+}
+
+/// How many instructions [`search`] emits for `runs`.
+const fn search_len(runs: &[(u32, Answer)]) -> usize {
+    if runs.len() == 1 {
+        return leaf_len(runs[0].1);
+    }
+    let (left, right) = runs.split_at(runs.len() / 2);
+    let left_len = search_len(left);
+    let jump = if left_len <= u8::MAX as usize { 1 } else { 2 };
+    jump + left_len + search_len(right)
 }
 
 /// A binary search over `runs`, entered with the syscall number in A. Each node splits the
@@ -642,39 +789,53 @@ fn runs() -> Result<Vec<(u32, Answer)>, SeccompError> {
 /// false falls into it. Should the left half be longer than a conditional jump's 8-bit offset
 /// can skip, true goes to a `ja` (32-bit offset) over it instead. Nothing else jumps far: a
 /// leaf is a `ret` or an argument check that ends in its own `ret`s.
-fn search(runs: &[(u32, Answer)]) -> Result<Vec<sock_filter>, SeccompError> {
-    let (left, right) = match runs {
-        [] => unreachable!("runs() covers every number"),
-        [(_, answer)] => return leaf(*answer),
-        _ => runs.split_at(runs.len() / 2),
-    };
-    let (left, split) = (search(left)?, right[0].0);
-    let mut prog = match u8::try_from(left.len()) {
-        Ok(skip) => vec![ins(JGE, skip, 0, split)],
-        Err(_) => {
-            let skip = u32::try_from(left.len()).map_err(|_| SeccompError::TooLarge(left.len()))?;
-            vec![ins(JGE, 0, 1, split), ins(JA, 0, 0, skip)]
+const fn search(runs: &[(u32, Answer)], code: &mut Code) {
+    assert!(!runs.is_empty(), "the runs cover every number");
+    if runs.len() == 1 {
+        leaf(runs[0].1, code);
+        return;
+    }
+    let (left, right) = runs.split_at(runs.len() / 2);
+    let (left_len, split) = (search_len(left), right[0].0);
+    if left_len <= u8::MAX as usize {
+        code.push(ins(JGE, left_len as u8, 0, split));
+    } else {
+        code.push(ins(JGE, 0, 1, split));
+        code.push(ins(JA, 0, 0, left_len as u32));
+    }
+    search(left, code);
+    search(right, code);
+}
+
+/// How many instructions [`leaf`] emits for `answer`.
+const fn leaf_len(answer: Answer) -> usize {
+    match answer {
+        Answer::Ret(_) | Answer::Check(When::Always) => 1,
+        Answer::Check(When::MaskClear { .. }) => 4,
+        Answer::Check(When::OneOf { values, .. }) | Answer::Check(When::NoneOf { values, .. }) => {
+            values.len() + 3
         }
-    };
-    prog.extend(left);
-    prog.extend(search(right)?);
-    Ok(prog)
+    }
 }
 
 /// The code for one run's answer.
-fn leaf(answer: Answer) -> Result<Vec<sock_filter>, SeccompError> {
-    Ok(match answer {
-        Answer::Ret(k) => vec![ret(k)],
-        Answer::Check(When::Always) => vec![ret(RET_ALLOW)], // runs() never makes this
-        Answer::Check(When::MaskClear { arg, mask }) => vec![
-            ins(LD_ABS, 0, 0, arg_low(arg)),
-            ins(JSET, 1, 0, mask), // any bit of `mask` set: EPERM
-            ret(RET_ALLOW),
-            ret(RET_EPERM),
-        ],
-        Answer::Check(When::OneOf { arg, values }) => any_of(arg, values, RET_ALLOW, RET_EPERM)?,
-        Answer::Check(When::NoneOf { arg, values }) => any_of(arg, values, RET_EPERM, RET_ALLOW)?,
-    })
+const fn leaf(answer: Answer, code: &mut Code) {
+    match answer {
+        Answer::Ret(k) => code.push(ret(k)),
+        Answer::Check(When::Always) => code.push(ret(RET_ALLOW)), // Runs never holds this
+        Answer::Check(When::MaskClear { arg, mask }) => {
+            code.push(ins(LD_ABS, 0, 0, arg_low(arg)));
+            code.push(ins(JSET, 1, 0, mask)); // any bit of `mask` set: EPERM
+            code.push(ret(RET_ALLOW));
+            code.push(ret(RET_EPERM));
+        }
+        Answer::Check(When::OneOf { arg, values }) => {
+            any_of(arg, values, RET_ALLOW, RET_EPERM, code)
+        }
+        Answer::Check(When::NoneOf { arg, values }) => {
+            any_of(arg, values, RET_EPERM, RET_ALLOW, code)
+        }
+    }
 }
 
 /// `hit` when argument `arg` is one of `values`, else `miss`:
@@ -687,26 +848,31 @@ fn leaf(answer: Answer) -> Result<Vec<sock_filter>, SeccompError> {
 ///   ret miss
 /// H: ret hit
 /// ```
-fn any_of(arg: u8, values: &[u32], hit: u32, miss: u32) -> Result<Vec<sock_filter>, SeccompError> {
+const fn any_of(arg: u8, values: &[u32], hit: u32, miss: u32, code: &mut Code) {
     let n = values.len();
-    let mut prog = vec![ins(LD_ABS, 0, 0, arg_low(arg))];
-    for (i, &value) in values.iter().enumerate() {
+    assert!(
+        n <= u8::MAX as usize,
+        "a seccomp argument check lists more values than a jump can skip"
+    );
+    code.push(ins(LD_ABS, 0, 0, arg_low(arg)));
+    let mut i = 0;
+    while i < n {
         // From the i-th test, H is past the n - 1 - i tests after it and `ret miss`.
-        let to_hit = u8::try_from(n - i).map_err(|_| SeccompError::TooLarge(n))?;
-        prog.push(ins(JEQ, to_hit, 0, value));
+        code.push(ins(JEQ, (n - i) as u8, 0, values[i]));
+        i += 1;
     }
-    prog.extend([ret(miss), ret(hit)]);
-    Ok(prog)
+    code.push(ret(miss));
+    code.push(ret(hit));
 }
 
-/// Build the BPF program for this architecture:
+/// The BPF program for this architecture, built while compiling:
 ///
 /// ```text
 ///   ld  [arch]
 ///   jeq AUDIT, +1            ; our architecture: go on
 ///   ret KILL_PROCESS
 ///   ld  [nr]
-///   <binary search over the runs of `runs()`>
+///   <binary search over the runs of `Runs::build`>
 /// ```
 ///
 /// Every syscall number runs these 4 and 6 or 7 comparisons (log2 of the number of runs)
@@ -715,18 +881,25 @@ fn any_of(arg: u8, values: &[u32], hit: u32, miss: u32) -> Result<Vec<sock_filte
 /// The kernel also walks the program once per syscall number at install, to find the calls
 /// it may allow without running it, so a shorter walk is also a cheaper install (0.61 ms to
 /// 0.06 ms on x86_64, see the `seccomp_timing` test).
-pub fn sandbox_filter() -> Result<BpfProgram, SeccompError> {
-    let mut prog = vec![
-        ins(LD_ABS, 0, 0, ARCH),
-        ins(JEQ, 1, 0, arch::AUDIT),
-        ret(libc::SECCOMP_RET_KILL_PROCESS),
-        ins(LD_ABS, 0, 0, NR),
-    ];
-    prog.extend(search(&runs()?)?);
-    if prog.len() > libc::BPF_MAXINSNS as usize {
-        return Err(SeccompError::TooLarge(prog.len()));
-    }
-    Ok(prog)
+///
+/// A table that names a syscall twice, an argument check with more than 255 values or a
+/// program over `BPF_MAXINSNS` instructions fails the build. Building it while compiling
+/// spares every launcher the work (~55 µs, most of it first touches of cold code and data).
+const BUILT: Code = {
+    let mut code = Code::new();
+    code.push(ins(LD_ABS, 0, 0, ARCH));
+    code.push(ins(JEQ, 1, 0, arch::AUDIT));
+    code.push(ret(libc::SECCOMP_RET_KILL_PROCESS));
+    code.push(ins(LD_ABS, 0, 0, NR));
+    search(Runs::build().as_slice(), &mut code);
+    code
+};
+
+static FILTER: [sock_filter; BUILT.len] = BUILT.first();
+
+/// The sandbox's seccomp filter (see [`BUILT`]).
+pub fn sandbox_filter() -> &'static [sock_filter] {
+    &FILTER
 }
 
 /// The size of one BPF instruction on the wire (`code`, `jt`, `jf`, `k`).
@@ -736,7 +909,7 @@ const INS_BYTES: usize = 8;
 pub const MAX_ENCODED: usize = libc::BPF_MAXINSNS as usize * INS_BYTES;
 
 /// `prog` as bytes, to hand it to another process of ours (the sandbox's init).
-pub fn encode(prog: &BpfProgram) -> Vec<u8> {
+pub fn encode(prog: &[sock_filter]) -> Vec<u8> {
     let mut out = Vec::with_capacity(prog.len() * INS_BYTES);
     for i in prog {
         out.extend_from_slice(&i.code.to_ne_bytes());
@@ -769,7 +942,7 @@ pub fn decode(bytes: &[u8]) -> Option<BpfProgram> {
 ///
 /// Call it last, with no_new_privs already set (`seccompiler` sets it again, which is
 /// harmless): the calling process keeps it, and every program it starts inherits it.
-pub fn install(prog: &BpfProgram) -> Result<(), SeccompError> {
+pub fn install(prog: &[sock_filter]) -> Result<(), SeccompError> {
     seccompiler::apply_filter(prog).map_err(SeccompError::Install)
 }
 
@@ -780,7 +953,7 @@ mod tests {
 
     #[test]
     fn encoded_filter_decodes_to_itself() {
-        let prog = sandbox_filter().expect("the filter builds");
+        let prog = sandbox_filter().to_vec();
         let back = decode(&encode(&prog)).expect("decodes");
         assert_eq!(back.len(), prog.len());
         for (a, b) in prog.iter().zip(back.iter()) {
@@ -875,9 +1048,9 @@ mod tests {
 
     #[test]
     fn seccomp_filter_compiles() {
-        let prog = sandbox_filter().expect("filter builds");
+        let prog = sandbox_filter().to_vec();
         // A node and a leaf per run of syscall numbers, besides the prefix.
-        assert!(prog.len() > 2 * runs().expect("tables are valid").len());
+        assert!(prog.len() > 2 * Runs::build().as_slice().to_vec().len());
         assert!(
             prog.len() <= libc::BPF_MAXINSNS as usize,
             "{} instructions",
@@ -935,6 +1108,7 @@ mod tests {
             SeccompAction, SeccompCmpArgLen, SeccompCmpOp, SeccompCondition, SeccompFilter,
             SeccompRule, TargetArch,
         };
+        use std::collections::BTreeMap;
 
         #[cfg(target_arch = "x86_64")]
         const TARGET: TargetArch = TargetArch::x86_64;
@@ -1122,7 +1296,7 @@ mod tests {
 
     #[test]
     fn seccomp_tree_matches_linear_scan_and_tables() {
-        let (tree, old) = (sandbox_filter().expect("filter builds"), linear::filter());
+        let (tree, old) = (sandbox_filter().to_vec(), linear::filter());
         let mut numbers: Vec<u32> = (0..=NEWEST_REVIEWED as u32 + 10).collect();
         // x32 getpid and read, the largest number, and -1 (what `syscall(-1)` passes).
         numbers.extend([0x4000_0027, 0x4000_0000, 0x7fff_ffff, u32::MAX]);
@@ -1160,8 +1334,8 @@ mod tests {
 
     #[test]
     fn seccomp_tree_is_shallow() {
-        let runs = runs().expect("tables are valid");
-        let prog = sandbox_filter().expect("filter builds");
+        let runs = Runs::build().as_slice().to_vec();
+        let prog = sandbox_filter().to_vec();
         // 4 for the prefix, one comparison per level, and the leaf's `ret`.
         let depth = runs.len().next_power_of_two().trailing_zeros() as usize;
         for nr in 0..=NEWEST_REVIEWED as u32 + 1 {
@@ -1180,8 +1354,10 @@ mod tests {
             .map(|i| (i, Answer::Ret(i)))
             .chain([(2000, Answer::Check(When::MaskClear { arg: 0, mask: 1 }))])
             .collect();
-        let mut prog = vec![ins(LD_ABS, 0, 0, NR)];
-        prog.extend(search(&runs).expect("builds"));
+        let mut code = Code::new();
+        code.push(ins(LD_ABS, 0, 0, NR));
+        search(&runs, &mut code);
+        let prog = code.to_vec();
         assert!(prog.iter().any(|i| i.code == JA));
         for nr in 0..2000 {
             assert_eq!(run(&prog, 0, nr, [0; 6]).ret, nr);
@@ -1254,7 +1430,7 @@ mod tests {
         type Builder = fn() -> BpfProgram;
         let builders: [(&str, Builder); 2] = [
             ("linear", linear::filter),
-            ("tree", || sandbox_filter().expect("filter builds")),
+            ("tree", || sandbox_filter().to_vec()),
         ];
         for (name, build) in builders {
             let t = std::time::Instant::now();
@@ -1563,7 +1739,7 @@ mod tests {
 
     #[test]
     fn seccomp_denies_and_allows_in_a_child() {
-        let prog = sandbox_filter().expect("filter builds");
+        let prog = sandbox_filter().to_vec();
         let (status, _) = in_filtered_child(&prog, || {
             for (i, (_, check)) in CHECKS.iter().enumerate() {
                 if !check() {
@@ -1585,7 +1761,7 @@ mod tests {
     /// Run `argv` under the filter with a minimal environment (stdout to /dev/null, stderr
     /// kept for diagnostics). Returns the wait status and the pid, which exec keeps.
     fn run_filtered(argv: &[&str], extra_env: &[&str]) -> (i32, libc::pid_t) {
-        let prog = sandbox_filter().expect("filter builds");
+        let prog = sandbox_filter().to_vec();
         let cargs: Vec<CString> = argv
             .iter()
             .map(|a| CString::new(*a).expect("no NUL"))
