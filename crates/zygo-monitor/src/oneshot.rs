@@ -269,7 +269,7 @@ impl Started {
             self.t0.elapsed()
         );
         let t0 = self.t0;
-        let (mut out, mut launcher) = drive(cg.as_ref(), self, meanwhile);
+        let (mut out, mut launcher, held) = drive(cg.as_ref(), self, meanwhile);
         match cg.usage() {
             Ok(u) => {
                 out.oom_killed = u.oom_kills > 0;
@@ -286,6 +286,7 @@ impl Started {
         // removed. Reaping it here leaves no orphan for the host's init to collect.
         let _ = launcher.wait();
         log::debug!("sandbox cleaned up after {:?}", t0.elapsed());
+        drop(held);
         out
     }
 
@@ -393,10 +394,54 @@ impl Stream {
     }
 }
 
+/// The sandbox's init (a pidfd, from its `Cloned` until it has `Started` the program) and
+/// the namespaces taken through it then.
+///
+/// Holding the network and IPC namespaces until the run is over means the kernel starts
+/// tearing them down (on its own worker threads; the network namespace's is the larger
+/// job) only then, rather than as soon as init exits, while the monitor and the launcher
+/// are still reading the usage, removing the cgroup and taking the mounts down on the same
+/// CPUs. It takes the right to inspect init, which an unprivileged monitor lacks once init
+/// is undumpable: rootless, nothing is held and the kernel starts at init's exit, as before.
+#[derive(Default)]
+pub(crate) struct Held {
+    init: Option<OwnedFd>,
+    namespaces: Vec<OwnedFd>,
+}
+
+/// `PIDFD_GET_IPC_NAMESPACE` and `PIDFD_GET_NET_NAMESPACE` (linux/pidfd.h, Linux 6.11):
+/// `_IO(0xFF, 2)` and `_IO(0xFF, 4)`. An older kernel refuses them (nothing is held then).
+const PIDFD_GET_NAMESPACES: [libc::c_ulong; 2] = [0xFF02, 0xFF04];
+
+impl Held {
+    /// `Cloned`: the launcher waits for the answer, so `pid` is still its unreaped init.
+    fn init_cloned(&mut self, pid: i32) {
+        // SAFETY: pidfd_open(2) with a plain pid and no flags.
+        let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid, 0) };
+        if fd >= 0 {
+            // SAFETY: the kernel just gave us this descriptor.
+            self.init = Some(unsafe { OwnedFd::from_raw_fd(fd as RawFd) });
+        }
+    }
+
+    /// `Started`: init is in its final namespaces.
+    fn init_started(&mut self) {
+        let Some(init) = self.init.take() else { return };
+        for request in PIDFD_GET_NAMESPACES {
+            // SAFETY: a pidfd ioctl that only returns a new descriptor.
+            let fd = unsafe { libc::ioctl(init.as_raw_fd(), request as _, 0) };
+            if fd >= 0 {
+                // SAFETY: the kernel just gave us this descriptor.
+                self.namespaces.push(unsafe { OwnedFd::from_raw_fd(fd) });
+            }
+        }
+    }
+}
+
 /// Hand the launcher its cgroup, and follow the sandbox until the launcher has reported
 /// its end (or died) and the program's output has ended. The launcher may still be
 /// exiting: it is returned to be reaped.
-fn drive(cg: &dyn Cgroup, st: Started, meanwhile: impl FnOnce()) -> (Outcome, Launcher) {
+fn drive(cg: &dyn Cgroup, st: Started, meanwhile: impl FnOnce()) -> (Outcome, Launcher, Held) {
     let Started {
         t0,
         mut child,
@@ -413,6 +458,7 @@ fn drive(cg: &dyn Cgroup, st: Started, meanwhile: impl FnOnce()) -> (Outcome, La
         ..Outcome::default()
     };
     let mut meanwhile = Some(meanwhile);
+    let mut held = Held::default();
     let _ = sock.set_nonblocking(true);
     let mut frames = FrameBuf::new(MAX_LAUNCH_FRAME);
     let mut stdout = Stream::new(stdout);
@@ -503,7 +549,7 @@ fn drive(cg: &dyn Cgroup, st: Started, meanwhile: impl FnOnce()) -> (Outcome, La
                     Ok(Some(msg)) => {
                         log::debug!("launcher: {} after {:?}", msg_name(&msg), t0.elapsed());
                         let started = matches!(msg, FromLauncher::Started);
-                        if !handle(msg, cg, &mut sock, &mut out, &mut finished) {
+                        if !handle(msg, cg, &mut sock, &mut out, &mut finished, &mut held) {
                             let _ = child.kill();
                             sock_open = false;
                             break;
@@ -551,7 +597,7 @@ fn drive(cg: &dyn Cgroup, st: Started, meanwhile: impl FnOnce()) -> (Outcome, La
     out.stdout_truncated = stdout.truncated;
     out.stderr = stderr.kept;
     out.stderr_truncated = stderr.truncated;
-    (out, child)
+    (out, child, held)
 }
 
 fn msg_name(m: &FromLauncher) -> &'static str {
@@ -571,9 +617,11 @@ fn handle(
     sock: &mut UnixStream,
     out: &mut Outcome,
     finished: &mut bool,
+    held: &mut Held,
 ) -> bool {
     match msg {
         FromLauncher::Cloned { pid } if !out.started && !*finished => {
+            held.init_cloned(pid);
             // Re-check what the launcher's sandbox claims to have done; move it if not.
             let placed = cg.contains(pid).unwrap_or(false);
             let reply = match if placed { Ok(()) } else { cg.add_pid(pid) } {
@@ -589,6 +637,7 @@ fn handle(
             sent
         }
         FromLauncher::Started if !out.started && !*finished => {
+            held.init_started();
             out.started = true;
             out.phase = Some(Phase::Run);
             true
