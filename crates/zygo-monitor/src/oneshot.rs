@@ -268,6 +268,10 @@ impl Started {
             cg.describe(),
             self.t0.elapsed()
         );
+        // The first reading opens the counter files (v1 keeps them open): done now, while
+        // the sandbox builds and this process has nothing else to do, rather than after
+        // the end, when every step counts.
+        let _ = cg.usage();
         let t0 = self.t0;
         let (mut out, mut launcher, held) = drive(cg.as_ref(), self, meanwhile);
         match cg.usage() {
@@ -592,7 +596,11 @@ fn drive(cg: &dyn Cgroup, st: Started, meanwhile: impl FnOnce()) -> (Outcome, La
         }
     }
     // Anything still in the cgroup (the launcher died without killing its sandbox) goes now.
-    let _ = cg.kill_all();
+    // After a reported end there is nothing: the launcher reaped init first, and with the
+    // sandbox's pid 1 gone the kernel has ended its whole pid namespace.
+    if !finished || out.error.is_some() {
+        let _ = cg.kill_all();
+    }
     out.stdout = stdout.kept;
     out.stdout_truncated = stdout.truncated;
     out.stderr = stderr.kept;
