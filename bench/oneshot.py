@@ -14,8 +14,9 @@ and quantizes the samples; a SIGALRM watchdog kills a run after 60 s instead). E
 are run in rounds, one sample each per round, in a new random order every round (seeded,
 --seed): they all share the machine's noise, and each follows every other about as often,
 so the work a sandbox leaves to the kernel after it exits (its network namespace is torn
-down asynchronously, for one) falls on every variant alike. Defaults: 200 samples per /bin/true variant, 100
-per python variant; --reps N sets both.
+down asynchronously, for one) falls on every variant alike. Defaults: 300 samples per variant
+(about half a minute in all), enough to tell a 2% difference from the noise of a shared machine;
+--reps N sets another count.
 
 The bwrap boundary: new user, mount, pid, net, ipc, uts and cgroup namespaces
 (--unshare-all), read-only /usr and /etc, the host's top-level /bin, /lib, /lib64, /sbin
@@ -208,7 +209,7 @@ def main():
         description="Time one-shot sandbox start-up: bare vs zygo run vs bwrap "
                     "(interleaved, a random order per round).")
     ap.add_argument("--reps", type=int, default=None,
-                    help="samples per variant (default: 200 for /bin/true, 100 for python)")
+                    help="samples per variant (default: 300)")
     ap.add_argument("--zygo", default=DEFAULT_ZYGO,
                     help="zygo binary (default: the release build in the repository's target/)")
     ap.add_argument("--no-unshare", action="store_true",
@@ -234,8 +235,8 @@ def main():
               f"or point --zygo at a binary.", file=sys.stderr)
         return 2
 
-    reps_true = args.reps if args.reps is not None else 200
-    reps_py = args.reps if args.reps is not None else 100
+    reps_true = args.reps if args.reps is not None else 300
+    reps_py = args.reps if args.reps is not None else 300
     bw = bwrap_prefix(bwrap)
     env = dict(SANDBOX_ENV)
 
