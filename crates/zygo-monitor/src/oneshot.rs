@@ -15,7 +15,7 @@ use proto::launch::{FromLauncher, LaunchPlan, Phase, ToLauncher, MAX_LAUNCH_FRAM
 use proto::readbuf::read_append;
 use proto::{write_frame, FrameBuf};
 
-use crate::cgroup::{Backend, Cgroup, Limits};
+use crate::cgroup::{Backend, Cgroup, CgroupError, Limits, Usage};
 use crate::spawn::{spawn_launcher, Launcher, LauncherFds};
 
 /// The most of each output stream kept for a captured answer.
@@ -273,17 +273,20 @@ impl Started {
         // the end, when every step counts.
         let _ = cg.usage();
         let t0 = self.t0;
-        let (mut out, mut launcher, held) = drive(cg.as_ref(), self, meanwhile);
-        match cg.usage() {
-            Ok(u) => {
+        let mut ending = Ending {
+            cg: Some(cg),
+            usage: None,
+        };
+        let (mut out, mut launcher, held) = drive(&mut ending, self, meanwhile);
+        ending.settle();
+        match ending.usage {
+            Some(Ok(u)) => {
                 out.oom_killed = u.oom_kills > 0;
                 out.peak_rss_kb = u.peak_bytes / 1024;
                 out.cpu_ms = u.cpu_usec / 1000;
             }
-            Err(e) => log::warn!("read the sandbox's usage: {e}"),
-        }
-        if let Err(e) = cg.remove() {
-            log::error!("remove the sandbox's cgroup: {e}");
+            Some(Err(e)) => log::warn!("read the sandbox's usage: {e}"),
+            None => {}
         }
         // A launcher that reported the end has nothing left to do but exit (taking the
         // sandbox's mounts down as it goes); it did that while the cgroup was read and
@@ -398,8 +401,32 @@ impl Stream {
     }
 }
 
-/// The sandbox's init (a pidfd, from its `Cloned` until it has `Started` the program) and
-/// the namespaces taken through it then.
+/// The sandbox's cgroup until it has been read and removed, and what was read.
+struct Ending {
+    cg: Option<Box<dyn Cgroup>>,
+    usage: Option<Result<Usage, CgroupError>>,
+}
+
+impl Ending {
+    fn cg(&self) -> Option<&dyn Cgroup> {
+        self.cg.as_deref()
+    }
+
+    /// Read what the kernel counted and remove the cgroup, once. Called as soon as the
+    /// sandbox's init has exited (its whole pid namespace has then ended), or else once
+    /// the launcher has reported the end.
+    fn settle(&mut self) {
+        if let Some(cg) = self.cg.take() {
+            self.usage = Some(cg.usage());
+            if let Err(e) = cg.remove() {
+                log::error!("remove the sandbox's cgroup: {e}");
+            }
+        }
+    }
+}
+
+/// The sandbox's init (a pidfd, from its `Cloned` until it has exited) and the namespaces
+/// taken through it once it has `Started` the program.
 ///
 /// Holding the network and IPC namespaces until the run is over means the kernel starts
 /// tearing them down (on its own worker threads; the network namespace's is the larger
@@ -430,7 +457,7 @@ impl Held {
 
     /// `Started`: init is in its final namespaces.
     fn init_started(&mut self) {
-        let Some(init) = self.init.take() else { return };
+        let Some(init) = &self.init else { return };
         for request in PIDFD_GET_NAMESPACES {
             // SAFETY: a pidfd ioctl that only returns a new descriptor.
             let fd = unsafe { libc::ioctl(init.as_raw_fd(), request as _, 0) };
@@ -442,10 +469,10 @@ impl Held {
     }
 }
 
-/// Hand the launcher its cgroup, and follow the sandbox until the launcher has reported
-/// its end (or died) and the program's output has ended. The launcher may still be
-/// exiting: it is returned to be reaped.
-fn drive(cg: &dyn Cgroup, st: Started, meanwhile: impl FnOnce()) -> (Outcome, Launcher, Held) {
+/// Follow the sandbox until the launcher has reported its end (or died) and the program's
+/// output has ended; read and remove its cgroup as soon as its init has exited. The
+/// launcher may still be exiting: it is returned to be reaped.
+fn drive(ending: &mut Ending, st: Started, meanwhile: impl FnOnce()) -> (Outcome, Launcher, Held) {
     let Started {
         t0,
         mut child,
@@ -481,7 +508,9 @@ fn drive(cg: &dyn Cgroup, st: Started, meanwhile: impl FnOnce()) -> (Outcome, La
             log::error!("the launcher missed its deadline; killing the sandbox");
             let _ = write_frame(&mut sock, &ToLauncher::Kill);
             let _ = child.kill();
-            let _ = cg.kill_all();
+            if let Some(cg) = ending.cg() {
+                let _ = cg.kill_all();
+            }
             out.error
                 .get_or_insert_with(|| "the launcher stopped answering".into());
             sock_open = false;
@@ -506,11 +535,18 @@ fn drive(cg: &dyn Cgroup, st: Started, meanwhile: impl FnOnce()) -> (Outcome, La
             events: libc::POLLIN,
             revents: 0,
         };
+        // init's pidfd turns readable when init has exited: the cgroup is then read and
+        // removed at once, while the launcher reaps init and reports, rather than after.
+        let init_fd = match &held.init {
+            Some(fd) if ending.cg.is_some() => fd.as_raw_fd(),
+            _ => -1,
+        };
         let mut fds = [
             poll_in(if listening { sock.as_raw_fd() } else { -1 }),
             poll_in(stdout.raw()),
             poll_in(stderr.raw()),
             poll_in(cancel_fd),
+            poll_in(init_fd),
         ];
         let ms = wait.as_millis().min(i32::MAX as u128) as i32 + 1;
         // SAFETY: fds is a valid pollfd array for its length.
@@ -520,6 +556,10 @@ fn drive(cg: &dyn Cgroup, st: Started, meanwhile: impl FnOnce()) -> (Outcome, La
                 continue;
             }
             break;
+        }
+        if fds[4].revents != 0 {
+            held.init = None;
+            ending.settle();
         }
         if fds[3].revents != 0 {
             out.cancelled = true;
@@ -553,7 +593,14 @@ fn drive(cg: &dyn Cgroup, st: Started, meanwhile: impl FnOnce()) -> (Outcome, La
                     Ok(Some(msg)) => {
                         log::debug!("launcher: {} after {:?}", msg_name(&msg), t0.elapsed());
                         let started = matches!(msg, FromLauncher::Started);
-                        if !handle(msg, cg, &mut sock, &mut out, &mut finished, &mut held) {
+                        if !handle(
+                            msg,
+                            ending.cg(),
+                            &mut sock,
+                            &mut out,
+                            &mut finished,
+                            &mut held,
+                        ) {
                             let _ = child.kill();
                             sock_open = false;
                             break;
@@ -599,7 +646,9 @@ fn drive(cg: &dyn Cgroup, st: Started, meanwhile: impl FnOnce()) -> (Outcome, La
     // After a reported end there is nothing: the launcher reaped init first, and with the
     // sandbox's pid 1 gone the kernel has ended its whole pid namespace.
     if !finished || out.error.is_some() {
-        let _ = cg.kill_all();
+        if let Some(cg) = ending.cg() {
+            let _ = cg.kill_all();
+        }
     }
     out.stdout = stdout.kept;
     out.stdout_truncated = stdout.truncated;
@@ -621,7 +670,7 @@ fn msg_name(m: &FromLauncher) -> &'static str {
 /// One launcher message. Returns false when the channel must end.
 fn handle(
     msg: FromLauncher,
-    cg: &dyn Cgroup,
+    cg: Option<&dyn Cgroup>,
     sock: &mut UnixStream,
     out: &mut Outcome,
     finished: &mut bool,
@@ -631,8 +680,13 @@ fn handle(
         FromLauncher::Cloned { pid } if !out.started && !*finished => {
             held.init_cloned(pid);
             // Re-check what the launcher's sandbox claims to have done; move it if not.
-            let placed = cg.contains(pid).unwrap_or(false);
-            let reply = match if placed { Ok(()) } else { cg.add_pid(pid) } {
+            let placed = match cg {
+                Some(cg) if cg.contains(pid).unwrap_or(false) => Ok(()),
+                Some(cg) => cg.add_pid(pid),
+                // init has exited already (its cgroup is gone with it): nothing to place.
+                None => Err(CgroupError::Unavailable("the sandbox has ended".into())),
+            };
+            let reply = match placed {
                 Ok(()) => ToLauncher::Proceed,
                 Err(e) => {
                     out.error = Some(format!("place the sandbox in its cgroup: {e}"));
