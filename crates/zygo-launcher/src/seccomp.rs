@@ -640,53 +640,18 @@ const fn same(a: Answer, b: Answer) -> bool {
     }
 }
 
-/// The answer the tables give syscall `nr`: allowed (perhaps for some arguments only),
-/// `ENOSYS`, or `EPERM` when neither table names it.
-const fn answer_for(nr: i64) -> Answer {
-    let mut i = 0;
-    while i < ALLOWLIST.len() {
-        if ALLOWLIST[i].nr == nr {
-            return match ALLOWLIST[i].when {
-                When::Always => Answer::Ret(RET_ALLOW),
-                when => Answer::Check(when),
-            };
-        }
-        i += 1;
-    }
-    let mut i = 0;
-    while i < ENOSYS_LIST.len() {
-        if ENOSYS_LIST[i].nr == nr {
-            return Answer::Ret(RET_ENOSYS);
-        }
-        i += 1;
-    }
-    Answer::Ret(RET_EPERM)
-}
-
-/// Every syscall number the two tables name, in one list, for the duplicate check.
-const fn table_number(i: usize) -> i64 {
-    if i < ALLOWLIST.len() {
-        ALLOWLIST[i].nr
-    } else {
-        ENOSYS_LIST[i - ALLOWLIST.len()].nr
-    }
-}
-
-/// Fails the build if the tables name a syscall twice (across both tables too).
-const fn check_no_duplicates() {
-    let n = ALLOWLIST.len() + ENOSYS_LIST.len();
-    let mut i = 0;
-    while i < n {
-        let mut j = i + 1;
-        while j < n {
-            assert!(
-                table_number(i) != table_number(j),
-                "the seccomp tables name a syscall twice"
-            );
-            j += 1;
-        }
-        i += 1;
-    }
+/// Put `answer` for syscall `nr` in `table`, failing the build if the tables name `nr`
+/// twice (in one table or across both) or above [`NEWEST_REVIEWED`].
+const fn place(table: &mut [Option<Answer>; MAX_RUNS], nr: i64, answer: Answer) {
+    assert!(
+        nr >= 0 && nr <= NEWEST_REVIEWED,
+        "a seccomp table names a syscall above NEWEST_REVIEWED"
+    );
+    assert!(
+        table[nr as usize].is_none(),
+        "the seccomp tables name a syscall twice"
+    );
+    table[nr as usize] = Some(answer);
 }
 
 /// At most one run per syscall number, and the last one above [`NEWEST_REVIEWED`].
@@ -703,17 +668,33 @@ struct Runs {
 
 impl Runs {
     const fn build() -> Runs {
-        check_no_duplicates();
+        // The answer for every reviewed number, each table entry placed once: allowed
+        // (perhaps for some arguments only), ENOSYS, or EPERM where neither table names it.
+        let mut table: [Option<Answer>; MAX_RUNS] = [None; MAX_RUNS];
+        let mut i = 0;
+        while i < ALLOWLIST.len() {
+            let answer = match ALLOWLIST[i].when {
+                When::Always => Answer::Ret(RET_ALLOW),
+                when => Answer::Check(when),
+            };
+            place(&mut table, ALLOWLIST[i].nr, answer);
+            i += 1;
+        }
+        let mut i = 0;
+        while i < ENOSYS_LIST.len() {
+            place(&mut table, ENOSYS_LIST[i].nr, Answer::Ret(RET_ENOSYS));
+            i += 1;
+        }
         let mut r = Runs {
             runs: [(0, Answer::Ret(0)); MAX_RUNS],
             len: 0,
         };
-        let mut nr: i64 = 0;
-        while nr <= NEWEST_REVIEWED + 1 {
-            let answer = if nr > NEWEST_REVIEWED {
-                Answer::Ret(RET_ENOSYS)
-            } else {
-                answer_for(nr)
+        let mut nr = 0;
+        while nr < MAX_RUNS {
+            let answer = match table[nr] {
+                _ if nr as i64 > NEWEST_REVIEWED => Answer::Ret(RET_ENOSYS),
+                Some(answer) => answer,
+                None => Answer::Ret(RET_EPERM),
             };
             if r.len == 0 || !same(r.runs[r.len - 1].1, answer) {
                 r.runs[r.len] = (nr as u32, answer);

@@ -235,7 +235,11 @@ impl Started {
     pub fn finish(self, backend: &Backend, meanwhile: impl FnOnce()) -> Outcome {
         let cg = match backend.create(&unique_name()) {
             Ok(cg) => cg,
-            Err(e) => return self.abandon(Outcome::refused(Phase::Plan, e.to_string())),
+            Err(e) => {
+                let out = self.abandon(Outcome::refused(Phase::Plan, e.to_string()));
+                meanwhile();
+                return out;
+            }
         };
         // init joins the cgroup itself by writing "0" to these, before it does anything
         // else: cheaper than moving it from outside (no wait on the kernel's global cgroup
@@ -249,18 +253,30 @@ impl Started {
             });
         if let Err(e) = sent {
             let _ = cg.remove();
-            return self.abandon(Outcome::refused(Phase::Start, e));
+            let out = self.abandon(Outcome::refused(Phase::Start, e));
+            meanwhile();
+            return out;
         }
         if let Err(e) = cg.set_limits(&self.limits) {
+            // The kernel refuses a memory limit below what the cgroup holds: init, building
+            // meanwhile, was already using more than that.
+            let busy = matches!(&e, CgroupError::Io { source, .. }
+                if source.raw_os_error() == Some(libc::EBUSY));
+            let why = if busy {
+                format!(
+                    "write the sandbox's limits: {e} (the memory limit is below what the \
+                     sandbox uses to start; raise --mem)"
+                )
+            } else {
+                format!("write the sandbox's limits: {e}")
+            };
             // init may have joined already: it dies with the launcher, then the cgroup goes.
-            let out = self.abandon(Outcome::refused(
-                Phase::Plan,
-                format!("write the sandbox's limits: {e}"),
-            ));
+            let out = self.abandon(Outcome::refused(Phase::Plan, why));
             let _ = cg.kill_all();
             if let Err(e) = cg.remove() {
                 log::error!("remove the sandbox's cgroup: {e}");
             }
+            meanwhile();
             return out;
         }
         log::debug!(
