@@ -215,17 +215,25 @@ def main():
 
 
 def installed_copy(zygo, tmp):
-    """A copy of `zygo` in `tmp`, run in its place, as it would be installed.
+    """A copy of `zygo` in `tmp`, run in its place, as it would be installed; `zygo` itself
+    (with a note) where a copy cannot be run (a noexec temporary directory: set TMPDIR).
 
-    The file the linker has just written sits in the page cache in the small pieces it was
-    written in, and every exec of it maps them one small page at a time: ~3-6% slower per
-    `zygo run -- /bin/true` here than the same bytes copied (or read back after the cache
-    was dropped). bwrap, installed by the package manager, is measured as installed too.
+    The file the linker has just written execs measurably slower than the same bytes
+    copied, or read back after the page cache has dropped it: ~3-6% per
+    `zygo run -- /bin/true` here, most likely because the cache holds the linker's file in
+    smaller pieces. bwrap, installed by the package manager, is measured as installed too.
     """
     dst = os.path.join(tmp, "zygo")
-    shutil.copyfile(zygo, dst)
-    os.chmod(dst, 0o755)
-    return dst
+    try:
+        shutil.copyfile(zygo, dst)
+        os.chmod(dst, 0o755)
+        subprocess.run([dst, "version"], stdin=subprocess.DEVNULL, capture_output=True,
+                       timeout=10, check=True)
+        return dst
+    except (OSError, subprocess.SubprocessError) as e:
+        print(f"note: cannot run a copy of zygo from {tmp} ({e}); measuring {zygo} itself",
+              file=sys.stderr)
+        return zygo
 
 
 def measure(tmp):
@@ -292,7 +300,8 @@ def measure(tmp):
     print(f"machine : nproc={ncpu} (online {os.cpu_count()}), kernel {uname.release} "
           f"{uname.machine}, cpu {read_first('/proc/cpuinfo', 'model name')}, "
           f"cgroup {cgroup_kind()}, euid {os.geteuid()}")
-    print(f"tools   : {tool_version([zygo, 'version'])} ({built}, run as a copy in {tmp}); "
+    how = f"run as a copy in {tmp}" if zygo != built else "run where it was built"
+    print(f"tools   : {tool_version([zygo, 'version'])} ({built}, {how}); "
           f"{tool_version([bwrap, '--version'])}; python {platform.python_version()}")
     print(f"reproduce: cd {shlex.quote(REPO)} && {shlex.join([sys.executable] + sys.argv)}")
     print(f"method  : perf_counter around subprocess.run, stdio on /dev/null, "
