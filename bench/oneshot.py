@@ -37,8 +37,7 @@ Exit status: 0 when every variant ran and exited 0 every time; 1 when some varia
 affect the exit status.
 
 zygo runs from a copy in a temporary directory, as it would be installed: the file the
-linker has just written execs measurably slower until the page cache has forgotten it (see
-installed_copy).
+linker has just written execs measurably slower than a copy of it (see installed_copy).
 
 Python 3 standard library only. Building zygo is not this script's job:
 run `cargo build --release` in the repository first.
