@@ -451,7 +451,7 @@ impl Ending {
 /// CPUs. It takes the right to inspect init, which an unprivileged monitor lacks once init
 /// is undumpable: rootless, nothing is held and the kernel starts at init's exit, as before.
 #[derive(Default)]
-pub(crate) struct Held {
+struct Held {
     init: Option<OwnedFd>,
     namespaces: Vec<OwnedFd>,
 }
@@ -463,12 +463,7 @@ const PIDFD_GET_NAMESPACES: [libc::c_ulong; 2] = [0xFF02, 0xFF04];
 impl Held {
     /// `Cloned`: the launcher waits for the answer, so `pid` is still its unreaped init.
     fn init_cloned(&mut self, pid: i32) {
-        // SAFETY: pidfd_open(2) with a plain pid and no flags.
-        let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid, 0) };
-        if fd >= 0 {
-            // SAFETY: the kernel just gave us this descriptor.
-            self.init = Some(unsafe { OwnedFd::from_raw_fd(fd as RawFd) });
-        }
+        self.init = crate::spawn::pidfd_open(pid);
     }
 
     /// `Started`: init is in its final namespaces.

@@ -174,6 +174,15 @@ pub fn spawn_launcher(exe: &Path, fds: LauncherFds<'_>) -> io::Result<Launcher> 
     Ok(launcher)
 }
 
+/// A pidfd for `pid` (pidfd_open(2)), or `None` if the process is gone or the kernel has
+/// no pidfds. It refers to that process even if the pid is later reused.
+pub(crate) fn pidfd_open(pid: i32) -> Option<OwnedFd> {
+    // SAFETY: pidfd_open(2) with a plain pid and no flags.
+    let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid, 0) };
+    // SAFETY: on success the kernel just gave us this descriptor; nothing else owns it.
+    (fd >= 0).then(|| unsafe { std::os::fd::FromRawFd::from_raw_fd(fd as RawFd) })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

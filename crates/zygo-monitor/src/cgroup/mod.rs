@@ -488,13 +488,8 @@ pub(crate) fn kill_listed(
 ) -> Result<(), CgroupError> {
     let mut held: Vec<(i32, std::os::fd::OwnedFd)> = Vec::new();
     for pid in listed()? {
-        // SAFETY: pidfd_open(2) with a plain pid and no flags.
-        let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid, 0) };
-        if fd >= 0 {
-            // SAFETY: the kernel just gave us this descriptor; nothing else owns it.
-            held.push((pid, unsafe {
-                std::os::fd::FromRawFd::from_raw_fd(fd as i32)
-            }));
+        if let Some(fd) = crate::spawn::pidfd_open(pid) {
+            held.push((pid, fd));
         }
     }
     if held.is_empty() {
