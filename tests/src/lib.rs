@@ -14,7 +14,6 @@
 //! - [`Sup`] (module [`sup`]) is a supervisor of a test's own (`zygo up` with private
 //!   runtime and state directories), checked at the end for leftover cgroups and processes.
 
-use std::ffi::CString;
 use std::fs;
 use std::io::Read;
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
@@ -235,19 +234,23 @@ pub fn rootless_setup() -> &'static Rootless {
     })
 }
 
-/// uid and gid of a user, from the password database.
+/// uid and gid of a user, read from `/etc/passwd` itself. Never through glibc's
+/// `getpwnam`: this binary is linked statically, and static glibc's NSS crashes looking
+/// past `files` for a user that does not exist (see `no_code_of_ours_calls_glibc_nss`).
 pub fn user_ids(name: &str) -> Option<(u32, u32)> {
-    let c = CString::new(name).ok()?;
-    // SAFETY: c is a valid C string; the returned record is copied out at once (the
-    // suite's only getpwnam caller runs inside a OnceLock).
-    unsafe {
-        let pw = libc::getpwnam(c.as_ptr());
-        if pw.is_null() {
-            None
-        } else {
-            Some(((*pw).pw_uid, (*pw).pw_gid))
+    passwd_ids(&fs::read_to_string("/etc/passwd").ok()?, name)
+}
+
+/// uid and gid of `name` in a passwd-format text (`name:x:uid:gid:...`).
+pub fn passwd_ids(text: &str, name: &str) -> Option<(u32, u32)> {
+    text.lines().find_map(|line| {
+        let mut f = line.split(':');
+        if f.next()? != name {
+            return None;
         }
-    }
+        let _password = f.next()?;
+        Some((f.next()?.parse().ok()?, f.next()?.parse().ok()?))
+    })
 }
 
 /// Copy `src` to `dir/name` (dir 0755, file 0755) by rename, so that a concurrently
