@@ -36,7 +36,8 @@ pub const DEFAULT_MAX_WARM: u32 = 4;
 pub const DEFAULT_IDLE_TIMEOUT: Duration = Duration::from_secs(300);
 
 const KNOWN_KEYS: &str = "image, mem, cpu, pids, timeout, scratch, network, allow, \
-    idle_timeout, min_warm, max_warm, agent, entry, cmd, requirements, mounts, secrets, env";
+    idle_timeout, min_warm, max_warm, agent, entry, cmd, requirements, mounts, secrets, env, \
+    inotify";
 
 /// The interpreter a zygote runs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -87,6 +88,8 @@ pub struct Layer {
     pub secrets: Option<Vec<String>>,
     /// Variables set by this layer (the base environment is added by [`Layer::resolve`]).
     pub env: Option<BTreeMap<String, String>>,
+    /// Whether programs may use inotify (see [`FnSpec::inotify`]).
+    pub inotify: Option<bool>,
 }
 
 /// A function with every field decided.
@@ -106,6 +109,9 @@ pub struct FnSpec {
     pub secrets: Vec<String>,
     /// The full environment: the base variables, overridden and extended by `env`.
     pub env: Vec<(String, String)>,
+    /// Whether programs may use inotify: off unless the file says `inotify = true`, since a
+    /// watch on a file of the shared read-only image sees when anyone opens it.
+    pub inotify: bool,
 }
 
 /// A parsed sandbox.toml.
@@ -330,6 +336,7 @@ impl Layer {
             mounts: or(&self.mounts, &base.mounts),
             secrets: or(&self.secrets, &base.secrets),
             env: or(&self.env, &base.env),
+            inotify: or(&self.inotify, &base.inotify),
         }
     }
 
@@ -409,6 +416,7 @@ impl Layer {
             mounts: self.mounts.clone().unwrap_or_default(),
             secrets: self.secrets.clone().unwrap_or_default(),
             env: build_env(env),
+            inotify: self.inotify.unwrap_or(false),
         })
     }
 
@@ -519,6 +527,19 @@ impl Layer {
                 self.requirements = Some(cx.path(f, string(f, v, "a string (a path)")?)?)
             }
             "mounts" => self.mounts = Some(mounts(cx, key, line, v)?),
+            "inotify" => {
+                let Value::Boolean(b) = v else {
+                    return Err(wrong_type(f, "true or false", v));
+                };
+                if *b && cx.source != Source::File {
+                    return Err(PolicyError::not_allowed(
+                        f,
+                        "true",
+                        "can be set only in sandbox.toml: inotify on the shared image is a side channel the host's operator must choose",
+                    ));
+                }
+                self.inotify = Some(*b);
+            }
             "secrets" => {
                 let names = strings(f, v, "an array of secret names")?;
                 for (i, name) in names.iter().enumerate() {

@@ -48,6 +48,8 @@ pub struct OneShotArgs {
     pub mounts: Vec<String>,
     pub env: Vec<String>,
     pub argv: Vec<String>,
+    /// `--inotify`: let the program use inotify (off by default; see [`OneShotPlan::inotify`]).
+    pub inotify: bool,
 }
 
 /// A checked, complete plan for one one-shot sandbox.
@@ -57,6 +59,9 @@ pub struct OneShotPlan {
     pub mounts: Vec<MountSpec>,
     pub env: Vec<(String, String)>,
     pub limits: ResolvedLimits,
+    /// Whether the program may use inotify: a watch on a file of the read-only image, which
+    /// the host and other sandboxes share, sees when anyone opens it.
+    pub inotify: bool,
     pub network: Network,
     pub argv: Vec<String>,
 }
@@ -280,6 +285,7 @@ pub fn one_shot(args: &OneShotArgs) -> Result<OneShotPlan, PolicyError> {
         mounts,
         env: build_env(overrides),
         limits,
+        inotify: args.inotify,
         network,
         argv: args.argv.clone(),
     })
@@ -403,6 +409,7 @@ mod tests {
             timeout: Some("5m".into()),
             scratch: Some("1M".into()),
             net: Some("none".into()),
+            inotify: true,
             image: Some("dir:/srv/rootfs".into()),
             mounts: vec![
                 "/data:/data".into(),

@@ -30,10 +30,18 @@ pub struct BindMount {
 pub enum IdMap {
     /// Zygo runs as root: ids 0..count inside map onto a subordinate host range that
     /// nothing else uses. Never host id 0.
+    ///
+    /// The `owners` host ids right after the mapped ones (`base + count ..`) are for the
+    /// sandboxes' owners: the launcher creates the user namespace as host id
+    /// `base + count + (its own pid % owners)`, which no other live sandbox has when
+    /// `owners` covers every pid. The kernel charges what it counts per user (inotify
+    /// instances and watches, queued signals, locked memory, ...) to a namespace's owner,
+    /// so no sandbox uses another's allowance. With `owners` 0 the owner is `base`.
     Range {
         uid_base: u32,
         gid_base: u32,
         count: u32,
+        owners: u32,
     },
     /// Zygo runs as an ordinary user: id 0 inside is that user, and nothing else is mapped.
     Single { uid: u32, gid: u32 },
@@ -83,6 +91,20 @@ pub struct LaunchPlan {
     /// The host image's `/etc`, prepared ahead by the monitor; `None` (or a prepared copy
     /// that has gone) and the launcher assembles it from the host's `/etc` itself.
     pub etc: Option<PreparedEtc>,
+    /// A zygote whose requests each run as a uid of their own: those uids (inside the
+    /// sandbox, mapped by `ids`). `None`: every process of the sandbox is uid 0 inside.
+    pub request_ids: Option<RequestIds>,
+    /// Whether programs may use inotify. Off unless asked for: a watch on a file of the
+    /// read-only image (shared with the host and other sandboxes) sees when anyone opens it.
+    pub inotify: bool,
+}
+
+/// The uids a zygote gives its requests, one each, never twice: `first .. first + count`
+/// inside the sandbox. The monitor replaces the zygote before they run out.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RequestIds {
+    pub first: u32,
+    pub count: u32,
 }
 
 /// A directory holding the host image's `/etc` as [`HOST_ETC`] and [`HOST_ETC_GENERATED`]

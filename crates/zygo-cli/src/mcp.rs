@@ -174,6 +174,7 @@ fn ceiling(o: &Opts) -> Result<(OneShotPlan, Vec<String>), (i32, String)> {
             .map(|(k, v)| ((*k).to_string(), (*v).to_string()))
             .collect(),
         limits,
+        inotify: false,
         network,
         argv: vec!["/bin/sh".into()],
     };

@@ -10,14 +10,19 @@ serves handlers, it is not a security boundary; the launcher treats all we send 
 
 Guarantees, to a handler that does not sabotage it:
 - fd 3 and fd 4 are close-on-exec, and a child closes both before it reads its request;
-  nothing else of ours leaks into the handler's programs either. Each request's process
-  enters a Landlock domain of its own before its request arrives, so no other request
-  (same uid or not) can see it in /proc, trace it or signal it, even after it execs.
-- Each request runs once, in its own fork of the imported handler, in a new /work/<name>
-  (0700; 32 random hex digits), removed when it has exited, with `random` reseeded and fd 1
-  and fd 2 pipes whose read ends the launcher holds (so subprocesses' output is captured
-  too, and no thread of ours relays it). The agent process never sees a request, an event or a live
-  directory name, so a fork inherits nothing of its neighbours'.
+  nothing else of ours leaks into the handler's programs either: the agent's own stdout
+  and stderr are a pipe the launcher reads (never a host file), and a child closes its copy
+  before the request's code runs. Each request's process enters a Landlock domain of its
+  own before its request arrives, so no other request (same uid or not) can see it in
+  /proc, trace it or signal it, even after it execs.
+- Each request runs once, in its own fork of the imported handler, with an IPC namespace
+  and a mount namespace of its own: its System V and POSIX IPC objects, its /tmp and its
+  /work (fresh tmpfs mounts the launcher places from outside) are seen by no other request
+  and are gone when its last process is. It starts in a new /work/<name> (0700; 32 random
+  hex digits) with umask 077, `random` reseeded, and fd 1 and fd 2 pipes whose read ends
+  the launcher holds (so subprocesses' output is captured too, and no thread of ours
+  relays it). The agent process never sees a request or an event, so a fork inherits
+  nothing of its neighbours'.
 - A request channel carries progress and heartbeat lines (one a second, from a timer),
   then exactly one terminal line (result or error), then the child exits. Everything the
   handler wrote is in the pipes before the terminal line is sent. Lines never interleave,
@@ -36,7 +41,6 @@ import _frozen_importlib as _bootstrap, _frozen_importlib_external as _bootstrap
 
 WORK_ROOT = os.environ.get("ZYGO_WORK_ROOT", "/work")  # set only by the tests
 WORK_PREFIX = WORK_ROOT + "/"
-WORK_PREFIX_B = os.fsencode(WORK_PREFIX)
 CTL, REG = 3, 4
 MAX_CONTROL_LINE, MAX_REQUEST_LINE = 1 << 20, 20 << 20  # launcher -> agent, -> child
 MAX_LINE_OUT = 20 << 20  # child -> launcher, newline included
@@ -56,7 +60,9 @@ POOL_REQUEST = {"request": {"kind", "id", "event", "script"}}  # a runtime pool'
 SCRIPT_DIR = "/run/script/"
 SLOT_CHARS = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_-"
 SLOT_CHARS_B = SLOT_CHARS.encode()
-HEX, HEX_B = "0123456789abcdef", b"0123456789abcdef"
+HEX = "0123456789abcdef"
+# The launcher's first line to a parked child: its own /tmp and /work are in place.
+MOUNTED = b'{"kind":"mounted"}\n'
 
 
 def is_slot(s):
@@ -64,11 +70,6 @@ def is_slot(s):
     if type(s) is str:
         return 0 < len(s) <= 64 and not s.strip(SLOT_CHARS)
     return type(s) is bytes and 0 < len(s) <= 64 and not s.strip(SLOT_CHARS_B)
-
-
-def is_workdir(name):
-    """A workdir name as a child tells it: 32 lowercase hex digits, as bytes."""
-    return len(name) == 32 and not name.strip(HEX_B)
 
 
 def is_script(path):
@@ -147,10 +148,14 @@ def encode(obj):
     return (dumps(obj) + "\n").encode("utf-8", "replace")
 
 
-LOG_FD = 2  # the agent's own stderr (the supervisor's log); a child keeps a copy of it
+# The agent's own stderr: a pipe the launcher reads, caps and logs. A child keeps a copy of
+# it until its request arrives (None from then on: nothing of it is left to the request).
+LOG_FD = 2
 
 
 def complain(text):
+    if LOG_FD is None:
+        return
     try:
         os.write(LOG_FD, f"python_agent[{os.getpid()}]: {text}\n".encode("utf-8", "replace"))
     except OSError:
@@ -260,9 +265,9 @@ class ExecPool:
         self.argv = argv
 
 
-# syscall(2), the only C function a child calls, made once in the agent (see no_dump), and
-# the C long its arguments are passed as.
-SYSCALL = CLong = None
+# The C functions a child calls, made once in the agent (see no_dump): syscall(2),
+# unshare(2) and capset(2); and the C long their arguments are passed as.
+SYSCALL = UNSHARE = CAPSET = CLong = None
 
 
 def c_functions(*names):
@@ -292,9 +297,10 @@ def no_dump():
     """PR_SET_DUMPABLE 0: without CAP_SYS_PTRACE no other process may open our /proc/<pid>
     fd, cwd, mem or environ. Forks inherit it; exec resets it. Also creates the Landlock
     ruleset each request's domain is made from."""
-    global SYSCALL, CLong, LANDLOCK_RULESET, RESTRICT_SELF
+    global SYSCALL, UNSHARE, CAPSET, CLong, LANDLOCK_RULESET, RESTRICT_SELF
     try:
-        (SYSCALL, prctl), CLong = c_functions("syscall", "prctl")
+        (SYSCALL, UNSHARE, CAPSET, prctl), CLong = c_functions(
+            "syscall", "unshare", "capset", "prctl")
     except Exception as e:
         LANDLOCK_RULESET = OSError(0, f"cannot call the C library: {describe(e)}")
         complain(f"cannot make the agent non-dumpable: {describe(e)}")
@@ -339,6 +345,51 @@ def landlock_ruleset():
         if err in NO_LANDLOCK:
             return None
     return OSError(err, f"landlock_create_ruleset: {os.strerror(err)}")
+
+
+# unshare(2) flags: a request's own mount namespace (the launcher mounts its /tmp and /work
+# there) and IPC namespace (System V objects and POSIX message queues: whatever the request
+# makes is seen by no other request and destroyed with the namespace, when its last process
+# exits). The agent holds CAP_SYS_ADMIN in the sandbox's user namespace for this alone; the
+# sandbox's seccomp filter lets unshare(2) through with no other flags, and Landlock forbids
+# every mount, so the capability reaches little else (docs/security.md).
+CLONE_NEWNS, CLONE_NEWIPC = 0x00020000, 0x08000000
+# capset(2): version 3 header for this process, and empty effective, permitted and
+# inheritable sets (which also empties the ambient set).
+CAP_HEADER = struct.pack("Ii", 0x20080522, 0)
+NO_CAPS = bytes(24)
+
+
+def private_namespaces():
+    """A mount and an IPC namespace of this request's own (see CLONE_NEWNS above)."""
+    if UNSHARE is None:
+        raise OSError(0, "cannot call the C library's unshare")
+    if UNSHARE(CLong(CLONE_NEWNS | CLONE_NEWIPC)) != 0:
+        err = c_errno()
+        raise OSError(err, f"unshare a mount and an IPC namespace: {os.strerror(err)}")
+
+
+def drop_caps():
+    """Every capability, from every set that can hold one (a uid change clears them too,
+    where requests have uids of their own; rootless, this is what does)."""
+    if CAPSET is None or CAPSET(CAP_HEADER, NO_CAPS) != 0:
+        err = c_errno() if CAPSET is not None else 0
+        raise OSError(err, f"drop the agent's capabilities: {os.strerror(err)}")
+
+
+def await_mounted(sock):
+    """The launcher's first line: this request's /tmp and /work are mounted. The end of
+    the channel instead means the slot was dropped unused: exit."""
+    got = b""
+    while len(got) < len(MOUNTED):
+        chunk = sock.recv(len(MOUNTED) - len(got))
+        if not chunk:
+            if got:
+                raise Violation("the channel closed mid-line")
+            os._exit(0)
+        got += chunk
+    if got != MOUNTED:
+        raise Violation(f"expected the mounted line, got {got[:200]!r}")
 
 
 def own_domain():
@@ -409,33 +460,52 @@ def serve(func):
             die(2)
 
 
-# Per-request user ids: where the sandbox maps a whole range (Zygo runs as root), the agent
-# keeps CAP_SETUID and CAP_SETGID and gives each request's process an id of its own, which
-# also strips them. A request then cannot see its neighbours in /proc (mounted hidepid) nor
-# enter their /work directories, even after it runs other programs.
-FIRST_REQUEST_UID, REQUEST_UIDS = 1000, 60000
+# Per-request user ids: where the sandbox maps a range of ids for requests (Zygo runs as
+# root), the agent keeps CAP_SETUID and CAP_SETGID and gives each request's process an id of
+# its own from that range, which also strips them. A request then cannot see its neighbours
+# in /proc (mounted hidepid) nor signal them, even after it runs other programs. The range
+# lies above the image's own ids (0-65535), so no request runs as a user the image knows.
+# The monitor says how many ids there are and replaces the zygote before they run out: an
+# id is never given twice by one agent (if asked for more, the park fails).
+REQUEST_IDS = None  # (first, count) from --per-request-uids FIRST:COUNT; None: one uid
 _next_uid = [0]
 
 
-def can_setid():
-    """Whether this process holds CAP_SETUID and CAP_SETGID (bits 7 and 6 of CapEff)."""
+CAP_SETGID, CAP_SETUID, CAP_SYS_ADMIN = 6, 7, 21
+
+
+def has_caps(*caps):
+    """Whether this process holds every one of these capabilities (bits of CapEff)."""
     try:
         with open("/proc/self/status") as f:
             eff = next(int(l.split()[1], 16) for l in f if l.startswith("CapEff:"))
     except (OSError, StopIteration, ValueError):
         return False
-    return eff & (1 << 7) != 0 and eff & (1 << 6) != 0
+    return all(eff & (1 << c) for c in caps)
 
 
-PER_REQUEST_UIDS = False  # set in main()
+def parse_id_range(text):
+    """FIRST:COUNT, both positive decimal integers below 2^32; None if malformed."""
+    first, sep, count = text.partition(":")
+    if not sep or not first.isdigit() or not count.isdigit():
+        return None
+    first, count = int(first), int(count)
+    if first < 1 or count < 1 or first + count > 1 << 32:
+        return None
+    return first, count
 
 
 def request_uid():
-    if not PER_REQUEST_UIDS:
+    """The next request's uid; None without per-request ids. Raises OSError when every id
+    of the range has been given (never reused)."""
+    if REQUEST_IDS is None:
         return None
+    first, count = REQUEST_IDS
     n = _next_uid[0]
-    _next_uid[0] = (n + 1) % REQUEST_UIDS
-    return FIRST_REQUEST_UID + n
+    if n >= count:
+        raise OSError(0, f"all {count} request ids of this zygote have been used")
+    _next_uid[0] = n + 1
+    return first + n
 
 
 def become(uid):
@@ -447,20 +517,15 @@ def become(uid):
 
 
 def handle(slot, slots, func):
-    """Park a child for the slot (a valid name). Each slot's workdir name is chosen in its
-    fresh fork, before any handler code runs there, and sent back on a private pipe that
-    the agent reads only once that child has exited: the agent never holds a live name, so
-    no later fork inherits a neighbour's."""
+    """Park a child for the slot (a valid name)."""
     if slot in slots.live:
         raise Violation(f"slot {slot} parked twice")
     flush(sys.stdout, sys.stderr)  # or the child would print it again
-    uid = request_uid()
     made = []
     try:
-        # The child's workdir-name pipe and its stdout and stderr pipes, made here so that
-        # running out of descriptors is a park_failed, not a child that silently dies.
-        named, tell_name = os.pipe()
-        made += [named, tell_name]
+        uid = request_uid()
+        # The child's stdout and stderr pipes, made here so that running out of descriptors
+        # is a park_failed, not a child that silently dies.
         out = os.pipe()
         made += out
         err = os.pipe()
@@ -472,21 +537,16 @@ def handle(slot, slots, func):
         tell({"kind": "park_failed", "slot": slot, "message": f"cannot fork: {e}"})
         return
     if pid == 0:
-        child(slot, tell_name, [named, *(n for _, n, _ in slots.values())], func, out, err, uid)
-    for fd in (tell_name, *out, *err):
+        child(slot, func, out, err, uid)
+    for fd in (*out, *err):
         os.close(fd)
-    slots[pid] = (slot, named, uid)
+    slots[pid] = slot
     slots.live.add(slot)
 
 
-# A request process exits 0 once it has removed its /work directory, LEFT_WORKDIR when it
-# could not remove all of it. Its exit status is not proof either way (the handler runs in
-# that process and may exit itself), so the agent checks every child's directory.
-LEFT_WORKDIR = 3
-
-
 def reap_children(slots):
-    """Wait for every child that has exited; remove what a request process left in /work."""
+    """Wait for every child that has exited. What a request left in its /tmp, its /work and
+    its IPC namespace went with the namespaces when its last process exited."""
     while True:
         try:
             pid, status = os.waitpid(-1, os.WNOHANG)
@@ -494,89 +554,48 @@ def reap_children(slots):
             return
         if pid == 0:
             return
-        entry = slots.pop(pid, None)
-        if entry is None:
-            continue  # a helper that removed a directory as its owner
-        slot, named, uid = entry
+        slot = slots.pop(pid, None)
+        if slot is None:
+            continue  # not a request's process (a helper of the handler's import)
         slots.live.discard(slot)
         code = os.WEXITSTATUS(status) if os.WIFEXITED(status) else None
-        if code not in (None, 0, LEFT_WORKDIR):
+        if code not in (None, 0):
             complain(f"request process {pid} exited with status {code}")
-        remove_workdir(named, uid)
-
-
-def remove_workdir(named, uid):
-    """Remove the /work directory a child named on `named` (then closed), if it is there.
-    The child wrote the name and closed its end before any handler code ran, so the read
-    returns at once."""
-    try:
-        name = os.read(named, 64)
-    except OSError:
-        name = b""
-    os.close(named)
-    if not is_workdir(name):
-        return  # the child never got as far as naming it
-    if not os.access(WORK_PREFIX_B + name, os.F_OK, follow_symlinks=False):
-        return  # the usual case: the child removed it
-    path = WORK_PREFIX + name.decode()
-    if uid is None:
-        remove(path)
-    elif os.fork() == 0:
-        # Only its owner may empty it (a handler may have locked subfolders): do that as
-        # the owner.
-        try:
-            become(uid)
-            remove(path)
-        finally:
-            os._exit(0)
-
-
-def remove(path):
-    """rmtree, after making each directory in it ours to empty (a handler may have chmod-ed
-    one to 0, and we have no CAP_DAC_OVERRIDE). Symbolic links are never followed."""
-    def unlock(p):
-        try:
-            if stat.S_ISDIR(os.lstat(p).st_mode):
-                os.chmod(p, 0o700)
-        except OSError:
-            pass
-    unlock(path)
-    for top, dirs, _ in os.walk(path):
-        for d in dirs:
-            unlock(os.path.join(top, d))
-    import shutil
-    shutil.rmtree(path, ignore_errors=True)
 
 
 # --- A request process ------------------------------------------------------------------
 
 
-def child(slot, tell_name, inherited, func, out, err, uid):
+def child(slot, func, out, err, uid):
     """Register, wait for one request, serve it, exit. Never returns."""
+    global LOG_FD
     try:
         # _signal, not signal: its wrappers convert through enum, which copies pages.
         _signal.signal(_signal.SIGCHLD, _signal.SIG_DFL)
-        for fd in [CTL, *inherited]:  # other slots' workdir names are not ours to read
-            os.close(fd)
-        workdir = os.urandom(16).hex()  # told before it exists, so the agent always finds it
-        os.write(tell_name, workdir.encode())
-        os.close(tell_name)
+        os.close(CTL)
+        workdir = os.urandom(16).hex()
         # The C-level socket type: the request channel needs nothing more, and a fork copies
         # fewer pages making it.
         mine, theirs = _socket.socketpair(_socket.AF_UNIX, _socket.SOCK_STREAM)
         # fd 1 and fd 2 become pipes whose read ends go to the launcher, which relays them
         # (anything the handler starts writes there too); the launcher reads them to the
         # end of what was written before it relays our terminal line.
-        global LOG_FD
-        LOG_FD = os.dup(2)  # close-on-exec: our complaints go to the log, not to the caller
+        LOG_FD = os.dup(2)  # close-on-exec; closed before the request's code runs
         (out_r, out_w), (err_r, err_w) = out, err
         os.dup2(out_w, 1)
         os.dup2(err_w, 2)
         os.close(out_w)
         os.close(err_w)
+        # Namespaces of our own while we still hold the capability for it, then none.
+        private_namespaces()
+        if uid is not None:
+            become(uid)
+        drop_caps()
+        os.umask(0o077)
         # The slot was checked against SLOT: nothing in it needs escaping. Our credentials
         # (pid, uid, gid) go with it without asking: the launcher's end has SO_PASSCRED, so
-        # the kernel attaches them itself.
+        # the kernel attaches them itself. The launcher mounts our /tmp and /work into our
+        # mount namespace, found through that pid, and then says so on the channel.
         REG_SOCKET.sendmsg([REGISTER_HEAD + slot.encode() + REGISTER_TAIL],
                            [(_socket.SOL_SOCKET, _socket.SCM_RIGHTS,
                              THREE_FDS.pack(theirs.fileno(), out_r, err_r))])
@@ -584,15 +603,17 @@ def child(slot, tell_name, inherited, func, out, err, uid):
         os.close(out_r)
         os.close(err_r)
         os.close(REG_SOCKET.detach())
-        if uid is not None:
-            become(uid)
         own_domain()
+        await_mounted(mine)
         if isinstance(func, NodeSpare):
             exec_node(func, mine, workdir)
         channel = Channel(mine)
         prepared = prepare(channel, workdir)  # everything not tied to the request, now
         pool = isinstance(func, (Pool, ExecPool))
         request = read_request(mine, prepared, POOL_REQUEST if pool else REQUEST)
+        # Nothing of the agent's is left open for the request's code.
+        os.close(LOG_FD)
+        LOG_FD = None
     except Violation as e:
         complain(f"protocol violation on the request channel: {e}")
         os._exit(2)
@@ -621,12 +642,7 @@ def read_request(sock, prepared, schema):
         if not chunk:
             if buf:
                 raise Violation("the channel closed mid-line")
-            # The launcher dropped this slot unused: its directory is still empty.
-            try:
-                os.chdir("/")
-                os.rmdir(prepared.path)
-            except OSError:
-                os._exit(LEFT_WORKDIR)
+            # The launcher dropped this slot unused (its /work goes with its namespace).
             os._exit(0)
         nl = chunk.find(b"\n")
         buf += chunk if nl < 0 else chunk[:nl]
@@ -687,7 +703,6 @@ class Prepared:
 def prepare(channel, workdir):
     """The child's own /work directory (made its working directory), `random` reseeded,
     Python's stdout and stderr on fd 1 and fd 2, and the heartbeat's handler."""
-    global LOG_FD
     path = WORK_PREFIX + workdir
     os.mkdir(path, 0o700)
     os.chmod(path, 0o700)  # whatever the umask
@@ -744,21 +759,9 @@ def run(p, request, func):
     _signal.setitimer(_signal.ITIMER_REAL, 0, 0)
     flush(sys.stdout, sys.stderr, sys.__stdout__, sys.__stderr__, *p.ours)
     p.channel.send(None, terminal, last=True)
-    # The caller has its answer; now our directory goes (the agent checks what is left
-    # when we exit with anything but 0).
-    code = LEFT_WORKDIR
-    try:
-        os.chdir("/")
-        try:
-            os.rmdir(p.path)  # the usual case: the handler left nothing behind
-            code = 0
-        except OSError:
-            remove(p.path)
-            code = LEFT_WORKDIR if os.path.lexists(p.path) else 0
-    finally:
-        os._exit(code)
-
-
+    # The caller has its answer. What this request left in its /tmp, /work and IPC
+    # namespace goes when its last process is gone (the monitor ends them all).
+    os._exit(0)
 
 
 class ScriptError(Exception):
@@ -816,7 +819,8 @@ def check_node(entry, name):
     import subprocess
     try:
         r = subprocess.run([NODE, NODE_AGENT, "--check", entry, name], stdin=subprocess.DEVNULL,
-                           stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, timeout=120)
+                           stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, timeout=120,
+                           preexec_fn=drop_caps if CAPSET is not None else None)
         if r.returncode == 0:
             return NodeSpare(entry, name)
         lines = r.stderr.decode("utf-8", "replace").strip().splitlines()
@@ -846,9 +850,13 @@ def exec_node(spare, mine, workdir):
 
 
 def main(argv):
-    per_request_uids = len(argv) > 1 and argv[1] == "--per-request-uids"
-    if per_request_uids:
-        argv = [argv[0], *argv[2:]]
+    global REQUEST_IDS
+    if len(argv) > 2 and argv[1] == "--per-request-uids":
+        REQUEST_IDS = parse_id_range(argv[2])
+        if REQUEST_IDS is None:
+            complain(f"--per-request-uids wants FIRST:COUNT, not {argv[2]!r}")
+            die(2)
+        argv = [argv[0], *argv[3:]]
     mode = "python"
     if len(argv) == 4 and argv[1] == "--node":
         argv, mode = [argv[0], argv[2], argv[3]], "node"
@@ -859,9 +867,18 @@ def main(argv):
     elif len(argv) >= 3 and argv[1] == "--exec":
         mode = "exec"
     elif len(argv) != 3:
-        complain("usage: python_agent.py [--node] ENTRY_FILE FUNC | --pool | --node-pool"
-                 " | --exec CMD...")
+        complain("usage: python_agent.py [--per-request-uids FIRST:COUNT] "
+                 "([--node] ENTRY_FILE FUNC | --pool | --node-pool | --exec CMD...)")
         die(2)
+    # Each request's namespaces need CAP_SYS_ADMIN (in the sandbox's user namespace), its
+    # own uid CAP_SETUID and CAP_SETGID: without them no request could be served safely.
+    need = (CAP_SYS_ADMIN, CAP_SETUID, CAP_SETGID) if REQUEST_IDS else (CAP_SYS_ADMIN,)
+    if not has_caps(*need):
+        complain("this agent lacks the capabilities its requests' isolation needs"
+                 " (CAP_SYS_ADMIN for their namespaces; with --per-request-uids, CAP_SETUID"
+                 " and CAP_SETGID)")
+        die(2)
+    no_dump()
     try:
         for fd in (CTL, REG):
             os.set_inheritable(fd, False)
@@ -891,12 +908,6 @@ def main(argv):
     CHILD_STREAMS = [open(fd, "w", buffering=1, encoding="utf-8", errors="backslashreplace",
                           closefd=False) for fd in (1, 2)]
     gc.freeze()  # what import made stays put: forks copy fewer pages
-    no_dump()
-    global PER_REQUEST_UIDS
-    if per_request_uids and not can_setid():
-        complain("--per-request-uids needs CAP_SETUID and CAP_SETGID, which this agent lacks")
-        die(2)
-    PER_REQUEST_UIDS = per_request_uids
     tell({"kind": "ready", "pid": os.getpid()})
     serve(func)
 

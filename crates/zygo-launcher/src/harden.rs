@@ -31,20 +31,38 @@ pub fn rlimits() -> Result<()> {
     Ok(())
 }
 
-/// Drop every capability from every set, lock the securebits so that uid 0 inside the
-/// sandbox gets none back on exec, and set no_new_privs.
-///
-/// With `keep_setid` (a zygote whose sandbox maps a whole id range), CAP_SETUID and
-/// CAP_SETGID alone survive, through the ambient set, into the agent: it uses them only to
-/// give each request's process an id of its own, which also strips them (the securebits
-/// keep the kernel's uid-change fixup, so moving every uid off 0 clears every capability).
-pub fn drop_privileges(keep_setid: bool) -> Result<()> {
+/// What a sandbox's program keeps of init's capabilities (in the sandbox's own user
+/// namespace: none of them reaches the host).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Keep {
+    /// A one-shot program: nothing.
+    Nothing,
+    /// A zygote's agent: CAP_SYS_ADMIN, to give each request's process a mount and an IPC
+    /// namespace of its own (the seccomp filter lets `unshare` through with those two flags
+    /// only, and Landlock refuses every mount, so the launcher places the request's `/tmp`
+    /// and `/work` from outside); each request's process drops it before it registers.
+    Agent,
+    /// The agent of a zygote whose requests get uids of their own: also CAP_SETUID and
+    /// CAP_SETGID, which a request's move to its uid strips along with the rest (the
+    /// securebits keep the kernel's uid-change fixup for that).
+    AgentWithIds,
+}
+
+/// Drop every capability from every set but what `keep` names, lock the securebits so
+/// that uid 0 inside the sandbox gets none back on exec, and set no_new_privs. What is kept
+/// reaches the program through the ambient set.
+pub fn drop_privileges(keep: Keep) -> Result<()> {
     use caps::{CapSet, Capability};
-    let kept: &[Capability] = if keep_setid {
-        &[Capability::CAP_SETUID, Capability::CAP_SETGID]
-    } else {
-        &[]
+    let kept: &[Capability] = match keep {
+        Keep::Nothing => &[],
+        Keep::Agent => &[Capability::CAP_SYS_ADMIN],
+        Keep::AgentWithIds => &[
+            Capability::CAP_SYS_ADMIN,
+            Capability::CAP_SETUID,
+            Capability::CAP_SETGID,
+        ],
     };
+    let keep_setid = keep == Keep::AgentWithIds;
     // NOROOT (+lock), KEEP_CAPS locked off, NO_CAP_AMBIENT_RAISE (+lock); NO_SETUID_FIXUP
     // too (+lock) when nothing is kept, else its lock alone (the fixup stays on).
     const NOROOT: libc::c_ulong = 0x01 | 0x02;
@@ -112,9 +130,26 @@ pub fn landlock_abi() -> i64 {
     }
 }
 
-/// Filesystem writes only under `/tmp`, `/work` and the plan's writable mounts (plus the
-/// harmless devices); reads and execution anywhere in the (already minimal) root. Where the
-/// kernel supports it, also scope signals and abstract unix sockets to the sandbox.
+/// Where Landlock confines a sandbox's filesystem writes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Writes<'a> {
+    /// A one-shot sandbox: writes only under `/tmp`, `/work` and these writable mounts
+    /// (plus the harmless devices).
+    Under(&'a [&'a str]),
+    /// A zygote: its mounts decide. Each request's `/tmp` and `/work` are mounts the
+    /// launcher places over the sandbox's in that request's own mount namespace, and
+    /// Landlock ignores a rule on a directory once a mount covers it (it checks the
+    /// directories a path passes through, never a covered mount point), so no rule could
+    /// grant writes there. Every other mount of a zygote is read-only but `/proc` (where a
+    /// process can write only its own settings) and the plan's writable mounts; a pool's
+    /// `/run/script` too is read-only inside, the launcher writing through a mount of its
+    /// own (`hand_over_script_dir`).
+    ByMounts,
+}
+
+/// Confine filesystem writes as `writes` says; reads and execution anywhere in the
+/// (already minimal) root. Where the kernel supports it, also scope signals and abstract
+/// unix sockets to the sandbox.
 ///
 /// The ruleset handles only the rights that change something (write, create, remove,
 /// link, device ioctls): a right it does not handle is allowed everywhere, which is what
@@ -125,21 +160,14 @@ pub fn landlock_abi() -> i64 {
 /// nothing while no descriptor from outside reaches the program (its stdio are pipes and
 /// `/dev/null`; init closes everything else).
 ///
-/// `Truncate` is handled only in a runtime pool, whose `/run/script` is a writable tmpfs
-/// whose files a rootless sandbox owns (it could `chmod` one, then `truncate(2)` it by
-/// path); a pool's opens therefore still take the walk. Elsewhere truncation, by path or
-/// by an open with `O_TRUNC` (even one for reading), is left to the mounts: every writable
-/// mount but `/proc` is one Landlock grants anyway, `/proc` ignores a change of size, and
-/// everything else is read-only (EROFS; `read_only_binds_cannot_be_truncated` in
-/// tests/escape.rs).
+/// Truncation, by path or by an open with `O_TRUNC` (even one for reading), is left to the
+/// mounts: every writable mount but `/proc` is one Landlock grants anyway, `/proc` ignores
+/// a change of size, and everything else is read-only (EROFS;
+/// `read_only_binds_cannot_be_truncated` in tests/escape.rs).
 ///
 /// On a kernel without Landlock this does nothing and says so: the mount namespace and the
 /// read-only root still hold; `zygo version` reports the missing layer.
-///
-/// With `unlisted` (a runtime pool's `/run/script`), no directory at or above it may be
-/// listed: reading and executing stay allowed everywhere, but listing is granted only on
-/// the other top-level directories, so a script cannot learn the names of the others.
-pub fn landlock(writable: &[&str], unlisted: Option<&str>) -> Result<bool> {
+pub fn landlock(writes: Writes<'_>) -> Result<bool> {
     let abi = LANDLOCK_ABI;
     let io =
         |e: landlock::RulesetError| fail("set up Landlock", std::io::Error::other(e.to_string()));
@@ -151,10 +179,17 @@ pub fn landlock(writable: &[&str], unlisted: Option<&str>) -> Result<bool> {
             )
         })
     };
-    let handled = match unlisted {
-        None => AccessFs::from_write(abi) & !AccessFs::Truncate,
-        Some(_) => AccessFs::from_write(abi) | AccessFs::ReadDir,
+    let writable: &[&str] = match writes {
+        Writes::Under(w) => w,
+        Writes::ByMounts => &[],
     };
+    // By mounts, only the device-making rights are handled (no one in a sandbox has
+    // CAP_MKNOD anyway): a domain needs one handled right to scope signals and sockets.
+    let written = match writes {
+        Writes::Under(_) => AccessFs::from_write(abi) & !AccessFs::Truncate,
+        Writes::ByMounts => AccessFs::MakeChar | AccessFs::MakeBlock,
+    };
+    let handled = written;
     let mut ruleset = Ruleset::default()
         .set_compatibility(CompatLevel::BestEffort)
         .handle_access(handled)
@@ -163,39 +198,9 @@ pub fn landlock(writable: &[&str], unlisted: Option<&str>) -> Result<bool> {
         .map_err(io)?
         .create()
         .map_err(io)?;
-    if let Some(hidden) = unlisted {
-        let top = Path::new(hidden)
-            .components()
-            .nth(1)
-            .map(|c| c.as_os_str().to_string_lossy().to_string())
-            .unwrap_or_default();
-        let entries = std::fs::read_dir("/").map_err(|e| fail("list / for Landlock", e))?;
-        for entry in entries.flatten() {
-            let name = entry.file_name().to_string_lossy().to_string();
-            let is_dir = entry.file_type().is_ok_and(|t| t.is_dir());
-            if !is_dir || name == top {
-                continue;
-            }
-            ruleset = ruleset
-                .add_rule(PathBeneath::new(
-                    path(&format!("/{name}"))?,
-                    AccessFs::ReadDir,
-                ))
-                .map_err(io)?;
-        }
-        // The rest of that top-level directory (the agent's own folder) stays listable.
-        let parent = Path::new(hidden).parent().unwrap_or(Path::new("/"));
-        if let Ok(siblings) = std::fs::read_dir(parent) {
-            for entry in siblings.flatten() {
-                let p = entry.path();
-                if p != Path::new(hidden) && entry.file_type().is_ok_and(|t| t.is_dir()) {
-                    let p = p.to_string_lossy().to_string();
-                    ruleset = ruleset
-                        .add_rule(PathBeneath::new(path(&p)?, AccessFs::ReadDir))
-                        .map_err(io)?;
-                }
-            }
-        }
+    if writes == Writes::ByMounts {
+        let status = ruleset.restrict_self().map_err(io)?;
+        return Ok(status.ruleset != RulesetStatus::NotEnforced);
     }
     for w in ["/tmp", "/work"].iter().chain(writable.iter()) {
         ruleset = ruleset

@@ -6,9 +6,11 @@
 //! enforces the deadline, and reports what the kernel said. It decides no policy: the plan
 //! arrives finished and checked. It trusts the monitor and nothing that runs in the sandbox.
 
+mod agent_log;
 pub mod harden;
 pub mod oneshot;
 mod rootfs;
+mod scratch;
 pub mod seccomp;
 mod sys;
 pub mod zygote;

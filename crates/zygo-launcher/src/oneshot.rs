@@ -165,18 +165,23 @@ pub fn run(
     };
     let inner_fds = agent_fds.as_ref().map(|c| c.inner());
 
-    // As root, create the user namespace *as* the subordinate uid: the namespace's owner is
-    // then that uid, so the per-user kernel counters (inotify instances and watches, queued
-    // signals, ...) the sandbox uses are charged to it, never to the host's root. Only the
-    // effective ids change; the real and saved ids stay 0 so we can change back.
+    // As root, create the user namespace *as* a subordinate id of this sandbox's own (see
+    // `IdMap::Range`): the namespace's owner is then that id, so the per-user kernel
+    // counters (inotify instances and watches, queued signals, locked memory, ...) the
+    // sandbox uses are charged to it, never to the host's root nor to another sandbox. Only
+    // the effective ids change; the real and saved ids stay 0 so we can change back.
     let as_subordinate = match plan.ids {
         IdMap::Range {
-            uid_base, gid_base, ..
+            uid_base,
+            gid_base,
+            count,
+            owners,
         } => {
+            let (uid, gid) = owner_ids(uid_base, gid_base, count, owners);
             // SAFETY: changing only the effective ids of this single-threaded process.
-            let r = unsafe { libc::setresgid(u32::MAX, gid_base, u32::MAX) };
+            let r = unsafe { libc::setresgid(u32::MAX, gid, u32::MAX) };
             // SAFETY: as above.
-            let r2 = unsafe { libc::setresuid(u32::MAX, uid_base, u32::MAX) };
+            let r2 = unsafe { libc::setresuid(u32::MAX, uid, u32::MAX) };
             if r < 0 || r2 < 0 {
                 let e = std::io::Error::last_os_error();
                 restore_root();
@@ -244,7 +249,7 @@ pub fn run(
     // exits, after it has reported the end: the monitor reads the usage and removes the
     // cgroups meanwhile, instead of after. init is still ours to open (it becomes
     // undumpable only once this process lets it finish).
-    let _mounts = std::fs::File::open(format!("/proc/{pid}/ns/mnt"));
+    let mounts = std::fs::File::open(format!("/proc/{pid}/ns/mnt"));
     drop(ctl_init);
     sys::close(rep_w);
     // The program's stdout and stderr belong to the sandbox now: once it is gone, the
@@ -255,7 +260,15 @@ pub fn run(
         c.close_inner();
     }
     let outcome = match handed {
-        Ok(true) => supervise(sock, plan, &init, ctl, rep_r, agent_fds),
+        Ok(true) => supervise(
+            sock,
+            plan,
+            &init,
+            ctl,
+            rep_r,
+            agent_fds,
+            mounts.as_ref().ok(),
+        ),
         other => other.map(drop),
     };
     // Whatever happened, nothing of the sandbox outlives this function.
@@ -263,6 +276,17 @@ pub fn run(
     init.reap();
     sys::close(rep_r);
     outcome
+}
+
+/// The host ids that own this launcher's sandbox: one of the `owners` ids after the mapped
+/// range, chosen by our pid (live launchers have different pids, so different owners when
+/// there are as many owner ids as pids can be); `base` when there are none.
+fn owner_ids(uid_base: u32, gid_base: u32, count: u32, owners: u32) -> (u32, u32) {
+    if owners == 0 {
+        return (uid_base, gid_base);
+    }
+    let i = std::process::id() % owners;
+    (uid_base + count + i, gid_base + count + i)
 }
 
 /// Back to effective root after creating the sandbox as its subordinate uid.
@@ -331,6 +355,7 @@ fn write_id_maps(pid: libc::pid_t, ids: &IdMap) -> Result<(), String> {
             uid_base,
             gid_base,
             count,
+            ..
         } => {
             if uid_base == 0 || gid_base == 0 {
                 return Err("refusing an id map onto host id 0".into());
@@ -438,7 +463,8 @@ fn hand_over_cgroup(
     }
 }
 
-/// The rest of the start (init has its cgroup files), then the run.
+/// The rest of the start (init has its cgroup files), then the run. `mnt_ns` is init's
+/// mount namespace (a zygote's relay checks that each request has one of its own).
 fn supervise(
     sock: &mut UnixStream,
     plan: &LaunchPlan,
@@ -446,6 +472,7 @@ fn supervise(
     ctl: OwnedFd,
     rep_r: RawFd,
     mut agent_fds: Option<zygote::Channels>,
+    mnt_ns: Option<&std::fs::File>,
 ) -> Result<(), LaunchError> {
     // 3. The id maps; init builds the sandbox once they are there.
     if let Err(e) = write_id_maps(init.pid, &plan.ids) {
@@ -591,26 +618,37 @@ fn supervise(
                         if let Some(ch) = agent_fds.take() {
                             // A zygote has no overall deadline: the monitor ends it.
                             let rest = std::mem::take(&mut buf);
-                            let owner = match plan.ids {
+                            let script_owner = match plan.ids {
                                 IdMap::Range {
                                     uid_base,
                                     gid_base,
                                     count,
+                                    ..
                                 } if count > 65534 => Some((uid_base + 65534, gid_base + 65534)),
                                 IdMap::Range {
                                     uid_base, gid_base, ..
                                 } => Some((uid_base, gid_base)),
                                 IdMap::Single { .. } => None,
                             };
-                            return zygote::serve(
-                                sock,
-                                init.pid,
-                                rep_r,
-                                rest,
-                                ch,
-                                owner,
-                                plan.scripts,
-                            );
+                            let mnt_ns = match mnt_ns.map(|f| f.try_clone()) {
+                                Some(Ok(f)) => OwnedFd::from(f),
+                                _ => {
+                                    init.kill();
+                                    return failed(
+                                        sock,
+                                        Phase::Start,
+                                        "open the sandbox's mount namespace".into(),
+                                    );
+                                }
+                            };
+                            let sandbox = zygote::Sandbox {
+                                init_pid: init.pid,
+                                mnt_ns,
+                                scratch_bytes: plan.scratch_bytes,
+                                script_owner,
+                                scripts: plan.scripts,
+                            };
+                            return zygote::serve(sock, sandbox, rep_r, rest, ch);
                         }
                     }
                     Some(Report::Failed(why)) => failure = Some(why),
@@ -693,7 +731,7 @@ fn init_main(
     plan: &LaunchPlan,
     ctl: OwnedFd,
     rep_w: RawFd,
-    agent_fds: Option<(RawFd, RawFd)>,
+    agent_fds: Option<zygote::InnerFds>,
 ) -> ! {
     // If the launcher dies, so does the sandbox.
     let _ = sys::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL as libc::c_ulong);
@@ -728,7 +766,7 @@ fn init_main(
         Ok((1, _)) if tag == *b"M" => {}
         _ => exit_now(1),
     }
-    if let Err(e) = build(plan, agent_fds.map(|(_, reg)| reg)) {
+    if let Err(e) = build(plan, agent_fds.map(|a| a.reg)) {
         report(rep_w, "F", &e.to_string());
         exit_now(1);
     }
@@ -766,6 +804,12 @@ fn init_main(
     if let Err(e) = seccomp::install(&filter) {
         report(rep_w, "F", &format!("install the seccomp filter: {e}"));
         exit_now(1);
+    }
+    if !plan.inotify {
+        if let Err(e) = seccomp::install(seccomp::no_inotify_filter()) {
+            report(rep_w, "F", &format!("install the no-inotify filter: {e}"));
+            exit_now(1);
+        }
     }
     let child = match start_program(&prepared, agent_fds) {
         Ok(pid) => pid,
@@ -861,14 +905,17 @@ fn finish(plan: &LaunchPlan) -> Result<Prepared, SetupError> {
         "make init undumpable".into()
     })?;
     harden::rlimits()?;
-    harden::drop_privileges(per_request_ids(plan))?;
+    harden::drop_privileges(kept_capabilities(plan))?;
     let writable: Vec<&str> = plan
         .mounts
         .iter()
         .filter(|m| m.rw)
         .map(|m| m.dst.as_str())
         .collect();
-    harden::landlock(&writable, plan.scripts.then_some("/run/script"))?;
+    harden::landlock(match plan.mode {
+        Mode::OneShot => harden::Writes::Under(&writable),
+        Mode::Zygote => harden::Writes::ByMounts,
+    })?;
 
     let env: Vec<CString> = plan
         .env
@@ -903,20 +950,31 @@ fn finish(plan: &LaunchPlan) -> Result<Prepared, SetupError> {
 
 /// A runtime pool's init hands its `/run/script` folder to the launcher (which writes the
 /// scripts into it from outside) as the first message on the registration socket, before
-/// anything untrusted runs in the sandbox.
+/// anything untrusted runs in the sandbox: a writable mount of that tmpfs of the launcher's
+/// own, detached from the tree, while the sandbox's own mount of it becomes read-only.
+/// Nothing inside can then create, change, truncate or remove a script, nor change the
+/// folder's mode (0311: it cannot be listed).
 fn hand_over_script_dir(reg: RawFd) -> Result<(), SetupError> {
-    let dir = sys::step(std::fs::File::open("/run/script"), || {
-        "open /run/script".into()
+    let dir = Path::new("/run/script");
+    let writable = sys::step(sys::open_tree_clone(dir), || {
+        "clone the /run/script mount for the launcher".into()
     })?;
-    proto::fds::send_with_fds(reg, b"scripts", &[dir.as_raw_fd()])
+    sys::step(sys::mount_setattr(dir, sys::MOUNT_ATTR_RDONLY, 0), || {
+        "make /run/script read-only".into()
+    })?;
+    proto::fds::send_with_fds(reg, b"scripts", &[writable.as_raw_fd()])
         .map(drop)
         .map_err(|e| sys::fail("hand /run/script to the launcher", e))
 }
 
-/// A zygote whose sandbox maps a whole id range gives each request's process its own uid
-/// (see `harden::drop_privileges`); elsewhere every process of a sandbox is uid 0 inside.
-pub fn per_request_ids(plan: &LaunchPlan) -> bool {
-    plan.mode == Mode::Zygote && matches!(plan.ids, IdMap::Range { count, .. } if count >= 65536)
+/// What the program keeps of init's capabilities: a zygote's agent needs some to isolate
+/// its requests from each other (see `harden::Keep`).
+fn kept_capabilities(plan: &LaunchPlan) -> harden::Keep {
+    match (plan.mode, plan.request_ids) {
+        (Mode::OneShot, _) => harden::Keep::Nothing,
+        (Mode::Zygote, None) => harden::Keep::Agent,
+        (Mode::Zygote, Some(_)) => harden::Keep::AgentWithIds,
+    }
 }
 
 fn check(ret: libc::c_int) -> std::io::Result<()> {
@@ -925,6 +983,27 @@ fn check(ret: libc::c_int) -> std::io::Result<()> {
     } else {
         Ok(())
     }
+}
+
+/// Open `path` read-only at a descriptor number of at least `min`, close-on-exec.
+fn open_above(path: &std::ffi::CStr, min: RawFd) -> std::io::Result<OwnedFd> {
+    // SAFETY: open with a valid C string.
+    let fd = unsafe { libc::open(path.as_ptr(), libc::O_RDONLY | libc::O_CLOEXEC) };
+    if fd < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    // SAFETY: a fresh descriptor that nothing else owns.
+    let fd = unsafe { <OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(fd) };
+    if fd.as_raw_fd() >= min {
+        return Ok(fd);
+    }
+    // SAFETY: F_DUPFD_CLOEXEC returns a new descriptor at `min` or above, or -1.
+    let high = unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_DUPFD_CLOEXEC, min) };
+    if high < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    // SAFETY: as above.
+    Ok(unsafe { <OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(high) })
 }
 
 /// Find `cmd` the way a shell would, inside the sandbox's root.
@@ -945,15 +1024,35 @@ fn resolve(cmd: &str, path_var: &str) -> Option<std::path::PathBuf> {
 }
 
 /// Start the program: a new session (no controlling terminal, and no way to reach the
-/// launcher's), stderr from the program's stderr pipe, a zygote's agent channels on fds 3
-/// and 4, nothing else open, every signal at its default (the launcher ignores SIGPIPE,
-/// and ignored signals would otherwise survive exec) and none blocked.
-fn start_program(p: &Prepared, agent_fds: Option<(RawFd, RawFd)>) -> std::io::Result<libc::pid_t> {
-    // The agent's channels are above fd 4 until they are moved, so no move clobbers a
-    // source not yet moved.
-    let (moves, close_from): (Vec<(RawFd, RawFd)>, RawFd) = match agent_fds {
-        Some((ctl, reg)) => (vec![(FD_PROGRAM_STDERR, 2), (ctl, 3), (reg, 4)], 5),
-        None => (vec![(FD_PROGRAM_STDERR, 2)], 3),
+/// launcher's), nothing else open, every signal at its default (the launcher ignores
+/// SIGPIPE, and ignored signals would otherwise survive exec) and none blocked.
+///
+/// A one-shot program's stdin and stdout are init's (the monitor's) and its stderr the
+/// program's stderr pipe. A zygote's agent gets the sandbox's own `/dev/null` as stdin, the
+/// diagnostics pipe the launcher reads as stdout and stderr, and its channels on fds 3 and
+/// 4: none of its descriptors is a host file.
+fn start_program(
+    p: &Prepared,
+    agent_fds: Option<zygote::InnerFds>,
+) -> std::io::Result<libc::pid_t> {
+    // Every source is above fd 4 until it is moved (the null device is opened there), so no
+    // move clobbers a source not yet moved.
+    let null = match agent_fds {
+        Some(_) => Some(open_above(c"/dev/null", 5)?),
+        None => None,
+    };
+    let (moves, close_from): (Vec<(RawFd, RawFd)>, RawFd) = match (agent_fds, &null) {
+        (Some(a), Some(null)) => (
+            vec![
+                (null.as_raw_fd(), 0),
+                (a.log, 1),
+                (a.log, 2),
+                (a.ctl, 3),
+                (a.reg, 4),
+            ],
+            5,
+        ),
+        _ => (vec![(FD_PROGRAM_STDERR, 2)], 3),
     };
     sys::spawn(&sys::Spawn {
         path: &p.path,

@@ -440,13 +440,10 @@ fn assemble(plan: &LaunchPlan) -> Result<()> {
     let tmp = new.join("tmp");
     mkdir(&tmp, 0o1777)?;
     tmpfs(&tmp, &format!("mode=1777,{scratch}"), MS_NOSUID | MS_NODEV)?;
-    // A zygote's /work is 0311: each request makes its own unguessable directory in it,
-    // and no request (nor anything else without capabilities) can list the others.
-    // With per-request uids, /work is 1733: any request may make its directory there, none
-    // may list it or remove another's (sticky). Otherwise one uid runs every request.
+    // A zygote's own /work is the agent's (0311: nothing can list it): each request gets a
+    // fresh tmpfs over /work and /tmp in its own mount namespace, placed by the launcher.
     let work_mode = match plan.mode {
         Mode::OneShot => "0755",
-        Mode::Zygote if crate::oneshot::per_request_ids(plan) => "1733",
         Mode::Zygote => "0311",
     };
     let work = new.join("work");
@@ -505,8 +502,9 @@ fn assemble(plan: &LaunchPlan) -> Result<()> {
         remount_ro(&dir, MS_NOEXEC)?;
     }
     // A runtime pool's scripts: a tmpfs the launcher writes into from outside, mode 0311 so
-    // it cannot be listed; owned (as root) by an id the sandbox's processes are not, so they
-    // cannot change its mode either. Landlock forbids every write to it from inside.
+    // it cannot be listed; owned (as root) by an id the sandbox's processes are not. init
+    // hands the launcher a writable mount of it and makes this one read-only
+    // (`hand_over_script_dir`), so nothing inside can write there or change its mode.
     if plan.scripts {
         let dir = new.join("run/script");
         mkdir(&dir, 0o755)?;

@@ -8,8 +8,10 @@
 //! program may *touch*; this filter decides which kernel *code* it may reach at all. It
 //! refuses:
 //!
-//! - everything that builds or leaves a sandbox: `mount` and the new mount API, `unshare`,
-//!   `setns`, namespace flags on `clone`, `chroot`, `pivot_root`;
+//! - everything that builds or leaves a sandbox: `mount` and the new mount API, `unshare`
+//!   (bar a new mount and IPC namespace, which a zygote's agent makes for each request;
+//!   never a user namespace, the one a process without capabilities could make), `setns`,
+//!   namespace flags on `clone`, `chroot`, `pivot_root`;
 //! - reaching into other processes: `ptrace`, `process_vm_readv/writev`, `kcmp`,
 //!   `pidfd_getfd`;
 //! - large, bug-prone kernel subsystems ordinary programs never need: `bpf`, `perf_event_open`,
@@ -49,11 +51,11 @@
 //! # Reading the table
 //!
 //! [`allowlist`] is the whole policy: one line per syscall, with the reason a normal program
-//! needs it. Five entries filter an argument ([`When`]); [`enosys_list`] holds the `ENOSYS`
+//! needs it. Six entries filter an argument ([`When`]); [`enosys_list`] holds the `ENOSYS`
 //! answers. The BPF is generated from these tables: after the architecture check, a balanced
 //! binary search on the syscall number (about 200 instructions, at most 12 run per call),
 //! described at [`sandbox_filter`]. It rarely runs anyway: since Linux 5.11 the kernel caches
-//! the verdict of every syscall allowed whatever its arguments, so only the five filtered ones
+//! the verdict of every syscall allowed whatever its arguments, so only the six filtered ones
 //! and refused calls evaluate the program.
 
 use std::fmt;
@@ -163,6 +165,12 @@ const NAMESPACE_FLAGS: u32 = (libc::CLONE_NEWNS
     | libc::CLONE_NEWUTS
     | libc::CLONE_NEWCGROUP) as u32;
 
+/// Every `unshare` flag but the two a zygote's agent uses for each request (a mount and an
+/// IPC namespace: see `harden::Keep::Agent`). Making either needs CAP_SYS_ADMIN, which only
+/// the agent holds; the flags that un-share within the process (files, fs, sysvsem) are
+/// refused too, as nothing needs them.
+const UNSHARE_REFUSED: u32 = !((libc::CLONE_NEWNS | libc::CLONE_NEWIPC) as u32);
+
 /// Terminal ioctls that inject input into, or reconfigure, a terminal the sandbox may share.
 const TERMINAL_INJECTION: &[u32] = &[libc::TIOCSTI as u32, libc::TIOCLINUX as u32];
 
@@ -205,6 +213,8 @@ static ALLOWLIST: &[Allowed] = &[
     allow!(SYS_landlock_create_ruleset, "a program may restrict itself further"),
     allow!(SYS_landlock_add_rule, "a program may restrict itself further"),
     allow!(SYS_landlock_restrict_self, "a program may restrict itself further"),
+    allow!(SYS_unshare, When::MaskClear { arg: 0, mask: UNSHARE_REFUSED },
+           "a zygote's agent gives each request a mount and an IPC namespace (needs the agent's CAP_SYS_ADMIN); no other flag"),
     allow!(SYS_capget, "read capability sets (libcap, runtimes' checks)"),
     allow!(SYS_capset, "drop capabilities; all are already dropped, none can be regained"),
     allow!(SYS_restart_syscall, "the kernel restarting a call interrupted by a signal"),
@@ -883,6 +893,35 @@ pub fn sandbox_filter() -> &'static [sock_filter] {
     &FILTER
 }
 
+/// A second filter, stacked on [`sandbox_filter`] unless the plan allows inotify: making an
+/// inotify instance fails with `ENOSYS`, as on a kernel built without it, so programs take
+/// their polling fallback (`tail -f`, file watchers). A watch on a file of the read-only
+/// image, which the host and every other sandbox share, would see each time anyone opens
+/// or reads it. Without an instance, `inotify_add_watch` has nothing to add to. Stacked
+/// filters can only narrow: the stricter answer wins.
+static NO_INOTIFY: &[sock_filter] = &[
+    ins(LD_ABS, 0, 0, ARCH),
+    // Another architecture: the sandbox filter kills it; nothing to add here.
+    ins(JEQ, 1, 0, arch::AUDIT),
+    ret(RET_ALLOW),
+    ins(LD_ABS, 0, 0, NR),
+    ins(JEQ, 2, 0, sys::SYS_inotify_init1 as u32),
+    ins(JEQ, 1, 0, INOTIFY_INIT),
+    ret(RET_ALLOW),
+    ret(RET_ENOSYS),
+];
+
+/// `inotify_init`, which aarch64 never had (there `inotify_init1` is tested twice).
+#[cfg(target_arch = "x86_64")]
+const INOTIFY_INIT: u32 = sys::SYS_inotify_init as u32;
+#[cfg(not(target_arch = "x86_64"))]
+const INOTIFY_INIT: u32 = sys::SYS_inotify_init1 as u32;
+
+/// The filter that refuses inotify (see [`NO_INOTIFY`]).
+pub fn no_inotify_filter() -> &'static [sock_filter] {
+    NO_INOTIFY
+}
+
 /// The size of one BPF instruction on the wire (`code`, `jt`, `jf`, `k`).
 const INS_BYTES: usize = 8;
 
@@ -1064,7 +1103,14 @@ mod tests {
             .collect();
         assert_eq!(
             filtered,
-            ["clone", "personality", "ioctl", "socket", "socketpair"]
+            [
+                "clone",
+                "personality",
+                "unshare",
+                "ioctl",
+                "socket",
+                "socketpair"
+            ]
         );
     }
 
@@ -1457,10 +1503,24 @@ mod tests {
             let pid = unsafe { libc::getpid() };
             pid > 0
         }),
-        ("unshare(CLONE_NEWNS) -> EPERM", || {
+        ("unshare(CLONE_NEWUSER) -> EPERM", || {
             // SAFETY: only affects this throwaway child, and should fail anyway.
             fails_with(
-                unsafe { libc::unshare(libc::CLONE_NEWNS) }.into(),
+                unsafe { libc::unshare(libc::CLONE_NEWUSER) }.into(),
+                libc::EPERM,
+            )
+        }),
+        ("unshare(CLONE_NEWNS | CLONE_NEWNET) -> EPERM", || {
+            // SAFETY: as above.
+            fails_with(
+                unsafe { libc::unshare(libc::CLONE_NEWNS | libc::CLONE_NEWNET) }.into(),
+                libc::EPERM,
+            )
+        }),
+        ("unshare(CLONE_FILES) -> EPERM", || {
+            // SAFETY: as above.
+            fails_with(
+                unsafe { libc::unshare(libc::CLONE_FILES) }.into(),
                 libc::EPERM,
             )
         }),
@@ -1737,6 +1797,40 @@ mod tests {
             );
         }
         assert_eq!(describe(status), "exit 0");
+    }
+
+    #[test]
+    fn inotify_is_refused_with_enosys_only_where_the_second_filter_is_stacked() {
+        fn inotify() -> libc::c_int {
+            // SAFETY: creates a descriptor in a throwaway child, or fails.
+            let fd = unsafe { libc::inotify_init1(libc::IN_CLOEXEC) };
+            if fd >= 0 {
+                return 0;
+            }
+            // SAFETY: reading errno.
+            unsafe { *libc::__errno_location() }
+        }
+        let prog = sandbox_filter().to_vec();
+        let (status, _) = in_filtered_child(&prog, inotify);
+        assert_eq!(
+            describe(status),
+            "exit 0",
+            "the sandbox filter allows inotify"
+        );
+        let no = no_inotify_filter().to_vec();
+        let (status, _) = in_filtered_child(&no, || {
+            // The sandbox filter under the one being tested, as in a sandbox.
+            if install(&prog).is_err() {
+                return 202;
+            }
+            let e = inotify();
+            // SAFETY: getpid takes nothing; a call the filter must still allow.
+            if unsafe { libc::getpid() } <= 0 {
+                return 203;
+            }
+            e
+        });
+        assert_eq!(describe(status), format!("exit {}", libc::ENOSYS));
     }
 
     /// Run `argv` under the filter with a minimal environment (stdout to /dev/null, stderr

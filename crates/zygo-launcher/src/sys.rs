@@ -144,6 +144,27 @@ fn setattr(
     Ok(())
 }
 
+/// A detached copy of the mount at `path` (`open_tree(OPEN_TREE_CLONE)`): a descriptor to
+/// its root through which it can be used whatever later happens to `path`'s own mount.
+pub fn open_tree_clone(path: &Path) -> io::Result<OwnedFd> {
+    const OPEN_TREE_CLONE: libc::c_uint = 1;
+    let p = cstr(path)?;
+    // SAFETY: `p` is a valid C string; open_tree returns a new descriptor or -1.
+    let fd = unsafe {
+        libc::syscall(
+            libc::SYS_open_tree,
+            libc::AT_FDCWD,
+            p.as_ptr(),
+            OPEN_TREE_CLONE | libc::O_CLOEXEC as libc::c_uint,
+        )
+    };
+    if fd < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: a fresh descriptor that nothing else owns.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd as RawFd) })
+}
+
 pub fn umount_detach(path: &Path) -> io::Result<()> {
     let p = cstr(path)?;
     // SAFETY: valid C string.
@@ -201,6 +222,18 @@ pub fn read_fd(fd: RawFd, buf: &mut [u8]) -> io::Result<usize> {
 pub fn close(fd: RawFd) {
     // SAFETY: closing a descriptor this process owns; errors are irrelevant here.
     unsafe { libc::close(fd) };
+}
+
+/// A descriptor for the process `pid` (host pid), which stays with that process even if the
+/// number is reused.
+pub fn pidfd_open(pid: libc::pid_t) -> io::Result<OwnedFd> {
+    // SAFETY: pidfd_open(2) with no flags returns a new descriptor or -1.
+    let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid, 0) };
+    if fd < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: a fresh descriptor that nothing else owns.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd as RawFd) })
 }
 
 /// A pipe with both ends close-on-exec: (read, write).

@@ -31,11 +31,15 @@ const CHUNK: usize = 64 * 1024;
 const MAX_CHILD_LINE: usize = 20 * 1024 * 1024;
 
 /// The launcher's ends of the agent's channels, and the sandbox's ends until the clone.
+/// `log` is the read end of the pipe that is the agent's stdout and stderr: its own
+/// diagnostics, which the launcher logs with a cap (the agent never holds a host file).
 pub struct Channels {
     ctl: RawFd,
     reg: RawFd,
+    log: RawFd,
     inner_ctl: RawFd,
     inner_reg: RawFd,
+    inner_log: RawFd,
 }
 
 fn socketpair(kind: libc::c_int) -> std::io::Result<(RawFd, RawFd)> {
@@ -73,25 +77,45 @@ pub fn channels() -> std::io::Result<Channels> {
     if r < 0 {
         return Err(std::io::Error::last_os_error());
     }
+    let (log, inner_log) = sys::pipe_cloexec()?;
     Ok(Channels {
         ctl,
         reg,
+        log,
         inner_ctl,
         inner_reg,
+        inner_log,
     })
 }
 
+/// The sandbox's ends of a zygote's channels, as init hands them to the agent.
+#[derive(Debug, Clone, Copy)]
+pub struct InnerFds {
+    /// The control channel: the agent's fd 3.
+    pub ctl: RawFd,
+    /// The registration socket: the agent's fd 4.
+    pub reg: RawFd,
+    /// The write end of the agent's diagnostics pipe: its fd 1 and fd 2.
+    pub log: RawFd,
+}
+
 impl Channels {
-    pub fn inner(&self) -> (RawFd, RawFd) {
-        (self.inner_ctl, self.inner_reg)
+    pub fn inner(&self) -> InnerFds {
+        InnerFds {
+            ctl: self.inner_ctl,
+            reg: self.inner_reg,
+            log: self.inner_log,
+        }
     }
     pub fn close_inner(&self) {
         sys::close(self.inner_ctl);
         sys::close(self.inner_reg);
+        sys::close(self.inner_log);
     }
     pub fn close_outer(&self) {
         sys::close(self.ctl);
         sys::close(self.reg);
+        sys::close(self.log);
     }
 }
 
@@ -606,19 +630,48 @@ impl Up {
     }
 }
 
+/// The launcher's first line to a parked child: its `/tmp` and `/work` are in place.
+const MOUNTED: &[u8] = b"{\"kind\":\"mounted\"}\n";
+
+/// What the zygote's sandbox is, for the relay.
+pub struct Sandbox {
+    pub init_pid: libc::pid_t,
+    /// The mount namespace of the sandbox's init (a request's must be another).
+    pub mnt_ns: OwnedFd,
+    /// The size of each request's `/tmp` and of its `/work`, in bytes.
+    pub scratch_bytes: u64,
+    /// As root, the host ids scripts are written as (the sandbox's `nobody`).
+    pub script_owner: Option<(u32, u32)>,
+    /// A runtime pool: scripts are written into its `/run/script`.
+    pub scripts: bool,
+}
+
 /// Serve the zygote until the agent exits or the monitor ends it. `report` is init's report
 /// pipe (a `W` line means the agent exited), with any bytes already read in `pending`.
 pub fn serve(
     sock: &mut UnixStream,
-    init_pid: libc::pid_t,
+    sandbox: Sandbox,
     report: RawFd,
     pending: Vec<u8>,
     ch: Channels,
-    script_owner: Option<(u32, u32)>,
-    scripts: bool,
 ) -> Result<(), LaunchError> {
+    let Sandbox {
+        init_pid,
+        mnt_ns,
+        scratch_bytes,
+        script_owner,
+        scripts,
+    } = sandbox;
     let ctl = ch.ctl;
     let reg = ch.reg;
+    let log_fd = ch.log;
+    // SAFETY: fcntl on a descriptor we own, adding O_NONBLOCK.
+    unsafe {
+        let flags = libc::fcntl(log_fd, libc::F_GETFL);
+        libc::fcntl(log_fd, libc::F_SETFL, flags | libc::O_NONBLOCK);
+    }
+    let mut agent_log = crate::agent_log::AgentLog::new(format!("sandbox {init_pid} (agent)"));
+    let mut log_open = true;
     let script_dir = if scripts {
         match receive_script_dir(reg, init_pid) {
             Ok(d) => Some(d),
@@ -670,6 +723,11 @@ pub fn serve(
             },
             libc::pollfd {
                 fd: if reg_open { reg } else { -1 },
+                events: libc::POLLIN,
+                revents: 0,
+            },
+            libc::pollfd {
+                fd: if log_open { log_fd } else { -1 },
                 events: libc::POLLIN,
                 revents: 0,
             },
@@ -814,18 +872,32 @@ pub fn serve(
                     if children.contains_key(&slot) {
                         return end(format!("slot {slot} registered twice"));
                     }
-                    children.insert(
-                        slot.clone(),
-                        Child {
-                            fd,
-                            lines: Lines::new(MAX_CHILD_LINE),
-                            done: false,
-                            orphaned: false,
-                            out: Relay::new(out, Stream::Stdout),
-                            err: Relay::new(err, Stream::Stderr),
-                        },
-                    );
-                    up.send(&FromLauncher::Parked { slot, pid })?;
+                    // The request's own /tmp and /work, then the word that they are there.
+                    // A child that gets neither sees its channel close, and exits.
+                    let placed = crate::scratch::give(pid, &mnt_ns, scratch_bytes)
+                        .map_err(|e| format!("give the request its own /tmp and /work: {e}"))
+                        .and_then(|()| {
+                            sys::write_fd(fd.as_raw_fd(), MOUNTED).map_err(|e| {
+                                format!("the request's process left before it was parked: {e}")
+                            })
+                        });
+                    match placed {
+                        Err(message) => up.send(&FromLauncher::ParkFailed { slot, message })?,
+                        Ok(()) => {
+                            children.insert(
+                                slot.clone(),
+                                Child {
+                                    fd,
+                                    lines: Lines::new(MAX_CHILD_LINE),
+                                    done: false,
+                                    orphaned: false,
+                                    out: Relay::new(out, Stream::Stdout),
+                                    err: Relay::new(err, Stream::Stderr),
+                                },
+                            );
+                            up.send(&FromLauncher::Parked { slot, pid })?;
+                        }
+                    }
                 }
                 Ok(None) => {}
                 Err(e) if e.contains("closed") => reg_open = false,
@@ -833,9 +905,14 @@ pub fn serve(
             }
         }
 
+        // The agent's own diagnostics.
+        if fds[4].revents != 0 {
+            log_open = agent_log.pump(log_fd);
+        }
+
         // Children.
         for (i, slot) in slots.iter().enumerate() {
-            let base = 4 + 3 * i;
+            let base = 5 + 3 * i;
             let Some(c) = children.get_mut(slot) else {
                 continue;
             };

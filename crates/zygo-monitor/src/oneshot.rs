@@ -810,6 +810,8 @@ pub fn launch_plan(plan: &policy::plan::OneShotPlan) -> Result<(LaunchPlan, Limi
         timeout_ms: l.timeout.as_millis().min(u64::MAX as u128) as u64,
         ids,
         hostname: "zygo".into(),
+        request_ids: None,
+        inotify: plan.inotify,
     };
     Ok((launch, limits))
 }

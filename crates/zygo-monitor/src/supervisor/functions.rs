@@ -25,14 +25,15 @@ use proto::front::{
     Outcome, Reply, Request, ScriptRef, ZygoteCounts,
 };
 use proto::launch::{
-    BindMount, FromLauncher, IdMap, Image, InjectedFile, LaunchPlan, Mode, Script, Stream,
-    ToLauncher, MAX_LAUNCH_FRAME,
+    BindMount, FromLauncher, Image, InjectedFile, LaunchPlan, Mode, Script, Stream, ToLauncher,
+    MAX_LAUNCH_FRAME,
 };
 
 use super::cgworker::{Job, Placed, Worker};
 use super::conn::Conn;
 use super::SupervisorError;
 use crate::cgroup::{Backend, Cgroup, Limits, Weight};
+use crate::identity::Identity;
 use std::sync::Arc;
 
 /// Requests one zygote serves at once.
@@ -115,9 +116,27 @@ struct Zygote {
     last_used: Instant,
     last_beat: Instant,
     frozen: bool,
+    /// Children it may still park, where each request takes a uid that is never given
+    /// twice (see `identity`): at 0 the zygote is spent, serves the children it has, and is
+    /// replaced. `None`: no limit (every request runs as the sandbox's one uid).
+    parks_left: Option<u32>,
+    /// A spent zygote whose replacement has been started.
+    replaced: bool,
 }
 
 impl Zygote {
+    /// Whether it may park no more children.
+    fn spent(&self) -> bool {
+        self.parks_left == Some(0)
+    }
+    /// How many more requests it can take: a spent zygote only those its children can.
+    fn room(&self) -> usize {
+        if self.spent() {
+            self.parked() + self.parking.len() + self.placing.len()
+        } else {
+            SLOTS - self.busy().min(SLOTS)
+        }
+    }
     /// Children serving a request that has not been answered yet. (An answered child is
     /// on its way out: it no longer counts against the zygote's slots.)
     fn busy(&self) -> usize {
@@ -231,7 +250,7 @@ type AgentLaunch = (Vec<String>, Option<BindMount>, Vec<InjectedFile>);
 pub struct Functions {
     backend: Arc<Backend>,
     worker: Worker,
-    ids: IdMap,
+    identity: Identity,
     launcher: PathBuf,
     usage: Option<std::fs::File>,
     /// Usage lines of requests answered since the last `write_usage`.
@@ -271,7 +290,7 @@ impl Functions {
     pub fn new(
         backend: Backend,
         waker: Arc<mio::Waker>,
-        ids: IdMap,
+        identity: Identity,
         launcher: PathBuf,
         usage_path: PathBuf,
         scripts: PathBuf,
@@ -287,7 +306,7 @@ impl Functions {
         Ok(Functions {
             backend,
             worker,
-            ids,
+            identity,
             launcher,
             usage: Some(usage),
             usage_lines: String::new(),
@@ -686,16 +705,17 @@ impl Functions {
             ));
         }
         let (mut argv, fn_mount, files) = agent_argv(&spec)?;
-        // Where the sandbox maps a whole id range, each request runs as a uid of its own
-        // (the launcher leaves the agent CAP_SETUID/CAP_SETGID for that, see
-        // zygo_launcher::harden::drop_privileges).
-        if matches!(self.ids, IdMap::Range { count, .. } if count >= 65536) {
-            // The agent's first argument, right after its own path.
+        // Where the sandbox maps a range of ids for requests, each request runs as a uid of
+        // its own (the launcher leaves the agent CAP_SETUID/CAP_SETGID for that, see
+        // zygo_launcher::harden::Keep), never one the image's users have, never twice.
+        if let Some(r) = self.identity.request_ids {
+            // The agent's first arguments, right after its own path.
             let at = argv
                 .iter()
                 .position(|a| a == AGENT_SCRIPT)
                 .map_or(argv.len(), |i| i + 1);
             argv.insert(at, "--per-request-uids".into());
+            argv.insert(at + 1, format!("{}:{}", r.first, r.count));
         }
         let image = match &spec.image {
             policy::plan::Image::Host => Image::Host,
@@ -736,8 +756,10 @@ impl Functions {
             mounts,
             scratch_bytes: l.scratch.0,
             timeout_ms: l.timeout.as_millis() as u64,
-            ids: self.ids,
+            ids: self.identity.ids,
             hostname: "zygo".into(),
+            request_ids: self.identity.request_ids,
+            inotify: spec.inotify,
             scripts: is_pool(&spec),
             files,
             work: None,
@@ -822,6 +844,8 @@ impl Functions {
                 last_used: now,
                 last_beat: now,
                 frozen: false,
+                parks_left: self.identity.request_ids.map(|r| r.count),
+                replaced: false,
             },
         );
         if let Some(f) = self.fns.get_mut(name) {
@@ -840,14 +864,43 @@ impl Functions {
         let room = SLOTS.saturating_sub(z.busy() + z.parked() + z.parking.len() + z.placing.len());
         let want = SPARES
             .saturating_sub(z.parked() + z.parking.len() + z.placing.len())
-            .min(room);
+            .min(room)
+            .min(z.parks_left.map_or(usize::MAX, |n| n as usize));
         for _ in 0..want {
             self.counter += 1;
             let slot = format!("s{}{}", self.counter, random_hex(3));
             if let Some(z) = self.zygotes.get_mut(&zt) {
                 z.parking.push(slot.clone());
+                if let Some(n) = z.parks_left.as_mut() {
+                    *n -= 1;
+                }
                 z.conn.send(&ToLauncher::Park { slot });
             }
+        }
+    }
+
+    /// A spent zygote (see `Zygote::parks_left`) gets a replacement as soon as it is spent,
+    /// and is ended once its last child is gone: no request id is ever given twice.
+    fn retire_if_spent(&mut self, zt: Token, reg: &Registry, tokens: &mut dyn FnMut() -> Token) {
+        let Some(z) = self.zygotes.get_mut(&zt) else {
+            return;
+        };
+        if !z.spent() || z.state != ZState::Ready {
+            return;
+        }
+        let name = z.func.clone();
+        if !z.replaced {
+            z.replaced = true;
+            log::info!("a zygote of {name} has given every request id it had; replacing it");
+            if let Err(e) = self.spawn_zygote(&name, reg, tokens) {
+                log::error!("replace a spent zygote of {name}: {e}");
+            }
+        }
+        let Some(z) = self.zygotes.get(&zt) else {
+            return;
+        };
+        if z.slots.is_empty() && z.parking.is_empty() && z.placing.is_empty() {
+            self.kill_zygote(zt, reg);
         }
     }
 
@@ -1063,6 +1116,7 @@ impl Functions {
             FromLauncher::ParkFailed { slot, message } => {
                 z.parking.retain(|s| *s != slot);
                 log::warn!("a zygote of {} could not park a child: {message}", z.func);
+                self.retire_if_spent(zt, reg, tokens);
             }
             FromLauncher::Output { slot, stream, data } => {
                 if let Some(id) = slot_request(z, &slot) {
@@ -1163,6 +1217,7 @@ impl Functions {
                     let func = z.func.clone();
                     self.dispatch_pending(&func);
                 }
+                self.retire_if_spent(zt, reg, tokens);
             }
             FromLauncher::Exited { .. } => {
                 z.state = ZState::Dead;
@@ -1397,7 +1452,7 @@ impl Functions {
             .filter_map(|t| self.zygotes.get(t))
             .filter(|z| z.state != ZState::Dead)
             .collect();
-        let room: usize = live.iter().map(|z| SLOTS - z.busy().min(SLOTS)).sum();
+        let room: usize = live.iter().map(|z| z.room()).sum();
         let max_warm = (f.spec.max_warm as usize).max(1);
         let can_grow = f.zygotes.len() < max_warm;
         if room > f.pending.len() {

@@ -201,7 +201,10 @@ impl Supervisor {
         let mut listener =
             listener.map_err(|e| err(&format!("listen on {}", socket.display()), e))?;
         let backend = Backend::detect().map_err(|e| SupervisorError(e.to_string()))?;
-        let ids = crate::identity::id_map().map_err(|e| SupervisorError(e.to_string()))?;
+        let identity = crate::identity::identity().map_err(|e| SupervisorError(e.to_string()))?;
+        if let Some(why) = identity.shortfall() {
+            log::warn!("{why}");
+        }
         let signal_fd = block_signals()?;
         let poll = Poll::new().map_err(|e| err("create the event loop", e))?;
         poll.registry()
@@ -221,7 +224,7 @@ impl Supervisor {
         let waker = std::sync::Arc::new(
             mio::Waker::new(poll.registry(), WAKER).map_err(|e| err("create a waker", e))?,
         );
-        let fns = Functions::new(backend, waker, ids, launcher, usage_path, scripts)?;
+        let fns = Functions::new(backend, waker, identity, launcher, usage_path, scripts)?;
         fns.sweep_stale();
         log::info!(
             "supervisor listening on {} (cgroup {}, state {})",
