@@ -12,12 +12,15 @@
 //!
 //! Beside the messages, the process plumbing the monitor and the launcher share: passing
 //! descriptors ([`fds`]), starting a program ([`vfork`]) and where it first runs ([`cpu`]).
+//! And the one parser for JSON that comes from outside — MCP messages, the lines a sandbox
+//! writes, events ([`json`]): serde_json, with an object that repeats a key refused.
 
 pub mod codec;
 pub mod cpu;
 pub mod fds;
 pub mod frame;
 pub mod front;
+pub mod json;
 pub mod launch;
 pub mod mcp;
 pub mod readbuf;

@@ -210,7 +210,8 @@ impl Lines {
 }
 
 fn parse<T: for<'de> Deserialize<'de>>(line: &[u8]) -> Result<T, String> {
-    serde_json::from_slice(line).map_err(|e| format!("bad line: {e}"))
+    // Strict JSON: a key named twice anywhere in the line (a result's value too) fails it.
+    proto::json::from_slice_strict(line).map_err(|e| format!("bad line: {e}"))
 }
 
 fn write_line(fd: RawFd, v: &serde_json::Value) -> std::io::Result<()> {

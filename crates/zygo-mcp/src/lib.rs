@@ -13,7 +13,8 @@
 //!    speak the same front protocol, and keeps every front channel the same shape;
 //! 3. confines itself ([`zygo_front::confine`]): no_new_privs and a seccomp allowlist with
 //!    no open, no exec, no socket — before it reads one byte of stdin;
-//! 4. serves JSON-RPC ([`server`]) until stdin ends, asking the monitor side for work with
+//! 4. serves JSON-RPC ([`server`]) until stdin ends, each line parsed by [`proto::json`]
+//!    (a key named twice is a parse error), asking the monitor side for work with
 //!    [`proto::mcp::McpRequest`], which has no field for an image, a mount, a network, a
 //!    limit or a path.
 

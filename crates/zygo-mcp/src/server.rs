@@ -251,7 +251,9 @@ impl Server {
                 return;
             }
         };
-        let value: Value = match serde_json::from_str(text) {
+        // Strict: an object with a duplicate key anywhere is a parse error, so no id is
+        // guessed from a message that names two.
+        let value: Value = match proto::json::from_str_strict(text) {
             Ok(v) => v,
             Err(e) => {
                 log::warn!("a message is not valid JSON: {e}");

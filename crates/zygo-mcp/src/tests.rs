@@ -440,6 +440,47 @@ fn bad_input_gets_the_errors_the_spec_names_and_the_server_keeps_serving() {
     assert_eq!(r["result"], json!({}), "{r}");
 }
 
+/// `{"id":12,"id":13}` is not answered as 12 nor as 13: a message with a duplicate key
+/// anywhere is a parse error with a null id, and nothing of it reaches the sandbox side.
+#[test]
+fn a_message_with_a_duplicate_key_is_a_parse_error_answered_with_no_id() {
+    let mut h = Harness::new();
+    h.init("2025-03-26");
+    let cases: [(&[u8], &str); 5] = [
+        (br#"{"jsonrpc":"2.0","id":12,"id":13,"method":"tools/list"}"#, "id"),
+        (br#"{"jsonrpc":"2.0","id":14,"method":"ping","method":"tools/list"}"#, "method"),
+        (
+            br#"{"jsonrpc":"2.0","id":15,"method":"tools/call","params":{"name":"run_code","arguments":{"language":"sh","code":"a","code":"b"}}}"#,
+            "code",
+        ),
+        (
+            br#"{"jsonrpc":"2.0","id":16,"method":"tools/call","params":{"name":"run_code","arguments":{"language":"sh","code":"a"},"name":"x"}}"#,
+            "name",
+        ),
+        (
+            br#"[{"jsonrpc":"2.0","id":17,"method":"ping"},{"jsonrpc":"2.0","id":18,"id":19,"method":"ping"}]"#,
+            "id",
+        ),
+    ];
+    for (line, key) in cases {
+        h.send_raw(line);
+        let r = h.recv();
+        let text = String::from_utf8_lossy(line);
+        assert_eq!(r["error"]["code"], -32700, "{text}: {r}");
+        assert_eq!(r["id"], Value::Null, "{text}: {r}");
+        let message = r["error"]["message"].as_str().unwrap_or("");
+        assert!(
+            message.contains(&format!("duplicate key \"{key}\"")),
+            "{text}: {r}"
+        );
+    }
+    // Nothing was answered but the parse errors: the next answer is the next request's.
+    let r = h.ask(json!({"jsonrpc":"2.0","id":20,"method":"ping"}));
+    assert_eq!(r["id"], 20, "{r}");
+    assert_eq!(r["result"], json!({}), "{r}");
+    assert!(h.seen.lock().unwrap().is_empty());
+}
+
 #[test]
 fn argument_errors_are_tool_errors_from_2025_11_25_on() {
     let mut h = Harness::new();

@@ -1350,7 +1350,7 @@ impl Functions {
                 format!("the event is over {} MiB", MAX_EVENT >> 20),
             ));
         }
-        let event = match serde_json::from_str::<serde_json::Value>(&e.event) {
+        let event = match proto::json::from_str_strict::<serde_json::Value>(&e.event) {
             Ok(v) => v.to_string(),
             Err(err) => {
                 return Some(fail(
