@@ -1,8 +1,8 @@
 //! `zygo run`: one program in a fresh one-shot sandbox, with the monitor embedded.
 
 use std::ffi::OsString;
-use std::fs::File;
 use std::io::IsTerminal;
+use std::path::Path;
 
 use policy::limits::Mem;
 use policy::plan::OneShotArgs;
@@ -83,15 +83,12 @@ pub fn main(raw: Vec<OsString>) -> i32 {
         Ok(x) => x,
         Err(why) => return refuse(Phase::Plan, why),
     };
+    // A regular file or a pipe reaches the program as it is; a terminal or a device is
+    // copied through a pipe (see `Stdin`); a directory or a socket is refused.
     let stdin = match &opts.stdin {
-        Some(path) => match File::open(path) {
-            Ok(f) => Stdin::File(f),
-            Err(e) => {
-                return refuse(
-                    Phase::Plan,
-                    format!("--stdin {}: {e}", path.to_string_lossy()),
-                )
-            }
+        Some(path) => match Stdin::open(Path::new(path)) {
+            Ok(s) => s,
+            Err(why) => return refuse(Phase::Plan, format!("--stdin {why}")),
         },
         None if opts.json => Stdin::Null,
         None if std::io::stdin().is_terminal() => Stdin::Forward,

@@ -48,7 +48,10 @@ Sandbox:
   --mount SRC:DST[:rw]  bind a host path (read-only unless :rw); repeatable
   --env K=V          set an environment variable; repeatable
   --stdin FILE       feed FILE to the program's stdin (default: zygo's own stdin,
-                     or nothing with --json)
+                     or nothing with --json). A regular file or a pipe is handed
+                     over as it is; a terminal or a device is copied through a pipe
+                     (the program never gets a terminal); a directory or a socket
+                     is refused
 
 Output:
   --json             print one JSON object: exit_code, timed_out, oom_killed,
