@@ -2,8 +2,10 @@
 //! (started only by the monitor, with its socket on fd 3); everything else is the CLI.
 //!
 //! The C runtime calls [`main`] directly (`no_main`), skipping Rust's own start-up; see
-//! there for what that keeps and what it leaves out.
-#![no_main]
+//! there for what that keeps and what it leaves out. The unit tests keep the test
+//! harness's own `main`, so the start-up is left out of their build.
+#![cfg_attr(not(test), no_main)]
+#![cfg_attr(test, allow(dead_code))]
 
 /// `println!` that does not panic when stdout is closed (e.g. piped into `head`): the
 /// monitor must still clean up its sandbox whatever happens to its output.
@@ -41,6 +43,7 @@ mod version;
 /// reads `/proc/self/maps` for it) and the alternate signal stack that turns a stack
 /// overflow into a message; an overflow still ends the process (SIGSEGV).
 /// `std::process::exit` flushes stdout, as Rust's usual exit path does.
+#[cfg(not(test))]
 #[no_mangle]
 pub extern "C" fn main(_argc: libc::c_int, _argv: *const *const libc::c_char) -> libc::c_int {
     standard_fds_open();
