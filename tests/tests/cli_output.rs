@@ -4,6 +4,9 @@
 //!   terminal or a device only through a pipe zygo copies into, and a socket or a
 //!   directory not at all. Without `--stdin`, a terminal on zygo's own stdin never reaches
 //!   the program either.
+//! - Text that came from a sandbox (a handler's output, progress, result, error and
+//!   traceback) reaches the operator's terminal with its control characters shown as
+//!   escapes in human output, and exactly, as JSON strings, with `--json`.
 
 use std::fs::File;
 use std::io::Write;
@@ -159,6 +162,58 @@ fn refused_stdin(who: Who, path: &str, stdin: impl Fn() -> Stdio) -> String {
     s(&v, "error").to_string()
 }
 
+/// Every control character in `bytes` that a terminal would act on (C0 but newline and
+/// tab, a carriage return that does not end a line, DEL, C1 in UTF-8), described.
+fn controls_in(bytes: &[u8]) -> Vec<String> {
+    let mut found = Vec::new();
+    for (i, &b) in bytes.iter().enumerate() {
+        let lone_cr = b == b'\r' && bytes.get(i + 1) != Some(&b'\n');
+        let c0 = b < 0x20 && !matches!(b, b'\n' | b'\t' | b'\r');
+        let c1 = b == 0xc2 && bytes.get(i + 1).is_some_and(|n| (0x80..0xa0).contains(n));
+        if c0 || lone_cr || b == 0x7f || c1 {
+            let at = i.saturating_sub(12);
+            found.push(format!(
+                "byte {b:#04x} at {i}: {:?}",
+                String::from_utf8_lossy(&bytes[at..(i + 12).min(bytes.len())])
+            ));
+        }
+    }
+    found
+}
+
+#[track_caller]
+fn assert_no_controls(who: Who, what: &str, f: &Finished) {
+    for (stream, bytes) in [("stdout", &f.stdout), ("stderr", &f.stderr)] {
+        let found = controls_in(bytes);
+        assert!(
+            found.is_empty(),
+            "[{}] {what}: control characters reached the operator on {stream}: {found:?}\n{}",
+            who.name(),
+            String::from_utf8_lossy(bytes)
+        );
+    }
+}
+
+/// What `tests/functions/escapes.py` prints, returns and raises (its `NASTY`).
+const NASTY: &str =
+    "title\x1b]0;owned\x07 clear\x1b[2J c1\u{9b}31m del\x7f cr\rfake bs\x08 bell\x07 end";
+
+/// The same, as human output shows it.
+const NASTY_SHOWN: &str =
+    "title\\x1b]0;owned\\x07 clear\\x1b[2J c1\\x9b31m del\\x7f cr\\rfake bs\\x08 bell\\x07 end";
+
+/// A handler module that fails to import with `NASTY` in its error.
+const BAD_IMPORT: &str = r"raise RuntimeError('import title\x1b]0;owned\x07 clear\x1b[2J c1\u009b31m '
+                   'del\x7f cr\rfake bs\x08 bell\x07 end')
+";
+
+static ESCAPES: Suite = Suite {
+    prefix: "esc-",
+    handlers: include_str!("../functions/escapes.py"),
+    defaults: "timeout = \"5s\"\nmem = \"64M\"\nidle_timeout = \"30s\"\n",
+    agents: true,
+};
+
 // ---------------------------------------------------------------------------------------
 // 7. What `zygo run` hands the program as stdin.
 
@@ -281,4 +336,116 @@ fn pipe() -> (OwnedFd, File) {
     assert_eq!(r, 0, "pipe2: {}", std::io::Error::last_os_error());
     // SAFETY: pipe2 returned two fresh descriptors that we now own.
     unsafe { (OwnedFd::from_raw_fd(fds[0]), File::from_raw_fd(fds[1])) }
+}
+
+// ---------------------------------------------------------------------------------------
+// 8. Control characters from a sandbox, shown to the operator.
+
+both_tests! {
+    /// A handler's stdout, stderr, progress, result, error and traceback full of terminal
+    /// escapes reach `zygo exec` (with and without --stream), `zygo logs`, `zygo up` and
+    /// `zygo ls` human output with every control character shown as an escape; with
+    /// --json, the same text decodes exactly (and no raw control is on the line either).
+    fn terminal_escapes_from_a_handler_are_shown_escaped_to_the_operator(who) {
+        let mut s = ESCAPES.sup(who, "show");
+        s.fn_file("badimport.py", BAD_IMPORT);
+        let (file, n) = s.write_toml(&[
+            ("noisy", "noisy", ""),
+            ("raising", "raising", ""),
+            ("badimport", "", "entry = \"fn/badimport.py:handler\""),
+        ]);
+        let (noisy, raising, badimport) = (&n[0], &n[1], &n[2]);
+        let file = file.to_str().expect("UTF-8").to_string();
+        let w = who.name();
+
+        // zygo up: the import error of one function, escaped.
+        let f = s.run(&["up", "-f", &file]);
+        s.find_supervisor();
+        assert_eq!(f.code, 1, "[{w}] zygo up: {}\n{}", f.stderr_text(), s.log());
+        assert_no_controls(who, "zygo up", &f);
+        assert!(f.stderr_text().contains(NASTY_SHOWN), "[{w}] zygo up: {}", f.stderr_text());
+
+        // zygo exec, human.
+        let f = s.run(&["exec", noisy]);
+        assert_eq!(f.code, 0, "[{w}] {}\n{}", f.stderr_text(), s.log());
+        assert_no_controls(who, "zygo exec", &f);
+        assert!(f.stdout_text().contains(&format!("out {NASTY_SHOWN}\n")), "[{w}] {}", f.stdout_text());
+        assert!(f.stderr_text().contains(&format!("err {NASTY_SHOWN}\n")), "[{w}] {}", f.stderr_text());
+
+        let f = s.run(&["exec", noisy, "--stream"]);
+        assert_eq!(f.code, 0, "[{w}] {}", f.stderr_text());
+        assert_no_controls(who, "zygo exec --stream", &f);
+        assert!(f.stderr_text().contains(&format!("progress: progress {NASTY_SHOWN}")),
+            "[{w}] {}", f.stderr_text());
+
+        let f = s.run(&["exec", raising]);
+        assert_eq!(f.code, 1, "[{w}] {}", f.stderr_text());
+        assert_no_controls(who, "zygo exec of a handler that raised", &f);
+        assert!(f.stderr_text().contains(&format!("error {NASTY_SHOWN}")), "[{w}] {}", f.stderr_text());
+
+        let f = s.run(&["exec", badimport]);
+        assert_eq!(f.code, 1, "[{w}] {}", f.stderr_text());
+        assert_no_controls(who, "zygo exec of a function that failed to import", &f);
+
+        // zygo exec --json: the exact text.
+        let (v, f) = s.exec(noisy, None, &[]);
+        s.assert_ok(&v, &f, "noisy --json");
+        assert!(controls_in(&f.stdout).is_empty(), "[{w}] raw controls in --json: {:?}", controls_in(&f.stdout));
+        assert_eq!(v["result"]["value"], NASTY, "[{w}] {v}");
+        assert_eq!(v["stdout"], format!("out {NASTY}\n"), "[{w}] {v}");
+        assert_eq!(v["stderr"], format!("err {NASTY}\n"), "[{w}] {v}");
+        let (v, f) = s.exec(raising, None, &[]);
+        let error = s.assert_handler_error(&v, &f);
+        assert!(error.contains(&format!("error {NASTY}")), "[{w}] {v}");
+        assert!(text(&v, "traceback").contains(&format!("error {NASTY}")), "[{w}] {v}");
+        let (_, f) = s.exec(noisy, None, &["--stream"]);
+        assert!(controls_in(&f.stdout).is_empty(), "[{w}] raw controls in --stream --json");
+        let lines = f.json_lines();
+        assert!(lines.iter().any(|l| l["event"] == "progress" && l["data"] == format!("progress {NASTY}")),
+            "[{w}] {lines:?}");
+        let (v, f) = s.exec(badimport, None, &[]);
+        s.assert_refused(&v, &f, "unavailable");
+        assert!(text(&v, "error").contains(&format!("import {NASTY}")), "[{w}] {v}");
+
+        // zygo logs, human and --json.
+        for name in [noisy, raising] {
+            let f = s.run(&["logs", name]);
+            assert_eq!(f.code, 0, "[{w}] {}", f.stderr_text());
+            assert_no_controls(who, "zygo logs", &f);
+            assert!(f.stdout_text().contains(&format!("out: out {NASTY_SHOWN}")), "[{w}] {}", f.stdout_text());
+            let f = s.run(&["logs", name, "--json"]);
+            assert!(controls_in(&f.stdout).is_empty(), "[{w}] raw controls in logs --json");
+            for l in f.json_lines() {
+                assert_eq!(l["stdout"], format!("out {NASTY}\n"), "[{w}] {l}");
+                assert_eq!(l["stderr"], format!("err {NASTY}\n"), "[{w}] {l}");
+            }
+        }
+        let f = s.run(&["logs", raising]);
+        assert!(f.stdout_text().contains(&format!("error {NASTY_SHOWN}")), "[{w}] {}", f.stdout_text());
+
+        // zygo ls: the failed function's error.
+        let f = s.run(&["ls"]);
+        assert_eq!(f.code, 0, "[{w}] {}", f.stderr_text());
+        assert_no_controls(who, "zygo ls", &f);
+        assert!(f.stdout_text().contains(&format!("import {NASTY_SHOWN}")), "[{w}] {}", f.stdout_text());
+        assert!(text(&s.info(badimport), "error").contains(&format!("import {NASTY}")), "[{w}] ls --json");
+        let f = s.run(&["stats"]);
+        assert_no_controls(who, "zygo stats", &f);
+        s.shutdown();
+    }
+}
+
+#[test]
+fn the_helpers_find_every_kind_of_control() {
+    assert!(controls_in(b"plain\ttext\r\n").is_empty());
+    for bad in [
+        &b"\x1b"[..],
+        b"\x07",
+        b"a\rb",
+        b"\x7f",
+        "\u{9b}".as_bytes(),
+        b"end\r",
+    ] {
+        assert_eq!(controls_in(bad).len(), 1, "{bad:?}");
+    }
 }

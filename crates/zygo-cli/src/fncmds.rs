@@ -10,6 +10,7 @@ use proto::front::{ExecAnswer, ExecEvent, ExecRequest, Outcome, Reply, Request};
 use serde_json::json;
 
 use crate::client::{Client, ConnectError};
+use crate::output::{clean, json as json_text};
 use crate::{usage, usage_error};
 
 /// Common flags: `--json`, `--help`, plus whatever the command takes.
@@ -90,7 +91,7 @@ impl Args {
 
 fn connect() -> Result<Client, i32> {
     Client::connect().map_err(|e| {
-        eprintln!("zygo: {e}");
+        eprintln!("zygo: {}", clean(&e.to_string()));
         1
     })
 }
@@ -106,8 +107,9 @@ fn refused_retry(json: bool, code: &str, message: &str, retry_after: Option<u32>
         if let Some(s) = retry_after {
             v["retry_after"] = json!(s);
         }
-        say!("{}", v);
+        say!("{}", json_text(&v));
     } else {
+        let message = clean(message);
         match retry_after {
             Some(s) => eprintln!("zygo: {message} (retry after {s}s)"),
             None => eprintln!("zygo: {message}"),
@@ -240,13 +242,16 @@ fn print_served(json: bool, r: Reply) -> i32 {
             .iter()
             .map(|(n, e)| json!({"name": n, "error": e}))
             .collect();
-        say!("{}", json!({"served": served, "failed": failed}));
+        say!(
+            "{}",
+            json_text(&json!({"served": served, "failed": failed}))
+        );
     } else {
         for s in &served {
-            say!("serving {s}");
+            say!("serving {}", clean(s));
         }
         for (n, e) in &failed {
-            eprintln!("zygo: {n} failed to serve: {e}");
+            eprintln!("zygo: {} failed to serve: {}", clean(n), clean(e));
         }
     }
     if failed.is_empty() {
@@ -287,7 +292,7 @@ pub fn up(raw: Vec<OsString>) -> i32 {
     }
     let Some(file) = file else {
         if a.json {
-            say!("{}", json!({"served": [], "failed": []}));
+            say!("{}", json_text(&json!({"served": [], "failed": []})));
         }
         return 0;
     };
@@ -356,9 +361,9 @@ pub fn stop(raw: Vec<OsString>) -> i32 {
     match call(a.json, &Request::Stop { name: name.clone() }) {
         Ok(_) => {
             if a.json {
-                say!("{}", json!({"stopped": name}));
+                say!("{}", json_text(&json!({"stopped": name})));
             } else {
-                say!("stopped {name}");
+                say!("stopped {}", clean(name));
             }
             0
         }
@@ -502,15 +507,15 @@ pub fn exec(raw: Vec<OsString>) -> i32 {
                 ExecEvent::Stderr(d) => ("stderr", d),
                 ExecEvent::Progress(d) => ("progress", d),
             };
-            say!("{}", json!({"event": k, "data": d}));
+            say!("{}", json_text(&json!({"event": k, "data": d})));
         } else {
             match ev {
                 ExecEvent::Stdout(d) => {
-                    say_raw!("{d}");
+                    say_raw!("{}", clean(d));
                     let _ = std::io::stdout().flush();
                 }
-                ExecEvent::Stderr(d) => eprint!("{d}"),
-                ExecEvent::Progress(d) => eprintln!("progress: {d}"),
+                ExecEvent::Stderr(d) => eprint!("{}", clean(d)),
+                ExecEvent::Progress(d) => eprintln!("progress: {}", clean(d)),
             }
         }
     });
@@ -525,21 +530,21 @@ pub fn exec(raw: Vec<OsString>) -> i32 {
         Err(e) => return refused(a.json, "internal", &e),
     };
     if a.json {
-        say!("{}", answer_json(&ans));
+        say!("{}", json_text(&answer_json(&ans)));
     } else {
         if !stream {
-            say_raw!("{}", ans.stdout);
-            eprint!("{}", ans.stderr);
+            say_raw!("{}", clean(&ans.stdout));
+            eprint!("{}", clean(&ans.stderr));
         }
         match (&ans.outcome, &ans.result) {
-            (Outcome::Ok, Some(r)) => say!("{r}"),
+            (Outcome::Ok, Some(r)) => say!("{}", clean(r)),
             _ => {
                 if let Some(tb) = &ans.traceback {
-                    eprint!("{tb}");
+                    eprint!("{}", clean(tb));
                 }
                 eprintln!(
                     "zygo: {} ({})",
-                    ans.error.as_deref().unwrap_or("failed"),
+                    clean(ans.error.as_deref().unwrap_or("failed")),
                     ans.outcome.as_str()
                 );
             }
@@ -590,9 +595,9 @@ pub fn scripts(raw: Vec<OsString>) -> i32 {
     match call(a.json, &Request::PutScript { source }) {
         Ok(Reply::ScriptStored { digest, size }) => {
             if a.json {
-                say!("{}", json!({"digest": digest, "size": size}));
+                say!("{}", json_text(&json!({"digest": digest, "size": size})));
             } else {
-                say!("{digest}");
+                say!("{}", clean(&digest));
             }
             0
         }
@@ -624,7 +629,7 @@ pub fn ls(raw: Vec<OsString>) -> i32 {
                     "in_flight": f.in_flight, "min_warm": f.min_warm, "max_warm": f.max_warm})
             })
             .collect();
-        say!("{}", serde_json::Value::Array(v));
+        say!("{}", json_text(&serde_json::Value::Array(v)));
         return 0;
     }
     if fs.is_empty() {
@@ -645,9 +650,9 @@ pub fn ls(raw: Vec<OsString>) -> i32 {
     for f in &fs {
         say!(
             "{:<20} {:<9} {:<9} {:>5} {:>5} {:>6} {:>8} {:>9}",
-            f.name,
-            f.kind,
-            f.state,
+            clean(&f.name),
+            clean(&f.kind),
+            clean(&f.state),
             f.zygotes.ready,
             f.zygotes.busy,
             f.zygotes.frozen,
@@ -656,7 +661,7 @@ pub fn ls(raw: Vec<OsString>) -> i32 {
         );
         if let Some(e) = &f.error {
             for line in e.lines() {
-                say!("    {line}");
+                say!("    {}", clean(line));
             }
         }
     }
@@ -701,24 +706,23 @@ pub fn logs(raw: Vec<OsString>) -> i32 {
                 continue;
             }
             if a.json {
-                say!(
-                    "{}",
-                    json!({"request_id": e.request_id, "finished_ms": e.finished_ms, "outcome": e.outcome.as_str(),
-                        "wall_ms": e.wall_ms, "error": e.error, "stdout": e.stdout, "stderr": e.stderr})
-                );
+                let v = json!({"request_id": e.request_id, "finished_ms": e.finished_ms,
+                    "outcome": e.outcome.as_str(), "wall_ms": e.wall_ms, "error": e.error,
+                    "stdout": e.stdout, "stderr": e.stderr});
+                say!("{}", json_text(&v));
             } else {
                 say!(
                     "{} {:<9} {:>6} ms  {}",
-                    e.request_id,
+                    clean(&e.request_id),
                     e.outcome.as_str(),
                     e.wall_ms,
-                    e.error.as_deref().unwrap_or("")
+                    clean(e.error.as_deref().unwrap_or(""))
                 );
                 for line in e.stdout.lines() {
-                    say!("    out: {line}");
+                    say!("    out: {}", clean(line));
                 }
                 for line in e.stderr.lines() {
-                    say!("    err: {line}");
+                    say!("    err: {}", clean(line));
                 }
             }
         }
@@ -753,7 +757,7 @@ pub fn stats(raw: Vec<OsString>) -> i32 {
                     "peak_rss_kb": s.peak_rss_kb})
             })
             .collect();
-        say!("{}", serde_json::Value::Array(v));
+        say!("{}", json_text(&serde_json::Value::Array(v)));
         return 0;
     }
     say!(
@@ -772,7 +776,7 @@ pub fn stats(raw: Vec<OsString>) -> i32 {
     for s in &st {
         say!(
             "{:<20} {:>8} {:>6} {:>6} {:>7} {:>9} {:>5} {:>9.2} {:>9.2} {:>7} KB",
-            s.name,
+            clean(&s.name),
             s.requests,
             s.ok,
             s.error,
@@ -807,9 +811,12 @@ pub fn warm(raw: Vec<OsString>) -> i32 {
     match call(a.json, &Request::Warm { name, n }) {
         Ok(Reply::Warmed { name, ready }) => {
             if a.json {
-                say!("{}", json!({"name": name, "ready": ready}));
+                say!("{}", json_text(&json!({"name": name, "ready": ready})));
             } else {
-                say!("{name}: {ready} zygote(s) ready, more starting if asked for");
+                say!(
+                    "{}: {ready} zygote(s) ready, more starting if asked for",
+                    clean(&name)
+                );
             }
             0
         }
@@ -833,7 +840,7 @@ pub fn cancel(raw: Vec<OsString>) -> i32 {
     match call(a.json, &Request::Cancel { key: key.clone() }) {
         Ok(Reply::Cancelled { count }) => {
             if a.json {
-                say!("{}", json!({"cancelled": count}));
+                say!("{}", json_text(&json!({"cancelled": count})));
             } else {
                 say!("cancelled {count} request(s)");
             }
@@ -868,7 +875,10 @@ pub fn drain(raw: Vec<OsString>) -> i32 {
     ) {
         Ok(Reply::Draining { in_flight }) => {
             if a.json {
-                say!("{}", json!({"drained": true, "in_flight": in_flight}));
+                say!(
+                    "{}",
+                    json_text(&json!({"drained": true, "in_flight": in_flight}))
+                );
             } else {
                 say!(
                     "draining: {in_flight} request(s) in flight may finish within {}s",

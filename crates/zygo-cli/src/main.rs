@@ -30,6 +30,7 @@ mod client;
 mod flags;
 mod fncmds;
 mod mcp;
+mod output;
 mod run;
 mod usage;
 mod version;
@@ -115,7 +116,8 @@ fn zygo_main() -> u8 {
         Some("__mcp-front") => mcp::front(rest),
         Some("version") | Some("--version") | Some("-V") => version::main(rest),
         Some(other) => {
-            eprintln!("zygo: unknown command {other:?}; see `zygo --help`");
+            let msg = format!("unknown command {other:?}; see `zygo --help`");
+            eprintln!("zygo: {}", output::clean(&msg));
             2
         }
     };
@@ -132,6 +134,10 @@ fn init_logging() {
 
 /// A usage error: one line, exit code 2.
 pub fn usage_error(cmd: &str, msg: impl std::fmt::Display) -> i32 {
-    eprintln!("zygo {cmd}: {msg}; see `zygo {cmd} --help`");
+    let msg = msg.to_string();
+    eprintln!(
+        "zygo {cmd}: {}; see `zygo {cmd} --help`",
+        output::clean(&msg)
+    );
     2
 }

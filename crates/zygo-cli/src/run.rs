@@ -11,6 +11,7 @@ use zygo_monitor::cgroup::Backend;
 use zygo_monitor::oneshot::{self, Outcome, Output, Request, Stdin};
 
 use crate::flags::{self, text};
+use crate::output::clean;
 use crate::{usage, usage_error};
 
 struct Opts {
@@ -183,25 +184,7 @@ fn report(out: &Outcome, json: bool, mem: &str, timeout: &str) -> i32 {
         1
     };
     if json {
-        let phase = out.phase.unwrap_or(Phase::Run).as_str();
-        let v = serde_json::json!({
-            "started": out.started,
-            "phase": phase,
-            "error": out.error,
-            "exit_code": out.exit_code,
-            "signal": out.signal,
-            "timed_out": out.timed_out,
-            "oom_killed": out.oom_killed,
-            "kill_reason": if out.started { kill_reason(out, mem, timeout) } else { None },
-            "peak_rss_kb": out.peak_rss_kb,
-            "wall_ms": out.wall_ms,
-            "cpu_ms": out.cpu_ms,
-            "stdout": String::from_utf8_lossy(&out.stdout),
-            "stdout_truncated": out.stdout_truncated,
-            "stderr": String::from_utf8_lossy(&out.stderr),
-            "stderr_truncated": out.stderr_truncated,
-        });
-        say!("{v}");
+        say!("{}", crate::output::json(&answer(out, mem, timeout)));
     } else if let Some(err) = &out.error {
         let phase = out.phase.unwrap_or(Phase::Start);
         let what = match phase {
@@ -209,9 +192,31 @@ fn report(out: &Outcome, json: bool, mem: &str, timeout: &str) -> i32 {
             Phase::Start => "could not start the sandbox",
             Phase::Run => "sandbox failed",
         };
-        eprintln!("zygo: {what}: {err}");
+        eprintln!("zygo: {what}: {}", clean(err));
     } else if let Some(why) = kill_reason(out, mem, timeout) {
         eprintln!("zygo: killed: {why}");
     }
     code
+}
+
+/// The object `zygo run --json` prints.
+fn answer(out: &Outcome, mem: &str, timeout: &str) -> serde_json::Value {
+    let phase = out.phase.unwrap_or(Phase::Run).as_str();
+    serde_json::json!({
+        "started": out.started,
+        "phase": phase,
+        "error": out.error,
+        "exit_code": out.exit_code,
+        "signal": out.signal,
+        "timed_out": out.timed_out,
+        "oom_killed": out.oom_killed,
+        "kill_reason": if out.started { kill_reason(out, mem, timeout) } else { None },
+        "peak_rss_kb": out.peak_rss_kb,
+        "wall_ms": out.wall_ms,
+        "cpu_ms": out.cpu_ms,
+        "stdout": String::from_utf8_lossy(&out.stdout),
+        "stdout_truncated": out.stdout_truncated,
+        "stderr": String::from_utf8_lossy(&out.stderr),
+        "stderr_truncated": out.stderr_truncated,
+    })
 }

@@ -2,6 +2,7 @@
 
 use std::ffi::OsString;
 
+use crate::output::clean;
 use crate::{usage, usage_error};
 
 pub fn main(args: Vec<OsString>) -> i32 {
@@ -35,15 +36,15 @@ pub fn main(args: Vec<OsString>) -> i32 {
             "landlock_abi": abi,
             "seccomp": true,
         });
-        say!("{v}");
+        say!("{}", crate::output::json(&v));
     } else {
         say!("zygo {}", env!("CARGO_PKG_VERSION"));
         say!("backend:  namespaces (user, mount, pid, net, ipc, uts, cgroup)");
         match (cgroup, cgroup_root) {
-            (Some(c), Some(root)) => say!("cgroup:   {c} ({root})"),
+            (Some(c), Some(root)) => say!("cgroup:   {c} ({})", clean(&root)),
             _ => say!(
                 "cgroup:   unavailable — sandboxes will be refused: {}",
-                cgroup_error.unwrap_or_default()
+                clean(&cgroup_error.unwrap_or_default())
             ),
         }
         if abi > 0 {
