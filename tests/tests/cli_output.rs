@@ -7,6 +7,8 @@
 //! - Text that came from a sandbox (a handler's output, progress, result, error and
 //!   traceback) reaches the operator's terminal with its control characters shown as
 //!   escapes in human output, and exactly, as JSON strings, with `--json`.
+//! - Every `--json` answer is one JSON object on stdout, refusals included (no supervisor,
+//!   usage errors).
 
 use std::fs::File;
 use std::io::Write;
@@ -213,6 +215,45 @@ static ESCAPES: Suite = Suite {
     defaults: "timeout = \"5s\"\nmem = \"64M\"\nidle_timeout = \"30s\"\n",
     agents: true,
 };
+
+/// A `zygo` command for `who` with a runtime directory where no supervisor runs.
+fn no_supervisor_cmd(who: Who, rt: &TempDir, args: &[&str]) -> std::process::Command {
+    let mut c = zygo(who);
+    c.env("ZYGO_RUNTIME_DIR", &rt.path)
+        .env("ZYGO_STATE_DIR", rt.path.join("state"))
+        .args(args);
+    c
+}
+
+/// Stdout is exactly one line, a JSON object with a `code` and an `error`; the command
+/// exited non-zero and said nothing on stderr. The object.
+#[track_caller]
+fn assert_one_json_refusal(who: Who, args: &[&str], f: &Finished) -> Value {
+    let out = f.stdout_text();
+    let lines: Vec<&str> = out.lines().collect();
+    let v: Value = match lines.as_slice() {
+        [one] => serde_json::from_str(one).unwrap_or(Value::Null),
+        _ => Value::Null,
+    };
+    assert!(
+        f.code != 0
+            && v.is_object()
+            && v["code"].as_str().is_some_and(|c| !c.is_empty())
+            && v["error"].as_str().is_some_and(|e| !e.is_empty()),
+        "[{}] zygo {args:?}: expected one {{code, error}} object on stdout and a non-zero \
+         exit, got exit {}\nstdout: {out:?}\nstderr: {}",
+        who.name(),
+        f.code,
+        f.stderr_text()
+    );
+    assert!(
+        f.stderr.is_empty(),
+        "[{}] zygo {args:?}: --json wrote to stderr: {}",
+        who.name(),
+        f.stderr_text()
+    );
+    v
+}
 
 // ---------------------------------------------------------------------------------------
 // 7. What `zygo run` hands the program as stdin.
@@ -432,6 +473,90 @@ both_tests! {
         let f = s.run(&["stats"]);
         assert_no_controls(who, "zygo stats", &f);
         s.shutdown();
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// 14. Every --json answer is one JSON object.
+
+both_tests! {
+    /// With no supervisor, each command asked for --json prints exactly one
+    /// `{code, error}` object on stdout (nothing on stderr) and exits 1; without --json,
+    /// one line on stderr and nothing on stdout.
+    fn every_json_answer_without_a_supervisor_is_one_object(who) {
+        let rt = TempDir::new(0o777);
+        for args in [
+            &["exec", "--json", "f", "{}"][..],
+            &["exec", "f", "--json", "--stream"],
+            &["ls", "--json"],
+            &["logs", "--json", "f"],
+            &["stats", "--json"],
+            &["stop", "f", "--json"],
+            &["warm", "f", "2", "--json"],
+            &["cancel", "k", "--json"],
+            &["drain", "--json"],
+            &["scripts", "put", "/etc/hostname", "--json"],
+        ] {
+            let f = finish(no_supervisor_cmd(who, &rt, args));
+            let v = assert_one_json_refusal(who, args, &f);
+            assert_eq!(f.code, 1, "[{}] zygo {args:?}", who.name());
+            assert_eq!(v["code"], "unavailable", "[{}] zygo {args:?}: {v}", who.name());
+            assert!(text(&v, "error").contains("no supervisor"), "[{}] {v}", who.name());
+        }
+        for args in [&["exec", "f", "{}"][..], &["ls"], &["logs", "f"], &["stats"]] {
+            let f = finish(no_supervisor_cmd(who, &rt, args));
+            assert_eq!(f.code, 1, "[{}] zygo {args:?}", who.name());
+            assert!(f.stdout.is_empty(), "[{}] zygo {args:?}: {}", who.name(), f.stdout_text());
+            assert!(f.stderr_text().contains("no supervisor is running"), "[{}] {}", who.name(), f.stderr_text());
+        }
+    }
+
+    /// A socket nobody listens on (a supervisor that died) is answered the same way.
+    fn a_socket_nobody_listens_on_is_one_json_refusal(who) {
+        let rt = TempDir::new(0o777);
+        drop(UnixListener::bind(rt.path.join("zygo.sock")).expect("bind"));
+        let args = ["exec", "f", "--json"];
+        let f = finish(no_supervisor_cmd(who, &rt, &args));
+        let v = assert_one_json_refusal(who, &args, &f);
+        assert_eq!(v["code"], "unavailable", "[{}] {v}", who.name());
+    }
+
+    /// A command line that cannot be used, with --json anywhere among its options (before
+    /// or after the fault), is answered with one `{code: "bad_request", error}` object
+    /// and exit 2.
+    fn a_usage_error_with_json_is_one_object(who) {
+        let rt = TempDir::new(0o777);
+        for args in [
+            &["exec", "f", "--json", "--bogus"][..],
+            &["exec", "--bogus", "--json", "f"],
+            &["exec", "--json"],
+            &["exec", "f", "{}", "extra", "--json"],
+            &["exec", "f", "--timeout", "soon", "--json"],
+            &["exec", "f", "not json and no file", "--json"],
+            &["logs", "f", "-n", "0", "--json"],
+            &["logs", "--json", "-n"],
+            &["warm", "--json"],
+            &["stop", "--json"],
+            &["drain", "--grace", "x", "--json"],
+            &["version", "--json", "--bogus"],
+            &["bogus-command", "--json"],
+            &["run", "--json", "--bogus", "--", "true"],
+            &["run", "--mem", "lots", "--json", "--", "true"],
+            &["run", "--json"],
+        ] {
+            let f = finish(no_supervisor_cmd(who, &rt, args));
+            let v = assert_one_json_refusal(who, args, &f);
+            assert_eq!(f.code, 2, "[{}] zygo {args:?}: {v}", who.name());
+            assert_eq!(v["code"], "bad_request", "[{}] zygo {args:?}: {v}", who.name());
+        }
+        // `zygo run --json` answers in its own shape too.
+        let f = finish(no_supervisor_cmd(who, &rt, &["run", "--json", "--bogus", "--", "true"]));
+        let v = f.last_json();
+        assert!(v["started"] == false && v["phase"] == "plan", "[{}] {v}", who.name());
+        // --json that belongs to the program is not zygo's.
+        let f = finish(no_supervisor_cmd(who, &rt, &["run", "--bogus", "--", "prog", "--json"]));
+        assert_eq!(f.code, 2);
+        assert!(f.stdout.is_empty(), "[{}] {}", who.name(), f.stdout_text());
     }
 }
 

@@ -11,7 +11,7 @@ use serde_json::json;
 
 use crate::client::{Client, ConnectError};
 use crate::output::{clean, json as json_text};
-use crate::{usage, usage_error};
+use crate::{usage, usage_refusal};
 
 /// Common flags: `--json`, `--help`, plus whatever the command takes.
 struct Args {
@@ -29,6 +29,7 @@ fn parse(
     switches: &[&str],
 ) -> Result<Option<Args>, i32> {
     use lexopt::prelude::*;
+    let json = crate::asks_json(&raw, valued, false);
     let mut a = Args {
         json: false,
         positional: Vec::new(),
@@ -40,7 +41,7 @@ fn parse(
         let arg = match p.next() {
             Ok(Some(a)) => a,
             Ok(None) => break,
-            Err(e) => return Err(usage_error(cmd, e)),
+            Err(e) => return Err(usage_refusal(json, cmd, e)),
         };
         match arg {
             Long("help") | Short('h') => return Ok(None),
@@ -50,16 +51,22 @@ fn parse(
                 match p.value().map(|v| v.into_string()) {
                     Ok(Ok(v)) => a.flags.push((f, v)),
                     Ok(Err(_)) => {
-                        return Err(usage_error(cmd, format!("--{f} is not valid UTF-8")))
+                        return Err(usage_refusal(
+                            json,
+                            cmd,
+                            format!("--{f} is not valid UTF-8"),
+                        ))
                     }
-                    Err(e) => return Err(usage_error(cmd, e)),
+                    Err(e) => return Err(usage_refusal(json, cmd, e)),
                 }
             }
             Short(c) if valued.contains(&c.to_string().as_str()) => {
                 match p.value().map(|v| v.into_string()) {
                     Ok(Ok(v)) => a.flags.push((c.to_string(), v)),
-                    Ok(Err(_)) => return Err(usage_error(cmd, format!("-{c} is not valid UTF-8"))),
-                    Err(e) => return Err(usage_error(cmd, e)),
+                    Ok(Err(_)) => {
+                        return Err(usage_refusal(json, cmd, format!("-{c} is not valid UTF-8")))
+                    }
+                    Err(e) => return Err(usage_refusal(json, cmd, e)),
                 }
             }
             Long(f) if switches.contains(&f) => a.switches.push(f.to_string()),
@@ -68,9 +75,9 @@ fn parse(
             }
             Value(v) => match v.into_string() {
                 Ok(s) => a.positional.push(s),
-                Err(_) => return Err(usage_error(cmd, "an argument is not valid UTF-8")),
+                Err(_) => return Err(usage_refusal(json, cmd, "an argument is not valid UTF-8")),
             },
-            other => return Err(usage_error(cmd, other.unexpected())),
+            other => return Err(usage_refusal(json, cmd, other.unexpected())),
         }
     }
     Ok(Some(a))
@@ -89,11 +96,9 @@ impl Args {
     }
 }
 
-fn connect() -> Result<Client, i32> {
-    Client::connect().map_err(|e| {
-        eprintln!("zygo: {}", clean(&e.to_string()));
-        1
-    })
+/// Connect to the supervisor, or answer (as `--json` asked) why not: exit code 1.
+fn connect(json: bool) -> Result<Client, i32> {
+    Client::connect().map_err(|e| refused(json, e.code(), &e.to_string()))
 }
 
 /// Print a refusal as one line (or JSON) and return exit code 1.
@@ -119,7 +124,7 @@ fn refused_retry(json: bool, code: &str, message: &str, retry_after: Option<u32>
 }
 
 fn call(json: bool, req: &Request) -> Result<Reply, i32> {
-    let mut c = connect()?;
+    let mut c = connect(json)?;
     match c.call(req, |_| {}) {
         Ok(Reply::Error {
             code,
@@ -288,7 +293,7 @@ pub fn up(raw: Vec<OsString>) -> i32 {
             }
             Err(e) => return refused(a.json, "internal", &e),
         },
-        Err(e) => return refused(a.json, "internal", &e.to_string()),
+        Err(e) => return refused(a.json, e.code(), &e.to_string()),
     }
     let Some(file) = file else {
         if a.json {
@@ -317,7 +322,8 @@ pub fn serve(raw: Vec<OsString>) -> i32 {
         Err(c) => return c,
     };
     let [name] = a.positional.as_slice() else {
-        return usage_error(
+        return usage_refusal(
+            a.json,
             "serve",
             "name exactly one function: zygo serve NAME [-f sandbox.toml]",
         );
@@ -356,10 +362,10 @@ pub fn stop(raw: Vec<OsString>) -> i32 {
         Err(c) => return c,
     };
     let [name] = a.positional.as_slice() else {
-        return usage_error("stop", "name exactly one function: zygo stop NAME");
+        return usage_refusal(a.json, "stop", "name exactly one function: zygo stop NAME");
     };
     match call(a.json, &Request::Stop { name: name.clone() }) {
-        Ok(_) => {
+        Ok(Reply::Stopped { .. }) => {
             if a.json {
                 say!("{}", json_text(&json!({"stopped": name})));
             } else {
@@ -367,6 +373,7 @@ pub fn stop(raw: Vec<OsString>) -> i32 {
             }
             0
         }
+        Ok(_) => refused(a.json, "internal", "unexpected reply"),
         Err(c) => c,
     }
 }
@@ -462,27 +469,31 @@ pub fn exec(raw: Vec<OsString>) -> i32 {
     let (name, event_arg) = match a.positional.as_slice() {
         [n] => (n.clone(), None),
         [n, e] => (n.clone(), Some(e.as_str())),
-        _ => return usage_error("exec", "usage: zygo exec NAME [EVENT|-|FILE]"),
+        _ => return usage_refusal(a.json, "exec", "usage: zygo exec NAME [EVENT|-|FILE]"),
     };
     let timeout_ms = match a.flag("timeout") {
         Some(t) => match policy::limits::parse_duration("--timeout", t) {
             Ok(d) => Some(d.as_millis() as u64),
-            Err(e) => return usage_error("exec", e),
+            Err(e) => return usage_refusal(a.json, "exec", e),
         },
         None => None,
     };
     let event = match read_event(event_arg) {
         Ok(e) => e,
-        Err(e) => return usage_error("exec", e),
+        Err(e) => return usage_refusal(a.json, "exec", e),
     };
     let stream = a.has("stream");
     let script = match (a.flag("script"), a.flag("digest")) {
         (Some(_), Some(_)) => {
-            return usage_error("exec", "give --script FILE or --digest SHA256, not both")
+            return usage_refusal(
+                a.json,
+                "exec",
+                "give --script FILE or --digest SHA256, not both",
+            )
         }
         (Some(file), None) => match read_script(file) {
             Ok(bytes) => Some(proto::front::ScriptRef::Source(bytes)),
-            Err(e) => return usage_error("exec", e),
+            Err(e) => return usage_refusal(a.json, "exec", e),
         },
         (None, Some(d)) => Some(proto::front::ScriptRef::Digest(d.to_ascii_lowercase())),
         (None, None) => None,
@@ -495,7 +506,7 @@ pub fn exec(raw: Vec<OsString>) -> i32 {
         stream,
         script,
     });
-    let mut c = match connect() {
+    let mut c = match connect(a.json) {
         Ok(c) => c,
         Err(code) => return code,
     };
@@ -580,17 +591,18 @@ pub fn scripts(raw: Vec<OsString>) -> i32 {
         Err(c) => return c,
     };
     let [verb, file] = a.positional.as_slice() else {
-        return usage_error("scripts", "usage: zygo scripts put FILE");
+        return usage_refusal(a.json, "scripts", "usage: zygo scripts put FILE");
     };
     if verb != "put" {
-        return usage_error(
+        return usage_refusal(
+            a.json,
             "scripts",
             format!("unknown action {verb:?}; the one action is `put`"),
         );
     }
     let source = match read_script(file) {
         Ok(b) => b,
-        Err(e) => return usage_error("scripts", e),
+        Err(e) => return usage_refusal(a.json, "scripts", e),
     };
     match call(a.json, &Request::PutScript { source }) {
         Ok(Reply::ScriptStored { digest, size }) => {
@@ -617,8 +629,10 @@ pub fn ls(raw: Vec<OsString>) -> i32 {
         }
         Err(c) => return c,
     };
-    let Ok(Reply::Functions(fs)) = call(a.json, &Request::List) else {
-        return 1;
+    let fs = match call(a.json, &Request::List) {
+        Ok(Reply::Functions(fs)) => fs,
+        Ok(_) => return refused(a.json, "internal", "unexpected reply"),
+        Err(c) => return c,
     };
     if a.json {
         let v: Vec<_> = fs
@@ -678,12 +692,12 @@ pub fn logs(raw: Vec<OsString>) -> i32 {
         Err(c) => return c,
     };
     let [name] = a.positional.as_slice() else {
-        return usage_error("logs", "usage: zygo logs NAME [-n N] [-f]");
+        return usage_refusal(a.json, "logs", "usage: zygo logs NAME [-n N] [-f]");
     };
     let n: u32 = match a.flag("n").map(str::parse) {
         None => 20,
         Some(Ok(n)) if n > 0 => n,
-        _ => return usage_error("logs", "-n takes a positive number"),
+        _ => return usage_refusal(a.json, "logs", "-n takes a positive number"),
     };
     let follow = a.has("f") || a.has("follow");
     let mut seen: std::collections::HashSet<String> = Default::default();
@@ -697,7 +711,7 @@ pub fn logs(raw: Vec<OsString>) -> i32 {
             },
         ) {
             Ok(Reply::Logs(e)) => e,
-            Ok(_) => return 1,
+            Ok(_) => return refused(a.json, "internal", "unexpected reply"),
             Err(c) => return c,
         };
         first = false;
@@ -744,8 +758,10 @@ pub fn stats(raw: Vec<OsString>) -> i32 {
         Err(c) => return c,
     };
     let name = a.positional.first().cloned();
-    let Ok(Reply::Stats(st)) = call(a.json, &Request::Stats { name }) else {
-        return 1;
+    let st = match call(a.json, &Request::Stats { name }) {
+        Ok(Reply::Stats(st)) => st,
+        Ok(_) => return refused(a.json, "internal", "unexpected reply"),
+        Err(c) => return c,
     };
     if a.json {
         let v: Vec<_> = st
@@ -804,9 +820,9 @@ pub fn warm(raw: Vec<OsString>) -> i32 {
         [name] => (name.clone(), 1),
         [name, n] => match n.parse::<u32>() {
             Ok(n) if n > 0 => (name.clone(), n),
-            _ => return usage_error("warm", "N must be a positive number"),
+            _ => return usage_refusal(a.json, "warm", "N must be a positive number"),
         },
-        _ => return usage_error("warm", "usage: zygo warm NAME [N]"),
+        _ => return usage_refusal(a.json, "warm", "usage: zygo warm NAME [N]"),
     };
     match call(a.json, &Request::Warm { name, n }) {
         Ok(Reply::Warmed { name, ready }) => {
@@ -820,7 +836,7 @@ pub fn warm(raw: Vec<OsString>) -> i32 {
             }
             0
         }
-        Ok(_) => 1,
+        Ok(_) => refused(a.json, "internal", "unexpected reply"),
         Err(c) => c,
     }
 }
@@ -835,7 +851,7 @@ pub fn cancel(raw: Vec<OsString>) -> i32 {
         Err(c) => return c,
     };
     let [key] = a.positional.as_slice() else {
-        return usage_error("cancel", "usage: zygo cancel KEY");
+        return usage_refusal(a.json, "cancel", "usage: zygo cancel KEY");
     };
     match call(a.json, &Request::Cancel { key: key.clone() }) {
         Ok(Reply::Cancelled { count }) => {
@@ -846,7 +862,7 @@ pub fn cancel(raw: Vec<OsString>) -> i32 {
             }
             0
         }
-        Ok(_) => 1,
+        Ok(_) => refused(a.json, "internal", "unexpected reply"),
         Err(c) => c,
     }
 }
@@ -863,7 +879,7 @@ pub fn drain(raw: Vec<OsString>) -> i32 {
     let grace = match a.flag("grace") {
         Some(g) => match policy::limits::parse_duration("--grace", g) {
             Ok(d) => d,
-            Err(e) => return usage_error("drain", e),
+            Err(e) => return usage_refusal(a.json, "drain", e),
         },
         None => Duration::from_secs(30),
     };
@@ -887,7 +903,7 @@ pub fn drain(raw: Vec<OsString>) -> i32 {
             }
             0
         }
-        Ok(_) => 1,
+        Ok(_) => refused(a.json, "internal", "unexpected reply"),
         Err(c) => c,
     }
 }

@@ -14,6 +14,11 @@ use crate::flags::{self, text};
 use crate::output::clean;
 use crate::{usage, usage_error};
 
+/// The flags of `zygo run` that take a value.
+const VALUED: [&str; 10] = [
+    "mem", "cpu", "pids", "timeout", "scratch", "net", "image", "mount", "env", "stdin",
+];
+
 struct Opts {
     args: OneShotArgs,
     stdin: Option<OsString>,
@@ -55,17 +60,18 @@ fn parse(raw: Vec<OsString>) -> Result<Option<Opts>, String> {
 
 pub fn main(raw: Vec<OsString>) -> i32 {
     keep_freed_memory();
+    let json = crate::asks_json(&raw, &VALUED, true);
     let opts = match parse(raw) {
         Ok(Some(o)) => o,
         Ok(None) => {
             say_raw!("{}", usage::RUN);
             return 0;
         }
-        Err(e) => return usage_error("run", e),
+        Err(e) => return usage_refusal(json, e),
     };
     let plan = match policy::plan::one_shot(&opts.args) {
         Ok(p) => p,
-        Err(e) => return usage_error("run", e),
+        Err(e) => return usage_refusal(opts.json, e.to_string()),
     };
     let mem_text = match plan.limits.mem {
         Mem::Limited(b) => b.to_string(),
@@ -133,6 +139,24 @@ pub fn main(raw: Vec<OsString>) -> i32 {
     // Cgroups left by killed monitors are swept while the program runs.
     let out = started.finish(&backend, || backend.sweep_stale_runs());
     report(&out, opts.json, &mem_text, &timeout_text)
+}
+
+/// A usage error, answered as `--json` asked: with it, the object every `zygo run --json`
+/// prints (`started` false, `phase` "plan", the reason in `error`) with `code`
+/// "bad_request"; without, one line on stderr. Exit code 2 either way.
+fn usage_refusal(json: bool, why: String) -> i32 {
+    if !json {
+        return usage_error("run", why);
+    }
+    let out = Outcome {
+        phase: Some(Phase::Plan),
+        error: Some(why),
+        ..Outcome::default()
+    };
+    let mut v = answer(&out, "", "");
+    v["code"] = serde_json::json!("bad_request");
+    say!("{}", crate::output::json(&v));
+    2
 }
 
 /// This process lives for one sandbox, so memory it frees is better kept than handed back

@@ -28,7 +28,9 @@ Output: human output shows every control character in text that came from a sand
 a caller (handler output, results, errors, tracebacks, progress) as an escape, the way
 Python writes them: \\x1b for ESC, \\x07 for BEL, \\x9b for the C1 CSI, \\x7f for DEL, \\r
 for a carriage return that does not end a line; newlines and tabs stay (a backslash is
-shown as it is). --json keeps the exact text in its JSON strings.
+shown as it is). --json keeps the exact text in its JSON strings, and answers every call,
+refusals and usage errors included, with one JSON object on stdout ({\"code\", \"error\"}
+when refused).
 `zygo run` without --json passes the program's output through as it is.
 ";
 
@@ -63,7 +65,8 @@ Sandbox:
 Output:
   --json             print one JSON object: exit_code, timed_out, oom_killed,
                      peak_rss_kb, wall_ms, cpu_ms, stdout, stderr (1 MiB each, with
-                     *_truncated), started, phase, error
+                     *_truncated), started, phase, error (and code \"bad_request\" for
+                     a usage error)
 Without --json the program's output passes through as it is written, control
 characters included, as if the program were run directly.
 
@@ -131,10 +134,10 @@ EVENT is JSON text; `-` reads it from stdin; otherwise a file holding it. Defaul
   --digest D     for a runtime pool: run the script registered under this SHA-256
   --json         print {result, request_id, stdout, stderr, metrics} (and, on failure,
                  error, code, traceback, oom_killed); with --stream, one line per event
-                 before it
+                 before it. A refusal is {code, error}
 Human output shows control characters in the handler's text as escapes (\\x1b, \\r, ...;
 see `zygo --help`); --json has the exact text.
-Exit status: 0 when the handler returned, 1 otherwise.
+Exit status: 0 when the handler returned, 1 otherwise; 2 for usage errors.
 ";
 
 pub const SCRIPTS: &str = "\

@@ -3,9 +3,10 @@
 use std::ffi::OsString;
 
 use crate::output::clean;
-use crate::{usage, usage_error};
+use crate::{usage, usage_refusal};
 
 pub fn main(args: Vec<OsString>) -> i32 {
+    let asked = crate::asks_json(&args, &[], false);
     let mut json = false;
     let mut p = lexopt::Parser::from_args(args);
     loop {
@@ -15,9 +16,9 @@ pub fn main(args: Vec<OsString>) -> i32 {
                 say_raw!("{}", usage::VERSION);
                 return 0;
             }
-            Ok(Some(other)) => return usage_error("version", other.unexpected()),
+            Ok(Some(other)) => return usage_refusal(asked, "version", other.unexpected()),
             Ok(None) => break,
-            Err(e) => return usage_error("version", e),
+            Err(e) => return usage_refusal(asked, "version", e),
         }
     }
     let (cgroup, cgroup_root, cgroup_error) = match zygo_monitor::cgroup::Backend::detect() {
