@@ -13,15 +13,34 @@ pub struct Client {
 
 /// Why the CLI could not talk to a supervisor.
 pub enum ConnectError {
+    /// No socket, or nothing listening on it.
     NotRunning,
-    Other(String),
+    /// The socket could not be reached (e.g. no permission).
+    Unreachable(String),
+    /// The supervisor refused the hello.
+    Refused(String),
+    /// The hello failed on the wire.
+    Broken(String),
+}
+
+impl ConnectError {
+    /// The word a `--json` refusal carries in `code`.
+    pub fn code(&self) -> &'static str {
+        match self {
+            ConnectError::NotRunning | ConnectError::Unreachable(_) => "unavailable",
+            ConnectError::Refused(_) => "forbidden",
+            ConnectError::Broken(_) => "internal",
+        }
+    }
 }
 
 impl std::fmt::Display for ConnectError {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
             ConnectError::NotRunning => f.write_str(reach::NO_SUPERVISOR),
-            ConnectError::Other(e) => f.write_str(e),
+            ConnectError::Unreachable(e) => f.write_str(e),
+            ConnectError::Refused(reason) => write!(f, "the supervisor refused: {reason}"),
+            ConnectError::Broken(e) => write!(f, "talk to the supervisor: {e}"),
         }
     }
 }
@@ -30,16 +49,12 @@ impl Client {
     pub fn connect() -> Result<Client, ConnectError> {
         let mut sock = reach::connect().map_err(|e| match e {
             reach::ReachError::NotRunning => ConnectError::NotRunning,
-            reach::ReachError::Unreachable(e) => ConnectError::Other(e),
+            reach::ReachError::Unreachable(e) => ConnectError::Unreachable(e),
         })?;
         match reach::hello(&mut sock, Role::Cli) {
             Ok(()) => Ok(Client { sock }),
-            Err(reach::HelloError::Refused(reason)) => Err(ConnectError::Other(format!(
-                "the supervisor refused: {reason}"
-            ))),
-            Err(reach::HelloError::Proto(e)) => {
-                Err(ConnectError::Other(format!("talk to the supervisor: {e}")))
-            }
+            Err(reach::HelloError::Refused(reason)) => Err(ConnectError::Refused(reason)),
+            Err(reach::HelloError::Proto(e)) => Err(ConnectError::Broken(e.to_string())),
         }
     }
 

@@ -10,7 +10,8 @@ use proto::front::{ExecAnswer, ExecEvent, ExecRequest, Outcome, Reply, Request};
 use serde_json::json;
 
 use crate::client::{Client, ConnectError};
-use crate::{usage, usage_error};
+use crate::output::{clean, json as json_text};
+use crate::{usage, usage_refusal};
 
 /// Common flags: `--json`, `--help`, plus whatever the command takes.
 struct Args {
@@ -28,6 +29,7 @@ fn parse(
     switches: &[&str],
 ) -> Result<Option<Args>, i32> {
     use lexopt::prelude::*;
+    let json = crate::asks_json(&raw, valued, false);
     let mut a = Args {
         json: false,
         positional: Vec::new(),
@@ -39,7 +41,7 @@ fn parse(
         let arg = match p.next() {
             Ok(Some(a)) => a,
             Ok(None) => break,
-            Err(e) => return Err(usage_error(cmd, e)),
+            Err(e) => return Err(usage_refusal(json, cmd, e)),
         };
         match arg {
             Long("help") | Short('h') => return Ok(None),
@@ -49,16 +51,22 @@ fn parse(
                 match p.value().map(|v| v.into_string()) {
                     Ok(Ok(v)) => a.flags.push((f, v)),
                     Ok(Err(_)) => {
-                        return Err(usage_error(cmd, format!("--{f} is not valid UTF-8")))
+                        return Err(usage_refusal(
+                            json,
+                            cmd,
+                            format!("--{f} is not valid UTF-8"),
+                        ))
                     }
-                    Err(e) => return Err(usage_error(cmd, e)),
+                    Err(e) => return Err(usage_refusal(json, cmd, e)),
                 }
             }
             Short(c) if valued.contains(&c.to_string().as_str()) => {
                 match p.value().map(|v| v.into_string()) {
                     Ok(Ok(v)) => a.flags.push((c.to_string(), v)),
-                    Ok(Err(_)) => return Err(usage_error(cmd, format!("-{c} is not valid UTF-8"))),
-                    Err(e) => return Err(usage_error(cmd, e)),
+                    Ok(Err(_)) => {
+                        return Err(usage_refusal(json, cmd, format!("-{c} is not valid UTF-8")))
+                    }
+                    Err(e) => return Err(usage_refusal(json, cmd, e)),
                 }
             }
             Long(f) if switches.contains(&f) => a.switches.push(f.to_string()),
@@ -67,9 +75,9 @@ fn parse(
             }
             Value(v) => match v.into_string() {
                 Ok(s) => a.positional.push(s),
-                Err(_) => return Err(usage_error(cmd, "an argument is not valid UTF-8")),
+                Err(_) => return Err(usage_refusal(json, cmd, "an argument is not valid UTF-8")),
             },
-            other => return Err(usage_error(cmd, other.unexpected())),
+            other => return Err(usage_refusal(json, cmd, other.unexpected())),
         }
     }
     Ok(Some(a))
@@ -88,11 +96,9 @@ impl Args {
     }
 }
 
-fn connect() -> Result<Client, i32> {
-    Client::connect().map_err(|e| {
-        eprintln!("zygo: {e}");
-        1
-    })
+/// Connect to the supervisor, or answer (as `--json` asked) why not: exit code 1.
+fn connect(json: bool) -> Result<Client, i32> {
+    Client::connect().map_err(|e| refused(json, e.code(), &e.to_string()))
 }
 
 /// Print a refusal as one line (or JSON) and return exit code 1.
@@ -106,8 +112,9 @@ fn refused_retry(json: bool, code: &str, message: &str, retry_after: Option<u32>
         if let Some(s) = retry_after {
             v["retry_after"] = json!(s);
         }
-        say!("{}", v);
+        say!("{}", json_text(&v));
     } else {
+        let message = clean(message);
         match retry_after {
             Some(s) => eprintln!("zygo: {message} (retry after {s}s)"),
             None => eprintln!("zygo: {message}"),
@@ -117,7 +124,7 @@ fn refused_retry(json: bool, code: &str, message: &str, retry_after: Option<u32>
 }
 
 fn call(json: bool, req: &Request) -> Result<Reply, i32> {
-    let mut c = connect()?;
+    let mut c = connect(json)?;
     match c.call(req, |_| {}) {
         Ok(Reply::Error {
             code,
@@ -240,13 +247,16 @@ fn print_served(json: bool, r: Reply) -> i32 {
             .iter()
             .map(|(n, e)| json!({"name": n, "error": e}))
             .collect();
-        say!("{}", json!({"served": served, "failed": failed}));
+        say!(
+            "{}",
+            json_text(&json!({"served": served, "failed": failed}))
+        );
     } else {
         for s in &served {
-            say!("serving {s}");
+            say!("serving {}", clean(s));
         }
         for (n, e) in &failed {
-            eprintln!("zygo: {n} failed to serve: {e}");
+            eprintln!("zygo: {} failed to serve: {}", clean(n), clean(e));
         }
     }
     if failed.is_empty() {
@@ -283,11 +293,11 @@ pub fn up(raw: Vec<OsString>) -> i32 {
             }
             Err(e) => return refused(a.json, "internal", &e),
         },
-        Err(e) => return refused(a.json, "internal", &e.to_string()),
+        Err(e) => return refused(a.json, e.code(), &e.to_string()),
     }
     let Some(file) = file else {
         if a.json {
-            say!("{}", json!({"served": [], "failed": []}));
+            say!("{}", json_text(&json!({"served": [], "failed": []})));
         }
         return 0;
     };
@@ -312,7 +322,8 @@ pub fn serve(raw: Vec<OsString>) -> i32 {
         Err(c) => return c,
     };
     let [name] = a.positional.as_slice() else {
-        return usage_error(
+        return usage_refusal(
+            a.json,
             "serve",
             "name exactly one function: zygo serve NAME [-f sandbox.toml]",
         );
@@ -351,17 +362,18 @@ pub fn stop(raw: Vec<OsString>) -> i32 {
         Err(c) => return c,
     };
     let [name] = a.positional.as_slice() else {
-        return usage_error("stop", "name exactly one function: zygo stop NAME");
+        return usage_refusal(a.json, "stop", "name exactly one function: zygo stop NAME");
     };
     match call(a.json, &Request::Stop { name: name.clone() }) {
-        Ok(_) => {
+        Ok(Reply::Stopped { .. }) => {
             if a.json {
-                say!("{}", json!({"stopped": name}));
+                say!("{}", json_text(&json!({"stopped": name})));
             } else {
-                say!("stopped {name}");
+                say!("stopped {}", clean(name));
             }
             0
         }
+        Ok(_) => refused(a.json, "internal", "unexpected reply"),
         Err(c) => c,
     }
 }
@@ -457,27 +469,31 @@ pub fn exec(raw: Vec<OsString>) -> i32 {
     let (name, event_arg) = match a.positional.as_slice() {
         [n] => (n.clone(), None),
         [n, e] => (n.clone(), Some(e.as_str())),
-        _ => return usage_error("exec", "usage: zygo exec NAME [EVENT|-|FILE]"),
+        _ => return usage_refusal(a.json, "exec", "usage: zygo exec NAME [EVENT|-|FILE]"),
     };
     let timeout_ms = match a.flag("timeout") {
         Some(t) => match policy::limits::parse_duration("--timeout", t) {
             Ok(d) => Some(d.as_millis() as u64),
-            Err(e) => return usage_error("exec", e),
+            Err(e) => return usage_refusal(a.json, "exec", e),
         },
         None => None,
     };
     let event = match read_event(event_arg) {
         Ok(e) => e,
-        Err(e) => return usage_error("exec", e),
+        Err(e) => return usage_refusal(a.json, "exec", e),
     };
     let stream = a.has("stream");
     let script = match (a.flag("script"), a.flag("digest")) {
         (Some(_), Some(_)) => {
-            return usage_error("exec", "give --script FILE or --digest SHA256, not both")
+            return usage_refusal(
+                a.json,
+                "exec",
+                "give --script FILE or --digest SHA256, not both",
+            )
         }
         (Some(file), None) => match read_script(file) {
             Ok(bytes) => Some(proto::front::ScriptRef::Source(bytes)),
-            Err(e) => return usage_error("exec", e),
+            Err(e) => return usage_refusal(a.json, "exec", e),
         },
         (None, Some(d)) => Some(proto::front::ScriptRef::Digest(d.to_ascii_lowercase())),
         (None, None) => None,
@@ -490,7 +506,7 @@ pub fn exec(raw: Vec<OsString>) -> i32 {
         stream,
         script,
     });
-    let mut c = match connect() {
+    let mut c = match connect(a.json) {
         Ok(c) => c,
         Err(code) => return code,
     };
@@ -502,15 +518,15 @@ pub fn exec(raw: Vec<OsString>) -> i32 {
                 ExecEvent::Stderr(d) => ("stderr", d),
                 ExecEvent::Progress(d) => ("progress", d),
             };
-            say!("{}", json!({"event": k, "data": d}));
+            say!("{}", json_text(&json!({"event": k, "data": d})));
         } else {
             match ev {
                 ExecEvent::Stdout(d) => {
-                    say_raw!("{d}");
+                    say_raw!("{}", clean(d));
                     let _ = std::io::stdout().flush();
                 }
-                ExecEvent::Stderr(d) => eprint!("{d}"),
-                ExecEvent::Progress(d) => eprintln!("progress: {d}"),
+                ExecEvent::Stderr(d) => eprint!("{}", clean(d)),
+                ExecEvent::Progress(d) => eprintln!("progress: {}", clean(d)),
             }
         }
     });
@@ -525,21 +541,21 @@ pub fn exec(raw: Vec<OsString>) -> i32 {
         Err(e) => return refused(a.json, "internal", &e),
     };
     if a.json {
-        say!("{}", answer_json(&ans));
+        say!("{}", json_text(&answer_json(&ans)));
     } else {
         if !stream {
-            say_raw!("{}", ans.stdout);
-            eprint!("{}", ans.stderr);
+            say_raw!("{}", clean(&ans.stdout));
+            eprint!("{}", clean(&ans.stderr));
         }
         match (&ans.outcome, &ans.result) {
-            (Outcome::Ok, Some(r)) => say!("{r}"),
+            (Outcome::Ok, Some(r)) => say!("{}", clean(r)),
             _ => {
                 if let Some(tb) = &ans.traceback {
-                    eprint!("{tb}");
+                    eprint!("{}", clean(tb));
                 }
                 eprintln!(
                     "zygo: {} ({})",
-                    ans.error.as_deref().unwrap_or("failed"),
+                    clean(ans.error.as_deref().unwrap_or("failed")),
                     ans.outcome.as_str()
                 );
             }
@@ -575,24 +591,25 @@ pub fn scripts(raw: Vec<OsString>) -> i32 {
         Err(c) => return c,
     };
     let [verb, file] = a.positional.as_slice() else {
-        return usage_error("scripts", "usage: zygo scripts put FILE");
+        return usage_refusal(a.json, "scripts", "usage: zygo scripts put FILE");
     };
     if verb != "put" {
-        return usage_error(
+        return usage_refusal(
+            a.json,
             "scripts",
             format!("unknown action {verb:?}; the one action is `put`"),
         );
     }
     let source = match read_script(file) {
         Ok(b) => b,
-        Err(e) => return usage_error("scripts", e),
+        Err(e) => return usage_refusal(a.json, "scripts", e),
     };
     match call(a.json, &Request::PutScript { source }) {
         Ok(Reply::ScriptStored { digest, size }) => {
             if a.json {
-                say!("{}", json!({"digest": digest, "size": size}));
+                say!("{}", json_text(&json!({"digest": digest, "size": size})));
             } else {
-                say!("{digest}");
+                say!("{}", clean(&digest));
             }
             0
         }
@@ -612,8 +629,10 @@ pub fn ls(raw: Vec<OsString>) -> i32 {
         }
         Err(c) => return c,
     };
-    let Ok(Reply::Functions(fs)) = call(a.json, &Request::List) else {
-        return 1;
+    let fs = match call(a.json, &Request::List) {
+        Ok(Reply::Functions(fs)) => fs,
+        Ok(_) => return refused(a.json, "internal", "unexpected reply"),
+        Err(c) => return c,
     };
     if a.json {
         let v: Vec<_> = fs
@@ -624,7 +643,7 @@ pub fn ls(raw: Vec<OsString>) -> i32 {
                     "in_flight": f.in_flight, "min_warm": f.min_warm, "max_warm": f.max_warm})
             })
             .collect();
-        say!("{}", serde_json::Value::Array(v));
+        say!("{}", json_text(&serde_json::Value::Array(v)));
         return 0;
     }
     if fs.is_empty() {
@@ -645,9 +664,9 @@ pub fn ls(raw: Vec<OsString>) -> i32 {
     for f in &fs {
         say!(
             "{:<20} {:<9} {:<9} {:>5} {:>5} {:>6} {:>8} {:>9}",
-            f.name,
-            f.kind,
-            f.state,
+            clean(&f.name),
+            clean(&f.kind),
+            clean(&f.state),
             f.zygotes.ready,
             f.zygotes.busy,
             f.zygotes.frozen,
@@ -656,7 +675,7 @@ pub fn ls(raw: Vec<OsString>) -> i32 {
         );
         if let Some(e) = &f.error {
             for line in e.lines() {
-                say!("    {line}");
+                say!("    {}", clean(line));
             }
         }
     }
@@ -673,12 +692,12 @@ pub fn logs(raw: Vec<OsString>) -> i32 {
         Err(c) => return c,
     };
     let [name] = a.positional.as_slice() else {
-        return usage_error("logs", "usage: zygo logs NAME [-n N] [-f]");
+        return usage_refusal(a.json, "logs", "usage: zygo logs NAME [-n N] [-f]");
     };
     let n: u32 = match a.flag("n").map(str::parse) {
         None => 20,
         Some(Ok(n)) if n > 0 => n,
-        _ => return usage_error("logs", "-n takes a positive number"),
+        _ => return usage_refusal(a.json, "logs", "-n takes a positive number"),
     };
     let follow = a.has("f") || a.has("follow");
     let mut seen: std::collections::HashSet<String> = Default::default();
@@ -692,7 +711,7 @@ pub fn logs(raw: Vec<OsString>) -> i32 {
             },
         ) {
             Ok(Reply::Logs(e)) => e,
-            Ok(_) => return 1,
+            Ok(_) => return refused(a.json, "internal", "unexpected reply"),
             Err(c) => return c,
         };
         first = false;
@@ -701,24 +720,23 @@ pub fn logs(raw: Vec<OsString>) -> i32 {
                 continue;
             }
             if a.json {
-                say!(
-                    "{}",
-                    json!({"request_id": e.request_id, "finished_ms": e.finished_ms, "outcome": e.outcome.as_str(),
-                        "wall_ms": e.wall_ms, "error": e.error, "stdout": e.stdout, "stderr": e.stderr})
-                );
+                let v = json!({"request_id": e.request_id, "finished_ms": e.finished_ms,
+                    "outcome": e.outcome.as_str(), "wall_ms": e.wall_ms, "error": e.error,
+                    "stdout": e.stdout, "stderr": e.stderr});
+                say!("{}", json_text(&v));
             } else {
                 say!(
                     "{} {:<9} {:>6} ms  {}",
-                    e.request_id,
+                    clean(&e.request_id),
                     e.outcome.as_str(),
                     e.wall_ms,
-                    e.error.as_deref().unwrap_or("")
+                    clean(e.error.as_deref().unwrap_or(""))
                 );
                 for line in e.stdout.lines() {
-                    say!("    out: {line}");
+                    say!("    out: {}", clean(line));
                 }
                 for line in e.stderr.lines() {
-                    say!("    err: {line}");
+                    say!("    err: {}", clean(line));
                 }
             }
         }
@@ -740,8 +758,10 @@ pub fn stats(raw: Vec<OsString>) -> i32 {
         Err(c) => return c,
     };
     let name = a.positional.first().cloned();
-    let Ok(Reply::Stats(st)) = call(a.json, &Request::Stats { name }) else {
-        return 1;
+    let st = match call(a.json, &Request::Stats { name }) {
+        Ok(Reply::Stats(st)) => st,
+        Ok(_) => return refused(a.json, "internal", "unexpected reply"),
+        Err(c) => return c,
     };
     if a.json {
         let v: Vec<_> = st
@@ -753,7 +773,7 @@ pub fn stats(raw: Vec<OsString>) -> i32 {
                     "peak_rss_kb": s.peak_rss_kb})
             })
             .collect();
-        say!("{}", serde_json::Value::Array(v));
+        say!("{}", json_text(&serde_json::Value::Array(v)));
         return 0;
     }
     say!(
@@ -772,7 +792,7 @@ pub fn stats(raw: Vec<OsString>) -> i32 {
     for s in &st {
         say!(
             "{:<20} {:>8} {:>6} {:>6} {:>7} {:>9} {:>5} {:>9.2} {:>9.2} {:>7} KB",
-            s.name,
+            clean(&s.name),
             s.requests,
             s.ok,
             s.error,
@@ -800,20 +820,23 @@ pub fn warm(raw: Vec<OsString>) -> i32 {
         [name] => (name.clone(), 1),
         [name, n] => match n.parse::<u32>() {
             Ok(n) if n > 0 => (name.clone(), n),
-            _ => return usage_error("warm", "N must be a positive number"),
+            _ => return usage_refusal(a.json, "warm", "N must be a positive number"),
         },
-        _ => return usage_error("warm", "usage: zygo warm NAME [N]"),
+        _ => return usage_refusal(a.json, "warm", "usage: zygo warm NAME [N]"),
     };
     match call(a.json, &Request::Warm { name, n }) {
         Ok(Reply::Warmed { name, ready }) => {
             if a.json {
-                say!("{}", json!({"name": name, "ready": ready}));
+                say!("{}", json_text(&json!({"name": name, "ready": ready})));
             } else {
-                say!("{name}: {ready} zygote(s) ready, more starting if asked for");
+                say!(
+                    "{}: {ready} zygote(s) ready, more starting if asked for",
+                    clean(&name)
+                );
             }
             0
         }
-        Ok(_) => 1,
+        Ok(_) => refused(a.json, "internal", "unexpected reply"),
         Err(c) => c,
     }
 }
@@ -828,18 +851,18 @@ pub fn cancel(raw: Vec<OsString>) -> i32 {
         Err(c) => return c,
     };
     let [key] = a.positional.as_slice() else {
-        return usage_error("cancel", "usage: zygo cancel KEY");
+        return usage_refusal(a.json, "cancel", "usage: zygo cancel KEY");
     };
     match call(a.json, &Request::Cancel { key: key.clone() }) {
         Ok(Reply::Cancelled { count }) => {
             if a.json {
-                say!("{}", json!({"cancelled": count}));
+                say!("{}", json_text(&json!({"cancelled": count})));
             } else {
                 say!("cancelled {count} request(s)");
             }
             0
         }
-        Ok(_) => 1,
+        Ok(_) => refused(a.json, "internal", "unexpected reply"),
         Err(c) => c,
     }
 }
@@ -856,7 +879,7 @@ pub fn drain(raw: Vec<OsString>) -> i32 {
     let grace = match a.flag("grace") {
         Some(g) => match policy::limits::parse_duration("--grace", g) {
             Ok(d) => d,
-            Err(e) => return usage_error("drain", e),
+            Err(e) => return usage_refusal(a.json, "drain", e),
         },
         None => Duration::from_secs(30),
     };
@@ -868,7 +891,10 @@ pub fn drain(raw: Vec<OsString>) -> i32 {
     ) {
         Ok(Reply::Draining { in_flight }) => {
             if a.json {
-                say!("{}", json!({"drained": true, "in_flight": in_flight}));
+                say!(
+                    "{}",
+                    json_text(&json!({"drained": true, "in_flight": in_flight}))
+                );
             } else {
                 say!(
                     "draining: {in_flight} request(s) in flight may finish within {}s",
@@ -877,7 +903,7 @@ pub fn drain(raw: Vec<OsString>) -> i32 {
             }
             0
         }
-        Ok(_) => 1,
+        Ok(_) => refused(a.json, "internal", "unexpected reply"),
         Err(c) => c,
     }
 }

@@ -2,8 +2,10 @@
 //! (started only by the monitor, with its socket on fd 3); everything else is the CLI.
 //!
 //! The C runtime calls [`main`] directly (`no_main`), skipping Rust's own start-up; see
-//! there for what that keeps and what it leaves out.
-#![no_main]
+//! there for what that keeps and what it leaves out. The unit tests keep the test
+//! harness's own `main`, so the start-up is left out of their build.
+#![cfg_attr(not(test), no_main)]
+#![cfg_attr(test, allow(dead_code))]
 
 /// `println!` that does not panic when stdout is closed (e.g. piped into `head`): the
 /// monitor must still clean up its sandbox whatever happens to its output.
@@ -28,6 +30,7 @@ mod client;
 mod flags;
 mod fncmds;
 mod mcp;
+mod output;
 mod run;
 mod usage;
 mod version;
@@ -41,6 +44,7 @@ mod version;
 /// reads `/proc/self/maps` for it) and the alternate signal stack that turns a stack
 /// overflow into a message; an overflow still ends the process (SIGSEGV).
 /// `std::process::exit` flushes stdout, as Rust's usual exit path does.
+#[cfg(not(test))]
 #[no_mangle]
 pub extern "C" fn main(_argc: libc::c_int, _argv: *const *const libc::c_char) -> libc::c_int {
     standard_fds_open();
@@ -112,7 +116,12 @@ fn zygo_main() -> u8 {
         Some("__mcp-front") => mcp::front(rest),
         Some("version") | Some("--version") | Some("-V") => version::main(rest),
         Some(other) => {
-            eprintln!("zygo: unknown command {other:?}; see `zygo --help`");
+            let msg = format!("unknown command {other:?}; see `zygo --help`");
+            if asks_json(&rest, &[], true) {
+                say!("{}", output::json(&bad_request(&msg)));
+            } else {
+                eprintln!("zygo: {}", output::clean(&msg));
+            }
             2
         }
     };
@@ -129,6 +138,88 @@ fn init_logging() {
 
 /// A usage error: one line, exit code 2.
 pub fn usage_error(cmd: &str, msg: impl std::fmt::Display) -> i32 {
-    eprintln!("zygo {cmd}: {msg}; see `zygo {cmd} --help`");
+    let msg = msg.to_string();
+    eprintln!(
+        "zygo {cmd}: {}; see `zygo {cmd} --help`",
+        output::clean(&msg)
+    );
     2
+}
+
+/// A usage error answered as `--json` asked: one `{"code": "bad_request", "error"}` object
+/// on stdout, or the line of [`usage_error`]; exit code 2 either way.
+pub fn usage_refusal(json: bool, cmd: &str, msg: impl std::fmt::Display) -> i32 {
+    if json {
+        say!("{}", output::json(&bad_request(&msg.to_string())));
+        2
+    } else {
+        usage_error(cmd, msg)
+    }
+}
+
+/// The `--json` answer to a command line that could not be used.
+fn bad_request(msg: &str) -> serde_json::Value {
+    serde_json::json!({"code": "bad_request", "error": msg})
+}
+
+/// Whether `--json` is among the options of `raw`, read as lexopt reads them (`valued`
+/// options take the next argument; with `operand_ends`, the first operand ends the
+/// options, as `zygo run`'s command does), whatever else is wrong with them: a command
+/// line that fails to parse is still answered the way it asked.
+pub fn asks_json(raw: &[std::ffi::OsString], valued: &[&str], operand_ends: bool) -> bool {
+    use lexopt::prelude::*;
+    let mut p = lexopt::Parser::from_args(raw.iter().cloned());
+    let mut json = false;
+    // Each step takes at least one character of the arguments (a short option of a
+    // cluster) or one argument: this many steps end any parse.
+    let steps = raw.iter().map(|a| a.len() + 1).sum::<usize>() + 1;
+    for _ in 0..steps {
+        match p.next() {
+            Ok(None) => return json,
+            Ok(Some(Long("json"))) => json = true,
+            Ok(Some(Long(f))) if valued.contains(&f) => {
+                let _ = p.value();
+            }
+            Ok(Some(Short(c))) if valued.contains(&c.to_string().as_str()) => {
+                let _ = p.value();
+            }
+            Ok(Some(Long(_))) => {
+                let _ = p.optional_value();
+            }
+            Ok(Some(Value(_))) if operand_ends => return json,
+            // After `--` everything is an operand.
+            Ok(Some(_)) | Err(_) => {}
+        }
+    }
+    json
+}
+
+#[cfg(test)]
+mod tests {
+    use super::asks_json;
+
+    fn asks(args: &[&str], valued: &[&str], operand_ends: bool) -> bool {
+        let raw: Vec<std::ffi::OsString> = args.iter().map(Into::into).collect();
+        asks_json(&raw, valued, operand_ends)
+    }
+
+    #[test]
+    fn json_is_seen_anywhere_among_the_options_even_past_a_bad_one() {
+        assert!(asks(&["f", "{}", "--json"], &[], false));
+        assert!(asks(&["--bogus", "--json"], &[], false));
+        assert!(asks(&["--bogus=1", "-x", "--json"], &[], false));
+        assert!(asks(&["--json", "--timeout"], &["timeout"], false));
+        assert!(!asks(&["f", "{}"], &[], false));
+    }
+
+    #[test]
+    fn json_as_an_option_value_or_an_operand_is_not_asked_for() {
+        assert!(!asks(&["--key", "--json", "f"], &["key"], false));
+        assert!(!asks(&["-n", "--json"], &["n"], false));
+        assert!(!asks(&["f", "--", "--json"], &[], false));
+        // `zygo run`: the command and its arguments are not zygo's.
+        assert!(!asks(&["--mem", "1G", "prog", "--json"], &["mem"], true));
+        assert!(!asks(&["--", "prog", "--json"], &[], true));
+        assert!(asks(&["--json", "--mem", "1G", "prog"], &["mem"], true));
+    }
 }

@@ -61,7 +61,7 @@ fn parse(raw: Vec<OsString>) -> Result<Option<Opts>, String> {
 
 /// A refusal: one line, exit code 1.
 fn refuse(msg: impl std::fmt::Display) -> i32 {
-    eprintln!("zygo mcp: {msg}");
+    eprintln!("zygo mcp: {}", crate::output::clean(&msg.to_string()));
     1
 }
 

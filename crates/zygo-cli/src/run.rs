@@ -1,8 +1,8 @@
 //! `zygo run`: one program in a fresh one-shot sandbox, with the monitor embedded.
 
 use std::ffi::OsString;
-use std::fs::File;
 use std::io::IsTerminal;
+use std::path::Path;
 
 use policy::limits::Mem;
 use policy::plan::OneShotArgs;
@@ -11,7 +11,13 @@ use zygo_monitor::cgroup::Backend;
 use zygo_monitor::oneshot::{self, Outcome, Output, Request, Stdin};
 
 use crate::flags::{self, text};
+use crate::output::clean;
 use crate::{usage, usage_error};
+
+/// The flags of `zygo run` that take a value.
+const VALUED: [&str; 10] = [
+    "mem", "cpu", "pids", "timeout", "scratch", "net", "image", "mount", "env", "stdin",
+];
 
 struct Opts {
     args: OneShotArgs,
@@ -54,17 +60,18 @@ fn parse(raw: Vec<OsString>) -> Result<Option<Opts>, String> {
 
 pub fn main(raw: Vec<OsString>) -> i32 {
     keep_freed_memory();
+    let json = crate::asks_json(&raw, &VALUED, true);
     let opts = match parse(raw) {
         Ok(Some(o)) => o,
         Ok(None) => {
             say_raw!("{}", usage::RUN);
             return 0;
         }
-        Err(e) => return usage_error("run", e),
+        Err(e) => return usage_refusal(json, e),
     };
     let plan = match policy::plan::one_shot(&opts.args) {
         Ok(p) => p,
-        Err(e) => return usage_error("run", e),
+        Err(e) => return usage_refusal(opts.json, e.to_string()),
     };
     let mem_text = match plan.limits.mem {
         Mem::Limited(b) => b.to_string(),
@@ -83,15 +90,12 @@ pub fn main(raw: Vec<OsString>) -> i32 {
         Ok(x) => x,
         Err(why) => return refuse(Phase::Plan, why),
     };
+    // A regular file or a pipe reaches the program as it is; a terminal or a device is
+    // copied through a pipe (see `Stdin`); a directory or a socket is refused.
     let stdin = match &opts.stdin {
-        Some(path) => match File::open(path) {
-            Ok(f) => Stdin::File(f),
-            Err(e) => {
-                return refuse(
-                    Phase::Plan,
-                    format!("--stdin {}: {e}", path.to_string_lossy()),
-                )
-            }
+        Some(path) => match Stdin::open(Path::new(path)) {
+            Ok(s) => s,
+            Err(why) => return refuse(Phase::Plan, format!("--stdin {why}")),
         },
         None if opts.json => Stdin::Null,
         None if std::io::stdin().is_terminal() => Stdin::Forward,
@@ -135,6 +139,24 @@ pub fn main(raw: Vec<OsString>) -> i32 {
     // Cgroups left by killed monitors are swept while the program runs.
     let out = started.finish(&backend, || backend.sweep_stale_runs());
     report(&out, opts.json, &mem_text, &timeout_text)
+}
+
+/// A usage error, answered as `--json` asked: with it, the object every `zygo run --json`
+/// prints (`started` false, `phase` "plan", the reason in `error`) with `code`
+/// "bad_request"; without, one line on stderr. Exit code 2 either way.
+fn usage_refusal(json: bool, why: String) -> i32 {
+    if !json {
+        return usage_error("run", why);
+    }
+    let out = Outcome {
+        phase: Some(Phase::Plan),
+        error: Some(why),
+        ..Outcome::default()
+    };
+    let mut v = answer(&out, "", "");
+    v["code"] = serde_json::json!("bad_request");
+    say!("{}", crate::output::json(&v));
+    2
 }
 
 /// This process lives for one sandbox, so memory it frees is better kept than handed back
@@ -186,25 +208,7 @@ fn report(out: &Outcome, json: bool, mem: &str, timeout: &str) -> i32 {
         1
     };
     if json {
-        let phase = out.phase.unwrap_or(Phase::Run).as_str();
-        let v = serde_json::json!({
-            "started": out.started,
-            "phase": phase,
-            "error": out.error,
-            "exit_code": out.exit_code,
-            "signal": out.signal,
-            "timed_out": out.timed_out,
-            "oom_killed": out.oom_killed,
-            "kill_reason": if out.started { kill_reason(out, mem, timeout) } else { None },
-            "peak_rss_kb": out.peak_rss_kb,
-            "wall_ms": out.wall_ms,
-            "cpu_ms": out.cpu_ms,
-            "stdout": String::from_utf8_lossy(&out.stdout),
-            "stdout_truncated": out.stdout_truncated,
-            "stderr": String::from_utf8_lossy(&out.stderr),
-            "stderr_truncated": out.stderr_truncated,
-        });
-        say!("{v}");
+        say!("{}", crate::output::json(&answer(out, mem, timeout)));
     } else if let Some(err) = &out.error {
         let phase = out.phase.unwrap_or(Phase::Start);
         let what = match phase {
@@ -212,9 +216,31 @@ fn report(out: &Outcome, json: bool, mem: &str, timeout: &str) -> i32 {
             Phase::Start => "could not start the sandbox",
             Phase::Run => "sandbox failed",
         };
-        eprintln!("zygo: {what}: {err}");
+        eprintln!("zygo: {what}: {}", clean(err));
     } else if let Some(why) = kill_reason(out, mem, timeout) {
         eprintln!("zygo: killed: {why}");
     }
     code
+}
+
+/// The object `zygo run --json` prints.
+fn answer(out: &Outcome, mem: &str, timeout: &str) -> serde_json::Value {
+    let phase = out.phase.unwrap_or(Phase::Run).as_str();
+    serde_json::json!({
+        "started": out.started,
+        "phase": phase,
+        "error": out.error,
+        "exit_code": out.exit_code,
+        "signal": out.signal,
+        "timed_out": out.timed_out,
+        "oom_killed": out.oom_killed,
+        "kill_reason": if out.started { kill_reason(out, mem, timeout) } else { None },
+        "peak_rss_kb": out.peak_rss_kb,
+        "wall_ms": out.wall_ms,
+        "cpu_ms": out.cpu_ms,
+        "stdout": String::from_utf8_lossy(&out.stdout),
+        "stdout_truncated": out.stdout_truncated,
+        "stderr": String::from_utf8_lossy(&out.stderr),
+        "stderr_truncated": out.stderr_truncated,
+    })
 }

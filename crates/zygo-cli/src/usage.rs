@@ -23,6 +23,15 @@ Commands:
   version     what this build and this kernel support
 
 Run `zygo <command> --help` for a command's options.
+
+Output: human output shows every control character in text that came from a sandbox or
+a caller (handler output, results, errors, tracebacks, progress) as an escape, the way
+Python writes them: \\x1b for ESC, \\x07 for BEL, \\x9b for the C1 CSI, \\x7f for DEL, \\r
+for a carriage return that does not end a line; newlines and tabs stay (a backslash is
+shown as it is). --json keeps the exact text in its JSON strings, and answers every call,
+refusals and usage errors included, with one JSON object on stdout ({\"code\", \"error\"}
+when refused).
+`zygo run` without --json passes the program's output through as it is.
 ";
 
 pub const RUN: &str = "\
@@ -48,12 +57,18 @@ Sandbox:
   --mount SRC:DST[:rw]  bind a host path (read-only unless :rw); repeatable
   --env K=V          set an environment variable; repeatable
   --stdin FILE       feed FILE to the program's stdin (default: zygo's own stdin,
-                     or nothing with --json)
+                     or nothing with --json). A regular file or a pipe is handed
+                     over as it is; a terminal or a device is copied through a pipe
+                     (the program never gets a terminal); a directory or a socket
+                     is refused
 
 Output:
   --json             print one JSON object: exit_code, timed_out, oom_killed,
                      peak_rss_kb, wall_ms, cpu_ms, stdout, stderr (1 MiB each, with
-                     *_truncated), started, phase, error
+                     *_truncated), started, phase, error (and code \"bad_request\" for
+                     a usage error)
+Without --json the program's output passes through as it is written, control
+characters included, as if the program were run directly.
 
 Exit status: the program's own; 128+N when killed by signal N (137 for a kill, with the
 reason on stderr); 1 when the sandbox could not be built or started; 2 for usage errors.
@@ -118,8 +133,11 @@ EVENT is JSON text; `-` reads it from stdin; otherwise a file holding it. Defaul
   --script FILE  for a runtime pool: run this script (stored by digest, as `scripts put`)
   --digest D     for a runtime pool: run the script registered under this SHA-256
   --json         print {result, request_id, stdout, stderr, metrics} (and, on failure,
-                 error, code, traceback, oom_killed)
-Exit status: 0 when the handler returned, 1 otherwise.
+                 error, code, traceback, oom_killed); with --stream, one line per event
+                 before it. A refusal is {code, error}
+Human output shows control characters in the handler's text as escapes (\\x1b, \\r, ...;
+see `zygo --help`); --json has the exact text.
+Exit status: 0 when the handler returned, 1 otherwise; 2 for usage errors.
 ";
 
 pub const SCRIPTS: &str = "\
@@ -143,6 +161,9 @@ pub const LOGS: &str = "\
 zygo logs — the last finished requests of a function
 
 Usage: zygo logs NAME [-n N] [-f] [--json]
+
+Human output shows control characters in the requests' output and errors as escapes
+(\\x1b, \\r, ...; see `zygo --help`); --json prints one object per request, exact text.
 ";
 
 pub const STATS: &str = "\

@@ -2,9 +2,11 @@
 
 use std::ffi::OsString;
 
-use crate::{usage, usage_error};
+use crate::output::clean;
+use crate::{usage, usage_refusal};
 
 pub fn main(args: Vec<OsString>) -> i32 {
+    let asked = crate::asks_json(&args, &[], false);
     let mut json = false;
     let mut p = lexopt::Parser::from_args(args);
     loop {
@@ -14,9 +16,9 @@ pub fn main(args: Vec<OsString>) -> i32 {
                 say_raw!("{}", usage::VERSION);
                 return 0;
             }
-            Ok(Some(other)) => return usage_error("version", other.unexpected()),
+            Ok(Some(other)) => return usage_refusal(asked, "version", other.unexpected()),
             Ok(None) => break,
-            Err(e) => return usage_error("version", e),
+            Err(e) => return usage_refusal(asked, "version", e),
         }
     }
     let (cgroup, cgroup_root, cgroup_error) = match zygo_monitor::cgroup::Backend::detect() {
@@ -35,15 +37,15 @@ pub fn main(args: Vec<OsString>) -> i32 {
             "landlock_abi": abi,
             "seccomp": true,
         });
-        say!("{v}");
+        say!("{}", crate::output::json(&v));
     } else {
         say!("zygo {}", env!("CARGO_PKG_VERSION"));
         say!("backend:  namespaces (user, mount, pid, net, ipc, uts, cgroup)");
         match (cgroup, cgroup_root) {
-            (Some(c), Some(root)) => say!("cgroup:   {c} ({root})"),
+            (Some(c), Some(root)) => say!("cgroup:   {c} ({})", clean(&root)),
             _ => say!(
                 "cgroup:   unavailable — sandboxes will be refused: {}",
-                cgroup_error.unwrap_or_default()
+                clean(&cgroup_error.unwrap_or_default())
             ),
         }
         if abi > 0 {

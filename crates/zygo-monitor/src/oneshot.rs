@@ -26,16 +26,100 @@ pub const OUTPUT_CAP: usize = 1024 * 1024;
 const WATCHDOG_SLACK: Duration = Duration::from_secs(35);
 
 /// Where the program's stdin comes from.
+///
+/// The program is handed a host descriptor as it is only when that is a regular file or a
+/// pipe. Anything else would give the sandbox more than bytes to read: a terminal takes
+/// ioctls that change it for the host (`TCSETS`: the operator's echo switched off for
+/// good), a device has ioctls of its own, and a directory is a way into the host's file
+/// tree past the sandbox's root (`openat(0, "..")`). A terminal or a device is therefore
+/// copied through a pipe by the monitor, and a directory or a socket refused.
 pub enum Stdin {
     /// Nothing: the program reads end of file.
     Null,
-    /// A file opened by the monitor.
+    /// A file opened by the monitor (see [`Stdin::open`]). [`start`] looks at what it is:
+    /// a regular file or a pipe is handed over, a terminal or a device copied through a
+    /// pipe, anything else refused.
     File(File),
     /// The monitor's own stdin, copied through a pipe (never handed over directly: a
     /// terminal must not reach the sandbox).
     Forward,
     /// These bytes, then end of file.
     Bytes(Vec<u8>),
+}
+
+/// How a descriptor may reach the program as its stdin.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum StdinKind {
+    /// A regular file or a pipe: handed over as it is.
+    Direct,
+    /// A terminal or a character or block device: copied through a pipe.
+    Copied,
+    /// A directory.
+    Directory,
+    /// A socket.
+    Socket,
+    /// Any other kind of file.
+    Other,
+}
+
+impl StdinKind {
+    fn of_mode(mode: libc::mode_t) -> StdinKind {
+        match mode & libc::S_IFMT {
+            libc::S_IFREG | libc::S_IFIFO => StdinKind::Direct,
+            libc::S_IFCHR | libc::S_IFBLK => StdinKind::Copied,
+            libc::S_IFDIR => StdinKind::Directory,
+            libc::S_IFSOCK => StdinKind::Socket,
+            _ => StdinKind::Other,
+        }
+    }
+
+    fn of(f: &File) -> std::io::Result<StdinKind> {
+        use std::os::unix::fs::MetadataExt;
+        Ok(StdinKind::of_mode(f.metadata()?.mode() as libc::mode_t))
+    }
+
+    /// Why a file of this kind is refused, after `what` names it; None when it is not.
+    fn refusal(self, what: &str) -> Option<String> {
+        match self {
+            StdinKind::Direct | StdinKind::Copied => None,
+            StdinKind::Directory => Some(format!(
+                "{what} is a directory, which would open the host's files to the sandbox; \
+                 give a file, a pipe or a terminal"
+            )),
+            StdinKind::Socket => Some(format!(
+                "{what} is a socket, which zygo does not read from; pipe its data in \
+                 instead (`... | zygo run --stdin /dev/stdin`)"
+            )),
+            StdinKind::Other => Some(format!(
+                "{what} is neither a file, a pipe nor a terminal; give one of those"
+            )),
+        }
+    }
+}
+
+impl Stdin {
+    /// Open `path` (read-only, never as a controlling terminal) for the program's stdin,
+    /// or say, naming it, why it cannot be. A FIFO's open waits for a writer, as it does
+    /// for any reader.
+    pub fn open(path: &Path) -> Result<Stdin, String> {
+        use std::os::unix::fs::{FileTypeExt, OpenOptionsExt};
+        let what = path.display().to_string();
+        // A socket cannot be opened (ENXIO, which names no cause): say what it is first.
+        if std::fs::metadata(path).is_ok_and(|m| m.file_type().is_socket()) {
+            return Err(StdinKind::Socket.refusal(&what).unwrap_or_default());
+        }
+        let f = std::fs::OpenOptions::new()
+            .read(true)
+            .custom_flags(libc::O_NOCTTY)
+            .open(path)
+            .map_err(|e| format!("{what}: {e}"))?;
+        // What was opened decides, not what the path named a moment before.
+        let kind = StdinKind::of(&f).map_err(|e| format!("{what}: {e}"))?;
+        match kind.refusal(&what) {
+            Some(why) => Err(why),
+            None => Ok(Stdin::File(f)),
+        }
+    }
 }
 
 /// What to do with the program's stdout and stderr.
@@ -121,10 +205,10 @@ pub struct Started {
     cancel: Option<OwnedFd>,
 }
 
-/// Where the program's stdin pipe is fed from.
+/// Where the program's stdin pipe (the write end, here) is fed from.
 enum Feeder {
-    /// The monitor's own stdin.
-    Forward(OwnedFd),
+    /// Copied from this file: the monitor's own stdin, a terminal, a device.
+    Relay(File, OwnedFd),
     /// These bytes.
     Bytes(OwnedFd, Vec<u8>),
 }
@@ -144,10 +228,23 @@ pub fn start(req: Request) -> Result<Started, Outcome> {
     // address space the spawn shares until the launcher has exec'd).
     let (stdin, feeder): (Option<OwnedFd>, Option<Feeder>) = match req.stdin {
         Stdin::Null => (None, None),
-        Stdin::File(f) => (Some(OwnedFd::from(f)), None),
+        Stdin::File(f) => {
+            let kind =
+                StdinKind::of(&f).map_err(|e| start_err("inspect the program's stdin", e))?;
+            if let Some(why) = kind.refusal("the program's stdin") {
+                return Err(Outcome::refused(Phase::Plan, why));
+            }
+            if kind == StdinKind::Direct {
+                (Some(OwnedFd::from(f)), None)
+            } else {
+                let (r, w) = pipe().map_err(|e| start_err("create a pipe", e))?;
+                (Some(r), Some(Feeder::Relay(f, w)))
+            }
+        }
         Stdin::Forward => {
+            let own = own_stdin().map_err(|e| start_err("duplicate zygo's stdin", e))?;
             let (r, w) = pipe().map_err(|e| start_err("create a pipe", e))?;
-            (Some(r), Some(Feeder::Forward(w)))
+            (Some(r), Some(Feeder::Relay(own, w)))
         }
         Stdin::Bytes(bytes) => {
             let (r, w) = pipe().map_err(|e| start_err("create a pipe", e))?;
@@ -185,7 +282,9 @@ pub fn start(req: Request) -> Result<Started, Outcome> {
         err_hi,
     ));
     match feeder {
-        Some(Feeder::Forward(w)) => forward_stdin(w),
+        Some(Feeder::Relay(from, w)) => {
+            std::thread::spawn(move || relay(&from, w));
+        }
         Some(Feeder::Bytes(w, bytes)) => {
             std::thread::spawn(move || {
                 let _ = File::from(w).write_all(&bytes);
@@ -741,22 +840,65 @@ fn handle(
     }
 }
 
-fn forward_stdin(w: OwnedFd) {
-    std::thread::spawn(move || {
-        let mut w = File::from(w);
-        let mut buf = Vec::new();
-        loop {
-            buf.clear();
-            match read_append(libc::STDIN_FILENO, &mut buf, CHUNK) {
-                Ok(0) | Err(_) => break,
-                Ok(_) => {
-                    if w.write_all(&buf).is_err() {
-                        break;
-                    }
+/// This process's stdin, duplicated (close-on-exec) so that a relay can own it.
+fn own_stdin() -> std::io::Result<File> {
+    // SAFETY: duplicating descriptor 0, which is open (the CLI's start-up sees to that).
+    let fd = unsafe { libc::fcntl(libc::STDIN_FILENO, libc::F_DUPFD_CLOEXEC, 0) };
+    if fd < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    // SAFETY: fcntl returned a fresh descriptor that we now own.
+    Ok(unsafe { File::from_raw_fd(fd) })
+}
+
+/// Copy `from` into the program's stdin pipe `to` (on a thread of its own), so that the
+/// program sees only a pipe. Ends when `from` ends or fails, or once nothing reads the
+/// pipe any more (the program and its launcher are gone: the write end then polls
+/// `POLLERR`), whichever comes first, even while `from` has nothing to read. Nobody waits
+/// for it: a process that exits takes a relay still blocked in a read or write with it.
+fn relay(from: &File, to: OwnedFd) {
+    let mut to = File::from(to);
+    let mut buf = Vec::new();
+    loop {
+        let mut fds = [
+            libc::pollfd {
+                fd: from.as_raw_fd(),
+                events: libc::POLLIN,
+                revents: 0,
+            },
+            libc::pollfd {
+                fd: to.as_raw_fd(),
+                events: 0,
+                revents: 0,
+            },
+        ];
+        // SAFETY: fds is a valid pollfd array for its length.
+        let n = unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, -1) };
+        if n < 0 {
+            if std::io::Error::last_os_error().raw_os_error() == Some(libc::EINTR) {
+                continue;
+            }
+            return;
+        }
+        if fds[1].revents != 0 {
+            return;
+        }
+        if fds[0].revents == 0 {
+            continue;
+        }
+        buf.clear();
+        match read_append(from.as_raw_fd(), &mut buf, CHUNK) {
+            Ok(0) => return,
+            Ok(_) => {
+                if to.write_all(&buf).is_err() {
+                    return;
                 }
             }
+            // A source someone else set non-blocking: wait for it again.
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
+            Err(_) => return,
         }
-    });
+    }
 }
 
 /// The monitor's checks of a policy plan against the host, and the launcher plan that
@@ -820,4 +962,80 @@ fn path_str(p: &Path) -> Result<String, String> {
     p.to_str()
         .map(str::to_string)
         .ok_or_else(|| format!("path {} is not valid UTF-8", p.display()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn temp_dir(tag: &str) -> PathBuf {
+        let d = std::env::temp_dir().join(format!(
+            "zygo-oneshot-{tag}-{}-{}",
+            std::process::id(),
+            unique_name()
+        ));
+        std::fs::create_dir(&d).expect("create a temp dir");
+        d
+    }
+
+    #[test]
+    fn only_regular_files_and_pipes_are_handed_over_as_they_are() {
+        let cases = [
+            (libc::S_IFREG, StdinKind::Direct),
+            (libc::S_IFIFO, StdinKind::Direct),
+            (libc::S_IFCHR, StdinKind::Copied),
+            (libc::S_IFBLK, StdinKind::Copied),
+            (libc::S_IFDIR, StdinKind::Directory),
+            (libc::S_IFSOCK, StdinKind::Socket),
+            (libc::S_IFLNK, StdinKind::Other),
+        ];
+        for (mode, kind) in cases {
+            assert_eq!(StdinKind::of_mode(mode | 0o644), kind, "mode {mode:o}");
+        }
+    }
+
+    #[test]
+    fn a_regular_file_opens_as_a_file() {
+        let d = temp_dir("file");
+        let p = d.join("input");
+        std::fs::write(&p, b"bytes").expect("write");
+        let got = Stdin::open(&p);
+        let _ = std::fs::remove_dir_all(&d);
+        assert!(matches!(got, Ok(Stdin::File(_))));
+    }
+
+    #[test]
+    fn a_device_opens_to_be_copied_through_a_pipe() {
+        let Ok(Stdin::File(f)) = Stdin::open(Path::new("/dev/zero")) else {
+            panic!("/dev/zero did not open");
+        };
+        assert_eq!(StdinKind::of(&f).expect("fstat"), StdinKind::Copied);
+    }
+
+    #[test]
+    fn a_directory_given_as_stdin_is_refused_naming_it() {
+        let d = temp_dir("dir");
+        let got = Stdin::open(&d);
+        let _ = std::fs::remove_dir_all(&d);
+        let Err(why) = got else {
+            panic!("a directory was accepted as stdin");
+        };
+        assert!(why.contains(&d.display().to_string()), "{why}");
+        assert!(why.contains("is a directory"), "{why}");
+    }
+
+    #[test]
+    fn a_socket_given_as_stdin_is_refused_naming_it() {
+        let d = temp_dir("sock");
+        let p = d.join("s");
+        let listener = std::os::unix::net::UnixListener::bind(&p).expect("bind");
+        let got = Stdin::open(&p);
+        drop(listener);
+        let _ = std::fs::remove_dir_all(&d);
+        let Err(why) = got else {
+            panic!("a socket was accepted as stdin");
+        };
+        assert!(why.contains(&p.display().to_string()), "{why}");
+        assert!(why.contains("is a socket"), "{why}");
+    }
 }
