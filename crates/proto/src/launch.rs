@@ -287,4 +287,13 @@ pub enum FromLauncher {
         slot: String,
         violation: Option<String>,
     },
+    /// Zygote (a runtime pool): the call given to the slot was not delivered, because its
+    /// script could not be placed in the sandbox's script space: larger than that space
+    /// (`too_large`), or the space is full of scripts of calls in flight. Nothing ran; the
+    /// slot's child is dropped (`SlotClosed` follows).
+    ScriptRefused {
+        slot: String,
+        too_large: bool,
+        message: String,
+    },
 }

@@ -37,6 +37,7 @@ fn parse(raw: Vec<OsString>) -> Result<Option<Opts>, String> {
         match arg {
             Long("help") | Short('h') => return Ok(None),
             Long("json") => o.json = true,
+            Long("inotify") => o.args.inotify = true,
             Long(
                 flag @ ("mem" | "cpu" | "pids" | "timeout" | "scratch" | "net" | "image" | "mount"
                 | "env"),

@@ -56,6 +56,9 @@ Sandbox:
                      or dir:/path/to/rootfs                [default: host]
   --mount SRC:DST[:rw]  bind a host path (read-only unless :rw); repeatable
   --env K=V          set an environment variable; repeatable
+  --inotify          let the program use inotify (off by default: a watch on a file
+                     of the shared, read-only image would see anyone open it;
+                     without it inotify_init fails with ENOSYS and programs poll)
   --stdin FILE       feed FILE to the program's stdin (default: zygo's own stdin,
                      or nothing with --json). A regular file or a pipe is handed
                      over as it is; a terminal or a device is copied through a pipe

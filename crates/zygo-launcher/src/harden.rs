@@ -14,6 +14,45 @@ use crate::sys::{self, fail, step, Result};
 /// The newest Landlock ABI whose rights this code was written and tested against.
 const LANDLOCK_ABI: ABI = ABI::V6;
 
+/// What one uid inside a sandbox may use of the kernel's per-user allowances: an eighth.
+const SHARE_OF_A_USERS_ALLOWANCE: u64 = 8;
+
+/// Cap what the kernel counts per user (inotify instances and watches) for every uid of
+/// this sandbox at an eighth of the host's per-user limit, in the sandbox's own user
+/// namespace: a sandbox's (or, where requests have uids of their own, a request's) use
+/// then leaves the rest to everyone else owned by the same host user. As root each sandbox
+/// also has an owner of its own, whose allowance the host's limit bounds; rootless, every
+/// sandbox of the user shares that user's. Written while init still holds
+/// CAP_SYS_RESOURCE in the namespace (the values are the namespace's own, read and written
+/// through `/proc/sys/user`); nothing in the sandbox can raise them again.
+pub fn user_counters() -> Result<()> {
+    for (host, ours) in [
+        (
+            "/proc/sys/fs/inotify/max_user_instances",
+            "/proc/sys/user/max_inotify_instances",
+        ),
+        (
+            "/proc/sys/fs/inotify/max_user_watches",
+            "/proc/sys/user/max_inotify_watches",
+        ),
+    ] {
+        let limit: u64 = step(std::fs::read_to_string(host), || format!("read {host}"))?
+            .trim()
+            .parse()
+            .map_err(|_| {
+                fail(
+                    format!("read {host}"),
+                    std::io::Error::other("not a number"),
+                )
+            })?;
+        let share = (limit / SHARE_OF_A_USERS_ALLOWANCE).max(1);
+        step(std::fs::write(ours, share.to_string()), || {
+            format!("write {share} to {ours}")
+        })?;
+    }
+    Ok(())
+}
+
 /// Limits that are per process rather than per cgroup.
 pub fn rlimits() -> Result<()> {
     // No core dumps: a crashing program must not write its memory anywhere.
@@ -28,6 +67,21 @@ pub fn rlimits() -> Result<()> {
     step(sys::set_rlimit(libc::RLIMIT_NOFILE, n, n), || {
         "set RLIMIT_NOFILE".into()
     })?;
+    // Queued signals and locked memory are counted per user, and checked against these
+    // limits of the process that queues or locks: an eighth of what the host allows, so
+    // one uid of a sandbox cannot take a user's whole allowance (see `user_counters`).
+    for (resource, name) in [
+        (libc::RLIMIT_SIGPENDING, "RLIMIT_SIGPENDING"),
+        (libc::RLIMIT_MEMLOCK, "RLIMIT_MEMLOCK"),
+    ] {
+        let (_, hard) = step(sys::get_rlimit(resource), || format!("read {name}"))?;
+        if hard != libc::RLIM_INFINITY {
+            let share = (hard / SHARE_OF_A_USERS_ALLOWANCE).max(1);
+            step(sys::set_rlimit(resource, share, share), || {
+                format!("set {name}")
+            })?;
+        }
+    }
     Ok(())
 }
 

@@ -11,6 +11,7 @@ pub mod harden;
 pub mod oneshot;
 mod rootfs;
 mod scratch;
+mod script_space;
 pub mod seccomp;
 mod sys;
 pub mod zygote;

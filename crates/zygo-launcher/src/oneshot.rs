@@ -874,6 +874,8 @@ fn build(plan: &LaunchPlan, reg: Option<RawFd>) -> Result<(), SetupError> {
     let mut net = step(sys::spawn_net_namespace(), || {
         "start the network namespace's thread".into()
     })?;
+    // Through the host's /proc, which this mount namespace still sees.
+    crate::harden::user_counters()?;
     let host = plan.hostname.as_bytes();
     // SAFETY: host is a valid byte slice for its length.
     let r = unsafe { libc::sethostname(host.as_ptr().cast(), host.len()) };

@@ -457,84 +457,6 @@ fn receive_registration(reg: RawFd) -> Result<Option<Registered>, String> {
     Ok(Some((slot, pid, fd, out, err)))
 }
 
-/// Write a pool's script into the sandbox at `/run/script/<digest>` (0444), from outside,
-/// through `dir`: that folder, handed over by the sandbox's init before any untrusted code
-/// ran. Nothing in the sandbox can create or change files there (Landlock); a file already
-/// there with that name must hold exactly these bytes, or it is replaced. Returns the path
-/// inside the sandbox.
-fn write_script(
-    dir: RawFd,
-    s: &proto::launch::Script,
-    owner: Option<(u32, u32)>,
-) -> std::io::Result<String> {
-    if s.digest.len() != 64 || !s.digest.bytes().all(|b| b.is_ascii_hexdigit()) {
-        return Err(std::io::Error::new(
-            std::io::ErrorKind::InvalidInput,
-            "a script digest that is not 64 hex digits",
-        ));
-    }
-    // As root, create the file as an id that exists in the sandbox (its `nobody`), so the
-    // sandbox sees it owned by someone it is not, and cannot change its mode.
-    if let Some((uid, gid)) = owner {
-        // SAFETY: setfsgid/setfsuid only change this thread's filesystem ids.
-        unsafe {
-            libc::setfsgid(gid);
-            libc::setfsuid(uid);
-        }
-    }
-    let r = write_script_at(dir, s);
-    if owner.is_some() {
-        // SAFETY: back to root's filesystem ids (our real and saved ids are 0).
-        unsafe {
-            libc::setfsuid(0);
-            libc::setfsgid(0);
-        }
-    }
-    r.map(|()| format!("/run/script/{}", s.digest))
-}
-
-fn write_script_at(dir: RawFd, s: &proto::launch::Script) -> std::io::Result<()> {
-    use std::io::{Read, Write};
-    let name = std::ffi::CString::new(s.digest.as_str())
-        .map_err(|_| std::io::Error::from_raw_os_error(libc::EINVAL))?;
-    let open = |flags: libc::c_int| -> std::io::Result<std::fs::File> {
-        // SAFETY: openat relative to a directory descriptor we hold, with a C string name.
-        let fd = unsafe {
-            libc::openat(
-                dir,
-                name.as_ptr(),
-                flags | libc::O_NOFOLLOW | libc::O_CLOEXEC,
-                0o444 as libc::c_uint,
-            )
-        };
-        if fd < 0 {
-            return Err(std::io::Error::last_os_error());
-        }
-        // SAFETY: openat returned a fresh descriptor that we now own.
-        Ok(std::fs::File::from(unsafe { OwnedFd::from_raw_fd(fd) }))
-    };
-    let create = || open(libc::O_WRONLY | libc::O_CREAT | libc::O_EXCL);
-    let mut f = match create() {
-        Ok(f) => f,
-        Err(e) if e.raw_os_error() == Some(libc::EEXIST) => {
-            let mut held = Vec::new();
-            open(libc::O_RDONLY)?
-                .take(s.source.len() as u64 + 1)
-                .read_to_end(&mut held)?;
-            if held == s.source {
-                return Ok(());
-            }
-            // SAFETY: unlinkat relative to our directory descriptor.
-            if unsafe { libc::unlinkat(dir, name.as_ptr(), 0) } < 0 {
-                return Err(std::io::Error::last_os_error());
-            }
-            create()?
-        }
-        Err(e) => return Err(e),
-    };
-    f.write_all(&s.source)
-}
-
 /// A pool's sandbox hands its `/run/script` folder to the launcher as the first message on
 /// the registration socket, from its init (checked by the kernel-supplied pid), before
 /// anything untrusted ran in it.
@@ -673,9 +595,9 @@ pub fn serve(
     }
     let mut agent_log = crate::agent_log::AgentLog::new(format!("sandbox {init_pid} (agent)"));
     let mut log_open = true;
-    let script_dir = if scripts {
+    let mut script_space = if scripts {
         match receive_script_dir(reg, init_pid) {
-            Ok(d) => Some(d),
+            Ok(d) => Some(crate::script_space::ScriptSpace::new(d, script_owner)),
             Err(why) => {
                 // SAFETY: signalling our own child (the sandbox's init).
                 unsafe { libc::kill(init_pid, libc::SIGKILL) };
@@ -777,13 +699,34 @@ pub fn serve(
                     script,
                 }) => {
                     // A pool's script goes into the sandbox before its request does.
-                    let placed = match &script {
-                        Some(s) => match &script_dir {
-                            Some(dir) => write_script(dir.as_raw_fd(), s, script_owner).map(Some),
-                            None => Err(std::io::Error::other("this zygote is not a runtime pool")),
-                        },
-                        None => Ok(None),
+                    use crate::script_space::Refused;
+                    let placed = match (&script, script_space.as_mut()) {
+                        (Some(s), Some(space)) if children.contains_key(&slot) => {
+                            space.place(&slot, s).map(Some)
+                        }
+                        (Some(_), None) => {
+                            Err(Refused::Failed("this zygote is not a runtime pool".into()))
+                        }
+                        _ => Ok(None),
                     };
+                    let refused = match &placed {
+                        Err(Refused::TooLarge(m)) => Some((true, m.clone())),
+                        Err(Refused::Full(m)) => Some((false, m.clone())),
+                        _ => None,
+                    };
+                    if let Some((too_large, message)) = refused {
+                        children.remove(&slot);
+                        up.send(&FromLauncher::ScriptRefused {
+                            slot: slot.clone(),
+                            too_large,
+                            message,
+                        })?;
+                        up.send(&FromLauncher::SlotClosed {
+                            slot,
+                            violation: None,
+                        })?;
+                        continue;
+                    }
                     let delivered = match (children.get(&slot), placed) {
                         (Some(c), Ok(path)) => {
                             let mut line = Vec::with_capacity(event.len() + 128);
@@ -803,12 +746,15 @@ pub fn serve(
                             sys::write_fd(c.fd.as_raw_fd(), &line).is_ok()
                         }
                         (_, Err(e)) => {
-                            log::error!("launcher: write a script into the sandbox: {e}");
+                            log::error!("launcher: place a script in the sandbox: {e}");
                             false
                         }
                         (None, _) => false,
                     };
                     if !delivered {
+                        if let Some(space) = script_space.as_mut() {
+                            space.release(&slot);
+                        }
                         children.remove(&slot);
                         up.send(&FromLauncher::SlotClosed {
                             slot,
@@ -819,6 +765,9 @@ pub fn serve(
                 // An unused parked child: dropping its channel ends it (it sees the end of
                 // its request channel, removes its empty directory and exits).
                 Ok(ToLauncher::Reap { slot }) if valid_slot(&slot) => {
+                    if let Some(space) = script_space.as_mut() {
+                        space.release(&slot);
+                    }
                     children.remove(&slot);
                 }
                 Ok(ToLauncher::Kill) => return end("killed by the monitor".into()),
@@ -996,6 +945,9 @@ pub fn serve(
                 // child that broke the protocol or died unanswered is reported at once.
                 let answered = c.done && violation.is_none();
                 children.remove(slot);
+                if let Some(space) = script_space.as_mut() {
+                    space.release(slot);
+                }
                 let msg = FromLauncher::SlotClosed {
                     slot: slot.clone(),
                     violation,

@@ -351,7 +351,7 @@ impl Started {
                     .map_err(|e| format!("send the sandbox's cgroup to the launcher: {e}"))
             });
         if let Err(e) = sent {
-            let _ = cg.remove();
+            drop(cg); // removed: nothing ever ran in it
             let out = self.abandon(Outcome::refused(Phase::Start, e));
             meanwhile();
             return out;
@@ -371,10 +371,7 @@ impl Started {
             };
             // init may have joined already: it dies with the launcher, then the cgroup goes.
             let out = self.abandon(Outcome::refused(Phase::Plan, why));
-            let _ = cg.kill_all();
-            if let Err(e) = cg.remove() {
-                log::error!("remove the sandbox's cgroup: {e}");
-            }
+            drop(cg); // what joined it is killed, and it is removed
             meanwhile();
             return out;
         }
@@ -389,7 +386,7 @@ impl Started {
         let _ = cg.usage();
         let t0 = self.t0;
         let mut ending = Ending {
-            cg: Some(cg),
+            cg: Some(cg.keep()),
             usage: None,
         };
         let (mut out, mut launcher, held) = drive(&mut ending, self, meanwhile);

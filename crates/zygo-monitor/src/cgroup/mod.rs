@@ -160,6 +160,44 @@ pub trait Cgroup: Send {
     }
 }
 
+/// A cgroup just created, and nobody's yet: removed (whatever is in it killed) when dropped,
+/// unless [`Fresh::keep`] hands it on. Every cgroup Zygo creates starts as one, so no error
+/// between its creation and its owner taking it (limits refused, a process that exited
+/// before it could be placed, ...) leaves it behind.
+pub struct Fresh(Option<Box<dyn Cgroup>>);
+
+impl Fresh {
+    /// Hand the cgroup on: its new owner removes it.
+    pub fn keep(mut self) -> Box<dyn Cgroup> {
+        match self.0.take() {
+            Some(cg) => cg,
+            // `keep` takes `self`, and only it and `drop` empty the option.
+            None => unreachable!("a Fresh cgroup is kept once"),
+        }
+    }
+}
+
+impl std::ops::Deref for Fresh {
+    type Target = dyn Cgroup;
+    fn deref(&self) -> &(dyn Cgroup + 'static) {
+        match &self.0 {
+            Some(cg) => cg.as_ref(),
+            None => unreachable!("a kept Fresh cgroup is never used again"),
+        }
+    }
+}
+
+impl Drop for Fresh {
+    fn drop(&mut self) {
+        if let Some(cg) = self.0.take() {
+            let what = cg.describe();
+            if let Err(e) = cg.remove() {
+                log::warn!("remove the unused cgroup {what}: {e}");
+            }
+        }
+    }
+}
+
 /// The backend chosen at start-up.
 pub enum Backend {
     V1(V1),
@@ -266,10 +304,22 @@ impl Backend {
     }
 
     /// Create `<root>/<name>` (parents as needed) with no limits yet. Fails if it exists.
-    pub fn create(&self, name: &str) -> Result<Box<dyn Cgroup>, CgroupError> {
+    /// It is removed again if dropped before [`Fresh::keep`].
+    pub fn create(&self, name: &str) -> Result<Fresh, CgroupError> {
+        let cg: Box<dyn Cgroup> = match self {
+            Backend::V1(b) => Box::new(b.create(name)?),
+            Backend::V2(b) => Box::new(b.create(name)?),
+        };
+        Ok(Fresh(Some(cg)))
+    }
+
+    /// A memory ceiling on `<root>/<dir>`, a folder that holds the cgroups of one function
+    /// (made if missing): what its zygotes and requests hold together, whatever any of them
+    /// leaves charged behind, cannot pass it. `None` lifts it.
+    pub fn set_ceiling(&self, dir: &str, mem_bytes: Option<u64>) -> Result<(), CgroupError> {
         match self {
-            Backend::V1(b) => Ok(Box::new(b.create(name)?)),
-            Backend::V2(b) => Ok(Box::new(b.create(name)?)),
+            Backend::V1(b) => b.set_ceiling(dir, mem_bytes),
+            Backend::V2(b) => b.set_ceiling(dir, mem_bytes),
         }
     }
 }

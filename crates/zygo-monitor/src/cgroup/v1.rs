@@ -115,6 +115,26 @@ impl V1 {
         }
     }
 
+    /// See `Backend::set_ceiling`. The folder is made in every hierarchy (as `create` makes
+    /// parents), the ceiling written in the memory one.
+    pub fn set_ceiling(&self, rel: &str, mem_bytes: Option<u64>) -> Result<(), CgroupError> {
+        for r in &self.roots {
+            let d = r.join(rel);
+            std::fs::create_dir_all(&d).map_err(|e| io_err("create cgroup", &d, e))?;
+        }
+        let mem = self.roots[MEMORY].join(rel);
+        let value = mem_bytes.map_or("-1".to_string(), |b| b.to_string());
+        let write = |file: &str| {
+            let p = mem.join(file);
+            std::fs::write(&p, &value).map_err(|e| io_err(&format!("write {value:?} to"), &p, e))
+        };
+        write("memory.limit_in_bytes")?;
+        if self.memsw {
+            write("memory.memsw.limit_in_bytes")?;
+        }
+        Ok(())
+    }
+
     pub fn create(&self, name: &str) -> Result<V1Cgroup, CgroupError> {
         let dirs: Vec<PathBuf> = self.roots.iter().map(|r| r.join(name)).collect();
         let mut made: Vec<PathBuf> = Vec::new();

@@ -97,6 +97,21 @@ impl V2 {
         let _ = std::fs::remove_dir(self.root.join(rel));
     }
 
+    /// See `Backend::set_ceiling`.
+    pub fn set_ceiling(&self, rel: &str, mem_bytes: Option<u64>) -> Result<(), CgroupError> {
+        let mut level = self.root.clone();
+        for part in Path::new(rel).components() {
+            level = level.join(part);
+            if !level.is_dir() {
+                std::fs::create_dir(&level)
+                    .map_err(|e| super::io_err("create cgroup", &level, e))?;
+                write_file(&level.join("cgroup.subtree_control"), "+memory +pids +cpu")?;
+            }
+        }
+        let mem = mem_bytes.map_or("max".to_string(), |b| b.to_string());
+        write_file(&level.join("memory.max"), &mem)
+    }
+
     pub fn create(&self, name: &str) -> Result<V2Cgroup, CgroupError> {
         let dir = self.root.join(name);
         // Intermediate levels need the controllers enabled for their children.

@@ -111,6 +111,23 @@ impl Shared {
     }
 }
 
+/// Put a parked child (single-threaded) in a new cgroup `rel` with `limits`, at background
+/// weight. If any step fails (the child may have exited already), the new cgroup is
+/// removed: it is handed on only with the child in it.
+fn place_new(
+    backend: &Backend,
+    rel: &str,
+    limits: &Limits,
+    pid: i32,
+) -> Result<Box<dyn Cgroup>, String> {
+    let cg = backend.create(rel).map_err(|e| e.to_string())?;
+    cg.set_limits(limits)
+        .and_then(|()| cg.set_weight(Weight::Background))
+        .and_then(|()| cg.add_single_threaded(pid))
+        .map_err(|e| e.to_string())?;
+    Ok(cg.keep())
+}
+
 /// Put a parked child (single-threaded) in a kept cgroup, at background weight. On failure
 /// the cgroup comes back, to be removed: a new one is needed.
 fn reuse(cg: Box<dyn Cgroup>, pid: i32) -> Result<Box<dyn Cgroup>, Box<dyn Cgroup>> {
@@ -167,12 +184,7 @@ impl Worker {
                                 kept_one.and_then(|cg| reuse(cg, pid).map_err(remove).ok());
                             let result = match reused {
                                 Some(cg) => Ok(cg),
-                                None => backend
-                                    .create(&rel)
-                                    .and_then(|cg| cg.set_limits(&limits).map(|_| cg))
-                                    .and_then(|cg| cg.set_weight(Weight::Background).map(|_| cg))
-                                    .and_then(|cg| cg.add_single_threaded(pid).map(|_| cg))
-                                    .map_err(|e| e.to_string()),
+                                None => place_new(&backend, &rel, &limits, pid),
                             };
                             if done.send(Placed { zt, slot, result }).is_err() {
                                 break;

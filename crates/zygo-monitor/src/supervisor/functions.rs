@@ -64,7 +64,7 @@ fn stuck_after() -> Duration {
         .map_or(Duration::from_secs(60), Duration::from_millis)
 }
 
-fn random_hex(bytes: usize) -> String {
+pub(super) fn random_hex(bytes: usize) -> String {
     let mut b = vec![0u8; bytes];
     let mut got = 0;
     while got < b.len() {
@@ -256,7 +256,7 @@ pub struct Functions {
     /// Usage lines of requests answered since the last `write_usage`.
     usage_lines: String,
     /// The content-addressed script store: `<state>/scripts/<sha256 hex>`.
-    scripts: PathBuf,
+    scripts: super::scripts::Store,
     fns: BTreeMap<String, Function>,
     zygotes: HashMap<Token, Zygote>,
     calls: HashMap<String, InFlight>,
@@ -273,10 +273,6 @@ pub struct Functions {
 
 /// Why something was refused, before it becomes a reply.
 type Refusal = (ErrorCode, String);
-
-fn refuse(code: ErrorCode, message: impl Into<String>) -> Refusal {
-    (code, message.into())
-}
 
 fn fail(code: ErrorCode, message: impl Into<String>) -> Reply {
     Reply::Error {
@@ -301,6 +297,10 @@ impl Functions {
             .open(&usage_path)
             .map_err(|e| SupervisorError(format!("open {}: {e}", usage_path.display())))?;
         let backend = Arc::new(backend);
+        let cap = super::scripts::cap_from_env().map_err(SupervisorError)?;
+        let scripts = super::scripts::Store::open(scripts.clone(), cap).map_err(|e| {
+            SupervisorError(format!("open the script store {}: {e}", scripts.display()))
+        })?;
         let worker = Worker::start(backend.clone(), waker)
             .map_err(|e| SupervisorError(format!("start the cgroup worker: {e}")))?;
         Ok(Functions {
@@ -487,12 +487,6 @@ fn is_pool(spec: &FnSpec) -> bool {
         spec.kind,
         FnKind::Agent { entry: None, .. } | FnKind::Cmd(_)
     )
-}
-
-fn valid_digest(d: &str) -> bool {
-    d.len() == 64
-        && d.bytes()
-            .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
 }
 
 /// The folder holding an entry file (bound at /fn) and the file's name in it.
@@ -746,6 +740,16 @@ impl Functions {
         let l = &spec.limits;
         let limits = Limits::from_policy(l);
         let mem_text = l.mem.to_string();
+        // The function's folder of cgroups gets a memory ceiling as well: at most max_warm
+        // zygotes and SLOTS requests each, all at the function's limit. Whatever a request
+        // leaves charged behind it (anything that outlives its cgroup) cannot grow past it.
+        let max_warm = (spec.max_warm as u64).max(1);
+        let ceiling = limits
+            .mem_bytes
+            .map(|m| m.saturating_mul(max_warm * (1 + SLOTS as u64)));
+        self.backend
+            .set_ceiling(&format!("tenants/_host/{name}"), ceiling)
+            .map_err(|e| format!("write the memory ceiling of {name}'s cgroups: {e}"))?;
         let plan = LaunchPlan {
             mode: Mode::Zygote,
             argv,
@@ -808,11 +812,11 @@ impl Functions {
                 random_hex(6)
             ))
             .map_err(|e| e.to_string())?;
+        // On any error below, dropping `cg` removes it.
         if let Err(e) = cg
             .set_limits(&f.limits)
             .and_then(|_| cg.set_weight(Weight::Background))
         {
-            let _ = cg.remove();
             return Err(format!("write the zygote's limits: {e}"));
         }
         let mut plan = f.plan.clone();
@@ -820,15 +824,7 @@ impl Functions {
             plan.etc = crate::etc_cache::prepare();
         }
         let launcher = self.launcher.clone();
-        let (child, conn, t) = match start_launcher(&launcher, &*cg, plan, reg, tokens) {
-            Ok(started) => started,
-            Err(e) => {
-                if let Err(r) = cg.remove() {
-                    log::warn!("remove a zygote's cgroup: {r}");
-                }
-                return Err(e);
-            }
-        };
+        let (child, conn, t) = start_launcher(&launcher, &*cg, plan, reg, tokens)?;
         let now = Instant::now();
         self.zygotes.insert(
             t,
@@ -836,7 +832,7 @@ impl Functions {
                 func: name.to_string(),
                 conn,
                 child,
-                cgroup: cg,
+                cgroup: cg.keep(),
                 state: ZState::Starting,
                 slots: HashMap::new(),
                 parking: Vec::new(),
@@ -1113,6 +1109,27 @@ impl Functions {
                     limits,
                 });
             }
+            FromLauncher::ScriptRefused {
+                slot,
+                too_large,
+                message,
+            } => {
+                // Nothing ran: the call is refused as if before dispatch.
+                if let Some(id) = slot_request(z, &slot) {
+                    if let Some(c) = self.calls.remove(&id) {
+                        let reply = if too_large {
+                            fail(ErrorCode::TooLarge, message)
+                        } else {
+                            Reply::Error {
+                                code: ErrorCode::Busy,
+                                message,
+                                retry_after: Some(1),
+                            }
+                        };
+                        self.outbox.push((c.client, reply, true));
+                    }
+                }
+            }
             FromLauncher::ParkFailed { slot, message } => {
                 z.parking.retain(|s| *s != slot);
                 log::warn!("a zygote of {} could not park a child: {message}", z.func);
@@ -1230,78 +1247,27 @@ impl Functions {
 }
 
 impl Functions {
-    /// Put bytes in the content-addressed store: `<scripts>/<sha256 hex>`, written
-    /// crash-safe (temporary file, fsync, rename, fsync of the folder). Idempotent: the same
-    /// bytes from any caller are one file.
-    fn store_script(&self, source: &[u8]) -> Result<String, Refusal> {
-        use sha2::{Digest, Sha256};
-        if source.len() > MAX_EVENT {
-            return Err(refuse(
-                ErrorCode::TooLarge,
-                format!("a script may be at most {} MiB", MAX_EVENT >> 20),
-            ));
-        }
-        let digest: String = Sha256::digest(source)
-            .iter()
-            .map(|b| format!("{b:02x}"))
-            .collect();
-        let path = self.scripts.join(&digest);
-        if path.is_file() {
-            return Ok(digest);
-        }
-        let tmp = self.scripts.join(format!(".{digest}.{}", random_hex(6)));
-        let written = (|| -> std::io::Result<()> {
-            let mut f = std::fs::OpenOptions::new()
-                .write(true)
-                .create_new(true)
-                .open(&tmp)?;
-            f.write_all(source)?;
-            f.sync_all()?;
-            std::fs::rename(&tmp, &path)?;
-            std::fs::File::open(&self.scripts)?.sync_all()
-        })();
-        if let Err(e) = written {
-            let _ = std::fs::remove_file(&tmp);
-            return Err(refuse(
-                ErrorCode::Internal,
-                format!("store the script: {e}"),
-            ));
-        }
-        Ok(digest)
+    /// Put a script in the store (see `scripts`); its digest.
+    fn store_script(&mut self, source: &[u8]) -> Result<String, Refusal> {
+        let calls = &self.calls;
+        self.scripts.put(source, &|d| {
+            calls
+                .values()
+                .any(|c| c.script_digest.as_deref() == Some(d))
+        })
     }
 
     /// The script a call names, from the store (a source sent with the call is stored first).
-    fn resolve_script(&self, r: ScriptRef) -> Result<Script, Refusal> {
-        let digest = match r {
+    fn resolve_script(&mut self, r: ScriptRef) -> Result<Script, Refusal> {
+        match r {
             ScriptRef::Source(source) => {
                 let digest = self.store_script(&source)?;
-                return Ok(Script { digest, source });
+                Ok(Script { digest, source })
             }
-            ScriptRef::Digest(d) => d,
-        };
-        if !valid_digest(&digest) {
-            return Err(refuse(
-                ErrorCode::BadRequest,
-                "a script digest is 64 lowercase hex digits (SHA-256)",
-            ));
-        }
-        let path = self.scripts.join(&digest);
-        let read = std::fs::File::open(&path).and_then(|f| {
-            use std::io::Read;
-            let mut bytes = Vec::new();
-            f.take(MAX_EVENT as u64 + 1).read_to_end(&mut bytes)?;
-            Ok(bytes)
-        });
-        match read {
-            Ok(source) => Ok(Script { digest, source }),
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Err(refuse(
-                ErrorCode::NotFound,
-                format!("no script with digest {digest} is stored"),
-            )),
-            Err(e) => Err(refuse(
-                ErrorCode::Internal,
-                format!("read the script {digest}: {e}"),
-            )),
+            ScriptRef::Digest(digest) => {
+                let source = self.scripts.get(&digest)?;
+                Ok(Script { digest, source })
+            }
         }
     }
 
@@ -1413,6 +1379,22 @@ impl Functions {
                 format!("no function named {:?} is served", e.name),
             ));
         };
+        // A pool's scripts live in a tmpfs of its scratch size (`/run/script`): one that
+        // cannot fit there is refused now, naming the limit.
+        if let Some(s) = &script {
+            let space = f.plan.scratch_bytes;
+            if s.source.len() as u64 + 8192 > space {
+                return Some(fail(
+                    ErrorCode::TooLarge,
+                    format!(
+                        "a script of {} bytes does not fit {}'s script space of {} (its scratch size; raise scratch in sandbox.toml)",
+                        s.source.len(),
+                        e.name,
+                        policy::limits::Bytes(space)
+                    ),
+                ));
+            }
+        }
         let mut timeout = f.spec.limits.timeout;
         if let Some(ms) = e.timeout_ms {
             timeout = timeout.min(Duration::from_millis(ms.max(1)));

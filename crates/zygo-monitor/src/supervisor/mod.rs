@@ -13,6 +13,7 @@
 mod cgworker;
 mod conn;
 mod functions;
+mod scripts;
 
 use std::collections::HashMap;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};

@@ -1,0 +1,328 @@
+//! The content-addressed script store: `<state>/scripts/<sha256 hex>`, one file per distinct
+//! script, whoever sent it.
+//!
+//! The store has a size cap (`ZYGO_SCRIPT_STORE`, default [`DEFAULT_CAP`]). Storing a script
+//! that would pass it first evicts the scripts used least recently (by a call, or by
+//! `scripts put`) that no call in flight names; a script that cannot fit even then is
+//! refused, naming the cap. A digest that was evicted is unknown until its script is sent
+//! again (`--script`, or `scripts put`). Every write is crash-safe (temporary file, fsync,
+//! rename, fsync of the folder); temporary files a crash left are removed at start.
+
+use std::collections::HashMap;
+use std::io::Write;
+use std::path::PathBuf;
+use std::time::SystemTime;
+
+use proto::front::ErrorCode;
+
+/// The largest script.
+pub const MAX_SCRIPT: usize = super::functions::MAX_EVENT;
+/// The store's cap unless `ZYGO_SCRIPT_STORE` says otherwise.
+pub const DEFAULT_CAP: u64 = 1 << 30;
+/// What a stored file takes besides its bytes (a page, rounding up), for the cap's sums.
+const OVERHEAD: u64 = 4096;
+
+/// Why a store operation was refused: an error code and a message for the caller.
+pub type Refusal = (ErrorCode, String);
+
+struct Entry {
+    bytes: u64,
+    last_used: SystemTime,
+}
+
+pub struct Store {
+    dir: PathBuf,
+    cap: u64,
+    entries: HashMap<String, Entry>,
+    /// What the entries take, as counted against the cap.
+    total: u64,
+}
+
+fn cost(bytes: u64) -> u64 {
+    bytes.div_ceil(OVERHEAD) * OVERHEAD + OVERHEAD
+}
+
+/// A script digest: 64 lowercase hex digits.
+pub fn valid_digest(d: &str) -> bool {
+    d.len() == 64 && d.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f'))
+}
+
+/// The store's cap from `ZYGO_SCRIPT_STORE` (a size such as `512M`), else [`DEFAULT_CAP`].
+pub fn cap_from_env() -> Result<u64, String> {
+    match std::env::var("ZYGO_SCRIPT_STORE") {
+        Ok(v) if !v.trim().is_empty() => policy::limits::parse_size("ZYGO_SCRIPT_STORE", v.trim())
+            .map(|b| b.0)
+            .map_err(|e| e.to_string()),
+        _ => Ok(DEFAULT_CAP),
+    }
+}
+
+impl Store {
+    /// The store in `dir` (which exists), with what it holds already; temporary files an
+    /// interrupted write left are removed.
+    pub fn open(dir: PathBuf, cap: u64) -> std::io::Result<Store> {
+        let mut s = Store {
+            dir,
+            cap,
+            entries: HashMap::new(),
+            total: 0,
+        };
+        for e in std::fs::read_dir(&s.dir)? {
+            let e = e?;
+            let name = e.file_name().to_string_lossy().into_owned();
+            let meta = e.metadata()?;
+            if name.starts_with('.') && meta.is_file() {
+                let _ = std::fs::remove_file(e.path());
+                continue;
+            }
+            if !valid_digest(&name) || !meta.is_file() {
+                continue;
+            }
+            let bytes = meta.len();
+            s.total += cost(bytes);
+            s.entries.insert(
+                name,
+                Entry {
+                    bytes,
+                    last_used: meta.modified().unwrap_or(SystemTime::UNIX_EPOCH),
+                },
+            );
+        }
+        Ok(s)
+    }
+
+    fn path(&self, digest: &str) -> PathBuf {
+        self.dir.join(digest)
+    }
+
+    /// Bytes stored, and the cap.
+    #[cfg(test)]
+    pub fn usage(&self) -> (u64, u64) {
+        (self.total, self.cap)
+    }
+
+    /// Store `source`; its digest. `in_use` says whether a call in flight names a digest
+    /// (such a script is never evicted).
+    pub fn put(&mut self, source: &[u8], in_use: &dyn Fn(&str) -> bool) -> Result<String, Refusal> {
+        use sha2::{Digest, Sha256};
+        if source.len() > MAX_SCRIPT {
+            return Err((
+                ErrorCode::TooLarge,
+                format!("a script may be at most {} MiB", MAX_SCRIPT >> 20),
+            ));
+        }
+        let digest: String = Sha256::digest(source)
+            .iter()
+            .map(|b| format!("{b:02x}"))
+            .collect();
+        if self.entries.contains_key(&digest) && self.path(&digest).is_file() {
+            self.touch(&digest);
+            return Ok(digest);
+        }
+        let need = cost(source.len() as u64);
+        if need > self.cap {
+            return Err((
+                ErrorCode::TooLarge,
+                format!(
+                    "a script of {} bytes does not fit the script store's cap of {} bytes (ZYGO_SCRIPT_STORE)",
+                    source.len(),
+                    self.cap
+                ),
+            ));
+        }
+        self.make_room(need, in_use)?;
+        let path = self.path(&digest);
+        let tmp = self
+            .dir
+            .join(format!(".{digest}.{}", super::functions::random_hex(6)));
+        let written = (|| -> std::io::Result<()> {
+            let mut f = std::fs::OpenOptions::new()
+                .write(true)
+                .create_new(true)
+                .open(&tmp)?;
+            f.write_all(source)?;
+            f.sync_all()?;
+            std::fs::rename(&tmp, &path)?;
+            std::fs::File::open(&self.dir)?.sync_all()
+        })();
+        if let Err(e) = written {
+            let _ = std::fs::remove_file(&tmp);
+            return Err((ErrorCode::Internal, format!("store the script: {e}")));
+        }
+        self.total += need;
+        self.entries.insert(
+            digest.clone(),
+            Entry {
+                bytes: source.len() as u64,
+                last_used: SystemTime::now(),
+            },
+        );
+        Ok(digest)
+    }
+
+    /// Evict the least recently used scripts nothing in flight names until `need` more
+    /// bytes fit under the cap.
+    fn make_room(&mut self, need: u64, in_use: &dyn Fn(&str) -> bool) -> Result<(), Refusal> {
+        if self.total + need <= self.cap {
+            return Ok(());
+        }
+        let mut idle: Vec<(SystemTime, String)> = self
+            .entries
+            .iter()
+            .filter(|(d, _)| !in_use(d))
+            .map(|(d, e)| (e.last_used, d.clone()))
+            .collect();
+        idle.sort();
+        for (_, d) in idle {
+            if self.total + need <= self.cap {
+                break;
+            }
+            self.evict(&d);
+        }
+        if self.total + need <= self.cap {
+            return Ok(());
+        }
+        Err((
+            ErrorCode::Busy,
+            format!(
+                "the script store is full ({} of its {} bytes) with scripts of calls in flight; retry when they end, or raise ZYGO_SCRIPT_STORE",
+                self.total, self.cap
+            ),
+        ))
+    }
+
+    fn evict(&mut self, digest: &str) {
+        if let Some(e) = self.entries.remove(digest) {
+            self.total = self.total.saturating_sub(cost(e.bytes));
+            match std::fs::remove_file(self.path(digest)) {
+                Ok(()) => log::info!(
+                    "script store: evicted {digest} ({} bytes, least recently used) to stay under its cap of {} bytes",
+                    e.bytes,
+                    self.cap
+                ),
+                Err(err) if err.kind() == std::io::ErrorKind::NotFound => {}
+                Err(err) => log::warn!("script store: remove {digest}: {err}"),
+            }
+        }
+    }
+
+    /// The script with this digest; it counts as used now.
+    pub fn get(&mut self, digest: &str) -> Result<Vec<u8>, Refusal> {
+        if !valid_digest(digest) {
+            return Err((
+                ErrorCode::BadRequest,
+                "a script digest is 64 lowercase hex digits (SHA-256)".into(),
+            ));
+        }
+        let read = std::fs::File::open(self.path(digest)).and_then(|f| {
+            use std::io::Read;
+            let mut bytes = Vec::new();
+            f.take(MAX_SCRIPT as u64 + 1).read_to_end(&mut bytes)?;
+            Ok(bytes)
+        });
+        match read {
+            Ok(source) => {
+                self.touch(digest);
+                Ok(source)
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                if let Some(e) = self.entries.remove(digest) {
+                    self.total = self.total.saturating_sub(cost(e.bytes));
+                }
+                Err((
+                    ErrorCode::NotFound,
+                    format!(
+                        "no script with digest {digest} is stored (scripts unused for longest are evicted when the store is full: send it again)"
+                    ),
+                ))
+            }
+            Err(e) => Err((
+                ErrorCode::Internal,
+                format!("read the script {digest}: {e}"),
+            )),
+        }
+    }
+
+    /// Mark a script used now; its file's time too (at most once a minute), so the order
+    /// survives a restart.
+    fn touch(&mut self, digest: &str) {
+        let now = SystemTime::now();
+        let Some(e) = self.entries.get_mut(digest) else {
+            return;
+        };
+        let stale = now
+            .duration_since(e.last_used)
+            .is_ok_and(|d| d.as_secs() >= 60);
+        e.last_used = now;
+        if stale {
+            let path = self.dir.join(digest);
+            let _ = std::fs::File::options()
+                .write(true)
+                .open(&path)
+                .and_then(|f| f.set_modified(now));
+        }
+    }
+
+    /// Whether the store holds this digest.
+    #[cfg(test)]
+    pub fn contains(&self, digest: &str) -> bool {
+        self.entries.contains_key(digest)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn store(cap: u64) -> (Store, PathBuf) {
+        let dir = std::env::temp_dir().join(format!(
+            "zygo-store-test-{}-{}",
+            std::process::id(),
+            super::super::functions::random_hex(4)
+        ));
+        std::fs::create_dir(&dir).expect("create a test store");
+        (Store::open(dir.clone(), cap).expect("open"), dir)
+    }
+
+    #[test]
+    fn the_least_recently_used_idle_script_goes_first_and_one_in_use_never() {
+        let (mut s, dir) = store(3 * cost(10_000));
+        let none = |_: &str| false;
+        let a = s.put(&[b'a'; 10_000], &none).expect("a");
+        std::thread::sleep(std::time::Duration::from_millis(5));
+        let b = s.put(&[b'b'; 10_000], &none).expect("b");
+        std::thread::sleep(std::time::Duration::from_millis(5));
+        let c = s.put(&[b'c'; 10_000], &none).expect("c");
+        std::thread::sleep(std::time::Duration::from_millis(5));
+        s.get(&a).expect("a is used again");
+        // Full: d evicts b, the least recently used (a was used after it).
+        let d = s.put(&[b'd'; 10_000], &none).expect("d");
+        assert!(!s.contains(&b) && s.contains(&a) && s.contains(&c) && s.contains(&d));
+        assert_eq!(s.get(&b).map_err(|e| e.0), Err(ErrorCode::NotFound));
+        // With every script in flight, nothing can be evicted: refused as busy.
+        let all = |_: &str| true;
+        let e = s.put(&[b'e'; 10_000], &all).expect_err("full");
+        assert_eq!(e.0, ErrorCode::Busy);
+        assert!(e.1.contains("ZYGO_SCRIPT_STORE"), "{}", e.1);
+        // Larger than the whole cap: too large, naming it.
+        let e = s.put(&[b'f'; 60_000], &none).expect_err("too large");
+        assert_eq!(e.0, ErrorCode::TooLarge);
+        // What the store says it holds is what is on disk, and a reopened store agrees.
+        let on_disk = std::fs::read_dir(&dir).expect("list").count();
+        assert_eq!(on_disk, 3);
+        let again = Store::open(dir.clone(), s.cap).expect("reopen");
+        assert_eq!(again.usage(), s.usage());
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn leftovers_of_an_interrupted_write_are_removed_at_start() {
+        let (s, dir) = store(DEFAULT_CAP);
+        std::fs::write(dir.join(".abc.123456"), b"half").expect("write");
+        drop(s);
+        let s = Store::open(dir.clone(), DEFAULT_CAP).expect("reopen");
+        assert_eq!(s.usage().0, 0);
+        assert!(!dir.join(".abc.123456").exists());
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+}
