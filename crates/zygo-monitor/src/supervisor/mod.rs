@@ -7,6 +7,15 @@
 //! the connection. Deadlines, heartbeats (stuck), cancels, idle freezing and drain are all
 //! decided here, on the loop's clock.
 //!
+//! Fronts cannot make it hold more than a bounded amount, however many connect and
+//! whatever they send (the limits and why are in [`conn`]): at most [`MAX_FRONTS`]
+//! connections; exactly one frame, a few bytes, is read as the hello and every frame after
+//! it is a request; a connection is read only as far as it could be served, so a client
+//! that does not read its answers, or pipelines faster than its calls finish, is held
+//! back in its own socket; a large frame is read only once its size is set aside from a
+//! budget all connections share; a connection that stalls mid-frame is closed after
+//! [`FRAME_STALL`]. Each closed connection is logged once, with the reason.
+//!
 //! SIGTERM and SIGINT drain: no new calls, running ones may finish within the grace
 //! (25 s), then every zygote is killed and every cgroup removed. SIGCHLD reaps launchers.
 
@@ -15,12 +24,14 @@ mod conn;
 mod functions;
 mod scripts;
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
+use std::io::Write;
+use std::net::Shutdown;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
-use mio::net::UnixListener;
+use mio::net::{UnixListener, UnixStream};
 use mio::unix::SourceFd;
 use mio::{Events, Interest, Poll, Token};
 use proto::front::{
@@ -29,7 +40,10 @@ use proto::front::{
 
 use crate::cgroup::Backend;
 use crate::paths;
-use conn::Conn;
+use conn::{
+    Conn, Got, InputBudget, CHUNK, FRAME_STALL, INPUT_BUDGET, MAX_FRONTS, MAX_HELLO_FRAME,
+    MAX_QUEUED, MAX_QUEUED_BYTES, OUTPUT_BUDGET, OUT_LOW, SMALL_FRAME,
+};
 use functions::Functions;
 
 const LISTENER: Token = Token(0);
@@ -39,6 +53,16 @@ const FIRST_DYNAMIC: usize = 16;
 
 /// How long running requests may go on after a drain begins, unless told otherwise.
 pub const DEFAULT_GRACE: Duration = Duration::from_secs(25);
+
+/// A connection past [`MAX_FRONTS`] is sent its refusal and shut for writing, then kept
+/// this long before it is closed: closed at once, it could be reset before its peer has
+/// written its hello and read why. At most [`MAX_REFUSING`] are kept so.
+const REFUSAL_LINGER: Duration = Duration::from_secs(1);
+const MAX_REFUSING: usize = 64;
+
+/// Why a front's connection ended when its peer closed it between frames (not logged as a
+/// problem).
+const CLOSED: &str = "it closed the connection";
 
 #[derive(Debug)]
 pub struct SupervisorError(pub String);
@@ -119,8 +143,52 @@ struct Client {
     role: Option<Role>,
     /// The request this client waits on (one at a time per connection).
     waiting: bool,
-    /// Requests that arrived while it waited, in order.
-    queued: std::collections::VecDeque<Request>,
+    /// Requests that arrived while it waited, in order, with their frames' sizes.
+    queued: VecDeque<(Request, usize)>,
+    queued_bytes: usize,
+    /// What it holds of the input budget: the size of the large frame it is reading.
+    reserved: usize,
+    /// Since when the supervisor has been waiting for the rest of a frame from it (before
+    /// its hello: since it was accepted). Past [`FRAME_STALL`] it is closed.
+    owes_since: Option<Instant>,
+}
+
+impl Client {
+    fn new(conn: Conn) -> Client {
+        Client {
+            conn,
+            role: None,
+            waiting: false,
+            queued: VecDeque::new(),
+            queued_bytes: 0,
+            reserved: 0,
+            owes_since: Some(Instant::now()),
+        }
+    }
+
+    /// Whether another request may be read into its queue.
+    fn queue_has_room(&self) -> bool {
+        self.queued.len() < MAX_QUEUED && self.queued_bytes < MAX_QUEUED_BYTES
+    }
+
+    /// Whether a request read now could start at once: it has said hello, nothing of its
+    /// own runs or waits, and it has read its answers.
+    fn could_start(&self) -> bool {
+        self.role.is_some()
+            && !self.waiting
+            && self.queued.is_empty()
+            && self.conn.unsent() <= OUT_LOW
+    }
+
+    /// Whether the supervisor waits on this peer: part of a frame has come, and the
+    /// supervisor would read the rest now (or would, but for its turn at the input budget).
+    fn owes_bytes(&self) -> bool {
+        self.conn.partial()
+            && match self.conn.next_size() {
+                Ok(Some(size)) if size > SMALL_FRAME => self.could_start(),
+                _ => self.queue_has_room(),
+            }
+    }
 }
 
 pub struct Supervisor {
@@ -132,6 +200,13 @@ pub struct Supervisor {
     fns: Functions,
     drain: Option<Instant>,
     socket: PathBuf,
+    /// The input budget large frames are read under, and its line.
+    budget: InputBudget,
+    /// Connections refused past the cap, until they are closed.
+    refusing: VecDeque<(UnixStream, Instant)>,
+    /// Refusals not logged yet, and when the last line about them was.
+    refusals: u64,
+    refusal_logged: Option<Instant>,
 }
 
 fn block_signals() -> Result<OwnedFd, SupervisorError> {
@@ -242,6 +317,10 @@ impl Supervisor {
             fns,
             drain: None,
             socket,
+            budget: InputBudget::new(INPUT_BUDGET),
+            refusing: VecDeque::new(),
+            refusals: 0,
+            refusal_logged: None,
         })
     }
 
@@ -254,17 +333,18 @@ impl Supervisor {
     pub fn run(mut self) -> Result<(), SupervisorError> {
         let mut events = Events::with_capacity(256);
         loop {
-            let timeout = if self.fns.has_background() {
-                Some(Duration::ZERO)
+            let now = Instant::now();
+            let mut timeout = if self.fns.has_background() {
+                Duration::ZERO
             } else {
                 self.fns
-                    .next_wake(Instant::now())
-                    .map(|d| d.min(Duration::from_secs(1)))
+                    .next_wake(now)
+                    .map_or(Duration::from_secs(1), |d| d.min(Duration::from_secs(1)))
             };
-            if let Err(e) = self
-                .poll
-                .poll(&mut events, Some(timeout.unwrap_or(Duration::from_secs(1))))
-            {
+            if let Some(at) = self.next_conn_deadline() {
+                timeout = timeout.min(at.saturating_duration_since(now));
+            }
+            if let Err(e) = self.poll.poll(&mut events, Some(timeout)) {
                 if e.kind() != std::io::ErrorKind::Interrupted {
                     return Err(err("wait for events", e));
                 }
@@ -274,7 +354,7 @@ impl Supervisor {
                     LISTENER => self.accept(),
                     SIGNALS => self.signals(),
                     WAKER => self.fns.worker_done(),
-                    t if self.clients.contains_key(&t) => self.client_event(t),
+                    t if self.clients.contains_key(&t) => self.service(t),
                     t => {
                         let registry = self.poll.registry();
                         let mut new_tokens = || {
@@ -299,6 +379,9 @@ impl Supervisor {
                     .tick(now, registry, &mut new_tokens, self.drain.is_some());
             }
             self.deliver();
+            // Stalled connections go first, so the budget they held is served at once.
+            self.close_stalled(Instant::now());
+            self.serve_line();
             self.fns.write_usage();
             // Background work (refilling spares; cgroups are the worker thread's) one
             // piece at a time, so a call that arrives meanwhile waits for one piece at most.
@@ -339,6 +422,10 @@ impl Supervisor {
         loop {
             match self.listener.accept() {
                 Ok((mut stream, _)) => {
+                    if self.clients.len() >= MAX_FRONTS {
+                        self.refuse(stream);
+                        continue;
+                    }
                     let t = self.token();
                     if let Err(e) = self.poll.registry().register(
                         &mut stream,
@@ -348,15 +435,9 @@ impl Supervisor {
                         log::warn!("register a client: {e}");
                         continue;
                     }
-                    self.clients.insert(
-                        t,
-                        Client {
-                            conn: Conn::new(stream, MAX_FRONT_FRAME),
-                            role: None,
-                            waiting: false,
-                            queued: Default::default(),
-                        },
-                    );
+                    // Until its hello is taken, its first frame may be a few bytes only.
+                    self.clients
+                        .insert(t, Client::new(Conn::new(stream, MAX_HELLO_FRAME)));
                 }
                 Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => return,
                 Err(e) => {
@@ -401,88 +482,263 @@ impl Supervisor {
         }
     }
 
-    fn client_event(&mut self, t: Token) {
-        let Some(c) = self.clients.get_mut(&t) else {
-            return;
-        };
-        c.conn.flush();
-        let mut msgs: Vec<Request> = Vec::new();
-        let mut end: Option<String> = None;
-        if c.role.is_none() {
-            match c.conn.receive::<Hello>() {
-                Ok((hellos, eof)) => {
-                    if let Some(h) = hellos.first() {
-                        if h.protocol != FRONT_PROTOCOL {
-                            c.conn.send(&HelloReply::Refused {
-                                reason: format!("protocol {} is not {FRONT_PROTOCOL}", h.protocol),
-                            });
-                            end = Some("wrong protocol".into());
-                        } else {
-                            c.role = Some(h.role);
-                            c.conn.send(&HelloReply::Welcome {
-                                version: env!("CARGO_PKG_VERSION").into(),
-                            });
-                        }
-                        if hellos.len() > 1 {
-                            end = Some("frames before the hello was answered".into());
-                        }
-                    }
-                    if eof {
-                        end.get_or_insert_with(|| "closed".into());
-                    }
-                }
-                Err(e) => end = Some(e.to_string()),
-            }
-            // Requests pipelined behind the hello are read on the next readiness event;
-            // read again now so edge-triggered readiness is not lost.
+    /// A connection past [`MAX_FRONTS`]: told why, shut for writing so its peer reads the
+    /// refusal and then the end, and closed for good a moment later. Logged at most once
+    /// a second, with how many were refused.
+    fn refuse(&mut self, mut stream: UnixStream) {
+        let reason =
+            format!("the supervisor has {MAX_FRONTS} connections open, its limit; try again later");
+        if let Ok(f) = proto::encode_frame(&HelloReply::Refused { reason }) {
+            // A new socket's buffer is empty: these few bytes go in one write or not at all.
+            let _ = stream.write(&f);
         }
-        if end.is_none() && c.role.is_some() {
-            match c.conn.receive::<Request>() {
-                Ok((m, eof)) => {
-                    msgs = m;
-                    if eof {
-                        end = Some("closed".into());
-                    }
-                }
-                Err(e) => end = Some(e.to_string()),
-            }
+        let _ = stream.shutdown(Shutdown::Write);
+        if self.refusing.len() >= MAX_REFUSING {
+            self.refusing.pop_front();
         }
-        let role = c.role;
-        for m in msgs {
-            let Some(role) = role else { break };
-            if !allowed(role, kind(&m)) {
-                log::warn!(
-                    "a {role:?} front asked for {:?}, which its role may not; ending it",
-                    kind(&m)
-                );
-                end = Some("request not allowed for role".into());
-                break;
-            }
-            if let Some(c) = self.clients.get_mut(&t) {
-                c.queued.push_back(m);
-            }
-        }
-        self.pump_client(t);
-        if let Some(why) = end {
-            if why != "closed" {
-                log::warn!("ending a front connection: {why}");
-            }
-            self.drop_client(t);
+        let now = Instant::now();
+        self.refusing.push_back((stream, now + REFUSAL_LINGER));
+        self.refusals += 1;
+        if self
+            .refusal_logged
+            .is_none_or(|at| now >= at + Duration::from_secs(1))
+        {
+            log::warn!(
+                "refused {} front connection(s): {MAX_FRONTS} are open, the limit",
+                self.refusals
+            );
+            self.refusals = 0;
+            self.refusal_logged = Some(now);
         }
     }
 
-    /// Start the next queued request of a client if it is not waiting on one.
+    /// Everything a front's connection is ready for: whole frames taken (the hello, then
+    /// requests) while there is room for them, the next request started, answers written,
+    /// and more read, as far as its limits allow. Called on each of its events and again
+    /// whenever something that held it back has changed (its call ended, the input budget
+    /// came free): readiness is edge-triggered, so a connection that was held back with
+    /// bytes waiting in its socket is read again only because of such a call.
+    fn service(&mut self, t: Token) {
+        let end = loop {
+            if let Err(why) = self.take_frames(t) {
+                break Some(why);
+            }
+            self.pump_client(t);
+            let Some(c) = self.clients.get_mut(&t) else {
+                return;
+            };
+            c.conn.flush();
+            if let Some(why) = c.conn.closed.take() {
+                break Some(why);
+            }
+            match self.read_more(t) {
+                Ok(true) => continue,
+                Ok(false) => break None,
+                Err(why) => break Some(why),
+            }
+        };
+        match end {
+            Some(why) => self.drop_client(t, &why),
+            None => {
+                if let Some(c) = self.clients.get_mut(&t) {
+                    // Before the hello, the clock runs from the accept until it is taken.
+                    if c.role.is_some() {
+                        if c.owes_bytes() {
+                            c.owes_since.get_or_insert_with(Instant::now);
+                        } else {
+                            c.owes_since = None;
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    /// Take the whole frames a front has sent, while its queue has room: the first is its
+    /// hello, exactly one; every frame after it, read with it or later, is a request,
+    /// checked against the role's dispatch table as it is taken.
+    fn take_frames(&mut self, t: Token) -> Result<(), String> {
+        loop {
+            let Some(c) = self.clients.get_mut(&t) else {
+                return Ok(());
+            };
+            let Some(role) = c.role else {
+                let hello = c
+                    .conn
+                    .take::<Hello>()
+                    .map_err(|e| format!("its hello: {e}"))?;
+                let Some(h) = hello else {
+                    return Ok(());
+                };
+                if h.protocol != FRONT_PROTOCOL {
+                    c.conn.send(&HelloReply::Refused {
+                        reason: format!("protocol {} is not {FRONT_PROTOCOL}", h.protocol),
+                    });
+                    return Err(format!(
+                        "it speaks protocol {}, not {FRONT_PROTOCOL}",
+                        h.protocol
+                    ));
+                }
+                c.role = Some(h.role);
+                c.owes_since = None;
+                c.conn.set_max_frame(MAX_FRONT_FRAME);
+                c.conn.send(&HelloReply::Welcome {
+                    version: env!("CARGO_PKG_VERSION").into(),
+                });
+                continue;
+            };
+            if !c.queue_has_room() {
+                return Ok(());
+            }
+            let Some(size) = c.conn.next_size().map_err(|e| e.to_string())? else {
+                return Ok(());
+            };
+            let Some(req) = c.conn.take::<Request>().map_err(|e| e.to_string())? else {
+                return Ok(());
+            };
+            c.owes_since = None;
+            if c.reserved > 0 {
+                self.budget.give_back(c.reserved);
+                c.reserved = 0;
+            }
+            if !allowed(role, kind(&req)) {
+                return Err(format!("a {role:?} front may not ask for {:?}", kind(&req)));
+            }
+            c.queued_bytes += size;
+            c.queued.push_back((req, size));
+        }
+    }
+
+    /// Read once more from a front, if its limits allow. `Ok(true)` when bytes came.
+    ///
+    /// A frame up to [`SMALL_FRAME`] is read whenever the queue has room. A larger one is
+    /// read only when it could start at once, and only once its whole size is set aside
+    /// from the input budget (all or nothing, so that connections each holding part of
+    /// the budget cannot wait on each other); it is read up to its end and no further.
+    fn read_more(&mut self, t: Token) -> Result<bool, String> {
+        let Some(c) = self.clients.get_mut(&t) else {
+            return Ok(false);
+        };
+        let buffered = c.conn.buffered();
+        let want = match c.conn.next_size().map_err(|e| e.to_string())? {
+            Some(size) if size > SMALL_FRAME => {
+                if buffered >= size || !c.could_start() {
+                    // Held back for its own sake (its call runs, its answers are unread):
+                    // it is out of the line until it could start.
+                    self.budget.leave(t);
+                    return Ok(false);
+                }
+                if c.reserved == 0 {
+                    if !self.budget.take(t, size) {
+                        return Ok(false);
+                    }
+                    c.reserved = size;
+                }
+                size - buffered
+            }
+            _ => {
+                if !c.queue_has_room() || buffered >= SMALL_FRAME {
+                    return Ok(false);
+                }
+                SMALL_FRAME - buffered
+            }
+        };
+        match c
+            .conn
+            .read_some(want.min(CHUNK))
+            .map_err(|e| e.to_string())?
+        {
+            Got::Bytes => Ok(true),
+            Got::Nothing => Ok(false),
+            Got::End => Err(match c.conn.end_of_stream() {
+                Ok(()) => CLOSED.to_string(),
+                Err(e) => e.to_string(),
+            }),
+        }
+    }
+
+    /// Give the input budget's line its turn: a connection waiting for its share has its
+    /// bytes in its socket already, and no event would come to read them.
+    fn serve_line(&mut self) {
+        while let Some(t) = self.budget.first() {
+            if !self.clients.contains_key(&t) {
+                self.budget.leave(t);
+                continue;
+            }
+            self.service(t);
+            if self.budget.first() == Some(t) {
+                // Still not enough free: the next release tries again.
+                return;
+            }
+        }
+    }
+
+    /// Close the connections the supervisor has waited on for [`FRAME_STALL`] (a hello
+    /// that did not come, a frame that stopped mid-way), and the refused ones whose
+    /// moment has passed.
+    fn close_stalled(&mut self, now: Instant) {
+        let late: Vec<(Token, String)> = self
+            .clients
+            .iter()
+            .filter_map(|(t, c)| {
+                let since = c.owes_since?;
+                if now < since + FRAME_STALL {
+                    return None;
+                }
+                let secs = FRAME_STALL.as_secs();
+                let why = match (c.role, c.conn.next_size()) {
+                    (None, _) => format!("it sent no hello within {secs}s"),
+                    (Some(_), Ok(Some(size))) if size > SMALL_FRAME && c.reserved == 0 => {
+                        format!(
+                            "its frame stayed incomplete for {secs}s ({} of {size} bytes): \
+                             it waited in line for the input budget all that time",
+                            c.conn.buffered()
+                        )
+                    }
+                    (Some(_), size) => format!(
+                        "its frame stayed incomplete for {secs}s ({} of {} bytes): it stopped \
+                         sending",
+                        c.conn.buffered(),
+                        size.ok().flatten().map_or("?".into(), |s| s.to_string())
+                    ),
+                };
+                Some((*t, why))
+            })
+            .collect();
+        for (t, why) in late {
+            self.drop_client(t, &why);
+        }
+        while self.refusing.front().is_some_and(|(_, at)| now >= *at) {
+            self.refusing.pop_front();
+        }
+    }
+
+    /// When the next connection's deadline passes, if any does.
+    fn next_conn_deadline(&self) -> Option<Instant> {
+        let stall = self
+            .clients
+            .values()
+            .filter_map(|c| c.owes_since)
+            .min()
+            .map(|since| since + FRAME_STALL);
+        let refusal = self.refusing.front().map(|(_, at)| *at);
+        stall.into_iter().chain(refusal).min()
+    }
+
+    /// Start the next queued request of a client if it is not waiting on one, and has
+    /// read its answers: one that does not read stops being served, and so read.
     fn pump_client(&mut self, t: Token) {
         loop {
             let Some(c) = self.clients.get_mut(&t) else {
                 return;
             };
-            if c.waiting {
+            if c.waiting || c.conn.unsent() > OUT_LOW || c.conn.closed.is_some() {
                 return;
             }
-            let Some(req) = c.queued.pop_front() else {
+            let Some((req, size)) = c.queued.pop_front() else {
                 return;
             };
+            c.queued_bytes -= size;
             let draining = self.drain.is_some();
             match req {
                 Request::Drain { grace_ms } => {
@@ -527,41 +783,80 @@ impl Supervisor {
     }
 
     fn reply(&mut self, t: Token, r: Reply) {
+        self.send_to(t, &r);
+    }
+
+    /// Queue a reply for a front. Past [`OUTPUT_BUDGET`] unread by all fronts together, a
+    /// front that has not read what it was sent is dropped instead; one that has still
+    /// gets its answer.
+    fn send_to(&mut self, t: Token, r: &Reply) {
+        let behind = self.clients.get(&t).map_or(0, |c| c.conn.unsent());
+        if behind > OUT_LOW {
+            let total: usize = self.clients.values().map(|c| c.conn.unsent()).sum();
+            if total > OUTPUT_BUDGET {
+                if let Some(c) = self.clients.get_mut(&t) {
+                    c.conn.closed.get_or_insert_with(|| {
+                        format!(
+                            "it left {} MiB of answers unread while all fronts' unread answers \
+                             were over the {} MiB budget",
+                            behind >> 20,
+                            OUTPUT_BUDGET >> 20
+                        )
+                    });
+                }
+                return;
+            }
+        }
         if let Some(c) = self.clients.get_mut(&t) {
-            c.conn.send(&r);
+            c.conn.send(r);
         }
     }
 
-    /// Hand out what the functions produced for clients (events, deferred answers).
+    /// Hand out what the functions produced for clients (events, deferred answers); a
+    /// client whose call ended goes on with what it queued and is read again.
     fn deliver(&mut self) {
+        let mut ended = Vec::new();
         for (t, r, last) in self.fns.take_outbox() {
-            if let Some(c) = self.clients.get_mut(&t) {
-                c.conn.send(&r);
-                if last {
+            self.send_to(t, &r);
+            if last {
+                if let Some(c) = self.clients.get_mut(&t) {
                     c.waiting = false;
                 }
-            }
-            if last {
-                self.pump_client(t);
+                ended.push(t);
             }
         }
-        let closed: Vec<Token> = self
+        for t in ended {
+            self.service(t);
+        }
+        let closed: Vec<(Token, String)> = self
             .clients
             .iter()
-            .filter(|(_, c)| c.conn.closed)
-            .map(|(t, _)| *t)
+            .filter_map(|(t, c)| Some((*t, c.conn.closed.clone()?)))
             .collect();
-        for t in closed {
-            self.drop_client(t);
+        for (t, why) in closed {
+            self.drop_client(t, &why);
         }
     }
 
-    fn drop_client(&mut self, t: Token) {
-        if let Some(mut c) = self.clients.remove(&t) {
-            c.conn.flush();
-            let _ = self.poll.registry().deregister(&mut c.conn.stream);
-            // Nobody is listening any more: calls it was waiting on are cancelled.
-            self.fns.client_gone(t);
+    /// End a front's connection, logged once with the reason (a peer that closed between
+    /// frames only at debug level: every CLI command does). What it held is given back,
+    /// and the calls it was waiting on are cancelled: nobody is listening any more.
+    fn drop_client(&mut self, t: Token, why: &str) {
+        let Some(mut c) = self.clients.remove(&t) else {
+            return;
+        };
+        self.budget.give_back(c.reserved);
+        self.budget.leave(t);
+        c.conn.flush();
+        let _ = self.poll.registry().deregister(&mut c.conn.stream);
+        let who = c
+            .role
+            .map_or_else(|| "a front".to_string(), |r| format!("a {r:?} front"));
+        if why == CLOSED {
+            log::debug!("{who} closed its connection");
+        } else {
+            log::warn!("closed {who}'s connection: {why}");
         }
+        self.fns.client_gone(t);
     }
 }
