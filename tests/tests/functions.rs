@@ -368,7 +368,13 @@ fn bad_events() {
     let hello = &n[0];
     let agents = agent_pids(hello);
 
+    // A usage error, answered (with --json) as one JSON object on stdout.
     let f = s.run(&["exec", hello, "{not json", "--json"]);
+    assert_eq!(f.code, 2, "not JSON as an argument: {}", f.stderr_text());
+    let v = f.last_json();
+    assert_eq!(v["code"], "bad_request", "{v}");
+    assert!(text(&v, "error").contains("neither JSON nor a file"), "{v}");
+    let f = s.run(&["exec", hello, "{not json"]);
     assert_eq!(f.code, 2, "not JSON as an argument: {}", f.stderr_text());
     assert_eq!(f.stderr_text().lines().count(), 1, "{}", f.stderr_text());
     assert!(

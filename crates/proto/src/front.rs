@@ -57,6 +57,32 @@ pub enum Request {
     Drain { grace_ms: u64 },
     /// Register a script in the content-addressed store (idempotent).
     PutScript { source: Vec<u8> },
+    /// The supervisor's own condition (`zygo ls` and `zygo stats` show it).
+    Health,
+}
+
+/// What the supervisor says of its own condition.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Health {
+    pub usage_log: UsageLogHealth,
+}
+
+impl Health {
+    /// Whether anything is wrong.
+    pub fn degraded(&self) -> bool {
+        self.usage_log.error.is_some() || self.usage_log.dropped > 0
+    }
+}
+
+/// The usage log: whether it can be written, and what is held or was lost meanwhile.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct UsageLogHealth {
+    /// Why the last write failed, while writes fail.
+    pub error: Option<String>,
+    /// Records held in memory, to be written when the log can be.
+    pub held: u64,
+    /// Records dropped because too many were held (oldest first).
+    pub dropped: u64,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -253,4 +279,5 @@ pub enum Reply {
         digest: String,
         size: u64,
     },
+    Health(Health),
 }

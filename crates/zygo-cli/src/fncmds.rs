@@ -136,6 +136,31 @@ fn call(json: bool, req: &Request) -> Result<Reply, i32> {
     }
 }
 
+/// Say on stderr what is wrong with the supervisor itself, if anything (after `ls` and
+/// `stats`, where an operator looks). Quiet when it cannot tell (an older supervisor).
+fn warn_if_degraded() {
+    let Ok(mut c) = connect(true) else {
+        return;
+    };
+    let Ok(Reply::Health(h)) = c.call(&Request::Health, |_| {}) else {
+        return;
+    };
+    let u = &h.usage_log;
+    if let Some(e) = &u.error {
+        eprintln!(
+            "zygo: warning: the usage log cannot be written ({}): {} record(s) are held in memory and will be written when it can be",
+            clean(e),
+            u.held
+        );
+    }
+    if u.dropped > 0 {
+        eprintln!(
+            "zygo: warning: {} usage record(s) were dropped (too many held while the usage log could not be written)",
+            u.dropped
+        );
+    }
+}
+
 fn sandbox_file(flag: Option<&str>, required: bool) -> Result<Option<PathBuf>, String> {
     let p = match flag {
         Some(f) => PathBuf::from(f),
@@ -634,6 +659,7 @@ pub fn ls(raw: Vec<OsString>) -> i32 {
         Ok(_) => return refused(a.json, "internal", "unexpected reply"),
         Err(c) => return c,
     };
+    warn_if_degraded();
     if a.json {
         let v: Vec<_> = fs
             .iter()
@@ -763,6 +789,7 @@ pub fn stats(raw: Vec<OsString>) -> i32 {
         Ok(_) => return refused(a.json, "internal", "unexpected reply"),
         Err(c) => return c,
     };
+    warn_if_degraded();
     if a.json {
         let v: Vec<_> = st
             .iter()

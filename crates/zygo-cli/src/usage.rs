@@ -98,7 +98,12 @@ Listens on $ZYGO_RUNTIME_DIR/zygo.sock (default $XDG_RUNTIME_DIR/zygo, or /run/z
 root), mode 0600. SIGTERM or SIGINT drains: no new calls, running ones may finish within
 25s, then every sandbox is killed and every cgroup removed. Finished requests are appended
 to usage.log in the state directory ($ZYGO_STATE_DIR, default /var/lib/zygo as root or
-~/.local/state/zygo).
+~/.local/state/zygo); when that disk is full, they are held in memory (up to 64 MiB, the
+oldest dropped past it, counted) and written whole when it has room again.
+
+Scripts sent to runtime pools are kept in scripts/ of the state directory, up to
+$ZYGO_SCRIPT_STORE bytes (default 1G): past it, the scripts used least recently that no
+call in flight runs are removed; a digest removed so is unknown until sent again.
 ";
 
 pub const UP: &str = "\
@@ -158,6 +163,9 @@ pub const LS: &str = "\
 zygo ls — served functions, their state and zygotes
 
 Usage: zygo ls [--json]
+
+If the supervisor itself is degraded (its usage log cannot be written, say, with the
+records held in memory meanwhile), a warning says so on stderr.
 ";
 
 pub const LOGS: &str = "\
@@ -173,6 +181,9 @@ pub const STATS: &str = "\
 zygo stats — requests, failures by outcome, p50/p99 wall time and peak memory
 
 Usage: zygo stats [NAME] [--json]
+
+If the supervisor itself is degraded (its usage log cannot be written, say, with the
+records held in memory meanwhile), a warning says so on stderr.
 ";
 
 pub const WARM: &str = "\

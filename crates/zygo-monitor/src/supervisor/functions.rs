@@ -12,7 +12,6 @@
 //! heartbeat for [`stuck_after`]). An OOM kill is read from the request cgroup's counter.
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
-use std::io::Write;
 use std::os::fd::OwnedFd;
 use std::os::unix::net::UnixStream as StdUnixStream;
 use std::path::{Path, PathBuf};
@@ -21,8 +20,8 @@ use std::time::{Duration, Instant};
 use mio::{Interest, Registry, Token};
 use policy::file::{Agent, FnKind, FnSpec};
 use proto::front::{
-    ErrorCode, ExecAnswer, ExecEvent, ExecRequest, FunctionInfo, FunctionStats, LogEntry, Metrics,
-    Outcome, Reply, Request, ScriptRef, ZygoteCounts,
+    ErrorCode, ExecAnswer, ExecEvent, ExecRequest, FunctionInfo, FunctionStats, Health, LogEntry,
+    Metrics, Outcome, Reply, Request, ScriptRef, ZygoteCounts,
 };
 use proto::launch::{
     BindMount, FromLauncher, Image, InjectedFile, LaunchPlan, Mode, Script, Stream, ToLauncher,
@@ -252,9 +251,8 @@ pub struct Functions {
     worker: Worker,
     identity: Identity,
     launcher: PathBuf,
-    usage: Option<std::fs::File>,
-    /// Usage lines of requests answered since the last `write_usage`.
-    usage_lines: String,
+    /// The usage log (see `usage`).
+    usage: super::usage::UsageLog,
     /// The content-addressed script store: `<state>/scripts/<sha256 hex>`.
     scripts: super::scripts::Store,
     fns: BTreeMap<String, Function>,
@@ -291,10 +289,7 @@ impl Functions {
         usage_path: PathBuf,
         scripts: PathBuf,
     ) -> Result<Functions, SupervisorError> {
-        let usage = std::fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(&usage_path)
+        let usage = super::usage::UsageLog::open(usage_path.clone())
             .map_err(|e| SupervisorError(format!("open {}: {e}", usage_path.display())))?;
         let backend = Arc::new(backend);
         let cap = super::scripts::cap_from_env().map_err(SupervisorError)?;
@@ -308,8 +303,7 @@ impl Functions {
             worker,
             identity,
             launcher,
-            usage: Some(usage),
-            usage_lines: String::new(),
+            usage,
             scripts,
             fns: BTreeMap::new(),
             zygotes: HashMap::new(),
@@ -395,6 +389,9 @@ impl Functions {
             Request::Drain { .. } => {
                 Some(fail(ErrorCode::Internal, "drain is handled by the loop"))
             }
+            Request::Health => Some(Reply::Health(Health {
+                usage_log: self.usage.health(),
+            })),
             Request::PutScript { source } => Some(match self.store_script(&source) {
                 Ok(digest) => Reply::ScriptStored {
                     digest,
@@ -1665,7 +1662,7 @@ impl Functions {
             }
             st.peak_rss_kb = st.peak_rss_kb.max(metrics.peak_rss_kb);
         }
-        if self.usage.is_some() {
+        {
             let line = serde_json::json!({
                 "tenant": "_host",
                 "function": c.func,
@@ -1678,8 +1675,7 @@ impl Functions {
                 "finished_ms": finished_ms,
             });
             // Written by `write_usage`, after the answer has gone out.
-            self.usage_lines.push_str(&line.to_string());
-            self.usage_lines.push('\n');
+            self.usage.push(line.to_string());
         }
         let _ = c.received;
     }
@@ -1908,15 +1904,7 @@ impl Functions {
     /// Append the usage lines of the requests answered since the last call to the usage
     /// log: whole lines in one write, so a line is never split by a crash or a reader.
     pub fn write_usage(&mut self) {
-        if self.usage_lines.is_empty() {
-            return;
-        }
-        let text = std::mem::take(&mut self.usage_lines);
-        if let Some(u) = self.usage.as_mut() {
-            if let Err(e) = u.write_all(text.as_bytes()) {
-                log::error!("write the usage log: {e}");
-            }
-        }
+        self.usage.flush();
     }
 
     /// Whether background work is waiting (the loop then polls without sleeping).

@@ -23,6 +23,7 @@ mod cgworker;
 mod conn;
 mod functions;
 mod scripts;
+mod usage;
 
 use std::collections::{HashMap, VecDeque};
 use std::io::Write;
@@ -93,6 +94,7 @@ enum Kind {
     Cancel,
     Drain,
     PutScript,
+    Health,
 }
 
 fn kind(r: &Request) -> Kind {
@@ -108,6 +110,7 @@ fn kind(r: &Request) -> Kind {
         Request::Cancel { .. } => Kind::Cancel,
         Request::Drain { .. } => Kind::Drain,
         Request::PutScript { .. } => Kind::PutScript,
+        Request::Health => Kind::Health,
     }
 }
 
@@ -125,6 +128,7 @@ const DISPATCH_CLI: &[Kind] = &[
     Kind::Cancel,
     Kind::Drain,
     Kind::PutScript,
+    Kind::Health,
 ];
 const DISPATCH_MCP: &[Kind] = &[Kind::List, Kind::Exec, Kind::Logs];
 const DISPATCH_API: &[Kind] = &[];
