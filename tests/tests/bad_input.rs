@@ -20,10 +20,36 @@ fn zygo_raw(who: Who, args: &[&str]) -> Finished {
     finish(c)
 }
 
-/// Assert a usage error: exit 2, nothing on stdout, exactly one line on stderr that
-/// contains `mentions`.
+/// Assert a usage error: exit 2, and either (human) nothing on stdout and exactly one line
+/// on stderr that contains `mentions`, or (`--json`) exactly one JSON object on stdout,
+/// `{"code": "bad_request", "error": ...}` with `mentions` in its error.
 #[track_caller]
-fn assert_usage_error(who: Who, f: &Finished, mentions: &str) {
+fn assert_usage_error(who: Who, f: &Finished, mentions: &str, json: bool) {
+    if json {
+        assert_eq!(
+            f.code,
+            2,
+            "[{}] expected exit 2: {}",
+            who.name(),
+            f.stderr_text()
+        );
+        let out = f.stdout_text();
+        assert_eq!(
+            out.lines().count(),
+            1,
+            "[{}] not one line on stdout: {out:?}",
+            who.name()
+        );
+        let v: Value = serde_json::from_str(out.trim())
+            .unwrap_or_else(|e| panic!("[{}] stdout is not JSON ({e}): {out:?}", who.name()));
+        assert_eq!(v["code"], "bad_request", "[{}] {v}", who.name());
+        assert!(
+            s(&v, "error").contains(mentions),
+            "[{}] the error does not name {mentions}: {v}",
+            who.name()
+        );
+        return;
+    }
     let err = f.stderr_text();
     assert_eq!(
         f.code,
@@ -61,7 +87,7 @@ both_tests! {
                 args.push("--json");
             }
             args.extend(["--bogus", "--", "true"]);
-            assert_usage_error(who, &zygo_raw(who, &args), "--bogus");
+            assert_usage_error(who, &zygo_raw(who, &args), "--bogus", json);
         }
     }
 
@@ -82,7 +108,7 @@ both_tests! {
                     args.push("--json");
                 }
                 args.extend([flag, value, "--", "true"]);
-                assert_usage_error(who, &zygo_raw(who, &args), flag);
+                assert_usage_error(who, &zygo_raw(who, &args), flag, json);
             }
         }
     }
@@ -92,7 +118,12 @@ both_tests! {
         for args in [&["run"][..], &["run", "--json"], &["run", "--json", "--"], &["run", "--mem", "64M", "--"]] {
             let f = zygo_raw(who, args);
             assert_eq!(f.code, 2, "[{}] {args:?}: {}", who.name(), f.stderr_text());
-            assert_eq!(f.stderr_text().lines().count(), 1, "[{}] {args:?}: {}", who.name(), f.stderr_text());
+            if args.contains(&"--json") {
+                let v = f.last_json();
+                assert_eq!(v["code"], "bad_request", "[{}] {args:?}: {}", who.name(), f.stdout_text());
+            } else {
+                assert_eq!(f.stderr_text().lines().count(), 1, "[{}] {args:?}: {}", who.name(), f.stderr_text());
+            }
         }
     }
 

@@ -19,6 +19,9 @@ pub enum ConnectError {
     Unreachable(String),
     /// The supervisor refused the hello.
     Refused(String),
+    /// The connection ended before the hello was answered: the supervisor is going away
+    /// (draining, exiting) or what listens there is not one.
+    Gone(String),
     /// The hello failed on the wire.
     Broken(String),
 }
@@ -27,7 +30,9 @@ impl ConnectError {
     /// The word a `--json` refusal carries in `code`.
     pub fn code(&self) -> &'static str {
         match self {
-            ConnectError::NotRunning | ConnectError::Unreachable(_) => "unavailable",
+            ConnectError::NotRunning | ConnectError::Unreachable(_) | ConnectError::Gone(_) => {
+                "unavailable"
+            }
             ConnectError::Refused(_) => "forbidden",
             ConnectError::Broken(_) => "internal",
         }
@@ -41,7 +46,23 @@ impl std::fmt::Display for ConnectError {
             ConnectError::Unreachable(e) => f.write_str(e),
             ConnectError::Refused(reason) => write!(f, "the supervisor refused: {reason}"),
             ConnectError::Broken(e) => write!(f, "talk to the supervisor: {e}"),
+            ConnectError::Gone(e) => write!(
+                f,
+                "the supervisor ended the connection before it answered ({e}); it may be stopping"
+            ),
         }
+    }
+}
+
+/// Whether a channel error is the peer going away (closed or reset), not a bad frame.
+fn ended(e: &proto::ProtoError) -> bool {
+    use std::io::ErrorKind::{BrokenPipe, ConnectionReset, UnexpectedEof};
+    match e {
+        proto::ProtoError::Closed => true,
+        proto::ProtoError::Io(io) => {
+            matches!(io.kind(), BrokenPipe | ConnectionReset | UnexpectedEof)
+        }
+        _ => false,
     }
 }
 
@@ -54,7 +75,11 @@ impl Client {
         match reach::hello(&mut sock, Role::Cli) {
             Ok(()) => Ok(Client { sock }),
             Err(reach::HelloError::Refused(reason)) => Err(ConnectError::Refused(reason)),
-            Err(reach::HelloError::Proto(e)) => Err(ConnectError::Broken(e.to_string())),
+            Err(reach::HelloError::Proto(e)) => Err(if ended(&e) {
+                ConnectError::Gone(e.to_string())
+            } else {
+                ConnectError::Broken(e.to_string())
+            }),
         }
     }
 
