@@ -449,3 +449,34 @@ fn the_script_store_stays_under_its_cap() {
     assert_eq!(v["result"], 3, "{v}");
     s.shutdown();
 }
+
+/// Item 8, in the supervisor's own log: text from a sandbox (an import error, the agent's
+/// diagnostics) reaches it with its control characters escaped and its further lines
+/// marked, so it can neither forge a record nor send escape sequences to whoever reads it.
+#[test]
+fn text_from_a_sandbox_cannot_forge_a_log_record_or_reach_the_terminal() {
+    let Some(mut s) = SUITE.root("logforge") else {
+        return;
+    };
+    s.fn_file(
+        "bad.py",
+        "import sys\nsys.stderr.write('\\x1b]0;owned\\x07\\n[INFO ] forged by the agent\\n')\n\
+         raise RuntimeError('\\x1b[2J\\n[INFO ] forged by an import error')\n",
+    );
+    let (file, names) = s.write_toml(&[("bad", "agent = \"python\"\nentry = \"fn/bad.py:handler\"")]);
+    let f = s.run(&["up", "-f", file.to_str().expect("UTF-8 path")]);
+    s.find_supervisor();
+    assert_ne!(f.code, 0, "a function whose import fails was served");
+    let mut log = String::new();
+    let seen = wait_for_quietly(Duration::from_secs(5), || {
+        log = fs::read_to_string(s.log_path()).unwrap_or_default();
+        log.contains("forged by the agent") && log.contains("forged by an import error")
+    });
+    assert!(seen, "the log does not have both texts:\n{log}");
+    assert!(!log.contains('\x1b') && !log.contains('\x07'), "a control character reached the log:\n{log}");
+    for line in log.lines().filter(|l| l.contains("forged")) {
+        assert!(!line.starts_with("[INFO ] forged"), "a forged record: {line:?}\n{log}");
+    }
+    let _ = names;
+    s.shutdown();
+}

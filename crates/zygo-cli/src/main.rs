@@ -128,11 +128,20 @@ fn zygo_main() -> u8 {
     code.clamp(0, 255) as u8
 }
 
+/// Log records go to stderr (the supervisor's log file, a launcher's, a terminal) as
+/// `[LEVEL] message`. What a message carries may come from a sandbox (an import error, an
+/// agent's diagnostics), so its control characters are escaped and each further line of it
+/// starts with `    | `: no message can forge a record, move the cursor or retitle the
+/// operator's terminal.
 fn init_logging() {
+    use std::io::Write;
     let env = env_logger::Env::new().filter_or("ZYGO_LOG", "warn");
     env_logger::Builder::from_env(env)
-        .format_timestamp(None)
-        .format_target(false)
+        .format(|buf, record| {
+            let text = record.args().to_string();
+            let text = output::clean(&text).replace('\n', "\n    | ");
+            writeln!(buf, "[{:<5}] {text}", record.level())
+        })
         .init();
 }
 
