@@ -227,6 +227,24 @@ both_tests! {
         s.shutdown();
     }
 
+    /// A request cannot change the limits, CPUs or priority of another process of its
+    /// sandbox (rootless, they all have one uid): only its own.
+    fn a_request_cannot_change_a_neighbours_limits_or_scheduling(who) {
+        let mut s = SUITE.sup(who, "prlimit");
+        let n = s.up(&[("p", "neighbours", "")]);
+        let r = s.call_ok(&n[0], "{}");
+        for k in ["prlimit_other", "affinity_other", "nice_other", "nice_user"] {
+            assert_eq!(r[k], "EPERM", "[{}] {k}: {r}", who.name());
+        }
+        for k in ["prlimit_self", "affinity_self", "nice_self"] {
+            assert_eq!(r[k], "OK", "[{}] {k}: {r}", who.name());
+        }
+        // The agent was not touched: the next request still starts with its usual limits.
+        let again = s.call_ok(&n[0], "{}");
+        assert_eq!(again["prlimit_self"], "OK", "{again}");
+        s.shutdown();
+    }
+
     /// Item 11: a function stopped right after it is served, over and over, leaves no
     /// cgroup behind (every cgroup is removed on every error path).
     fn stopping_functions_as_they_start_leaves_no_cgroup(who) {
@@ -463,7 +481,8 @@ fn text_from_a_sandbox_cannot_forge_a_log_record_or_reach_the_terminal() {
         "import sys\nsys.stderr.write('\\x1b]0;owned\\x07\\n[INFO ] forged by the agent\\n')\n\
          raise RuntimeError('\\x1b[2J\\n[INFO ] forged by an import error')\n",
     );
-    let (file, names) = s.write_toml(&[("bad", "agent = \"python\"\nentry = \"fn/bad.py:handler\"")]);
+    let (file, names) =
+        s.write_toml(&[("bad", "agent = \"python\"\nentry = \"fn/bad.py:handler\"")]);
     let f = s.run(&["up", "-f", file.to_str().expect("UTF-8 path")]);
     s.find_supervisor();
     assert_ne!(f.code, 0, "a function whose import fails was served");
@@ -473,9 +492,15 @@ fn text_from_a_sandbox_cannot_forge_a_log_record_or_reach_the_terminal() {
         log.contains("forged by the agent") && log.contains("forged by an import error")
     });
     assert!(seen, "the log does not have both texts:\n{log}");
-    assert!(!log.contains('\x1b') && !log.contains('\x07'), "a control character reached the log:\n{log}");
+    assert!(
+        !log.contains('\x1b') && !log.contains('\x07'),
+        "a control character reached the log:\n{log}"
+    );
     for line in log.lines().filter(|l| l.contains("forged")) {
-        assert!(!line.starts_with("[INFO ] forged"), "a forged record: {line:?}\n{log}");
+        assert!(
+            !line.starts_with("[INFO ] forged"),
+            "a forged record: {line:?}\n{log}"
+        );
     }
     let _ = names;
     s.shutdown();

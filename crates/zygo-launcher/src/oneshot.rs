@@ -249,7 +249,12 @@ pub fn run(
     // exits, after it has reported the end: the monitor reads the usage and removes the
     // cgroups meanwhile, instead of after. init is still ours to open (it becomes
     // undumpable only once this process lets it finish).
-    let mounts = std::fs::File::open(format!("/proc/{pid}/ns/mnt"));
+    let _mounts = std::fs::File::open(format!("/proc/{pid}/ns/mnt"));
+    // A zygote's relay checks each request's process against the sandbox's namespaces.
+    let sandbox_ns = match plan.mode {
+        Mode::Zygote => Some(crate::scratch::SandboxNs::of(pid)),
+        Mode::OneShot => None,
+    };
     drop(ctl_init);
     sys::close(rep_w);
     // The program's stdout and stderr belong to the sandbox now: once it is gone, the
@@ -260,15 +265,7 @@ pub fn run(
         c.close_inner();
     }
     let outcome = match handed {
-        Ok(true) => supervise(
-            sock,
-            plan,
-            &init,
-            ctl,
-            rep_r,
-            agent_fds,
-            mounts.as_ref().ok(),
-        ),
+        Ok(true) => supervise(sock, plan, &init, ctl, rep_r, agent_fds, sandbox_ns),
         other => other.map(drop),
     };
     // Whatever happened, nothing of the sandbox outlives this function.
@@ -463,8 +460,8 @@ fn hand_over_cgroup(
     }
 }
 
-/// The rest of the start (init has its cgroup files), then the run. `mnt_ns` is init's
-/// mount namespace (a zygote's relay checks that each request has one of its own).
+/// The rest of the start (init has its cgroup files), then the run. `sandbox_ns` are the
+/// namespaces of a zygote's init, for the relay's checks.
 fn supervise(
     sock: &mut UnixStream,
     plan: &LaunchPlan,
@@ -472,7 +469,7 @@ fn supervise(
     ctl: OwnedFd,
     rep_r: RawFd,
     mut agent_fds: Option<zygote::Channels>,
-    mnt_ns: Option<&std::fs::File>,
+    mut sandbox_ns: Option<Result<crate::scratch::SandboxNs, crate::scratch::ScratchError>>,
 ) -> Result<(), LaunchError> {
     // 3. The id maps; init builds the sandbox once they are there.
     if let Err(e) = write_id_maps(init.pid, &plan.ids) {
@@ -630,20 +627,28 @@ fn supervise(
                                 } => Some((uid_base, gid_base)),
                                 IdMap::Single { .. } => None,
                             };
-                            let mnt_ns = match mnt_ns.map(|f| f.try_clone()) {
-                                Some(Ok(f)) => OwnedFd::from(f),
-                                _ => {
+                            let ns = match sandbox_ns.take() {
+                                Some(Ok(ns)) => ns,
+                                Some(Err(e)) => {
                                     init.kill();
                                     return failed(
                                         sock,
                                         Phase::Start,
-                                        "open the sandbox's mount namespace".into(),
+                                        format!("open the sandbox's namespaces: {e}"),
+                                    );
+                                }
+                                None => {
+                                    init.kill();
+                                    return failed(
+                                        sock,
+                                        Phase::Start,
+                                        "a zygote without its namespaces".into(),
                                     );
                                 }
                             };
                             let sandbox = zygote::Sandbox {
                                 init_pid: init.pid,
-                                mnt_ns,
+                                ns,
                                 scratch_bytes: plan.scratch_bytes,
                                 script_owner,
                                 scripts: plan.scripts,

@@ -51,11 +51,11 @@
 //! # Reading the table
 //!
 //! [`allowlist`] is the whole policy: one line per syscall, with the reason a normal program
-//! needs it. Six entries filter an argument ([`When`]); [`enosys_list`] holds the `ENOSYS`
+//! needs it. Thirteen entries filter an argument ([`When`]); [`enosys_list`] holds the `ENOSYS`
 //! answers. The BPF is generated from these tables: after the architecture check, a balanced
 //! binary search on the syscall number (about 200 instructions, at most 12 run per call),
 //! described at [`sandbox_filter`]. It rarely runs anyway: since Linux 5.11 the kernel caches
-//! the verdict of every syscall allowed whatever its arguments, so only the six filtered ones
+//! the verdict of every syscall allowed whatever its arguments, so only the filtered ones
 //! and refused calls evaluate the program.
 
 use std::fmt;
@@ -171,6 +171,13 @@ const NAMESPACE_FLAGS: u32 = (libc::CLONE_NEWNS
 /// refused too, as nothing needs them.
 const UNSHARE_REFUSED: u32 = !((libc::CLONE_NEWNS | libc::CLONE_NEWIPC) as u32);
 
+/// The argument value that names the calling process itself (pid 0, or `who` 0). Calls
+/// that act on a process by pid are allowed on the caller only: rootless, every process of
+/// a zygote (the agent, every request) has one uid, and the kernel lets a uid change the
+/// limits, CPUs and priorities of all its processes; `/proc` hiding does not stop a call
+/// that names a pid directly.
+const SELF: &[u32] = &[0];
+
 /// Terminal ioctls that inject input into, or reconfigure, a terminal the sandbox may share.
 const TERMINAL_INJECTION: &[u32] = &[libc::TIOCSTI as u32, libc::TIOCLINUX as u32];
 
@@ -270,23 +277,30 @@ static ALLOWLIST: &[Allowed] = &[
     // ---- Scheduling, limits, system information
     allow!(SYS_sched_yield, "yield the CPU"),
     allow!(SYS_sched_getaffinity, "count usable CPUs (nproc, os.cpu_count, V8)"),
-    allow!(SYS_sched_setaffinity, "pin own threads"),
+    allow!(SYS_sched_setaffinity, When::OneOf { arg: 0, values: SELF },
+           "pin this process to CPUs; never another's (a neighbour of one uid could pin a request to a CPU)"),
     allow!(SYS_sched_getparam, "scheduling parameters"),
-    allow!(SYS_sched_setparam, "scheduling parameters; realtime needs rlimits/caps"),
+    allow!(SYS_sched_setparam, When::OneOf { arg: 0, values: SELF },
+           "this process's scheduling parameters; realtime needs rlimits/caps"),
     allow!(SYS_sched_getscheduler, "scheduling policy"),
-    allow!(SYS_sched_setscheduler, "scheduling policy (e.g. SCHED_IDLE for batch work)"),
+    allow!(SYS_sched_setscheduler, When::OneOf { arg: 0, values: SELF },
+           "this process's scheduling policy (e.g. SCHED_IDLE for batch work)"),
     allow!(SYS_sched_getattr, "scheduling attributes"),
-    allow!(SYS_sched_setattr, "scheduling attributes"),
+    allow!(SYS_sched_setattr, When::OneOf { arg: 0, values: SELF },
+           "this process's scheduling attributes"),
     allow!(SYS_sched_get_priority_max, "priority range"),
     allow!(SYS_sched_get_priority_min, "priority range"),
     allow!(SYS_sched_rr_get_interval, "round-robin quantum"),
     allow!(SYS_getpriority, "nice value"),
-    allow!(SYS_setpriority, "nice value; raising priority needs CAP_SYS_NICE"),
+    allow!(SYS_setpriority, When::OneOf { arg: 1, values: SELF },
+           "own nice value (who = 0); raising priority needs CAP_SYS_NICE"),
     allow!(SYS_ioprio_get, "I/O priority (ionice)"),
-    allow!(SYS_ioprio_set, "I/O priority (ionice)"),
+    allow!(SYS_ioprio_set, When::OneOf { arg: 1, values: SELF },
+           "own I/O priority (ionice, who = 0)"),
     allow!(SYS_getrlimit, "resource limits"),
     allow!(SYS_setrlimit, "resource limits; raising hard limits needs CAP_SYS_RESOURCE"),
-    allow!(SYS_prlimit64, "resource limits (glibc's getrlimit/setrlimit)"),
+    allow!(SYS_prlimit64, When::OneOf { arg: 0, values: SELF },
+           "this process's resource limits (glibc's getrlimit/setrlimit pass pid 0); never another's, which a neighbour of one uid could shrink"),
     allow!(SYS_getrusage, "resource usage"),
     allow!(SYS_times, "process times"),
     allow!(SYS_sysinfo, "memory and uptime (free, Node's os module)"),
@@ -1107,6 +1121,13 @@ mod tests {
                 "clone",
                 "personality",
                 "unshare",
+                "sched_setaffinity",
+                "sched_setparam",
+                "sched_setscheduler",
+                "sched_setattr",
+                "setpriority",
+                "ioprio_set",
+                "prlimit64",
                 "ioctl",
                 "socket",
                 "socketpair"

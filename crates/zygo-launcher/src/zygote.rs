@@ -214,10 +214,27 @@ fn parse<T: for<'de> Deserialize<'de>>(line: &[u8]) -> Result<T, String> {
     proto::json::from_slice_strict(line).map_err(|e| format!("bad line: {e}"))
 }
 
-fn write_line(fd: RawFd, v: &serde_json::Value) -> std::io::Result<()> {
-    let mut text = v.to_string();
-    text.push('\n');
-    sys::write_fd(fd, text.as_bytes())
+/// Send a short line on a socket from the sandbox without ever waiting for it: all of it
+/// now, or an error (`WouldBlock` when the other end has let the socket fill up). The
+/// launcher must not be made to wait by anything inside the sandbox.
+fn send_now(fd: RawFd, line: &[u8]) -> std::io::Result<()> {
+    // SAFETY: send on a descriptor we hold, from a buffer valid for its length.
+    let n = unsafe {
+        libc::send(
+            fd,
+            line.as_ptr().cast(),
+            line.len(),
+            libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL,
+        )
+    };
+    match n {
+        n if n < 0 => Err(std::io::Error::last_os_error()),
+        n if n as usize == line.len() => Ok(()),
+        _ => Err(std::io::Error::new(
+            std::io::ErrorKind::WouldBlock,
+            "the socket took part of a line",
+        )),
+    }
 }
 
 // --- The relay -----------------------------------------------------------------------------
@@ -556,11 +573,21 @@ impl Up {
 /// The launcher's first line to a parked child: its `/tmp` and `/work` are in place.
 const MOUNTED: &[u8] = b"{\"kind\":\"mounted\"}\n";
 
+/// A registered child whose `/tmp` and `/work` are being mounted: it becomes a [`Child`]
+/// (and is reported parked) once the helper is done.
+struct Mounting {
+    helper: crate::scratch::Mounting,
+    pid: i32,
+    fd: OwnedFd,
+    out: OwnedFd,
+    err: OwnedFd,
+}
+
 /// What the zygote's sandbox is, for the relay.
 pub struct Sandbox {
     pub init_pid: libc::pid_t,
-    /// The mount namespace of the sandbox's init (a request's must be another).
-    pub mnt_ns: OwnedFd,
+    /// The namespaces of the sandbox's init (see `scratch::SandboxNs`).
+    pub ns: crate::scratch::SandboxNs,
     /// The size of each request's `/tmp` and of its `/work`, in bytes.
     pub scratch_bytes: u64,
     /// As root, the host ids scripts are written as (the sandbox's `nobody`).
@@ -580,7 +607,7 @@ pub fn serve(
 ) -> Result<(), LaunchError> {
     let Sandbox {
         init_pid,
-        mnt_ns,
+        ns,
         scratch_bytes,
         script_owner,
         scripts,
@@ -618,6 +645,7 @@ pub fn serve(
     let mut report_buf = pending;
     let mut ready = false;
     let mut children: HashMap<String, Child> = HashMap::new();
+    let mut mounting: HashMap<String, Mounting> = HashMap::new();
     let mut ctl_open = true;
     let mut reg_open = true;
     let mut agent_status: Option<i32> = None;
@@ -671,6 +699,14 @@ pub fn serve(
                 });
             }
         }
+        let being_mounted: Vec<String> = mounting.keys().cloned().collect();
+        for s in &being_mounted {
+            fds.push(libc::pollfd {
+                fd: mounting.get(s).map_or(-1, |m| m.helper.fd()),
+                events: libc::POLLIN,
+                revents: 0,
+            });
+        }
         // SAFETY: fds is a valid pollfd array for its length.
         let n = unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, up.timeout_ms()) };
         if n < 0 {
@@ -684,8 +720,9 @@ pub fn serve(
         if fds[0].revents != 0 {
             match read_frame::<_, ToLauncher>(sock, MAX_LAUNCH_FRAME) {
                 Ok(ToLauncher::Park { slot }) if valid_slot(&slot) => {
-                    let line = serde_json::json!({"kind": "park", "slot": slot});
-                    if write_line(ctl, &line).is_err() {
+                    let mut line = serde_json::json!({"kind": "park", "slot": slot}).to_string();
+                    line.push('\n');
+                    if send_now(ctl, line.as_bytes()).is_err() {
                         up.send(&FromLauncher::ParkFailed {
                             slot,
                             message: "the agent is not reading".into(),
@@ -769,6 +806,7 @@ pub fn serve(
                         space.release(&slot);
                     }
                     children.remove(&slot);
+                    mounting.remove(&slot);
                 }
                 Ok(ToLauncher::Kill) => return end("killed by the monitor".into()),
                 Ok(other) => return end(format!("the monitor sent {other:?} to a zygote")),
@@ -819,33 +857,28 @@ pub fn serve(
         if fds[3].revents != 0 {
             match receive_registration(reg) {
                 Ok(Some((slot, pid, fd, out, err))) => {
-                    if children.contains_key(&slot) {
+                    if children.contains_key(&slot) || mounting.contains_key(&slot) {
                         return end(format!("slot {slot} registered twice"));
                     }
-                    // The request's own /tmp and /work, then the word that they are there.
-                    // A child that gets neither sees its channel close, and exits.
-                    let placed = crate::scratch::give(pid, &mnt_ns, scratch_bytes)
-                        .map_err(|e| format!("give the request its own /tmp and /work: {e}"))
-                        .and_then(|()| {
-                            sys::write_fd(fd.as_raw_fd(), MOUNTED).map_err(|e| {
-                                format!("the request's process left before it was parked: {e}")
-                            })
-                        });
-                    match placed {
-                        Err(message) => up.send(&FromLauncher::ParkFailed { slot, message })?,
-                        Ok(()) => {
-                            children.insert(
-                                slot.clone(),
-                                Child {
+                    // The request's own /tmp and /work, mounted by a helper this loop does
+                    // not wait for; the child is parked once they are there. A child that
+                    // gets neither sees its channel close, and exits.
+                    match crate::scratch::start(pid, &ns, scratch_bytes) {
+                        Err(e) => up.send(&FromLauncher::ParkFailed {
+                            slot,
+                            message: format!("give the request its own /tmp and /work: {e}"),
+                        })?,
+                        Ok(helper) => {
+                            mounting.insert(
+                                slot,
+                                Mounting {
+                                    helper,
+                                    pid,
                                     fd,
-                                    lines: Lines::new(MAX_CHILD_LINE),
-                                    done: false,
-                                    orphaned: false,
-                                    out: Relay::new(out, Stream::Stdout),
-                                    err: Relay::new(err, Stream::Stderr),
+                                    out,
+                                    err,
                                 },
                             );
-                            up.send(&FromLauncher::Parked { slot, pid })?;
                         }
                     }
                 }
@@ -858,6 +891,49 @@ pub fn serve(
         // The agent's own diagnostics.
         if fds[4].revents != 0 {
             log_open = agent_log.pump(log_fd);
+        }
+
+        // Scratch helpers that are done: their children are parked now (or failed).
+        let first_mounting = 5 + 3 * slots.len();
+        for (i, slot) in being_mounted.iter().enumerate() {
+            if fds[first_mounting + i].revents == 0 {
+                continue;
+            }
+            let Some(m) = mounting.remove(slot) else {
+                continue;
+            };
+            let placed = m
+                .helper
+                .finish()
+                .map_err(|e| format!("give the request its own /tmp and /work: {e}"))
+                .and_then(|()| {
+                    send_now(m.fd.as_raw_fd(), MOUNTED).map_err(|e| {
+                        format!("the request's process could not be told it was parked: {e}")
+                    })
+                });
+            match placed {
+                Err(message) => up.send(&FromLauncher::ParkFailed {
+                    slot: slot.clone(),
+                    message,
+                })?,
+                Ok(()) => {
+                    children.insert(
+                        slot.clone(),
+                        Child {
+                            fd: m.fd,
+                            lines: Lines::new(MAX_CHILD_LINE),
+                            done: false,
+                            orphaned: false,
+                            out: Relay::new(m.out, Stream::Stdout),
+                            err: Relay::new(m.err, Stream::Stderr),
+                        },
+                    );
+                    up.send(&FromLauncher::Parked {
+                        slot: slot.clone(),
+                        pid: m.pid,
+                    })?;
+                }
+            }
         }
 
         // Children.

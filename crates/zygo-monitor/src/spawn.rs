@@ -183,6 +183,21 @@ pub(crate) fn pidfd_open(pid: i32) -> Option<OwnedFd> {
     (fd >= 0).then(|| unsafe { std::os::fd::FromRawFd::from_raw_fd(fd as RawFd) })
 }
 
+/// Whether the process behind `pidfd` has not exited: then its pid still names it.
+pub(crate) fn pidfd_alive(pidfd: &OwnedFd) -> bool {
+    use std::os::fd::AsRawFd;
+    // SAFETY: pidfd_send_signal with signal 0 only checks; no siginfo, no flags.
+    unsafe {
+        libc::syscall(
+            libc::SYS_pidfd_send_signal,
+            pidfd.as_raw_fd(),
+            0,
+            std::ptr::null::<libc::siginfo_t>(),
+            0,
+        ) == 0
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

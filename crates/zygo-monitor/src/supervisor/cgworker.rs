@@ -10,6 +10,7 @@
 //! making a new cgroup is left to the worker.
 
 use std::collections::HashMap;
+use std::os::fd::OwnedFd;
 use std::sync::mpsc::{channel, Receiver, Sender};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::thread::JoinHandle;
@@ -28,6 +29,8 @@ pub enum Job {
         zt: Token,
         slot: String,
         pid: i32,
+        /// The same process, held so that its number cannot name another before the move.
+        pidfd: std::os::fd::OwnedFd,
         pool: String,
         rel: String,
         limits: Limits,
@@ -119,18 +122,29 @@ fn place_new(
     rel: &str,
     limits: &Limits,
     pid: i32,
+    pidfd: &OwnedFd,
 ) -> Result<Box<dyn Cgroup>, String> {
     let cg = backend.create(rel).map_err(|e| e.to_string())?;
     cg.set_limits(limits)
         .and_then(|()| cg.set_weight(Weight::Background))
-        .and_then(|()| cg.add_single_threaded(pid))
         .map_err(|e| e.to_string())?;
+    if !crate::spawn::pidfd_alive(pidfd) {
+        return Err(format!("process {pid} exited before it was placed"));
+    }
+    cg.add_single_threaded(pid).map_err(|e| e.to_string())?;
     Ok(cg.keep())
 }
 
-/// Put a parked child (single-threaded) in a kept cgroup, at background weight. On failure
-/// the cgroup comes back, to be removed: a new one is needed.
-fn reuse(cg: Box<dyn Cgroup>, pid: i32) -> Result<Box<dyn Cgroup>, Box<dyn Cgroup>> {
+/// Put a parked child (single-threaded, held by `pidfd`) in a kept cgroup, at background
+/// weight. On failure the cgroup comes back, to be removed: a new one is needed.
+fn reuse(
+    cg: Box<dyn Cgroup>,
+    pid: i32,
+    pidfd: &OwnedFd,
+) -> Result<Box<dyn Cgroup>, Box<dyn Cgroup>> {
+    if !crate::spawn::pidfd_alive(pidfd) {
+        return Err(cg);
+    }
     match cg
         .set_weight(Weight::Background)
         .and_then(|_| cg.add_single_threaded(pid))
@@ -173,6 +187,7 @@ impl Worker {
                             zt,
                             slot,
                             pid,
+                            pidfd,
                             pool,
                             rel,
                             limits,
@@ -181,10 +196,10 @@ impl Worker {
                             // a request (see `Weight`).
                             let kept_one = kept.lock().take(&pool, &limits);
                             let reused =
-                                kept_one.and_then(|cg| reuse(cg, pid).map_err(remove).ok());
+                                kept_one.and_then(|cg| reuse(cg, pid, &pidfd).map_err(remove).ok());
                             let result = match reused {
                                 Some(cg) => Ok(cg),
-                                None => place_new(&backend, &rel, &limits, pid),
+                                None => place_new(&backend, &rel, &limits, pid, &pidfd),
                             };
                             if done.send(Placed { zt, slot, result }).is_err() {
                                 break;
@@ -218,9 +233,17 @@ impl Worker {
     /// Put the parked child `pid` in a cgroup kept for `pool` with these `limits`, here and
     /// now; `None` when there is none (or it could not be reused, and goes to the worker to
     /// be removed): send [`Job::Place`].
-    pub fn place_kept(&self, pool: &str, limits: &Limits, pid: i32) -> Option<Box<dyn Cgroup>> {
+    pub fn place_kept(
+        &self,
+        pool: &str,
+        limits: &Limits,
+        pid: i32,
+        pidfd: &OwnedFd,
+    ) -> Option<Box<dyn Cgroup>> {
         let cg = self.kept.lock().take(pool, limits)?;
-        reuse(cg, pid).map_err(|cg| self.send(Job::Remove(cg))).ok()
+        reuse(cg, pid, pidfd)
+            .map_err(|cg| self.send(Job::Remove(cg)))
+            .ok()
     }
 
     pub fn send(&self, job: Job) {

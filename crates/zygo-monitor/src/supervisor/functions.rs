@@ -1084,11 +1084,29 @@ impl Functions {
                     .position(|s| *s == slot)
                     .ok_or("a slot nobody asked to park")?;
                 z.parking.remove(pos);
+                // The pid is the number the kernel gave for the registration's sender, which
+                // may have exited since and its number gone to any process on the host. Only
+                // a process that is still this zygote's (in its cgroup, where its agent
+                // forked it) is moved, held by a pidfd meanwhile so its number cannot change
+                // hands between the check and the move.
+                let pidfd = crate::spawn::pidfd_open(pid);
+                let ours = pidfd.as_ref().is_some_and(|fd| {
+                    z.cgroup.contains(pid).unwrap_or(false) && crate::spawn::pidfd_alive(fd)
+                });
+                let Some(pidfd) = pidfd.filter(|_| ours) else {
+                    log::warn!(
+                        "a zygote of {} registered a process ({pid}) that is not in its cgroup; dropping the slot",
+                        z.func
+                    );
+                    z.conn.send(&ToLauncher::Reap { slot });
+                    self.parks.push_back(zt);
+                    return Ok(());
+                };
                 z.placing.push(slot.clone());
                 let func = z.func.clone();
                 let limits = self.fns.get(&func).map(|f| f.limits).ok_or("no function")?;
                 // Usually into a cgroup kept from an earlier request, here and now.
-                if let Some(cg) = self.worker.place_kept(&func, &limits, pid) {
+                if let Some(cg) = self.worker.place_kept(&func, &limits, pid, &pidfd) {
                     self.placed(Placed {
                         zt,
                         slot,
@@ -1103,6 +1121,7 @@ impl Functions {
                     pool: func,
                     slot,
                     pid,
+                    pidfd,
                     limits,
                 });
             }
