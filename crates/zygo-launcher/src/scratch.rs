@@ -249,7 +249,7 @@ mod tests {
 
     /// A `sleep` in a user and mount namespace of its own, once it is in them.
     fn in_own_namespaces() -> Child {
-        let child = Command::new("unshare")
+        let mut child = Command::new("unshare")
             .args(["-Urm", "--", "sleep", "30"])
             .spawn()
             .expect("run unshare");
@@ -261,6 +261,8 @@ mod tests {
             }
             std::thread::sleep(std::time::Duration::from_millis(10));
         }
+        let _ = child.kill();
+        let _ = child.wait();
         panic!("unshare did not enter its namespaces");
     }
 
