@@ -2,12 +2,16 @@
 //!
 //! Each request's process makes a mount namespace (and an IPC namespace) of its own right
 //! after its fork, while the agent's CAP_SYS_ADMIN still lets it, and registers. Landlock
-//! refuses it every mount, so it cannot make its scratch space itself: the launcher, which
-//! holds every capability over the sandbox's user namespace (as root, or as the user who
-//! created it), forks a helper that enters that process's user and mount namespaces and
-//! mounts a fresh tmpfs on `/tmp` and one on `/work` there. Whatever the request writes in
-//! them is seen by no other request and is gone when its last process is: the namespace,
-//! and the mounts with it, go when nothing is left in it.
+//! refuses it every mount, so it cannot make its scratch space itself. The launcher holds
+//! every capability over the sandbox's user namespace (as root, or as the user who created
+//! it); at the zygote's start it forks a helper, the *mounter*, that enters that user
+//! namespace (and so keeps no capability over the host's) and waits. For each request the
+//! launcher checks the registered process, opens its mount namespace and hands that to the
+//! mounter, which enters it, mounts a fresh tmpfs on `/tmp` and one on `/work`, goes back
+//! to the sandbox's own mount namespace (holding nothing of the request's) and answers.
+//! Whatever the request writes in them is seen by no other request and is gone when its
+//! last process is: the namespace, and the mounts with it, go when nothing is left in it.
+//! The relay never waits for the mounter: it polls the mounter's answers with the rest.
 
 use std::ffi::CString;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
@@ -62,99 +66,189 @@ fn alive(pidfd: &OwnedFd) -> bool {
     }
 }
 
-/// A helper mounting a request's scratch space, running: the relay polls [`Mounting::fd`]
-/// and, once it is readable (the helper has exited), calls [`Mounting::finish`]. The relay
-/// never waits for it, so it goes on relaying other requests meanwhile.
-pub struct Mounting {
-    /// Until it is reaped.
-    helper: Option<libc::pid_t>,
-    /// The helper's errno comes back on this pipe; its end means the helper is done.
-    done: OwnedFd,
+/// The mounter of one zygote (see the module's notes): a helper process, and the
+/// requests handed to it, answered in order.
+pub struct Mounter {
+    pid: libc::pid_t,
+    sock: OwnedFd,
+    /// Slots handed over and not answered yet, oldest first.
+    waiting: std::collections::VecDeque<String>,
 }
 
-impl Mounting {
-    pub fn fd(&self) -> RawFd {
-        self.done.as_raw_fd()
-    }
+/// What the mounter answers: a step (0 when all went well) and its errno.
+const ANSWER: usize = 5;
 
-    /// The helper has finished (its pipe ended): reap it, and say whether the mounts are
-    /// in place.
-    pub fn finish(mut self) -> Result<(), ScratchError> {
-        let Some(helper) = self.helper.take() else {
-            return Err(ScratchError("the scratch helper was reaped already".into()));
-        };
-        let mut errno = [0u8; 4];
-        let why = match crate::sys::read_fd(self.done.as_raw_fd(), &mut errno) {
-            Ok(4) => std::io::Error::from_raw_os_error(i32::from_ne_bytes(errno)).to_string(),
-            _ => "no reason given".into(),
-        };
-        let mut status = 0;
-        loop {
-            // SAFETY: waiting for our own child, which has closed its pipe (exiting).
-            let r = unsafe { libc::waitpid(helper, &mut status, libc::__WALL) };
-            if r == helper {
-                break;
-            }
-            if r < 0 && std::io::Error::last_os_error().raw_os_error() != Some(libc::EINTR) {
-                return Err(ScratchError(format!(
-                    "wait for the scratch helper: {}",
-                    std::io::Error::last_os_error()
-                )));
-            }
+impl Mounter {
+    /// Fork the mounter for a sandbox whose requests' scratch space is `size` bytes each.
+    pub fn start(sandbox: &SandboxNs, size: u64) -> Result<Mounter, ScratchError> {
+        let opts = CString::new(format!("mode=1777,size={size}"))
+            .map_err(|_| ScratchError("mount options with a NUL byte".into()))?;
+        let (ours, theirs) = crate::sys::seqpacket_pair()
+            .map_err(|e| ScratchError(format!("create the mounter's socket: {e}")))?;
+        // SAFETY: this process is single-threaded, so the forked child may go on running;
+        // it only makes system calls (and ends with _exit).
+        let pid = unsafe { libc::fork() };
+        if pid < 0 {
+            return Err(ScratchError(format!(
+                "fork the mounter: {}",
+                std::io::Error::last_os_error()
+            )));
         }
-        match (libc::WIFEXITED(status), libc::WEXITSTATUS(status)) {
-            (true, 0) => Ok(()),
-            (true, 10) => Err(ScratchError(format!(
-                "enter the sandbox's user namespace: {why}"
-            ))),
-            (true, 11) => Err(ScratchError(format!(
-                "enter the request's mount namespace: {why}"
-            ))),
-            (true, 12) => Err(ScratchError(format!(
-                "mount the request's /tmp and /work: {why}"
-            ))),
-            _ => Err(ScratchError(format!(
-                "the scratch helper ended with status {status:#x}"
-            ))),
+        if pid == 0 {
+            drop(ours);
+            mounter_main(
+                theirs.as_raw_fd(),
+                sandbox.user.as_raw_fd(),
+                sandbox.mnt.as_raw_fd(),
+                &opts,
+            );
         }
-    }
-}
-
-impl Drop for Mounting {
-    /// A helper nobody waits for any more (its slot was dropped, the zygote is ending): it
-    /// ends in a moment anyway (two setns and two mounts); reap it so it does not linger.
-    fn drop(&mut self) {
-        if let Some(helper) = self.helper.take() {
-            let mut status = 0;
-            // SAFETY: reaping our own child, not reaped before.
-            while unsafe { libc::waitpid(helper, &mut status, libc::__WALL) } < 0
-                && std::io::Error::last_os_error().raw_os_error() == Some(libc::EINTR)
-            {}
-        }
-    }
-}
-
-/// The namespaces of the sandbox's init (opened through `/proc/<init>/ns/`): a request's
-/// process must be in the same user and pid namespaces, and in a mount namespace of its
-/// own.
-pub struct SandboxNs {
-    pub user: OwnedFd,
-    pub pid: OwnedFd,
-    pub mnt: OwnedFd,
-}
-
-impl SandboxNs {
-    pub fn of(init: libc::pid_t) -> Result<SandboxNs, ScratchError> {
-        Ok(SandboxNs {
-            user: open_ns(init, "user")?,
-            pid: open_ns(init, "pid")?,
-            mnt: open_ns(init, "mnt")?,
+        drop(theirs);
+        Ok(Mounter {
+            pid,
+            sock: ours,
+            waiting: std::collections::VecDeque::new(),
         })
     }
+
+    /// What to poll for the mounter's answers.
+    pub fn fd(&self) -> RawFd {
+        self.sock.as_raw_fd()
+    }
+
+    /// Check the process `pid` registered for `slot` (see [`check`]) and hand its mount
+    /// namespace to the mounter; the answer comes through [`Mounter::answer`].
+    pub fn request(
+        &mut self,
+        slot: &str,
+        pid: i32,
+        sandbox: &SandboxNs,
+    ) -> Result<(), ScratchError> {
+        let mnt = check(pid, sandbox)?;
+        proto::fds::send_with_fds(self.sock.as_raw_fd(), b"m", &[mnt.as_raw_fd()])
+            .map_err(|e| ScratchError(format!("hand a request to the mounter: {e}")))?;
+        self.waiting.push_back(slot.to_string());
+        Ok(())
+    }
+
+    /// The next answer (poll said one is there): its slot, and whether the mounts are in
+    /// place. `Err` when the mounter itself is gone or broke its protocol.
+    pub fn answer(&mut self) -> Result<(String, Result<(), ScratchError>), ScratchError> {
+        let mut buf = [0u8; ANSWER];
+        // SAFETY: recv into a buffer of ours, from a descriptor we hold.
+        let n = unsafe { libc::recv(self.sock.as_raw_fd(), buf.as_mut_ptr().cast(), buf.len(), 0) };
+        if n != ANSWER as isize {
+            return Err(ScratchError("the mounter ended".into()));
+        }
+        let slot = self
+            .waiting
+            .pop_front()
+            .ok_or_else(|| ScratchError("the mounter answered what nobody asked".into()))?;
+        let errno = i32::from_ne_bytes([buf[1], buf[2], buf[3], buf[4]]);
+        let why = std::io::Error::from_raw_os_error(errno);
+        let result = match buf[0] {
+            0 => Ok(()),
+            11 => Err(ScratchError(format!(
+                "enter the request's mount namespace: {why}"
+            ))),
+            12 => Err(ScratchError(format!(
+                "mount the request's /tmp and /work: {why}"
+            ))),
+            13 => Err(ScratchError(format!(
+                "leave the request's mount namespace: {why}"
+            ))),
+            other => Err(ScratchError(format!(
+                "the mounter failed at step {other}: {why}"
+            ))),
+        };
+        Ok((slot, result))
+    }
 }
 
-/// Start mounting a fresh `/tmp` and `/work` (tmpfs, `size` bytes each) in the mount
-/// namespace of `pid` (a request's process, host pid).
+impl Drop for Mounter {
+    /// Closing its socket ends the mounter; it is reaped here.
+    fn drop(&mut self) {
+        // SAFETY: shutting down a socket we hold (the descriptor itself closes after).
+        unsafe { libc::shutdown(self.sock.as_raw_fd(), libc::SHUT_RDWR) };
+        let mut status = 0;
+        // SAFETY: reaping our own child.
+        while unsafe { libc::waitpid(self.pid, &mut status, libc::__WALL) } < 0
+            && std::io::Error::last_os_error().raw_os_error() == Some(libc::EINTR)
+        {}
+    }
+}
+
+/// The mounter: enter the sandbox's user namespace, then for each mount namespace handed
+/// over, enter it, mount, come back, answer. Never returns.
+fn mounter_main(sock: RawFd, user: RawFd, home: RawFd, opts: &CString) -> ! {
+    let _ = crate::sys::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL as libc::c_ulong);
+    // Nothing of the launcher's but what this needs.
+    crate::sys::close_fds_from(3, &[sock, user, home]);
+    let answer = |step: u8, errno: i32| {
+        let mut buf = [0u8; ANSWER];
+        buf[0] = step;
+        buf[1..].copy_from_slice(&errno.to_ne_bytes());
+        // SAFETY: send from a buffer of ours on a descriptor we hold.
+        unsafe { libc::send(sock, buf.as_ptr().cast(), buf.len(), libc::MSG_NOSIGNAL) };
+    };
+    let errno = || std::io::Error::last_os_error().raw_os_error().unwrap_or(0);
+    // SAFETY: setns with a namespace descriptor we hold; this process is single-threaded.
+    if unsafe { libc::setns(user, libc::CLONE_NEWUSER) } != 0 {
+        // Every answer says so; the launcher parks nothing.
+        let e = errno();
+        loop {
+            let mut tag = [0u8; 1];
+            match crate::sys::recv_with_fds(sock, &mut tag, 1) {
+                Ok((1, _)) => answer(10, e),
+                _ => exit_now(1),
+            }
+        }
+    }
+    let fstype = c"tmpfs";
+    loop {
+        let mut tag = [0u8; 1];
+        let fds = match crate::sys::recv_with_fds(sock, &mut tag, 1) {
+            Ok((1, fds)) if tag == *b"m" && fds.len() == 1 => fds,
+            _ => exit_now(0),
+        };
+        let mnt = fds[0].as_raw_fd();
+        // SAFETY: setns and mount with descriptors and C strings that are valid here.
+        let (step, e) = unsafe {
+            if libc::setns(mnt, libc::CLONE_NEWNS) != 0 {
+                (11, errno())
+            } else {
+                let mut failed = (0, 0);
+                for target in [c"/tmp", c"/work"] {
+                    if libc::mount(
+                        fstype.as_ptr(),
+                        target.as_ptr(),
+                        fstype.as_ptr(),
+                        libc::MS_NOSUID | libc::MS_NODEV,
+                        opts.as_ptr().cast(),
+                    ) != 0
+                    {
+                        failed = (12, errno());
+                        break;
+                    }
+                }
+                // Back home: the request's namespace is held by nothing of ours.
+                if libc::setns(home, libc::CLONE_NEWNS) != 0 && failed.0 == 0 {
+                    failed = (13, errno());
+                }
+                failed
+            }
+        };
+        drop(fds);
+        answer(step, e);
+    }
+}
+
+fn exit_now(code: libc::c_int) -> ! {
+    // SAFETY: _exit ends this process without running anything of the launcher's.
+    unsafe { libc::_exit(code) }
+}
+
+/// The mount namespace of the process `pid` (a request's process, host pid), once checked.
 ///
 /// The pid is what the kernel said of a registration's sender, which may have exited since
 /// and its number gone to another process, anywhere on the host. So the process behind it
@@ -162,7 +256,7 @@ impl SandboxNs {
 /// that (its number was then not reused in between), in the sandbox's user and pid
 /// namespaces, and in a mount namespace that is not the sandbox's own (mounts made there
 /// would cover the sandbox's /tmp and /work, for every request to share).
-pub fn start(pid: i32, sandbox: &SandboxNs, size: u64) -> Result<Mounting, ScratchError> {
+pub fn check(pid: i32, sandbox: &SandboxNs) -> Result<OwnedFd, ScratchError> {
     let pidfd = crate::sys::pidfd_open(pid)
         .map_err(|e| ScratchError(format!("open process {pid}: {e}")))?;
     let user = open_ns(pid, "user")?;
@@ -187,59 +281,26 @@ pub fn start(pid: i32, sandbox: &SandboxNs, size: u64) -> Result<Mounting, Scrat
             "the request's process has no mount namespace of its own".into(),
         ));
     }
-    let opts = CString::new(format!("mode=1777,size={size}"))
-        .map_err(|_| ScratchError("mount options with a NUL byte".into()))?;
-    let fstype = c"tmpfs";
-    let targets = [c"/tmp", c"/work"];
-    // The helper's errno, if a step fails, comes back on this pipe; its end says it is done.
-    let (done_r, done_w) =
-        crate::sys::pipe_cloexec().map_err(|e| ScratchError(format!("create a pipe: {e}")))?;
-    // SAFETY: this process is single-threaded, so the forked child may go on running; it
-    // only makes system calls on values prepared above, and leaves with _exit.
-    let child = unsafe { libc::fork() };
-    if child < 0 {
-        crate::sys::close(done_r);
-        crate::sys::close(done_w);
-        return Err(ScratchError(format!(
-            "fork a helper to mount the request's scratch space: {}",
-            std::io::Error::last_os_error()
-        )));
+    Ok(mnt)
+}
+
+/// The namespaces of the sandbox's init (opened through `/proc/<init>/ns/`): a request's
+/// process must be in the same user and pid namespaces, and in a mount namespace of its
+/// own.
+pub struct SandboxNs {
+    pub user: OwnedFd,
+    pub pid: OwnedFd,
+    pub mnt: OwnedFd,
+}
+
+impl SandboxNs {
+    pub fn of(init: libc::pid_t) -> Result<SandboxNs, ScratchError> {
+        Ok(SandboxNs {
+            user: open_ns(init, "user")?,
+            pid: open_ns(init, "pid")?,
+            mnt: open_ns(init, "mnt")?,
+        })
     }
-    if child == 0 {
-        // SAFETY: setns and mount with descriptors and C strings that are valid here; the
-        // exit status names the step that failed, and its errno goes up the pipe.
-        unsafe {
-            let code = if libc::setns(user.as_raw_fd(), libc::CLONE_NEWUSER) != 0 {
-                10
-            } else if libc::setns(mnt.as_raw_fd(), libc::CLONE_NEWNS) != 0 {
-                11
-            } else if targets.iter().any(|t| {
-                libc::mount(
-                    fstype.as_ptr(),
-                    t.as_ptr(),
-                    fstype.as_ptr(),
-                    libc::MS_NOSUID | libc::MS_NODEV,
-                    opts.as_ptr().cast(),
-                ) != 0
-            }) {
-                12
-            } else {
-                0
-            };
-            if code != 0 {
-                let errno = *libc::__errno_location();
-                libc::write(done_w, (&errno as *const libc::c_int).cast(), 4);
-            }
-            libc::_exit(code)
-        }
-    }
-    crate::sys::close(done_w);
-    // SAFETY: the pipe's read end, ours alone from here on.
-    let done = unsafe { OwnedFd::from_raw_fd(done_r) };
-    Ok(Mounting {
-        helper: Some(child),
-        done,
-    })
 }
 
 #[cfg(test)]
@@ -273,11 +334,8 @@ mod tests {
         let mut sandbox = in_own_namespaces();
         let mut stranger = in_own_namespaces();
         let ns = SandboxNs::of(sandbox.id() as i32).expect("the sandbox's namespaces");
-        let refused = |pid: u32| match start(pid as i32, &ns, 1 << 20) {
-            Ok(m) => {
-                let _ = m.finish();
-                panic!("mounts were started in process {pid}")
-            }
+        let refused = |pid: u32| match check(pid as i32, &ns) {
+            Ok(_) => panic!("process {pid} passed the check"),
             Err(e) => e.to_string(),
         };
         let why = refused(stranger.id());

@@ -574,9 +574,8 @@ impl Up {
 const MOUNTED: &[u8] = b"{\"kind\":\"mounted\"}\n";
 
 /// A registered child whose `/tmp` and `/work` are being mounted: it becomes a [`Child`]
-/// (and is reported parked) once the helper is done.
+/// (and is reported parked) once the mounter says they are there.
 struct Mounting {
-    helper: crate::scratch::Mounting,
     pid: i32,
     fd: OwnedFd,
     out: OwnedFd,
@@ -654,6 +653,10 @@ pub fn serve(
         unsafe { libc::kill(init_pid, libc::SIGKILL) };
         Err(LaunchError::Sandbox(why))
     };
+    let mut mounter = match crate::scratch::Mounter::start(&ns, scratch_bytes) {
+        Ok(m) => m,
+        Err(e) => return end(format!("start the mounter: {e}")),
+    };
 
     loop {
         let mut fds: Vec<libc::pollfd> = vec![
@@ -682,6 +685,11 @@ pub fn serve(
                 events: libc::POLLIN,
                 revents: 0,
             },
+            libc::pollfd {
+                fd: mounter.fd(),
+                events: libc::POLLIN,
+                revents: 0,
+            },
         ];
         let slots: Vec<String> = children.keys().cloned().collect();
         for s in &slots {
@@ -699,14 +707,7 @@ pub fn serve(
                 });
             }
         }
-        let being_mounted: Vec<String> = mounting.keys().cloned().collect();
-        for s in &being_mounted {
-            fds.push(libc::pollfd {
-                fd: mounting.get(s).map_or(-1, |m| m.helper.fd()),
-                events: libc::POLLIN,
-                revents: 0,
-            });
-        }
+
         // SAFETY: fds is a valid pollfd array for its length.
         let n = unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, up.timeout_ms()) };
         if n < 0 {
@@ -863,22 +864,13 @@ pub fn serve(
                     // The request's own /tmp and /work, mounted by a helper this loop does
                     // not wait for; the child is parked once they are there. A child that
                     // gets neither sees its channel close, and exits.
-                    match crate::scratch::start(pid, &ns, scratch_bytes) {
+                    match mounter.request(&slot, pid, &ns) {
                         Err(e) => up.send(&FromLauncher::ParkFailed {
                             slot,
                             message: format!("give the request its own /tmp and /work: {e}"),
                         })?,
-                        Ok(helper) => {
-                            mounting.insert(
-                                slot,
-                                Mounting {
-                                    helper,
-                                    pid,
-                                    fd,
-                                    out,
-                                    err,
-                                },
-                            );
+                        Ok(()) => {
+                            mounting.insert(slot, Mounting { pid, fd, out, err });
                         }
                     }
                 }
@@ -893,52 +885,50 @@ pub fn serve(
             log_open = agent_log.pump(log_fd);
         }
 
-        // Scratch helpers that are done: their children are parked now (or failed).
-        let first_mounting = 5 + 3 * slots.len();
-        for (i, slot) in being_mounted.iter().enumerate() {
-            if fds[first_mounting + i].revents == 0 {
-                continue;
-            }
-            let Some(m) = mounting.remove(slot) else {
-                continue;
+        // The mounter's answer: that child is parked now (or failed). A slot dropped
+        // meanwhile has no entry any more; its answer is dropped.
+        if fds[5].revents != 0 {
+            let (slot, result) = match mounter.answer() {
+                Ok(a) => a,
+                Err(e) => return end(format!("the mounter failed: {e}")),
             };
-            let placed = m
-                .helper
-                .finish()
-                .map_err(|e| format!("give the request its own /tmp and /work: {e}"))
-                .and_then(|()| {
-                    send_now(m.fd.as_raw_fd(), MOUNTED).map_err(|e| {
-                        format!("the request's process could not be told it was parked: {e}")
-                    })
-                });
-            match placed {
-                Err(message) => up.send(&FromLauncher::ParkFailed {
-                    slot: slot.clone(),
-                    message,
-                })?,
-                Ok(()) => {
-                    children.insert(
-                        slot.clone(),
-                        Child {
-                            fd: m.fd,
-                            lines: Lines::new(MAX_CHILD_LINE),
-                            done: false,
-                            orphaned: false,
-                            out: Relay::new(m.out, Stream::Stdout),
-                            err: Relay::new(m.err, Stream::Stderr),
-                        },
-                    );
-                    up.send(&FromLauncher::Parked {
+            if let Some(m) = mounting.remove(&slot) {
+                let placed = result
+                    .map_err(|e| format!("give the request its own /tmp and /work: {e}"))
+                    .and_then(|()| {
+                        send_now(m.fd.as_raw_fd(), MOUNTED).map_err(|e| {
+                            format!("the request's process could not be told it was parked: {e}")
+                        })
+                    });
+                match placed {
+                    Err(message) => up.send(&FromLauncher::ParkFailed {
                         slot: slot.clone(),
-                        pid: m.pid,
-                    })?;
+                        message,
+                    })?,
+                    Ok(()) => {
+                        children.insert(
+                            slot.clone(),
+                            Child {
+                                fd: m.fd,
+                                lines: Lines::new(MAX_CHILD_LINE),
+                                done: false,
+                                orphaned: false,
+                                out: Relay::new(m.out, Stream::Stdout),
+                                err: Relay::new(m.err, Stream::Stderr),
+                            },
+                        );
+                        up.send(&FromLauncher::Parked {
+                            slot: slot.clone(),
+                            pid: m.pid,
+                        })?;
+                    }
                 }
             }
         }
 
         // Children.
         for (i, slot) in slots.iter().enumerate() {
-            let base = 5 + 3 * i;
+            let base = 6 + 3 * i;
             let Some(c) = children.get_mut(slot) else {
                 continue;
             };
