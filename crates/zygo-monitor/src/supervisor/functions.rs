@@ -38,7 +38,7 @@ use std::sync::Arc;
 /// Requests one zygote serves at once.
 pub const SLOTS: usize = 4;
 /// Children a zygote keeps parked.
-pub const SPARES: usize = 2;
+pub const SPARES: usize = 3;
 /// The largest event accepted.
 pub const MAX_EVENT: usize = 16 * 1024 * 1024;
 /// Output kept per stream per request.
