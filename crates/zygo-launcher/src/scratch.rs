@@ -184,12 +184,7 @@ fn mounter_main(sock: RawFd, user: RawFd, home: RawFd, opts: &CString) -> ! {
     let _ = crate::sys::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL as libc::c_ulong);
     // Nothing of the launcher's but what this needs.
     crate::sys::close_fds_from(3, &[sock, user, home]);
-    // Work done ahead of requests yields to the requests themselves (as the zygote's agent
-    // and its parked children do, at a quarter of the CPU weight): this runs when a CPU
-    // would otherwise idle.
-    let idle = libc::sched_param { sched_priority: 0 };
-    // SAFETY: setting this process's own policy; SCHED_IDLE needs no privilege.
-    unsafe { libc::sched_setscheduler(0, libc::SCHED_IDLE, &idle) };
+
     let answer = |step: u8, errno: i32| {
         let mut buf = [0u8; ANSWER];
         buf[0] = step;
