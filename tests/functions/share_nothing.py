@@ -126,9 +126,14 @@ def tmp(event):
     return r
 
 
+# Drawn once per zygote: the handler's module is imported by each zygote's agent, and every
+# request's process is a fork of that agent.
+ZYGOTE = os.urandom(8).hex()
+
+
 def uid(event):
-    """This process's uid, and which sandbox it runs in (its /run is a tmpfs of its own)."""
-    return [os.stat("/run/zygo").st_dev, os.getuid()]
+    """This process's uid, and which zygote served it."""
+    return [ZYGOTE, os.getuid()]
 
 
 def inotify(event):

@@ -308,7 +308,7 @@ fn no_request_uid_is_given_twice() {
                     let (v, fin) = s.exec(&f, Some("{}"), &[]);
                     if fin.code == 0 && v["outcome"] == "ok" {
                         got.push((
-                            v["result"][0].as_u64().unwrap_or(0),
+                            v["result"][0].as_str().unwrap_or("").to_string(),
                             v["result"][1].as_i64().unwrap_or(-1),
                         ));
                     } else if v["code"] != "busy" {
@@ -319,7 +319,7 @@ fn no_request_uid_is_given_twice() {
             })
         })
         .collect();
-    let mut uids: Vec<(u64, i64)> = workers
+    let mut uids: Vec<(String, i64)> = workers
         .into_iter()
         .flat_map(|w| w.join().expect("a caller"))
         .collect();
