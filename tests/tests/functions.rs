@@ -909,8 +909,14 @@ fn launcher_killed() {
     crash_mid_request("launchkill", the_launcher, "died");
 }
 
+/// [`finish`] on a thread of its own.
+fn finish_bg(cmd: std::process::Command) -> std::thread::JoinHandle<Finished> {
+    std::thread::spawn(move || finish(cmd))
+}
+
 /// `zygo drain` with a call in flight: the call completes, new calls are refused as
-/// unavailable, then the supervisor exits and removes its socket.
+/// unavailable, then the drain answers that the call finished, and the supervisor exits
+/// and removes its socket.
 #[test]
 fn drain_in_flight() {
     let Some(mut s) = SUITE.root("drain") else {
@@ -919,12 +925,23 @@ fn drain_in_flight() {
     let n = s.up(&[("nap", "nap", "timeout = \"10s\"")]);
     let nap = &n[0];
     let call = s.exec_in_flight(nap, r#"{"secs": 2}"#, &[]);
-    let f = s.run(&["drain", "--grace", "10s", "--json"]);
-    assert_eq!(f.code, 0, "{}", f.stderr_text());
-    assert_eq!(f.last_json(), json!({"drained": true, "in_flight": 1}));
+    let t0 = Instant::now();
+    let drain = finish_bg(s.cmd(&["drain", "--grace", "10s", "--json"]));
+    std::thread::sleep(Duration::from_millis(300));
     let (v, f) = s.exec(nap, Some(r#"{"secs": 0}"#), &[]);
     s.assert_refused(&v, &f, "unavailable");
     assert!(text(&v, "error").contains("draining"), "{v}");
+    let f = drain.join().expect("the drain");
+    assert_eq!(f.code, 0, "{}", f.stderr_text());
+    // It answered when the drain was over: the call had finished.
+    assert_eq!(
+        f.last_json(),
+        json!({"drained": true, "finished": 1, "cut_off": 0})
+    );
+    assert!(
+        t0.elapsed() >= Duration::from_millis(1500),
+        "answered at once"
+    );
     let f = call.join().expect("the call");
     let v = f.last_json();
     assert!(
@@ -1207,7 +1224,10 @@ fn drain_grace(test: &str, check_answer: bool) {
     let call = s.exec_in_flight(nap, r#"{"secs": 10}"#, &[]);
     let t0 = Instant::now();
     let f = s.run(&["drain", "--grace", "1s", "--json"]);
-    assert_eq!(f.last_json(), json!({"drained": true, "in_flight": 1}));
+    assert_eq!(
+        f.last_json(),
+        json!({"drained": true, "finished": 0, "cut_off": 1})
+    );
     let f = call.join().expect("the call");
     assert!(
         t0.elapsed() < Duration::from_secs(4),
@@ -1511,5 +1531,33 @@ fn killed_supervisor_leftovers_are_swept() {
         s.log()
     );
     assert_eq!(s.call_ok(hello, "{}")["echo"], json!({}));
+    s.shutdown();
+}
+
+/// Keys this version reads but cannot honour (`requirements`, `secrets`) are refused when
+/// the function is served, naming the key, never ignored until a call fails.
+#[test]
+fn keys_not_available_yet_are_refused_not_ignored() {
+    let Some(mut s) = SUITE.root("notyet") else {
+        return;
+    };
+    s.fn_file("req.txt", "requests\n");
+    let (file, _) = s.write_toml(&[
+        ("deps", "hello", "requirements = \"fn/req.txt\""),
+        ("secret", "hello", "secrets = [\"API_KEY\"]"),
+    ]);
+    let f = s.run(&["up", "-f", file.to_str().expect("UTF-8 path"), "--json"]);
+    s.find_supervisor();
+    let v = f.last_json();
+    let failed = v["failed"].to_string();
+    assert!(
+        failed.contains("requirements") && failed.contains("not available in this version"),
+        "{v}\n{}",
+        f.stderr_text()
+    );
+    assert!(
+        failed.contains("secrets") && failed.contains("API_KEY"),
+        "{v}"
+    );
     s.shutdown();
 }

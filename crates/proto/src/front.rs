@@ -271,8 +271,11 @@ pub enum Reply {
     Cancelled {
         count: u32,
     },
-    Draining {
-        in_flight: u32,
+    /// The drain asked for is over (the supervisor exits next): how many of the calls in
+    /// flight when it began finished, and how many the grace cut off.
+    Drained {
+        finished: u32,
+        cut_off: u32,
     },
     /// The script's digest (lowercase hex SHA-256 of its bytes).
     ScriptStored {

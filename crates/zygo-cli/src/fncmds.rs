@@ -916,15 +916,15 @@ pub fn drain(raw: Vec<OsString>) -> i32 {
             grace_ms: grace.as_millis() as u64,
         },
     ) {
-        Ok(Reply::Draining { in_flight }) => {
+        Ok(Reply::Drained { finished, cut_off }) => {
             if a.json {
                 say!(
                     "{}",
-                    json_text(&json!({"drained": true, "in_flight": in_flight}))
+                    json_text(&json!({"drained": true, "finished": finished, "cut_off": cut_off}))
                 );
             } else {
                 say!(
-                    "draining: {in_flight} request(s) in flight may finish within {}s",
+                    "drained: {finished} request(s) in flight finished, {cut_off} cut off at the end of the {}s grace",
                     grace.as_secs()
                 );
             }

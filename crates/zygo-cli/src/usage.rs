@@ -202,6 +202,10 @@ pub const DRAIN: &str = "\
 zygo drain — stop taking calls; let running ones finish; then the supervisor exits
 
 Usage: zygo drain [--grace 30s] [--json]
+
+Answers once the drain is over, just before the supervisor exits: how many of the calls
+in flight when it began finished, and how many the grace cut off (cancelled); with --json
+{\"drained\": true, \"finished\": N, \"cut_off\": M}.
 ";
 
 pub const MCP: &str = "\

@@ -695,6 +695,20 @@ impl Functions {
                 spec.network
             ));
         }
+        // Keys this version reads but cannot honour are refused, never ignored: a function
+        // that looked for its dependencies or its secrets would fail only when called.
+        if let Some(r) = &spec.requirements {
+            return Err(format!(
+                "requirements = {:?} is not available in this version (dependency sets are not built yet); remove the key",
+                r.display().to_string()
+            ));
+        }
+        if !spec.secrets.is_empty() {
+            return Err(format!(
+                "secrets = {:?} is not available in this version (secrets are not delivered yet); remove the key",
+                spec.secrets
+            ));
+        }
         let (mut argv, fn_mount, files) = agent_argv(&spec)?;
         // Where the sandbox maps a range of ids for requests, each request runs as a uid of
         // its own (the launcher leaves the agent CAP_SETUID/CAP_SETGID for that, see

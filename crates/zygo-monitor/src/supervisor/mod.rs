@@ -203,6 +203,9 @@ pub struct Supervisor {
     next_token: usize,
     fns: Functions,
     drain: Option<Instant>,
+    /// Calls in flight when the drain began, and the clients waiting for its end.
+    drain_from: u32,
+    drain_waiters: Vec<Token>,
     socket: PathBuf,
     /// The input budget large frames are read under, and its line.
     budget: InputBudget,
@@ -320,6 +323,8 @@ impl Supervisor {
             next_token: FIRST_DYNAMIC,
             fns,
             drain: None,
+            drain_from: 0,
+            drain_waiters: Vec::new(),
             socket,
             budget: InputBudget::new(INPUT_BUDGET),
             refusing: VecDeque::new(),
@@ -402,9 +407,22 @@ impl Supervisor {
                 }
             }
         }
+        // New calls were refused while draining, so what is still in flight is what the
+        // grace cut off of the calls running when it began.
+        let cut_off = (self.fns.in_flight() as u32).min(self.drain_from);
         self.fns.shutdown(self.poll.registry());
-        // Answer what shutdown cut off, and give the answers a moment to leave.
+        // Answer what shutdown cut off, then whoever asked for the drain, and give the
+        // answers a moment to leave.
         self.deliver();
+        for t in std::mem::take(&mut self.drain_waiters) {
+            self.reply(
+                t,
+                Reply::Drained {
+                    finished: self.drain_from - cut_off,
+                    cut_off,
+                },
+            );
+        }
         self.fns.write_usage();
         let until = Instant::now() + Duration::from_secs(2);
         while Instant::now() < until {
@@ -477,6 +495,7 @@ impl Supervisor {
 
     fn begin_drain(&mut self, grace: Duration) {
         if self.drain.is_none() {
+            self.drain_from = self.fns.in_flight() as u32;
             log::info!(
                 "draining: no new calls; {} running may finish within {}s",
                 self.fns.in_flight(),
@@ -746,9 +765,13 @@ impl Supervisor {
             let draining = self.drain.is_some();
             match req {
                 Request::Drain { grace_ms } => {
-                    let n = self.fns.in_flight() as u32;
+                    // Answered when the drain is over (see `run`).
                     self.begin_drain(Duration::from_millis(grace_ms));
-                    self.reply(t, Reply::Draining { in_flight: n });
+                    self.drain_waiters.push(t);
+                    if let Some(c) = self.clients.get_mut(&t) {
+                        c.waiting = true;
+                    }
+                    return;
                 }
                 Request::Exec(_)
                 | Request::Serve { .. }
