@@ -23,6 +23,11 @@ pub struct BindMount {
     pub src: String,
     pub dst: String,
     pub rw: bool,
+    /// The monitor opened `src` itself and hands it over as a detached mount tree (already
+    /// read-only unless `rw`, nosuid, nodev) in `ToLauncher::Mounts`, one descriptor per
+    /// handed mount in the plan's order: the launcher places it and never resolves `src`.
+    /// `false` (rootless): the launcher binds `src` from inside, with the user's rights.
+    pub handed: bool,
 }
 
 /// How the sandbox's ids map onto the host's.
@@ -189,6 +194,9 @@ impl Phase {
 /// The most cgroup attach files a launcher accepts (one per cgroup hierarchy).
 pub const MAX_ATTACH_FILES: u8 = 8;
 
+/// The most mounts the monitor hands over to one sandbox.
+pub const MAX_HANDED_MOUNTS: u8 = 64;
+
 /// monitor → launcher.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub enum ToLauncher {
@@ -198,7 +206,12 @@ pub enum ToLauncher {
     /// before or just after `Start` (the launcher creates the sandbox's namespaces as soon
     /// as it has the plan, and hands these to its init when they come).
     Cgroup { files: u8 },
-    /// Build this sandbox and run its program. Sent once, first or right after `Cgroup`.
+    /// The plan's handed-over mounts (see `BindMount::handed`): this frame carries `count`
+    /// descriptors (at most [`MAX_HANDED_MOUNTS`]) as `SCM_RIGHTS` on its first byte, one
+    /// detached mount tree per handed mount, in the plan's order. Sent once, before `Start`.
+    Mounts { count: u8 },
+    /// Build this sandbox and run its program. Sent once, first or right after `Cgroup`
+    /// (and `Mounts`).
     Start(LaunchPlan),
     /// The sandbox's first process is in its cgroups: let it go on.
     Proceed,

@@ -36,10 +36,12 @@ pub fn main() -> i32 {
     // The plan, and possibly the cgroup files before it (a one-shot monitor sends them
     // after the plan, once it has made the cgroup; the launcher clones meanwhile).
     let mut attach = None;
+    let mut handed = None;
     let plan = loop {
         match oneshot::read_launch_frame(sock.as_raw_fd()) {
             Ok((ToLauncher::Start(plan), _)) => break plan,
             Ok((ToLauncher::Cgroup { .. }, fds)) if attach.is_none() => attach = Some(fds),
+            Ok((ToLauncher::Mounts { .. }, fds)) if handed.is_none() => handed = Some(fds),
             Ok((other, _)) => {
                 log::error!("launcher: expected Start, got {other:?}; ending the channel");
                 return 2;
@@ -50,7 +52,7 @@ pub fn main() -> i32 {
             }
         }
     };
-    match oneshot::run(&mut sock, &plan, attach) {
+    match oneshot::run(&mut sock, &plan, attach, handed.unwrap_or_default()) {
         Ok(()) => 0,
         Err(e) => {
             log::error!("launcher: {e}");

@@ -28,7 +28,8 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 use proto::launch::{
-    FromLauncher, IdMap, LaunchPlan, Mode, Phase, ToLauncher, MAX_ATTACH_FILES, MAX_LAUNCH_FRAME,
+    FromLauncher, IdMap, LaunchPlan, Mode, Phase, ToLauncher, MAX_ATTACH_FILES, MAX_HANDED_MOUNTS,
+    MAX_LAUNCH_FRAME,
 };
 use proto::{read_frame, write_frame};
 
@@ -85,10 +86,10 @@ fn failed(sock: &mut UnixStream, phase: Phase, reason: String) -> Result<(), Lau
     send(sock, &FromLauncher::Failed { phase, reason })
 }
 
-/// One frame from the monitor with the descriptors sent with it. Only `Cgroup` may carry
-/// descriptors, exactly as many as it announces.
+/// One frame from the monitor with the descriptors sent with it. Only `Cgroup` and
+/// `Mounts` may carry descriptors, exactly as many as they announce.
 pub fn read_launch_frame(sock: RawFd) -> Result<(ToLauncher, Vec<OwnedFd>), proto::ProtoError> {
-    let max = usize::from(MAX_ATTACH_FILES);
+    let max = usize::from(MAX_ATTACH_FILES.max(MAX_HANDED_MOUNTS));
     let bad = |what: String| {
         proto::ProtoError::Io(std::io::Error::new(std::io::ErrorKind::InvalidData, what))
     };
@@ -120,6 +121,11 @@ pub fn read_launch_frame(sock: RawFd) -> Result<(ToLauncher, Vec<OwnedFd>), prot
             fds.len()
         ))),
         ToLauncher::Cgroup { .. } => Ok((msg, fds)),
+        ToLauncher::Mounts { count } if usize::from(*count) != fds.len() => Err(bad(format!(
+            "a mounts frame announcing {count} descriptors carried {}",
+            fds.len()
+        ))),
+        ToLauncher::Mounts { .. } => Ok((msg, fds)),
         _ if !fds.is_empty() => Err(bad(format!(
             "{} descriptors came with a frame that carries none",
             fds.len()
@@ -129,12 +135,25 @@ pub fn read_launch_frame(sock: RawFd) -> Result<(ToLauncher, Vec<OwnedFd>), prot
 }
 
 /// Run one sandbox for the monitor on `sock`, which has already sent `Start(plan)`, and
-/// `Cgroup` before it if `attach` is `Some` (otherwise it follows).
+/// `Cgroup` before it if `attach` is `Some` (otherwise it follows). `handed` are the
+/// plan's handed-over mounts (see `BindMount::handed`), in its order.
 pub fn run(
     sock: &mut UnixStream,
     plan: &LaunchPlan,
     attach: Option<Vec<OwnedFd>>,
+    handed: Vec<OwnedFd>,
 ) -> Result<(), LaunchError> {
+    let want = plan.mounts.iter().filter(|m| m.handed).count();
+    if handed.len() != want {
+        return failed(
+            sock,
+            Phase::Start,
+            format!(
+                "the monitor handed over {} mounts for a plan with {want}",
+                handed.len()
+            ),
+        );
+    }
     if plan.argv.is_empty() {
         return failed(sock, Phase::Start, "no command to run".into());
     }
@@ -235,7 +254,7 @@ pub fn run(
         if let Some(c) = &agent_fds {
             c.close_outer();
         }
-        init_main(plan, ctl_init, rep_w, inner_fds);
+        init_main(plan, ctl_init, rep_w, inner_fds, &handed);
     }
     let pid = pid as libc::pid_t;
     let init = Init {
@@ -737,6 +756,7 @@ fn init_main(
     ctl: OwnedFd,
     rep_w: RawFd,
     agent_fds: Option<zygote::InnerFds>,
+    handed: &[OwnedFd],
 ) -> ! {
     // If the launcher dies, so does the sandbox.
     let _ = sys::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL as libc::c_ulong);
@@ -771,7 +791,7 @@ fn init_main(
         Ok((1, _)) if tag == *b"M" => {}
         _ => exit_now(1),
     }
-    if let Err(e) = build(plan, agent_fds.map(|a| a.reg)) {
+    if let Err(e) = build(plan, agent_fds.map(|a| a.reg), handed) {
         report(rep_w, "F", &e.to_string());
         exit_now(1);
     }
@@ -851,7 +871,7 @@ struct Prepared {
 
 /// Build the sandbox: init's ids, host name, loopback and root. This runs while the
 /// monitor checks the cgroup placement; nothing of the program runs before that is done.
-fn build(plan: &LaunchPlan, reg: Option<RawFd>) -> Result<(), SetupError> {
+fn build(plan: &LaunchPlan, reg: Option<RawFd>, handed: &[OwnedFd]) -> Result<(), SetupError> {
     use crate::sys::step;
     // Become id 0 of the new user namespace (which holds no power over the host) and shed
     // every supplementary group the launcher had.
@@ -885,7 +905,7 @@ fn build(plan: &LaunchPlan, reg: Option<RawFd>) -> Result<(), SetupError> {
     // SAFETY: host is a valid byte slice for its length.
     let r = unsafe { libc::sethostname(host.as_ptr().cast(), host.len()) };
     step(check(r), || "set the host name".into())?;
-    rootfs::build(plan)?;
+    rootfs::build(plan, handed)?;
     let ns = step(net.take(), || "create the network namespace".into())?;
     rootfs::detach_host(plan)?;
     if plan.scripts {

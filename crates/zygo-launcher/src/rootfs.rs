@@ -370,7 +370,7 @@ struct Masks<'a> {
 /// Assemble the sandbox's root and pivot into it. On return the staging root (and the
 /// host's root under it) is still stacked over the new root: [`detach_host`] must follow
 /// before anything else resolves a path.
-pub fn build(plan: &LaunchPlan) -> Result<()> {
+pub fn build(plan: &LaunchPlan, handed: &[std::os::fd::OwnedFd]) -> Result<()> {
     // Every mount of this namespace (its private copies of the host's) becomes private,
     // so nothing mounted here propagates back to the host and nothing the host mounts later
     // appears here, and read-only, nosuid and nodev, so each bind taken from the host's
@@ -387,13 +387,13 @@ pub fn build(plan: &LaunchPlan) -> Result<()> {
     // Exact modes for everything made here; the program gets the umask we were given.
     // SAFETY: umask cannot fail.
     let umask = unsafe { libc::umask(0o022) };
-    let built = assemble(plan);
+    let built = assemble(plan, handed);
     // SAFETY: as above.
     unsafe { libc::umask(umask) };
     built
 }
 
-fn assemble(plan: &LaunchPlan) -> Result<()> {
+fn assemble(plan: &LaunchPlan, handed: &[std::os::fd::OwnedFd]) -> Result<()> {
     // One tmpfs holds the staging root, the masks for /proc, and the new root (a directory
     // bound onto itself to be a mount point).
     let staging = Path::new("/tmp");
@@ -519,10 +519,31 @@ fn assemble(plan: &LaunchPlan) -> Result<()> {
         )?;
     }
 
+    // The monitor's handed-over mounts, one per handed entry in the plan's order.
+    let mut trees = handed.iter();
     for m in &plan.mounts {
         let src = under(old, &m.src);
         let dst = under(new, &m.dst);
-        let is_dir = step(fs::metadata(&src), || format!("mount source {}", m.src))?.is_dir();
+        let tree = if m.handed {
+            let Some(t) = trees.next() else {
+                return Err(fail(
+                    format!("no handed-over mount for {}", m.dst),
+                    std::io::Error::from_raw_os_error(libc::EINVAL),
+                ));
+            };
+            Some(t)
+        } else {
+            None
+        };
+        let is_dir = match tree {
+            // The tree as the monitor opened it: its root's type, never the path's now.
+            Some(t) => step(
+                fs::File::from(step(t.try_clone(), || "copy a descriptor".into())?).metadata(),
+                || format!("mount source {}", m.src),
+            )?
+            .is_dir(),
+            None => step(fs::metadata(&src), || format!("mount source {}", m.src))?.is_dir(),
+        };
         if !dst.exists() {
             let made = if is_dir {
                 mkdir(&dst, 0o755)
@@ -541,7 +562,13 @@ fn assemble(plan: &LaunchPlan) -> Result<()> {
                 )
             })?;
         }
-        bind(&src, &dst, m.rw)?;
+        match tree {
+            // Already read-only unless rw, nosuid and nodev: only placed.
+            Some(t) => step(sys::move_mount_here(t, &dst), || {
+                format!("place the mount of {} at {}", m.src, m.dst)
+            })?,
+            None => bind(&src, &dst, m.rw)?,
+        }
     }
 
     step(sys::chdir(new), || "enter the new root".to_string())?;

@@ -165,6 +165,24 @@ pub fn open_tree_clone(path: &Path) -> io::Result<OwnedFd> {
     Ok(unsafe { OwnedFd::from_raw_fd(fd as RawFd) })
 }
 
+/// Attach the detached mount tree `tree` (from `open_tree(OPEN_TREE_CLONE)`) at `dst`.
+pub fn move_mount_here(tree: &OwnedFd, dst: &Path) -> io::Result<()> {
+    const MOVE_MOUNT_F_EMPTY_PATH: libc::c_uint = 0x4;
+    let d = cstr(dst)?;
+    // SAFETY: move_mount from a descriptor we hold ("" with F_EMPTY_PATH) to a valid path.
+    check_long(unsafe {
+        libc::syscall(
+            libc::SYS_move_mount,
+            tree.as_raw_fd(),
+            c"".as_ptr(),
+            libc::AT_FDCWD,
+            d.as_ptr(),
+            MOVE_MOUNT_F_EMPTY_PATH,
+        )
+    })?;
+    Ok(())
+}
+
 pub fn umount_detach(path: &Path) -> io::Result<()> {
     let p = cstr(path)?;
     // SAFETY: valid C string.

@@ -9,6 +9,7 @@ pub mod cgroup;
 pub mod etc_cache;
 pub mod identity;
 pub mod mcp;
+pub mod mounts;
 pub mod oneshot;
 pub mod paths;
 pub mod reach;

@@ -301,6 +301,16 @@ pub fn start(req: Request) -> Result<Started, Outcome> {
         plan.etc = crate::etc_cache::prepare();
     }
     let timeout_ms = plan.timeout_ms;
+    // As root, the monitor opens what the sandbox mounts (see `crate::mounts`).
+    let handed = crate::mounts::hand_over(&mut plan.mounts).and_then(|trees| {
+        crate::mounts::send(&sock, &trees)
+            .map_err(|e| format!("send the mounts to the launcher: {e}"))
+    });
+    if let Err(e) = handed {
+        let _ = child.kill();
+        let _ = child.wait();
+        return Err(Outcome::refused(Phase::Start, e));
+    }
     if let Err(e) = write_frame(&mut sock, &ToLauncher::Start(plan)) {
         let _ = child.kill();
         let _ = child.wait();
@@ -929,6 +939,7 @@ pub fn launch_plan(plan: &policy::plan::OneShotPlan) -> Result<(LaunchPlan, Limi
             src: path_str(&m.src)?,
             dst: path_str(&m.dst)?,
             rw: m.rw,
+            handed: false,
         });
     }
     let ids = crate::identity::id_map().map_err(|e| e.to_string())?;

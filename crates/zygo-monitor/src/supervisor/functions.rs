@@ -173,6 +173,9 @@ struct Stats {
 struct Function {
     spec: FnSpec,
     plan: LaunchPlan,
+    /// The plan's handed-over mounts (see `crate::mounts`), opened when the function was
+    /// served: every zygote gets its own copy of these, whatever the paths name later.
+    handed: Vec<OwnedFd>,
     limits: Limits,
     mem_text: String,
     state: FnState,
@@ -544,6 +547,7 @@ fn entry_mount(dir: String) -> Option<BindMount> {
         src: dir,
         dst: "/fn".into(),
         rw: false,
+        handed: false,
     })
 }
 
@@ -610,6 +614,7 @@ fn start_launcher(
     launcher: &Path,
     cg: &dyn Cgroup,
     plan: LaunchPlan,
+    handed: &[OwnedFd],
     reg: &Registry,
     tokens: &mut dyn FnMut() -> Token,
 ) -> Result<(crate::spawn::Launcher, Conn, Token), String> {
@@ -656,6 +661,9 @@ fn start_launcher(
         )));
     }
     drop(attach);
+    if let Err(e) = crate::mounts::send(&mon, handed) {
+        return Err(stop(format!("send the mounts to the launcher: {e}")));
+    }
     if let Err(e) = mon.set_nonblocking(true) {
         return Err(stop(e.to_string()));
     }
@@ -740,6 +748,7 @@ impl Functions {
                 src: m.src.to_str().ok_or("mount path is not UTF-8")?.into(),
                 dst: m.dst.to_str().ok_or("mount path is not UTF-8")?.into(),
                 rw: m.rw,
+                handed: false,
             });
         }
         if let Some(m) = fn_mount {
@@ -761,7 +770,7 @@ impl Functions {
         self.backend
             .set_ceiling(&format!("tenants/_host/{name}"), ceiling)
             .map_err(|e| format!("write the memory ceiling of {name}'s cgroups: {e}"))?;
-        let plan = LaunchPlan {
+        let mut plan = LaunchPlan {
             mode: Mode::Zygote,
             argv,
             env: spec.env.clone(),
@@ -780,12 +789,14 @@ impl Functions {
             work: None,
             etc: None,
         };
+        let handed = crate::mounts::hand_over(&mut plan.mounts)?;
         let min_warm = (spec.min_warm as usize).max(1);
         self.fns.insert(
             name.clone(),
             Function {
                 spec,
                 plan,
+                handed,
                 limits,
                 mem_text,
                 state: FnState::Starting,
@@ -835,7 +846,13 @@ impl Functions {
             plan.etc = crate::etc_cache::prepare();
         }
         let launcher = self.launcher.clone();
-        let (child, conn, t) = start_launcher(&launcher, &*cg, plan, reg, tokens)?;
+        let handed = f
+            .handed
+            .iter()
+            .map(crate::mounts::copy)
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(|e| format!("copy the function's mounts: {e}"))?;
+        let (child, conn, t) = start_launcher(&launcher, &*cg, plan, &handed, reg, tokens)?;
         let now = Instant::now();
         self.zygotes.insert(
             t,

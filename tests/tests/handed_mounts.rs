@@ -1,0 +1,113 @@
+//! The monitor opens every host path a sandbox mounts, with its own rights, and hands it
+//! over as a detached mount: a project in a folder only root can enter is served, `--mount`
+//! works behind a 0700 parent, and a path swapped for a symlink after the monitor opened it
+//! changes nothing of what is mounted. (Rootless, the sandbox's root is the user itself and
+//! the paths are bound with the user's rights: nothing to hand over.)
+
+use std::fs;
+use std::os::unix::fs::PermissionsExt;
+
+use serde_json::json;
+use zygo_tests::*;
+
+static SUITE: Suite = Suite {
+    prefix: "hand-",
+    handlers: "import os\n\
+               def look(event):\n    \
+                   return {\"data\": sorted(os.listdir(\"/data\")),\n            \
+                           \"secret\": open(\"/data/secret.txt\").read() if os.path.exists(\"/data/secret.txt\") else None}\n",
+    defaults: "timeout = \"10s\"\nmem = \"128M\"\n",
+    agents: false,
+};
+
+/// A readable folder `name` (0755, holding a 0644 file) behind a folder only root can
+/// enter (0700); its path.
+fn private_folder(dir: &TempDir, name: &str, secret: &str) -> std::path::PathBuf {
+    let parent = dir.path.join(format!("{name}-private"));
+    fs::create_dir(&parent).expect("create a private folder");
+    fs::set_permissions(&parent, fs::Permissions::from_mode(0o700)).expect("chmod 0700");
+    let p = parent.join(name);
+    fs::create_dir(&p).expect("create a folder");
+    fs::set_permissions(&p, fs::Permissions::from_mode(0o755)).expect("chmod 0755");
+    fs::write(p.join("secret.txt"), secret).expect("write the secret");
+    fs::set_permissions(p.join("secret.txt"), fs::Permissions::from_mode(0o644))
+        .expect("chmod 0644");
+    p
+}
+
+/// `zygo run --mount` of a folder and of a file whose parent only root can enter.
+#[test]
+fn mounts_behind_a_folder_only_root_can_enter_are_handed_over() {
+    if !root_only() {
+        return;
+    }
+    let dir = TempDir::new(0o700);
+    let folder = private_folder(&dir, "data", "folder secret");
+    let flag = format!("{}:/d", folder.display());
+    let (v, code) = run_json(Who::Root, &["--mount", &flag], &["cat", "/d/secret.txt"]);
+    assert_ok(Who::Root, &v, code);
+    assert_eq!(s(&v, "stdout"), "folder secret", "{v}");
+    let file = format!("{}:/f.txt", folder.join("secret.txt").display());
+    let (v, code) = run_json(
+        Who::Root,
+        &["--mount", &file],
+        &["sh", "-c", "cat /f.txt; echo x > /f.txt"],
+    );
+    assert_eq!(s(&v, "stdout"), "folder secret", "{v}");
+    assert!(s(&v, "stderr").contains("Read-only file system"), "{v}");
+    assert_ne!(code, 0);
+    // Writable on request.
+    // Writable on request (the folder writable by the sandbox's root, which is not the
+    // host's).
+    let rw = format!("{}:/d:rw", folder.display());
+    fs::set_permissions(&folder, fs::Permissions::from_mode(0o777)).expect("chmod 0777");
+    let (v, code) = run_json(
+        Who::Root,
+        &["--mount", &rw],
+        &["sh", "-c", "echo written > /d/new.txt"],
+    );
+    assert_ok(Who::Root, &v, code);
+    assert_eq!(
+        fs::read_to_string(folder.join("new.txt")).expect("read"),
+        "written\n"
+    );
+}
+
+/// A project whose folder only root can enter is served (its entry folder and a mount of
+/// its own), and once served, swapping a mounted path for a symlink changes nothing of
+/// what a new zygote mounts.
+#[test]
+fn a_project_in_a_private_folder_is_served_and_a_later_symlink_changes_nothing() {
+    let Some(mut s) = SUITE.root("private") else {
+        return;
+    };
+    let data = private_folder(&s.dir, "data", "the real data");
+    let decoy = private_folder(&s.dir, "decoy", "the decoy");
+    // The whole project behind a 0700 folder.
+    fs::set_permissions(&s.dir.path, fs::Permissions::from_mode(0o700)).expect("chmod");
+    let n = s.up(&[(
+        "look",
+        "look",
+        &*format!(
+            "max_warm = 3\nmounts = [{{src = \"{}\", dst = \"/data\"}}]",
+            data.display()
+        ),
+    )]);
+    let f = &n[0];
+    assert_eq!(
+        s.call_ok(f, "{}"),
+        json!({"data": ["secret.txt"], "secret": "the real data"})
+    );
+    // The path now names something else.
+    fs::rename(&data, data.with_file_name("data.old")).expect("move the data away");
+    std::os::unix::fs::symlink(&decoy, &data).expect("plant a symlink");
+    // New zygotes mount what the monitor opened when it served the function.
+    let w = s.run(&["warm", f, "3"]);
+    assert_eq!(w.code, 0, "{}", w.stderr_text());
+    for _ in 0..6 {
+        let r = s.call_ok(f, "{}");
+        assert_eq!(r["secret"], "the real data", "{r}");
+    }
+    assert!(s.info(f)["zygotes"]["ready"].as_u64() >= Some(2));
+    s.shutdown();
+}
