@@ -206,10 +206,6 @@ pub enum ToLauncher {
     /// before or just after `Start` (the launcher creates the sandbox's namespaces as soon
     /// as it has the plan, and hands these to its init when they come).
     Cgroup { files: u8 },
-    /// The plan's handed-over mounts (see `BindMount::handed`): this frame carries `count`
-    /// descriptors (at most [`MAX_HANDED_MOUNTS`]) as `SCM_RIGHTS` on its first byte, one
-    /// detached mount tree per handed mount, in the plan's order. Sent once, before `Start`.
-    Mounts { count: u8 },
     /// Build this sandbox and run its program. Sent once, first or right after `Cgroup`
     /// (and `Mounts`).
     Start(LaunchPlan),
@@ -232,6 +228,10 @@ pub enum ToLauncher {
     /// Zygote: drop the slot's child unused (its channel closes, so it exits). A child
     /// that served its request is dropped by the launcher itself once its channel closes.
     Reap { slot: String },
+    /// The plan's handed-over mounts (see `BindMount::handed`): this frame carries `count`
+    /// descriptors (at most [`MAX_HANDED_MOUNTS`]) as `SCM_RIGHTS` on its first byte, one
+    /// detached mount tree per handed mount, in the plan's order. Sent once, before `Start`.
+    Mounts { count: u8 },
 }
 
 /// A script from the monitor's store.

@@ -82,7 +82,7 @@ fn garbage_and_unknown_variant() {
 
 #[test]
 fn trailing_bytes_are_refused() {
-    // Variant 2 (Kill) followed by one extra byte.
+    // Variant 2 (Proceed, which carries nothing) followed by one extra byte.
     let r: Result<ToLauncher, _> = read_frame(&mut Cursor::new(framed(&[2, 0])), MAX_LAUNCH_FRAME);
     assert!(
         matches!(r, Err(ProtoError::TrailingBytes { extra: 1 })),
