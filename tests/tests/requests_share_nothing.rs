@@ -352,26 +352,37 @@ fn no_request_uid_is_given_twice() {
 /// torn, `zygo ls` says so, and every record is written once the disk has room again.
 #[test]
 fn a_full_state_disk_loses_no_usage_record_and_tears_no_line() {
-    let Some(mut s) = SUITE.root("fulldisk") else {
+    let Some(s) = SUITE.root("fulldisk") else {
         return;
     };
-    // The state directory on a small tmpfs of the test's own.
+    // The state directory on a small tmpfs of the test's own. The guard stops the
+    // supervisor (whatever happens to the test) before it unmounts that tmpfs.
+    struct OnSmallDisk {
+        sup: Option<Sup>,
+        path: std::path::PathBuf,
+    }
+    impl Drop for OnSmallDisk {
+        fn drop(&mut self) {
+            drop(self.sup.take());
+            let _ = std::process::Command::new("umount")
+                .arg("-l")
+                .arg(&self.path)
+                .status();
+        }
+    }
     let mounted = std::process::Command::new("mount")
         .args(["-t", "tmpfs", "-o", "size=2m,mode=0700", "tmpfs"])
         .arg(&s.st)
         .status()
         .expect("run mount");
     assert!(mounted.success(), "mount a tmpfs on {}", s.st.display());
-    struct Unmount(std::path::PathBuf);
-    impl Drop for Unmount {
-        fn drop(&mut self) {
-            let _ = std::process::Command::new("umount")
-                .arg("-l")
-                .arg(&self.0)
-                .status();
-        }
-    }
-    let _unmount = Unmount(s.st.clone());
+    let mut guard = OnSmallDisk {
+        path: s.st.clone(),
+        sup: Some(s),
+    };
+    let Some(s) = guard.sup.as_mut() else {
+        return;
+    };
     let n = s.up(&[("usage", "uid", "")]);
     let f = &n[0];
     s.call_ok(f, "{}");
@@ -430,7 +441,9 @@ fn a_full_state_disk_loses_no_usage_record_and_tears_no_line() {
         "{}",
         ls.stderr_text()
     );
-    s.shutdown();
+    if let Some(s) = guard.sup.take() {
+        s.shutdown();
+    }
 }
 
 /// Item 5, the host side: the script store has a cap; past it the scripts used least
