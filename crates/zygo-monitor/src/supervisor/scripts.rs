@@ -276,7 +276,7 @@ mod tests {
 
     fn store(cap: u64) -> (Store, PathBuf) {
         let dir = std::env::temp_dir().join(format!(
-            "zygo-store-test-{}-{}",
+            "zygo-tests-store-{}-{}",
             std::process::id(),
             super::super::functions::random_hex(4)
         ));

@@ -194,7 +194,7 @@ mod tests {
 
     fn temp(name: &str) -> PathBuf {
         std::env::temp_dir().join(format!(
-            "zygo-usage-test-{}-{name}-{}",
+            "zygo-tests-usage-{}-{name}-{}",
             std::process::id(),
             super::super::functions::random_hex(4)
         ))
