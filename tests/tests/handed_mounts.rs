@@ -121,3 +121,51 @@ fn a_project_in_a_private_folder_is_served_and_a_later_symlink_changes_nothing()
     }
     s.shutdown();
 }
+
+/// A `dir:` image in a folder only root can enter is handed over too.
+#[test]
+fn an_image_behind_a_folder_only_root_can_enter_is_handed_over() {
+    if !root_only() {
+        return;
+    }
+    let dir = TempDir::new(0o755);
+    let parent = dir.path.join("private");
+    let image = parent.join("image");
+    fs::create_dir_all(image.join("usr")).expect("create the image");
+    fs::set_permissions(&parent, fs::Permissions::from_mode(0o700)).expect("chmod 0700");
+    fs::set_permissions(&image, fs::Permissions::from_mode(0o755)).expect("chmod 0755");
+    for (link, to) in [
+        ("bin", "usr/bin"),
+        ("lib", "usr/lib"),
+        ("lib64", "usr/lib64"),
+        ("sbin", "usr/sbin"),
+    ] {
+        std::os::unix::fs::symlink(to, image.join(link)).expect("symlink");
+    }
+    // The host's /usr, bound into the image for this test alone.
+    struct Unbind(std::path::PathBuf);
+    impl Drop for Unbind {
+        fn drop(&mut self) {
+            let _ = std::process::Command::new("umount")
+                .arg("-l")
+                .arg(&self.0)
+                .status();
+        }
+    }
+    let usr = image.join("usr");
+    let bound = std::process::Command::new("mount")
+        .args(["--bind", "-o", "ro", "/usr"])
+        .arg(&usr)
+        .status()
+        .expect("run mount");
+    assert!(bound.success(), "bind /usr into the image");
+    let _unbind = Unbind(usr);
+    let flag = format!("dir:{}", image.display());
+    let (v, code) = run_json(
+        Who::Root,
+        &["--image", &flag],
+        &["/bin/sh", "-c", "echo from the image"],
+    );
+    assert_ok(Who::Root, &v, code);
+    assert_eq!(s(&v, "stdout"), "from the image\n", "{v}");
+}

@@ -102,6 +102,10 @@ pub struct LaunchPlan {
     /// Whether programs may use inotify. Off unless asked for: a watch on a file of the
     /// read-only image (shared with the host and other sandboxes) sees when anyone opens it.
     pub inotify: bool,
+    /// A `dir:` image the monitor opened itself: the first descriptor of `ToLauncher::Mounts`
+    /// is that folder as a detached read-only mount tree, whose entries the launcher binds
+    /// (see `BindMount::handed`).
+    pub image_handed: bool,
 }
 
 /// The uids a zygote gives its requests, one each, never twice: `first .. first + count`
@@ -230,7 +234,8 @@ pub enum ToLauncher {
     Reap { slot: String },
     /// The plan's handed-over mounts (see `BindMount::handed`): this frame carries `count`
     /// descriptors (at most [`MAX_HANDED_MOUNTS`]) as `SCM_RIGHTS` on its first byte, one
-    /// detached mount tree per handed mount, in the plan's order. Sent once, before `Start`.
+    /// detached mount tree each: the image's first if `LaunchPlan::image_handed`, then one
+    /// per handed mount, in the plan's order. Sent once, before `Start`.
     Mounts { count: u8 },
 }
 

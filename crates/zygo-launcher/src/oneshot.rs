@@ -143,7 +143,7 @@ pub fn run(
     attach: Option<Vec<OwnedFd>>,
     handed: Vec<OwnedFd>,
 ) -> Result<(), LaunchError> {
-    let want = plan.mounts.iter().filter(|m| m.handed).count();
+    let want = usize::from(plan.image_handed) + plan.mounts.iter().filter(|m| m.handed).count();
     if handed.len() != want {
         return failed(
             sock,

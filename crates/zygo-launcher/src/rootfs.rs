@@ -264,9 +264,10 @@ fn prepared_etc(old: &Path, old_etc: &Path, etc: &Path, p: &PreparedEtc) -> Resu
     Ok(true)
 }
 
-fn dir_image(old: &Path, new: &Path, dir: &str) -> Result<()> {
-    let src_root = under(old, dir);
-    let entries = step(fs::read_dir(&src_root), || {
+/// Bind every top-level entry of the image folder, found at `src_root` (`dir` is its host
+/// path, for messages).
+fn dir_image(src_root: &Path, new: &Path, dir: &str) -> Result<()> {
+    let entries = step(fs::read_dir(src_root), || {
         format!("read image directory {dir}")
     })?;
     for entry in entries {
@@ -276,7 +277,7 @@ fn dir_image(old: &Path, new: &Path, dir: &str) -> Result<()> {
         if RESERVED.contains(&name) {
             continue;
         }
-        host_entry(&src_root, new, name)?;
+        host_entry(src_root, new, name)?;
     }
     Ok(())
 }
@@ -400,6 +401,7 @@ fn assemble(plan: &LaunchPlan, handed: &[std::os::fd::OwnedFd]) -> Result<()> {
     tmpfs(staging, "mode=0755,size=1m", MS_NOSUID | MS_NODEV)?;
     mkdir(&staging.join("oldroot"), 0o755)?;
     mkdir(&staging.join("newroot"), 0o755)?;
+    mkdir(&staging.join("image"), 0o755)?;
     mkdir(&staging.join("mask.d"), 0o555)?;
     step(sys::create_file(&staging.join("mask"), b"", 0o444), || {
         "create the mask file".to_string()
@@ -424,9 +426,29 @@ fn assemble(plan: &LaunchPlan, handed: &[std::os::fd::OwnedFd]) -> Result<()> {
     // and noexec, so the masks bound from it carry those flags without a call each.
     remount_ro(Path::new("/"), MS_NOEXEC)?;
 
-    match &plan.image {
-        Image::Host => host_image(old, new, plan.etc.as_ref())?,
-        Image::Dir(dir) => dir_image(old, new, dir)?,
+    // The monitor's handed-over trees: a `dir:` image's first, then the mounts'.
+    let (image_tree, handed) = match (plan.image_handed, handed.split_first()) {
+        (true, Some((first, rest))) => (Some(first), rest),
+        (true, None) => {
+            return Err(fail(
+                "no handed-over image",
+                std::io::Error::from_raw_os_error(libc::EINVAL),
+            ))
+        }
+        (false, _) => (None, handed),
+    };
+    match (&plan.image, image_tree) {
+        (Image::Host, _) => host_image(old, new, plan.etc.as_ref())?,
+        (Image::Dir(dir), None) => dir_image(&under(old, dir), new, dir)?,
+        // Placed on the staging root, which the final pivot detaches with everything on it;
+        // the binds of its entries stay.
+        (Image::Dir(dir), Some(tree)) => {
+            let at = Path::new("/image");
+            step(sys::move_mount_here(tree, at), || {
+                format!("place the image directory {dir}")
+            })?;
+            dir_image(at, new, dir)?
+        }
     }
 
     // /proc must be mounted while the host's /proc is still visible: the kernel refuses a

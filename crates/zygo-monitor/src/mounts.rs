@@ -19,7 +19,7 @@ use std::os::unix::ffi::OsStrExt;
 use std::os::unix::net::UnixStream;
 use std::path::Path;
 
-use proto::launch::{BindMount, ToLauncher, MAX_HANDED_MOUNTS};
+use proto::launch::{Image, LaunchPlan, ToLauncher, MAX_HANDED_MOUNTS};
 
 const OPEN_TREE_CLONE: libc::c_uint = 1;
 const MOUNT_ATTR_RDONLY: u64 = 0x1;
@@ -98,20 +98,31 @@ pub fn copy(tree: &OwnedFd) -> io::Result<OwnedFd> {
     )
 }
 
-/// As root, detach every mount of a plan (marking it handed over) and return the trees, in
-/// the plan's order; rootless, nothing (the launcher binds the paths itself).
-pub fn hand_over(mounts: &mut [BindMount]) -> Result<Vec<OwnedFd>, String> {
-    if !can_hand_over() || mounts.is_empty() {
+/// As root, detach a plan's `dir:` image and every mount (marking them handed over) and
+/// return the trees: the image's first, then the mounts' in the plan's order. Rootless,
+/// nothing (the launcher binds the paths itself).
+pub fn hand_over(plan: &mut LaunchPlan) -> Result<Vec<OwnedFd>, String> {
+    if !can_hand_over() {
         return Ok(Vec::new());
     }
-    if mounts.len() > usize::from(MAX_HANDED_MOUNTS) {
+    let image = match &plan.image {
+        Image::Dir(d) => Some(d.clone()),
+        Image::Host => None,
+    };
+    let count = plan.mounts.len() + usize::from(image.is_some());
+    if count > usize::from(MAX_HANDED_MOUNTS) {
         return Err(format!(
-            "{} mounts; a sandbox may have at most {MAX_HANDED_MOUNTS}",
-            mounts.len()
+            "{count} mounts; a sandbox may have at most {MAX_HANDED_MOUNTS}"
         ));
     }
-    let mut trees = Vec::with_capacity(mounts.len());
-    for m in mounts.iter_mut() {
+    let mut trees = Vec::with_capacity(count);
+    if let Some(d) = image {
+        let tree = detach(Path::new(&d), false)
+            .map_err(|e| format!("open the image directory {d}: {e}"))?;
+        plan.image_handed = true;
+        trees.push(tree);
+    }
+    for m in plan.mounts.iter_mut() {
         let tree = detach(Path::new(&m.src), m.rw)
             .map_err(|e| format!("open the mount source {}: {e}", m.src))?;
         m.handed = true;

@@ -302,7 +302,7 @@ pub fn start(req: Request) -> Result<Started, Outcome> {
     }
     let timeout_ms = plan.timeout_ms;
     // As root, the monitor opens what the sandbox mounts (see `crate::mounts`).
-    let handed = crate::mounts::hand_over(&mut plan.mounts).and_then(|trees| {
+    let handed = crate::mounts::hand_over(&mut plan).and_then(|trees| {
         crate::mounts::send(&sock, &trees)
             .map_err(|e| format!("send the mounts to the launcher: {e}"))
     });
@@ -962,6 +962,7 @@ pub fn launch_plan(plan: &policy::plan::OneShotPlan) -> Result<(LaunchPlan, Limi
         hostname: "zygo".into(),
         request_ids: None,
         inotify: plan.inotify,
+        image_handed: false,
     };
     Ok((launch, limits))
 }

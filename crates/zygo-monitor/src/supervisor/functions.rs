@@ -784,12 +784,13 @@ impl Functions {
             hostname: "zygo".into(),
             request_ids: self.identity.request_ids,
             inotify: spec.inotify,
+            image_handed: false,
             scripts: is_pool(&spec),
             files,
             work: None,
             etc: None,
         };
-        let handed = crate::mounts::hand_over(&mut plan.mounts)?;
+        let handed = crate::mounts::hand_over(&mut plan)?;
         let min_warm = (spec.min_warm as usize).max(1);
         self.fns.insert(
             name.clone(),
