@@ -739,6 +739,37 @@ fn workspace_flag_is_kept() {
     );
 }
 
+/// As root, a --workspace whose parent only root can enter is opened by the monitor and
+/// handed over: the sandbox writes there all the same.
+#[test]
+fn a_workspace_behind_a_folder_only_root_can_enter_is_handed_over() {
+    if !root_only() {
+        return;
+    }
+    let base = TempDir::new(0o755);
+    let parent = base.path.join("private");
+    std::fs::create_dir(&parent).expect("create the private folder");
+    std::fs::set_permissions(&parent, std::os::unix::fs::PermissionsExt::from_mode(0o700))
+        .expect("chmod 0700");
+    // Made by zygo mcp (0700, the sandbox's root's), inside the folder only root can enter.
+    let dir = parent.join("ws");
+    let dir_s = dir.to_str().expect("utf-8").to_string();
+    let mut s = Server::start(&["--workspace", &dir_s]);
+    s.init("2025-06-18");
+    let r = s.ask(run_code(
+        1,
+        "python",
+        "open('made-here.txt', 'w').write('behind 0700')",
+    ));
+    assert_eq!(r["result"]["isError"], false, "{r}\n{}", s.stderr());
+    s.close_stdin();
+    assert_eq!(s.wait(Duration::from_secs(20)), 0);
+    assert_eq!(
+        std::fs::read_to_string(dir.join("made-here.txt")).expect("the file is there"),
+        "behind 0700"
+    );
+}
+
 fn zygo_mcp_refused(args: &[&str]) -> Finished {
     let d = Dirs::new();
     let mut c = clean(&zygo_bin(), &d.env());

@@ -106,6 +106,9 @@ pub struct LaunchPlan {
     /// is that folder as a detached read-only mount tree, whose entries the launcher binds
     /// (see `BindMount::handed`).
     pub image_handed: bool,
+    /// `work` opened by the monitor itself: the last descriptor of `ToLauncher::Mounts` is
+    /// that folder as a detached writable tree, placed at `/work`.
+    pub work_handed: bool,
 }
 
 /// The uids a zygote gives its requests, one each, never twice: `first .. first + count`
@@ -235,7 +238,8 @@ pub enum ToLauncher {
     /// The plan's handed-over mounts (see `BindMount::handed`): this frame carries `count`
     /// descriptors (at most [`MAX_HANDED_MOUNTS`]) as `SCM_RIGHTS` on its first byte, one
     /// detached mount tree each: the image's first if `LaunchPlan::image_handed`, then one
-    /// per handed mount, in the plan's order. Sent once, before `Start`.
+    /// per handed mount, in the plan's order, then `/work`'s if `LaunchPlan::work_handed`.
+    /// Sent once, before `Start`.
     Mounts { count: u8 },
 }
 

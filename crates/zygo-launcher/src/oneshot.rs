@@ -143,7 +143,9 @@ pub fn run(
     attach: Option<Vec<OwnedFd>>,
     handed: Vec<OwnedFd>,
 ) -> Result<(), LaunchError> {
-    let want = usize::from(plan.image_handed) + plan.mounts.iter().filter(|m| m.handed).count();
+    let want = usize::from(plan.image_handed)
+        + plan.mounts.iter().filter(|m| m.handed).count()
+        + usize::from(plan.work_handed);
     if handed.len() != want {
         return failed(
             sock,

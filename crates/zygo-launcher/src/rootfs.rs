@@ -437,6 +437,17 @@ fn assemble(plan: &LaunchPlan, handed: &[std::os::fd::OwnedFd]) -> Result<()> {
         }
         (false, _) => (None, handed),
     };
+    // And the workspace's last.
+    let (work_tree, handed) = match (plan.work_handed, handed.split_last()) {
+        (true, Some((last, rest))) => (Some(last), rest),
+        (true, None) => {
+            return Err(fail(
+                "no handed-over workspace",
+                std::io::Error::from_raw_os_error(libc::EINVAL),
+            ))
+        }
+        (false, _) => (None, handed),
+    };
     match (&plan.image, image_tree) {
         (Image::Host, _) => host_image(old, new, plan.etc.as_ref())?,
         (Image::Dir(dir), None) => dir_image(&under(old, dir), new, dir)?,
@@ -470,9 +481,12 @@ fn assemble(plan: &LaunchPlan, handed: &[std::os::fd::OwnedFd]) -> Result<()> {
     };
     let work = new.join("work");
     mkdir(&work, 0o755)?;
-    match &plan.work {
-        Some(dir) => bind(&under(old, dir), &work, true)?,
-        None => tmpfs(
+    match (&plan.work, work_tree) {
+        (Some(dir), Some(tree)) => step(sys::move_mount_here(tree, &work), || {
+            format!("place the workspace {dir} at /work")
+        })?,
+        (Some(dir), None) => bind(&under(old, dir), &work, true)?,
+        (None, _) => tmpfs(
             &work,
             &format!("mode={work_mode},{scratch}"),
             MS_NOSUID | MS_NODEV,

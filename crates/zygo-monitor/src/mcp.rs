@@ -144,11 +144,9 @@ impl Workspace {
     /// kept when the server exits. Returns the workspace and, when the sandbox's user will
     /// probably not be able to write it, a warning saying how to fix that.
     pub fn given(dir: &Path, ids: &IdMap) -> Result<(Workspace, Option<String>), String> {
+        // The folders on the way need not let the sandbox's user through: as root the
+        // monitor opens the workspace itself and hands it over (`crate::mounts`).
         let owner = sandbox_owner(ids);
-        if let Some((uid, gid)) = owner {
-            // Before making anything: the folders that exist on the way must let it through.
-            reachable(dir, uid, gid)?;
-        }
         let mut made = false;
         if !dir.exists() {
             // Missing parents 0755 (so the sandbox's user can pass), the workspace 0700.
@@ -175,7 +173,6 @@ impl Workspace {
         utf8(&path)?;
         let mut warning = None;
         if let Some((uid, gid)) = owner {
-            reachable(&path, uid, gid)?;
             if made {
                 std::os::unix::fs::chown(&path, Some(uid), Some(gid)).map_err(|e| {
                     format!(
@@ -233,35 +230,6 @@ fn may(meta: &std::fs::Metadata, uid: u32, gid: u32, bits: u32) -> bool {
         mode
     } & 0o7;
     granted & bits == bits
-}
-
-/// The sandbox's user must be able to walk to `path`: its launcher binds it from inside
-/// the sandbox's user namespace, where it has no power over the host's files.
-fn reachable(path: &Path, uid: u32, gid: u32) -> Result<(), String> {
-    let abs = std::env::current_dir()
-        .map(|cwd| cwd.join(path))
-        .unwrap_or_else(|_| path.to_path_buf());
-    for dir in abs.ancestors().skip(1) {
-        let meta = match std::fs::metadata(dir) {
-            Ok(m) => m,
-            // Made by us later, 0755.
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => continue,
-            Err(e) => return Err(format!("{}: {e}", dir.display())),
-        };
-        if !may(&meta, uid, gid, 0o1) {
-            return Err(format!(
-                "the sandbox runs as host uid {uid}, which cannot enter {} (mode {:o}, owner \
-                 uid {}), so it cannot reach the workspace {}; pick a workspace under folders \
-                 anyone may enter (such as /srv or /tmp), or run `chmod o+x {}`",
-                dir.display(),
-                meta.mode() & 0o7777,
-                meta.uid(),
-                path.display(),
-                dir.display()
-            ));
-        }
-    }
-    Ok(())
 }
 
 /// Remove scratch workspaces left by servers that were killed before they could clean up

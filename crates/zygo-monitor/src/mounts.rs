@@ -109,7 +109,7 @@ pub fn hand_over(plan: &mut LaunchPlan) -> Result<Vec<OwnedFd>, String> {
         Image::Dir(d) => Some(d.clone()),
         Image::Host => None,
     };
-    let count = plan.mounts.len() + usize::from(image.is_some());
+    let count = plan.mounts.len() + usize::from(image.is_some()) + usize::from(plan.work.is_some());
     if count > usize::from(MAX_HANDED_MOUNTS) {
         return Err(format!(
             "{count} mounts; a sandbox may have at most {MAX_HANDED_MOUNTS}"
@@ -126,6 +126,12 @@ pub fn hand_over(plan: &mut LaunchPlan) -> Result<Vec<OwnedFd>, String> {
         let tree = detach(Path::new(&m.src), m.rw)
             .map_err(|e| format!("open the mount source {}: {e}", m.src))?;
         m.handed = true;
+        trees.push(tree);
+    }
+    if let Some(w) = &plan.work {
+        let tree =
+            detach(Path::new(w), true).map_err(|e| format!("open the workspace {w}: {e}"))?;
+        plan.work_handed = true;
         trees.push(tree);
     }
     Ok(trees)

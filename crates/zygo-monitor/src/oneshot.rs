@@ -963,6 +963,7 @@ pub fn launch_plan(plan: &policy::plan::OneShotPlan) -> Result<(LaunchPlan, Limi
         request_ids: None,
         inotify: plan.inotify,
         image_handed: false,
+        work_handed: false,
     };
     Ok((launch, limits))
 }

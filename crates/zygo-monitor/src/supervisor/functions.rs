@@ -785,6 +785,7 @@ impl Functions {
             request_ids: self.identity.request_ids,
             inotify: spec.inotify,
             image_handed: false,
+            work_handed: false,
             scripts: is_pool(&spec),
             files,
             work: None,
