@@ -295,8 +295,8 @@ impl Backend {
         }
     }
 
-    /// Remove an intermediate directory of Zygo's tree if it is empty.
-    pub fn prune(&self, rel: &str) {
+    /// Remove an intermediate directory of Zygo's tree if it is empty; whether it is gone.
+    pub fn prune(&self, rel: &str) -> bool {
         match self {
             Backend::V1(b) => b.prune(rel),
             Backend::V2(b) => b.prune(rel),

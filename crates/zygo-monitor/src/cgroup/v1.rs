@@ -108,11 +108,13 @@ impl V1 {
         V1Cgroup::new(dirs, self.memsw).ok()
     }
 
-    /// Remove an (empty) intermediate directory of Zygo's tree in every hierarchy.
-    pub fn prune(&self, rel: &str) {
+    /// Remove an (empty) intermediate directory of Zygo's tree in every hierarchy; whether
+    /// it is gone from all of them.
+    pub fn prune(&self, rel: &str) -> bool {
         for r in self.roots.iter().rev() {
             let _ = std::fs::remove_dir(r.join(rel));
         }
+        !self.roots.iter().any(|r| r.join(rel).exists())
     }
 
     /// See `Backend::set_ceiling`. The folder is made in every hierarchy (as `create` makes

@@ -92,9 +92,10 @@ impl V2 {
         dir.is_dir().then_some(V2Cgroup { dir })
     }
 
-    /// Remove an (empty) intermediate directory of Zygo's tree.
-    pub fn prune(&self, rel: &str) {
+    /// Remove an (empty) intermediate directory of Zygo's tree; whether it is gone.
+    pub fn prune(&self, rel: &str) -> bool {
         let _ = std::fs::remove_dir(self.root.join(rel));
+        !self.root.join(rel).exists()
     }
 
     /// See `Backend::set_ceiling`.

@@ -44,8 +44,9 @@ pub enum Job {
     },
     /// Kill what is left in a cgroup and remove it.
     Remove(Box<dyn Cgroup>),
-    /// `pool` is served no more: remove the cgroups kept for it, then `dir`, its folder.
-    Forget { pool: String, dir: String },
+    /// `pool` is served no more: remove the cgroups kept for it, then its folder (sent by
+    /// [`Worker::forget`]).
+    Forget { pool: String },
 }
 
 /// How many emptied cgroups are kept for each function.
@@ -54,23 +55,34 @@ const KEEP: usize = 8;
 /// An emptied request cgroup and the limits written in it.
 type Ready = (Limits, Box<dyn Cgroup>);
 
-/// Emptied request cgroups, by function.
+/// Emptied request cgroups, by function; and the folders of functions no longer served,
+/// by function, which the worker removes once the last cgroup in them is gone (a request
+/// cgroup being placed when its function was stopped comes back after the function's
+/// folder was first pruned).
 #[derive(Default)]
-struct Kept(HashMap<String, Vec<Ready>>);
+struct Kept {
+    cgroups: HashMap<String, Vec<Ready>>,
+    forgotten: HashMap<String, String>,
+}
 
 impl Kept {
     fn take(&mut self, pool: &str, limits: &Limits) -> Option<Box<dyn Cgroup>> {
-        let v = self.0.get_mut(pool)?;
+        let v = self.cgroups.get_mut(pool)?;
         let i = v.iter().position(|(l, _)| l == limits)?;
         Some(v.swap_remove(i).1)
     }
 
     fn has_room(&self, pool: &str) -> bool {
-        self.0.get(pool).map_or(0, Vec::len) < KEEP
+        !self.forgotten.contains_key(pool) && self.cgroups.get(pool).map_or(0, Vec::len) < KEEP
     }
 
     fn keep(&mut self, pool: String, limits: Limits, cg: Box<dyn Cgroup>) {
-        self.0.entry(pool).or_default().push((limits, cg));
+        self.cgroups.entry(pool).or_default().push((limits, cg));
+    }
+
+    /// Remove the folders of functions no longer served that are empty now.
+    fn prune_forgotten(&mut self, backend: &Backend) {
+        self.forgotten.retain(|_, dir| !backend.prune(dir));
     }
 }
 
@@ -206,18 +218,24 @@ impl Worker {
                             }
                             let _ = waker.wake();
                         }
-                        Job::Release { pool, limits, cg } => kept.release(pool, limits, cg),
-                        Job::Remove(cg) => remove(cg),
-                        Job::Forget { pool, dir } => {
-                            let gone = kept.lock().0.remove(&pool).unwrap_or_default();
+                        Job::Release { pool, limits, cg } => {
+                            kept.release(pool, limits, cg);
+                            kept.lock().prune_forgotten(&backend);
+                        }
+                        Job::Remove(cg) => {
+                            remove(cg);
+                            kept.lock().prune_forgotten(&backend);
+                        }
+                        Job::Forget { pool } => {
+                            let gone = kept.lock().cgroups.remove(&pool).unwrap_or_default();
                             for (_, cg) in gone {
                                 remove(cg);
                             }
-                            backend.prune(&dir);
+                            kept.lock().prune_forgotten(&backend);
                         }
                     }
                 }
-                let all: Vec<Ready> = kept.lock().0.drain().flat_map(|(_, v)| v).collect();
+                let all: Vec<Ready> = kept.lock().cgroups.drain().flat_map(|(_, v)| v).collect();
                 for (_, cg) in all {
                     remove(cg);
                 }
@@ -244,6 +262,21 @@ impl Worker {
         reuse(cg, pid, pidfd)
             .map_err(|cg| self.send(Job::Remove(cg)))
             .ok()
+    }
+
+    /// `pool` is served no more: its kept cgroups are removed, and its folder `dir` as soon
+    /// as it is empty (here, or after the last cgroup in it is removed).
+    pub fn forget(&self, pool: &str, dir: String) {
+        self.kept.lock().forgotten.insert(pool.to_string(), dir);
+        self.send(Job::Forget {
+            pool: pool.to_string(),
+        });
+    }
+
+    /// `pool` is served (again): its folder is not to be removed. Call before making the
+    /// folder, so that the worker cannot remove it after it was made.
+    pub fn remember(&self, pool: &str) {
+        self.kept.lock().forgotten.remove(pool);
     }
 
     pub fn send(&self, job: Job) {

@@ -767,9 +767,6 @@ impl Functions {
         let ceiling = limits
             .mem_bytes
             .map(|m| m.saturating_mul(max_warm * (1 + SLOTS as u64)));
-        self.backend
-            .set_ceiling(&format!("tenants/_host/{name}"), ceiling)
-            .map_err(|e| format!("write the memory ceiling of {name}'s cgroups: {e}"))?;
         let mut plan = LaunchPlan {
             mode: Mode::Zygote,
             argv,
@@ -792,6 +789,12 @@ impl Functions {
             etc: None,
         };
         let handed = crate::mounts::hand_over(&mut plan)?;
+        let folder = format!("tenants/_host/{name}");
+        self.worker.remember(&name);
+        if let Err(e) = self.backend.set_ceiling(&folder, ceiling) {
+            self.worker.forget(&name, folder);
+            return Err(format!("write the memory ceiling of {name}'s cgroups: {e}"));
+        }
         let min_warm = (spec.min_warm as usize).max(1);
         self.fns.insert(
             name.clone(),
@@ -2015,10 +2018,7 @@ impl Functions {
         }
         self.fns.remove(name);
         // The worker removes the cgroups it kept for the function, then its folder.
-        self.worker.send(Job::Forget {
-            pool: name.to_string(),
-            dir: format!("tenants/_host/{name}"),
-        });
+        self.worker.forget(name, format!("tenants/_host/{name}"));
         log::info!("stopped {name}");
         Reply::Stopped {
             name: name.to_string(),
