@@ -18,11 +18,13 @@
 //! Limits only narrow: [`narrow_to_ceiling`] refuses a request above a ceiling.
 //! Errors quote at most 80 characters of the offending value, escaped.
 
+pub mod ceiling;
 mod error;
 pub mod file;
 pub mod limits;
 pub mod plan;
 
+pub use ceiling::{mcp_ceiling, CeilingError, McpCeiling};
 pub use error::{PolicyError, Shown};
 pub use file::{
     check_fn_name, parse_sandbox_toml, Agent, AllowRule, Entry, FnKind, FnSpec, Layer, SandboxFile,

@@ -109,6 +109,12 @@ pub struct LaunchPlan {
     /// `work` opened by the monitor itself: the last descriptor of `ToLauncher::Mounts` is
     /// that folder as a detached writable tree, placed at `/work`.
     pub work_handed: bool,
+    /// `/proc` is mounted `hidepid=invisible`: each process sees only those of its own uid
+    /// that it may ptrace (a zygote's requests, each its own uid or Landlock domain).
+    pub hide_pids: bool,
+    /// Mode of the sandbox's own `/work` tmpfs when no `work` folder is given: a one-shot
+    /// program's home (`0o755`), or a zygote agent's, which nothing else may list (`0o311`).
+    pub work_mode: u32,
 }
 
 /// The uids a zygote gives its requests, one each, never twice: `first .. first + count`

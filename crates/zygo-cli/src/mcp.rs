@@ -5,9 +5,9 @@
 use std::ffi::OsString;
 use std::path::PathBuf;
 
-use policy::limits::{Dur, Mem, ResolvedLimits};
-use policy::plan::{Image, Network, OneShotArgs, OneShotPlan, BASE_ENV};
-use policy::{narrow_to_ceiling, AllowRule, Layer, Source};
+use policy::limits::{Dur, Mem};
+use policy::plan::OneShotArgs;
+use policy::{mcp_ceiling, CeilingError, Layer, McpCeiling};
 use zygo_monitor::cgroup::Backend;
 use zygo_monitor::mcp::{Ceiling, Options, Workspace};
 
@@ -65,10 +65,10 @@ fn refuse(msg: impl std::fmt::Display) -> i32 {
     1
 }
 
-/// `[defaults]` of a sandbox.toml (empty without `-f`).
-fn file_defaults(file: Option<&PathBuf>) -> Result<Layer, String> {
+/// `[defaults]` of the `-f` sandbox.toml, if one was given.
+fn file_defaults(file: Option<&PathBuf>) -> Result<Option<Layer>, String> {
     let Some(f) = file else {
-        return Ok(Layer::default());
+        return Ok(None);
     };
     let path = std::fs::canonicalize(f).map_err(|e| format!("-f {}: {e}", f.display()))?;
     let meta = std::fs::metadata(&path).map_err(|e| format!("-f {}: {e}", path.display()))?;
@@ -80,105 +80,7 @@ fn file_defaults(file: Option<&PathBuf>) -> Result<Layer, String> {
     }
     let text = std::fs::read_to_string(&path).map_err(|e| format!("-f {}: {e}", path.display()))?;
     let parsed = policy::parse_sandbox_toml(&text, &path).map_err(|e| e.to_string())?;
-    Ok(parsed.defaults)
-}
-
-/// The ceiling from the flags and the file: the file's `[defaults]` is the ceiling, flags
-/// may only narrow it; without a file, the flags over the built-in defaults.
-fn ceiling(o: &Opts) -> Result<(OneShotPlan, Vec<String>), (i32, String)> {
-    let usage = |e: String| (2, e);
-    let flags = o.limits.limits().map_err(|e| usage(e.to_string()))?;
-    let file = file_defaults(o.file.as_ref()).map_err(|e| (2, e))?;
-    let limits = if o.file.is_some() {
-        narrow_to_ceiling(&flags, &file.limits)
-            .map_err(|e| usage(format!("{e} (the -f file's [defaults] is the ceiling)")))?
-    } else {
-        flags
-    }
-    .resolve(&ResolvedLimits::DEFAULT);
-    let flag_image = o
-        .limits
-        .image
-        .as_deref()
-        .map(|s| Image::parse("--image", s))
-        .transpose()
-        .map_err(|e| usage(e.to_string()))?;
-    let image = match (flag_image, &file.image) {
-        (Some(f), Some(d)) if &f != d => {
-            return Err(usage(format!(
-                "--image {f} differs from image = \"{d}\" in the -f file's [defaults], which \
-                 is the ceiling; drop one of them"
-            )))
-        }
-        (Some(f), _) => f,
-        (None, Some(d)) => d.clone(),
-        (None, None) => Image::Host,
-    };
-    let network = match &o.limits.net {
-        Some(s) => Network::parse("--net", s, Source::Cli).map_err(|e| usage(e.to_string()))?,
-        None => file.network.unwrap_or(Network::None),
-    };
-    let mut allow = Vec::new();
-    for a in &o.allow {
-        allow.push(
-            AllowRule::parse("--allow", a)
-                .map_err(|e| usage(e.to_string()))?
-                .to_string(),
-        );
-    }
-    if let Some(rules) = &file.allow {
-        allow.extend(rules.iter().map(ToString::to_string));
-    }
-    if network != Network::None {
-        return Err((
-            1,
-            format!(
-                "network {network} is refused: egress networking is not implemented in this \
-                 version of Zygo (run_code sandboxes see only lo); use --net none (the default)"
-            ),
-        ));
-    }
-    if !allow.is_empty() {
-        return Err((
-            1,
-            format!(
-                "--allow {} needs --net egress, which is not implemented in this version of \
-                 Zygo; drop --allow",
-                allow.join(", ")
-            ),
-        ));
-    }
-    let mut ignored = Vec::new();
-    if file.mounts.as_ref().is_some_and(|m| !m.is_empty()) {
-        ignored.push("mounts");
-    }
-    if file.env.as_ref().is_some_and(|e| !e.is_empty()) {
-        ignored.push("env");
-    }
-    if file.secrets.as_ref().is_some_and(|s| !s.is_empty()) {
-        ignored.push("secrets");
-    }
-    let notes = if ignored.is_empty() {
-        Vec::new()
-    } else {
-        vec![format!(
-            "[defaults] {} apply to warm functions, not to run_code; ignored here",
-            ignored.join(", ")
-        )]
-    };
-    let plan = OneShotPlan {
-        image,
-        mounts: Vec::new(),
-        env: BASE_ENV
-            .iter()
-            .map(|(k, v)| ((*k).to_string(), (*v).to_string()))
-            .collect(),
-        limits,
-        inotify: false,
-        network,
-        argv: vec!["/bin/sh".into()],
-    };
-    Ok((plan, notes))
+    Ok(Some(parsed.defaults))
 }
 
 /// `zygo mcp`: the monitor side of the MCP server.
@@ -191,10 +93,14 @@ pub fn main(raw: Vec<OsString>) -> i32 {
         }
         Err(e) => return usage_error("mcp", e),
     };
-    let (plan, notes) = match ceiling(&opts) {
-        Ok(x) => x,
-        Err((2, e)) => return usage_error("mcp", e),
-        Err((_, e)) => return refuse(e),
+    let file = match file_defaults(opts.file.as_ref()) {
+        Ok(f) => f,
+        Err(e) => return usage_error("mcp", e),
+    };
+    let McpCeiling { plan, notes } = match mcp_ceiling(&opts.limits, &opts.allow, file.as_ref()) {
+        Ok(c) => c,
+        Err(CeilingError::Usage(e)) => return usage_error("mcp", e),
+        Err(CeilingError::Refused(e)) => return refuse(e),
     };
     for n in notes {
         eprintln!("zygo mcp: {n}");

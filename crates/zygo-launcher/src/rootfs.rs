@@ -19,9 +19,7 @@ use std::fs;
 use std::os::unix::fs::{symlink, DirBuilderExt, PermissionsExt};
 use std::path::{Component, Path, PathBuf};
 
-use proto::launch::{
-    Image, LaunchPlan, Mode, PreparedEtc, ETC_COPY_MAX, HOST_ETC, HOST_ETC_GENERATED,
-};
+use proto::launch::{Image, LaunchPlan, PreparedEtc, ETC_COPY_MAX, HOST_ETC, HOST_ETC_GENERATED};
 
 use crate::sys::{self, fail, step, Result};
 
@@ -302,9 +300,7 @@ fn proc_fs(new: &Path, masks: &Masks, plan: &LaunchPlan) -> Result<()> {
             &proc_,
             Some("proc"),
             MS_NOSUID | MS_NODEV | MS_NOEXEC,
-            // In a zygote each request sees only its own processes: the others have another
-            // uid or another Landlock domain (python_agent.py), so ptrace rules hide them.
-            (plan.mode == Mode::Zygote).then_some("hidepid=invisible"),
+            plan.hide_pids.then_some("hidepid=invisible"),
         ),
         || "mount a new /proc".to_string(),
     )?;
@@ -473,12 +469,8 @@ fn assemble(plan: &LaunchPlan, handed: &[std::os::fd::OwnedFd]) -> Result<()> {
     let tmp = new.join("tmp");
     mkdir(&tmp, 0o1777)?;
     tmpfs(&tmp, &format!("mode=1777,{scratch}"), MS_NOSUID | MS_NODEV)?;
-    // A zygote's own /work is the agent's (0311: nothing can list it): each request gets a
-    // fresh tmpfs over /work and /tmp in its own mount namespace, placed by the launcher.
-    let work_mode = match plan.mode {
-        Mode::OneShot => "0755",
-        Mode::Zygote => "0311",
-    };
+    // No set-id bits, whatever the plan says.
+    let work_mode = plan.work_mode & 0o1777;
     let work = new.join("work");
     mkdir(&work, 0o755)?;
     match (&plan.work, work_tree) {
@@ -488,7 +480,7 @@ fn assemble(plan: &LaunchPlan, handed: &[std::os::fd::OwnedFd]) -> Result<()> {
         (Some(dir), None) => bind(&under(old, dir), &work, true)?,
         (None, _) => tmpfs(
             &work,
-            &format!("mode={work_mode},{scratch}"),
+            &format!("mode={work_mode:04o},{scratch}"),
             MS_NOSUID | MS_NODEV,
         )?,
     }

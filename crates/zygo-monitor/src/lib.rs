@@ -13,5 +13,6 @@ pub mod mounts;
 pub mod oneshot;
 pub mod paths;
 pub mod reach;
+pub mod shape;
 pub mod spawn;
 pub mod supervisor;

@@ -16,6 +16,7 @@ use proto::readbuf::read_append;
 use proto::{write_frame, FrameBuf};
 
 use crate::cgroup::{Backend, Cgroup, CgroupError, Limits, Usage};
+use crate::shape::Shape;
 use crate::spawn::{spawn_launcher, Launcher, LauncherFds};
 
 /// The most of each output stream kept for a captured answer.
@@ -964,6 +965,8 @@ pub fn launch_plan(plan: &policy::plan::OneShotPlan) -> Result<(LaunchPlan, Limi
         inotify: plan.inotify,
         image_handed: false,
         work_handed: false,
+        hide_pids: Shape::ONE_SHOT.hide_pids,
+        work_mode: Shape::ONE_SHOT.work_mode,
     };
     Ok((launch, limits))
 }

@@ -33,6 +33,7 @@ use super::conn::Conn;
 use super::SupervisorError;
 use crate::cgroup::{Backend, Cgroup, Limits, Weight};
 use crate::identity::Identity;
+use crate::shape::Shape;
 use std::sync::Arc;
 
 /// Requests one zygote serves at once.
@@ -783,6 +784,8 @@ impl Functions {
             inotify: spec.inotify,
             image_handed: false,
             work_handed: false,
+            hide_pids: Shape::ZYGOTE.hide_pids,
+            work_mode: Shape::ZYGOTE.work_mode,
             scripts: is_pool(&spec),
             files,
             work: None,
