@@ -13,6 +13,9 @@
 //!   [`REFUSED_CODE`] without probing anything otherwise.
 //! - [`Sup`] (module [`sup`]) is a supervisor of a test's own (`zygo up` with private
 //!   runtime and state directories), checked at the end for leftover cgroups and processes.
+//! - [`skip`] is how a test that cannot run here (not root, a program missing) says so:
+//!   `scripts/test` counts it as skipped, not passed, and under `ZYGO_TEST_NO_SKIPS=1`
+//!   (CI) it fails.
 
 use std::fs;
 use std::io::Read;
@@ -26,7 +29,9 @@ use std::time::{Duration, Instant};
 
 use serde_json::Value;
 
+pub mod skip;
 pub mod sup;
+pub use skip::skip;
 pub use sup::*;
 
 /// Every zygo process is killed (and the test failed) after this long.
@@ -150,21 +155,27 @@ macro_rules! root_and_rootless {
     )*};
 }
 
-/// Run `body` as `who`, or say why it is skipped when that kind of run is not possible.
+/// Run `body` as `who`, or [`skip`] the test when that kind of run is not possible here.
+#[track_caller]
 pub fn run_as(who: Who, body: fn(Who)) {
     if !who.available() {
-        eprintln!("skipped: {} runs need the tests to run as root", who.name());
+        skip(&format!(
+            "{} runs need the tests to run as root",
+            who.name()
+        ));
         return;
     }
     body(who)
 }
 
-/// Whether a root-only test can run here; says it is skipped when not.
+/// Whether a root-only test can run here; when not, the test is [`skip`]ped and must
+/// return.
+#[track_caller]
 pub fn root_only() -> bool {
     if Who::Root.available() {
         true
     } else {
-        eprintln!("skipped: this test needs to run as root");
+        skip("this test needs to run as root");
         false
     }
 }

@@ -82,8 +82,9 @@ impl Suite {
         }
     }
 
-    /// A supervisor run by root, for a test that only runs as root; None (after saying the
-    /// test is skipped) when the tests do not run as root.
+    /// A supervisor run by root, for a test that only runs as root; None (the test is
+    /// [`skip`](crate::skip)ped, and must return) when the tests do not run as root.
+    #[track_caller]
     pub fn root(&'static self, test: &str) -> Option<Sup> {
         root_only().then(|| self.sup(Who::Root, test))
     }

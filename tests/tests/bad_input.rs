@@ -385,8 +385,8 @@ fn no_leaks_after_many_sandboxes() {
 /// kill the launcher in the middle of it.
 #[test]
 fn launcher_dies_mid_build() {
-    if !am_root() {
-        eprintln!("launcher_dies_mid_build: needs root to watch the launcher; skipped");
+    // Root, to watch the launcher.
+    if !root_only() {
         return;
     }
     let image = TempDir::new(0o755);
@@ -467,8 +467,7 @@ fn launcher_dies_mid_build() {
 /// such leftovers (`run-<pid>-…` whose process is gone), and only those.
 #[test]
 fn stale_run_cgroups_are_swept() {
-    if !am_root() {
-        eprintln!("stale_run_cgroups_are_swept: needs root; skipped");
+    if !root_only() {
         return;
     }
     // Root's own trees (not the rootless user's).
