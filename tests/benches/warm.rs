@@ -1,4 +1,5 @@
-//! Warm-function benchmark: prints figures next to the targets of issue 3 ("Performance").
+//! Warm-function benchmark: prints the warm-call figures (latency, throughput, start-up,
+//! memory) that docs/performance.md reports.
 //! It asserts nothing about time; it exits non-zero only when something could not be
 //! measured (no binary, a supervisor that would not start, calls that failed).
 //!
