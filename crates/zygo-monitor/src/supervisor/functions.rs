@@ -273,6 +273,26 @@ pub struct Functions {
     counter: u64,
 }
 
+/// What the event loop lends the functions for one call into them: its registry, where a
+/// new launcher's channel is registered (and a killed one's removed), and its token
+/// counter, which names that channel among the loop's other sources.
+pub struct Ctx<'a> {
+    reg: &'a Registry,
+    next_token: &'a mut usize,
+}
+
+impl<'a> Ctx<'a> {
+    pub fn new(reg: &'a Registry, next_token: &'a mut usize) -> Ctx<'a> {
+        Ctx { reg, next_token }
+    }
+
+    /// A token no source of the loop has had.
+    fn token(&mut self) -> Token {
+        *self.next_token += 1;
+        Token(*self.next_token)
+    }
+}
+
 /// Why something was refused, before it becomes a reply.
 type Refusal = (ErrorCode, String);
 
@@ -361,20 +381,12 @@ impl Functions {
     }
 
     /// One request from a front. `None` means the answer comes later (through the outbox).
-    pub fn handle(
-        &mut self,
-        client: Token,
-        req: Request,
-        reg: &Registry,
-        tokens: &mut dyn FnMut() -> Token,
-    ) -> Option<Reply> {
+    pub fn handle(&mut self, client: Token, req: Request, cx: &mut Ctx) -> Option<Reply> {
         match req {
-            Request::ServeAll { file } => self.serve_file(client, &file, None, reg, tokens),
-            Request::Serve { name, file } => {
-                self.serve_file(client, &file, Some(name), reg, tokens)
-            }
-            Request::Stop { name } => Some(self.stop(&name, reg)),
-            Request::Exec(e) => self.exec(client, e, reg, tokens),
+            Request::ServeAll { file } => self.serve_file(client, &file, None, cx),
+            Request::Serve { name, file } => self.serve_file(client, &file, Some(name), cx),
+            Request::Stop { name } => Some(self.stop(&name, cx)),
+            Request::Exec(e) => self.exec(client, e, cx),
             Request::List => Some(Reply::Functions(self.list())),
             Request::Logs { name, n } => Some(match self.fns.get(&name) {
                 Some(f) => {
@@ -388,7 +400,7 @@ impl Functions {
                 ),
             }),
             Request::Stats { name } => Some(self.stats(name.as_deref())),
-            Request::Warm { name, n } => Some(self.warm(&name, n as usize, reg, tokens)),
+            Request::Warm { name, n } => Some(self.warm(&name, n as usize, cx)),
             Request::Cancel { key } => Some(self.cancel(&key)),
             Request::Drain { .. } => {
                 Some(fail(ErrorCode::Internal, "drain is handled by the loop"))
@@ -413,8 +425,7 @@ impl Functions {
         client: Token,
         file: &str,
         only: Option<String>,
-        reg: &Registry,
-        tokens: &mut dyn FnMut() -> Token,
+        cx: &mut Ctx,
     ) -> Option<Reply> {
         let path = Path::new(file);
         let text = match read_capped(path, policy::file::MAX_FILE_BYTES as u64) {
@@ -444,7 +455,7 @@ impl Functions {
             let Some(spec) = parsed.functions.get(name) else {
                 continue;
             };
-            match self.serve_one(spec.clone(), reg, tokens) {
+            match self.serve_one(spec.clone(), cx) {
                 Ok(()) => {
                     if self
                         .fns
@@ -616,8 +627,7 @@ fn start_launcher(
     cg: &dyn Cgroup,
     plan: LaunchPlan,
     handed: &[OwnedFd],
-    reg: &Registry,
-    tokens: &mut dyn FnMut() -> Token,
+    cx: &mut Ctx,
 ) -> Result<(crate::spawn::Launcher, Conn, Token), String> {
     let (mon, launcher_end) = StdUnixStream::pair().map_err(|e| format!("socketpair: {e}"))?;
     let launcher_end = OwnedFd::from(launcher_end);
@@ -669,8 +679,11 @@ fn start_launcher(
         return Err(stop(e.to_string()));
     }
     let mut stream = mio::net::UnixStream::from_std(mon);
-    let t = tokens();
-    if let Err(e) = reg.register(&mut stream, t, Interest::READABLE | Interest::WRITABLE) {
+    let t = cx.token();
+    if let Err(e) = cx
+        .reg
+        .register(&mut stream, t, Interest::READABLE | Interest::WRITABLE)
+    {
         return Err(stop(format!("register the launcher: {e}")));
     }
     let mut conn = Conn::new(stream, MAX_LAUNCH_FRAME);
@@ -679,12 +692,7 @@ fn start_launcher(
 }
 
 impl Functions {
-    fn serve_one(
-        &mut self,
-        spec: FnSpec,
-        reg: &Registry,
-        tokens: &mut dyn FnMut() -> Token,
-    ) -> Result<(), String> {
+    fn serve_one(&mut self, spec: FnSpec, cx: &mut Ctx) -> Result<(), String> {
         let name = spec.name.clone();
         if self
             .fns
@@ -695,7 +703,7 @@ impl Functions {
         }
         if let Some(old) = self.fns.remove(&name) {
             for t in old.zygotes {
-                self.kill_zygote(t, reg);
+                self.kill_zygote(t, cx);
             }
         }
         if spec.network != policy::plan::Network::None {
@@ -816,7 +824,7 @@ impl Functions {
             },
         );
         for _ in 0..min_warm {
-            if let Err(e) = self.spawn_zygote(&name, reg, tokens) {
+            if let Err(e) = self.spawn_zygote(&name, cx) {
                 if let Some(f) = self.fns.get_mut(&name) {
                     f.state = FnState::Failed(e.clone());
                 }
@@ -827,12 +835,7 @@ impl Functions {
         Ok(())
     }
 
-    fn spawn_zygote(
-        &mut self,
-        name: &str,
-        reg: &Registry,
-        tokens: &mut dyn FnMut() -> Token,
-    ) -> Result<(), String> {
+    fn spawn_zygote(&mut self, name: &str, cx: &mut Ctx) -> Result<(), String> {
         let f = self.fns.get(name).ok_or("no such function")?;
         let cg = self
             .backend
@@ -860,7 +863,7 @@ impl Functions {
             .map(crate::mounts::copy)
             .collect::<Result<Vec<_>, _>>()
             .map_err(|e| format!("copy the function's mounts: {e}"))?;
-        let (child, conn, t) = start_launcher(&launcher, &*cg, plan, &handed, reg, tokens)?;
+        let (child, conn, t) = start_launcher(&launcher, &*cg, plan, &handed, cx)?;
         let now = Instant::now();
         self.zygotes.insert(
             t,
@@ -913,7 +916,7 @@ impl Functions {
 
     /// A spent zygote (see `Zygote::parks_left`) gets a replacement as soon as it is spent,
     /// and is ended once its last child is gone: no request id is ever given twice.
-    fn retire_if_spent(&mut self, zt: Token, reg: &Registry, tokens: &mut dyn FnMut() -> Token) {
+    fn retire_if_spent(&mut self, zt: Token, cx: &mut Ctx) {
         let Some(z) = self.zygotes.get_mut(&zt) else {
             return;
         };
@@ -924,7 +927,7 @@ impl Functions {
         if !z.replaced {
             z.replaced = true;
             log::info!("a zygote of {name} has given every request id it had; replacing it");
-            if let Err(e) = self.spawn_zygote(&name, reg, tokens) {
+            if let Err(e) = self.spawn_zygote(&name, cx) {
                 log::error!("replace a spent zygote of {name}: {e}");
             }
         }
@@ -932,17 +935,17 @@ impl Functions {
             return;
         };
         if z.slots.is_empty() && z.parking.is_empty() && z.placing.is_empty() {
-            self.kill_zygote(zt, reg);
+            self.kill_zygote(zt, cx);
         }
     }
 
     /// Kill a zygote: its launcher, every cgroup it had, and fail its calls.
-    fn kill_zygote(&mut self, zt: Token, reg: &Registry) {
+    fn kill_zygote(&mut self, zt: Token, cx: &Ctx) {
         let Some(mut z) = self.zygotes.remove(&zt) else {
             return;
         };
         z.conn.send(&ToLauncher::Kill);
-        let _ = reg.deregister(&mut z.conn.stream);
+        let _ = cx.reg.deregister(&mut z.conn.stream);
         let _ = z.child.kill();
         let _ = z.child.wait();
         let _ = z.cgroup.thaw();
@@ -986,7 +989,7 @@ impl DupFd for std::io::Stderr {
 
 impl Functions {
     /// Something happened on a launcher's channel.
-    pub fn zygote_event(&mut self, zt: Token, reg: &Registry, tokens: &mut dyn FnMut() -> Token) {
+    pub fn zygote_event(&mut self, zt: Token, cx: &mut Ctx) {
         let Some(z) = self.zygotes.get_mut(&zt) else {
             return;
         };
@@ -1003,24 +1006,18 @@ impl Functions {
             Err(e) => (Vec::new(), Some(format!("launcher channel: {e}"))),
         };
         for m in msgs {
-            if let Err(why) = self.launcher_msg(zt, m, reg, tokens) {
+            if let Err(why) = self.launcher_msg(zt, m, cx) {
                 log::error!("zygote protocol: {why}; replacing the zygote");
-                self.zygote_died(zt, &why, reg, tokens);
+                self.zygote_died(zt, &why, cx);
                 return;
             }
         }
         if let Some(why) = end {
-            self.zygote_died(zt, &why, reg, tokens);
+            self.zygote_died(zt, &why, cx);
         }
     }
 
-    fn zygote_died(
-        &mut self,
-        zt: Token,
-        why: &str,
-        reg: &Registry,
-        tokens: &mut dyn FnMut() -> Token,
-    ) {
+    fn zygote_died(&mut self, zt: Token, why: &str, cx: &mut Ctx) {
         let Some(z) = self.zygotes.get(&zt) else {
             return;
         };
@@ -1029,7 +1026,7 @@ impl Functions {
         if z.state != ZState::Dead {
             log::warn!("a zygote of {name} ended: {why}");
         }
-        self.kill_zygote(zt, reg);
+        self.kill_zygote(zt, cx);
         let Some(f) = self.fns.get_mut(&name) else {
             return;
         };
@@ -1043,19 +1040,13 @@ impl Functions {
         }
         // Replace it, so the function keeps min_warm zygotes.
         if f.zygotes.len() < f.min_warm {
-            if let Err(e) = self.spawn_zygote(&name, reg, tokens) {
+            if let Err(e) = self.spawn_zygote(&name, cx) {
                 log::error!("replace a zygote of {name}: {e}");
             }
         }
     }
 
-    fn launcher_msg(
-        &mut self,
-        zt: Token,
-        m: FromLauncher,
-        reg: &Registry,
-        tokens: &mut dyn FnMut() -> Token,
-    ) -> Result<(), String> {
+    fn launcher_msg(&mut self, zt: Token, m: FromLauncher, cx: &mut Ctx) -> Result<(), String> {
         let z = self.zygotes.get_mut(&zt).ok_or("no such zygote")?;
         match m {
             FromLauncher::Cloned { pid } if z.state == ZState::Starting => {
@@ -1188,7 +1179,7 @@ impl Functions {
             FromLauncher::ParkFailed { slot, message } => {
                 z.parking.retain(|s| *s != slot);
                 log::warn!("a zygote of {} could not park a child: {message}", z.func);
-                self.retire_if_spent(zt, reg, tokens);
+                self.retire_if_spent(zt, cx);
             }
             FromLauncher::Output { slot, stream, data } => {
                 if let Some(id) = slot_request(z, &slot) {
@@ -1289,14 +1280,13 @@ impl Functions {
                     let func = z.func.clone();
                     self.dispatch_pending(&func);
                 }
-                self.retire_if_spent(zt, reg, tokens);
+                self.retire_if_spent(zt, cx);
             }
             FromLauncher::Exited { .. } => {
                 z.state = ZState::Dead;
             }
             other => return Err(format!("unexpected {other:?}")),
         }
-        let _ = (reg, tokens);
         Ok(())
     }
 }
@@ -1358,13 +1348,7 @@ fn slot_request(z: &Zygote, slot: &str) -> Option<String> {
 }
 
 impl Functions {
-    fn exec(
-        &mut self,
-        client: Token,
-        e: ExecRequest,
-        reg: &Registry,
-        tokens: &mut dyn FnMut() -> Token,
-    ) -> Option<Reply> {
+    fn exec(&mut self, client: Token, e: ExecRequest, cx: &mut Ctx) -> Option<Reply> {
         if e.event.len() > MAX_EVENT {
             return Some(fail(
                 ErrorCode::TooLarge,
@@ -1499,7 +1483,7 @@ impl Functions {
             return None;
         }
         if can_grow {
-            if let Err(err) = self.spawn_zygote(&name, reg, tokens) {
+            if let Err(err) = self.spawn_zygote(&name, cx) {
                 self.calls.remove(&id);
                 return Some(fail(
                     ErrorCode::Unavailable,
@@ -1777,13 +1761,7 @@ fn percentile(sorted: &[u64], p: f64) -> u64 {
 
 impl Functions {
     /// Timers: deadlines, heartbeats, idle freezing, answers to `serve`.
-    pub fn tick(
-        &mut self,
-        now: Instant,
-        reg: &Registry,
-        tokens: &mut dyn FnMut() -> Token,
-        draining: bool,
-    ) {
+    pub fn tick(&mut self, now: Instant, cx: &mut Ctx, draining: bool) {
         let stuck = stuck_after();
         let mut kill: Vec<(String, Outcome)> = Vec::new();
         let mut expired_pending: Vec<String> = Vec::new();
@@ -1850,7 +1828,7 @@ impl Functions {
             }
         }
         for t in dead {
-            self.zygote_died(t, "its agent stopped sending heartbeats", reg, tokens);
+            self.zygote_died(t, "its agent stopped sending heartbeats", cx);
         }
         // `serve` answers.
         let mut still = Vec::new();
@@ -1994,7 +1972,7 @@ impl Functions {
         }
     }
 
-    fn stop(&mut self, name: &str, reg: &Registry) -> Reply {
+    fn stop(&mut self, name: &str, cx: &Ctx) -> Reply {
         let Some(f) = self.fns.get(name) else {
             return fail(
                 ErrorCode::NotFound,
@@ -2014,7 +1992,7 @@ impl Functions {
             }
         }
         for t in zs {
-            self.kill_zygote(t, reg);
+            self.kill_zygote(t, cx);
         }
         for id in ids {
             self.finish(&id, None, None);
@@ -2028,13 +2006,7 @@ impl Functions {
         }
     }
 
-    fn warm(
-        &mut self,
-        name: &str,
-        n: usize,
-        reg: &Registry,
-        tokens: &mut dyn FnMut() -> Token,
-    ) -> Reply {
+    fn warm(&mut self, name: &str, n: usize, cx: &mut Ctx) -> Reply {
         let Some(f) = self.fns.get_mut(name) else {
             return fail(
                 ErrorCode::NotFound,
@@ -2052,7 +2024,7 @@ impl Functions {
         let want = f.min_warm;
         let have = f.zygotes.len();
         for _ in have..want {
-            if let Err(e) = self.spawn_zygote(name, reg, tokens) {
+            if let Err(e) = self.spawn_zygote(name, cx) {
                 return fail(
                     ErrorCode::Internal,
                     format!("start a zygote of {name}: {e}"),
@@ -2122,7 +2094,7 @@ impl Functions {
         }
     }
 
-    pub fn shutdown(&mut self, reg: &Registry) {
+    pub fn shutdown(&mut self, cx: &Ctx) {
         // What the worker is still placing goes with its zygote; wait for it first.
         self.worker.finish();
         for p in self.worker.done() {
@@ -2139,7 +2111,7 @@ impl Functions {
         }
         let zs: Vec<Token> = self.zygotes.keys().copied().collect();
         for t in zs {
-            self.kill_zygote(t, reg);
+            self.kill_zygote(t, cx);
         }
         for id in ids {
             self.finish(&id, None, None);
