@@ -13,7 +13,8 @@ use std::io::Write;
 use std::path::PathBuf;
 use std::time::SystemTime;
 
-use proto::front::ErrorCode;
+use proto::front::{ErrorCode, ScriptRef};
+use proto::launch::Script;
 
 /// The largest script.
 pub const MAX_SCRIPT: usize = super::functions::MAX_EVENT;
@@ -202,6 +203,25 @@ impl Store {
                 ),
                 Err(err) if err.kind() == std::io::ErrorKind::NotFound => {}
                 Err(err) => log::warn!("script store: remove {digest}: {err}"),
+            }
+        }
+    }
+
+    /// The script a call names: a source sent with the call is stored first (`in_use` as
+    /// for [`Store::put`]); a digest is read from the store.
+    pub fn resolve(
+        &mut self,
+        r: ScriptRef,
+        in_use: &dyn Fn(&str) -> bool,
+    ) -> Result<Script, Refusal> {
+        match r {
+            ScriptRef::Source(source) => {
+                let digest = self.put(&source, in_use)?;
+                Ok(Script { digest, source })
+            }
+            ScriptRef::Digest(digest) => {
+                let source = self.get(&digest)?;
+                Ok(Script { digest, source })
             }
         }
     }
