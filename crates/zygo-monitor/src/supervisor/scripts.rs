@@ -336,6 +336,23 @@ mod tests {
     }
 
     #[test]
+    fn a_script_sent_with_a_call_is_stored_and_its_digest_names_it() {
+        let (mut s, dir) = store(DEFAULT_CAP);
+        let none = |_: &str| false;
+        let sent = s
+            .resolve(ScriptRef::Source(b"print(1)".to_vec()), &none)
+            .expect("stored");
+        assert!(valid_digest(&sent.digest) && s.contains(&sent.digest));
+        let named = s
+            .resolve(ScriptRef::Digest(sent.digest.clone()), &none)
+            .expect("found");
+        assert_eq!(named.source, b"print(1)");
+        let unknown = s.resolve(ScriptRef::Digest("0".repeat(64)), &none);
+        assert_eq!(unknown.map_err(|e| e.0).err(), Some(ErrorCode::NotFound));
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
     fn leftovers_of_an_interrupted_write_are_removed_at_start() {
         let (s, dir) = store(DEFAULT_CAP);
         std::fs::write(dir.join(".abc.123456"), b"half").expect("write");

@@ -160,3 +160,71 @@ fn agent_for(spec: &FnSpec) -> Result<AgentLaunch, String> {
     }
 }
 
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn spec(table: &str) -> FnSpec {
+        let text = format!("[fn.f]\n{table}");
+        let file = policy::file::parse_sandbox_toml(&text, Path::new("/srv/app/sandbox.toml"))
+            .expect("a valid sandbox.toml");
+        file.functions.get("f").cloned().expect("[fn.f]")
+    }
+
+    #[test]
+    fn a_python_function_imports_its_entry_from_its_folder_at_fn() {
+        let (argv, mount, files) = agent_argv(
+            &spec("agent = \"python\"\nentry = \"h/app.py:run\"\n"),
+            None,
+        )
+        .expect("argv");
+        assert_eq!(
+            argv,
+            [
+                "/usr/bin/python3",
+                "-I",
+                "/run/zygo/python_boot.py",
+                AGENT_SCRIPT,
+                "/fn/app.py",
+                "run"
+            ]
+        );
+        let mount = mount.expect("the entry's folder");
+        assert_eq!(
+            (mount.src.as_str(), mount.dst.as_str()),
+            ("/srv/app/h", "/fn")
+        );
+        assert!(!mount.rw);
+        let paths: Vec<&str> = files.iter().map(|f| f.path.as_str()).collect();
+        assert_eq!(paths, [AGENT_SCRIPT, "/run/zygo/python_boot.py"]);
+    }
+
+    #[test]
+    fn per_request_uids_are_the_agents_first_arguments() {
+        let ids = RequestIds {
+            first: 1000,
+            count: 500,
+        };
+        let (argv, mount, files) =
+            agent_argv(&spec("agent = \"node\"\n"), Some(ids)).expect("argv");
+        assert_eq!(
+            argv[3..],
+            [
+                AGENT_SCRIPT,
+                "--per-request-uids",
+                "1000:500",
+                "--node-pool"
+            ]
+        );
+        assert!(mount.is_none());
+        assert!(files.iter().any(|f| f.path == "/run/zygo/node_agent.mjs"));
+    }
+
+    #[test]
+    fn a_command_pool_runs_its_command_through_the_agent() {
+        let (argv, mount, _) =
+            agent_argv(&spec("cmd = [\"/bin/sh\", \"-e\"]\n"), None).expect("argv");
+        assert_eq!(argv[3..], [AGENT_SCRIPT, "--exec", "/bin/sh", "-e"]);
+        assert!(mount.is_none());
+    }
+}

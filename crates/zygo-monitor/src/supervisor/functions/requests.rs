@@ -727,3 +727,205 @@ impl Functions {
     }
 }
 
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::cgroup::fake::{Fake, Op};
+
+    const TIMEOUT: Duration = Duration::from_secs(30);
+    const STUCK: Duration = Duration::from_secs(60);
+
+    /// What a call's caller is told, from what happened to it; `cg` is its cgroup, read
+    /// as the supervisor reads it when the call ends.
+    fn told(
+        forced: Option<Outcome>,
+        terminal: Option<Terminal>,
+        cg: &Fake,
+        violation: Option<&str>,
+    ) -> Verdict {
+        let ending = Ending {
+            forced,
+            terminal,
+            usage: cg.boxed().usage().ok(),
+            violation: violation.map(str::to_string),
+        };
+        decide(ending, TIMEOUT, STUCK, "64M")
+    }
+
+    fn returned(v: &str) -> Option<Terminal> {
+        Some(Terminal::Returned(v.into()))
+    }
+
+    fn raised(message: &str, traceback: &str) -> Option<Terminal> {
+        Some(Terminal::Raised {
+            message: message.into(),
+            traceback: traceback.into(),
+        })
+    }
+
+    #[test]
+    fn a_handler_that_returns_is_ok_with_its_value() {
+        let v = told(None, returned("{\"a\":1}"), &Fake::new(), None);
+        assert_eq!(
+            v,
+            Verdict {
+                outcome: Outcome::Ok,
+                result: Some("{\"a\":1}".into()),
+                error: None,
+                traceback: None,
+                oom_killed: false,
+            }
+        );
+    }
+
+    #[test]
+    fn a_handler_that_raises_is_an_error_with_its_message_and_traceback() {
+        let v = told(None, raised("boom", "Traceback ..."), &Fake::new(), None);
+        assert_eq!(v.outcome, Outcome::Error);
+        assert_eq!(v.error.as_deref(), Some("boom"));
+        assert_eq!(v.traceback.as_deref(), Some("Traceback ..."));
+        // An empty traceback is no traceback.
+        let v = told(None, raised("boom", ""), &Fake::new(), None);
+        assert_eq!(v.traceback, None);
+    }
+
+    #[test]
+    fn a_reason_from_outside_stands_over_the_handlers_answer() {
+        let cases = [
+            (Outcome::Timeout, "exceeded its 30s time limit"),
+            (
+                Outcome::Stuck,
+                "sent no heartbeat for 1m and was killed as stuck",
+            ),
+            (Outcome::Cancelled, "cancelled"),
+        ];
+        for (forced, message) in cases {
+            for terminal in [None, returned("1"), raised("boom", "tb")] {
+                let v = told(Some(forced), terminal, &Fake::new(), None);
+                assert_eq!(v.outcome, forced);
+                assert_eq!(v.error.as_deref(), Some(message));
+                assert_eq!((v.result, v.traceback), (None, None));
+            }
+        }
+    }
+
+    #[test]
+    fn a_call_whose_zygote_died_is_an_error_saying_so() {
+        let v = told(
+            Some(Outcome::Error),
+            Some(zygote_died()),
+            &Fake::new(),
+            None,
+        );
+        assert_eq!(v.outcome, Outcome::Error);
+        assert_eq!(
+            v.error.as_deref(),
+            Some("the zygote serving this request died")
+        );
+        assert_eq!(v.traceback, None);
+    }
+
+    #[test]
+    fn a_child_killed_by_the_oom_killer_is_an_error_naming_the_limit() {
+        let cg = Fake::new().oom_killed(1);
+        let v = told(None, None, &cg, None);
+        assert_eq!(v.outcome, Outcome::Error);
+        assert_eq!(v.error.as_deref(), Some("ran out of memory (limit 64M)"));
+        assert!(v.oom_killed);
+        // Even with a broken protocol: the OOM kill is why.
+        let v = told(None, None, &Fake::new().oom_killed(2), Some("bad line"));
+        assert_eq!(v.error.as_deref(), Some("ran out of memory (limit 64M)"));
+    }
+
+    #[test]
+    fn an_oom_kill_is_reported_beside_an_answer_but_does_not_change_it() {
+        let v = told(None, returned("1"), &Fake::new().oom_killed(1), None);
+        assert_eq!((v.outcome, v.oom_killed), (Outcome::Ok, true));
+        let v = told(
+            Some(Outcome::Timeout),
+            None,
+            &Fake::new().oom_killed(1),
+            None,
+        );
+        assert_eq!((v.outcome, v.oom_killed), (Outcome::Timeout, true));
+    }
+
+    #[test]
+    fn a_child_that_ends_without_answering_is_an_error_saying_how() {
+        let v = told(None, None, &Fake::new(), None);
+        assert_eq!(v.outcome, Outcome::Error);
+        assert_eq!(
+            v.error.as_deref(),
+            Some("the handler's process ended without answering")
+        );
+        let v = told(None, None, &Fake::new(), Some("a line that is not JSON"));
+        assert_eq!(
+            v.error.as_deref(),
+            Some("the handler's process broke the agent protocol: a line that is not JSON")
+        );
+        // A cgroup that cannot be read counts no OOM kill.
+        let v = told(None, None, &Fake::new().oom_killed(1).unreadable(), None);
+        assert!(!v.oom_killed);
+        assert_eq!(
+            v.error.as_deref(),
+            Some("the handler's process ended without answering")
+        );
+    }
+
+    #[test]
+    fn a_child_gone_without_an_answer_has_its_cgroup_killed_before_it_is_read() {
+        let cg = Fake::new().holding(4242).reads(Usage {
+            oom_kills: 1,
+            peak_bytes: 64 << 20,
+            cpu_usec: 2_500_000,
+        });
+        let usage = last_reading(&*cg.boxed());
+        assert_eq!(cg.ops(), [Op::KillAll, Op::Usage]);
+        assert!(cg.pids().is_empty());
+        assert_eq!(usage.map(|u| u.oom_kills), Some(1));
+        assert_eq!(last_reading(&*Fake::new().unreadable().boxed()), None);
+    }
+
+    #[test]
+    fn metrics_are_the_wall_time_and_the_cgroups_readings() {
+        let cg = Fake::new().reads(Usage {
+            oom_kills: 0,
+            peak_bytes: 10 << 20,
+            cpu_usec: 12_345,
+        });
+        let m = metrics(Duration::from_micros(1_500_700), cg.boxed().usage().ok());
+        assert_eq!(
+            m,
+            Metrics {
+                wall_ms: 1500,
+                cpu_ms: 12,
+                peak_rss_kb: 10 * 1024,
+            }
+        );
+        let unread = metrics(Duration::from_millis(3), None);
+        assert_eq!((unread.cpu_ms, unread.peak_rss_kb), (0, 0));
+    }
+
+    #[test]
+    fn a_call_waits_only_where_a_zygote_has_room_else_grows_else_is_busy() {
+        // room, waiting, zygotes, max_warm
+        assert_eq!(admit(1, 0, 1, 1), Admission::Wait);
+        assert_eq!(admit(4, 3, 1, 1), Admission::Wait);
+        // As many waiting as there is room: another zygote, while there may be more.
+        assert_eq!(admit(4, 4, 1, 2), Admission::Grow);
+        assert_eq!(admit(0, 0, 0, 1), Admission::Grow);
+        // No room and max_warm zygotes: refused at once, never queued.
+        assert_eq!(admit(4, 4, 2, 2), Admission::Busy);
+        assert_eq!(admit(0, 0, 1, 1), Admission::Busy);
+    }
+
+    #[test]
+    fn output_past_the_cap_is_cut_at_a_character_and_marked() {
+        let mut c = Capped::new();
+        c.push(&"a".repeat(OUTPUT_CAP - 1));
+        assert!(!c.truncated);
+        c.push("é");
+        assert!(c.truncated);
+        assert_eq!(c.text.len(), OUTPUT_CAP - 1);
+    }
+}

@@ -203,3 +203,39 @@ fn percentile(sorted: &[u64], p: f64) -> u64 {
     sorted[i.min(sorted.len() - 1)]
 }
 
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn counters_keep_the_last_samples_and_the_highest_peak() {
+        let mut st = Stats::default();
+        for i in 0..SAMPLES as u64 + 5 {
+            st.add(Outcome::Ok, Duration::from_micros(i), i % 7);
+        }
+        st.add(Outcome::Stuck, Duration::from_micros(1), 3);
+        assert_eq!(st.requests, SAMPLES as u64 + 6);
+        assert_eq!(st.by_outcome[Outcome::Ok as usize], SAMPLES as u64 + 5);
+        assert_eq!(st.by_outcome[Outcome::Stuck as usize], 1);
+        assert_eq!(st.walls_us.len(), SAMPLES);
+        assert_eq!(st.walls_us.front(), Some(&6));
+        assert_eq!(st.peak_rss_kb, 6);
+    }
+
+    #[test]
+    fn percentiles_are_the_nearest_sample() {
+        assert_eq!(percentile(&[], 0.5), 0);
+        assert_eq!(percentile(&[7], 0.99), 7);
+        let w: Vec<u64> = (1..=100).collect();
+        assert_eq!(percentile(&w, 0.5), 51);
+        assert_eq!(percentile(&w, 0.99), 99);
+    }
+
+    #[test]
+    fn a_tail_never_cuts_a_character() {
+        assert_eq!(tail("short", 4096), "short");
+        assert_eq!(tail("abcdef", 3), "def");
+        // "é" is two bytes: a cut through it moves past it.
+        assert_eq!(tail("aéb", 2), "b");
+    }
+}

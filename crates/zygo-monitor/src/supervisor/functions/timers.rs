@@ -122,3 +122,95 @@ impl Functions {
     }
 }
 
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::cgroup::fake::{Fake, Op};
+    use proto::front::ExecRequest;
+
+    const TIMEOUT: Duration = Duration::from_secs(30);
+    const STUCK: Duration = Duration::from_secs(60);
+
+    /// A call received at `t0` with a 30 s time limit.
+    fn call(t0: Instant) -> InFlight {
+        let e = ExecRequest {
+            name: "f".into(),
+            event: "{}".into(),
+            key: None,
+            timeout_ms: None,
+            stream: false,
+            script: None,
+        };
+        InFlight::new(mio::Token(99), &e, "{}".into(), TIMEOUT, None, t0)
+    }
+
+    fn secs(n: u64) -> Duration {
+        Duration::from_secs(n)
+    }
+
+    #[test]
+    fn a_running_call_is_due_at_its_time_limit_or_when_its_heartbeat_stops() {
+        let t0 = Instant::now();
+        let mut c = call(t0);
+        c.started = Some(t0 + secs(1));
+        c.last_beat = t0 + secs(1);
+        assert_eq!(due(&c, t0 + secs(30), STUCK), None);
+        assert_eq!(due(&c, t0 + secs(31), STUCK), Some(Due::Timeout));
+        // With a limit longer than the heartbeat's, silence ends it first; a beat resets it.
+        let mut c = call(t0);
+        c.timeout = secs(600);
+        c.started = Some(t0);
+        c.last_beat = t0;
+        assert_eq!(due(&c, t0 + secs(59), STUCK), None);
+        assert_eq!(due(&c, t0 + secs(60), STUCK), Some(Due::Stuck));
+        c.last_beat = t0 + secs(50);
+        assert_eq!(due(&c, t0 + secs(60), STUCK), None);
+        // Both at once: the time limit is the reason.
+        assert_eq!(due(&c, t0 + secs(600), Duration::ZERO), Some(Due::Timeout));
+    }
+
+    #[test]
+    fn a_call_waiting_for_a_child_expires_at_its_time_limit_without_running() {
+        let t0 = Instant::now();
+        let c = call(t0);
+        assert_eq!(due(&c, t0 + secs(29), STUCK), None);
+        // Never started, so never stuck, however long it has been silent.
+        assert_eq!(due(&c, t0 + secs(30), Duration::ZERO), Some(Due::Expired));
+    }
+
+    #[test]
+    fn a_call_already_being_ended_is_never_due_again() {
+        let t0 = Instant::now();
+        for forced in [Outcome::Cancelled, Outcome::Timeout, Outcome::Error] {
+            let mut c = call(t0);
+            c.started = Some(t0);
+            c.forced = Some(forced);
+            assert_eq!(due(&c, t0 + secs(3600), STUCK), None);
+        }
+    }
+
+    #[test]
+    fn a_child_lingering_after_its_answer_is_killed_with_its_cgroup() {
+        let cg = Fake::new().holding(4242);
+        let t0 = Instant::now();
+        let s = Slot {
+            cgroup: cg.boxed(),
+            request: Some("r".into()),
+            answered: Some(t0),
+        };
+        end_if_lingering(&s, t0 + LINGER - Duration::from_millis(1));
+        assert!(cg.ops().is_empty());
+        end_if_lingering(&s, t0 + LINGER);
+        assert_eq!(cg.ops(), [Op::Thaw, Op::KillAll]);
+        assert!(cg.pids().is_empty());
+        // One not answered yet is left alone, however long it runs.
+        let running = Fake::new();
+        let s = Slot {
+            cgroup: running.boxed(),
+            request: Some("r".into()),
+            answered: None,
+        };
+        end_if_lingering(&s, t0 + secs(3600));
+        assert!(running.ops().is_empty());
+    }
+}

@@ -710,3 +710,75 @@ pub(super) fn freeze(z: &mut Zygote) {
     z.frozen = true;
 }
 
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::cgroup::fake::Fake;
+
+    /// A child in a cgroup of its own: parked (`None`), or serving a call.
+    fn child(request: Option<&str>) -> Slot {
+        Slot {
+            cgroup: Fake::new().boxed(),
+            request: request.map(str::to_string),
+            answered: None,
+        }
+    }
+
+    fn children(parks_left: Option<u32>, slots: Vec<Slot>) -> Children {
+        let mut c = Children::new(parks_left);
+        for (i, s) in slots.into_iter().enumerate() {
+            c.slots.insert(format!("s{i}"), s);
+        }
+        c
+    }
+
+    fn serving(n: usize) -> Vec<Slot> {
+        (0..n).map(|i| child(Some(&format!("r{i}")))).collect()
+    }
+
+    #[test]
+    fn a_zygote_with_every_slot_serving_has_no_room() {
+        let c = children(None, serving(SLOTS));
+        assert_eq!((c.busy(), c.room(), c.to_park()), (SLOTS, 0, 0));
+        assert_eq!(c.free_slot(), None);
+    }
+
+    #[test]
+    fn an_answered_child_no_longer_counts_against_the_slots() {
+        let mut slots = serving(SLOTS);
+        slots[0].answered = Some(Instant::now());
+        let c = children(None, slots);
+        assert_eq!((c.busy(), c.room()), (SLOTS - 1, 1));
+        // Its slot is not free (it still serves its call), but a spare may be parked.
+        assert_eq!(c.free_slot(), None);
+        assert_eq!(c.to_park(), 1);
+    }
+
+    #[test]
+    fn a_zygote_keeps_its_spares_parked_within_its_slots() {
+        assert_eq!(children(None, Vec::new()).to_park(), SPARES);
+        assert_eq!(children(None, serving(1)).to_park(), SPARES.min(SLOTS - 1));
+        assert_eq!(children(None, serving(2)).to_park(), SLOTS - 2);
+        // Spares on their way count: one parked, one registering, one being placed.
+        let mut c = children(None, vec![child(None)]);
+        c.parking.push("p".into());
+        c.placing.push("q".into());
+        assert_eq!(c.to_park(), SPARES - 3);
+        assert_eq!(c.free_slot(), Some("s0".to_string()));
+    }
+
+    #[test]
+    fn a_spent_zygote_parks_no_more_and_takes_only_what_its_children_can() {
+        let mut c = children(Some(0), vec![child(None), child(Some("r"))]);
+        c.parking.push("p".into());
+        assert!(c.spent());
+        assert_eq!(c.to_park(), 0);
+        // The parked child and the one registering; not the slots left.
+        assert_eq!(c.room(), 2);
+        assert!(!c.none());
+        assert!(children(Some(0), Vec::new()).none());
+        assert_eq!(children(Some(0), Vec::new()).room(), 0);
+        // One uid left: one more child, whatever the spares want.
+        assert_eq!(children(Some(1), Vec::new()).to_park(), 1);
+    }
+}
