@@ -9,6 +9,8 @@
 //! otherwise the v1 memory, pids, cpu, cpuacct and freezer hierarchies. Where neither can
 //! enforce limits, sandboxes are refused with the steps to fix it.
 
+#[cfg(test)]
+pub(crate) mod fake;
 mod v1;
 mod v2;
 

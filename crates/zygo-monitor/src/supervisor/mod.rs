@@ -45,7 +45,7 @@ use conn::{
     Conn, Got, InputBudget, CHUNK, FRAME_STALL, INPUT_BUDGET, MAX_FRONTS, MAX_HELLO_FRAME,
     MAX_QUEUED, MAX_QUEUED_BYTES, OUTPUT_BUDGET, OUT_LOW, SMALL_FRAME,
 };
-use functions::Functions;
+use functions::{Ctx, Functions};
 
 const LISTENER: Token = Token(0);
 const SIGNALS: Token = Token(1);
@@ -365,12 +365,8 @@ impl Supervisor {
                     WAKER => self.fns.worker_done(),
                     t if self.clients.contains_key(&t) => self.service(t),
                     t => {
-                        let registry = self.poll.registry();
-                        let mut new_tokens = || {
-                            self.next_token += 1;
-                            Token(self.next_token)
-                        };
-                        self.fns.zygote_event(t, registry, &mut new_tokens);
+                        let mut cx = Ctx::new(self.poll.registry(), &mut self.next_token);
+                        self.fns.zygote_event(t, &mut cx);
                     }
                 }
             }
@@ -378,14 +374,8 @@ impl Supervisor {
             self.deliver();
             let now = Instant::now();
             {
-                let registry = self.poll.registry();
-                let next = &mut self.next_token;
-                let mut new_tokens = || {
-                    *next += 1;
-                    Token(*next)
-                };
-                self.fns
-                    .tick(now, registry, &mut new_tokens, self.drain.is_some());
+                let mut cx = Ctx::new(self.poll.registry(), &mut self.next_token);
+                self.fns.tick(now, &mut cx, self.drain.is_some());
             }
             self.deliver();
             // Stalled connections go first, so the budget they held is served at once.
@@ -410,7 +400,8 @@ impl Supervisor {
         // New calls were refused while draining, so what is still in flight is what the
         // grace cut off of the calls running when it began.
         let cut_off = (self.fns.in_flight() as u32).min(self.drain_from);
-        self.fns.shutdown(self.poll.registry());
+        self.fns
+            .shutdown(&Ctx::new(self.poll.registry(), &mut self.next_token));
         // Answer what shutdown cut off, then whoever asked for the drain, and give the
         // answers a moment to leave.
         self.deliver();
@@ -789,13 +780,8 @@ impl Supervisor {
                     );
                 }
                 other => {
-                    let registry = self.poll.registry();
-                    let next = &mut self.next_token;
-                    let mut new_tokens = || {
-                        *next += 1;
-                        Token(*next)
-                    };
-                    match self.fns.handle(t, other, registry, &mut new_tokens) {
+                    let mut cx = Ctx::new(self.poll.registry(), &mut self.next_token);
+                    match self.fns.handle(t, other, &mut cx) {
                         Some(reply) => self.reply(t, reply),
                         None => {
                             if let Some(c) = self.clients.get_mut(&t) {

@@ -13,7 +13,8 @@ use std::io::Write;
 use std::path::PathBuf;
 use std::time::SystemTime;
 
-use proto::front::ErrorCode;
+use proto::front::{ErrorCode, ScriptRef};
+use proto::launch::Script;
 
 /// The largest script.
 pub const MAX_SCRIPT: usize = super::functions::MAX_EVENT;
@@ -206,6 +207,25 @@ impl Store {
         }
     }
 
+    /// The script a call names: a source sent with the call is stored first (`in_use` as
+    /// for [`Store::put`]); a digest is read from the store.
+    pub fn resolve(
+        &mut self,
+        r: ScriptRef,
+        in_use: &dyn Fn(&str) -> bool,
+    ) -> Result<Script, Refusal> {
+        match r {
+            ScriptRef::Source(source) => {
+                let digest = self.put(&source, in_use)?;
+                Ok(Script { digest, source })
+            }
+            ScriptRef::Digest(digest) => {
+                let source = self.get(&digest)?;
+                Ok(Script { digest, source })
+            }
+        }
+    }
+
     /// The script with this digest; it counts as used now.
     pub fn get(&mut self, digest: &str) -> Result<Vec<u8>, Refusal> {
         if !valid_digest(digest) {
@@ -312,6 +332,23 @@ mod tests {
         assert_eq!(on_disk, 3);
         let again = Store::open(dir.clone(), s.cap).expect("reopen");
         assert_eq!(again.usage(), s.usage());
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn a_script_sent_with_a_call_is_stored_and_its_digest_names_it() {
+        let (mut s, dir) = store(DEFAULT_CAP);
+        let none = |_: &str| false;
+        let sent = s
+            .resolve(ScriptRef::Source(b"print(1)".to_vec()), &none)
+            .expect("stored");
+        assert!(valid_digest(&sent.digest) && s.contains(&sent.digest));
+        let named = s
+            .resolve(ScriptRef::Digest(sent.digest.clone()), &none)
+            .expect("found");
+        assert_eq!(named.source, b"print(1)");
+        let unknown = s.resolve(ScriptRef::Digest("0".repeat(64)), &none);
+        assert_eq!(unknown.map_err(|e| e.0).err(), Some(ErrorCode::NotFound));
         let _ = std::fs::remove_dir_all(&dir);
     }
 

@@ -1,0 +1,421 @@
+//! The functions served: a sandbox.toml read, each function checked and its launch plan
+//! built (the one plan every zygote of the function starts from), `stop`, `warm`, and the
+//! `serve` answers that wait for zygotes to be ready.
+
+use std::collections::VecDeque;
+use std::os::fd::OwnedFd;
+use std::path::Path;
+use std::time::Instant;
+
+use mio::Token;
+use policy::file::{FnKind, FnSpec};
+use proto::front::{ErrorCode, LogEntry, Outcome, Reply};
+use proto::launch::{BindMount, Image, LaunchPlan, Mode};
+
+use super::agents::agent_argv;
+use super::stats::Stats;
+use super::zygotes::{thaw, ZState};
+use super::{fail, Ctx, Functions, SLOTS};
+use crate::cgroup::Limits;
+use crate::identity::Identity;
+use crate::shape::Shape;
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(super) enum FnState {
+    /// No zygote of it has been ready yet.
+    Starting,
+    Serving,
+    /// It cannot serve, and why.
+    Failed(String),
+}
+
+pub(super) struct Function {
+    pub(super) spec: FnSpec,
+    pub(super) plan: LaunchPlan,
+    /// The plan's handed-over mounts (see `crate::mounts`), opened when the function was
+    /// served: every zygote gets its own copy of these, whatever the paths name later.
+    pub(super) handed: Vec<OwnedFd>,
+    pub(super) limits: Limits,
+    /// Its memory limit as sandbox.toml says it, for messages.
+    pub(super) mem_text: String,
+    pub(super) state: FnState,
+    pub(super) zygotes: Vec<Token>,
+    pub(super) min_warm: usize,
+    /// Calls waiting for a parked child in a zygote that has room (not a hidden queue:
+    /// they are bounded by the zygotes' free slots).
+    pub(super) pending: VecDeque<String>,
+    pub(super) logs: VecDeque<LogEntry>,
+    pub(super) stats: Stats,
+}
+
+/// A `serve` answer waiting: the client, the functions named, and those already failed.
+pub(super) type PendingServe = (Token, Vec<String>, Vec<(String, String)>);
+
+/// What serving a function needs, built from its spec before anything is started.
+struct Planned {
+    plan: LaunchPlan,
+    limits: Limits,
+    mem_text: String,
+    /// The memory ceiling of the function's folder of cgroups.
+    ceiling: Option<u64>,
+}
+
+impl Functions {
+    /// `serve` and `up`: serve the functions of a sandbox.toml, or the one named. Answered
+    /// at once when none is starting, else (through the outbox) once each has a ready
+    /// zygote or failed.
+    pub(super) fn serve_file(
+        &mut self,
+        client: Token,
+        file: &str,
+        only: Option<String>,
+        cx: &mut Ctx,
+    ) -> Option<Reply> {
+        let path = Path::new(file);
+        let text = match read_capped(path, policy::file::MAX_FILE_BYTES as u64) {
+            Ok(t) => t,
+            Err(e) => return Some(fail(ErrorCode::BadSpec, format!("{file}: {e}"))),
+        };
+        let parsed = match policy::file::parse_sandbox_toml(&text, path) {
+            Ok(p) => p,
+            Err(e) => return Some(fail(ErrorCode::BadSpec, e.to_string())),
+        };
+        let mut names: Vec<String> = parsed.functions.keys().cloned().collect();
+        if let Some(n) = &only {
+            if !parsed.functions.contains_key(n) {
+                return Some(fail(ErrorCode::NotFound, format!("{file} has no [fn.{n}]")));
+            }
+            names = vec![n.clone()];
+        }
+        if names.is_empty() {
+            return Some(fail(
+                ErrorCode::BadSpec,
+                format!("{file} has no [fn.*] tables"),
+            ));
+        }
+        let mut failed = Vec::new();
+        let mut waiting = false;
+        for name in &names {
+            let Some(spec) = parsed.functions.get(name) else {
+                continue;
+            };
+            match self.serve_one(spec.clone(), cx) {
+                Ok(()) => {
+                    if self
+                        .fns
+                        .get(name)
+                        .is_some_and(|f| f.state == FnState::Starting)
+                    {
+                        waiting = true;
+                    }
+                }
+                Err(e) => failed.push((name.clone(), e)),
+            }
+        }
+        if waiting {
+            // Answered when every function named has a ready zygote or failed.
+            self.pending_serves.push((client, names, failed));
+            return None;
+        }
+        let served = names
+            .into_iter()
+            .filter(|n| !failed.iter().any(|(f, _)| f == n))
+            .collect();
+        Some(Reply::Served { served, failed })
+    }
+
+    /// Serve one function: its plan built, its folder of cgroups given a memory ceiling,
+    /// its `min_warm` zygotes started. One served already is left as it is; one that
+    /// failed is replaced.
+    fn serve_one(&mut self, spec: FnSpec, cx: &mut Ctx) -> Result<(), String> {
+        let name = spec.name.clone();
+        if self
+            .fns
+            .get(&name)
+            .is_some_and(|f| !matches!(f.state, FnState::Failed(_)))
+        {
+            return Ok(()); // already served: serving twice is a no-op
+        }
+        if let Some(old) = self.fns.remove(&name) {
+            for t in old.zygotes {
+                self.kill_zygote(t, cx);
+            }
+        }
+        let Planned {
+            mut plan,
+            limits,
+            mem_text,
+            ceiling,
+        } = plan(&spec, &self.identity)?;
+        let handed = crate::mounts::hand_over(&mut plan)?;
+        let folder = format!("tenants/_host/{name}");
+        self.worker.remember(&name);
+        if let Err(e) = self.backend.set_ceiling(&folder, ceiling) {
+            self.worker.forget(&name, folder);
+            return Err(format!("write the memory ceiling of {name}'s cgroups: {e}"));
+        }
+        let min_warm = (spec.min_warm as usize).max(1);
+        self.fns.insert(
+            name.clone(),
+            Function {
+                spec,
+                plan,
+                handed,
+                limits,
+                mem_text,
+                state: FnState::Starting,
+                zygotes: Vec::new(),
+                min_warm,
+                pending: VecDeque::new(),
+                logs: VecDeque::new(),
+                stats: Stats::default(),
+            },
+        );
+        for _ in 0..min_warm {
+            if let Err(e) = self.spawn_zygote(&name, cx) {
+                if let Some(f) = self.fns.get_mut(&name) {
+                    f.state = FnState::Failed(e.clone());
+                }
+                return Err(e);
+            }
+        }
+        log::info!("serving {name} ({} zygote(s) starting)", min_warm);
+        Ok(())
+    }
+}
+
+/// A function's launch plan, from its spec: keys this version cannot honour refused, its
+/// agent's command line, its image, mounts and limits. Paths are checked here; nothing is
+/// opened or started.
+fn plan(spec: &FnSpec, identity: &Identity) -> Result<Planned, String> {
+    if spec.network != policy::plan::Network::None {
+        return Err(format!(
+            "network {} is not available yet; use network = \"none\"",
+            spec.network
+        ));
+    }
+    // Keys this version reads but cannot honour are refused, never ignored: a function
+    // that looked for its dependencies or its secrets would fail only when called.
+    if let Some(r) = &spec.requirements {
+        return Err(format!(
+            "requirements = {:?} is not available in this version (dependency sets are not built yet); remove the key",
+            r.display().to_string()
+        ));
+    }
+    if !spec.secrets.is_empty() {
+        return Err(format!(
+            "secrets = {:?} is not available in this version (secrets are not delivered yet); remove the key",
+            spec.secrets
+        ));
+    }
+    let (argv, fn_mount, files) = agent_argv(spec, identity.request_ids)?;
+    let image = match &spec.image {
+        policy::plan::Image::Host => Image::Host,
+        policy::plan::Image::Dir(d) => {
+            if !d.is_dir() {
+                return Err(format!("image directory {} does not exist", d.display()));
+            }
+            Image::Dir(d.to_str().ok_or("image path is not UTF-8")?.into())
+        }
+    };
+    let mut mounts = Vec::new();
+    for m in &spec.mounts {
+        if !m.src.exists() {
+            return Err(format!("mount source {} does not exist", m.src.display()));
+        }
+        mounts.push(BindMount {
+            src: m.src.to_str().ok_or("mount path is not UTF-8")?.into(),
+            dst: m.dst.to_str().ok_or("mount path is not UTF-8")?.into(),
+            rw: m.rw,
+            handed: false,
+        });
+    }
+    if let Some(m) = fn_mount {
+        if !Path::new(&m.src).is_dir() {
+            return Err(format!("the entry's folder {} does not exist", m.src));
+        }
+        mounts.push(m);
+    }
+    let l = &spec.limits;
+    let limits = Limits::from_policy(l);
+    let mem_text = l.mem.to_string();
+    // The function's folder of cgroups gets a memory ceiling as well: at most max_warm
+    // zygotes and SLOTS requests each, all at the function's limit. Whatever a request
+    // leaves charged behind it (anything that outlives its cgroup) cannot grow past it.
+    let max_warm = (spec.max_warm as u64).max(1);
+    let ceiling = limits
+        .mem_bytes
+        .map(|m| m.saturating_mul(max_warm * (1 + SLOTS as u64)));
+    let plan = LaunchPlan {
+        mode: Mode::Zygote,
+        argv,
+        env: spec.env.clone(),
+        // A function starts in its own folder; a pool has none.
+        cwd: if is_pool(spec) { "/work" } else { "/fn" }.into(),
+        image,
+        mounts,
+        scratch_bytes: l.scratch.0,
+        timeout_ms: l.timeout.as_millis() as u64,
+        ids: identity.ids,
+        hostname: "zygo".into(),
+        request_ids: identity.request_ids,
+        inotify: spec.inotify,
+        image_handed: false,
+        work_handed: false,
+        hide_pids: Shape::ZYGOTE.hide_pids,
+        work_mode: Shape::ZYGOTE.work_mode,
+        scripts: is_pool(spec),
+        files,
+        work: None,
+        etc: None,
+    };
+    Ok(Planned {
+        plan,
+        limits,
+        mem_text,
+        ceiling,
+    })
+}
+
+impl Functions {
+    /// Answer the `serve` requests whose functions are no longer starting: each has a
+    /// ready zygote, or failed.
+    pub(super) fn answer_serves(&mut self) {
+        let mut still = Vec::new();
+        for (client, names, mut failed) in std::mem::take(&mut self.pending_serves) {
+            let starting = names.iter().any(|n| {
+                self.fns
+                    .get(n)
+                    .is_some_and(|f| f.state == FnState::Starting)
+            });
+            if starting {
+                still.push((client, names, failed));
+                continue;
+            }
+            let mut served = Vec::new();
+            for n in names {
+                match self.fns.get(&n).map(|f| f.state.clone()) {
+                    Some(FnState::Serving) => served.push(n),
+                    Some(FnState::Failed(why)) if !failed.iter().any(|(f, _)| *f == n) => {
+                        failed.push((n, why));
+                    }
+                    _ => {}
+                }
+            }
+            self.outbox
+                .push((client, Reply::Served { served, failed }, true));
+        }
+        self.pending_serves = still;
+    }
+
+    /// `stop`: its calls are cancelled and answered, its zygotes killed, and its cgroups
+    /// removed.
+    pub(super) fn stop(&mut self, name: &str, cx: &Ctx) -> Reply {
+        let Some(f) = self.fns.get(name) else {
+            return fail(
+                ErrorCode::NotFound,
+                format!("no function named {name:?} is served"),
+            );
+        };
+        let zs = f.zygotes.clone();
+        let ids: Vec<String> = self
+            .calls
+            .iter()
+            .filter(|(_, c)| c.func == name)
+            .map(|(id, _)| id.clone())
+            .collect();
+        for id in &ids {
+            if let Some(c) = self.calls.get_mut(id) {
+                c.forced = Some(Outcome::Cancelled);
+            }
+        }
+        for t in zs {
+            self.kill_zygote(t, cx);
+        }
+        for id in ids {
+            self.finish(&id, None, None);
+        }
+        self.fns.remove(name);
+        // The worker removes the cgroups it kept for the function, then its folder.
+        self.worker.forget(name, format!("tenants/_host/{name}"));
+        log::info!("stopped {name}");
+        Reply::Stopped {
+            name: name.to_string(),
+        }
+    }
+
+    /// `warm`: keep `n` zygotes of it (1..=max_warm) from now on, start what is missing,
+    /// and thaw the frozen ones.
+    pub(super) fn warm(&mut self, name: &str, n: usize, cx: &mut Ctx) -> Reply {
+        let Some(f) = self.fns.get_mut(name) else {
+            return fail(
+                ErrorCode::NotFound,
+                format!("no function named {name:?} is served"),
+            );
+        };
+        if let FnState::Failed(why) = &f.state {
+            return fail(
+                ErrorCode::Unavailable,
+                format!("{name} failed to serve: {why}"),
+            );
+        }
+        let max = (f.spec.max_warm as usize).max(1);
+        f.min_warm = n.clamp(1, max);
+        let want = f.min_warm;
+        let have = f.zygotes.len();
+        for _ in have..want {
+            if let Err(e) = self.spawn_zygote(name, cx) {
+                return fail(
+                    ErrorCode::Internal,
+                    format!("start a zygote of {name}: {e}"),
+                );
+            }
+        }
+        let zs = self
+            .fns
+            .get(name)
+            .map(|f| f.zygotes.clone())
+            .unwrap_or_default();
+        for t in &zs {
+            if let Some(z) = self.zygotes.get_mut(t) {
+                if z.frozen {
+                    thaw(z);
+                }
+                z.last_used = Instant::now();
+            }
+        }
+        let ready = zs
+            .iter()
+            .filter(|t| {
+                self.zygotes
+                    .get(t)
+                    .is_some_and(|z| z.state == ZState::Ready)
+            })
+            .count();
+        Reply::Warmed {
+            name: name.to_string(),
+            ready: ready as u32,
+        }
+    }
+}
+
+/// A file's text, refused past `max` bytes.
+fn read_capped(path: &Path, max: u64) -> std::io::Result<String> {
+    use std::io::Read;
+    let f = std::fs::File::open(path)?;
+    let mut text = String::new();
+    f.take(max + 1).read_to_string(&mut text)?;
+    if text.len() as u64 > max {
+        return Err(std::io::Error::other(format!("larger than {max} bytes")));
+    }
+    Ok(text)
+}
+
+/// A runtime pool: an agent without a handler, or a command (warm-exec); each call names
+/// a script.
+pub(super) fn is_pool(spec: &FnSpec) -> bool {
+    matches!(
+        spec.kind,
+        FnKind::Agent { entry: None, .. } | FnKind::Cmd(_)
+    )
+}

@@ -1,0 +1,931 @@
+//! A call's lifecycle, from its admission to its answer, in the order it happens:
+//!
+//! 1. admitted ([`Functions::exec`]): the event, key and script checked, the call
+//!    recorded ([`InFlight`]);
+//! 2. placed ([`Functions::try_dispatch`]): given a parked child of a ready zygote; where
+//!    none is free, it waits for one if a zygote has room, or another zygote is started
+//!    for it, or it is refused as busy at once ([`admit`]);
+//! 3. running: its output, progress and heartbeats relayed as they come;
+//! 4. answered ([`Functions::answer_now`]): its handler's terminal line answers the caller
+//!    at once; the child exits and its cgroup goes off the request path;
+//! 5. or ended from outside ([`Functions::force`]): its deadline, its heartbeat, a cancel,
+//!    its caller leaving: its cgroup is killed, and it is answered when its child's channel
+//!    closes ([`Functions::child_gone`]) or its zygote dies ([`Functions::zygote_gone`]);
+//! 6. finished ([`Functions::finish`]): its outcome decided by [`decide`] from what
+//!    happened, its caller answered, the call logged and counted.
+
+use std::collections::HashMap;
+use std::time::{Duration, Instant};
+
+use mio::Token;
+use proto::front::{ErrorCode, ExecAnswer, ExecEvent, ExecRequest, Metrics, Outcome, Reply};
+use proto::launch::{Script, Stream, ToLauncher};
+
+use super::registry::{is_pool, FnState};
+use super::timers::stuck_after;
+use super::zygotes::{thaw, ZState};
+use super::{fail, random_hex, Ctx, Functions, MAX_EVENT, SLOTS};
+use crate::cgroup::{Cgroup, Usage, Weight};
+
+/// Output kept per stream per request.
+const OUTPUT_CAP: usize = 1024 * 1024;
+
+/// A handler's answer: the last line its child sends for a request.
+pub(super) enum Terminal {
+    Returned(String),
+    Raised { message: String, traceback: String },
+}
+
+/// What a zygote's death tells the calls it was serving.
+pub(super) fn zygote_died() -> Terminal {
+    Terminal::Raised {
+        message: "the zygote serving this request died".into(),
+        traceback: String::new(),
+    }
+}
+
+/// A request's output on one stream, kept up to [`OUTPUT_CAP`].
+pub(super) struct Capped {
+    pub(super) text: String,
+    truncated: bool,
+}
+
+impl Capped {
+    fn new() -> Capped {
+        Capped {
+            text: String::new(),
+            truncated: false,
+        }
+    }
+    /// Keep `s`, or as much of it as fits (cut at a character's start).
+    fn push(&mut self, s: &str) {
+        let room = OUTPUT_CAP.saturating_sub(self.text.len());
+        if s.len() <= room {
+            self.text.push_str(s);
+        } else {
+            let mut cut = room;
+            while cut > 0 && !s.is_char_boundary(cut) {
+                cut -= 1;
+            }
+            self.text.push_str(&s[..cut]);
+            self.truncated = true;
+        }
+    }
+}
+
+/// A call, from its admission until it is answered.
+pub(super) struct InFlight {
+    /// The front's connection that waits for its answer.
+    client: Token,
+    pub(super) func: String,
+    /// Set once the call has a child: (zygote, slot).
+    at: Option<(Token, String)>,
+    /// Its event, until it is sent to its child.
+    event: String,
+    key: Option<String>,
+    /// Whether its caller wants output and progress as they come.
+    stream: bool,
+    pub(super) received: Instant,
+    /// When it was given a child.
+    pub(super) started: Option<Instant>,
+    pub(super) timeout: Duration,
+    /// When its child last showed it is alive (output, progress, a heartbeat).
+    pub(super) last_beat: Instant,
+    pub(super) stdout: Capped,
+    pub(super) stderr: Capped,
+    /// Its handler's answer, once it came.
+    terminal: Option<Terminal>,
+    /// Why it is being ended from outside, once it is: `timeout` or `stuck` (its timers),
+    /// `cancelled` (a cancel, its caller gone, its function stopped, the drain's end), or
+    /// `error` (its zygote died). It stands over the handler's answer.
+    pub(super) forced: Option<Outcome>,
+    /// A pool's script, handed to the launcher with the call.
+    script: Option<Script>,
+    /// Its digest, for the usage log.
+    pub(super) script_digest: Option<String>,
+}
+
+impl InFlight {
+    pub(super) fn new(
+        client: Token,
+        e: &ExecRequest,
+        event: String,
+        timeout: Duration,
+        script: Option<Script>,
+        now: Instant,
+    ) -> InFlight {
+        InFlight {
+            client,
+            func: e.name.clone(),
+            at: None,
+            event,
+            key: e.key.clone(),
+            stream: e.stream,
+            received: now,
+            started: None,
+            timeout,
+            last_beat: now,
+            stdout: Capped::new(),
+            stderr: Capped::new(),
+            terminal: None,
+            forced: None,
+            script_digest: script.as_ref().map(|s| s.digest.clone()),
+            script,
+        }
+    }
+}
+
+/// Where a call that found no parked child goes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Admission {
+    /// A zygote has room for it: it waits for a child to be parked.
+    Wait,
+    /// Another zygote is started, and it waits for that one's child.
+    Grow,
+    /// Every zygote is at its limit and there are `max_warm` of them: refused at once.
+    Busy,
+}
+
+/// Where a call that found no parked child goes: `room` is what the function's live
+/// zygotes can still take, `waiting` the calls already waiting for a child, `zygotes` how
+/// many it has. Calls never wait where no room is: there is no hidden queue.
+fn admit(room: usize, waiting: usize, zygotes: usize, max_warm: usize) -> Admission {
+    if room > waiting {
+        Admission::Wait
+    } else if zygotes < max_warm {
+        Admission::Grow
+    } else {
+        Admission::Busy
+    }
+}
+
+/// What happened to a call, as far as its outcome goes.
+pub(super) struct Ending {
+    /// Why it was ended from outside, if it was (see [`InFlight::forced`]).
+    forced: Option<Outcome>,
+    /// Its handler's answer, if one came (or, if its zygote died, the error saying so).
+    terminal: Option<Terminal>,
+    /// What its cgroup counted, where it could be read.
+    usage: Option<Usage>,
+    /// How its child broke the agent protocol, if it did.
+    violation: Option<String>,
+}
+
+/// How a call ended, as its caller is told.
+#[derive(Debug, PartialEq, Eq)]
+pub(super) struct Verdict {
+    outcome: Outcome,
+    result: Option<String>,
+    error: Option<String>,
+    traceback: Option<String>,
+    /// Its cgroup counted an OOM kill (whatever the outcome: a handler whose helper
+    /// process was killed may still have answered).
+    oom_killed: bool,
+}
+
+/// A call's outcome word and message, from what happened to it. A reason from outside
+/// stands over the handler's answer; the answer over the cgroup's readings; with neither,
+/// an OOM kill counted by its cgroup, else a broken protocol, else a child that ended
+/// without answering. `timeout`, `stuck` and `mem` are the limits it ran under, for the
+/// messages.
+fn decide(e: Ending, timeout: Duration, stuck: Duration, mem: &str) -> Verdict {
+    let oom_killed = e.usage.is_some_and(|u| u.oom_kills > 0);
+    let (outcome, result, error, traceback) = match (e.forced, e.terminal) {
+        (Some(Outcome::Timeout), _) => (
+            Outcome::Timeout,
+            None,
+            Some(format!(
+                "exceeded its {} time limit",
+                policy::limits::Dur(timeout)
+            )),
+            None,
+        ),
+        (Some(Outcome::Stuck), _) => (
+            Outcome::Stuck,
+            None,
+            Some(format!(
+                "sent no heartbeat for {} and was killed as stuck",
+                policy::limits::Dur(stuck)
+            )),
+            None,
+        ),
+        (Some(Outcome::Cancelled), _) => (
+            Outcome::Cancelled,
+            None,
+            Some("cancelled".to_string()),
+            None,
+        ),
+        (_, Some(Terminal::Returned(v))) => (Outcome::Ok, Some(v), None, None),
+        (_, Some(Terminal::Raised { message, traceback })) => (
+            Outcome::Error,
+            None,
+            Some(message),
+            (!traceback.is_empty()).then_some(traceback),
+        ),
+        (_, None) if oom_killed => (
+            Outcome::Error,
+            None,
+            Some(format!("ran out of memory (limit {mem})")),
+            None,
+        ),
+        (_, None) => (
+            Outcome::Error,
+            None,
+            Some(match e.violation {
+                Some(v) => format!("the handler's process broke the agent protocol: {v}"),
+                None => "the handler's process ended without answering".to_string(),
+            }),
+            None,
+        ),
+    };
+    Verdict {
+        outcome,
+        result,
+        error,
+        traceback,
+        oom_killed,
+    }
+}
+
+/// A call's metrics: its wall time, and what its cgroup counted (zeros where it was not
+/// read).
+fn metrics(wall: Duration, usage: Option<Usage>) -> Metrics {
+    Metrics {
+        wall_ms: wall.as_millis() as u64,
+        cpu_ms: usage.map_or(0, |u| u.cpu_usec / 1000),
+        peak_rss_kb: usage.map_or(0, |u| u.peak_bytes / 1024),
+    }
+}
+
+/// What a request's cgroup counted, read when its child went without an answer: whatever
+/// is left in it is killed first, so the counters no longer move.
+pub(super) fn last_reading(cg: &dyn Cgroup) -> Option<Usage> {
+    let _ = cg.kill_all();
+    cg.usage().ok()
+}
+
+/// Whether a call in flight names a script (see `Store::put`: such a script is never
+/// evicted).
+pub(super) fn script_in_flight(calls: &HashMap<String, InFlight>) -> impl Fn(&str) -> bool + '_ {
+    move |d| {
+        calls
+            .values()
+            .any(|c| c.script_digest.as_deref() == Some(d))
+    }
+}
+
+impl Functions {
+    /// `exec`: admit a call and place it. `None`: it was placed or waits for a child, and
+    /// is answered later (through the outbox).
+    pub(super) fn exec(
+        &mut self,
+        client: Token,
+        mut e: ExecRequest,
+        cx: &mut Ctx,
+    ) -> Option<Reply> {
+        if e.event.len() > MAX_EVENT {
+            return Some(fail(
+                ErrorCode::TooLarge,
+                format!("the event is over {} MiB", MAX_EVENT >> 20),
+            ));
+        }
+        let event = match proto::json::from_str_strict::<serde_json::Value>(&e.event) {
+            Ok(v) => v.to_string(),
+            Err(err) => {
+                return Some(fail(
+                    ErrorCode::BadRequest,
+                    format!("the event is not JSON: {err}"),
+                ))
+            }
+        };
+        if e.key
+            .as_ref()
+            .is_some_and(|k| k.is_empty() || k.len() > 256)
+        {
+            return Some(fail(
+                ErrorCode::BadRequest,
+                "a request key must be 1 to 256 bytes",
+            ));
+        }
+        let Some(f) = self.fns.get(&e.name) else {
+            return Some(fail(
+                ErrorCode::NotFound,
+                format!("no function named {:?} is served; see `zygo ls`", e.name),
+            ));
+        };
+        if let FnState::Failed(why) = &f.state {
+            return Some(fail(
+                ErrorCode::Unavailable,
+                format!("{} failed to serve: {why}", e.name),
+            ));
+        }
+        // A pool runs the script named with the call; a function runs its own handler.
+        let pool = is_pool(&f.spec);
+        let script = match (pool, e.script.take()) {
+            (true, None) => {
+                return Some(fail(
+                    ErrorCode::BadRequest,
+                    format!(
+                    "{} is a runtime pool: name a script to run (--script FILE or --digest SHA256)",
+                    e.name
+                ),
+                ))
+            }
+            (false, Some(_)) => {
+                return Some(fail(
+                    ErrorCode::BadRequest,
+                    format!(
+                        "{} is a function with its own handler; scripts are run by runtime pools",
+                        e.name
+                    ),
+                ))
+            }
+            (false, None) => None,
+            (true, Some(r)) => match self.scripts.resolve(r, &script_in_flight(&self.calls)) {
+                Ok(s) => Some(s),
+                Err((code, message)) => return Some(fail(code, message)),
+            },
+        };
+        let Some(f) = self.fns.get(&e.name) else {
+            return Some(fail(
+                ErrorCode::NotFound,
+                format!("no function named {:?} is served", e.name),
+            ));
+        };
+        // A pool's scripts live in a tmpfs of its scratch size (`/run/script`): one that
+        // cannot fit there is refused now, naming the limit.
+        if let Some(s) = &script {
+            let space = f.plan.scratch_bytes;
+            if s.source.len() as u64 + 8192 > space {
+                return Some(fail(
+                    ErrorCode::TooLarge,
+                    format!(
+                        "a script of {} bytes does not fit {}'s script space of {} (its scratch size; raise scratch in sandbox.toml)",
+                        s.source.len(),
+                        e.name,
+                        policy::limits::Bytes(space)
+                    ),
+                ));
+            }
+        }
+        let mut timeout = f.spec.limits.timeout;
+        if let Some(ms) = e.timeout_ms {
+            timeout = timeout.min(Duration::from_millis(ms.max(1)));
+        }
+        let id = random_hex(16);
+        let call = InFlight::new(client, &e, event, timeout, script, Instant::now());
+        self.calls.insert(id.clone(), call);
+        if self.try_dispatch(&id) {
+            return None;
+        }
+        // No parked child right now. Wait for one only where a zygote has room for it.
+        let name = e.name;
+        let f = self.fns.get(&name)?;
+        let room: usize = f
+            .zygotes
+            .iter()
+            .filter_map(|t| self.zygotes.get(t))
+            .filter(|z| z.state != ZState::Dead)
+            .map(|z| z.children.room())
+            .sum();
+        let max_warm = (f.spec.max_warm as usize).max(1);
+        match admit(room, f.pending.len(), f.zygotes.len(), max_warm) {
+            Admission::Wait => {}
+            Admission::Grow => {
+                if let Err(err) = self.spawn_zygote(&name, cx) {
+                    self.calls.remove(&id);
+                    return Some(fail(
+                        ErrorCode::Unavailable,
+                        format!("start another zygote of {name}: {err}"),
+                    ));
+                }
+            }
+            Admission::Busy => {
+                self.calls.remove(&id);
+                return Some(Reply::Error {
+                    code: ErrorCode::Busy,
+                    message: format!(
+                        "{name} is busy: all {max_warm} zygote(s) are serving {SLOTS} requests each; retry shortly"
+                    ),
+                    retry_after: Some(1),
+                });
+            }
+        }
+        if let Some(f) = self.fns.get_mut(&name) {
+            f.pending.push_back(id);
+        }
+        None
+    }
+
+    /// Give a call a parked child, if one is free. True when it was sent.
+    fn try_dispatch(&mut self, id: &str) -> bool {
+        let Some(c) = self.calls.get(id) else {
+            return false;
+        };
+        let Some(f) = self.fns.get(&c.func) else {
+            return false;
+        };
+        let mut best: Option<(Token, String, bool)> = None;
+        for t in &f.zygotes {
+            let Some(z) = self.zygotes.get(t) else {
+                continue;
+            };
+            if z.state != ZState::Ready || z.children.busy() >= SLOTS {
+                continue;
+            }
+            if let Some(slot) = z.children.free_slot() {
+                // Prefer a zygote that is not frozen.
+                if best.as_ref().is_none_or(|b| b.2 && !z.frozen) {
+                    best = Some((*t, slot, z.frozen));
+                }
+            }
+        }
+        let Some((zt, slot, frozen)) = best else {
+            return false;
+        };
+        let now = Instant::now();
+        let Some(c) = self.calls.get_mut(id) else {
+            return false;
+        };
+        let Some(z) = self.zygotes.get_mut(&zt) else {
+            return false;
+        };
+        if frozen {
+            thaw(z);
+        }
+        if let Some(s) = z.children.slots.get_mut(&slot) {
+            s.request = Some(id.to_string());
+            // From now on this child is what a caller waits for.
+            if let Err(e) = s.cgroup.set_weight(Weight::Foreground) {
+                log::warn!("raise a request's CPU weight: {e}");
+            }
+        }
+        c.at = Some((zt, slot.clone()));
+        c.started = Some(now);
+        c.last_beat = now;
+        z.last_used = now;
+        let event = std::mem::take(&mut c.event);
+        let script = c.script.take();
+        z.conn.send(&ToLauncher::Call {
+            slot,
+            request_id: id.to_string(),
+            event,
+            script,
+        });
+        // The spare this call used is replaced now, so the next call finds one: the new
+        // child works at the background weight, so it does not slow this request down.
+        self.park(zt);
+        true
+    }
+
+    /// Give the calls waiting for a child of a function the children free now, in the
+    /// order they came.
+    pub(super) fn dispatch_pending(&mut self, name: &str) {
+        loop {
+            let Some(id) = self.fns.get(name).and_then(|f| f.pending.front().cloned()) else {
+                return;
+            };
+            if !self.try_dispatch(&id) {
+                return;
+            }
+            if let Some(f) = self.fns.get_mut(name) {
+                f.pending.pop_front();
+            }
+        }
+    }
+
+    /// The function cannot serve: every call waiting for it is refused.
+    pub(super) fn fail_pending(&mut self, name: &str) {
+        let Some(f) = self.fns.get_mut(name) else {
+            return;
+        };
+        let why = match &f.state {
+            FnState::Failed(w) => w.clone(),
+            _ => "its zygote ended".into(),
+        };
+        let ids: Vec<String> = f.pending.drain(..).collect();
+        for id in ids {
+            if let Some(c) = self.calls.remove(&id) {
+                self.outbox.push((
+                    c.client,
+                    fail(
+                        ErrorCode::Unavailable,
+                        format!("{name} failed to serve: {why}"),
+                    ),
+                    true,
+                ));
+            }
+        }
+    }
+
+    /// Output from a call's child: kept (up to [`OUTPUT_CAP`]), and sent on at once to a
+    /// caller who streams.
+    pub(super) fn output(&mut self, id: &str, stream: Stream, data: String) {
+        if let Some(c) = self.calls.get_mut(id) {
+            c.last_beat = Instant::now();
+            if c.stream {
+                let ev = match stream {
+                    Stream::Stdout => ExecEvent::Stdout(data.clone()),
+                    Stream::Stderr => ExecEvent::Stderr(data.clone()),
+                };
+                self.outbox.push((c.client, Reply::Event(ev), false));
+            }
+            match stream {
+                Stream::Stdout => c.stdout.push(&data),
+                Stream::Stderr => c.stderr.push(&data),
+            }
+        }
+    }
+
+    /// Progress from a call's handler: sent on to a caller who streams.
+    pub(super) fn progress(&mut self, id: &str, text: String) {
+        if let Some(c) = self.calls.get_mut(id) {
+            c.last_beat = Instant::now();
+            if c.stream {
+                self.outbox
+                    .push((c.client, Reply::Event(ExecEvent::Progress(text)), false));
+            }
+        }
+    }
+
+    /// A heartbeat from a call's child: it is not stuck.
+    pub(super) fn child_beat(&mut self, id: &str) {
+        if let Some(c) = self.calls.get_mut(id) {
+            c.last_beat = Instant::now();
+        }
+    }
+
+    /// The launcher could not hand a call's script to its child: nothing ran, and the
+    /// call is refused as if before dispatch.
+    pub(super) fn script_refused(&mut self, id: &str, too_large: bool, message: String) {
+        if let Some(c) = self.calls.remove(id) {
+            let reply = if too_large {
+                fail(ErrorCode::TooLarge, message)
+            } else {
+                Reply::Error {
+                    code: ErrorCode::Busy,
+                    message,
+                    retry_after: Some(1),
+                }
+            };
+            self.outbox.push((c.client, reply, true));
+        }
+    }
+
+    /// A request's handler returned or raised: answer its caller at once.
+    pub(super) fn answer_now(&mut self, zt: Token, slot: &str, t: Terminal) {
+        let Some(z) = self.zygotes.get_mut(&zt) else {
+            return;
+        };
+        let Some(s) = z.children.slots.get_mut(slot) else {
+            return;
+        };
+        let Some(id) = s.request.clone() else { return };
+        if s.answered.is_some() {
+            return;
+        }
+        s.answered = Some(Instant::now());
+        let usage = s.cgroup.usage().ok();
+        self.settling.push((zt, slot.to_string()));
+        match self.calls.get_mut(&id) {
+            Some(c) if c.forced.is_none() => {
+                c.terminal.get_or_insert(t);
+            }
+            // Already being killed (timeout, cancel): that outcome stands, answered when
+            // the channel closes.
+            _ => return,
+        }
+        self.finish(&id, usage, None);
+    }
+
+    /// End a call from outside, and record why. A call with a child has its cgroup killed,
+    /// and is answered when the launcher reports the child's channel closed; one still
+    /// waiting for a child is answered now.
+    pub(super) fn force(&mut self, id: &str, outcome: Outcome) {
+        let Some(c) = self.calls.get_mut(id) else {
+            return;
+        };
+        if c.forced.is_some() {
+            return;
+        }
+        c.forced = Some(outcome);
+        match c.at.clone() {
+            Some((zt, slot)) => {
+                if let Some(s) = self
+                    .zygotes
+                    .get(&zt)
+                    .and_then(|z| z.children.slots.get(&slot))
+                {
+                    let _ = s.cgroup.thaw();
+                    if let Err(e) = s.cgroup.kill_all() {
+                        log::error!("kill a request's cgroup: {e}");
+                    }
+                }
+            }
+            None => {
+                for f in self.fns.values_mut() {
+                    f.pending.retain(|p| p != id);
+                }
+                self.finish(id, None, None);
+            }
+        }
+    }
+
+    /// `cancel`: end every call with this key.
+    pub(super) fn cancel(&mut self, key: &str) -> Reply {
+        let ids: Vec<String> = self
+            .calls
+            .iter()
+            .filter(|(_, c)| c.key.as_deref() == Some(key))
+            .map(|(id, _)| id.clone())
+            .collect();
+        for id in &ids {
+            self.force(id, Outcome::Cancelled);
+        }
+        Reply::Cancelled {
+            count: ids.len() as u32,
+        }
+    }
+
+    /// A front's connection closed: nobody waits for its calls any more.
+    pub fn client_gone(&mut self, t: Token) {
+        let ids: Vec<String> = self
+            .calls
+            .iter()
+            .filter(|(_, c)| c.client == t)
+            .map(|(id, _)| id.clone())
+            .collect();
+        for id in ids {
+            self.force(&id, Outcome::Cancelled);
+        }
+        self.pending_serves.retain(|(c, _, _)| *c != t);
+    }
+
+    /// A call's child is gone (the launcher reports its channel closed): a call still
+    /// waiting for its answer ends now, with what its cgroup counted and how the child
+    /// broke the protocol, if it did. If its zygote died meanwhile, the answer says so.
+    pub(super) fn child_gone(
+        &mut self,
+        id: &str,
+        usage: Option<Usage>,
+        violation: Option<String>,
+        zygote_dead: bool,
+    ) {
+        if zygote_dead {
+            if let Some(c) = self.calls.get_mut(id) {
+                c.terminal.get_or_insert(zygote_died());
+            }
+        }
+        self.finish(id, usage, violation);
+    }
+
+    /// The zygote serving a call was killed: the call ends now, as an error saying so,
+    /// unless it was already being ended from outside.
+    pub(super) fn zygote_gone(&mut self, id: &str, usage: Option<Usage>) {
+        if let Some(c) = self.calls.get_mut(id) {
+            c.forced.get_or_insert(Outcome::Error);
+            c.terminal.get_or_insert(zygote_died());
+        }
+        self.finish(id, usage, None);
+    }
+
+    /// A call is over: its outcome decided, its caller answered, the call logged and
+    /// counted.
+    pub(super) fn finish(&mut self, id: &str, usage: Option<Usage>, violation: Option<String>) {
+        let Some(mut c) = self.calls.remove(id) else {
+            return;
+        };
+        let mem = self
+            .fns
+            .get(&c.func)
+            .map_or(String::new(), |f| f.mem_text.clone());
+        let ending = Ending {
+            forced: c.forced,
+            terminal: c.terminal.take(),
+            usage,
+            violation,
+        };
+        let v = decide(ending, c.timeout, stuck_after(), &mem);
+        let wall = c.started.map_or(Duration::ZERO, |s| s.elapsed());
+        let metrics = metrics(wall, usage);
+        let answer = ExecAnswer {
+            request_id: id.to_string(),
+            outcome: v.outcome,
+            result: v.result,
+            error: v.error.clone(),
+            traceback: v.traceback,
+            started: c.started.is_some(),
+            oom_killed: v.oom_killed,
+            stdout: c.stdout.text.clone(),
+            stdout_truncated: c.stdout.truncated,
+            stderr: c.stderr.text.clone(),
+            stderr_truncated: c.stderr.truncated,
+            metrics,
+        };
+        self.outbox.push((c.client, Reply::Answer(answer), true));
+        self.record(id, &c, v.outcome, v.error, wall, metrics);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::cgroup::fake::{Fake, Op};
+
+    const TIMEOUT: Duration = Duration::from_secs(30);
+    const STUCK: Duration = Duration::from_secs(60);
+
+    /// What a call's caller is told, from what happened to it; `cg` is its cgroup, read
+    /// as the supervisor reads it when the call ends.
+    fn told(
+        forced: Option<Outcome>,
+        terminal: Option<Terminal>,
+        cg: &Fake,
+        violation: Option<&str>,
+    ) -> Verdict {
+        let ending = Ending {
+            forced,
+            terminal,
+            usage: cg.boxed().usage().ok(),
+            violation: violation.map(str::to_string),
+        };
+        decide(ending, TIMEOUT, STUCK, "64M")
+    }
+
+    fn returned(v: &str) -> Option<Terminal> {
+        Some(Terminal::Returned(v.into()))
+    }
+
+    fn raised(message: &str, traceback: &str) -> Option<Terminal> {
+        Some(Terminal::Raised {
+            message: message.into(),
+            traceback: traceback.into(),
+        })
+    }
+
+    #[test]
+    fn a_handler_that_returns_is_ok_with_its_value() {
+        let v = told(None, returned("{\"a\":1}"), &Fake::new(), None);
+        assert_eq!(
+            v,
+            Verdict {
+                outcome: Outcome::Ok,
+                result: Some("{\"a\":1}".into()),
+                error: None,
+                traceback: None,
+                oom_killed: false,
+            }
+        );
+    }
+
+    #[test]
+    fn a_handler_that_raises_is_an_error_with_its_message_and_traceback() {
+        let v = told(None, raised("boom", "Traceback ..."), &Fake::new(), None);
+        assert_eq!(v.outcome, Outcome::Error);
+        assert_eq!(v.error.as_deref(), Some("boom"));
+        assert_eq!(v.traceback.as_deref(), Some("Traceback ..."));
+        // An empty traceback is no traceback.
+        let v = told(None, raised("boom", ""), &Fake::new(), None);
+        assert_eq!(v.traceback, None);
+    }
+
+    #[test]
+    fn a_reason_from_outside_stands_over_the_handlers_answer() {
+        let cases = [
+            (Outcome::Timeout, "exceeded its 30s time limit"),
+            (
+                Outcome::Stuck,
+                "sent no heartbeat for 1m and was killed as stuck",
+            ),
+            (Outcome::Cancelled, "cancelled"),
+        ];
+        for (forced, message) in cases {
+            for terminal in [None, returned("1"), raised("boom", "tb")] {
+                let v = told(Some(forced), terminal, &Fake::new(), None);
+                assert_eq!(v.outcome, forced);
+                assert_eq!(v.error.as_deref(), Some(message));
+                assert_eq!((v.result, v.traceback), (None, None));
+            }
+        }
+    }
+
+    #[test]
+    fn a_call_whose_zygote_died_is_an_error_saying_so() {
+        let v = told(
+            Some(Outcome::Error),
+            Some(zygote_died()),
+            &Fake::new(),
+            None,
+        );
+        assert_eq!(v.outcome, Outcome::Error);
+        assert_eq!(
+            v.error.as_deref(),
+            Some("the zygote serving this request died")
+        );
+        assert_eq!(v.traceback, None);
+    }
+
+    #[test]
+    fn a_child_killed_by_the_oom_killer_is_an_error_naming_the_limit() {
+        let cg = Fake::new().oom_killed(1);
+        let v = told(None, None, &cg, None);
+        assert_eq!(v.outcome, Outcome::Error);
+        assert_eq!(v.error.as_deref(), Some("ran out of memory (limit 64M)"));
+        assert!(v.oom_killed);
+        // Even with a broken protocol: the OOM kill is why.
+        let v = told(None, None, &Fake::new().oom_killed(2), Some("bad line"));
+        assert_eq!(v.error.as_deref(), Some("ran out of memory (limit 64M)"));
+    }
+
+    #[test]
+    fn an_oom_kill_is_reported_beside_an_answer_but_does_not_change_it() {
+        let v = told(None, returned("1"), &Fake::new().oom_killed(1), None);
+        assert_eq!((v.outcome, v.oom_killed), (Outcome::Ok, true));
+        let v = told(
+            Some(Outcome::Timeout),
+            None,
+            &Fake::new().oom_killed(1),
+            None,
+        );
+        assert_eq!((v.outcome, v.oom_killed), (Outcome::Timeout, true));
+    }
+
+    #[test]
+    fn a_child_that_ends_without_answering_is_an_error_saying_how() {
+        let v = told(None, None, &Fake::new(), None);
+        assert_eq!(v.outcome, Outcome::Error);
+        assert_eq!(
+            v.error.as_deref(),
+            Some("the handler's process ended without answering")
+        );
+        let v = told(None, None, &Fake::new(), Some("a line that is not JSON"));
+        assert_eq!(
+            v.error.as_deref(),
+            Some("the handler's process broke the agent protocol: a line that is not JSON")
+        );
+        // A cgroup that cannot be read counts no OOM kill.
+        let v = told(None, None, &Fake::new().oom_killed(1).unreadable(), None);
+        assert!(!v.oom_killed);
+        assert_eq!(
+            v.error.as_deref(),
+            Some("the handler's process ended without answering")
+        );
+    }
+
+    #[test]
+    fn a_child_gone_without_an_answer_has_its_cgroup_killed_before_it_is_read() {
+        let cg = Fake::new().holding(4242).reads(Usage {
+            oom_kills: 1,
+            peak_bytes: 64 << 20,
+            cpu_usec: 2_500_000,
+        });
+        let usage = last_reading(&*cg.boxed());
+        assert_eq!(cg.ops(), [Op::KillAll, Op::Usage]);
+        assert!(cg.pids().is_empty());
+        assert_eq!(usage.map(|u| u.oom_kills), Some(1));
+        assert_eq!(last_reading(&*Fake::new().unreadable().boxed()), None);
+    }
+
+    #[test]
+    fn metrics_are_the_wall_time_and_the_cgroups_readings() {
+        let cg = Fake::new().reads(Usage {
+            oom_kills: 0,
+            peak_bytes: 10 << 20,
+            cpu_usec: 12_345,
+        });
+        let m = metrics(Duration::from_micros(1_500_700), cg.boxed().usage().ok());
+        assert_eq!(
+            m,
+            Metrics {
+                wall_ms: 1500,
+                cpu_ms: 12,
+                peak_rss_kb: 10 * 1024,
+            }
+        );
+        let unread = metrics(Duration::from_millis(3), None);
+        assert_eq!((unread.cpu_ms, unread.peak_rss_kb), (0, 0));
+    }
+
+    #[test]
+    fn a_call_waits_only_where_a_zygote_has_room_else_grows_else_is_busy() {
+        // room, waiting, zygotes, max_warm
+        assert_eq!(admit(1, 0, 1, 1), Admission::Wait);
+        assert_eq!(admit(4, 3, 1, 1), Admission::Wait);
+        // As many waiting as there is room: another zygote, while there may be more.
+        assert_eq!(admit(4, 4, 1, 2), Admission::Grow);
+        assert_eq!(admit(0, 0, 0, 1), Admission::Grow);
+        // No room and max_warm zygotes: refused at once, never queued.
+        assert_eq!(admit(4, 4, 2, 2), Admission::Busy);
+        assert_eq!(admit(0, 0, 1, 1), Admission::Busy);
+    }
+
+    #[test]
+    fn output_past_the_cap_is_cut_at_a_character_and_marked() {
+        let mut c = Capped::new();
+        c.push(&"a".repeat(OUTPUT_CAP - 1));
+        assert!(!c.truncated);
+        c.push("é");
+        assert!(c.truncated);
+        assert_eq!(c.text.len(), OUTPUT_CAP - 1);
+    }
+}

@@ -1,0 +1,241 @@
+//! What an operator reads about the functions: `zygo ls` (each function and its zygotes),
+//! `zygo stats` (counts by outcome, wall-time percentiles, peak memory), `zygo logs` (the
+//! last calls of a function); and what each finished call adds to them and to the usage log.
+
+use std::collections::VecDeque;
+use std::time::Duration;
+
+use proto::front::{
+    ErrorCode, FunctionInfo, FunctionStats, LogEntry, Metrics, Outcome, Reply, ZygoteCounts,
+};
+
+use super::registry::{is_pool, FnState};
+use super::requests::InFlight;
+use super::zygotes::ZState;
+use super::{fail, now_ms, Functions};
+
+/// Finished requests remembered per function for `zygo logs`.
+const LOG_KEEP: usize = 1000;
+
+/// Wall-time samples kept per function for percentiles.
+const SAMPLES: usize = 10_000;
+
+/// A function's counters since it was served.
+#[derive(Default)]
+pub(super) struct Stats {
+    requests: u64,
+    /// By [`Outcome`], as its number.
+    by_outcome: [u64; 5],
+    /// The last [`SAMPLES`] calls' wall times.
+    walls_us: VecDeque<u64>,
+    peak_rss_kb: u64,
+}
+
+impl Stats {
+    /// Count a finished call.
+    fn add(&mut self, outcome: Outcome, wall: Duration, peak_rss_kb: u64) {
+        self.requests += 1;
+        self.by_outcome[outcome as usize] += 1;
+        self.walls_us.push_back(wall.as_micros() as u64);
+        if self.walls_us.len() > SAMPLES {
+            self.walls_us.pop_front();
+        }
+        self.peak_rss_kb = self.peak_rss_kb.max(peak_rss_kb);
+    }
+}
+
+impl Functions {
+    /// A finished call, in its function's log and counters and in the usage log (written
+    /// by [`Functions::write_usage`], after the answer has gone out).
+    pub(super) fn record(
+        &mut self,
+        id: &str,
+        c: &InFlight,
+        outcome: Outcome,
+        error: Option<String>,
+        wall: Duration,
+        metrics: Metrics,
+    ) {
+        let finished_ms = now_ms();
+        if let Some(f) = self.fns.get_mut(&c.func) {
+            f.logs.push_back(LogEntry {
+                request_id: id.to_string(),
+                finished_ms,
+                outcome,
+                wall_ms: metrics.wall_ms,
+                error,
+                stdout: tail(&c.stdout.text, 4096),
+                stderr: tail(&c.stderr.text, 4096),
+            });
+            if f.logs.len() > LOG_KEEP {
+                f.logs.pop_front();
+            }
+            f.stats.add(outcome, wall, metrics.peak_rss_kb);
+        }
+        let line = serde_json::json!({
+            "tenant": "_host",
+            "function": c.func,
+            "script": c.script_digest,
+            "request_id": id,
+            "wall_ms": metrics.wall_ms,
+            "cpu_ms": metrics.cpu_ms,
+            "peak_rss_kb": metrics.peak_rss_kb,
+            "outcome": outcome.as_str(),
+            "finished_ms": finished_ms,
+        });
+        self.usage.push(line.to_string());
+    }
+
+    /// Append the usage lines of the requests answered since the last call to the usage
+    /// log: whole lines in one write, so a line is never split by a crash or a reader.
+    pub fn write_usage(&mut self) {
+        self.usage.flush();
+    }
+
+    /// `ls`: every function, its state and its zygotes.
+    pub(super) fn list(&self) -> Vec<FunctionInfo> {
+        self.fns
+            .iter()
+            .map(|(name, f)| {
+                let mut counts = ZygoteCounts {
+                    ready: 0,
+                    busy: 0,
+                    frozen: 0,
+                    starting: 0,
+                };
+                for z in f.zygotes.iter().filter_map(|t| self.zygotes.get(t)) {
+                    match (z.state, z.frozen, z.children.busy()) {
+                        (ZState::Starting, _, _) => counts.starting += 1,
+                        (ZState::Ready, true, _) => counts.frozen += 1,
+                        (ZState::Ready, false, 0) => counts.ready += 1,
+                        (ZState::Ready, false, _) => counts.busy += 1,
+                        (ZState::Dead, _, _) => {}
+                    }
+                }
+                let (state, error) = match &f.state {
+                    FnState::Starting => ("starting", None),
+                    FnState::Serving => ("serving", None),
+                    FnState::Failed(w) => ("failed", Some(w.clone())),
+                };
+                FunctionInfo {
+                    name: name.clone(),
+                    kind: if is_pool(&f.spec) { "pool" } else { "function" }.into(),
+                    state: state.into(),
+                    error,
+                    zygotes: counts,
+                    in_flight: self.calls.values().filter(|c| c.func == *name).count() as u32,
+                    min_warm: f.min_warm as u32,
+                    max_warm: f.spec.max_warm,
+                }
+            })
+            .collect()
+    }
+
+    /// `stats`: one function's counters, or every function's.
+    pub(super) fn stats(&self, name: Option<&str>) -> Reply {
+        if let Some(n) = name {
+            if !self.fns.contains_key(n) {
+                return fail(
+                    ErrorCode::NotFound,
+                    format!("no function named {n:?} is served"),
+                );
+            }
+        }
+        let out = self
+            .fns
+            .iter()
+            .filter(|(n, _)| name.is_none_or(|x| x == n.as_str()))
+            .map(|(n, f)| {
+                let mut w: Vec<u64> = f.stats.walls_us.iter().copied().collect();
+                w.sort_unstable();
+                let o = &f.stats.by_outcome;
+                FunctionStats {
+                    name: n.clone(),
+                    requests: f.stats.requests,
+                    ok: o[Outcome::Ok as usize],
+                    error: o[Outcome::Error as usize],
+                    timeout: o[Outcome::Timeout as usize],
+                    cancelled: o[Outcome::Cancelled as usize],
+                    stuck: o[Outcome::Stuck as usize],
+                    p50_wall_us: percentile(&w, 0.5),
+                    p99_wall_us: percentile(&w, 0.99),
+                    peak_rss_kb: f.stats.peak_rss_kb,
+                }
+            })
+            .collect();
+        Reply::Stats(out)
+    }
+
+    /// `logs`: the last `n` (1 to [`LOG_KEEP`]) finished calls of a function.
+    pub(super) fn logs(&self, name: &str, n: u32) -> Reply {
+        match self.fns.get(name) {
+            Some(f) => {
+                let n = (n as usize).clamp(1, LOG_KEEP);
+                let skip = f.logs.len().saturating_sub(n);
+                Reply::Logs(f.logs.iter().skip(skip).cloned().collect())
+            }
+            None => fail(
+                ErrorCode::NotFound,
+                format!("no function named {name:?} is served"),
+            ),
+        }
+    }
+}
+
+/// The last `n` bytes of `s` at most, cut at a character's start.
+fn tail(s: &str, n: usize) -> String {
+    if s.len() <= n {
+        return s.to_string();
+    }
+    let mut start = s.len() - n;
+    while !s.is_char_boundary(start) {
+        start += 1;
+    }
+    s[start..].to_string()
+}
+
+/// The `p` percentile (0 to 1) of sorted samples, the nearest one; 0 with none.
+fn percentile(sorted: &[u64], p: f64) -> u64 {
+    if sorted.is_empty() {
+        return 0;
+    }
+    let i = ((sorted.len() as f64 - 1.0) * p).round() as usize;
+    sorted[i.min(sorted.len() - 1)]
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn counters_keep_the_last_samples_and_the_highest_peak() {
+        let mut st = Stats::default();
+        for i in 0..SAMPLES as u64 + 5 {
+            st.add(Outcome::Ok, Duration::from_micros(i), i % 7);
+        }
+        st.add(Outcome::Stuck, Duration::from_micros(1), 3);
+        assert_eq!(st.requests, SAMPLES as u64 + 6);
+        assert_eq!(st.by_outcome[Outcome::Ok as usize], SAMPLES as u64 + 5);
+        assert_eq!(st.by_outcome[Outcome::Stuck as usize], 1);
+        assert_eq!(st.walls_us.len(), SAMPLES);
+        assert_eq!(st.walls_us.front(), Some(&6));
+        assert_eq!(st.peak_rss_kb, 6);
+    }
+
+    #[test]
+    fn percentiles_are_the_nearest_sample() {
+        assert_eq!(percentile(&[], 0.5), 0);
+        assert_eq!(percentile(&[7], 0.99), 7);
+        let w: Vec<u64> = (1..=100).collect();
+        assert_eq!(percentile(&w, 0.5), 51);
+        assert_eq!(percentile(&w, 0.99), 99);
+    }
+
+    #[test]
+    fn a_tail_never_cuts_a_character() {
+        assert_eq!(tail("short", 4096), "short");
+        assert_eq!(tail("abcdef", 3), "def");
+        // "é" is two bytes: a cut through it moves past it.
+        assert_eq!(tail("aéb", 2), "b");
+    }
+}

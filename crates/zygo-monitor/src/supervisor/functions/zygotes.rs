@@ -1,0 +1,784 @@
+//! A zygote's lifecycle: its launcher started with its cgroup and plan, the messages on its
+//! channel, its children parked and placed in cgroups of their own (by the cgroup worker),
+//! frozen when idle and thawed, replaced when spent or dead, and killed.
+
+use std::collections::HashMap;
+use std::os::fd::OwnedFd;
+use std::os::unix::net::UnixStream as StdUnixStream;
+use std::path::Path;
+use std::time::Instant;
+
+use mio::{Interest, Token};
+use proto::launch::{FromLauncher, Image, LaunchPlan, ToLauncher, MAX_LAUNCH_FRAME};
+
+use super::super::cgworker::{Job, Placed};
+use super::super::conn::Conn;
+use super::registry::FnState;
+use super::requests::{last_reading, Terminal};
+use super::{random_hex, Ctx, Functions, SLOTS, SPARES};
+use crate::cgroup::{Cgroup, Weight};
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum ZState {
+    /// Its sandbox is being built, or its agent is importing.
+    Starting,
+    /// Its agent said it is ready: it parks children and serves calls.
+    Ready,
+    /// It ended, or could not start: what is left of it goes when its channel closes.
+    Dead,
+}
+
+/// One child of a zygote, in a cgroup of its own: parked, or serving one request.
+pub(super) struct Slot {
+    pub(super) cgroup: Box<dyn Cgroup>,
+    /// The call it serves; `None` while it is parked.
+    pub(super) request: Option<String>,
+    /// When its request was answered: the child should exit at once; past a grace it
+    /// is killed with its cgroup.
+    pub(super) answered: Option<Instant>,
+}
+
+/// A zygote's children, by what they are doing.
+pub(super) struct Children {
+    /// Parked or busy children, by slot name.
+    pub(super) slots: HashMap<String, Slot>,
+    /// Slots asked to park that have not registered yet, or whose cgroup is being made.
+    pub(super) parking: Vec<String>,
+    /// Slots registered, their cgroup being made by the worker.
+    pub(super) placing: Vec<String>,
+    /// Children it may still park, where each request takes a uid that is never given
+    /// twice (see `identity`): at 0 the zygote is spent, serves the children it has, and is
+    /// replaced. `None`: no limit (every request runs as the sandbox's one uid).
+    pub(super) parks_left: Option<u32>,
+}
+
+impl Children {
+    fn new(parks_left: Option<u32>) -> Children {
+        Children {
+            slots: HashMap::new(),
+            parking: Vec::new(),
+            placing: Vec::new(),
+            parks_left,
+        }
+    }
+    /// Whether it may park no more children.
+    fn spent(&self) -> bool {
+        self.parks_left == Some(0)
+    }
+    /// How many more requests it can take: a spent zygote only those its children can.
+    pub(super) fn room(&self) -> usize {
+        if self.spent() {
+            self.parked() + self.parking.len() + self.placing.len()
+        } else {
+            SLOTS - self.busy().min(SLOTS)
+        }
+    }
+    /// Children serving a request that has not been answered yet. (An answered child is
+    /// on its way out: it no longer counts against the zygote's slots.)
+    pub(super) fn busy(&self) -> usize {
+        self.slots
+            .values()
+            .filter(|s| s.request.is_some() && s.answered.is_none())
+            .count()
+    }
+    fn parked(&self) -> usize {
+        self.slots.values().filter(|s| s.request.is_none()).count()
+    }
+    pub(super) fn free_slot(&self) -> Option<String> {
+        self.slots
+            .iter()
+            .find(|(_, s)| s.request.is_none())
+            .map(|(k, _)| k.clone())
+    }
+    /// How many more children to ask to park: up to [`SPARES`] parked or on their way,
+    /// within [`SLOTS`] children in all and the parks it has left.
+    fn to_park(&self) -> usize {
+        let coming = self.parked() + self.parking.len() + self.placing.len();
+        let room = SLOTS.saturating_sub(self.busy() + coming);
+        SPARES
+            .saturating_sub(coming)
+            .min(room)
+            .min(self.parks_left.map_or(usize::MAX, |n| n as usize))
+    }
+    /// Whether it has no child at all, parked, serving or on its way.
+    fn none(&self) -> bool {
+        self.slots.is_empty() && self.parking.is_empty() && self.placing.is_empty()
+    }
+    /// The call a slot's child serves.
+    fn request(&self, slot: &str) -> Option<String> {
+        self.slots.get(slot).and_then(|s| s.request.clone())
+    }
+}
+
+pub(super) struct Zygote {
+    /// The function it serves.
+    pub(super) func: String,
+    /// Its launcher's channel.
+    pub(super) conn: Conn,
+    child: crate::spawn::Launcher,
+    cgroup: Box<dyn Cgroup>,
+    pub(super) state: ZState,
+    pub(super) children: Children,
+    pub(super) last_used: Instant,
+    /// When its agent last said it is alive.
+    pub(super) last_beat: Instant,
+    pub(super) frozen: bool,
+    /// A spent zygote whose replacement has been started.
+    replaced: bool,
+}
+
+impl Functions {
+    /// Start a zygote of a function: its cgroup made with the function's limits, its
+    /// launcher started with the function's plan.
+    pub(super) fn spawn_zygote(&mut self, name: &str, cx: &mut Ctx) -> Result<(), String> {
+        let f = self.fns.get(name).ok_or("no such function")?;
+        let cg = self
+            .backend
+            .create(&format!(
+                "tenants/_host/{name}/z-{}-{}",
+                std::process::id(),
+                random_hex(6)
+            ))
+            .map_err(|e| e.to_string())?;
+        // On any error below, dropping `cg` removes it.
+        if let Err(e) = cg
+            .set_limits(&f.limits)
+            .and_then(|_| cg.set_weight(Weight::Background))
+        {
+            return Err(format!("write the zygote's limits: {e}"));
+        }
+        let mut plan = f.plan.clone();
+        if plan.image == Image::Host {
+            plan.etc = crate::etc_cache::prepare();
+        }
+        let launcher = self.launcher.clone();
+        let handed = f
+            .handed
+            .iter()
+            .map(crate::mounts::copy)
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(|e| format!("copy the function's mounts: {e}"))?;
+        let (child, conn, t) = start_launcher(&launcher, &*cg, plan, &handed, cx)?;
+        let now = Instant::now();
+        self.zygotes.insert(
+            t,
+            Zygote {
+                func: name.to_string(),
+                conn,
+                child,
+                cgroup: cg.keep(),
+                state: ZState::Starting,
+                children: Children::new(self.identity.request_ids.map(|r| r.count)),
+                last_used: now,
+                last_beat: now,
+                frozen: false,
+                replaced: false,
+            },
+        );
+        if let Some(f) = self.fns.get_mut(name) {
+            f.zygotes.push(t);
+        }
+        Ok(())
+    }
+
+    /// Ask a ready zygote to park children until it has [`SPARES`] (see
+    /// [`Children::to_park`]).
+    pub(super) fn park(&mut self, zt: Token) {
+        let Some(z) = self.zygotes.get_mut(&zt) else {
+            return;
+        };
+        if z.state != ZState::Ready {
+            return;
+        }
+        let want = z.children.to_park();
+        for _ in 0..want {
+            self.counter += 1;
+            let slot = format!("s{}{}", self.counter, random_hex(3));
+            if let Some(z) = self.zygotes.get_mut(&zt) {
+                z.children.parking.push(slot.clone());
+                if let Some(n) = z.children.parks_left.as_mut() {
+                    *n -= 1;
+                }
+                z.conn.send(&ToLauncher::Park { slot });
+            }
+        }
+    }
+
+    /// A spent zygote (see `Children::parks_left`) gets a replacement as soon as it is spent,
+    /// and is ended once its last child is gone: no request id is ever given twice.
+    pub(super) fn retire_if_spent(&mut self, zt: Token, cx: &mut Ctx) {
+        let Some(z) = self.zygotes.get_mut(&zt) else {
+            return;
+        };
+        if !z.children.spent() || z.state != ZState::Ready {
+            return;
+        }
+        let name = z.func.clone();
+        if !z.replaced {
+            z.replaced = true;
+            log::info!("a zygote of {name} has given every request id it had; replacing it");
+            if let Err(e) = self.spawn_zygote(&name, cx) {
+                log::error!("replace a spent zygote of {name}: {e}");
+            }
+        }
+        let Some(z) = self.zygotes.get(&zt) else {
+            return;
+        };
+        if z.children.none() {
+            self.kill_zygote(zt, cx);
+        }
+    }
+
+    /// Kill a zygote: its launcher, every cgroup it had, and end its calls.
+    pub(super) fn kill_zygote(&mut self, zt: Token, cx: &Ctx) {
+        let Some(mut z) = self.zygotes.remove(&zt) else {
+            return;
+        };
+        z.conn.send(&ToLauncher::Kill);
+        let _ = cx.reg.deregister(&mut z.conn.stream);
+        let _ = z.child.kill();
+        let _ = z.child.wait();
+        let _ = z.cgroup.thaw();
+        for (_, s) in z.children.slots.drain() {
+            let _ = s.cgroup.thaw();
+            match s.request {
+                Some(id) => {
+                    let usage = s.cgroup.usage().ok();
+                    let _ = s.cgroup.remove();
+                    self.zygote_gone(&id, usage);
+                }
+                None => {
+                    let _ = s.cgroup.remove();
+                }
+            }
+        }
+        if let Err(e) = z.cgroup.remove() {
+            log::warn!("remove a zygote's cgroup: {e}");
+        }
+        if let Some(f) = self.fns.get_mut(&z.func) {
+            f.zygotes.retain(|t| *t != zt);
+        }
+    }
+
+    /// Something happened on a launcher's channel.
+    pub fn zygote_event(&mut self, zt: Token, cx: &mut Ctx) {
+        let Some(z) = self.zygotes.get_mut(&zt) else {
+            return;
+        };
+        z.conn.flush();
+        let (msgs, end) = match z.conn.receive::<FromLauncher>() {
+            Ok((m, eof)) => (
+                m,
+                if eof {
+                    Some("its launcher closed the channel".to_string())
+                } else {
+                    None
+                },
+            ),
+            Err(e) => (Vec::new(), Some(format!("launcher channel: {e}"))),
+        };
+        for m in msgs {
+            if let Err(why) = self.launcher_msg(zt, m, cx) {
+                log::error!("zygote protocol: {why}; replacing the zygote");
+                self.zygote_died(zt, &why, cx);
+                return;
+            }
+        }
+        if let Some(why) = end {
+            self.zygote_died(zt, &why, cx);
+        }
+    }
+
+    /// A zygote ended (its channel closed, it broke the protocol, its agent went silent):
+    /// it is killed with its calls, and replaced unless its function never served.
+    pub(super) fn zygote_died(&mut self, zt: Token, why: &str, cx: &mut Ctx) {
+        let Some(z) = self.zygotes.get(&zt) else {
+            return;
+        };
+        let name = z.func.clone();
+        let was_ready = z.state == ZState::Ready;
+        if z.state != ZState::Dead {
+            log::warn!("a zygote of {name} ended: {why}");
+        }
+        self.kill_zygote(zt, cx);
+        let Some(f) = self.fns.get_mut(&name) else {
+            return;
+        };
+        if f.state == FnState::Starting && !was_ready && f.zygotes.is_empty() {
+            f.state = FnState::Failed(why.to_string());
+            self.fail_pending(&name);
+            return;
+        }
+        if matches!(f.state, FnState::Failed(_)) {
+            return;
+        }
+        // Replace it, so the function keeps min_warm zygotes.
+        if f.zygotes.len() < f.min_warm {
+            if let Err(e) = self.spawn_zygote(&name, cx) {
+                log::error!("replace a zygote of {name}: {e}");
+            }
+        }
+    }
+
+    /// One message from a zygote's launcher: what each may say, and in which state.
+    /// An error ends the zygote.
+    fn launcher_msg(&mut self, zt: Token, m: FromLauncher, cx: &mut Ctx) -> Result<(), String> {
+        let z = self.zygotes.get_mut(&zt).ok_or("no such zygote")?;
+        match m {
+            FromLauncher::Cloned { pid } if z.state == ZState::Starting => {
+                let placed = z.cgroup.contains(pid).unwrap_or(false);
+                let reply = match if placed {
+                    Ok(())
+                } else {
+                    z.cgroup.add_pid(pid)
+                } {
+                    Ok(()) => ToLauncher::Proceed,
+                    Err(e) => {
+                        log::error!("place a zygote in its cgroup: {e}");
+                        ToLauncher::Kill
+                    }
+                };
+                z.conn.send(&reply);
+            }
+            FromLauncher::Started if z.state == ZState::Starting => {}
+            FromLauncher::Ready if z.state == ZState::Starting => {
+                z.state = ZState::Ready;
+                z.last_beat = Instant::now();
+                let name = z.func.clone();
+                if let Some(f) = self.fns.get_mut(&name) {
+                    if f.state == FnState::Starting {
+                        log::info!("{name} is serving");
+                    }
+                    f.state = FnState::Serving;
+                }
+                self.park(zt);
+            }
+            FromLauncher::ImportError { message, traceback } if z.state == ZState::Starting => {
+                let name = z.func.clone();
+                z.state = ZState::Dead;
+                let text = if traceback.is_empty() {
+                    message
+                } else {
+                    format!("{message}\n{traceback}")
+                };
+                log::error!("{name} failed to serve: {text}");
+                if let Some(f) = self.fns.get_mut(&name) {
+                    f.state = FnState::Failed(text);
+                }
+                self.fail_pending(&name);
+            }
+            FromLauncher::Failed { phase, reason } => {
+                let name = z.func.clone();
+                z.state = ZState::Dead;
+                let text = format!(
+                    "the sandbox could not be built ({}): {reason}",
+                    phase.as_str()
+                );
+                if let Some(f) = self.fns.get_mut(&name) {
+                    if f.state == FnState::Starting {
+                        f.state = FnState::Failed(text.clone());
+                    }
+                }
+                self.fail_pending(&name);
+                return Err(text);
+            }
+            FromLauncher::Heartbeat if z.state == ZState::Ready => z.last_beat = Instant::now(),
+            FromLauncher::Parked { slot, pid } => {
+                let pos = z
+                    .children
+                    .parking
+                    .iter()
+                    .position(|s| *s == slot)
+                    .ok_or("a slot nobody asked to park")?;
+                z.children.parking.remove(pos);
+                // The pid is the number the kernel gave for the registration's sender, which
+                // may have exited since and its number gone to any process on the host. Only
+                // a process that is still this zygote's (in its cgroup, where its agent
+                // forked it) is moved, held by a pidfd meanwhile so its number cannot change
+                // hands between the check and the move.
+                let pidfd = crate::spawn::pidfd_open(pid);
+                let ours = pidfd.as_ref().is_some_and(|fd| {
+                    z.cgroup.contains(pid).unwrap_or(false) && crate::spawn::pidfd_alive(fd)
+                });
+                let Some(pidfd) = pidfd.filter(|_| ours) else {
+                    log::warn!(
+                        "a zygote of {} registered a process ({pid}) that is not in its cgroup; dropping the slot",
+                        z.func
+                    );
+                    z.conn.send(&ToLauncher::Reap { slot });
+                    self.parks.push_back(zt);
+                    return Ok(());
+                };
+                z.children.placing.push(slot.clone());
+                let func = z.func.clone();
+                let limits = self.fns.get(&func).map(|f| f.limits).ok_or("no function")?;
+                // Usually into a cgroup kept from an earlier request, here and now.
+                if let Some(cg) = self.worker.place_kept(&func, &limits, pid, &pidfd) {
+                    self.placed(Placed {
+                        zt,
+                        slot,
+                        result: Ok(cg),
+                    });
+                    return Ok(());
+                }
+                // Otherwise a new cgroup is made off the loop; `placed` takes the result.
+                self.worker.send(Job::Place {
+                    zt,
+                    rel: format!("tenants/_host/{func}/r-{}-{slot}", std::process::id()),
+                    pool: func,
+                    slot,
+                    pid,
+                    pidfd,
+                    limits,
+                });
+            }
+            FromLauncher::ScriptRefused {
+                slot,
+                too_large,
+                message,
+            } => {
+                if let Some(id) = z.children.request(&slot) {
+                    self.script_refused(&id, too_large, message);
+                }
+            }
+            FromLauncher::ParkFailed { slot, message } => {
+                z.children.parking.retain(|s| *s != slot);
+                log::warn!("a zygote of {} could not park a child: {message}", z.func);
+                self.retire_if_spent(zt, cx);
+            }
+            FromLauncher::Output { slot, stream, data } => {
+                if let Some(id) = z.children.request(&slot) {
+                    self.output(&id, stream, data);
+                }
+            }
+            FromLauncher::Progress { slot, text } => {
+                if let Some(id) = z.children.request(&slot) {
+                    self.progress(&id, text);
+                }
+            }
+            FromLauncher::ChildHeartbeat { slot } => {
+                if let Some(id) = z.children.request(&slot) {
+                    self.child_beat(&id);
+                }
+            }
+            // The terminal line: every output line came before it on the same channel, so
+            // the caller is answered now; the child's exit and its cgroup's removal follow
+            // off the request path.
+            FromLauncher::Returned { slot, value } => {
+                self.answer_now(zt, &slot, Terminal::Returned(value));
+            }
+            FromLauncher::Raised {
+                slot,
+                message,
+                traceback,
+            } => {
+                self.answer_now(zt, &slot, Terminal::Raised { message, traceback });
+            }
+            FromLauncher::SlotClosed { slot, violation } => {
+                let zygote_dead = z.state == ZState::Dead;
+                let Some(s) = z.children.slots.remove(&slot) else {
+                    z.children.parking.retain(|p| *p != slot);
+                    z.children.placing.retain(|p| *p != slot);
+                    return Ok(());
+                };
+                // The launcher has dropped the child already; the agent cleans up after it
+                // when it exits.
+                // A call still waiting for its answer (killed, died, out of memory) reads
+                // what its cgroup counted now; the cgroup itself (and whatever the child
+                // left in it) goes later, off the request path.
+                let unanswered = s
+                    .request
+                    .as_ref()
+                    .is_some_and(|id| self.calls.contains_key(id));
+                let usage = if unanswered {
+                    last_reading(&*s.cgroup)
+                } else {
+                    None
+                };
+                let func = z.func.clone();
+                match self.fns.get(&func) {
+                    Some(f) => self.worker.send(Job::Release {
+                        pool: func,
+                        limits: f.limits,
+                        cg: s.cgroup,
+                    }),
+                    None => self.worker.send(Job::Remove(s.cgroup)),
+                }
+                self.parks.push_back(zt);
+                if let Some(id) = s.request {
+                    self.child_gone(&id, usage, violation, zygote_dead);
+                }
+                if let Some(z) = self.zygotes.get(&zt) {
+                    let func = z.func.clone();
+                    self.dispatch_pending(&func);
+                }
+                self.retire_if_spent(zt, cx);
+            }
+            FromLauncher::Exited { .. } => {
+                z.state = ZState::Dead;
+            }
+            other => return Err(format!("unexpected {other:?}")),
+        }
+        Ok(())
+    }
+
+    /// The cgroup worker finished placing parked children: their slots are ready.
+    pub fn worker_done(&mut self) {
+        for p in self.worker.done() {
+            self.placed(p);
+        }
+    }
+
+    /// A parked child's placement, by the worker or the loop: its slot is ready (or, if
+    /// placing it failed, the launcher lets the child go).
+    fn placed(&mut self, p: Placed) {
+        let waiting = self
+            .zygotes
+            .get(&p.zt)
+            .is_some_and(|z| z.state != ZState::Dead && z.children.placing.contains(&p.slot));
+        if !waiting {
+            // Its zygote or the child went away meanwhile.
+            if let Ok(cg) = p.result {
+                self.worker.send(Job::Remove(cg));
+            }
+            return;
+        }
+        let Some(z) = self.zygotes.get_mut(&p.zt) else {
+            return;
+        };
+        z.children.placing.retain(|s| *s != p.slot);
+        match p.result {
+            Ok(cg) => {
+                if z.frozen {
+                    let _ = cg.freeze();
+                }
+                z.children.slots.insert(
+                    p.slot,
+                    Slot {
+                        cgroup: cg,
+                        request: None,
+                        answered: None,
+                    },
+                );
+            }
+            Err(e) => {
+                // The launcher lets go of the child's channel, and a parked child whose
+                // channel closes before a request exits (it is still in the zygote's
+                // cgroup meanwhile). No kill by pid: that pid may be someone else's by now.
+                log::error!("give a parked child its cgroup: {e}");
+                z.conn.send(&ToLauncher::Reap { slot: p.slot });
+            }
+        }
+        let func = z.func.clone();
+        self.dispatch_pending(&func);
+    }
+
+    /// Whether background work is waiting (the loop then polls without sleeping).
+    pub fn has_background(&self) -> bool {
+        !self.parks.is_empty() || !self.settling.is_empty()
+    }
+
+    /// Lower the weight of what was answered, or replace one spare.
+    pub fn background_step(&mut self) {
+        if !self.settling.is_empty() {
+            for (zt, slot) in std::mem::take(&mut self.settling) {
+                let Some(s) = self
+                    .zygotes
+                    .get(&zt)
+                    .and_then(|z| z.children.slots.get(&slot))
+                else {
+                    continue;
+                };
+                if let Err(e) = s.cgroup.set_weight(Weight::Background) {
+                    log::debug!("lower an answered request's CPU weight: {e}");
+                }
+            }
+        } else if let Some(zt) = self.parks.pop_front() {
+            self.park(zt);
+        }
+    }
+
+    /// SIGCHLD: a zygote whose launcher exited is dead (its channel's close follows).
+    pub fn reap_launchers(&mut self) {
+        for z in self.zygotes.values_mut() {
+            if let Ok(Some(_)) = z.child.try_wait() {
+                z.state = ZState::Dead;
+            }
+        }
+    }
+}
+
+/// Start a zygote's launcher with its cgroup's attach files and its plan: the launcher
+/// process, its connection (registered with the loop) and the connection's token. Whatever
+/// was started is stopped again if a later step fails.
+fn start_launcher(
+    launcher: &Path,
+    cg: &dyn Cgroup,
+    plan: LaunchPlan,
+    handed: &[OwnedFd],
+    cx: &mut Ctx,
+) -> Result<(crate::spawn::Launcher, Conn, Token), String> {
+    let (mon, launcher_end) = StdUnixStream::pair().map_err(|e| format!("socketpair: {e}"))?;
+    let launcher_end = OwnedFd::from(launcher_end);
+    // The agent's own stdout and stderr (not the requests') go to the supervisor's log.
+    let log_out = std::io::stderr()
+        .as_fd_dup()
+        .map_err(|e| format!("dup stderr: {e}"))?;
+    let log_err = std::io::stderr()
+        .as_fd_dup()
+        .map_err(|e| format!("dup stderr: {e}"))?;
+    let (out_hi, sock_hi, err_hi) = match (
+        crate::oneshot::high(&log_out),
+        crate::oneshot::high(&launcher_end),
+        crate::oneshot::high(&log_err),
+    ) {
+        (Ok(a), Ok(b), Ok(c)) => (a, b, c),
+        (Err(e), _, _) | (_, Err(e), _) | (_, _, Err(e)) => {
+            return Err(format!("prepare descriptors: {e}"))
+        }
+    };
+    let attach = cg
+        .attach_files()
+        .map_err(|e| format!("open the zygote's cgroup: {e}"))?;
+    let fds = crate::spawn::LauncherFds {
+        stdin: None,
+        stdout: &out_hi,
+        channel: &sock_hi,
+        program_stderr: &err_hi,
+    };
+    let mut child = crate::spawn::spawn_launcher(launcher, fds)
+        .map_err(|e| format!("start the launcher: {e}"))?;
+    drop((out_hi, sock_hi, err_hi, log_out, launcher_end, log_err));
+    let mut stop = |why: String| {
+        let _ = child.kill();
+        let _ = child.wait();
+        why
+    };
+    // The launcher's first frame, on a fresh socket: it cannot block.
+    if let Err(e) = crate::oneshot::send_cgroup_files(&mon, &attach) {
+        return Err(stop(format!(
+            "send the zygote's cgroup to the launcher: {e}"
+        )));
+    }
+    drop(attach);
+    if let Err(e) = crate::mounts::send(&mon, handed) {
+        return Err(stop(format!("send the mounts to the launcher: {e}")));
+    }
+    if let Err(e) = mon.set_nonblocking(true) {
+        return Err(stop(e.to_string()));
+    }
+    let mut stream = mio::net::UnixStream::from_std(mon);
+    let t = cx.token();
+    if let Err(e) = cx
+        .reg
+        .register(&mut stream, t, Interest::READABLE | Interest::WRITABLE)
+    {
+        return Err(stop(format!("register the launcher: {e}")));
+    }
+    let mut conn = Conn::new(stream, MAX_LAUNCH_FRAME);
+    conn.send(&ToLauncher::Start(plan));
+    Ok((child, conn, t))
+}
+
+trait DupFd {
+    fn as_fd_dup(&self) -> std::io::Result<OwnedFd>;
+}
+
+impl DupFd for std::io::Stderr {
+    fn as_fd_dup(&self) -> std::io::Result<OwnedFd> {
+        use std::os::fd::AsFd;
+        self.as_fd().try_clone_to_owned()
+    }
+}
+
+/// Thaw a frozen zygote and its children.
+pub(super) fn thaw(z: &mut Zygote) {
+    let _ = z.cgroup.thaw();
+    for s in z.children.slots.values() {
+        let _ = s.cgroup.thaw();
+    }
+    z.frozen = false;
+    z.last_beat = Instant::now();
+}
+
+/// Freeze an idle zygote and its children.
+pub(super) fn freeze(z: &mut Zygote) {
+    let _ = z.cgroup.freeze();
+    for s in z.children.slots.values() {
+        let _ = s.cgroup.freeze();
+    }
+    z.frozen = true;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::cgroup::fake::Fake;
+
+    /// A child in a cgroup of its own: parked (`None`), or serving a call.
+    fn child(request: Option<&str>) -> Slot {
+        Slot {
+            cgroup: Fake::new().boxed(),
+            request: request.map(str::to_string),
+            answered: None,
+        }
+    }
+
+    fn children(parks_left: Option<u32>, slots: Vec<Slot>) -> Children {
+        let mut c = Children::new(parks_left);
+        for (i, s) in slots.into_iter().enumerate() {
+            c.slots.insert(format!("s{i}"), s);
+        }
+        c
+    }
+
+    fn serving(n: usize) -> Vec<Slot> {
+        (0..n).map(|i| child(Some(&format!("r{i}")))).collect()
+    }
+
+    #[test]
+    fn a_zygote_with_every_slot_serving_has_no_room() {
+        let c = children(None, serving(SLOTS));
+        assert_eq!((c.busy(), c.room(), c.to_park()), (SLOTS, 0, 0));
+        assert_eq!(c.free_slot(), None);
+    }
+
+    #[test]
+    fn an_answered_child_no_longer_counts_against_the_slots() {
+        let mut slots = serving(SLOTS);
+        slots[0].answered = Some(Instant::now());
+        let c = children(None, slots);
+        assert_eq!((c.busy(), c.room()), (SLOTS - 1, 1));
+        // Its slot is not free (it still serves its call), but a spare may be parked.
+        assert_eq!(c.free_slot(), None);
+        assert_eq!(c.to_park(), 1);
+    }
+
+    #[test]
+    fn a_zygote_keeps_its_spares_parked_within_its_slots() {
+        assert_eq!(children(None, Vec::new()).to_park(), SPARES);
+        assert_eq!(children(None, serving(1)).to_park(), SPARES.min(SLOTS - 1));
+        assert_eq!(children(None, serving(2)).to_park(), SLOTS - 2);
+        // Spares on their way count: one parked, one registering, one being placed.
+        let mut c = children(None, vec![child(None)]);
+        c.parking.push("p".into());
+        c.placing.push("q".into());
+        assert_eq!(c.to_park(), SPARES - 3);
+        assert_eq!(c.free_slot(), Some("s0".to_string()));
+    }
+
+    #[test]
+    fn a_spent_zygote_parks_no_more_and_takes_only_what_its_children_can() {
+        let mut c = children(Some(0), vec![child(None), child(Some("r"))]);
+        c.parking.push("p".into());
+        assert!(c.spent());
+        assert_eq!(c.to_park(), 0);
+        // The parked child and the one registering; not the slots left.
+        assert_eq!(c.room(), 2);
+        assert!(!c.none());
+        assert!(children(Some(0), Vec::new()).none());
+        assert_eq!(children(Some(0), Vec::new()).room(), 0);
+        // One uid left: one more child, whatever the spares want.
+        assert_eq!(children(Some(1), Vec::new()).to_park(), 1);
+    }
+}
