@@ -224,9 +224,13 @@ both_tests! {
         }
         let big = format!("{}\ndef handler(event):\n    return 1\n", "#".repeat(10 << 20));
         let path = s.file("toobig.py", big.as_bytes());
+        let stored = s.store();
         let (v, f) = s.exec(&n[1], Some("{}"), &["--script", &path]);
         let why = s.assert_refused(&v, &f, "too_large");
         assert!(why.contains("script space"), "{why}");
+        // Refused before it was stored: the store (and what it would have evicted) is as
+        // it was.
+        assert_eq!(s.store(), stored);
         // The pool keeps serving.
         let path = s.file("small.py", b"def handler(event):\n    return 'small'\n");
         let (v, f) = s.exec(&n[1], Some("{}"), &["--script", &path]);

@@ -326,7 +326,7 @@ impl Functions {
             .collect();
         for id in &ids {
             if let Some(c) = self.calls.get_mut(id) {
-                c.forced = Some(Outcome::Cancelled);
+                c.forced.get_or_insert(Outcome::Cancelled);
             }
         }
         for t in zs {

@@ -57,8 +57,12 @@ impl Capped {
             truncated: false,
         }
     }
-    /// Keep `s`, or as much of it as fits (cut at a character's start).
+    /// Keep `s`, or as much of it as fits (cut at a character's start). Once anything was
+    /// cut, nothing more is kept: what is kept is always a prefix of what was written.
     fn push(&mut self, s: &str) {
+        if self.truncated {
+            return;
+        }
         let room = OUTPUT_CAP.saturating_sub(self.text.len());
         if s.len() <= room {
             self.text.push_str(s);
@@ -321,6 +325,27 @@ impl Functions {
         }
         // A pool runs the script named with the call; a function runs its own handler.
         let pool = is_pool(&f.spec);
+        // A pool's scripts live in a tmpfs of its scratch size (`/run/script`): one that
+        // cannot fit there is refused, naming the limit; a script sent with the call before
+        // it is stored (storing may evict other scripts), one named by digest once read.
+        let space = f.plan.scratch_bytes;
+        let too_large = |len: usize| {
+            (len as u64 + 8192 > space).then(|| {
+                fail(
+                    ErrorCode::TooLarge,
+                    format!(
+                        "a script of {len} bytes does not fit {}'s script space of {} (its scratch size; raise scratch in sandbox.toml)",
+                        e.name,
+                        policy::limits::Bytes(space)
+                    ),
+                )
+            })
+        };
+        if let (true, Some(proto::front::ScriptRef::Source(source))) = (pool, &e.script) {
+            if let Some(refused) = too_large(source.len()) {
+                return Some(refused);
+            }
+        }
         let script = match (pool, e.script.take()) {
             (true, None) => {
                 return Some(fail(
@@ -352,21 +377,8 @@ impl Functions {
                 format!("no function named {:?} is served", e.name),
             ));
         };
-        // A pool's scripts live in a tmpfs of its scratch size (`/run/script`): one that
-        // cannot fit there is refused now, naming the limit.
-        if let Some(s) = &script {
-            let space = f.plan.scratch_bytes;
-            if s.source.len() as u64 + 8192 > space {
-                return Some(fail(
-                    ErrorCode::TooLarge,
-                    format!(
-                        "a script of {} bytes does not fit {}'s script space of {} (its scratch size; raise scratch in sandbox.toml)",
-                        s.source.len(),
-                        e.name,
-                        policy::limits::Bytes(space)
-                    ),
-                ));
-            }
+        if let Some(refused) = script.as_ref().and_then(|s| too_large(s.source.len())) {
+            return Some(refused);
         }
         let mut timeout = f.spec.limits.timeout;
         if let Some(ms) = e.timeout_ms {
@@ -381,15 +393,17 @@ impl Functions {
         // No parked child right now. Wait for one only where a zygote has room for it.
         let name = e.name;
         let f = self.fns.get(&name)?;
-        let room: usize = f
+        // A zygote whose launcher has exited (its channel not yet closed) has no room and
+        // holds nothing: it does not count against max_warm.
+        let live: Vec<&super::Zygote> = f
             .zygotes
             .iter()
             .filter_map(|t| self.zygotes.get(t))
             .filter(|z| z.state != ZState::Dead)
-            .map(|z| z.children.room())
-            .sum();
+            .collect();
+        let room: usize = live.iter().map(|z| z.children.room()).sum();
         let max_warm = (f.spec.max_warm as usize).max(1);
-        match admit(room, f.pending.len(), f.zygotes.len(), max_warm) {
+        match admit(room, f.pending.len(), live.len(), max_warm) {
             Admission::Wait => {}
             Admission::Grow => {
                 if let Err(err) = self.spawn_zygote(&name, cx) {
@@ -927,5 +941,9 @@ mod tests {
         c.push("é");
         assert!(c.truncated);
         assert_eq!(c.text.len(), OUTPUT_CAP - 1);
+        // A later chunk that would fit the room left is not kept after the cut.
+        c.push("b");
+        assert_eq!(c.text.len(), OUTPUT_CAP - 1);
+        assert!(c.text.bytes().all(|b| b == b'a'));
     }
 }
