@@ -61,6 +61,30 @@ pub struct InjectedFile {
     pub contents: Vec<u8>,
 }
 
+/// A file of a zygote's agent. The launcher carries each in its binary and writes the ones
+/// the plan names into the sandbox, read-only, at [`AgentFile::path`]; the monitor decides
+/// which, and the command line that runs them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum AgentFile {
+    /// The Python agent, which every zygote runs.
+    PythonAgent,
+    /// Its bootstrap: compiles the agent in a throwaway process, then runs it.
+    PythonBoot,
+    /// The Node spare that a Node function's or pool's parked child execs.
+    NodeSpare,
+}
+
+impl AgentFile {
+    /// Where the file is in the sandbox.
+    pub const fn path(self) -> &'static str {
+        match self {
+            AgentFile::PythonAgent => "/run/zygo/python_agent.py",
+            AgentFile::PythonBoot => "/run/zygo/python_boot.py",
+            AgentFile::NodeSpare => "/run/zygo/node_agent.mjs",
+        }
+    }
+}
+
 /// What runs in the sandbox once it is built.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub enum Mode {
@@ -115,6 +139,9 @@ pub struct LaunchPlan {
     /// Mode of the sandbox's own `/work` tmpfs when no `work` folder is given: a one-shot
     /// program's home (`0o755`), or a zygote agent's, which nothing else may list (`0o311`).
     pub work_mode: u32,
+    /// The agent's files, written under `/run` beside `files` (a zygote's; none for a
+    /// one-shot sandbox).
+    pub agents: Vec<AgentFile>,
 }
 
 /// The uids a zygote gives its requests, one each, never twice: `first .. first + count`
@@ -221,7 +248,7 @@ pub enum ToLauncher {
     Cgroup { files: u8 },
     /// Build this sandbox and run its program. Sent once, first or right after `Cgroup`
     /// (and `Mounts`).
-    Start(LaunchPlan),
+    Start(Box<LaunchPlan>),
     /// The sandbox's first process is in its cgroups: let it go on.
     Proceed,
     /// Kill the sandbox now (cancel, or the monitor's own deadline).

@@ -7,6 +7,7 @@
 //! arrives finished and checked. It trusts the monitor and nothing that runs in the sandbox.
 
 mod agent_log;
+mod agents;
 pub mod harden;
 pub mod oneshot;
 mod rootfs;

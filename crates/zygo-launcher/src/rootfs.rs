@@ -487,41 +487,50 @@ fn assemble(plan: &LaunchPlan, handed: &[std::os::fd::OwnedFd]) -> Result<()> {
 
     // Files written from outside (the agent, scripts, code) on read-only tmpfs mounts of
     // their own: one for /run, one for /zygo.
-    for f in &plan.files {
-        let p = under(new, &f.path);
+    let files: Vec<(&str, &[u8])> = plan
+        .agents
+        .iter()
+        .map(|a| (a.path(), crate::agents::contents(*a)))
+        .chain(
+            plan.files
+                .iter()
+                .map(|f| (f.path.as_str(), &f.contents[..])),
+        )
+        .collect();
+    for (path, _) in &files {
+        let p = under(new, path);
         if !p.starts_with(new.join("run")) && !p.starts_with(new.join("zygo")) {
             return Err(fail(
-                format!("injected file {} is not under /run or /zygo", f.path),
+                format!("injected file {path} is not under /run or /zygo"),
                 std::io::Error::from_raw_os_error(libc::EINVAL),
             ));
         }
     }
     for top in ["run", "zygo"] {
         let dir = new.join(top);
-        let mine: Vec<_> = plan
-            .files
+        let mine: Vec<_> = files
             .iter()
-            .filter(|f| under(new, &f.path).starts_with(&dir))
+            .filter(|(path, _)| under(new, path).starts_with(&dir))
             .collect();
         if mine.is_empty() {
             continue;
         }
-        let total: usize = mine.iter().map(|f| f.contents.len() + 4096).sum();
+        let total: usize = mine.iter().map(|(_, c)| c.len() + 4096).sum();
         mkdir(&dir, 0o755)?;
         tmpfs(
             &dir,
             &format!("mode=0755,size={}", total + 65536),
             MS_NOSUID | MS_NODEV,
         )?;
-        for f in mine {
-            let p = under(new, &f.path);
+        for (path, contents) in mine {
+            let p = under(new, path);
             if let Some(parent) = p.parent() {
                 mkdir(parent, 0o755)?;
             }
-            step(fs::write(&p, &f.contents), || format!("write {}", f.path))?;
+            step(fs::write(&p, contents), || format!("write {path}"))?;
             step(
                 fs::set_permissions(&p, fs::Permissions::from_mode(0o444)),
-                || format!("chmod {}", f.path),
+                || format!("chmod {path}"),
             )?;
         }
         if top == "run" && plan.scripts {

@@ -312,7 +312,7 @@ pub fn start(req: Request) -> Result<Started, Outcome> {
         let _ = child.wait();
         return Err(Outcome::refused(Phase::Start, e));
     }
-    if let Err(e) = write_frame(&mut sock, &ToLauncher::Start(plan)) {
+    if let Err(e) = write_frame(&mut sock, &ToLauncher::Start(Box::new(plan))) {
         let _ = child.kill();
         let _ = child.wait();
         return Err(Outcome::refused(
@@ -967,6 +967,7 @@ pub fn launch_plan(plan: &policy::plan::OneShotPlan) -> Result<(LaunchPlan, Limi
         work_handed: false,
         hide_pids: Shape::ONE_SHOT.hide_pids,
         work_mode: Shape::ONE_SHOT.work_mode,
+        agents: Vec::new(),
     };
     Ok((launch, limits))
 }

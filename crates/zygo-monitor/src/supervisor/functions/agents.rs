@@ -1,24 +1,19 @@
-//! The agents embedded in the binary, and the command line that starts one in a zygote:
-//! every zygote's agent is the Python agent (Node functions and pools too: their parked
-//! children exec a Node spare), written into the sandbox at /run/zygo.
+//! Which agent a zygote runs and the command line that starts it: every zygote's agent is
+//! the Python agent (Node functions and pools too: their parked children exec a Node
+//! spare). The launcher carries the agents' files and writes the ones named here into the
+//! sandbox at /run/zygo.
 
 use std::path::Path;
 
 use policy::file::{Agent, FnKind, FnSpec};
-use proto::launch::{BindMount, InjectedFile, RequestIds};
+use proto::launch::{AgentFile, BindMount, RequestIds};
 
-const PYTHON_AGENT: &[u8] = include_bytes!("../../../../zygo-launcher/agents/python_agent.py");
-
-const PYTHON_BOOT: &[u8] = include_bytes!("../../../../zygo-launcher/agents/python_boot.py");
-
-/// Where the Python agent is written in a zygote's sandbox.
-const AGENT_SCRIPT: &str = "/run/zygo/python_agent.py";
-
-const NODE_AGENT: &[u8] = include_bytes!("../../../../zygo-launcher/agents/node_agent.mjs");
+/// Where the Python agent is in a zygote's sandbox.
+const AGENT_SCRIPT: &str = AgentFile::PythonAgent.path();
 
 /// How a function's agent is started: its argv, the mount of its entry's folder, and
-/// the files injected into the sandbox.
-pub(super) type AgentLaunch = (Vec<String>, Option<BindMount>, Vec<InjectedFile>);
+/// the agent's files into the sandbox.
+pub(super) type AgentLaunch = (Vec<String>, Option<BindMount>, Vec<AgentFile>);
 
 /// The folder holding an entry file (bound at /fn) and the file's name in it.
 fn entry_parts(file: &Path) -> Result<(String, String), String> {
@@ -33,26 +28,14 @@ fn entry_parts(file: &Path) -> Result<(String, String), String> {
     Ok((dir.to_string(), name.to_string()))
 }
 
-/// The Python agent and its bootstrap, written into every zygote's sandbox at /run/zygo.
-fn python_agent_files() -> Vec<InjectedFile> {
-    vec![
-        InjectedFile {
-            path: AGENT_SCRIPT.into(),
-            contents: PYTHON_AGENT.to_vec(),
-        },
-        InjectedFile {
-            path: "/run/zygo/python_boot.py".into(),
-            contents: PYTHON_BOOT.to_vec(),
-        },
-    ]
+/// The Python agent and its bootstrap, written into every zygote's sandbox.
+fn python_agent_files() -> Vec<AgentFile> {
+    vec![AgentFile::PythonAgent, AgentFile::PythonBoot]
 }
 
 /// The Node spare, written next to it for Node functions and pools.
-fn node_agent_file() -> InjectedFile {
-    InjectedFile {
-        path: "/run/zygo/node_agent.mjs".into(),
-        contents: NODE_AGENT.to_vec(),
-    }
+fn node_agent_file() -> AgentFile {
+    AgentFile::NodeSpare
 }
 
 /// `python3 -I /run/zygo/python_boot.py /run/zygo/python_agent.py ARGS...`: every zygote's
@@ -62,7 +45,7 @@ fn agent_cmd<S: AsRef<str>>(args: &[S]) -> Vec<String> {
     let mut argv: Vec<String> = [
         "/usr/bin/python3",
         "-I",
-        "/run/zygo/python_boot.py",
+        AgentFile::PythonBoot.path(),
         AGENT_SCRIPT,
     ]
     .iter()
@@ -195,8 +178,7 @@ mod tests {
             ("/srv/app/h", "/fn")
         );
         assert!(!mount.rw);
-        let paths: Vec<&str> = files.iter().map(|f| f.path.as_str()).collect();
-        assert_eq!(paths, [AGENT_SCRIPT, "/run/zygo/python_boot.py"]);
+        assert_eq!(files, [AgentFile::PythonAgent, AgentFile::PythonBoot]);
     }
 
     #[test]
@@ -217,7 +199,7 @@ mod tests {
             ]
         );
         assert!(mount.is_none());
-        assert!(files.iter().any(|f| f.path == "/run/zygo/node_agent.mjs"));
+        assert!(files.contains(&AgentFile::NodeSpare));
     }
 
     #[test]

@@ -208,7 +208,7 @@ fn plan(spec: &FnSpec, identity: &Identity) -> Result<Planned, String> {
             spec.secrets
         ));
     }
-    let (argv, fn_mount, files) = agent_argv(spec, identity.request_ids)?;
+    let (argv, fn_mount, agents) = agent_argv(spec, identity.request_ids)?;
     let image = match &spec.image {
         policy::plan::Image::Host => Image::Host,
         policy::plan::Image::Dir(d) => {
@@ -265,7 +265,8 @@ fn plan(spec: &FnSpec, identity: &Identity) -> Result<Planned, String> {
         hide_pids: Shape::ZYGOTE.hide_pids,
         work_mode: Shape::ZYGOTE.work_mode,
         scripts: is_pool(spec),
-        files,
+        files: Vec::new(),
+        agents,
         work: None,
         etc: None,
     };

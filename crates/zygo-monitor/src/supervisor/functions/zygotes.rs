@@ -676,7 +676,7 @@ fn start_launcher(
         return Err(stop(format!("register the launcher: {e}")));
     }
     let mut conn = Conn::new(stream, MAX_LAUNCH_FRAME);
-    conn.send(&ToLauncher::Start(plan));
+    conn.send(&ToLauncher::Start(Box::new(plan)));
     Ok((child, conn, t))
 }
 
