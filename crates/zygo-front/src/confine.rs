@@ -242,7 +242,7 @@ mod tests {
             .chain(enosys.iter().map(|e| (e.name(), e.reason)));
         for (name, reason) in reasons {
             assert!(
-                reason.split_whitespace().count() >= 2 && reason != name,
+                reason.split_whitespace().count() >= 4 && reason != name,
                 "{name}: {reason:?} is no reason"
             );
         }
