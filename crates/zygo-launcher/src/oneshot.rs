@@ -810,15 +810,9 @@ fn init_main(
     };
     // The seccomp allowlist, last: init itself runs under it from here on, and the
     // program inherits it through the exec.
-    if let Err(e) = seccomp::install(seccomp::sandbox_filter()) {
+    if let Err(e) = seccomp::install(seccomp::sandbox_filter(plan.inotify)) {
         report(rep_w, "F", &format!("install the seccomp filter: {e}"));
         exit_now(1);
-    }
-    if !plan.inotify {
-        if let Err(e) = seccomp::install(seccomp::no_inotify_filter()) {
-            report(rep_w, "F", &format!("install the no-inotify filter: {e}"));
-            exit_now(1);
-        }
     }
     let child = match start_program(&prepared, agent_fds) {
         Ok(pid) => pid,
