@@ -3,3 +3,5 @@
 //! each other. `proto` holds the messages; this crate holds the pipes they travel in.
 //!
 //! Imports nothing of Zygo's but `proto`.
+
+pub mod seccomp;

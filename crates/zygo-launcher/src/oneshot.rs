@@ -3,8 +3,8 @@
 //! Three processes are involved:
 //! - the **launcher** (this process, in the host's namespaces): clones the sandbox as soon
 //!   as it has the plan, hands its init the cgroup files when the monitor sends them,
-//!   writes its id maps, compiles the seccomp filter, lets init start the program once the
-//!   monitor has checked the placement, enforces the deadline, and reports to the monitor;
+//!   writes its id maps, lets init start the program once the monitor has checked the
+//!   placement, enforces the deadline, and reports to the monitor;
 //! - the sandbox's **init** (pid 1 of the new pid namespace): builds the root, drops every
 //!   privilege, starts the program and reaps; when it exits the kernel kills everything
 //!   left in the namespace, so nothing the program started can outlive it;
@@ -14,8 +14,8 @@
 //! The launcher talks to init over a seqpacket socket pair with three messages: `C`
 //! carrying the cgroup attach files (init joins them before it does anything else), `M`
 //! (the id maps are written: init builds the sandbox while the monitor checks the cgroup
-//! placement), and `G` with the seccomp filter (the placement is confirmed: init drops its
-//! privileges and starts the program).
+//! placement), and `G` (the placement is confirmed: init drops its privileges, installs the
+//! seccomp filter compiled into `zygo`, and starts the program).
 //! init reports to the launcher over a close-on-exec pipe with one short line per event:
 //! `P` (placed in its cgroups), `S` (the program was exec'd), `F <reason>` (building or
 //! starting failed), `W <status>` (the program's wait status). The program itself holds
@@ -503,8 +503,8 @@ fn supervise(
     if let Err(e) = proto::fds::send_with_fds(ctl.as_raw_fd(), b"M", &[]) {
         return failed(sock, Phase::Start, format!("start the sandbox: {e}"));
     }
-    // 4. The seccomp filter (built when `zygo` was compiled) goes to init with `go`.
-    let filter = seccomp::encode(seccomp::sandbox_filter());
+    // 4. The seccomp filter needs nothing from here: it is compiled into `zygo`, and init,
+    // a clone of this process, installs it from its own memory.
     // 5. init says `P` once it is in its cgroups; the monitor checks that (and moves it
     // itself if not) before the program may start.
     let mut buf: Vec<u8> = Vec::new();
@@ -532,10 +532,7 @@ fn supervise(
     }
     // 6. Let init finish and start the program. If init has failed meanwhile, this send
     // fails too, and its report says why.
-    let mut go = Vec::with_capacity(1 + filter.len());
-    go.push(b'G');
-    go.extend_from_slice(&filter);
-    let _ = proto::fds::send_with_fds(ctl.as_raw_fd(), &go, &[]);
+    let _ = proto::fds::send_with_fds(ctl.as_raw_fd(), b"G", &[]);
     drop(ctl);
 
     // 7. Wait for init's reports, the monitor, or the deadline.
@@ -797,28 +794,13 @@ fn init_main(
         report(rep_w, "F", &e.to_string());
         exit_now(1);
     }
-    // `G` and the seccomp filter: the monitor found the sandbox in its cgroups. A buffer
-    // of the message's own size (a few pages fewer to copy than the largest filter's).
-    let size = match sys::next_message_len(ctl.as_raw_fd()) {
-        Ok(n) if n > 1 && n <= 1 + seccomp::MAX_ENCODED => n,
-        // The launcher gave up (closed its end).
-        Ok(0) => exit_now(1),
-        Ok(_) => {
-            report(rep_w, "F", "the launcher sent a malformed seccomp filter");
-            exit_now(1);
-        }
-        Err(_) => exit_now(1),
-    };
-    let mut go = vec![0u8; size];
-    let filter = match sys::recv_with_fds(ctl.as_raw_fd(), &mut go, 0) {
-        Ok((n, _)) if n > 1 && go[0] == b'G' => seccomp::decode(&go[1..n]),
+    // `G`: the monitor found the sandbox in its cgroups. Anything else (the launcher
+    // closing the socket) ends init.
+    match sys::recv_with_fds(ctl.as_raw_fd(), &mut tag, 0) {
+        Ok((1, _)) if tag == *b"G" => {}
         _ => exit_now(1),
-    };
+    }
     drop(ctl);
-    let Some(filter) = filter else {
-        report(rep_w, "F", "the launcher sent a malformed seccomp filter");
-        exit_now(1);
-    };
     let prepared = match finish(plan) {
         Ok(p) => p,
         Err(e) => {
@@ -828,15 +810,9 @@ fn init_main(
     };
     // The seccomp allowlist, last: init itself runs under it from here on, and the
     // program inherits it through the exec.
-    if let Err(e) = seccomp::install(&filter) {
+    if let Err(e) = seccomp::install(seccomp::sandbox_filter(plan.inotify)) {
         report(rep_w, "F", &format!("install the seccomp filter: {e}"));
         exit_now(1);
-    }
-    if !plan.inotify {
-        if let Err(e) = seccomp::install(seccomp::no_inotify_filter()) {
-            report(rep_w, "F", &format!("install the no-inotify filter: {e}"));
-            exit_now(1);
-        }
     }
     let child = match start_program(&prepared, agent_fds) {
         Ok(pid) => pid,

@@ -524,30 +524,6 @@ pub fn enter_net_namespace(ns: &OwnedFd) -> io::Result<()> {
     Ok(())
 }
 
-/// The size of the next message on a datagram or seqpacket socket, which stays queued;
-/// 0 when the peer has closed its end. Waits for the message.
-pub fn next_message_len(fd: RawFd) -> io::Result<usize> {
-    loop {
-        // SAFETY: with a zero length nothing is written to the (null) buffer; MSG_TRUNC
-        // makes the call return the message's real length.
-        let n = unsafe {
-            libc::recv(
-                fd,
-                std::ptr::null_mut(),
-                0,
-                libc::MSG_PEEK | libc::MSG_TRUNC,
-            )
-        };
-        if n >= 0 {
-            return Ok(n as usize);
-        }
-        let e = io::Error::last_os_error();
-        if e.kind() != io::ErrorKind::Interrupted {
-            return Err(e);
-        }
-    }
-}
-
 /// One `recvmsg` into `buf`, collecting at most `max_fds` descriptors passed with the bytes
 /// (`SCM_RIGHTS`, received close-on-exec). More descriptors than that, or a truncated
 /// control message, is an error (the extra ones are closed). Returns the bytes read.
