@@ -470,6 +470,7 @@ impl Front {
             &Hello {
                 protocol: FRONT_PROTOCOL,
                 role: Role::Cli,
+                flags: Default::default(),
             },
         )
         .map_err(|e| format!("hello: {e}"))?;

@@ -15,6 +15,7 @@
 //! And the one parser for JSON that comes from outside — MCP messages, the lines a sandbox
 //! writes, events ([`json`]): serde_json, with an object that repeats a key refused.
 
+pub mod api;
 pub mod codec;
 pub mod cpu;
 pub mod fds;

@@ -76,6 +76,7 @@ fn hello(chan: &mut UnixStream) -> Result<(), String> {
         &Hello {
             protocol: FRONT_PROTOCOL,
             role: Role::Mcp,
+            flags: Default::default(),
         },
     )
     .map_err(|e| format!("say hello to the sandbox side: {e}"))?;

@@ -55,6 +55,7 @@ pub fn hello(sock: &mut UnixStream, role: Role) -> Result<(), HelloError> {
         &Hello {
             protocol: FRONT_PROTOCOL,
             role,
+            flags: Default::default(),
         },
     )
     .map_err(HelloError::Proto)?;
