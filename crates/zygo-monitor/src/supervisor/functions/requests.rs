@@ -25,7 +25,8 @@ use super::registry::{is_pool, FnState};
 use super::timers::stuck_after;
 use super::zygotes::{thaw, ZState};
 use super::{fail, random_hex, Ctx, Functions, MAX_EVENT, SLOTS};
-use crate::cgroup::{Cgroup, Usage, Weight};
+use crate::cgroup::{Cgroup, Limits, Usage, Weight};
+use crate::supervisor::api::Acting;
 
 /// Output kept per stream per request.
 const OUTPUT_CAP: usize = 1024 * 1024;
@@ -107,6 +108,11 @@ pub(super) struct InFlight {
     script: Option<Script>,
     /// Its digest, for the usage log.
     pub(super) script_digest: Option<String>,
+    /// The tenant it was made for (`None`: the host's).
+    pub(super) tenant: Option<String>,
+    /// Narrower cgroup limits than its function's (its tenant's), written on its child's
+    /// cgroup before the child is let go.
+    pub(super) narrow: Option<Limits>,
 }
 
 impl InFlight {
@@ -135,6 +141,8 @@ impl InFlight {
             forced: None,
             script_digest: script.as_ref().map(|s| s.digest.clone()),
             script,
+            tenant: None,
+            narrow: None,
         }
     }
 }
@@ -268,6 +276,23 @@ pub(super) fn last_reading(cg: &dyn Cgroup) -> Option<Usage> {
     cg.usage().ok()
 }
 
+/// The cgroup limits of a call: the function's, narrowed by its tenant's where those are
+/// lower; `None` when they narrow nothing.
+pub(super) fn narrowed(f: &Limits, t: &proto::api::TenantLimits) -> Option<Limits> {
+    let cap = |v: u32, t: Option<u64>| {
+        t.map_or(v, |t| v.min(u32::try_from(t).unwrap_or(u32::MAX)).max(1))
+    };
+    let l = Limits {
+        mem_bytes: match (f.mem_bytes, t.mem_bytes) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        },
+        cpu_millis: cap(f.cpu_millis, t.cpu_millis),
+        pids: cap(f.pids, t.pids),
+    };
+    (l != *f).then_some(l)
+}
+
 /// Whether a call in flight names a script (see `Store::put`: such a script is never
 /// evicted).
 pub(super) fn script_in_flight(calls: &HashMap<String, InFlight>) -> impl Fn(&str) -> bool + '_ {
@@ -285,6 +310,7 @@ impl Functions {
         &mut self,
         client: Token,
         mut e: ExecRequest,
+        who: &Acting,
         cx: &mut Ctx,
     ) -> Option<Reply> {
         if e.event.len() > MAX_EVENT {
@@ -384,8 +410,16 @@ impl Functions {
         if let Some(ms) = e.timeout_ms {
             timeout = timeout.min(Duration::from_millis(ms.max(1)));
         }
+        // A tenant's limits narrow the function's: its timeout on the deadline here, the
+        // rest on the child's cgroup when it is let go.
+        if let Some(ms) = who.limits.timeout_ms {
+            timeout = timeout.min(Duration::from_millis(ms.max(1)));
+        }
+        let narrow = narrowed(&f.limits, &who.limits);
         let id = random_hex(16);
-        let call = InFlight::new(client, &e, event, timeout, script, Instant::now());
+        let mut call = InFlight::new(client, &e, event, timeout, script, Instant::now());
+        call.tenant = who.tenant.clone();
+        call.narrow = narrow;
         self.calls.insert(id.clone(), call);
         if self.try_dispatch(&id) {
             return None;
@@ -466,6 +500,32 @@ impl Functions {
         };
         if frozen {
             thaw(z);
+        }
+        if let (Some(l), Some(s)) = (c.narrow, z.children.slots.get_mut(&slot)) {
+            // The tenant's limits go on the child's own cgroup before it is let go. The
+            // cgroup is not kept for another request afterwards.
+            s.narrowed = true;
+            if let Err(e) = s.cgroup.set_limits(&l) {
+                log::error!("write a tenant's limits on a request's cgroup: {e}");
+                // That child is not used: it is let go of, and its cgroup removed.
+                if let Some(s) = z.children.slots.remove(&slot) {
+                    z.conn.send(&ToLauncher::Reap { slot: slot.clone() });
+                    self.worker
+                        .send(super::super::cgworker::Job::Remove(s.cgroup));
+                }
+                self.parks.push_back(zt);
+                if let Some(c) = self.calls.remove(id) {
+                    self.outbox.push((
+                        c.client,
+                        fail(
+                            ErrorCode::Internal,
+                            format!("the tenant's limits could not be applied: {e}"),
+                        ),
+                        true,
+                    ));
+                }
+                return true;
+            }
         }
         if let Some(s) = z.children.slots.get_mut(&slot) {
             s.request = Some(id.to_string());
@@ -645,14 +705,24 @@ impl Functions {
         }
     }
 
-    /// `cancel`: end every call with this key.
-    pub(super) fn cancel(&mut self, key: &str) -> Reply {
+    /// `cancel`: end every call with this key that is the caller's: over the API, those
+    /// made for the same tenant (or for the host, by an operator acting for nobody); from
+    /// the host's CLI, every one. Over the API, none is `not_found`, the same answer
+    /// whether the key is unknown, finished, or another tenant's.
+    pub(super) fn cancel(&mut self, key: &str, who: &Acting) -> Reply {
         let ids: Vec<String> = self
             .calls
             .iter()
             .filter(|(_, c)| c.key.as_deref() == Some(key))
+            .filter(|(_, c)| !who.api() || c.tenant == who.tenant)
             .map(|(id, _)| id.clone())
             .collect();
+        if ids.is_empty() && who.api() {
+            return fail(
+                ErrorCode::NotFound,
+                format!("no request of yours is running under the key {key:?}"),
+            );
+        }
         for id in &ids {
             self.force(id, Outcome::Cancelled);
         }

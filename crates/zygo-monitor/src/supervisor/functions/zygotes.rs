@@ -36,6 +36,9 @@ pub(super) struct Slot {
     /// When its request was answered: the child should exit at once; past a grace it
     /// is killed with its cgroup.
     pub(super) answered: Option<Instant>,
+    /// Its limits were narrowed for its request (a tenant's limits): it is removed
+    /// afterwards, never kept for another request.
+    pub(super) narrowed: bool,
 }
 
 /// A zygote's children, by what they are doing.
@@ -135,7 +138,8 @@ impl Functions {
         let cg = self
             .backend
             .create(&format!(
-                "tenants/_host/{name}/z-{}-{}",
+                "{}/z-{}-{}",
+                super::cg_folder(name),
                 std::process::id(),
                 random_hex(6)
             ))
@@ -424,7 +428,11 @@ impl Functions {
                 // Otherwise a new cgroup is made off the loop; `placed` takes the result.
                 self.worker.send(Job::Place {
                     zt,
-                    rel: format!("tenants/_host/{func}/r-{}-{slot}", std::process::id()),
+                    rel: format!(
+                        "{}/r-{}-{slot}",
+                        super::cg_folder(&func),
+                        std::process::id()
+                    ),
                     pool: func,
                     slot,
                     pid,
@@ -496,7 +504,7 @@ impl Functions {
                     None
                 };
                 let func = z.func.clone();
-                match self.fns.get(&func) {
+                match self.fns.get(&func).filter(|_| !s.narrowed) {
                     Some(f) => self.worker.send(Job::Release {
                         pool: func,
                         limits: f.limits,
@@ -558,6 +566,7 @@ impl Functions {
                         cgroup: cg,
                         request: None,
                         answered: None,
+                        narrowed: false,
                     },
                 );
             }
@@ -721,6 +730,7 @@ mod tests {
             cgroup: Fake::new().boxed(),
             request: request.map(str::to_string),
             answered: None,
+            narrowed: false,
         }
     }
 
