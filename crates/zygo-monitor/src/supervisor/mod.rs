@@ -368,6 +368,12 @@ impl Supervisor {
                 socket.display()
             )));
         }
+        // The API's records, and the bootstrap token taken out of the environment before
+        // any thread or process is started; a record that cannot be read refuses the start
+        // before the socket is bound.
+        let api_store = api::store::Files::open(state.join("api"))
+            .map_err(|e| SupervisorError(format!("the API's records: {e}")))?;
+        let api = api::Api::open(Box::new(api_store))?;
         let _ = std::fs::remove_file(&socket);
         // The socket is created 0600 (umask), inside a 0700 directory.
         // SAFETY: umask cannot fail.
@@ -401,11 +407,6 @@ impl Supervisor {
         let waker = std::sync::Arc::new(
             mio::Waker::new(poll.registry(), WAKER).map_err(|e| err("create a waker", e))?,
         );
-        // The API's records, and the bootstrap token taken out of the environment before
-        // any thread or process is started.
-        let api_store = api::store::Files::open(state.join("api"))
-            .map_err(|e| SupervisorError(format!("the API's records: {e}")))?;
-        let api = api::Api::open(Box::new(api_store))?;
         let fns = Functions::new(backend, waker, identity, launcher, usage_path, scripts, api)?;
         fns.sweep_stale();
         log::info!(
@@ -863,7 +864,7 @@ impl Supervisor {
                     match self.admit_api(&who, *request, flags) {
                         Ok(x) => x,
                         Err(refusal) => {
-                            self.reply(t, refusal);
+                            self.reply(t, refusal.into());
                             continue;
                         }
                     }
@@ -921,12 +922,12 @@ impl Supervisor {
         who: &proto::api::Credentials,
         inner: Request,
         flags: proto::api::FrontFlags,
-    ) -> Result<(Request, api::Acting), Reply> {
+    ) -> Result<(Request, api::Acting), api::Refusal> {
         let k = kind(&inner);
         let route = match gate_route(k) {
             Some(r) if DISPATCH_API_INNER.contains(&k) => r,
             _ => {
-                return Err(api::fail(
+                return Err(api::no(
                     ErrorCode::BadRequest,
                     format!("the API may not ask for {k:?}"),
                 ))
@@ -946,7 +947,7 @@ impl Supervisor {
         let acting = self.fns.api.resolve(who, flags)?;
         match policy::gate::decide(route, acting.gate_caller()) {
             policy::gate::Decision::Allow => Ok((inner, acting)),
-            policy::gate::Decision::Refuse(why) => Err(api::fail(ErrorCode::Forbidden, why)),
+            policy::gate::Decision::Refuse(why) => Err(api::no(ErrorCode::Forbidden, why)),
         }
     }
 

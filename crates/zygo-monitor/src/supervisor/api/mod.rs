@@ -106,6 +106,26 @@ pub fn fail(code: ErrorCode, message: impl Into<String>) -> Reply {
     }
 }
 
+/// Why a request is refused, before it becomes a [`Reply::Error`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Refusal {
+    pub code: ErrorCode,
+    pub message: String,
+}
+
+impl From<Refusal> for Reply {
+    fn from(r: Refusal) -> Reply {
+        fail(r.code, r.message)
+    }
+}
+
+pub fn no(code: ErrorCode, message: impl Into<String>) -> Refusal {
+    Refusal {
+        code,
+        message: message.into(),
+    }
+}
+
 fn sha256_hex(bytes: &[u8]) -> String {
     Sha256::digest(bytes)
         .iter()
@@ -169,20 +189,20 @@ impl Api {
         Ok(api)
     }
 
-    fn put(&mut self, r: Record) -> Result<(), Reply> {
+    fn put(&mut self, r: Record) -> Result<(), Refusal> {
         self.store.put(&r).map_err(|e| {
             log::error!("API store: {e}");
-            fail(
+            no(
                 ErrorCode::Internal,
                 format!("the change could not be stored: {e}"),
             )
         })
     }
 
-    fn remove(&mut self, kind: Kind, id: &str) -> Result<(), Reply> {
+    fn remove(&mut self, kind: Kind, id: &str) -> Result<(), Refusal> {
         self.store.remove(kind, id).map_err(|e| {
             log::error!("API store: {e}");
-            fail(
+            no(
                 ErrorCode::Internal,
                 format!("the change could not be stored: {e}"),
             )
@@ -190,8 +210,8 @@ impl Api {
     }
 
     /// Who is calling, from what the front forwarded and how the front was started.
-    pub fn resolve(&self, c: &Credentials, flags: FrontFlags) -> Result<Acting, Reply> {
-        let unauthorized = |m: &str| fail(ErrorCode::Unauthorized, m);
+    pub fn resolve(&self, c: &Credentials, flags: FrontFlags) -> Result<Acting, Refusal> {
+        let unauthorized = |m: &str| no(ErrorCode::Unauthorized, m);
         let who = match &c.token {
             None if flags.no_auth => Who::Bootstrap,
             None => {
@@ -226,7 +246,7 @@ impl Api {
         };
         if let Some(h) = &c.tenant {
             if !is_tenant_id(h) {
-                return Err(fail(
+                return Err(no(
                     ErrorCode::BadRequest,
                     "X-Zygo-Tenant is not a tenant id (1 to 63 characters of a-z, 0-9, _ and -)",
                 ));
@@ -234,7 +254,7 @@ impl Api {
         }
         let tenant = match (&who, &c.tenant) {
             (Who::Tenant(t), Some(h)) if h != t => {
-                return Err(fail(
+                return Err(no(
                     ErrorCode::Forbidden,
                     "X-Zygo-Tenant names another tenant than this tenant token's; a tenant token acts only for its own tenant (leave the header out)",
                 ))
@@ -248,7 +268,7 @@ impl Api {
             }
             (_, Some(h)) => {
                 if !self.tenants.contains_key(h) {
-                    return Err(fail(
+                    return Err(no(
                         ErrorCode::NotFound,
                         format!("no tenant {h:?}; create it first (POST /tenants)"),
                     ));
@@ -298,7 +318,7 @@ impl Api {
             revoked_ms: None,
         };
         if let Err(r) = self.put(Record::Token(rec.clone())) {
-            return r;
+            return r.into();
         }
         log::info!(
             "minted token {id} ({})",
@@ -341,7 +361,7 @@ impl Api {
             let mut rec = rec.clone();
             rec.revoked_ms = Some(now_ms());
             if let Err(r) = self.put(Record::Token(rec.clone())) {
-                return r;
+                return r.into();
             }
             log::info!("revoked token {id}");
             self.tokens.insert(id.to_string(), rec);
@@ -350,7 +370,7 @@ impl Api {
     }
 
     /// Revoke every token of a tenant; how many were live.
-    pub fn revoke_tenant_tokens(&mut self, tenant: &str) -> Result<u32, Reply> {
+    pub fn revoke_tenant_tokens(&mut self, tenant: &str) -> Result<u32, Refusal> {
         let ids: Vec<String> = self
             .tokens
             .values()
@@ -359,7 +379,7 @@ impl Api {
             .collect();
         for id in &ids {
             if let Reply::Error { .. } = self.revoke(id) {
-                return Err(fail(ErrorCode::Internal, format!("revoke {id}")));
+                return Err(no(ErrorCode::Internal, format!("revoke {id}")));
             }
         }
         Ok(ids.len() as u32)
@@ -376,9 +396,9 @@ impl Api {
     // --- Tenants --------------------------------------------------------------------------
 
     /// Create a tenant if it does not exist: whether it was created.
-    pub fn create_tenant(&mut self, id: &str) -> Result<bool, Reply> {
+    pub fn create_tenant(&mut self, id: &str) -> Result<bool, Refusal> {
         if !is_tenant_id(id) {
-            return Err(fail(
+            return Err(no(
                 ErrorCode::BadRequest,
                 "a tenant id is 1 to 63 characters of a-z, 0-9, _ and -, starting with a letter or digit",
             ));
@@ -397,9 +417,9 @@ impl Api {
         Ok(true)
     }
 
-    pub fn set_limits(&mut self, id: &str, limits: LimitsRecord) -> Result<(), Reply> {
+    pub fn set_limits(&mut self, id: &str, limits: LimitsRecord) -> Result<(), Refusal> {
         let Some(rec) = self.tenants.get(id) else {
-            return Err(fail(ErrorCode::NotFound, format!("no tenant {id:?}")));
+            return Err(no(ErrorCode::NotFound, format!("no tenant {id:?}")));
         };
         let mut rec = rec.clone();
         rec.limits = limits;
@@ -409,7 +429,7 @@ impl Api {
         Ok(())
     }
 
-    pub fn remove_tenant(&mut self, id: &str) -> Result<(), Reply> {
+    pub fn remove_tenant(&mut self, id: &str) -> Result<(), Refusal> {
         self.remove(Kind::Tenant, id)?;
         self.tenants.remove(id);
         log::info!("deleted tenant {id}");
@@ -436,7 +456,7 @@ impl Api {
         digest: &str,
         tenant: Option<&str>,
         existed: bool,
-    ) -> Result<(), Reply> {
+    ) -> Result<(), Refusal> {
         let old = self.scripts.get(digest).cloned();
         let rec = match (tenant, old) {
             (None, None) => return Ok(()), // the host's, as every unrecorded script is
@@ -480,7 +500,7 @@ impl Api {
 
     /// `tenant` lets go of its scripts: the digests nobody else refers to (to be removed
     /// from the store).
-    pub fn release_scripts(&mut self, tenant: &str) -> Result<Vec<String>, Reply> {
+    pub fn release_scripts(&mut self, tenant: &str) -> Result<Vec<String>, Refusal> {
         let mut orphans = Vec::new();
         for d in self.scripts_of(tenant) {
             let Some(mut r) = self.scripts.get(&d).cloned() else {
@@ -500,7 +520,7 @@ impl Api {
     }
 
     /// A script was deleted from the store: nobody holds it any more.
-    pub fn forget_script(&mut self, digest: &str) -> Result<(), Reply> {
+    pub fn forget_script(&mut self, digest: &str) -> Result<(), Refusal> {
         if self.scripts.contains_key(digest) {
             self.remove(Kind::Script, digest)?;
             self.scripts.remove(digest);
@@ -528,12 +548,12 @@ const MAX_LIMITS_BODY: usize = 64 * 1024;
 /// Parse a limits body strictly: a JSON object of the seven keys, `null` clearing one.
 /// `unlimited` and `network: "host"` are refused (never over HTTP), and so are private
 /// addresses in `allow` unless `private_ok`.
-pub fn parse_limits(text: &str, private_ok: bool) -> Result<LimitsPatch, Reply> {
+pub fn parse_limits(text: &str, private_ok: bool) -> Result<LimitsPatch, Refusal> {
     use policy::limits::Source;
-    let bad = |m: String| fail(ErrorCode::BadRequest, m);
-    let spec = |e: policy::PolicyError| fail(ErrorCode::BadSpec, e.to_string());
+    let bad = |m: String| no(ErrorCode::BadRequest, m);
+    let spec = |e: policy::PolicyError| no(ErrorCode::BadSpec, e.to_string());
     if text.len() > MAX_LIMITS_BODY {
-        return Err(fail(ErrorCode::TooLarge, "the limits body is over 64 KiB"));
+        return Err(no(ErrorCode::TooLarge, "the limits body is over 64 KiB"));
     }
     let v: Value = proto::json::from_str_strict(text)
         .map_err(|e| bad(format!("the limits are not JSON: {e}")))?;
@@ -544,11 +564,11 @@ pub fn parse_limits(text: &str, private_ok: bool) -> Result<LimitsPatch, Reply> 
     };
     let mut p = LimitsPatch::default();
     // A size: "256M" or a number of bytes.
-    let size = |key: &str, v: &Value| -> Result<u64, Reply> {
+    let size = |key: &str, v: &Value| -> Result<u64, Refusal> {
         match v {
             Value::String(s) => match policy::limits::Mem::parse(key, s, Source::Http) {
                 Ok(policy::limits::Mem::Limited(b)) => Ok(b.0),
-                Ok(policy::limits::Mem::Unlimited) => Err(fail(
+                Ok(policy::limits::Mem::Unlimited) => Err(no(
                     ErrorCode::BadSpec,
                     format!("{key}: unlimited is never accepted over HTTP"),
                 )),
@@ -617,7 +637,7 @@ pub fn parse_limits(text: &str, private_ok: bool) -> Result<LimitsPatch, Reply> 
                         _ => return Err(bad("timeout must be a duration such as \"30s\", or milliseconds".into())),
                     };
                     if d > policy::limits::MAX_DURATION {
-                        return Err(fail(ErrorCode::BadSpec, "timeout: at most 24h"));
+                        return Err(no(ErrorCode::BadSpec, "timeout: at most 24h"));
                     }
                     Some(d.as_millis() as u64)
                 })
@@ -629,7 +649,7 @@ pub fn parse_limits(text: &str, private_ok: bool) -> Result<LimitsPatch, Reply> 
                     match v.as_str() {
                         Some(n @ ("none" | "egress")) => Some(n.to_string()),
                         Some("host") => {
-                            return Err(fail(
+                            return Err(no(
                                 ErrorCode::BadSpec,
                                 "network: host is never accepted over HTTP; it can only be declared in sandbox.toml",
                             ))
@@ -656,7 +676,7 @@ pub fn parse_limits(text: &str, private_ok: bool) -> Result<LimitsPatch, Reply> 
                         rules.push(policy::file::AllowRule::parse("allow", s).map_err(spec)?);
                     }
                     if let Some(r) = policy::gate::private_target(&rules, private_ok) {
-                        return Err(fail(
+                        return Err(no(
                             ErrorCode::BadSpec,
                             format!(
                                 "allow: {r} targets a private, loopback or link-local address; only a deploy caller of an API started with --allow-deploy --allow-private-net may name one"
@@ -738,7 +758,7 @@ mod tests {
         assert_eq!(p.mem_bytes, Some(None));
         assert_eq!(p.cpu_millis, None);
         let code = |text: &str| match parse_limits(text, false) {
-            Err(Reply::Error { code, .. }) => Some(code),
+            Err(Refusal { code, .. }) => Some(code),
             _ => None,
         };
         assert_eq!(code(r#"{"mem":"unlimited"}"#), Some(ErrorCode::BadSpec));

@@ -302,7 +302,7 @@ impl Functions {
                     .api
                     .script_registered(&digest, who.tenant.as_deref(), existed)
                 {
-                    return r;
+                    return r.into();
                 }
                 Reply::ScriptStored {
                     digest,

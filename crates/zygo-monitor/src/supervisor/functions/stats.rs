@@ -153,7 +153,7 @@ impl Functions {
         let only = match name {
             Some(n) => match self.key_for(who, n) {
                 Ok(k) => Some(k),
-                Err(r) => return r,
+                Err(r) => return r.into(),
             },
             None => None,
         };
@@ -193,7 +193,7 @@ impl Functions {
     pub(super) fn logs_as(&self, name: &str, n: u32, who: &Acting) -> Reply {
         let key = match self.key_for(who, name) {
             Ok(k) => k,
-            Err(r) => return r,
+            Err(r) => return r.into(),
         };
         match self.fns.get(&key) {
             Some(f) => {

@@ -21,7 +21,16 @@ use super::registry::{is_pool, FnState};
 use super::requests::script_in_flight;
 use super::zygotes::ZState;
 use super::{fail, Ctx, Functions};
-use crate::supervisor::api::{parse_limits, Acting, Who};
+use crate::supervisor::api::{no, parse_limits, Acting, Refusal, Who};
+
+/// One key of a limits patch against the largest ceiling the tenant can reach: (key,
+/// what the patch does to it, the ceiling, how a value is written).
+type CeilingCheck = (
+    &'static str,
+    Option<Option<u64>>,
+    Option<u64>,
+    fn(u64) -> String,
+);
 
 /// The largest layer accepted (as JSON text).
 const MAX_LAYER: usize = 1 << 20;
@@ -30,9 +39,9 @@ impl Functions {
     /// The key a caller's name resolves to: over the API the acting tenant's own function
     /// of that name, else the host's; `not_found` when neither is served. The host's CLI
     /// names keys directly.
-    pub(super) fn key_for(&self, who: &Acting, name: &str) -> Result<String, Reply> {
+    pub(super) fn key_for(&self, who: &Acting, name: &str) -> Result<String, Refusal> {
         let missing = || {
-            fail(
+            no(
                 ErrorCode::NotFound,
                 format!("no function named {name:?} is served"),
             )
@@ -41,7 +50,7 @@ impl Functions {
             return Ok(name.to_string());
         }
         if policy::check_fn_name(name, None).is_err() {
-            return Err(fail(
+            return Err(no(
                 ErrorCode::BadRequest,
                 "a function name is 1 to 63 characters of a-z, 0-9, _ and -, starting with a letter or digit",
             ));
@@ -84,7 +93,7 @@ impl Functions {
     ) -> Option<Reply> {
         e.name = match self.key_for(who, &e.name) {
             Ok(k) => k,
-            Err(r) => return Some(r),
+            Err(r) => return Some(r.into()),
         };
         let mut sent: Option<(String, bool)> = None;
         match &e.script {
@@ -128,7 +137,7 @@ impl Functions {
     pub(super) fn stop_as(&mut self, name: &str, who: &Acting, cx: &Ctx) -> Reply {
         let key = match self.key_for(who, name) {
             Ok(k) => k,
-            Err(r) => return r,
+            Err(r) => return r.into(),
         };
         match self.stop(&key, cx) {
             Reply::Stopped { .. } => Reply::Stopped {
@@ -141,7 +150,7 @@ impl Functions {
     pub(super) fn warm_as(&mut self, name: &str, n: usize, who: &Acting, cx: &mut Ctx) -> Reply {
         let key = match self.key_for(who, name) {
             Ok(k) => k,
-            Err(r) => return r,
+            Err(r) => return r.into(),
         };
         match self.warm(&key, n, cx) {
             Reply::Warmed { ready, .. } => Reply::Warmed {
@@ -213,7 +222,7 @@ impl Functions {
     ) -> Option<Reply> {
         let spec = match parse_layer(name, kind, layer, base_dir, who.private_net()) {
             Ok(s) => s,
-            Err(r) => return Some(r),
+            Err(r) => return Some(r.into()),
         };
         let key = match &who.tenant {
             Some(t) => format!("{t}/{name}"),
@@ -310,7 +319,7 @@ impl Functions {
             return fail(code, message);
         }
         if let Err(r) = self.api.forget_script(digest) {
-            return r;
+            return r.into();
         }
         log::info!("deleted script {digest}");
         Reply::ScriptDeleted {
@@ -324,7 +333,7 @@ impl Functions {
                 tenant: self.tenant_info(id),
                 created,
             },
-            Err(r) => r,
+            Err(r) => r.into(),
         }
     }
 
@@ -396,11 +405,11 @@ impl Functions {
         }
         let tokens_revoked = match self.api.revoke_tenant_tokens(id) {
             Ok(n) => n,
-            Err(r) => return r,
+            Err(r) => return r.into(),
         };
         let orphans = match self.api.release_scripts(id) {
             Ok(o) => o,
-            Err(r) => return r,
+            Err(r) => return r.into(),
         };
         let mut scripts_removed = Vec::new();
         for d in orphans {
@@ -411,7 +420,7 @@ impl Functions {
             }
         }
         if let Err(r) = self.api.remove_tenant(id) {
-            return r;
+            return r.into();
         }
         self.backend.prune(&format!("tenants/{id}"));
         Reply::TenantDeleted(TenantDeleted {
@@ -430,7 +439,7 @@ impl Functions {
         };
         let patch = match parse_limits(text, who.private_net()) {
             Ok(p) => p,
-            Err(r) => return r,
+            Err(r) => return r.into(),
         };
         let new = patch.apply(&rec.limits);
         // The largest ceiling of each key among the functions and pools the tenant can
@@ -453,7 +462,7 @@ impl Functions {
             }
             Some(m)
         };
-        let checks: [(&str, Option<Option<u64>>, Option<u64>, fn(u64) -> String); 5] = [
+        let checks: [CeilingCheck; 5] = [
             (
                 "mem",
                 patch.mem_bytes,
@@ -500,7 +509,7 @@ impl Functions {
             }
         }
         if let Err(r) = self.api.set_limits(id, new) {
-            return r;
+            return r.into();
         }
         Reply::Tenant {
             tenant: self.tenant_info(id),
@@ -520,21 +529,21 @@ fn parse_layer(
     text: &str,
     base_dir: Option<&str>,
     private_ok: bool,
-) -> Result<policy::FnSpec, Reply> {
-    let spec_err = |m: String| fail(ErrorCode::BadSpec, m);
+) -> Result<policy::FnSpec, Refusal> {
+    let spec_err = |m: String| no(ErrorCode::BadSpec, m);
     if policy::check_fn_name(name, None).is_err() {
-        return Err(fail(
+        return Err(no(
             ErrorCode::BadRequest,
             "a name is 1 to 63 characters of a-z, 0-9, _ and -, starting with a letter or digit",
         ));
     }
     if text.len() > MAX_LAYER {
-        return Err(fail(ErrorCode::TooLarge, "the layer is over 1 MiB"));
+        return Err(no(ErrorCode::TooLarge, "the layer is over 1 MiB"));
     }
     let v: Value = proto::json::from_str_strict(text)
-        .map_err(|e| fail(ErrorCode::BadRequest, format!("the layer is not JSON: {e}")))?;
+        .map_err(|e| no(ErrorCode::BadRequest, format!("the layer is not JSON: {e}")))?;
     let Value::Object(map) = v else {
-        return Err(fail(
+        return Err(no(
             ErrorCode::BadRequest,
             "the layer is a JSON object of the fields a [fn.NAME] table takes",
         ));
@@ -551,7 +560,7 @@ fn parse_layer(
                 || p.components()
                     .any(|c| matches!(c, std::path::Component::ParentDir))
             {
-                return Err(fail(
+                return Err(no(
                     ErrorCode::BadRequest,
                     "base_dir must be an absolute path without ..",
                 ));
@@ -629,9 +638,9 @@ fn json_to_toml(key: &str, v: Value) -> Result<toml::Value, String> {
 mod tests {
     use super::*;
 
-    fn code(r: Result<policy::FnSpec, Reply>) -> Option<ErrorCode> {
+    fn code(r: Result<policy::FnSpec, Refusal>) -> Option<ErrorCode> {
         match r {
-            Err(Reply::Error { code, .. }) => Some(code),
+            Err(Refusal { code, .. }) => Some(code),
             _ => None,
         }
     }
