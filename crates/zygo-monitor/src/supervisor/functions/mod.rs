@@ -341,8 +341,13 @@ impl Functions {
         for key in self.fns.keys() {
             self.backend.prune(&cg_folder(key));
         }
+        // Tenants' folders, for their own functions and for their calls of the host's.
         for owner in self.backend.child_names_of("tenants") {
-            self.backend.prune(&format!("tenants/{owner}"));
+            let top = format!("tenants/{owner}");
+            for func in self.backend.child_names_of(&top) {
+                self.backend.prune(&format!("{top}/{func}"));
+            }
+            self.backend.prune(&top);
         }
         self.backend.prune("tenants");
     }

@@ -293,6 +293,33 @@ pub(super) fn narrowed(f: &Limits, t: &proto::api::TenantLimits) -> Option<Limit
     (l != *f).then_some(l)
 }
 
+/// Move a parked child into a new cgroup `<dir>/r-<pid>-<slot>` with `limits`: the cgroup
+/// it left, empty now, is returned. On failure the new cgroup is removed (with whatever
+/// reached it).
+fn move_to(
+    backend: &crate::cgroup::Backend,
+    dir: &str,
+    slot: &str,
+    s: &mut super::zygotes::Slot,
+    limits: &Limits,
+) -> Result<Box<dyn Cgroup>, String> {
+    let pidfd = s
+        .pidfd
+        .as_ref()
+        .ok_or("the parked child is not held by a pidfd")?;
+    let cg = backend
+        .create(&format!("{dir}/r-{}-{slot}", std::process::id()))
+        .map_err(|e| e.to_string())?;
+    cg.set_limits(limits)
+        .and_then(|()| cg.set_weight(Weight::Foreground))
+        .map_err(|e| e.to_string())?;
+    if !crate::spawn::pidfd_alive(pidfd) {
+        return Err(format!("the parked child {} has exited", s.pid));
+    }
+    cg.add_single_threaded(s.pid).map_err(|e| e.to_string())?;
+    Ok(std::mem::replace(&mut s.cgroup, cg.keep()))
+}
+
 /// Whether a call in flight names a script (see `Store::put`: such a script is never
 /// evicted).
 pub(super) fn script_in_flight(calls: &HashMap<String, InFlight>) -> impl Fn(&str) -> bool + '_ {
@@ -491,6 +518,13 @@ impl Functions {
         let Some((zt, slot, frozen)) = best else {
             return false;
         };
+        // A tenant's call of a host function runs in a cgroup of that tenant's
+        // (`tenants/<tenant>/<function>/…`): everything one tenant runs is in one place.
+        let tenant_dir = match (&c.tenant, c.func.contains('/')) {
+            (Some(t), false) => Some(format!("tenants/{t}/{}", c.func)),
+            _ => None,
+        };
+        let flimits = f.limits;
         let now = Instant::now();
         let Some(c) = self.calls.get_mut(id) else {
             return false;
@@ -501,12 +535,30 @@ impl Functions {
         if frozen {
             thaw(z);
         }
-        if let (Some(l), Some(s)) = (c.narrow, z.children.slots.get_mut(&slot)) {
-            // The tenant's limits go on the child's own cgroup before it is let go. The
-            // cgroup is not kept for another request afterwards.
-            s.narrowed = true;
-            if let Err(e) = s.cgroup.set_limits(&l) {
-                log::error!("write a tenant's limits on a request's cgroup: {e}");
+        if let Some(s) = z.children.slots.get_mut(&slot) {
+            // The tenant's limits go on the child's own cgroup before it is let go: moved
+            // into a new cgroup of the tenant's, or narrowed where it is. Such a cgroup is
+            // not kept for another request afterwards.
+            let applied = match (&tenant_dir, c.narrow) {
+                (Some(dir), narrow) => {
+                    s.narrowed = true;
+                    move_to(&self.backend, dir, &slot, s, &narrow.unwrap_or(flimits)).map(|old| {
+                        // The parked cgroup it left is empty: kept for the function.
+                        self.worker.send(super::super::cgworker::Job::Release {
+                            pool: c.func.clone(),
+                            limits: flimits,
+                            cg: old,
+                        })
+                    })
+                }
+                (None, Some(l)) => {
+                    s.narrowed = true;
+                    s.cgroup.set_limits(&l).map_err(|e| e.to_string())
+                }
+                (None, None) => Ok(()),
+            };
+            if let Err(e) = applied {
+                log::error!("give a tenant's request its cgroup and limits: {e}");
                 // That child is not used: it is let go of, and its cgroup removed.
                 if let Some(s) = z.children.slots.remove(&slot) {
                     z.conn.send(&ToLauncher::Reap { slot: slot.clone() });
@@ -519,7 +571,7 @@ impl Functions {
                         c.client,
                         fail(
                             ErrorCode::Internal,
-                            format!("the tenant's limits could not be applied: {e}"),
+                            format!("the tenant's cgroup and limits could not be applied: {e}"),
                         ),
                         true,
                     ));

@@ -422,7 +422,11 @@ impl Functions {
         if let Err(r) = self.api.remove_tenant(id) {
             return r.into();
         }
-        self.backend.prune(&format!("tenants/{id}"));
+        let top = format!("tenants/{id}");
+        for func in self.backend.child_names_of(&top) {
+            self.backend.prune(&format!("{top}/{func}"));
+        }
+        self.backend.prune(&top);
         Reply::TenantDeleted(TenantDeleted {
             id: id.to_string(),
             stopped,

@@ -199,6 +199,8 @@ mod tests {
             request: Some("r".into()),
             answered: Some(t0),
             narrowed: false,
+            pid: 0,
+            pidfd: None,
         };
         end_if_lingering(&s, t0 + LINGER - Duration::from_millis(1));
         assert!(cg.ops().is_empty());
@@ -212,6 +214,8 @@ mod tests {
             request: Some("r".into()),
             answered: None,
             narrowed: false,
+            pid: 0,
+            pidfd: None,
         };
         end_if_lingering(&s, t0 + secs(3600));
         assert!(running.ops().is_empty());

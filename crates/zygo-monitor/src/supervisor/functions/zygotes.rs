@@ -36,9 +36,12 @@ pub(super) struct Slot {
     /// When its request was answered: the child should exit at once; past a grace it
     /// is killed with its cgroup.
     pub(super) answered: Option<Instant>,
-    /// Its limits were narrowed for its request (a tenant's limits): it is removed
-    /// afterwards, never kept for another request.
+    /// Its limits were narrowed for its request (a tenant's limits), or it was made for a
+    /// tenant's request: it is removed afterwards, never kept for another request.
     pub(super) narrowed: bool,
+    /// The child (held by its pidfd while parked), to move into a tenant's cgroup.
+    pub(super) pid: i32,
+    pub(super) pidfd: Option<OwnedFd>,
 }
 
 /// A zygote's children, by what they are doing.
@@ -422,6 +425,8 @@ impl Functions {
                         zt,
                         slot,
                         result: Ok(cg),
+                        pid,
+                        pidfd,
                     });
                     return Ok(());
                 }
@@ -567,6 +572,8 @@ impl Functions {
                         request: None,
                         answered: None,
                         narrowed: false,
+                        pid: p.pid,
+                        pidfd: Some(p.pidfd),
                     },
                 );
             }
@@ -731,6 +738,8 @@ mod tests {
             request: request.map(str::to_string),
             answered: None,
             narrowed: false,
+            pid: 0,
+            pidfd: None,
         }
     }
 
