@@ -1122,8 +1122,9 @@ fn records_survive_kill_9_in_a_burst() {
     let burst = std::thread::spawn(move || {
         let mut acked_tenants = Vec::new();
         let mut acked_tokens = Vec::new();
+        let mut acked_limits = Vec::new();
         let Ok(mut c) = UnixStream::connect(sock) else {
-            return (acked_tenants, acked_tokens);
+            return (acked_tenants, acked_tokens, acked_limits);
         };
         let _ = c.set_read_timeout(Some(Duration::from_secs(10)));
         let hello = encode_frame(&Hello {
@@ -1135,7 +1136,7 @@ fn records_survive_kill_9_in_a_burst() {
         if c.write_all(&hello).is_err()
             || read_frame::<_, HelloReply>(&mut c, MAX_FRONT_FRAME).is_err()
         {
-            return (acked_tenants, acked_tokens);
+            return (acked_tenants, acked_tokens, acked_limits);
         }
         for i in 0..100_000 {
             let id = format!("{prefix}-{i}");
@@ -1147,6 +1148,22 @@ fn records_survive_kill_9_in_a_burst() {
                 Ok(Reply::Tenant { .. }) => acked_tenants.push(id.clone()),
                 _ => break,
             }
+            let pids = i % 50 + 1;
+            let limits = format!("{{\"pids\": {pids}}}");
+            let req = envelope(
+                tok(&op2),
+                Request::SetLimits {
+                    id: id.clone(),
+                    limits,
+                },
+            );
+            if c.write_all(&encode_frame(&req).expect("encode")).is_err() {
+                break;
+            }
+            match read_frame::<_, Reply>(&mut c, MAX_FRONT_FRAME) {
+                Ok(Reply::Tenant { .. }) => acked_limits.push((id.clone(), pids as u64)),
+                _ => break,
+            }
             let req = envelope(tok(&op2), Request::MintToken { tenant: Some(id) });
             if c.write_all(&encode_frame(&req).expect("encode")).is_err() {
                 break;
@@ -1156,12 +1173,12 @@ fn records_survive_kill_9_in_a_burst() {
                 _ => break,
             }
         }
-        (acked_tenants, acked_tokens)
+        (acked_tenants, acked_tokens, acked_limits)
     });
     std::thread::sleep(Duration::from_millis(1500));
     // SAFETY: killing the supervisor this test started.
     unsafe { libc::kill(pid, libc::SIGKILL) };
-    let (tenants, tokens) = burst.join().expect("the burst");
+    let (tenants, tokens, limits) = burst.join().expect("the burst");
     assert!(
         tenants.len() > 5,
         "the burst made progress before the kill: {}",
@@ -1193,12 +1210,19 @@ fn records_survive_kill_9_in_a_burst() {
         }
     }
     let mut api = Api::plain(&s);
-    let listed: Vec<String> = match api.ask(tok(&op), Request::ListTenants) {
-        Reply::Tenants(ts) => ts.into_iter().map(|t| t.id).collect(),
+    let listed: Vec<TenantInfo> = match api.ask(tok(&op), Request::ListTenants) {
+        Reply::Tenants(ts) => ts,
         other => panic!("{other:?}"),
     };
     for t in &tenants {
-        assert!(listed.contains(t), "acknowledged tenant {t} is gone");
+        assert!(
+            listed.iter().any(|x| x.id == *t),
+            "acknowledged tenant {t} is gone"
+        );
+    }
+    for (t, pids) in &limits {
+        let rec = listed.iter().find(|x| x.id == *t).expect("listed");
+        assert_eq!(rec.limits.pids, Some(*pids), "acknowledged limits of {t}");
     }
     for (id, secret) in &tokens {
         let r = api.ask(tok(secret), Request::List);

@@ -99,6 +99,9 @@ pub struct Functions {
     pub(super) api: super::api::Api,
     /// A drain has begun (health says `stopping`).
     pub draining: bool,
+    /// The `[defaults]` of the sandbox.toml served last: what a layer served over the API
+    /// is merged over.
+    defaults: policy::file::Layer,
     /// Zygotes whose spare is to be replaced when the loop has nothing more urgent.
     parks: VecDeque<Token>,
     /// Slots whose request was answered: their child is exiting, which is work in the
@@ -178,6 +181,7 @@ impl Functions {
             pending_layers: Vec::new(),
             api,
             draining: false,
+            defaults: policy::file::Layer::default(),
             parks: VecDeque::new(),
             settling: Vec::new(),
             counter: 0,

@@ -83,6 +83,7 @@ impl Functions {
             Ok(p) => p,
             Err(e) => return Some(fail(ErrorCode::BadSpec, e.to_string())),
         };
+        self.defaults = parsed.defaults.clone();
         let mut names: Vec<String> = parsed.functions.keys().cloned().collect();
         if let Some(n) = &only {
             if !parsed.functions.contains_key(n) {

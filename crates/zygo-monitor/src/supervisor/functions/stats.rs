@@ -152,7 +152,13 @@ impl Functions {
     pub(super) fn stats(&self, name: Option<&str>, who: &Acting) -> Reply {
         let only = match name {
             Some(n) => match self.key_for(who, n) {
-                Ok(k) => Some(k),
+                Ok(k) if self.fns.contains_key(&k) => Some(k),
+                Ok(_) => {
+                    return fail(
+                        ErrorCode::NotFound,
+                        format!("no function named {n:?} is served"),
+                    )
+                }
                 Err(r) => return r.into(),
             },
             None => None,

@@ -220,7 +220,14 @@ impl Functions {
         who: &Acting,
         cx: &mut Ctx,
     ) -> Option<Reply> {
-        let spec = match parse_layer(name, kind, layer, base_dir, who.private_net()) {
+        let spec = match parse_layer(
+            name,
+            kind,
+            layer,
+            base_dir,
+            &self.defaults,
+            who.private_net(),
+        ) {
             Ok(s) => s,
             Err(r) => return Some(r.into()),
         };
@@ -532,6 +539,7 @@ fn parse_layer(
     kind: ServeKind,
     text: &str,
     base_dir: Option<&str>,
+    defaults: &Layer,
     private_ok: bool,
 ) -> Result<policy::FnSpec, Refusal> {
     let spec_err = |m: String| no(ErrorCode::BadSpec, m);
@@ -587,9 +595,21 @@ fn parse_layer(
         }
     }
     let spec = layer
-        .merge_over(&Layer::default())
+        .merge_over(defaults)
         .resolve(name)
         .map_err(|e| spec_err(e.to_string()))?;
+    // What only sandbox.toml may say, a layer served over HTTP may not get from the
+    // defaults either.
+    if spec.network == policy::Network::Host {
+        return Err(spec_err(
+            "the defaults give network = \"host\", which a sandbox served over HTTP never has; set network in the layer".into(),
+        ));
+    }
+    if spec.limits.mem == policy::Mem::Unlimited {
+        return Err(spec_err(
+            "the defaults give mem = \"unlimited\", which a sandbox served over HTTP never has; set mem in the layer".into(),
+        ));
+    }
     if let Some(r) = policy::gate::private_target(&spec.allow, private_ok) {
         return Err(spec_err(format!(
             "allow: {r} targets a private, loopback or link-local address; only a deploy caller of an API started with --allow-deploy --allow-private-net may name one"
@@ -651,20 +671,29 @@ mod tests {
 
     #[test]
     fn a_layer_is_a_fn_table_in_json() {
+        let d = Layer::default();
         let s = parse_layer(
             "resize",
             ServeKind::Function,
             r#"{"agent":"python","entry":"h.py:handler","mem":"64M","cpu":0.5,"env":{"A":"1"}}"#,
             Some("/srv/app"),
+            &Layer::default(),
             false,
         )
         .expect("a function");
         assert_eq!(s.name, "resize");
         assert_eq!(s.limits.mem, policy::Mem::Limited(policy::Bytes(64 << 20)));
-        let pool = parse_layer("py", ServeKind::Pool, r#"{"agent":"python"}"#, None, false);
+        let pool = parse_layer(
+            "py",
+            ServeKind::Pool,
+            r#"{"agent":"python"}"#,
+            None,
+            &d,
+            false,
+        );
         assert!(pool.is_ok());
         let f = ServeKind::Function;
-        let bad = |t: &str| code(parse_layer("x", f, t, Some("/srv"), false));
+        let bad = |t: &str| code(parse_layer("x", f, t, Some("/srv"), &d, false));
         assert_eq!(
             bad(r#"{"agent":"python","entry":"h.py:f","mem":"unlimited"}"#),
             Some(ErrorCode::BadSpec)
@@ -702,6 +731,7 @@ mod tests {
                 f,
                 r#"{"agent":"python","entry":"h.py:f"}"#,
                 None,
+                &d,
                 false
             )),
             Some(ErrorCode::BadSpec),
@@ -713,12 +743,13 @@ mod tests {
                 f,
                 r#"{"agent":"python","entry":"h.py:f"}"#,
                 Some("rel/dir"),
+                &d,
                 false
             )),
             Some(ErrorCode::BadRequest)
         );
         assert_eq!(
-            code(parse_layer("../x", f, "{}", None, false)),
+            code(parse_layer("../x", f, "{}", None, &d, false)),
             Some(ErrorCode::BadRequest)
         );
         assert!(parse_layer(
@@ -726,8 +757,31 @@ mod tests {
             f,
             r#"{"agent":"python","entry":"h.py:f","network":"egress","allow":["10.0.0.5:4010"]}"#,
             Some("/srv"),
+            &d,
             true
         )
         .is_ok());
+        // What the defaults of a sandbox.toml say only sandbox.toml may say is refused too.
+        let text = "[defaults]\nmem = \"unlimited\"\n";
+        let file = policy::parse_sandbox_toml(text, std::path::Path::new("/srv/sandbox.toml"))
+            .expect("a file");
+        let r = parse_layer(
+            "x",
+            ServeKind::Pool,
+            r#"{"agent":"python"}"#,
+            None,
+            &file.defaults,
+            true,
+        );
+        assert_eq!(code(r), Some(ErrorCode::BadSpec));
+        let r = parse_layer(
+            "x",
+            ServeKind::Pool,
+            r#"{"agent":"python","mem":"64M"}"#,
+            None,
+            &file.defaults,
+            true,
+        );
+        assert!(r.is_ok());
     }
 }
