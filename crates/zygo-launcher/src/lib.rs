@@ -9,8 +9,8 @@
 mod agent_log;
 mod agents;
 pub mod harden;
-pub mod oneshot;
 mod rootfs;
+pub mod sandbox;
 mod scratch;
 mod script_space;
 pub mod seccomp;
@@ -28,18 +28,18 @@ pub fn main() -> i32 {
     let _ = sys::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL as libc::c_ulong);
     // Only the descriptors of the launcher contract survive: stdin, stdout, stderr, the
     // channel and the program's stderr.
-    sys::close_fds_from(oneshot::FD_PROGRAM_STDERR + 1, &[]);
-    for fd in [oneshot::FD_MONITOR, oneshot::FD_PROGRAM_STDERR] {
+    sys::close_fds_from(sandbox::FD_PROGRAM_STDERR + 1, &[]);
+    for fd in [sandbox::FD_MONITOR, sandbox::FD_PROGRAM_STDERR] {
         let _ = sys::set_cloexec(fd);
     }
     // SAFETY: fd 3 is the monitor's socketpair end by the launcher contract; owned here once.
-    let mut sock = unsafe { UnixStream::from_raw_fd(oneshot::FD_MONITOR) };
+    let mut sock = unsafe { UnixStream::from_raw_fd(sandbox::FD_MONITOR) };
     // The plan, and possibly the cgroup files before it (a one-shot monitor sends them
     // after the plan, once it has made the cgroup; the launcher clones meanwhile).
     let mut attach = None;
     let mut handed = None;
     let plan = loop {
-        match oneshot::read_launch_frame(sock.as_raw_fd()) {
+        match sandbox::read_launch_frame(sock.as_raw_fd()) {
             Ok((ToLauncher::Start(plan), _)) => break plan,
             Ok((ToLauncher::Cgroup { .. }, fds)) if attach.is_none() => attach = Some(fds),
             Ok((ToLauncher::Mounts { .. }, fds)) if handed.is_none() => handed = Some(fds),
@@ -53,7 +53,7 @@ pub fn main() -> i32 {
             }
         }
     };
-    match oneshot::run(&mut sock, &plan, attach, handed.unwrap_or_default()) {
+    match sandbox::run(&mut sock, &plan, attach, handed.unwrap_or_default()) {
         Ok(()) => 0,
         Err(e) => {
             log::error!("launcher: {e}");

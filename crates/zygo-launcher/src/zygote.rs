@@ -20,7 +20,7 @@ use proto::read_frame;
 use proto::readbuf::read_append;
 use serde::Deserialize;
 
-use crate::oneshot::LaunchError;
+use crate::sandbox::LaunchError;
 use crate::sys;
 
 /// The longest line the agent may send on its control channel.

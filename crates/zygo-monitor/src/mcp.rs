@@ -45,8 +45,8 @@ use proto::mcp::{Language, McpReply, McpRequest, RunCodeResult, MAX_MCP_FRAME};
 use proto::{read_frame, write_frame, ProtoError};
 
 use crate::cgroup::{Backend, Limits};
+use crate::client::HelloError;
 use crate::oneshot::{self, Output, Stdin};
-use crate::reach::HelloError;
 
 /// The most calls running at once (sandboxes and supervisor calls together).
 pub const MAX_CALLS: usize = 16;
@@ -59,7 +59,7 @@ pub const OUTER_SLACK: Duration = Duration::from_secs(300);
 const FRONT_EXIT_GRACE: Duration = Duration::from_secs(2);
 
 /// What a tool says when no supervisor runs.
-pub use crate::reach::NO_SUPERVISOR;
+pub use crate::client::NO_SUPERVISOR;
 
 /// `function_logs`' limit is clamped into this range.
 pub const LOG_LIMIT: std::ops::RangeInclusive<u32> = 1..=200;
@@ -693,7 +693,7 @@ fn tool_error(call: u64, reply: Reply) -> McpReply {
 
 /// One request to the running supervisor on a connection of its own, as an `Mcp` front.
 fn supervisor(req: Request, stopper: &Stopper) -> Result<Reply, String> {
-    let mut sock = crate::reach::connect().map_err(|e| e.to_string())?;
+    let mut sock = crate::client::connect().map_err(|e| e.to_string())?;
     {
         let mut slot = lock(&stopper.sock);
         if stopper.cancelled() {
@@ -710,7 +710,7 @@ fn supervisor(req: Request, stopper: &Stopper) -> Result<Reply, String> {
             format!("talking to the supervisor failed: {e}")
         }
     };
-    match crate::reach::hello(&mut sock, Role::Mcp) {
+    match crate::client::hello(&mut sock, Role::Mcp) {
         Ok(()) => {}
         Err(HelloError::Proto(e)) => return Err(failed(e)),
         Err(HelloError::Refused(reason)) => {

@@ -1,5 +1,5 @@
-//! How a front reaches the running supervisor: its socket, then a hello that names the
-//! front's role (which decides what it may ask).
+//! The supervisor's client, as the CLI and `zygo mcp` use it: its socket, then a hello
+//! that names the front's role (which decides what it may ask).
 
 use std::os::unix::net::UnixStream;
 

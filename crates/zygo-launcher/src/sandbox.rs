@@ -1,4 +1,6 @@
-//! One sandbox, one program: the launcher's side of `zygo run`.
+//! One sandbox: everything the launcher does, for both modes — a one-shot program
+//! (`zygo run`, an MCP `run_code`) and a zygote (a warm function's agent, which
+//! [`crate::zygote`] serves once the sandbox is up).
 //!
 //! Three processes are involved:
 //! - the **launcher** (this process, in the host's namespaces): clones the sandbox as soon
