@@ -1,5 +1,6 @@
 //! The launcher: one process per sandbox, the `zygo` binary re-executed in its launcher
-//! role by the monitor, holding one end of a socketpair on fd 3.
+//! role by the monitor, holding one end of a socketpair on fd 3 (the layout is
+//! [`plumbing::role`]'s).
 //!
 //! It builds the sandbox it is told to build — namespaces, a fresh root, pivot_root,
 //! rlimits, no capabilities, no_new_privs, Landlock, and seccomp last — runs the program,
@@ -17,8 +18,9 @@ pub mod seccomp;
 mod sys;
 pub mod zygote;
 
-use std::os::fd::{AsRawFd, FromRawFd};
-use std::os::unix::net::UnixStream;
+use std::os::fd::AsRawFd;
+
+use plumbing::Role;
 
 use proto::launch::ToLauncher;
 
@@ -26,14 +28,15 @@ use proto::launch::ToLauncher;
 pub fn main() -> i32 {
     // If the monitor dies, the launcher dies, and init's death signal takes the sandbox.
     let _ = sys::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL as libc::c_ulong);
-    // Only the descriptors of the launcher contract survive: stdin, stdout, stderr, the
+    // Only the descriptors of the launcher's layout survive: stdin, stdout, stderr, the
     // channel and the program's stderr.
-    sys::close_fds_from(sandbox::FD_PROGRAM_STDERR + 1, &[]);
-    for fd in [sandbox::FD_MONITOR, sandbox::FD_PROGRAM_STDERR] {
-        let _ = sys::set_cloexec(fd);
-    }
-    // SAFETY: fd 3 is the monitor's socketpair end by the launcher contract; owned here once.
-    let mut sock = unsafe { UnixStream::from_raw_fd(sandbox::FD_MONITOR) };
+    let mut sock = match Role::Launcher.take_channel() {
+        Ok(s) => s,
+        Err(e) => {
+            log::error!("launcher: {e}; this role is started by the monitor, not by hand");
+            return 2;
+        }
+    };
     // The plan, and possibly the cgroup files before it (a one-shot monitor sends them
     // after the plan, once it has made the cgroup; the launcher clones meanwhile).
     let mut attach = None;
