@@ -1003,13 +1003,7 @@ fn open_above(path: &std::ffi::CStr, min: RawFd) -> std::io::Result<OwnedFd> {
     if fd.as_raw_fd() >= min {
         return Ok(fd);
     }
-    // SAFETY: F_DUPFD_CLOEXEC returns a new descriptor at `min` or above, or -1.
-    let high = unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_DUPFD_CLOEXEC, min) };
-    if high < 0 {
-        return Err(std::io::Error::last_os_error());
-    }
-    // SAFETY: as above.
-    Ok(unsafe { <OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(high) })
+    plumbing::pipes::dup_above(&fd, min)
 }
 
 /// Find `cmd` the way a shell would, inside the sandbox's root.
