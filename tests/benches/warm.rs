@@ -462,7 +462,8 @@ impl Front {
     fn connect(path: &Path) -> R<Front> {
         let mut sock =
             UnixStream::connect(path).map_err(|e| format!("connect {}: {e}", path.display()))?;
-        plumbing::hello::say(&mut sock, Role::Cli).map_err(|e| format!("hello: {e}"))?;
+        plumbing::hello::say(&mut sock, Role::Cli, Default::default())
+            .map_err(|e| format!("hello: {e}"))?;
         Ok(Front { sock })
     }
 

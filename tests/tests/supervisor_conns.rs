@@ -55,6 +55,7 @@ fn hello() -> Vec<u8> {
     encode_frame(&Hello {
         protocol: FRONT_PROTOCOL,
         role: Role::Cli,
+        flags: Default::default(),
     })
     .expect("encode a hello")
 }

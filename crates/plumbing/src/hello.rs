@@ -8,6 +8,7 @@
 
 use std::io::{Read, Write};
 
+use proto::api::FrontFlags;
 use proto::front::{Hello, HelloReply, Role, FRONT_PROTOCOL, MAX_FRONT_FRAME};
 use proto::{read_frame, write_frame, ProtoError};
 
@@ -29,13 +30,15 @@ impl std::fmt::Display for HelloError {
     }
 }
 
-/// The front's side: say hello as `role` and read the answer.
-pub fn say<S: Read + Write>(chan: &mut S, role: Role) -> Result<(), HelloError> {
+/// The front's side: say hello as `role` (with `flags`, how the front was started; only
+/// the API role sets any) and read the answer.
+pub fn say<S: Read + Write>(chan: &mut S, role: Role, flags: FrontFlags) -> Result<(), HelloError> {
     write_frame(
         chan,
         &Hello {
             protocol: FRONT_PROTOCOL,
             role,
+            flags,
         },
     )
     .map_err(HelloError::Proto)?;
@@ -95,7 +98,7 @@ mod tests {
     fn a_front_is_welcomed_in_its_role() {
         let (mut front, mut monitor) = UnixStream::pair().expect("socketpair");
         let side = std::thread::spawn(move || answer(&mut monitor, Some(Role::Mcp)));
-        say(&mut front, Role::Mcp).expect("welcomed");
+        say(&mut front, Role::Mcp, FrontFlags::default()).expect("welcomed");
         assert_eq!(side.join().expect("thread"), Ok(Role::Mcp));
     }
 
@@ -103,7 +106,7 @@ mod tests {
     fn another_role_or_revision_is_refused_with_a_reason() {
         let (mut front, mut monitor) = UnixStream::pair().expect("socketpair");
         let side = std::thread::spawn(move || answer(&mut monitor, Some(Role::Mcp)));
-        match say(&mut front, Role::Cli) {
+        match say(&mut front, Role::Cli, FrontFlags::default()) {
             Err(HelloError::Refused(r)) => assert!(r.contains("Mcp"), "{r}"),
             other => panic!("{other:?}"),
         }
@@ -111,13 +114,15 @@ mod tests {
         let old = Hello {
             protocol: FRONT_PROTOCOL + 1,
             role: Role::Cli,
+            flags: FrontFlags::default(),
         };
         assert!(check(&old, None).is_err());
         assert_eq!(
             check(
                 &Hello {
                     protocol: FRONT_PROTOCOL,
-                    role: Role::Api
+                    role: Role::Api,
+                    flags: FrontFlags::default(),
                 },
                 None
             ),

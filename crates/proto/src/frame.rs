@@ -251,6 +251,7 @@ mod tests {
         encode_frame(&Hello {
             protocol: FRONT_PROTOCOL,
             role: Role::Cli,
+            flags: Default::default(),
         })
         .expect("encode")
     }

@@ -23,6 +23,8 @@ pub enum Role {
 pub struct Hello {
     pub protocol: u32,
     pub role: Role,
+    /// How the front was started (only the API role sets any).
+    pub flags: crate::api::FrontFlags,
 }
 
 /// The monitor's answer to a hello.
@@ -36,41 +38,146 @@ pub enum HelloReply {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub enum Request {
     /// Serve every `[fn.*]` of this sandbox.toml (absolute path, read by the monitor).
-    ServeAll { file: String },
+    ServeAll {
+        file: String,
+    },
     /// Serve one function of this sandbox.toml.
-    Serve { name: String, file: String },
+    Serve {
+        name: String,
+        file: String,
+    },
     /// Stop a function: its zygotes end, in-flight requests are cancelled.
-    Stop { name: String },
+    Stop {
+        name: String,
+    },
     /// Call a function with a JSON event (text; the monitor parses it).
     Exec(ExecRequest),
     /// Functions and pools with their state.
     List,
     /// The last `n` finished requests of a function.
-    Logs { name: String, n: u32 },
+    Logs {
+        name: String,
+        n: u32,
+    },
     /// Counters and latency percentiles; all functions when `name` is None.
-    Stats { name: Option<String> },
+    Stats {
+        name: Option<String>,
+    },
     /// Keep at least `n` zygotes of a function ready.
-    Warm { name: String, n: u32 },
+    Warm {
+        name: String,
+        n: u32,
+    },
     /// Cancel every in-flight request under this key.
-    Cancel { key: String },
+    Cancel {
+        key: String,
+    },
     /// Stop taking requests; let running ones finish within `grace_ms`; then exit.
-    Drain { grace_ms: u64 },
+    Drain {
+        grace_ms: u64,
+    },
     /// Register a script in the content-addressed store (idempotent).
-    PutScript { source: Vec<u8> },
+    PutScript {
+        source: Vec<u8>,
+    },
     /// The supervisor's own condition (`zygo ls` and `zygo stats` show it).
     Health,
+
+    // --- The API role's requests (the CLI may send the host-side ones too). ---
+    /// One request from `zygo api`, with who sent it. The monitor decides who that is and
+    /// whether `request` (never itself an `Api`) is theirs to make.
+    Api {
+        who: crate::api::Credentials,
+        request: Box<Request>,
+    },
+    /// Serve one function or pool from a layer: JSON text of the fields a `[fn.NAME]` table
+    /// takes, every one optional, merged over the defaults. `base_dir` is the host folder
+    /// its relative paths are relative to.
+    ServeLayer {
+        name: String,
+        kind: crate::api::ServeKind,
+        layer: String,
+        base_dir: Option<String>,
+    },
+    /// A one-shot run (`POST /run`): `spec` is JSON text (`cmd`, `image`, limits, `env`,
+    /// `stdin`), parsed by the monitor.
+    Run {
+        spec: String,
+    },
+    /// Whether the store holds a script (lowercase hex), and its size. Never its bytes.
+    ScriptInfo {
+        digest: String,
+    },
+    /// Forget a script.
+    DeleteScript {
+        digest: String,
+    },
+    /// Create a tenant (idempotent).
+    CreateTenant {
+        id: String,
+    },
+    ListTenants,
+    GetTenant {
+        id: String,
+    },
+    /// Delete a tenant: stop its functions and pools, remove the scripts nothing else
+    /// refers to, revoke its tokens.
+    DeleteTenant {
+        id: String,
+    },
+    /// Set some of a tenant's limits: JSON text of an object with any of `mem`, `cpu`,
+    /// `pids`, `timeout`, `scratch`, `network`, `allow` (a `null` clears one).
+    SetLimits {
+        id: String,
+        limits: String,
+    },
+    /// Mint a token: an operator token, or one tenant's.
+    MintToken {
+        tenant: Option<String>,
+    },
+    ListTokens,
+    RevokeToken {
+        id: String,
+    },
+    /// `GET /version`.
+    Version,
 }
 
 /// What the supervisor says of its own condition.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Health {
     pub usage_log: UsageLogHealth,
+    /// A drain has begun: the supervisor takes no new calls (`/healthz` says `stopping`).
+    pub stopping: bool,
+    /// Functions and pools with fewer ready zygotes than their `min_warm`.
+    pub below_min_warm: Vec<String>,
 }
 
 impl Health {
     /// Whether anything is wrong.
     pub fn degraded(&self) -> bool {
-        self.usage_log.error.is_some() || self.usage_log.dropped > 0
+        !self.reasons().is_empty()
+    }
+
+    /// What is wrong, one phrase each (`/healthz`'s `reason`, `zygo ls`'s warning).
+    pub fn reasons(&self) -> Vec<String> {
+        let mut r = Vec::new();
+        if let Some(e) = &self.usage_log.error {
+            r.push(format!("the usage log cannot be written: {e}"));
+        }
+        if self.usage_log.dropped > 0 {
+            r.push(format!(
+                "{} usage records were dropped while the log could not be written",
+                self.usage_log.dropped
+            ));
+        }
+        if !self.below_min_warm.is_empty() {
+            r.push(format!(
+                "below min_warm: {}",
+                self.below_min_warm.join(", ")
+            ));
+        }
+        r
     }
 }
 
@@ -119,6 +226,11 @@ pub enum ErrorCode {
     Busy,
     Unavailable,
     Internal,
+    /// No token, an unknown one, or a revoked one (HTTP 401).
+    Unauthorized,
+    /// A limit above every ceiling the tenant can reach (HTTP 422; the message names the
+    /// key).
+    AboveCeiling,
 }
 
 impl ErrorCode {
@@ -133,6 +245,8 @@ impl ErrorCode {
             ErrorCode::Busy => "busy",
             ErrorCode::Unavailable => "unavailable",
             ErrorCode::Internal => "internal",
+            ErrorCode::Unauthorized => "unauthorized",
+            ErrorCode::AboveCeiling => "above_ceiling",
         }
     }
 }
@@ -281,6 +395,36 @@ pub enum Reply {
     ScriptStored {
         digest: String,
         size: u64,
+        /// The store already held exactly these bytes.
+        existed: bool,
     },
     Health(Health),
+    /// A function or pool served from a layer.
+    ServedOne {
+        name: String,
+        kind: crate::api::ServeKind,
+    },
+    /// A one-shot run ended (or could not start).
+    RunAnswer(crate::api::RunAnswer),
+    /// The store holds this script (`ScriptInfo`).
+    ScriptHeld {
+        digest: String,
+        size: u64,
+    },
+    ScriptDeleted {
+        digest: String,
+    },
+    /// `created`: false when it existed already.
+    Tenant {
+        tenant: crate::api::TenantInfo,
+        created: bool,
+    },
+    Tenants(Vec<crate::api::TenantInfo>),
+    TenantDeleted(crate::api::TenantDeleted),
+    TokenMinted(crate::api::TokenMinted),
+    Tokens(Vec<crate::api::TokenInfo>),
+    TokenRevoked {
+        id: String,
+    },
+    Version(crate::api::VersionInfo),
 }

@@ -15,6 +15,7 @@
 //! refused. The process plumbing the messages travel in (descriptor passing, the spawn,
 //! the hello) is the `plumbing` crate's.
 
+pub mod api;
 pub mod codec;
 pub mod frame;
 pub mod front;

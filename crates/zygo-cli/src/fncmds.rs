@@ -630,7 +630,7 @@ pub fn scripts(raw: Vec<OsString>) -> i32 {
         Err(e) => return usage_refusal(a.json, "scripts", e),
     };
     match call(a.json, &Request::PutScript { source }) {
-        Ok(Reply::ScriptStored { digest, size }) => {
+        Ok(Reply::ScriptStored { digest, size, .. }) => {
             if a.json {
                 say!("{}", json_text(&json!({"digest": digest, "size": size})));
             } else {

@@ -32,7 +32,7 @@ use plumbing::Role;
 
 /// Say hello as the role's front and wait for the welcome.
 fn hello(chan: &mut std::os::unix::net::UnixStream) -> Result<(), String> {
-    match plumbing::hello::say(chan, proto::front::Role::Mcp) {
+    match plumbing::hello::say(chan, proto::front::Role::Mcp, Default::default()) {
         Ok(()) => Ok(()),
         Err(HelloError::Refused(reason)) => Err(format!("the sandbox side refused: {reason}")),
         Err(HelloError::Proto(e)) => Err(format!("hello to the sandbox side: {e}")),

@@ -5,7 +5,7 @@ use std::os::unix::net::UnixStream;
 
 use crate::paths;
 
-pub use plumbing::hello::{say as hello, HelloError};
+pub use plumbing::hello::HelloError;
 
 pub const NO_SUPERVISOR: &str = "no supervisor is running; start one with `zygo up`";
 
@@ -39,4 +39,10 @@ pub fn connect() -> Result<UnixStream, ReachError> {
             path.display()
         )),
     })
+}
+
+/// Say hello as `role` (a front without flags: the CLI, `zygo mcp`) and read the
+/// supervisor's answer.
+pub fn hello(sock: &mut UnixStream, role: proto::front::Role) -> Result<(), HelloError> {
+    plumbing::hello::say(sock, role, Default::default())
 }

@@ -627,7 +627,7 @@ fn supervisor(req: Request, stopper: &Stopper) -> Result<Reply, String> {
             format!("talking to the supervisor failed: {e}")
         }
     };
-    match plumbing::hello::say(&mut sock, front::Role::Mcp) {
+    match crate::client::hello(&mut sock, front::Role::Mcp) {
         Ok(()) => {}
         Err(HelloError::Proto(e)) => return Err(failed(e)),
         Err(HelloError::Refused(reason)) => {

@@ -93,6 +93,20 @@ enum Kind {
     Drain,
     PutScript,
     Health,
+    Api,
+    ServeLayer,
+    Run,
+    ScriptInfo,
+    DeleteScript,
+    CreateTenant,
+    ListTenants,
+    GetTenant,
+    DeleteTenant,
+    SetLimits,
+    MintToken,
+    ListTokens,
+    RevokeToken,
+    Version,
 }
 
 fn kind(r: &Request) -> Kind {
@@ -109,6 +123,20 @@ fn kind(r: &Request) -> Kind {
         Request::Drain { .. } => Kind::Drain,
         Request::PutScript { .. } => Kind::PutScript,
         Request::Health => Kind::Health,
+        Request::Api { .. } => Kind::Api,
+        Request::ServeLayer { .. } => Kind::ServeLayer,
+        Request::Run { .. } => Kind::Run,
+        Request::ScriptInfo { .. } => Kind::ScriptInfo,
+        Request::DeleteScript { .. } => Kind::DeleteScript,
+        Request::CreateTenant { .. } => Kind::CreateTenant,
+        Request::ListTenants => Kind::ListTenants,
+        Request::GetTenant { .. } => Kind::GetTenant,
+        Request::DeleteTenant { .. } => Kind::DeleteTenant,
+        Request::SetLimits { .. } => Kind::SetLimits,
+        Request::MintToken { .. } => Kind::MintToken,
+        Request::ListTokens => Kind::ListTokens,
+        Request::RevokeToken { .. } => Kind::RevokeToken,
+        Request::Version => Kind::Version,
     }
 }
 

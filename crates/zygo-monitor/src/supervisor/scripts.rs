@@ -102,9 +102,14 @@ impl Store {
         (self.total, self.cap)
     }
 
-    /// Store `source`; its digest. `in_use` says whether a call in flight names a digest
-    /// (such a script is never evicted).
-    pub fn put(&mut self, source: &[u8], in_use: &dyn Fn(&str) -> bool) -> Result<String, Refusal> {
+    /// Store `source`; its digest, and whether the store held these bytes already.
+    /// `in_use` says whether a call in flight names a digest (such a script is never
+    /// evicted).
+    pub fn put(
+        &mut self,
+        source: &[u8],
+        in_use: &dyn Fn(&str) -> bool,
+    ) -> Result<(String, bool), Refusal> {
         use sha2::{Digest, Sha256};
         if source.len() > MAX_SCRIPT {
             return Err((
@@ -118,7 +123,7 @@ impl Store {
             .collect();
         if self.entries.contains_key(&digest) && self.path(&digest).is_file() {
             self.touch(&digest);
-            return Ok(digest);
+            return Ok((digest, true));
         }
         let need = cost(source.len() as u64);
         if need > self.cap {
@@ -162,7 +167,7 @@ impl Store {
                 last_used: SystemTime::now(),
             },
         );
-        Ok(digest)
+        Ok((digest, false))
     }
 
     /// Evict the least recently used scripts nothing in flight names until `need` more
@@ -220,7 +225,7 @@ impl Store {
     ) -> Result<Script, Refusal> {
         match r {
             ScriptRef::Source(source) => {
-                let digest = self.put(&source, in_use)?;
+                let (digest, _) = self.put(&source, in_use)?;
                 Ok(Script { digest, source })
             }
             ScriptRef::Digest(digest) => {
@@ -312,15 +317,15 @@ mod tests {
     fn the_least_recently_used_idle_script_goes_first_and_one_in_use_never() {
         let (mut s, dir) = store(3 * cost(10_000));
         let none = |_: &str| false;
-        let a = s.put(&[b'a'; 10_000], &none).expect("a");
+        let (a, _) = s.put(&[b'a'; 10_000], &none).expect("a");
         std::thread::sleep(std::time::Duration::from_millis(5));
-        let b = s.put(&[b'b'; 10_000], &none).expect("b");
+        let (b, _) = s.put(&[b'b'; 10_000], &none).expect("b");
         std::thread::sleep(std::time::Duration::from_millis(5));
-        let c = s.put(&[b'c'; 10_000], &none).expect("c");
+        let (c, _) = s.put(&[b'c'; 10_000], &none).expect("c");
         std::thread::sleep(std::time::Duration::from_millis(5));
         s.get(&a).expect("a is used again");
         // Full: d evicts b, the least recently used (a was used after it).
-        let d = s.put(&[b'd'; 10_000], &none).expect("d");
+        let (d, _) = s.put(&[b'd'; 10_000], &none).expect("d");
         assert!(!s.contains(&b) && s.contains(&a) && s.contains(&c) && s.contains(&d));
         assert_eq!(s.get(&b).map_err(|e| e.0), Err(ErrorCode::NotFound));
         // With every script in flight, nothing can be evicted: refused as busy.

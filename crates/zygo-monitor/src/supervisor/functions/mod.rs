@@ -206,17 +206,38 @@ impl Functions {
             }
             Request::Health => Some(Reply::Health(Health {
                 usage_log: self.usage.health(),
+                stopping: false,
+                below_min_warm: Vec::new(),
             })),
             Request::PutScript { source } => Some(self.put_script(&source)),
+            // The API role's requests: no dispatch table lets them through yet.
+            Request::Api { .. }
+            | Request::ServeLayer { .. }
+            | Request::Run { .. }
+            | Request::ScriptInfo { .. }
+            | Request::DeleteScript { .. }
+            | Request::CreateTenant { .. }
+            | Request::ListTenants
+            | Request::GetTenant { .. }
+            | Request::DeleteTenant { .. }
+            | Request::SetLimits { .. }
+            | Request::MintToken { .. }
+            | Request::ListTokens
+            | Request::RevokeToken { .. }
+            | Request::Version => Some(fail(
+                ErrorCode::BadRequest,
+                "this request is not served by this version",
+            )),
         }
     }
 
     /// `scripts put`: store a script for calls to name by its digest.
     fn put_script(&mut self, source: &[u8]) -> Reply {
         match self.scripts.put(source, &script_in_flight(&self.calls)) {
-            Ok(digest) => Reply::ScriptStored {
+            Ok((digest, existed)) => Reply::ScriptStored {
                 digest,
                 size: source.len() as u64,
+                existed,
             },
             Err((code, message)) => fail(code, message),
         }

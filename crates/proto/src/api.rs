@@ -1,0 +1,251 @@
+//! The API role's vocabulary: who is calling, and the records the HTTP routes answer with.
+//!
+//! `zygo api` (the front) never decides who a caller is or what it may do. It forwards the
+//! token the caller presented and the `X-Zygo-Tenant` header it sent, as [`Credentials`],
+//! around every request ([`crate::front::Request::Api`]); the monitor hashes the token,
+//! finds whose it is, applies the tenant header and the deploy gate, and scopes the answer.
+//! Nothing in this module is trusted when it arrives at the monitor.
+
+use serde::{Deserialize, Serialize};
+
+/// The API surface version (`x-zygo-api` in the OpenAPI document, `api` in `GET /version`).
+/// It moves only when a route is removed or renamed.
+pub const API_VERSION: u32 = 1;
+
+/// The longest bearer token the front forwards (a minted one is 69 bytes); longer is 401
+/// without asking the monitor.
+pub const MAX_TOKEN_LEN: usize = 256;
+
+/// Tenant ids: 1–63 bytes of `[a-z0-9_-]`, starting with a letter or digit.
+pub const MAX_TENANT_LEN: usize = 63;
+
+/// What the caller presented. `token` is the bearer token as sent (`None`: no
+/// `Authorization` header, which only a `--no-auth` front may forward); `tenant` is the
+/// `X-Zygo-Tenant` header as sent.
+#[derive(Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Credentials {
+    pub token: Option<String>,
+    pub tenant: Option<String>,
+}
+
+impl std::fmt::Debug for Credentials {
+    // A token never reaches a log through `{:?}`.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Credentials")
+            .field("token", &self.token.as_ref().map(|_| "<redacted>"))
+            .field("tenant", &self.tenant)
+            .finish()
+    }
+}
+
+/// How `zygo api` was started: sent once in its hello, before it reads any request.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FrontFlags {
+    /// `--allow-deploy`: the bootstrap token (`ZYGO_API_TOKEN`) has deploy rights.
+    pub allow_deploy: bool,
+    /// `--allow-private-net` (only with `--allow-deploy`): deploy callers may name private
+    /// and link-local addresses in `allow`.
+    pub allow_private_net: bool,
+    /// `--no-auth` (unix socket or loopback only): a request without a token acts as the
+    /// bootstrap operator.
+    pub no_auth: bool,
+}
+
+/// Which kind of thing a name serves.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum ServeKind {
+    /// A warm function (`PUT /fn/{name}`).
+    Function,
+    /// A runtime pool (`POST /runtimes`).
+    Pool,
+}
+
+/// A tenant's limits. Each narrows what the function or pool was declared with (the
+/// minimum of the two applies); `None` leaves that key to the declaration.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TenantLimits {
+    pub mem_bytes: Option<u64>,
+    /// CPUs × 1000.
+    pub cpu_millis: Option<u64>,
+    pub pids: Option<u64>,
+    pub timeout_ms: Option<u64>,
+    pub scratch_bytes: Option<u64>,
+    /// "none" or "egress".
+    pub network: Option<String>,
+    pub allow: Option<Vec<String>>,
+}
+
+/// A tenant's record (`GET /tenants/{id}`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TenantInfo {
+    pub id: String,
+    pub created_ms: u64,
+    pub limits: TenantLimits,
+    /// Functions and pools it owns (served for it by an operator).
+    pub functions: Vec<String>,
+    /// Digests (lowercase hex) of the scripts registered against it.
+    pub scripts: Vec<String>,
+    /// Tokens minted for it that are not revoked.
+    pub tokens: u32,
+}
+
+/// A token's record (`GET /tokens`): never its secret.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TokenInfo {
+    /// `tok_` + 16 hex: how a token is named in logs and revoked.
+    pub id: String,
+    /// `None`: an operator token.
+    pub tenant: Option<String>,
+    pub created_ms: u64,
+    /// When it was revoked, if it was. The record stays.
+    pub revoked_ms: Option<u64>,
+}
+
+/// A token just minted: the only time its secret exists outside the caller.
+#[derive(Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TokenMinted {
+    pub id: String,
+    /// `zygo_` + 64 lowercase hex.
+    pub secret: String,
+    pub tenant: Option<String>,
+    pub created_ms: u64,
+}
+
+impl std::fmt::Debug for TokenMinted {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("TokenMinted")
+            .field("id", &self.id)
+            .field("secret", &"<redacted>")
+            .field("tenant", &self.tenant)
+            .field("created_ms", &self.created_ms)
+            .finish()
+    }
+}
+
+/// What deleting a tenant took with it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TenantDeleted {
+    pub id: String,
+    /// Functions and pools stopped.
+    pub stopped: Vec<String>,
+    /// Scripts removed from the store (nothing else referred to them), lowercase hex.
+    pub scripts_removed: Vec<String>,
+    /// Tokens revoked.
+    pub tokens_revoked: u32,
+}
+
+/// `GET /version`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct VersionInfo {
+    pub version: String,
+    pub api: u32,
+    /// "ns": namespaces, the only backend.
+    pub backend: String,
+    /// "v1" or "v2".
+    pub cgroup: String,
+    pub landlock_abi: u32,
+    /// Whether deploy callers may name private addresses; `None` for a caller without
+    /// deploy rights (it is not theirs to know).
+    pub private_net: Option<bool>,
+}
+
+/// The answer of a one-shot run (`POST /run`): the seed's shape.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RunAnswer {
+    pub request_id: String,
+    /// Whether the program ran at all; `false` with `phase` "plan" or "start" is Zygo
+    /// failing to build the sandbox, and `error` says why.
+    pub started: bool,
+    /// "plan", "start" or "run".
+    pub phase: String,
+    pub error: Option<String>,
+    pub exit_code: Option<i32>,
+    pub signal: Option<i32>,
+    pub timed_out: bool,
+    pub oom_killed: bool,
+    pub wall_us: u64,
+    pub cpu_ms: u64,
+    pub peak_rss_kb: u64,
+    pub stdout: String,
+    pub stdout_truncated: bool,
+    pub stderr: String,
+    pub stderr_truncated: bool,
+}
+
+/// Whether `id` has the shape of a tenant id.
+pub fn is_tenant_id(id: &str) -> bool {
+    let b = id.as_bytes();
+    !b.is_empty()
+        && b.len() <= MAX_TENANT_LEN
+        && b[0].is_ascii_alphanumeric()
+        && b.iter()
+            .all(|&c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == b'_' || c == b'-')
+}
+
+/// Whether `d` is a digest as the store names things: 64 lowercase hex.
+pub fn is_hex_digest(d: &str) -> bool {
+    d.len() == 64
+        && d.bytes()
+            .all(|c| c.is_ascii_digit() || (b'a'..=b'f').contains(&c))
+}
+
+/// The HTTP form of a digest (`sha256:<hex>`) to the store's (`<hex>`). Bare hex is
+/// accepted too. `None` when it is neither.
+pub fn parse_digest(d: &str) -> Option<&str> {
+    let hex = d.strip_prefix("sha256:").unwrap_or(d);
+    is_hex_digest(hex).then_some(hex)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tenant_ids() {
+        for ok in ["acme", "a", "a-b_c9", "0x"] {
+            assert!(is_tenant_id(ok), "{ok}");
+        }
+        let long = "a".repeat(64);
+        for bad in [
+            "",
+            "-a",
+            "_a",
+            "Acme",
+            "a/b",
+            "a.b",
+            "..",
+            "a b",
+            "é",
+            long.as_str(),
+        ] {
+            assert!(!is_tenant_id(bad), "{bad}");
+        }
+    }
+
+    #[test]
+    fn digests() {
+        let hex = "a".repeat(64);
+        assert_eq!(parse_digest(&hex), Some(hex.as_str()));
+        assert_eq!(parse_digest(&format!("sha256:{hex}")), Some(hex.as_str()));
+        assert_eq!(parse_digest(&"A".repeat(64)), None);
+        assert_eq!(parse_digest(&"a".repeat(63)), None);
+        assert_eq!(parse_digest("sha256:../../etc"), None);
+        assert_eq!(parse_digest(&format!("sha1:{hex}")), None);
+    }
+
+    #[test]
+    fn secrets_do_not_print() {
+        let c = Credentials {
+            token: Some("zygo_secret".into()),
+            tenant: None,
+        };
+        assert!(!format!("{c:?}").contains("zygo_secret"));
+        let m = TokenMinted {
+            id: "tok_1".into(),
+            secret: "zygo_secret".into(),
+            tenant: None,
+            created_ms: 0,
+        };
+        assert!(!format!("{m:?}").contains("zygo_secret"));
+    }
+}
