@@ -25,8 +25,9 @@ use proto::front::{ErrorCode, Reply};
 use serde_json::Value;
 use sha2::{Digest, Sha256};
 
-use super::functions::{now_ms, random_hex};
+use super::functions::now_ms;
 use super::SupervisorError;
+use plumbing::random_hex;
 use store::{Kind, LimitsRecord, Record, ScriptRecord, Store, TenantRecord, TokenRecord};
 
 /// The environment variable that holds the bootstrap operator token.
@@ -305,10 +306,19 @@ impl Api {
                 );
             }
         }
-        let secret = format!("zygo_{}", random_hex(32));
-        let mut id = format!("tok_{}", random_hex(8));
-        while self.tokens.contains_key(&id) {
-            id = format!("tok_{}", random_hex(8));
+        let fresh = |n| {
+            random_hex(n).map_err(|e| no(ErrorCode::Internal, format!("read random bytes: {e}")))
+        };
+        let secret = match fresh(32) {
+            Ok(h) => format!("zygo_{h}"),
+            Err(r) => return r.into(),
+        };
+        let mut id = String::new();
+        while id.is_empty() || self.tokens.contains_key(&id) {
+            id = match fresh(8) {
+                Ok(h) => format!("tok_{h}"),
+                Err(r) => return r.into(),
+            };
         }
         let rec = TokenRecord {
             id: id.clone(),

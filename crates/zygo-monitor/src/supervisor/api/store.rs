@@ -308,10 +308,9 @@ impl Store for Files {
         .map_err(|e| StoreError(format!("encode a record: {e}")))?;
         let folder = self.dir.join(kind.folder());
         let path = self.path(kind, id);
-        let tmp = folder.join(format!(
-            ".{id}.{}.tmp",
-            crate::supervisor::functions::random_hex(6)
-        ));
+        let suffix =
+            plumbing::random_hex(6).map_err(|e| StoreError(format!("read random bytes: {e}")))?;
+        let tmp = folder.join(format!(".{id}.{suffix}.tmp"));
         let written = (|| -> std::io::Result<()> {
             use std::os::unix::fs::OpenOptionsExt;
             let mut f = std::fs::OpenOptions::new()
@@ -354,7 +353,7 @@ mod tests {
         let d = std::env::temp_dir().join(format!(
             "zygo-api-store-{}-{}",
             std::process::id(),
-            crate::supervisor::functions::random_hex(4)
+            plumbing::random_hex(4).expect("random")
         ));
         std::fs::create_dir(&d).expect("mkdir");
         d

@@ -24,9 +24,10 @@ use proto::launch::{Script, Stream, ToLauncher};
 use super::registry::{is_pool, FnState};
 use super::timers::stuck_after;
 use super::zygotes::{thaw, ZState};
-use super::{fail, random_hex, Ctx, Functions, MAX_EVENT, SLOTS};
+use super::{fail, Ctx, Functions, MAX_EVENT, SLOTS};
 use crate::cgroup::{Cgroup, Limits, Usage, Weight};
 use crate::supervisor::api::Acting;
+use plumbing::random_hex;
 
 /// Output kept per stream per request.
 const OUTPUT_CAP: usize = 1024 * 1024;
@@ -443,7 +444,10 @@ impl Functions {
             timeout = timeout.min(Duration::from_millis(ms.max(1)));
         }
         let narrow = narrowed(&f.limits, &who.limits);
-        let id = random_hex(16);
+        let id = match random_hex(16) {
+            Ok(id) => id,
+            Err(e) => return Some(fail(ErrorCode::Internal, format!("name the request: {e}"))),
+        };
         let mut call = InFlight::new(client, &e, event, timeout, script, Instant::now());
         call.tenant = who.tenant.clone();
         call.narrow = narrow;
