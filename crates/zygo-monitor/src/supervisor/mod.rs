@@ -51,6 +51,9 @@ const SIGNALS: Token = Token(1);
 const WAKER: Token = Token(2);
 const FIRST_DYNAMIC: usize = 16;
 
+/// The longest grace a drain asked for over the API gets.
+const MAX_API_GRACE_MS: u64 = 3600 * 1000;
+
 /// How long running requests may go on after a drain begins, unless told otherwise.
 pub const DEFAULT_GRACE: Duration = Duration::from_secs(25);
 
@@ -583,7 +586,12 @@ impl Supervisor {
                 self.fns.in_flight(),
                 grace.as_secs()
             );
-            self.drain = Some(Instant::now() + grace);
+            let now = Instant::now();
+            // However long the grace asked for, the deadline is a time the clock can hold.
+            self.drain = Some(
+                now.checked_add(grace)
+                    .unwrap_or_else(|| now + Duration::from_secs(365 * 24 * 3600)),
+            );
             self.fns.draining = true;
         }
     }
@@ -862,7 +870,13 @@ impl Supervisor {
             };
             match req {
                 Request::Drain { grace_ms } => {
-                    // Answered when the drain is over (see `run`).
+                    // Answered when the drain is over (see `run`). Over the API the grace
+                    // is at most an hour.
+                    let grace_ms = if who.api() {
+                        grace_ms.min(MAX_API_GRACE_MS)
+                    } else {
+                        grace_ms
+                    };
                     self.begin_drain(Duration::from_millis(grace_ms));
                     self.drain_waiters.push(t);
                     if let Some(c) = self.clients.get_mut(&t) {

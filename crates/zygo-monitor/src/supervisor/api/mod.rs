@@ -155,6 +155,12 @@ impl Api {
             .map_err(|e| SupervisorError(format!("the API's records: {e}")))?;
         let bootstrap = std::env::var_os(TOKEN_ENV).and_then(|v| {
             let bytes = v.as_encoded_bytes().to_vec();
+            if bytes.len() > MAX_TOKEN_LEN {
+                log::warn!(
+                    "{TOKEN_ENV} is longer than {MAX_TOKEN_LEN} bytes, which the API refuses as a token: the bootstrap token is not set"
+                );
+                return None;
+            }
             (!bytes.is_empty()).then(|| sha256_hex(&bytes))
         });
         // Nothing the supervisor starts (launchers, sandboxes) inherits it.
