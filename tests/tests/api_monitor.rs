@@ -531,6 +531,27 @@ fn what_stays_off_for_everybody() {
 fn tokens_mint_use_revoke(who: Who) {
     let mut s = SUITE.sup(who, "tokens");
     start::<(&str, &str)>(&mut s, &[]);
+    let f = s.run(&["token", "--help"]);
+    assert!(
+        f.code == 0 && f.stdout_text().contains("zygo token mint [--tenant T]"),
+        "{}",
+        f.stdout_text()
+    );
+    let f = s.run(&["token", "frob", "--json"]);
+    assert_eq!(f.code, 2, "a usage error: {}", f.stdout_text());
+    // Human output: the secret alone on stdout.
+    let f = s.run(&["token", "mint"]);
+    assert_eq!(f.code, 0, "{}", f.stderr_text());
+    let secret = f.stdout_text().trim().to_string();
+    assert!(
+        secret.starts_with("zygo_") && secret.len() == 69,
+        "{secret}"
+    );
+    assert!(
+        f.stderr_text().contains("shown this once"),
+        "{}",
+        f.stderr_text()
+    );
     let (op_id, op) = mint(&s, None);
     assert!(
         op.starts_with("zygo_") && op.len() == 69 && is_hex(&op[5..], 64),
@@ -909,6 +930,21 @@ fn two_tenants_never_cross(who: Who) {
         "the cancelled call",
     );
     assert_eq!(victim.outcome, Outcome::Cancelled, "{victim:?}");
+    // The usage log names the tenant of each request.
+    wait_for(
+        Duration::from_secs(10),
+        "a's requests in the usage log",
+        || {
+            let log = fs::read_to_string(s.st.join("usage.log")).unwrap_or_default();
+            let tenants: Vec<String> = log
+                .lines()
+                .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+                .filter(|v| v["request_id"] == victim.request_id.as_str())
+                .map(|v| v["tenant"].as_str().unwrap_or("").to_string())
+                .collect();
+            tenants == vec![a.clone()]
+        },
+    );
     drain_over_api(s, &op);
     for d in tenant_cgroups(&a, "mine")
         .into_iter()
@@ -1422,4 +1458,68 @@ fn hostile_envelopes_are_refused_and_the_connection_serves() {
     );
     // An envelope from a CLI-role connection ends that connection (the CLI has no envelope).
     drain_over_api(s, &op);
+}
+
+/// `/healthz` needs no token and says `stopping` once a drain has begun; `GET /version`
+/// answers; a drain over the API answers once the call in flight has finished.
+#[test]
+fn health_stopping_and_a_drain_over_the_api() {
+    let Some(mut s) = SUITE.root("health") else {
+        return;
+    };
+    let names = start(&mut s, &[("slow", "slow", "")]);
+    let slow = names[0].clone();
+    let (_, op) = mint(&s, None);
+    let none = As {
+        token: None,
+        tenant: None,
+    };
+    let bogus = "x".repeat(300);
+    let mut api = Api::plain(&s);
+    for who in [none, tok(&bogus), tok(&op)] {
+        match api.ask(who, Request::Health) {
+            Reply::Health(h) => assert!(!h.stopping && h.below_min_warm.is_empty(), "{h:?}"),
+            other => panic!("health: {other:?}"),
+        }
+    }
+    match api.ask(tok(&op), Request::Version) {
+        Reply::Version(v) => {
+            assert_eq!((v.api, v.backend.as_str()), (proto::api::API_VERSION, "ns"));
+            assert!(v.cgroup == "v1" || v.cgroup == "v2", "{v:?}");
+        }
+        other => panic!("version: {other:?}"),
+    }
+    let sock = s.socket();
+    let op2 = op.clone();
+    let call = std::thread::spawn(move || {
+        let mut c = UnixStream::connect(sock).expect("connect");
+        let hello = Hello {
+            protocol: FRONT_PROTOCOL,
+            role: Role::Api,
+            flags: FrontFlags::default(),
+        };
+        c.write_all(&encode_frame(&hello).expect("hello"))
+            .expect("hello");
+        let _: HelloReply = read_frame(&mut c, MAX_FRONT_FRAME).expect("welcome");
+        let mut api = Api { s: c };
+        api.ask(tok(&op2), exec(&slow, "{\"s\": 2}"))
+    });
+    s.wait_in_flight(&names[0], 1);
+    let mut drainer = Api::plain(&s);
+    drainer.send_raw(&envelope(tok(&op), Request::Drain { grace_ms: 20_000 }));
+    wait_for(
+        Duration::from_secs(5),
+        "health to say stopping",
+        || matches!(api.ask(none, Request::Health), Reply::Health(h) if h.stopping),
+    );
+    // New calls are refused meanwhile.
+    let r = api.ask(tok(&op), exec(&names[0], "{\"s\": 0}"));
+    expect_code(&r, ErrorCode::Unavailable, "a call while draining");
+    let r = answer(call.join().expect("the call"), "the call in flight");
+    assert_eq!(r.outcome, Outcome::Ok, "{r:?}");
+    match drainer.reply() {
+        Reply::Drained { finished, cut_off } => assert_eq!((finished, cut_off), (1, 0)),
+        other => panic!("drain: {other:?}"),
+    }
+    s.wait_gone();
 }
