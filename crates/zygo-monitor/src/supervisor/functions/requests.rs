@@ -294,11 +294,14 @@ pub(super) fn narrowed(f: &Limits, t: &proto::api::TenantLimits) -> Option<Limit
     (l != *f).then_some(l)
 }
 
-/// Move a parked child into a new cgroup `<dir>/r-<pid>-<slot>` with `limits`: the cgroup
-/// it left, empty now, is returned. On failure the new cgroup is removed (with whatever
-/// reached it).
+/// Move a parked child into a cgroup of a tenant's for one function (`key`, folder `dir`)
+/// with `limits`: one kept from the tenant's last request of it, else a new
+/// `<dir>/r-<pid>-<slot>`. The cgroup it left, empty now, is returned. On failure a new
+/// cgroup is removed (with whatever reached it).
 fn move_to(
     backend: &crate::cgroup::Backend,
+    worker: &super::super::cgworker::Worker,
+    key: &str,
     dir: &str,
     slot: &str,
     s: &mut super::zygotes::Slot,
@@ -308,17 +311,28 @@ fn move_to(
         .pidfd
         .as_ref()
         .ok_or("the parked child is not held by a pidfd")?;
-    let cg = backend
-        .create(&format!("{dir}/r-{}-{slot}", std::process::id()))
-        .map_err(|e| e.to_string())?;
-    cg.set_limits(limits)
-        .and_then(|()| cg.set_weight(Weight::Foreground))
-        .map_err(|e| e.to_string())?;
-    if !crate::spawn::pidfd_alive(pidfd) {
-        return Err(format!("the parked child {} has exited", s.pid));
+    let cg = match worker.place_kept(key, limits, s.pid, pidfd) {
+        Some(cg) => cg,
+        None => {
+            let cg = backend
+                .create(&format!("{dir}/r-{}-{slot}", std::process::id()))
+                .map_err(|e| e.to_string())?;
+            cg.set_limits(limits).map_err(|e| e.to_string())?;
+            if !crate::spawn::pidfd_alive(pidfd) {
+                return Err(format!("the parked child {} has exited", s.pid));
+            }
+            cg.add_single_threaded(s.pid).map_err(|e| e.to_string())?;
+            cg.keep()
+        }
+    };
+    // From here on it is what a caller waits for (and whatever fails, it is removed with
+    // the slot).
+    let old = std::mem::replace(&mut s.cgroup, cg);
+    s.kept_as = Some((key.to_string(), *limits));
+    if let Err(e) = s.cgroup.set_weight(Weight::Foreground) {
+        log::warn!("raise a request's CPU weight: {e}");
     }
-    cg.add_single_threaded(s.pid).map_err(|e| e.to_string())?;
-    Ok(std::mem::replace(&mut s.cgroup, cg.keep()))
+    Ok(old)
 }
 
 /// Whether a call in flight names a script (see `Store::put`: such a script is never
@@ -525,7 +539,9 @@ impl Functions {
         // A tenant's call of a host function runs in a cgroup of that tenant's
         // (`tenants/<tenant>/<function>/…`): everything one tenant runs is in one place.
         let tenant_dir = match (&c.tenant, c.func.contains('/')) {
-            (Some(t), false) => Some(format!("tenants/{t}/{}", c.func)),
+            (Some(t), false) => {
+                Some((format!("{t}/{}", c.func), format!("tenants/{t}/{}", c.func)))
+            }
             _ => None,
         };
         let flimits = f.limits;
@@ -541,12 +557,14 @@ impl Functions {
         }
         if let Some(s) = z.children.slots.get_mut(&slot) {
             // The tenant's limits go on the child's own cgroup before it is let go: moved
-            // into a new cgroup of the tenant's, or narrowed where it is. Such a cgroup is
-            // not kept for another request afterwards.
+            // into a cgroup of the tenant's (one kept from its last request of the
+            // function, else a new one), or narrowed where it is (then it is not kept for
+            // another request afterwards).
             let applied = match (&tenant_dir, c.narrow) {
-                (Some(dir), narrow) => {
+                (Some((key, dir)), narrow) => {
                     s.narrowed = true;
-                    move_to(&self.backend, dir, &slot, s, &narrow.unwrap_or(flimits)).map(|old| {
+                    let limits = narrow.unwrap_or(flimits);
+                    move_to(&self.backend, &self.worker, key, dir, &slot, s, &limits).map(|old| {
                         // The parked cgroup it left is empty: kept for the function.
                         self.worker.send(super::super::cgworker::Job::Release {
                             pool: c.func.clone(),

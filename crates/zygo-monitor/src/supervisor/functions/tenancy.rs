@@ -429,9 +429,11 @@ impl Functions {
         if let Err(r) = self.api.remove_tenant(id) {
             return r.into();
         }
+        // The cgroups kept for its calls of the host's functions go, then its folders.
         let top = format!("tenants/{id}");
         for func in self.backend.child_names_of(&top) {
-            self.backend.prune(&format!("{top}/{func}"));
+            self.worker
+                .forget(&format!("{id}/{func}"), format!("{top}/{func}"));
         }
         self.backend.prune(&top);
         Reply::TenantDeleted(TenantDeleted {

@@ -199,6 +199,7 @@ mod tests {
             request: Some("r".into()),
             answered: Some(t0),
             narrowed: false,
+            kept_as: None,
             pid: 0,
             pidfd: None,
         };
@@ -214,6 +215,7 @@ mod tests {
             request: Some("r".into()),
             answered: None,
             narrowed: false,
+            kept_as: None,
             pid: 0,
             pidfd: None,
         };

@@ -40,6 +40,9 @@ pub(super) struct Slot {
     /// Its limits were narrowed for its request (a tenant's limits), or it was made for a
     /// tenant's request: it is removed afterwards, never kept for another request.
     pub(super) narrowed: bool,
+    /// Made for a tenant's request of a host function: kept afterwards for that tenant's
+    /// next request of it, under this key and with these limits.
+    pub(super) kept_as: Option<(String, crate::cgroup::Limits)>,
     /// The child (held by its pidfd while parked), to move into a tenant's cgroup.
     pub(super) pid: i32,
     pub(super) pidfd: Option<OwnedFd>,
@@ -516,10 +519,17 @@ impl Functions {
                     None
                 };
                 let func = z.func.clone();
-                match self.fns.get(&func).filter(|_| !s.narrowed) {
-                    Some(f) => self.worker.send(Job::Release {
-                        pool: func,
-                        limits: f.limits,
+                // Kept for the next request it can serve as it is: the function's, or (one
+                // made for a tenant) that tenant's; a narrowed one is removed.
+                let keep = match (&s.kept_as, s.narrowed) {
+                    (Some((pool, limits)), _) => Some((pool.clone(), *limits)),
+                    (None, false) => self.fns.get(&func).map(|f| (func.clone(), f.limits)),
+                    (None, true) => None,
+                };
+                match keep {
+                    Some((pool, limits)) => self.worker.send(Job::Release {
+                        pool,
+                        limits,
                         cg: s.cgroup,
                     }),
                     None => self.worker.send(Job::Remove(s.cgroup)),
@@ -579,6 +589,7 @@ impl Functions {
                         request: None,
                         answered: None,
                         narrowed: false,
+                        kept_as: None,
                         pid: p.pid,
                         pidfd: Some(p.pidfd),
                     },
@@ -735,6 +746,7 @@ mod tests {
             request: request.map(str::to_string),
             answered: None,
             narrowed: false,
+            kept_as: None,
             pid: 0,
             pidfd: None,
         }
