@@ -41,7 +41,7 @@ use proto::launch::{FromLauncher, Image, Phase, ToLauncher, MAX_LAUNCH_FRAME};
 use proto::readbuf::read_append;
 
 use super::super::cgworker::Job;
-use super::super::conn::Conn;
+use super::super::conn::{Conn, Got};
 use super::run_spec;
 use super::{fail, now_ms, random_hex, Ctx, Functions};
 use crate::cgroup::{Cgroup, Usage};
@@ -522,10 +522,7 @@ impl Functions {
             return;
         };
         conn.flush();
-        let (msgs, end) = match conn.receive::<FromLauncher>() {
-            Ok((m, eof)) => (m, eof.then(|| "it closed the channel".to_string())),
-            Err(e) => (Vec::new(), Some(format!("its channel broke: {e}"))),
-        };
+        let (msgs, end) = receive(conn);
         for m in msgs {
             if let Err(why) = run_msg(run, m) {
                 log::error!("run {id}: the launcher {why}; killing it");
@@ -702,9 +699,9 @@ impl Functions {
         run.stderr.close(cx);
         close_channel(&mut run, cx);
         settle(&mut run, &self.worker);
-        match run.launcher.try_wait() {
-            Ok(None) => self.runs.exiting.push((run.launcher, now + EXIT_WAIT)),
-            Ok(Some(_)) | Err(_) => {}
+        // Reaped now if it has exited; otherwise on a later turn (see `runs_tick`).
+        if let Ok(None) = run.launcher.try_wait() {
+            self.runs.exiting.push((run.launcher, now + EXIT_WAIT));
         }
         let killed = run.killed.map(|(k, _)| k);
         let timed_out = killed == Some(Killed::Deadline) || run.exit.is_some_and(|e| e.timed_out);
@@ -767,6 +764,33 @@ impl Functions {
             "finished_ms": now_ms(),
         });
         self.usage.push(line.to_string());
+    }
+}
+
+/// Everything the launcher has sent, and why its channel ended if it did. The messages
+/// that came before an error are kept: a launcher that reported the end and exited while
+/// a `Kill` of ours was still unread in its socket leaves a reset behind its report.
+fn receive(conn: &mut Conn) -> (Vec<FromLauncher>, Option<String>) {
+    let mut msgs = Vec::new();
+    loop {
+        match conn.read_some(CHUNK) {
+            Ok(Got::Bytes) => loop {
+                match conn.take::<FromLauncher>() {
+                    Ok(Some(m)) => msgs.push(m),
+                    Ok(None) => break,
+                    Err(e) => return (msgs, Some(format!("its channel broke: {e}"))),
+                }
+            },
+            Ok(Got::Nothing) => return (msgs, None),
+            Ok(Got::End) => {
+                let why = match conn.end_of_stream() {
+                    Ok(()) => "it closed the channel".to_string(),
+                    Err(e) => format!("its channel broke: {e}"),
+                };
+                return (msgs, Some(why));
+            }
+            Err(e) => return (msgs, Some(format!("its channel broke: {e}"))),
+        }
     }
 }
 
