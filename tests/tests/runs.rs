@@ -472,7 +472,65 @@ fn many_runs_at_once_do_not_hold_up_other_requests(who: Who) {
     end(s);
 }
 
+fn a_drain_ends_the_runs_it_cuts_off(who: Who) {
+    let mut s = start(who, "drain");
+    let mut c = connect(&s);
+    send(
+        &mut c,
+        &Request::Run {
+            spec: json!({"cmd": ["sleep", "60"], "timeout": "60s"}).to_string(),
+        },
+    );
+    wait_for(Duration::from_secs(10), "the run's cgroup", || {
+        !run_cgroups(&s).is_empty()
+    });
+    // The run going is cut off at the grace's end; a new one meanwhile is refused.
+    let waiter = std::thread::spawn(move || read_frame::<_, Reply>(&mut c, MAX_FRONT_FRAME));
+    let pid = s.supervisor;
+    let mut d = connect(&s);
+    send(&mut d, &Request::Drain { grace_ms: 1500 });
+    std::thread::sleep(Duration::from_millis(300));
+    match run_reply(&s, &json!({"cmd": ["true"]})) {
+        Reply::Error {
+            code: ErrorCode::Unavailable,
+            ..
+        } => {}
+        other => panic!("[{}] a run while draining: {other:?}", who.name()),
+    }
+    match read_frame::<_, Reply>(&mut d, MAX_FRONT_FRAME) {
+        Ok(Reply::Drained { cut_off: 1, .. }) => {}
+        other => panic!("[{}] the drain: {other:?}\n{}", who.name(), s.log()),
+    }
+    s.wait_gone();
+    let a = match waiter.join().expect("the waiting thread") {
+        Ok(Reply::RunAnswer(a)) => a,
+        other => panic!("[{}] expected the run's answer, got {other:?}", who.name()),
+    };
+    assert_eq!(
+        a.error.as_deref(),
+        Some("the supervisor stopped before the run ended"),
+        "{a:?}"
+    );
+    assert!(a.started && !a.timed_out, "{a:?}");
+    // Its cgroup went with the supervisor (the checks of `shutdown` cover its launcher).
+    let prefix = format!("r-{}-", pid.expect("the supervisor's pid"));
+    for r in zygo_cgroup_roots() {
+        for e in std::fs::read_dir(r.join("tenants/_host/_run"))
+            .into_iter()
+            .flatten()
+            .flatten()
+        {
+            assert!(
+                !e.file_name().to_string_lossy().starts_with(&prefix),
+                "{} left after the drain",
+                e.path().display()
+            );
+        }
+    }
+}
+
 root_and_rootless!(
+    a_drain_ends_the_runs_it_cuts_off,
     output_and_exit_code,
     output_past_the_cap_is_cut_and_marked,
     the_deadline_kills_it,
