@@ -454,7 +454,7 @@ fn many_runs_at_once_do_not_hold_up_other_requests(who: Who) {
         }
         let took = t0.elapsed();
         assert!(
-            took < Duration::from_secs(1),
+            took < Duration::from_secs(2),
             "a list took {took:?} while runs were going\n{}",
             s.log()
         );
