@@ -550,8 +550,12 @@ impl Functions {
             settle(run, &self.worker);
         } else if let Some(c) = run.conn.as_ref() {
             if let Some(why) = c.closed.clone() {
-                run.error
-                    .get_or_insert_with(|| format!("the launcher's channel failed: {why}"));
+                // After the report, a write that failed (a `Kill` crossing the launcher's
+                // exit) changes nothing.
+                if run.ended.is_none() {
+                    run.error
+                        .get_or_insert_with(|| format!("the launcher's channel failed: {why}"));
+                }
                 let _ = run.launcher.kill();
                 close_channel(run, cx);
                 settle(run, &self.worker);
