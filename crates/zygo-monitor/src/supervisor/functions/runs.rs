@@ -618,7 +618,7 @@ impl Functions {
 
     /// `cancel`: end every run under this key (of this tenant, when one is named; every
     /// run under the key when `tenant` is `None`). How many were still going.
-    pub(super) fn cancel_runs(&mut self, key: &str, tenant: Option<&str>) -> u32 {
+    pub fn cancel_runs(&mut self, key: &str, tenant: Option<&str>) -> u32 {
         let now = Instant::now();
         let mut n = 0;
         for run in self.runs.runs.values_mut() {
