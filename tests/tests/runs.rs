@@ -189,6 +189,26 @@ fn assert_is_request_id(a: &RunAnswer) {
     assert!(is_hex(&a.request_id, 32), "request id {:?}", a.request_id);
 }
 
+/// The usage record of one run (written once its answer has gone out): there must be
+/// exactly one.
+#[track_caller]
+fn usage_record(s: &Sup, request_id: &str) -> serde_json::Value {
+    let usage = s.st.join("usage.log");
+    let mut line = serde_json::Value::Null;
+    wait_for(Duration::from_secs(5), "the run's usage record", || {
+        let text = std::fs::read_to_string(&usage).unwrap_or_default();
+        let found: Vec<serde_json::Value> = text
+            .lines()
+            .filter_map(|l| serde_json::from_str(l).ok())
+            .filter(|v: &serde_json::Value| v["request_id"] == request_id)
+            .collect();
+        assert!(found.len() <= 1, "{found:?}");
+        line = found.into_iter().next().unwrap_or_default();
+        !line.is_null()
+    });
+    line
+}
+
 fn output_and_exit_code(who: Who) {
     let s = start(who, "out");
     let a = run(
@@ -207,20 +227,7 @@ fn output_and_exit_code(who: Who) {
     assert!(a.wall_us > 0, "{a:?}");
     assert!(a.peak_rss_kb > 0, "{a:?}");
     assert_is_request_id(&a);
-    // Its usage record, written once the answer has gone.
-    let usage = s.st.join("usage.log");
-    let mut line = serde_json::Value::Null;
-    wait_for(Duration::from_secs(5), "the run's usage record", || {
-        let text = std::fs::read_to_string(&usage).unwrap_or_default();
-        let found: Vec<serde_json::Value> = text
-            .lines()
-            .filter_map(|l| serde_json::from_str(l).ok())
-            .filter(|v: &serde_json::Value| v["request_id"] == a.request_id.as_str())
-            .collect();
-        assert!(found.len() <= 1, "{found:?}");
-        line = found.into_iter().next().unwrap_or_default();
-        !line.is_null()
-    });
+    let line = usage_record(&s, &a.request_id);
     assert_eq!(line["function"], "api:run", "{line}");
     assert_eq!(line["tenant"], "_host", "{line}");
     assert_eq!(line["outcome"], "ok", "{line}");
@@ -273,6 +280,7 @@ fn the_deadline_kills_it(who: Who) {
     // The answer follows the deadline closely (the bound is loose: the machine is shared).
     eprintln!("a run with a 1 s limit was answered after {took:?}");
     assert!(took < Duration::from_secs(5), "answered after {took:?}");
+    assert_eq!(usage_record(&s, &a.request_id)["outcome"], "timeout");
     end(s);
 }
 
@@ -287,6 +295,7 @@ fn a_memory_limit_kills_it_as_oom(who: Who) {
     assert!(a.oom_killed && !a.timed_out, "{a:?}");
     assert_eq!(a.exit_code, Some(137), "{a:?}");
     assert!(!a.stdout.contains("survived"));
+    assert_eq!(usage_record(&s, &a.request_id)["outcome"], "error");
     assert!(a.peak_rss_kb <= 64 * 1024 + 1024, "{a:?}");
     end(s);
 }
@@ -340,6 +349,7 @@ fn a_plan_the_host_cannot_build_is_not_started(who: Who) {
         (None, false, false)
     );
     assert_is_request_id(&a);
+    assert_eq!(usage_record(&s, &a.request_id)["outcome"], "error");
     // A program that is not there: the sandbox was built, the program did not start.
     let a = run(&s, json!({"cmd": ["/no/such/program"]}));
     assert!(!a.started, "{a:?}");
@@ -405,6 +415,7 @@ fn a_cancel_under_its_key_ends_it(who: Who) {
     assert_eq!(a.error.as_deref(), Some("cancelled"), "{a:?}");
     assert!(a.started && !a.timed_out, "{a:?}");
     assert_eq!(a.exit_code, Some(137), "{a:?}");
+    assert_eq!(usage_record(&s, &a.request_id)["outcome"], "cancelled");
     // Nothing is left under the key.
     match ask(&s, &Request::Cancel { key }) {
         Reply::Cancelled { count: 0 } => {}
