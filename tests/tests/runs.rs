@@ -13,6 +13,7 @@
 //!   what only sandbox.toml may (`unlimited`, host networking) is refused `bad_spec`.
 //! - A cancel under its key ends it (`error: "cancelled"`), and so does its caller leaving.
 //! - Many runs at once do not hold up other requests.
+//! - A drain refuses new runs and cuts off the ones still going when its grace ends.
 //! - Each finished run writes one usage record (`api:run`).
 //! - Afterwards no run cgroup and no launcher are left ([`Sup::shutdown`] checks the
 //!   processes; [`no_run_cgroups`] the cgroups).
