@@ -13,6 +13,7 @@
 //!   what only sandbox.toml may (`unlimited`, host networking) is refused `bad_spec`.
 //! - A cancel under its key ends it (`error: "cancelled"`), and so does its caller leaving.
 //! - Many runs at once do not hold up other requests.
+//! - Past the most runs at once (64; `ZYGO_MAX_RUNS` lowers it here) one more is busy.
 //! - A drain refuses new runs and cuts off the ones still going when its grace ends.
 //! - Each finished run writes one usage record (`api:run`).
 //! - Afterwards no run cgroup and no launcher are left ([`Sup::shutdown`] checks the
@@ -541,7 +542,49 @@ fn a_drain_ends_the_runs_it_cuts_off(who: Who) {
     }
 }
 
+fn past_the_most_runs_at_once_one_more_is_busy(who: Who) {
+    let mut s = SUITE.sup(who, "busy");
+    s.env("ZYGO_MAX_RUNS", "2");
+    let mut c = s.cmd(&["up"]);
+    c.current_dir(&s.dir.path);
+    let f = finish(c);
+    assert_eq!(f.code, 0, "zygo up: {}\n{}", f.stderr_text(), s.log());
+    s.find_supervisor();
+    let mut going = Vec::new();
+    for _ in 0..2 {
+        let mut c = connect(&s);
+        send(
+            &mut c,
+            &Request::Run {
+                spec: json!({"cmd": ["sleep", "2"], "timeout": "30s"}).to_string(),
+            },
+        );
+        going.push(c);
+    }
+    wait_for(Duration::from_secs(10), "two runs' cgroups", || {
+        run_cgroups(&s).len() >= 2
+    });
+    match run_reply(&s, &json!({"cmd": ["true"]})) {
+        Reply::Error {
+            code: ErrorCode::Busy,
+            retry_after: Some(_),
+            message,
+        } => assert!(message.contains("2 runs are going"), "{message}"),
+        other => panic!("[{}] a third run: {other:?}", who.name()),
+    }
+    for mut c in going {
+        match read_frame::<_, Reply>(&mut c, MAX_FRONT_FRAME) {
+            Ok(Reply::RunAnswer(a)) => assert_eq!(a.exit_code, Some(0), "{a:?}"),
+            other => panic!("{other:?}"),
+        }
+    }
+    // Room again.
+    assert_eq!(run(&s, json!({"cmd": ["true"]})).exit_code, Some(0));
+    end(s);
+}
+
 root_and_rootless!(
+    past_the_most_runs_at_once_one_more_is_busy,
     a_drain_ends_the_runs_it_cuts_off,
     output_and_exit_code,
     output_past_the_cap_is_cut_and_marked,

@@ -51,6 +51,14 @@ use crate::spawn::Launcher;
 /// up to 2 × [`OUTPUT_CAP`] of output plus its stdin.
 pub const MAX_RUNS: usize = 64;
 
+/// The most runs at once: [`MAX_RUNS`], or fewer if `$ZYGO_MAX_RUNS` says so (for tests).
+fn max_runs() -> usize {
+    std::env::var("ZYGO_MAX_RUNS")
+        .ok()
+        .and_then(|v| v.parse::<usize>().ok())
+        .map_or(MAX_RUNS, |n| n.clamp(1, MAX_RUNS))
+}
+
 /// Output kept per stream per run (the same as for a function's call).
 pub const OUTPUT_CAP: usize = 1024 * 1024;
 
@@ -326,10 +334,11 @@ impl Functions {
             Ok(s) => s,
             Err(why) => return Some(fail(ErrorCode::BadSpec, why)),
         };
-        if self.runs.len() >= MAX_RUNS {
+        let most = max_runs();
+        if self.runs.len() >= most {
             return Some(Reply::Error {
                 code: ErrorCode::Busy,
-                message: format!("{MAX_RUNS} runs are going, the most at once; try again shortly"),
+                message: format!("{most} runs are going, the most at once; try again shortly"),
                 retry_after: Some(1),
             });
         }
