@@ -58,20 +58,6 @@ pub const SPARES: usize = 3;
 /// The largest event accepted.
 pub const MAX_EVENT: usize = 16 * 1024 * 1024;
 
-/// `bytes` random bytes from the kernel, in hex.
-pub(super) fn random_hex(bytes: usize) -> String {
-    let mut b = vec![0u8; bytes];
-    let mut got = 0;
-    while got < b.len() {
-        // SAFETY: filling our own buffer from the kernel's random source.
-        let n = unsafe { libc::getrandom(b[got..].as_mut_ptr().cast(), b.len() - got, 0) };
-        if n > 0 {
-            got += n as usize;
-        }
-    }
-    b.iter().map(|x| format!("{x:02x}")).collect()
-}
-
 fn now_ms() -> u64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)

@@ -43,9 +43,11 @@ use proto::readbuf::read_append;
 use super::super::cgworker::Job;
 use super::super::conn::{Conn, Got};
 use super::run_spec;
-use super::{fail, now_ms, random_hex, Ctx, Functions};
+use super::{fail, now_ms, Ctx, Functions};
 use crate::cgroup::{Cgroup, Usage};
 use crate::spawn::Launcher;
+use plumbing::pipes::pipe;
+use plumbing::random_hex;
 
 /// Runs going at once. One more is refused as busy: each holds a launcher, a sandbox, and
 /// up to 2 × [`OUTPUT_CAP`] of output plus its stdin.
@@ -342,7 +344,10 @@ impl Functions {
                 retry_after: Some(1),
             });
         }
-        let id = random_hex(16);
+        let id = match random_hex(16) {
+            Ok(id) => id,
+            Err(e) => return Some(fail(ErrorCode::Internal, format!("name the run: {e}"))),
+        };
         match self.spawn_run(&id, client, spec, tenant, cx) {
             Ok(run) => {
                 self.runs
@@ -402,39 +407,20 @@ impl Functions {
             .map(stdin_file)
             .transpose()
             .map_err(|e| start_err("write the program's stdin", e))?;
-        let (out_r, out_w) = crate::oneshot::pipe().map_err(|e| start_err("create a pipe", e))?;
-        let (err_r, err_w) = crate::oneshot::pipe().map_err(|e| start_err("create a pipe", e))?;
+        let (out_r, out_w) = pipe().map_err(|e| start_err("create a pipe", e))?;
+        let (err_r, err_w) = pipe().map_err(|e| start_err("create a pipe", e))?;
         let (mon, launcher_end) =
             StdUnixStream::pair().map_err(|e| start_err("create the launcher channel", e))?;
         let launcher_end = OwnedFd::from(launcher_end);
-        let lifted = (|| {
-            Ok::<_, std::io::Error>((
-                stdin.as_ref().map(crate::oneshot::high).transpose()?,
-                crate::oneshot::high(&out_w)?,
-                crate::oneshot::high(&launcher_end)?,
-                crate::oneshot::high(&err_w)?,
-            ))
-        })();
-        let (stdin_hi, out_hi, sock_hi, err_hi) =
-            lifted.map_err(|e| start_err("prepare the launcher's descriptors", e))?;
         let fds = crate::spawn::LauncherFds {
-            stdin: stdin_hi.as_ref(),
-            stdout: &out_hi,
-            channel: &sock_hi,
-            program_stderr: &err_hi,
+            stdin: stdin.as_ref(),
+            stdout: &out_w,
+            channel: &launcher_end,
+            program_stderr: &err_w,
         };
         let mut launcher = crate::spawn::spawn_launcher(&self.launcher, fds)
             .map_err(|e| start_err("start the launcher", e))?;
-        drop((
-            stdin,
-            stdin_hi,
-            out_w,
-            out_hi,
-            launcher_end,
-            sock_hi,
-            err_w,
-            err_hi,
-        ));
+        drop((stdin, out_w, launcher_end, err_w));
         let mut stop = |why: String| {
             let _ = launcher.kill();
             let _ = launcher.wait();
