@@ -159,6 +159,7 @@ const DISPATCH_CLI: &[Kind] = &[
     Kind::Drain,
     Kind::PutScript,
     Kind::Health,
+    Kind::Run,
     Kind::MintToken,
     Kind::ListTokens,
     Kind::RevokeToken,
@@ -888,8 +889,8 @@ impl Supervisor {
                 | Request::Serve { .. }
                 | Request::ServeAll { .. }
                 | Request::ServeLayer { .. }
-                | Request::Run { .. }
                 | Request::Warm { .. }
+                | Request::Run { .. }
                     if draining =>
                 {
                     self.reply(

@@ -28,6 +28,8 @@
 mod agents;
 mod registry;
 mod requests;
+mod run_spec;
+mod runs;
 mod stats;
 mod tenancy;
 mod timers;
@@ -94,6 +96,8 @@ pub struct Functions {
     /// background again (their cgroup's weight goes back down once the answer is out).
     settling: Vec<(Token, String)>,
     counter: u64,
+    /// One-shot runs (see [`runs`]).
+    runs: runs::Runs,
 }
 
 /// What the event loop lends the functions for one call into them: its registry, where a
@@ -171,6 +175,7 @@ impl Functions {
             parks: VecDeque::new(),
             settling: Vec::new(),
             counter: 0,
+            runs: runs::Runs::default(),
         })
     }
 
@@ -213,7 +218,7 @@ impl Functions {
     }
 
     pub fn in_flight(&self) -> usize {
-        self.calls.len()
+        self.calls.len() + self.runs.len()
     }
 
     pub fn take_outbox(&mut self) -> Vec<(Token, Reply, bool)> {
@@ -255,11 +260,15 @@ impl Functions {
                 layer,
                 base_dir,
             } => self.serve_layer(client, &name, kind, &layer, base_dir.as_deref(), who, cx),
-            // One-shot runs over the API are served by their own handler (not here yet).
-            Request::Run { .. } => Some(fail(
-                ErrorCode::BadRequest,
-                "POST /run is not served by this version",
-            )),
+            // A one-shot run: over the API, in the acting tenant's name and narrowed by its
+            // limits.
+            Request::Run { spec } => self.start_run(
+                client,
+                &spec,
+                who.tenant.as_deref(),
+                who.tenant.as_ref().map(|_| &who.limits),
+                cx,
+            ),
             Request::ScriptInfo { digest } => Some(self.script_info(&digest, who)),
             Request::DeleteScript { digest } => Some(self.delete_script(&digest)),
             Request::CreateTenant { id } => Some(self.create_tenant(&id)),
@@ -315,6 +324,7 @@ impl Functions {
             }
         }
         self.parks.clear();
+        self.runs_shutdown(cx);
         let ids: Vec<String> = self.calls.keys().cloned().collect();
         for id in &ids {
             if let Some(c) = self.calls.get_mut(id) {

@@ -791,7 +791,10 @@ impl Functions {
             .filter(|(_, c)| !who.api() || c.tenant == who.tenant)
             .map(|(id, _)| id.clone())
             .collect();
-        if ids.is_empty() && who.api() {
+        // One-shot runs too: a tenant's own (an operator acting for nobody, like the
+        // host's CLI, names every run under the key).
+        let runs = self.cancel_runs(key, who.tenant.as_deref());
+        if ids.is_empty() && runs == 0 && who.api() {
             return fail(
                 ErrorCode::NotFound,
                 format!("no request of yours is running under the key {key:?}"),
@@ -801,7 +804,7 @@ impl Functions {
             self.force(id, Outcome::Cancelled);
         }
         Reply::Cancelled {
-            count: ids.len() as u32,
+            count: ids.len() as u32 + runs,
         }
     }
 
@@ -817,6 +820,7 @@ impl Functions {
             self.force(&id, Outcome::Cancelled);
         }
         self.pending_serves.retain(|(c, _, _)| *c != t);
+        self.runs_client_gone(t);
     }
 
     /// A call's child is gone (the launcher reports its channel closed): a call still
