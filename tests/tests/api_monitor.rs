@@ -1525,3 +1525,39 @@ fn health_stopping_and_a_drain_over_the_api() {
     }
     s.wait_gone();
 }
+
+/// A one-shot run made by an operator acting for a tenant is that tenant's: held to its
+/// limits (64M here, whatever the run asks for), and cancelled only by it.
+#[test]
+fn a_run_for_a_tenant_is_held_to_its_limits() {
+    let Some(mut s) = SUITE.root("run") else {
+        return;
+    };
+    start::<(&str, &str)>(&mut s, &[]);
+    let (_, op) = mint(&s, None);
+    let mut api = Api::plain(&s);
+    let t = tenant_id("r");
+    create_tenant(&mut api, &op, &t);
+    // No function is served, so no ceiling: any value is taken.
+    let r = api.ask(
+        tok(&op),
+        Request::SetLimits {
+            id: t.clone(),
+            limits: "{\"mem\":\"64M\"}".into(),
+        },
+    );
+    expect_ok(&r, "set 64M");
+    let spec = "{\"cmd\": [\"python3\", \"-c\", \"b = b'x' * (200 << 20); print(len(b))\"], \"mem\": \"512M\", \"timeout\": \"20s\"}";
+    let run = |api: &mut Api, who: As| match api.ask(who, Request::Run { spec: spec.into() }) {
+        Reply::RunAnswer(a) => a,
+        other => panic!("run: {other:?}\n{}", s.log()),
+    };
+    let host = run(&mut api, tok(&op));
+    assert!(
+        host.exit_code == Some(0) && !host.oom_killed,
+        "the host's run: {host:?}"
+    );
+    let theirs = run(&mut api, tok_for(&op, &t));
+    assert!(theirs.oom_killed, "the tenant's run: {theirs:?}");
+    drain_over_api(s, &op);
+}
