@@ -1527,7 +1527,7 @@ fn health_stopping_and_a_drain_over_the_api() {
 }
 
 /// A one-shot run made by an operator acting for a tenant is that tenant's: held to its
-/// limits (64M here, whatever the run asks for), and cancelled only by it.
+/// limits (64M here, whatever the run asks for).
 #[test]
 fn a_run_for_a_tenant_is_held_to_its_limits() {
     let Some(mut s) = SUITE.root("run") else {
