@@ -344,11 +344,12 @@ impl Api {
         );
         self.by_hash.insert(rec.sha256.clone(), id.clone());
         self.tokens.insert(id.clone(), rec);
+        let created_ms = self.tokens.get(&id).map_or(0, |r| r.created_ms);
         Reply::TokenMinted(TokenMinted {
             id,
             secret,
             tenant,
-            created_ms: now_ms(),
+            created_ms,
         })
     }
 
