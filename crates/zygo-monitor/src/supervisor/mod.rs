@@ -1033,3 +1033,31 @@ impl Supervisor {
         self.fns.client_gone(t);
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// What the API may carry and the deploy gate's rows are the same set: an inner kind
+    /// without a row, or a row no inner kind reaches, is a table out of step.
+    #[test]
+    fn the_api_tables_and_the_gate_agree() {
+        let mut routes = Vec::new();
+        for k in DISPATCH_API_INNER {
+            let r = gate_route(*k).unwrap_or_else(|| panic!("{k:?} has no gate row"));
+            assert!(!routes.contains(&r), "{r:?} twice");
+            routes.push(r);
+        }
+        for rule in policy::gate::RULES {
+            assert!(
+                routes.contains(&rule.route),
+                "{:?} is not reachable",
+                rule.route
+            );
+        }
+        assert!(!DISPATCH_API_INNER.contains(&Kind::Api));
+        assert!(!DISPATCH_API_INNER.contains(&Kind::ServeAll));
+        assert!(!DISPATCH_API_INNER.contains(&Kind::Serve));
+        assert_eq!(DISPATCH_API, &[Kind::Api]);
+    }
+}
