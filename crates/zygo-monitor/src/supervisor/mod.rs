@@ -402,8 +402,9 @@ impl Supervisor {
         let waker = std::sync::Arc::new(
             mio::Waker::new(poll.registry(), WAKER).map_err(|e| err("create a waker", e))?,
         );
-        let fns = Functions::new(backend, waker, identity, launcher, usage_path, scripts, api)?;
+        let mut fns = Functions::new(backend, waker, identity, launcher, usage_path, scripts, api)?;
         fns.sweep_stale();
+        fns.forget_evicted_script_owners();
         log::info!(
             "supervisor listening on {} (cgroup {}, state {})",
             socket.display(),

@@ -304,6 +304,11 @@ impl Store {
         self.path(digest).is_file().then_some(e.bytes)
     }
 
+    /// How many scripts the store holds.
+    pub fn count(&self) -> usize {
+        self.entries.len()
+    }
+
     /// Forget a script: whether the store held it.
     pub fn remove(&mut self, digest: &str) -> Result<bool, Refusal> {
         if !valid_digest(digest) {

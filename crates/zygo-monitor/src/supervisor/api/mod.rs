@@ -536,6 +536,23 @@ impl Api {
         Ok(orphans)
     }
 
+    /// Forget who registered the scripts the store no longer holds (it evicts the least
+    /// recently used when full): run when the records outnumber the scripts by `slack`, so
+    /// what a tenant registering ever more scripts leaves behind stays bounded.
+    pub fn prune_scripts(&mut self, held: &dyn Fn(&str) -> bool, scripts: usize, slack: usize) {
+        if self.scripts.len() <= scripts + slack {
+            return;
+        }
+        let gone: Vec<String> = self.scripts.keys().filter(|d| !held(d)).cloned().collect();
+        for d in gone {
+            if let Err(e) = self.remove(Kind::Script, &d) {
+                log::warn!("forget the owners of script {d}: {}", e.message);
+                return;
+            }
+            self.scripts.remove(&d);
+        }
+    }
+
     /// A script was deleted from the store: nobody holds it any more.
     pub fn forget_script(&mut self, digest: &str) -> Result<(), Refusal> {
         if self.scripts.contains_key(digest) {
@@ -757,6 +774,38 @@ pub fn landlock_abi() -> u32 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn api_in_temp() -> (Api, std::path::PathBuf) {
+        let d = std::env::temp_dir().join(format!(
+            "zygo-api-{}-{}",
+            std::process::id(),
+            random_hex(4).expect("random")
+        ));
+        let store = store::Files::open(d.clone()).expect("open");
+        (Api::open(Box::new(store)).expect("load"), d)
+    }
+
+    #[test]
+    fn a_tenants_scripts_are_its_own_and_owners_of_evicted_ones_are_forgotten() {
+        let (mut api, dir) = api_in_temp();
+        assert_eq!(api.create_tenant("acme"), Ok(true));
+        assert_eq!(api.create_tenant("acme"), Ok(false));
+        let (a, b, c) = ("a".repeat(64), "b".repeat(64), "c".repeat(64));
+        api.script_registered(&a, Some("acme"), false).expect("a");
+        api.script_registered(&b, Some("acme"), false).expect("b");
+        // Bytes the store held before the tenant sent them are the host's too.
+        api.script_registered(&c, Some("acme"), true).expect("c");
+        assert!(api.script_visible(&a, Some("acme")) && !api.script_visible(&a, Some("other")));
+        assert!(api.script_visible(&a, None));
+        // Only `a` is still held: the others' owners go (once past the slack).
+        api.prune_scripts(&|d| d == a, 1, 5);
+        assert_eq!(api.scripts_of("acme").len(), 3);
+        api.prune_scripts(&|d| d == a, 1, 0);
+        assert_eq!(api.scripts_of("acme"), vec![a.clone()]);
+        // Deleting the tenant releases `a`, which nobody else registered.
+        assert_eq!(api.release_scripts("acme"), Ok(vec![a.clone()]));
+        let _ = std::fs::remove_dir_all(&dir);
+    }
 
     #[test]
     fn limits_parse_strictly_and_null_clears() {

@@ -60,6 +60,10 @@ pub const SPARES: usize = 3;
 /// The largest event accepted.
 pub const MAX_EVENT: usize = 16 * 1024 * 1024;
 
+/// How many more script-owner records than scripts are kept before the records of
+/// evicted scripts are forgotten.
+pub(super) const SCRIPT_OWNERS_SLACK: usize = 1024;
+
 pub(super) fn now_ms() -> u64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
@@ -295,7 +299,8 @@ impl Functions {
     /// `scripts put`: store a script for calls to name by its digest, registered against
     /// the acting tenant (if any).
     fn put_script(&mut self, source: &[u8], who: &Acting) -> Reply {
-        match self.scripts.put(source, &script_in_flight(&self.calls)) {
+        let stored = self.scripts.put(source, &script_in_flight(&self.calls));
+        match stored {
             Ok((digest, existed)) => {
                 if let Err(r) = self
                     .api
@@ -303,6 +308,7 @@ impl Functions {
                 {
                     return r.into();
                 }
+                self.prune_script_owners(SCRIPT_OWNERS_SLACK);
                 Reply::ScriptStored {
                     digest,
                     size: source.len() as u64,
@@ -311,6 +317,19 @@ impl Functions {
             }
             Err((code, message)) => fail(code, message),
         }
+    }
+
+    /// At start: forget the owners of every script the store no longer holds.
+    pub fn forget_evicted_script_owners(&mut self) {
+        self.prune_script_owners(0);
+    }
+
+    /// Forget the owners of scripts the store has evicted, once there are `slack` more
+    /// records than scripts.
+    pub(super) fn prune_script_owners(&mut self, slack: usize) {
+        let store = &self.scripts;
+        self.api
+            .prune_scripts(&|d| store.held(d).is_some(), store.count(), slack);
     }
 
     /// The end of a drain: the calls still in flight are cancelled and answered, every

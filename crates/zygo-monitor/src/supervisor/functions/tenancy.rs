@@ -129,6 +129,7 @@ impl Functions {
                 {
                     log::error!("register a script sent with a call: {r:?}");
                 }
+                self.prune_script_owners(super::SCRIPT_OWNERS_SLACK);
             }
         }
         reply
