@@ -1561,3 +1561,93 @@ fn a_run_for_a_tenant_is_held_to_its_limits() {
     assert!(theirs.oom_killed, "the tenant's run: {theirs:?}");
     drain_over_api(s, &op);
 }
+
+/// Layers served over the API: served once ready, the same layer again is the same
+/// function, a name taken by the other kind is a conflict, an import that fails is
+/// `bad_spec` with its reason, and stopping answers with the name.
+#[test]
+fn layers_served_over_the_api() {
+    let Some(mut s) = SUITE.root("layers") else {
+        return;
+    };
+    start::<(&str, &str)>(&mut s, &[]);
+    let (_, op) = mint(&s, None);
+    let mut api = Api::plain(&s);
+    let base = s.dir.path.join("fn");
+    let base = base.to_str().expect("UTF-8").to_string();
+    let name = format!("lp{:x}", unique() & 0xff_ffff);
+    let serve = |api: &mut Api, kind: ServeKind, layer: &str| {
+        api.ask(
+            tok(&op),
+            Request::ServeLayer {
+                name: name.clone(),
+                kind,
+                layer: layer.into(),
+                base_dir: Some(base.clone()),
+            },
+        )
+    };
+    let pool = "{\"agent\":\"python\",\"mem\":\"64M\"}";
+    for _ in 0..2 {
+        let r = serve(&mut api, ServeKind::Pool, pool);
+        assert!(
+            matches!(
+                r,
+                Reply::ServedOne {
+                    kind: ServeKind::Pool,
+                    ..
+                }
+            ),
+            "{r:?}\n{}",
+            s.log()
+        );
+    }
+    let r = serve(
+        &mut api,
+        ServeKind::Function,
+        "{\"agent\":\"python\",\"entry\":\"handlers.py:echo\"}",
+    );
+    expect_code(
+        &r,
+        ErrorCode::Conflict,
+        "a function's layer under a pool's name",
+    );
+    match api.ask(tok(&op), Request::Stop { name: name.clone() }) {
+        Reply::Stopped { name: n } => assert_eq!(n, name),
+        other => panic!("stop: {other:?}"),
+    }
+    // An import that fails: bad_spec, saying why.
+    s.fn_file(
+        "broken.py",
+        "import no_such_module_here\n\ndef handler(event):\n    return 1\n",
+    );
+    let r = serve(
+        &mut api,
+        ServeKind::Function,
+        "{\"agent\":\"python\",\"entry\":\"broken.py:handler\"}",
+    );
+    expect_code(&r, ErrorCode::BadSpec, "an import error");
+    assert!(message(&r).contains("no_such_module_here"), "{r:?}");
+    // Fixed, the same name serves.
+    let r = serve(
+        &mut api,
+        ServeKind::Function,
+        "{\"agent\":\"python\",\"entry\":\"handlers.py:echo\"}",
+    );
+    assert!(
+        matches!(
+            r,
+            Reply::ServedOne {
+                kind: ServeKind::Function,
+                ..
+            }
+        ),
+        "{r:?}\n{}",
+        s.log()
+    );
+    let a = answer(api.ask(tok(&op), exec(&name, "3")), "the served function");
+    assert_eq!(a.result.as_deref(), Some("{\"echo\":3}"), "{a:?}");
+    let r = api.ask(tok(&op), Request::Stop { name: name.clone() });
+    assert!(matches!(r, Reply::Stopped { .. }), "{r:?}");
+    drain_over_api(s, &op);
+}

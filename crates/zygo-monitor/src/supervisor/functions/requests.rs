@@ -820,6 +820,7 @@ impl Functions {
             self.force(&id, Outcome::Cancelled);
         }
         self.pending_serves.retain(|(c, _, _)| *c != t);
+        self.pending_layers.retain(|(c, _, _, _)| *c != t);
         self.runs_client_gone(t);
     }
 
