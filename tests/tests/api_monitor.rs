@@ -1651,3 +1651,58 @@ fn layers_served_over_the_api() {
     assert!(matches!(r, Reply::Stopped { .. }), "{r:?}");
     drain_over_api(s, &op);
 }
+
+/// A tenant's scratch limit shrinks the `/tmp` and `/work` of its request's child before
+/// the request reaches it: 1M in a pool declared with 64M.
+fn tenant_scratch_is_narrowed(who: Who) {
+    let mut s = SUITE.sup(who, "scratch");
+    let names = start(
+        &mut s,
+        &[(
+            "tmpy",
+            "agent = \"python\"\nscratch = \"64M\"\nmem = \"256M\"",
+        )],
+    );
+    let pool = &names[0];
+    let (_, op) = mint(&s, None);
+    let mut api = Api::plain(&s);
+    let t = tenant_id("s");
+    create_tenant(&mut api, &op, &t);
+    let (_, tt) = mint(&s, Some(&t));
+    let r = api.ask(
+        tok(&op),
+        Request::SetLimits {
+            id: t.clone(),
+            limits: "{\"scratch\":\"1M\"}".into(),
+        },
+    );
+    expect_ok(&r, "scratch 1M");
+    let write = "import os\n\ndef handler(event):\n    out = []\n    for d in ('/tmp', '/work'):\n        try:\n            with open(d + '/f', 'wb') as f:\n                f.write(b'x' * (4 << 20))\n            os.remove(d + '/f')\n            out.append('ok')\n        except OSError as e:\n            out.append(os.strerror(e.errno))\n    return out\n";
+    let d = put_script(&mut api, tok(&tt), write);
+    put_script(&mut api, tok(&op), write);
+    for _ in 0..3 {
+        let r = answer(
+            api.ask(tok(&op), run_script(pool, &d, "null")),
+            "the host's call",
+        );
+        assert_eq!(
+            r.result.as_deref(),
+            Some("[\"ok\",\"ok\"]"),
+            "{r:?}\n{}",
+            s.log()
+        );
+        let r = answer(
+            api.ask(tok(&tt), run_script(pool, &d, "null")),
+            "the tenant's call",
+        );
+        assert_eq!(
+            r.result.as_deref(),
+            Some("[\"No space left on device\",\"No space left on device\"]"),
+            "{r:?}\n{}",
+            s.log()
+        );
+    }
+    drain_over_api(s, &op);
+}
+
+root_and_rootless!(tenant_scratch_is_narrowed);
