@@ -156,7 +156,7 @@ def default_answer(req: Req) -> Any:
         return Reply(body={"secrets": ["STRIPE_KEY"]})
     if "/secrets/" in p:
         return Reply(body={"tenant": "acme", "name": p.rsplit("/", 1)[1]})
-    if p in ("/tokens",) and m == "POST" or p.endswith("/tokens"):
+    if m == "POST" and p.endswith("/tokens"):
         tenant = p.split("/")[2] if p.startswith("/tenants/") else None
         return Reply(body={"id": "tok_1", "secret": "zygo_" + "0" * 64, "tenant": tenant, "created_ms": 1})
     if p == "/tokens":

@@ -134,7 +134,7 @@ class Client(Surface):
         return str(self._shared.addr)
 
     @property
-    def tenant(self) -> Optional[str]:
+    def acting_for(self) -> Optional[str]:
         """The tenant this view acts for (``X-Zygo-Tenant``), if any."""
         return self._tenant
 
