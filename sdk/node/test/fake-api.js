@@ -28,7 +28,12 @@ export const stream = (items, o = {}) => ({ type: 'stream', items, ...o });
 
 export function defaultAnswer(req) {
   const { method: m, path: p } = req;
-  const json = req.json();
+  let json = null;
+  try {
+    json = req.json();
+  } catch {
+    // a raw body
+  }
   if (p === '/healthz') return reply({ status: 'ok' });
   if (p === '/version') return reply({ version: '0.1.5', api: 1, backend: 'ns', cgroup: 'v1', landlock_abi: 3 });
   if (p === '/fn' && m === 'GET') return reply({ functions: [FN] });
