@@ -6,7 +6,12 @@ defmodule Zygo.Defapi do
   defmacro defapi(call, do: body) do
     {name, meta, args} = call
     bang = :"#{name}!"
-    plain_args = Enum.map(args, fn {:\\, _, [v, _]} -> v; v -> v end)
+
+    plain_args =
+      Enum.map(args, fn
+        {:\\, _, [v, _]} -> v
+        v -> v
+      end)
 
     quote do
       def unquote(call), do: unquote(body)
@@ -158,8 +163,16 @@ defmodule Zygo do
 
   defp duration(nil), do: nil
   defp duration(s) when is_binary(s), do: s
-  defp duration(ms) when is_integer(ms) and ms > 0, do: if(rem(ms, 1000) == 0, do: "#{div(ms, 1000)}s", else: "#{ms}ms")
-  defp duration(v), do: raise(ArgumentError, "a duration is a positive number of milliseconds or a string like \"30s\", got #{inspect(v)}")
+
+  defp duration(ms) when is_integer(ms) and ms > 0,
+    do: if(rem(ms, 1000) == 0, do: "#{div(ms, 1000)}s", else: "#{ms}ms")
+
+  defp duration(v),
+    do:
+      raise(
+        ArgumentError,
+        "a duration is a positive number of milliseconds or a string like \"30s\", got #{inspect(v)}"
+      )
 
   # -- host --
 
@@ -176,7 +189,13 @@ defmodule Zygo do
   @doc "`POST /drain` (deploy rights); `grace:` in milliseconds (default 30 s)."
   defapi drain(client, opts \\ []) do
     grace = Keyword.get(opts, :grace, 30_000)
-    send_op(client, method: "POST", path: "/drain", body: json(%{"grace" => if(rem(grace, 1000) == 0, do: div(grace, 1000), else: grace / 1000)}), wait: grace + 30_000)
+
+    send_op(client,
+      method: "POST",
+      path: "/drain",
+      body: json(%{"grace" => if(rem(grace, 1000) == 0, do: div(grace, 1000), else: grace / 1000)}),
+      wait: grace + 30_000
+    )
   end
 
   # -- functions --
@@ -219,10 +238,17 @@ defmodule Zygo do
   defp ws_query(opts) do
     q =
       case opts[:workspace] do
-        nil -> []
-        %{inline: _} -> raise ArgumentError, "a warm function's workspace is a blob digest (put_blob the tar first)"
-        %{"inline" => _} -> raise ArgumentError, "a warm function's workspace is a blob digest (put_blob the tar first)"
-        ws -> [{"workspace", digest(ws)}]
+        nil ->
+          []
+
+        %{inline: _} ->
+          raise ArgumentError, "a warm function's workspace is a blob digest (put_blob the tar first)"
+
+        %{"inline" => _} ->
+          raise ArgumentError, "a warm function's workspace is a blob digest (put_blob the tar first)"
+
+        ws ->
+          [{"workspace", digest(ws)}]
       end
 
     if opts[:out], do: q ++ [{"out", "1"}], else: q
@@ -261,7 +287,13 @@ defmodule Zygo do
   @doc "`GET /fn/{name}/logs`; `limit:` (default 100)."
   defapi logs(client, name, opts \\ []) do
     limit = Keyword.get(opts, :limit, 100)
-    send_op(client, method: "GET", path: "/fn/#{seg(name)}/logs", query: [{"limit", Integer.to_string(limit)}], decode: list("logs", & &1))
+
+    send_op(client,
+      method: "GET",
+      path: "/fn/#{seg(name)}/logs",
+      query: [{"limit", Integer.to_string(limit)}],
+      decode: list("logs", & &1)
+    )
   end
 
   @doc "`GET /fn/{name}/stats`."
@@ -283,7 +315,9 @@ defmodule Zygo do
     unless is_list(cmd) and cmd != [], do: raise(ArgumentError, "cmd is a non-empty list of strings")
 
     body =
-      for k <- [:image, :mem, :cpu, :pids, :timeout, :scratch, :network, :env, :stdin], opts[k] != nil, into: %{"cmd" => cmd} do
+      for k <- [:image, :mem, :cpu, :pids, :timeout, :scratch, :network, :env, :stdin],
+          opts[k] != nil,
+          into: %{"cmd" => cmd} do
         {Atom.to_string(k), if(k == :timeout, do: duration(opts[k]), else: opts[k])}
       end
 
@@ -352,9 +386,15 @@ defmodule Zygo do
   defp script_body(script, event, opts) do
     body =
       case {script, opts[:source]} do
-        {nil, src} when is_binary(src) -> %{"source" => src}
-        {s, nil} when s != nil -> %{"script" => digest(s)}
-        _ -> raise ArgumentError, "name the script by its digest, or pass nil and source:, exactly one of the two"
+        {nil, src} when is_binary(src) ->
+          %{"source" => src}
+
+        {s, nil} when s != nil ->
+          %{"script" => digest(s)}
+
+        _ ->
+          raise ArgumentError,
+                "name the script by its digest, or pass nil and source:, exactly one of the two"
       end
 
     body = Map.put(body, "event", event)
@@ -377,7 +417,13 @@ defmodule Zygo do
 
   @doc "`PUT /scripts`: register a script (its raw bytes); idempotent."
   defapi put_script(client, source) do
-    send_op(client, method: "PUT", path: "/scripts", body: IO.iodata_to_binary(source), ctype: "application/octet-stream", decode: &Zygo.Script.from_json/1)
+    send_op(client,
+      method: "PUT",
+      path: "/scripts",
+      body: IO.iodata_to_binary(source),
+      ctype: "application/octet-stream",
+      decode: &Zygo.Script.from_json/1
+    )
   end
 
   @doc "`GET /scripts/{digest}`: whether the host holds it for you; never the bytes."
@@ -392,7 +438,13 @@ defmodule Zygo do
 
   @doc "`PUT /blobs`: store a workspace tar once; idempotent."
   defapi put_blob(client, data) do
-    send_op(client, method: "PUT", path: "/blobs", body: IO.iodata_to_binary(data), ctype: "application/octet-stream", decode: &Zygo.Blob.from_json/1)
+    send_op(client,
+      method: "PUT",
+      path: "/blobs",
+      body: IO.iodata_to_binary(data),
+      ctype: "application/octet-stream",
+      decode: &Zygo.Blob.from_json/1
+    )
   end
 
   @doc "`DELETE /blobs/{digest}` (deploy rights)."
@@ -402,7 +454,12 @@ defmodule Zygo do
 
   @doc "`POST /deps`: build a dependency set for `image` from lock files (`%{name => text}`)."
   defapi put_deps(client, image, files) do
-    send_op(client, method: "POST", path: "/deps", body: json(%{"image" => image, "files" => Map.new(files)}), decode: &Zygo.Deps.from_json/1)
+    send_op(client,
+      method: "POST",
+      path: "/deps",
+      body: json(%{"image" => image, "files" => Map.new(files)}),
+      decode: &Zygo.Deps.from_json/1
+    )
   end
 
   @doc "`GET /deps/{id}`: one dependency set; with `nil`, `GET /deps`: every one you can see."
@@ -459,16 +516,28 @@ defmodule Zygo do
     body =
       Map.new(limits, fn {k, v} ->
         k = if is_binary(k), do: String.to_existing_atom(k), else: k
-        unless k in @limit_keys, do: raise(ArgumentError, "unknown limit #{inspect(k)}; the keys are #{inspect(@limit_keys)}")
+
+        unless k in @limit_keys,
+          do: raise(ArgumentError, "unknown limit #{inspect(k)}; the keys are #{inspect(@limit_keys)}")
+
         {Atom.to_string(k), if(k == :timeout, do: duration(v), else: v)}
       end)
 
-    send_op(client, method: "PATCH", path: "/tenants/#{seg(id)}/limits", body: json(body), decode: &Zygo.Tenant.from_json/1)
+    send_op(client,
+      method: "PATCH",
+      path: "/tenants/#{seg(id)}/limits",
+      body: json(body),
+      decode: &Zygo.Tenant.from_json/1
+    )
   end
 
   @doc "`PUT /tenants/{tenant}/secrets/{name}` (deploy rights): store a value, sealed."
   defapi put_secret(client, tenant, name, value) do
-    send_op(client, method: "PUT", path: "/tenants/#{seg(tenant)}/secrets/#{seg(name)}", body: json(%{"value" => value}))
+    send_op(client,
+      method: "PUT",
+      path: "/tenants/#{seg(tenant)}/secrets/#{seg(name)}",
+      body: json(%{"value" => value})
+    )
   end
 
   @doc "`DELETE /tenants/{tenant}/secrets/{name}` (deploy rights)."

@@ -11,11 +11,18 @@ defmodule Zygo.TransportTest do
 
   test "every address form" do
     assert {:ok, %{kind: :unix, path: "/run/zygo/api.sock"}} = Zygo.Address.parse("unix:///run/zygo/api.sock")
-    assert {:ok, %{kind: :tcp, host: "127.0.0.1", port: 7700, tls: false}} = Zygo.Address.parse("http://127.0.0.1:7700")
-    assert {:ok, %{host: "zygo.internal", port: 8443, tls: true}} = Zygo.Address.parse("https://zygo.internal:8443")
+
+    assert {:ok, %{kind: :tcp, host: "127.0.0.1", port: 7700, tls: false}} =
+             Zygo.Address.parse("http://127.0.0.1:7700")
+
+    assert {:ok, %{host: "zygo.internal", port: 8443, tls: true}} =
+             Zygo.Address.parse("https://zygo.internal:8443")
+
     assert {:ok, %{port: 443}} = Zygo.Address.parse("https://zygo.internal")
     assert {:ok, %{host: "box", port: 9000, tls: false}} = Zygo.Address.parse("box:9000")
-    assert {:ok, %{host: "::1", port: 7700, prefix: "/prefix"}} = Zygo.Address.parse("http://[::1]:7700/prefix/")
+
+    assert {:ok, %{host: "::1", port: 7700, prefix: "/prefix"}} =
+             Zygo.Address.parse("http://[::1]:7700/prefix/")
 
     for bad <- ["unix://relative.sock", "ftp://x:1", "box", "box:0", "box:99999", "http://"] do
       assert {:error, _} = Zygo.Address.parse(bad), bad
@@ -41,7 +48,10 @@ defmodule Zygo.TransportTest do
 
   test "headers: token, tenant, key, timeout in milliseconds", %{api: api} do
     c = Zygo.connect(api.url, token: "zygo_abc")
-    assert {:ok, %Zygo.Result{result: %{"ok" => true}} = r} = Zygo.call(Zygo.for_tenant(c, "acme"), "resize", %{"a" => 1}, timeout: 2_500, key: "job-1")
+
+    assert {:ok, %Zygo.Result{result: %{"ok" => true}} = r} =
+             Zygo.call(Zygo.for_tenant(c, "acme"), "resize", %{"a" => 1}, timeout: 2_500, key: "job-1")
+
     assert r.metrics.wall_ms == 1.5
     [req] = FakeAPI.requests(api)
     assert {req.method, req.path} == {"POST", "/fn/resize"}
@@ -124,7 +134,9 @@ defmodule Zygo.TransportTest do
 
   # Makes the pool's idle connections look `ms` older than they are.
   defp age(c, ms) do
-    :sys.replace_state(c.pool, fn s -> %{s | idle: Enum.map(s.idle, &%{&1 | idle_since: &1.idle_since - ms})} end)
+    :sys.replace_state(c.pool, fn s ->
+      %{s | idle: Enum.map(s.idle, &%{&1 | idle_since: &1.idle_since - ms})}
+    end)
   end
 
   test "a reused connection that ends before the answer is retried once on a fresh one", %{api: api} do
@@ -195,7 +207,10 @@ defmodule Zygo.TransportTest do
 
     FakeAPI.set_handler(api, fn _ ->
       :counters.add(counter, 1, 1)
-      if :counters.get(counter, 1) == 2, do: {:partial, "HTTP/1.1 200 OK\r\nContent-"}, else: {:reply, 200, FakeAPI.result()}
+
+      if :counters.get(counter, 1) == 2,
+        do: {:partial, "HTTP/1.1 200 OK\r\nContent-"},
+        else: {:reply, 200, FakeAPI.result()}
     end)
 
     c = Zygo.connect(api.url)
@@ -211,7 +226,10 @@ defmodule Zygo.TransportTest do
     {:ok, l} = :gen_tcp.listen(0, ip: {127, 0, 0, 1})
     {:ok, port} = :inet.port(l)
     :gen_tcp.close(l)
-    assert {:error, %Zygo.Error{kind: :transport, message: m}} = Zygo.health(Zygo.connect("127.0.0.1:#{port}"))
+
+    assert {:error, %Zygo.Error{kind: :transport, message: m}} =
+             Zygo.health(Zygo.connect("127.0.0.1:#{port}"))
+
     assert m =~ "127.0.0.1:#{port}"
   end
 
@@ -256,7 +274,9 @@ defmodule Zygo.TransportTest do
   end
 
   test "a supervised client is fetched by name", %{api: api} do
-    {:ok, sup} = Supervisor.start_link([{Zygo, name: Zygo.TestClient, url: api.url, retries: 3}], strategy: :one_for_one)
+    {:ok, sup} =
+      Supervisor.start_link([{Zygo, name: Zygo.TestClient, url: api.url, retries: 3}], strategy: :one_for_one)
+
     client = Zygo.client(Zygo.TestClient)
     assert client.retries == 3
     assert [%Zygo.FunctionInfo{name: "f"}] = Zygo.functions!(client)

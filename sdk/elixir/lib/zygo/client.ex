@@ -52,14 +52,18 @@ defmodule Zygo.HTTP do
 
     {headers, wait} =
       if timeout do
-        unless is_integer(timeout) and timeout > 0, do: raise(ArgumentError, "timeout is a positive number of milliseconds")
+        unless is_integer(timeout) and timeout > 0,
+          do: raise(ArgumentError, "timeout is a positive number of milliseconds")
+
         {headers ++ [{"X-Zygo-Timeout-Ms", Integer.to_string(timeout)}], timeout}
       else
         {headers, op.wait || @default_wait}
       end
 
     headers = if op.key, do: headers ++ [{"X-Zygo-Request-Key", check_header(op.key)}], else: headers
-    headers = if op.body != nil, do: headers ++ [{"Content-Type", op.ctype || "application/json"}], else: headers
+
+    headers =
+      if op.body != nil, do: headers ++ [{"Content-Type", op.ctype || "application/json"}], else: headers
 
     headers =
       if op.body != nil or op.method in ["POST", "PUT", "PATCH", "DELETE"],
@@ -67,18 +71,35 @@ defmodule Zygo.HTTP do
         else: headers
 
     target =
-      client.address.prefix <> op.path <>
+      client.address.prefix <>
+        op.path <>
         case op.query do
-          [] -> ""
-          q -> "?" <> Enum.map_join(q, "&", fn {k, v} -> URI.encode_www_form(k) <> "=" <> String.replace(URI.encode_www_form(v), "%3A", ":") end)
+          [] ->
+            ""
+
+          q ->
+            "?" <>
+              Enum.map_join(q, "&", fn {k, v} ->
+                URI.encode_www_form(k) <> "=" <> String.replace(URI.encode_www_form(v), "%3A", ":")
+              end)
         end
 
-    head = [op.method, " ", target, " HTTP/1.1\r\n", Enum.map(headers, fn {k, v} -> [k, ": ", v, "\r\n"] end), "\r\n"]
+    head = [
+      op.method,
+      " ",
+      target,
+      " HTTP/1.1\r\n",
+      Enum.map(headers, fn {k, v} -> [k, ": ", v, "\r\n"] end),
+      "\r\n"
+    ]
+
     {IO.iodata_to_binary([head, op.body || ""]), wait + @slack}
   end
 
   defp check_header(v) do
-    if String.contains?(v, ["\r", "\n"]), do: raise(ArgumentError, "a header value must not contain a line break")
+    if String.contains?(v, ["\r", "\n"]),
+      do: raise(ArgumentError, "a header value must not contain a line break")
+
     v
   end
 
@@ -150,7 +171,10 @@ defmodule Zygo.HTTP do
   end
 
   defp timeout_error(:timeout, client, ms),
-    do: Error.transport("no answer from #{client.address.text} within #{div(ms, 1000)} s; the request may have run")
+    do:
+      Error.transport(
+        "no answer from #{client.address.text} within #{div(ms, 1000)} s; the request may have run"
+      )
 
   defp timeout_error(e, _, _), do: e
 
@@ -160,7 +184,11 @@ defmodule Zygo.HTTP do
   is closed on every error.
   """
   def exchange(client, nil, data, deadline) do
-    case Conn.open(client.address, min(@connect_timeout, max(deadline - System.monotonic_time(:millisecond), 1)), client.ssl) do
+    case Conn.open(
+           client.address,
+           min(@connect_timeout, max(deadline - System.monotonic_time(:millisecond), 1)),
+           client.ssl
+         ) do
       {:ok, conn} -> exchange(client, conn, data, deadline)
       {:error, e} -> {:error, e}
     end
@@ -188,10 +216,14 @@ defmodule Zygo.HTTP do
             exchange(client, nil, data, deadline)
 
           {:before_first_byte, reason} ->
-            {:error, Error.transport("the connection to #{client.address.text} failed before the answer: #{reason}")}
+            {:error,
+             Error.transport("the connection to #{client.address.text} failed before the answer: #{reason}")}
 
           {:send_failed, reason} ->
-            {:error, Error.transport("the connection to #{client.address.text} failed before the answer: #{Conn.format(reason)}")}
+            {:error,
+             Error.transport(
+               "the connection to #{client.address.text} failed before the answer: #{Conn.format(reason)}"
+             )}
 
           {:error, e} ->
             {:error, e}

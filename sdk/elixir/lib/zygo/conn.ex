@@ -33,7 +33,9 @@ defmodule Zygo.Address do
 
       true ->
         with {:ok, host, port} <- host_port(url, nil, url) do
-          if port, do: {:ok, tcp(host, port, false, "")}, else: {:error, "bad address #{inspect(url)}: a bare address needs a port, host:port"}
+          if port,
+            do: {:ok, tcp(host, port, false, "")},
+            else: {:error, "bad address #{inspect(url)}: a bare address needs a port, host:port"}
         end
     end
   end
@@ -72,9 +74,15 @@ defmodule Zygo.Address do
       end
 
     cond do
-      port == :v6 -> {:error, "bad address #{inspect(url)}: an IPv6 host goes in brackets, [::1]:7700"}
-      host in [nil, ""] -> {:error, "bad address #{inspect(url)}: no host"}
-      port == "" -> {:ok, host, default}
+      port == :v6 ->
+        {:error, "bad address #{inspect(url)}: an IPv6 host goes in brackets, [::1]:7700"}
+
+      host in [nil, ""] ->
+        {:error, "bad address #{inspect(url)}: no host"}
+
+      port == "" ->
+        {:ok, host, default}
+
       true ->
         case Integer.parse(port) do
           {n, ""} when n in 1..65535 -> {:ok, host, n}
@@ -86,7 +94,16 @@ defmodule Zygo.Address do
   defp tcp(host, port, tls, prefix) do
     h = if String.contains?(host, ":"), do: "[#{host}]", else: host
     hh = if port == if(tls, do: 443, else: 80), do: h, else: "#{h}:#{port}"
-    %__MODULE__{kind: :tcp, host: host, port: port, tls: tls, prefix: prefix, host_header: hh, text: "#{if tls, do: "https", else: "http"}://#{hh}#{prefix}"}
+
+    %__MODULE__{
+      kind: :tcp,
+      host: host,
+      port: port,
+      tls: tls,
+      prefix: prefix,
+      host_header: hh,
+      text: "#{if tls, do: "https", else: "http"}://#{hh}#{prefix}"
+    }
   end
 end
 
@@ -120,8 +137,11 @@ defmodule Zygo.Conn do
       end
 
     case result do
-      {t, {:ok, s}} -> {:ok, %__MODULE__{transport: t, socket: s}}
-      {_, {:error, reason}} -> {:error, Error.transport("cannot connect to the Zygo API at #{a.text}: #{format(reason)}")}
+      {t, {:ok, s}} ->
+        {:ok, %__MODULE__{transport: t, socket: s}}
+
+      {_, {:error, reason}} ->
+        {:error, Error.transport("cannot connect to the Zygo API at #{a.text}: #{format(reason)}")}
     end
   end
 
@@ -194,12 +214,26 @@ defmodule Zygo.Conn do
           {:error, Error.transport("the answer's headers are larger than 64 KiB")}
         else
           case more(c, deadline) do
-            {:ok, c} -> head(c, deadline)
-            {:closed, %{got: false}} -> {:before_first_byte, "the connection was closed"}
-            {:closed, _} -> {:error, Error.transport("the connection closed in the middle of the answer's headers")}
-            {:error, r, %{got: false}} when r in [:econnreset, :epipe] -> {:before_first_byte, format(r)}
-            {:error, :timeout, _} -> {:error, :timeout}
-            {:error, r, %{got: got}} -> {:error, Error.transport("the connection failed #{if got, do: "in the middle of", else: "before"} the answer: #{format(r)}")}
+            {:ok, c} ->
+              head(c, deadline)
+
+            {:closed, %{got: false}} ->
+              {:before_first_byte, "the connection was closed"}
+
+            {:closed, _} ->
+              {:error, Error.transport("the connection closed in the middle of the answer's headers")}
+
+            {:error, r, %{got: false}} when r in [:econnreset, :epipe] ->
+              {:before_first_byte, format(r)}
+
+            {:error, :timeout, _} ->
+              {:error, :timeout}
+
+            {:error, r, %{got: got}} ->
+              {:error,
+               Error.transport(
+                 "the connection failed #{if got, do: "in the middle of", else: "before"} the answer: #{format(r)}"
+               )}
           end
         end
     end
@@ -313,9 +347,13 @@ defmodule Zygo.Conn do
     end
   end
 
-  defp mid_answer({:closed, _}), do: {:error, Error.transport("the connection closed in the middle of the answer")}
+  defp mid_answer({:closed, _}),
+    do: {:error, Error.transport("the connection closed in the middle of the answer")}
+
   defp mid_answer({:error, :timeout, _}), do: {:error, :timeout}
-  defp mid_answer({:error, r, _}), do: {:error, Error.transport("the connection failed in the middle of the answer: #{format(r)}")}
+
+  defp mid_answer({:error, r, _}),
+    do: {:error, Error.transport("the connection failed in the middle of the answer: #{format(r)}")}
 
   defp exact(c, n, deadline) do
     if byte_size(c.buf) >= n do

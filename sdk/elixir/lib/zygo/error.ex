@@ -72,9 +72,14 @@ defmodule Zygo.Error do
 
         _ ->
           cond do
-            status == 503 and b["status"] == "stopping" -> "the API is stopping (draining); nothing new is taken"
-            is_binary(body) and String.trim(body) != "" -> "HTTP #{status}: #{String.slice(String.trim(body), 0, 500)}"
-            true -> "HTTP #{status}"
+            status == 503 and b["status"] == "stopping" ->
+              "the API is stopping (draining); nothing new is taken"
+
+            is_binary(body) and String.trim(body) != "" ->
+              "HTTP #{status}: #{String.slice(String.trim(body), 0, 500)}"
+
+            true ->
+              "HTTP #{status}"
           end
       end
 

@@ -39,8 +39,12 @@ defmodule Zygo.JSON do
       {v, rest} = value(skip(bin), 0)
 
       case skip(rest) do
-        "" -> {:ok, v}
-        more -> {:error, "unexpected bytes after the JSON value: #{inspect(binary_part(more, 0, min(20, byte_size(more))))}"}
+        "" ->
+          {:ok, v}
+
+        more ->
+          {:error,
+           "unexpected bytes after the JSON value: #{inspect(binary_part(more, 0, min(20, byte_size(more))))}"}
       end
     catch
       {:json, reason} -> {:error, reason}

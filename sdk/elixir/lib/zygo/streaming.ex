@@ -8,7 +8,21 @@ defmodule Zygo.Streaming do
 
   def stream(client, op) do
     Stream.resource(
-      fn -> %{client: client, op: op, attempt: 0, phase: :start, ref: nil, conn: nil, framing: nil, rest: "", lines: [], yielded: false, deadline: nil} end,
+      fn ->
+        %{
+          client: client,
+          op: op,
+          attempt: 0,
+          phase: :start,
+          ref: nil,
+          conn: nil,
+          framing: nil,
+          rest: "",
+          lines: [],
+          yielded: false,
+          deadline: nil
+        }
+      end,
       &next/1,
       &finish/1
     )
@@ -41,7 +55,10 @@ defmodule Zygo.Streaming do
         with {:ok, framing} <- Conn.framing(status, headers),
              {:ok, raw, _} <- Conn.body(conn, framing, deadline),
              {:ok, body} <- HTTP.parse_json(raw, status) do
-          refusal(st, Error.from_answer(status, body, HTTP.retry_after(headers), headers["x-zygo-request-id"]))
+          refusal(
+            st,
+            Error.from_answer(status, body, HTTP.retry_after(headers), headers["x-zygo-request-id"])
+          )
         else
           {:error, e} -> fail(st, e)
         end
@@ -108,7 +125,10 @@ defmodule Zygo.Streaming do
         end
 
       {:error, :timeout} ->
-        fail(st, Error.transport("no answer from #{st.client.address.text} in time; the request may have run"))
+        fail(
+          st,
+          Error.transport("no answer from #{st.client.address.text} in time; the request may have run")
+        )
 
       {:error, e} ->
         fail(st, e)
@@ -126,7 +146,10 @@ defmodule Zygo.Streaming do
     end
   end
 
-  defp fail(st, :timeout), do: fail(st, Error.transport("no answer from #{st.client.address.text} in time; the request may have run"))
+  defp fail(st, :timeout),
+    do:
+      fail(st, Error.transport("no answer from #{st.client.address.text} in time; the request may have run"))
+
   defp fail(st, %Error{} = e), do: {[{:error, e}], done(st)}
 
   defp done(st) do

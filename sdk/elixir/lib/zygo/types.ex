@@ -149,7 +149,14 @@ defmodule Zygo.Script do
   @doc false
   def from_json(v) do
     d = map(v)
-    %__MODULE__{sha256: str(d["sha256"]), size: int(d["size"]), existed: bool(d["existed"], false), held: bool(d["held"], true), raw: d}
+
+    %__MODULE__{
+      sha256: str(d["sha256"]),
+      size: int(d["size"]),
+      existed: bool(d["existed"], false),
+      held: bool(d["held"], true),
+      raw: d
+    }
   end
 end
 
@@ -191,7 +198,17 @@ end
 defmodule Zygo.FunctionInfo do
   @moduledoc "A function or runtime pool the caller can see."
   import Zygo.Types
-  defstruct name: "", kind: "function", state: "", error: nil, zygotes: %{}, in_flight: 0, min_warm: nil, max_warm: nil, raw: %{}
+
+  defstruct name: "",
+            kind: "function",
+            state: "",
+            error: nil,
+            zygotes: %{},
+            in_flight: 0,
+            min_warm: nil,
+            max_warm: nil,
+            raw: %{}
+
   @type t :: %__MODULE__{}
   @doc false
   def from_json(v) do
@@ -214,7 +231,16 @@ end
 defmodule Zygo.Tenant do
   @moduledoc "One customer's record."
   import Zygo.Types
-  defstruct id: "", created_ms: nil, limits: %{}, functions: [], scripts: [], tokens: 0, created: nil, raw: %{}
+
+  defstruct id: "",
+            created_ms: nil,
+            limits: %{},
+            functions: [],
+            scripts: [],
+            tokens: 0,
+            created: nil,
+            raw: %{}
+
   @type t :: %__MODULE__{}
   @doc false
   def from_json(v, created \\ nil) do

@@ -30,6 +30,7 @@ defmodule FakeAPI do
 
   def start(opts \\ []) do
     {:ok, pid} = GenServer.start(__MODULE__, opts)
+
     GenServer.call(pid, :url)
     |> then(&%{pid: pid, url: &1})
   end
@@ -55,7 +56,15 @@ defmodule FakeAPI do
       if opts[:unix] do
         path = Path.join(System.tmp_dir!(), "zygo-sdk-ex-#{System.unique_integer([:positive])}.sock")
         File.rm(path)
-        {:ok, l} = :gen_tcp.listen(0, [:binary, active: false, reuseaddr: true, ifaddr: {:local, String.to_charlist(path)}])
+
+        {:ok, l} =
+          :gen_tcp.listen(0, [
+            :binary,
+            active: false,
+            reuseaddr: true,
+            ifaddr: {:local, String.to_charlist(path)}
+          ])
+
         {l, "unix://" <> path, path}
       else
         {:ok, l} = :gen_tcp.listen(0, [:binary, active: false, reuseaddr: true, ip: {127, 0, 0, 1}])
@@ -65,7 +74,18 @@ defmodule FakeAPI do
 
     me = self()
     acceptor = spawn_link(fn -> accept(listen, me, 0) end)
-    {:ok, %{listen: listen, url: url, path: path, acceptor: acceptor, handler: &default/1, requests: [], connections: 0, closed: 0}}
+
+    {:ok,
+     %{
+       listen: listen,
+       url: url,
+       path: path,
+       acceptor: acceptor,
+       handler: &default/1,
+       requests: [],
+       connections: 0,
+       closed: 0
+     }}
   end
 
   @impl true
@@ -142,7 +162,16 @@ defmodule FakeAPI do
             <<body::binary-size(len), rest::binary>> = all
             uri = URI.parse(target)
             query = URI.decode_query(uri.query || "")
-            {:ok, %{method: method, path: URI.decode(uri.path), raw: target, query: query, headers: headers, body: body}, rest}
+
+            {:ok,
+             %{
+               method: method,
+               path: URI.decode(uri.path),
+               raw: target,
+               query: query,
+               headers: headers,
+               body: body
+             }, rest}
 
           :closed ->
             :closed
@@ -182,7 +211,10 @@ defmodule FakeAPI do
   defp act(sock, {:stream, items}), do: act(sock, {:stream, items, []})
 
   defp act(sock, {:stream, items, opts}) do
-    :gen_tcp.send(sock, "HTTP/1.1 200 OK\r\nContent-Type: application/x-ndjson\r\nTransfer-Encoding: chunked\r\n\r\n")
+    :gen_tcp.send(
+      sock,
+      "HTTP/1.1 200 OK\r\nContent-Type: application/x-ndjson\r\nTransfer-Encoding: chunked\r\n\r\n"
+    )
 
     for item <- items do
       line = Zygo.JSON.encode!(item) <> "\n"
@@ -201,7 +233,12 @@ defmodule FakeAPI do
 
   defp act(sock, {:reply, status, body, opts}) do
     raw = if is_binary(body), do: body, else: Zygo.JSON.encode!(body)
-    headers = [{"Content-Type", "application/json"}, {"X-Zygo-Request-Id", "req-x"} | Keyword.get(opts, :headers, [])]
+
+    headers = [
+      {"Content-Type", "application/json"},
+      {"X-Zygo-Request-Id", "req-x"} | Keyword.get(opts, :headers, [])
+    ]
+
     headers = if opts[:close], do: headers ++ [{"Connection", "close"}], else: headers
     head = ["HTTP/1.1 #{status} X\r\n", Enum.map(headers, fn {k, v} -> [k, ": ", v, "\r\n"] end)]
 
@@ -209,7 +246,13 @@ defmodule FakeAPI do
       chunks = for <<c::binary-size(7) <- raw>>, do: c
       tail = binary_part(raw, length(chunks) * 7, byte_size(raw) - length(chunks) * 7)
       parts = Enum.reject(chunks ++ [tail], &(&1 == ""))
-      :gen_tcp.send(sock, [head, "Transfer-Encoding: chunked\r\n\r\n", Enum.map(parts, &[Integer.to_string(byte_size(&1), 16), "\r\n", &1, "\r\n"]), "0\r\n\r\n"])
+
+      :gen_tcp.send(sock, [
+        head,
+        "Transfer-Encoding: chunked\r\n\r\n",
+        Enum.map(parts, &[Integer.to_string(byte_size(&1), 16), "\r\n", &1, "\r\n"]),
+        "0\r\n\r\n"
+      ])
     else
       :gen_tcp.send(sock, [head, "Content-Length: #{byte_size(raw)}\r\n\r\n", raw])
     end
@@ -229,8 +272,21 @@ defmodule FakeAPI do
     end
   end
 
-  @fn_info %{"name" => "f", "kind" => "function", "state" => "ready", "zygotes" => %{"ready" => 1}, "in_flight" => 0}
-  @tenant %{"id" => "acme", "created_ms" => 1, "limits" => %{}, "functions" => [], "scripts" => [], "tokens" => 0}
+  @fn_info %{
+    "name" => "f",
+    "kind" => "function",
+    "state" => "ready",
+    "zygotes" => %{"ready" => 1},
+    "in_flight" => 0
+  }
+  @tenant %{
+    "id" => "acme",
+    "created_ms" => 1,
+    "limits" => %{},
+    "functions" => [],
+    "scripts" => [],
+    "tokens" => 0
+  }
 
   def default(req) do
     m = req.method
@@ -239,46 +295,111 @@ defmodule FakeAPI do
     ok = fn body -> {:reply, 200, body} end
 
     cond do
-      p == "/healthz" -> ok.(%{"status" => "ok"})
-      p == "/version" -> ok.(%{"version" => "0.1.5", "api" => 1})
-      p == "/fn" and m == "GET" -> ok.(%{"functions" => [@fn_info]})
+      p == "/healthz" ->
+        ok.(%{"status" => "ok"})
+
+      p == "/version" ->
+        ok.(%{"version" => "0.1.5", "api" => 1})
+
+      p == "/fn" and m == "GET" ->
+        ok.(%{"functions" => [@fn_info]})
+
       Regex.match?(~r{^/fn/[^/]+$}, p) and m == "POST" ->
         if req.query["stream"] == "1",
           do: {:stream, [%{"stream" => "stdout", "data" => "hi\n"}, Map.put(result(), "status", 200)]},
           else: ok.(result())
-      Regex.match?(~r{^/fn/[^/]+$}, p) and m == "PUT" -> ok.(%{"name" => "f", "kind" => "function", "state" => "serving"})
-      Regex.match?(~r{^/fn/[^/]+$}, p) -> ok.(%{"stopped" => "f"})
-      String.ends_with?(p, "/batch") -> ok.(%{"results" => Enum.map(j["events"], fn _ -> Map.put(result(), "status", 200) end)})
-      String.ends_with?(p, "/logs") -> ok.(%{"logs" => [%{"request_id" => "req-1"}]})
-      String.ends_with?(p, "/stats") -> ok.(%{"name" => "f", "requests" => 1})
-      String.ends_with?(p, "/warm") -> ok.(%{"name" => "f", "ready" => 1})
-      p == "/run" -> ok.(%{"exit_code" => 0, "stdout" => "hi\n", "started" => true, "phase" => "run"})
-      p == "/runtimes" and m == "GET" -> ok.(%{"runtimes" => [Map.put(@fn_info, "kind", "pool")]})
-      p == "/runtimes" -> ok.(%{"name" => j["name"], "kind" => "pool", "state" => "serving"})
+
+      Regex.match?(~r{^/fn/[^/]+$}, p) and m == "PUT" ->
+        ok.(%{"name" => "f", "kind" => "function", "state" => "serving"})
+
+      Regex.match?(~r{^/fn/[^/]+$}, p) ->
+        ok.(%{"stopped" => "f"})
+
+      String.ends_with?(p, "/batch") ->
+        ok.(%{"results" => Enum.map(j["events"], fn _ -> Map.put(result(), "status", 200) end)})
+
+      String.ends_with?(p, "/logs") ->
+        ok.(%{"logs" => [%{"request_id" => "req-1"}]})
+
+      String.ends_with?(p, "/stats") ->
+        ok.(%{"name" => "f", "requests" => 1})
+
+      String.ends_with?(p, "/warm") ->
+        ok.(%{"name" => "f", "ready" => 1})
+
+      p == "/run" ->
+        ok.(%{"exit_code" => 0, "stdout" => "hi\n", "started" => true, "phase" => "run"})
+
+      p == "/runtimes" and m == "GET" ->
+        ok.(%{"runtimes" => [Map.put(@fn_info, "kind", "pool")]})
+
+      p == "/runtimes" ->
+        ok.(%{"name" => j["name"], "kind" => "pool", "state" => "serving"})
+
       String.ends_with?(p, "/call") ->
         if req.query["stream"] == "1",
           do: {:stream, [%{"stream" => "progress", "data" => "1 of 2"}, Map.put(result(), "status", 200)]},
           else: ok.(result())
-      String.starts_with?(p, "/runtimes/") -> ok.(%{"stopped" => "py"})
-      p in ["/scripts", "/blobs"] -> ok.(%{"sha256" => @digest, "size" => byte_size(req.body), "existed" => false})
-      String.starts_with?(p, "/scripts/") and m == "GET" -> ok.(%{"sha256" => @digest, "size" => 3, "held" => true})
-      String.starts_with?(p, "/scripts/") or String.starts_with?(p, "/blobs/") -> ok.(%{"deleted" => @digest})
-      p == "/deps" and m == "POST" -> {:reply, 202, %{"id" => "deps_1", "state" => "building"}}
-      p == "/deps" -> ok.(%{"deps" => [%{"id" => "deps_1", "state" => "ready"}]})
-      String.starts_with?(p, "/deps/") -> ok.(%{"id" => "deps_1", "state" => "ready"})
-      String.starts_with?(p, "/requests/") -> ok.(%{"cancelled" => 1})
-      p == "/tenants" and m == "POST" -> ok.(%{"tenant" => Map.put(@tenant, "id", j["id"]), "created" => true})
-      p == "/tenants" -> ok.(%{"tenants" => [@tenant]})
-      Regex.match?(~r{^/tenants/[^/]+$}, p) and m == "GET" -> ok.(@tenant)
-      Regex.match?(~r{^/tenants/[^/]+$}, p) -> ok.(%{"id" => "acme", "stopped" => []})
-      String.ends_with?(p, "/limits") -> ok.(Map.put(@tenant, "limits", j))
-      String.ends_with?(p, "/secrets") -> ok.(%{"secrets" => ["STRIPE_KEY"]})
-      String.contains?(p, "/secrets/") -> ok.(%{"name" => "K"})
-      m == "POST" and String.ends_with?(p, "/tokens") -> ok.(%{"id" => "tok_1", "secret" => "zygo_" <> String.duplicate("0", 64), "tenant" => nil})
-      p == "/tokens" -> ok.(%{"tokens" => [%{"id" => "tok_1"}]})
-      String.starts_with?(p, "/tokens/") -> ok.(%{"id" => "tok_1", "revoked" => true})
-      p == "/drain" -> ok.(%{"drained" => true, "in_flight" => 0})
-      true -> {:reply, 404, %{"error" => "no route #{m} #{p}", "code" => "not_found"}}
+
+      String.starts_with?(p, "/runtimes/") ->
+        ok.(%{"stopped" => "py"})
+
+      p in ["/scripts", "/blobs"] ->
+        ok.(%{"sha256" => @digest, "size" => byte_size(req.body), "existed" => false})
+
+      String.starts_with?(p, "/scripts/") and m == "GET" ->
+        ok.(%{"sha256" => @digest, "size" => 3, "held" => true})
+
+      String.starts_with?(p, "/scripts/") or String.starts_with?(p, "/blobs/") ->
+        ok.(%{"deleted" => @digest})
+
+      p == "/deps" and m == "POST" ->
+        {:reply, 202, %{"id" => "deps_1", "state" => "building"}}
+
+      p == "/deps" ->
+        ok.(%{"deps" => [%{"id" => "deps_1", "state" => "ready"}]})
+
+      String.starts_with?(p, "/deps/") ->
+        ok.(%{"id" => "deps_1", "state" => "ready"})
+
+      String.starts_with?(p, "/requests/") ->
+        ok.(%{"cancelled" => 1})
+
+      p == "/tenants" and m == "POST" ->
+        ok.(%{"tenant" => Map.put(@tenant, "id", j["id"]), "created" => true})
+
+      p == "/tenants" ->
+        ok.(%{"tenants" => [@tenant]})
+
+      Regex.match?(~r{^/tenants/[^/]+$}, p) and m == "GET" ->
+        ok.(@tenant)
+
+      Regex.match?(~r{^/tenants/[^/]+$}, p) ->
+        ok.(%{"id" => "acme", "stopped" => []})
+
+      String.ends_with?(p, "/limits") ->
+        ok.(Map.put(@tenant, "limits", j))
+
+      String.ends_with?(p, "/secrets") ->
+        ok.(%{"secrets" => ["STRIPE_KEY"]})
+
+      String.contains?(p, "/secrets/") ->
+        ok.(%{"name" => "K"})
+
+      m == "POST" and String.ends_with?(p, "/tokens") ->
+        ok.(%{"id" => "tok_1", "secret" => "zygo_" <> String.duplicate("0", 64), "tenant" => nil})
+
+      p == "/tokens" ->
+        ok.(%{"tokens" => [%{"id" => "tok_1"}]})
+
+      String.starts_with?(p, "/tokens/") ->
+        ok.(%{"id" => "tok_1", "revoked" => true})
+
+      p == "/drain" ->
+        ok.(%{"drained" => true, "in_flight" => 0})
+
+      true ->
+        {:reply, 404, %{"error" => "no route #{m} #{p}", "code" => "not_found"}}
     end
   end
 end
