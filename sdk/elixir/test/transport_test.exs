@@ -260,17 +260,20 @@ defmodule Zygo.TransportTest do
   end
 
   test "more callers than pool_size wait for a connection", %{api: api} do
+    release = :counters.new(1, [])
+
     FakeAPI.set_handler(api, fn _ ->
-      Process.sleep(50)
+      FakeAPI.wait_for(fn -> :counters.get(release, 1) == 1 end, 10_000)
       {:reply, 200, FakeAPI.result()}
     end)
 
     c = Zygo.connect(api.url, pool_size: 2)
     tasks = for i <- 1..6, do: Task.async(fn -> Zygo.call!(c, "f", i) end)
-    Process.sleep(20)
-    assert %{out: 2, waiting: 4} = Zygo.Pool.info(c.pool)
-    Enum.each(tasks, &Task.await/1)
+    assert FakeAPI.wait_for(fn -> match?(%{out: 2, waiting: 4}, Zygo.Pool.info(c.pool)) end)
+    :counters.put(release, 1, 1)
+    Enum.each(tasks, &Task.await(&1, 15_000))
     assert FakeAPI.connections(api) == 2
+    assert %{out: 0, waiting: 0, idle: 2} = Zygo.Pool.info(c.pool)
   end
 
   test "a supervised client is fetched by name", %{api: api} do
