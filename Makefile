@@ -19,3 +19,21 @@ test-sdk-node:
 # MIX_ENV=test and no dependencies: mix never reaches for hex.
 test-sdk-elixir:
 	cd sdk/elixir && MIX_ENV=test $(MIX) test
+
+# The plugin-host examples against a real Zygo of their own (scripts/with-api starts a
+# supervisor and `zygo api`; build zygo first with cargo build).
+.PHONY: verify-plugin-host verify-plugin-host-node test-examples live-sdk
+
+verify-plugin-host:
+	scripts/with-api sh -c 'cd examples/plugin-host && $(PYTHON) verify.py'
+
+verify-plugin-host-node:
+	scripts/with-api $(NODE) examples/plugin-host-node/verify.js
+
+# The Node plugin host against a fake Zygo.
+test-examples:
+	cd examples/plugin-host-node && $(NODE) --test test/
+
+# The SDKs' live suites against a real Zygo of their own.
+live-sdk:
+	sdk/live.sh
