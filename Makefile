@@ -1,5 +1,7 @@
 # Convenience targets around the client SDKs (the Rust workspace builds with cargo).
 #   make test-sdk          the three SDK suites against their stand-in APIs
+#   make test-examples     the Node plugin host against a fake Zygo
+#   make verify-plugin-host | verify-plugin-host-node | live-sdk   against a real Zygo
 #   make test-sdk-python | test-sdk-node | test-sdk-elixir
 
 PYTHON ?= python3
