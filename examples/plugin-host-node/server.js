@@ -30,7 +30,7 @@ export function statusOf(e) {
 
 function errorBody(e) {
   if (!(e instanceof ZygoError)) return { error: String(e?.message ?? e) };
-  return { error: e.message, type: e.constructor.name, oomKilled: e.oomKilled, stderr: e.stderr, requestId: e.requestId };
+  return { error: e.message, type: e.constructor.name, oomKilled: e.oomKilled, peakRssKb: e.body?.metrics?.peak_rss_kb ?? null, stderr: e.stderr, requestId: e.requestId };
 }
 
 async function readBody(req, cap = 1 << 20) {
