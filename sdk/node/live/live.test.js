@@ -56,7 +56,8 @@ test('an AbortSignal cancels on the server; a key cancels from elsewhere', opts,
   assert.ok(counted, 'the server counted the cancel');
 
   const key = `live-${uniq}`;
-  const keyed = c.call('echo', { sleep: 15 }, { key, timeout: 30 });
+  // settled into a value at once: it is cancelled while the loop below is still running
+  const keyed = c.call('echo', { sleep: 15 }, { key, timeout: 30 }).then(() => null, (e) => e);
   for (let i = 0; i < 200; i++) {
     try {
       assert.ok((await c.cancel(key)) >= 1);
@@ -66,7 +67,7 @@ test('an AbortSignal cancels on the server; a key cancels from elsewhere', opts,
       await new Promise((r) => setTimeout(r, 50));
     }
   }
-  await assert.rejects(keyed, Cancelled);
+  assert.ok((await keyed) instanceof Cancelled);
   c.close();
 });
 
