@@ -593,7 +593,7 @@ class Pool {
     const now = this.clock();
     while (this.idle.length) {
       const c = this.idle.pop();
-      if (now - c.idleSince > MAX_IDLE || c.ended || c.error) {
+      if (now - c.idleSince > MAX_IDLE || c.ended || c.error || c.buf.length) {
         c.close();
         continue;
       }
