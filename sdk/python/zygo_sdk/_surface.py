@@ -136,6 +136,7 @@ def _script_body(script: Optional[Digest], source: Optional[Union[str, bytes]]) 
         raise ValueError("name the script by its digest, or pass source=…, exactly one of the two")
     if source is not None:
         return {"source": source.decode() if isinstance(source, bytes) else source}
+    assert script is not None
     return {"script": _digest(script)}
 
 

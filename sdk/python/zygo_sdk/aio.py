@@ -34,7 +34,7 @@ from ._http import (
     path_part,
 )
 from ._surface import Op, Surface
-from .client import DEFAULT_WAIT, SLACK, Client, _Shared, final_item, parse_json, retry_after, stream_item
+from .client import DEFAULT_WAIT, SLACK, _Sending, _Shared, final_item, parse_json, retry_after, stream_item
 from .errors import Busy, NotFound, TransportError, Unavailable, ZygoError, error_from_answer
 from .types import StreamEvent
 
@@ -284,7 +284,7 @@ class AsyncStream:
                 self._lines, self._rest = [], b""
 
 
-class AsyncClient(Surface):
+class AsyncClient(_Sending, Surface):
     """The asyncio twin of :class:`zygo_sdk.Client`; see :func:`connect`."""
 
     def __init__(
@@ -342,9 +342,6 @@ class AsyncClient(Surface):
         return AsyncClient(
             retries=self.retries, backoff=self.backoff, timeout=self.timeout, tenant=tenant, _shared=self._shared
         )
-
-    _request_bytes = Client._request_bytes
-    _wait_before = Client._wait_before
 
     async def _exchange(self, op: Op) -> Tuple[_AConn, Head]:
         if op.cancellable and op.key is None:

@@ -97,7 +97,39 @@ class _Shared:
             self.base_headers.append(("Authorization", f"Bearer {token}"))
 
 
-class Client(Surface):
+class _Sending:
+    """What the plain and the asyncio client share about sending: the request's bytes and
+    the wait before a retry."""
+
+    _shared: _Shared
+    _tenant: Optional[str]
+    timeout: Optional[float]
+    backoff: float
+
+    def _request_bytes(self, op: Op) -> Tuple[bytes, float]:
+        headers = list(self._shared.base_headers)
+        if self._tenant:
+            headers.append(("X-Zygo-Tenant", self._tenant))
+        wait = op.wait if op.wait is not None else DEFAULT_WAIT
+        timeout = op.timeout if op.timeout is not None else self.timeout if op.cancellable else None
+        if timeout is not None:
+            if timeout <= 0:
+                raise ValueError("timeout must be a positive number of seconds")
+            headers.append(("X-Zygo-Timeout-Ms", str(max(1, round(timeout * 1000)))))
+            wait = timeout
+        if op.key is not None:
+            headers.append(("X-Zygo-Request-Key", op.key))
+        if op.ctype and op.body is not None:
+            headers.append(("Content-Type", op.ctype))
+        data = encode_request(op.method, target(self._shared.addr, op.path, op.query), headers, op.body)
+        return data, wait + SLACK
+
+    def _wait_before(self, attempt: int, e: ZygoError) -> float:
+        return max(e.retry_after or 0.0, self.backoff * (2**attempt))
+
+
+
+class Client(_Sending, Surface):
     """A client for the Zygo HTTP API. Safe to share between threads: every request
     borrows a pooled connection for its duration. Use :func:`zygo_sdk.connect`."""
 
@@ -161,24 +193,6 @@ class Client(Surface):
 
     # -- sending --
 
-    def _request_bytes(self, op: Op) -> Tuple[bytes, float]:
-        headers = list(self._shared.base_headers)
-        if self._tenant:
-            headers.append(("X-Zygo-Tenant", self._tenant))
-        wait = op.wait if op.wait is not None else DEFAULT_WAIT
-        timeout = op.timeout if op.timeout is not None else self.timeout if op.cancellable else None
-        if timeout is not None:
-            if timeout <= 0:
-                raise ValueError("timeout must be a positive number of seconds")
-            headers.append(("X-Zygo-Timeout-Ms", str(max(1, round(timeout * 1000)))))
-            wait = timeout
-        if op.key is not None:
-            headers.append(("X-Zygo-Request-Key", op.key))
-        if op.ctype and op.body is not None:
-            headers.append(("Content-Type", op.ctype))
-        data = encode_request(op.method, target(self._shared.addr, op.path, op.query), headers, op.body)
-        return data, wait + SLACK
-
     def _exchange(self, data: bytes, read_timeout: float) -> Tuple[Conn, Head]:
         """Send one request and read the answer's head. A reused connection that turns out
         closed before the first byte of the answer is replaced by a fresh one, once."""
@@ -227,9 +241,6 @@ class Client(Surface):
         if 200 <= head.status < 300:
             return op.decode(body)
         raise error_from_answer(head.status, body, retry_after(head), head.headers.get("x-zygo-request-id"))
-
-    def _wait_before(self, attempt: int, e: ZygoError) -> float:
-        return max(e.retry_after or 0.0, self.backoff * (2**attempt))
 
     def _send(self, op: Op) -> Any:
         attempt = 0
