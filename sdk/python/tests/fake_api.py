@@ -169,7 +169,7 @@ def default_answer(req: Req) -> Any:
 
 
 class FakeAPI:
-    def __init__(self, unix: bool = False) -> None:
+    def __init__(self, unix: bool = False, tls: Optional[Tuple[str, str]] = None) -> None:
         self.requests: List[Req] = []
         self.handler: Handler = default_answer
         self.connections = 0
@@ -188,6 +188,13 @@ class FakeAPI:
             self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
             self.sock.bind(("127.0.0.1", 0))
             self.url = "http://127.0.0.1:%d" % self.sock.getsockname()[1]
+        self._tls = None
+        if tls is not None:
+            import ssl
+
+            self._tls = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+            self._tls.load_cert_chain(*tls)
+            self.url = "https://localhost:%d" % self.sock.getsockname()[1]
         self.sock.listen(64)
         self.sock.settimeout(0.2)
         self._thread = threading.Thread(target=self._accept, daemon=True)
@@ -236,6 +243,14 @@ class FakeAPI:
                 continue
             except OSError:
                 return
+            if self._tls is not None:
+                try:
+                    c.settimeout(5)
+                    c = self._tls.wrap_socket(c, server_side=True)
+                    c.settimeout(None)
+                except OSError:
+                    c.close()
+                    continue
             with self._lock:
                 self.connections += 1
                 n = self.connections
