@@ -3,6 +3,7 @@
 // or stop in the middle of an answer exactly where the test needs it.
 
 import net from 'node:net';
+import tls from 'node:tls';
 import fs from 'node:fs';
 import os from 'node:os';
 import path from 'node:path';
@@ -74,9 +75,9 @@ export function defaultAnswer(req) {
 }
 
 export class FakeAPI {
-  static async start({ unix = false } = {}) {
+  static async start({ unix = false, tls: tlsOptions = null } = {}) {
     const api = new FakeAPI();
-    await api._listen(unix);
+    await api._listen(unix, tlsOptions);
     return api;
   }
 
@@ -101,8 +102,8 @@ export class FakeAPI {
     return pred();
   }
 
-  _listen(unix) {
-    this.server = net.createServer((s) => this._serve(s));
+  _listen(unix, tlsOptions) {
+    this.server = tlsOptions ? tls.createServer(tlsOptions, (s) => this._serve(s)) : net.createServer((s) => this._serve(s));
     return new Promise((resolve) => {
       if (unix) {
         this.dir = fs.mkdtempSync(path.join(os.tmpdir(), 'zygo-sdk-node-'));
@@ -113,7 +114,7 @@ export class FakeAPI {
         });
       } else {
         this.server.listen(0, '127.0.0.1', () => {
-          this.url = `http://127.0.0.1:${this.server.address().port}`;
+          this.url = tlsOptions ? `https://localhost:${this.server.address().port}` : `http://127.0.0.1:${this.server.address().port}`;
           resolve();
         });
       }
