@@ -152,18 +152,23 @@ defmodule Zygo.Conn do
     end
   end
 
+  # Verified against the system's CAs by default, with the host name checked; the
+  # client's `ssl:` options are merged over these (a `cacertfile:` or `cacerts:` of its own
+  # replaces the system's CAs).
   defp tls_opts(host, extra) do
-    base =
-      if Keyword.has_key?(extra, :verify),
+    cas =
+      if Keyword.has_key?(extra, :cacertfile) or Keyword.has_key?(extra, :cacerts),
         do: [],
-        else: [
-          verify: :verify_peer,
-          cacerts: :public_key.cacerts_get(),
-          server_name_indication: String.to_charlist(host),
-          customize_hostname_check: [match_fun: :public_key.pkix_verify_hostname_match_fun(:https)]
-        ]
+        else: [cacerts: :public_key.cacerts_get()]
 
-    base ++ extra
+    base =
+      [
+        verify: :verify_peer,
+        server_name_indication: String.to_charlist(host),
+        customize_hostname_check: [match_fun: :public_key.pkix_verify_hostname_match_fun(:https)]
+      ] ++ cas
+
+    Keyword.merge(base, extra)
   end
 
   def format(:econnrefused), do: "connection refused"
