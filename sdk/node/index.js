@@ -408,6 +408,7 @@ class Conn {
   async head() {
     for (;;) {
       const end = this.buf.indexOf('\r\n\r\n');
+      if (end > MAX_HEAD) throw new TransportError("the answer's headers are larger than 64 KiB");
       if (end >= 0) {
         const raw = this.buf.subarray(0, end).toString('latin1');
         this.buf = this.buf.subarray(end + 4);

@@ -215,6 +215,8 @@ class Conn:
     def read_head(self) -> Head:
         while True:
             end = self.buf.find(b"\r\n\r\n")
+            if end > MAX_HEAD:
+                raise TransportError("the answer's headers are larger than 64 KiB")
             if end >= 0:
                 raw = bytes(self.buf[:end])
                 del self.buf[: end + 4]

@@ -205,6 +205,9 @@ defmodule Zygo.Conn do
   """
   def head(c, deadline) do
     case :binary.match(c.buf, "\r\n\r\n") do
+      {pos, 4} when pos > @max_head ->
+        {:error, Error.transport("the answer's headers are larger than 64 KiB")}
+
       {pos, 4} ->
         <<raw::binary-size(pos), "\r\n\r\n", rest::binary>> = c.buf
 
