@@ -157,9 +157,17 @@ defmodule Zygo.Conn do
   # replaces the system's CAs).
   defp tls_opts(host, extra) do
     cas =
-      if Keyword.has_key?(extra, :cacertfile) or Keyword.has_key?(extra, :cacerts),
-        do: [],
-        else: [cacerts: :public_key.cacerts_get()]
+      cond do
+        Keyword.has_key?(extra, :cacertfile) or Keyword.has_key?(extra, :cacerts) ->
+          []
+
+        # OTP 25 and later know the system's CAs; before, Debian's bundle is the file to read
+        Code.ensure_loaded?(:public_key) and function_exported?(:public_key, :cacerts_get, 0) ->
+          [cacerts: apply(:public_key, :cacerts_get, [])]
+
+        true ->
+          [cacertfile: ~c"/etc/ssl/certs/ca-certificates.crt"]
+      end
 
     base =
       [
