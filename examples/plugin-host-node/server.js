@@ -3,7 +3,7 @@
 // registered and run through the customer's own token, in one runtime pool declared for all
 // of them. One route streams as NDJSON; Zygo's errors become this server's own statuses.
 //
-//   POST   /customers                          {"id": "acme", "mem": "64M"}   onboard
+//   POST   /customers       {"id": "acme", "mem": "64M", "secrets": {"API_KEY": "…"}}   onboard
 //   DELETE /customers/:id                                                     offboard
 //   POST   /customers/:id/plugins              (the plugin's source)          -> {"digest"}
 //   POST   /customers/:id/plugins/:digest/run  (the event; ?key=K names it)  -> the result
@@ -51,9 +51,10 @@ export async function createHost({ url, token, runtimeMem = '256M' } = {}) {
 
   const routes = [
     ['POST', /^\/customers$/, async (req) => {
-      const { id, mem } = JSON.parse((await readBody(req)).toString() || '{}');
+      const { id, mem, secrets } = JSON.parse((await readBody(req)).toString() || '{}');
       await op.createTenant(id);
       if (mem) await op.setLimits(id, { mem });
+      for (const [name, value] of Object.entries(secrets ?? {})) await op.putSecret(id, name, value);
       const minted = await op.mintToken(id);
       customers.set(id, connect(url, { token: minted.secret, retries: 3, backoff: 0.2 }));
       return [200, { id }];

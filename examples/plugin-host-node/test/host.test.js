@@ -23,9 +23,15 @@ const post = (url, body) => fetch(url, { method: 'POST', body: typeof body === '
 test('onboard, install, run, stop, offboard', () =>
   withHost(async (api, base) => {
     assert.deepEqual(api.routes()[0], ['POST', '/runtimes']);
-    let r = await post(`${base}/customers`, { id: 'acme', mem: '64M' });
+    let r = await post(`${base}/customers`, { id: 'acme', mem: '64M', secrets: { API_KEY: 'k1' } });
     assert.equal(r.status, 200);
-    assert.deepEqual(api.routes().slice(1), [['POST', '/tenants'], ['PATCH', '/tenants/acme/limits'], ['POST', '/tenants/acme/tokens']]);
+    assert.deepEqual(api.routes().slice(1), [
+      ['POST', '/tenants'],
+      ['PATCH', '/tenants/acme/limits'],
+      ['PUT', '/tenants/acme/secrets/API_KEY'],
+      ['POST', '/tenants/acme/tokens'],
+    ]);
+    assert.deepEqual(api.requests[3].json(), { value: 'k1' });
     r = await post(`${base}/customers/acme/plugins`, 'def handler(e):\n    return e\n');
     const { digest } = await r.json();
     assert.match(digest, /^sha256:/);
