@@ -689,6 +689,12 @@ fn supervise(
         }
     }
     let init_status = init.reap();
+    // init is reaped only once every process of its pid namespace is gone: a killed
+    // sandbox's time runs until then, teardown included, so a kill that is slow to land
+    // shows in `wall_ms`.
+    if killed {
+        ended = Some(Instant::now());
+    }
     if let Some(why) = failure {
         let phase = if started.is_some() {
             Phase::Run

@@ -575,6 +575,10 @@ fn drive(ending: &mut Ending, st: Started, meanwhile: impl FnOnce()) -> (Outcome
     let mut finished = false;
     let watchdog = Instant::now() + Duration::from_millis(timeout_ms) + WATCHDOG_SLACK;
     let mut drain_deadline: Option<Instant> = None;
+    // The program's deadline as seen from here (a little after the launcher's own, which
+    // it counts from the same report): at it the CPU quota is lifted, so that the
+    // launcher's kill completes within milliseconds however little CPU the sandbox had.
+    let mut run_deadline: Option<Instant> = None;
 
     // Once the launcher has reported the end (its sandbox is gone by then), only the
     // output is still awaited: the launcher's own exit is not.
@@ -598,8 +602,19 @@ fn drive(ending: &mut Ending, st: Started, meanwhile: impl FnOnce()) -> (Outcome
                 break;
             }
         }
+        if let Some(d) = run_deadline {
+            if now >= d {
+                run_deadline = None;
+                if let Some(cg) = ending.cg() {
+                    if let Err(e) = cg.lift_cpu_quota() {
+                        log::warn!("lift the CPU quota for the kill at the deadline: {e}");
+                    }
+                }
+            }
+        }
         let wait = if listening {
-            watchdog.saturating_duration_since(now)
+            let next = run_deadline.map_or(watchdog, |d| d.min(watchdog));
+            next.saturating_duration_since(now)
         } else {
             drain_deadline.map_or(Duration::ZERO, |d| d.saturating_duration_since(now))
         };
@@ -683,6 +698,7 @@ fn drive(ending: &mut Ending, st: Started, meanwhile: impl FnOnce()) -> (Outcome
                             break;
                         }
                         if started {
+                            run_deadline = Some(Instant::now() + Duration::from_millis(timeout_ms));
                             if let Some(work) = meanwhile.take() {
                                 work();
                             }

@@ -144,8 +144,14 @@ pub trait Cgroup: Send {
     fn usage(&self) -> Result<Usage, CgroupError>;
     fn freeze(&self) -> Result<(), CgroupError>;
     fn thaw(&self) -> Result<(), CgroupError>;
-    /// Kill every process in the cgroup, including ones that are forking.
+    /// Kill every process in the cgroup, including ones that are forking. Processes that
+    /// are slow to die (held back by the CPU quota, which a killed process still needs to
+    /// exit) get the quota lifted, so the kill takes milliseconds whatever the limits.
     fn kill_all(&self) -> Result<(), CgroupError>;
+    /// Lift the CPU quota: done at a deadline, just before or after the kill, so that the
+    /// dying processes are not throttled while they exit. A cgroup whose quota was lifted
+    /// is never recycled.
+    fn lift_cpu_quota(&self) -> Result<(), CgroupError>;
     /// Whether any process is still in the cgroup.
     fn is_empty(&self) -> Result<bool, CgroupError>;
     /// Kill what is left and remove the cgroup.

@@ -4,7 +4,7 @@
 //! v1 has no `cgroup.kill`: a tree is killed by freezing it (so nothing can fork or exit
 //! while we look), SIGKILLing every task listed, then thawing so the kills are delivered.
 
-use std::cell::{OnceCell, RefCell};
+use std::cell::{Cell, OnceCell, RefCell};
 use std::ffi::CString;
 use std::fs::File;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
@@ -198,6 +198,8 @@ pub struct V1Cgroup {
     counters: OnceCell<Option<[File; 3]>>,
     /// The other files a reused cgroup touches for every request (`HELD`), opened once.
     held: RefCell<Vec<(usize, &'static str, libc::c_int, File)>>,
+    /// Its CPU quota was lifted to let a kill finish: it is not reused.
+    quota_lifted: Cell<bool>,
 }
 
 /// Files read or written for every request a reused cgroup serves: kept open after first
@@ -242,6 +244,7 @@ impl V1Cgroup {
             memsw,
             counters: OnceCell::new(),
             held: RefCell::new(Vec::new()),
+            quota_lifted: Cell::new(false),
         })
     }
 
@@ -375,7 +378,11 @@ impl V1Cgroup {
             }
             std::thread::sleep(Duration::from_micros(200));
         }
-        // Something keeps forking: freeze, kill, thaw until nothing is left.
+        // Something is slow to die or keeps forking. A process held back by the CPU quota
+        // cannot exit (nor be frozen) until its next period, and under a small quota with
+        // many threads that takes seconds: lift the quota first. Then freeze, kill, thaw
+        // until nothing is left.
+        self.lift_cpu_quota()?;
         for _ in 0..10 {
             if listed()?.is_empty() {
                 return Ok(true);
@@ -504,11 +511,20 @@ impl Cgroup for V1Cgroup {
         self.kill_all_found().map(|_| ())
     }
 
+    fn lift_cpu_quota(&self) -> Result<(), CgroupError> {
+        self.quota_lifted.set(true);
+        self.write_in(CPU, "cpu.cfs_quota_us", "-1")
+    }
+
     fn is_empty(&self) -> Result<bool, CgroupError> {
         Ok(self.procs_in(FREEZER)?.is_empty())
     }
 
     fn recycle(&self) -> Result<bool, CgroupError> {
+        if self.quota_lifted.get() {
+            log::debug!("not reusing {}: its CPU quota was lifted", self.describe());
+            return Ok(false);
+        }
         // The usual case: nothing left to kill, so no second listing.
         if self.kill_all_found()? && !self.is_empty()? {
             log::debug!("not reusing {}: it does not empty", self.describe());

@@ -215,11 +215,23 @@ impl Cgroup for V2Cgroup {
             return Ok(());
         }
         write_file(&self.dir.join("cgroup.kill"), "1")?;
-        let deadline = Instant::now() + Duration::from_secs(2);
-        while !self.is_empty()? && Instant::now() < deadline {
+        let start = Instant::now();
+        let mut lifted = false;
+        while !self.is_empty()? && start.elapsed() < Duration::from_secs(2) {
+            // A killed process still needs the CPU to exit: one held back by the quota
+            // would take until its next period, seconds under a small quota with many
+            // threads.
+            if !lifted && start.elapsed() > Duration::from_millis(20) {
+                self.lift_cpu_quota()?;
+                lifted = true;
+            }
             std::thread::sleep(Duration::from_micros(500));
         }
         Ok(())
+    }
+
+    fn lift_cpu_quota(&self) -> Result<(), CgroupError> {
+        write_file(&self.dir.join("cpu.max"), "max")
     }
 
     fn is_empty(&self) -> Result<bool, CgroupError> {
