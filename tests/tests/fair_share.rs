@@ -3,9 +3,108 @@
 //! attacker kept as small as the proof allows (the machine is shared); how much a victim
 //! slows down is measured by `bench/fairness.py`, not asserted here.
 
-use std::time::Duration;
+use std::path::PathBuf;
+use std::process::Stdio;
+use std::time::{Duration, Instant};
 
+use serde_json::Value;
 use zygo_tests::*;
+
+/// The directory of a host process's cgroup in the hierarchy holding `ctrl` (the unified
+/// one on a v2 host).
+fn cgroup_dir_of(pid: i32, ctrl: &str) -> PathBuf {
+    let text = std::fs::read_to_string(format!("/proc/{pid}/cgroup")).unwrap_or_default();
+    let v2 = is_cgroup_v2_host();
+    let path = parse_cgroups(&text)
+        .into_iter()
+        .find(|(c, _)| {
+            if v2 {
+                c.is_empty()
+            } else {
+                c.iter().any(|c| c == ctrl)
+            }
+        })
+        .map(|(_, p)| p)
+        .unwrap_or_else(|| panic!("no {ctrl} cgroup for {pid}: {text}"));
+    let (point, _, _) = cgroup_mounts()
+        .into_iter()
+        .find(|(_, is_v2, opts)| {
+            if v2 {
+                *is_v2
+            } else {
+                !is_v2 && opts.iter().any(|o| o == ctrl)
+            }
+        })
+        .unwrap_or_else(|| panic!("no {ctrl} hierarchy mounted"));
+    point.join(path.trim_start_matches('/'))
+}
+
+/// A `zygo run --json FLAGS -- CMD` started in the background, with the host pid of its
+/// program once that is running (found by a marker on its command line).
+struct Running {
+    child: std::process::Child,
+    t0: Instant,
+}
+
+impl Running {
+    fn start(who: Who, flags: &[&str], cmd: &[&str]) -> Running {
+        let mut c = zygo(who);
+        c.args(["run", "--json"])
+            .args(flags)
+            .arg("--")
+            .args(cmd)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
+        let child = c.spawn().unwrap_or_else(|e| panic!("spawn {c:?}: {e}"));
+        Running {
+            child,
+            t0: Instant::now(),
+        }
+    }
+
+    /// The host pid of the first process whose command line starts with `prefix`.
+    fn find(&self, prefix: &str) -> i32 {
+        let mut found = None;
+        wait_for(
+            Duration::from_secs(20),
+            "the sandboxed program to start",
+            || {
+                found = host_pids_starting_with(prefix.as_bytes()).first().copied();
+                found.is_some()
+            },
+        );
+        found.unwrap_or(0)
+    }
+
+    /// zygo's answer.
+    fn answer(self) -> (Value, Duration) {
+        let out = self.child.wait_with_output().expect("wait for zygo");
+        let elapsed = self.t0.elapsed();
+        let text = String::from_utf8_lossy(&out.stdout);
+        let v = serde_json::from_str(text.trim()).unwrap_or_else(|e| {
+            panic!(
+                "stdout is not JSON ({e}): {text}\nstderr: {}",
+                String::from_utf8_lossy(&out.stderr)
+            )
+        });
+        (v, elapsed)
+    }
+}
+
+/// A marker to find a sandboxed `sleep` by: `sleep\0<marker>`.
+fn sleep_marker(secs: u32) -> (String, String) {
+    let marker = format!("{secs}.{}", unique() % 1_000_000_000);
+    (format!("sleep\0{marker}"), marker)
+}
+
+/// Read a cgroup file of the sandbox holding the host process `pid`.
+fn read_cg(pid: i32, ctrl: &str, file: &str) -> String {
+    let p = cgroup_dir_of(pid, ctrl).join(file);
+    std::fs::read_to_string(&p)
+        .unwrap_or_else(|e| panic!("read {}: {e}", p.display()))
+        .trim()
+        .to_string()
+}
 
 both_tests! {
     /// The deadline under the smallest CPU quota: 40 busy processes at `--cpu 0.01` are
@@ -44,5 +143,23 @@ both_tests! {
             who.name(),
             f.elapsed
         );
+    }
+}
+
+both_tests! {
+    /// The CPU weight follows `--cpu`: `cpu.shares` (v1) or `cpu.weight` (v2) is the
+    /// kernel's default per CPU, so a small sandbox gets a small share of a contended CPU.
+    fn cpu_weight_follows_cpu(who) {
+        for (cpu, shares, weight) in [("0.25", "256", "25"), ("2", "2048", "200"), ("1", "1024", "100")] {
+            let (prefix, marker) = sleep_marker(30);
+            let r = Running::start(who, &["--cpu", cpu, "--timeout", "20s"], &["sleep", &marker]);
+            let pid = r.find(&prefix);
+            let (file, want) = if is_cgroup_v2_host() { ("cpu.weight", weight) } else { ("cpu.shares", shares) };
+            let got = read_cg(pid, "cpu", file);
+            // SAFETY: ending the sandboxed sleep we found (the sandbox then ends).
+            unsafe { libc::kill(pid, libc::SIGKILL) };
+            let (v, _) = r.answer();
+            assert_eq!(got, want, "[{}] --cpu {cpu}: {file} {got}, not {want}; {v}", who.name());
+        }
     }
 }

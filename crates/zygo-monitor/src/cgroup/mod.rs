@@ -54,6 +54,20 @@ impl Limits {
     }
 }
 
+impl Limits {
+    /// v1 `cpu.shares` in the foreground: the kernel's default (1024) per CPU of
+    /// bandwidth, so that a sandbox's share of a contended CPU follows its `--cpu` as its
+    /// quota does (within the kernel's range, 2 to 262144).
+    pub fn cpu_shares(&self) -> u64 {
+        (u64::from(self.cpu_millis) * 1024 / 1000).clamp(2, 262_144)
+    }
+
+    /// v2 `cpu.weight` in the foreground: the default (100) per CPU, within 1 to 10000.
+    pub fn cpu_weight(&self) -> u64 {
+        (u64::from(self.cpu_millis) * 100 / 1000).clamp(1, 10_000)
+    }
+}
+
 /// What the kernel counted for a cgroup.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Usage {
@@ -158,7 +172,8 @@ pub trait Cgroup: Send {
     fn remove(self: Box<Self>) -> Result<(), CgroupError>;
     /// Its share of the CPU against its siblings when the CPUs are contended: a zygote's
     /// agent and its parked children (forking, setting up) run in the background, so that
-    /// a request being served never waits behind them.
+    /// a request being served never waits behind them. The foreground weight is the one
+    /// `set_limits` wrote (it follows the CPU bandwidth); the background one a quarter.
     fn set_weight(&self, w: Weight) -> Result<(), CgroupError>;
     /// Make an emptied cgroup ready for another process of the same function, as if new:
     /// its counters reset, what its last process left charged to it reclaimed, thawed.
@@ -570,4 +585,32 @@ pub(crate) fn kill_listed(
         }
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod weight_tests {
+    use super::Limits;
+
+    fn at(cpu_millis: u32) -> Limits {
+        Limits {
+            mem_bytes: None,
+            cpu_millis,
+            pids: 64,
+        }
+    }
+
+    #[test]
+    fn the_weight_follows_the_cpu_bandwidth() {
+        assert_eq!(at(1000).cpu_shares(), 1024);
+        assert_eq!(at(1000).cpu_weight(), 100);
+        assert_eq!(at(500).cpu_shares(), 512);
+        assert_eq!(at(500).cpu_weight(), 50);
+        assert_eq!(at(2000).cpu_shares(), 2048);
+        assert_eq!(at(2000).cpu_weight(), 200);
+        // Within the kernel's ranges at both ends.
+        assert_eq!(at(1).cpu_shares(), 2);
+        assert_eq!(at(1).cpu_weight(), 1);
+        assert_eq!(at(u32::MAX).cpu_shares(), 262_144);
+        assert_eq!(at(u32::MAX).cpu_weight(), 10_000);
+    }
 }

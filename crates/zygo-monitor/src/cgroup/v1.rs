@@ -200,6 +200,8 @@ pub struct V1Cgroup {
     held: RefCell<Vec<(usize, &'static str, libc::c_int, File)>>,
     /// Its CPU quota was lifted to let a kill finish: it is not reused.
     quota_lifted: Cell<bool>,
+    /// `cpu.shares` in the foreground, as `set_limits` wrote it.
+    shares: Cell<u64>,
 }
 
 /// Files read or written for every request a reused cgroup serves: kept open after first
@@ -216,6 +218,9 @@ const HELD: [&str; 7] = [
     "memory.memsw.max_usage_in_bytes",
     "cpuacct.usage",
 ];
+
+/// The kernel's `cpu.shares` for a new cgroup.
+const DEFAULT_SHARES: u64 = 1024;
 
 /// What `usage` reads, in the order of `V1Cgroup::counters`.
 const COUNTERS: [(usize, &str); 3] = [
@@ -245,6 +250,7 @@ impl V1Cgroup {
             counters: OnceCell::new(),
             held: RefCell::new(Vec::new()),
             quota_lifted: Cell::new(false),
+            shares: Cell::new(DEFAULT_SHARES),
         })
     }
 
@@ -441,15 +447,24 @@ impl Cgroup for V1Cgroup {
         let quota = (u64::from(l.cpu_millis) * period / 1000).max(1000);
         self.write_in(CPU, "cpu.cfs_period_us", &period.to_string())?;
         self.write_in(CPU, "cpu.cfs_quota_us", &quota.to_string())?;
+        // The weight follows the bandwidth: without it a small sandbox with many threads
+        // competes for a contended CPU as hard as any other. (A new cgroup has the default
+        // already, which `--cpu 1` asks for.)
+        let shares = l.cpu_shares();
+        if shares != self.shares.get() {
+            self.write_in(CPU, "cpu.shares", &shares.to_string())?;
+            self.shares.set(shares);
+        }
         Ok(())
     }
 
     fn set_weight(&self, w: Weight) -> Result<(), CgroupError> {
+        let fg = self.shares.get();
         let shares = match w {
-            Weight::Foreground => "1024",
-            Weight::Background => "256",
+            Weight::Foreground => fg,
+            Weight::Background => (fg / 4).max(2),
         };
-        self.write_in(CPU, "cpu.shares", shares)
+        self.write_in(CPU, "cpu.shares", &shares.to_string())
     }
 
     fn add_pid(&self, pid: i32) -> Result<(), CgroupError> {

@@ -89,7 +89,7 @@ impl V2 {
     /// An existing cgroup.
     pub fn open(&self, rel: &str) -> Option<V2Cgroup> {
         let dir = self.root.join(rel);
-        dir.is_dir().then_some(V2Cgroup { dir })
+        dir.is_dir().then(|| V2Cgroup::new(dir))
     }
 
     /// Remove an (empty) intermediate directory of Zygo's tree; whether it is gone.
@@ -128,12 +128,26 @@ impl V2 {
             }
         }
         std::fs::create_dir(&dir).map_err(|e| super::io_err("create cgroup", &dir, e))?;
-        Ok(V2Cgroup { dir })
+        Ok(V2Cgroup::new(dir))
     }
 }
 
 pub struct V2Cgroup {
     dir: PathBuf,
+    /// `cpu.weight` in the foreground, as `set_limits` wrote it.
+    weight: std::cell::Cell<u64>,
+}
+
+/// The kernel's `cpu.weight` for a new cgroup.
+const DEFAULT_WEIGHT: u64 = 100;
+
+impl V2Cgroup {
+    fn new(dir: PathBuf) -> V2Cgroup {
+        V2Cgroup {
+            dir,
+            weight: std::cell::Cell::new(DEFAULT_WEIGHT),
+        }
+    }
 }
 
 fn keyed(text: &str, key: &str) -> u64 {
@@ -158,15 +172,23 @@ impl Cgroup for V2Cgroup {
         write_file(&self.dir.join("pids.max"), &l.pids.to_string())?;
         let period: u64 = 100_000;
         let quota = (u64::from(l.cpu_millis) * period / 1000).max(1000);
-        write_file(&self.dir.join("cpu.max"), &format!("{quota} {period}"))
+        write_file(&self.dir.join("cpu.max"), &format!("{quota} {period}"))?;
+        // The weight follows the bandwidth (see v1's `cpu.shares`).
+        let weight = l.cpu_weight();
+        if weight != self.weight.get() {
+            write_file(&self.dir.join("cpu.weight"), &weight.to_string())?;
+            self.weight.set(weight);
+        }
+        Ok(())
     }
 
     fn set_weight(&self, w: Weight) -> Result<(), CgroupError> {
+        let fg = self.weight.get();
         let weight = match w {
-            Weight::Foreground => "100",
-            Weight::Background => "25",
+            Weight::Foreground => fg,
+            Weight::Background => (fg / 4).max(1),
         };
-        write_file(&self.dir.join("cpu.weight"), weight)
+        write_file(&self.dir.join("cpu.weight"), &weight.to_string())
     }
 
     fn add_pid(&self, pid: i32) -> Result<(), CgroupError> {
