@@ -890,7 +890,7 @@ fn build(plan: &LaunchPlan, reg: Option<RawFd>, handed: &[OwnedFd]) -> Result<()
     // SAFETY: host is a valid byte slice for its length.
     let r = unsafe { libc::sethostname(host.as_ptr().cast(), host.len()) };
     step(check(r), || "set the host name".into())?;
-    rootfs::build(plan, handed)?;
+    let sysctl_dir = rootfs::build(plan, handed)?;
     let ns = step(net.take(), || "create the network namespace".into())?;
     rootfs::detach_host(plan)?;
     if plan.scripts {
@@ -901,6 +901,11 @@ fn build(plan: &LaunchPlan, reg: Option<RawFd>, handed: &[OwnedFd]) -> Result<()
     step(sys::enter_net_namespace(&ns), || {
         "enter the network namespace".into()
     })?;
+    // Only now, from inside the namespace: `/proc/sys/net` shows the opener's.
+    step(sys::small_tcp_buffers(&sysctl_dir), || {
+        "set the sandbox's TCP buffer sizes".into()
+    })?;
+    drop(sysctl_dir);
     step(net.join(), || "end the network namespace's thread".into())
 }
 

@@ -219,6 +219,11 @@ const HELD: [&str; 7] = [
     "cpuacct.usage",
 ];
 
+/// v1 caps a sandbox's TCP buffers at this fraction of its memory limit...
+const V1_TCP_SHARE: u64 = 4;
+/// ...but never below this.
+const V1_TCP_MIN: u64 = 1 << 20;
+
 /// The kernel's `cpu.shares` for a new cgroup.
 const DEFAULT_SHARES: u64 = 1024;
 
@@ -430,9 +435,14 @@ impl Cgroup for V1Cgroup {
                     self.write_in(MEMORY, "memory.memsw.limit_in_bytes", &b)?;
                 }
                 // v1 charges socket buffers to a cgroup only once this is set: without it a
-                // sandbox could park unbounded memory in TCP buffers. (Not every kernel has
-                // it.)
-                match self.write_in(MEMORY, "memory.kmem.tcp.limit_in_bytes", &b) {
+                // sandbox could park unbounded memory in TCP buffers. They are counted apart
+                // from the memory limit, and past this one the kernel still grants each
+                // socket a minimum (a few pages, with the sandbox network namespace's small
+                // buffer sizes): a quarter of the memory limit keeps the sum near `--mem`
+                // for a sandbox with as many sockets as one process may hold. See
+                // docs/security.md. (Not every kernel has the file.)
+                let tcp = (l.mem_bytes.unwrap_or(0) / V1_TCP_SHARE).max(V1_TCP_MIN);
+                match self.write_in(MEMORY, "memory.kmem.tcp.limit_in_bytes", &tcp.to_string()) {
                     Err(CgroupError::Io { source, .. })
                         if source.raw_os_error() == Some(libc::ENOENT) => {}
                     other => other?,
