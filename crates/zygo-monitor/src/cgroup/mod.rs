@@ -162,9 +162,9 @@ pub trait Cgroup: Send {
     /// are slow to die (held back by the CPU quota, which a killed process still needs to
     /// exit) get the quota lifted, so the kill takes milliseconds whatever the limits.
     fn kill_all(&self) -> Result<(), CgroupError>;
-    /// Lift the CPU quota: done at a deadline, just before or after the kill, so that the
-    /// dying processes are not throttled while they exit. A cgroup whose quota was lifted
-    /// is never recycled.
+    /// Lift the CPU quota (and put the weight back to the default): done at a deadline,
+    /// just before or after the kill, so that the dying processes are neither throttled
+    /// nor starved while they exit. A cgroup whose quota was lifted is never recycled.
     fn lift_cpu_quota(&self) -> Result<(), CgroupError>;
     /// Whether any process is still in the cgroup.
     fn is_empty(&self) -> Result<bool, CgroupError>;

@@ -538,7 +538,9 @@ impl Cgroup for V1Cgroup {
 
     fn lift_cpu_quota(&self) -> Result<(), CgroupError> {
         self.quota_lifted.set(true);
-        self.write_in(CPU, "cpu.cfs_quota_us", "-1")
+        self.write_in(CPU, "cpu.cfs_quota_us", "-1")?;
+        // A small sandbox's small weight would starve its dying processes on a busy host.
+        self.write_in(CPU, "cpu.shares", &DEFAULT_SHARES.to_string())
     }
 
     fn is_empty(&self) -> Result<bool, CgroupError> {

@@ -253,7 +253,9 @@ impl Cgroup for V2Cgroup {
     }
 
     fn lift_cpu_quota(&self) -> Result<(), CgroupError> {
-        write_file(&self.dir.join("cpu.max"), "max")
+        write_file(&self.dir.join("cpu.max"), "max")?;
+        // A small sandbox's small weight would starve its dying processes on a busy host.
+        write_file(&self.dir.join("cpu.weight"), &DEFAULT_WEIGHT.to_string())
     }
 
     fn is_empty(&self) -> Result<bool, CgroupError> {
