@@ -155,6 +155,7 @@ const DISPATCH_CLI: &[Kind] = &[
     Kind::Drain,
     Kind::PutScript,
     Kind::Health,
+    Kind::Run,
 ];
 const DISPATCH_MCP: &[Kind] = &[Kind::List, Kind::Exec, Kind::Logs];
 const DISPATCH_API: &[Kind] = &[];
@@ -785,6 +786,7 @@ impl Supervisor {
                 | Request::Serve { .. }
                 | Request::ServeAll { .. }
                 | Request::Warm { .. }
+                | Request::Run { .. }
                     if draining =>
                 {
                     self.reply(

@@ -660,8 +660,9 @@ impl Functions {
         for id in &ids {
             self.force(id, Outcome::Cancelled);
         }
+        let runs = self.cancel_runs(key, None);
         Reply::Cancelled {
-            count: ids.len() as u32,
+            count: ids.len() as u32 + runs,
         }
     }
 
@@ -677,6 +678,7 @@ impl Functions {
             self.force(&id, Outcome::Cancelled);
         }
         self.pending_serves.retain(|(c, _, _)| *c != t);
+        self.runs_client_gone(t);
     }
 
     /// A call's child is gone (the launcher reports its channel closed): a call still

@@ -269,6 +269,9 @@ impl Functions {
 
     /// Something happened on a launcher's channel.
     pub fn zygote_event(&mut self, zt: Token, cx: &mut Ctx) {
+        if self.run_event(zt, cx) {
+            return;
+        }
         let Some(z) = self.zygotes.get_mut(&zt) else {
             return;
         };
