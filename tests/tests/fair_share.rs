@@ -371,3 +371,26 @@ both_tests! {
         s.shutdown();
     }
 }
+
+both_tests! {
+    /// A sandbox cannot evict the shared image from the host's page cache:
+    /// `posix_fadvise(POSIX_FADV_DONTNEED)` is refused (EPERM) on an image file, while the
+    /// hints that only read ahead still work.
+    fn image_pages_cannot_be_evicted(who) {
+        let code = r#"
+import os
+fd = os.open("/usr/bin/env", os.O_RDONLY)
+try:
+    os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+    print("dontneed allowed")
+except OSError as e:
+    print("dontneed", e.errno)
+os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_WILLNEED)
+os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_SEQUENTIAL)
+print("willneed ok")
+"#;
+        let (v, code_) = py(who, &[], code);
+        assert_ok(who, &v, code_);
+        assert_eq!(text(&v, "stdout"), format!("dontneed {}\nwillneed ok\n", libc::EPERM), "[{}] {v}", who.name());
+    }
+}
