@@ -394,3 +394,85 @@ print("willneed ok")
         assert_eq!(text(&v, "stdout"), format!("dontneed {}\nwillneed ok\n", libc::EPERM), "[{}] {v}", who.name());
     }
 }
+
+/// Read `/data/f` with O_DIRECT (past the page cache, from the disk) for 2 s; print the
+/// bytes read a second.
+const DIRECT_READER: &str = r#"
+import mmap, os, time
+fd = os.open("/data/f", os.O_RDONLY | os.O_DIRECT)
+size = os.fstat(fd).st_size
+buf = mmap.mmap(-1, 1 << 20)
+total, off, t0 = 0, 0, time.monotonic()
+while time.monotonic() - t0 < 2:
+    n = os.preadv(fd, [buf], off)
+    total += n
+    off = (off + n) % size if n else 0
+print(int(total / (time.monotonic() - t0)))
+"#;
+
+/// A file of `mb` MiB on a disk (not a tmpfs), in a directory the rootless user can read;
+/// `None` when this host has no such place.
+fn file_on_disk(mb: usize) -> Option<(PathBuf, PathBuf)> {
+    for base in ["/var/tmp", "/tmp"] {
+        let dir = PathBuf::from(base).join(format!("zygo-fair-{:x}", unique()));
+        if std::fs::create_dir(&dir).is_err() {
+            continue;
+        }
+        // SAFETY: statfs is plain old data; zeroes are a valid value.
+        let mut fs: libc::statfs = unsafe { std::mem::zeroed() };
+        let c = std::ffi::CString::new(base).expect("no NUL");
+        // SAFETY: statfs into a zeroed struct with a valid path.
+        let on_tmpfs =
+            unsafe { libc::statfs(c.as_ptr(), &mut fs) } != 0 || fs.f_type == libc::TMPFS_MAGIC;
+        if on_tmpfs {
+            let _ = std::fs::remove_dir(&dir);
+            continue;
+        }
+        use std::os::unix::fs::PermissionsExt;
+        let _ = std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o755));
+        let data: Vec<u8> = (0..mb << 20).map(|i| (i * 7 + i / 4096) as u8).collect();
+        let f = dir.join("f");
+        std::fs::write(&f, data).ok()?;
+        let _ = std::fs::set_permissions(&f, std::fs::Permissions::from_mode(0o644));
+        return Some((dir, f));
+    }
+    None
+}
+
+both_tests! {
+    /// Disk reads are throttled per sandbox: `--io-bps 4M` holds a sandbox reading past
+    /// the page cache (O_DIRECT) to about 4 MB a second, where it would otherwise take the
+    /// disk's whole bandwidth from the host and every other sandbox. The limit is what the
+    /// sandbox's cgroup says (v1 blkio, v2 io.max).
+    fn disk_reads_are_throttled(who) {
+        let Some((dir, file)) = file_on_disk(16) else {
+            skip("no directory on a disk (not a tmpfs) to read from");
+            return;
+        };
+        let mount = format!("{}:/data", dir.display());
+        let marker = format!("io{}", unique());
+        let r = Running::start(
+            who,
+            &["--io-bps", "4M", "--io-iops", "300", "--mount", &mount, "--timeout", "20s"],
+            &["python3", "-c", DIRECT_READER, &marker],
+        );
+        let pid = r.find(&format!("python3\0-c\0{DIRECT_READER}\0{marker}"));
+        let v2 = is_cgroup_v2_host();
+        let (ctrl, file_read) = if v2 { ("io", "io.max") } else { ("blkio", "blkio.throttle.read_bps_device") };
+        let limits = std::fs::read_to_string(cgroup_dir_of(pid, ctrl).join(file_read)).unwrap_or_default();
+        let (v, _) = r.answer();
+        let _ = std::fs::remove_file(&file);
+        let _ = std::fs::remove_dir(&dir);
+        assert_eq!(v["exit_code"], 0, "[{}] {v}", who.name());
+        let rate: u64 = text(&v, "stdout").trim().parse().unwrap_or(u64::MAX);
+        eprintln!("[{}] O_DIRECT reads at --io-bps 4M: {rate} B/s; {file_read}: {limits:?}", who.name());
+        let want = if v2 { "rbps=4194304" } else { " 4194304" };
+        assert!(limits.contains(want), "[{}] {file_read} is {limits:?}", who.name());
+        assert!(rate > 0, "[{}] {v}", who.name());
+        assert!(
+            rate <= 4 * 1024 * 1024 * 3 / 2,
+            "[{}] read {rate} bytes a second at --io-bps 4M",
+            who.name()
+        );
+    }
+}

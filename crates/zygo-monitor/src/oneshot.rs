@@ -521,7 +521,8 @@ impl Stream {
         let Some(f) = self.fd.as_ref() else { return };
         let fd = f.as_raw_fd();
         let room = OUTPUT_CAP - self.kept.len();
-        if !self.no_splice && !(mode == Output::Capture && room > 0) {
+        let keeping = mode == Output::Capture && room > 0;
+        if !self.no_splice && !keeping {
             let to = match mode {
                 Output::Capture => dev_null().map(|n| n.as_raw_fd()),
                 Output::PassThrough if to_stderr => Some(libc::STDERR_FILENO),

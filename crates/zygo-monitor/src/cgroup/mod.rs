@@ -9,6 +9,7 @@
 //! otherwise the v1 memory, pids, cpu, cpuacct and freezer hierarchies. Where neither can
 //! enforce limits, sandboxes are refused with the steps to fix it.
 
+pub mod disks;
 #[cfg(test)]
 pub(crate) mod fake;
 mod v1;
@@ -38,6 +39,10 @@ pub struct Limits {
     /// CPU bandwidth in thousandths of a CPU.
     pub cpu_millis: u32,
     pub pids: u32,
+    /// Bytes a second read from, and written to, each disk ([`disks::disks`]).
+    pub io_bps: u64,
+    /// Operations a second on each disk, reads and writes each.
+    pub io_iops: u32,
 }
 
 impl Limits {
@@ -50,6 +55,8 @@ impl Limits {
             },
             cpu_millis: l.cpu.millis(),
             pids: l.pids,
+            io_bps: l.io_bps.0,
+            io_iops: l.io_iops,
         }
     }
 }
@@ -125,12 +132,12 @@ pub fn delegation_steps() -> String {
     if Path::new("/sys/fs/cgroup/cgroup.controllers").exists() {
         format!(
             "run Zygo inside a delegated cgroup, e.g. `systemd-run --user --scope -p Delegate=yes zygo ...`, \
-             or as root: `mkdir /sys/fs/cgroup/zygo-{user} && echo '+memory +pids +cpu' > /sys/fs/cgroup/cgroup.subtree_control \
+             or as root: `mkdir /sys/fs/cgroup/zygo-{user} && echo '+memory +pids +cpu +io' > /sys/fs/cgroup/cgroup.subtree_control \
              && chown -R {uid}:{gid} /sys/fs/cgroup/zygo-{user}` and then `export ZYGO_CGROUP=/zygo-{user}`"
         )
     } else {
         format!(
-            "give this user a cgroup subtree, as root: `for c in memory pids cpu cpuacct freezer; do \
+            "give this user a cgroup subtree, as root: `for c in memory pids cpu cpuacct freezer blkio; do \
              mkdir -p /sys/fs/cgroup/$c/zygo-{user} && chown -R {uid}:{gid} /sys/fs/cgroup/$c/zygo-{user}; done` \
              and then `export ZYGO_CGROUP=/zygo-{user}`"
         )
@@ -596,6 +603,8 @@ mod weight_tests {
             mem_bytes: None,
             cpu_millis,
             pids: 64,
+            io_bps: 1 << 27,
+            io_iops: 4000,
         }
     }
 

@@ -25,6 +25,10 @@ pub struct V1 {
     roots: [PathBuf; 5],
     /// Whether the kernel accounts swap (`memory.memsw.*` files exist).
     memsw: bool,
+    /// Zygo's root in the blkio hierarchy, where I/O limits are written: used when it is
+    /// mounted and ours to use (an unprivileged user is often given only the five above,
+    /// and then sandboxes run without I/O limits; see `io_limited`).
+    blkio: Option<PathBuf>,
 }
 
 impl V1 {
@@ -69,7 +73,17 @@ impl V1 {
             .try_into()
             .map_err(|_| CgroupError::Unavailable("v1 controllers missing".into()))?;
         let memsw = roots[0].join("memory.memsw.limit_in_bytes").exists();
-        Ok(Some(V1 { roots, memsw }))
+        let blkio = blkio_root(own, base_override, mounts);
+        Ok(Some(V1 {
+            roots,
+            memsw,
+            blkio,
+        }))
+    }
+
+    /// Whether sandboxes get I/O limits (the blkio hierarchy is ours to use).
+    pub fn io_limited(&self) -> bool {
+        self.blkio.is_some()
     }
 
     pub fn root(&self) -> String {
@@ -80,13 +94,15 @@ impl V1 {
     /// cgroup leaves it in the first few hierarchies only, and those must be found too.
     /// Zygo's root in each hierarchy.
     pub fn roots(&self) -> impl Iterator<Item = &Path> {
-        self.roots.iter().map(PathBuf::as_path)
+        self.roots
+            .iter()
+            .chain(self.blkio.as_ref())
+            .map(PathBuf::as_path)
     }
 
     pub fn child_names_in(&self, rel: &str) -> Vec<String> {
         let mut names: Vec<String> = self
-            .roots
-            .iter()
+            .roots()
             .flat_map(|r| super::subdirectories(&super::join(r, rel)))
             .collect();
         names.sort();
@@ -105,16 +121,24 @@ impl V1 {
             return None;
         }
         let dirs: [PathBuf; 5] = dirs.try_into().ok()?;
-        V1Cgroup::new(dirs, self.memsw).ok()
+        let blkio = self
+            .blkio
+            .as_ref()
+            .map(|r| r.join(rel))
+            .filter(|d| d.is_dir());
+        V1Cgroup::new(dirs, self.memsw, blkio).ok()
     }
 
     /// Remove an (empty) intermediate directory of Zygo's tree in every hierarchy; whether
     /// it is gone from all of them.
     pub fn prune(&self, rel: &str) -> bool {
+        if let Some(b) = &self.blkio {
+            let _ = std::fs::remove_dir(b.join(rel));
+        }
         for r in self.roots.iter().rev() {
             let _ = std::fs::remove_dir(r.join(rel));
         }
-        !self.roots.iter().any(|r| r.join(rel).exists())
+        !self.roots().any(|r| r.join(rel).exists())
     }
 
     /// See `Backend::set_ceiling`. The folder is made in every hierarchy (as `create` makes
@@ -123,6 +147,10 @@ impl V1 {
         for r in &self.roots {
             let d = r.join(rel);
             std::fs::create_dir_all(&d).map_err(|e| io_err("create cgroup", &d, e))?;
+        }
+        if let Some(b) = &self.blkio {
+            // Where the function's cgroups go; without it they get no I/O limits.
+            let _ = std::fs::create_dir_all(b.join(rel));
         }
         let mem = self.roots[MEMORY].join(rel);
         let value = mem_bytes.map_or("-1".to_string(), |b| b.to_string());
@@ -165,13 +193,60 @@ impl V1 {
         let dirs: [PathBuf; 5] = dirs
             .try_into()
             .map_err(|_| CgroupError::Unavailable("v1 controllers missing".into()))?;
-        let cg = V1Cgroup::new(dirs, self.memsw);
+        let blkio = self.blkio.as_ref().and_then(|r| {
+            let d = r.join(name);
+            let mut made = std::fs::create_dir(&d);
+            if matches!(&made, Err(e) if e.kind() == std::io::ErrorKind::NotFound) {
+                if let Some(parent) = d.parent() {
+                    let _ = std::fs::create_dir_all(parent);
+                }
+                made = std::fs::create_dir(&d);
+            }
+            match made {
+                Ok(()) => Some(d),
+                Err(e) => {
+                    log::warn!("no I/O limits for {name}: create {}: {e}", d.display());
+                    None
+                }
+            }
+        });
+        let cg = V1Cgroup::new(dirs, self.memsw, blkio.clone());
         if cg.is_err() {
+            if let Some(b) = &blkio {
+                let _ = std::fs::remove_dir(b);
+            }
             for m in made.iter().rev() {
                 let _ = std::fs::remove_dir(m);
             }
         }
         cg
+    }
+}
+
+/// Zygo's root in the blkio hierarchy (made if missing), if that is mounted and ours to
+/// use; `None` otherwise.
+fn blkio_root(
+    own: &[OwnCgroup],
+    base_override: Option<&str>,
+    mounts: &[CgroupMount],
+) -> Option<PathBuf> {
+    let m = mounts
+        .iter()
+        .find(|m| !m.v2 && m.options.iter().any(|o| o == "blkio"))?;
+    let own_path = own
+        .iter()
+        .find(|o| o.controllers.iter().any(|c| c == "blkio"))?;
+    let base = super::base_path(&own_path.path, base_override);
+    let root = join(&m.point, &base).join("zygo");
+    if super::access_w(&root) {
+        return Some(root);
+    }
+    match ensure_dir(&root) {
+        Ok(()) => Some(root),
+        Err(e) => {
+            log::debug!("no I/O limits: {e}");
+            None
+        }
     }
 }
 
@@ -202,6 +277,8 @@ pub struct V1Cgroup {
     quota_lifted: Cell<bool>,
     /// `cpu.shares` in the foreground, as `set_limits` wrote it.
     shares: Cell<u64>,
+    /// Its directory in the blkio hierarchy, if I/O limits are used.
+    blkio: Option<PathBuf>,
 }
 
 /// Files read or written for every request a reused cgroup serves: kept open after first
@@ -235,7 +312,11 @@ const COUNTERS: [(usize, &str); 3] = [
 ];
 
 impl V1Cgroup {
-    fn new(dirs: [PathBuf; 5], memsw: bool) -> Result<V1Cgroup, CgroupError> {
+    fn new(
+        dirs: [PathBuf; 5],
+        memsw: bool,
+        blkio: Option<PathBuf>,
+    ) -> Result<V1Cgroup, CgroupError> {
         let mut fds = Vec::with_capacity(5);
         for d in &dirs {
             let f = std::fs::OpenOptions::new()
@@ -256,6 +337,7 @@ impl V1Cgroup {
             held: RefCell::new(Vec::new()),
             quota_lifted: Cell::new(false),
             shares: Cell::new(DEFAULT_SHARES),
+            blkio,
         })
     }
 
@@ -406,6 +488,27 @@ impl V1Cgroup {
         Ok(true)
     }
 
+    /// I/O limits: the throttle on every disk, and (where BFQ schedules a disk) a weight
+    /// that follows the CPU bandwidth.
+    fn set_io(&self, dir: &Path, l: &Limits) -> Result<(), CgroupError> {
+        for dev in super::disks::disks() {
+            for (file, value) in [
+                ("blkio.throttle.read_bps_device", l.io_bps.to_string()),
+                ("blkio.throttle.write_bps_device", l.io_bps.to_string()),
+                ("blkio.throttle.read_iops_device", l.io_iops.to_string()),
+                ("blkio.throttle.write_iops_device", l.io_iops.to_string()),
+            ] {
+                super::write_file(&dir.join(file), &format!("{dev} {value}"))?;
+            }
+        }
+        let weight = super::disks::weight(l.cpu_millis);
+        if weight != 100 {
+            // Only there when BFQ is loaded, and it applies only where it schedules a disk.
+            let _ = std::fs::write(dir.join("blkio.bfq.weight"), weight.to_string());
+        }
+        Ok(())
+    }
+
     fn wait_frozen(&self) -> Result<(), CgroupError> {
         let deadline = Instant::now() + Duration::from_secs(2);
         loop {
@@ -465,6 +568,9 @@ impl Cgroup for V1Cgroup {
             self.write_in(CPU, "cpu.shares", &shares.to_string())?;
             self.shares.set(shares);
         }
+        if let Some(b) = &self.blkio {
+            self.set_io(b, l)?;
+        }
         Ok(())
     }
 
@@ -481,6 +587,9 @@ impl Cgroup for V1Cgroup {
         for h in 0..5 {
             self.write_in(h, "cgroup.procs", &pid.to_string())?;
         }
+        if let Some(b) = &self.blkio {
+            super::write_file(&b.join("cgroup.procs"), &pid.to_string())?;
+        }
         Ok(())
     }
 
@@ -489,15 +598,22 @@ impl Cgroup for V1Cgroup {
         for h in 0..5 {
             self.write_in(h, "tasks", &pid)?;
         }
+        if let Some(b) = &self.blkio {
+            super::write_file(&b.join("tasks"), &pid)?;
+        }
         Ok(())
     }
 
     fn attach_files(&self) -> Result<Vec<OwnedFd>, CgroupError> {
         // `tasks` moves just the writing thread, without the global threadgroup lock that
         // `cgroup.procs` takes; the writer is single-threaded, so that is the whole process.
-        (0..5)
+        let mut files: Vec<OwnedFd> = (0..5)
             .map(|h| self.open_in(h, "tasks", libc::O_WRONLY).map(OwnedFd::from))
-            .collect()
+            .collect::<Result<_, _>>()?;
+        if let Some(b) = &self.blkio {
+            files.push(super::open_write(&b.join("tasks"))?);
+        }
+        Ok(files)
     }
 
     fn contains(&self, pid: i32) -> Result<bool, CgroupError> {
@@ -597,7 +713,7 @@ impl Cgroup for V1Cgroup {
     fn remove(self: Box<Self>) -> Result<(), CgroupError> {
         let killed = self.kill_all();
         let mut first_err = killed.err();
-        for d in self.dirs.iter().rev() {
+        for d in self.blkio.iter().chain(self.dirs.iter().rev()) {
             if let Err(e) = rmdir_retry(d) {
                 first_err.get_or_insert(e);
             }

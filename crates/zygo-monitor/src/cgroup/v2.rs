@@ -69,6 +69,8 @@ impl V2 {
         let root = base_dir.join("zygo");
         ensure_dir(&root)?;
         write_file(&root.join("cgroup.subtree_control"), "+memory +pids +cpu")?;
+        enable_io(&base_dir);
+        enable_io(&root);
         Ok(Some(V2 { root }))
     }
 
@@ -107,6 +109,7 @@ impl V2 {
                 std::fs::create_dir(&level)
                     .map_err(|e| super::io_err("create cgroup", &level, e))?;
                 write_file(&level.join("cgroup.subtree_control"), "+memory +pids +cpu")?;
+                enable_io(&level);
             }
         }
         let mem = mem_bytes.map_or("max".to_string(), |b| b.to_string());
@@ -124,11 +127,23 @@ impl V2 {
                     std::fs::create_dir(&level)
                         .map_err(|e| super::io_err("create cgroup", &level, e))?;
                     write_file(&level.join("cgroup.subtree_control"), "+memory +pids +cpu")?;
+                    enable_io(&level);
                 }
             }
         }
         std::fs::create_dir(&dir).map_err(|e| super::io_err("create cgroup", &dir, e))?;
         Ok(V2Cgroup::new(dir))
+    }
+}
+
+/// Enable the io controller for `dir`'s children where it is available: best effort, as
+/// a delegated subtree may not have it (sandboxes then run without I/O limits).
+fn enable_io(dir: &Path) {
+    let available = read_file(&dir.join("cgroup.controllers")).unwrap_or_default();
+    if available.split_whitespace().any(|c| c == "io") {
+        if let Err(e) = write_file(&dir.join("cgroup.subtree_control"), "+io") {
+            log::debug!("no I/O limits: {e}");
+        }
     }
 }
 
@@ -178,6 +193,26 @@ impl Cgroup for V2Cgroup {
         if weight != self.weight.get() {
             write_file(&self.dir.join("cpu.weight"), &weight.to_string())?;
             self.weight.set(weight);
+        }
+        // I/O: a throttle on every disk and a weight that follows the CPU bandwidth, where
+        // the io controller is enabled for this cgroup.
+        let io_max = self.dir.join("io.max");
+        if io_max.exists() {
+            for dev in super::disks::disks() {
+                write_file(
+                    &io_max,
+                    &format!(
+                        "{dev} rbps={bps} wbps={bps} riops={iops} wiops={iops}",
+                        bps = l.io_bps,
+                        iops = l.io_iops
+                    ),
+                )?;
+            }
+            let w = super::disks::weight(l.cpu_millis);
+            if w != 100 {
+                // Only where a disk's scheduler honours it (BFQ, or io.cost).
+                let _ = write_file(&self.dir.join("io.weight"), &format!("default {w}"));
+            }
         }
         Ok(())
     }
