@@ -145,6 +145,21 @@ pub enum Request {
     },
     /// `GET /version`.
     Version,
+    /// Seal and store a tenant's secret (replacing one of that name).
+    PutSecret {
+        tenant: String,
+        name: String,
+        value: crate::api::SecretValue,
+    },
+    /// Forget a tenant's secret.
+    DeleteSecret {
+        tenant: String,
+        name: String,
+    },
+    /// The names of a tenant's secrets (never a value: there is no request that reads one).
+    ListSecrets {
+        tenant: String,
+    },
 }
 
 std::thread_local! {
@@ -262,6 +277,9 @@ pub enum ErrorCode {
     /// A limit above every ceiling the tenant can reach (HTTP 422; the message names the
     /// key).
     AboveCeiling,
+    /// A call needs a secret the calling tenant has not stored (HTTP 400; the message names
+    /// it).
+    MissingSecret,
 }
 
 impl ErrorCode {
@@ -278,6 +296,7 @@ impl ErrorCode {
             ErrorCode::Internal => "internal",
             ErrorCode::Unauthorized => "unauthorized",
             ErrorCode::AboveCeiling => "above_ceiling",
+            ErrorCode::MissingSecret => "missing_secret",
         }
     }
 }
@@ -458,6 +477,21 @@ pub enum Reply {
         id: String,
     },
     Version(crate::api::VersionInfo),
+    /// A secret was sealed and stored; `replaced`: one of that name existed.
+    SecretStored {
+        tenant: String,
+        name: String,
+        replaced: bool,
+    },
+    SecretDeleted {
+        tenant: String,
+        name: String,
+    },
+    /// A tenant's secrets, by name.
+    Secrets {
+        tenant: String,
+        names: Vec<String>,
+    },
 }
 
 #[cfg(test)]

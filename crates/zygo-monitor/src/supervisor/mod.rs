@@ -111,6 +111,9 @@ enum Kind {
     ListTokens,
     RevokeToken,
     Version,
+    PutSecret,
+    DeleteSecret,
+    ListSecrets,
 }
 
 fn kind(r: &Request) -> Kind {
@@ -141,6 +144,9 @@ fn kind(r: &Request) -> Kind {
         Request::ListTokens => Kind::ListTokens,
         Request::RevokeToken { .. } => Kind::RevokeToken,
         Request::Version => Kind::Version,
+        Request::PutSecret { .. } => Kind::PutSecret,
+        Request::DeleteSecret { .. } => Kind::DeleteSecret,
+        Request::ListSecrets { .. } => Kind::ListSecrets,
     }
 }
 
@@ -163,6 +169,9 @@ const DISPATCH_CLI: &[Kind] = &[
     Kind::MintToken,
     Kind::ListTokens,
     Kind::RevokeToken,
+    Kind::PutSecret,
+    Kind::DeleteSecret,
+    Kind::ListSecrets,
 ];
 const DISPATCH_MCP: &[Kind] = &[Kind::List, Kind::Exec, Kind::Logs];
 /// The API front sends every request inside an envelope saying who sent it.
@@ -193,6 +202,9 @@ const DISPATCH_API_INNER: &[Kind] = &[
     Kind::ListTokens,
     Kind::RevokeToken,
     Kind::Drain,
+    Kind::PutSecret,
+    Kind::DeleteSecret,
+    Kind::ListSecrets,
 ];
 
 /// The gate's row for an inner API request (`None`: the API may not ask for it).
@@ -222,6 +234,9 @@ fn gate_route(k: Kind) -> Option<policy::gate::Route> {
         Kind::ListTokens => Route::ListTokens,
         Kind::RevokeToken => Route::RevokeToken,
         Kind::Drain => Route::Drain,
+        Kind::PutSecret => Route::PutSecret,
+        Kind::DeleteSecret => Route::DeleteSecret,
+        Kind::ListSecrets => Route::ListSecrets,
         Kind::ServeAll | Kind::Serve | Kind::Api => return None,
     })
 }

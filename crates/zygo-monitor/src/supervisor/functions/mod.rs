@@ -293,6 +293,13 @@ impl Functions {
             Request::ListTokens => Some(self.api.list_tokens()),
             Request::RevokeToken { id } => Some(self.api.revoke(&id)),
             Request::Version => Some(self.version(who)),
+            Request::PutSecret {
+                tenant,
+                name,
+                value,
+            } => Some(self.api.put_secret(&tenant, &name, &value.0)),
+            Request::DeleteSecret { tenant, name } => Some(self.api.delete_secret(&tenant, &name)),
+            Request::ListSecrets { tenant } => Some(self.api.list_secrets(&tenant)),
         }
     }
 
