@@ -53,11 +53,32 @@ pub fn parse_key(text: &[u8]) -> Result<SealKey, String> {
 /// saying why (never what) when it is not a key. The variable is removed either way.
 pub fn key_from_env() -> Result<Option<SealKey>, String> {
     let v = std::env::var_os(KEY_ENV);
+    scrub_env(KEY_ENV);
     std::env::remove_var(KEY_ENV);
     match v {
         None => Ok(None),
         Some(v) if v.is_empty() => Ok(None),
         Some(v) => parse_key(v.as_encoded_bytes()).map(Some),
+    }
+}
+
+/// Overwrite the variable's value where the environment holds it (the block the process
+/// started with is what `/proc/<pid>/environ` shows, and removing the variable leaves its
+/// bytes there). Call before any thread is started.
+fn scrub_env(name: &str) {
+    let Ok(c) = std::ffi::CString::new(name) else {
+        return;
+    };
+    // SAFETY: single-threaded (at start-up); getenv's pointer is to a NUL-terminated value
+    // in this process's writable environment, overwritten within its length.
+    unsafe {
+        let p = libc::getenv(c.as_ptr());
+        if !p.is_null() {
+            let n = libc::strlen(p);
+            for i in 0..n {
+                std::ptr::write_volatile(p.add(i), b'0' as libc::c_char);
+            }
+        }
     }
 }
 
