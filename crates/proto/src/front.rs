@@ -41,10 +41,12 @@ pub enum Request {
     ServeAll {
         file: String,
     },
-    /// Serve one function of this sandbox.toml.
+    /// Serve one function of this sandbox.toml, with values for its secrets given at the
+    /// shell (`--secret NAME=VALUE`; they win over stored ones).
     Serve {
         name: String,
         file: String,
+        secrets: Vec<(String, crate::api::SecretValue)>,
     },
     /// Stop a function: its zygotes end, in-flight requests are cancelled.
     Stop {

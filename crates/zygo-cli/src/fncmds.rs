@@ -353,12 +353,45 @@ pub fn serve(raw: Vec<OsString>) -> i32 {
             "name exactly one function: zygo serve NAME [-f sandbox.toml]",
         );
     };
-    if a.flag("secret").is_some() {
-        return refused(
-            a.json,
-            "bad_request",
-            "secrets are not available in this version of Zygo",
-        );
+    // --secret NAME=VALUE, or --secret NAME for the value of $NAME. No message repeats a
+    // value.
+    let mut secrets = Vec::new();
+    for (f, v) in &a.flags {
+        if f != "secret" {
+            continue;
+        }
+        let (n, value) = match v.split_once('=') {
+            Some((n, value)) => (n, value.as_bytes().to_vec()),
+            None => match std::env::var_os(v) {
+                Some(x) if proto::api::is_secret_name(v) => (v.as_str(), x.into_encoded_bytes()),
+                _ if proto::api::is_secret_name(v) => {
+                    return usage_refusal(
+                        a.json,
+                        "serve",
+                        format!("--secret {v}: ${v} is not set (or give --secret {v}=VALUE)"),
+                    )
+                }
+                _ => ("", Vec::new()),
+            },
+        };
+        if !proto::api::is_secret_name(n) {
+            return usage_refusal(
+                a.json,
+                "serve",
+                "--secret takes NAME=VALUE or NAME (the value of $NAME); a name is 1 to 64 letters, digits and _, not starting with a digit",
+            );
+        }
+        if value.len() > proto::api::MAX_SECRET_VALUE {
+            return usage_refusal(
+                a.json,
+                "serve",
+                format!(
+                    "--secret {n}: the value is larger than {} bytes",
+                    proto::api::MAX_SECRET_VALUE
+                ),
+            );
+        }
+        secrets.push((n.to_string(), proto::api::SecretValue(value)));
     }
     let file = match sandbox_file(a.flag("f").or(a.flag("file")), true) {
         Ok(Some(f)) => f,
@@ -370,6 +403,7 @@ pub fn serve(raw: Vec<OsString>) -> i32 {
         &Request::Serve {
             name: name.clone(),
             file: file.display().to_string(),
+            secrets,
         },
     ) {
         Ok(r) => print_served(a.json, r),

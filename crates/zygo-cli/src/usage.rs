@@ -125,7 +125,13 @@ has failed (an import error is printed).
 pub const SERVE: &str = "\
 zygo serve — serve one function of a sandbox.toml
 
-Usage: zygo serve NAME [-f sandbox.toml] [--json]
+Usage: zygo serve NAME [-f sandbox.toml] [--secret NAME=VALUE | --secret NAME]... [--json]
+
+--secret gives a value for one of the function's secrets (its sandbox.toml lists the
+name under secrets); --secret NAME takes the value of $NAME. Each is the file
+/run/secrets/NAME in every request of the function, readable by that request only, gone
+when it ends. A value given here wins over one stored with `zygo secrets set` (for a
+tenant's function); serving again with --secret replaces it from the next call on.
 ";
 
 pub const STOP: &str = "\

@@ -777,6 +777,7 @@ pub fn serve(
                     event,
                     script,
                     scratch_bytes: shrink_to,
+                    secrets,
                 }) => {
                     // A pool's script goes into the sandbox before its request does.
                     use crate::script_space::Refused;
@@ -823,10 +824,11 @@ pub fn serve(
                             line.extend_from_slice(b",\"event\":");
                             line.extend_from_slice(event.as_bytes());
                             line.extend_from_slice(b"}\n");
-                            match shrink_to.filter(|s| *s < scratch_bytes) {
-                                // Its /tmp and /work are shrunk first; the request follows
-                                // once the mounter says so.
-                                Some(size) => match mounter.shrink(&slot, c.pid, &ns, size) {
+                            let shrink = shrink_to.filter(|s| *s < scratch_bytes);
+                            if shrink.is_some() || !secrets.is_empty() {
+                                // Its /tmp and /work are shrunk and its secrets written
+                                // first; the request follows once the mounter says so.
+                                match mounter.prepare(&slot, c.pid, &ns, shrink, &secrets) {
                                     Ok(()) => {
                                         shrinking.insert(slot.clone(), line);
                                         true
@@ -835,8 +837,9 @@ pub fn serve(
                                         log::error!("launcher: {e}");
                                         false
                                     }
-                                },
-                                None => sys::write_fd(c.fd.as_raw_fd(), &line).is_ok(),
+                                }
+                            } else {
+                                sys::write_fd(c.fd.as_raw_fd(), &line).is_ok()
                             }
                         }
                         (_, Err(e)) => {

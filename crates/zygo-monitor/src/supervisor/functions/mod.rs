@@ -240,8 +240,12 @@ impl Functions {
         cx: &mut Ctx,
     ) -> Option<Reply> {
         match req {
-            Request::ServeAll { file } => self.serve_file(client, &file, None, cx),
-            Request::Serve { name, file } => self.serve_file(client, &file, Some(name), cx),
+            Request::ServeAll { file } => self.serve_file(client, &file, None, Vec::new(), cx),
+            Request::Serve {
+                name,
+                file,
+                secrets,
+            } => self.serve_file(client, &file, Some(name), secrets, cx),
             Request::Stop { name } => Some(self.stop_as(&name, who, cx)),
             Request::Exec(e) => self.exec_as(client, e, who, cx),
             Request::List => Some(Reply::Functions(self.list(who))),
