@@ -14,21 +14,100 @@ use std::io::Write;
 use std::os::unix::net::UnixStream;
 use std::time::Duration;
 
-use proto::api::{Credentials, FrontFlags, SecretValue};
+use proto::api::{Credentials, FrontFlags, SecretValue, ServeKind};
 use proto::front::{
-    ErrorCode, Hello, HelloReply, Reply, Request, Role, FRONT_PROTOCOL, MAX_FRONT_FRAME,
+    ErrorCode, ExecRequest, Hello, HelloReply, Outcome, Reply, Request, Role, ScriptRef,
+    FRONT_PROTOCOL, MAX_FRONT_FRAME,
 };
 use proto::{encode_frame, read_frame};
 use zygo_tests::*;
 
 static SUITE: Suite = Suite {
     prefix: "sec-",
-    handlers: "def read(event):\n    return open('/run/secrets/' + event).read()\n",
+    handlers: LOOK,
     defaults: "timeout = \"20s\"\nmem = \"64M\"\nidle_timeout = \"60s\"\n",
     agents: false,
 };
 
 const BOOT: &str = "bootstrap-token-of-the-secrets-tests";
+
+/// What a request sees of its secrets: for each name asked, the SHA-256 of the file (never
+/// the value itself), its mode and owner, the request's own uid, the folder's mode and
+/// listing, and how `/run/secrets` is mounted; then it holds for `hold` seconds.
+const LOOK: &str = r#"import hashlib, os, time
+
+
+def _look(name):
+    p = "/run/secrets/" + name
+    st = os.stat(p)
+    mount = []
+    try:
+        for line in open("/proc/self/mountinfo"):
+            f = line.split()
+            if f[4] == "/run/secrets":
+                mount.append(f[5] + " " + line.split(" - ")[1].split()[0])
+    except OSError as e:
+        mount.append("unreadable: " + str(e))
+    return {"sha": hashlib.sha256(open(p, "rb").read()).hexdigest(),
+            "mode": st.st_mode & 0o7777, "uid": st.st_uid, "me": os.getuid(),
+            "dir_mode": os.stat("/run/secrets").st_mode & 0o7777,
+            "names": sorted(os.listdir("/run/secrets")), "mount": mount}
+
+
+def read(event):
+    out = {n: _look(n) for n in event["names"]}
+    time.sleep(event.get("hold", 0))
+    return out
+
+
+def handler(event):
+    return read(event)
+"#;
+
+fn sha(v: &str) -> String {
+    use sha2::{Digest, Sha256};
+    Sha256::digest(v.as_bytes())
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect()
+}
+
+/// Host processes of a function (by its cgroup) with a `/run/secrets` mount.
+fn with_secrets_mounted(name: &str) -> Vec<i32> {
+    host_processes()
+        .into_iter()
+        .map(|(pid, _)| pid)
+        .filter(|pid| memory_cgroup(*pid).contains(&format!("/{name}/")))
+        .filter(|pid| {
+            fs::read_to_string(format!("/proc/{pid}/mountinfo")).is_ok_and(|m| {
+                m.lines()
+                    .any(|l| l.split(' ').nth(4) == Some("/run/secrets"))
+            })
+        })
+        .collect()
+}
+
+/// Check what a request saw of one secret: its value (by hash), 0400 and its own uid, in a
+/// 0500 folder of its own holding `names`, on a read-only tmpfs.
+#[track_caller]
+fn check_seen(seen: &serde_json::Value, value: &str, names: &[&str]) {
+    assert_eq!(seen["sha"], sha(value), "the value read: {seen}");
+    assert_eq!(seen["mode"], 0o400, "{seen}");
+    assert_eq!(
+        seen["uid"], seen["me"],
+        "owned by the request's uid: {seen}"
+    );
+    assert_eq!(seen["dir_mode"], 0o500, "{seen}");
+    let listed: Vec<&str> = seen["names"]
+        .as_array()
+        .expect("names")
+        .iter()
+        .map(|n| n.as_str().expect("name"))
+        .collect();
+    assert_eq!(listed, names, "{seen}");
+    let mount = seen["mount"].to_string();
+    assert!(mount.contains("ro") && mount.contains("tmpfs"), "{seen}");
+}
 
 /// One API-role connection (what `zygo api` sends, minus HTTP).
 struct Api {
@@ -453,5 +532,347 @@ fn a_sealed_record_copied_to_another_tenant_or_name_does_not_open() {
         "{log}"
     );
     assert_nowhere(&s, &[&value], &[]);
+    s.shutdown();
+}
+
+/// A function's secret from the shell: refused to serve without a value, then read by each
+/// request as `/run/secrets/<name>` (0400, its own uid, a read-only tmpfs of its own), and
+/// gone when the request ends. No value reaches any log or answer.
+fn a_function_reads_its_secret_in_its_request_only(who: Who) {
+    let mut s = SUITE.sup(who, "fn");
+    let key = keygen(&s);
+    s.env("ZYGO_API_TOKEN", BOOT);
+    s.env("ZYGO_SECRETS_KEY", &key);
+    let (file, names) = s.write_toml(&[(
+        "reader",
+        "read",
+        "secrets = [\"API_KEY\", \"OTHER\"]\nmax_warm = 2\n",
+    )]);
+    let name = names[0].clone();
+    let file = file.to_str().expect("UTF-8").to_string();
+    // `zygo up` serves nothing with a value missing? A host function's values may come
+    // from the calling tenant, so it serves; a call without them is refused before
+    // anything runs, naming the secret.
+    let f = s.run(&["up", "-f", &file]);
+    s.find_supervisor();
+    assert_eq!(f.code, 0, "up: {}\n{}", f.stderr_text(), s.log());
+    let (v, f) = s.exec(&name, Some(r#"{"names": ["API_KEY"]}"#), &["--json"]);
+    s.assert_refused(&v, &f, "missing_secret");
+    assert!(text(&v, "error").contains("API_KEY"), "{v}");
+    // A --secret the function does not list, or a bad one, is refused, without its value.
+    let f = s.run(&[
+        "serve",
+        &name,
+        "-f",
+        &file,
+        "--secret",
+        "NOPE=zz-not-listed",
+        "--json",
+    ]);
+    assert_ne!(f.code, 0);
+    assert!(f.stdout_text().contains("NOPE") && !f.stdout_text().contains("zz-not-listed"));
+    let value = format!("shell-value-{}", unique());
+    let other = format!("from-env-{}", unique());
+    let arg = format!("API_KEY={value}");
+    let mut c = s.cmd(&[
+        "serve", &name, "-f", &file, "--secret", &arg, "--secret", "OTHER", "--json",
+    ]);
+    c.env("OTHER", &other);
+    let f = finish(c);
+    assert_eq!(
+        f.code,
+        0,
+        "serve --secret: {}{}\n{}",
+        f.stdout_text(),
+        f.stderr_text(),
+        s.log()
+    );
+    let mut said = vec![f.stdout_text() + &f.stderr_text()];
+    for _ in 0..2 {
+        let (v, f) = s.exec(
+            &name,
+            Some(r#"{"names": ["API_KEY", "OTHER"]}"#),
+            &["--json"],
+        );
+        s.assert_ok(&v, &f, "read the secrets");
+        check_seen(&v["result"]["API_KEY"], &value, &["API_KEY", "OTHER"]);
+        check_seen(&v["result"]["OTHER"], &other, &["API_KEY", "OTHER"]);
+        said.push(f.stdout_text() + &f.stderr_text());
+    }
+    // While a request holds, its process has the mount; once it is over, nothing has.
+    let bg = s.exec_bg(&name, r#"{"names": ["API_KEY"], "hold": 3}"#, &["--json"]);
+    s.wait_in_flight(&name, 1);
+    wait_for(
+        Duration::from_secs(10),
+        "the request's /run/secrets",
+        || !with_secrets_mounted(&name).is_empty(),
+    );
+    let f = bg.join().expect("the held call");
+    assert_eq!(f.code, 0, "{}", f.stdout_text());
+    wait_for(
+        Duration::from_secs(10),
+        "/run/secrets gone with the request",
+        || with_secrets_mounted(&name).is_empty(),
+    );
+    assert_nowhere(&s, &[&value, &other], &said);
+    s.shutdown();
+}
+
+root_and_rootless!(a_function_reads_its_secret_in_its_request_only);
+
+fn pool_call(tenant_token: &str, pool: &str, hold: u32) -> Request {
+    let _ = tenant_token;
+    Request::Exec(ExecRequest {
+        name: pool.into(),
+        event: format!(r#"{{"names": ["API_KEY"], "hold": {hold}}}"#),
+        key: None,
+        timeout_ms: None,
+        stream: false,
+        script: Some(ScriptRef::Source(LOOK.as_bytes().to_vec())),
+    })
+}
+
+fn exec_answer(r: Reply, what: &str) -> proto::front::ExecAnswer {
+    match r {
+        Reply::Answer(a) => a,
+        other => panic!("{what}: {other:?}"),
+    }
+}
+
+/// A pool names secrets; two tenants calling it at once each read their own value only,
+/// each call in a zygote of its own (the pool grows); at max_warm the second is busy; a
+/// tenant without the secret (or a call for no tenant) is refused with missing_secret
+/// naming it; a shell value for a pool is refused.
+fn two_tenants_share_a_pool_and_read_their_own(who: Who) {
+    let mut s = SUITE.sup(who, "pool");
+    let key = keygen(&s);
+    start(&mut s, Some(&key));
+    let op = mint(&s, None);
+    let mut api = Api::open(&s, FrontFlags::default());
+    let (a, b, c) = (tenant_id("a"), tenant_id("b"), tenant_id("c"));
+    for t in [&a, &b, &c] {
+        create_tenant(&mut api, t);
+    }
+    let (va, vb) = (
+        format!("a-value-{}", unique()),
+        format!("b-value-{}", unique()),
+    );
+    assert_eq!(set(&s, &a, "API_KEY", &va).code, 0);
+    assert_eq!(set(&s, &b, "API_KEY", &vb).code, 0);
+    let pool = format!("sp{:x}", unique() & 0xff_ffff);
+    let small = format!("{pool}1");
+    for (n, max) in [(&pool, 4), (&small, 1)] {
+        let r = api.ask(
+            &op,
+            None,
+            Request::ServeLayer {
+                name: n.clone(),
+                kind: ServeKind::Pool,
+                layer: format!(
+                    r#"{{"agent":"python","mem":"64M","secrets":["API_KEY"],"max_warm":{max},"min_warm":1}}"#
+                ),
+                base_dir: None,
+            },
+        );
+        assert!(
+            matches!(r, Reply::ServedOne { .. }),
+            "serve {n}: {r:?}\n{}",
+            s.log()
+        );
+    }
+    let ta = mint(&s, Some(&a));
+    let tb = mint(&s, Some(&b));
+    let tc = mint(&s, Some(&c));
+    // At once: each its own value.
+    let mut threads = Vec::new();
+    for (tok, v) in [(ta.clone(), va.clone()), (tb.clone(), vb.clone())] {
+        let sock = s.socket();
+        let pool = pool.clone();
+        threads.push(std::thread::spawn(move || {
+            let mut c = UnixStream::connect(sock).expect("connect");
+            c.set_read_timeout(Some(Duration::from_secs(60)))
+                .expect("timeout");
+            c.write_all(
+                &encode_frame(&Hello {
+                    protocol: FRONT_PROTOCOL,
+                    role: Role::Api,
+                    flags: FrontFlags::default(),
+                })
+                .expect("hello"),
+            )
+            .expect("hello");
+            let _: HelloReply = read_frame(&mut c, MAX_FRONT_FRAME).expect("welcome");
+            let mut api = Api { s: c };
+            let r = api.ask(&tok, None, pool_call(&tok, &pool, 2));
+            (r, v)
+        }));
+    }
+    for t in threads {
+        let (r, v) = t.join().expect("a tenant's call");
+        let a = exec_answer(r, "a tenant's pool call");
+        assert_eq!(a.outcome, Outcome::Ok, "{a:?}");
+        let seen: serde_json::Value =
+            serde_json::from_str(a.result.as_deref().expect("result")).expect("JSON");
+        check_seen(&seen["API_KEY"], &v, &["API_KEY"]);
+    }
+    // Each had a zygote to itself: the pool grew.
+    let r = api.ask(&op, None, Request::List);
+    let Reply::Functions(fs_) = r else {
+        panic!("{r:?}")
+    };
+    let info = fs_
+        .iter()
+        .find(|f| f.name == pool)
+        .expect("the pool is listed");
+    let z = &info.zygotes;
+    assert!(
+        z.ready + z.busy + z.frozen + z.starting >= 2,
+        "two calls at once with secrets ran in two zygotes: {info:?}"
+    );
+    // At max_warm, a second call while one with secrets runs is busy.
+    let sock = s.socket();
+    let (small2, ta2) = (small.clone(), ta.clone());
+    let held = std::thread::spawn(move || {
+        let mut c = UnixStream::connect(sock).expect("connect");
+        c.set_read_timeout(Some(Duration::from_secs(60)))
+            .expect("timeout");
+        c.write_all(
+            &encode_frame(&Hello {
+                protocol: FRONT_PROTOCOL,
+                role: Role::Api,
+                flags: FrontFlags::default(),
+            })
+            .expect("hello"),
+        )
+        .expect("hello");
+        let _: HelloReply = read_frame(&mut c, MAX_FRONT_FRAME).expect("welcome");
+        let mut api = Api { s: c };
+        api.ask(&ta2, None, pool_call(&ta2, &small2, 3))
+    });
+    wait_for(Duration::from_secs(20), "the held call in flight", || {
+        let r = api.ask(&op, None, Request::List);
+        matches!(&r, Reply::Functions(v) if v.iter().any(|f| f.name == small && f.in_flight == 1))
+    });
+    let r = api.ask(&tb, None, pool_call(&tb, &small, 0));
+    expect_code(
+        &r,
+        ErrorCode::Busy,
+        "max_warm reached, the zygote held by a call with secrets",
+    );
+    let a_ = exec_answer(held.join().expect("held"), "the held call");
+    assert_eq!(a_.outcome, Outcome::Ok, "{a_:?}");
+    // A tenant with no value, and a call for no tenant: missing_secret, naming it.
+    let r = api.ask(&tc, None, pool_call(&tc, &pool, 0));
+    expect_code(&r, ErrorCode::MissingSecret, "a tenant without the secret");
+    let Reply::Error { message, .. } = &r else {
+        unreachable!()
+    };
+    assert!(message.contains("API_KEY"), "{message}");
+    let r = api.ask(&op, None, pool_call(&op, &pool, 0));
+    expect_code(&r, ErrorCode::MissingSecret, "a call for no tenant");
+    let said = vec![format!("{r:?}")];
+    drop(api);
+    assert_nowhere(&s, &[&va, &vb], &said);
+    s.shutdown();
+}
+
+root_and_rootless!(two_tenants_share_a_pool_and_read_their_own);
+
+/// A pool naming secrets on a host with no key is refused when it is served.
+#[test]
+fn a_pool_with_secrets_on_a_keyless_host_is_refused() {
+    let Some(mut s) = SUITE.root("keyless") else {
+        return;
+    };
+    start(&mut s, None);
+    let op = mint(&s, None);
+    let mut api = Api::open(&s, FrontFlags::default());
+    let r = api.ask(
+        &op,
+        None,
+        Request::ServeLayer {
+            name: "kp".into(),
+            kind: ServeKind::Pool,
+            layer: r#"{"agent":"python","mem":"64M","secrets":["API_KEY"]}"#.into(),
+            base_dir: None,
+        },
+    );
+    expect_code(&r, ErrorCode::BadSpec, "a pool with secrets, no key");
+    let Reply::Error { message, .. } = &r else {
+        unreachable!()
+    };
+    assert!(message.contains("ZYGO_SECRETS_KEY"), "{message}");
+    // Without secrets it serves.
+    let r = api.ask(
+        &op,
+        None,
+        Request::ServeLayer {
+            name: "kp".into(),
+            kind: ServeKind::Pool,
+            layer: r#"{"agent":"python","mem":"64M"}"#.into(),
+            base_dir: None,
+        },
+    );
+    assert!(matches!(r, Reply::ServedOne { .. }), "{r:?}");
+    drop(api);
+    s.shutdown();
+}
+
+/// The shell wins: a host function served with --secret API_KEY=…, called by a tenant that
+/// stored its own API_KEY and OTHER, reads the shell's API_KEY and its own OTHER.
+#[test]
+fn the_shell_wins_over_the_store() {
+    let Some(mut s) = SUITE.root("shell") else {
+        return;
+    };
+    let key = keygen(&s);
+    start(&mut s, Some(&key));
+    let mut api = Api::open(&s, FrontFlags::default());
+    let t = tenant_id("t");
+    create_tenant(&mut api, &t);
+    let (shell, stored, other) = (
+        format!("shell-{}", unique()),
+        format!("stored-{}", unique()),
+        format!("other-{}", unique()),
+    );
+    assert_eq!(set(&s, &t, "API_KEY", &stored).code, 0);
+    assert_eq!(set(&s, &t, "OTHER", &other).code, 0);
+    let (file, names) = s.write_toml(&[("sh", "read", "secrets = [\"API_KEY\", \"OTHER\"]\n")]);
+    let name = names[0].clone();
+    let arg = format!("API_KEY={shell}");
+    let f = s.run(&[
+        "serve",
+        &name,
+        "-f",
+        file.to_str().expect("UTF-8"),
+        "--secret",
+        &arg,
+    ]);
+    assert_eq!(f.code, 0, "{}{}", f.stdout_text(), f.stderr_text());
+    let tt = mint(&s, Some(&t));
+    let r = api.ask(
+        &tt,
+        None,
+        Request::Exec(ExecRequest {
+            name: name.clone(),
+            event: r#"{"names": ["API_KEY", "OTHER"]}"#.into(),
+            key: None,
+            timeout_ms: None,
+            stream: false,
+            script: None,
+        }),
+    );
+    let a = exec_answer(r, "the tenant's call");
+    assert_eq!(a.outcome, Outcome::Ok, "{a:?}");
+    let seen: serde_json::Value =
+        serde_json::from_str(a.result.as_deref().expect("result")).expect("JSON");
+    check_seen(&seen["API_KEY"], &shell, &["API_KEY", "OTHER"]);
+    check_seen(&seen["OTHER"], &other, &["API_KEY", "OTHER"]);
+    // From the CLI (no tenant), OTHER has no value: refused before anything runs.
+    let (v, f) = s.exec(&name, Some(r#"{"names": ["API_KEY"]}"#), &["--json"]);
+    s.assert_refused(&v, &f, "missing_secret");
+    assert!(text(&v, "error").contains("OTHER"), "{v}");
+    drop(api);
+    assert_nowhere(&s, &[&shell, &stored, &other], &[]);
     s.shutdown();
 }

@@ -271,6 +271,14 @@ fn mounter_main(sock: RawFd, user: RawFd, home: RawFd, opts: &CString) -> ! {
             }
         }
     }
+    // Files it creates (a request's secrets) must belong to ids the sandbox maps: it
+    // creates them as the namespace's root (where the launcher's own id is not mapped,
+    // as when Zygo runs as root; otherwise this changes nothing).
+    // SAFETY: setfsgid/setfsuid change only this process's file-system ids.
+    unsafe {
+        libc::setfsgid(0);
+        libc::setfsuid(0);
+    }
     let fstype = c"tmpfs";
     let mut msg = vec![0u8; MAX_MESSAGE];
     loop {
