@@ -711,7 +711,9 @@ impl Entry {
 }
 
 impl AllowRule {
-    /// Parse `host:port`: a DNS name, an IPv4 address or `[IPv6]`, and a port 1–65535.
+    /// Parse `host:port`: a DNS name, an IPv4 address or block (`10.0.0.0/8`) or `[IPv6]`,
+    /// and a port 1–65535. Which of these a sandbox may have is `crate::egress::compile`'s
+    /// to say.
     pub fn parse(field: &str, s: &str) -> Result<AllowRule, PolicyError> {
         let bad = |reason: &str| PolicyError::invalid(field, s, reason);
         let Some((host, port)) = s.rsplit_once(':') else {
@@ -729,13 +731,22 @@ impl AllowRule {
             return Err(bad(
                 "has an IPv6 address without brackets; write [2001:db8::1]:443",
             ));
-        } else if host.parse::<Ipv4Addr>().is_ok() || is_dns_name(host) {
+        } else if host.parse::<Ipv4Addr>().is_ok() || is_dns_name(host) || is_v4_block(host) {
             host.to_ascii_lowercase()
         } else {
             return Err(bad("has a bad host; use a DNS name or an IP address"));
         };
         Ok(AllowRule { host, port })
     }
+}
+
+/// `a.b.c.d/n` with a prefix of one or two digits (its range is checked by `egress`).
+fn is_v4_block(h: &str) -> bool {
+    h.split_once('/').is_some_and(|(net, prefix)| {
+        net.parse::<Ipv4Addr>().is_ok()
+            && (1..=2).contains(&prefix.len())
+            && prefix.bytes().all(|b| b.is_ascii_digit())
+    })
 }
 
 fn is_dns_name(h: &str) -> bool {

@@ -15,8 +15,8 @@ use crate::output::clean;
 use crate::{usage, usage_error};
 
 /// The flags of `zygo run` that take a value.
-const VALUED: [&str; 10] = [
-    "mem", "cpu", "pids", "timeout", "scratch", "net", "image", "mount", "env", "stdin",
+const VALUED: [&str; 11] = [
+    "mem", "cpu", "pids", "timeout", "scratch", "net", "allow", "image", "mount", "env", "stdin",
 ];
 
 struct Opts {
@@ -46,6 +46,10 @@ fn parse(raw: Vec<OsString>) -> Result<Option<Opts>, String> {
                 let v = text(p.value().map_err(|e| e.to_string())?, &flag)?;
                 flags::set(&mut o.args, &flag, v)?;
             }
+            Long("allow") => o
+                .args
+                .allow
+                .push(text(p.value().map_err(|e| e.to_string())?, "allow")?),
             Long("stdin") => o.stdin = Some(p.value().map_err(|e| e.to_string())?),
             Value(v) => {
                 o.args.argv.push(text(v, "command")?);

@@ -872,12 +872,17 @@ fn relay(from: &File, to: OwnedFd) {
 /// follows from it. A refusal here is phase `plan`: nothing was created.
 pub fn launch_plan(plan: &policy::plan::OneShotPlan) -> Result<(LaunchPlan, Limits), String> {
     use policy::plan::{Image, Network};
-    if plan.network != Network::None {
-        return Err(format!(
-            "network {} is not available for one-shot sandboxes; use --net none",
-            plan.network
-        ));
-    }
+    let egress = match plan.network {
+        Network::None => None,
+        Network::Egress => Some(egress_rules(&plan.allow)),
+        Network::Host => {
+            return Err(
+                "network host is not available for one-shot sandboxes; use --net none or \
+                 --net egress"
+                    .into(),
+            )
+        }
+    };
     let image = match &plan.image {
         Image::Host => proto::launch::Image::Host,
         Image::Dir(d) => {
@@ -927,8 +932,21 @@ pub fn launch_plan(plan: &policy::plan::OneShotPlan) -> Result<(LaunchPlan, Limi
         hide_pids: Shape::ONE_SHOT.hide_pids,
         work_mode: Shape::ONE_SHOT.work_mode,
         agents: Vec::new(),
+        egress,
     };
     Ok((launch, limits))
+}
+
+/// The launcher's form of egress rules the policy has checked.
+pub fn egress_rules(rules: &[policy::egress::Rule]) -> Vec<proto::launch::EgressRule> {
+    rules
+        .iter()
+        .map(|r| proto::launch::EgressRule {
+            addr: r.net.octets(),
+            prefix: r.prefix,
+            port: r.port,
+        })
+        .collect()
 }
 
 fn path_str(p: &Path) -> Result<String, String> {

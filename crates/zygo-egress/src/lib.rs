@@ -1,0 +1,433 @@
+//! A sandbox's egress filter: the one way out of a sandbox with `network = "egress"`.
+//!
+//! # How a sandbox's connections reach it
+//!
+//! A sandbox with egress has its own network namespace with only `lo`, where every IPv4
+//! address is local (`local 0.0.0.0/0 dev lo` in the `local` table, added by the sandbox's
+//! init while it still has `CAP_NET_ADMIN` over its namespace). Before anything of the
+//! program runs, init listens there on each rule's address and port (or on the rule's port
+//! for every address, for a block) and hands those listening sockets out to its launcher,
+//! which starts this process outside the sandbox with them. Then:
+//!
+//! - a TCP connection to an address and port a rule names reaches one of those sockets,
+//!   and the local address of the accepted connection *is* the address the program asked
+//!   for: the filter asks `policy::egress::decide` and, if the rule allows it, connects
+//!   there itself, from the host's network namespace, and relays the bytes both ways;
+//! - a TCP connection to anything else finds no listener and is refused at once
+//!   (`ECONNREFUSED`), inside the sandbox, without a packet leaving it;
+//! - UDP (DNS included) goes nowhere: every address is local, nothing listens, and the
+//!   sender gets `ECONNREFUSED`; raw and ICMP sockets need privileges the program does not
+//!   have; there is no IPv6 route, so IPv6 fails with `ENETUNREACH`;
+//! - the sandbox cannot change any of this: its program has no capabilities.
+//!
+//! No `/dev/net/tun`, user-mode network stack or packet filter is involved, so the same
+//! design runs as root and rootless. What the filter refuses (a rule that covers the
+//! address only through a wide block while the address is private, say) is refused by a
+//! reset right after the connection was accepted, and logged with the sandbox's label.
+//!
+//! # How the filter confines itself
+//!
+//! Before it accepts anything it drops to the sandbox owner's host ids (when started as
+//! root), becomes non-dumpable, sets `no_new_privs`, restricts itself with Landlock (no
+//! filesystem access at all; TCP `connect` only to the rules' ports, no `bind`), and
+//! installs its own seccomp table ([`confine`]): it can accept on the descriptors it holds,
+//! open IPv4 TCP sockets and connect them, move bytes, and run threads. No `open`, no
+//! `exec`, no other socket family.
+
+pub mod confine;
+
+use std::io::{Read, Write};
+use std::net::{Ipv4Addr, SocketAddrV4, TcpStream};
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use plumbing::Role;
+use policy::egress::{decide, Rule};
+
+/// The largest start message the launcher may send.
+pub const MAX_START: usize = 8 * 1024;
+/// The most listening sockets one filter serves (one per rule at most).
+pub const MAX_LISTENERS: usize = 64;
+/// The most connections relayed at once; more are refused (reset) and logged.
+const MAX_CONNS: usize = 256;
+/// How long the filter waits for the destination to accept a connection.
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
+/// Each relay thread's buffer.
+const BUF: usize = 128 * 1024;
+
+/// What the launcher tells the filter at start.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Start {
+    /// Host ids to switch to when started as root.
+    pub ids: Option<(u32, u32)>,
+    /// How log lines name the sandbox.
+    pub label: String,
+    pub rules: Vec<Rule>,
+}
+
+impl Start {
+    /// The message's text (the listening sockets travel beside it).
+    pub fn encode(&self) -> String {
+        let mut s = String::from("zygo-egress 1\n");
+        match self.ids {
+            Some((u, g)) => s.push_str(&format!("ids {u} {g}\n")),
+            None => s.push_str("ids -\n"),
+        }
+        let label: String = self
+            .label
+            .chars()
+            .filter(|c| !c.is_control())
+            .take(128)
+            .collect();
+        s.push_str(&format!("label {label}\n"));
+        for r in &self.rules {
+            s.push_str(&format!("rule {r}\n"));
+        }
+        s
+    }
+
+    /// Parse what [`Start::encode`] wrote; `None` for anything else.
+    pub fn decode(text: &str) -> Option<Start> {
+        let mut lines = text.lines();
+        if lines.next()? != "zygo-egress 1" {
+            return None;
+        }
+        let ids = match lines.next()?.strip_prefix("ids ")? {
+            "-" => None,
+            both => {
+                let (u, g) = both.split_once(' ')?;
+                Some((u.parse().ok()?, g.parse().ok()?))
+            }
+        };
+        let label = lines.next()?.strip_prefix("label ")?.to_string();
+        let mut rules = Vec::new();
+        for l in lines {
+            rules.push(Rule::parse_exact(l.strip_prefix("rule ")?)?);
+        }
+        (rules.len() <= policy::egress::MAX_RULES).then_some(Start { ids, label, rules })
+    }
+}
+
+/// The role's entry point (`zygo __egress-filter`); the exit code.
+pub fn main() -> i32 {
+    match run() {
+        Ok(()) => 0,
+        Err(e) => {
+            log::error!("egress filter: {e}");
+            1
+        }
+    }
+}
+
+fn run() -> Result<(), String> {
+    let chan = Role::EgressFilter
+        .take_channel()
+        .map_err(|e| format!("take the channel: {e}"))?;
+    let mut buf = vec![0u8; MAX_START];
+    let (n, fds) = plumbing::fds::recv_with_fds(chan.as_raw_fd(), &mut buf, MAX_LISTENERS)
+        .map_err(|e| format!("read the start message: {e}"))?;
+    drop(chan);
+    let start = std::str::from_utf8(&buf[..n])
+        .ok()
+        .and_then(Start::decode)
+        .ok_or("the launcher's start message does not parse")?;
+    if fds.is_empty() {
+        return Err("no listening sockets were handed over".into());
+    }
+    for fd in &fds {
+        set_nonblocking(fd.as_raw_fd(), true)
+            .map_err(|e| format!("make a listener non-blocking: {e}"))?;
+    }
+    confine::drop_ids(start.ids).map_err(|e| format!("drop to the sandbox owner's ids: {e}"))?;
+    let ports: Vec<u16> = start.rules.iter().map(|r| r.port).collect();
+    confine::landlock(&ports).map_err(|e| format!("Landlock: {e}"))?;
+    confine::confine().map_err(|e| e.to_string())?;
+    serve(Arc::new(start), fds)
+}
+
+fn set_nonblocking(fd: RawFd, on: bool) -> std::io::Result<()> {
+    // SAFETY: F_GETFL on a descriptor this process holds.
+    let flags = unsafe { libc::fcntl(fd, libc::F_GETFL) };
+    if flags < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    let flags = if on {
+        flags | libc::O_NONBLOCK
+    } else {
+        flags & !libc::O_NONBLOCK
+    };
+    // SAFETY: F_SETFL with integer flags.
+    if unsafe { libc::fcntl(fd, libc::F_SETFL, flags) } < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// Accept on every listener until the sandbox is gone (the launcher's end kills this
+/// process), one thread per connection.
+fn serve(start: Arc<Start>, listeners: Vec<OwnedFd>) -> Result<(), String> {
+    let active = Arc::new(AtomicUsize::new(0));
+    let mut polls: Vec<libc::pollfd> = listeners
+        .iter()
+        .map(|l| libc::pollfd {
+            fd: l.as_raw_fd(),
+            events: libc::POLLIN,
+            revents: 0,
+        })
+        .collect();
+    loop {
+        // SAFETY: polls is a valid array of pollfd for its length.
+        let n = unsafe { libc::poll(polls.as_mut_ptr(), polls.len() as libc::nfds_t, -1) };
+        if n < 0 {
+            let e = std::io::Error::last_os_error();
+            if e.kind() == std::io::ErrorKind::Interrupted {
+                continue;
+            }
+            return Err(format!("poll: {e}"));
+        }
+        for p in polls.iter_mut() {
+            if p.revents == 0 {
+                continue;
+            }
+            p.revents = 0;
+            loop {
+                // SAFETY: accept4 on a listening socket this process holds; no address wanted.
+                let c = unsafe {
+                    libc::accept4(
+                        p.fd,
+                        std::ptr::null_mut(),
+                        std::ptr::null_mut(),
+                        libc::SOCK_CLOEXEC,
+                    )
+                };
+                if c < 0 {
+                    break; // EAGAIN: nothing more to accept now
+                }
+                // SAFETY: accept4 just returned this descriptor to us.
+                let conn = unsafe { OwnedFd::from_raw_fd(c) };
+                if active.load(Ordering::Acquire) >= MAX_CONNS {
+                    log::warn!(
+                        "egress[{}]: refused a connection: {MAX_CONNS} are open already",
+                        start.label
+                    );
+                    reset(conn);
+                    continue;
+                }
+                active.fetch_add(1, Ordering::AcqRel);
+                let (st, count) = (Arc::clone(&start), Arc::clone(&active));
+                let spawned = std::thread::Builder::new()
+                    .stack_size(256 * 1024)
+                    .spawn(move || {
+                        handle(&st, conn);
+                        count.fetch_sub(1, Ordering::AcqRel);
+                    });
+                if let Err(e) = spawned {
+                    active.fetch_sub(1, Ordering::AcqRel);
+                    log::warn!("egress[{}]: start a relay: {e}", start.label);
+                }
+            }
+        }
+    }
+}
+
+/// The address a connection was made to: the accepted socket's own local address.
+fn local_v4(fd: RawFd) -> Option<SocketAddrV4> {
+    // SAFETY: sockaddr_in is plain data.
+    let mut sa: libc::sockaddr_in = unsafe { std::mem::zeroed() };
+    let mut len = std::mem::size_of::<libc::sockaddr_in>() as libc::socklen_t;
+    // SAFETY: sa and len are valid for getsockname to fill in.
+    let r = unsafe { libc::getsockname(fd, (&mut sa as *mut libc::sockaddr_in).cast(), &mut len) };
+    if r != 0 || i32::from(sa.sin_family) != libc::AF_INET {
+        return None;
+    }
+    Some(SocketAddrV4::new(
+        Ipv4Addr::from(u32::from_be(sa.sin_addr.s_addr)),
+        u16::from_be(sa.sin_port),
+    ))
+}
+
+/// Close a connection with a reset, so the program sees it refused rather than ended.
+fn reset(conn: OwnedFd) {
+    let lin = libc::linger {
+        l_onoff: 1,
+        l_linger: 0,
+    };
+    // SAFETY: setsockopt with a valid linger struct of the size passed.
+    unsafe {
+        libc::setsockopt(
+            conn.as_raw_fd(),
+            libc::SOL_SOCKET,
+            libc::SO_LINGER,
+            (&lin as *const libc::linger).cast(),
+            std::mem::size_of::<libc::linger>() as libc::socklen_t,
+        )
+    };
+    drop(conn);
+}
+
+fn handle(start: &Start, conn: OwnedFd) {
+    let Some(dst) = local_v4(conn.as_raw_fd()) else {
+        log::warn!(
+            "egress[{}]: refused a connection whose destination is not IPv4",
+            start.label
+        );
+        return reset(conn);
+    };
+    if let Err(why) = decide(&start.rules, dst) {
+        log::warn!("egress[{}]: refused {dst}: {why}", start.label);
+        return reset(conn);
+    }
+    let out = match connect(dst) {
+        Ok(s) => s,
+        Err(e) => {
+            log::warn!("egress[{}]: {dst}: {e}", start.label);
+            return reset(conn);
+        }
+    };
+    log::info!("egress[{}]: relaying to {dst}", start.label);
+    let inside = Arc::new(TcpStream::from(conn));
+    let outside = Arc::new(out);
+    let (i2, o2) = (Arc::clone(&inside), Arc::clone(&outside));
+    let up = std::thread::Builder::new()
+        .stack_size(256 * 1024)
+        .spawn(move || copy(&i2, &o2));
+    copy(&outside, &inside);
+    match up {
+        Ok(t) => {
+            let _ = t.join();
+        }
+        Err(e) => log::warn!("egress[{}]: start a relay: {e}", start.label),
+    }
+}
+
+/// Copy `from` to `to` until `from` ends, then end `to`'s writing side.
+fn copy(from: &TcpStream, to: &TcpStream) {
+    let mut buf = vec![0u8; BUF];
+    let mut r = from;
+    let mut w = to;
+    loop {
+        match r.read(&mut buf) {
+            Ok(0) => break,
+            Ok(n) => {
+                if w.write_all(&buf[..n]).is_err() {
+                    let _ = from.shutdown(std::net::Shutdown::Read);
+                    break;
+                }
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+            Err(_) => break,
+        }
+    }
+    let _ = to.shutdown(std::net::Shutdown::Write);
+}
+
+/// Connect to `dst` from the host's network namespace, within [`CONNECT_TIMEOUT`].
+fn connect(dst: SocketAddrV4) -> Result<TcpStream, String> {
+    // SAFETY: plain socket creation.
+    let fd = unsafe {
+        libc::socket(
+            libc::AF_INET,
+            libc::SOCK_STREAM | libc::SOCK_CLOEXEC | libc::SOCK_NONBLOCK,
+            0,
+        )
+    };
+    if fd < 0 {
+        return Err(format!(
+            "open a socket: {}",
+            std::io::Error::last_os_error()
+        ));
+    }
+    // SAFETY: the socket was just created by this process.
+    let sock = unsafe { OwnedFd::from_raw_fd(fd) };
+    let sa = libc::sockaddr_in {
+        sin_family: libc::AF_INET as libc::sa_family_t,
+        sin_port: dst.port().to_be(),
+        sin_addr: libc::in_addr {
+            s_addr: u32::from(*dst.ip()).to_be(),
+        },
+        sin_zero: [0; 8],
+    };
+    // SAFETY: sa is a valid sockaddr_in of the size passed.
+    let r = unsafe {
+        libc::connect(
+            fd,
+            (&sa as *const libc::sockaddr_in).cast(),
+            std::mem::size_of::<libc::sockaddr_in>() as libc::socklen_t,
+        )
+    };
+    if r != 0 {
+        let e = std::io::Error::last_os_error();
+        if e.raw_os_error() != Some(libc::EINPROGRESS) {
+            return Err(format!("connect: {e}"));
+        }
+        let mut p = libc::pollfd {
+            fd,
+            events: libc::POLLOUT,
+            revents: 0,
+        };
+        let ms = CONNECT_TIMEOUT.as_millis() as libc::c_int;
+        // SAFETY: one valid pollfd.
+        let n = unsafe { libc::poll(&mut p, 1, ms) };
+        if n == 0 {
+            return Err(format!(
+                "connect: no answer within {}s",
+                CONNECT_TIMEOUT.as_secs()
+            ));
+        }
+        let mut err: libc::c_int = 0;
+        let mut len = std::mem::size_of::<libc::c_int>() as libc::socklen_t;
+        // SAFETY: err and len are valid for getsockopt to fill in.
+        unsafe {
+            libc::getsockopt(
+                fd,
+                libc::SOL_SOCKET,
+                libc::SO_ERROR,
+                (&mut err as *mut libc::c_int).cast(),
+                &mut len,
+            )
+        };
+        if n < 0 || err != 0 {
+            return Err(format!(
+                "connect: {}",
+                std::io::Error::from_raw_os_error(if n < 0 { libc::EIO } else { err })
+            ));
+        }
+    }
+    set_nonblocking(fd, false).map_err(|e| format!("make the connection blocking: {e}"))?;
+    let one: libc::c_int = 1;
+    // SAFETY: setsockopt with a valid int of the size passed.
+    unsafe {
+        libc::setsockopt(
+            fd,
+            libc::IPPROTO_TCP,
+            libc::TCP_NODELAY,
+            (&one as *const libc::c_int).cast(),
+            std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+        )
+    };
+    Ok(TcpStream::from(sock))
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_start_message_round_trips_and_rejects_garbage() {
+        let s = Start {
+            ids: Some((100000, 100000)),
+            label: "run 42\nfake".into(),
+            rules: vec![Rule::parse_exact("10.0.0.0/8:80").unwrap()],
+        };
+        let d = Start::decode(&s.encode()).unwrap();
+        assert_eq!(d.rules, s.rules);
+        assert_eq!(d.ids, s.ids);
+        assert_eq!(d.label, "run 42fake");
+        assert!(Start::decode("zygo-egress 2\nids -\nlabel x\n").is_none());
+        assert!(Start::decode("zygo-egress 1\nids -\nlabel x\nrule 10.0.0.1/8:80\n").is_none());
+        assert!(Start::decode("zygo-egress 1\nids -\nlabel x\nbogus\n").is_none());
+    }
+}
