@@ -15,6 +15,8 @@ pub fn drop_ids(ids: Option<(u32, u32)>) -> std::io::Result<()> {
     if unsafe { libc::geteuid() } != 0 {
         return Ok(());
     }
+    // SAFETY: plain query of our parent, the launcher.
+    let launcher = unsafe { libc::getppid() };
     let Some((uid, gid)) = ids else {
         return Err(std::io::Error::other(
             "started as root without ids to drop to",
@@ -30,6 +32,14 @@ pub fn drop_ids(ids: Option<(u32, u32)>) -> std::io::Result<()> {
             || libc::setresuid(uid, uid, uid) != 0
         {
             return Err(std::io::Error::last_os_error());
+        }
+        // Changing ids cleared the parent-death signal: arm it again, then make sure the
+        // launcher did not end in between.
+        if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL, 0, 0, 0) != 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        if libc::getppid() != launcher {
+            return Err(std::io::Error::other("the launcher has ended"));
         }
     }
     Ok(())

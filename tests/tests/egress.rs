@@ -1,0 +1,432 @@
+//! Egress (`--net egress --allow ADDR:PORT`, `network = "egress"`): a sandbox reaches what
+//! a rule names and nothing else.
+//!
+//! Every test talks only to a test host in a network namespace the test creates itself (a
+//! veth pair with private addresses of its own), never to anything else: the rules name
+//! that address explicitly, which is how an operator opens a private address. Other
+//! destinations the sandbox tries are on that veth's own subnet or in the documentation
+//! range 192.0.2.0/24, which is never routed.
+
+use std::io::{BufRead, BufReader};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+use zygo_tests::*;
+
+/// The test host: serves TCP on [`ALLOWED`] and [`OTHER`] (each connection answered with
+/// `port:what it read`) and listens for UDP on 53 and [`UDP`]; writes one line per event
+/// to stdout, which the test reads back.
+const SERVER: &str = r#"
+import socket, sys, threading
+def tcp(port):
+    s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    s.bind((sys.argv[1], port)); s.listen(16)
+    while True:
+        c, peer = s.accept()
+        print("tcp", port, flush=True)
+        try:
+            c.settimeout(5)
+            data = c.recv(100)
+            c.sendall(b"%d:" % port + data)
+        except OSError:
+            pass
+        c.close()
+def udp(port):
+    s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    s.bind((sys.argv[1], port))
+    while True:
+        data, peer = s.recvfrom(2000)
+        print("udp", port, flush=True)
+        s.sendto(b"answer", peer)
+for p in (8080, 8081):
+    threading.Thread(target=tcp, args=(p,), daemon=True).start()
+for p in (53, 9053):
+    threading.Thread(target=udp, args=(p,), daemon=True).start()
+print("ready", flush=True)
+sys.stdin.read()
+"#;
+
+const ALLOWED: u16 = 8080;
+const OTHER: u16 = 8081;
+const UDP: u16 = 9053;
+
+/// A network namespace with a veth pair to this one: `host` (in the namespace, serving
+/// [`SERVER`]) and `near` (this side). Removed, with its server, when dropped.
+struct TestHost {
+    ns: String,
+    near_if: String,
+    host: String,
+    /// An address on the same subnet that no one has.
+    nobody: String,
+    server: Child,
+    events: std::sync::mpsc::Receiver<String>,
+}
+
+fn ip(args: &[&str]) {
+    let out = Command::new("ip")
+        .args(args)
+        .output()
+        .expect("run ip (iproute2)");
+    assert!(
+        out.status.success(),
+        "ip {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+impl TestHost {
+    fn new() -> TestHost {
+        let n = unique();
+        let tag = format!("{}{}", std::process::id() % 100_000, n % 100);
+        let ns = format!("zygo-eg-{tag}");
+        let near_if = format!("zega{tag}");
+        let far_if = format!("zegb{tag}");
+        // A /29 of its own in 10.213.0.0/16, by pid and counter.
+        let k = (std::process::id() as u64 * 7 + n) % 8000;
+        let base = format!("10.213.{}.{}", k / 31, (k % 31) * 8);
+        let octets: Vec<u32> = base.split('.').map(|o| o.parse().expect("octet")).collect();
+        let at = |i: u32| format!("10.213.{}.{}", octets[2], octets[3] + i);
+        let (near, host, nobody) = (at(1), at(2), at(3));
+        ip(&["netns", "add", &ns]);
+        ip(&[
+            "link", "add", &near_if, "type", "veth", "peer", "name", &far_if, "netns", &ns,
+        ]);
+        ip(&["addr", "add", &format!("{near}/29"), "dev", &near_if]);
+        ip(&["link", "set", &near_if, "up"]);
+        ip(&[
+            "-n",
+            &ns,
+            "addr",
+            "add",
+            &format!("{host}/29"),
+            "dev",
+            &far_if,
+        ]);
+        ip(&["-n", &ns, "link", "set", &far_if, "up"]);
+        ip(&["-n", &ns, "link", "set", "lo", "up"]);
+        let mut server = Command::new("ip")
+            .args(["netns", "exec", &ns, "python3", "-c", SERVER, &host])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .expect("start the test host's server");
+        let out = server.stdout.take().expect("its stdout");
+        let (tx, events) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            for line in BufReader::new(out).lines() {
+                let Ok(line) = line else { break };
+                if tx.send(line).is_err() {
+                    break;
+                }
+            }
+        });
+        let first = events
+            .recv_timeout(Duration::from_secs(20))
+            .expect("the test host's server started");
+        assert_eq!(first, "ready");
+        TestHost {
+            ns,
+            near_if,
+            host,
+            nobody,
+            server,
+            events,
+        }
+    }
+
+    /// Every event the server has logged so far.
+    fn events(&self) -> Vec<String> {
+        std::thread::sleep(Duration::from_millis(200));
+        self.events.try_iter().collect()
+    }
+}
+
+impl Drop for TestHost {
+    fn drop(&mut self) {
+        drop(self.server.stdin.take());
+        let _ = self.server.kill();
+        let _ = self.server.wait();
+        let _ = Command::new("ip")
+            .args(["link", "del", &self.near_if])
+            .status();
+        let _ = Command::new("ip").args(["netns", "del", &self.ns]).status();
+    }
+}
+
+/// The probe every test host test runs: each attempt's errno name (or "OK" and what came
+/// back), the refusals' times in milliseconds.
+const PROBE: &str = r#"
+import socket, subprocess, time
+HOST, NOBODY, ALLOWED, OTHER, UDP = HOST_ARGS
+def tcp(addr, port, family=socket.AF_INET):
+    s = socket.socket(family)
+    s.settimeout(0.1)  # a refusal must come within 100 ms
+    try:
+        s.connect((addr, port))
+        s.settimeout(5)
+        s.sendall(b"hi")
+        got = s.recv(100)
+        return "OK " + got.decode() if got else "EOF"
+    except socket.timeout:
+        return "TIMEOUT"
+    except OSError as e:
+        return ename(e.errno)
+    finally:
+        s.close()
+def udp(addr, port):
+    s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    s.settimeout(0.5)
+    try:
+        s.connect((addr, port))
+        # A DNS query for example.com (type A).
+        s.send(bytes.fromhex("abcd01000001000000000000076578616d706c6503636f6d0000010001"))
+        return "OK " + repr(s.recv(512))
+    except socket.timeout:
+        return "TIMEOUT"
+    except OSError as e:
+        return ename(e.errno)
+    finally:
+        s.close()
+def ip(*args):
+    r = subprocess.run(["ip"] + list(args), capture_output=True)
+    return "OK" if r.returncode == 0 else "FAILED " + r.stderr.decode().strip()
+r = {}
+r["allowed"] = tcp(HOST, ALLOWED)
+r["other_port"] = tcp(HOST, OTHER)
+r["other_address"] = tcp(NOBODY, ALLOWED)
+r["documentation_range"] = tcp("192.0.2.1", ALLOWED)
+r["udp"] = udp(HOST, UDP)
+r["dns"] = udp(HOST, 53)
+r["raw"] = attempt(socket.socket, socket.AF_INET, socket.SOCK_RAW, socket.IPPROTO_ICMP)
+r["ping"] = attempt(socket.socket, socket.AF_INET, socket.SOCK_DGRAM, socket.IPPROTO_ICMP)
+r["packet"] = attempt(socket.socket, socket.AF_PACKET, socket.SOCK_RAW, 0)
+r["ipv6"] = tcp("2001:db8::1", ALLOWED, socket.AF_INET6)
+r["ipv6_mapped_other"] = tcp("::ffff:" + NOBODY, ALLOWED, socket.AF_INET6)
+r["route_del"] = ip("route", "del", "local", "0.0.0.0/0", "dev", "lo", "table", "local")
+r["addr_add"] = ip("addr", "add", NOBODY + "/32", "dev", "lo")
+r["link_add"] = ip("link", "add", "zx0", "type", "dummy")
+r["after_other_address"] = tcp(NOBODY, ALLOWED)
+r["allowed_again"] = tcp(HOST, ALLOWED)
+done(**r)
+"#;
+
+fn probe_code(h: &TestHost) -> String {
+    PROBE.replace(
+        "HOST_ARGS",
+        &format!("{:?}, {:?}, {ALLOWED}, {OTHER}, {UDP}", h.host, h.nobody),
+    )
+}
+
+/// With one rule naming the test host's address and port: that connects; another port,
+/// another address on the same subnet, UDP (DNS included), raw and ICMP sockets, IPv6
+/// are refused at once, and the sandbox cannot change its network to get around it.
+fn allowed_connects_and_the_rest_is_refused(who: Who) {
+    if !root_only() {
+        return;
+    }
+    let h = TestHost::new();
+    let rule = format!("{}:{ALLOWED}", h.host);
+    let r = probe(who, &["--net", "egress", "--allow", &rule], &probe_code(&h));
+    assert_result(who, &r, "allowed", &["OK 8080:hi"]);
+    assert_result(who, &r, "allowed_again", &["OK 8080:hi"]);
+    for key in [
+        "other_port",
+        "other_address",
+        "documentation_range",
+        "after_other_address",
+        "ipv6_mapped_other",
+    ] {
+        assert_result(who, &r, key, &["ECONNREFUSED"]);
+    }
+    assert_result(who, &r, "udp", &["ECONNREFUSED"]);
+    assert_result(who, &r, "dns", &["ECONNREFUSED"]);
+    assert_result(who, &r, "raw", &["EPERM"]);
+    assert_result(who, &r, "ping", &["EACCES", "EPERM"]);
+    assert_result(who, &r, "packet", &["EPERM", "EAFNOSUPPORT"]);
+    assert_result(who, &r, "ipv6", &["ENETUNREACH"]);
+    for key in ["route_del", "addr_add", "link_add"] {
+        let got = r[key].as_str().unwrap_or("");
+        assert!(
+            got.starts_with("FAILED"),
+            "[{}] {key}: the sandbox changed its network: {r}",
+            who.name()
+        );
+    }
+    // The test host saw the two allowed connections and nothing else.
+    let events = h.events();
+    assert_eq!(
+        events,
+        vec!["tcp 8080".to_string(), "tcp 8080".to_string()],
+        "[{}] what reached the test host",
+        who.name()
+    );
+}
+
+/// A rule for a wide block (`0.0.0.0/0`) does not open a private address inside it: the
+/// connection is reset, and the refusal is logged with the sandbox.
+fn private_addresses_open_only_when_named(who: Who) {
+    if !root_only() {
+        return;
+    }
+    let h = TestHost::new();
+    let rule = format!("0.0.0.0/0:{ALLOWED}");
+    let code = format!(
+        r#"
+import socket
+s = socket.socket()
+s.settimeout(2)
+try:
+    s.connect(({:?}, {ALLOWED}))
+    s.sendall(b"hi")
+    got = s.recv(100)
+    r = "OK " + got.decode() if got else "EOF"
+except OSError as e:
+    r = ename(e.errno)
+done(wide=r)
+"#,
+        h.host
+    );
+    let g = guard_flags();
+    let mut flags: Vec<&str> = g.iter().map(String::as_str).collect();
+    flags.extend(["--net", "egress", "--allow", &rule]);
+    let (v, f) = run_json_full(who, &flags, &["python3", "-c", &probe_script(&code)]);
+    assert_not_refused(who, &v, f.code);
+    assert_ok(who, &v, f.code);
+    let last = s(&v, "stdout").lines().last().unwrap_or("").to_string();
+    let r: Value = serde_json::from_str(&last).expect("the probe's JSON line");
+    assert_result(who, &r, "wide", &["ECONNRESET", "EOF"]);
+    let log = f.stderr_text();
+    assert!(
+        log.contains(&format!("refused {}:{ALLOWED}", h.host)) && log.contains("private"),
+        "[{}] the refusal is logged: {log}",
+        who.name()
+    );
+    assert!(h.events().is_empty(), "nothing reached the test host");
+}
+
+/// The egress filter runs outside the sandbox, confined: seccomp, no_new_privs, not
+/// dumpable; as root, as nobody.
+fn the_filter_is_confined(who: Who) {
+    if !root_only() {
+        return;
+    }
+    let h = TestHost::new();
+    let rule = format!("{}:{ALLOWED}", h.host);
+    let mut c = zygo(who);
+    c.args([
+        "run", "--net", "egress", "--allow", &rule, "--", "sleep", "5",
+    ]);
+    c.stdout(Stdio::null());
+    let mut child = c.spawn().expect("start zygo run");
+    let mut pids = Vec::new();
+    let t0 = Instant::now();
+    while pids.is_empty() && t0.elapsed() < Duration::from_secs(20) {
+        std::thread::sleep(Duration::from_millis(50));
+        pids = host_pids_starting_with(b"/proc/self/exe\0__egress-filter");
+        if pids.is_empty() {
+            pids = host_pids_with(b"__egress-filter")
+                .into_iter()
+                .filter(|p| ppid(*p).is_some())
+                .collect();
+        }
+    }
+    let status: Vec<String> = pids
+        .iter()
+        .filter_map(|p| std::fs::read_to_string(format!("/proc/{p}/status")).ok())
+        .collect();
+    let _ = child.kill();
+    let _ = child.wait();
+    assert!(
+        !status.is_empty(),
+        "[{}] no egress filter was found",
+        who.name()
+    );
+    for st in status {
+        let field = |k: &str| {
+            st.lines()
+                .find_map(|l| l.strip_prefix(k))
+                .unwrap_or("")
+                .trim()
+                .to_string()
+        };
+        assert_eq!(field("Seccomp:"), "2", "{st}");
+        assert_eq!(field("NoNewPrivs:"), "1", "{st}");
+        assert_eq!(field("CapEff:"), "0000000000000000", "{st}");
+        if who == Who::Root {
+            assert!(field("Uid:").starts_with("65534"), "{st}");
+        }
+    }
+}
+
+/// The functions of [`a_function_reaches_its_allowed_host`].
+static SUITE: Suite = Suite {
+    prefix: "eg",
+    handlers: r#"
+import socket
+def net(event):
+    out = {}
+    for name, port in (("allowed", event["allowed"]), ("other", event["other"])):
+        s = socket.socket(); s.settimeout(2)
+        try:
+            s.connect((event["host"], port)); s.sendall(b"fn"); out[name] = s.recv(100).decode()
+        except OSError as e:
+            out[name] = type(e).__name__
+        s.close()
+    return out
+"#,
+    defaults: "timeout = \"5s\"\nmem = \"64M\"\nidle_timeout = \"30s\"\n",
+    agents: true,
+};
+
+/// A function with `network = "egress"` in sandbox.toml reaches what its `allow` names,
+/// and nothing else.
+fn a_function_reaches_its_allowed_host(who: Who) {
+    if !root_only() {
+        return;
+    }
+    let h = TestHost::new();
+    let mut s = SUITE.sup(who, "fn");
+    let extra = format!("network = \"egress\"\nallow = [\"{}:{ALLOWED}\"]\n", h.host);
+    let n = s.up(&[("net", "net", extra.as_str())]);
+    let event = format!(
+        r#"{{"host": {:?}, "allowed": {ALLOWED}, "other": {OTHER}}}"#,
+        h.host
+    );
+    let out = s.call_ok(&n[0], &event);
+    assert_eq!(out["allowed"], "8080:fn", "[{}] {out}", who.name());
+    assert_eq!(
+        out["other"],
+        "ConnectionRefusedError",
+        "[{}] {out}",
+        who.name()
+    );
+    s.shutdown();
+}
+
+root_and_rootless!(
+    allowed_connects_and_the_rest_is_refused,
+    private_addresses_open_only_when_named,
+    the_filter_is_confined,
+    a_function_reaches_its_allowed_host,
+);
+
+both_tests! {
+    /// Rules by DNS name, IPv6 rules, and --allow without --net egress are refused before
+    /// anything starts, with the reason.
+    fn rules_this_version_cannot_enforce_are_refused(who) {
+        for (flags, needle) in [
+            (&["--net", "egress", "--allow", "example.com:443"][..], "by address only"),
+            (&["--net", "egress", "--allow", "[2001:db8::1]:443"][..], "IPv4 only"),
+            (&["--allow", "192.0.2.1:443"][..], "needs --net egress"),
+            (&["--net", "host"][..], "only in sandbox.toml"),
+        ] {
+            let mut c = zygo(who);
+            c.arg("run").args(flags).args(["--", "true"]);
+            let f = finish(c);
+            assert_eq!(f.code, 2, "[{}] {flags:?}: {}", who.name(), f.stderr_text());
+            assert!(f.stderr_text().contains(needle), "[{}] {flags:?}: {}", who.name(), f.stderr_text());
+        }
+    }
+}
