@@ -405,6 +405,71 @@ fn a_function_reaches_its_allowed_host(who: Who) {
     s.shutdown();
 }
 
+/// `zygo mcp --net egress --allow ADDR:PORT`: a `run_code` sandbox reaches that address and
+/// port, and nothing else.
+#[test]
+fn mcp_run_code_reaches_its_allowed_host() {
+    if !root_only() {
+        return;
+    }
+    let h = TestHost::new();
+    let (rt, st) = (TempDir::new(0o700), TempDir::new(0o700));
+    let rule = format!("{}:{ALLOWED}", h.host);
+    let code = format!(
+        r#"
+import socket
+for port in ({ALLOWED}, {OTHER}):
+    s = socket.socket(); s.settimeout(2)
+    try:
+        s.connect(({:?}, port)); s.sendall(b"mcp"); print("port", port, s.recv(100).decode())
+    except OSError as e:
+        print("port", port, type(e).__name__)
+"#,
+        h.host
+    );
+    let call = serde_json::json!({"jsonrpc": "2.0", "id": 2, "method": "tools/call",
+        "params": {"name": "run_code", "arguments": {"language": "python", "code": code}}});
+    let mut c = Command::new(zygo_bin());
+    c.env_clear()
+        .env("PATH", "/usr/local/bin:/usr/bin:/bin")
+        .env("ZYGO_RUNTIME_DIR", rt.str())
+        .env("ZYGO_STATE_DIR", st.str())
+        .args(["mcp", "--net", "egress", "--allow", &rule])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    let mut child = c.spawn().expect("start zygo mcp");
+    {
+        let mut stdin = child.stdin.take().expect("stdin");
+        use std::io::Write as _;
+        let init = r#"{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":"2025-06-18"}}"#;
+        writeln!(stdin, "{init}\n{call}").expect("write to zygo mcp");
+    }
+    let out = child
+        .wait_with_output()
+        .expect("zygo mcp ends when stdin closes");
+    let text = String::from_utf8_lossy(&out.stdout);
+    let answer = text
+        .lines()
+        .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+        .find(|v| v["id"] == 2)
+        .unwrap_or_else(|| {
+            panic!(
+                "no answer to run_code: {text}\n{}",
+                String::from_utf8_lossy(&out.stderr)
+            )
+        });
+    let printed = answer["result"]["structuredContent"]["stdout"]
+        .as_str()
+        .unwrap_or("")
+        .to_string();
+    assert!(printed.contains("port 8080 8080:mcp"), "{answer}");
+    assert!(
+        printed.contains("port 8081 ConnectionRefusedError"),
+        "{answer}"
+    );
+}
+
 root_and_rootless!(
     allowed_connects_and_the_rest_is_refused,
     private_addresses_open_only_when_named,
@@ -429,4 +494,16 @@ both_tests! {
             assert!(f.stderr_text().contains(needle), "[{}] {flags:?}: {}", who.name(), f.stderr_text());
         }
     }
+}
+
+/// `zygo version` says which egress this host supports.
+#[test]
+fn version_reports_the_egress_mode() {
+    let mut c = Command::new(zygo_bin());
+    c.args(["version", "--json"]);
+    let f = finish(c);
+    assert_eq!(f.code, 0, "{}", f.stderr_text());
+    let v = f.last_json();
+    assert_eq!(v["egress"], "relay", "{v}");
+    assert_eq!(v["egress_rules"], "ipv4-address", "{v}");
 }
