@@ -32,13 +32,24 @@ def tcp(port):
         except OSError:
             pass
         c.close()
+def dns_answer(q):
+    i, labels = 12, []
+    while q[i]:
+        labels.append(q[i + 1:i + 1 + q[i]].decode()); i += 1 + q[i]
+    end = i + 5
+    name = ".".join(labels).lower()
+    if name.endswith(".zygo.test") and q[end - 4:end - 2] == b"\x00\x01":
+        ip = bytes(int(x) for x in sys.argv[1].split("."))
+        return (q[:2] + b"\x81\x80\x00\x01\x00\x01\x00\x00\x00\x00" + q[12:end]
+                + b"\xc0\x0c\x00\x01\x00\x01\x00\x00\x00\x3c\x00\x04" + ip)
+    return q[:2] + b"\x81\x83\x00\x01\x00\x00\x00\x00\x00\x00" + q[12:end]
 def udp(port):
     s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
     s.bind((sys.argv[1], port))
     while True:
         data, peer = s.recvfrom(2000)
         print("udp", port, flush=True)
-        s.sendto(b"answer", peer)
+        s.sendto(dns_answer(data) if port == 53 else b"answer", peer)
 for p in (8080, 8081):
     threading.Thread(target=tcp, args=(p,), daemon=True).start()
 for p in (53, 9053):
@@ -78,15 +89,14 @@ fn ip(args: &[&str]) {
 impl TestHost {
     fn new() -> TestHost {
         let n = unique();
-        let tag = format!("{}{}", std::process::id() % 100_000, n % 100);
-        let ns = format!("zygo-eg-{tag}");
-        let near_if = format!("zega{tag}");
-        let far_if = format!("zegb{tag}");
+        let pid = std::process::id();
+        let ns = format!("zygo-eg-{pid}-{n}");
+        let near_if = format!("zga{:05x}{:04x}", pid & 0xfffff, n & 0xffff);
+        let far_if = format!("zgb{:05x}{:04x}", pid & 0xfffff, n & 0xffff);
         // A /29 of its own in 10.213.0.0/16, by pid and counter.
-        let k = (std::process::id() as u64 * 7 + n) % 8000;
-        let base = format!("10.213.{}.{}", k / 31, (k % 31) * 8);
-        let octets: Vec<u32> = base.split('.').map(|o| o.parse().expect("octet")).collect();
-        let at = |i: u32| format!("10.213.{}.{}", octets[2], octets[3] + i);
+        let k = (u64::from(pid) * 7 + n) % (256 * 31);
+        let (third, fourth) = (k / 31, (k % 31) * 8);
+        let at = |i: u64| format!("10.213.{third}.{}", fourth + i);
         let (near, host, nobody) = (at(1), at(2), at(3));
         ip(&["netns", "add", &ns]);
         ip(&[
@@ -405,6 +415,119 @@ fn a_function_reaches_its_allowed_host(who: Who) {
     s.shutdown();
 }
 
+/// The probe of [`name_rules_are_exact_by_name`]: DNS through Zygo's resolver, then
+/// connections that name a host by HTTP `Host` or TLS SNI.
+const NAME_PROBE: &str = r#"
+import socket, struct
+HOST, ALLOWED, OTHER = HOST_ARGS
+def dns(name, qtype=1):
+    q = b"\x12\x34\x01\x00\x00\x01\x00\x00\x00\x00\x00\x00"
+    for label in name.split("."):
+        q += bytes([len(label)]) + label.encode()
+    q += b"\x00" + struct.pack(">HH", qtype, 1)
+    s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    s.settimeout(3)
+    try:
+        s.sendto(q, ("192.0.2.53", 53))
+        a = s.recv(1500)
+    except socket.timeout:
+        return "TIMEOUT"
+    except OSError as e:
+        return ename(e.errno)
+    rcode, count = a[3] & 15, struct.unpack(">H", a[6:8])[0]
+    addrs = [".".join(str(b) for b in a[i - 4:i]) for i in range(len(a), len(a) - 16 * count, -16)]
+    return "rcode %d %s" % (rcode, sorted(addrs))
+def hello(host):
+    name = host.encode()
+    sni = struct.pack(">HBH", len(name) + 3, 0, len(name)) + name
+    ext = struct.pack(">HH", 0, len(sni)) + sni
+    body = b"\x03\x03" + b"\x07" * 32 + b"\x00" + b"\x00\x02\x13\x01" + b"\x01\x00"
+    body += struct.pack(">H", len(ext)) + ext
+    hs = b"\x01" + struct.pack(">I", len(body))[1:] + body
+    return b"\x16\x03\x01" + struct.pack(">H", len(hs)) + hs
+def tcp(port, first):
+    s = socket.socket()
+    s.settimeout(3)
+    try:
+        s.connect((HOST, port))
+        s.sendall(first)
+        got = s.recv(100)
+        return ("OK " + got[:24].decode(errors="replace")) if got else "EOF"
+    except socket.timeout:
+        return "TIMEOUT"
+    except OSError as e:
+        return ename(e.errno)
+    finally:
+        s.close()
+def http(host):
+    return ("GET / HTTP/1.1\r\nHost: %s\r\n\r\n" % host).encode()
+r = {}
+r["dns_allowed"] = dns("allowed.zygo.test")
+r["dns_other"] = dns("other.zygo.test")
+r["dns_aaaa"] = dns("allowed.zygo.test", 28)
+r["http_allowed"] = tcp(ALLOWED, http("allowed.zygo.test"))
+r["http_other"] = tcp(ALLOWED, http("other.zygo.test"))
+r["tls_allowed"] = tcp(ALLOWED, hello("allowed.zygo.test"))
+r["tls_other"] = tcp(ALLOWED, hello("other.zygo.test"))
+r["no_name"] = tcp(ALLOWED, b"hi")
+r["other_port"] = tcp(OTHER, http("allowed.zygo.test"))
+done(**r)
+"#;
+
+/// A rule by name: Zygo's resolver answers only for that name (asking the test host's DNS
+/// server, which the test names in `ZYGO_RESOLV_CONF`), and a connection to its address is
+/// relayed only when its HTTP `Host` or TLS SNI is that name: another name on the same
+/// address, or none, is refused.
+fn name_rules_are_exact_by_name(who: Who) {
+    if !root_only() {
+        return;
+    }
+    let h = TestHost::new();
+    let dir = TempDir::new(0o755);
+    let conf = dir.file("resolv.conf", format!("nameserver {}\n", h.host).as_bytes());
+    let rule = format!("allowed.zygo.test:{ALLOWED}");
+    let code = NAME_PROBE.replace("HOST_ARGS", &format!("{:?}, {ALLOWED}, {OTHER}", h.host));
+    let g = guard_flags();
+    let mut c = zygo(who);
+    c.env("ZYGO_RESOLV_CONF", &conf)
+        .args(["run", "--json"])
+        .args(&g)
+        .args(["--net", "egress", "--allow", &rule, "--", "python3", "-c"])
+        .arg(probe_script(&code));
+    let f = finish(c);
+    let v = f.last_json();
+    assert_not_refused(who, &v, f.code);
+    assert_ok(who, &v, f.code);
+    let last = s(&v, "stdout").lines().last().unwrap_or("").to_string();
+    let r: Value = serde_json::from_str(&last).expect("the probe's JSON line");
+    let want = format!("rcode 0 ['{}']", h.host);
+    assert_result(who, &r, "dns_allowed", &[want.as_str()]);
+    assert_result(who, &r, "dns_other", &["rcode 5 []"]);
+    assert_result(who, &r, "dns_aaaa", &["rcode 0 []"]);
+    assert_result(who, &r, "http_allowed", &["OK 8080:GET / HTTP/1.1\r\nHos"]);
+    let tls = r["tls_allowed"].as_str().unwrap_or("");
+    assert!(tls.starts_with("OK 8080:"), "[{}] {r}", who.name());
+    for key in ["http_other", "tls_other", "no_name"] {
+        assert_result(who, &r, key, &["ECONNRESET", "EOF"]);
+    }
+    assert_result(who, &r, "other_port", &["ECONNREFUSED"]);
+    let log = f.stderr_text();
+    assert!(
+        log.contains("refused a DNS query for other.zygo.test"),
+        "[{}] {log}",
+        who.name()
+    );
+    // The test host saw one upstream query and the two allowed connections.
+    let mut events = h.events();
+    events.sort();
+    assert_eq!(
+        events,
+        vec!["tcp 8080", "tcp 8080", "udp 53"],
+        "[{}] what reached the test host",
+        who.name()
+    );
+}
+
 /// `zygo mcp --net egress --allow ADDR:PORT`: a `run_code` sandbox reaches that address and
 /// port, and nothing else.
 #[test]
@@ -472,17 +595,18 @@ for port in ({ALLOWED}, {OTHER}):
 
 root_and_rootless!(
     allowed_connects_and_the_rest_is_refused,
+    name_rules_are_exact_by_name,
     private_addresses_open_only_when_named,
     the_filter_is_confined,
     a_function_reaches_its_allowed_host,
 );
 
 both_tests! {
-    /// Rules by DNS name, IPv6 rules, and --allow without --net egress are refused before
+    /// Malformed names, IPv6 rules, and --allow without --net egress are refused before
     /// anything starts, with the reason.
     fn rules_this_version_cannot_enforce_are_refused(who) {
         for (flags, needle) in [
-            (&["--net", "egress", "--allow", "example.com:443"][..], "by address only"),
+            (&["--net", "egress", "--allow", "exa_mple.com:443"][..], "bad host"),
             (&["--net", "egress", "--allow", "[2001:db8::1]:443"][..], "IPv4 only"),
             (&["--allow", "192.0.2.1:443"][..], "needs --net egress"),
             (&["--net", "host"][..], "only in sandbox.toml"),
@@ -505,5 +629,5 @@ fn version_reports_the_egress_mode() {
     assert_eq!(f.code, 0, "{}", f.stderr_text());
     let v = f.last_json();
     assert_eq!(v["egress"], "relay", "{v}");
-    assert_eq!(v["egress_rules"], "ipv4-address", "{v}");
+    assert_eq!(v["egress_rules"], "ipv4-address-and-name", "{v}");
 }

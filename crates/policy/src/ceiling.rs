@@ -212,8 +212,8 @@ mod tests {
             Err(CeilingError::Refused(e)) => assert!(e.contains("needs --net egress"), "{e}"),
             other => panic!("{other:?}"),
         }
-        match mcp_ceiling(&args(&[("net", "egress")]), &["pypi.org:443".into()], None) {
-            Err(CeilingError::Usage(e)) => assert!(e.contains("by address only"), "{e}"),
+        match mcp_ceiling(&args(&[("net", "egress")]), &["[::1]:443".into()], None) {
+            Err(CeilingError::Usage(e)) => assert!(e.contains("IPv4 only"), "{e}"),
             other => panic!("{other:?}"),
         }
         let file = defaults("[defaults]\nnetwork = \"egress\"\nallow = [\"1.2.3.4:443\"]\n");

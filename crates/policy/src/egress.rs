@@ -1,11 +1,11 @@
 //! Egress rules: which `allow` entries a sandbox may have, and whether one outbound
 //! connection is allowed.
 //!
-//! A rule is an IPv4 address or CIDR block and one port. In this version a rule must name
-//! an address: a DNS name is refused with a message saying so (Zygo does not resolve names
-//! for a sandbox, so no name can be looked up behind a rule's back, and the sandbox's own
-//! DNS queries get no answer). IPv6 rules are refused too: a sandbox with egress has no IPv6
-//! route at all.
+//! A rule is an IPv4 address or CIDR block and one port ([`Rule`]), or a DNS name and one
+//! port ([`NameRule`]). A name rule is exact by name: Zygo's resolver answers the sandbox
+//! only for names a rule has, and a connection to an address one of them resolved to is
+//! relayed only if its TLS SNI or HTTP `Host` names that name ([`decide_name`]). IPv6 rules
+//! are refused: a sandbox with egress has no IPv6 route at all.
 //!
 //! Private, loopback, link-local and other special-purpose addresses ([`SPECIAL`]) open
 //! only when a rule names them itself: a rule whose whole block lies inside one special
@@ -54,6 +54,65 @@ pub enum PrivateNet {
     Allowed,
     /// The rules come from a caller who may not open the host's own networks.
     Refused,
+}
+
+/// A sandbox's checked rules: by address and by name.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Rules {
+    pub addrs: Vec<Rule>,
+    pub names: Vec<NameRule>,
+}
+
+impl Rules {
+    pub fn len(&self) -> usize {
+        self.addrs.len() + self.names.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+/// One checked name rule: connections to `port` whose TLS SNI or HTTP `Host` is `name`, at
+/// an address Zygo's resolver gave the sandbox for `name`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NameRule {
+    /// Lower case, no trailing dot.
+    pub name: String,
+    pub port: u16,
+    /// Whether the name may resolve to a private or other special address (the rule is the
+    /// operator's, see [`PrivateNet`]); otherwise such addresses are left out of answers.
+    pub private_ok: bool,
+}
+
+impl NameRule {
+    /// The form a launcher hands on: `NAME PORT 0|1`.
+    pub fn encode(&self) -> String {
+        format!("{} {} {}", self.name, self.port, u8::from(self.private_ok))
+    }
+
+    /// Parse [`NameRule::encode`]'s form.
+    pub fn decode(s: &str) -> Option<NameRule> {
+        let mut parts = s.split(' ');
+        let name = parts.next()?.to_string();
+        let port = parts.next()?.parse().ok().filter(|p| *p > 0)?;
+        let private_ok = match parts.next()? {
+            "0" => false,
+            "1" => true,
+            _ => return None,
+        };
+        (parts.next().is_none() && crate::file::is_dns_name(&name) && name == normal_name(&name))
+            .then_some(NameRule {
+                name,
+                port,
+                private_ok,
+            })
+    }
+}
+
+/// A host name as rules hold it: lower case, without a trailing dot.
+pub fn normal_name(s: &str) -> String {
+    s.strip_suffix('.').unwrap_or(s).to_ascii_lowercase()
 }
 
 /// One checked rule: connections to `port` on an address inside `net/prefix`.
@@ -123,14 +182,14 @@ pub fn compile(
     field: &str,
     allow: &[AllowRule],
     private: PrivateNet,
-) -> Result<Vec<Rule>, PolicyError> {
+) -> Result<Rules, PolicyError> {
     if allow.len() > MAX_RULES {
         return Err(PolicyError::TooLarge {
             what: format!("{field} ({} rules)", allow.len()),
             limit: format!("{MAX_RULES} rules"),
         });
     }
-    let mut rules: Vec<Rule> = Vec::with_capacity(allow.len());
+    let mut rules = Rules::default();
     for a in allow {
         let shown = a.to_string();
         let (net, prefix) = match a.host.split_once('/') {
@@ -144,16 +203,25 @@ pub fn compile(
                     field,
                     &shown,
                     "is an IPv6 rule; egress in this version of Zygo is IPv4 only (a sandbox \
-                     has no IPv6 route); write an IPv4 address",
+                     has no IPv6 route); write an IPv4 address or a name",
                 ))
             }
+            Err(_) if prefix.is_none() && crate::file::is_dns_name(net) => {
+                let rule = NameRule {
+                    name: normal_name(net),
+                    port: a.port,
+                    private_ok: private == PrivateNet::Allowed,
+                };
+                if !rules.names.contains(&rule) {
+                    rules.names.push(rule);
+                }
+                continue;
+            }
             Err(_) => {
-                return Err(PolicyError::not_allowed(
+                return Err(PolicyError::invalid(
                     field,
                     &shown,
-                    "names a host by DNS name; this version of Zygo enforces egress by \
-                     address only: write the IPv4 address or CIDR block and port \
-                     (e.g. \"203.0.113.7:443\")",
+                    "is neither an IPv4 address or block nor a DNS name",
                 ))
             }
         };
@@ -197,11 +265,78 @@ pub fn compile(
                 ));
             }
         }
-        if !rules.contains(&rule) {
-            rules.push(rule);
+        if !rules.addrs.contains(&rule) {
+            rules.addrs.push(rule);
         }
     }
     Ok(rules)
+}
+
+/// Whether Zygo's resolver answers the sandbox for `qname` (any port).
+pub fn answers_for<'r>(names: &'r [NameRule], qname: &str) -> Option<&'r NameRule> {
+    let q = normal_name(qname);
+    names.iter().find(|r| r.name == q)
+}
+
+/// Whether an address the upstream resolver gave for `rule`'s name may be handed to the
+/// sandbox: special addresses only when the rule is the operator's.
+pub fn resolved_ok(rule: &NameRule, addr: Ipv4Addr) -> bool {
+    rule.private_ok || special(addr).is_none()
+}
+
+/// Whether a connection to `dst` that says (TLS SNI or HTTP `Host`) it is for `host` is
+/// allowed by a name rule. `resolved` is whether Zygo's resolver gave the sandbox `dst`'s
+/// address for `host`.
+pub fn decide_name<'r>(
+    names: &'r [NameRule],
+    host: Option<&str>,
+    dst: SocketAddrV4,
+    resolved: impl Fn(&str) -> bool,
+) -> Result<&'r NameRule, NameRefusal> {
+    let Some(host) = host else {
+        return Err(NameRefusal::NoName);
+    };
+    let host = normal_name(host);
+    let Some(rule) = names
+        .iter()
+        .find(|r| r.name == host && r.port == dst.port())
+    else {
+        return Err(NameRefusal::NotAllowed(host));
+    };
+    if !resolved(&host) {
+        return Err(NameRefusal::NotResolvedThere(host));
+    }
+    if !resolved_ok(rule, *dst.ip()) {
+        return Err(NameRefusal::NotAllowed(host));
+    }
+    Ok(rule)
+}
+
+/// Why a connection was refused by the name rules.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum NameRefusal {
+    /// Neither TLS SNI nor an HTTP `Host` header came first.
+    NoName,
+    /// The name it gave has no rule for this port.
+    NotAllowed(String),
+    /// The name has a rule, but Zygo's resolver never gave the sandbox this address for it.
+    NotResolvedThere(String),
+}
+
+impl fmt::Display for NameRefusal {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            NameRefusal::NoName => f.write_str(
+                "no rule names the address, and the connection named no host (TLS SNI or \
+                 an HTTP Host header) a name rule could match",
+            ),
+            NameRefusal::NotAllowed(h) => write!(f, "no allow rule names {h} on this port"),
+            NameRefusal::NotResolvedThere(h) => write!(
+                f,
+                "{h} is allowed, but Zygo's resolver did not give the sandbox this address for it"
+            ),
+        }
+    }
 }
 
 /// Why a connection was refused.
@@ -249,7 +384,7 @@ mod tests {
             .iter()
             .map(|s| AllowRule::parse("allow", s).unwrap())
             .collect();
-        compile("allow", &allow, private)
+        compile("allow", &allow, private).map(|r| r.addrs)
     }
 
     fn dst(s: &str) -> SocketAddrV4 {
@@ -257,9 +392,46 @@ mod tests {
     }
 
     #[test]
-    fn names_and_ipv6_are_refused_with_the_reason() {
-        let e = rules(&["api.example.com:443"], PrivateNet::Allowed).unwrap_err();
-        assert!(e.to_string().contains("by address only"), "{e}");
+    fn names_are_rules_of_their_own() {
+        let allow = [AllowRule::parse("allow", "API.Example.com:443").unwrap()];
+        let r = compile("allow", &allow, PrivateNet::Refused).unwrap();
+        assert!(r.addrs.is_empty());
+        assert_eq!(r.names[0].name, "api.example.com");
+        assert!(!r.names[0].private_ok);
+        assert_eq!(
+            NameRule::decode(&r.names[0].encode()),
+            Some(r.names[0].clone())
+        );
+        assert_eq!(NameRule::decode("a.com 0 1"), None);
+        assert_eq!(NameRule::decode("A.com 1 1"), None);
+        assert!(answers_for(&r.names, "api.example.COM.").is_some());
+        assert!(answers_for(&r.names, "example.com").is_none());
+        let dst: SocketAddrV4 = "93.184.216.34:443".parse().unwrap();
+        let yes = |_: &str| true;
+        assert!(decide_name(&r.names, Some("api.example.com"), dst, yes).is_ok());
+        assert_eq!(
+            decide_name(&r.names, Some("other.example.com"), dst, yes),
+            Err(NameRefusal::NotAllowed("other.example.com".into()))
+        );
+        assert_eq!(
+            decide_name(&r.names, None, dst, yes),
+            Err(NameRefusal::NoName)
+        );
+        assert!(matches!(
+            decide_name(&r.names, Some("api.example.com"), dst, |_| false),
+            Err(NameRefusal::NotResolvedThere(_))
+        ));
+        let other_port: SocketAddrV4 = "93.184.216.34:80".parse().unwrap();
+        assert!(decide_name(&r.names, Some("api.example.com"), other_port, yes).is_err());
+        // A tenant's name that resolves to a private address is refused; the operator's is not.
+        let private: SocketAddrV4 = "10.0.0.5:443".parse().unwrap();
+        assert!(decide_name(&r.names, Some("api.example.com"), private, yes).is_err());
+        let op = compile("allow", &allow, PrivateNet::Allowed).unwrap();
+        assert!(decide_name(&op.names, Some("api.example.com"), private, yes).is_ok());
+    }
+
+    #[test]
+    fn ipv6_is_refused_with_the_reason() {
         let e = rules(&["[2001:db8::1]:443"], PrivateNet::Allowed).unwrap_err();
         assert!(e.to_string().contains("IPv4 only"), "{e}");
         let e = rules(&["[::ffff:10.0.0.1]:443"], PrivateNet::Allowed).unwrap_err();

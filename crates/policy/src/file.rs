@@ -749,7 +749,7 @@ fn is_v4_block(h: &str) -> bool {
     })
 }
 
-fn is_dns_name(h: &str) -> bool {
+pub(crate) fn is_dns_name(h: &str) -> bool {
     (1..=253).contains(&h.len())
         && h.split('.').all(|label| {
             (1..=63).contains(&label.len())

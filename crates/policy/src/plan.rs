@@ -66,7 +66,7 @@ pub struct OneShotPlan {
     pub inotify: bool,
     pub network: Network,
     /// With `Network::Egress`: the connections the sandbox may make (see [`crate::egress`]).
-    pub allow: Vec<crate::egress::Rule>,
+    pub allow: crate::egress::Rules,
     pub argv: Vec<String>,
 }
 
@@ -526,8 +526,8 @@ mod tests {
         let plan = one_shot(&a).unwrap();
         assert_eq!(plan.network, Network::Egress);
         assert_eq!(plan.allow.len(), 1);
-        a.allow = vec!["example.com:443".into()];
-        assert!(err(&a).contains("by address only"));
+        a.allow = vec!["[2001:db8::1]:443".into()];
+        assert!(err(&a).contains("IPv4 only"));
         a.allow.clear();
         a.net = Some("host".into());
         assert!(err(&a).contains("only in sandbox.toml"));

@@ -146,7 +146,26 @@ pub struct LaunchPlan {
     /// means nothing is reachable). Every IPv4 address is local in the sandbox's network
     /// namespace; the launcher's egress filter listens on each rule's address and port
     /// there and relays what the rules allow. `None`: loopback only.
-    pub egress: Option<Vec<EgressRule>>,
+    pub egress: Option<Egress>,
+}
+
+/// What an egress sandbox may reach, as the monitor's policy has checked it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Egress {
+    pub rules: Vec<EgressRule>,
+    pub names: Vec<EgressName>,
+    /// The host's DNS servers (IPv4, port 53) the egress filter asks for `names`.
+    pub resolvers: Vec<[u8; 4]>,
+}
+
+/// One name rule: TCP to `port` at an address the filter resolved for `name`, with that
+/// name in TLS SNI or the HTTP `Host` header.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct EgressName {
+    pub name: String,
+    pub port: u16,
+    /// The name may resolve to a private or other special address.
+    pub private_ok: bool,
 }
 
 /// The most egress rules a plan may carry.

@@ -37,7 +37,7 @@ pub fn main(args: Vec<OsString>) -> i32 {
             "landlock_abi": abi,
             "seccomp": true,
             "egress": "relay",
-            "egress_rules": "ipv4-address",
+            "egress_rules": "ipv4-address-and-name",
             "egress_filter_landlock_net": abi >= 4,
         });
         say!("{}", crate::output::json(&v));
@@ -61,7 +61,8 @@ pub fn main(args: Vec<OsString>) -> i32 {
         // runs as root and rootless (see zygo_egress).
         say!(
             "egress:   relay (IPv4 TCP to allow-listed addresses through a confined filter \
-             outside the sandbox; root and rootless; rules by address{})",
+             outside the sandbox; root and rootless; rules by address, or by name with Zygo's \
+             own resolver and TLS SNI / HTTP Host checked{})",
             if abi >= 4 {
                 ""
             } else {

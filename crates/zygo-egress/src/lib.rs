@@ -35,6 +35,8 @@
 //! `exec`, no other socket family.
 
 pub mod confine;
+pub mod dns;
+pub mod sniff;
 
 use std::io::{Read, Write};
 use std::net::{Ipv4Addr, SocketAddrV4, TcpStream};
@@ -44,12 +46,19 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use plumbing::Role;
-use policy::egress::{decide, Rule};
+use std::collections::HashMap;
+use std::sync::Mutex;
+
+use policy::egress::{decide, decide_name, NameRule, Rule};
 
 /// The largest start message the launcher may send.
 pub const MAX_START: usize = 8 * 1024;
 /// The most listening sockets one filter serves (one per rule at most).
-pub const MAX_LISTENERS: usize = 64;
+pub const MAX_LISTENERS: usize = 65;
+/// The most addresses remembered for one name (what the resolver gave the sandbox).
+const MAX_ADDRS_PER_NAME: usize = 64;
+/// How long the filter waits for a connection's first bytes when a name rule needs them.
+const SNIFF_WAIT: Duration = Duration::from_secs(5);
 /// The most connections relayed at once; more are refused (reset) and logged.
 const MAX_CONNS: usize = 256;
 /// How long the filter waits for the destination to accept a connection.
@@ -67,6 +76,8 @@ pub struct Start {
     /// How log lines name the sandbox.
     pub label: String,
     pub rules: Vec<Rule>,
+    pub names: Vec<NameRule>,
+    pub resolvers: Vec<Ipv4Addr>,
 }
 
 impl Start {
@@ -87,6 +98,12 @@ impl Start {
         for r in &self.rules {
             s.push_str(&format!("rule {r}\n"));
         }
+        for n in &self.names {
+            s.push_str(&format!("name {}\n", n.encode()));
+        }
+        for r in &self.resolvers {
+            s.push_str(&format!("resolver {r}\n"));
+        }
         s
     }
 
@@ -104,11 +121,24 @@ impl Start {
             }
         };
         let label = lines.next()?.strip_prefix("label ")?.to_string();
-        let mut rules = Vec::new();
+        let (mut rules, mut names, mut resolvers) = (Vec::new(), Vec::new(), Vec::new());
         for l in lines {
-            rules.push(Rule::parse_exact(l.strip_prefix("rule ")?)?);
+            match l.split_once(' ')? {
+                ("rule", r) => rules.push(Rule::parse_exact(r)?),
+                ("name", n) => names.push(NameRule::decode(n)?),
+                ("resolver", a) => resolvers.push(a.parse().ok()?),
+                _ => return None,
+            }
         }
-        (rules.len() <= policy::egress::MAX_RULES).then_some(Start { ids, label, rules })
+        (rules.len() + names.len() <= policy::egress::MAX_RULES && resolvers.len() <= 3).then_some(
+            Start {
+                ids,
+                label,
+                rules,
+                names,
+                resolvers,
+            },
+        )
     }
 }
 
@@ -138,15 +168,155 @@ fn run() -> Result<(), String> {
     if fds.is_empty() {
         return Err("no listening sockets were handed over".into());
     }
-    for fd in &fds {
+    if fds.len() > MAX_LISTENERS {
+        return Err("more listening sockets than rules".into());
+    }
+    // The TCP listeners are accepted from until they run dry; the DNS socket is read
+    // blocking by a thread of its own.
+    let (udp, tcp): (Vec<OwnedFd>, Vec<OwnedFd>) =
+        fds.into_iter().partition(|fd| is_datagram(fd.as_raw_fd()));
+    for fd in &tcp {
         set_nonblocking(fd.as_raw_fd(), true)
             .map_err(|e| format!("make a listener non-blocking: {e}"))?;
     }
     confine::drop_ids(start.ids).map_err(|e| format!("drop to the sandbox owner's ids: {e}"))?;
-    let ports: Vec<u16> = start.rules.iter().map(|r| r.port).collect();
+    let ports: Vec<u16> = start
+        .rules
+        .iter()
+        .map(|r| r.port)
+        .chain(start.names.iter().map(|n| n.port))
+        .collect();
     confine::landlock(&ports).map_err(|e| format!("Landlock: {e}"))?;
     confine::confine().map_err(|e| e.to_string())?;
-    serve(Arc::new(start), fds)
+    let shared = Arc::new(Shared {
+        start,
+        resolved: Mutex::new(HashMap::new()),
+    });
+    for sock in udp {
+        let sh = Arc::clone(&shared);
+        std::thread::Builder::new()
+            .stack_size(256 * 1024)
+            .spawn(move || serve_dns(&sh, &sock))
+            .map_err(|e| format!("start the resolver: {e}"))?;
+    }
+    serve(shared, tcp)
+}
+
+/// What every thread of the filter shares.
+struct Shared {
+    start: Start,
+    /// name → the addresses the resolver gave the sandbox for it.
+    resolved: Mutex<HashMap<String, Vec<Ipv4Addr>>>,
+}
+
+fn is_datagram(fd: RawFd) -> bool {
+    let mut kind: libc::c_int = 0;
+    let mut len = std::mem::size_of::<libc::c_int>() as libc::socklen_t;
+    // SAFETY: kind and len are valid for getsockopt to fill in.
+    let r = unsafe {
+        libc::getsockopt(
+            fd,
+            libc::SOL_SOCKET,
+            libc::SO_TYPE,
+            (&mut kind as *mut libc::c_int).cast(),
+            &mut len,
+        )
+    };
+    r == 0 && kind == libc::SOCK_DGRAM
+}
+
+/// Answer the sandbox's DNS queries, one at a time, until the filter ends.
+fn serve_dns(sh: &Shared, sock: &OwnedFd) {
+    let fd = sock.as_raw_fd();
+    let mut buf = [0u8; dns::MAX_MSG];
+    loop {
+        // SAFETY: sockaddr_in is plain data.
+        let mut peer: libc::sockaddr_in = unsafe { std::mem::zeroed() };
+        let mut plen = std::mem::size_of::<libc::sockaddr_in>() as libc::socklen_t;
+        // SAFETY: buf, peer and plen are valid for recvfrom to fill in.
+        let n = unsafe {
+            libc::recvfrom(
+                fd,
+                buf.as_mut_ptr().cast(),
+                buf.len(),
+                0,
+                (&mut peer as *mut libc::sockaddr_in).cast(),
+                &mut plen,
+            )
+        };
+        if n < 0 {
+            if std::io::Error::last_os_error().kind() == std::io::ErrorKind::Interrupted {
+                continue;
+            }
+            return;
+        }
+        let msg = &buf[..n as usize];
+        let Some(q) = dns::parse_query(msg) else {
+            continue; // not a query we answer: no answer at all
+        };
+        let reply = answer_query(sh, msg, &q);
+        // SAFETY: reply and peer are valid for their lengths.
+        unsafe {
+            libc::sendto(
+                fd,
+                reply.as_ptr().cast(),
+                reply.len(),
+                0,
+                (&peer as *const libc::sockaddr_in).cast(),
+                plen,
+            )
+        };
+    }
+}
+
+fn answer_query(sh: &Shared, msg: &[u8], q: &dns::Query) -> Vec<u8> {
+    let label = &sh.start.label;
+    let Some(rule) = policy::egress::answers_for(&sh.start.names, &q.name) else {
+        log::warn!(
+            "egress[{label}]: refused a DNS query for {}: no allow rule names it",
+            q.name
+        );
+        return dns::answer(msg, q, dns::RCODE_REFUSED, &[]);
+    };
+    if q.qtype != dns::TYPE_A {
+        // AAAA and the rest: the name exists, with no address of that type to give.
+        return dns::answer(msg, q, dns::RCODE_OK, &[]);
+    }
+    match dns::resolve(&sh.start.resolvers, &rule.name) {
+        Ok(addrs) => {
+            let (kept, dropped): (Vec<_>, Vec<_>) = addrs
+                .into_iter()
+                .partition(|(a, _)| policy::egress::resolved_ok(rule, *a));
+            if !dropped.is_empty() {
+                log::warn!(
+                    "egress[{label}]: {} resolves to private or special addresses, left out: {:?}",
+                    rule.name,
+                    dropped.iter().map(|(a, _)| a).collect::<Vec<_>>()
+                );
+            }
+            if let Ok(mut map) = sh.resolved.lock() {
+                let known = map.entry(rule.name.clone()).or_default();
+                for (a, _) in &kept {
+                    if !known.contains(a) {
+                        if known.len() >= MAX_ADDRS_PER_NAME {
+                            known.remove(0);
+                        }
+                        known.push(*a);
+                    }
+                }
+            }
+            let rcode = if kept.is_empty() {
+                dns::RCODE_NXDOMAIN
+            } else {
+                dns::RCODE_OK
+            };
+            dns::answer(msg, q, rcode, &kept)
+        }
+        Err(e) => {
+            log::warn!("egress[{label}]: resolve {}: {e}", rule.name);
+            dns::answer(msg, q, dns::RCODE_SERVFAIL, &[])
+        }
+    }
 }
 
 fn set_nonblocking(fd: RawFd, on: bool) -> std::io::Result<()> {
@@ -169,7 +339,7 @@ fn set_nonblocking(fd: RawFd, on: bool) -> std::io::Result<()> {
 
 /// Accept on every listener until the sandbox is gone (the launcher's end kills this
 /// process), one thread per connection.
-fn serve(start: Arc<Start>, listeners: Vec<OwnedFd>) -> Result<(), String> {
+fn serve(start: Arc<Shared>, listeners: Vec<OwnedFd>) -> Result<(), String> {
     let active = Arc::new(AtomicUsize::new(0));
     let mut polls: Vec<libc::pollfd> = listeners
         .iter()
@@ -212,7 +382,7 @@ fn serve(start: Arc<Start>, listeners: Vec<OwnedFd>) -> Result<(), String> {
                 if active.load(Ordering::Acquire) >= MAX_CONNS {
                     log::warn!(
                         "egress[{}]: refused a connection: {MAX_CONNS} are open already",
-                        start.label
+                        start.start.label
                     );
                     reset(conn);
                     continue;
@@ -227,7 +397,7 @@ fn serve(start: Arc<Start>, listeners: Vec<OwnedFd>) -> Result<(), String> {
                     });
                 if let Err(e) = spawned {
                     active.fetch_sub(1, Ordering::AcqRel);
-                    log::warn!("egress[{}]: start a relay: {e}", start.label);
+                    log::warn!("egress[{}]: start a relay: {e}", start.start.label);
                 }
             }
         }
@@ -250,6 +420,53 @@ fn local_v4(fd: RawFd) -> Option<SocketAddrV4> {
     ))
 }
 
+/// Read ahead, without consuming, until the first bytes say which host the connection is
+/// for, or cannot, or [`SNIFF_WAIT`] has passed.
+fn peek_host(fd: RawFd) -> sniff::Sniff {
+    let deadline = std::time::Instant::now() + SNIFF_WAIT;
+    let mut buf = vec![0u8; sniff::MAX_PEEK];
+    let mut seen = 0;
+    loop {
+        let left = deadline.saturating_duration_since(std::time::Instant::now());
+        if left.is_zero() {
+            return sniff::Sniff::NoHost;
+        }
+        let mut p = libc::pollfd {
+            fd,
+            events: libc::POLLIN,
+            revents: 0,
+        };
+        // SAFETY: one valid pollfd.
+        if unsafe { libc::poll(&mut p, 1, left.as_millis() as libc::c_int + 1) } <= 0 {
+            continue;
+        }
+        // SAFETY: buf is valid for its length.
+        let n = unsafe {
+            libc::recv(
+                fd,
+                buf.as_mut_ptr().cast(),
+                buf.len(),
+                libc::MSG_PEEK | libc::MSG_DONTWAIT,
+            )
+        };
+        if n <= 0 {
+            return sniff::Sniff::NoHost; // closed, or an error
+        }
+        let n = n as usize;
+        match sniff::sniff(&buf[..n]) {
+            sniff::Sniff::NeedMore if n < buf.len() => {
+                if n == seen {
+                    // Nothing new yet: wait a little rather than spin on the same bytes.
+                    std::thread::sleep(Duration::from_millis(5));
+                }
+                seen = n;
+            }
+            sniff::Sniff::NeedMore => return sniff::Sniff::NoHost,
+            other => return other,
+        }
+    }
+}
+
 /// Close a connection with a reset, so the program sees it refused rather than ended.
 fn reset(conn: OwnedFd) {
     let lin = libc::linger {
@@ -269,7 +486,8 @@ fn reset(conn: OwnedFd) {
     drop(conn);
 }
 
-fn handle(start: &Start, conn: OwnedFd) {
+fn handle(sh: &Shared, conn: OwnedFd) {
+    let start = &sh.start;
     let Some(dst) = local_v4(conn.as_raw_fd()) else {
         log::warn!(
             "egress[{}]: refused a connection whose destination is not IPv4",
@@ -278,8 +496,25 @@ fn handle(start: &Start, conn: OwnedFd) {
         return reset(conn);
     };
     if let Err(why) = decide(&start.rules, dst) {
-        log::warn!("egress[{}]: refused {dst}: {why}", start.label);
-        return reset(conn);
+        if !start.names.iter().any(|n| n.port == dst.port()) {
+            log::warn!("egress[{}]: refused {dst}: {why}", start.label);
+            return reset(conn);
+        }
+        // A name rule for this port: the connection must say which host it is for.
+        let host = match peek_host(conn.as_raw_fd()) {
+            sniff::Sniff::Host(h) => Some(h),
+            _ => None,
+        };
+        let resolved = |name: &str| {
+            sh.resolved
+                .lock()
+                .map(|m| m.get(name).is_some_and(|a| a.contains(dst.ip())))
+                .unwrap_or(false)
+        };
+        if let Err(why) = decide_name(&start.names, host.as_deref(), dst, resolved) {
+            log::warn!("egress[{}]: refused {dst}: {why}", start.label);
+            return reset(conn);
+        }
     }
     let out = match connect(dst) {
         Ok(s) => s,
@@ -482,9 +717,13 @@ mod tests {
             ids: Some((100000, 100000)),
             label: "run 42\nfake".into(),
             rules: vec![Rule::parse_exact("10.0.0.0/8:80").unwrap()],
+            names: vec![NameRule::decode("pypi.org 443 0").unwrap()],
+            resolvers: vec![Ipv4Addr::new(10, 0, 0, 53)],
         };
         let d = Start::decode(&s.encode()).unwrap();
         assert_eq!(d.rules, s.rules);
+        assert_eq!(d.names, s.names);
+        assert_eq!(d.resolvers, s.resolvers);
         assert_eq!(d.ids, s.ids);
         assert_eq!(d.label, "run 42fake");
         assert!(Start::decode("zygo-egress 2\nids -\nlabel x\n").is_none());

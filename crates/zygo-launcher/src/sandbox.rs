@@ -299,7 +299,7 @@ pub fn run(
 /// them (its report says why).
 fn start_egress_filter(
     plan: &LaunchPlan,
-    rules: &[proto::launch::EgressRule],
+    rules: &proto::launch::Egress,
     init_pid: libc::pid_t,
     ctl: &OwnedFd,
 ) -> Result<Option<EgressFilter>, String> {
@@ -307,7 +307,7 @@ fn start_egress_filter(
     let listeners = match plumbing::fds::recv_with_fds(
         ctl.as_raw_fd(),
         &mut tag,
-        proto::launch::MAX_EGRESS_RULES,
+        proto::launch::MAX_EGRESS_RULES + 1,
     ) {
         Ok((1, fds)) if tag == *b"N" => fds,
         Ok((0, _)) => return Ok(None),
@@ -351,7 +351,7 @@ fn start_egress_filter(
 fn zygo_egress_start(
     ids: Option<(u32, u32)>,
     init_pid: libc::pid_t,
-    rules: &[proto::launch::EgressRule],
+    egress: &proto::launch::Egress,
 ) -> String {
     let mut s = String::from("zygo-egress 1\n");
     match ids {
@@ -362,9 +362,20 @@ fn zygo_egress_start(
         "label sandbox {init_pid} (launcher {})\n",
         std::process::id()
     ));
-    for r in rules {
+    for r in &egress.rules {
         let [a, b, c, d] = r.addr;
         s.push_str(&format!("rule {a}.{b}.{c}.{d}/{}:{}\n", r.prefix, r.port));
+    }
+    for n in &egress.names {
+        s.push_str(&format!(
+            "name {} {} {}\n",
+            n.name,
+            n.port,
+            u8::from(n.private_ok)
+        ));
+    }
+    for [a, b, c, d] in &egress.resolvers {
+        s.push_str(&format!("resolver {a}.{b}.{c}.{d}\n"));
     }
     s
 }

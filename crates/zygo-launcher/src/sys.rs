@@ -730,16 +730,32 @@ pub fn spawn(s: &Spawn<'_>) -> io::Result<libc::pid_t> {
 /// `local` table), then listen on each address and port the egress rules name — on the port
 /// for every address where a rule is a block. A connection to anything else is then
 /// refused inside the namespace; these listeners are handed to the egress filter.
-pub fn egress_listeners(rules: &[proto::launch::EgressRule]) -> io::Result<Vec<OwnedFd>> {
+///
+/// With name rules, their ports are listened on for every address (the name's addresses
+/// are known only when the filter resolves it), and a UDP socket on port 53 of every
+/// address, the last of the list, takes the sandbox's DNS queries to the filter's resolver.
+pub fn egress_listeners(egress: &proto::launch::Egress) -> io::Result<Vec<OwnedFd>> {
     route_everything_local()?;
+    let rules = &egress.rules;
+    let wide_ports: Vec<u16> = rules
+        .iter()
+        .filter(|o| o.prefix < 32 || o.addr == [0; 4])
+        .map(|o| o.port)
+        .chain(egress.names.iter().map(|n| n.port))
+        .collect();
     let mut binds: Vec<([u8; 4], u16)> = Vec::new();
-    for r in rules {
-        let wide = rules
-            .iter()
-            .any(|o| o.port == r.port && (o.prefix < 32 || o.addr == [0; 4]));
-        let at = if wide { [0; 4] } else { r.addr };
-        if !binds.contains(&(at, r.port)) {
-            binds.push((at, r.port));
+    let all = rules
+        .iter()
+        .map(|r| (r.addr, r.port))
+        .chain(egress.names.iter().map(|n| ([0; 4], n.port)));
+    for (addr, port) in all {
+        let at = if wide_ports.contains(&port) {
+            [0; 4]
+        } else {
+            addr
+        };
+        if !binds.contains(&(at, port)) {
+            binds.push((at, port));
         }
     }
     let mut out = Vec::with_capacity(binds.len());
@@ -776,7 +792,41 @@ pub fn egress_listeners(rules: &[proto::launch::EgressRule]) -> io::Result<Vec<O
         check(unsafe { libc::listen(fd, 128) })?;
         out.push(sock);
     }
+    if !egress.names.is_empty() {
+        out.push(bound_v4(libc::SOCK_DGRAM, [0; 4], 53)?);
+    }
     Ok(out)
+}
+
+/// A socket of `kind` bound to `addr:port`.
+fn bound_v4(kind: libc::c_int, addr: [u8; 4], port: u16) -> io::Result<OwnedFd> {
+    // SAFETY: plain socket creation.
+    let fd = check(unsafe { libc::socket(libc::AF_INET, kind | libc::SOCK_CLOEXEC, 0) })?;
+    // SAFETY: the socket was just created by this process.
+    let sock = unsafe { OwnedFd::from_raw_fd(fd) };
+    let sa = libc::sockaddr_in {
+        sin_family: libc::AF_INET as libc::sa_family_t,
+        sin_port: port.to_be(),
+        sin_addr: libc::in_addr {
+            s_addr: u32::from_be_bytes(addr).to_be(),
+        },
+        sin_zero: [0; 8],
+    };
+    // SAFETY: sa is a valid sockaddr_in of the size passed.
+    check(unsafe {
+        libc::bind(
+            fd,
+            (&sa as *const libc::sockaddr_in).cast(),
+            std::mem::size_of::<libc::sockaddr_in>() as libc::socklen_t,
+        )
+    })
+    .map_err(|e| {
+        io::Error::new(
+            e.kind(),
+            format!("bind {}:{port}: {e}", std::net::Ipv4Addr::from(addr)),
+        )
+    })?;
+    Ok(sock)
 }
 
 /// `ip route add local 0.0.0.0/0 dev lo table local`, over rtnetlink.

@@ -195,7 +195,7 @@ fn plan(spec: &FnSpec, identity: &Identity) -> Result<Planned, String> {
         policy::plan::Network::Egress => Some(crate::oneshot::egress_rules(
             &policy::egress::compile("allow", &spec.allow, policy::egress::PrivateNet::Allowed)
                 .map_err(|e| e.to_string())?,
-        )),
+        )?),
         policy::plan::Network::Host => {
             return Err(
                 "network host is not available for functions yet; use network = \"none\" \
