@@ -22,6 +22,7 @@ pub mod ceiling;
 pub mod egress;
 mod error;
 pub mod file;
+pub mod gate;
 pub mod limits;
 pub mod plan;
 
