@@ -112,6 +112,10 @@ pub struct FnSpec {
     /// Whether programs may use inotify: off unless the file says `inotify = true`, since a
     /// watch on a file of the shared read-only image sees when anyone opens it.
     pub inotify: bool,
+    /// Whether `allow` may open private and other special addresses (see
+    /// `crate::egress::PrivateNet`): true for sandbox.toml, the operator's; whoever serves a
+    /// spec from elsewhere (an HTTP layer) sets it to what that caller may do.
+    pub private_net: bool,
 }
 
 /// A parsed sandbox.toml.
@@ -417,6 +421,7 @@ impl Layer {
             secrets: self.secrets.clone().unwrap_or_default(),
             env: build_env(env),
             inotify: self.inotify.unwrap_or(false),
+            private_net: true,
         })
     }
 

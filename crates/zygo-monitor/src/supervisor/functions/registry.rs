@@ -199,11 +199,19 @@ impl Functions {
 fn plan(spec: &FnSpec, identity: &Identity) -> Result<Planned, String> {
     let egress = match spec.network {
         policy::plan::Network::None => None,
-        // A function's rules come from sandbox.toml, the operator's: they may name private
-        // addresses.
+        // sandbox.toml's rules are the operator's and may open private addresses; an HTTP
+        // layer's only when its caller may (`FnSpec::private_net`).
         policy::plan::Network::Egress => Some(crate::oneshot::egress_rules(
-            &policy::egress::compile("allow", &spec.allow, policy::egress::PrivateNet::Allowed)
-                .map_err(|e| e.to_string())?,
+            &policy::egress::compile(
+                "allow",
+                &spec.allow,
+                if spec.private_net {
+                    policy::egress::PrivateNet::Allowed
+                } else {
+                    policy::egress::PrivateNet::Refused
+                },
+            )
+            .map_err(|e| e.to_string())?,
         )?),
         policy::plan::Network::Host => {
             return Err(
