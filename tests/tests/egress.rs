@@ -50,6 +50,33 @@ def udp(port):
         data, peer = s.recvfrom(2000)
         print("udp", port, flush=True)
         s.sendto(dns_answer(data) if port == 53 else b"answer", peer)
+def bulk(c):
+    # "down N": N bytes of a pattern; "up N": read N bytes, answer their SHA-256.
+    import hashlib
+    f = c.makefile("rb")
+    word, n = f.readline().split()
+    n = int(n)
+    if word == b"down":
+        block = bytes(range(256)) * 4096
+        while n > 0:
+            c.sendall(block[:min(n, len(block))]); n -= min(n, len(block))
+    else:
+        h = hashlib.sha256()
+        while n > 0:
+            d = f.read(min(n, 1 << 20))
+            if not d:
+                break
+            h.update(d); n -= len(d)
+        c.sendall(h.hexdigest().encode())
+    c.close()
+def bulk_server():
+    s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    s.bind((sys.argv[1], 8082)); s.listen(16)
+    while True:
+        c, _ = s.accept()
+        print("tcp 8082", flush=True)
+        threading.Thread(target=bulk, args=(c,), daemon=True).start()
+threading.Thread(target=bulk_server, daemon=True).start()
 for p in (8080, 8081):
     threading.Thread(target=tcp, args=(p,), daemon=True).start()
 for p in (53, 9053):
@@ -593,7 +620,55 @@ for port in ({ALLOWED}, {OTHER}):
     );
 }
 
+/// Many megabytes each way through the filter arrive intact and complete, and each side's
+/// end reaches the other.
+fn large_transfers_arrive_intact(who: Who) {
+    if !root_only() {
+        return;
+    }
+    let h = TestHost::new();
+    let rule = format!("{}:8082", h.host);
+    let code = format!(
+        r#"
+import hashlib, socket
+N = 24 << 20
+s = socket.create_connection(({host:?}, 8082), timeout=30)
+s.sendall(b"down %d\n" % N)
+h, got = hashlib.sha256(), 0
+while True:
+    d = s.recv(1 << 20)
+    if not d:
+        break
+    h.update(d); got += len(d)
+block = bytes(range(256)) * 4096
+want = hashlib.sha256()
+left = N
+while left > 0:
+    want.update(block[:min(left, len(block))]); left -= min(left, len(block))
+s = socket.create_connection(({host:?}, 8082), timeout=30)
+s.sendall(b"up %d\n" % N)
+data = bytes(range(251)) * (N // 251 + 1)
+data = data[:N]
+s.sendall(data)
+s.shutdown(socket.SHUT_WR)
+answer = s.recv(100).decode()
+done(down_bytes=got, down_ok=h.hexdigest() == want.hexdigest(),
+     up_ok=answer == hashlib.sha256(data).hexdigest())
+"#,
+        host = h.host
+    );
+    let r = probe(
+        who,
+        &["--net", "egress", "--allow", &rule, "--mem", "512M"],
+        &code,
+    );
+    assert_eq!(r["down_bytes"], 24 << 20, "[{}] {r}", who.name());
+    assert_eq!(r["down_ok"], true, "[{}] {r}", who.name());
+    assert_eq!(r["up_ok"], true, "[{}] {r}", who.name());
+}
+
 root_and_rootless!(
+    large_transfers_arrive_intact,
     allowed_connects_and_the_rest_is_refused,
     name_rules_are_exact_by_name,
     private_addresses_open_only_when_named,
