@@ -59,8 +59,13 @@ pub const MAX_LISTENERS: usize = 65;
 const MAX_ADDRS_PER_NAME: usize = 64;
 /// How long the filter waits for a connection's first bytes when a name rule needs them.
 const SNIFF_WAIT: Duration = Duration::from_secs(5);
-/// The most connections relayed at once; more are refused (reset) and logged.
-const MAX_CONNS: usize = 256;
+/// The most connections relayed at once; more are refused (reset) and logged. The filter
+/// is not in the sandbox's cgroup, so this is what bounds the memory a sandbox can make it
+/// hold (buffers and pipes per connection).
+const MAX_CONNS: usize = 64;
+/// How long an upstream answer is reused before the host's DNS servers are asked again, so
+/// that a sandbox repeating a query does not repeat it upstream.
+const DNS_REUSE: Duration = Duration::from_secs(10);
 /// How long the filter waits for the destination to accept a connection.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 /// Each relay thread's buffer (or the most one splice moves).
@@ -191,6 +196,7 @@ fn run() -> Result<(), String> {
     let shared = Arc::new(Shared {
         start,
         resolved: Mutex::new(HashMap::new()),
+        recent: Mutex::new(HashMap::new()),
     });
     for sock in udp {
         let sh = Arc::clone(&shared);
@@ -207,6 +213,8 @@ struct Shared {
     start: Start,
     /// name → the addresses the resolver gave the sandbox for it.
     resolved: Mutex<HashMap<String, Vec<Ipv4Addr>>>,
+    /// name → the last upstream answer and when it came.
+    recent: Mutex<HashMap<String, (std::time::Instant, Vec<(Ipv4Addr, u32)>)>>,
 }
 
 fn is_datagram(fd: RawFd) -> bool {
@@ -282,7 +290,20 @@ fn answer_query(sh: &Shared, msg: &[u8], q: &dns::Query) -> Vec<u8> {
         // AAAA and the rest: the name exists, with no address of that type to give.
         return dns::answer(msg, q, dns::RCODE_OK, &[]);
     }
-    match dns::resolve(&sh.start.resolvers, &rule.name) {
+    let reused = sh.recent.lock().ok().and_then(|m| {
+        m.get(&rule.name)
+            .filter(|(at, _)| at.elapsed() < DNS_REUSE)
+            .map(|(_, a)| a.clone())
+    });
+    let result = match reused {
+        Some(a) => Ok(a),
+        None => dns::resolve(&sh.start.resolvers, &rule.name).inspect(|a| {
+            if let Ok(mut m) = sh.recent.lock() {
+                m.insert(rule.name.clone(), (std::time::Instant::now(), a.clone()));
+            }
+        }),
+    };
+    match result {
         Ok(addrs) => {
             let (kept, dropped): (Vec<_>, Vec<_>) = addrs
                 .into_iter()
