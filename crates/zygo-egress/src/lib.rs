@@ -214,8 +214,11 @@ struct Shared {
     /// name → the addresses the resolver gave the sandbox for it.
     resolved: Mutex<HashMap<String, Vec<Ipv4Addr>>>,
     /// name → the last upstream answer and when it came.
-    recent: Mutex<HashMap<String, (std::time::Instant, Vec<(Ipv4Addr, u32)>)>>,
+    recent: Mutex<HashMap<String, Upstream>>,
 }
+
+/// An upstream answer: when it came, and its addresses with their TTLs.
+type Upstream = (std::time::Instant, Vec<(Ipv4Addr, u32)>);
 
 fn is_datagram(fd: RawFd) -> bool {
     let mut kind: libc::c_int = 0;
