@@ -190,6 +190,26 @@ mod tests {
     }
 
     #[test]
+    fn every_prefix_and_every_corruption_is_answered_without_panic() {
+        let rec = client_hello("a.example");
+        for end in 0..=rec.len() {
+            let _ = sniff(&rec[..end]);
+        }
+        for i in 0..rec.len() {
+            for v in [0u8, 1, 0x7f, 0xff] {
+                let mut bad = rec.clone();
+                bad[i] = v;
+                let _ = sniff(&bad);
+            }
+        }
+        let mut huge = vec![0x16, 3, 1, 0xff, 0xff];
+        huge.resize(MAX_PEEK, 0);
+        assert_eq!(sniff(&huge), Sniff::NoHost);
+        let long_http = [b"GET / HTTP/1.1\r\n".as_slice(), &[b'a'; MAX_PEEK]].concat();
+        assert_eq!(sniff(&long_http), Sniff::NoHost);
+    }
+
+    #[test]
     fn http_hosts_are_found() {
         assert_eq!(
             sniff(b"GET / HTTP/1.1\r\nhost: a.example:8080\r\n\r\n"),
