@@ -50,6 +50,10 @@ Limits:
   --pids N           processes and threads                 [default: 64]
   --timeout DUR      wall-clock deadline, e.g. 30s, 5m     [default: 30s]
   --scratch SIZE     size of /tmp and of /work             [default: 64M]
+  --io-bps SIZE      bytes a second read from, and written to, each of the
+                     host's disks (at least 1M)            [default: 128M]
+  --io-iops N        disk operations a second, reads and writes each
+                                                           [default: 4000]
   --net MODE         network: none (only lo) or egress     [default: none]
   --allow HOST:PORT  with --net egress: TCP to this IPv4 address (or block, e.g.
                      10.0.0.0/8:80) or name (pypi.org:443: Zygo's resolver answers for
@@ -249,6 +253,8 @@ Limits (of every run_code sandbox):
   --pids N           processes and threads                 [default: 64]
   --timeout DUR      wall-clock deadline, e.g. 30s, 5m     [default: 30s]
   --scratch SIZE     size of /tmp                          [default: 64M]
+  --io-bps SIZE      disk bytes a second, reads and writes each [default: 128M]
+  --io-iops N        disk operations a second, each        [default: 4000]
   --net MODE         network: none (only lo) or egress     [default: none]
   --allow HOST:PORT  with --net egress: TCP to this IPv4 address, block or name and
                      port, repeatable; with -f, only rules its [defaults] allow has

@@ -248,10 +248,32 @@ struct Relay {
     carry: Vec<u8>,
     /// What one read brought.
     scratch: Vec<u8>,
+    /// Past [`MAX_RELAY`] the pipe is drained one chunk per [`DRAIN_TICK`]: not polled
+    /// again before this.
+    resume_at: Option<Instant>,
 }
 
 /// What is relayed of each stream; the monitor keeps one byte less.
 const MAX_RELAY: usize = 1024 * 1024 + 1;
+
+/// How often a stream past [`MAX_RELAY`] is drained, a chunk at a time, into `/dev/null`
+/// with splice (never copied through this process): at most 16 MB a second of output
+/// that is dropped anyway, so a handler writing as fast as it can costs the launcher,
+/// which runs outside the sandbox's cgroup, next to no CPU; the handler waits on its full
+/// pipe instead.
+const DRAIN_TICK: Duration = Duration::from_millis(4);
+
+/// `/dev/null`, opened once, for what is dropped.
+fn dev_null() -> Option<&'static std::fs::File> {
+    static NULL: std::sync::OnceLock<Option<std::fs::File>> = std::sync::OnceLock::new();
+    NULL.get_or_init(|| {
+        std::fs::OpenOptions::new()
+            .write(true)
+            .open("/dev/null")
+            .ok()
+    })
+    .as_ref()
+}
 
 impl Relay {
     fn new(fd: OwnedFd, stream: Stream) -> Relay {
@@ -266,15 +288,74 @@ impl Relay {
             sent: 0,
             carry: Vec::new(),
             scratch: Vec::new(),
+            resume_at: None,
         }
     }
 
+    /// The descriptor to poll: none while a drain waits for its next tick.
     fn raw(&self) -> RawFd {
-        self.fd.as_ref().map_or(-1, |f| f.as_raw_fd())
+        match self.resume_at {
+            Some(t) if t > Instant::now() => -1,
+            _ => self.fd.as_ref().map_or(-1, |f| f.as_raw_fd()),
+        }
+    }
+
+    /// How long until a waiting drain is due, in milliseconds (rounded up).
+    fn due_ms(&self) -> Option<libc::c_int> {
+        let t = self.resume_at.filter(|_| self.fd.is_some())?;
+        Some(
+            t.saturating_duration_since(Instant::now())
+                .as_micros()
+                .div_ceil(1000) as libc::c_int,
+        )
+    }
+
+    /// Past [`MAX_RELAY`]: move one chunk (all there is, up to 64 of them, when `drain`)
+    /// into `/dev/null`. False if splice cannot be used here.
+    fn drop_spliced(&mut self, drain: bool) -> bool {
+        let (Some(fd), Some(null)) = (self.fd.as_ref(), dev_null()) else {
+            return false;
+        };
+        for _ in 0..if drain { 64 } else { 1 } {
+            // SAFETY: splice(2) between two descriptors we hold, no offsets.
+            let n = unsafe {
+                libc::splice(
+                    fd.as_raw_fd(),
+                    std::ptr::null_mut(),
+                    null.as_raw_fd(),
+                    std::ptr::null_mut(),
+                    CHUNK,
+                    libc::SPLICE_F_MOVE | libc::SPLICE_F_NONBLOCK,
+                )
+            };
+            match n {
+                0 => {
+                    self.fd = None;
+                    return true;
+                }
+                n if n > 0 => {}
+                _ => match std::io::Error::last_os_error().raw_os_error() {
+                    Some(libc::EAGAIN) => return true,
+                    Some(libc::EINTR) => {}
+                    Some(libc::EINVAL) => return false,
+                    _ => {
+                        self.fd = None;
+                        return true;
+                    }
+                },
+            }
+        }
+        if !drain {
+            self.resume_at = Some(Instant::now() + DRAIN_TICK);
+        }
+        true
     }
 
     /// Read what is in the pipe now (all of it when `drain`), and send it on.
     fn pump(&mut self, slot: &str, up: &mut Up, drain: bool) -> Result<(), LaunchError> {
+        if self.sent >= MAX_RELAY && self.carry.is_empty() && self.drop_spliced(drain) {
+            return Ok(());
+        }
         // A drain is bounded: a daemon the handler left behind may write without end.
         for _ in 0..64 {
             let Some(fd) = self.fd.as_ref() else {
@@ -661,8 +742,15 @@ pub fn serve(
             }
         }
 
+        // Until what is held is due, or the next drain of a stream past its cap.
+        let mut timeout = up.timeout_ms();
+        for c in children.values().filter(|c| !c.orphaned) {
+            for ms in [c.out.due_ms(), c.err.due_ms()].into_iter().flatten() {
+                timeout = if timeout < 0 { ms } else { timeout.min(ms) };
+            }
+        }
         // SAFETY: fds is a valid pollfd array for its length.
-        let n = unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, up.timeout_ms()) };
+        let n = unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, timeout) };
         if n < 0 {
             if std::io::Error::last_os_error().raw_os_error() == Some(libc::EINTR) {
                 continue;

@@ -293,6 +293,7 @@ pub(super) fn narrowed(f: &Limits, t: &proto::api::TenantLimits) -> Option<Limit
         },
         cpu_millis: cap(f.cpu_millis, t.cpu_millis),
         pids: cap(f.pids, t.pids),
+        ..*f
     };
     (l != *f).then_some(l)
 }
