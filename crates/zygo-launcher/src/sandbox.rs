@@ -303,6 +303,25 @@ fn start_egress_filter(
     init_pid: libc::pid_t,
     ctl: &OwnedFd,
 ) -> Result<Option<EgressFilter>, String> {
+    // init sends them once it has built the sandbox (or exits, closing its end): bounded by
+    // the build deadline, as the rest of the start is.
+    let mut p = libc::pollfd {
+        fd: ctl.as_raw_fd(),
+        events: libc::POLLIN,
+        revents: 0,
+    };
+    let ms = BUILD_DEADLINE.as_millis() as libc::c_int;
+    // SAFETY: one valid pollfd.
+    match unsafe { libc::poll(&mut p, 1, ms) } {
+        0 => return Err("the sandbox did not set up its network in time".into()),
+        n if n < 0 => {
+            return Err(format!(
+                "wait for init: {}",
+                std::io::Error::last_os_error()
+            ))
+        }
+        _ => {}
+    }
     let mut tag = [0u8; 1];
     let listeners = match plumbing::fds::recv_with_fds(
         ctl.as_raw_fd(),
