@@ -40,6 +40,12 @@ pub enum FrontRole {
     /// `zygo mcp`'s JSON-RPC front: stdin, stdout, stderr and its socket to the monitor
     /// side, plus threads.
     Mcp,
+    /// `zygo api`'s HTTP front: everything the MCP front has, plus taking connections on
+    /// the listener it already holds, the socket options of those connections (timeouts),
+    /// a second descriptor for each connection (its read and write halves), and waiting
+    /// for SIGTERM. Before the seccomp filter it also drops every capability and puts
+    /// itself in a Landlock domain with no filesystem access and no TCP bind or connect.
+    Api,
 }
 
 /// Why a front could not confine itself. A front that cannot confine itself must not go
@@ -54,13 +60,16 @@ pub enum ConfineError {
     NoNewPrivs(std::io::Error),
     #[error("install the front's seccomp filter (the kernel needs CONFIG_SECCOMP_FILTER): {0}")]
     Install(InstallError),
+    #[error("drop the front's capabilities: {0}")]
+    Caps(String),
+    #[error("put the front in a Landlock domain: {0}")]
+    Landlock(String),
 }
 
 /// The allowlist of a role. `pid` is the front's own process id (for `tgkill`).
 #[rustfmt::skip]
 pub fn allowlist(role: FrontRole, pid: u32) -> Vec<Allowed> {
     use libc::*;
-    let FrontRole::Mcp = role;
     let mut v = vec![
         // ---- Its descriptors: stdin, stdout, stderr and the channel to the monitor side
         allow!(SYS_read, "JSON-RPC requests from stdin"),
@@ -113,13 +122,26 @@ pub fn allowlist(role: FrontRole, pid: u32) -> Vec<Allowed> {
     ];
     #[cfg(target_arch = "x86_64")]
     v.push(allow!(SYS_poll, "waiting until a descriptor it holds is ready (the older form)"));
+    if role == FrontRole::Api {
+        v.extend([
+            allow!(SYS_accept4, "taking a connection on the listener it bound before confining itself"),
+            allow!(SYS_setsockopt, When::Equals { arg: 1, value: SOL_SOCKET as u64 },
+                   "read and write timeouts on its connections and channels (SO_RCVTIMEO, SO_SNDTIMEO)"),
+            allow!(SYS_getsockname, "the listener's own address, which the HTTP server asks for once"),
+            allow!(SYS_getpeername, "a connection's peer address, kept with its requests"),
+            allow!(SYS_fcntl, When::Equals { arg: 1, value: F_DUPFD_CLOEXEC as u64 },
+                   "a second descriptor for a connection it holds (its read and write halves); nothing else fcntl does"),
+            allow!(SYS_rt_sigtimedwait, "the signal thread waiting for SIGTERM or SIGINT, which every thread blocks"),
+        ]);
+    }
     v
 }
 
 /// The syscalls a role has answered with `ENOSYS`.
 pub fn enosys_list(role: FrontRole) -> &'static [Enosys] {
-    let FrontRole::Mcp = role;
-    MCP_ENOSYS
+    match role {
+        FrontRole::Mcp | FrontRole::Api => MCP_ENOSYS,
+    }
 }
 
 #[rustfmt::skip]
@@ -155,10 +177,60 @@ pub fn apply(prog: &[sock_filter]) -> Result<(), ConfineError> {
 }
 
 /// Confine the calling process for `role`. Call it before reading untrusted input; if it
-/// fails, exit instead of going on.
+/// fails, exit instead of going on. For the API role, call it before any thread is started:
+/// capabilities and the Landlock domain are per thread, inherited by threads started later.
 pub fn confine(role: FrontRole) -> Result<(), ConfineError> {
     let prog = filter(role, std::process::id())?;
+    if role == FrontRole::Api {
+        drop_capabilities()?;
+        landlock_nothing()?;
+    }
     apply(&prog)
+}
+
+/// Every capability gone from every set, the bounding set first (that needs
+/// CAP_SETPCAP, which goes last). A front run without capabilities has nothing to drop.
+pub fn drop_capabilities() -> Result<(), ConfineError> {
+    use caps::CapSet;
+    let err = |what: &str| {
+        let what = what.to_string();
+        move |e: caps::errors::CapsError| ConfineError::Caps(format!("{what}: {e}"))
+    };
+    let bounding = caps::read(None, CapSet::Bounding).map_err(err("read the bounding set"))?;
+    for cap in bounding {
+        caps::drop(None, CapSet::Bounding, cap).map_err(err("drop from the bounding set"))?;
+    }
+    caps::clear(None, CapSet::Ambient).map_err(err("clear the ambient set"))?;
+    caps::clear(None, CapSet::Inheritable).map_err(err("clear the inheritable set"))?;
+    caps::clear(None, CapSet::Effective).map_err(err("clear the effective set"))?;
+    caps::clear(None, CapSet::Permitted).map_err(err("clear the permitted set"))?;
+    Ok(())
+}
+
+/// A Landlock domain that handles every filesystem right and TCP bind and connect (as far
+/// as this kernel's ABI goes) and grants none, and scopes abstract unix sockets and
+/// signals to the domain. `Ok(false)`: this kernel has no Landlock (the seccomp filter
+/// still refuses every call that opens a file or a socket).
+pub fn landlock_nothing() -> Result<bool, ConfineError> {
+    use landlock::{
+        Access, AccessFs, AccessNet, CompatLevel, Compatible, Ruleset, RulesetAttr,
+        RulesetStatus, Scope, ABI,
+    };
+    let abi = ABI::V6;
+    let io = |e: landlock::RulesetError| ConfineError::Landlock(e.to_string());
+    let status = Ruleset::default()
+        .set_compatibility(CompatLevel::BestEffort)
+        .handle_access(AccessFs::from_all(abi))
+        .map_err(io)?
+        .handle_access(AccessNet::from_all(abi))
+        .map_err(io)?
+        .scope(Scope::from_all(abi))
+        .map_err(io)?
+        .create()
+        .map_err(io)?
+        .restrict_self()
+        .map_err(io)?;
+    Ok(status.ruleset != RulesetStatus::NotEnforced)
 }
 
 #[cfg(test)]
