@@ -26,6 +26,7 @@ macro_rules! say_raw {
     }};
 }
 
+mod api;
 mod client;
 mod flags;
 mod fncmds;
@@ -112,6 +113,7 @@ fn zygo_main() -> u8 {
         Some("warm") => fncmds::warm(rest),
         Some("cancel") => fncmds::cancel(rest),
         Some("drain") => fncmds::drain(rest),
+        Some("api") => api::main(rest),
         Some("mcp") => mcp::main(rest),
         Some("__mcp-front") => mcp::front(rest),
         Some("version") | Some("--version") | Some("-V") => version::main(rest),

@@ -213,8 +213,8 @@ pub fn drop_capabilities() -> Result<(), ConfineError> {
 /// still refuses every call that opens a file or a socket).
 pub fn landlock_nothing() -> Result<bool, ConfineError> {
     use landlock::{
-        Access, AccessFs, AccessNet, CompatLevel, Compatible, Ruleset, RulesetAttr,
-        RulesetStatus, Scope, ABI,
+        Access, AccessFs, AccessNet, CompatLevel, Compatible, Ruleset, RulesetAttr, RulesetStatus,
+        Scope, ABI,
     };
     let abi = ABI::V6;
     let io = |e: landlock::RulesetError| ConfineError::Landlock(e.to_string());

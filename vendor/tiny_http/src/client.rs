@@ -114,9 +114,7 @@ impl ClientConnection {
 
             let byte = match byte {
                 Some(Ok(b)) => b,
-                Some(Err(e))
-                    if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut) =>
-                {
+                Some(Err(e)) if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut) => {
                     return Err(if started.is_some() {
                         ReadError::HeadTimeout
                     } else {
@@ -151,7 +149,10 @@ impl ClientConnection {
 
             buf.push(byte);
             if buf.len() > self.limits.max_line {
-                return Err(ReadError::TooLarge(431, "a request line or header line is over 8 KiB"));
+                return Err(ReadError::TooLarge(
+                    431,
+                    "a request line or header line is over 8 KiB",
+                ));
             }
         }
     }
@@ -180,7 +181,10 @@ impl ClientConnection {
                         break;
                     };
                     if headers.len() >= self.limits.max_headers {
-                        return Err(ReadError::TooLarge(431, "a request has more than 100 headers"));
+                        return Err(ReadError::TooLarge(
+                            431,
+                            "a request has more than 100 headers",
+                        ));
                     }
                     headers.push(match FromStr::from_str(line.as_str().trim()) {
                         // TODO: remove this conversion
@@ -271,7 +275,12 @@ impl Iterator for ClientConnection {
                 }
 
                 Err(ReadError::HeadTimeout) => {
-                    refuse(self, 408, "bad_request", "the request's head did not arrive in time");
+                    refuse(
+                        self,
+                        408,
+                        "bad_request",
+                        "the request's head did not arrive in time",
+                    );
                     return None; // closing the connection
                 }
 
@@ -286,7 +295,12 @@ impl Iterator for ClientConnection {
                 }
 
                 Err(ReadError::ExpectationFailed(_)) => {
-                    refuse(self, 417, "bad_request", "only `Expect: 100-continue` is understood");
+                    refuse(
+                        self,
+                        417,
+                        "bad_request",
+                        "only `Expect: 100-continue` is understood",
+                    );
                     return None; // TODO: should be recoverable, but needs handling in case of body
                 }
 

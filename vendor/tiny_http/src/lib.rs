@@ -102,8 +102,8 @@ use std::io::Error as IoError;
 use std::io::ErrorKind as IoErrorKind;
 use std::io::Result as IoResult;
 use std::net::{Shutdown, TcpStream};
-use std::sync::atomic::{AtomicBool, AtomicUsize};
 use std::sync::atomic::Ordering::Relaxed;
+use std::sync::atomic::{AtomicBool, AtomicUsize};
 use std::sync::mpsc;
 use std::sync::Arc;
 use std::thread;
@@ -285,7 +285,8 @@ impl Server {
                     Ok((sock, _)) => {
                         // Zygo patch: every socket gets read and write timeouts, and past
                         // the connection cap a connection is answered 503 and closed.
-                        if let Err(e) = sock.set_timeouts(limits.idle_timeout, limits.write_timeout) {
+                        if let Err(e) = sock.set_timeouts(limits.idle_timeout, limits.write_timeout)
+                        {
                             log::warn!("set a connection's timeouts: {}", e);
                             continue;
                         }
@@ -311,7 +312,11 @@ impl Server {
                             Some(ref _ssl) => unreachable!(),
                         };
 
-                        Ok(ClientConnection::new(write_closable, read_closable, limits.clone()))
+                        Ok(ClientConnection::new(
+                            write_closable,
+                            read_closable,
+                            limits.clone(),
+                        ))
                     }
                     Err(e) => Err(e),
                 };

@@ -70,7 +70,12 @@ impl Drop for LiveGuard {
 /// Whether an accept error is a shortage (descriptors, memory) worth pausing for rather
 /// than a connection that went away before it was taken.
 pub(crate) fn accept_error_needs_pause(e: &std::io::Error) -> bool {
-    const SHORTAGES: [i32; 4] = [24 /* EMFILE */, 23 /* ENFILE */, 105 /* ENOBUFS */, 12 /* ENOMEM */];
+    const SHORTAGES: [i32; 4] = [
+        24,  /* EMFILE */
+        23,  /* ENFILE */
+        105, /* ENOBUFS */
+        12,  /* ENOMEM */
+    ];
     e.raw_os_error().is_some_and(|n| SHORTAGES.contains(&n))
 }
 

@@ -188,7 +188,9 @@ where
     let mut content_length: Option<usize> = None;
     for l in &lengths {
         if l.is_empty() || !l.bytes().all(|b| b.is_ascii_digit()) {
-            return Err(RequestCreationError::BadFraming("Content-Length is not a number"));
+            return Err(RequestCreationError::BadFraming(
+                "Content-Length is not a number",
+            ));
         }
         // A number too large for usize is larger than any body served: usize::MAX.
         let n = usize::from_str(l).unwrap_or(usize::MAX);

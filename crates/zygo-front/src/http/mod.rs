@@ -290,7 +290,12 @@ pub fn respond_json(
 /// Serve until SIGTERM or SIGINT (which the caller blocked in every thread before it
 /// confined itself), then stop taking requests, let those in flight finish for up to
 /// [`STOP_GRACE`], and return.
-pub fn serve(listener: tiny_http::Listener, chans: Vec<std::os::unix::net::UnixStream>, flags: FrontFlags, listen_fd: i32) -> Result<(), String> {
+pub fn serve(
+    listener: tiny_http::Listener,
+    chans: Vec<std::os::unix::net::UnixStream>,
+    flags: FrontFlags,
+    listen_fd: i32,
+) -> Result<(), String> {
     let workers = chans.len().max(1);
     let front = Arc::new(Front {
         chans: channel::Pool::new(chans),
@@ -385,12 +390,17 @@ fn header_values<'a>(rq: &'a tiny_http::Request, name: &'static str) -> Vec<&'a 
 }
 
 /// At most one of a header.
-fn one_header<'a>(rq: &'a tiny_http::Request, name: &'static str) -> Result<Option<&'a str>, HttpError> {
+fn one_header<'a>(
+    rq: &'a tiny_http::Request,
+    name: &'static str,
+) -> Result<Option<&'a str>, HttpError> {
     let v = header_values(rq, name);
     match v.len() {
         0 => Ok(None),
         1 => Ok(Some(v[0])),
-        _ => Err(HttpError::bad_request(format!("{name} is sent more than once"))),
+        _ => Err(HttpError::bad_request(format!(
+            "{name} is sent more than once"
+        ))),
     }
 }
 

@@ -239,7 +239,10 @@ mod tests {
                 .map(|s| percent_decode(s).unwrap())
                 .collect::<Vec<_>>()
         };
-        assert_eq!(matches("/fn/{name}", &segs("/fn/a")), Some(vec!["a".into()]));
+        assert_eq!(
+            matches("/fn/{name}", &segs("/fn/a")),
+            Some(vec!["a".into()])
+        );
         assert_eq!(matches("/fn/{name}", &segs("/fn/a/b")), None);
         assert_eq!(matches("/fn/{name}", &segs("/fn/")), None);
         assert_eq!(
@@ -247,16 +250,27 @@ mod tests {
             Some(vec!["../..".into()])
         );
         assert!(matches!(find("GET", "/fn/x"), Found::WrongMethod(_)));
-        assert!(matches!(find("GET", "/metrics"), Found::NotFound(m) if m.contains("not in this version")));
-        assert!(matches!(find("PUT", "/tenants/a/secrets/K"), Found::NotFound(m) if m.contains("not in this version")));
-        assert!(matches!(find("POST", "/fn/x/batch"), Found::Route(r, _) if r.path == "/fn/{name}/batch"));
+        assert!(
+            matches!(find("GET", "/metrics"), Found::NotFound(m) if m.contains("not in this version"))
+        );
+        assert!(
+            matches!(find("PUT", "/tenants/a/secrets/K"), Found::NotFound(m) if m.contains("not in this version"))
+        );
+        assert!(
+            matches!(find("POST", "/fn/x/batch"), Found::Route(r, _) if r.path == "/fn/{name}/batch")
+        );
     }
 
     #[test]
     fn no_two_routes_share_a_method_and_template() {
         for (i, a) in ROUTES.iter().enumerate() {
             for b in &ROUTES[i + 1..] {
-                assert!(!(a.method == b.method && a.path == b.path), "{} {}", a.method, a.path);
+                assert!(
+                    !(a.method == b.method && a.path == b.path),
+                    "{} {}",
+                    a.method,
+                    a.path
+                );
             }
         }
     }
@@ -265,7 +279,10 @@ mod tests {
     fn urls_split_and_decode() {
         let (p, q) = split_url("/fn/a?stream=1&x=%41").unwrap();
         assert_eq!(p, "/fn/a");
-        assert_eq!(q, vec![("stream".into(), "1".into()), ("x".into(), "A".into())]);
+        assert_eq!(
+            q,
+            vec![("stream".into(), "1".into()), ("x".into(), "A".into())]
+        );
         assert!(split_url("/a?x=1&x=2").is_err());
         assert!(split_url("http://h/a").is_err());
         assert!(percent_decode("%zz").is_err());

@@ -150,7 +150,13 @@ pub fn exec(front: &Front, call: &mut Call, req: ExecRequest) -> Out {
     if req.stream {
         return exec_stream(front, call, req);
     }
-    match ask_until(front, &call.who, Request::Exec(req), call_deadline(call), |_| {}) {
+    match ask_until(
+        front,
+        &call.who,
+        Request::Exec(req),
+        call_deadline(call),
+        |_| {},
+    ) {
         Ok(Reply::Answer(a)) => {
             let (status, body) = exec_answer(&a);
             Out::Json(status, body, None)
@@ -179,7 +185,10 @@ fn exec_stream(front: &Front, call: &mut Call, req: ExecRequest) -> Out {
     );
     // Once the client is gone, the call still runs to its answer (so the channel stays in
     // step); what it says is dropped.
-    let mut gone = w.write_all(head.as_bytes()).and_then(|()| w.flush()).is_err();
+    let mut gone = w
+        .write_all(head.as_bytes())
+        .and_then(|()| w.flush())
+        .is_err();
     let line = |w: &mut Box<dyn Write + Send>, v: &Value, gone: &mut bool| {
         if *gone {
             return;
@@ -198,14 +207,20 @@ fn exec_stream(front: &Front, call: &mut Call, req: ExecRequest) -> Out {
     let result = {
         let w = &mut w;
         let gone = &mut gone;
-        ask_until(front, &call.who, Request::Exec(req), call_deadline(call), |ev| {
-            let (stream, data) = match ev {
-                ExecEvent::Stdout(d) => ("stdout", d),
-                ExecEvent::Stderr(d) => ("stderr", d),
-                ExecEvent::Progress(d) => ("progress", d),
-            };
-            line(w, &json!({"stream": stream, "data": data}), gone);
-        })
+        ask_until(
+            front,
+            &call.who,
+            Request::Exec(req),
+            call_deadline(call),
+            |ev| {
+                let (stream, data) = match ev {
+                    ExecEvent::Stdout(d) => ("stdout", d),
+                    ExecEvent::Stderr(d) => ("stderr", d),
+                    ExecEvent::Progress(d) => ("progress", d),
+                };
+                line(w, &json!({"stream": stream, "data": data}), gone);
+            },
+        )
     };
     let last = match result {
         Ok(Reply::Answer(a)) => {
@@ -352,7 +367,13 @@ pub fn stats(front: &Front, call: &mut Call) -> Out {
         Ok(n) => n,
         Err(e) => return e.into(),
     };
-    match ask(front, call, Request::Stats { name: Some(name.clone()) }) {
+    match ask(
+        front,
+        call,
+        Request::Stats {
+            name: Some(name.clone()),
+        },
+    ) {
         Ok(Reply::Stats(s)) => match s.into_iter().find(|s| s.name == name) {
             Some(s) => ok(json!({
                 "name": s.name,
@@ -387,7 +408,9 @@ pub fn warm(front: &Front, call: &mut Call) -> Out {
         let b: WarmBody = body::json_or_default(&call.body()?)?;
         let n = b.n.unwrap_or(1);
         if n == 0 || n > 1024 {
-            return Err(HttpError::bad_request("n is a whole number from 1 to max_warm"));
+            return Err(HttpError::bad_request(
+                "n is a whole number from 1 to max_warm",
+            ));
         }
         Ok((name, n))
     })();

@@ -66,9 +66,10 @@ pub fn cancel(front: &Front, call: &mut Call) -> Out {
         return e.into();
     }
     match ask(front, call, Request::Cancel { key: key.clone() }) {
-        Ok(Reply::Cancelled { count: 0 }) => {
-            HttpError::not_found(format!("no request of yours is running under the key {key:?}")).into()
-        }
+        Ok(Reply::Cancelled { count: 0 }) => HttpError::not_found(format!(
+            "no request of yours is running under the key {key:?}"
+        ))
+        .into(),
         Ok(Reply::Cancelled { count }) => ok(json!({ "cancelled": count })),
         Ok(r) => unexpected(&r).into(),
         Err(e) => e.into(),

@@ -161,7 +161,10 @@ pub fn exec_answer(a: &ExecAnswer) -> (u16, Value) {
             200
         }
         Outcome::Error => {
-            body["error"] = json!(a.error.clone().unwrap_or_else(|| "the handler failed".into()));
+            body["error"] = json!(a
+                .error
+                .clone()
+                .unwrap_or_else(|| "the handler failed".into()));
             body["code"] = json!("handler");
             body["traceback"] = json!(a.traceback);
             body["exit_code"] = Value::Null;

@@ -79,20 +79,19 @@ pub fn call(front: &Front, call: &mut Call) -> Out {
                 "workspace and out are not in this version of zygo api",
             ));
         }
-        let script = match (b.script, b.source) {
-            (Some(d), None) => ScriptRef::Digest(digest(&d)?),
-            (None, Some(s)) => ScriptRef::Source(s.into_bytes()),
-            (Some(_), Some(_)) => {
-                return Err(HttpError::bad_request(
-                    "give script (a digest) or source (the text), not both",
-                ))
-            }
-            (None, None) => {
-                return Err(HttpError::bad_request(
+        let script =
+            match (b.script, b.source) {
+                (Some(d), None) => ScriptRef::Digest(digest(&d)?),
+                (None, Some(s)) => ScriptRef::Source(s.into_bytes()),
+                (Some(_), Some(_)) => {
+                    return Err(HttpError::bad_request(
+                        "give script (a digest) or source (the text), not both",
+                    ))
+                }
+                (None, None) => return Err(HttpError::bad_request(
                     "a pool call needs script (a digest from PUT /scripts) or source (the text)",
-                ))
-            }
-        };
+                )),
+            };
         let event = b.event.unwrap_or(Value::Null).to_string();
         Ok((stream, name, script, event))
     })();

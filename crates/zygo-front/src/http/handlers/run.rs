@@ -46,7 +46,9 @@ pub fn run(front: &Front, call: &mut Call) -> Out {
         call.only_query(&[])?;
         let b: RunBody = body::json(&call.body()?)?;
         if b.cmd.is_empty() {
-            return Err(HttpError::bad_request("cmd names the program to run: a non-empty list"));
+            return Err(HttpError::bad_request(
+                "cmd names the program to run: a non-empty list",
+            ));
         }
         serde_json::to_string(&b).map_err(|e| HttpError::bad_request(e.to_string()))
     })();
@@ -56,7 +58,12 @@ pub fn run(front: &Front, call: &mut Call) -> Out {
     };
     let req = call.api(Request::Run { spec });
     let Some(mut lease) = front.chans.acquire(call.deadline) else {
-        return HttpError::new(408, "api_timeout", "the deadline passed before the run could be sent").into();
+        return HttpError::new(
+            408,
+            "api_timeout",
+            "the deadline passed before the run could be sent",
+        )
+        .into();
     };
     match lease.call(&req, call.deadline, |_| {}) {
         Ok(Reply::RunAnswer(a)) => ok(json!({

@@ -82,7 +82,9 @@ pub fn delete(front: &Front, call: &mut Call) -> Out {
 
 /// The keys `PATCH /tenants/{id}/limits` takes; each value (or `null`, clearing it) is the
 /// supervisor's to judge.
-pub const LIMIT_KEYS: &[&str] = &["mem", "cpu", "pids", "timeout", "scratch", "network", "allow"];
+pub const LIMIT_KEYS: &[&str] = &[
+    "mem", "cpu", "pids", "timeout", "scratch", "network", "allow",
+];
 
 pub fn limits(front: &Front, call: &mut Call) -> Out {
     let parsed = (|| {

@@ -68,9 +68,9 @@ pub fn list(front: &Front, call: &mut Call) -> Out {
 
 /// Token ids: `tok_` and hex.
 fn token_id(s: &str) -> Result<String, HttpError> {
-    let ok = s
-        .strip_prefix("tok_")
-        .is_some_and(|h| !h.is_empty() && h.len() <= 64 && h.bytes().all(|b| b.is_ascii_hexdigit()));
+    let ok = s.strip_prefix("tok_").is_some_and(|h| {
+        !h.is_empty() && h.len() <= 64 && h.bytes().all(|b| b.is_ascii_hexdigit())
+    });
     if !ok {
         return Err(HttpError::bad_request(format!(
             "{:?} is not a token id (tok_ and hex digits, as GET /tokens lists them)",
