@@ -137,11 +137,12 @@ impl ClientConnection {
 
             if byte == b'\n' && prev_byte_was_cr {
                 buf.pop(); // removing the '\r'
+                           // Zygo patch: answered 400, not closed without a word.
                 return AsciiString::from_ascii(buf).map_err(|_| {
-                    ReadError::ReadIoError(IoError::new(
-                        ErrorKind::InvalidInput,
-                        "Header is not in ASCII",
-                    ))
+                    ReadError::TooLarge(
+                        400,
+                        "a request line or header has bytes that are not ASCII",
+                    )
                 });
             }
 

@@ -499,6 +499,10 @@ pub fn serve_one(front: &Front, rq: tiny_http::Request) {
     let method = method_name(rq.method());
     let (route, params) = match routes::find(method, &path) {
         routes::Found::Route(r, p) => (r, p),
+        routes::Found::Bad(e) => {
+            respond_json(rq, e.status, &e.body(), &id, None, &[], false);
+            return;
+        }
         routes::Found::NotFound(msg) => {
             let e = HttpError::not_found(msg);
             respond_json(rq, 404, &e.body(), &id, None, &[], false);

@@ -97,6 +97,8 @@ pub static NOT_YET: &[(&str, &str)] = &[
 /// What a path and method found.
 pub enum Found {
     Route(&'static Route, Vec<String>),
+    /// A path segment that does not decode (a bad escape, not UTF-8, control characters).
+    Bad(HttpError),
     NotFound(String),
     /// The path is served, not with this method: the methods it takes (`Allow`).
     WrongMethod(String),
@@ -145,7 +147,7 @@ pub fn find(method: &str, path: &str) -> Found {
         .collect::<Result<Vec<_>, _>>()
     {
         Ok(s) => s,
-        Err(e) => return Found::NotFound(e.message),
+        Err(e) => return Found::Bad(e),
     };
     let mut allow: Vec<&str> = Vec::new();
     for r in ROUTES {

@@ -280,8 +280,28 @@ pub fn batch(front: &Front, call: &mut Call) -> Out {
             });
         }
     });
-    let results = results.into_inner().unwrap_or_else(|p| p.into_inner());
-    ok(json!({ "results": results.into_values().collect::<Vec<_>>() }))
+    let results: Vec<Value> = results
+        .into_inner()
+        .unwrap_or_else(|p| p.into_inner())
+        .into_values()
+        .collect();
+    // Who the caller is holds for every element: refused as a caller (no, an unknown or
+    // a revoked token; another tenant's header), the batch is refused as a whole.
+    if let Some(first) = results.first() {
+        let status = first["status"].as_u64().unwrap_or(0);
+        if (status == 401 || status == 403)
+            && results.iter().all(|r| r["status"] == first["status"])
+        {
+            let code = if status == 401 {
+                "unauthorized"
+            } else {
+                "forbidden"
+            };
+            let msg = first["error"].as_str().unwrap_or(code).to_string();
+            return HttpError::new(status as u16, code, msg).into();
+        }
+    }
+    ok(json!({ "results": results }))
 }
 
 /// One element of a batch: sent only while the batch's deadline has time left, with no
