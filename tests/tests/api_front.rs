@@ -15,6 +15,9 @@
 //!   /run`'s 408 when the caller's deadline fires first (and the run is cancelled);
 //! - SIGTERM lets a request in flight finish.
 
+// A test that fails on an unexpected error says where; that is all an unwrap does here.
+#![allow(clippy::unwrap_used)]
+
 use std::collections::HashMap;
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::TcpStream;

@@ -493,4 +493,255 @@ mod tests {
             "the child could not write to its pipe"
         );
     }
+
+    /// The API front's allowlist: what an HTTP server needs on descriptors it already
+    /// holds, and still nothing that opens a file or a socket, starts a program or a
+    /// process, or loosens the filter.
+    #[test]
+    fn api_allowlist_adds_only_what_a_server_needs() {
+        let list = allowlist(FrontRole::Api, 1);
+        let mut forbidden = vec![
+            libc::SYS_openat,
+            libc::SYS_openat2,
+            libc::SYS_execve,
+            libc::SYS_execveat,
+            libc::SYS_socket,
+            libc::SYS_socketpair,
+            libc::SYS_connect,
+            libc::SYS_bind,
+            libc::SYS_listen,
+            libc::SYS_kill,
+            libc::SYS_ptrace,
+            libc::SYS_ioctl,
+            libc::SYS_prctl,
+            libc::SYS_seccomp,
+            libc::SYS_landlock_create_ruleset,
+            libc::SYS_landlock_restrict_self,
+            libc::SYS_capset,
+            libc::SYS_unshare,
+            libc::SYS_setns,
+            libc::SYS_mount,
+            libc::SYS_bpf,
+            libc::SYS_memfd_create,
+            libc::SYS_dup3,
+            libc::SYS_unlinkat,
+        ];
+        #[cfg(target_arch = "x86_64")]
+        forbidden.extend([
+            libc::SYS_open,
+            libc::SYS_creat,
+            libc::SYS_fork,
+            libc::SYS_vfork,
+            libc::SYS_dup2,
+        ]);
+        for nr in forbidden {
+            assert!(
+                !list.iter().any(|e| e.nr == nr),
+                "syscall {nr} must not be in the API front's allowlist"
+            );
+        }
+        let fcntl = list.iter().find(|e| e.nr == libc::SYS_fcntl).unwrap();
+        assert_eq!(
+            fcntl.when,
+            When::Equals {
+                arg: 1,
+                value: libc::F_DUPFD_CLOEXEC as u64
+            }
+        );
+        let sso = list.iter().find(|e| e.nr == libc::SYS_setsockopt).unwrap();
+        assert_eq!(
+            sso.when,
+            When::Equals {
+                arg: 1,
+                value: libc::SOL_SOCKET as u64
+            }
+        );
+        let reasons = list.iter().map(|e| (e.name(), e.reason));
+        for (name, reason) in reasons {
+            assert!(
+                reason.split_whitespace().count() >= 4,
+                "{name}: {reason:?} is no reason"
+            );
+        }
+    }
+
+    fn landlock_abi() -> i64 {
+        // SAFETY: landlock_create_ruleset with LANDLOCK_CREATE_RULESET_VERSION only asks.
+        unsafe { libc::syscall(libc::SYS_landlock_create_ruleset, 0usize, 0usize, 1u32) }
+    }
+
+    /// A TCP listener on loopback and a socket not yet connected, made before fork.
+    fn tcp_pair() -> (std::net::TcpListener, i32, libc::sockaddr_in) {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = l.local_addr().unwrap().port();
+        // SAFETY: creating a socket; the number is ours.
+        let fd = unsafe { libc::socket(libc::AF_INET, libc::SOCK_STREAM, 0) };
+        assert!(fd >= 0);
+        let addr = libc::sockaddr_in {
+            sin_family: libc::AF_INET as u16,
+            sin_port: port.to_be(),
+            sin_addr: libc::in_addr {
+                s_addr: u32::from_ne_bytes([127, 0, 0, 1]),
+            },
+            sin_zero: [0; 8],
+        };
+        (l, fd, addr)
+    }
+
+    /// Run `body` in a forked child; its exit code (a bit per wrong answer) comes back.
+    fn in_child(body: impl FnOnce() -> i32) -> i32 {
+        // SAFETY: fork in a test; the child makes system calls and exits with _exit.
+        let pid = unsafe { libc::fork() };
+        assert!(pid >= 0);
+        if pid == 0 {
+            let code = body();
+            // SAFETY: leaving the forked child.
+            unsafe { libc::_exit(code) };
+        }
+        let mut status = 0;
+        // SAFETY: waiting for our own child.
+        assert_eq!(unsafe { libc::waitpid(pid, &mut status, 0) }, pid);
+        assert!(libc::WIFEXITED(status), "the child died: {status:#x}");
+        libc::WEXITSTATUS(status)
+    }
+
+    /// The whole API confinement in a forked child: afterwards no file opens, no program
+    /// starts, no socket is made, a socket it holds cannot connect (to TCP on loopback or
+    /// to a unix socket), fcntl does nothing but duplicate; duplicating and threads work.
+    #[test]
+    fn confined_api_front_cannot_open_exec_or_connect() {
+        let path = CString::new("/etc/hostname").unwrap();
+        let prog = CString::new("/bin/true").unwrap();
+        let argv = [prog.as_ptr(), std::ptr::null()];
+        let envp: [*const libc::c_char; 1] = [std::ptr::null()];
+        let (_l, tcp, addr) = tcp_pair();
+        let dir = std::env::temp_dir().join(format!("zygo-front-confine-{}", std::process::id()));
+        let _ = std::fs::remove_file(&dir);
+        let _ul = std::os::unix::net::UnixListener::bind(&dir).unwrap();
+        // SAFETY: a unix socket for the child to try to connect.
+        let ufd = unsafe { libc::socket(libc::AF_UNIX, libc::SOCK_STREAM, 0) };
+        // SAFETY: sockaddr_un is plain data; all zeroes is a valid value.
+        let mut uaddr: libc::sockaddr_un = unsafe { std::mem::zeroed() };
+        uaddr.sun_family = libc::AF_UNIX as u16;
+        for (i, b) in dir.as_os_str().as_encoded_bytes().iter().enumerate() {
+            uaddr.sun_path[i] = *b as libc::c_char;
+        }
+        let code = in_child(|| {
+            if confine(FrontRole::Api).is_err() {
+                return 100;
+            }
+            let mut bad = 0;
+            // SAFETY: raw system calls with valid pointers; each is expected to fail.
+            unsafe {
+                if libc::syscall(libc::SYS_openat, libc::AT_FDCWD, path.as_ptr(), 0) != -1
+                    || errno() != libc::EPERM
+                {
+                    bad |= 1;
+                }
+                if libc::syscall(
+                    libc::SYS_execve,
+                    prog.as_ptr(),
+                    argv.as_ptr(),
+                    envp.as_ptr(),
+                ) != -1
+                {
+                    bad |= 2;
+                }
+                if libc::socket(libc::AF_INET, libc::SOCK_STREAM, 0) != -1 {
+                    bad |= 4;
+                }
+                let r = libc::connect(
+                    tcp,
+                    (&addr as *const libc::sockaddr_in).cast(),
+                    std::mem::size_of::<libc::sockaddr_in>() as u32,
+                );
+                if r != -1 {
+                    bad |= 8;
+                }
+                let r = libc::connect(
+                    ufd,
+                    (&uaddr as *const libc::sockaddr_un).cast(),
+                    std::mem::size_of::<libc::sockaddr_un>() as u32,
+                );
+                if r != -1 {
+                    bad |= 16;
+                }
+                if libc::fcntl(tcp, libc::F_SETFL, libc::O_NONBLOCK) != -1 {
+                    bad |= 32;
+                }
+                let d = libc::fcntl(tcp, libc::F_DUPFD_CLOEXEC, 3);
+                if d < 0 {
+                    bad |= 64;
+                }
+            }
+            let t = std::thread::spawn(|| 7);
+            if t.join().ok() != Some(7) {
+                bad |= 64;
+            }
+            bad
+        });
+        let _ = std::fs::remove_file(&dir);
+        assert!(code < 100, "the child could not confine itself");
+        let names = [
+            "openat",
+            "execve",
+            "socket",
+            "connect tcp",
+            "connect unix",
+            "fcntl F_SETFL",
+            "dup/threads",
+        ];
+        let failed: Vec<&str> = names
+            .iter()
+            .enumerate()
+            .filter(|(i, _)| code & (1 << i) != 0)
+            .map(|(_, n)| *n)
+            .collect();
+        assert!(
+            failed.is_empty(),
+            "after confinement these behaved wrongly: {failed:?}"
+        );
+    }
+
+    /// Landlock on its own (should the filter ever let a call through): no file opens,
+    /// and where the kernel's ABI has it (4+), no TCP connect.
+    #[test]
+    fn landlock_alone_denies_files_and_tcp() {
+        let abi = landlock_abi();
+        if abi < 1 {
+            eprintln!("this kernel has no Landlock");
+            return;
+        }
+        let path = CString::new("/etc/hostname").unwrap();
+        let (_l, tcp, addr) = tcp_pair();
+        let code = in_child(|| {
+            match landlock_nothing() {
+                Ok(true) => {}
+                _ => return 100,
+            }
+            let mut bad = 0;
+            // SAFETY: raw system calls with valid pointers.
+            unsafe {
+                let r = libc::open(path.as_ptr(), libc::O_RDONLY);
+                if r != -1 || errno() != libc::EACCES {
+                    bad |= 1;
+                }
+                let r = libc::connect(
+                    tcp,
+                    (&addr as *const libc::sockaddr_in).cast(),
+                    std::mem::size_of::<libc::sockaddr_in>() as u32,
+                );
+                if abi >= 4 && (r != -1 || errno() != libc::EACCES) {
+                    bad |= 2;
+                }
+            }
+            bad
+        });
+        assert_eq!(
+            code,
+            0,
+            "Landlock let through: {}",
+            if code & 1 != 0 { "open" } else { "tcp connect" }
+        );
+    }
 }

@@ -189,7 +189,7 @@ pub fn exec_answer(a: &ExecAnswer) -> (u16, Value) {
 fn bytes_text(b: u64) -> String {
     const K: u64 = 1024;
     for (unit, size) in [("G", K * K * K), ("M", K * K), ("K", K)] {
-        if b >= size && b % size == 0 {
+        if b >= size && b.is_multiple_of(size) {
             return format!("{}{unit}", b / size);
         }
     }
@@ -198,7 +198,7 @@ fn bytes_text(b: u64) -> String {
 
 fn ms_text(ms: u64) -> String {
     for (unit, size) in [("h", 3_600_000), ("m", 60_000), ("s", 1000)] {
-        if ms >= size && ms % size == 0 {
+        if ms >= size && ms.is_multiple_of(size) {
             return format!("{}{unit}", ms / size);
         }
     }
