@@ -485,8 +485,12 @@ pub fn serve_one(front: &Front, rq: tiny_http::Request) {
     let id = new_request_id();
     let close = front.stopping.load(Ordering::Acquire);
     if close {
-        let e = HttpError::unavailable("zygo api is stopping");
-        respond_json(rq, 503, &e.body(), &id, e.retry_after, &[], true);
+        let body = if rq.url() == "/healthz" {
+            json!({"status": "stopping"})
+        } else {
+            HttpError::unavailable("zygo api is stopping").body()
+        };
+        respond_json(rq, 503, &body, &id, Some(5), &[], true);
         return;
     }
     let (path, query) = match routes::split_url(rq.url()) {
