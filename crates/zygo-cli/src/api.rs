@@ -154,6 +154,19 @@ pub fn main(raw: Vec<OsString>) -> i32 {
         Listen::Tcp(a) => match TcpListener::bind(a) {
             Ok(l) => {
                 let fd = l.as_raw_fd();
+                // Connections accepted on it inherit TCP_NODELAY: an answer or a streamed
+                // line is sent when written, not held back waiting for an ACK.
+                let one: libc::c_int = 1;
+                // SAFETY: setsockopt on the listener's descriptor with a valid int.
+                unsafe {
+                    libc::setsockopt(
+                        fd,
+                        libc::IPPROTO_TCP,
+                        libc::TCP_NODELAY,
+                        (&one as *const libc::c_int).cast(),
+                        std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+                    )
+                };
                 let shown = l.local_addr().map_or(a.to_string(), |a| a.to_string());
                 (l.into(), fd, format!("http://{shown}"))
             }
