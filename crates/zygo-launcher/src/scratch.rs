@@ -83,7 +83,7 @@ impl Mounter {
     pub fn start(sandbox: &SandboxNs, size: u64) -> Result<Mounter, ScratchError> {
         let opts = CString::new(format!("mode=1777,size={size}"))
             .map_err(|_| ScratchError("mount options with a NUL byte".into()))?;
-        let (ours, theirs) = crate::sys::seqpacket_pair()
+        let (ours, theirs) = plumbing::pipes::socketpair(libc::SOCK_SEQPACKET)
             .map_err(|e| ScratchError(format!("create the mounter's socket: {e}")))?;
         // SAFETY: this process is single-threaded, so the forked child may go on running;
         // it only makes system calls (and ends with _exit).
@@ -125,7 +125,7 @@ impl Mounter {
         sandbox: &SandboxNs,
     ) -> Result<(), ScratchError> {
         let mnt = check(pid, sandbox)?;
-        proto::fds::send_with_fds(self.sock.as_raw_fd(), b"m", &[mnt.as_raw_fd()])
+        plumbing::fds::send_with_fds(self.sock.as_raw_fd(), b"m", &[mnt.as_raw_fd()])
             .map_err(|e| ScratchError(format!("hand a request to the mounter: {e}")))?;
         self.waiting.push_back(slot.to_string());
         Ok(())
@@ -199,7 +199,7 @@ fn mounter_main(sock: RawFd, user: RawFd, home: RawFd, opts: &CString) -> ! {
         let e = errno();
         loop {
             let mut tag = [0u8; 1];
-            match crate::sys::recv_with_fds(sock, &mut tag, 1) {
+            match plumbing::fds::recv_with_fds(sock, &mut tag, 1) {
                 Ok((1, _)) => answer(10, e),
                 _ => exit_now(1),
             }
@@ -208,7 +208,7 @@ fn mounter_main(sock: RawFd, user: RawFd, home: RawFd, opts: &CString) -> ! {
     let fstype = c"tmpfs";
     loop {
         let mut tag = [0u8; 1];
-        let fds = match crate::sys::recv_with_fds(sock, &mut tag, 1) {
+        let fds = match plumbing::fds::recv_with_fds(sock, &mut tag, 1) {
             Ok((1, fds)) if tag == *b"m" && fds.len() == 1 => fds,
             _ => exit_now(0),
         };
