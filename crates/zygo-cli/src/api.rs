@@ -12,7 +12,7 @@ use std::path::PathBuf;
 use proto::api::FrontFlags;
 use zygo_front::confine::{confine, FrontRole};
 use zygo_front::http;
-use zygo_monitor::reach;
+use zygo_monitor::client;
 
 use crate::{usage, usage_error};
 
@@ -183,7 +183,7 @@ pub fn main(raw: Vec<OsString>) -> i32 {
     let n = channel_count();
     let mut chans = Vec::with_capacity(n);
     for _ in 0..n {
-        let mut sock = match reach::connect() {
+        let mut sock = match client::connect() {
             Ok(s) => s,
             Err(e) => return refuse(e),
         };
@@ -192,7 +192,9 @@ pub fn main(raw: Vec<OsString>) -> i32 {
         }
         chans.push(sock);
     }
-    http::block_stop_signals();
+    if let Err(e) = http::block_stop_signals() {
+        return refuse(format!("block SIGTERM and SIGINT: {e}"));
+    }
     if let Err(e) = confine(FrontRole::Api) {
         return refuse(format!("cannot confine itself, so it will not serve: {e}"));
     }

@@ -13,32 +13,22 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Condvar, Mutex};
 use std::time::{Duration, Instant};
 
-use proto::front::{
-    ExecEvent, Hello, HelloReply, Reply, Request, Role, FRONT_PROTOCOL, MAX_FRONT_FRAME,
-};
+use proto::front::{ExecEvent, Reply, Request, Role, MAX_FRONT_FRAME};
 use proto::{read_frame, write_frame, ProtoError};
 
 /// Say hello as the API role with the front's flags; `Err` says why not, in words.
 pub fn hello(sock: &mut UnixStream, flags: proto::api::FrontFlags) -> Result<(), String> {
+    use plumbing::hello::HelloError;
     sock.set_read_timeout(Some(Duration::from_secs(30)))
         .map_err(|e| format!("set a timeout on the channel: {e}"))?;
-    write_frame(
-        sock,
-        &Hello {
-            protocol: FRONT_PROTOCOL,
-            role: Role::Api,
-            flags,
-        },
-    )
-    .map_err(|e| format!("say hello to the supervisor: {e}"))?;
-    match read_frame::<_, HelloReply>(sock, MAX_FRONT_FRAME) {
-        Ok(HelloReply::Welcome { .. }) => Ok(()),
-        Ok(HelloReply::Refused { reason }) => Err(format!("the supervisor refused: {reason}")),
-        Err(ProtoError::Closed) => Err(
+    match plumbing::hello::say(sock, Role::Api, flags) {
+        Ok(()) => Ok(()),
+        Err(HelloError::Refused(reason)) => Err(format!("the supervisor refused: {reason}")),
+        Err(HelloError::Proto(ProtoError::Closed)) => Err(
             "the supervisor closed the connection before it answered the hello; it may be stopping"
                 .into(),
         ),
-        Err(e) => Err(format!("read the supervisor's answer to the hello: {e}")),
+        Err(HelloError::Proto(e)) => Err(format!("say hello to the supervisor: {e}")),
     }
 }
 

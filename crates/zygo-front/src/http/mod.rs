@@ -210,23 +210,16 @@ impl Call {
     }
 }
 
-/// A fresh request id: `req-` and 16 random hex digits.
+/// A fresh request id: `req-` and 16 random hex digits. Without randomness from the
+/// kernel, an id unique within this process still (it names a response, nothing more).
 pub fn new_request_id() -> String {
-    let mut b = [0u8; 8];
-    // SAFETY: getrandom into a valid 8-byte buffer.
-    let n = unsafe { libc::getrandom(b.as_mut_ptr().cast(), b.len(), 0) };
-    if n != b.len() as isize {
-        // No randomness: an id unique within this process still.
-        static N: AtomicUsize = AtomicUsize::new(0);
-        let c = N.fetch_add(1, Ordering::Relaxed) as u64;
-        b = (c ^ std::process::id() as u64).to_le_bytes();
+    match plumbing::random::random_hex(8) {
+        Ok(h) => format!("req-{h}"),
+        Err(_) => {
+            static N: AtomicUsize = AtomicUsize::new(0);
+            format!("req-local-{}", N.fetch_add(1, Ordering::Relaxed))
+        }
     }
-    let mut s = String::with_capacity(20);
-    s.push_str("req-");
-    for x in b {
-        s.push_str(&format!("{x:02x}"));
-    }
-    s
 }
 
 fn header(name: &str, value: &str) -> Option<Header> {
@@ -344,15 +337,8 @@ pub fn serve(
 
 /// The signals that stop the front; block them in the calling thread (before any other
 /// thread starts, so every thread inherits the mask) so that one thread can wait for them.
-pub fn block_stop_signals() {
-    // SAFETY: building a signal set on the stack and setting this thread's mask.
-    unsafe {
-        let mut set: libc::sigset_t = std::mem::zeroed();
-        libc::sigemptyset(&mut set);
-        libc::sigaddset(&mut set, libc::SIGTERM);
-        libc::sigaddset(&mut set, libc::SIGINT);
-        libc::pthread_sigmask(libc::SIG_BLOCK, &set, std::ptr::null_mut());
-    }
+pub fn block_stop_signals() -> std::io::Result<()> {
+    plumbing::signals::block_signals(&[libc::SIGTERM, libc::SIGINT]).map(|_| ())
 }
 
 fn wait_for_stop_signal() -> &'static str {
