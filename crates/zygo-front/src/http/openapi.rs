@@ -217,7 +217,7 @@ fn b_run() -> Value {
             "cmd": {"type": "array", "minItems": 1, "items": {"type": "string"}},
             "image": {"type": "string"}, "mem": {"type": ["string", "integer"]}, "cpu": {"type": "number"},
             "pids": {"type": "integer"}, "timeout": {"type": ["string", "integer"]}, "scratch": {"type": ["string", "integer"]},
-            "network": {"type": "string", "enum": ["none", "egress"]}, "allow": {"type": "array", "items": {"type": "string"}},
+            "network": {"type": "string", "enum": ["none", "egress"]},
             "env": {"type": "object", "additionalProperties": {"type": "string"}}, "stdin": {"type": "string"}
         }),
         &["cmd"],

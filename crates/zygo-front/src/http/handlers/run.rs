@@ -34,17 +34,19 @@ struct RunBody {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     network: Option<Value>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    allow: Option<Value>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     env: Option<BTreeMap<String, String>>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     stdin: Option<String>,
+    /// Not a body field: `X-Zygo-Request-Key`, so `DELETE /requests/{key}` reaches the run.
+    #[serde(skip_deserializing, skip_serializing_if = "Option::is_none")]
+    key: Option<String>,
 }
 
 pub fn run(front: &Front, call: &mut Call) -> Out {
     let parsed = (|| {
         call.only_query(&[])?;
-        let b: RunBody = body::json(&call.body()?)?;
+        let mut b: RunBody = body::json(&call.body()?)?;
+        b.key = call.key.clone();
         if b.cmd.is_empty() {
             return Err(HttpError::bad_request(
                 "cmd names the program to run: a non-empty list",
