@@ -1166,7 +1166,7 @@ fn run_answers_408_when_the_callers_deadline_fires_first_and_cancels_it() {
     if skip_without_binary() {
         return;
     }
-    let api = Api::start(&["--allow-deploy"]);
+    let mut api = Api::start(&["--allow-deploy"]);
     let auth = format!("Bearer {OP}");
     let r = api.op("POST", "/run", r#"{"cmd": ["/bin/echo", "hi"]}"#);
     assert_eq!(r.status, 200);
@@ -1185,12 +1185,37 @@ fn run_answers_408_when_the_callers_deadline_fires_first_and_cancels_it() {
     r.assert_error(408, "the outer deadline");
     assert_eq!(r.json()["code"], "api_timeout");
     assert!(t0.elapsed() < Duration::from_secs(3));
-    // Its channel was closed (the supervisor's signal to cancel what it carried).
-    wait_for(
-        Duration::from_secs(10),
-        "the run's channel to close",
-        || api.fake.seen.lock().unwrap().closed_mid_request >= 1,
-    );
+    // It was cancelled by the key it was sent with (one the front made for it).
+    wait_for(Duration::from_secs(10), "the run's cancel", || {
+        api.fake.requests().iter().any(
+            |(_, _, r)| matches!(r, Request::Cancel { key } if key.starts_with("zygo-api-req-")),
+        )
+    });
+    let spec_key = api.fake.requests().iter().find_map(|(_, _, r)| match r {
+        Request::Run { spec } if spec.contains("sleep") => serde_json::from_str::<Value>(spec)
+            .ok()?["key"]
+            .as_str()
+            .map(str::to_string),
+        _ => None,
+    });
+    assert!(spec_key.is_some_and(|k| k.starts_with("zygo-api-req-")));
+    // Deadlines that pass while the supervisor is still answering never cost the front its
+    // channels: a burst of runs that each outlive a 1 ms deadline, then it still serves.
+    for _ in 0..40 {
+        let r = api.req(
+            "POST",
+            "/run",
+            &[("Authorization", &auth), ("X-Zygo-Timeout-Ms", "1")],
+            br#"{"cmd": ["sleep", "10"]}"#,
+        );
+        r.assert_error(408, "a 1 ms deadline");
+    }
+    assert_eq!(api.req("GET", "/healthz", &[], b"").status, 200);
+    wait_for(Duration::from_secs(20), "the channels to come back", || {
+        api.op("GET", "/fn", "").status == 200
+    });
+    assert_eq!(api.fake.seen.lock().unwrap().closed_mid_request, 0);
+    assert!(api.child.try_wait().unwrap().is_none(), "zygo api exited");
     // The flags came with the hello.
     let hellos = api.fake.seen.lock().unwrap().hellos.clone();
     assert!(hellos.iter().all(|(_, f)| f.allow_deploy && !f.no_auth));

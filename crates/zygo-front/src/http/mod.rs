@@ -45,7 +45,7 @@ pub const ANSWER_GRACE: Duration = Duration::from_secs(15);
 
 /// The front's shared state.
 pub struct Front {
-    pub chans: channel::Pool,
+    pub chans: std::sync::Arc<channel::Pool>,
     pub flags: FrontFlags,
     pub stopping: AtomicBool,
     pub in_flight: AtomicUsize,

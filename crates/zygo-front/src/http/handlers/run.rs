@@ -4,6 +4,7 @@
 //! as the end of everything the channel started).
 
 use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
 
 use proto::front::{Reply, Request};
 use serde::{Deserialize, Serialize};
@@ -46,15 +47,22 @@ pub fn run(front: &Front, call: &mut Call) -> Out {
     let parsed = (|| {
         call.only_query(&[])?;
         let mut b: RunBody = body::json(&call.body()?)?;
-        b.key = call.key.clone();
+        // A key the run can be cancelled by when the caller's deadline passes: the
+        // caller's own, or one made for it.
+        b.key = Some(match &call.key {
+            Some(k) => k.clone(),
+            None => format!("zygo-api-{}", crate::http::new_request_id()),
+        });
         if b.cmd.is_empty() {
             return Err(HttpError::bad_request(
                 "cmd names the program to run: a non-empty list",
             ));
         }
-        serde_json::to_string(&b).map_err(|e| HttpError::bad_request(e.to_string()))
+        let key = b.key.clone().unwrap_or_default();
+        let spec = serde_json::to_string(&b).map_err(|e| HttpError::bad_request(e.to_string()))?;
+        Ok((spec, key))
     })();
-    let spec = match parsed {
+    let (spec, key) = match parsed {
         Ok(s) => s,
         Err(e) => return e.into(),
     };
@@ -91,15 +99,33 @@ pub fn run(front: &Front, call: &mut Call) -> Out {
             retry_after,
         }) => HttpError::from_code(code, message, retry_after).into(),
         Ok(r) => unexpected(&r).into(),
-        Err(ChanError::Timeout) => HttpError::new(
-            408,
-            "api_timeout",
-            format!(
-                "X-Zygo-Timeout-Ms ({} ms) passed before the run ended; it was cancelled and what it would have answered is unknown",
-                call.timeout_ms
-            ),
-        )
-        .into(),
+        Err(ChanError::Timeout) => {
+            // Answer first; then cancel the run by its key (the supervisor answers the
+            // run itself on its channel, which is read in the background and lent again).
+            let e = HttpError::new(
+                408,
+                "api_timeout",
+                format!(
+                    "X-Zygo-Timeout-Ms ({} ms) passed before the run ended; it is being cancelled and what it would have answered is unknown",
+                    call.timeout_ms
+                ),
+            );
+            if let Some(rq) = call.rq.take() {
+                crate::http::respond_json(rq, 408, &e.body(), &call.id, None, &[], false);
+            }
+            drop(lease);
+            let cancel = call.api(Request::Cancel { key });
+            let until = Instant::now() + Duration::from_secs(10);
+            match front.chans.acquire(until) {
+                Some(mut l) => {
+                    if let Err(e) = l.call(&cancel, until, |_| {}) {
+                        log::warn!("cancel a run past its caller's deadline: {e:?}");
+                    }
+                }
+                None => log::warn!("cancel a run past its caller's deadline: no channel free"),
+            }
+            Out::Done
+        }
         Err(ChanError::Broken(e)) => {
             HttpError::unavailable(format!("lost the supervisor's answer: {e}")).into()
         }
