@@ -325,7 +325,13 @@ fn operation(o: &Op) -> Value {
         .split('/')
         .filter_map(|s| s.strip_prefix('{').and_then(|s| s.strip_suffix('}')))
         .map(|p| {
-            json!({"name": p, "in": "path", "required": true, "schema": {"type": "string", "minLength": 1}})
+            let schema = match (p, o.path) {
+                ("digest", _) => json!({"type": "string", "pattern": "^(sha256:)?[0-9a-f]{64}$"}),
+                ("key", _) => json!({"type": "string", "minLength": 1, "maxLength": 128, "pattern": "^[ -~]+$"}),
+                ("id", path) if path.starts_with("/tokens") => json!({"type": "string", "pattern": "^tok_[0-9a-f]{1,64}$"}),
+                _ => json!({"type": "string", "pattern": "^[a-z0-9][a-z0-9_-]{0,62}$"}),
+            };
+            json!({"name": p, "in": "path", "required": true, "schema": schema})
         })
         .collect();
     if o.stream {
