@@ -351,6 +351,10 @@ impl Server {
                     // no descriptors left) is logged and the loop goes on; upstream ended
                     // the accept thread, and with it the server.
                     Err(e) => {
+                        if limits::accept_error_ends(&e) {
+                            log::debug!("the listener was shut ({}); no more connections", e);
+                            break;
+                        }
                         log::warn!("accept a connection: {}", e);
                         if limits::accept_error_needs_pause(&e) {
                             thread::sleep(Duration::from_millis(50));

@@ -79,6 +79,13 @@ pub(crate) fn accept_error_needs_pause(e: &std::io::Error) -> bool {
     e.raw_os_error().is_some_and(|n| SHORTAGES.contains(&n))
 }
 
+/// Whether an accept error means the listener itself is gone (shut down for reading, or
+/// closed): the accept loop ends instead of spinning on it.
+pub(crate) fn accept_error_ends(e: &std::io::Error) -> bool {
+    const ENDS: [i32; 2] = [22 /* EINVAL */, 9 /* EBADF */];
+    e.raw_os_error().is_some_and(|n| ENDS.contains(&n))
+}
+
 /// A response the server writes on its own: `{"error", "code"}` JSON, the own headers,
 /// `Connection: close`.
 pub(crate) fn own_error(
