@@ -28,6 +28,11 @@ pub fn healthz(front: &Front, call: &mut Call) -> Out {
             }
         }
         Ok(r) => unexpected(&r).into(),
+        // Every channel busy with long calls: the supervisor is up, the front is full.
+        Err(e) if e.status == 429 => ok(json!({
+            "status": "degraded",
+            "reason": "every channel to the supervisor is busy with calls",
+        })),
         Err(e) if e.status == 503 => Out::Json(
             503,
             json!({"status": "stopping", "error": e.message, "code": e.code}),
