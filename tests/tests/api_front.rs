@@ -1350,3 +1350,41 @@ fn a_unix_socket_listener_is_created_0600_and_no_auth_is_allowed_there() {
     assert!(hellos.iter().all(|(_, f)| f.no_auth));
     let _ = AtomicUsize::new(0).load(Ordering::Relaxed);
 }
+
+#[test]
+fn past_512_connections_one_more_is_answered_503_and_the_front_goes_on() {
+    if skip_without_binary() {
+        return;
+    }
+    let api = Api::start(&[]);
+    let mut held = Vec::new();
+    for _ in 0..512 {
+        held.push(api.conn());
+    }
+    // Each held connection has been taken by the front once one of them answers.
+    let mut probe = held.pop().unwrap();
+    send(&mut probe, "GET", "/healthz", &[], b"");
+    let mut r = BufReader::new(probe.try_clone().unwrap());
+    assert_eq!(read_resp(&mut r).unwrap().status, 200);
+    held.push(probe);
+    wait_for(
+        Duration::from_secs(20),
+        "the 513th connection to be refused",
+        || {
+            let c = api.conn();
+            let mut r = BufReader::new(c);
+            match read_resp(&mut r) {
+                Ok(resp) if resp.status == 503 => {
+                    resp.assert_error(503, "over the connection cap");
+                    assert_eq!(resp.h("retry-after"), Some("1"));
+                    true
+                }
+                _ => false,
+            }
+        },
+    );
+    drop(held);
+    wait_for(Duration::from_secs(20), "the front to serve again", || {
+        api.req("GET", "/healthz", &[], b"").status == 200
+    });
+}
