@@ -13,7 +13,8 @@
 //!   keys, bad tokens and tenant headers: 4xx with `{"error", "code"}`, never a 5xx;
 //! - batches (at most 16 at once, at most 1000 events), streams (NDJSON framing), `POST
 //!   /run`'s 408 when the caller's deadline fires first (and the run is cancelled);
-//! - SIGTERM lets a request in flight finish.
+//! - SIGTERM lets a request in flight finish; past 512 connections one more is 503; slow
+//!   uploads do not keep other callers waiting; deadlines that pass never cost a channel.
 
 // A test that fails on an unexpected error says where; that is all an unwrap does here.
 #![allow(clippy::unwrap_used)]
@@ -1387,4 +1388,33 @@ fn past_512_connections_one_more_is_answered_503_and_the_front_goes_on() {
     wait_for(Duration::from_secs(20), "the front to serve again", || {
         api.req("GET", "/healthz", &[], b"").status == 200
     });
+}
+
+#[test]
+fn slow_uploads_do_not_keep_other_callers_waiting() {
+    if skip_without_binary() {
+        return;
+    }
+    let api = Api::start(&[]);
+    // More half-sent bodies than the front has channels, each holding a worker.
+    let mut held = Vec::new();
+    for _ in 0..40 {
+        let mut c = api.conn();
+        let head = format!(
+            "POST /fn/echo HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {OP}\r\nContent-Length: 4096\r\n\r\n{}",
+            "[".repeat(10)
+        );
+        c.write_all(head.as_bytes()).unwrap();
+        held.push(c);
+    }
+    std::thread::sleep(Duration::from_millis(300));
+    let t0 = Instant::now();
+    let r = api.op("POST", "/fn/echo", "1");
+    assert_eq!(r.status, 200);
+    assert!(
+        t0.elapsed() < Duration::from_secs(10),
+        "waited {:?}",
+        t0.elapsed()
+    );
+    drop(held);
 }

@@ -37,6 +37,8 @@ pub const STOP_GRACE: Duration = Duration::from_secs(25);
 pub const IDLE_TIMEOUT: Duration = Duration::from_secs(30);
 /// From the end of a request's head to the end of its body.
 pub const BODY_TIMEOUT: Duration = Duration::from_secs(60);
+/// The fewest worker threads (each serves one request at a time).
+pub const WORKERS_MIN: usize = 64;
 /// Connections served at once.
 pub const MAX_CONNECTIONS: usize = 512;
 /// Beyond the caller's deadline, how long the front waits for the supervisor's answer to a
@@ -289,7 +291,9 @@ pub fn serve(
     flags: FrontFlags,
     listen_fd: i32,
 ) -> Result<(), String> {
-    let workers = chans.len().max(1);
+    // More workers than channels: a worker reading a slow client's body holds no channel,
+    // so a few slow uploads cannot leave the channels idle and everyone else waiting.
+    let workers = (chans.len() * 4).max(WORKERS_MIN);
     let front = Arc::new(Front {
         chans: channel::Pool::new(chans),
         flags,
