@@ -992,6 +992,28 @@ fn delete_tenant_answers_what_it_took() {
     let shared = put_script(&mut api, tok(&op), shared_src);
     assert_eq!(put_script(&mut api, tok(&tt), shared_src), shared);
     assert!(tenant_cgroups(&t, "tpool").iter().any(|d| d.is_dir()));
+    // A one-shot run of theirs is going when the tenant is deleted.
+    let sock = s.socket();
+    let (op2, t2) = (op.clone(), t.clone());
+    let run = std::thread::spawn(move || {
+        let mut c = UnixStream::connect(sock).expect("connect");
+        let hello = Hello {
+            protocol: FRONT_PROTOCOL,
+            role: Role::Api,
+            flags: FrontFlags::default(),
+        };
+        c.write_all(&encode_frame(&hello).expect("hello"))
+            .expect("hello");
+        let _: HelloReply = read_frame(&mut c, MAX_FRONT_FRAME).expect("welcome");
+        let mut api = Api { s: c };
+        let spec = "{\"cmd\": [\"sleep\", \"60\"], \"timeout\": \"90s\"}";
+        api.ask(tok_for(&op2, &t2), Request::Run { spec: spec.into() })
+    });
+    wait_for(Duration::from_secs(10), "the run to start", || {
+        tenant_cgroups(&t, "_run")
+            .iter()
+            .any(|d| fs::read_dir(d).is_ok_and(|mut e| e.next().is_some()))
+    });
     let r = api.ask(tok(&op), Request::DeleteTenant { id: t.clone() });
     let Reply::TenantDeleted(d) = r else {
         panic!("delete: {r:?}\n{}", s.log());
@@ -1000,6 +1022,13 @@ fn delete_tenant_answers_what_it_took() {
     assert_eq!(d.stopped, vec!["tpool".to_string()]);
     assert_eq!(d.scripts_removed, vec![only_theirs.clone()]);
     assert_eq!(d.tokens_revoked, 1);
+    match run.join().expect("the run's thread") {
+        Reply::RunAnswer(a) => assert!(
+            a.error.as_deref().is_some_and(|e| e.contains("cancel")),
+            "the tenant's run ends cancelled: {a:?}"
+        ),
+        other => panic!("the run: {other:?}"),
+    }
     assert!(!s.st.join("scripts").join(&only_theirs).exists());
     assert!(s.st.join("scripts").join(&shared).exists());
     expect_code(
@@ -1651,3 +1680,58 @@ fn layers_served_over_the_api() {
     assert!(matches!(r, Reply::Stopped { .. }), "{r:?}");
     drain_over_api(s, &op);
 }
+
+/// A tenant's scratch limit shrinks the `/tmp` and `/work` of its request's child before
+/// the request reaches it: 1M in a pool declared with 64M.
+fn tenant_scratch_is_narrowed(who: Who) {
+    let mut s = SUITE.sup(who, "scratch");
+    let names = start(
+        &mut s,
+        &[(
+            "tmpy",
+            "agent = \"python\"\nscratch = \"64M\"\nmem = \"256M\"",
+        )],
+    );
+    let pool = &names[0];
+    let (_, op) = mint(&s, None);
+    let mut api = Api::plain(&s);
+    let t = tenant_id("s");
+    create_tenant(&mut api, &op, &t);
+    let (_, tt) = mint(&s, Some(&t));
+    let r = api.ask(
+        tok(&op),
+        Request::SetLimits {
+            id: t.clone(),
+            limits: "{\"scratch\":\"1M\"}".into(),
+        },
+    );
+    expect_ok(&r, "scratch 1M");
+    let write = "import os\n\ndef handler(event):\n    out = []\n    for d in ('/tmp', '/work'):\n        try:\n            with open(d + '/f', 'wb') as f:\n                f.write(b'x' * (4 << 20))\n            os.remove(d + '/f')\n            out.append('ok')\n        except OSError as e:\n            out.append(os.strerror(e.errno))\n    return out\n";
+    let d = put_script(&mut api, tok(&tt), write);
+    put_script(&mut api, tok(&op), write);
+    for _ in 0..3 {
+        let r = answer(
+            api.ask(tok(&op), run_script(pool, &d, "null")),
+            "the host's call",
+        );
+        assert_eq!(
+            r.result.as_deref(),
+            Some("[\"ok\",\"ok\"]"),
+            "{r:?}\n{}",
+            s.log()
+        );
+        let r = answer(
+            api.ask(tok(&tt), run_script(pool, &d, "null")),
+            "the tenant's call",
+        );
+        assert_eq!(
+            r.result.as_deref(),
+            Some("[\"No space left on device\",\"No space left on device\"]"),
+            "{r:?}\n{}",
+            s.log()
+        );
+    }
+    drain_over_api(s, &op);
+}
+
+root_and_rootless!(tenant_scratch_is_narrowed);

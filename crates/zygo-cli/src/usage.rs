@@ -51,6 +51,10 @@ Limits:
   --pids N           processes and threads                 [default: 64]
   --timeout DUR      wall-clock deadline, e.g. 30s, 5m     [default: 30s]
   --scratch SIZE     size of /tmp and of /work             [default: 64M]
+  --io-bps SIZE      bytes a second read from, and written to, each of the
+                     host's disks (at least 1M)            [default: 128M]
+  --io-iops N        disk operations a second, reads and writes each
+                                                           [default: 4000]
   --net none         network: none (only lo)               [default: none]
 
 Sandbox:
@@ -245,6 +249,8 @@ Limits (of every run_code sandbox):
   --pids N           processes and threads                 [default: 64]
   --timeout DUR      wall-clock deadline, e.g. 30s, 5m     [default: 30s]
   --scratch SIZE     size of /tmp                          [default: 64M]
+  --io-bps SIZE      disk bytes a second, reads and writes each [default: 128M]
+  --io-iops N        disk operations a second, each        [default: 4000]
   --net none         network: none (only lo); egress is not implemented in this
                      version, so it and --allow HOST:PORT are refused
 

@@ -114,6 +114,8 @@ pub(super) struct InFlight {
     /// Narrower cgroup limits than its function's (its tenant's), written on its child's
     /// cgroup before the child is let go.
     pub(super) narrow: Option<Limits>,
+    /// A smaller `/tmp` and `/work` than its function's (its tenant's scratch limit).
+    pub(super) scratch: Option<u64>,
 }
 
 impl InFlight {
@@ -144,6 +146,7 @@ impl InFlight {
             script,
             tenant: None,
             narrow: None,
+            scratch: None,
         }
     }
 }
@@ -290,6 +293,7 @@ pub(super) fn narrowed(f: &Limits, t: &proto::api::TenantLimits) -> Option<Limit
         },
         cpu_millis: cap(f.cpu_millis, t.cpu_millis),
         pids: cap(f.pids, t.pids),
+        ..*f
     };
     (l != *f).then_some(l)
 }
@@ -465,6 +469,10 @@ impl Functions {
         let mut call = InFlight::new(client, &e, event, timeout, script, Instant::now());
         call.tenant = who.tenant.clone();
         call.narrow = narrow;
+        call.scratch = who
+            .limits
+            .scratch_bytes
+            .filter(|b| *b < f.plan.scratch_bytes);
         self.calls.insert(id.clone(), call);
         if self.try_dispatch(&id) {
             return None;
@@ -614,11 +622,13 @@ impl Functions {
         z.last_used = now;
         let event = std::mem::take(&mut c.event);
         let script = c.script.take();
+        let scratch_bytes = c.scratch;
         z.conn.send(&ToLauncher::Call {
             slot,
             request_id: id.to_string(),
             event,
             script,
+            scratch_bytes,
         });
         // The spare this call used is replaced now, so the next call finds one: the new
         // child works at the background weight, so it does not slow this request down.

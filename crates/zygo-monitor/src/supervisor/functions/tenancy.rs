@@ -383,8 +383,8 @@ impl Functions {
         }
     }
 
-    /// `DELETE /tenants/{id}`: its functions and pools stopped, its calls elsewhere
-    /// cancelled, its tokens revoked, the scripts nobody else registered removed, and its
+    /// `DELETE /tenants/{id}`: its functions and pools stopped, its calls elsewhere and
+    /// its one-shot runs cancelled, its tokens revoked, the scripts nobody else registered removed, and its
     /// record gone.
     pub(super) fn delete_tenant(&mut self, id: &str, cx: &Ctx) -> Reply {
         if !self.api.tenants.contains_key(id) {
@@ -411,6 +411,7 @@ impl Functions {
         for rid in theirs {
             self.force(&rid, Outcome::Cancelled);
         }
+        self.cancel_tenant_runs(id);
         let tokens_revoked = match self.api.revoke_tenant_tokens(id) {
             Ok(n) => n,
             Err(r) => return r.into(),
