@@ -26,6 +26,7 @@ macro_rules! say_raw {
     }};
 }
 
+mod api;
 mod client;
 mod flags;
 mod fncmds;
@@ -116,6 +117,7 @@ fn zygo_main() -> u8 {
         Some("warm") => fncmds::warm(rest),
         Some("cancel") => fncmds::cancel(rest),
         Some("drain") => fncmds::drain(rest),
+        Some("api") => api::main(rest),
         Some("token") => fncmds::token(rest),
         Some("mcp") => mcp::main(rest),
         Some(arg) if plumbing::Role::from_arg(arg.as_ref()) == Some(plumbing::Role::McpFront) => {

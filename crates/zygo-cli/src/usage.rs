@@ -21,6 +21,7 @@ Commands:
   drain       stop taking calls, finish running ones, exit the supervisor
   supervisor  the supervisor in the foreground (for systemd)
   mcp         an MCP server on stdio: run_code in fresh sandboxes, and warm functions
+  api         the HTTP API for programs: functions, runs, pools, tenants, tokens
   version     what this build and this kernel support
 
 Run `zygo <command> --help` for a command's options.
@@ -272,4 +273,31 @@ Install in a host:
 
 Exit status: 0 when stdin closes or on SIGTERM/SIGINT (every sandbox is stopped first);
 1 when the server could not start; 2 for usage errors.
+";
+
+pub const API: &str = "\
+zygo api — the HTTP API in front of the running supervisor
+
+Usage: zygo api [--listen ADDR] [--allow-deploy [--allow-private-net]] [--no-auth]
+       zygo api --openapi
+
+Serves the routes listed by `zygo api --openapi` (OpenAPI 3.1; the same document is
+spec/openapi.json) until SIGTERM or SIGINT, then stops taking requests and lets those in
+flight finish for up to 25 s. It starts no supervisor: start one first with `zygo up`.
+Every caller needs `Authorization: Bearer TOKEN`: the supervisor's ZYGO_API_TOKEN (the
+bootstrap operator token) or a token minted with `zygo token mint [--tenant T]`.
+
+Options:
+  --listen ADDR        IP:PORT, or unix:///path (created 0600)   [default: 127.0.0.1:7700]
+  --allow-deploy       the bootstrap token (ZYGO_API_TOKEN) may serve functions, create
+                       pools, run one-shot sandboxes, and use the other deploy routes
+                       (minted operator tokens always may; tenant tokens never)
+  --allow-private-net  with --allow-deploy: deploy callers may name private and
+                       link-local addresses in `allow`
+  --no-auth            a request without a token acts as the bootstrap operator; only on
+                       a unix socket or a loopback address
+  --openapi            print the OpenAPI document and exit
+
+Exit status: 0 after SIGTERM/SIGINT; 1 when it could not start (no supervisor, the address
+in use, no channel to the supervisor left); 2 for usage errors.
 ";
