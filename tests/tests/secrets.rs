@@ -615,6 +615,21 @@ fn a_function_reads_its_secret_in_its_request_only(who: Who) {
         || with_secrets_mounted(&name).is_empty(),
     );
     assert_nowhere(&s, &[&value, &other], &said);
+    // Nothing the supervisor started (its launchers) has the key in its environment, and
+    // neither has the supervisor any more.
+    let holders = pids_holding(&s.log_path());
+    assert!(
+        holders.len() >= 2,
+        "the supervisor and a launcher: {holders:?}"
+    );
+    for (pid, cmd) in holders {
+        let env = fs::read(format!("/proc/{pid}/environ")).unwrap_or_default();
+        assert!(
+            !contains(&env, key.as_bytes()),
+            "{} has the key in its environment",
+            String::from_utf8_lossy(&cmd)
+        );
+    }
     s.shutdown();
 }
 
