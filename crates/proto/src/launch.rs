@@ -147,6 +147,9 @@ pub struct LaunchPlan {
     /// namespace; the launcher's egress filter listens on each rule's address and port
     /// there and relays what the rules allow. `None`: loopback only.
     pub egress: Option<Egress>,
+    /// The function or pool names secrets: `/run/secrets` is made, empty, for each
+    /// request's own tmpfs of them to be mounted on (see `ToLauncher::Call::secrets`).
+    pub secrets: bool,
 }
 
 /// What an egress sandbox may reach, as the monitor's policy has checked it.

@@ -547,7 +547,7 @@ fn assemble(plan: &LaunchPlan, handed: &[std::os::fd::OwnedFd]) -> Result<OwnedF
         if top == "run" && plan.scripts {
             mkdir(&dir.join("script"), 0o755)?;
         }
-        if top == "run" {
+        if top == "run" && plan.secrets {
             // Where a request's secrets are mounted (a tmpfs of the request's own).
             mkdir(&dir.join("secrets"), 0o755)?;
         }

@@ -367,6 +367,7 @@ fn plan(spec: &FnSpec, identity: &Identity) -> Result<Planned, String> {
         work: None,
         etc: None,
         egress,
+        secrets: !spec.secrets.is_empty(),
     };
     Ok(Planned {
         plan,
