@@ -16,6 +16,7 @@
 //! writes, events ([`json`]): serde_json, with an object that repeats a key refused.
 
 pub mod api;
+pub mod bytes;
 pub mod codec;
 pub mod cpu;
 pub mod fds;

@@ -50,6 +50,10 @@ if (process.argv[2] === "--check") {
 
 const pool = process.argv[2] === "--pool";
 const [entry, funcName, workdir] = pool ? [null, "", process.argv[3]] : process.argv.slice(2);
+if (!/^[0-9a-f]{32}$/.test(workdir ?? "")) {
+  fs.writeSync(2, "node_agent: the request's directory must be named by 32 hex digits\n");
+  process.exit(2);
+}
 const SCRIPT = /^\/run\/script\/[0-9a-f]{64}$/;
 const channel = new net.Socket({ fd: 3, readable: true, writable: true });
 let closed = false;
@@ -92,8 +96,10 @@ async function run(line) {
   const beat = setInterval(() => send({ kind: "heartbeat" }), 1000);
   let terminal;
   try {
-    fs.mkdirSync(`/work/${workdir}`, { mode: 0o700 });
+    // The request's own directory, made by the launcher (and the workspace, if the call
+    // carried one, already unpacked in it).
     process.chdir(`/work/${workdir}`);
+    process.env.ZYGO_WORKSPACE = `/work/${workdir}`;
     if (pool) handler = await load(request.script, "");
     if (importError) throw importError;
     let event = request.event;

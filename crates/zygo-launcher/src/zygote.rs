@@ -248,6 +248,10 @@ struct Child {
     orphaned: bool,
     out: Relay,
     err: Relay,
+    /// Its own directory in its `/work`.
+    work: crate::workspace::Workdir,
+    /// Its call asked for the directory back (`out`): packed when its handler answers.
+    pack: bool,
 }
 
 /// Output a child's process tree writes to fd 1 or fd 2: the read end of that pipe, relayed
@@ -364,9 +368,17 @@ fn complete_utf8_prefix(b: &[u8]) -> usize {
     b.len()
 }
 
-/// One datagram from the registration socket with its kernel-checked sender pid and any
-/// descriptors. `None` when nothing is waiting.
-type Datagram = (Vec<u8>, i32, Vec<OwnedFd>);
+/// One datagram from the registration socket with its kernel-checked sender (pid, and host
+/// uid and gid) and any descriptors. `None` when nothing is waiting.
+type Datagram = (Vec<u8>, Sender, Vec<OwnedFd>);
+
+/// Who sent a datagram, as the kernel says: host pid, uid and gid.
+#[derive(Debug, Clone, Copy)]
+struct Sender {
+    pid: i32,
+    uid: u32,
+    gid: u32,
+}
 
 fn recv_with_creds(reg: RawFd) -> Result<Option<Datagram>, String> {
     let mut data = [0u8; 4096];
@@ -391,7 +403,7 @@ fn recv_with_creds(reg: RawFd) -> Result<Option<Datagram>, String> {
         }
         return Err(e.to_string());
     }
-    let mut pid: Option<i32> = None;
+    let mut pid: Option<Sender> = None;
     let mut fds: Vec<OwnedFd> = Vec::new();
     // SAFETY: walking the control messages the kernel filled in, within msg_controllen.
     unsafe {
@@ -400,7 +412,11 @@ fn recv_with_creds(reg: RawFd) -> Result<Option<Datagram>, String> {
             let h = &*c;
             if h.cmsg_level == libc::SOL_SOCKET && h.cmsg_type == libc::SCM_CREDENTIALS {
                 let cred: libc::ucred = std::ptr::read_unaligned(libc::CMSG_DATA(c).cast());
-                pid = Some(cred.pid);
+                pid = Some(Sender {
+                    pid: cred.pid,
+                    uid: cred.uid,
+                    gid: cred.gid,
+                });
             } else if h.cmsg_level == libc::SOL_SOCKET && h.cmsg_type == libc::SCM_RIGHTS {
                 let len = h.cmsg_len as usize - libc::CMSG_LEN(0) as usize;
                 let count = len / std::mem::size_of::<RawFd>();
@@ -418,15 +434,15 @@ fn recv_with_creds(reg: RawFd) -> Result<Option<Datagram>, String> {
     if n == 0 {
         return Err("the registration socket closed".into());
     }
-    let Some(pid) = pid.filter(|&p| p > 0) else {
+    let Some(sender) = pid.filter(|s| s.pid > 0) else {
         return Err("a registration without credentials".into());
     };
-    Ok(Some((data[..n as usize].to_vec(), pid, fds)))
+    Ok(Some((data[..n as usize].to_vec(), sender, fds)))
 }
 
-/// Receive one registration: (slot, host pid, the child's channel).
+/// Receive one registration: (slot, who sent it, the child's channel).
 /// A registered child: its request channel and the read ends of its stdout and stderr.
-type Registered = (String, i32, OwnedFd, OwnedFd, OwnedFd);
+type Registered = (String, Sender, OwnedFd, OwnedFd, OwnedFd);
 
 fn receive_registration(reg: RawFd) -> Result<Option<Registered>, String> {
     let Some((data, pid, mut fds)) = recv_with_creds(reg)? else {
@@ -491,7 +507,7 @@ fn receive_script_dir(reg: RawFd, init_pid: libc::pid_t) -> Result<OwnedFd, Stri
     let Some((data, pid, fds)) = recv_with_creds(reg)? else {
         return Err("the sandbox did not hand over its script folder".into());
     };
-    if data != b"scripts" || pid != init_pid {
+    if data != b"scripts" || pid.pid != init_pid {
         return Err(
             "the first message on the registration socket is not init's script folder".into(),
         );
@@ -570,13 +586,21 @@ impl Up {
     }
 }
 
-/// The launcher's first line to a parked child: its `/tmp` and `/work` are in place.
-const MOUNTED: &[u8] = b"{\"kind\":\"mounted\"}\n";
+/// The launcher's first line to a parked child: its `/tmp` and `/work` are in place, and
+/// the name of its own directory in `/work` (32 lowercase hex digits), which the launcher
+/// made. Always [`MOUNTED_LEN`] bytes.
+fn mounted_line(workdir: &str) -> Vec<u8> {
+    format!("{{\"kind\":\"mounted\",\"workdir\":\"{workdir}\"}}\n").into_bytes()
+}
+
+/// The length of every `mounted` line.
+#[cfg(test)]
+const MOUNTED_LEN: usize = 64;
 
 /// A registered child whose `/tmp` and `/work` are being mounted: it becomes a [`Child`]
 /// (and is reported parked) once the mounter says they are there.
 struct Mounting {
-    pid: i32,
+    sender: Sender,
     fd: OwnedFd,
     out: OwnedFd,
     err: OwnedFd,
@@ -593,6 +617,14 @@ pub struct Sandbox {
     pub script_owner: Option<(u32, u32)>,
     /// A runtime pool: scripts are written into its `/run/script`.
     pub scripts: bool,
+}
+
+/// The host ids the launcher acts as in a request's directory: the request's own, or
+/// `None` when the launcher already runs as them.
+fn act_as(sender: Sender) -> Option<(u32, u32)> {
+    // SAFETY: geteuid and getegid cannot fail.
+    let (uid, gid) = unsafe { (libc::geteuid(), libc::getegid()) };
+    ((sender.uid, sender.gid) != (uid, gid)).then_some((sender.uid, sender.gid))
 }
 
 /// Serve the zygote until the agent exits or the monitor ends it. `report` is init's report
@@ -735,6 +767,8 @@ pub fn serve(
                     request_id,
                     event,
                     script,
+                    workspace,
+                    out,
                 }) => {
                     // A pool's script goes into the sandbox before its request does.
                     use crate::script_space::Refused;
@@ -758,6 +792,36 @@ pub fn serve(
                             slot: slot.clone(),
                             too_large,
                             message,
+                        })?;
+                        up.send(&FromLauncher::SlotClosed {
+                            slot,
+                            violation: None,
+                        })?;
+                        continue;
+                    }
+                    // The workspace is unpacked into the child's directory before the child
+                    // has its request: nothing of the call runs until it is all there.
+                    let unpacked = match (children.get_mut(&slot), &workspace) {
+                        (Some(c), Some(tar)) => {
+                            c.pack = out;
+                            let cap = (proto::front::MAX_WORKSPACE as u64).min(scratch_bytes);
+                            c.work.unpack(tar, cap).map(|_| ())
+                        }
+                        (Some(c), None) => {
+                            c.pack = out;
+                            Ok(())
+                        }
+                        (None, _) => Ok(()),
+                    };
+                    if let Err(refusal) = unpacked {
+                        if let Some(space) = script_space.as_mut() {
+                            space.release(&slot);
+                        }
+                        children.remove(&slot);
+                        up.send(&FromLauncher::WorkspaceRefused {
+                            slot: slot.clone(),
+                            too_large: refusal.too_large,
+                            message: format!("the workspace was refused: {}", refusal.message),
                         })?;
                         up.send(&FromLauncher::SlotClosed {
                             slot,
@@ -857,20 +921,28 @@ pub fn serve(
         // Registrations.
         if fds[3].revents != 0 {
             match receive_registration(reg) {
-                Ok(Some((slot, pid, fd, out, err))) => {
+                Ok(Some((slot, sender, fd, out, err))) => {
                     if children.contains_key(&slot) || mounting.contains_key(&slot) {
                         return end(format!("slot {slot} registered twice"));
                     }
                     // The request's own /tmp and /work, mounted by a helper this loop does
                     // not wait for; the child is parked once they are there. A child that
                     // gets neither sees its channel close, and exits.
-                    match mounter.request(&slot, pid, &ns) {
+                    match mounter.request(&slot, sender.pid, &ns) {
                         Err(e) => up.send(&FromLauncher::ParkFailed {
                             slot,
                             message: format!("give the request its own /tmp and /work: {e}"),
                         })?,
                         Ok(()) => {
-                            mounting.insert(slot, Mounting { pid, fd, out, err });
+                            mounting.insert(
+                                slot,
+                                Mounting {
+                                    sender,
+                                    fd,
+                                    out,
+                                    err,
+                                },
+                            );
                         }
                     }
                 }
@@ -895,17 +967,25 @@ pub fn serve(
             if let Some(m) = mounting.remove(&slot) {
                 let placed = result
                     .map_err(|e| format!("give the request its own /tmp and /work: {e}"))
-                    .and_then(|()| {
-                        send_now(m.fd.as_raw_fd(), MOUNTED).map_err(|e| {
-                            format!("the request's process could not be told it was parked: {e}")
-                        })
+                    .and_then(|work| {
+                        crate::workspace::Workdir::create(work, act_as(m.sender))
+                            .map_err(|e| format!("give the request its own directory: {e}"))
+                    })
+                    .and_then(|work| {
+                        send_now(m.fd.as_raw_fd(), &mounted_line(&work.name))
+                            .map(|()| work)
+                            .map_err(|e| {
+                                format!(
+                                    "the request's process could not be told it was parked: {e}"
+                                )
+                            })
                     });
                 match placed {
                     Err(message) => up.send(&FromLauncher::ParkFailed {
                         slot: slot.clone(),
                         message,
                     })?,
-                    Ok(()) => {
+                    Ok(work) => {
                         children.insert(
                             slot.clone(),
                             Child {
@@ -915,11 +995,13 @@ pub fn serve(
                                 orphaned: false,
                                 out: Relay::new(m.out, Stream::Stdout),
                                 err: Relay::new(m.err, Stream::Stderr),
+                                work,
+                                pack: false,
                             },
                         );
                         up.send(&FromLauncher::Parked {
                             slot: slot.clone(),
-                            pid: m.pid,
+                            pid: m.sender.pid,
                         })?;
                     }
                 }
@@ -975,6 +1057,21 @@ pub fn serve(
                     // before its answer.
                     c.out.pump(slot, &mut up, true)?;
                     c.err.pump(slot, &mut up, true)?;
+                    // The handler is done: its directory, as it left it, goes with the
+                    // answer (before it, so the monitor has it when it answers).
+                    if c.pack {
+                        let p = c.work.pack(proto::front::MAX_WORKSPACE_OUT);
+                        if let Some(why) = &p.note {
+                            log::warn!(
+                                "launcher: request {slot}: its directory was not packed: {why}"
+                            );
+                        }
+                        up.send(&FromLauncher::WorkspaceOut {
+                            slot: slot.clone(),
+                            tar: p.tar.map(proto::bytes::Bytes),
+                            truncated: p.truncated,
+                        })?;
+                    }
                 }
                 let out = match msg {
                     ChildMsg::Progress { text } => FromLauncher::Progress { slot: s, text },
@@ -1098,6 +1195,14 @@ mod tests {
         };
         // SAFETY: one valid pollfd.
         unsafe { libc::poll(&mut p, 1, 0) == 1 }
+    }
+
+    #[test]
+    fn every_mounted_line_is_as_long_as_the_agents_read() {
+        let line = mounted_line(&"0123456789abcdef".repeat(2));
+        assert_eq!(line.len(), MOUNTED_LEN);
+        let v: serde_json::Value = serde_json::from_slice(&line).expect("JSON");
+        assert_eq!(v["kind"], "mounted");
     }
 
     #[test]
