@@ -418,9 +418,11 @@ fn components(path: &[u8], max_depth: usize) -> Result<Vec<&[u8]>, Refusal> {
     for c in path.split(|&b| b == b'/') {
         match c {
             b"" | b"." => {}
-            b".." => return Err(refuse(format!(
+            b".." => {
+                return Err(refuse(format!(
                 "entry {name} has a '..' in its path; only paths inside the directory are allowed"
-            ))),
+            )))
+            }
             c if c.len() > NAME_MAX => {
                 return Err(refuse(format!(
                     "entry {name} has a name longer than {NAME_MAX} bytes"
