@@ -591,13 +591,11 @@ pub fn exec(raw: Vec<OsString>) -> i32 {
                     eprintln!("zygo: write {}: {e}", clean(file));
                 }
             },
-            None if ans.outcome == Outcome::Ok || ans.outcome == Outcome::Error => {
-                if !a.json {
-                    eprintln!(
-                        "zygo: the request's directory did not come back (the handler did not answer, or replaced its directory); {} not written",
-                        clean(file)
-                    );
-                }
+            None if !a.json && (ans.outcome == Outcome::Ok || ans.outcome == Outcome::Error) => {
+                eprintln!(
+                    "zygo: the request's directory did not come back (the handler did not answer, or replaced its directory); {} not written",
+                    clean(file)
+                );
             }
             None => {}
         }

@@ -324,10 +324,11 @@ impl Workdir {
             return Err("the request's directory is not on its /work".into());
         }
         // Whatever the launcher's umask made of it.
-        // SAFETY: fchmod on a descriptor we hold.
-        if st.st_mode & 0o7777 != DIR_MODE && unsafe { libc::fchmod(dir.as_raw_fd(), DIR_MODE) } < 0
-        {
-            return Err(format!("chmod the request's directory: {}", errno()));
+        if st.st_mode & 0o7777 != DIR_MODE {
+            // SAFETY: fchmod on a descriptor we hold.
+            if unsafe { libc::fchmod(dir.as_raw_fd(), DIR_MODE) } < 0 {
+                return Err(format!("chmod the request's directory: {}", errno()));
+            }
         }
         Ok(Workdir {
             root,
@@ -590,11 +591,11 @@ impl Unpacker<'_> {
             _ => io_refusal(&name, "create", e),
         })?;
         let st = self.check_dev(fd.as_raw_fd(), &name)?;
-        // SAFETY: fchmod on a descriptor we hold.
-        if st.st_mode & 0o7777 != FILE_MODE
-            && unsafe { libc::fchmod(fd.as_raw_fd(), FILE_MODE) } < 0
-        {
-            return Err(io_refusal(&name, "chmod", errno()));
+        if st.st_mode & 0o7777 != FILE_MODE {
+            // SAFETY: fchmod on a descriptor we hold.
+            if unsafe { libc::fchmod(fd.as_raw_fd(), FILE_MODE) } < 0 {
+                return Err(io_refusal(&name, "chmod", errno()));
+            }
         }
         let mut written: u64 = 0;
         let mut buf = vec![0u8; 64 * 1024];

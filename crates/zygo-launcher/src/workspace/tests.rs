@@ -169,7 +169,7 @@ fn files_and_folders_are_unpacked_with_zygos_modes() {
     assert_eq!(u.bytes, 5 + 4 + 9);
     let got = tree(&t.0);
     let want = vec![
-        (format!("{}", "d".repeat(120)), 'd', 0o700, vec![]),
+        ("d".repeat(120), 'd', 0o700, vec![]),
         (long.clone(), 'f', 0o600, b"long name".to_vec()),
         ("empty".into(), 'f', 0o600, vec![]),
         ("in.txt".into(), 'f', 0o600, b"hello".to_vec()),
