@@ -50,10 +50,7 @@ use std::process::{Command, Stdio};
 use std::sync::atomic::{AtomicU8, Ordering};
 use std::time::{Duration, Instant, SystemTime};
 
-use proto::front::{
-    ErrorCode, ExecRequest, Hello, HelloReply, Outcome, Reply, Request, Role, FRONT_PROTOCOL,
-    MAX_FRONT_FRAME,
-};
+use proto::front::{ErrorCode, ExecRequest, Outcome, Reply, Request, Role, MAX_FRONT_FRAME};
 use proto::{read_frame, write_frame};
 
 const REPRODUCE: &str = "cargo build --release && cargo bench -p zygo-tests --bench warm";
@@ -465,20 +462,9 @@ impl Front {
     fn connect(path: &Path) -> R<Front> {
         let mut sock =
             UnixStream::connect(path).map_err(|e| format!("connect {}: {e}", path.display()))?;
-        write_frame(
-            &mut sock,
-            &Hello {
-                protocol: FRONT_PROTOCOL,
-                role: Role::Cli,
-                flags: Default::default(),
-            },
-        )
-        .map_err(|e| format!("hello: {e}"))?;
-        match read_frame::<_, HelloReply>(&mut sock, MAX_FRONT_FRAME) {
-            Ok(HelloReply::Welcome { .. }) => Ok(Front { sock }),
-            Ok(HelloReply::Refused { reason }) => Err(format!("refused: {reason}")),
-            Err(e) => Err(format!("hello reply: {e}")),
-        }
+        plumbing::hello::say(&mut sock, Role::Cli, Default::default())
+            .map_err(|e| format!("hello: {e}"))?;
+        Ok(Front { sock })
     }
 
     fn call(&mut self, req: &Request) -> R<Reply> {

@@ -2,6 +2,25 @@
 //! and the fronts need to start one another and to talk over the descriptors they hand
 //! each other. `proto` holds the messages; this crate holds the pipes they travel in.
 //!
+//! - [`role`]: each internal role's argv name and descriptor layout, and the one spawn
+//!   that starts any of them ([`vfork`] underneath, placed by [`cpu`]);
+//! - [`hello`]: the first exchange on every front channel, both sides;
+//! - [`fds`]: descriptors passed with a message (`SCM_RIGHTS`), both ways, capped;
+//! - [`pipes`]: pipes, socket pairs, close-on-exec;
+//! - [`signals`], [`random`]: blocking the signals a process reads itself; random names;
+//! - [`seccomp`]: the one table type for every seccomp filter Zygo installs.
+//!
 //! Imports nothing of Zygo's but `proto`.
 
+pub mod cpu;
+pub mod fds;
+pub mod hello;
+pub mod pipes;
+pub mod random;
+pub mod role;
 pub mod seccomp;
+pub mod signals;
+pub mod vfork;
+
+pub use random::random_hex;
+pub use role::Role;

@@ -10,23 +10,20 @@
 //! Every call into the codec (bincode 2, which is unmaintained) lives in [`codec`], so it can
 //! be swapped without touching the message types.
 //!
-//! Beside the messages, the process plumbing the monitor and the launcher share: passing
-//! descriptors ([`fds`]), starting a program ([`vfork`]) and where it first runs ([`cpu`]).
-//! And the one parser for JSON that comes from outside — MCP messages, the lines a sandbox
-//! writes, events ([`json`]): serde_json, with an object that repeats a key refused.
+//! Beside the messages, the one parser for JSON that comes from outside — MCP messages, the
+//! lines a sandbox writes, events ([`json`]): serde_json, with an object that repeats a key
+//! refused. The process plumbing the messages travel in (descriptor passing, the spawn,
+//! the hello) is the `plumbing` crate's.
 
 pub mod api;
 pub mod bytes;
 pub mod codec;
-pub mod cpu;
-pub mod fds;
 pub mod frame;
 pub mod front;
 pub mod json;
 pub mod launch;
 pub mod mcp;
 pub mod readbuf;
-pub mod vfork;
 
 pub use frame::{encode_frame, read_frame, write_frame, FrameBuf, ProtoError};
 

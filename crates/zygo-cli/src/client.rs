@@ -5,7 +5,7 @@ use std::os::unix::net::UnixStream;
 
 use proto::front::{Reply, Request, Role, MAX_FRONT_FRAME};
 use proto::{read_frame, write_frame};
-use zygo_monitor::reach;
+use zygo_monitor::client as supervisor;
 
 pub struct Client {
     sock: UnixStream,
@@ -42,7 +42,7 @@ impl ConnectError {
 impl std::fmt::Display for ConnectError {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
-            ConnectError::NotRunning => f.write_str(reach::NO_SUPERVISOR),
+            ConnectError::NotRunning => f.write_str(supervisor::NO_SUPERVISOR),
             ConnectError::Unreachable(e) => f.write_str(e),
             ConnectError::Refused(reason) => write!(f, "the supervisor refused: {reason}"),
             ConnectError::Broken(e) => write!(f, "talk to the supervisor: {e}"),
@@ -68,14 +68,14 @@ fn ended(e: &proto::ProtoError) -> bool {
 
 impl Client {
     pub fn connect() -> Result<Client, ConnectError> {
-        let mut sock = reach::connect().map_err(|e| match e {
-            reach::ReachError::NotRunning => ConnectError::NotRunning,
-            reach::ReachError::Unreachable(e) => ConnectError::Unreachable(e),
+        let mut sock = supervisor::connect().map_err(|e| match e {
+            supervisor::ReachError::NotRunning => ConnectError::NotRunning,
+            supervisor::ReachError::Unreachable(e) => ConnectError::Unreachable(e),
         })?;
-        match reach::hello(&mut sock, Role::Cli) {
+        match supervisor::hello(&mut sock, Role::Cli) {
             Ok(()) => Ok(Client { sock }),
-            Err(reach::HelloError::Refused(reason)) => Err(ConnectError::Refused(reason)),
-            Err(reach::HelloError::Proto(e)) => Err(if ended(&e) {
+            Err(supervisor::HelloError::Refused(reason)) => Err(ConnectError::Refused(reason)),
+            Err(supervisor::HelloError::Proto(e)) => Err(if ended(&e) {
                 ConnectError::Gone(e.to_string())
             } else {
                 ConnectError::Broken(e.to_string())

@@ -88,7 +88,7 @@ fn zygo_main() -> u8 {
     let mut args = std::env::args_os();
     let _argv0 = args.next();
     let first = args.next();
-    if first.as_deref() == Some(std::ffi::OsStr::new("__launcher")) {
+    if first.as_deref().and_then(plumbing::Role::from_arg) == Some(plumbing::Role::Launcher) {
         init_logging();
         return zygo_launcher::main().clamp(0, 255) as u8;
     }
@@ -113,7 +113,9 @@ fn zygo_main() -> u8 {
         Some("cancel") => fncmds::cancel(rest),
         Some("drain") => fncmds::drain(rest),
         Some("mcp") => mcp::main(rest),
-        Some("__mcp-front") => mcp::front(rest),
+        Some(arg) if plumbing::Role::from_arg(arg.as_ref()) == Some(plumbing::Role::McpFront) => {
+            mcp::front(rest)
+        }
         Some("version") | Some("--version") | Some("-V") => version::main(rest),
         Some(other) => {
             let msg = format!("unknown command {other:?}; see `zygo --help`");

@@ -166,7 +166,10 @@ pub fn main(raw: Vec<OsString>) -> i32 {
 /// `zygo __mcp-front`: the confined JSON-RPC front, started only by `zygo mcp`.
 pub fn front(raw: Vec<OsString>) -> i32 {
     if !raw.is_empty() {
-        eprintln!("zygo __mcp-front: takes no arguments; it is started by `zygo mcp`");
+        eprintln!(
+            "zygo {}: takes no arguments; it is started by `zygo mcp`",
+            plumbing::Role::McpFront.arg()
+        );
         return 2;
     }
     zygo_mcp::front_main()

@@ -125,15 +125,10 @@ async function run(line) {
   // Writes to a pipe are synchronous in Node: what the handler printed is already there.
   send(terminal);
   closed = true;
-  channel.end(() => {
-    // The caller has its answer; now this request's directory goes (the agent's reap is
-    // the fallback for a spare that was killed first).
-    try {
-      process.chdir("/");
-      fs.rmSync(`/work/${workdir}`, { recursive: true, force: true });
-    } catch {}
-    process.exit(0);
-  });
+  // The caller has its answer. The request's directory is left as it is: the launcher may
+  // be packing it (a call with `out`), and it goes with the request's own /work when its
+  // last process has.
+  channel.end(() => process.exit(0));
   setTimeout(() => process.exit(0), 1000).unref();
 }
 

@@ -1,5 +1,6 @@
 //! The launcher: one process per sandbox, the `zygo` binary re-executed in its launcher
-//! role by the monitor, holding one end of a socketpair on fd 3.
+//! role by the monitor, holding one end of a socketpair on fd 3 (the layout is
+//! [`plumbing::role`]'s).
 //!
 //! It builds the sandbox it is told to build — namespaces, a fresh root, pivot_root,
 //! rlimits, no capabilities, no_new_privs, Landlock, and seccomp last — runs the program,
@@ -9,8 +10,8 @@
 mod agent_log;
 mod agents;
 pub mod harden;
-pub mod oneshot;
 mod rootfs;
+pub mod sandbox;
 mod scratch;
 mod script_space;
 pub mod seccomp;
@@ -18,8 +19,9 @@ mod sys;
 pub mod workspace;
 pub mod zygote;
 
-use std::os::fd::{AsRawFd, FromRawFd};
-use std::os::unix::net::UnixStream;
+use std::os::fd::AsRawFd;
+
+use plumbing::Role;
 
 use proto::launch::ToLauncher;
 
@@ -27,20 +29,21 @@ use proto::launch::ToLauncher;
 pub fn main() -> i32 {
     // If the monitor dies, the launcher dies, and init's death signal takes the sandbox.
     let _ = sys::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL as libc::c_ulong);
-    // Only the descriptors of the launcher contract survive: stdin, stdout, stderr, the
+    // Only the descriptors of the launcher's layout survive: stdin, stdout, stderr, the
     // channel and the program's stderr.
-    sys::close_fds_from(oneshot::FD_PROGRAM_STDERR + 1, &[]);
-    for fd in [oneshot::FD_MONITOR, oneshot::FD_PROGRAM_STDERR] {
-        let _ = sys::set_cloexec(fd);
-    }
-    // SAFETY: fd 3 is the monitor's socketpair end by the launcher contract; owned here once.
-    let mut sock = unsafe { UnixStream::from_raw_fd(oneshot::FD_MONITOR) };
+    let mut sock = match Role::Launcher.take_channel() {
+        Ok(s) => s,
+        Err(e) => {
+            log::error!("launcher: {e}; this role is started by the monitor, not by hand");
+            return 2;
+        }
+    };
     // The plan, and possibly the cgroup files before it (a one-shot monitor sends them
     // after the plan, once it has made the cgroup; the launcher clones meanwhile).
     let mut attach = None;
     let mut handed = None;
     let plan = loop {
-        match oneshot::read_launch_frame(sock.as_raw_fd()) {
+        match sandbox::read_launch_frame(sock.as_raw_fd()) {
             Ok((ToLauncher::Start(plan), _)) => break plan,
             Ok((ToLauncher::Cgroup { .. }, fds)) if attach.is_none() => attach = Some(fds),
             Ok((ToLauncher::Mounts { .. }, fds)) if handed.is_none() => handed = Some(fds),
@@ -54,7 +57,7 @@ pub fn main() -> i32 {
             }
         }
     };
-    match oneshot::run(&mut sock, &plan, attach, handed.unwrap_or_default()) {
+    match sandbox::run(&mut sock, &plan, attach, handed.unwrap_or_default()) {
         Ok(()) => 0,
         Err(e) => {
             log::error!("launcher: {e}");

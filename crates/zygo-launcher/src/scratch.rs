@@ -83,7 +83,7 @@ impl Mounter {
     pub fn start(sandbox: &SandboxNs, size: u64) -> Result<Mounter, ScratchError> {
         let opts = CString::new(format!("mode=1777,size={size}"))
             .map_err(|_| ScratchError("mount options with a NUL byte".into()))?;
-        let (ours, theirs) = crate::sys::seqpacket_pair()
+        let (ours, theirs) = plumbing::pipes::socketpair(libc::SOCK_SEQPACKET)
             .map_err(|e| ScratchError(format!("create the mounter's socket: {e}")))?;
         // SAFETY: this process is single-threaded, so the forked child may go on running;
         // it only makes system calls (and ends with _exit).
@@ -125,7 +125,7 @@ impl Mounter {
         sandbox: &SandboxNs,
     ) -> Result<(), ScratchError> {
         let mnt = check(pid, sandbox)?;
-        proto::fds::send_with_fds(self.sock.as_raw_fd(), b"m", &[mnt.as_raw_fd()])
+        plumbing::fds::send_with_fds(self.sock.as_raw_fd(), b"m", &[mnt.as_raw_fd()])
             .map_err(|e| ScratchError(format!("hand a request to the mounter: {e}")))?;
         self.waiting.push_back(slot.to_string());
         Ok(())
@@ -136,7 +136,7 @@ impl Mounter {
     /// broke its protocol.
     pub fn answer(&mut self) -> Result<(String, Result<OwnedFd, ScratchError>), ScratchError> {
         let mut buf = [0u8; ANSWER];
-        let (n, mut fds) = crate::sys::recv_with_fds(self.sock.as_raw_fd(), &mut buf, 1)
+        let (n, mut fds) = plumbing::fds::recv_with_fds(self.sock.as_raw_fd(), &mut buf, 1)
             .map_err(|e| ScratchError(format!("the mounter's answer: {e}")))?;
         if n != ANSWER {
             return Err(ScratchError("the mounter ended".into()));
@@ -189,7 +189,7 @@ fn mounter_main(sock: RawFd, user: RawFd, home: RawFd, opts: &CString) -> ! {
         let mut buf = [0u8; ANSWER];
         buf[0] = step;
         buf[1..].copy_from_slice(&errno.to_ne_bytes());
-        let _ = proto::fds::send_with_fds(sock, &buf, work);
+        let _ = plumbing::fds::send_with_fds(sock, &buf, work);
     };
     let answer = |step: u8, errno: i32| answer_with(step, errno, &[]);
     let errno = || std::io::Error::last_os_error().raw_os_error().unwrap_or(0);
@@ -199,7 +199,7 @@ fn mounter_main(sock: RawFd, user: RawFd, home: RawFd, opts: &CString) -> ! {
         let e = errno();
         loop {
             let mut tag = [0u8; 1];
-            match crate::sys::recv_with_fds(sock, &mut tag, 1) {
+            match plumbing::fds::recv_with_fds(sock, &mut tag, 1) {
                 Ok((1, _)) => answer(10, e),
                 _ => exit_now(1),
             }
@@ -208,7 +208,7 @@ fn mounter_main(sock: RawFd, user: RawFd, home: RawFd, opts: &CString) -> ! {
     let fstype = c"tmpfs";
     loop {
         let mut tag = [0u8; 1];
-        let fds = match crate::sys::recv_with_fds(sock, &mut tag, 1) {
+        let fds = match plumbing::fds::recv_with_fds(sock, &mut tag, 1) {
             Ok((1, fds)) if tag == *b"m" && fds.len() == 1 => fds,
             _ => exit_now(0),
         };

@@ -254,20 +254,6 @@ pub fn pidfd_open(pid: libc::pid_t) -> io::Result<OwnedFd> {
     Ok(unsafe { OwnedFd::from_raw_fd(fd as RawFd) })
 }
 
-/// A pipe with both ends close-on-exec: (read, write).
-pub fn pipe_cloexec() -> io::Result<(RawFd, RawFd)> {
-    let mut fds = [0; 2];
-    // SAFETY: fds is a two-element array as pipe2 requires.
-    check(unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) })?;
-    Ok((fds[0], fds[1]))
-}
-
-pub fn set_cloexec(fd: RawFd) -> io::Result<()> {
-    // SAFETY: fcntl on an owned descriptor.
-    check(unsafe { libc::fcntl(fd, libc::F_SETFD, libc::FD_CLOEXEC) })?;
-    Ok(())
-}
-
 /// Close every descriptor from `from` up, except those in `keep`.
 pub fn close_fds_from(from: RawFd, keep: &[RawFd]) {
     let mut keep: Vec<RawFd> = keep.iter().copied().filter(|&k| k >= from).collect();
@@ -524,110 +510,6 @@ pub fn enter_net_namespace(ns: &OwnedFd) -> io::Result<()> {
     Ok(())
 }
 
-/// One `recvmsg` into `buf`, collecting at most `max_fds` descriptors passed with the bytes
-/// (`SCM_RIGHTS`, received close-on-exec). More descriptors than that, or a truncated
-/// control message, is an error (the extra ones are closed). Returns the bytes read.
-pub fn recv_with_fds(
-    fd: RawFd,
-    buf: &mut [u8],
-    max_fds: usize,
-) -> io::Result<(usize, Vec<OwnedFd>)> {
-    // Room for more descriptors than anyone may send, so an excess is seen, not cut.
-    let mut control = [0u64; 32];
-    let mut iov = libc::iovec {
-        iov_base: buf.as_mut_ptr().cast(),
-        iov_len: buf.len(),
-    };
-    // SAFETY: msghdr is plain old data; zeroed is a valid starting value.
-    let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
-    msg.msg_iov = &mut iov;
-    msg.msg_iovlen = 1;
-    msg.msg_control = control.as_mut_ptr().cast();
-    msg.msg_controllen = std::mem::size_of_val(&control);
-    let n = loop {
-        // SAFETY: msg points at buffers that live for the call.
-        let n = unsafe { libc::recvmsg(fd, &mut msg, libc::MSG_CMSG_CLOEXEC) };
-        if n >= 0 {
-            break n as usize;
-        }
-        let e = io::Error::last_os_error();
-        if e.kind() != io::ErrorKind::Interrupted {
-            return Err(e);
-        }
-    };
-    let mut fds: Vec<OwnedFd> = Vec::new();
-    // SAFETY: walking the control messages the kernel filled in, within msg_controllen;
-    // each descriptor in an SCM_RIGHTS message is new in this process and owned here.
-    unsafe {
-        let mut c = libc::CMSG_FIRSTHDR(&msg);
-        while !c.is_null() {
-            let h = &*c;
-            if h.cmsg_level == libc::SOL_SOCKET && h.cmsg_type == libc::SCM_RIGHTS {
-                let len = h.cmsg_len as usize - libc::CMSG_LEN(0) as usize;
-                let base: *const RawFd = libc::CMSG_DATA(c).cast();
-                for i in 0..len / std::mem::size_of::<RawFd>() {
-                    fds.push(OwnedFd::from_raw_fd(std::ptr::read_unaligned(base.add(i))));
-                }
-            }
-            c = libc::CMSG_NXTHDR(&msg, c);
-        }
-    }
-    if msg.msg_flags & libc::MSG_CTRUNC != 0 {
-        return Err(io::Error::new(
-            io::ErrorKind::InvalidData,
-            "more descriptors than the control buffer holds",
-        ));
-    }
-    if msg.msg_flags & libc::MSG_TRUNC != 0 {
-        return Err(io::Error::new(
-            io::ErrorKind::InvalidData,
-            "a message longer than the buffer",
-        ));
-    }
-    if fds.len() > max_fds {
-        return Err(io::Error::new(
-            io::ErrorKind::InvalidData,
-            format!("{} descriptors (at most {max_fds} expected)", fds.len()),
-        ));
-    }
-    Ok((n, fds))
-}
-
-/// Read exactly `buf.len()` bytes from a stream socket, collecting at most `max_fds`
-/// descriptors passed with them (see [`recv_with_fds`]).
-pub fn recv_exact_with_fds(fd: RawFd, buf: &mut [u8], max_fds: usize) -> io::Result<Vec<OwnedFd>> {
-    let mut fds: Vec<OwnedFd> = Vec::new();
-    let mut got = 0;
-    while got < buf.len() {
-        let (n, more) = recv_with_fds(fd, &mut buf[got..], max_fds - fds.len())?;
-        fds.extend(more);
-        if n == 0 {
-            return Err(io::Error::new(
-                io::ErrorKind::UnexpectedEof,
-                "the channel closed",
-            ));
-        }
-        got += n;
-    }
-    Ok(fds)
-}
-
-/// A connected pair of close-on-exec seqpacket sockets.
-pub fn seqpacket_pair() -> io::Result<(OwnedFd, OwnedFd)> {
-    let mut fds = [0; 2];
-    // SAFETY: fds is a two-element array as socketpair requires.
-    check(unsafe {
-        libc::socketpair(
-            libc::AF_UNIX,
-            libc::SOCK_SEQPACKET | libc::SOCK_CLOEXEC,
-            0,
-            fds.as_mut_ptr(),
-        )
-    })?;
-    // SAFETY: socketpair returned two fresh descriptors that we now own.
-    Ok(unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) })
-}
-
 /// Create an empty regular file (for a file to be mounted onto). Fails if it exists.
 pub fn mknod_file(path: &Path, mode: libc::mode_t) -> io::Result<()> {
     let p = cstr(path)?;
@@ -711,7 +593,7 @@ pub struct Spawn<'a> {
 /// parent's memory (`CLONE_VM`) and may not allocate, lock or unwind, only make system
 /// calls.
 struct SpawnChild<'a> {
-    program: proto::vfork::Program<'a>,
+    program: plumbing::vfork::Program<'a>,
     moves: &'a [(RawFd, RawFd)],
     close_from: RawFd,
     /// The signals this process ignores or handles, to be reset to their defaults: an
@@ -815,21 +697,22 @@ fn signals_to_reset() -> Vec<libc::c_int> {
 }
 
 /// Start `s` and return its pid: in a new session, with every signal at its default and
-/// none blocked. The child is made by `proto::vfork` (as glibc's `posix_spawn` makes one:
+/// none blocked. The child is made by `plumbing::vfork` (as glibc's `posix_spawn` makes one:
 /// nothing of this process's memory is copied, and this returns once the exec is done or
 /// has failed), but it resets only the signals this process ignores or handles where
 /// `posix_spawn` makes a call per signal, and it starts on this CPU.
 pub fn spawn(s: &Spawn<'_>) -> io::Result<libc::pid_t> {
     let reset = signals_to_reset();
     let mut plan = SpawnChild {
-        program: proto::vfork::Program::new(s.path, s.argv, s.env),
+        program: plumbing::vfork::Program::new(s.path, s.argv, s.env),
         moves: s.moves,
         close_from: s.close_from,
         reset: &reset,
     };
     // SAFETY: spawn_child only makes system calls with what `plan` points to, all of it
     // alive until this returns.
-    let pid = unsafe { proto::vfork::spawn(spawn_child, (&mut plan as *mut SpawnChild).cast()) }?;
+    let pid =
+        unsafe { plumbing::vfork::spawn(spawn_child, (&mut plan as *mut SpawnChild).cast()) }?;
     if plan.program.errno != 0 {
         // The child has exited (127) without exec: reap it.
         let mut status = 0;

@@ -11,7 +11,7 @@
 
 use std::collections::HashMap;
 use std::io::Write;
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::os::fd::{AsRawFd, IntoRawFd, OwnedFd, RawFd};
 use std::os::unix::net::UnixStream;
 use std::time::{Duration, Instant};
 
@@ -20,7 +20,7 @@ use proto::read_frame;
 use proto::readbuf::read_append;
 use serde::Deserialize;
 
-use crate::oneshot::LaunchError;
+use crate::sandbox::LaunchError;
 use crate::sys;
 
 /// The longest line the agent may send on its control channel.
@@ -42,27 +42,12 @@ pub struct Channels {
     inner_log: RawFd,
 }
 
-fn socketpair(kind: libc::c_int) -> std::io::Result<(RawFd, RawFd)> {
-    let mut fds = [0; 2];
-    // SAFETY: fds is a two-element array as socketpair requires.
-    let r = unsafe {
-        libc::socketpair(
-            libc::AF_UNIX,
-            kind | libc::SOCK_CLOEXEC,
-            0,
-            fds.as_mut_ptr(),
-        )
-    };
-    if r < 0 {
-        return Err(std::io::Error::last_os_error());
-    }
-    Ok((fds[0], fds[1]))
-}
-
 /// Create the control channel and the registration socket.
 pub fn channels() -> std::io::Result<Channels> {
-    let (ctl, inner_ctl) = socketpair(libc::SOCK_STREAM)?;
-    let (reg, inner_reg) = socketpair(libc::SOCK_SEQPACKET)?;
+    let pair =
+        |kind| plumbing::pipes::socketpair(kind).map(|(a, b)| (a.into_raw_fd(), b.into_raw_fd()));
+    let (ctl, inner_ctl) = pair(libc::SOCK_STREAM)?;
+    let (reg, inner_reg) = pair(libc::SOCK_SEQPACKET)?;
     let one: libc::c_int = 1;
     // SAFETY: setsockopt with a pointer to an int of the right size.
     let r = unsafe {
@@ -77,7 +62,8 @@ pub fn channels() -> std::io::Result<Channels> {
     if r < 0 {
         return Err(std::io::Error::last_os_error());
     }
-    let (log, inner_log) = sys::pipe_cloexec()?;
+    let (log, inner_log) =
+        plumbing::pipes::pipe().map(|(r, w)| (r.into_raw_fd(), w.into_raw_fd()))?;
     Ok(Channels {
         ctl,
         reg,
@@ -380,64 +366,27 @@ struct Sender {
     gid: u32,
 }
 
-fn recv_with_creds(reg: RawFd) -> Result<Option<Datagram>, String> {
+fn recv_with_creds(reg: RawFd, max_fds: usize) -> Result<Option<Datagram>, String> {
     let mut data = [0u8; 4096];
-    // Room for credentials and a few descriptors (the callers refuse more than one).
-    let mut control = [0u64; 64];
-    let mut iov = libc::iovec {
-        iov_base: data.as_mut_ptr().cast(),
-        iov_len: data.len(),
+    let got = match plumbing::fds::recv(reg, &mut data, max_fds, libc::MSG_DONTWAIT) {
+        Ok(r) => r,
+        Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => return Ok(None),
+        Err(e) if e.kind() == std::io::ErrorKind::InvalidData => {
+            return Err(format!("a malformed registration: {e}"))
+        }
+        Err(e) => return Err(e.to_string()),
     };
-    // SAFETY: msghdr is plain old data; zeroed is a valid starting value.
-    let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
-    msg.msg_iov = &mut iov;
-    msg.msg_iovlen = 1;
-    msg.msg_control = control.as_mut_ptr().cast();
-    msg.msg_controllen = std::mem::size_of_val(&control);
-    // SAFETY: msg points at buffers that live for the call.
-    let n = unsafe { libc::recvmsg(reg, &mut msg, libc::MSG_CMSG_CLOEXEC | libc::MSG_DONTWAIT) };
-    if n < 0 {
-        let e = std::io::Error::last_os_error();
-        if e.kind() == std::io::ErrorKind::WouldBlock {
-            return Ok(None);
-        }
-        return Err(e.to_string());
-    }
-    let mut pid: Option<Sender> = None;
-    let mut fds: Vec<OwnedFd> = Vec::new();
-    // SAFETY: walking the control messages the kernel filled in, within msg_controllen.
-    unsafe {
-        let mut c = libc::CMSG_FIRSTHDR(&msg);
-        while !c.is_null() {
-            let h = &*c;
-            if h.cmsg_level == libc::SOL_SOCKET && h.cmsg_type == libc::SCM_CREDENTIALS {
-                let cred: libc::ucred = std::ptr::read_unaligned(libc::CMSG_DATA(c).cast());
-                pid = Some(Sender {
-                    pid: cred.pid,
-                    uid: cred.uid,
-                    gid: cred.gid,
-                });
-            } else if h.cmsg_level == libc::SOL_SOCKET && h.cmsg_type == libc::SCM_RIGHTS {
-                let len = h.cmsg_len as usize - libc::CMSG_LEN(0) as usize;
-                let count = len / std::mem::size_of::<RawFd>();
-                let base: *const RawFd = libc::CMSG_DATA(c).cast();
-                for i in 0..count {
-                    fds.push(OwnedFd::from_raw_fd(std::ptr::read_unaligned(base.add(i))));
-                }
-            }
-            c = libc::CMSG_NXTHDR(&msg, c);
-        }
-    }
-    if msg.msg_flags & (libc::MSG_CTRUNC | libc::MSG_TRUNC) != 0 {
-        return Err("a truncated registration".into());
-    }
-    if n == 0 {
+    if got.len == 0 {
         return Err("the registration socket closed".into());
     }
-    let Some(sender) = pid.filter(|s| s.pid > 0) else {
+    let (Some(pid), Some((uid, gid))) = (got.sender.filter(|&p| p > 0), got.sender_ids) else {
         return Err("a registration without credentials".into());
     };
-    Ok(Some((data[..n as usize].to_vec(), sender, fds)))
+    Ok(Some((
+        data[..got.len].to_vec(),
+        Sender { pid, uid, gid },
+        got.fds,
+    )))
 }
 
 /// Receive one registration: (slot, who sent it, the child's channel).
@@ -445,7 +394,7 @@ fn recv_with_creds(reg: RawFd) -> Result<Option<Datagram>, String> {
 type Registered = (String, Sender, OwnedFd, OwnedFd, OwnedFd);
 
 fn receive_registration(reg: RawFd) -> Result<Option<Registered>, String> {
-    let Some((data, pid, mut fds)) = recv_with_creds(reg)? else {
+    let Some((data, pid, mut fds)) = recv_with_creds(reg, 3)? else {
         return Ok(None);
     };
     if fds.len() != 3 {
@@ -504,7 +453,7 @@ fn receive_script_dir(reg: RawFd, init_pid: libc::pid_t) -> Result<OwnedFd, Stri
     if unsafe { libc::poll(&mut fd, 1, 5000) } <= 0 {
         return Err("the sandbox did not hand over its script folder".into());
     }
-    let Some((data, pid, fds)) = recv_with_creds(reg)? else {
+    let Some((data, pid, fds)) = recv_with_creds(reg, 1)? else {
         return Err("the sandbox did not hand over its script folder".into());
     };
     if data != b"scripts" || pid.pid != init_pid {

@@ -6,7 +6,7 @@
 //! command line and runs the sandboxes. It starts this front as `zygo __mcp-front` with the
 //! host's stdin and stdout and one end of a socketpair on fd 3. The front:
 //!
-//! 1. takes fd 3 and closes every other descriptor above stderr;
+//! 1. takes fd 3 and closes every other descriptor above stderr ([`plumbing::role`]);
 //! 2. says hello (`Hello { role: Mcp }`) and waits for the welcome. On this private
 //!    socketpair the hello is kept, though the monitor side already knows who is at the
 //!    other end: it costs one round trip before any input is read, checks that both sides
@@ -27,76 +27,31 @@ pub mod tools;
 #[cfg(test)]
 mod tests;
 
-use std::os::fd::{FromRawFd, RawFd};
-use std::os::unix::net::UnixStream;
+use plumbing::hello::HelloError;
+use plumbing::Role;
 
-use proto::front::{Hello, HelloReply, Role, FRONT_PROTOCOL, MAX_FRONT_FRAME};
-use proto::{read_frame, write_frame};
-
-/// The descriptor the monitor side hands the front its channel on.
-pub const CHANNEL_FD: RawFd = 3;
-
-/// Take fd 3 as the channel, if it is an open socket.
-fn channel() -> Result<UnixStream, String> {
-    // SAFETY: fstat on a descriptor number with a valid out-pointer.
-    let mut st: libc::stat = unsafe { std::mem::zeroed() };
-    // SAFETY: as above.
-    if unsafe { libc::fstat(CHANNEL_FD, &mut st) } != 0 {
-        return Err(format!(
-            "fd {CHANNEL_FD} is not open ({})",
-            std::io::Error::last_os_error()
-        ));
-    }
-    if st.st_mode & libc::S_IFMT != libc::S_IFSOCK {
-        return Err(format!("fd {CHANNEL_FD} is not a socket"));
-    }
-    // SAFETY: setting close-on-exec on the descriptor checked above.
-    unsafe { libc::fcntl(CHANNEL_FD, libc::F_SETFD, libc::FD_CLOEXEC) };
-    // SAFETY: fd 3 is an open socket handed to this process for exactly this use; nothing
-    // else in the process owns it.
-    Ok(unsafe { UnixStream::from_raw_fd(CHANNEL_FD) })
-}
-
-/// Close every descriptor above the channel: the front keeps stdin, stdout, stderr and its
-/// channel, nothing else.
-fn close_other_fds() {
-    // SAFETY: close_range with plain integers; closes only descriptors we do not use.
-    let r = unsafe { libc::syscall(libc::SYS_close_range, CHANNEL_FD + 1, u32::MAX, 0) };
-    if r != 0 {
-        log::warn!(
-            "close_range: {}; other descriptors stay open",
-            std::io::Error::last_os_error()
-        );
-    }
-}
-
-fn hello(chan: &mut UnixStream) -> Result<(), String> {
-    write_frame(
-        chan,
-        &Hello {
-            protocol: FRONT_PROTOCOL,
-            role: Role::Mcp,
-            flags: Default::default(),
-        },
-    )
-    .map_err(|e| format!("say hello to the sandbox side: {e}"))?;
-    match read_frame::<_, HelloReply>(chan, MAX_FRONT_FRAME) {
-        Ok(HelloReply::Welcome { .. }) => Ok(()),
-        Ok(HelloReply::Refused { reason }) => Err(format!("the sandbox side refused: {reason}")),
-        Err(e) => Err(format!("read the sandbox side's welcome: {e}")),
+/// Say hello as the role's front and wait for the welcome.
+fn hello(chan: &mut std::os::unix::net::UnixStream) -> Result<(), String> {
+    match plumbing::hello::say(chan, proto::front::Role::Mcp, Default::default()) {
+        Ok(()) => Ok(()),
+        Err(HelloError::Refused(reason)) => Err(format!("the sandbox side refused: {reason}")),
+        Err(HelloError::Proto(e)) => Err(format!("hello to the sandbox side: {e}")),
     }
 }
 
 /// `zygo __mcp-front`: the confined JSON-RPC front. Returns the process's exit code.
 pub fn front_main() -> i32 {
-    let mut chan = match channel() {
+    // Only stdin, stdout, stderr and the channel stay open.
+    let mut chan = match Role::McpFront.take_channel() {
         Ok(c) => c,
         Err(e) => {
-            eprintln!("zygo __mcp-front: {e}; this role is started by `zygo mcp`, not by hand");
+            eprintln!(
+                "zygo {}: {e}; this role is started by `zygo mcp`, not by hand",
+                Role::McpFront.arg()
+            );
             return 2;
         }
     };
-    close_other_fds();
     if let Err(e) = hello(&mut chan) {
         eprintln!("zygo mcp: {e}");
         return 1;

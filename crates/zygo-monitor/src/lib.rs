@@ -6,13 +6,13 @@
 //! One-shot commands (`zygo run`) embed it; the supervisor runs it as a daemon.
 
 pub mod cgroup;
+pub mod client;
 pub mod etc_cache;
 pub mod identity;
 pub mod mcp;
 pub mod mounts;
 pub mod oneshot;
 pub mod paths;
-pub mod reach;
 pub mod shape;
 pub mod spawn;
 pub mod supervisor;

@@ -26,27 +26,26 @@
 //! exits only after every sandbox is gone and the scratch workspace is removed.
 
 use std::collections::HashMap;
-use std::os::fd::{AsRawFd, OwnedFd};
+use std::os::fd::{AsFd, OwnedFd};
 use std::os::unix::fs::{DirBuilderExt, MetadataExt, PermissionsExt};
 use std::os::unix::net::UnixStream;
-use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicBool, AtomicI32, Ordering};
 use std::sync::mpsc::{self, RecvTimeoutError};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
 
-use proto::front::{
-    ExecRequest, Hello, HelloReply, Reply, Request, Role, FRONT_PROTOCOL, MAX_FRONT_FRAME,
-};
+use plumbing::hello::HelloError;
+use plumbing::random_hex;
+use plumbing::role::{self, Child, Role, RoleFds, Stdio};
+use plumbing::signals::block_signals;
+use proto::front::{self, ExecRequest, Reply, Request, MAX_FRONT_FRAME};
 use proto::launch::{IdMap, InjectedFile, LaunchPlan};
 use proto::mcp::{Language, McpReply, McpRequest, RunCodeResult, MAX_MCP_FRAME};
 use proto::{read_frame, write_frame, ProtoError};
 
 use crate::cgroup::{Backend, Limits};
 use crate::oneshot::{self, Output, Stdin};
-use crate::reach::HelloError;
 
 /// The most calls running at once (sandboxes and supervisor calls together).
 pub const MAX_CALLS: usize = 16;
@@ -59,7 +58,7 @@ pub const OUTER_SLACK: Duration = Duration::from_secs(300);
 const FRONT_EXIT_GRACE: Duration = Duration::from_secs(2);
 
 /// What a tool says when no supervisor runs.
-pub use crate::reach::NO_SUPERVISOR;
+pub use crate::client::NO_SUPERVISOR;
 
 /// `function_logs`' limit is clamped into this range.
 pub const LOG_LIMIT: std::ops::RangeInclusive<u32> = 1..=200;
@@ -94,19 +93,6 @@ fn sandbox_owner(ids: &IdMap) -> Option<(u32, u32)> {
     }
 }
 
-fn random_hex() -> String {
-    let mut b = [0u8; 8];
-    // SAFETY: getrandom writes at most b.len() bytes into b.
-    let n = unsafe { libc::getrandom(b.as_mut_ptr().cast(), b.len(), 0) };
-    if n != b.len() as isize {
-        let t = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |d| d.as_nanos());
-        return format!("{t:x}");
-    }
-    b.iter().map(|x| format!("{x:02x}")).collect()
-}
-
 fn utf8(p: &Path) -> Result<String, String> {
     p.to_str()
         .map(str::to_string)
@@ -119,7 +105,8 @@ impl Workspace {
     pub fn scratch(ids: &IdMap) -> Result<Workspace, String> {
         let base = std::env::temp_dir();
         sweep_stale(&base, ids);
-        let path = base.join(format!("zygo-mcp-{}-{}", std::process::id(), random_hex()));
+        let name = random_hex(8).map_err(|e| format!("name the scratch workspace: {e}"))?;
+        let path = base.join(format!("zygo-mcp-{}-{name}", std::process::id()));
         std::fs::DirBuilder::new()
             .mode(0o700)
             .create(&path)
@@ -341,63 +328,20 @@ impl Shared {
     }
 }
 
-/// Block the signals that end the server in the calling thread (and so in every thread it
-/// starts after); a thread of ours waits for them.
-fn block_signals() -> Result<libc::sigset_t, String> {
-    // SAFETY: building a signal set on the stack and blocking it in this thread.
-    unsafe {
-        let mut set: libc::sigset_t = std::mem::zeroed();
-        libc::sigemptyset(&mut set);
-        for s in [libc::SIGTERM, libc::SIGINT, libc::SIGHUP] {
-            libc::sigaddset(&mut set, s);
-        }
-        if libc::pthread_sigmask(libc::SIG_BLOCK, &set, std::ptr::null_mut()) != 0 {
-            return Err(format!(
-                "block signals: {}",
-                std::io::Error::last_os_error()
-            ));
-        }
-        Ok(set)
-    }
-}
-
 fn spawn_front(exe: &Path, chan: &UnixStream) -> Result<Child, String> {
-    let hi = oneshot::high(&OwnedFd::from(
-        chan.try_clone()
-            .map_err(|e| format!("duplicate the front's channel: {e}"))?,
-    ))
-    .map_err(|e| format!("prepare the front's channel: {e}"))?;
-    let fd = hi.as_raw_fd();
-    let mut cmd = Command::new(exe);
-    cmd.arg("__mcp-front")
-        .stdin(Stdio::inherit())
-        .stdout(Stdio::inherit())
-        .stderr(Stdio::inherit())
-        .env_clear();
-    for key in ["RUST_LOG", "ZYGO_LOG"] {
-        if let Ok(v) = std::env::var(key) {
-            cmd.env(key, v);
-        }
-    }
-    // SAFETY: only async-signal-safe calls (dup2, prctl) between fork and exec. The channel
-    // is at fd 10 or above, so moving it to 3 clobbers nothing we need.
-    unsafe {
-        cmd.pre_exec(move || {
-            if libc::dup2(fd, 3) < 0 {
-                return Err(std::io::Error::last_os_error());
-            }
-            // The front dies with us.
-            if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL, 0, 0, 0) != 0 {
-                return Err(std::io::Error::last_os_error());
-            }
-            Ok(())
-        });
-    }
-    let child = cmd
-        .spawn()
-        .map_err(|e| format!("start the front ({} __mcp-front): {e}", exe.display()))?;
-    drop(hi);
-    Ok(child)
+    let fds = RoleFds {
+        stdin: Stdio::Inherit,
+        stdout: Stdio::Inherit,
+        channel: chan.as_fd(),
+        program_stderr: None,
+    };
+    role::spawn(exe, Role::McpFront, fds).map_err(|e| {
+        format!(
+            "start the front ({} {}): {e}",
+            exe.display(),
+            Role::McpFront.arg()
+        )
+    })
 }
 
 /// From here on nothing this process prints can reach the protocol stream: stdin is
@@ -415,41 +359,14 @@ fn quiet_stdio() {
     }
 }
 
-fn hello(chan: &mut UnixStream) -> Result<(), String> {
-    let h: Hello =
-        read_frame(chan, MAX_FRONT_FRAME).map_err(|e| format!("the front's hello: {e}"))?;
-    let refusal = if h.protocol != FRONT_PROTOCOL {
-        Some(format!(
-            "front protocol {} is not {FRONT_PROTOCOL}",
-            h.protocol
-        ))
-    } else if h.role != Role::Mcp {
-        Some(format!(
-            "this channel is for the Mcp role, not {:?}",
-            h.role
-        ))
-    } else {
-        None
-    };
-    let reply = match &refusal {
-        Some(reason) => HelloReply::Refused {
-            reason: reason.clone(),
-        },
-        None => HelloReply::Welcome {
-            version: env!("CARGO_PKG_VERSION").into(),
-        },
-    };
-    write_frame(chan, &reply).map_err(|e| format!("answer the front's hello: {e}"))?;
-    match refusal {
-        Some(r) => Err(format!("refused the front: {r}")),
-        None => Ok(()),
-    }
-}
-
 /// Run the monitor side until the front's channel closes or a signal says stop. Returns
 /// the process's exit code.
 pub fn serve(opts: Options) -> i32 {
-    let sigset = match block_signals() {
+    // Blocked in this thread, and so in every thread it starts after; a thread of its own
+    // waits for them.
+    let blocked = block_signals(&[libc::SIGTERM, libc::SIGINT, libc::SIGHUP])
+        .map_err(|e| format!("block signals: {e}"));
+    let sigset = match blocked {
         Ok(s) => s,
         Err(e) => {
             eprintln!("zygo mcp: {e}");
@@ -475,7 +392,7 @@ pub fn serve(opts: Options) -> i32 {
     };
     drop(theirs);
     quiet_stdio();
-    let front_pid = front.id() as i32;
+    let front_pid = front.pid();
     let stopped_by = Arc::new(AtomicI32::new(0));
     {
         let stopped_by = stopped_by.clone();
@@ -492,7 +409,7 @@ pub fn serve(opts: Options) -> i32 {
         });
     }
     let mut broke = false;
-    if let Err(e) = hello(&mut chan) {
+    if let Err(e) = plumbing::hello::answer(&mut chan, Role::McpFront.front()) {
         log::error!("{e}");
         broke = true;
     }
@@ -695,7 +612,7 @@ fn tool_error(call: u64, reply: Reply) -> McpReply {
 
 /// One request to the running supervisor on a connection of its own, as an `Mcp` front.
 fn supervisor(req: Request, stopper: &Stopper) -> Result<Reply, String> {
-    let mut sock = crate::reach::connect().map_err(|e| e.to_string())?;
+    let mut sock = crate::client::connect().map_err(|e| e.to_string())?;
     {
         let mut slot = lock(&stopper.sock);
         if stopper.cancelled() {
@@ -712,7 +629,7 @@ fn supervisor(req: Request, stopper: &Stopper) -> Result<Reply, String> {
             format!("talking to the supervisor failed: {e}")
         }
     };
-    match crate::reach::hello(&mut sock, Role::Mcp) {
+    match crate::client::hello(&mut sock, front::Role::Mcp) {
         Ok(()) => {}
         Err(HelloError::Proto(e)) => return Err(failed(e)),
         Err(HelloError::Refused(reason)) => {
@@ -772,7 +689,7 @@ fn run_code(
     plan.work = Some(work);
     plan.cwd = "/work".into();
 
-    let (cancel_r, cancel_w) = match oneshot::pipe() {
+    let (cancel_r, cancel_w) = match plumbing::pipes::pipe() {
         Ok(p) => p,
         Err(e) => return refused(format!("the sandbox could not start: create a pipe: {e}")),
     };
@@ -892,7 +809,7 @@ mod tests {
 
     #[test]
     fn given_workspace_is_made_and_kept() {
-        let base = std::env::temp_dir().join(format!("zygo-mcp-test-{}", random_hex()));
+        let base = std::env::temp_dir().join(format!("zygo-mcp-test-{}", random_hex(8).unwrap()));
         let dir = base.join("a/b");
         let (ws, warning) = Workspace::given(&dir, &IdMap::Single { uid: 0, gid: 0 }).unwrap();
         assert!(warning.is_none());

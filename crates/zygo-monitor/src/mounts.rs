@@ -149,7 +149,7 @@ pub fn send(sock: &UnixStream, trees: &[OwnedFd]) -> io::Result<()> {
     let frame = proto::encode_frame(&ToLauncher::Mounts { count })
         .map_err(|e| io::Error::other(e.to_string()))?;
     let raw: Vec<RawFd> = trees.iter().map(AsRawFd::as_raw_fd).collect();
-    let n = proto::fds::send_with_fds(sock.as_raw_fd(), &frame, &raw)?;
+    let n = plumbing::fds::send_with_fds(sock.as_raw_fd(), &frame, &raw)?;
     // The descriptors went with the first byte; the rest of a short write follows plainly.
     (&*sock).write_all(&frame[n..])
 }

@@ -11,6 +11,7 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
+use plumbing::pipes::pipe;
 use proto::launch::{FromLauncher, LaunchPlan, Phase, ToLauncher, MAX_LAUNCH_FRAME};
 use proto::readbuf::read_append;
 use proto::{write_frame, FrameBuf};
@@ -253,35 +254,15 @@ pub fn start(req: Request) -> Result<Started, Outcome> {
         }
     };
     let launcher_sock = OwnedFd::from(sock_launcher);
-    // Above every descriptor the launcher is given, so that no move clobbers another.
-    let lifted = (|| {
-        Ok::<_, std::io::Error>((
-            stdin.as_ref().map(high).transpose()?,
-            high(&out_w)?,
-            high(&launcher_sock)?,
-            high(&err_w)?,
-        ))
-    })();
-    let (stdin_hi, out_hi, sock_hi, err_hi) =
-        lifted.map_err(|e| start_err("prepare the launcher's descriptors", e))?;
     let fds = LauncherFds {
-        stdin: stdin_hi.as_ref(),
-        stdout: &out_hi,
-        channel: &sock_hi,
-        program_stderr: &err_hi,
+        stdin: stdin.as_ref(),
+        stdout: &out_w,
+        channel: &launcher_sock,
+        program_stderr: &err_w,
     };
     let mut child = spawn_launcher(&req.launcher, fds)
         .map_err(|e| start_err(&format!("start the launcher {}", req.launcher.display()), e))?;
-    drop((
-        stdin,
-        stdin_hi,
-        out_w,
-        out_hi,
-        launcher_sock,
-        sock_hi,
-        err_w,
-        err_hi,
-    ));
+    drop((stdin, out_w, launcher_sock, err_w));
     match feeder {
         Some(Feeder::Relay(from, w)) => {
             std::thread::spawn(move || relay(&from, w));
@@ -439,31 +420,9 @@ pub(crate) fn send_cgroup_files(sock: &UnixStream, files: &[OwnedFd]) -> std::io
     let frame = proto::encode_frame(&ToLauncher::Cgroup { files: count })
         .map_err(|e| std::io::Error::other(e.to_string()))?;
     let raw: Vec<RawFd> = files.iter().map(AsRawFd::as_raw_fd).collect();
-    let n = proto::fds::send_with_fds(sock.as_raw_fd(), &frame, &raw)?;
+    let n = plumbing::fds::send_with_fds(sock.as_raw_fd(), &frame, &raw)?;
     // The descriptors went with the first byte; the rest of a short write follows plainly.
     (&*sock).write_all(&frame[n..])
-}
-
-pub(crate) fn pipe() -> std::io::Result<(OwnedFd, OwnedFd)> {
-    let mut fds = [0; 2];
-    // SAFETY: fds is a two-element array as pipe2 requires.
-    if unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) } < 0 {
-        return Err(std::io::Error::last_os_error());
-    }
-    // SAFETY: pipe2 returned two fresh descriptors that we now own.
-    Ok(unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) })
-}
-
-/// Duplicate a descriptor to 10 or above (close-on-exec), so that moving it to fd 3 or 4
-/// in the launcher cannot clobber another one we are also moving.
-pub(crate) fn high(fd: &OwnedFd) -> std::io::Result<OwnedFd> {
-    // SAFETY: duplicating a descriptor we own.
-    let n = unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_DUPFD_CLOEXEC, 10) };
-    if n < 0 {
-        return Err(std::io::Error::last_os_error());
-    }
-    // SAFETY: fcntl returned a fresh descriptor that we now own.
-    Ok(unsafe { OwnedFd::from_raw_fd(n) })
 }
 
 /// The most read from an output pipe at once.

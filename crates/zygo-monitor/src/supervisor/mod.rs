@@ -28,16 +28,14 @@ mod usage;
 use std::collections::{HashMap, VecDeque};
 use std::io::Write;
 use std::net::Shutdown;
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::os::fd::{AsRawFd, OwnedFd};
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use mio::net::{UnixListener, UnixStream};
 use mio::unix::SourceFd;
 use mio::{Events, Interest, Poll, Token};
-use proto::front::{
-    ErrorCode, Hello, HelloReply, Reply, Request, Role, FRONT_PROTOCOL, MAX_FRONT_FRAME,
-};
+use proto::front::{ErrorCode, Hello, HelloReply, Reply, Request, Role, MAX_FRONT_FRAME};
 
 use crate::cgroup::Backend;
 use crate::paths;
@@ -157,6 +155,7 @@ const DISPATCH_CLI: &[Kind] = &[
     Kind::Drain,
     Kind::PutScript,
     Kind::Health,
+    Kind::Run,
 ];
 const DISPATCH_MCP: &[Kind] = &[Kind::List, Kind::Exec, Kind::Logs];
 const DISPATCH_API: &[Kind] = &[];
@@ -244,24 +243,17 @@ pub struct Supervisor {
     refusal_logged: Option<Instant>,
 }
 
+/// The signals the supervisor handles, blocked on this (only) thread and read from a
+/// signalfd in the event loop.
 fn block_signals() -> Result<OwnedFd, SupervisorError> {
-    // SAFETY: building a signal set and blocking it on this (only) thread, then creating a
-    // signalfd for it.
-    unsafe {
-        let mut set: libc::sigset_t = std::mem::zeroed();
-        libc::sigemptyset(&mut set);
-        for s in [libc::SIGTERM, libc::SIGINT, libc::SIGCHLD, libc::SIGHUP] {
-            libc::sigaddset(&mut set, s);
-        }
-        if libc::pthread_sigmask(libc::SIG_BLOCK, &set, std::ptr::null_mut()) != 0 {
-            return Err(err("block signals", std::io::Error::last_os_error()));
-        }
-        let fd = libc::signalfd(-1, &set, libc::SFD_NONBLOCK | libc::SFD_CLOEXEC);
-        if fd < 0 {
-            return Err(err("create a signalfd", std::io::Error::last_os_error()));
-        }
-        Ok(OwnedFd::from_raw_fd(fd))
-    }
+    let set = plumbing::signals::block_signals(&[
+        libc::SIGTERM,
+        libc::SIGINT,
+        libc::SIGCHLD,
+        libc::SIGHUP,
+    ])
+    .map_err(|e| err("block signals", e))?;
+    plumbing::signals::signalfd(&set).map_err(|e| err("create a signalfd", e))
 }
 
 /// The supervisor holds a few descriptors for each cgroup it keeps (five directories and
@@ -612,21 +604,19 @@ impl Supervisor {
                 let Some(h) = hello else {
                     return Ok(());
                 };
-                if h.protocol != FRONT_PROTOCOL {
-                    c.conn.send(&HelloReply::Refused {
-                        reason: format!("protocol {} is not {FRONT_PROTOCOL}", h.protocol),
-                    });
-                    return Err(format!(
-                        "it speaks protocol {}, not {FRONT_PROTOCOL}",
-                        h.protocol
-                    ));
-                }
-                c.role = Some(h.role);
+                let role = match plumbing::hello::check(&h, None) {
+                    Ok(role) => role,
+                    Err(reason) => {
+                        c.conn.send(&HelloReply::Refused {
+                            reason: reason.clone(),
+                        });
+                        return Err(format!("its hello was refused: {reason}"));
+                    }
+                };
+                c.role = Some(role);
                 c.owes_since = None;
                 c.conn.set_max_frame(MAX_FRONT_FRAME);
-                c.conn.send(&HelloReply::Welcome {
-                    version: env!("CARGO_PKG_VERSION").into(),
-                });
+                c.conn.send(&plumbing::hello::welcome());
                 continue;
             };
             if !c.queue_has_room() {
@@ -796,6 +786,7 @@ impl Supervisor {
                 | Request::Serve { .. }
                 | Request::ServeAll { .. }
                 | Request::Warm { .. }
+                | Request::Run { .. }
                     if draining =>
                 {
                     self.reply(

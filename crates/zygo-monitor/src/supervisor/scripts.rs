@@ -138,9 +138,13 @@ impl Store {
         }
         self.make_room(need, in_use)?;
         let path = self.path(&digest);
-        let tmp = self
-            .dir
-            .join(format!(".{digest}.{}", super::functions::random_hex(6)));
+        let suffix = plumbing::random_hex(6).map_err(|e| {
+            (
+                ErrorCode::Internal,
+                format!("name the script's temporary file: {e}"),
+            )
+        })?;
+        let tmp = self.dir.join(format!(".{digest}.{suffix}"));
         let written = (|| -> std::io::Result<()> {
             let mut f = std::fs::OpenOptions::new()
                 .write(true)
@@ -303,7 +307,7 @@ mod tests {
         let dir = std::env::temp_dir().join(format!(
             "zygo-tests-store-{}-{}",
             std::process::id(),
-            super::super::functions::random_hex(4)
+            plumbing::random_hex(4).expect("random")
         ));
         std::fs::create_dir(&dir).expect("create a test store");
         (Store::open(dir.clone(), cap).expect("open"), dir)

@@ -196,7 +196,7 @@ mod tests {
         std::env::temp_dir().join(format!(
             "zygo-tests-usage-{}-{name}-{}",
             std::process::id(),
-            super::super::functions::random_hex(4)
+            plumbing::random_hex(4).expect("random")
         ))
     }
 

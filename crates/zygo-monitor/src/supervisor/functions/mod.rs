@@ -28,6 +28,8 @@
 mod agents;
 mod registry;
 mod requests;
+mod run_spec;
+mod runs;
 mod stats;
 mod timers;
 mod zygotes;
@@ -56,20 +58,6 @@ pub const SPARES: usize = 3;
 /// The largest event accepted.
 pub const MAX_EVENT: usize = 16 * 1024 * 1024;
 
-/// `bytes` random bytes from the kernel, in hex.
-pub(super) fn random_hex(bytes: usize) -> String {
-    let mut b = vec![0u8; bytes];
-    let mut got = 0;
-    while got < b.len() {
-        // SAFETY: filling our own buffer from the kernel's random source.
-        let n = unsafe { libc::getrandom(b[got..].as_mut_ptr().cast(), b.len() - got, 0) };
-        if n > 0 {
-            got += n as usize;
-        }
-    }
-    b.iter().map(|x| format!("{x:02x}")).collect()
-}
-
 fn now_ms() -> u64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
@@ -97,6 +85,8 @@ pub struct Functions {
     /// background again (their cgroup's weight goes back down once the answer is out).
     settling: Vec<(Token, String)>,
     counter: u64,
+    /// One-shot runs (see [`runs`]).
+    runs: runs::Runs,
 }
 
 /// What the event loop lends the functions for one call into them: its registry, where a
@@ -160,6 +150,7 @@ impl Functions {
             parks: VecDeque::new(),
             settling: Vec::new(),
             counter: 0,
+            runs: runs::Runs::default(),
         })
     }
 
@@ -196,7 +187,7 @@ impl Functions {
     }
 
     pub fn in_flight(&self) -> usize {
-        self.calls.len()
+        self.calls.len() + self.runs.len()
     }
 
     pub fn take_outbox(&mut self) -> Vec<(Token, Reply, bool)> {
@@ -224,10 +215,10 @@ impl Functions {
                 below_min_warm: Vec::new(),
             })),
             Request::PutScript { source } => Some(self.put_script(&source)),
+            Request::Run { spec } => self.start_run(client, &spec, None, None, cx),
             // The API role's requests: no dispatch table lets them through yet.
             Request::Api { .. }
             | Request::ServeLayer { .. }
-            | Request::Run { .. }
             | Request::ScriptInfo { .. }
             | Request::DeleteScript { .. }
             | Request::CreateTenant { .. }
@@ -268,6 +259,7 @@ impl Functions {
             }
         }
         self.parks.clear();
+        self.runs_shutdown(cx);
         let ids: Vec<String> = self.calls.keys().cloned().collect();
         for id in &ids {
             if let Some(c) = self.calls.get_mut(id) {

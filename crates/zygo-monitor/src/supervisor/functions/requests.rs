@@ -24,8 +24,9 @@ use proto::launch::{Script, Stream, ToLauncher};
 use super::registry::{is_pool, FnState};
 use super::timers::stuck_after;
 use super::zygotes::{thaw, ZState};
-use super::{fail, random_hex, Ctx, Functions, MAX_EVENT, SLOTS};
+use super::{fail, Ctx, Functions, MAX_EVENT, SLOTS};
 use crate::cgroup::{Cgroup, Usage, Weight};
+use plumbing::random_hex;
 
 /// Output kept per stream per request.
 const OUTPUT_CAP: usize = 1024 * 1024;
@@ -418,7 +419,10 @@ impl Functions {
         if let Some(ms) = e.timeout_ms {
             timeout = timeout.min(Duration::from_millis(ms.max(1)));
         }
-        let id = random_hex(16);
+        let id = match random_hex(16) {
+            Ok(id) => id,
+            Err(e) => return Some(fail(ErrorCode::Internal, format!("name the request: {e}"))),
+        };
         let call = InFlight::new(client, &mut e, event, timeout, script, Instant::now());
         self.calls.insert(id.clone(), call);
         if self.try_dispatch(&id) {
@@ -720,8 +724,9 @@ impl Functions {
         for id in &ids {
             self.force(id, Outcome::Cancelled);
         }
+        let runs = self.cancel_runs(key, None);
         Reply::Cancelled {
-            count: ids.len() as u32,
+            count: ids.len() as u32 + runs,
         }
     }
 
@@ -737,6 +742,7 @@ impl Functions {
             self.force(&id, Outcome::Cancelled);
         }
         self.pending_serves.retain(|(c, _, _)| *c != t);
+        self.runs_client_gone(t);
     }
 
     /// A call's child is gone (the launcher reports its channel closed): a call still

@@ -62,6 +62,7 @@ impl Functions {
     /// to `serve`.
     pub fn tick(&mut self, now: Instant, cx: &mut Ctx, draining: bool) {
         let stuck = stuck_after();
+        self.runs_tick(now, cx);
         // Calls: past their deadline, or silent.
         let ended: Vec<(String, Outcome)> = self
             .calls
@@ -114,7 +115,7 @@ impl Functions {
 
     /// How long the loop may sleep: not long while calls run or `serve` answers wait.
     pub fn next_wake(&self, _now: Instant) -> Option<Duration> {
-        if self.calls.is_empty() && self.pending_serves.is_empty() {
+        if self.calls.is_empty() && self.pending_serves.is_empty() && self.runs.idle() {
             Some(Duration::from_secs(1))
         } else {
             Some(Duration::from_millis(20))

@@ -15,8 +15,9 @@ use super::super::cgworker::{Job, Placed};
 use super::super::conn::Conn;
 use super::registry::FnState;
 use super::requests::{last_reading, Terminal};
-use super::{random_hex, Ctx, Functions, SLOTS, SPARES};
+use super::{Ctx, Functions, SLOTS, SPARES};
 use crate::cgroup::{Cgroup, Weight};
+use plumbing::random_hex;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) enum ZState {
@@ -132,12 +133,12 @@ impl Functions {
     /// launcher started with the function's plan.
     pub(super) fn spawn_zygote(&mut self, name: &str, cx: &mut Ctx) -> Result<(), String> {
         let f = self.fns.get(name).ok_or("no such function")?;
+        let id = random_hex(6).map_err(|e| format!("name the zygote's cgroup: {e}"))?;
         let cg = self
             .backend
             .create(&format!(
-                "tenants/_host/{name}/z-{}-{}",
-                std::process::id(),
-                random_hex(6)
+                "tenants/_host/{name}/z-{}-{id}",
+                std::process::id()
             ))
             .map_err(|e| e.to_string())?;
         // On any error below, dropping `cg` removes it.
@@ -193,7 +194,13 @@ impl Functions {
         let want = z.children.to_park();
         for _ in 0..want {
             self.counter += 1;
-            let slot = format!("s{}{}", self.counter, random_hex(3));
+            let slot = match random_hex(3) {
+                Ok(r) => format!("s{}{r}", self.counter),
+                Err(e) => {
+                    log::error!("name a child to park: {e}; parking none now");
+                    return;
+                }
+            };
             if let Some(z) = self.zygotes.get_mut(&zt) {
                 z.children.parking.push(slot.clone());
                 if let Some(n) = z.children.parks_left.as_mut() {
@@ -262,6 +269,9 @@ impl Functions {
 
     /// Something happened on a launcher's channel.
     pub fn zygote_event(&mut self, zt: Token, cx: &mut Ctx) {
+        if self.run_event(zt, cx) {
+            return;
+        }
         let Some(z) = self.zygotes.get_mut(&zt) else {
             return;
         };
@@ -645,28 +655,18 @@ fn start_launcher(
     let log_err = std::io::stderr()
         .as_fd_dup()
         .map_err(|e| format!("dup stderr: {e}"))?;
-    let (out_hi, sock_hi, err_hi) = match (
-        crate::oneshot::high(&log_out),
-        crate::oneshot::high(&launcher_end),
-        crate::oneshot::high(&log_err),
-    ) {
-        (Ok(a), Ok(b), Ok(c)) => (a, b, c),
-        (Err(e), _, _) | (_, Err(e), _) | (_, _, Err(e)) => {
-            return Err(format!("prepare descriptors: {e}"))
-        }
-    };
     let attach = cg
         .attach_files()
         .map_err(|e| format!("open the zygote's cgroup: {e}"))?;
     let fds = crate::spawn::LauncherFds {
         stdin: None,
-        stdout: &out_hi,
-        channel: &sock_hi,
-        program_stderr: &err_hi,
+        stdout: &log_out,
+        channel: &launcher_end,
+        program_stderr: &log_err,
     };
     let mut child = crate::spawn::spawn_launcher(launcher, fds)
         .map_err(|e| format!("start the launcher: {e}"))?;
-    drop((out_hi, sock_hi, err_hi, log_out, launcher_end, log_err));
+    drop((log_out, launcher_end, log_err));
     let mut stop = |why: String| {
         let _ = child.kill();
         let _ = child.wait();

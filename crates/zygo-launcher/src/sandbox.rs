@@ -1,4 +1,6 @@
-//! One sandbox, one program: the launcher's side of `zygo run`.
+//! One sandbox: everything the launcher does, for both modes — a one-shot program
+//! (`zygo run`, an MCP `run_code`) and a zygote (a warm function's agent, which
+//! [`crate::zygote`] serves once the sandbox is up).
 //!
 //! Three processes are involved:
 //! - the **launcher** (this process, in the host's namespaces): clones the sandbox as soon
@@ -22,7 +24,7 @@
 //! neither.
 
 use std::ffi::CString;
-use std::os::fd::{AsRawFd, OwnedFd, RawFd};
+use std::os::fd::{AsRawFd, IntoRawFd, OwnedFd, RawFd};
 use std::os::unix::net::UnixStream;
 use std::path::Path;
 use std::time::{Duration, Instant};
@@ -35,10 +37,6 @@ use proto::{read_frame, write_frame};
 
 use crate::sys::{self, SetupError};
 use crate::{harden, rootfs, seccomp, zygote};
-
-/// Descriptor numbers the monitor hands the launcher.
-pub const FD_MONITOR: RawFd = 3;
-pub const FD_PROGRAM_STDERR: RawFd = 4;
 
 /// The longest a sandbox may take to build before the launcher gives up on it.
 const BUILD_DEADLINE: Duration = Duration::from_secs(30);
@@ -94,7 +92,7 @@ pub fn read_launch_frame(sock: RawFd) -> Result<(ToLauncher, Vec<OwnedFd>), prot
         proto::ProtoError::Io(std::io::Error::new(std::io::ErrorKind::InvalidData, what))
     };
     let mut len = [0u8; 4];
-    let mut fds = match sys::recv_exact_with_fds(sock, &mut len, max) {
+    let mut fds = match plumbing::fds::recv_exact_with_fds(sock, &mut len, max) {
         Ok(fds) => fds,
         Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => {
             return Err(proto::ProtoError::Closed)
@@ -109,7 +107,7 @@ pub fn read_launch_frame(sock: RawFd) -> Result<(ToLauncher, Vec<OwnedFd>), prot
         });
     }
     let mut payload = vec![0u8; len];
-    fds.extend(sys::recv_exact_with_fds(
+    fds.extend(plumbing::fds::recv_exact_with_fds(
         sock,
         &mut payload,
         max - fds.len(),
@@ -160,12 +158,12 @@ pub fn run(
         return failed(sock, Phase::Start, "no command to run".into());
     }
     // launcher → init: the cgroup files, then the word to go on.
-    let (ctl, ctl_init) = match sys::seqpacket_pair() {
+    let (ctl, ctl_init) = match plumbing::pipes::socketpair(libc::SOCK_SEQPACKET) {
         Ok(p) => p,
         Err(e) => return failed(sock, Phase::Start, format!("create a socket pair: {e}")),
     };
-    let (rep_r, rep_w) = match sys::pipe_cloexec() {
-        Ok(p) => p,
+    let (rep_r, rep_w) = match plumbing::pipes::pipe() {
+        Ok((r, w)) => (r.into_raw_fd(), w.into_raw_fd()),
         Err(e) => return failed(sock, Phase::Start, format!("create a pipe: {e}")),
     };
 
@@ -218,8 +216,8 @@ pub fn run(
     };
 
     // init starts on this CPU, which this process leaves for it by waiting for its reports
-    // (see `proto::cpu`); both give the affinity back at once.
-    let pinned = proto::cpu::pin_here();
+    // (see `plumbing::cpu`); both give the affinity back at once.
+    let pinned = plumbing::cpu::pin_here();
     // SAFETY: a raw clone with a null stack behaves like fork. The launcher is
     // single-threaded, so the child may go on running ordinary Rust code.
     let pid = unsafe {
@@ -252,7 +250,7 @@ pub fn run(
         drop(ctl);
         drop(attach);
         sys::close(rep_r);
-        sys::close(FD_MONITOR);
+        sys::close(plumbing::role::CHANNEL_FD);
         if let Some(c) = &agent_fds {
             c.close_outer();
         }
@@ -281,7 +279,7 @@ pub fn run(
     // The program's stdout and stderr belong to the sandbox now: once it is gone, the
     // monitor sees them end without waiting for this process to exit.
     let _ = sys::stdout_to_dev_null();
-    sys::close(FD_PROGRAM_STDERR);
+    sys::close(plumbing::role::PROGRAM_STDERR_FD);
     if let Some(c) = &agent_fds {
         c.close_inner();
     }
@@ -468,7 +466,7 @@ fn hand_over_cgroup(
         },
     };
     let raw: Vec<RawFd> = attach.iter().map(AsRawFd::as_raw_fd).collect();
-    let handed = proto::fds::send_with_fds(ctl.as_raw_fd(), b"C", &raw);
+    let handed = plumbing::fds::send_with_fds(ctl.as_raw_fd(), b"C", &raw);
     drop(attach);
     match handed {
         Ok(_) => Ok(true),
@@ -500,7 +498,7 @@ fn supervise(
             format!("map the sandbox's user ids: {e}"),
         );
     }
-    if let Err(e) = proto::fds::send_with_fds(ctl.as_raw_fd(), b"M", &[]) {
+    if let Err(e) = plumbing::fds::send_with_fds(ctl.as_raw_fd(), b"M", &[]) {
         return failed(sock, Phase::Start, format!("start the sandbox: {e}"));
     }
     // 4. The seccomp filter needs nothing from here: it is compiled into `zygo`, and init,
@@ -532,7 +530,7 @@ fn supervise(
     }
     // 6. Let init finish and start the program. If init has failed meanwhile, this send
     // fails too, and its report says why.
-    let _ = proto::fds::send_with_fds(ctl.as_raw_fd(), b"G", &[]);
+    let _ = plumbing::fds::send_with_fds(ctl.as_raw_fd(), b"G", &[]);
     drop(ctl);
 
     // 7. Wait for init's reports, the monitor, or the deadline.
@@ -762,8 +760,11 @@ fn init_main(
     // The launcher's first message carries the sandbox's cgroup files: join them before
     // anything else ("0" is the writer itself).
     let mut tag = [0u8; 1];
-    let attach = match sys::recv_with_fds(ctl.as_raw_fd(), &mut tag, usize::from(MAX_ATTACH_FILES))
-    {
+    let attach = match plumbing::fds::recv_with_fds(
+        ctl.as_raw_fd(),
+        &mut tag,
+        usize::from(MAX_ATTACH_FILES),
+    ) {
         Ok((1, fds)) if tag == *b"C" => fds,
         // The launcher gave up before the sandbox was placed.
         Ok((0, _)) => exit_now(1),
@@ -786,7 +787,7 @@ fn init_main(
     report(rep_w, "P", "");
     // `M`: the id maps are written; build the sandbox meanwhile the monitor checks the
     // placement. Anything else (the launcher closing the socket) ends init.
-    match sys::recv_with_fds(ctl.as_raw_fd(), &mut tag, 0) {
+    match plumbing::fds::recv_with_fds(ctl.as_raw_fd(), &mut tag, 0) {
         Ok((1, _)) if tag == *b"M" => {}
         _ => exit_now(1),
     }
@@ -796,7 +797,7 @@ fn init_main(
     }
     // `G`: the monitor found the sandbox in its cgroups. Anything else (the launcher
     // closing the socket) ends init.
-    match sys::recv_with_fds(ctl.as_raw_fd(), &mut tag, 0) {
+    match plumbing::fds::recv_with_fds(ctl.as_raw_fd(), &mut tag, 0) {
         Ok((1, _)) if tag == *b"G" => {}
         _ => exit_now(1),
     }
@@ -967,7 +968,7 @@ fn hand_over_script_dir(reg: RawFd) -> Result<(), SetupError> {
     sys::step(sys::mount_setattr(dir, sys::MOUNT_ATTR_RDONLY, 0), || {
         "make /run/script read-only".into()
     })?;
-    proto::fds::send_with_fds(reg, b"scripts", &[writable.as_raw_fd()])
+    plumbing::fds::send_with_fds(reg, b"scripts", &[writable.as_raw_fd()])
         .map(drop)
         .map_err(|e| sys::fail("hand /run/script to the launcher", e))
 }
@@ -1002,13 +1003,7 @@ fn open_above(path: &std::ffi::CStr, min: RawFd) -> std::io::Result<OwnedFd> {
     if fd.as_raw_fd() >= min {
         return Ok(fd);
     }
-    // SAFETY: F_DUPFD_CLOEXEC returns a new descriptor at `min` or above, or -1.
-    let high = unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_DUPFD_CLOEXEC, min) };
-    if high < 0 {
-        return Err(std::io::Error::last_os_error());
-    }
-    // SAFETY: as above.
-    Ok(unsafe { <OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(high) })
+    plumbing::pipes::dup_above(&fd, min)
 }
 
 /// Find `cmd` the way a shell would, inside the sandbox's root.
@@ -1057,7 +1052,7 @@ fn start_program(
             ],
             5,
         ),
-        _ => (vec![(FD_PROGRAM_STDERR, 2)], 3),
+        _ => (vec![(plumbing::role::PROGRAM_STDERR_FD, 2)], 3),
     };
     sys::spawn(&sys::Spawn {
         path: &p.path,

@@ -1,12 +1,11 @@
-//! How a front reaches the running supervisor: its socket, then a hello that names the
-//! front's role (which decides what it may ask).
+//! The supervisor's client, as the CLI and `zygo mcp` use it: its socket, then a hello
+//! that names the front's role (which decides what it may ask).
 
 use std::os::unix::net::UnixStream;
 
-use proto::front::{Hello, HelloReply, Role, FRONT_PROTOCOL, MAX_FRONT_FRAME};
-use proto::{read_frame, write_frame, ProtoError};
-
 use crate::paths;
+
+pub use plumbing::hello::HelloError;
 
 pub const NO_SUPERVISOR: &str = "no supervisor is running; start one with `zygo up`";
 
@@ -27,7 +26,8 @@ impl std::fmt::Display for ReachError {
     }
 }
 
-/// Connect to the supervisor's socket (nothing said yet).
+/// Connect to the supervisor's socket (nothing said yet; [`hello`] is what a front says
+/// first).
 pub fn connect() -> Result<UnixStream, ReachError> {
     let path = paths::socket_path();
     UnixStream::connect(&path).map_err(|e| match e.kind() {
@@ -41,26 +41,8 @@ pub fn connect() -> Result<UnixStream, ReachError> {
     })
 }
 
-/// Why a hello was not welcomed.
-#[derive(Debug)]
-pub enum HelloError {
-    Refused(String),
-    Proto(ProtoError),
-}
-
-/// Say hello as `role` and read the supervisor's answer.
-pub fn hello(sock: &mut UnixStream, role: Role) -> Result<(), HelloError> {
-    write_frame(
-        sock,
-        &Hello {
-            protocol: FRONT_PROTOCOL,
-            role,
-            flags: Default::default(),
-        },
-    )
-    .map_err(HelloError::Proto)?;
-    match read_frame::<_, HelloReply>(sock, MAX_FRONT_FRAME).map_err(HelloError::Proto)? {
-        HelloReply::Welcome { .. } => Ok(()),
-        HelloReply::Refused { reason } => Err(HelloError::Refused(reason)),
-    }
+/// Say hello as `role` (a front without flags: the CLI, `zygo mcp`) and read the
+/// supervisor's answer.
+pub fn hello(sock: &mut UnixStream, role: proto::front::Role) -> Result<(), HelloError> {
+    plumbing::hello::say(sock, role, Default::default())
 }

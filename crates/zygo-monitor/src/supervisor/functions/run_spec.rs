@@ -1,0 +1,676 @@
+//! The spec of a one-shot run sent to the supervisor (`Request::Run`, `POST /run`): JSON
+//! text, parsed strictly here, into the same plan `zygo run` builds from its flags.
+//!
+//! Trust: none. The text comes from any HTTP caller through `zygo api`, or from the CLI.
+//!
+//! ```text
+//! {"cmd": ["python3", "-c", "print(1)"],   required: a non-empty array of strings
+//!  "image": "host" | "dir:/abs/rootfs",
+//!  "mem": "256M", "cpu": 0.5, "pids": 64, "timeout": "30s", "scratch": "64M",
+//!  "network": "none",
+//!  "env": {"NAME": "value"},
+//!  "stdin": "text",                        at most MAX_STDIN bytes
+//!  "key": "..."}                           the request key a cancel names (1–256 bytes)
+//! ```
+//!
+//! Each limit means what the flag of the same name means to `zygo run` and is parsed by
+//! the same code: a size is `"256M"` (or a whole number of bytes), a duration `"30s"` (a
+//! unit is required), `cpu` a number or a string such as `"0.5"`, `pids` a whole number.
+//! Unset limits take `zygo run`'s defaults. What only the host's operator may ask for —
+//! `"unlimited"` for any limit, `network = "host"` — is refused, and `network = "egress"`
+//! is not in this version (as for `zygo run --net egress`). There are no mounts. `null`
+//! for an optional key is the same as leaving it out. Any other key is refused, naming it;
+//! a duplicate key anywhere is refused (`proto::json::from_str_strict`).
+//!
+//! The caller's tenant limits, if any, then narrow what was asked: each limit is the
+//! smaller of the two.
+
+use std::time::Duration;
+
+use policy::{Bytes, Cpus, Mem, Network, OneShotArgs, OneShotPlan, Shown, Source};
+use proto::api::TenantLimits;
+use serde_json::Value;
+
+/// The largest spec text taken (a 1 MiB stdin written with `\u` escapes, and the rest).
+pub const MAX_SPEC: usize = 8 * 1024 * 1024;
+/// The most bytes of stdin a spec may carry.
+pub const MAX_STDIN: usize = 1024 * 1024;
+/// The most arguments in `cmd`, and variables in `env`.
+pub const MAX_ARGS: usize = 1024;
+pub const MAX_ENV: usize = 1024;
+/// The most bytes of `cmd` and `env` together (keys, values and arguments).
+pub const MAX_ARGV_ENV_BYTES: usize = 1024 * 1024;
+/// The longest single argument or variable (the kernel's `MAX_ARG_STRLEN`, less its NUL).
+pub const MAX_ARG: usize = 128 * 1024 - 1;
+/// The longest request key.
+pub const MAX_KEY: usize = 256;
+
+const KNOWN: &str = "cmd, image, mem, cpu, pids, timeout, scratch, network, env, stdin, key";
+
+/// A run, checked and complete.
+#[derive(Debug)]
+pub struct RunSpec {
+    pub plan: OneShotPlan,
+    /// `None`: the program reads end of file.
+    pub stdin: Option<Vec<u8>>,
+    pub key: Option<String>,
+}
+
+/// Parse `text` and narrow its limits by `tenant`'s. The error is a message for the
+/// caller (`bad_spec`), naming the key at fault.
+pub fn parse(text: &str, tenant: Option<&TenantLimits>) -> Result<RunSpec, String> {
+    if text.len() > MAX_SPEC {
+        return Err(format!(
+            "the run's spec is {} bytes, over the limit of {} MiB",
+            text.len(),
+            MAX_SPEC >> 20
+        ));
+    }
+    let value: Value = proto::json::from_str_strict(text)
+        .map_err(|e| format!("the run's spec is not valid JSON: {e}"))?;
+    let Value::Object(map) = value else {
+        return Err(format!(
+            "the run's spec must be a JSON object with at least \"cmd\", not {}",
+            type_name(&value)
+        ));
+    };
+    let mut args = OneShotArgs::default();
+    let mut stdin = None;
+    let mut key = None;
+    let mut argv_env_bytes = 0usize;
+    let mut have_cmd = false;
+    for (k, v) in &map {
+        if v.is_null() && k != "cmd" && KNOWN.split(", ").any(|known| known == k) {
+            continue;
+        }
+        match k.as_str() {
+            "cmd" => {
+                let Value::Array(items) = v else {
+                    return Err(wrong_type(k, "a non-empty array of strings", v));
+                };
+                if items.is_empty() {
+                    return Err("cmd is empty; give the program to run and its arguments".into());
+                }
+                if items.len() > MAX_ARGS {
+                    return Err(format!(
+                        "cmd has {} arguments, over the limit of {MAX_ARGS}",
+                        items.len()
+                    ));
+                }
+                for (i, item) in items.iter().enumerate() {
+                    let Value::String(s) = item else {
+                        return Err(wrong_type(&format!("cmd[{i}]"), "a string", item));
+                    };
+                    check_string(&format!("cmd[{i}]"), s)?;
+                    argv_env_bytes += s.len() + 1;
+                    args.argv.push(s.clone());
+                }
+                if args.argv[0].is_empty() {
+                    return Err("cmd[0] is empty; give the program to run".into());
+                }
+                have_cmd = true;
+            }
+            "image" => args.image = Some(string(k, v, "a string: \"host\" or \"dir:/abs/path\"")?),
+            "mem" => args.mem = Some(size_text(k, v)?),
+            "scratch" => args.scratch = Some(size_text(k, v)?),
+            "cpu" => {
+                args.cpu = Some(match v {
+                    Value::Number(n) => n.to_string(),
+                    Value::String(s) => s.clone(),
+                    _ => return Err(wrong_type(k, "a number such as 1 or 0.5", v)),
+                })
+            }
+            "pids" => {
+                args.pids = Some(match v {
+                    Value::Number(n) => n.to_string(),
+                    Value::String(s) => s.clone(),
+                    _ => return Err(wrong_type(k, "a whole number such as 64", v)),
+                })
+            }
+            "timeout" => args.timeout = Some(string(k, v, "a string such as \"30s\"")?),
+            "network" => args.net = Some(string(k, v, "the string \"none\"")?),
+            "env" => {
+                let Value::Object(vars) = v else {
+                    return Err(wrong_type(k, "an object of string values", v));
+                };
+                if vars.len() > MAX_ENV {
+                    return Err(format!(
+                        "env has {} variables, over the limit of {MAX_ENV}",
+                        vars.len()
+                    ));
+                }
+                for (name, val) in vars {
+                    let Value::String(val) = val else {
+                        return Err(wrong_type(&format!("env.{name}"), "a string", val));
+                    };
+                    // A name with `=` would be split at it: refused here, before the `K=V`
+                    // form below is made.
+                    if name.is_empty() || name.contains('=') {
+                        return Err(format!(
+                            "env: {} is not a variable name; use letters, digits and _, not \
+                             starting with a digit",
+                            Shown::new(name)
+                        ));
+                    }
+                    check_string(&format!("env.{name}"), val)?;
+                    argv_env_bytes += name.len() + val.len() + 2;
+                    args.env.push(format!("{name}={val}"));
+                }
+            }
+            "stdin" => {
+                let s = string(k, v, "a string")?;
+                if s.len() > MAX_STDIN {
+                    return Err(format!(
+                        "stdin is {} bytes, over the limit of {} MiB",
+                        s.len(),
+                        MAX_STDIN >> 20
+                    ));
+                }
+                stdin = Some(s.into_bytes());
+            }
+            "key" => {
+                let s = string(k, v, "a string")?;
+                if s.is_empty() || s.len() > MAX_KEY || s.chars().any(char::is_control) {
+                    return Err(format!(
+                        "key must be 1 to {MAX_KEY} bytes without control characters"
+                    ));
+                }
+                key = Some(s);
+            }
+            "mount" | "mounts" => {
+                return Err(format!(
+                    "{k}: mounts are not accepted for a run in this version; a run sees only \
+                     its image, its /work and its /tmp"
+                ))
+            }
+            _ => {
+                return Err(format!(
+                    "unknown key {} in the run's spec; known keys: {KNOWN}",
+                    Shown::new(k)
+                ))
+            }
+        }
+    }
+    if !have_cmd {
+        return Err("the run's spec has no cmd: give the program to run and its arguments, e.g. \"cmd\": [\"python3\", \"-c\", \"print(1)\"]".into());
+    }
+    if argv_env_bytes > MAX_ARGV_ENV_BYTES {
+        return Err(format!(
+            "cmd and env together are {argv_env_bytes} bytes, over the limit of {} MiB",
+            MAX_ARGV_ENV_BYTES >> 20
+        ));
+    }
+    check_limits(&args)?;
+    // Only "none" passes; the rest is refused with the reason that applies to a caller here.
+    match args.net.as_deref() {
+        None | Some("none") => {}
+        Some("egress") => {
+            return Err(
+                "network: \"egress\" is not available for runs in this version; use \"none\""
+                    .into(),
+            )
+        }
+        Some("host") => {
+            return Err("network: \"host\" is accepted only in sandbox.toml; use \"none\"".into())
+        }
+        Some(other) => {
+            Network::parse("network", other, Source::Http).map_err(|e| e.to_string())?;
+        }
+    }
+    let mut plan = policy::one_shot(&args).map_err(|e| e.to_string())?;
+    if let Some(t) = tenant {
+        plan.limits = narrow(plan.limits, t);
+    }
+    Ok(RunSpec { plan, stdin, key })
+}
+
+/// Check each limit as the caller's (`Source::Http`), naming it as the spec does: the plan
+/// below parses them again as `zygo run`'s flags, which they now are known to pass.
+fn check_limits(args: &OneShotArgs) -> Result<(), String> {
+    let e = |err: policy::PolicyError| err.to_string();
+    if let Some(s) = &args.mem {
+        Mem::parse("mem", s, Source::Http).map_err(e)?;
+    }
+    if let Some(s) = &args.scratch {
+        refuse_unlimited("scratch", s)?;
+        policy::parse_size("scratch", s).map_err(e)?;
+    }
+    if let Some(s) = &args.cpu {
+        refuse_unlimited("cpu", s)?;
+        Cpus::parse("cpu", s).map_err(e)?;
+    }
+    if let Some(s) = &args.pids {
+        refuse_unlimited("pids", s)?;
+        policy::parse_pids("pids", s).map_err(e)?;
+    }
+    if let Some(s) = &args.timeout {
+        refuse_unlimited("timeout", s)?;
+        policy::parse_duration("timeout", s).map_err(e)?;
+    }
+    if let Some(s) = &args.image {
+        policy::Image::parse("image", s).map_err(e)?;
+    }
+    for v in &args.env {
+        policy::parse_env("env", v).map_err(e)?;
+    }
+    Ok(())
+}
+
+/// "unlimited" names the same refusal for every limit, not a parse error of each.
+fn refuse_unlimited(key: &str, s: &str) -> Result<(), String> {
+    if s.eq_ignore_ascii_case("unlimited") {
+        return Err(format!(
+            "{key}: \"unlimited\" is accepted only in sandbox.toml; give a value"
+        ));
+    }
+    Ok(())
+}
+
+/// Each limit the smaller of what was asked and the tenant's.
+pub fn narrow(mut l: policy::ResolvedLimits, t: &TenantLimits) -> policy::ResolvedLimits {
+    if let Some(b) = t.mem_bytes {
+        l.mem = l.mem.min(Mem::Limited(Bytes(b.max(1))));
+    }
+    if let Some(m) = t.cpu_millis {
+        // Below the smallest share a cgroup takes, the smallest; above the largest, no
+        // narrowing (nothing asked can be above it).
+        let m = m.max(10);
+        if let Ok(c) = Cpus::parse("cpu", &format!("{}.{:03}", m / 1000, m % 1000)) {
+            l.cpu = l.cpu.min(c);
+        }
+    }
+    if let Some(p) = t.pids {
+        l.pids = l.pids.min(u32::try_from(p.max(1)).unwrap_or(u32::MAX));
+    }
+    if let Some(ms) = t.timeout_ms {
+        l.timeout = l.timeout.min(Duration::from_millis(ms.max(1)));
+    }
+    if let Some(b) = t.scratch_bytes {
+        l.scratch = l.scratch.min(Bytes(b.max(1)));
+    }
+    l
+}
+
+/// A size: a string as the flag takes it, or a whole number of bytes.
+fn size_text(key: &str, v: &Value) -> Result<String, String> {
+    match v {
+        Value::String(s) => Ok(s.clone()),
+        Value::Number(n) if n.is_u64() => Ok(n.to_string()),
+        _ => Err(wrong_type(
+            key,
+            "a string such as \"256M\" or a whole number of bytes",
+            v,
+        )),
+    }
+}
+
+fn string(key: &str, v: &Value, expected: &str) -> Result<String, String> {
+    match v {
+        Value::String(s) => Ok(s.clone()),
+        _ => Err(wrong_type(key, expected, v)),
+    }
+}
+
+/// An argument or variable: no NUL (the kernel would cut it there), not over the kernel's
+/// length for one.
+fn check_string(what: &str, s: &str) -> Result<(), String> {
+    if s.contains('\0') {
+        return Err(format!("{what} contains a NUL byte"));
+    }
+    if s.len() > MAX_ARG {
+        return Err(format!(
+            "{what} is {} bytes, over the limit of {MAX_ARG}",
+            s.len()
+        ));
+    }
+    Ok(())
+}
+
+fn wrong_type(key: &str, expected: &str, v: &Value) -> String {
+    format!("{key} must be {expected}, not {}", type_name(v))
+}
+
+fn type_name(v: &Value) -> &'static str {
+    match v {
+        Value::Null => "null",
+        Value::Bool(_) => "a boolean",
+        Value::Number(_) => "a number",
+        Value::String(_) => "a string",
+        Value::Array(_) => "an array",
+        Value::Object(_) => "an object",
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ok(text: &str) -> RunSpec {
+        parse(text, None).unwrap_or_else(|e| panic!("{text}: {e}"))
+    }
+
+    #[track_caller]
+    fn refused(text: &str, needle: &str) {
+        match parse(text, None) {
+            Ok(s) => panic!("{text}: accepted as {s:?}"),
+            Err(e) => assert!(e.contains(needle), "{text}: {e:?} does not say {needle:?}"),
+        }
+    }
+
+    #[test]
+    fn a_bare_cmd_takes_zygo_runs_defaults() {
+        let s = ok(r#"{"cmd": ["echo", "hi"]}"#);
+        assert_eq!(s.plan.argv, ["echo", "hi"]);
+        assert_eq!(s.plan.limits, policy::ResolvedLimits::DEFAULT);
+        assert_eq!(s.plan.image, policy::Image::Host);
+        assert_eq!(s.plan.network, Network::None);
+        assert!(s.plan.mounts.is_empty());
+        assert!(!s.plan.inotify);
+        assert_eq!((s.stdin, s.key), (None, None));
+        // The base environment, as for `zygo run`.
+        assert!(s.plan.env.iter().any(|(k, v)| k == "HOME" && v == "/work"));
+    }
+
+    #[test]
+    fn every_key_means_what_the_flag_means() {
+        let s = ok(
+            r#"{"cmd": ["x"], "image": "dir:/srv/root", "mem": "64M", "cpu": 0.5,
+                       "pids": 8, "timeout": "1.5s", "scratch": 1048576, "network": "none",
+                       "env": {"A": "1", "HOME": "/tmp"}, "stdin": "in", "key": "k-1"}"#,
+        );
+        let l = s.plan.limits;
+        assert_eq!(l.mem, Mem::Limited(Bytes(64 << 20)));
+        assert_eq!(l.cpu.millis(), 500);
+        assert_eq!(l.pids, 8);
+        assert_eq!(l.timeout, Duration::from_millis(1500));
+        assert_eq!(l.scratch, Bytes(1 << 20));
+        assert_eq!(s.plan.image, policy::Image::Dir("/srv/root".into()));
+        assert!(s.plan.env.contains(&("A".into(), "1".into())));
+        assert!(s.plan.env.contains(&("HOME".into(), "/tmp".into())));
+        assert_eq!(s.stdin.as_deref(), Some(&b"in"[..]));
+        assert_eq!(s.key.as_deref(), Some("k-1"));
+        // cpu and pids as strings, a null left out.
+        let s = ok(r#"{"cmd": ["x"], "cpu": "0.25", "pids": "3", "mem": null, "env": null}"#);
+        assert_eq!((s.plan.limits.cpu.millis(), s.plan.limits.pids), (250, 3));
+        assert_eq!(s.plan.limits.mem, policy::ResolvedLimits::DEFAULT.mem);
+    }
+
+    #[test]
+    fn what_only_the_operator_may_ask_for_is_refused() {
+        refused(
+            r#"{"cmd": ["x"], "mem": "unlimited"}"#,
+            "only in sandbox.toml",
+        );
+        refused(
+            r#"{"cmd": ["x"], "mem": "UNLIMITED"}"#,
+            "only in sandbox.toml",
+        );
+        for key in ["cpu", "pids", "timeout", "scratch"] {
+            refused(
+                &format!(r#"{{"cmd": ["x"], "{key}": "unlimited"}}"#),
+                &format!("{key}: \"unlimited\" is accepted only in sandbox.toml"),
+            );
+        }
+        refused(
+            r#"{"cmd": ["x"], "network": "host"}"#,
+            "only in sandbox.toml",
+        );
+        refused(
+            r#"{"cmd": ["x"], "network": "egress"}"#,
+            "not available for runs in this version",
+        );
+        refused(
+            r#"{"cmd": ["x"], "network": "bridge"}"#,
+            "is not a network mode",
+        );
+        refused(
+            r#"{"cmd": ["x"], "mounts": [{"src": "/", "dst": "/h"}]}"#,
+            "mounts are not accepted",
+        );
+        refused(
+            r#"{"cmd": ["x"], "mount": "/:/h"}"#,
+            "mounts are not accepted",
+        );
+    }
+
+    #[test]
+    fn unknown_and_duplicate_keys_are_refused_naming_them() {
+        refused(
+            r#"{"cmd": ["x"], "inotify": true}"#,
+            "unknown key \"inotify\"",
+        );
+        refused(r#"{"cmd": ["x"], "Cmd": ["y"]}"#, "unknown key \"Cmd\"");
+        refused(
+            r#"{"cmd": ["x"], "zz\u001b[31m": null}"#,
+            "unknown key \"zz\\u{1b}[31m\"",
+        );
+        refused(r#"{"cmd": ["x"], "cmd": ["y"]}"#, "duplicate key \"cmd\"");
+        refused(
+            r#"{"cmd": ["x"], "env": {"A": "1", "A": "2"}}"#,
+            "duplicate key \"A\"",
+        );
+        refused(
+            r#"{"cmd": ["x"], "env": {"A": "1", "\u0041": "2"}}"#,
+            "duplicate key",
+        );
+    }
+
+    #[test]
+    fn a_missing_or_empty_command_is_refused() {
+        refused(r#"{}"#, "has no cmd");
+        refused(r#"{"cmd": null}"#, "cmd must be a non-empty array");
+        refused(r#"{"cmd": []}"#, "cmd is empty");
+        refused(r#"{"cmd": [""]}"#, "cmd[0] is empty");
+        refused(
+            r#"{"cmd": "echo hi"}"#,
+            "cmd must be a non-empty array of strings, not a string",
+        );
+        refused(
+            r#"{"cmd": ["echo", 1]}"#,
+            "cmd[1] must be a string, not a number",
+        );
+        refused(r#"{"cmd": ["a\u0000b"]}"#, "cmd[0] contains a NUL byte");
+    }
+
+    #[test]
+    fn hostile_text_is_refused_without_harm() {
+        for text in [
+            "",
+            "null",
+            "[]",
+            "\"cmd\"",
+            "{\"cmd\": [\"x\"]",
+            "{\"cmd\": [\"x\"]} {}",
+            "{\"cmd\": [\"x\"]} trailing",
+            "\u{feff}{\"cmd\": [\"x\"]}",
+            "{\"cmd\": [\"\\ud800\"]}",
+            "{'cmd': ['x']}",
+        ] {
+            assert!(parse(text, None).is_err(), "{text:?} was accepted");
+        }
+        // Nesting past serde_json's limit is an error, not a stack overflow.
+        let deep = format!(
+            "{{\"cmd\": {}{}}}",
+            "[".repeat(100_000),
+            "]".repeat(100_000)
+        );
+        assert!(parse(&deep, None).is_err());
+        let deep = format!(
+            "{{\"cmd\": [\"x\"], \"env\": {}}}",
+            "{\"a\":".repeat(10_000) + "1" + &"}".repeat(10_000)
+        );
+        assert!(parse(&deep, None).is_err());
+        // Oversize input is refused before it is parsed.
+        let big = format!("{{\"cmd\": [\"{}\"]}}", "a".repeat(MAX_SPEC));
+        refused(&big, "over the limit of 8 MiB");
+    }
+
+    #[test]
+    fn sizes_and_counts_are_capped() {
+        let stdin = "a".repeat(MAX_STDIN + 1);
+        refused(
+            &format!(r#"{{"cmd": ["x"], "stdin": "{stdin}"}}"#),
+            "stdin is 1048577 bytes",
+        );
+        let s = ok(&format!(
+            r#"{{"cmd": ["x"], "stdin": "{}"}}"#,
+            "a".repeat(MAX_STDIN)
+        ));
+        assert_eq!(s.stdin.map(|b| b.len()), Some(MAX_STDIN));
+        let many: Vec<String> = (0..=MAX_ARGS).map(|i| format!("\"{i}\"")).collect();
+        refused(
+            &format!(r#"{{"cmd": [{}]}}"#, many.join(",")),
+            "1025 arguments",
+        );
+        let vars: Vec<String> = (0..=MAX_ENV).map(|i| format!("\"V{i}\": \"\"")).collect();
+        refused(
+            &format!(r#"{{"cmd": ["x"], "env": {{{}}}}}"#, vars.join(",")),
+            "1025 variables",
+        );
+        let long = "a".repeat(MAX_ARG + 1);
+        refused(
+            &format!(r#"{{"cmd": ["{long}"]}}"#),
+            "cmd[0] is 131072 bytes",
+        );
+        let args: Vec<String> = (0..10)
+            .map(|_| format!("\"{}\"", "a".repeat(120_000)))
+            .collect();
+        refused(
+            &format!(r#"{{"cmd": [{}]}}"#, args.join(",")),
+            "cmd and env together",
+        );
+        refused(
+            &format!(r#"{{"cmd": ["x"], "key": "{}"}}"#, "k".repeat(MAX_KEY + 1)),
+            "key must be",
+        );
+        refused(r#"{"cmd": ["x"], "key": ""}"#, "key must be");
+        refused(r#"{"cmd": ["x"], "key": "a\nb"}"#, "key must be");
+    }
+
+    #[test]
+    fn bad_values_are_refused_naming_the_key() {
+        refused(r#"{"cmd": ["x"], "mem": "lots"}"#, "mem: \"lots\"");
+        refused(r#"{"cmd": ["x"], "mem": -1}"#, "mem must be a string");
+        refused(r#"{"cmd": ["x"], "mem": 1.5}"#, "mem must be a string");
+        refused(r#"{"cmd": ["x"], "mem": "0"}"#, "must be greater than zero");
+        refused(r#"{"cmd": ["x"], "cpu": "NaN"}"#, "cpu: \"NaN\"");
+        refused(r#"{"cmd": ["x"], "cpu": 1e300}"#, "cpu:");
+        refused(r#"{"cmd": ["x"], "cpu": 0.001}"#, "cpu:");
+        refused(r#"{"cmd": ["x"], "cpu": true}"#, "cpu must be a number");
+        refused(r#"{"cmd": ["x"], "pids": 0}"#, "pids: \"0\"");
+        refused(r#"{"cmd": ["x"], "pids": 1.5}"#, "pids: \"1.5\"");
+        refused(
+            r#"{"cmd": ["x"], "pids": 99999999999999999999999}"#,
+            "pids:",
+        );
+        refused(
+            r#"{"cmd": ["x"], "timeout": 30}"#,
+            "timeout must be a string",
+        );
+        refused(
+            r#"{"cmd": ["x"], "timeout": "30"}"#,
+            "timeout: \"30\" needs a unit",
+        );
+        refused(
+            r#"{"cmd": ["x"], "timeout": "25h"}"#,
+            "longer than the maximum",
+        );
+        refused(
+            r#"{"cmd": ["x"], "image": "ubuntu"}"#,
+            "image: \"ubuntu\" is not an image",
+        );
+        refused(
+            r#"{"cmd": ["x"], "image": "dir:rel"}"#,
+            "must be an absolute path",
+        );
+        refused(r#"{"cmd": ["x"], "image": "dir:/a/../b"}"#, "image:");
+        refused(r#"{"cmd": ["x"], "env": ["A=1"]}"#, "env must be an object");
+        refused(
+            r#"{"cmd": ["x"], "env": {"A": 1}}"#,
+            "env.A must be a string",
+        );
+        refused(
+            r#"{"cmd": ["x"], "env": {"1A": "x"}}"#,
+            "is not a variable name",
+        );
+        refused(
+            r#"{"cmd": ["x"], "env": {"A=B": "x"}}"#,
+            "\"A=B\" is not a variable name",
+        );
+        refused(
+            r#"{"cmd": ["x"], "env": {"": "x"}}"#,
+            "is not a variable name",
+        );
+        refused(
+            r#"{"cmd": ["x"], "env": {"A": "a\u0000"}}"#,
+            "env.A contains a NUL byte",
+        );
+        refused(
+            r#"{"cmd": ["x"], "stdin": ["a"]}"#,
+            "stdin must be a string",
+        );
+    }
+
+    #[test]
+    fn a_tenants_limits_narrow_each_limit_and_never_widen_one() {
+        let t = TenantLimits {
+            mem_bytes: Some(32 << 20),
+            cpu_millis: Some(250),
+            pids: Some(16),
+            timeout_ms: Some(2000),
+            scratch_bytes: Some(8 << 20),
+            network: Some("none".into()),
+            allow: None,
+        };
+        let s = parse(r#"{"cmd": ["x"]}"#, Some(&t)).expect("parse");
+        let l = s.plan.limits;
+        assert_eq!(l.mem, Mem::Limited(Bytes(32 << 20)));
+        assert_eq!(l.cpu.millis(), 250);
+        assert_eq!(l.pids, 16);
+        assert_eq!(l.timeout, Duration::from_secs(2));
+        assert_eq!(l.scratch, Bytes(8 << 20));
+        // A spec below the tenant's limits keeps its own.
+        let s = parse(
+            r#"{"cmd": ["x"], "mem": "16M", "cpu": 0.1, "pids": 4, "timeout": "1s", "scratch": "1M"}"#,
+            Some(&t),
+        )
+        .expect("parse");
+        let l = s.plan.limits;
+        assert_eq!(l.mem, Mem::Limited(Bytes(16 << 20)));
+        assert_eq!((l.cpu.millis(), l.pids), (100, 4));
+        assert_eq!(
+            (l.timeout, l.scratch),
+            (Duration::from_secs(1), Bytes(1 << 20))
+        );
+        // Huge or tiny tenant values neither widen nor break anything.
+        let wide = TenantLimits {
+            mem_bytes: Some(u64::MAX),
+            cpu_millis: Some(u64::MAX),
+            pids: Some(u64::MAX),
+            timeout_ms: Some(u64::MAX),
+            scratch_bytes: Some(u64::MAX),
+            ..TenantLimits::default()
+        };
+        assert_eq!(
+            parse(r#"{"cmd": ["x"]}"#, Some(&wide))
+                .expect("parse")
+                .plan
+                .limits,
+            policy::ResolvedLimits::DEFAULT
+        );
+        let tiny = TenantLimits {
+            mem_bytes: Some(0),
+            cpu_millis: Some(0),
+            pids: Some(0),
+            timeout_ms: Some(0),
+            scratch_bytes: Some(0),
+            ..TenantLimits::default()
+        };
+        let l = parse(r#"{"cmd": ["x"]}"#, Some(&tiny))
+            .expect("parse")
+            .plan
+            .limits;
+        assert_eq!((l.cpu.millis(), l.pids), (10, 1));
+        assert_eq!(l.timeout, Duration::from_millis(1));
+    }
+}
