@@ -46,6 +46,8 @@ pub const TMP_PREFIX: &str = "zygo-tests-";
 pub const REFUSED_CODE: i32 = 99;
 /// The v1 controllers Zygo uses (the v2 ones are memory, pids, cpu).
 pub const V1_CONTROLLERS: [&str; 5] = ["memory", "pids", "cpu", "cpuacct", "freezer"];
+/// The v1 hierarchy of I/O limits, which Zygo uses when it may (on v2: the io controller).
+pub const V1_IO_CONTROLLER: &str = "blkio";
 
 /// The `zygo` binary under test: `$ZYGO_BIN`, else the one cargo built beside this test
 /// (a test runs from `<target>/<triple>/<profile>/deps/`, the binary is in `<profile>/`).
@@ -284,7 +286,7 @@ fn delegate_cgroups(uid: u32, gid: u32) {
         let _ = fs::create_dir_all(&dir);
         // Best effort: controllers can only be enabled where the no-internal-process rule
         // allows it.
-        for c in ["+memory", "+pids", "+cpu"] {
+        for c in ["+memory", "+pids", "+cpu", "+io"] {
             if let Some(parent) = dir.parent() {
                 let _ = fs::write(parent.join("cgroup.subtree_control"), c);
             }
@@ -293,7 +295,7 @@ fn delegate_cgroups(uid: u32, gid: u32) {
         chown_tree(&dir, uid, gid);
         return;
     }
-    for ctrl in V1_CONTROLLERS {
+    for ctrl in V1_CONTROLLERS.into_iter().chain([V1_IO_CONTROLLER]) {
         let Some(own) = v1_own_dir(ctrl) else {
             continue;
         };
@@ -436,8 +438,9 @@ pub fn zygo_cgroup_roots() -> Vec<PathBuf> {
         vec![unified_own_dir()]
     } else {
         V1_CONTROLLERS
-            .iter()
-            .filter_map(|c| v1_own_dir(c))
+            .into_iter()
+            .chain([V1_IO_CONTROLLER])
+            .filter_map(v1_own_dir)
             .collect()
     };
     bases

@@ -16,7 +16,8 @@ use toml::{Spanned, Value};
 
 use crate::error::{line_of, Shown};
 use crate::limits::{
-    parse_duration, parse_pids, parse_size, Cpus, Limits, Mem, ResolvedLimits, Source,
+    parse_duration, parse_io_bps, parse_iops, parse_pids, parse_size, Cpus, Limits, Mem,
+    ResolvedLimits, Source,
 };
 use crate::plan::{
     build_env, check_env, check_unique_dsts, is_identifier, plain_path, Image, MountSpec, Network,
@@ -35,7 +36,8 @@ pub const DEFAULT_MIN_WARM: u32 = 1;
 pub const DEFAULT_MAX_WARM: u32 = 4;
 pub const DEFAULT_IDLE_TIMEOUT: Duration = Duration::from_secs(300);
 
-const KNOWN_KEYS: &str = "image, mem, cpu, pids, timeout, scratch, network, allow, \
+const KNOWN_KEYS: &str =
+    "image, mem, cpu, pids, timeout, scratch, io_bps, io_iops, network, allow, \
     idle_timeout, min_warm, max_warm, agent, entry, cmd, requirements, mounts, secrets, env, \
     inotify";
 
@@ -463,6 +465,13 @@ impl Layer {
             }
             "timeout" => self.limits.timeout = Some(parse_duration(f, string(f, v, DURATION)?)?),
             "scratch" => self.limits.scratch = Some(parse_size(f, string(f, v, SIZE)?)?),
+            "io_bps" => self.limits.io_bps = Some(parse_io_bps(f, string(f, v, SIZE)?)?),
+            "io_iops" => {
+                let Value::Integer(i) = v else {
+                    return Err(wrong_type(f, "a whole number such as 4000", v));
+                };
+                self.limits.io_iops = Some(parse_iops(f, &i.to_string())?);
+            }
             "network" => {
                 let s = string(f, v, "a string: \"none\", \"egress\" or \"host\"")?;
                 self.network = Some(Network::parse(f, s, cx.source)?);
@@ -1110,6 +1119,11 @@ allow = []
             ("[defaults]\ncpu = 1e300\n", "too many digits"),
             ("[defaults]\npids = 0\n", "pids in [defaults] (line 2): \"0\" must be a whole number from 1 to 65536"),
             ("[defaults]\npids = 9223372036854775807\n", "from 1 to 65536"),
+            ("[defaults]\nio_bps = \"512K\"\n", "io_bps in [defaults] (line 2): \"512K\" is below the least allowed"),
+            ("[defaults]\nio_bps = 64\n", "io_bps in [defaults] (line 2)"),
+            ("[defaults]\nio_iops = 5\n", "io_iops in [defaults] (line 2): \"5\" must be a whole number from 10 to 10000000"),
+            ("[defaults]\nio_iops = \"100\"\n", "io_iops in [defaults] (line 2)"),
+            ("[defaults]\nio_iops = 9223372036854775807\n", "from 10 to 10000000"),
             ("[defaults]\nmax_warm = 0\n", "max_warm in [defaults] (line 2): \"0\" is out of range; use 1 to 1024"),
             ("[defaults]\nmin_warm = -1\n", "is out of range; use 0 to 1024"),
             ("[defaults]\nnetwork = \"wifi\"\n", "is not a network mode"),
@@ -1160,6 +1174,14 @@ allow = []
                 .starts_with("unknown key \"bogus\" in [fn.x];"),
             "{e}"
         );
+
+        // I/O limits from [defaults], narrowed per function like the others.
+        let file = parse(
+            "[defaults]\nio_bps = \"32M\"\nio_iops = 800\n\n[fn.a]\nagent = \"python\"\nio_iops = 200\n",
+        )
+        .unwrap();
+        assert_eq!(file.functions["a"].limits.io_bps, Bytes(32 << 20));
+        assert_eq!(file.functions["a"].limits.io_iops, 200);
 
         // An HTTP layer merged over the file's defaults.
         let file = parse("[defaults]\nmem = \"1G\"\nagent = \"python\"\n").unwrap();

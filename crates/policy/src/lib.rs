@@ -21,6 +21,7 @@
 pub mod ceiling;
 mod error;
 pub mod file;
+pub mod gate;
 pub mod limits;
 pub mod plan;
 
@@ -30,7 +31,7 @@ pub use file::{
     check_fn_name, parse_sandbox_toml, Agent, AllowRule, Entry, FnKind, FnSpec, Layer, SandboxFile,
 };
 pub use limits::{
-    narrow_to_ceiling, parse_duration, parse_pids, parse_size, Bytes, Cpus, Dur, Limits, Mem,
-    ResolvedLimits, Source,
+    narrow_to_ceiling, parse_duration, parse_io_bps, parse_iops, parse_pids, parse_size, Bytes,
+    Cpus, Dur, Limits, Mem, ResolvedLimits, Source,
 };
 pub use plan::{one_shot, parse_env, Image, MountSpec, Network, OneShotArgs, OneShotPlan};

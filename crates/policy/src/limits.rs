@@ -1,5 +1,8 @@
 //! Resource limits: parsing sizes, CPUs, pids and durations, and the narrowing rule.
 //!
+//! `io_bps` and `io_iops` cap a sandbox's reads and its writes (each) on the host's
+//! disks, per second: bytes and operations.
+//!
 //! Numbers are parsed by hand as exact decimals (no `f64::from_str`, which would accept
 //! `NaN`, `inf` and `1e9`), and all arithmetic is checked.
 
@@ -41,6 +44,10 @@ pub struct Limits {
     pub pids: Option<u32>,
     pub timeout: Option<Duration>,
     pub scratch: Option<Bytes>,
+    /// Bytes a second read from, and written to, each of the host's disks.
+    pub io_bps: Option<Bytes>,
+    /// Operations a second on each of the host's disks, reads and writes each.
+    pub io_iops: Option<u32>,
 }
 
 /// Limits with every field decided.
@@ -51,12 +58,18 @@ pub struct ResolvedLimits {
     pub pids: u32,
     pub timeout: Duration,
     pub scratch: Bytes,
+    pub io_bps: Bytes,
+    pub io_iops: u32,
 }
 
 /// Longest duration accepted anywhere (timeouts, idle_timeout).
 pub const MAX_DURATION: Duration = Duration::from_secs(24 * 3600);
 pub const MIN_PIDS: u32 = 1;
 pub const MAX_PIDS: u32 = 65_536;
+pub const MIN_IOPS: u32 = 10;
+pub const MAX_IOPS: u32 = 10_000_000;
+/// The least `io_bps` accepted: below this a program could hardly load from the image.
+pub const MIN_IO_BPS: u64 = 1 << 20;
 const MIN_MILLICPUS: u32 = 10;
 const MAX_MILLICPUS: u32 = 1_024_000;
 /// Digits beyond this are refused before any arithmetic, so nothing can overflow `u128`.
@@ -68,13 +81,16 @@ const G: u64 = 1 << 30;
 const T: u64 = 1 << 40;
 
 impl ResolvedLimits {
-    /// The built-in defaults: mem 256M, cpu 1, pids 64, timeout 30s, scratch 64M.
+    /// The built-in defaults: mem 256M, cpu 1, pids 64, timeout 30s, scratch 64M, io_bps
+    /// 128M, io_iops 4000.
     pub const DEFAULT: ResolvedLimits = ResolvedLimits {
         mem: Mem::Limited(Bytes(256 * M)),
         cpu: Cpus(1000),
         pids: 64,
         timeout: Duration::from_secs(30),
         scratch: Bytes(64 * M),
+        io_bps: Bytes(128 * M),
+        io_iops: 4000,
     };
 
     /// The same limits as a layer with every field set (e.g. to use as a ceiling).
@@ -85,6 +101,8 @@ impl ResolvedLimits {
             pids: Some(self.pids),
             timeout: Some(self.timeout),
             scratch: Some(self.scratch),
+            io_bps: Some(self.io_bps),
+            io_iops: Some(self.io_iops),
         }
     }
 }
@@ -110,6 +128,8 @@ impl Limits {
             pids: min(self.pids, other.pids),
             timeout: min(self.timeout, other.timeout),
             scratch: min(self.scratch, other.scratch),
+            io_bps: min(self.io_bps, other.io_bps),
+            io_iops: min(self.io_iops, other.io_iops),
         }
     }
 
@@ -121,6 +141,8 @@ impl Limits {
             pids: self.pids.or(base.pids),
             timeout: self.timeout.or(base.timeout),
             scratch: self.scratch.or(base.scratch),
+            io_bps: self.io_bps.or(base.io_bps),
+            io_iops: self.io_iops.or(base.io_iops),
         }
     }
 
@@ -132,6 +154,8 @@ impl Limits {
             pids: self.pids.unwrap_or(defaults.pids),
             timeout: self.timeout.unwrap_or(defaults.timeout),
             scratch: self.scratch.unwrap_or(defaults.scratch),
+            io_bps: self.io_bps.unwrap_or(defaults.io_bps),
+            io_iops: self.io_iops.unwrap_or(defaults.io_iops),
         }
     }
 }
@@ -162,6 +186,8 @@ pub fn narrow_to_ceiling(request: &Limits, ceiling: &Limits) -> Result<Limits, P
         ceiling.timeout.map(Dur),
     )?;
     check("scratch", request.scratch, ceiling.scratch)?;
+    check("io_bps", request.io_bps, ceiling.io_bps)?;
+    check("io_iops", request.io_iops, ceiling.io_iops)?;
     Ok(request.narrow(ceiling))
 }
 
@@ -230,6 +256,37 @@ pub fn parse_pids(field: &str, s: &str) -> Result<u32, PolicyError> {
     match s.parse::<u32>() {
         Ok(n) if (MIN_PIDS..=MAX_PIDS).contains(&n) => Ok(n),
         _ => Err(bad(RANGE)),
+    }
+}
+
+/// Parse `io_bps`: a size a second (`64M`), at least [`MIN_IO_BPS`].
+pub fn parse_io_bps(field: &str, s: &str) -> Result<Bytes, PolicyError> {
+    let b = parse_size(field, s)?;
+    if b.0 < MIN_IO_BPS {
+        return Err(PolicyError::invalid(
+            field,
+            s,
+            "is below the least allowed, 1M a second",
+        ));
+    }
+    Ok(b)
+}
+
+/// Parse `io_iops`: a whole number of operations a second.
+pub fn parse_iops(field: &str, s: &str) -> Result<u32, PolicyError> {
+    let bad = || {
+        PolicyError::invalid(
+            field,
+            s,
+            format!("must be a whole number from {MIN_IOPS} to {MAX_IOPS}"),
+        )
+    };
+    if s.is_empty() || s.len() > 10 || !s.bytes().all(|b| b.is_ascii_digit()) {
+        return Err(bad());
+    }
+    match s.parse::<u32>() {
+        Ok(n) if (MIN_IOPS..=MAX_IOPS).contains(&n) => Ok(n),
+        _ => Err(bad()),
     }
 }
 
@@ -576,6 +633,8 @@ mod tests {
             pids: None,
             timeout: Some(Duration::from_secs(10)),
             scratch: None,
+            io_bps: None,
+            io_iops: Some(100),
         };
         let b = Limits {
             mem: mem("unlimited"),
@@ -583,6 +642,8 @@ mod tests {
             pids: Some(10),
             timeout: Some(Duration::from_secs(60)),
             scratch: None,
+            io_bps: Some(Bytes(8 * M)),
+            io_iops: None,
         };
         let n = a.narrow(&b);
         assert_eq!(n, b.narrow(&a));
@@ -591,6 +652,8 @@ mod tests {
         assert_eq!(n.pids, Some(10));
         assert_eq!(n.timeout, Some(Duration::from_secs(10)));
         assert_eq!(n.scratch, None);
+        assert_eq!(n.io_bps, Some(Bytes(8 * M)));
+        assert_eq!(n.io_iops, Some(100));
         let r = n.resolve(&ResolvedLimits::DEFAULT);
         assert_eq!(r.scratch, Bytes(64 * M));
         assert_eq!(r.pids, 10);
@@ -598,6 +661,26 @@ mod tests {
             Limits::default().resolve(&ResolvedLimits::default()),
             ResolvedLimits::DEFAULT
         );
+    }
+
+    #[test]
+    fn io_limits_parse_strictly() {
+        assert_eq!(parse_io_bps("--io-bps", "64M"), Ok(Bytes(64 * M)));
+        assert!(parse_io_bps("--io-bps", "512K").is_err());
+        assert!(parse_io_bps("--io-bps", "-1M").is_err());
+        assert_eq!(parse_iops("--io-iops", "4000"), Ok(4000));
+        for bad in [
+            "",
+            "+5",
+            "9",
+            "1e3",
+            "10000001",
+            "99999999999999",
+            " 100",
+            "0x10",
+        ] {
+            assert!(parse_iops("--io-iops", bad).is_err(), "{bad:?}");
+        }
     }
 
     #[test]

@@ -5,7 +5,8 @@ use std::fmt;
 use std::path::{Component, Path, PathBuf};
 
 use crate::limits::{
-    parse_duration, parse_pids, parse_size, Cpus, Limits, Mem, ResolvedLimits, Source,
+    parse_duration, parse_io_bps, parse_iops, parse_pids, parse_size, Cpus, Limits, Mem,
+    ResolvedLimits, Source,
 };
 use crate::PolicyError;
 
@@ -43,6 +44,9 @@ pub struct OneShotArgs {
     pub pids: Option<String>,
     pub timeout: Option<String>,
     pub scratch: Option<String>,
+    /// `--io-bps`, `--io-iops`: the sandbox's reads and writes on the host's disks.
+    pub io_bps: Option<String>,
+    pub io_iops: Option<String>,
     pub net: Option<String>,
     pub image: Option<String>,
     pub mounts: Vec<String>,
@@ -238,6 +242,16 @@ impl OneShotArgs {
                 .as_deref()
                 .map(|s| parse_size("--scratch", s))
                 .transpose()?,
+            io_bps: self
+                .io_bps
+                .as_deref()
+                .map(|s| parse_io_bps("--io-bps", s))
+                .transpose()?,
+            io_iops: self
+                .io_iops
+                .as_deref()
+                .map(|s| parse_iops("--io-iops", s))
+                .transpose()?,
         })
     }
 }
@@ -408,6 +422,8 @@ mod tests {
             pids: Some("10".into()),
             timeout: Some("5m".into()),
             scratch: Some("1M".into()),
+            io_bps: Some("16M".into()),
+            io_iops: Some("500".into()),
             net: Some("none".into()),
             inotify: true,
             image: Some("dir:/srv/rootfs".into()),
@@ -430,6 +446,8 @@ mod tests {
         assert_eq!(plan.limits.pids, 10);
         assert_eq!(plan.limits.timeout, Duration::from_secs(300));
         assert_eq!(plan.limits.scratch, Bytes(1 << 20));
+        assert_eq!(plan.limits.io_bps, Bytes(16 << 20));
+        assert_eq!(plan.limits.io_iops, 500);
         assert_eq!(plan.image, Image::Dir("/srv/rootfs".into()));
         assert_eq!(
             plan.mounts,

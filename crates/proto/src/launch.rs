@@ -270,6 +270,9 @@ pub enum ToLauncher {
         /// Pack the child's directory once its handler answered ([`FromLauncher::WorkspaceOut`]
         /// before the terminal message).
         out: bool,
+        /// A smaller size for the child's `/tmp` and `/work` than the plan's (a tenant's
+        /// scratch limit): they are shrunk to it before the request reaches the child.
+        scratch_bytes: Option<u64>,
     },
     /// Zygote: drop the slot's child unused (its channel closes, so it exits). A child
     /// that served its request is dropped by the launcher itself once its channel closes.

@@ -10,7 +10,8 @@ pub fn text(v: OsString, flag: &str) -> Result<String, String> {
         .map_err(|v| format!("--{flag}: {v:?} is not valid UTF-8"))
 }
 
-/// Store the value of `--mem`, `--cpu`, `--pids`, `--timeout`, `--scratch`, `--net` or
+/// Store the value of `--mem`, `--cpu`, `--pids`, `--timeout`, `--scratch`, `--io-bps`,
+/// `--io-iops`, `--net` or
 /// `--image` (each at most once), or add one of `--mount` or `--env` (any number).
 pub fn set(args: &mut OneShotArgs, flag: &str, v: String) -> Result<(), String> {
     let slot = match flag {
@@ -19,6 +20,8 @@ pub fn set(args: &mut OneShotArgs, flag: &str, v: String) -> Result<(), String> 
         "pids" => &mut args.pids,
         "timeout" => &mut args.timeout,
         "scratch" => &mut args.scratch,
+        "io-bps" => &mut args.io_bps,
+        "io-iops" => &mut args.io_iops,
         "net" => &mut args.net,
         "image" => &mut args.image,
         "mount" => {

@@ -33,7 +33,10 @@ fn parse(raw: Vec<OsString>) -> Result<Option<Opts>, String> {
     while let Some(arg) = p.next().map_err(|e| e.to_string())? {
         match arg {
             Long("help") | Short('h') => return Ok(None),
-            Long(flag @ ("mem" | "cpu" | "pids" | "timeout" | "scratch" | "net" | "image")) => {
+            Long(
+                flag @ ("mem" | "cpu" | "pids" | "timeout" | "scratch" | "io-bps" | "io-iops"
+                | "net" | "image"),
+            ) => {
                 let flag = flag.to_string();
                 let v = text(p.value().map_err(|e| e.to_string())?, &flag)?;
                 flags::set(&mut o.limits, &flag, v)?;

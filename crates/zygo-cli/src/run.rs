@@ -15,8 +15,9 @@ use crate::output::clean;
 use crate::{usage, usage_error};
 
 /// The flags of `zygo run` that take a value.
-const VALUED: [&str; 10] = [
-    "mem", "cpu", "pids", "timeout", "scratch", "net", "image", "mount", "env", "stdin",
+const VALUED: [&str; 12] = [
+    "mem", "cpu", "pids", "timeout", "scratch", "io-bps", "io-iops", "net", "image", "mount",
+    "env", "stdin",
 ];
 
 struct Opts {
@@ -39,8 +40,8 @@ fn parse(raw: Vec<OsString>) -> Result<Option<Opts>, String> {
             Long("json") => o.json = true,
             Long("inotify") => o.args.inotify = true,
             Long(
-                flag @ ("mem" | "cpu" | "pids" | "timeout" | "scratch" | "net" | "image" | "mount"
-                | "env"),
+                flag @ ("mem" | "cpu" | "pids" | "timeout" | "scratch" | "io-bps" | "io-iops"
+                | "net" | "image" | "mount" | "env"),
             ) => {
                 let flag = flag.to_string();
                 let v = text(p.value().map_err(|e| e.to_string())?, &flag)?;

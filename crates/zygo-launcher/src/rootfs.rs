@@ -16,6 +16,7 @@
 //! asked for a writable mount.
 
 use std::fs;
+use std::os::fd::OwnedFd;
 use std::os::unix::fs::{symlink, DirBuilderExt, PermissionsExt};
 use std::path::{Component, Path, PathBuf};
 
@@ -291,7 +292,9 @@ fn mask(src: &Path, dst: &Path, what: &str) -> Result<()> {
     }
 }
 
-fn proc_fs(new: &Path, masks: &Masks, plan: &LaunchPlan) -> Result<()> {
+/// Mount the sandbox's `/proc`, its masks and read-only parts; returns a descriptor of its
+/// `sys` directory taken before that was made read-only (see [`build`]).
+fn proc_fs(new: &Path, masks: &Masks, plan: &LaunchPlan) -> Result<OwnedFd> {
     let proc_ = new.join("proc");
     mkdir(&proc_, 0o555)?;
     step(
@@ -310,6 +313,9 @@ fn proc_fs(new: &Path, masks: &Masks, plan: &LaunchPlan) -> Result<()> {
     for name in PROC_MASK_DIRS {
         mask(masks.dir, &proc_.join(name), &format!("/proc/{name}"))?;
     }
+    let sysctl_dir = step(sys::open_path_dir(&proc_.join("sys")), || {
+        "open the new /proc/sys".to_string()
+    })?;
     for name in PROC_READONLY {
         let p = proc_.join(name);
         match sys::mount(Some(&p), &p, None, libc::MS_BIND | libc::MS_REC, None) {
@@ -328,7 +334,7 @@ fn proc_fs(new: &Path, masks: &Masks, plan: &LaunchPlan) -> Result<()> {
             || format!("make /proc/{name} read-only"),
         )?;
     }
-    Ok(())
+    Ok(sysctl_dir)
 }
 
 /// `/dev`: a directory of the (later read-only) root holding the five devices and the
@@ -367,7 +373,12 @@ struct Masks<'a> {
 /// Assemble the sandbox's root and pivot into it. On return the staging root (and the
 /// host's root under it) is still stacked over the new root: [`detach_host`] must follow
 /// before anything else resolves a path.
-pub fn build(plan: &LaunchPlan, handed: &[std::os::fd::OwnedFd]) -> Result<()> {
+///
+/// Returns a descriptor (`O_PATH`, close-on-exec) of the new `/proc`'s `sys` directory
+/// from before it was made read-only, through which the sandbox's own network sysctls are
+/// written once init is in its network namespace (see `sys::small_tcp_buffers`). It must
+/// not outlive the build.
+pub fn build(plan: &LaunchPlan, handed: &[std::os::fd::OwnedFd]) -> Result<OwnedFd> {
     // Every mount of this namespace (its private copies of the host's) becomes private,
     // so nothing mounted here propagates back to the host and nothing the host mounts later
     // appears here, and read-only, nosuid and nodev, so each bind taken from the host's
@@ -390,7 +401,7 @@ pub fn build(plan: &LaunchPlan, handed: &[std::os::fd::OwnedFd]) -> Result<()> {
     built
 }
 
-fn assemble(plan: &LaunchPlan, handed: &[std::os::fd::OwnedFd]) -> Result<()> {
+fn assemble(plan: &LaunchPlan, handed: &[std::os::fd::OwnedFd]) -> Result<OwnedFd> {
     // One tmpfs holds the staging root, the masks for /proc, and the new root (a directory
     // bound onto itself to be a mount point).
     let staging = Path::new("/tmp");
@@ -460,7 +471,7 @@ fn assemble(plan: &LaunchPlan, handed: &[std::os::fd::OwnedFd]) -> Result<()> {
 
     // /proc must be mounted while the host's /proc is still visible: the kernel refuses a
     // new proc mount in a user namespace that could not already see a full one.
-    proc_fs(new, &masks, plan)?;
+    let sysctl_dir = proc_fs(new, &masks, plan)?;
     dev_fs(old, new)?;
     mkdir(&new.join("sys"), 0o555)?;
     mkdir(&new.join("run"), 0o755)?;
@@ -612,7 +623,7 @@ fn assemble(plan: &LaunchPlan, handed: &[std::os::fd::OwnedFd]) -> Result<()> {
     step(sys::pivot_root(Path::new("."), Path::new(".")), || {
         "pivot into the new root".to_string()
     })?;
-    Ok(())
+    Ok(sysctl_dir)
 }
 
 /// The end of the way in, after [`build`]: the staging root, with the host's root still

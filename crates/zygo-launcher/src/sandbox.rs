@@ -689,6 +689,12 @@ fn supervise(
         }
     }
     let init_status = init.reap();
+    // init is reaped only once every process of its pid namespace is gone: a killed
+    // sandbox's time runs until then, teardown included, so a kill that is slow to land
+    // shows in `wall_ms`.
+    if killed {
+        ended = Some(Instant::now());
+    }
     if let Some(why) = failure {
         let phase = if started.is_some() {
             Phase::Run
@@ -884,7 +890,7 @@ fn build(plan: &LaunchPlan, reg: Option<RawFd>, handed: &[OwnedFd]) -> Result<()
     // SAFETY: host is a valid byte slice for its length.
     let r = unsafe { libc::sethostname(host.as_ptr().cast(), host.len()) };
     step(check(r), || "set the host name".into())?;
-    rootfs::build(plan, handed)?;
+    let sysctl_dir = rootfs::build(plan, handed)?;
     let ns = step(net.take(), || "create the network namespace".into())?;
     rootfs::detach_host(plan)?;
     if plan.scripts {
@@ -895,6 +901,11 @@ fn build(plan: &LaunchPlan, reg: Option<RawFd>, handed: &[OwnedFd]) -> Result<()
     step(sys::enter_net_namespace(&ns), || {
         "enter the network namespace".into()
     })?;
+    // Only now, from inside the namespace: `/proc/sys/net` shows the opener's.
+    step(sys::small_tcp_buffers(&sysctl_dir), || {
+        "set the sandbox's TCP buffer sizes".into()
+    })?;
+    drop(sysctl_dir);
     step(net.join(), || "end the network namespace's thread".into())
 }
 

@@ -131,10 +131,33 @@ impl Mounter {
         Ok(())
     }
 
-    /// The next answer (poll said one is there): its slot, and the root of the request's
-    /// new `/work` when the mounts are in place. `Err` when the mounter itself is gone or
-    /// broke its protocol.
-    pub fn answer(&mut self) -> Result<(String, Result<OwnedFd, ScratchError>), ScratchError> {
+    /// Shrink the `/tmp` and `/work` of the parked process `pid` of `slot` (checked as for
+    /// [`Mounter::request`]) to `size` bytes each, before its request reaches it; the answer
+    /// comes through [`Mounter::answer`] like a mount's.
+    pub fn shrink(
+        &mut self,
+        slot: &str,
+        pid: i32,
+        sandbox: &SandboxNs,
+        size: u64,
+    ) -> Result<(), ScratchError> {
+        let mnt = check(pid, sandbox)?;
+        let mut msg = [0u8; 9];
+        msg[0] = b's';
+        msg[1..].copy_from_slice(&size.to_ne_bytes());
+        plumbing::fds::send_with_fds(self.sock.as_raw_fd(), &msg, &[mnt.as_raw_fd()])
+            .map_err(|e| ScratchError(format!("hand a request to the mounter: {e}")))?;
+        self.waiting.push_back(slot.to_string());
+        Ok(())
+    }
+
+    /// The next answer (poll said one is there): its slot, and, when the mounts (or the
+    /// shrink) are done, the root of the request's new `/work` (after a mount; `None`
+    /// after a shrink). `Err` when the mounter itself is gone or broke its protocol.
+    #[allow(clippy::type_complexity)]
+    pub fn answer(
+        &mut self,
+    ) -> Result<(String, Result<Option<OwnedFd>, ScratchError>), ScratchError> {
         let mut buf = [0u8; ANSWER];
         let (n, mut fds) = plumbing::fds::recv_with_fds(self.sock.as_raw_fd(), &mut buf, 1)
             .map_err(|e| ScratchError(format!("the mounter's answer: {e}")))?;
@@ -147,18 +170,24 @@ impl Mounter {
             .ok_or_else(|| ScratchError("the mounter answered what nobody asked".into()))?;
         let errno = i32::from_ne_bytes([buf[1], buf[2], buf[3], buf[4]]);
         let why = std::io::Error::from_raw_os_error(errno);
-        let result = match (buf[0], fds.pop()) {
-            (0, Some(work)) => Ok(work),
-            (0, None) => Err(ScratchError(
-                "the mounter did not hand over the request's /work".into(),
-            )),
-            (other, _) => Err(match other {
-                11 => ScratchError(format!("enter the request's mount namespace: {why}")),
-                12 => ScratchError(format!("mount the request's /tmp and /work: {why}")),
-                13 => ScratchError(format!("leave the request's mount namespace: {why}")),
-                14 => ScratchError(format!("open the request's new /work: {why}")),
-                other => ScratchError(format!("the mounter failed at step {other}: {why}")),
-            }),
+        let result = match buf[0] {
+            0 => Ok(fds.pop()),
+            11 => Err(ScratchError(format!(
+                "enter the request's mount namespace: {why}"
+            ))),
+            12 => Err(ScratchError(format!(
+                "mount the request's /tmp and /work: {why}"
+            ))),
+            14 => Err(ScratchError(format!(
+                "shrink the request's /tmp and /work: {why}"
+            ))),
+            15 => Err(ScratchError(format!("open the request's new /work: {why}"))),
+            13 => Err(ScratchError(format!(
+                "leave the request's mount namespace: {why}"
+            ))),
+            other => Err(ScratchError(format!(
+                "the mounter failed at step {other}: {why}"
+            ))),
         };
         Ok((slot, result))
     }
@@ -207,9 +236,18 @@ fn mounter_main(sock: RawFd, user: RawFd, home: RawFd, opts: &CString) -> ! {
     }
     let fstype = c"tmpfs";
     loop {
-        let mut tag = [0u8; 1];
-        let fds = match plumbing::fds::recv_with_fds(sock, &mut tag, 1) {
-            Ok((1, fds)) if tag == *b"m" && fds.len() == 1 => fds,
+        // `m`: mount a request's /tmp and /work; `s` and a size: shrink them to it.
+        let mut msg = [0u8; 9];
+        let (fds, shrink) = match plumbing::fds::recv_with_fds(sock, &mut msg, 1) {
+            Ok((1, fds)) if msg[0] == b'm' && fds.len() == 1 => (fds, None),
+            Ok((9, fds)) if msg[0] == b's' && fds.len() == 1 => {
+                let mut size = [0u8; 8];
+                size.copy_from_slice(&msg[1..]);
+                match CString::new(format!("size={}", u64::from_ne_bytes(size))) {
+                    Ok(o) => (fds, Some(o)),
+                    Err(_) => exit_now(1),
+                }
+            }
             _ => exit_now(0),
         };
         let mnt = fds[0].as_raw_fd();
@@ -221,28 +259,39 @@ fn mounter_main(sock: RawFd, user: RawFd, home: RawFd, opts: &CString) -> ! {
             } else {
                 let mut failed = (0, 0);
                 for target in [c"/tmp", c"/work"] {
-                    if libc::mount(
-                        fstype.as_ptr(),
-                        target.as_ptr(),
-                        fstype.as_ptr(),
-                        libc::MS_NOSUID | libc::MS_NODEV,
-                        opts.as_ptr().cast(),
-                    ) != 0
-                    {
-                        failed = (12, errno());
+                    let done = match &shrink {
+                        None => libc::mount(
+                            fstype.as_ptr(),
+                            target.as_ptr(),
+                            fstype.as_ptr(),
+                            libc::MS_NOSUID | libc::MS_NODEV,
+                            opts.as_ptr().cast(),
+                        ),
+                        // The same flags again (a remount may not drop them), a smaller
+                        // size: tmpfs refuses one below what is in use (nothing, here).
+                        Some(size) => libc::mount(
+                            std::ptr::null(),
+                            target.as_ptr(),
+                            std::ptr::null(),
+                            libc::MS_REMOUNT | libc::MS_NOSUID | libc::MS_NODEV,
+                            size.as_ptr().cast(),
+                        ),
+                    };
+                    if done != 0 {
+                        failed = (if shrink.is_some() { 14 } else { 12 }, errno());
                         break;
                     }
                 }
                 // The new /work's root, opened here, where only the request's own (parked,
                 // waiting) process can see it: the launcher makes the request's directory
                 // in it and unpacks its workspace through it.
-                if failed.0 == 0 {
+                if failed.0 == 0 && shrink.is_none() {
                     work = libc::open(
                         c"/work".as_ptr(),
                         libc::O_RDONLY | libc::O_DIRECTORY | libc::O_NOFOLLOW | libc::O_CLOEXEC,
                     );
                     if work < 0 {
-                        failed = (14, errno());
+                        failed = (15, errno());
                     }
                 }
                 // Back home: the request's namespace is held by nothing of ours.

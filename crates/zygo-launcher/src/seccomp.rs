@@ -21,6 +21,7 @@
 //! - whole-machine controls: modules, kexec, reboot, swap, accounting, quotas, clocks,
 //!   host/domain names, `syslog`, `iopl`/`ioperm`;
 //! - terminal injection: `ioctl(TIOCSTI)` and `ioctl(TIOCLINUX)`;
+//! - evicting the shared image from the host's page cache: `fadvise64(POSIX_FADV_DONTNEED)`;
 //! - personality flags that weaken the address space (`ADDR_NO_RANDOMIZE`,
 //!   `READ_IMPLIES_EXEC`, ...).
 //!
@@ -107,6 +108,12 @@ const SELF: &[u32] = &[0];
 
 /// Terminal ioctls that inject input into, or reconfigure, a terminal the sandbox may share.
 const TERMINAL_INJECTION: &[u32] = &[libc::TIOCSTI as u32, libc::TIOCLINUX as u32];
+
+/// `fadvise64` advice that drops clean pages from the page cache, wherever they came from:
+/// on the read-only image (shared by every sandbox and the host) it would let one sandbox
+/// evict what everyone else reads, making their next start and imports read the disk. It
+/// is only a hint, and callers carry on when it fails.
+const CACHE_EVICTION: &[u32] = &[libc::POSIX_FADV_DONTNEED as u32];
 
 /// `personality` values that change nothing dangerous: PER_LINUX, PER_LINUX32, UNAME26,
 /// UNAME26|PER_LINUX32, and 0xffffffff, which only queries.
@@ -302,7 +309,8 @@ static ALLOWLIST: &[Allowed] = { use sys::*; &[
     allow!(SYS_truncate, "set a file's size (editors, databases, log rotation)"),
     allow!(SYS_ftruncate, "set a file's size (editors, databases, shared memory objects)"),
     allow!(SYS_fallocate, "reserve file space ahead (databases, downloaders, cp)"),
-    allow!(SYS_fadvise64, "tell the kernel how a file will be read (cp, databases, sort)"),
+    allow!(SYS_fadvise64, When::NoneOf { arg: 3, values: CACHE_EVICTION },
+           "tell the kernel how a file will be read (cp, databases, sort); not DONTNEED, which drops the shared image's pages from the host's page cache"),
     allow!(SYS_readahead, "prefetch file data (loaders, databases)"),
     allow!(SYS_fsync, "make a file durable (editors, databases, package managers)"),
     allow!(SYS_fdatasync, "make a file's data durable (databases, SQLite)"),
@@ -715,6 +723,7 @@ mod tests {
                 "ioprio_set",
                 "prlimit64",
                 "ioctl",
+                "fadvise64",
                 "socket",
                 "socketpair"
             ]
@@ -852,6 +861,24 @@ mod tests {
             (libc::SYS_ioctl, 1, libc::FIONREAD, allow),
             (libc::SYS_ioctl, 1, libc::TCGETS, allow),
             (libc::SYS_ioctl, 1, libc::TIOCSTI, eperm),
+            (
+                libc::SYS_fadvise64,
+                3,
+                libc::POSIX_FADV_DONTNEED as u64,
+                eperm,
+            ),
+            (
+                libc::SYS_fadvise64,
+                3,
+                libc::POSIX_FADV_WILLNEED as u64,
+                allow,
+            ),
+            (
+                libc::SYS_fadvise64,
+                3,
+                libc::POSIX_FADV_SEQUENTIAL as u64,
+                allow,
+            ),
             (libc::SYS_ioctl, 1, libc::TIOCSTI | 1 << 32, eperm),
             (libc::SYS_personality, 0, 0xffff_ffff, allow),
             (

@@ -354,6 +354,22 @@ impl Workdir {
         )
     }
 
+    /// A call's workspace, if it has one, unpacked under the cap for a request whose
+    /// scratch space is `scratch` bytes (at most `MAX_WORKSPACE` whatever that is).
+    pub fn unpack_call(
+        &self,
+        tar: Option<&proto::bytes::Bytes>,
+        scratch: u64,
+    ) -> Result<(), Refusal> {
+        match tar {
+            Some(t) => {
+                let cap = (proto::front::MAX_WORKSPACE as u64).min(scratch);
+                self.unpack(t, cap).map(|_| ())
+            }
+            None => Ok(()),
+        }
+    }
+
     /// Pack the directory as it is now (after the handler answered), reopening it by name
     /// from `/work`: a directory swapped for anything else is not packed.
     pub fn pack(&self, max_bytes: usize) -> Packed {

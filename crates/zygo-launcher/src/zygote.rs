@@ -226,6 +226,8 @@ fn send_now(fd: RawFd, line: &[u8]) -> std::io::Result<()> {
 // --- The relay -----------------------------------------------------------------------------
 
 struct Child {
+    /// Its process (checked again before its scratch space is shrunk for a request).
+    pid: i32,
     fd: OwnedFd,
     lines: Lines,
     done: bool,
@@ -250,10 +252,32 @@ struct Relay {
     carry: Vec<u8>,
     /// What one read brought.
     scratch: Vec<u8>,
+    /// Past [`MAX_RELAY`] the pipe is drained one chunk per [`DRAIN_TICK`]: not polled
+    /// again before this.
+    resume_at: Option<Instant>,
 }
 
 /// What is relayed of each stream; the monitor keeps one byte less.
 const MAX_RELAY: usize = 1024 * 1024 + 1;
+
+/// How often a stream past [`MAX_RELAY`] is drained, a chunk at a time, into `/dev/null`
+/// with splice (never copied through this process): at most 16 MB a second of output
+/// that is dropped anyway, so a handler writing as fast as it can costs the launcher,
+/// which runs outside the sandbox's cgroup, next to no CPU; the handler waits on its full
+/// pipe instead.
+const DRAIN_TICK: Duration = Duration::from_millis(4);
+
+/// `/dev/null`, opened once, for what is dropped.
+fn dev_null() -> Option<&'static std::fs::File> {
+    static NULL: std::sync::OnceLock<Option<std::fs::File>> = std::sync::OnceLock::new();
+    NULL.get_or_init(|| {
+        std::fs::OpenOptions::new()
+            .write(true)
+            .open("/dev/null")
+            .ok()
+    })
+    .as_ref()
+}
 
 impl Relay {
     fn new(fd: OwnedFd, stream: Stream) -> Relay {
@@ -268,15 +292,74 @@ impl Relay {
             sent: 0,
             carry: Vec::new(),
             scratch: Vec::new(),
+            resume_at: None,
         }
     }
 
+    /// The descriptor to poll: none while a drain waits for its next tick.
     fn raw(&self) -> RawFd {
-        self.fd.as_ref().map_or(-1, |f| f.as_raw_fd())
+        match self.resume_at {
+            Some(t) if t > Instant::now() => -1,
+            _ => self.fd.as_ref().map_or(-1, |f| f.as_raw_fd()),
+        }
+    }
+
+    /// How long until a waiting drain is due, in milliseconds (rounded up).
+    fn due_ms(&self) -> Option<libc::c_int> {
+        let t = self.resume_at.filter(|_| self.fd.is_some())?;
+        Some(
+            t.saturating_duration_since(Instant::now())
+                .as_micros()
+                .div_ceil(1000) as libc::c_int,
+        )
+    }
+
+    /// Past [`MAX_RELAY`]: move one chunk (all there is, up to 64 of them, when `drain`)
+    /// into `/dev/null`. False if splice cannot be used here.
+    fn drop_spliced(&mut self, drain: bool) -> bool {
+        let (Some(fd), Some(null)) = (self.fd.as_ref(), dev_null()) else {
+            return false;
+        };
+        for _ in 0..if drain { 64 } else { 1 } {
+            // SAFETY: splice(2) between two descriptors we hold, no offsets.
+            let n = unsafe {
+                libc::splice(
+                    fd.as_raw_fd(),
+                    std::ptr::null_mut(),
+                    null.as_raw_fd(),
+                    std::ptr::null_mut(),
+                    CHUNK,
+                    libc::SPLICE_F_MOVE | libc::SPLICE_F_NONBLOCK,
+                )
+            };
+            match n {
+                0 => {
+                    self.fd = None;
+                    return true;
+                }
+                n if n > 0 => {}
+                _ => match std::io::Error::last_os_error().raw_os_error() {
+                    Some(libc::EAGAIN) => return true,
+                    Some(libc::EINTR) => {}
+                    Some(libc::EINVAL) => return false,
+                    _ => {
+                        self.fd = None;
+                        return true;
+                    }
+                },
+            }
+        }
+        if !drain {
+            self.resume_at = Some(Instant::now() + DRAIN_TICK);
+        }
+        true
     }
 
     /// Read what is in the pipe now (all of it when `drain`), and send it on.
     fn pump(&mut self, slot: &str, up: &mut Up, drain: bool) -> Result<(), LaunchError> {
+        if self.sent >= MAX_RELAY && self.carry.is_empty() && self.drop_spliced(drain) {
+            return Ok(());
+        }
         // A drain is bounded: a daemon the handler left behind may write without end.
         for _ in 0..64 {
             let Some(fd) = self.fd.as_ref() else {
@@ -568,6 +651,38 @@ pub struct Sandbox {
     pub scripts: bool,
 }
 
+/// A request held back while its child's `/tmp` and `/work` are shrunk: its line, its
+/// workspace (unpacked once the space has its size), and that size.
+struct Held {
+    line: Vec<u8>,
+    workspace: Option<proto::bytes::Bytes>,
+    size: u64,
+}
+
+/// A call whose workspace was refused: nothing of it ran; its child is dropped and the
+/// monitor told why.
+fn refuse_workspace(
+    up: &mut Up,
+    children: &mut HashMap<String, Child>,
+    space: Option<&mut crate::script_space::ScriptSpace>,
+    slot: String,
+    refusal: crate::workspace::Refusal,
+) -> Result<(), LaunchError> {
+    if let Some(space) = space {
+        space.release(&slot);
+    }
+    children.remove(&slot);
+    up.send(&FromLauncher::WorkspaceRefused {
+        slot: slot.clone(),
+        too_large: refusal.too_large,
+        message: format!("the workspace was refused: {}", refusal.message),
+    })?;
+    up.send(&FromLauncher::SlotClosed {
+        slot,
+        violation: None,
+    })
+}
+
 /// The host ids the launcher acts as in a request's directory: the request's own, or
 /// `None` when the launcher already runs as them.
 fn act_as(sender: Sender) -> Option<(u32, u32)> {
@@ -626,6 +741,8 @@ pub fn serve(
     let mut ready = false;
     let mut children: HashMap<String, Child> = HashMap::new();
     let mut mounting: HashMap<String, Mounting> = HashMap::new();
+    // Requests held while their child's /tmp and /work are shrunk: the line to send it.
+    let mut shrinking: HashMap<String, Held> = HashMap::new();
     let mut ctl_open = true;
     let mut reg_open = true;
     let mut agent_status: Option<i32> = None;
@@ -689,8 +806,15 @@ pub fn serve(
             }
         }
 
+        // Until what is held is due, or the next drain of a stream past its cap.
+        let mut timeout = up.timeout_ms();
+        for c in children.values().filter(|c| !c.orphaned) {
+            for ms in [c.out.due_ms(), c.err.due_ms()].into_iter().flatten() {
+                timeout = if timeout < 0 { ms } else { timeout.min(ms) };
+            }
+        }
         // SAFETY: fds is a valid pollfd array for its length.
-        let n = unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, up.timeout_ms()) };
+        let n = unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, timeout) };
         if n < 0 {
             if std::io::Error::last_os_error().raw_os_error() == Some(libc::EINTR) {
                 continue;
@@ -718,6 +842,7 @@ pub fn serve(
                     script,
                     workspace,
                     out,
+                    scratch_bytes: shrink_to,
                 }) => {
                     // A pool's script goes into the sandbox before its request does.
                     use crate::script_space::Refused;
@@ -748,35 +873,27 @@ pub fn serve(
                         })?;
                         continue;
                     }
+                    let shrink = shrink_to.filter(|s| *s < scratch_bytes);
+                    if let Some(c) = children.get_mut(&slot) {
+                        c.pack = out;
+                    }
                     // The workspace is unpacked into the child's directory before the child
-                    // has its request: nothing of the call runs until it is all there.
-                    let unpacked = match (children.get_mut(&slot), &workspace) {
-                        (Some(c), Some(tar)) => {
-                            c.pack = out;
-                            let cap = (proto::front::MAX_WORKSPACE as u64).min(scratch_bytes);
-                            c.work.unpack(tar, cap).map(|_| ())
+                    // has its request: nothing of the call runs until it is all there. Where
+                    // the child's scratch space is shrunk first, it is unpacked after that,
+                    // into the smaller space.
+                    if shrink.is_none() {
+                        if let Some(refusal) = children.get(&slot).and_then(|c| {
+                            c.work.unpack_call(workspace.as_ref(), scratch_bytes).err()
+                        }) {
+                            refuse_workspace(
+                                &mut up,
+                                &mut children,
+                                script_space.as_mut(),
+                                slot,
+                                refusal,
+                            )?;
+                            continue;
                         }
-                        (Some(c), None) => {
-                            c.pack = out;
-                            Ok(())
-                        }
-                        (None, _) => Ok(()),
-                    };
-                    if let Err(refusal) = unpacked {
-                        if let Some(space) = script_space.as_mut() {
-                            space.release(&slot);
-                        }
-                        children.remove(&slot);
-                        up.send(&FromLauncher::WorkspaceRefused {
-                            slot: slot.clone(),
-                            too_large: refusal.too_large,
-                            message: format!("the workspace was refused: {}", refusal.message),
-                        })?;
-                        up.send(&FromLauncher::SlotClosed {
-                            slot,
-                            violation: None,
-                        })?;
-                        continue;
                     }
                     let delivered = match (children.get(&slot), placed) {
                         (Some(c), Ok(path)) => {
@@ -794,7 +911,28 @@ pub fn serve(
                             line.extend_from_slice(b",\"event\":");
                             line.extend_from_slice(event.as_bytes());
                             line.extend_from_slice(b"}\n");
-                            sys::write_fd(c.fd.as_raw_fd(), &line).is_ok()
+                            match shrink {
+                                // Its /tmp and /work are shrunk first; the request follows
+                                // once the mounter says so.
+                                Some(size) => match mounter.shrink(&slot, c.pid, &ns, size) {
+                                    Ok(()) => {
+                                        shrinking.insert(
+                                            slot.clone(),
+                                            Held {
+                                                line,
+                                                workspace,
+                                                size,
+                                            },
+                                        );
+                                        true
+                                    }
+                                    Err(e) => {
+                                        log::error!("launcher: {e}");
+                                        false
+                                    }
+                                },
+                                None => sys::write_fd(c.fd.as_raw_fd(), &line).is_ok(),
+                            }
                         }
                         (_, Err(e)) => {
                             log::error!("launcher: place a script in the sandbox: {e}");
@@ -821,6 +959,7 @@ pub fn serve(
                     }
                     children.remove(&slot);
                     mounting.remove(&slot);
+                    shrinking.remove(&slot);
                 }
                 Ok(ToLauncher::Kill) => return end("killed by the monitor".into()),
                 Ok(other) => return end(format!("the monitor sent {other:?} to a zygote")),
@@ -913,9 +1052,50 @@ pub fn serve(
                 Ok(a) => a,
                 Err(e) => return end(format!("the mounter failed: {e}")),
             };
-            if let Some(m) = mounting.remove(&slot) {
+            // A request held while its child's scratch space was shrunk goes on now, or
+            // (not shrunk) never reaches the child.
+            if let Some(held) = shrinking.remove(&slot) {
+                // Its workspace goes into the space as it is now.
+                if let (Ok(_), Some(c)) = (&result, children.get(&slot)) {
+                    if let Err(refusal) = c.work.unpack_call(held.workspace.as_ref(), held.size) {
+                        refuse_workspace(
+                            &mut up,
+                            &mut children,
+                            script_space.as_mut(),
+                            slot,
+                            refusal,
+                        )?;
+                        continue;
+                    }
+                }
+                let line = held.line;
+                let delivered = match (&result, children.get(&slot)) {
+                    (Ok(_), Some(c)) => sys::write_fd(c.fd.as_raw_fd(), &line).is_ok(),
+                    (Err(e), Some(_)) => {
+                        log::error!("launcher: {e}");
+                        false
+                    }
+                    (_, None) => true,
+                };
+                if !delivered {
+                    if let Some(space) = script_space.as_mut() {
+                        space.release(&slot);
+                    }
+                    children.remove(&slot);
+                    up.send(&FromLauncher::SlotClosed {
+                        slot,
+                        violation: Some(
+                            "the request's /tmp and /work could not be shrunk to its scratch limit"
+                                .into(),
+                        ),
+                    })?;
+                }
+            } else if let Some(m) = mounting.remove(&slot) {
                 let placed = result
                     .map_err(|e| format!("give the request its own /tmp and /work: {e}"))
+                    .and_then(|work| {
+                        work.ok_or_else(|| "the mounter did not hand over its /work".to_string())
+                    })
                     .and_then(|work| {
                         crate::workspace::Workdir::create(work, act_as(m.sender))
                             .map_err(|e| format!("give the request its own directory: {e}"))
@@ -938,6 +1118,7 @@ pub fn serve(
                         children.insert(
                             slot.clone(),
                             Child {
+                                pid: m.sender.pid,
                                 fd: m.fd,
                                 lines: Lines::new(MAX_CHILD_LINE),
                                 done: false,

@@ -434,6 +434,54 @@ struct Stream {
     truncated: bool,
     /// What is read to be passed through or dropped.
     scratch: Vec<u8>,
+    /// `splice` was refused for this stream's destination (a terminal, a file opened for
+    /// appending): it is copied through `scratch` instead.
+    no_splice: bool,
+    /// Past the cap, a captured stream is drained at most one chunk per [`DRAIN_TICK`]:
+    /// not read again before this.
+    resume_at: Option<Instant>,
+}
+
+/// How often a captured stream past its cap is drained (a chunk at a time): at most 16 MB
+/// a second of output that is dropped anyway, so that a program writing as fast as it can
+/// costs its caller next to no CPU (it waits on the full pipe instead).
+const DRAIN_TICK: Duration = Duration::from_millis(4);
+
+/// `/dev/null`, where what a captured stream writes past its cap is spliced.
+fn dev_null() -> Option<&'static File> {
+    static NULL: std::sync::OnceLock<Option<File>> = std::sync::OnceLock::new();
+    NULL.get_or_init(|| {
+        std::fs::OpenOptions::new()
+            .write(true)
+            .open("/dev/null")
+            .ok()
+    })
+    .as_ref()
+}
+
+/// Move up to `len` bytes from the pipe `from` to `to` inside the kernel (no copy through
+/// this process): `Ok(0)` at the end of the pipe.
+fn splice(from: RawFd, to: RawFd, len: usize) -> std::io::Result<usize> {
+    loop {
+        // SAFETY: splice(2) between two descriptors we hold, no offsets.
+        let n = unsafe {
+            libc::splice(
+                from,
+                std::ptr::null_mut(),
+                to,
+                std::ptr::null_mut(),
+                len,
+                libc::SPLICE_F_MOVE,
+            )
+        };
+        if n >= 0 {
+            return Ok(n as usize);
+        }
+        let e = std::io::Error::last_os_error();
+        if e.kind() != std::io::ErrorKind::Interrupted {
+            return Err(e);
+        }
+    }
 }
 
 impl Stream {
@@ -443,19 +491,61 @@ impl Stream {
             kept: Vec::new(),
             truncated: false,
             scratch: Vec::new(),
+            no_splice: false,
+            resume_at: None,
         }
     }
 
-    fn raw(&self) -> RawFd {
-        self.fd.as_ref().map_or(-1, |f| f.as_raw_fd())
+    /// The descriptor to poll: none while a drain waits for its next tick.
+    fn raw(&self, now: Instant) -> RawFd {
+        match self.resume_at {
+            Some(t) if t > now => -1,
+            _ => self.fd.as_ref().map_or(-1, |f| f.as_raw_fd()),
+        }
+    }
+
+    /// When a waiting drain is due.
+    fn due(&self) -> Option<Instant> {
+        self.resume_at.filter(|_| self.fd.is_some())
     }
 
     /// Read what is there; keep, forward or drop it. A captured stream is read straight
     /// into what is kept, up to the cap; a byte past the cap marks it truncated.
+    ///
+    /// Whatever is not kept is moved with `splice` where the kernel allows it (to
+    /// `/dev/null`, to a pipe or a file), rather than copied through this process: the
+    /// CPU a relay spends is charged to the caller, not to the sandbox, and a program
+    /// writing as fast as its CPU quota allows would otherwise have its caller spend as
+    /// much again copying it.
     fn pump(&mut self, mode: Output, to_stderr: bool) {
         let Some(f) = self.fd.as_ref() else { return };
         let fd = f.as_raw_fd();
         let room = OUTPUT_CAP - self.kept.len();
+        let keeping = mode == Output::Capture && room > 0;
+        if !self.no_splice && !keeping {
+            let to = match mode {
+                Output::Capture => dev_null().map(|n| n.as_raw_fd()),
+                Output::PassThrough if to_stderr => Some(libc::STDERR_FILENO),
+                Output::PassThrough => Some(libc::STDOUT_FILENO),
+            };
+            if let Some(to) = to {
+                match splice(fd, to, CHUNK) {
+                    Ok(0) => self.fd = None,
+                    Ok(_) if mode == Output::Capture => {
+                        self.truncated = true;
+                        self.resume_at = Some(Instant::now() + DRAIN_TICK);
+                    }
+                    Ok(_) => {}
+                    // The destination takes no splice (a terminal, O_APPEND): copy.
+                    Err(e) if e.raw_os_error() == Some(libc::EINVAL) => self.no_splice = true,
+                    // As a write to it would: the relay ends.
+                    Err(_) => self.fd = None,
+                }
+                if !self.no_splice {
+                    return;
+                }
+            }
+        }
         let read = if mode == Output::Capture && room > 0 {
             read_append(fd, &mut self.kept, room.min(CHUNK))
         } else {
@@ -469,6 +559,7 @@ impl Stream {
                     if !self.scratch.is_empty() {
                         self.truncated = true;
                         self.scratch.clear();
+                        self.resume_at = Some(Instant::now() + DRAIN_TICK);
                     }
                 }
                 Output::PassThrough => {
@@ -575,6 +666,10 @@ fn drive(ending: &mut Ending, st: Started, meanwhile: impl FnOnce()) -> (Outcome
     let mut finished = false;
     let watchdog = Instant::now() + Duration::from_millis(timeout_ms) + WATCHDOG_SLACK;
     let mut drain_deadline: Option<Instant> = None;
+    // The program's deadline as seen from here (a little after the launcher's own, which
+    // it counts from the same report): at it the CPU quota is lifted, so that the
+    // launcher's kill completes within milliseconds however little CPU the sandbox had.
+    let mut run_deadline: Option<Instant> = None;
 
     // Once the launcher has reported the end (its sandbox is gone by then), only the
     // output is still awaited: the launcher's own exit is not.
@@ -598,11 +693,25 @@ fn drive(ending: &mut Ending, st: Started, meanwhile: impl FnOnce()) -> (Outcome
                 break;
             }
         }
-        let wait = if listening {
-            watchdog.saturating_duration_since(now)
+        if let Some(d) = run_deadline {
+            if now >= d {
+                run_deadline = None;
+                if let Some(cg) = ending.cg() {
+                    if let Err(e) = cg.lift_cpu_quota() {
+                        log::warn!("lift the CPU quota for the kill at the deadline: {e}");
+                    }
+                }
+            }
+        }
+        let mut wait = if listening {
+            let next = run_deadline.map_or(watchdog, |d| d.min(watchdog));
+            next.saturating_duration_since(now)
         } else {
             drain_deadline.map_or(Duration::ZERO, |d| d.saturating_duration_since(now))
         };
+        for due in [stdout.due(), stderr.due()].into_iter().flatten() {
+            wait = wait.min(due.saturating_duration_since(now));
+        }
         let cancel_fd = match &cancel {
             Some(fd) if listening && !out.cancelled => fd.as_raw_fd(),
             _ => -1,
@@ -620,8 +729,8 @@ fn drive(ending: &mut Ending, st: Started, meanwhile: impl FnOnce()) -> (Outcome
         };
         let mut fds = [
             poll_in(if listening { sock.as_raw_fd() } else { -1 }),
-            poll_in(stdout.raw()),
-            poll_in(stderr.raw()),
+            poll_in(stdout.raw(now)),
+            poll_in(stderr.raw(now)),
             poll_in(cancel_fd),
             poll_in(init_fd),
         ];
@@ -683,6 +792,7 @@ fn drive(ending: &mut Ending, st: Started, meanwhile: impl FnOnce()) -> (Outcome
                             break;
                         }
                         if started {
+                            run_deadline = Some(Instant::now() + Duration::from_millis(timeout_ms));
                             if let Some(work) = meanwhile.take() {
                                 work();
                             }

@@ -22,6 +22,7 @@ pub enum Op {
     KillAll,
     Remove,
     SetWeight(Weight),
+    LiftCpuQuota,
 }
 
 #[derive(Default)]
@@ -147,6 +148,11 @@ impl Cgroup for Fake {
     fn kill_all(&self) -> Result<(), CgroupError> {
         self.record(Op::KillAll);
         self.state().pids.clear();
+        Ok(())
+    }
+
+    fn lift_cpu_quota(&self) -> Result<(), CgroupError> {
+        self.record(Op::LiftCpuQuota);
         Ok(())
     }
 

@@ -9,6 +9,7 @@
 //! otherwise the v1 memory, pids, cpu, cpuacct and freezer hierarchies. Where neither can
 //! enforce limits, sandboxes are refused with the steps to fix it.
 
+pub mod disks;
 #[cfg(test)]
 pub(crate) mod fake;
 mod v1;
@@ -38,6 +39,10 @@ pub struct Limits {
     /// CPU bandwidth in thousandths of a CPU.
     pub cpu_millis: u32,
     pub pids: u32,
+    /// Bytes a second read from, and written to, each disk ([`disks::disks`]).
+    pub io_bps: u64,
+    /// Operations a second on each disk, reads and writes each.
+    pub io_iops: u32,
 }
 
 impl Limits {
@@ -50,7 +55,23 @@ impl Limits {
             },
             cpu_millis: l.cpu.millis(),
             pids: l.pids,
+            io_bps: l.io_bps.0,
+            io_iops: l.io_iops,
         }
+    }
+}
+
+impl Limits {
+    /// v1 `cpu.shares` in the foreground: the kernel's default (1024) per CPU of
+    /// bandwidth, so that a sandbox's share of a contended CPU follows its `--cpu` as its
+    /// quota does (within the kernel's range, 2 to 262144).
+    pub fn cpu_shares(&self) -> u64 {
+        (u64::from(self.cpu_millis) * 1024 / 1000).clamp(2, 262_144)
+    }
+
+    /// v2 `cpu.weight` in the foreground: the default (100) per CPU, within 1 to 10000.
+    pub fn cpu_weight(&self) -> u64 {
+        (u64::from(self.cpu_millis) * 100 / 1000).clamp(1, 10_000)
     }
 }
 
@@ -111,12 +132,12 @@ pub fn delegation_steps() -> String {
     if Path::new("/sys/fs/cgroup/cgroup.controllers").exists() {
         format!(
             "run Zygo inside a delegated cgroup, e.g. `systemd-run --user --scope -p Delegate=yes zygo ...`, \
-             or as root: `mkdir /sys/fs/cgroup/zygo-{user} && echo '+memory +pids +cpu' > /sys/fs/cgroup/cgroup.subtree_control \
+             or as root: `mkdir /sys/fs/cgroup/zygo-{user} && echo '+memory +pids +cpu +io' > /sys/fs/cgroup/cgroup.subtree_control \
              && chown -R {uid}:{gid} /sys/fs/cgroup/zygo-{user}` and then `export ZYGO_CGROUP=/zygo-{user}`"
         )
     } else {
         format!(
-            "give this user a cgroup subtree, as root: `for c in memory pids cpu cpuacct freezer; do \
+            "give this user a cgroup subtree, as root: `for c in memory pids cpu cpuacct freezer blkio; do \
              mkdir -p /sys/fs/cgroup/$c/zygo-{user} && chown -R {uid}:{gid} /sys/fs/cgroup/$c/zygo-{user}; done` \
              and then `export ZYGO_CGROUP=/zygo-{user}`"
         )
@@ -144,15 +165,22 @@ pub trait Cgroup: Send {
     fn usage(&self) -> Result<Usage, CgroupError>;
     fn freeze(&self) -> Result<(), CgroupError>;
     fn thaw(&self) -> Result<(), CgroupError>;
-    /// Kill every process in the cgroup, including ones that are forking.
+    /// Kill every process in the cgroup, including ones that are forking. Processes that
+    /// are slow to die (held back by the CPU quota, which a killed process still needs to
+    /// exit) get the quota lifted, so the kill takes milliseconds whatever the limits.
     fn kill_all(&self) -> Result<(), CgroupError>;
+    /// Lift the CPU quota (and put the weight back to the default): done at a deadline,
+    /// just before or after the kill, so that the dying processes are neither throttled
+    /// nor starved while they exit. A cgroup whose quota was lifted is never recycled.
+    fn lift_cpu_quota(&self) -> Result<(), CgroupError>;
     /// Whether any process is still in the cgroup.
     fn is_empty(&self) -> Result<bool, CgroupError>;
     /// Kill what is left and remove the cgroup.
     fn remove(self: Box<Self>) -> Result<(), CgroupError>;
     /// Its share of the CPU against its siblings when the CPUs are contended: a zygote's
     /// agent and its parked children (forking, setting up) run in the background, so that
-    /// a request being served never waits behind them.
+    /// a request being served never waits behind them. The foreground weight is the one
+    /// `set_limits` wrote (it follows the CPU bandwidth); the background one a quarter.
     fn set_weight(&self, w: Weight) -> Result<(), CgroupError>;
     /// Make an emptied cgroup ready for another process of the same function, as if new:
     /// its counters reset, what its last process left charged to it reclaimed, thawed.
@@ -564,4 +592,34 @@ pub(crate) fn kill_listed(
         }
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod weight_tests {
+    use super::Limits;
+
+    fn at(cpu_millis: u32) -> Limits {
+        Limits {
+            mem_bytes: None,
+            cpu_millis,
+            pids: 64,
+            io_bps: 1 << 27,
+            io_iops: 4000,
+        }
+    }
+
+    #[test]
+    fn the_weight_follows_the_cpu_bandwidth() {
+        assert_eq!(at(1000).cpu_shares(), 1024);
+        assert_eq!(at(1000).cpu_weight(), 100);
+        assert_eq!(at(500).cpu_shares(), 512);
+        assert_eq!(at(500).cpu_weight(), 50);
+        assert_eq!(at(2000).cpu_shares(), 2048);
+        assert_eq!(at(2000).cpu_weight(), 200);
+        // Within the kernel's ranges at both ends.
+        assert_eq!(at(1).cpu_shares(), 2);
+        assert_eq!(at(1).cpu_weight(), 1);
+        assert_eq!(at(u32::MAX).cpu_shares(), 262_144);
+        assert_eq!(at(u32::MAX).cpu_weight(), 10_000);
+    }
 }

@@ -4,7 +4,7 @@
 //! v1 has no `cgroup.kill`: a tree is killed by freezing it (so nothing can fork or exit
 //! while we look), SIGKILLing every task listed, then thawing so the kills are delivered.
 
-use std::cell::{OnceCell, RefCell};
+use std::cell::{Cell, OnceCell, RefCell};
 use std::ffi::CString;
 use std::fs::File;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
@@ -25,6 +25,10 @@ pub struct V1 {
     roots: [PathBuf; 5],
     /// Whether the kernel accounts swap (`memory.memsw.*` files exist).
     memsw: bool,
+    /// Zygo's root in the blkio hierarchy, where I/O limits are written: used when it is
+    /// mounted and ours to use (an unprivileged user is often given only the five above,
+    /// and then sandboxes run without I/O limits; see `io_limited`).
+    blkio: Option<PathBuf>,
 }
 
 impl V1 {
@@ -69,7 +73,17 @@ impl V1 {
             .try_into()
             .map_err(|_| CgroupError::Unavailable("v1 controllers missing".into()))?;
         let memsw = roots[0].join("memory.memsw.limit_in_bytes").exists();
-        Ok(Some(V1 { roots, memsw }))
+        let blkio = blkio_root(own, base_override, mounts);
+        Ok(Some(V1 {
+            roots,
+            memsw,
+            blkio,
+        }))
+    }
+
+    /// Whether sandboxes get I/O limits (the blkio hierarchy is ours to use).
+    pub fn io_limited(&self) -> bool {
+        self.blkio.is_some()
     }
 
     pub fn root(&self) -> String {
@@ -80,13 +94,15 @@ impl V1 {
     /// cgroup leaves it in the first few hierarchies only, and those must be found too.
     /// Zygo's root in each hierarchy.
     pub fn roots(&self) -> impl Iterator<Item = &Path> {
-        self.roots.iter().map(PathBuf::as_path)
+        self.roots
+            .iter()
+            .chain(self.blkio.as_ref())
+            .map(PathBuf::as_path)
     }
 
     pub fn child_names_in(&self, rel: &str) -> Vec<String> {
         let mut names: Vec<String> = self
-            .roots
-            .iter()
+            .roots()
             .flat_map(|r| super::subdirectories(&super::join(r, rel)))
             .collect();
         names.sort();
@@ -105,16 +121,24 @@ impl V1 {
             return None;
         }
         let dirs: [PathBuf; 5] = dirs.try_into().ok()?;
-        V1Cgroup::new(dirs, self.memsw).ok()
+        let blkio = self
+            .blkio
+            .as_ref()
+            .map(|r| r.join(rel))
+            .filter(|d| d.is_dir());
+        V1Cgroup::new(dirs, self.memsw, blkio).ok()
     }
 
     /// Remove an (empty) intermediate directory of Zygo's tree in every hierarchy; whether
     /// it is gone from all of them.
     pub fn prune(&self, rel: &str) -> bool {
+        if let Some(b) = &self.blkio {
+            let _ = std::fs::remove_dir(b.join(rel));
+        }
         for r in self.roots.iter().rev() {
             let _ = std::fs::remove_dir(r.join(rel));
         }
-        !self.roots.iter().any(|r| r.join(rel).exists())
+        !self.roots().any(|r| r.join(rel).exists())
     }
 
     /// See `Backend::set_ceiling`. The folder is made in every hierarchy (as `create` makes
@@ -123,6 +147,10 @@ impl V1 {
         for r in &self.roots {
             let d = r.join(rel);
             std::fs::create_dir_all(&d).map_err(|e| io_err("create cgroup", &d, e))?;
+        }
+        if let Some(b) = &self.blkio {
+            // Where the function's cgroups go; without it they get no I/O limits.
+            let _ = std::fs::create_dir_all(b.join(rel));
         }
         let mem = self.roots[MEMORY].join(rel);
         let value = mem_bytes.map_or("-1".to_string(), |b| b.to_string());
@@ -165,13 +193,60 @@ impl V1 {
         let dirs: [PathBuf; 5] = dirs
             .try_into()
             .map_err(|_| CgroupError::Unavailable("v1 controllers missing".into()))?;
-        let cg = V1Cgroup::new(dirs, self.memsw);
+        let blkio = self.blkio.as_ref().and_then(|r| {
+            let d = r.join(name);
+            let mut made = std::fs::create_dir(&d);
+            if matches!(&made, Err(e) if e.kind() == std::io::ErrorKind::NotFound) {
+                if let Some(parent) = d.parent() {
+                    let _ = std::fs::create_dir_all(parent);
+                }
+                made = std::fs::create_dir(&d);
+            }
+            match made {
+                Ok(()) => Some(d),
+                Err(e) => {
+                    log::warn!("no I/O limits for {name}: create {}: {e}", d.display());
+                    None
+                }
+            }
+        });
+        let cg = V1Cgroup::new(dirs, self.memsw, blkio.clone());
         if cg.is_err() {
+            if let Some(b) = &blkio {
+                let _ = std::fs::remove_dir(b);
+            }
             for m in made.iter().rev() {
                 let _ = std::fs::remove_dir(m);
             }
         }
         cg
+    }
+}
+
+/// Zygo's root in the blkio hierarchy (made if missing), if that is mounted and ours to
+/// use; `None` otherwise.
+fn blkio_root(
+    own: &[OwnCgroup],
+    base_override: Option<&str>,
+    mounts: &[CgroupMount],
+) -> Option<PathBuf> {
+    let m = mounts
+        .iter()
+        .find(|m| !m.v2 && m.options.iter().any(|o| o == "blkio"))?;
+    let own_path = own
+        .iter()
+        .find(|o| o.controllers.iter().any(|c| c == "blkio"))?;
+    let base = super::base_path(&own_path.path, base_override);
+    let root = join(&m.point, &base).join("zygo");
+    if super::access_w(&root) {
+        return Some(root);
+    }
+    match ensure_dir(&root) {
+        Ok(()) => Some(root),
+        Err(e) => {
+            log::debug!("no I/O limits: {e}");
+            None
+        }
     }
 }
 
@@ -198,6 +273,12 @@ pub struct V1Cgroup {
     counters: OnceCell<Option<[File; 3]>>,
     /// The other files a reused cgroup touches for every request (`HELD`), opened once.
     held: RefCell<Vec<(usize, &'static str, libc::c_int, File)>>,
+    /// Its CPU quota was lifted to let a kill finish: it is not reused.
+    quota_lifted: Cell<bool>,
+    /// `cpu.shares` in the foreground, as `set_limits` wrote it.
+    shares: Cell<u64>,
+    /// Its directory in the blkio hierarchy, if I/O limits are used.
+    blkio: Option<PathBuf>,
 }
 
 /// Files read or written for every request a reused cgroup serves: kept open after first
@@ -215,6 +296,14 @@ const HELD: [&str; 7] = [
     "cpuacct.usage",
 ];
 
+/// v1 caps a sandbox's TCP buffers at this fraction of its memory limit...
+const V1_TCP_SHARE: u64 = 4;
+/// ...but never below this.
+const V1_TCP_MIN: u64 = 1 << 20;
+
+/// The kernel's `cpu.shares` for a new cgroup.
+const DEFAULT_SHARES: u64 = 1024;
+
 /// What `usage` reads, in the order of `V1Cgroup::counters`.
 const COUNTERS: [(usize, &str); 3] = [
     (MEMORY, "memory.oom_control"),
@@ -223,7 +312,11 @@ const COUNTERS: [(usize, &str); 3] = [
 ];
 
 impl V1Cgroup {
-    fn new(dirs: [PathBuf; 5], memsw: bool) -> Result<V1Cgroup, CgroupError> {
+    fn new(
+        dirs: [PathBuf; 5],
+        memsw: bool,
+        blkio: Option<PathBuf>,
+    ) -> Result<V1Cgroup, CgroupError> {
         let mut fds = Vec::with_capacity(5);
         for d in &dirs {
             let f = std::fs::OpenOptions::new()
@@ -242,6 +335,9 @@ impl V1Cgroup {
             memsw,
             counters: OnceCell::new(),
             held: RefCell::new(Vec::new()),
+            quota_lifted: Cell::new(false),
+            shares: Cell::new(DEFAULT_SHARES),
+            blkio,
         })
     }
 
@@ -375,7 +471,11 @@ impl V1Cgroup {
             }
             std::thread::sleep(Duration::from_micros(200));
         }
-        // Something keeps forking: freeze, kill, thaw until nothing is left.
+        // Something is slow to die or keeps forking. A process held back by the CPU quota
+        // cannot exit (nor be frozen) until its next period, and under a small quota with
+        // many threads that takes seconds: lift the quota first. Then freeze, kill, thaw
+        // until nothing is left.
+        self.lift_cpu_quota()?;
         for _ in 0..10 {
             if listed()?.is_empty() {
                 return Ok(true);
@@ -386,6 +486,27 @@ impl V1Cgroup {
             std::thread::sleep(Duration::from_millis(1));
         }
         Ok(true)
+    }
+
+    /// I/O limits: the throttle on every disk, and (where BFQ schedules a disk) a weight
+    /// that follows the CPU bandwidth.
+    fn set_io(&self, dir: &Path, l: &Limits) -> Result<(), CgroupError> {
+        for dev in super::disks::disks() {
+            for (file, value) in [
+                ("blkio.throttle.read_bps_device", l.io_bps.to_string()),
+                ("blkio.throttle.write_bps_device", l.io_bps.to_string()),
+                ("blkio.throttle.read_iops_device", l.io_iops.to_string()),
+                ("blkio.throttle.write_iops_device", l.io_iops.to_string()),
+            ] {
+                super::write_file(&dir.join(file), &format!("{dev} {value}"))?;
+            }
+        }
+        let weight = super::disks::weight(l.cpu_millis);
+        if weight != 100 {
+            // Only there when BFQ is loaded, and it applies only where it schedules a disk.
+            let _ = std::fs::write(dir.join("blkio.bfq.weight"), weight.to_string());
+        }
+        Ok(())
     }
 
     fn wait_frozen(&self) -> Result<(), CgroupError> {
@@ -417,9 +538,14 @@ impl Cgroup for V1Cgroup {
                     self.write_in(MEMORY, "memory.memsw.limit_in_bytes", &b)?;
                 }
                 // v1 charges socket buffers to a cgroup only once this is set: without it a
-                // sandbox could park unbounded memory in TCP buffers. (Not every kernel has
-                // it.)
-                match self.write_in(MEMORY, "memory.kmem.tcp.limit_in_bytes", &b) {
+                // sandbox could park unbounded memory in TCP buffers. They are counted apart
+                // from the memory limit, and past this one the kernel still grants each
+                // socket a minimum (a few pages, with the sandbox network namespace's small
+                // buffer sizes): a quarter of the memory limit keeps the sum near `--mem`
+                // for a sandbox with as many sockets as one process may hold. See
+                // docs/security.md. (Not every kernel has the file.)
+                let tcp = (l.mem_bytes.unwrap_or(0) / V1_TCP_SHARE).max(V1_TCP_MIN);
+                match self.write_in(MEMORY, "memory.kmem.tcp.limit_in_bytes", &tcp.to_string()) {
                     Err(CgroupError::Io { source, .. })
                         if source.raw_os_error() == Some(libc::ENOENT) => {}
                     other => other?,
@@ -434,20 +560,35 @@ impl Cgroup for V1Cgroup {
         let quota = (u64::from(l.cpu_millis) * period / 1000).max(1000);
         self.write_in(CPU, "cpu.cfs_period_us", &period.to_string())?;
         self.write_in(CPU, "cpu.cfs_quota_us", &quota.to_string())?;
+        // The weight follows the bandwidth: without it a small sandbox with many threads
+        // competes for a contended CPU as hard as any other. (A new cgroup has the default
+        // already, which `--cpu 1` asks for.)
+        let shares = l.cpu_shares();
+        if shares != self.shares.get() {
+            self.write_in(CPU, "cpu.shares", &shares.to_string())?;
+            self.shares.set(shares);
+        }
+        if let Some(b) = &self.blkio {
+            self.set_io(b, l)?;
+        }
         Ok(())
     }
 
     fn set_weight(&self, w: Weight) -> Result<(), CgroupError> {
+        let fg = self.shares.get();
         let shares = match w {
-            Weight::Foreground => "1024",
-            Weight::Background => "256",
+            Weight::Foreground => fg,
+            Weight::Background => (fg / 4).max(2),
         };
-        self.write_in(CPU, "cpu.shares", shares)
+        self.write_in(CPU, "cpu.shares", &shares.to_string())
     }
 
     fn add_pid(&self, pid: i32) -> Result<(), CgroupError> {
         for h in 0..5 {
             self.write_in(h, "cgroup.procs", &pid.to_string())?;
+        }
+        if let Some(b) = &self.blkio {
+            super::write_file(&b.join("cgroup.procs"), &pid.to_string())?;
         }
         Ok(())
     }
@@ -457,15 +598,22 @@ impl Cgroup for V1Cgroup {
         for h in 0..5 {
             self.write_in(h, "tasks", &pid)?;
         }
+        if let Some(b) = &self.blkio {
+            super::write_file(&b.join("tasks"), &pid)?;
+        }
         Ok(())
     }
 
     fn attach_files(&self) -> Result<Vec<OwnedFd>, CgroupError> {
         // `tasks` moves just the writing thread, without the global threadgroup lock that
         // `cgroup.procs` takes; the writer is single-threaded, so that is the whole process.
-        (0..5)
+        let mut files: Vec<OwnedFd> = (0..5)
             .map(|h| self.open_in(h, "tasks", libc::O_WRONLY).map(OwnedFd::from))
-            .collect()
+            .collect::<Result<_, _>>()?;
+        if let Some(b) = &self.blkio {
+            files.push(super::open_write(&b.join("tasks"))?);
+        }
+        Ok(files)
     }
 
     fn contains(&self, pid: i32) -> Result<bool, CgroupError> {
@@ -504,11 +652,22 @@ impl Cgroup for V1Cgroup {
         self.kill_all_found().map(|_| ())
     }
 
+    fn lift_cpu_quota(&self) -> Result<(), CgroupError> {
+        self.quota_lifted.set(true);
+        self.write_in(CPU, "cpu.cfs_quota_us", "-1")?;
+        // A small sandbox's small weight would starve its dying processes on a busy host.
+        self.write_in(CPU, "cpu.shares", &DEFAULT_SHARES.to_string())
+    }
+
     fn is_empty(&self) -> Result<bool, CgroupError> {
         Ok(self.procs_in(FREEZER)?.is_empty())
     }
 
     fn recycle(&self) -> Result<bool, CgroupError> {
+        if self.quota_lifted.get() {
+            log::debug!("not reusing {}: its CPU quota was lifted", self.describe());
+            return Ok(false);
+        }
         // The usual case: nothing left to kill, so no second listing.
         if self.kill_all_found()? && !self.is_empty()? {
             log::debug!("not reusing {}: it does not empty", self.describe());
@@ -554,7 +713,7 @@ impl Cgroup for V1Cgroup {
     fn remove(self: Box<Self>) -> Result<(), CgroupError> {
         let killed = self.kill_all();
         let mut first_err = killed.err();
-        for d in self.dirs.iter().rev() {
+        for d in self.blkio.iter().chain(self.dirs.iter().rev()) {
             if let Err(e) = rmdir_retry(d) {
                 first_err.get_or_insert(e);
             }

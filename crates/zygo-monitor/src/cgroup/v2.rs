@@ -69,6 +69,8 @@ impl V2 {
         let root = base_dir.join("zygo");
         ensure_dir(&root)?;
         write_file(&root.join("cgroup.subtree_control"), "+memory +pids +cpu")?;
+        enable_io(&base_dir);
+        enable_io(&root);
         Ok(Some(V2 { root }))
     }
 
@@ -89,7 +91,7 @@ impl V2 {
     /// An existing cgroup.
     pub fn open(&self, rel: &str) -> Option<V2Cgroup> {
         let dir = self.root.join(rel);
-        dir.is_dir().then_some(V2Cgroup { dir })
+        dir.is_dir().then(|| V2Cgroup::new(dir))
     }
 
     /// Remove an (empty) intermediate directory of Zygo's tree; whether it is gone.
@@ -107,6 +109,7 @@ impl V2 {
                 std::fs::create_dir(&level)
                     .map_err(|e| super::io_err("create cgroup", &level, e))?;
                 write_file(&level.join("cgroup.subtree_control"), "+memory +pids +cpu")?;
+                enable_io(&level);
             }
         }
         let mem = mem_bytes.map_or("max".to_string(), |b| b.to_string());
@@ -124,16 +127,42 @@ impl V2 {
                     std::fs::create_dir(&level)
                         .map_err(|e| super::io_err("create cgroup", &level, e))?;
                     write_file(&level.join("cgroup.subtree_control"), "+memory +pids +cpu")?;
+                    enable_io(&level);
                 }
             }
         }
         std::fs::create_dir(&dir).map_err(|e| super::io_err("create cgroup", &dir, e))?;
-        Ok(V2Cgroup { dir })
+        Ok(V2Cgroup::new(dir))
+    }
+}
+
+/// Enable the io controller for `dir`'s children where it is available: best effort, as
+/// a delegated subtree may not have it (sandboxes then run without I/O limits).
+fn enable_io(dir: &Path) {
+    let available = read_file(&dir.join("cgroup.controllers")).unwrap_or_default();
+    if available.split_whitespace().any(|c| c == "io") {
+        if let Err(e) = write_file(&dir.join("cgroup.subtree_control"), "+io") {
+            log::debug!("no I/O limits: {e}");
+        }
     }
 }
 
 pub struct V2Cgroup {
     dir: PathBuf,
+    /// `cpu.weight` in the foreground, as `set_limits` wrote it.
+    weight: std::cell::Cell<u64>,
+}
+
+/// The kernel's `cpu.weight` for a new cgroup.
+const DEFAULT_WEIGHT: u64 = 100;
+
+impl V2Cgroup {
+    fn new(dir: PathBuf) -> V2Cgroup {
+        V2Cgroup {
+            dir,
+            weight: std::cell::Cell::new(DEFAULT_WEIGHT),
+        }
+    }
 }
 
 fn keyed(text: &str, key: &str) -> u64 {
@@ -158,15 +187,43 @@ impl Cgroup for V2Cgroup {
         write_file(&self.dir.join("pids.max"), &l.pids.to_string())?;
         let period: u64 = 100_000;
         let quota = (u64::from(l.cpu_millis) * period / 1000).max(1000);
-        write_file(&self.dir.join("cpu.max"), &format!("{quota} {period}"))
+        write_file(&self.dir.join("cpu.max"), &format!("{quota} {period}"))?;
+        // The weight follows the bandwidth (see v1's `cpu.shares`).
+        let weight = l.cpu_weight();
+        if weight != self.weight.get() {
+            write_file(&self.dir.join("cpu.weight"), &weight.to_string())?;
+            self.weight.set(weight);
+        }
+        // I/O: a throttle on every disk and a weight that follows the CPU bandwidth, where
+        // the io controller is enabled for this cgroup.
+        let io_max = self.dir.join("io.max");
+        if io_max.exists() {
+            for dev in super::disks::disks() {
+                write_file(
+                    &io_max,
+                    &format!(
+                        "{dev} rbps={bps} wbps={bps} riops={iops} wiops={iops}",
+                        bps = l.io_bps,
+                        iops = l.io_iops
+                    ),
+                )?;
+            }
+            let w = super::disks::weight(l.cpu_millis);
+            if w != 100 {
+                // Only where a disk's scheduler honours it (BFQ, or io.cost).
+                let _ = write_file(&self.dir.join("io.weight"), &format!("default {w}"));
+            }
+        }
+        Ok(())
     }
 
     fn set_weight(&self, w: Weight) -> Result<(), CgroupError> {
+        let fg = self.weight.get();
         let weight = match w {
-            Weight::Foreground => "100",
-            Weight::Background => "25",
+            Weight::Foreground => fg,
+            Weight::Background => (fg / 4).max(1),
         };
-        write_file(&self.dir.join("cpu.weight"), weight)
+        write_file(&self.dir.join("cpu.weight"), &weight.to_string())
     }
 
     fn add_pid(&self, pid: i32) -> Result<(), CgroupError> {
@@ -215,11 +272,25 @@ impl Cgroup for V2Cgroup {
             return Ok(());
         }
         write_file(&self.dir.join("cgroup.kill"), "1")?;
-        let deadline = Instant::now() + Duration::from_secs(2);
-        while !self.is_empty()? && Instant::now() < deadline {
+        let start = Instant::now();
+        let mut lifted = false;
+        while !self.is_empty()? && start.elapsed() < Duration::from_secs(2) {
+            // A killed process still needs the CPU to exit: one held back by the quota
+            // would take until its next period, seconds under a small quota with many
+            // threads.
+            if !lifted && start.elapsed() > Duration::from_millis(20) {
+                self.lift_cpu_quota()?;
+                lifted = true;
+            }
             std::thread::sleep(Duration::from_micros(500));
         }
         Ok(())
+    }
+
+    fn lift_cpu_quota(&self) -> Result<(), CgroupError> {
+        write_file(&self.dir.join("cpu.max"), "max")?;
+        // A small sandbox's small weight would starve its dying processes on a busy host.
+        write_file(&self.dir.join("cpu.weight"), &DEFAULT_WEIGHT.to_string())
     }
 
     fn is_empty(&self) -> Result<bool, CgroupError> {
