@@ -952,7 +952,7 @@ pub fn serve(
                     }
                 }
                 // An unused parked child: dropping its channel ends it (it sees the end of
-                // its request channel, removes its empty directory and exits).
+                // its request channel and exits; its directory goes with its /work).
                 Ok(ToLauncher::Reap { slot }) if valid_slot(&slot) => {
                     if let Some(space) = script_space.as_mut() {
                         space.release(&slot);
