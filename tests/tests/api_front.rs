@@ -94,6 +94,8 @@ fn answer(id: &str, result: &str) -> ExecAnswer {
             cpu_ms: 1,
             peak_rss_kb: 1000,
         },
+        workspace_out: None,
+        workspace_out_truncated: false,
     }
 }
 
