@@ -93,6 +93,10 @@ fn zygo_main() -> u8 {
         init_logging();
         return zygo_launcher::main().clamp(0, 255) as u8;
     }
+    if first.as_deref().and_then(plumbing::Role::from_arg) == Some(plumbing::Role::EgressFilter) {
+        init_logging();
+        return zygo_egress::main().clamp(0, 255) as u8;
+    }
     init_logging();
     let rest: Vec<std::ffi::OsString> = args.collect();
     let code = match first.as_ref().and_then(|f| f.to_str()) {

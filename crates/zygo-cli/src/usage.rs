@@ -55,7 +55,12 @@ Limits:
                      host's disks (at least 1M)            [default: 128M]
   --io-iops N        disk operations a second, reads and writes each
                                                            [default: 4000]
-  --net none         network: none (only lo)               [default: none]
+  --net MODE         network: none (only lo) or egress     [default: none]
+  --allow HOST:PORT  with --net egress: TCP to this IPv4 address (or block, e.g.
+                     10.0.0.0/8:80) or name (pypi.org:443: Zygo's resolver answers for
+                     it, and the connection's TLS SNI or HTTP Host must name it) and
+                     port; repeatable. Private, loopback and link-local addresses open
+                     only when a rule names them. Everything else is refused at once.
 
 Sandbox:
   --image IMG        host (the host's /usr, /bin, /lib*, part of /etc, read-only)
@@ -233,7 +238,7 @@ in flight when it began finished, and how many the grace cut off (cancelled); wi
 pub const MCP: &str = "\
 zygo mcp — an MCP server on stdin/stdout for agent hosts (Claude Code, Codex, Cursor, ...)
 
-Usage: zygo mcp [LIMITS] [--image IMG] [--workspace DIR] [--net none] [-f sandbox.toml]
+Usage: zygo mcp [LIMITS] [--image IMG] [--workspace DIR] [--net MODE] [--allow HOST:PORT]... [-f sandbox.toml]
 
 Speaks JSON-RPC 2.0, one message per line: MCP revisions 2025-06-18 (preferred),
 2025-03-26, 2024-11-05 and 2025-11-25 through initialize, and the stateless 2026-07-28.
@@ -251,8 +256,9 @@ Limits (of every run_code sandbox):
   --scratch SIZE     size of /tmp                          [default: 64M]
   --io-bps SIZE      disk bytes a second, reads and writes each [default: 128M]
   --io-iops N        disk operations a second, each        [default: 4000]
-  --net none         network: none (only lo); egress is not implemented in this
-                     version, so it and --allow HOST:PORT are refused
+  --net MODE         network: none (only lo) or egress     [default: none]
+  --allow HOST:PORT  with --net egress: TCP to this IPv4 address, block or name and
+                     port, repeatable; with -f, only rules its [defaults] allow has
 
 Sandbox:
   --image IMG        host or dir:/path/to/rootfs            [default: host]
