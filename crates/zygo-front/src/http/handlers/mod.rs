@@ -258,6 +258,8 @@ mod tests {
             stderr: String::new(),
             stderr_truncated: false,
             metrics: Metrics::default(),
+            workspace_out: None,
+            workspace_out_truncated: false,
         };
         let (st, v) = exec_answer(&base);
         assert_eq!((st, v["result"]["a"].as_i64()), (200, Some(1)));
