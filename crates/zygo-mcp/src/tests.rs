@@ -102,6 +102,8 @@ fn fake_monitor(mut sock: UnixStream, seen: Seen) {
                         cpu_ms: 1,
                         peak_rss_kb: 10,
                     },
+                    workspace_out: None,
+                    workspace_out_truncated: false,
                 },
             }),
             McpRequest::FunctionLogs { call, limit, .. } => Some(McpReply::Logs {
