@@ -644,6 +644,8 @@ fn pool_call(tenant_token: &str, pool: &str, hold: u32) -> Request {
         timeout_ms: None,
         stream: false,
         script: Some(ScriptRef::Source(LOOK.as_bytes().to_vec())),
+        workspace: None,
+        out: false,
     })
 }
 
@@ -875,6 +877,8 @@ fn the_shell_wins_over_the_store() {
             timeout_ms: None,
             stream: false,
             script: None,
+            workspace: None,
+            out: false,
         }),
     );
     let a = exec_answer(r, "the tenant's call");
