@@ -21,6 +21,7 @@
 pub mod ceiling;
 mod error;
 pub mod file;
+pub mod gate;
 pub mod limits;
 pub mod plan;
 

@@ -88,6 +88,10 @@ pub enum Request {
     /// whether `request` (never itself an `Api`) is theirs to make.
     Api {
         who: crate::api::Credentials,
+        /// Decoded at most one level deep: an `Api` inside it decodes (and the monitor
+        /// refuses it), one inside that ends the frame's decoding, so a hostile front
+        /// cannot make the decoder recurse without bound.
+        #[serde(deserialize_with = "api_inner")]
         request: Box<Request>,
     },
     /// Serve one function or pool from a layer: JSON text of the fields a `[fn.NAME]` table
@@ -141,6 +145,33 @@ pub enum Request {
     },
     /// `GET /version`.
     Version,
+}
+
+std::thread_local! {
+    /// How many `Api` envelopes the decoder is inside of, on this thread.
+    static API_DEPTH: std::cell::Cell<u32> = const { std::cell::Cell::new(0) };
+}
+
+/// `Request::Api`'s inner request: refused at decode time past one nested envelope.
+fn api_inner<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Box<Request>, D::Error> {
+    struct Leave;
+    impl Drop for Leave {
+        fn drop(&mut self) {
+            API_DEPTH.with(|c| c.set(c.get().saturating_sub(1)));
+        }
+    }
+    let depth = API_DEPTH.with(|c| {
+        let d = c.get();
+        c.set(d + 1);
+        d
+    });
+    let _leave = Leave;
+    if depth >= 2 {
+        return Err(serde::de::Error::custom(
+            "an Api request nested inside another Api request",
+        ));
+    }
+    Request::deserialize(d).map(Box::new)
 }
 
 /// What the supervisor says of its own condition.
@@ -427,4 +458,39 @@ pub enum Reply {
         id: String,
     },
     Version(crate::api::VersionInfo),
+}
+
+#[cfg(test)]
+mod nesting_tests {
+    use super::*;
+    use crate::api::Credentials;
+
+    fn wrap(r: Request) -> Request {
+        Request::Api {
+            who: Credentials {
+                token: None,
+                tenant: None,
+            },
+            request: Box::new(r),
+        }
+    }
+
+    #[test]
+    fn one_nested_api_decodes_and_deeper_ones_do_not() {
+        let once = wrap(wrap(Request::List));
+        let bytes = crate::codec::encode(&once).expect("encode");
+        assert_eq!(crate::codec::decode::<Request>(&bytes).ok(), Some(once));
+        // 100 000 envelopes, written by hand (encoding them would recurse as deep): each
+        // is the bytes `wrap` puts before its inner request.
+        let list = crate::codec::encode(&Request::List).expect("encode");
+        let one = crate::codec::encode(&wrap(Request::List)).expect("encode");
+        let prefix = &one[..one.len() - list.len()];
+        let mut bytes = prefix.repeat(100_000);
+        bytes.extend_from_slice(&list);
+        assert!(crate::codec::decode::<Request>(&bytes).is_err());
+        // The depth counter is back at zero: a plain one still decodes.
+        let plain = wrap(Request::Version);
+        let bytes = crate::codec::encode(&plain).expect("encode");
+        assert_eq!(crate::codec::decode::<Request>(&bytes).ok(), Some(plain));
+    }
 }

@@ -264,6 +264,9 @@ pub enum ToLauncher {
         /// A pool's script for this call: written (if not there yet) at
         /// `/run/script/<digest>`, read-only, before the request reaches the child.
         script: Option<Script>,
+        /// A smaller size for the child's `/tmp` and `/work` than the plan's (a tenant's
+        /// scratch limit): they are shrunk to it before the request reaches the child.
+        scratch_bytes: Option<u64>,
     },
     /// Zygote: drop the slot's child unused (its channel closes, so it exits). A child
     /// that served its request is dropped by the launcher itself once its channel closes.

@@ -1,5 +1,5 @@
 //! The commands that talk to the supervisor: up, supervisor, serve, stop, exec, ls, logs,
-//! stats, warm, cancel, drain.
+//! stats, warm, cancel, drain, token.
 
 use std::ffi::OsString;
 use std::io::{Read, Write};
@@ -932,5 +932,107 @@ pub fn drain(raw: Vec<OsString>) -> i32 {
         }
         Ok(_) => refused(a.json, "internal", "unexpected reply"),
         Err(c) => c,
+    }
+}
+
+// --- token ---------------------------------------------------------------------------
+
+pub fn token(raw: Vec<OsString>) -> i32 {
+    let a = match parse("token", raw, &["tenant"], &[]) {
+        Ok(Some(a)) => a,
+        Ok(None) => {
+            say_raw!("{}", usage::TOKEN);
+            return 0;
+        }
+        Err(c) => return c,
+    };
+    let verb = a.positional.first().map(String::as_str);
+    let tenant = a.flag("tenant").map(str::to_string);
+    if tenant.is_some() && verb != Some("mint") {
+        return usage_refusal(a.json, "token", "--tenant goes with `zygo token mint`");
+    }
+    match (verb, &a.positional[1.min(a.positional.len())..]) {
+        (Some("mint"), []) => {
+            if let Some(t) = &tenant {
+                if !proto::api::is_tenant_id(t) {
+                    return usage_refusal(
+                        a.json,
+                        "token",
+                        "--tenant: a tenant id is 1 to 63 characters of a-z, 0-9, _ and -",
+                    );
+                }
+            }
+            match call(a.json, &Request::MintToken { tenant }) {
+                Ok(Reply::TokenMinted(m)) => {
+                    if a.json {
+                        say!(
+                            "{}",
+                            json_text(&json!({"id": m.id, "secret": m.secret,
+                                "tenant": m.tenant, "created_ms": m.created_ms}))
+                        );
+                    } else {
+                        say!("{}", m.secret);
+                        eprintln!(
+                            "zygo: minted {} ({}); the secret above is shown this once: only its hash is kept",
+                            m.id,
+                            m.tenant
+                                .as_deref()
+                                .map_or("an operator token".to_string(), |t| format!(
+                                    "a token of tenant {}",
+                                    clean(t)
+                                ))
+                        );
+                    }
+                    0
+                }
+                Ok(_) => refused(a.json, "internal", "unexpected reply"),
+                Err(c) => c,
+            }
+        }
+        (Some("ls"), []) => match call(a.json, &Request::ListTokens) {
+            Ok(Reply::Tokens(ts)) => {
+                if a.json {
+                    let v: Vec<_> = ts
+                        .iter()
+                        .map(|t| {
+                            json!({"id": t.id, "tenant": t.tenant, "created_ms": t.created_ms,
+                                "revoked_ms": t.revoked_ms})
+                        })
+                        .collect();
+                    say!("{}", json_text(&json!(v)));
+                } else {
+                    say!("{:<22} {:<24} {:<15} REVOKED", "ID", "TENANT", "CREATED_MS");
+                    for t in &ts {
+                        say!(
+                            "{:<22} {:<24} {:<15} {}",
+                            t.id,
+                            clean(t.tenant.as_deref().unwrap_or("(operator)")),
+                            t.created_ms,
+                            t.revoked_ms.map_or("-".to_string(), |r| r.to_string())
+                        );
+                    }
+                }
+                0
+            }
+            Ok(_) => refused(a.json, "internal", "unexpected reply"),
+            Err(c) => c,
+        },
+        (Some("revoke"), [id]) => match call(a.json, &Request::RevokeToken { id: id.clone() }) {
+            Ok(Reply::TokenRevoked { id }) => {
+                if a.json {
+                    say!("{}", json_text(&json!({"id": id, "revoked": true})));
+                } else {
+                    say!("revoked {}", clean(&id));
+                }
+                0
+            }
+            Ok(_) => refused(a.json, "internal", "unexpected reply"),
+            Err(c) => c,
+        },
+        _ => usage_refusal(
+            a.json,
+            "token",
+            "usage: zygo token mint [--tenant T] | zygo token ls | zygo token revoke ID",
+        ),
     }
 }

@@ -112,6 +112,7 @@ fn zygo_main() -> u8 {
         Some("warm") => fncmds::warm(rest),
         Some("cancel") => fncmds::cancel(rest),
         Some("drain") => fncmds::drain(rest),
+        Some("token") => fncmds::token(rest),
         Some("mcp") => mcp::main(rest),
         Some(arg) if plumbing::Role::from_arg(arg.as_ref()) == Some(plumbing::Role::McpFront) => {
             mcp::front(rest)

@@ -17,6 +17,7 @@ Commands:
   stats       requests, failures, latency percentiles
   warm        keep N zygotes of a function ready
   cancel      cancel running requests by key
+  token       mint, list and revoke the HTTP API's tokens
   drain       stop taking calls, finish running ones, exit the supervisor
   supervisor  the supervisor in the foreground (for systemd)
   mcp         an MCP server on stdio: run_code in fresh sandboxes, and warm functions
@@ -200,6 +201,22 @@ pub const CANCEL: &str = "\
 zygo cancel — cancel every running request under a key
 
 Usage: zygo cancel KEY [--json]
+";
+
+pub const TOKEN: &str = "\
+zygo token — the HTTP API's tokens, on the host (no HTTP round trip)
+
+Usage: zygo token mint [--tenant T] [--json]
+       zygo token ls [--json]
+       zygo token revoke ID [--json]
+
+mint prints a new token's secret (zygo_ and 64 hex digits) on stdout, once: the
+supervisor keeps only its SHA-256, so it can never be shown again (lose it, revoke it and
+mint another). Without --tenant it is an operator token, with deploy rights; with
+--tenant T (a tenant that exists) it is that tenant's, which calls functions and pools,
+registers its own scripts and reads its own record. ls lists every token (id, tenant,
+when minted, when revoked), never a secret. revoke ID refuses the token from its next
+request on; its record stays, marked.
 ";
 
 pub const DRAIN: &str = "\

@@ -131,6 +131,26 @@ impl Mounter {
         Ok(())
     }
 
+    /// Shrink the `/tmp` and `/work` of the parked process `pid` of `slot` (checked as for
+    /// [`Mounter::request`]) to `size` bytes each, before its request reaches it; the answer
+    /// comes through [`Mounter::answer`] like a mount's.
+    pub fn shrink(
+        &mut self,
+        slot: &str,
+        pid: i32,
+        sandbox: &SandboxNs,
+        size: u64,
+    ) -> Result<(), ScratchError> {
+        let mnt = check(pid, sandbox)?;
+        let mut msg = [0u8; 9];
+        msg[0] = b's';
+        msg[1..].copy_from_slice(&size.to_ne_bytes());
+        plumbing::fds::send_with_fds(self.sock.as_raw_fd(), &msg, &[mnt.as_raw_fd()])
+            .map_err(|e| ScratchError(format!("hand a request to the mounter: {e}")))?;
+        self.waiting.push_back(slot.to_string());
+        Ok(())
+    }
+
     /// The next answer (poll said one is there): its slot, and whether the mounts are in
     /// place. `Err` when the mounter itself is gone or broke its protocol.
     pub fn answer(&mut self) -> Result<(String, Result<(), ScratchError>), ScratchError> {
@@ -153,6 +173,9 @@ impl Mounter {
             ))),
             12 => Err(ScratchError(format!(
                 "mount the request's /tmp and /work: {why}"
+            ))),
+            14 => Err(ScratchError(format!(
+                "shrink the request's /tmp and /work: {why}"
             ))),
             13 => Err(ScratchError(format!(
                 "leave the request's mount namespace: {why}"
@@ -207,9 +230,18 @@ fn mounter_main(sock: RawFd, user: RawFd, home: RawFd, opts: &CString) -> ! {
     }
     let fstype = c"tmpfs";
     loop {
-        let mut tag = [0u8; 1];
-        let fds = match plumbing::fds::recv_with_fds(sock, &mut tag, 1) {
-            Ok((1, fds)) if tag == *b"m" && fds.len() == 1 => fds,
+        // `m`: mount a request's /tmp and /work; `s` and a size: shrink them to it.
+        let mut msg = [0u8; 9];
+        let (fds, shrink) = match plumbing::fds::recv_with_fds(sock, &mut msg, 1) {
+            Ok((1, fds)) if msg[0] == b'm' && fds.len() == 1 => (fds, None),
+            Ok((9, fds)) if msg[0] == b's' && fds.len() == 1 => {
+                let mut size = [0u8; 8];
+                size.copy_from_slice(&msg[1..]);
+                match CString::new(format!("size={}", u64::from_ne_bytes(size))) {
+                    Ok(o) => (fds, Some(o)),
+                    Err(_) => exit_now(1),
+                }
+            }
             _ => exit_now(0),
         };
         let mnt = fds[0].as_raw_fd();
@@ -220,15 +252,26 @@ fn mounter_main(sock: RawFd, user: RawFd, home: RawFd, opts: &CString) -> ! {
             } else {
                 let mut failed = (0, 0);
                 for target in [c"/tmp", c"/work"] {
-                    if libc::mount(
-                        fstype.as_ptr(),
-                        target.as_ptr(),
-                        fstype.as_ptr(),
-                        libc::MS_NOSUID | libc::MS_NODEV,
-                        opts.as_ptr().cast(),
-                    ) != 0
-                    {
-                        failed = (12, errno());
+                    let done = match &shrink {
+                        None => libc::mount(
+                            fstype.as_ptr(),
+                            target.as_ptr(),
+                            fstype.as_ptr(),
+                            libc::MS_NOSUID | libc::MS_NODEV,
+                            opts.as_ptr().cast(),
+                        ),
+                        // The same flags again (a remount may not drop them), a smaller
+                        // size: tmpfs refuses one below what is in use (nothing, here).
+                        Some(size) => libc::mount(
+                            std::ptr::null(),
+                            target.as_ptr(),
+                            std::ptr::null(),
+                            libc::MS_REMOUNT | libc::MS_NOSUID | libc::MS_NODEV,
+                            size.as_ptr().cast(),
+                        ),
+                    };
+                    if done != 0 {
+                        failed = (if shrink.is_some() { 14 } else { 12 }, errno());
                         break;
                     }
                 }

@@ -226,6 +226,8 @@ fn send_now(fd: RawFd, line: &[u8]) -> std::io::Result<()> {
 // --- The relay -----------------------------------------------------------------------------
 
 struct Child {
+    /// Its process (checked again before its scratch space is shrunk for a request).
+    pid: i32,
     fd: OwnedFd,
     lines: Lines,
     done: bool,
@@ -675,6 +677,8 @@ pub fn serve(
     let mut ready = false;
     let mut children: HashMap<String, Child> = HashMap::new();
     let mut mounting: HashMap<String, Mounting> = HashMap::new();
+    // Requests held while their child's /tmp and /work are shrunk: the line to send it.
+    let mut shrinking: HashMap<String, Vec<u8>> = HashMap::new();
     let mut ctl_open = true;
     let mut reg_open = true;
     let mut agent_status: Option<i32> = None;
@@ -772,6 +776,7 @@ pub fn serve(
                     request_id,
                     event,
                     script,
+                    scratch_bytes: shrink_to,
                 }) => {
                     // A pool's script goes into the sandbox before its request does.
                     use crate::script_space::Refused;
@@ -818,7 +823,21 @@ pub fn serve(
                             line.extend_from_slice(b",\"event\":");
                             line.extend_from_slice(event.as_bytes());
                             line.extend_from_slice(b"}\n");
-                            sys::write_fd(c.fd.as_raw_fd(), &line).is_ok()
+                            match shrink_to.filter(|s| *s < scratch_bytes) {
+                                // Its /tmp and /work are shrunk first; the request follows
+                                // once the mounter says so.
+                                Some(size) => match mounter.shrink(&slot, c.pid, &ns, size) {
+                                    Ok(()) => {
+                                        shrinking.insert(slot.clone(), line);
+                                        true
+                                    }
+                                    Err(e) => {
+                                        log::error!("launcher: {e}");
+                                        false
+                                    }
+                                },
+                                None => sys::write_fd(c.fd.as_raw_fd(), &line).is_ok(),
+                            }
                         }
                         (_, Err(e)) => {
                             log::error!("launcher: place a script in the sandbox: {e}");
@@ -845,6 +864,7 @@ pub fn serve(
                     }
                     children.remove(&slot);
                     mounting.remove(&slot);
+                    shrinking.remove(&slot);
                 }
                 Ok(ToLauncher::Kill) => return end("killed by the monitor".into()),
                 Ok(other) => return end(format!("the monitor sent {other:?} to a zygote")),
@@ -929,7 +949,31 @@ pub fn serve(
                 Ok(a) => a,
                 Err(e) => return end(format!("the mounter failed: {e}")),
             };
-            if let Some(m) = mounting.remove(&slot) {
+            // A request held while its child's scratch space was shrunk goes on now, or
+            // (not shrunk) never reaches the child.
+            if let Some(line) = shrinking.remove(&slot) {
+                let delivered = match (&result, children.get(&slot)) {
+                    (Ok(()), Some(c)) => sys::write_fd(c.fd.as_raw_fd(), &line).is_ok(),
+                    (Err(e), Some(_)) => {
+                        log::error!("launcher: {e}");
+                        false
+                    }
+                    (_, None) => true,
+                };
+                if !delivered {
+                    if let Some(space) = script_space.as_mut() {
+                        space.release(&slot);
+                    }
+                    children.remove(&slot);
+                    up.send(&FromLauncher::SlotClosed {
+                        slot,
+                        violation: Some(
+                            "the request's /tmp and /work could not be shrunk to its scratch limit"
+                                .into(),
+                        ),
+                    })?;
+                }
+            } else if let Some(m) = mounting.remove(&slot) {
                 let placed = result
                     .map_err(|e| format!("give the request its own /tmp and /work: {e}"))
                     .and_then(|()| {
@@ -946,6 +990,7 @@ pub fn serve(
                         children.insert(
                             slot.clone(),
                             Child {
+                                pid: m.pid,
                                 fd: m.fd,
                                 lines: Lines::new(MAX_CHILD_LINE),
                                 done: false,

@@ -96,6 +96,9 @@ pub struct Placed {
     pub zt: Token,
     pub slot: String,
     pub result: Result<Box<dyn Cgroup>, String>,
+    /// The child, and the pidfd that holds it (to move it again for a tenant's request).
+    pub pid: i32,
+    pub pidfd: OwnedFd,
 }
 
 /// The kept cgroups, shared by the loop (which takes them) and the worker (which empties
@@ -213,7 +216,14 @@ impl Worker {
                                 Some(cg) => Ok(cg),
                                 None => place_new(&backend, &rel, &limits, pid, &pidfd),
                             };
-                            if done.send(Placed { zt, slot, result }).is_err() {
+                            let placed = Placed {
+                                zt,
+                                slot,
+                                result,
+                                pid,
+                                pidfd,
+                            };
+                            if done.send(placed).is_err() {
                                 break;
                             }
                             let _ = waker.wake();

@@ -19,6 +19,7 @@
 //! SIGTERM and SIGINT drain: no new calls, running ones may finish within the grace
 //! (25 s), then every zygote is killed and every cgroup removed. SIGCHLD reaps launchers.
 
+pub mod api;
 mod cgworker;
 mod conn;
 mod functions;
@@ -49,6 +50,9 @@ const LISTENER: Token = Token(0);
 const SIGNALS: Token = Token(1);
 const WAKER: Token = Token(2);
 const FIRST_DYNAMIC: usize = 16;
+
+/// The longest grace a drain asked for over the API gets.
+const MAX_API_GRACE_MS: u64 = 3600 * 1000;
 
 /// How long running requests may go on after a drain begins, unless told otherwise.
 pub const DEFAULT_GRACE: Duration = Duration::from_secs(25);
@@ -156,9 +160,71 @@ const DISPATCH_CLI: &[Kind] = &[
     Kind::PutScript,
     Kind::Health,
     Kind::Run,
+    Kind::MintToken,
+    Kind::ListTokens,
+    Kind::RevokeToken,
 ];
 const DISPATCH_MCP: &[Kind] = &[Kind::List, Kind::Exec, Kind::Logs];
-const DISPATCH_API: &[Kind] = &[];
+/// The API front sends every request inside an envelope saying who sent it.
+const DISPATCH_API: &[Kind] = &[Kind::Api];
+/// What an API envelope may carry (never another envelope). Who may ask for each is the
+/// deploy gate's (`policy::gate`), decided after the caller is known.
+const DISPATCH_API_INNER: &[Kind] = &[
+    Kind::Health,
+    Kind::Version,
+    Kind::List,
+    Kind::ServeLayer,
+    Kind::Stop,
+    Kind::Exec,
+    Kind::Logs,
+    Kind::Stats,
+    Kind::Warm,
+    Kind::Run,
+    Kind::PutScript,
+    Kind::ScriptInfo,
+    Kind::DeleteScript,
+    Kind::Cancel,
+    Kind::CreateTenant,
+    Kind::ListTenants,
+    Kind::GetTenant,
+    Kind::DeleteTenant,
+    Kind::SetLimits,
+    Kind::MintToken,
+    Kind::ListTokens,
+    Kind::RevokeToken,
+    Kind::Drain,
+];
+
+/// The gate's row for an inner API request (`None`: the API may not ask for it).
+fn gate_route(k: Kind) -> Option<policy::gate::Route> {
+    use policy::gate::Route;
+    Some(match k {
+        Kind::Health => Route::Health,
+        Kind::Version => Route::Version,
+        Kind::List => Route::List,
+        Kind::ServeLayer => Route::ServeLayer,
+        Kind::Stop => Route::Stop,
+        Kind::Exec => Route::Exec,
+        Kind::Logs => Route::Logs,
+        Kind::Stats => Route::Stats,
+        Kind::Warm => Route::Warm,
+        Kind::Run => Route::Run,
+        Kind::PutScript => Route::PutScript,
+        Kind::ScriptInfo => Route::ScriptInfo,
+        Kind::DeleteScript => Route::DeleteScript,
+        Kind::Cancel => Route::Cancel,
+        Kind::CreateTenant => Route::CreateTenant,
+        Kind::ListTenants => Route::ListTenants,
+        Kind::GetTenant => Route::GetTenant,
+        Kind::DeleteTenant => Route::DeleteTenant,
+        Kind::SetLimits => Route::SetLimits,
+        Kind::MintToken => Route::MintToken,
+        Kind::ListTokens => Route::ListTokens,
+        Kind::RevokeToken => Route::RevokeToken,
+        Kind::Drain => Route::Drain,
+        Kind::ServeAll | Kind::Serve | Kind::Api => return None,
+    })
+}
 
 fn allowed(role: Role, k: Kind) -> bool {
     let table = match role {
@@ -172,6 +238,8 @@ fn allowed(role: Role, k: Kind) -> bool {
 struct Client {
     conn: Conn,
     role: Option<Role>,
+    /// How the front was started (its hello's flags; only the API role's mean anything).
+    flags: proto::api::FrontFlags,
     /// The request this client waits on (one at a time per connection).
     waiting: bool,
     /// Requests that arrived while it waited, in order, with their frames' sizes.
@@ -189,6 +257,7 @@ impl Client {
         Client {
             conn,
             role: None,
+            flags: Default::default(),
             waiting: false,
             queued: VecDeque::new(),
             queued_bytes: 0,
@@ -294,6 +363,12 @@ impl Supervisor {
                 socket.display()
             )));
         }
+        // The API's records, and the bootstrap token taken out of the environment before
+        // any thread or process is started; a record that cannot be read refuses the start
+        // before the socket is bound.
+        let api_store = api::store::Files::open(state.join("api"))
+            .map_err(|e| SupervisorError(format!("the API's records: {e}")))?;
+        let api = api::Api::open(Box::new(api_store))?;
         let _ = std::fs::remove_file(&socket);
         // The socket is created 0600 (umask), inside a 0700 directory.
         // SAFETY: umask cannot fail.
@@ -327,8 +402,9 @@ impl Supervisor {
         let waker = std::sync::Arc::new(
             mio::Waker::new(poll.registry(), WAKER).map_err(|e| err("create a waker", e))?,
         );
-        let fns = Functions::new(backend, waker, identity, launcher, usage_path, scripts)?;
+        let mut fns = Functions::new(backend, waker, identity, launcher, usage_path, scripts, api)?;
         fns.sweep_stale();
+        fns.forget_evicted_script_owners();
         log::info!(
             "supervisor listening on {} (cgroup {}, state {})",
             socket.display(),
@@ -512,7 +588,13 @@ impl Supervisor {
                 self.fns.in_flight(),
                 grace.as_secs()
             );
-            self.drain = Some(Instant::now() + grace);
+            let now = Instant::now();
+            // However long the grace asked for, the deadline is a time the clock can hold.
+            self.drain = Some(
+                now.checked_add(grace)
+                    .unwrap_or_else(|| now + Duration::from_secs(365 * 24 * 3600)),
+            );
+            self.fns.draining = true;
         }
     }
 
@@ -614,6 +696,9 @@ impl Supervisor {
                     }
                 };
                 c.role = Some(role);
+                if role == Role::Api {
+                    c.flags = h.flags;
+                }
                 c.owes_since = None;
                 c.conn.set_max_frame(MAX_FRONT_FRAME);
                 c.conn.send(&plumbing::hello::welcome());
@@ -771,10 +856,29 @@ impl Supervisor {
                 return;
             };
             c.queued_bytes -= size;
+            let (role, flags) = (c.role, c.flags);
             let draining = self.drain.is_some();
+            let (req, who) = match req {
+                Request::Api { who, request } if role == Some(Role::Api) => {
+                    match self.admit_api(&who, *request, flags) {
+                        Ok(x) => x,
+                        Err(refusal) => {
+                            self.reply(t, refusal.into());
+                            continue;
+                        }
+                    }
+                }
+                other => (other, api::Acting::host()),
+            };
             match req {
                 Request::Drain { grace_ms } => {
-                    // Answered when the drain is over (see `run`).
+                    // Answered when the drain is over (see `run`). Over the API the grace
+                    // is at most an hour.
+                    let grace_ms = if who.api() {
+                        grace_ms.min(MAX_API_GRACE_MS)
+                    } else {
+                        grace_ms
+                    };
                     self.begin_drain(Duration::from_millis(grace_ms));
                     self.drain_waiters.push(t);
                     if let Some(c) = self.clients.get_mut(&t) {
@@ -785,6 +889,7 @@ impl Supervisor {
                 Request::Exec(_)
                 | Request::Serve { .. }
                 | Request::ServeAll { .. }
+                | Request::ServeLayer { .. }
                 | Request::Warm { .. }
                 | Request::Run { .. }
                     if draining =>
@@ -800,7 +905,7 @@ impl Supervisor {
                 }
                 other => {
                     let mut cx = Ctx::new(self.poll.registry(), &mut self.next_token);
-                    match self.fns.handle(t, other, &mut cx) {
+                    match self.fns.handle(t, other, &who, &mut cx) {
                         Some(reply) => self.reply(t, reply),
                         None => {
                             if let Some(c) = self.clients.get_mut(&t) {
@@ -811,6 +916,43 @@ impl Supervisor {
                     }
                 }
             }
+        }
+    }
+
+    /// An API envelope: the inner request checked against what the API may ask, the caller
+    /// found from the credentials the front forwarded, and the gate applied. The inner
+    /// request and who makes it, or the refusal to answer with (the connection goes on).
+    fn admit_api(
+        &self,
+        who: &proto::api::Credentials,
+        inner: Request,
+        flags: proto::api::FrontFlags,
+    ) -> Result<(Request, api::Acting), api::Refusal> {
+        let k = kind(&inner);
+        let route = match gate_route(k) {
+            Some(r) if DISPATCH_API_INNER.contains(&k) => r,
+            _ => {
+                return Err(api::no(
+                    ErrorCode::BadRequest,
+                    format!("the API may not ask for {k:?}"),
+                ))
+            }
+        };
+        // `/healthz` needs no token: whatever was sent, it is answered as the host's
+        // condition, without names of tenants' functions.
+        if route == policy::gate::Route::Health {
+            let anyone = api::Acting {
+                who: api::Who::Bootstrap,
+                tenant: None,
+                limits: Default::default(),
+                flags,
+            };
+            return Ok((inner, anyone));
+        }
+        let acting = self.fns.api.resolve(who, flags)?;
+        match policy::gate::decide(route, acting.gate_caller()) {
+            policy::gate::Decision::Allow => Ok((inner, acting)),
+            policy::gate::Decision::Refuse(why) => Err(api::no(ErrorCode::Forbidden, why)),
         }
     }
 
@@ -890,5 +1032,33 @@ impl Supervisor {
             log::warn!("closed {who}'s connection: {why}");
         }
         self.fns.client_gone(t);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// What the API may carry and the deploy gate's rows are the same set: an inner kind
+    /// without a row, or a row no inner kind reaches, is a table out of step.
+    #[test]
+    fn the_api_tables_and_the_gate_agree() {
+        let mut routes = Vec::new();
+        for k in DISPATCH_API_INNER {
+            let r = gate_route(*k).unwrap_or_else(|| panic!("{k:?} has no gate row"));
+            assert!(!routes.contains(&r), "{r:?} twice");
+            routes.push(r);
+        }
+        for rule in policy::gate::RULES {
+            assert!(
+                routes.contains(&rule.route),
+                "{:?} is not reachable",
+                rule.route
+            );
+        }
+        assert!(!DISPATCH_API_INNER.contains(&Kind::Api));
+        assert!(!DISPATCH_API_INNER.contains(&Kind::ServeAll));
+        assert!(!DISPATCH_API_INNER.contains(&Kind::Serve));
+        assert_eq!(DISPATCH_API, &[Kind::Api]);
     }
 }

@@ -48,6 +48,17 @@ pub fn valid_digest(d: &str) -> bool {
     d.len() == 64 && d.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f'))
 }
 
+/// The answer for a digest the caller cannot name: one the store does not hold, or (to a
+/// tenant) one it did not register — the same words, on purpose.
+pub fn unknown(digest: &str) -> Refusal {
+    (
+        ErrorCode::NotFound,
+        format!(
+            "no script with digest {digest} is stored (scripts unused for longest are evicted when the store is full: send it again)"
+        ),
+    )
+}
+
 /// The store's cap from `ZYGO_SCRIPT_STORE` (a size such as `512M`), else [`DEFAULT_CAP`].
 pub fn cap_from_env() -> Result<u64, String> {
     match std::env::var("ZYGO_SCRIPT_STORE") {
@@ -258,12 +269,7 @@ impl Store {
                 if let Some(e) = self.entries.remove(digest) {
                     self.total = self.total.saturating_sub(cost(e.bytes));
                 }
-                Err((
-                    ErrorCode::NotFound,
-                    format!(
-                        "no script with digest {digest} is stored (scripts unused for longest are evicted when the store is full: send it again)"
-                    ),
-                ))
+                Err(unknown(digest))
             }
             Err(e) => Err((
                 ErrorCode::Internal,
@@ -290,6 +296,40 @@ impl Store {
                 .open(&path)
                 .and_then(|f| f.set_modified(now));
         }
+    }
+
+    /// The size of the script with this digest, if the store holds it.
+    pub fn held(&self, digest: &str) -> Option<u64> {
+        let e = self.entries.get(digest)?;
+        self.path(digest).is_file().then_some(e.bytes)
+    }
+
+    /// How many scripts the store holds.
+    pub fn count(&self) -> usize {
+        self.entries.len()
+    }
+
+    /// Forget a script: whether the store held it.
+    pub fn remove(&mut self, digest: &str) -> Result<bool, Refusal> {
+        if !valid_digest(digest) {
+            return Ok(false);
+        }
+        let Some(e) = self.entries.remove(digest) else {
+            return Ok(false);
+        };
+        self.total = self.total.saturating_sub(cost(e.bytes));
+        match std::fs::remove_file(self.path(digest)) {
+            Ok(()) => {}
+            Err(err) if err.kind() == std::io::ErrorKind::NotFound => return Ok(false),
+            Err(err) => {
+                return Err((
+                    ErrorCode::Internal,
+                    format!("remove the script {digest}: {err}"),
+                ))
+            }
+        }
+        let _ = std::fs::File::open(&self.dir).and_then(|d| d.sync_all());
+        Ok(true)
     }
 
     /// Whether the store holds this digest.

@@ -31,6 +31,7 @@ mod requests;
 mod run_spec;
 mod runs;
 mod stats;
+mod tenancy;
 mod timers;
 mod zygotes;
 
@@ -39,8 +40,9 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 use mio::{Registry, Token};
-use proto::front::{ErrorCode, Health, Outcome, Reply, Request};
+use proto::front::{ErrorCode, Outcome, Reply, Request};
 
+use super::api::Acting;
 use super::cgworker::Worker;
 use super::SupervisorError;
 use crate::cgroup::Backend;
@@ -58,7 +60,11 @@ pub const SPARES: usize = 3;
 /// The largest event accepted.
 pub const MAX_EVENT: usize = 16 * 1024 * 1024;
 
-fn now_ms() -> u64 {
+/// How many more script-owner records than scripts are kept before the records of
+/// evicted scripts are forgotten.
+pub(super) const SCRIPT_OWNERS_SLACK: usize = 1024;
+
+pub(super) fn now_ms() -> u64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.as_millis() as u64)
@@ -79,6 +85,15 @@ pub struct Functions {
     outbox: Vec<(Token, Reply, bool)>,
     /// `serve`/`up` answers waiting for functions to become ready or fail.
     pending_serves: Vec<PendingServe>,
+    /// Layers served over the API waiting likewise: (client, key, name shown, kind).
+    pending_layers: Vec<(Token, String, String, proto::api::ServeKind)>,
+    /// Tokens, tenants and script owners (the API's state).
+    pub(super) api: super::api::Api,
+    /// A drain has begun (health says `stopping`).
+    pub draining: bool,
+    /// The `[defaults]` of the sandbox.toml served last: what a layer served over the API
+    /// is merged over.
+    defaults: policy::file::Layer,
     /// Zygotes whose spare is to be replaced when the loop has nothing more urgent.
     parks: VecDeque<Token>,
     /// Slots whose request was answered: their child is exiting, which is work in the
@@ -109,6 +124,15 @@ impl<'a> Ctx<'a> {
     }
 }
 
+/// The folder of a function's cgroups: `tenants/<tenant>/<name>` for a tenant's function
+/// (served under the key `<tenant>/<name>`), `tenants/_host/<name>` for the host's.
+pub(super) fn cg_folder(key: &str) -> String {
+    match key.split_once('/') {
+        Some((tenant, name)) => format!("tenants/{tenant}/{name}"),
+        None => format!("tenants/_host/{key}"),
+    }
+}
+
 fn fail(code: ErrorCode, message: impl Into<String>) -> Reply {
     Reply::Error {
         code,
@@ -125,6 +149,7 @@ impl Functions {
         launcher: PathBuf,
         usage_path: PathBuf,
         scripts: PathBuf,
+        api: super::api::Api,
     ) -> Result<Functions, SupervisorError> {
         let usage = super::usage::UsageLog::open(usage_path.clone())
             .map_err(|e| SupervisorError(format!("open {}: {e}", usage_path.display())))?;
@@ -147,6 +172,10 @@ impl Functions {
             calls: HashMap::new(),
             outbox: Vec::new(),
             pending_serves: Vec::new(),
+            pending_layers: Vec::new(),
+            api,
+            draining: false,
+            defaults: policy::file::Layer::default(),
             parks: VecDeque::new(),
             settling: Vec::new(),
             counter: 0,
@@ -155,30 +184,36 @@ impl Functions {
     }
 
     /// Remove what supervisors that are gone (killed before they could drain) left in the
-    /// tree: `tenants/_host/<fn>/z-<pid>-…` and `r-<pid>-…` whose process does not exist.
+    /// tree: `tenants/<owner>/<fn>/z-<pid>-…` and `r-<pid>-…` whose process does not exist.
     /// Whatever still runs in such a cgroup is killed first.
     pub fn sweep_stale(&self) {
-        for func in self.backend.child_names_of("tenants/_host") {
-            let base = format!("tenants/_host/{func}");
-            for name in self.backend.child_names_of(&base) {
-                let pid = name
-                    .strip_prefix("z-")
-                    .or_else(|| name.strip_prefix("r-"))
-                    .and_then(|r| r.split('-').next())
-                    .and_then(|p| p.parse::<u32>().ok());
-                let Some(pid) = pid else { continue };
-                if pid == std::process::id() || crate::cgroup::process_alive(pid) {
-                    continue;
-                }
-                log::info!("removing {base}/{name}, left by a supervisor that is gone");
-                // `open` finishes a cgroup that was only partly created or removed itself.
-                if let Some(cg) = self.backend.open(&format!("{base}/{name}")) {
-                    if let Err(e) = cg.remove() {
-                        log::warn!("remove {base}/{name}: {e}");
+        for owner in self.backend.child_names_of("tenants") {
+            let top = format!("tenants/{owner}");
+            for func in self.backend.child_names_of(&top) {
+                let base = format!("{top}/{func}");
+                for name in self.backend.child_names_of(&base) {
+                    let pid = name
+                        .strip_prefix("z-")
+                        .or_else(|| name.strip_prefix("r-"))
+                        .and_then(|r| r.split('-').next())
+                        .and_then(|p| p.parse::<u32>().ok());
+                    let Some(pid) = pid else { continue };
+                    if pid == std::process::id() || crate::cgroup::process_alive(pid) {
+                        continue;
+                    }
+                    log::info!("removing {base}/{name}, left by a supervisor that is gone");
+                    // `open` finishes a cgroup that was only partly created or removed itself.
+                    if let Some(cg) = self.backend.open(&format!("{base}/{name}")) {
+                        if let Err(e) = cg.remove() {
+                            log::warn!("remove {base}/{name}: {e}");
+                        }
                     }
                 }
+                self.backend.prune(&base);
             }
-            self.backend.prune(&base);
+            if owner != "_host" {
+                self.backend.prune(&top);
+            }
         }
     }
 
@@ -194,58 +229,107 @@ impl Functions {
         std::mem::take(&mut self.outbox)
     }
 
-    /// One request from a front. `None` means the answer comes later (through the outbox).
-    pub fn handle(&mut self, client: Token, req: Request, cx: &mut Ctx) -> Option<Reply> {
+    /// One request from a front, made by `who`. `None` means the answer comes later
+    /// (through the outbox). The API role's requests are scoped to the caller here: names
+    /// resolve to the acting tenant's own functions or the host's, never another tenant's.
+    pub fn handle(
+        &mut self,
+        client: Token,
+        req: Request,
+        who: &Acting,
+        cx: &mut Ctx,
+    ) -> Option<Reply> {
         match req {
             Request::ServeAll { file } => self.serve_file(client, &file, None, cx),
             Request::Serve { name, file } => self.serve_file(client, &file, Some(name), cx),
-            Request::Stop { name } => Some(self.stop(&name, cx)),
-            Request::Exec(e) => self.exec(client, e, cx),
-            Request::List => Some(Reply::Functions(self.list())),
-            Request::Logs { name, n } => Some(self.logs(&name, n)),
-            Request::Stats { name } => Some(self.stats(name.as_deref())),
-            Request::Warm { name, n } => Some(self.warm(&name, n as usize, cx)),
-            Request::Cancel { key } => Some(self.cancel(&key)),
+            Request::Stop { name } => Some(self.stop_as(&name, who, cx)),
+            Request::Exec(e) => self.exec_as(client, e, who, cx),
+            Request::List => Some(Reply::Functions(self.list(who))),
+            Request::Logs { name, n } => Some(self.logs_as(&name, n, who)),
+            Request::Stats { name } => Some(self.stats(name.as_deref(), who)),
+            Request::Warm { name, n } => Some(self.warm_as(&name, n as usize, who, cx)),
+            Request::Cancel { key } => Some(self.cancel(&key, who)),
             Request::Drain { .. } => {
                 Some(fail(ErrorCode::Internal, "drain is handled by the loop"))
             }
-            Request::Health => Some(Reply::Health(Health {
-                usage_log: self.usage.health(),
-                stopping: false,
-                below_min_warm: Vec::new(),
-            })),
-            Request::PutScript { source } => Some(self.put_script(&source)),
-            Request::Run { spec } => self.start_run(client, &spec, None, None, cx),
-            // The API role's requests: no dispatch table lets them through yet.
-            Request::Api { .. }
-            | Request::ServeLayer { .. }
-            | Request::ScriptInfo { .. }
-            | Request::DeleteScript { .. }
-            | Request::CreateTenant { .. }
-            | Request::ListTenants
-            | Request::GetTenant { .. }
-            | Request::DeleteTenant { .. }
-            | Request::SetLimits { .. }
-            | Request::MintToken { .. }
-            | Request::ListTokens
-            | Request::RevokeToken { .. }
-            | Request::Version => Some(fail(
+            Request::Health => Some(Reply::Health(self.health(who))),
+            Request::PutScript { source } => Some(self.put_script(&source, who)),
+            Request::Api { .. } => Some(fail(
                 ErrorCode::BadRequest,
-                "this request is not served by this version",
+                "an Api request may not carry another Api request",
             )),
+            Request::ServeLayer {
+                name,
+                kind,
+                layer,
+                base_dir,
+            } => self.serve_layer(client, &name, kind, &layer, base_dir.as_deref(), who, cx),
+            // A one-shot run: over the API, in the acting tenant's name and narrowed by its
+            // limits.
+            Request::Run { spec } => self.start_run(
+                client,
+                &spec,
+                who.tenant.as_deref(),
+                who.tenant.as_ref().map(|_| &who.limits),
+                cx,
+            ),
+            Request::ScriptInfo { digest } => Some(self.script_info(&digest, who)),
+            Request::DeleteScript { digest } => Some(self.delete_script(&digest)),
+            Request::CreateTenant { id } => Some(self.create_tenant(&id)),
+            Request::ListTenants => Some(Reply::Tenants(
+                self.api
+                    .tenants
+                    .keys()
+                    .cloned()
+                    .collect::<Vec<_>>()
+                    .iter()
+                    .map(|t| self.tenant_info(t))
+                    .collect(),
+            )),
+            Request::GetTenant { id } => Some(self.get_tenant(&id, who)),
+            Request::DeleteTenant { id } => Some(self.delete_tenant(&id, cx)),
+            Request::SetLimits { id, limits } => Some(self.set_limits(&id, &limits, who)),
+            Request::MintToken { tenant } => Some(self.api.mint(tenant)),
+            Request::ListTokens => Some(self.api.list_tokens()),
+            Request::RevokeToken { id } => Some(self.api.revoke(&id)),
+            Request::Version => Some(self.version(who)),
         }
     }
 
-    /// `scripts put`: store a script for calls to name by its digest.
-    fn put_script(&mut self, source: &[u8]) -> Reply {
-        match self.scripts.put(source, &script_in_flight(&self.calls)) {
-            Ok((digest, existed)) => Reply::ScriptStored {
-                digest,
-                size: source.len() as u64,
-                existed,
-            },
+    /// `scripts put`: store a script for calls to name by its digest, registered against
+    /// the acting tenant (if any).
+    fn put_script(&mut self, source: &[u8], who: &Acting) -> Reply {
+        let stored = self.scripts.put(source, &script_in_flight(&self.calls));
+        match stored {
+            Ok((digest, existed)) => {
+                if let Err(r) = self
+                    .api
+                    .script_registered(&digest, who.tenant.as_deref(), existed)
+                {
+                    return r.into();
+                }
+                self.prune_script_owners(SCRIPT_OWNERS_SLACK);
+                Reply::ScriptStored {
+                    digest,
+                    size: source.len() as u64,
+                    existed,
+                }
+            }
             Err((code, message)) => fail(code, message),
         }
+    }
+
+    /// At start: forget the owners of every script the store no longer holds.
+    pub fn forget_evicted_script_owners(&mut self) {
+        self.prune_script_owners(0);
+    }
+
+    /// Forget the owners of scripts the store has evicted, once there are `slack` more
+    /// records than scripts.
+    pub(super) fn prune_script_owners(&mut self, slack: usize) {
+        let store = &self.scripts;
+        self.api
+            .prune_scripts(&|d| store.held(d).is_some(), store.count(), slack);
     }
 
     /// The end of a drain: the calls still in flight are cancelled and answered, every
@@ -273,10 +357,17 @@ impl Functions {
         for id in ids {
             self.finish(&id, None, None);
         }
-        for name in self.fns.keys() {
-            self.backend.prune(&format!("tenants/_host/{name}"));
+        for key in self.fns.keys() {
+            self.backend.prune(&cg_folder(key));
         }
-        self.backend.prune("tenants/_host");
+        // Tenants' folders, for their own functions and for their calls of the host's.
+        for owner in self.backend.child_names_of("tenants") {
+            let top = format!("tenants/{owner}");
+            for func in self.backend.child_names_of(&top) {
+                self.backend.prune(&format!("{top}/{func}"));
+            }
+            self.backend.prune(&top);
+        }
         self.backend.prune("tenants");
     }
 }

@@ -44,8 +44,11 @@ pub(super) struct Function {
     /// Calls waiting for a parked child in a zygote that has room (not a hidden queue:
     /// they are bounded by the zygotes' free slots).
     pub(super) pending: VecDeque<String>,
-    pub(super) logs: VecDeque<LogEntry>,
+    /// Its last calls, each with the tenant that made it.
+    pub(super) logs: VecDeque<(Option<String>, LogEntry)>,
     pub(super) stats: Stats,
+    /// The same counters, for each tenant's own calls.
+    pub(super) tenant_stats: std::collections::HashMap<String, Stats>,
 }
 
 /// A `serve` answer waiting: the client, the functions named, and those already failed.
@@ -80,6 +83,7 @@ impl Functions {
             Ok(p) => p,
             Err(e) => return Some(fail(ErrorCode::BadSpec, e.to_string())),
         };
+        self.defaults = parsed.defaults.clone();
         let mut names: Vec<String> = parsed.functions.keys().cloned().collect();
         if let Some(n) = &only {
             if !parsed.functions.contains_key(n) {
@@ -99,7 +103,7 @@ impl Functions {
             let Some(spec) = parsed.functions.get(name) else {
                 continue;
             };
-            match self.serve_one(spec.clone(), cx) {
+            match self.serve_one(name.clone(), spec.clone(), cx) {
                 Ok(()) => {
                     if self
                         .fns
@@ -127,8 +131,12 @@ impl Functions {
     /// Serve one function: its plan built, its folder of cgroups given a memory ceiling,
     /// its `min_warm` zygotes started. One served already is left as it is; one that
     /// failed is replaced.
-    fn serve_one(&mut self, spec: FnSpec, cx: &mut Ctx) -> Result<(), String> {
-        let name = spec.name.clone();
+    pub(super) fn serve_one(
+        &mut self,
+        name: String,
+        spec: FnSpec,
+        cx: &mut Ctx,
+    ) -> Result<(), String> {
         if self
             .fns
             .get(&name)
@@ -148,7 +156,7 @@ impl Functions {
             ceiling,
         } = plan(&spec, &self.identity)?;
         let handed = crate::mounts::hand_over(&mut plan)?;
-        let folder = format!("tenants/_host/{name}");
+        let folder = super::cg_folder(&name);
         self.worker.remember(&name);
         if let Err(e) = self.backend.set_ceiling(&folder, ceiling) {
             self.worker.forget(&name, folder);
@@ -169,6 +177,7 @@ impl Functions {
                 pending: VecDeque::new(),
                 logs: VecDeque::new(),
                 stats: Stats::default(),
+                tenant_stats: std::collections::HashMap::new(),
             },
         );
         for _ in 0..min_warm {
@@ -307,6 +316,23 @@ impl Functions {
                 .push((client, Reply::Served { served, failed }, true));
         }
         self.pending_serves = still;
+        let mut still = Vec::new();
+        for (client, key, shown, kind) in std::mem::take(&mut self.pending_layers) {
+            let reply = match self.fns.get(&key).map(|f| f.state.clone()) {
+                Some(FnState::Starting) => {
+                    still.push((client, key, shown, kind));
+                    continue;
+                }
+                Some(FnState::Serving) => Reply::ServedOne { name: shown, kind },
+                Some(FnState::Failed(why)) => fail(ErrorCode::BadSpec, why),
+                None => fail(
+                    ErrorCode::Conflict,
+                    format!("{shown} was stopped before it was ready"),
+                ),
+            };
+            self.outbox.push((client, reply, true));
+        }
+        self.pending_layers = still;
     }
 
     /// `stop`: its calls are cancelled and answered, its zygotes killed, and its cgroups
@@ -338,7 +364,7 @@ impl Functions {
         }
         self.fns.remove(name);
         // The worker removes the cgroups it kept for the function, then its folder.
-        self.worker.forget(name, format!("tenants/_host/{name}"));
+        self.worker.forget(name, super::cg_folder(name));
         log::info!("stopped {name}");
         Reply::Stopped {
             name: name.to_string(),

@@ -25,7 +25,8 @@ use super::registry::{is_pool, FnState};
 use super::timers::stuck_after;
 use super::zygotes::{thaw, ZState};
 use super::{fail, Ctx, Functions, MAX_EVENT, SLOTS};
-use crate::cgroup::{Cgroup, Usage, Weight};
+use crate::cgroup::{Cgroup, Limits, Usage, Weight};
+use crate::supervisor::api::Acting;
 use plumbing::random_hex;
 
 /// Output kept per stream per request.
@@ -108,6 +109,13 @@ pub(super) struct InFlight {
     script: Option<Script>,
     /// Its digest, for the usage log.
     pub(super) script_digest: Option<String>,
+    /// The tenant it was made for (`None`: the host's).
+    pub(super) tenant: Option<String>,
+    /// Narrower cgroup limits than its function's (its tenant's), written on its child's
+    /// cgroup before the child is let go.
+    pub(super) narrow: Option<Limits>,
+    /// A smaller `/tmp` and `/work` than its function's (its tenant's scratch limit).
+    pub(super) scratch: Option<u64>,
 }
 
 impl InFlight {
@@ -136,6 +144,9 @@ impl InFlight {
             forced: None,
             script_digest: script.as_ref().map(|s| s.digest.clone()),
             script,
+            tenant: None,
+            narrow: None,
+            scratch: None,
         }
     }
 }
@@ -269,6 +280,67 @@ pub(super) fn last_reading(cg: &dyn Cgroup) -> Option<Usage> {
     cg.usage().ok()
 }
 
+/// The cgroup limits of a call: the function's, narrowed by its tenant's where those are
+/// lower; `None` when they narrow nothing.
+pub(super) fn narrowed(f: &Limits, t: &proto::api::TenantLimits) -> Option<Limits> {
+    let cap = |v: u32, t: Option<u64>| {
+        t.map_or(v, |t| v.min(u32::try_from(t).unwrap_or(u32::MAX)).max(1))
+    };
+    let l = Limits {
+        mem_bytes: match (f.mem_bytes, t.mem_bytes) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        },
+        cpu_millis: cap(f.cpu_millis, t.cpu_millis),
+        pids: cap(f.pids, t.pids),
+        // A tenant has no I/O limits of its own over the API: the function's stand.
+        io_bps: f.io_bps,
+        io_iops: f.io_iops,
+    };
+    (l != *f).then_some(l)
+}
+
+/// Move a parked child into a cgroup of a tenant's for one function (`key`, folder `dir`)
+/// with `limits`: one kept from the tenant's last request of it, else a new
+/// `<dir>/r-<pid>-<slot>`. The cgroup it left, empty now, is returned. On failure a new
+/// cgroup is removed (with whatever reached it).
+fn move_to(
+    backend: &crate::cgroup::Backend,
+    worker: &super::super::cgworker::Worker,
+    key: &str,
+    dir: &str,
+    slot: &str,
+    s: &mut super::zygotes::Slot,
+    limits: &Limits,
+) -> Result<Box<dyn Cgroup>, String> {
+    let pidfd = s
+        .pidfd
+        .as_ref()
+        .ok_or("the parked child is not held by a pidfd")?;
+    let cg = match worker.place_kept(key, limits, s.pid, pidfd) {
+        Some(cg) => cg,
+        None => {
+            let cg = backend
+                .create(&format!("{dir}/r-{}-{slot}", std::process::id()))
+                .map_err(|e| e.to_string())?;
+            cg.set_limits(limits).map_err(|e| e.to_string())?;
+            if !crate::spawn::pidfd_alive(pidfd) {
+                return Err(format!("the parked child {} has exited", s.pid));
+            }
+            cg.add_single_threaded(s.pid).map_err(|e| e.to_string())?;
+            cg.keep()
+        }
+    };
+    // From here on it is what a caller waits for (and whatever fails, it is removed with
+    // the slot).
+    let old = std::mem::replace(&mut s.cgroup, cg);
+    s.kept_as = Some((key.to_string(), *limits));
+    if let Err(e) = s.cgroup.set_weight(Weight::Foreground) {
+        log::warn!("raise a request's CPU weight: {e}");
+    }
+    Ok(old)
+}
+
 /// Whether a call in flight names a script (see `Store::put`: such a script is never
 /// evicted).
 pub(super) fn script_in_flight(calls: &HashMap<String, InFlight>) -> impl Fn(&str) -> bool + '_ {
@@ -286,6 +358,7 @@ impl Functions {
         &mut self,
         client: Token,
         mut e: ExecRequest,
+        who: &Acting,
         cx: &mut Ctx,
     ) -> Option<Reply> {
         if e.event.len() > MAX_EVENT {
@@ -385,11 +458,23 @@ impl Functions {
         if let Some(ms) = e.timeout_ms {
             timeout = timeout.min(Duration::from_millis(ms.max(1)));
         }
+        // A tenant's limits narrow the function's: its timeout on the deadline here, the
+        // rest on the child's cgroup when it is let go.
+        if let Some(ms) = who.limits.timeout_ms {
+            timeout = timeout.min(Duration::from_millis(ms.max(1)));
+        }
+        let narrow = narrowed(&f.limits, &who.limits);
         let id = match random_hex(16) {
             Ok(id) => id,
             Err(e) => return Some(fail(ErrorCode::Internal, format!("name the request: {e}"))),
         };
-        let call = InFlight::new(client, &e, event, timeout, script, Instant::now());
+        let mut call = InFlight::new(client, &e, event, timeout, script, Instant::now());
+        call.tenant = who.tenant.clone();
+        call.narrow = narrow;
+        call.scratch = who
+            .limits
+            .scratch_bytes
+            .filter(|b| *b < f.plan.scratch_bytes);
         self.calls.insert(id.clone(), call);
         if self.try_dispatch(&id) {
             return None;
@@ -461,6 +546,15 @@ impl Functions {
         let Some((zt, slot, frozen)) = best else {
             return false;
         };
+        // A tenant's call of a host function runs in a cgroup of that tenant's
+        // (`tenants/<tenant>/<function>/…`): everything one tenant runs is in one place.
+        let tenant_dir = match (&c.tenant, c.func.contains('/')) {
+            (Some(t), false) => {
+                Some((format!("{t}/{}", c.func), format!("tenants/{t}/{}", c.func)))
+            }
+            _ => None,
+        };
+        let flimits = f.limits;
         let now = Instant::now();
         let Some(c) = self.calls.get_mut(id) else {
             return false;
@@ -470,6 +564,52 @@ impl Functions {
         };
         if frozen {
             thaw(z);
+        }
+        if let Some(s) = z.children.slots.get_mut(&slot) {
+            // The tenant's limits go on the child's own cgroup before it is let go: moved
+            // into a cgroup of the tenant's (one kept from its last request of the
+            // function, else a new one), or narrowed where it is (then it is not kept for
+            // another request afterwards).
+            let applied = match (&tenant_dir, c.narrow) {
+                (Some((key, dir)), narrow) => {
+                    s.narrowed = true;
+                    let limits = narrow.unwrap_or(flimits);
+                    move_to(&self.backend, &self.worker, key, dir, &slot, s, &limits).map(|old| {
+                        // The parked cgroup it left is empty: kept for the function.
+                        self.worker.send(super::super::cgworker::Job::Release {
+                            pool: c.func.clone(),
+                            limits: flimits,
+                            cg: old,
+                        })
+                    })
+                }
+                (None, Some(l)) => {
+                    s.narrowed = true;
+                    s.cgroup.set_limits(&l).map_err(|e| e.to_string())
+                }
+                (None, None) => Ok(()),
+            };
+            if let Err(e) = applied {
+                log::error!("give a tenant's request its cgroup and limits: {e}");
+                // That child is not used: it is let go of, and its cgroup removed.
+                if let Some(s) = z.children.slots.remove(&slot) {
+                    z.conn.send(&ToLauncher::Reap { slot: slot.clone() });
+                    self.worker
+                        .send(super::super::cgworker::Job::Remove(s.cgroup));
+                }
+                self.parks.push_back(zt);
+                if let Some(c) = self.calls.remove(id) {
+                    self.outbox.push((
+                        c.client,
+                        fail(
+                            ErrorCode::Internal,
+                            format!("the tenant's cgroup and limits could not be applied: {e}"),
+                        ),
+                        true,
+                    ));
+                }
+                return true;
+            }
         }
         if let Some(s) = z.children.slots.get_mut(&slot) {
             s.request = Some(id.to_string());
@@ -484,11 +624,13 @@ impl Functions {
         z.last_used = now;
         let event = std::mem::take(&mut c.event);
         let script = c.script.take();
+        let scratch_bytes = c.scratch;
         z.conn.send(&ToLauncher::Call {
             slot,
             request_id: id.to_string(),
             event,
             script,
+            scratch_bytes,
         });
         // The spare this call used is replaced now, so the next call finds one: the new
         // child works at the background weight, so it does not slow this request down.
@@ -649,18 +791,30 @@ impl Functions {
         }
     }
 
-    /// `cancel`: end every call with this key.
-    pub(super) fn cancel(&mut self, key: &str) -> Reply {
+    /// `cancel`: end every call with this key that is the caller's: over the API, those
+    /// made for the same tenant (or for the host, by an operator acting for nobody); from
+    /// the host's CLI, every one. Over the API, none is `not_found`, the same answer
+    /// whether the key is unknown, finished, or another tenant's.
+    pub(super) fn cancel(&mut self, key: &str, who: &Acting) -> Reply {
         let ids: Vec<String> = self
             .calls
             .iter()
             .filter(|(_, c)| c.key.as_deref() == Some(key))
+            .filter(|(_, c)| !who.api() || c.tenant == who.tenant)
             .map(|(id, _)| id.clone())
             .collect();
+        // One-shot runs too: a tenant's own (an operator acting for nobody, like the
+        // host's CLI, names every run under the key).
+        let runs = self.cancel_runs(key, who.tenant.as_deref());
+        if ids.is_empty() && runs == 0 && who.api() {
+            return fail(
+                ErrorCode::NotFound,
+                format!("no request of yours is running under the key {key:?}"),
+            );
+        }
         for id in &ids {
             self.force(id, Outcome::Cancelled);
         }
-        let runs = self.cancel_runs(key, None);
         Reply::Cancelled {
             count: ids.len() as u32 + runs,
         }
@@ -678,6 +832,7 @@ impl Functions {
             self.force(&id, Outcome::Cancelled);
         }
         self.pending_serves.retain(|(c, _, _)| *c != t);
+        self.pending_layers.retain(|(c, _, _, _)| *c != t);
         self.runs_client_gone(t);
     }
 

@@ -628,6 +628,17 @@ impl Functions {
         n
     }
 
+    /// A tenant is deleted: its runs are ended.
+    pub(super) fn cancel_tenant_runs(&mut self, tenant: &str) {
+        let now = Instant::now();
+        for run in self.runs.runs.values_mut() {
+            let theirs = run.tenant.as_deref() == Some(tenant);
+            if theirs && run.killed.is_none() && run.ended.is_none() {
+                kill(run, Killed::Cancelled, now);
+            }
+        }
+    }
+
     /// A front's connection closed: its runs are ended (nobody waits for them).
     pub(super) fn runs_client_gone(&mut self, t: Token) {
         let now = Instant::now();

@@ -13,6 +13,7 @@ use super::registry::{is_pool, FnState};
 use super::requests::InFlight;
 use super::zygotes::ZState;
 use super::{fail, now_ms, Functions};
+use crate::supervisor::api::Acting;
 
 /// Finished requests remembered per function for `zygo logs`.
 const LOG_KEEP: usize = 1000;
@@ -27,7 +28,7 @@ pub(super) struct Stats {
     /// By [`Outcome`], as its number.
     by_outcome: [u64; 5],
     /// The last [`SAMPLES`] calls' wall times.
-    walls_us: VecDeque<u64>,
+    pub(super) walls_us: VecDeque<u64>,
     peak_rss_kb: u64,
 }
 
@@ -58,7 +59,7 @@ impl Functions {
     ) {
         let finished_ms = now_ms();
         if let Some(f) = self.fns.get_mut(&c.func) {
-            f.logs.push_back(LogEntry {
+            let entry = LogEntry {
                 request_id: id.to_string(),
                 finished_ms,
                 outcome,
@@ -66,14 +67,22 @@ impl Functions {
                 error,
                 stdout: tail(&c.stdout.text, 4096),
                 stderr: tail(&c.stderr.text, 4096),
-            });
+            };
+            f.logs.push_back((c.tenant.clone(), entry));
             if f.logs.len() > LOG_KEEP {
                 f.logs.pop_front();
             }
             f.stats.add(outcome, wall, metrics.peak_rss_kb);
+            if let Some(t) = &c.tenant {
+                f.tenant_stats.entry(t.clone()).or_default().add(
+                    outcome,
+                    wall,
+                    metrics.peak_rss_kb,
+                );
+            }
         }
         let line = serde_json::json!({
-            "tenant": "_host",
+            "tenant": c.tenant.as_deref().unwrap_or("_host"),
             "function": c.func,
             "script": c.script_digest,
             "request_id": id,
@@ -92,11 +101,13 @@ impl Functions {
         self.usage.flush();
     }
 
-    /// `ls`: every function, its state and its zygotes.
-    pub(super) fn list(&self) -> Vec<FunctionInfo> {
+    /// `ls`: every function the caller can see (see [`Functions::shown`]), its state and
+    /// its zygotes.
+    pub(super) fn list(&self, who: &Acting) -> Vec<FunctionInfo> {
         self.fns
             .iter()
-            .map(|(name, f)| {
+            .filter_map(|(name, f)| Some((name, self.shown(who, name)?, f)))
+            .map(|(name, shown, f)| {
                 let mut counts = ZygoteCounts {
                     ready: 0,
                     busy: 0,
@@ -118,12 +129,17 @@ impl Functions {
                     FnState::Failed(w) => ("failed", Some(w.clone())),
                 };
                 FunctionInfo {
-                    name: name.clone(),
+                    name: shown,
                     kind: if is_pool(&f.spec) { "pool" } else { "function" }.into(),
                     state: state.into(),
                     error,
                     zygotes: counts,
-                    in_flight: self.calls.values().filter(|c| c.func == *name).count() as u32,
+                    in_flight: self
+                        .calls
+                        .values()
+                        .filter(|c| c.func == *name)
+                        .filter(|c| !who.api() || who.tenant.is_none() || c.tenant == who.tenant)
+                        .count() as u32,
                     min_warm: f.min_warm as u32,
                     max_warm: f.spec.max_warm,
                 }
@@ -131,27 +147,39 @@ impl Functions {
             .collect()
     }
 
-    /// `stats`: one function's counters, or every function's.
-    pub(super) fn stats(&self, name: Option<&str>) -> Reply {
-        if let Some(n) = name {
-            if !self.fns.contains_key(n) {
-                return fail(
-                    ErrorCode::NotFound,
-                    format!("no function named {n:?} is served"),
-                );
-            }
-        }
+    /// `stats`: one function's counters, or those of every function the caller can see.
+    /// A tenant's are counted from its own calls only.
+    pub(super) fn stats(&self, name: Option<&str>, who: &Acting) -> Reply {
+        let only = match name {
+            Some(n) => match self.key_for(who, n) {
+                Ok(k) if self.fns.contains_key(&k) => Some(k),
+                Ok(_) => {
+                    return fail(
+                        ErrorCode::NotFound,
+                        format!("no function named {n:?} is served"),
+                    )
+                }
+                Err(r) => return r.into(),
+            },
+            None => None,
+        };
         let out = self
             .fns
             .iter()
-            .filter(|(n, _)| name.is_none_or(|x| x == n.as_str()))
-            .map(|(n, f)| {
-                let mut w: Vec<u64> = f.stats.walls_us.iter().copied().collect();
+            .filter(|(k, _)| only.as_deref().is_none_or(|x| x == k.as_str()))
+            .filter_map(|(k, f)| Some((self.shown(who, k)?, f)))
+            .map(|(shown, f)| {
+                let empty = Stats::default();
+                let st = match (&who.tenant, who.api()) {
+                    (Some(t), true) => f.tenant_stats.get(t).unwrap_or(&empty),
+                    _ => &f.stats,
+                };
+                let mut w: Vec<u64> = st.walls_us.iter().copied().collect();
                 w.sort_unstable();
-                let o = &f.stats.by_outcome;
+                let o = &st.by_outcome;
                 FunctionStats {
-                    name: n.clone(),
-                    requests: f.stats.requests,
+                    name: shown,
+                    requests: st.requests,
                     ok: o[Outcome::Ok as usize],
                     error: o[Outcome::Error as usize],
                     timeout: o[Outcome::Timeout as usize],
@@ -159,20 +187,31 @@ impl Functions {
                     stuck: o[Outcome::Stuck as usize],
                     p50_wall_us: percentile(&w, 0.5),
                     p99_wall_us: percentile(&w, 0.99),
-                    peak_rss_kb: f.stats.peak_rss_kb,
+                    peak_rss_kb: st.peak_rss_kb,
                 }
             })
             .collect();
         Reply::Stats(out)
     }
 
-    /// `logs`: the last `n` (1 to [`LOG_KEEP`]) finished calls of a function.
-    pub(super) fn logs(&self, name: &str, n: u32) -> Reply {
-        match self.fns.get(name) {
+    /// `logs`: the last `n` (1 to [`LOG_KEEP`]) finished calls of a function that are the
+    /// caller's: a tenant reads only its own calls.
+    pub(super) fn logs_as(&self, name: &str, n: u32, who: &Acting) -> Reply {
+        let key = match self.key_for(who, name) {
+            Ok(k) => k,
+            Err(r) => return r.into(),
+        };
+        match self.fns.get(&key) {
             Some(f) => {
                 let n = (n as usize).clamp(1, LOG_KEEP);
-                let skip = f.logs.len().saturating_sub(n);
-                Reply::Logs(f.logs.iter().skip(skip).cloned().collect())
+                let mine: Vec<&LogEntry> = f
+                    .logs
+                    .iter()
+                    .filter(|(t, _)| !who.api() || who.tenant.is_none() || *t == who.tenant)
+                    .map(|(_, e)| e)
+                    .collect();
+                let skip = mine.len().saturating_sub(n);
+                Reply::Logs(mine.into_iter().skip(skip).cloned().collect())
             }
             None => fail(
                 ErrorCode::NotFound,

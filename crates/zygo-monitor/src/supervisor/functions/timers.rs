@@ -115,7 +115,11 @@ impl Functions {
 
     /// How long the loop may sleep: not long while calls run or `serve` answers wait.
     pub fn next_wake(&self, _now: Instant) -> Option<Duration> {
-        if self.calls.is_empty() && self.pending_serves.is_empty() && self.runs.idle() {
+        if self.calls.is_empty()
+            && self.pending_serves.is_empty()
+            && self.pending_layers.is_empty()
+            && self.runs.idle()
+        {
             Some(Duration::from_secs(1))
         } else {
             Some(Duration::from_millis(20))
@@ -198,6 +202,10 @@ mod tests {
             cgroup: cg.boxed(),
             request: Some("r".into()),
             answered: Some(t0),
+            narrowed: false,
+            kept_as: None,
+            pid: 0,
+            pidfd: None,
         };
         end_if_lingering(&s, t0 + LINGER - Duration::from_millis(1));
         assert!(cg.ops().is_empty());
@@ -210,6 +218,10 @@ mod tests {
             cgroup: running.boxed(),
             request: Some("r".into()),
             answered: None,
+            narrowed: false,
+            kept_as: None,
+            pid: 0,
+            pidfd: None,
         };
         end_if_lingering(&s, t0 + secs(3600));
         assert!(running.ops().is_empty());

@@ -37,6 +37,15 @@ pub(super) struct Slot {
     /// When its request was answered: the child should exit at once; past a grace it
     /// is killed with its cgroup.
     pub(super) answered: Option<Instant>,
+    /// Its limits were narrowed for its request (a tenant's limits), or it was made for a
+    /// tenant's request: it is removed afterwards, never kept for another request.
+    pub(super) narrowed: bool,
+    /// Made for a tenant's request of a host function: kept afterwards for that tenant's
+    /// next request of it, under this key and with these limits.
+    pub(super) kept_as: Option<(String, crate::cgroup::Limits)>,
+    /// The child (held by its pidfd while parked), to move into a tenant's cgroup.
+    pub(super) pid: i32,
+    pub(super) pidfd: Option<OwnedFd>,
 }
 
 /// A zygote's children, by what they are doing.
@@ -137,7 +146,8 @@ impl Functions {
         let cg = self
             .backend
             .create(&format!(
-                "tenants/_host/{name}/z-{}-{id}",
+                "{}/z-{}-{id}",
+                super::cg_folder(name),
                 std::process::id()
             ))
             .map_err(|e| e.to_string())?;
@@ -428,13 +438,19 @@ impl Functions {
                         zt,
                         slot,
                         result: Ok(cg),
+                        pid,
+                        pidfd,
                     });
                     return Ok(());
                 }
                 // Otherwise a new cgroup is made off the loop; `placed` takes the result.
                 self.worker.send(Job::Place {
                     zt,
-                    rel: format!("tenants/_host/{func}/r-{}-{slot}", std::process::id()),
+                    rel: format!(
+                        "{}/r-{}-{slot}",
+                        super::cg_folder(&func),
+                        std::process::id()
+                    ),
                     pool: func,
                     slot,
                     pid,
@@ -506,10 +522,17 @@ impl Functions {
                     None
                 };
                 let func = z.func.clone();
-                match self.fns.get(&func) {
-                    Some(f) => self.worker.send(Job::Release {
-                        pool: func,
-                        limits: f.limits,
+                // Kept for the next request it can serve as it is: the function's, or (one
+                // made for a tenant) that tenant's; a narrowed one is removed.
+                let keep = match (&s.kept_as, s.narrowed) {
+                    (Some((pool, limits)), _) => Some((pool.clone(), *limits)),
+                    (None, false) => self.fns.get(&func).map(|f| (func.clone(), f.limits)),
+                    (None, true) => None,
+                };
+                match keep {
+                    Some((pool, limits)) => self.worker.send(Job::Release {
+                        pool,
+                        limits,
                         cg: s.cgroup,
                     }),
                     None => self.worker.send(Job::Remove(s.cgroup)),
@@ -568,6 +591,10 @@ impl Functions {
                         cgroup: cg,
                         request: None,
                         answered: None,
+                        narrowed: false,
+                        kept_as: None,
+                        pid: p.pid,
+                        pidfd: Some(p.pidfd),
                     },
                 );
             }
@@ -721,6 +748,10 @@ mod tests {
             cgroup: Fake::new().boxed(),
             request: request.map(str::to_string),
             answered: None,
+            narrowed: false,
+            kept_as: None,
+            pid: 0,
+            pidfd: None,
         }
     }
 

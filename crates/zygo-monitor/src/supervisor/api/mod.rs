@@ -1,0 +1,846 @@
+//! Who is calling over the HTTP API, decided here and nowhere else.
+//!
+//! `zygo api` forwards the bearer token it was sent and the `X-Zygo-Tenant` header as they
+//! came ([`Credentials`]). The supervisor hashes the token and looks the hash up: the
+//! bootstrap token (`ZYGO_API_TOKEN` in the supervisor's environment when it started, kept
+//! only as a hash and removed from the environment, so nothing it starts ever sees it), or
+//! a minted one (`zygo_` + 64 hex from the kernel's random source; only its SHA-256 is
+//! stored). A revoked token is refused from the next request on; its record stays. The
+//! caller is then one of [`Who`]: the bootstrap operator, an operator token, or a tenant
+//! token; an operator may act for a tenant that exists by naming it in the header, a tenant
+//! token may name only itself. What the caller may ask is the gate's
+//! (`policy::gate`); what it then sees is scoped by [`Acting::tenant`].
+//!
+//! The records (tokens, tenants with their limits, who registered which script) are kept
+//! through [`store::Store`] and survive a restart.
+
+pub mod store;
+
+use std::collections::{BTreeMap, HashMap};
+
+use proto::api::{
+    is_tenant_id, Credentials, FrontFlags, TenantLimits, TokenInfo, TokenMinted, MAX_TOKEN_LEN,
+};
+use proto::front::{ErrorCode, Reply};
+use serde_json::Value;
+use sha2::{Digest, Sha256};
+
+use super::functions::now_ms;
+use super::SupervisorError;
+use plumbing::random_hex;
+use store::{Kind, LimitsRecord, Record, ScriptRecord, Store, TenantRecord, TokenRecord};
+
+/// The environment variable that holds the bootstrap operator token.
+pub const TOKEN_ENV: &str = "ZYGO_API_TOKEN";
+
+/// Who a request comes from.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Who {
+    /// The host's own CLI, on the control socket.
+    Host,
+    /// The bootstrap token, or no token on a `--no-auth` API.
+    Bootstrap,
+    /// A minted operator token (its id).
+    Operator(String),
+    /// A tenant token (its tenant).
+    Tenant(String),
+}
+
+/// The caller a request acts as, handed to every handler: who it is, which tenant it acts
+/// for (a tenant token's own, or the one an operator named), that tenant's limits, and how
+/// the API front was started.
+#[derive(Debug, Clone)]
+pub struct Acting {
+    pub who: Who,
+    /// The tenant whose things the request sees and makes; `None`: the host's.
+    pub tenant: Option<String>,
+    /// The acting tenant's limits (all `None` for the host).
+    pub limits: TenantLimits,
+    pub flags: FrontFlags,
+}
+
+impl Acting {
+    /// The host's CLI: every function by its internal name, no tenant.
+    pub fn host() -> Acting {
+        Acting {
+            who: Who::Host,
+            tenant: None,
+            limits: TenantLimits::default(),
+            flags: FrontFlags::default(),
+        }
+    }
+
+    /// Whether the request came over the HTTP API.
+    pub fn api(&self) -> bool {
+        self.who != Who::Host
+    }
+
+    /// The gate's view of the caller.
+    pub fn gate_caller(&self) -> policy::gate::Caller {
+        match self.who {
+            Who::Host | Who::Operator(_) => policy::gate::Caller::Operator,
+            Who::Bootstrap => policy::gate::Caller::Bootstrap {
+                allow_deploy: self.flags.allow_deploy,
+            },
+            Who::Tenant(_) => policy::gate::Caller::Tenant,
+        }
+    }
+
+    /// Whether the caller may name private addresses in `allow`.
+    pub fn private_net(&self) -> bool {
+        match self.who {
+            Who::Host => true,
+            _ => {
+                self.gate_caller().has_deploy_rights()
+                    && self.flags.allow_deploy
+                    && self.flags.allow_private_net
+            }
+        }
+    }
+}
+
+pub fn fail(code: ErrorCode, message: impl Into<String>) -> Reply {
+    Reply::Error {
+        code,
+        message: message.into(),
+        retry_after: None,
+    }
+}
+
+/// Why a request is refused, before it becomes a [`Reply::Error`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Refusal {
+    pub code: ErrorCode,
+    pub message: String,
+}
+
+impl From<Refusal> for Reply {
+    fn from(r: Refusal) -> Reply {
+        fail(r.code, r.message)
+    }
+}
+
+pub fn no(code: ErrorCode, message: impl Into<String>) -> Refusal {
+    Refusal {
+        code,
+        message: message.into(),
+    }
+}
+
+fn sha256_hex(bytes: &[u8]) -> String {
+    Sha256::digest(bytes)
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect()
+}
+
+/// The API's state: tokens, tenants, script owners, and where they are kept.
+pub struct Api {
+    store: Box<dyn Store>,
+    /// SHA-256 of the bootstrap token, if one was given.
+    bootstrap: Option<String>,
+    tokens: BTreeMap<String, TokenRecord>,
+    /// Token id by the SHA-256 of its secret.
+    by_hash: HashMap<String, String>,
+    pub(super) tenants: BTreeMap<String, TenantRecord>,
+    scripts: HashMap<String, ScriptRecord>,
+}
+
+impl Api {
+    /// Load the records, and take the bootstrap token out of the environment (call before
+    /// any thread is started).
+    pub fn open(mut store: Box<dyn Store>) -> Result<Api, SupervisorError> {
+        let snap = store
+            .load()
+            .map_err(|e| SupervisorError(format!("the API's records: {e}")))?;
+        let bootstrap = std::env::var_os(TOKEN_ENV).and_then(|v| {
+            let bytes = v.as_encoded_bytes().to_vec();
+            if bytes.len() > MAX_TOKEN_LEN {
+                log::warn!(
+                    "{TOKEN_ENV} is longer than {MAX_TOKEN_LEN} bytes, which the API refuses as a token: the bootstrap token is not set"
+                );
+                return None;
+            }
+            (!bytes.is_empty()).then(|| sha256_hex(&bytes))
+        });
+        // Nothing the supervisor starts (launchers, sandboxes) inherits it.
+        std::env::remove_var(TOKEN_ENV);
+        let mut api = Api {
+            store,
+            bootstrap,
+            tokens: BTreeMap::new(),
+            by_hash: HashMap::new(),
+            tenants: BTreeMap::new(),
+            scripts: HashMap::new(),
+        };
+        for t in snap.tokens {
+            api.by_hash.insert(t.sha256.clone(), t.id.clone());
+            api.tokens.insert(t.id.clone(), t);
+        }
+        for t in snap.tenants {
+            api.tenants.insert(t.id.clone(), t);
+        }
+        for s in snap.scripts {
+            api.scripts.insert(s.digest.clone(), s);
+        }
+        log::info!(
+            "API: {} token(s), {} tenant(s); bootstrap token {}",
+            api.tokens.len(),
+            api.tenants.len(),
+            if api.bootstrap.is_some() {
+                "set"
+            } else {
+                "not set (ZYGO_API_TOKEN was empty or unset)"
+            }
+        );
+        Ok(api)
+    }
+
+    fn put(&mut self, r: Record) -> Result<(), Refusal> {
+        self.store.put(&r).map_err(|e| {
+            log::error!("API store: {e}");
+            no(
+                ErrorCode::Internal,
+                format!("the change could not be stored: {e}"),
+            )
+        })
+    }
+
+    fn remove(&mut self, kind: Kind, id: &str) -> Result<(), Refusal> {
+        self.store.remove(kind, id).map_err(|e| {
+            log::error!("API store: {e}");
+            no(
+                ErrorCode::Internal,
+                format!("the change could not be stored: {e}"),
+            )
+        })
+    }
+
+    /// Who is calling, from what the front forwarded and how the front was started.
+    pub fn resolve(&self, c: &Credentials, flags: FrontFlags) -> Result<Acting, Refusal> {
+        let unauthorized = |m: &str| no(ErrorCode::Unauthorized, m);
+        let who = match &c.token {
+            None if flags.no_auth => Who::Bootstrap,
+            None => {
+                return Err(unauthorized(
+                    "no token: send Authorization: Bearer <token> (ZYGO_API_TOKEN, or one from `zygo token mint`)",
+                ))
+            }
+            Some(t) if t.is_empty() || t.len() > MAX_TOKEN_LEN => {
+                return Err(unauthorized("the token is not valid"))
+            }
+            Some(t) => {
+                let hash = sha256_hex(t.as_bytes());
+                if self.bootstrap.as_deref() == Some(hash.as_str()) {
+                    Who::Bootstrap
+                } else {
+                    let rec = self.by_hash.get(&hash).and_then(|id| self.tokens.get(id));
+                    match rec {
+                        Some(r) if r.revoked_ms.is_some() => {
+                            return Err(unauthorized(&format!(
+                                "token {} was revoked; mint another",
+                                r.id
+                            )))
+                        }
+                        Some(r) => match &r.tenant {
+                            Some(t) => Who::Tenant(t.clone()),
+                            None => Who::Operator(r.id.clone()),
+                        },
+                        None => return Err(unauthorized("the token is not valid")),
+                    }
+                }
+            }
+        };
+        if let Some(h) = &c.tenant {
+            if !is_tenant_id(h) {
+                return Err(no(
+                    ErrorCode::BadRequest,
+                    "X-Zygo-Tenant is not a tenant id (1 to 63 characters of a-z, 0-9, _ and -)",
+                ));
+            }
+        }
+        let tenant = match (&who, &c.tenant) {
+            (Who::Tenant(t), Some(h)) if h != t => {
+                return Err(no(
+                    ErrorCode::Forbidden,
+                    "X-Zygo-Tenant names another tenant than this tenant token's; a tenant token acts only for its own tenant (leave the header out)",
+                ))
+            }
+            (Who::Tenant(t), _) => {
+                if !self.tenants.contains_key(t) {
+                    // Its tenant was deleted: its tokens went with it.
+                    return Err(unauthorized("the token is not valid"));
+                }
+                Some(t.clone())
+            }
+            (_, Some(h)) => {
+                if !self.tenants.contains_key(h) {
+                    return Err(no(
+                        ErrorCode::NotFound,
+                        format!("no tenant {h:?}; create it first (POST /tenants)"),
+                    ));
+                }
+                Some(h.clone())
+            }
+            (_, None) => None,
+        };
+        let limits = tenant
+            .as_ref()
+            .and_then(|t| self.tenants.get(t))
+            .map(|r| TenantLimits::from(&r.limits))
+            .unwrap_or_default();
+        Ok(Acting {
+            who,
+            tenant,
+            limits,
+            flags,
+        })
+    }
+
+    // --- Tokens ---------------------------------------------------------------------------
+
+    /// Mint a token: an operator's, or a tenant's (which must exist).
+    pub fn mint(&mut self, tenant: Option<String>) -> Reply {
+        if let Some(t) = &tenant {
+            if !is_tenant_id(t) {
+                return fail(ErrorCode::BadRequest, "not a tenant id");
+            }
+            if !self.tenants.contains_key(t) {
+                return fail(
+                    ErrorCode::NotFound,
+                    format!("no tenant {t:?}; create it first"),
+                );
+            }
+        }
+        let fresh = |n| {
+            random_hex(n).map_err(|e| no(ErrorCode::Internal, format!("read random bytes: {e}")))
+        };
+        let secret = match fresh(32) {
+            Ok(h) => format!("zygo_{h}"),
+            Err(r) => return r.into(),
+        };
+        let mut id = String::new();
+        while id.is_empty() || self.tokens.contains_key(&id) {
+            id = match fresh(8) {
+                Ok(h) => format!("tok_{h}"),
+                Err(r) => return r.into(),
+            };
+        }
+        let rec = TokenRecord {
+            id: id.clone(),
+            sha256: sha256_hex(secret.as_bytes()),
+            tenant: tenant.clone(),
+            created_ms: now_ms(),
+            revoked_ms: None,
+        };
+        if let Err(r) = self.put(Record::Token(rec.clone())) {
+            return r.into();
+        }
+        log::info!(
+            "minted token {id} ({})",
+            tenant
+                .as_deref()
+                .map_or("operator".to_string(), |t| format!("tenant {t}"))
+        );
+        self.by_hash.insert(rec.sha256.clone(), id.clone());
+        self.tokens.insert(id.clone(), rec);
+        let created_ms = self.tokens.get(&id).map_or(0, |r| r.created_ms);
+        Reply::TokenMinted(TokenMinted {
+            id,
+            secret,
+            tenant,
+            created_ms,
+        })
+    }
+
+    pub fn list_tokens(&self) -> Reply {
+        Reply::Tokens(
+            self.tokens
+                .values()
+                .map(|t| TokenInfo {
+                    id: t.id.clone(),
+                    tenant: t.tenant.clone(),
+                    created_ms: t.created_ms,
+                    revoked_ms: t.revoked_ms,
+                })
+                .collect(),
+        )
+    }
+
+    pub fn revoke(&mut self, id: &str) -> Reply {
+        let Some(rec) = self.tokens.get(id) else {
+            return fail(
+                ErrorCode::NotFound,
+                format!("no token with id {id:?} (ids look like tok_0123456789abcdef)"),
+            );
+        };
+        if rec.revoked_ms.is_none() {
+            let mut rec = rec.clone();
+            rec.revoked_ms = Some(now_ms());
+            if let Err(r) = self.put(Record::Token(rec.clone())) {
+                return r.into();
+            }
+            log::info!("revoked token {id}");
+            self.tokens.insert(id.to_string(), rec);
+        }
+        Reply::TokenRevoked { id: id.to_string() }
+    }
+
+    /// Revoke every token of a tenant; how many were live.
+    pub fn revoke_tenant_tokens(&mut self, tenant: &str) -> Result<u32, Refusal> {
+        let ids: Vec<String> = self
+            .tokens
+            .values()
+            .filter(|t| t.tenant.as_deref() == Some(tenant) && t.revoked_ms.is_none())
+            .map(|t| t.id.clone())
+            .collect();
+        for id in &ids {
+            if let Reply::Error { .. } = self.revoke(id) {
+                return Err(no(ErrorCode::Internal, format!("revoke {id}")));
+            }
+        }
+        Ok(ids.len() as u32)
+    }
+
+    /// Live tokens of a tenant.
+    pub fn token_count(&self, tenant: &str) -> u32 {
+        self.tokens
+            .values()
+            .filter(|t| t.tenant.as_deref() == Some(tenant) && t.revoked_ms.is_none())
+            .count() as u32
+    }
+
+    // --- Tenants --------------------------------------------------------------------------
+
+    /// Create a tenant if it does not exist: whether it was created.
+    pub fn create_tenant(&mut self, id: &str) -> Result<bool, Refusal> {
+        if !is_tenant_id(id) {
+            return Err(no(
+                ErrorCode::BadRequest,
+                "a tenant id is 1 to 63 characters of a-z, 0-9, _ and -, starting with a letter or digit",
+            ));
+        }
+        if id == "_host" || self.tenants.contains_key(id) {
+            return Ok(false);
+        }
+        let rec = TenantRecord {
+            id: id.to_string(),
+            created_ms: now_ms(),
+            limits: LimitsRecord::default(),
+        };
+        self.put(Record::Tenant(rec.clone()))?;
+        log::info!("created tenant {id}");
+        self.tenants.insert(id.to_string(), rec);
+        Ok(true)
+    }
+
+    pub fn set_limits(&mut self, id: &str, limits: LimitsRecord) -> Result<(), Refusal> {
+        let Some(rec) = self.tenants.get(id) else {
+            return Err(no(ErrorCode::NotFound, format!("no tenant {id:?}")));
+        };
+        let mut rec = rec.clone();
+        rec.limits = limits;
+        self.put(Record::Tenant(rec.clone()))?;
+        log::info!("set the limits of tenant {id}");
+        self.tenants.insert(id.to_string(), rec);
+        Ok(())
+    }
+
+    pub fn remove_tenant(&mut self, id: &str) -> Result<(), Refusal> {
+        self.remove(Kind::Tenant, id)?;
+        self.tenants.remove(id);
+        log::info!("deleted tenant {id}");
+        Ok(())
+    }
+
+    // --- Scripts --------------------------------------------------------------------------
+
+    /// Whether the acting caller may name a script: the host sees every one, a tenant only
+    /// those it registered.
+    pub fn script_visible(&self, digest: &str, tenant: Option<&str>) -> bool {
+        match tenant {
+            None => true,
+            Some(t) => self
+                .scripts
+                .get(digest)
+                .is_some_and(|s| s.tenants.contains(t)),
+        }
+    }
+
+    /// A script was stored (or found stored: `existed`) for `tenant` (`None`: the host).
+    pub fn script_registered(
+        &mut self,
+        digest: &str,
+        tenant: Option<&str>,
+        existed: bool,
+    ) -> Result<(), Refusal> {
+        let old = self.scripts.get(digest).cloned();
+        let rec = match (tenant, old) {
+            (None, None) => return Ok(()), // the host's, as every unrecorded script is
+            (None, Some(mut r)) => {
+                if r.host {
+                    return Ok(());
+                }
+                r.host = true;
+                r
+            }
+            (Some(t), Some(mut r)) => {
+                if r.tenants.contains(t) {
+                    return Ok(());
+                }
+                r.tenants.insert(t.to_string());
+                r
+            }
+            (Some(t), None) => ScriptRecord {
+                digest: digest.to_string(),
+                tenants: [t.to_string()].into(),
+                // Bytes the store held before any tenant sent them are somebody else's too.
+                host: existed,
+            },
+        };
+        self.put(Record::Script(rec.clone()))?;
+        self.scripts.insert(digest.to_string(), rec);
+        Ok(())
+    }
+
+    /// The scripts `tenant` registered, sorted.
+    pub fn scripts_of(&self, tenant: &str) -> Vec<String> {
+        let mut v: Vec<String> = self
+            .scripts
+            .values()
+            .filter(|s| s.tenants.contains(tenant))
+            .map(|s| s.digest.clone())
+            .collect();
+        v.sort();
+        v
+    }
+
+    /// `tenant` lets go of its scripts: the digests nobody else refers to (to be removed
+    /// from the store).
+    pub fn release_scripts(&mut self, tenant: &str) -> Result<Vec<String>, Refusal> {
+        let mut orphans = Vec::new();
+        for d in self.scripts_of(tenant) {
+            let Some(mut r) = self.scripts.get(&d).cloned() else {
+                continue;
+            };
+            r.tenants.remove(tenant);
+            if r.tenants.is_empty() && !r.host {
+                self.remove(Kind::Script, &d)?;
+                self.scripts.remove(&d);
+                orphans.push(d);
+            } else {
+                self.put(Record::Script(r.clone()))?;
+                self.scripts.insert(d, r);
+            }
+        }
+        Ok(orphans)
+    }
+
+    /// Forget who registered the scripts the store no longer holds (it evicts the least
+    /// recently used when full): run when the records outnumber the scripts by `slack`, so
+    /// what a tenant registering ever more scripts leaves behind stays bounded.
+    pub fn prune_scripts(&mut self, held: &dyn Fn(&str) -> bool, scripts: usize, slack: usize) {
+        if self.scripts.len() <= scripts + slack {
+            return;
+        }
+        let gone: Vec<String> = self.scripts.keys().filter(|d| !held(d)).cloned().collect();
+        for d in gone {
+            if let Err(e) = self.remove(Kind::Script, &d) {
+                log::warn!("forget the owners of script {d}: {}", e.message);
+                return;
+            }
+            self.scripts.remove(&d);
+        }
+    }
+
+    /// A script was deleted from the store: nobody holds it any more.
+    pub fn forget_script(&mut self, digest: &str) -> Result<(), Refusal> {
+        if self.scripts.contains_key(digest) {
+            self.remove(Kind::Script, digest)?;
+            self.scripts.remove(digest);
+        }
+        Ok(())
+    }
+}
+
+/// A parsed `PATCH /tenants/{id}/limits`: each key absent (`None`), cleared
+/// (`Some(None)`) or set.
+#[derive(Debug, Default, PartialEq, Eq)]
+pub struct LimitsPatch {
+    pub mem_bytes: Option<Option<u64>>,
+    pub cpu_millis: Option<Option<u64>>,
+    pub pids: Option<Option<u64>>,
+    pub timeout_ms: Option<Option<u64>>,
+    pub scratch_bytes: Option<Option<u64>>,
+    pub network: Option<Option<String>>,
+    pub allow: Option<Option<Vec<String>>>,
+}
+
+/// The largest limits body read.
+const MAX_LIMITS_BODY: usize = 64 * 1024;
+
+/// Parse a limits body strictly: a JSON object of the seven keys, `null` clearing one.
+/// `unlimited` and `network: "host"` are refused (never over HTTP), and so are private
+/// addresses in `allow` unless `private_ok`.
+pub fn parse_limits(text: &str, private_ok: bool) -> Result<LimitsPatch, Refusal> {
+    use policy::limits::Source;
+    let bad = |m: String| no(ErrorCode::BadRequest, m);
+    let spec = |e: policy::PolicyError| no(ErrorCode::BadSpec, e.to_string());
+    if text.len() > MAX_LIMITS_BODY {
+        return Err(no(ErrorCode::TooLarge, "the limits body is over 64 KiB"));
+    }
+    let v: Value = proto::json::from_str_strict(text)
+        .map_err(|e| bad(format!("the limits are not JSON: {e}")))?;
+    let Value::Object(map) = v else {
+        return Err(bad(
+            "the limits are a JSON object with any of mem, cpu, pids, timeout, scratch, network, allow".into(),
+        ));
+    };
+    let mut p = LimitsPatch::default();
+    // A size: "256M" or a number of bytes.
+    let size = |key: &str, v: &Value| -> Result<u64, Refusal> {
+        match v {
+            Value::String(s) => match policy::limits::Mem::parse(key, s, Source::Http) {
+                Ok(policy::limits::Mem::Limited(b)) => Ok(b.0),
+                Ok(policy::limits::Mem::Unlimited) => Err(no(
+                    ErrorCode::BadSpec,
+                    format!("{key}: unlimited is never accepted over HTTP"),
+                )),
+                Err(e) => Err(spec(e)),
+            },
+            Value::Number(n) => match n.as_u64() {
+                Some(b) if b > 0 => Ok(b),
+                _ => Err(bad(format!(
+                    "{key}: a number of bytes must be a whole number above 0"
+                ))),
+            },
+            _ => Err(bad(format!(
+                "{key} must be a size such as \"256M\", or a number of bytes"
+            ))),
+        }
+    };
+    for (key, v) in &map {
+        let clear = v.is_null();
+        match key.as_str() {
+            "mem" => p.mem_bytes = Some(if clear { None } else { Some(size("mem", v)?) }),
+            "scratch" => {
+                p.scratch_bytes = Some(if clear {
+                    None
+                } else {
+                    let b = size("scratch", v)?;
+                    policy::limits::parse_size("scratch", &b.to_string()).map_err(spec)?;
+                    Some(b)
+                })
+            }
+            "cpu" => {
+                p.cpu_millis = Some(if clear {
+                    None
+                } else {
+                    let text = match v {
+                        Value::Number(n) => n.to_string(),
+                        Value::String(s) => s.clone(),
+                        _ => return Err(bad("cpu must be a number such as 0.5".into())),
+                    };
+                    Some(u64::from(
+                        policy::limits::Cpus::parse("cpu", &text).map_err(spec)?.millis(),
+                    ))
+                })
+            }
+            "pids" => {
+                p.pids = Some(if clear {
+                    None
+                } else {
+                    let Some(n) = v.as_u64() else {
+                        return Err(bad("pids must be a whole number such as 64".into()));
+                    };
+                    Some(u64::from(
+                        policy::limits::parse_pids("pids", &n.to_string()).map_err(spec)?,
+                    ))
+                })
+            }
+            "timeout" => {
+                p.timeout_ms = Some(if clear {
+                    None
+                } else {
+                    let d = match v {
+                        Value::String(s) => policy::limits::parse_duration("timeout", s).map_err(spec)?,
+                        Value::Number(n) => match n.as_u64() {
+                            Some(ms) if ms > 0 => std::time::Duration::from_millis(ms),
+                            _ => return Err(bad("timeout: a number of milliseconds must be a whole number above 0".into())),
+                        },
+                        _ => return Err(bad("timeout must be a duration such as \"30s\", or milliseconds".into())),
+                    };
+                    if d > policy::limits::MAX_DURATION {
+                        return Err(no(ErrorCode::BadSpec, "timeout: at most 24h"));
+                    }
+                    Some(d.as_millis() as u64)
+                })
+            }
+            "network" => {
+                p.network = Some(if clear {
+                    None
+                } else {
+                    match v.as_str() {
+                        Some(n @ ("none" | "egress")) => Some(n.to_string()),
+                        Some("host") => {
+                            return Err(no(
+                                ErrorCode::BadSpec,
+                                "network: host is never accepted over HTTP; it can only be declared in sandbox.toml",
+                            ))
+                        }
+                        _ => return Err(bad("network must be \"none\" or \"egress\"".into())),
+                    }
+                })
+            }
+            "allow" => {
+                p.allow = Some(if clear {
+                    None
+                } else {
+                    let Some(items) = v.as_array() else {
+                        return Err(bad("allow must be a list of \"host:port\" strings".into()));
+                    };
+                    if items.len() > 256 {
+                        return Err(bad("allow: at most 256 rules".into()));
+                    }
+                    let mut rules = Vec::new();
+                    for it in items {
+                        let Some(s) = it.as_str() else {
+                            return Err(bad("allow must be a list of \"host:port\" strings".into()));
+                        };
+                        rules.push(policy::file::AllowRule::parse("allow", s).map_err(spec)?);
+                    }
+                    if let Some(r) = policy::gate::private_target(&rules, private_ok) {
+                        return Err(no(
+                            ErrorCode::BadSpec,
+                            format!(
+                                "allow: {r} targets a private, loopback or link-local address; only a deploy caller of an API started with --allow-deploy --allow-private-net may name one"
+                            ),
+                        ));
+                    }
+                    Some(rules.iter().map(|r| r.to_string()).collect())
+                })
+            }
+            other => {
+                return Err(bad(format!(
+                    "unknown limit {:?}; the keys are mem, cpu, pids, timeout, scratch, network and allow",
+                    policy::Shown::new(other).to_string()
+                )))
+            }
+        }
+    }
+    Ok(p)
+}
+
+impl LimitsPatch {
+    /// These changes over `old`.
+    pub fn apply(&self, old: &LimitsRecord) -> LimitsRecord {
+        fn pick<T: Clone>(p: &Option<Option<T>>, o: &Option<T>) -> Option<T> {
+            match p {
+                Some(v) => v.clone(),
+                None => o.clone(),
+            }
+        }
+        LimitsRecord {
+            mem_bytes: pick(&self.mem_bytes, &old.mem_bytes),
+            cpu_millis: pick(&self.cpu_millis, &old.cpu_millis),
+            pids: pick(&self.pids, &old.pids),
+            timeout_ms: pick(&self.timeout_ms, &old.timeout_ms),
+            scratch_bytes: pick(&self.scratch_bytes, &old.scratch_bytes),
+            network: pick(&self.network, &old.network),
+            allow: pick(&self.allow, &old.allow),
+        }
+    }
+}
+
+/// The landlock ABI this kernel offers (0: none).
+pub fn landlock_abi() -> u32 {
+    // SAFETY: landlock_create_ruleset(NULL, 0, LANDLOCK_CREATE_RULESET_VERSION) only
+    // returns the ABI version.
+    let v = unsafe {
+        libc::syscall(
+            libc::SYS_landlock_create_ruleset,
+            std::ptr::null::<u8>(),
+            0usize,
+            1u32,
+        )
+    };
+    if v < 0 {
+        0
+    } else {
+        v as u32
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn api_in_temp() -> (Api, std::path::PathBuf) {
+        let d = std::env::temp_dir().join(format!(
+            "zygo-api-{}-{}",
+            std::process::id(),
+            random_hex(4).expect("random")
+        ));
+        let store = store::Files::open(d.clone()).expect("open");
+        (Api::open(Box::new(store)).expect("load"), d)
+    }
+
+    #[test]
+    fn a_tenants_scripts_are_its_own_and_owners_of_evicted_ones_are_forgotten() {
+        let (mut api, dir) = api_in_temp();
+        assert_eq!(api.create_tenant("acme"), Ok(true));
+        assert_eq!(api.create_tenant("acme"), Ok(false));
+        let (a, b, c) = ("a".repeat(64), "b".repeat(64), "c".repeat(64));
+        api.script_registered(&a, Some("acme"), false).expect("a");
+        api.script_registered(&b, Some("acme"), false).expect("b");
+        // Bytes the store held before the tenant sent them are the host's too.
+        api.script_registered(&c, Some("acme"), true).expect("c");
+        assert!(api.script_visible(&a, Some("acme")) && !api.script_visible(&a, Some("other")));
+        assert!(api.script_visible(&a, None));
+        // Only `a` is still held: the others' owners go (once past the slack).
+        api.prune_scripts(&|d| d == a, 1, 5);
+        assert_eq!(api.scripts_of("acme").len(), 3);
+        api.prune_scripts(&|d| d == a, 1, 0);
+        assert_eq!(api.scripts_of("acme"), vec![a.clone()]);
+        // Deleting the tenant releases `a`, which nobody else registered.
+        assert_eq!(api.release_scripts("acme"), Ok(vec![a.clone()]));
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn limits_parse_strictly_and_null_clears() {
+        let p = parse_limits(
+            r#"{"mem":"64M","cpu":0.5,"pids":32,"timeout":"30s","scratch":1048576,"network":"egress","allow":["api.example.com:443"]}"#,
+            false,
+        )
+        .expect("parse");
+        assert_eq!(p.mem_bytes, Some(Some(64 << 20)));
+        assert_eq!(p.cpu_millis, Some(Some(500)));
+        assert_eq!(p.pids, Some(Some(32)));
+        assert_eq!(p.timeout_ms, Some(Some(30_000)));
+        assert_eq!(p.scratch_bytes, Some(Some(1 << 20)));
+        assert_eq!(p.network, Some(Some("egress".into())));
+        let p = parse_limits(r#"{"mem":null}"#, false).expect("parse");
+        assert_eq!(p.mem_bytes, Some(None));
+        assert_eq!(p.cpu_millis, None);
+        let code = |text: &str| match parse_limits(text, false) {
+            Err(Refusal { code, .. }) => Some(code),
+            _ => None,
+        };
+        assert_eq!(code(r#"{"mem":"unlimited"}"#), Some(ErrorCode::BadSpec));
+        assert_eq!(code(r#"{"network":"host"}"#), Some(ErrorCode::BadSpec));
+        assert_eq!(
+            code(r#"{"allow":["10.0.0.5:4010"]}"#),
+            Some(ErrorCode::BadSpec)
+        );
+        assert_eq!(code(r#"{"bogus":1}"#), Some(ErrorCode::BadRequest));
+        assert_eq!(
+            code(r#"{"mem":"1M","mem":"2M"}"#),
+            Some(ErrorCode::BadRequest)
+        );
+        assert_eq!(code(r#"[1]"#), Some(ErrorCode::BadRequest));
+        assert_eq!(code(r#"{"pids":-1}"#), Some(ErrorCode::BadRequest));
+        assert_eq!(code(r#"{"cpu":"NaN"}"#), Some(ErrorCode::BadSpec));
+        assert!(parse_limits(r#"{"allow":["10.0.0.5:4010"]}"#, true).is_ok());
+    }
+}
