@@ -794,18 +794,15 @@ fn zygo_mcp_refused(args: &[&str]) -> Finished {
     finish(c)
 }
 
-/// What the ceiling cannot be: egress (not implemented), allow rules without it, bad
-/// values; and -f's [defaults] is the ceiling flags may only narrow.
+/// What the ceiling cannot be: malformed allow rules, allow rules without egress, bad
+/// values; and -f's [defaults] is the ceiling flags may
+/// only narrow.
 #[test]
 fn ceiling_flags_and_refusals() {
-    let f = zygo_mcp_refused(&["--net", "egress"]);
-    assert_eq!(f.code, 1, "{}", f.stderr_text());
-    assert!(
-        f.stderr_text().contains("not implemented"),
-        "{}",
-        f.stderr_text()
-    );
-    let f = zygo_mcp_refused(&["--allow", "api.github.com:443"]);
+    let f = zygo_mcp_refused(&["--net", "egress", "--allow", "api_github.com:443"]);
+    assert_eq!(f.code, 2, "{}", f.stderr_text());
+    assert!(f.stderr_text().contains("bad host"), "{}", f.stderr_text());
+    let f = zygo_mcp_refused(&["--allow", "192.0.2.1:443"]);
     assert_eq!(f.code, 1, "{}", f.stderr_text());
     assert!(
         f.stderr_text().contains("--net egress"),

@@ -4,13 +4,13 @@
 //! Every role runs as `zygo <arg>` with an environment of only the logging variables, and
 //! with these descriptors:
 //!
-//! | fd | [`Role::Launcher`]              | [`Role::McpFront`]      |
-//! |----|---------------------------------|-------------------------|
-//! | 0  | the program's stdin (or null)   | the host's stdin        |
-//! | 1  | the program's stdout            | the host's stdout       |
-//! | 2  | the monitor's stderr            | the monitor's stderr    |
-//! | 3  | [`CHANNEL_FD`]: the monitor     | [`CHANNEL_FD`]: the monitor side |
-//! | 4  | [`PROGRAM_STDERR_FD`]           | —                       |
+//! | fd | [`Role::Launcher`]              | [`Role::McpFront`]      | [`Role::EgressFilter`] |
+//! |----|---------------------------------|-------------------------|------------------------|
+//! | 0  | the program's stdin (or null)   | the host's stdin        | null                   |
+//! | 1  | the program's stdout            | the host's stdout       | null                   |
+//! | 2  | the monitor's stderr            | the monitor's stderr    | the launcher's stderr  |
+//! | 3  | [`CHANNEL_FD`]: the monitor     | [`CHANNEL_FD`]: the monitor side | [`CHANNEL_FD`]: its launcher |
+//! | 4  | [`PROGRAM_STDERR_FD`]           | —                       | —                      |
 //!
 //! A role is killed (SIGKILL) when the thread that started it exits. A new role (another
 //! front) is a variant here, its `arg`, its layout, and its match arm in `zygo`'s `main`.
@@ -42,16 +42,20 @@ pub enum Role {
     Launcher,
     /// `zygo mcp`'s confined JSON-RPC front, started by `zygo mcp`'s monitor side.
     McpFront,
+    /// A sandbox's egress filter, started by its launcher when the sandbox has egress: it
+    /// relays the connections the rules allow, from outside the sandbox.
+    EgressFilter,
 }
 
 impl Role {
-    pub const ALL: [Role; 2] = [Role::Launcher, Role::McpFront];
+    pub const ALL: [Role; 3] = [Role::Launcher, Role::McpFront, Role::EgressFilter];
 
     /// The first argument that selects the role: `zygo <arg>`.
     pub const fn arg(self) -> &'static str {
         match self {
             Role::Launcher => "__launcher",
             Role::McpFront => "__mcp-front",
+            Role::EgressFilter => "__egress-filter",
         }
     }
 
@@ -65,14 +69,14 @@ impl Role {
     pub const fn top_fd(self) -> RawFd {
         match self {
             Role::Launcher => PROGRAM_STDERR_FD,
-            Role::McpFront => CHANNEL_FD,
+            Role::McpFront | Role::EgressFilter => CHANNEL_FD,
         }
     }
 
     /// The role it says hello as, for a front (a launcher says none).
     pub const fn front(self) -> Option<proto::front::Role> {
         match self {
-            Role::Launcher => None,
+            Role::Launcher | Role::EgressFilter => None,
             Role::McpFront => Some(proto::front::Role::Mcp),
         }
     }

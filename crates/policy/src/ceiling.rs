@@ -66,28 +66,37 @@ pub fn mcp_ceiling(
     };
     let mut rules = Vec::new();
     for a in allow {
-        rules.push(
-            AllowRule::parse("--allow", a)
-                .map_err(|e| usage(e.to_string()))?
-                .to_string(),
-        );
+        rules.push(AllowRule::parse("--allow", a).map_err(|e| usage(e.to_string()))?);
     }
-    if let Some(r) = &defaults.allow {
-        rules.extend(r.iter().map(ToString::to_string));
+    // The file's rules are the ceiling: flags may pick among them, never add one.
+    if let Some(ceiling) = &defaults.allow {
+        if let Some(extra) = rules.iter().find(|r| !ceiling.contains(r)) {
+            return Err(usage(format!(
+                "--allow {extra} is not among the -f file's [defaults] allow rules, which \
+                 are the ceiling; drop it or add it to the file"
+            )));
+        }
+        if rules.is_empty() {
+            rules.clone_from(ceiling);
+        }
     }
-    if network != Network::None {
+    if network == Network::Host {
+        return Err(CeilingError::Refused(
+            "network host is refused for run_code sandboxes; use --net none or --net egress".into(),
+        ));
+    }
+    if !rules.is_empty() && network != Network::Egress {
+        let shown: Vec<String> = rules.iter().map(ToString::to_string).collect();
         return Err(CeilingError::Refused(format!(
-            "network {network} is refused: egress networking is not implemented in this \
-             version of Zygo (run_code sandboxes see only lo); use --net none (the default)"
+            "--allow {} needs --net egress (or network = \"egress\" in the -f file's \
+             [defaults])",
+            shown.join(", ")
         )));
     }
-    if !rules.is_empty() {
-        return Err(CeilingError::Refused(format!(
-            "--allow {} needs --net egress, which is not implemented in this version of \
-             Zygo; drop --allow",
-            rules.join(", ")
-        )));
-    }
+    // The rules are the operator's own (flags and the -f file): they may name private
+    // addresses.
+    let allow = crate::egress::compile("--allow", &rules, crate::egress::PrivateNet::Allowed)
+        .map_err(|e| usage(e.to_string()))?;
     let mut ignored = Vec::new();
     if defaults.mounts.as_ref().is_some_and(|m| !m.is_empty()) {
         ignored.push("mounts");
@@ -116,6 +125,7 @@ pub fn mcp_ceiling(
         limits,
         inotify: false,
         network,
+        allow,
         argv: vec!["/bin/sh".into()],
     };
     Ok(McpCeiling { plan, notes })
@@ -193,13 +203,24 @@ mod tests {
     }
 
     #[test]
-    fn networking_and_allow_rules_are_refused_not_ignored() {
-        match mcp_ceiling(&args(&[("net", "egress")]), &[], None) {
-            Err(CeilingError::Refused(e)) => assert!(e.contains("not implemented"), "{e}"),
+    fn networking_and_allow_rules_are_checked_not_ignored() {
+        let c = mcp_ceiling(&args(&[("net", "egress")]), &["10.0.0.2:80".into()], None)
+            .expect("an egress ceiling");
+        assert_eq!(c.plan.network, Network::Egress);
+        assert_eq!(c.plan.allow.len(), 1);
+        match mcp_ceiling(&args(&[]), &["1.2.3.4:443".to_string()], None) {
+            Err(CeilingError::Refused(e)) => assert!(e.contains("needs --net egress"), "{e}"),
             other => panic!("{other:?}"),
         }
-        match mcp_ceiling(&args(&[]), &["pypi.org:443".to_string()], None) {
-            Err(CeilingError::Refused(e)) => assert!(e.contains("drop --allow"), "{e}"),
+        match mcp_ceiling(&args(&[("net", "egress")]), &["[::1]:443".into()], None) {
+            Err(CeilingError::Usage(e)) => assert!(e.contains("IPv4 only"), "{e}"),
+            other => panic!("{other:?}"),
+        }
+        let file = defaults("[defaults]\nnetwork = \"egress\"\nallow = [\"1.2.3.4:443\"]\n");
+        let c = mcp_ceiling(&args(&[]), &[], Some(&file)).expect("the file's rules");
+        assert_eq!(c.plan.allow.len(), 1);
+        match mcp_ceiling(&args(&[]), &["1.2.3.5:443".into()], Some(&file)) {
+            Err(CeilingError::Usage(e)) => assert!(e.contains("ceiling"), "{e}"),
             other => panic!("{other:?}"),
         }
         match mcp_ceiling(&args(&[("net", "host")]), &[], None) {

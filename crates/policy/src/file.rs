@@ -114,6 +114,10 @@ pub struct FnSpec {
     /// Whether programs may use inotify: off unless the file says `inotify = true`, since a
     /// watch on a file of the shared read-only image sees when anyone opens it.
     pub inotify: bool,
+    /// Whether `allow` may open private and other special addresses (see
+    /// `crate::egress::PrivateNet`): true for sandbox.toml, the operator's; whoever serves a
+    /// spec from elsewhere (an HTTP layer) sets it to what that caller may do.
+    pub private_net: bool,
 }
 
 /// A parsed sandbox.toml.
@@ -419,6 +423,7 @@ impl Layer {
             secrets: self.secrets.clone().unwrap_or_default(),
             env: build_env(env),
             inotify: self.inotify.unwrap_or(false),
+            private_net: true,
         })
     }
 
@@ -720,7 +725,9 @@ impl Entry {
 }
 
 impl AllowRule {
-    /// Parse `host:port`: a DNS name, an IPv4 address or `[IPv6]`, and a port 1–65535.
+    /// Parse `host:port`: a DNS name, an IPv4 address or block (`10.0.0.0/8`) or `[IPv6]`,
+    /// and a port 1–65535. Which of these a sandbox may have is `crate::egress::compile`'s
+    /// to say.
     pub fn parse(field: &str, s: &str) -> Result<AllowRule, PolicyError> {
         let bad = |reason: &str| PolicyError::invalid(field, s, reason);
         let Some((host, port)) = s.rsplit_once(':') else {
@@ -738,7 +745,7 @@ impl AllowRule {
             return Err(bad(
                 "has an IPv6 address without brackets; write [2001:db8::1]:443",
             ));
-        } else if host.parse::<Ipv4Addr>().is_ok() || is_dns_name(host) {
+        } else if host.parse::<Ipv4Addr>().is_ok() || is_dns_name(host) || is_v4_block(host) {
             host.to_ascii_lowercase()
         } else {
             return Err(bad("has a bad host; use a DNS name or an IP address"));
@@ -747,7 +754,16 @@ impl AllowRule {
     }
 }
 
-fn is_dns_name(h: &str) -> bool {
+/// `a.b.c.d/n` with a prefix of one or two digits (its range is checked by `egress`).
+fn is_v4_block(h: &str) -> bool {
+    h.split_once('/').is_some_and(|(net, prefix)| {
+        net.parse::<Ipv4Addr>().is_ok()
+            && (1..=2).contains(&prefix.len())
+            && prefix.bytes().all(|b| b.is_ascii_digit())
+    })
+}
+
+pub(crate) fn is_dns_name(h: &str) -> bool {
     (1..=253).contains(&h.len())
         && h.split('.').all(|label| {
             (1..=63).contains(&label.len())

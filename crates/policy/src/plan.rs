@@ -48,6 +48,8 @@ pub struct OneShotArgs {
     pub io_bps: Option<String>,
     pub io_iops: Option<String>,
     pub net: Option<String>,
+    /// `--allow HOST:PORT`, each an egress rule (needs `--net egress`).
+    pub allow: Vec<String>,
     pub image: Option<String>,
     pub mounts: Vec<String>,
     pub env: Vec<String>,
@@ -67,6 +69,8 @@ pub struct OneShotPlan {
     /// the host and other sandboxes share, sees when anyone opens it.
     pub inotify: bool,
     pub network: Network,
+    /// With `Network::Egress`: the connections the sandbox may make (see [`crate::egress`]).
+    pub allow: crate::egress::Rules,
     pub argv: Vec<String>,
 }
 
@@ -276,13 +280,27 @@ pub fn one_shot(args: &OneShotArgs) -> Result<OneShotPlan, PolicyError> {
         Some(s) => Network::parse("--net", s, Source::Cli)?,
         None => Network::None,
     };
-    if network != Network::None {
+    if network == Network::Host {
         return Err(PolicyError::not_allowed(
             "--net",
-            &network.to_string(),
-            "is refused: egress networking is not available for one-shot runs yet; use --net none",
+            "host",
+            "is accepted only in sandbox.toml; use \"none\" or \"egress\"",
         ));
     }
+    let allow = args
+        .allow
+        .iter()
+        .map(|a| crate::file::AllowRule::parse("--allow", a))
+        .collect::<Result<Vec<_>, _>>()?;
+    if !allow.is_empty() && network != Network::Egress {
+        return Err(PolicyError::invalid(
+            "--allow",
+            &allow[0].to_string(),
+            "needs --net egress",
+        ));
+    }
+    // The command line is the operator's own: its rules may name private addresses.
+    let allow = crate::egress::compile("--allow", &allow, crate::egress::PrivateNet::Allowed)?;
     let mounts = args
         .mounts
         .iter()
@@ -301,6 +319,7 @@ pub fn one_shot(args: &OneShotArgs) -> Result<OneShotPlan, PolicyError> {
         limits,
         inotify: args.inotify,
         network,
+        allow,
         argv: args.argv.clone(),
     })
 }
@@ -425,6 +444,7 @@ mod tests {
             io_bps: Some("16M".into()),
             io_iops: Some("500".into()),
             net: Some("none".into()),
+            allow: Vec::new(),
             inotify: true,
             image: Some("dir:/srv/rootfs".into()),
             mounts: vec![
@@ -518,12 +538,15 @@ mod tests {
     #[test]
     fn network() {
         let mut a = args(&["true"]);
+        a.allow = vec!["10.0.0.2:80".into()];
+        assert!(err(&a).contains("needs --net egress"));
         a.net = Some("egress".into());
-        let e = err(&a);
-        assert!(
-            e.contains("egress networking is not available for one-shot runs yet"),
-            "{e}"
-        );
+        let plan = one_shot(&a).unwrap();
+        assert_eq!(plan.network, Network::Egress);
+        assert_eq!(plan.allow.len(), 1);
+        a.allow = vec!["[2001:db8::1]:443".into()];
+        assert!(err(&a).contains("IPv4 only"));
+        a.allow.clear();
         a.net = Some("host".into());
         assert!(err(&a).contains("only in sandbox.toml"));
         assert_eq!(

@@ -142,6 +142,41 @@ pub struct LaunchPlan {
     /// The agent's files, written under `/run` beside `files` (a zygote's; none for a
     /// one-shot sandbox).
     pub agents: Vec<AgentFile>,
+    /// `Some`: the sandbox has egress (the monitor's policy has checked these rules; empty
+    /// means nothing is reachable). Every IPv4 address is local in the sandbox's network
+    /// namespace; the launcher's egress filter listens on each rule's address and port
+    /// there and relays what the rules allow. `None`: loopback only.
+    pub egress: Option<Egress>,
+}
+
+/// What an egress sandbox may reach, as the monitor's policy has checked it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Egress {
+    pub rules: Vec<EgressRule>,
+    pub names: Vec<EgressName>,
+    /// The host's DNS servers (IPv4, port 53) the egress filter asks for `names`.
+    pub resolvers: Vec<[u8; 4]>,
+}
+
+/// One name rule: TCP to `port` at an address the filter resolved for `name`, with that
+/// name in TLS SNI or the HTTP `Host` header.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct EgressName {
+    pub name: String,
+    pub port: u16,
+    /// The name may resolve to a private or other special address.
+    pub private_ok: bool,
+}
+
+/// The most egress rules a plan may carry.
+pub const MAX_EGRESS_RULES: usize = 64;
+
+/// One egress rule: TCP to `port` on an address inside `addr/prefix`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct EgressRule {
+    pub addr: [u8; 4],
+    pub prefix: u8,
+    pub port: u16,
 }
 
 /// The uids a zygote gives its requests, one each, never twice: `first .. first + count`

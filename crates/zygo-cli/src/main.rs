@@ -26,6 +26,7 @@ macro_rules! say_raw {
     }};
 }
 
+mod api;
 mod client;
 mod flags;
 mod fncmds;
@@ -92,6 +93,10 @@ fn zygo_main() -> u8 {
         init_logging();
         return zygo_launcher::main().clamp(0, 255) as u8;
     }
+    if first.as_deref().and_then(plumbing::Role::from_arg) == Some(plumbing::Role::EgressFilter) {
+        init_logging();
+        return zygo_egress::main().clamp(0, 255) as u8;
+    }
     init_logging();
     let rest: Vec<std::ffi::OsString> = args.collect();
     let code = match first.as_ref().and_then(|f| f.to_str()) {
@@ -112,6 +117,7 @@ fn zygo_main() -> u8 {
         Some("warm") => fncmds::warm(rest),
         Some("cancel") => fncmds::cancel(rest),
         Some("drain") => fncmds::drain(rest),
+        Some("api") => api::main(rest),
         Some("token") => fncmds::token(rest),
         Some("mcp") => mcp::main(rest),
         Some(arg) if plumbing::Role::from_arg(arg.as_ref()) == Some(plumbing::Role::McpFront) => {

@@ -15,9 +15,9 @@ use crate::output::clean;
 use crate::{usage, usage_error};
 
 /// The flags of `zygo run` that take a value.
-const VALUED: [&str; 12] = [
-    "mem", "cpu", "pids", "timeout", "scratch", "io-bps", "io-iops", "net", "image", "mount",
-    "env", "stdin",
+const VALUED: [&str; 13] = [
+    "mem", "cpu", "pids", "timeout", "scratch", "io-bps", "io-iops", "net", "allow", "image",
+    "mount", "env", "stdin",
 ];
 
 struct Opts {
@@ -47,6 +47,10 @@ fn parse(raw: Vec<OsString>) -> Result<Option<Opts>, String> {
                 let v = text(p.value().map_err(|e| e.to_string())?, &flag)?;
                 flags::set(&mut o.args, &flag, v)?;
             }
+            Long("allow") => o
+                .args
+                .allow
+                .push(text(p.value().map_err(|e| e.to_string())?, "allow")?),
             Long("stdin") => o.stdin = Some(p.value().map_err(|e| e.to_string())?),
             Value(v) => {
                 o.args.argv.push(text(v, "command")?);

@@ -21,6 +21,7 @@ Commands:
   drain       stop taking calls, finish running ones, exit the supervisor
   supervisor  the supervisor in the foreground (for systemd)
   mcp         an MCP server on stdio: run_code in fresh sandboxes, and warm functions
+  api         the HTTP API for programs: functions, runs, pools, tenants, tokens
   version     what this build and this kernel support
 
 Run `zygo <command> --help` for a command's options.
@@ -54,7 +55,12 @@ Limits:
                      host's disks (at least 1M)            [default: 128M]
   --io-iops N        disk operations a second, reads and writes each
                                                            [default: 4000]
-  --net none         network: none (only lo)               [default: none]
+  --net MODE         network: none (only lo) or egress     [default: none]
+  --allow HOST:PORT  with --net egress: TCP to this IPv4 address (or block, e.g.
+                     10.0.0.0/8:80) or name (pypi.org:443: Zygo's resolver answers for
+                     it, and the connection's TLS SNI or HTTP Host must name it) and
+                     port; repeatable. Private, loopback and link-local addresses open
+                     only when a rule names them. Everything else is refused at once.
 
 Sandbox:
   --image IMG        host (the host's /usr, /bin, /lib*, part of /etc, read-only)
@@ -232,7 +238,7 @@ in flight when it began finished, and how many the grace cut off (cancelled); wi
 pub const MCP: &str = "\
 zygo mcp — an MCP server on stdin/stdout for agent hosts (Claude Code, Codex, Cursor, ...)
 
-Usage: zygo mcp [LIMITS] [--image IMG] [--workspace DIR] [--net none] [-f sandbox.toml]
+Usage: zygo mcp [LIMITS] [--image IMG] [--workspace DIR] [--net MODE] [--allow HOST:PORT]... [-f sandbox.toml]
 
 Speaks JSON-RPC 2.0, one message per line: MCP revisions 2025-06-18 (preferred),
 2025-03-26, 2024-11-05 and 2025-11-25 through initialize, and the stateless 2026-07-28.
@@ -250,8 +256,9 @@ Limits (of every run_code sandbox):
   --scratch SIZE     size of /tmp                          [default: 64M]
   --io-bps SIZE      disk bytes a second, reads and writes each [default: 128M]
   --io-iops N        disk operations a second, each        [default: 4000]
-  --net none         network: none (only lo); egress is not implemented in this
-                     version, so it and --allow HOST:PORT are refused
+  --net MODE         network: none (only lo) or egress     [default: none]
+  --allow HOST:PORT  with --net egress: TCP to this IPv4 address, block or name and
+                     port, repeatable; with -f, only rules its [defaults] allow has
 
 Sandbox:
   --image IMG        host or dir:/path/to/rootfs            [default: host]
@@ -266,4 +273,31 @@ Install in a host:
 
 Exit status: 0 when stdin closes or on SIGTERM/SIGINT (every sandbox is stopped first);
 1 when the server could not start; 2 for usage errors.
+";
+
+pub const API: &str = "\
+zygo api — the HTTP API in front of the running supervisor
+
+Usage: zygo api [--listen ADDR] [--allow-deploy [--allow-private-net]] [--no-auth]
+       zygo api --openapi
+
+Serves the routes listed by `zygo api --openapi` (OpenAPI 3.1; the same document is
+spec/openapi.json) until SIGTERM or SIGINT, then stops taking requests and lets those in
+flight finish for up to 25 s. It starts no supervisor: start one first with `zygo up`.
+Every caller needs `Authorization: Bearer TOKEN`: the supervisor's ZYGO_API_TOKEN (the
+bootstrap operator token) or a token minted with `zygo token mint [--tenant T]`.
+
+Options:
+  --listen ADDR        IP:PORT, or unix:///path (created 0600)   [default: 127.0.0.1:7700]
+  --allow-deploy       the bootstrap token (ZYGO_API_TOKEN) may serve functions, create
+                       pools, run one-shot sandboxes, and use the other deploy routes
+                       (minted operator tokens always may; tenant tokens never)
+  --allow-private-net  with --allow-deploy: deploy callers may name private and
+                       link-local addresses in `allow`
+  --no-auth            a request without a token acts as the bootstrap operator; only on
+                       a unix socket or a loopback address
+  --openapi            print the OpenAPI document and exit
+
+Exit status: 0 after SIGTERM/SIGINT; 1 when it could not start (no supervisor, the address
+in use, no channel to the supervisor left); 2 for usage errors.
 ";

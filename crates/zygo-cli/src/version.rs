@@ -36,6 +36,9 @@ pub fn main(args: Vec<OsString>) -> i32 {
             "cgroup_error": cgroup_error,
             "landlock_abi": abi,
             "seccomp": true,
+            "egress": "relay",
+            "egress_rules": "ipv4-address-and-name",
+            "egress_filter_landlock_net": abi >= 4,
         });
         say!("{}", crate::output::json(&v));
     } else {
@@ -54,6 +57,18 @@ pub fn main(args: Vec<OsString>) -> i32 {
             say!("landlock: not available on this kernel — sandboxes run without it (the mount namespace and read-only root still hold)");
         }
         say!("seccomp:  allowlist, installed last before exec");
+        // Egress needs no /dev/net/tun, packet filter or user-mode stack: the same relay
+        // runs as root and rootless (see zygo_egress).
+        say!(
+            "egress:   relay (IPv4 TCP to allow-listed addresses through a confined filter \
+             outside the sandbox; root and rootless; rules by address, or by name with Zygo's \
+             own resolver and TLS SNI / HTTP Host checked{})",
+            if abi >= 4 {
+                ""
+            } else {
+                "; the filter's Landlock port rules need ABI 4"
+            }
+        );
     }
     0
 }

@@ -40,6 +40,12 @@ pub enum FrontRole {
     /// `zygo mcp`'s JSON-RPC front: stdin, stdout, stderr and its socket to the monitor
     /// side, plus threads.
     Mcp,
+    /// `zygo api`'s HTTP front: everything the MCP front has, plus taking connections on
+    /// the listener it already holds, the socket options of those connections (timeouts),
+    /// a second descriptor for each connection (its read and write halves), and waiting
+    /// for SIGTERM. Before the seccomp filter it also drops every capability and puts
+    /// itself in a Landlock domain with no filesystem access and no TCP bind or connect.
+    Api,
 }
 
 /// Why a front could not confine itself. A front that cannot confine itself must not go
@@ -54,13 +60,16 @@ pub enum ConfineError {
     NoNewPrivs(std::io::Error),
     #[error("install the front's seccomp filter (the kernel needs CONFIG_SECCOMP_FILTER): {0}")]
     Install(InstallError),
+    #[error("drop the front's capabilities: {0}")]
+    Caps(String),
+    #[error("put the front in a Landlock domain: {0}")]
+    Landlock(String),
 }
 
 /// The allowlist of a role. `pid` is the front's own process id (for `tgkill`).
 #[rustfmt::skip]
 pub fn allowlist(role: FrontRole, pid: u32) -> Vec<Allowed> {
     use libc::*;
-    let FrontRole::Mcp = role;
     let mut v = vec![
         // ---- Its descriptors: stdin, stdout, stderr and the channel to the monitor side
         allow!(SYS_read, "JSON-RPC requests from stdin"),
@@ -113,13 +122,26 @@ pub fn allowlist(role: FrontRole, pid: u32) -> Vec<Allowed> {
     ];
     #[cfg(target_arch = "x86_64")]
     v.push(allow!(SYS_poll, "waiting until a descriptor it holds is ready (the older form)"));
+    if role == FrontRole::Api {
+        v.extend([
+            allow!(SYS_accept4, "taking a connection on the listener it bound before confining itself"),
+            allow!(SYS_setsockopt, When::Equals { arg: 1, value: SOL_SOCKET as u64 },
+                   "read and write timeouts on its connections and channels (SO_RCVTIMEO, SO_SNDTIMEO)"),
+            allow!(SYS_getsockname, "the listener's own address, which the HTTP server asks for once"),
+            allow!(SYS_getpeername, "a connection's peer address, kept with its requests"),
+            allow!(SYS_fcntl, When::Equals { arg: 1, value: F_DUPFD_CLOEXEC as u64 },
+                   "a second descriptor for a connection it holds (its read and write halves); nothing else fcntl does"),
+            allow!(SYS_rt_sigtimedwait, "the signal thread waiting for SIGTERM or SIGINT, which every thread blocks"),
+        ]);
+    }
     v
 }
 
 /// The syscalls a role has answered with `ENOSYS`.
 pub fn enosys_list(role: FrontRole) -> &'static [Enosys] {
-    let FrontRole::Mcp = role;
-    MCP_ENOSYS
+    match role {
+        FrontRole::Mcp | FrontRole::Api => MCP_ENOSYS,
+    }
 }
 
 #[rustfmt::skip]
@@ -155,10 +177,60 @@ pub fn apply(prog: &[sock_filter]) -> Result<(), ConfineError> {
 }
 
 /// Confine the calling process for `role`. Call it before reading untrusted input; if it
-/// fails, exit instead of going on.
+/// fails, exit instead of going on. For the API role, call it before any thread is started:
+/// capabilities and the Landlock domain are per thread, inherited by threads started later.
 pub fn confine(role: FrontRole) -> Result<(), ConfineError> {
     let prog = filter(role, std::process::id())?;
+    if role == FrontRole::Api {
+        drop_capabilities()?;
+        landlock_nothing()?;
+    }
     apply(&prog)
+}
+
+/// Every capability gone from every set, the bounding set first (that needs
+/// CAP_SETPCAP, which goes last). A front run without capabilities has nothing to drop.
+pub fn drop_capabilities() -> Result<(), ConfineError> {
+    use caps::CapSet;
+    let err = |what: &str| {
+        let what = what.to_string();
+        move |e: caps::errors::CapsError| ConfineError::Caps(format!("{what}: {e}"))
+    };
+    let bounding = caps::read(None, CapSet::Bounding).map_err(err("read the bounding set"))?;
+    for cap in bounding {
+        caps::drop(None, CapSet::Bounding, cap).map_err(err("drop from the bounding set"))?;
+    }
+    caps::clear(None, CapSet::Ambient).map_err(err("clear the ambient set"))?;
+    caps::clear(None, CapSet::Inheritable).map_err(err("clear the inheritable set"))?;
+    caps::clear(None, CapSet::Effective).map_err(err("clear the effective set"))?;
+    caps::clear(None, CapSet::Permitted).map_err(err("clear the permitted set"))?;
+    Ok(())
+}
+
+/// A Landlock domain that handles every filesystem right and TCP bind and connect (as far
+/// as this kernel's ABI goes) and grants none, and scopes abstract unix sockets and
+/// signals to the domain. `Ok(false)`: this kernel has no Landlock (the seccomp filter
+/// still refuses every call that opens a file or a socket).
+pub fn landlock_nothing() -> Result<bool, ConfineError> {
+    use landlock::{
+        Access, AccessFs, AccessNet, CompatLevel, Compatible, Ruleset, RulesetAttr, RulesetStatus,
+        Scope, ABI,
+    };
+    let abi = ABI::V6;
+    let io = |e: landlock::RulesetError| ConfineError::Landlock(e.to_string());
+    let status = Ruleset::default()
+        .set_compatibility(CompatLevel::BestEffort)
+        .handle_access(AccessFs::from_all(abi))
+        .map_err(io)?
+        .handle_access(AccessNet::from_all(abi))
+        .map_err(io)?
+        .scope(Scope::from_all(abi))
+        .map_err(io)?
+        .create()
+        .map_err(io)?
+        .restrict_self()
+        .map_err(io)?;
+    Ok(status.ruleset != RulesetStatus::NotEnforced)
 }
 
 #[cfg(test)]
@@ -419,6 +491,257 @@ mod tests {
             (n, got[0]),
             (1, b'x'),
             "the child could not write to its pipe"
+        );
+    }
+
+    /// The API front's allowlist: what an HTTP server needs on descriptors it already
+    /// holds, and still nothing that opens a file or a socket, starts a program or a
+    /// process, or loosens the filter.
+    #[test]
+    fn api_allowlist_adds_only_what_a_server_needs() {
+        let list = allowlist(FrontRole::Api, 1);
+        let mut forbidden = vec![
+            libc::SYS_openat,
+            libc::SYS_openat2,
+            libc::SYS_execve,
+            libc::SYS_execveat,
+            libc::SYS_socket,
+            libc::SYS_socketpair,
+            libc::SYS_connect,
+            libc::SYS_bind,
+            libc::SYS_listen,
+            libc::SYS_kill,
+            libc::SYS_ptrace,
+            libc::SYS_ioctl,
+            libc::SYS_prctl,
+            libc::SYS_seccomp,
+            libc::SYS_landlock_create_ruleset,
+            libc::SYS_landlock_restrict_self,
+            libc::SYS_capset,
+            libc::SYS_unshare,
+            libc::SYS_setns,
+            libc::SYS_mount,
+            libc::SYS_bpf,
+            libc::SYS_memfd_create,
+            libc::SYS_dup3,
+            libc::SYS_unlinkat,
+        ];
+        #[cfg(target_arch = "x86_64")]
+        forbidden.extend([
+            libc::SYS_open,
+            libc::SYS_creat,
+            libc::SYS_fork,
+            libc::SYS_vfork,
+            libc::SYS_dup2,
+        ]);
+        for nr in forbidden {
+            assert!(
+                !list.iter().any(|e| e.nr == nr),
+                "syscall {nr} must not be in the API front's allowlist"
+            );
+        }
+        let fcntl = list.iter().find(|e| e.nr == libc::SYS_fcntl).unwrap();
+        assert_eq!(
+            fcntl.when,
+            When::Equals {
+                arg: 1,
+                value: libc::F_DUPFD_CLOEXEC as u64
+            }
+        );
+        let sso = list.iter().find(|e| e.nr == libc::SYS_setsockopt).unwrap();
+        assert_eq!(
+            sso.when,
+            When::Equals {
+                arg: 1,
+                value: libc::SOL_SOCKET as u64
+            }
+        );
+        let reasons = list.iter().map(|e| (e.name(), e.reason));
+        for (name, reason) in reasons {
+            assert!(
+                reason.split_whitespace().count() >= 4,
+                "{name}: {reason:?} is no reason"
+            );
+        }
+    }
+
+    fn landlock_abi() -> i64 {
+        // SAFETY: landlock_create_ruleset with LANDLOCK_CREATE_RULESET_VERSION only asks.
+        unsafe { libc::syscall(libc::SYS_landlock_create_ruleset, 0usize, 0usize, 1u32) }
+    }
+
+    /// A TCP listener on loopback and a socket not yet connected, made before fork.
+    fn tcp_pair() -> (std::net::TcpListener, i32, libc::sockaddr_in) {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = l.local_addr().unwrap().port();
+        // SAFETY: creating a socket; the number is ours.
+        let fd = unsafe { libc::socket(libc::AF_INET, libc::SOCK_STREAM, 0) };
+        assert!(fd >= 0);
+        let addr = libc::sockaddr_in {
+            sin_family: libc::AF_INET as u16,
+            sin_port: port.to_be(),
+            sin_addr: libc::in_addr {
+                s_addr: u32::from_ne_bytes([127, 0, 0, 1]),
+            },
+            sin_zero: [0; 8],
+        };
+        (l, fd, addr)
+    }
+
+    /// Run `body` in a forked child; its exit code (a bit per wrong answer) comes back.
+    fn in_child(body: impl FnOnce() -> i32) -> i32 {
+        // SAFETY: fork in a test; the child makes system calls and exits with _exit.
+        let pid = unsafe { libc::fork() };
+        assert!(pid >= 0);
+        if pid == 0 {
+            let code = body();
+            // SAFETY: leaving the forked child.
+            unsafe { libc::_exit(code) };
+        }
+        let mut status = 0;
+        // SAFETY: waiting for our own child.
+        assert_eq!(unsafe { libc::waitpid(pid, &mut status, 0) }, pid);
+        assert!(libc::WIFEXITED(status), "the child died: {status:#x}");
+        libc::WEXITSTATUS(status)
+    }
+
+    /// The whole API confinement in a forked child: afterwards no file opens, no program
+    /// starts, no socket is made, a socket it holds cannot connect (to TCP on loopback or
+    /// to a unix socket), fcntl does nothing but duplicate; duplicating and threads work.
+    #[test]
+    fn confined_api_front_cannot_open_exec_or_connect() {
+        let path = CString::new("/etc/hostname").unwrap();
+        let prog = CString::new("/bin/true").unwrap();
+        let argv = [prog.as_ptr(), std::ptr::null()];
+        let envp: [*const libc::c_char; 1] = [std::ptr::null()];
+        let (_l, tcp, addr) = tcp_pair();
+        let dir = std::env::temp_dir().join(format!("zygo-front-confine-{}", std::process::id()));
+        let _ = std::fs::remove_file(&dir);
+        let _ul = std::os::unix::net::UnixListener::bind(&dir).unwrap();
+        // SAFETY: a unix socket for the child to try to connect.
+        let ufd = unsafe { libc::socket(libc::AF_UNIX, libc::SOCK_STREAM, 0) };
+        // SAFETY: sockaddr_un is plain data; all zeroes is a valid value.
+        let mut uaddr: libc::sockaddr_un = unsafe { std::mem::zeroed() };
+        uaddr.sun_family = libc::AF_UNIX as u16;
+        for (i, b) in dir.as_os_str().as_encoded_bytes().iter().enumerate() {
+            uaddr.sun_path[i] = *b as libc::c_char;
+        }
+        let code = in_child(|| {
+            if confine(FrontRole::Api).is_err() {
+                return 100;
+            }
+            let mut bad = 0;
+            // SAFETY: raw system calls with valid pointers; each is expected to fail.
+            unsafe {
+                if libc::syscall(libc::SYS_openat, libc::AT_FDCWD, path.as_ptr(), 0) != -1
+                    || errno() != libc::EPERM
+                {
+                    bad |= 1;
+                }
+                if libc::syscall(
+                    libc::SYS_execve,
+                    prog.as_ptr(),
+                    argv.as_ptr(),
+                    envp.as_ptr(),
+                ) != -1
+                {
+                    bad |= 2;
+                }
+                if libc::socket(libc::AF_INET, libc::SOCK_STREAM, 0) != -1 {
+                    bad |= 4;
+                }
+                let r = libc::connect(
+                    tcp,
+                    (&addr as *const libc::sockaddr_in).cast(),
+                    std::mem::size_of::<libc::sockaddr_in>() as u32,
+                );
+                if r != -1 {
+                    bad |= 8;
+                }
+                let r = libc::connect(
+                    ufd,
+                    (&uaddr as *const libc::sockaddr_un).cast(),
+                    std::mem::size_of::<libc::sockaddr_un>() as u32,
+                );
+                if r != -1 {
+                    bad |= 16;
+                }
+                if libc::fcntl(tcp, libc::F_SETFL, libc::O_NONBLOCK) != -1 {
+                    bad |= 32;
+                }
+                let d = libc::fcntl(tcp, libc::F_DUPFD_CLOEXEC, 3);
+                if d < 0 {
+                    bad |= 64;
+                }
+            }
+            let t = std::thread::spawn(|| 7);
+            if t.join().ok() != Some(7) {
+                bad |= 64;
+            }
+            bad
+        });
+        let _ = std::fs::remove_file(&dir);
+        assert!(code < 100, "the child could not confine itself");
+        let names = [
+            "openat",
+            "execve",
+            "socket",
+            "connect tcp",
+            "connect unix",
+            "fcntl F_SETFL",
+            "dup/threads",
+        ];
+        let failed: Vec<&str> = names
+            .iter()
+            .enumerate()
+            .filter(|(i, _)| code & (1 << i) != 0)
+            .map(|(_, n)| *n)
+            .collect();
+        assert!(
+            failed.is_empty(),
+            "after confinement these behaved wrongly: {failed:?}"
+        );
+    }
+
+    /// Landlock on its own (should the filter ever let a call through): no file opens,
+    /// and where the kernel's ABI has it (4+), no TCP connect.
+    #[test]
+    fn landlock_alone_denies_files_and_tcp() {
+        let abi = landlock_abi();
+        if abi < 1 {
+            eprintln!("this kernel has no Landlock");
+            return;
+        }
+        let path = CString::new("/etc/hostname").unwrap();
+        let (_l, tcp, addr) = tcp_pair();
+        let code = in_child(|| {
+            match landlock_nothing() {
+                Ok(true) => {}
+                _ => return 100,
+            }
+            let mut bad = 0;
+            // SAFETY: raw system calls with valid pointers.
+            unsafe {
+                let r = libc::open(path.as_ptr(), libc::O_RDONLY);
+                if r != -1 || errno() != libc::EACCES {
+                    bad |= 1;
+                }
+                let r = libc::connect(
+                    tcp,
+                    (&addr as *const libc::sockaddr_in).cast(),
+                    std::mem::size_of::<libc::sockaddr_in>() as u32,
+                );
+                if abi >= 4 && (r != -1 || errno() != libc::EACCES) {
+                    bad |= 2;
+                }
+            }
+            bad
+        });
+        assert_eq!(
+            code,
+            0,
+            "Landlock let through: {}",
+            if code & 1 != 0 { "open" } else { "tcp connect" }
         );
     }
 }

@@ -2,3 +2,4 @@
 //! Fronts only ask; every decision is the monitor's.
 
 pub mod confine;
+pub mod http;

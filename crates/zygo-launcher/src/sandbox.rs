@@ -294,6 +294,125 @@ pub fn run(
     outcome
 }
 
+/// Receive init's egress listeners (`N`) and start the sandbox's egress filter with them
+/// and the rules. `Ok(None)`: nothing to relay (no rules), or init ended before it sent
+/// them (its report says why).
+fn start_egress_filter(
+    plan: &LaunchPlan,
+    rules: &proto::launch::Egress,
+    init_pid: libc::pid_t,
+    ctl: &OwnedFd,
+) -> Result<Option<EgressFilter>, String> {
+    // init sends them once it has built the sandbox (or exits, closing its end): bounded by
+    // the build deadline, as the rest of the start is.
+    let mut p = libc::pollfd {
+        fd: ctl.as_raw_fd(),
+        events: libc::POLLIN,
+        revents: 0,
+    };
+    let ms = BUILD_DEADLINE.as_millis() as libc::c_int;
+    // SAFETY: one valid pollfd.
+    match unsafe { libc::poll(&mut p, 1, ms) } {
+        0 => return Err("the sandbox did not set up its network in time".into()),
+        n if n < 0 => {
+            return Err(format!(
+                "wait for init: {}",
+                std::io::Error::last_os_error()
+            ))
+        }
+        _ => {}
+    }
+    let mut tag = [0u8; 1];
+    let listeners = match plumbing::fds::recv_with_fds(
+        ctl.as_raw_fd(),
+        &mut tag,
+        proto::launch::MAX_EGRESS_RULES + 1,
+    ) {
+        Ok((1, fds)) if tag == *b"N" => fds,
+        Ok((0, _)) => return Ok(None),
+        Ok(_) => return Err("the sandbox's init broke its protocol".into()),
+        Err(e) => return Err(format!("receive the listeners: {e}")),
+    };
+    if listeners.is_empty() {
+        return Ok(None);
+    }
+    // As root, the filter runs as nobody (65534): an id that owns no sandbox's namespaces
+    // and none of a sandbox's files. Rootless, it stays this user (it has no privilege to
+    // give up).
+    let ids = match plan.ids {
+        IdMap::Range { .. } => Some((EGRESS_FILTER_ID, EGRESS_FILTER_ID)),
+        IdMap::Single { .. } => None,
+    };
+    let start = zygo_egress_start(ids, init_pid, rules);
+    let (mine, theirs) =
+        plumbing::pipes::socketpair(libc::SOCK_SEQPACKET).map_err(|e| e.to_string())?;
+    let child = plumbing::role::spawn(
+        Path::new("/proc/self/exe"),
+        plumbing::Role::EgressFilter,
+        plumbing::role::RoleFds {
+            stdin: plumbing::role::Stdio::Null,
+            stdout: plumbing::role::Stdio::Null,
+            channel: std::os::fd::AsFd::as_fd(&theirs),
+            program_stderr: None,
+        },
+    )
+    .map_err(|e| format!("spawn it: {e}"))?;
+    let filter = EgressFilter(child);
+    drop(theirs);
+    let raw: Vec<RawFd> = listeners.iter().map(AsRawFd::as_raw_fd).collect();
+    plumbing::fds::send_with_fds(mine.as_raw_fd(), start.as_bytes(), &raw)
+        .map_err(|e| format!("hand it the listeners: {e}"))?;
+    Ok(Some(filter))
+}
+
+/// The egress filter's start message: see `zygo_egress::Start`, whose text form this
+/// writes (the launcher does not link the filter).
+fn zygo_egress_start(
+    ids: Option<(u32, u32)>,
+    init_pid: libc::pid_t,
+    egress: &proto::launch::Egress,
+) -> String {
+    let mut s = String::from("zygo-egress 1\n");
+    match ids {
+        Some((u, g)) => s.push_str(&format!("ids {u} {g}\n")),
+        None => s.push_str("ids -\n"),
+    }
+    s.push_str(&format!(
+        "label sandbox {init_pid} (launcher {})\n",
+        std::process::id()
+    ));
+    for r in &egress.rules {
+        let [a, b, c, d] = r.addr;
+        s.push_str(&format!("rule {a}.{b}.{c}.{d}/{}:{}\n", r.prefix, r.port));
+    }
+    for n in &egress.names {
+        s.push_str(&format!(
+            "name {} {} {}\n",
+            n.name,
+            n.port,
+            u8::from(n.private_ok)
+        ));
+    }
+    for [a, b, c, d] in &egress.resolvers {
+        s.push_str(&format!("resolver {a}.{b}.{c}.{d}\n"));
+    }
+    s
+}
+
+/// The host uid and gid of an egress filter started as root: nobody.
+const EGRESS_FILTER_ID: u32 = 65534;
+
+/// A running egress filter: killed and reaped when the sandbox's launcher lets go of it
+/// (and killed by the kernel if the launcher dies first: its parent-death signal).
+struct EgressFilter(plumbing::role::Child);
+
+impl Drop for EgressFilter {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
 /// The host ids that own this launcher's sandbox: one of the `owners` ids after the mapped
 /// range, chosen by our pid (live launchers have different pids, so different owners when
 /// there are as many owner ids as pids can be); `base` when there are none.
@@ -528,6 +647,18 @@ fn supervise(
         }
         Err(e) => return Err(e.into()),
     }
+    // 5b. Egress: init's listeners go to an egress filter of this sandbox's own, which
+    // lives as long as this process. If init failed instead, its report says why.
+    let _filter = match &plan.egress {
+        Some(rules) => match start_egress_filter(plan, rules, init.pid, &ctl) {
+            Ok(f) => f,
+            Err(e) => {
+                init.kill();
+                return failed(sock, Phase::Start, format!("start the egress filter: {e}"));
+            }
+        },
+        None => None,
+    };
     // 6. Let init finish and start the program. If init has failed meanwhile, this send
     // fails too, and its report says why.
     let _ = plumbing::fds::send_with_fds(ctl.as_raw_fd(), b"G", &[]);
@@ -800,6 +931,23 @@ fn init_main(
     if let Err(e) = build(plan, agent_fds.map(|a| a.reg), handed) {
         report(rep_w, "F", &e.to_string());
         exit_now(1);
+    }
+    // Egress: listen on the rules' addresses inside the sandbox's network namespace (init
+    // is in it now, still privileged there) and hand the listeners to the launcher, whose
+    // egress filter relays from outside. `N` comes before the program exists.
+    if let Some(rules) = &plan.egress {
+        let listeners = match sys::egress_listeners(rules) {
+            Ok(l) => l,
+            Err(e) => {
+                report(rep_w, "F", &format!("set up egress: {e}"));
+                exit_now(1);
+            }
+        };
+        let raw: Vec<RawFd> = listeners.iter().map(AsRawFd::as_raw_fd).collect();
+        if let Err(e) = plumbing::fds::send_with_fds(ctl.as_raw_fd(), b"N", &raw) {
+            report(rep_w, "F", &format!("hand over the egress listeners: {e}"));
+            exit_now(1);
+        }
     }
     // `G`: the monitor found the sandbox in its cgroups. Anything else (the launcher
     // closing the socket) ends init.

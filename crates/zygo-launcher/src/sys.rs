@@ -789,3 +789,174 @@ pub fn spawn(s: &Spawn<'_>) -> io::Result<libc::pid_t> {
     }
     Ok(pid)
 }
+
+/// In the calling thread's network namespace (a sandbox's, while init still holds
+/// `CAP_NET_ADMIN` over it): make every IPv4 address local (`local 0.0.0.0/0 dev lo` in the
+/// `local` table), then listen on each address and port the egress rules name — on the port
+/// for every address where a rule is a block. A connection to anything else is then
+/// refused inside the namespace; these listeners are handed to the egress filter.
+///
+/// With name rules, their ports are listened on for every address (the name's addresses
+/// are known only when the filter resolves it), and a UDP socket on port 53 of every
+/// address, the last of the list, takes the sandbox's DNS queries to the filter's resolver.
+pub fn egress_listeners(egress: &proto::launch::Egress) -> io::Result<Vec<OwnedFd>> {
+    route_everything_local()?;
+    let rules = &egress.rules;
+    let wide_ports: Vec<u16> = rules
+        .iter()
+        .filter(|o| o.prefix < 32 || o.addr == [0; 4])
+        .map(|o| o.port)
+        .chain(egress.names.iter().map(|n| n.port))
+        .collect();
+    let mut binds: Vec<([u8; 4], u16)> = Vec::new();
+    let all = rules
+        .iter()
+        .map(|r| (r.addr, r.port))
+        .chain(egress.names.iter().map(|n| ([0; 4], n.port)));
+    for (addr, port) in all {
+        let at = if wide_ports.contains(&port) {
+            [0; 4]
+        } else {
+            addr
+        };
+        if !binds.contains(&(at, port)) {
+            binds.push((at, port));
+        }
+    }
+    let mut out = Vec::with_capacity(binds.len());
+    for (addr, port) in binds {
+        // SAFETY: plain socket creation.
+        let fd = check(unsafe {
+            libc::socket(libc::AF_INET, libc::SOCK_STREAM | libc::SOCK_CLOEXEC, 0)
+        })?;
+        // SAFETY: the socket was just created by this process.
+        let sock = unsafe { OwnedFd::from_raw_fd(fd) };
+        let sa = libc::sockaddr_in {
+            sin_family: libc::AF_INET as libc::sa_family_t,
+            sin_port: port.to_be(),
+            sin_addr: libc::in_addr {
+                s_addr: u32::from_be_bytes(addr).to_be(),
+            },
+            sin_zero: [0; 8],
+        };
+        // SAFETY: sa is a valid sockaddr_in of the size passed.
+        check(unsafe {
+            libc::bind(
+                fd,
+                (&sa as *const libc::sockaddr_in).cast(),
+                std::mem::size_of::<libc::sockaddr_in>() as libc::socklen_t,
+            )
+        })
+        .map_err(|e| {
+            io::Error::new(
+                e.kind(),
+                format!("listen on {}:{port}: {e}", std::net::Ipv4Addr::from(addr)),
+            )
+        })?;
+        // SAFETY: listen on the socket bound above.
+        check(unsafe { libc::listen(fd, 128) })?;
+        out.push(sock);
+    }
+    if !egress.names.is_empty() {
+        out.push(bound_v4(libc::SOCK_DGRAM, [0; 4], 53)?);
+    }
+    Ok(out)
+}
+
+/// A socket of `kind` bound to `addr:port`.
+fn bound_v4(kind: libc::c_int, addr: [u8; 4], port: u16) -> io::Result<OwnedFd> {
+    // SAFETY: plain socket creation.
+    let fd = check(unsafe { libc::socket(libc::AF_INET, kind | libc::SOCK_CLOEXEC, 0) })?;
+    // SAFETY: the socket was just created by this process.
+    let sock = unsafe { OwnedFd::from_raw_fd(fd) };
+    let sa = libc::sockaddr_in {
+        sin_family: libc::AF_INET as libc::sa_family_t,
+        sin_port: port.to_be(),
+        sin_addr: libc::in_addr {
+            s_addr: u32::from_be_bytes(addr).to_be(),
+        },
+        sin_zero: [0; 8],
+    };
+    // SAFETY: sa is a valid sockaddr_in of the size passed.
+    check(unsafe {
+        libc::bind(
+            fd,
+            (&sa as *const libc::sockaddr_in).cast(),
+            std::mem::size_of::<libc::sockaddr_in>() as libc::socklen_t,
+        )
+    })
+    .map_err(|e| {
+        io::Error::new(
+            e.kind(),
+            format!("bind {}:{port}: {e}", std::net::Ipv4Addr::from(addr)),
+        )
+    })?;
+    Ok(sock)
+}
+
+/// `ip route add local 0.0.0.0/0 dev lo table local`, over rtnetlink.
+fn route_everything_local() -> io::Result<()> {
+    // SAFETY: plain socket creation.
+    let fd = check(unsafe {
+        libc::socket(
+            libc::AF_NETLINK,
+            libc::SOCK_RAW | libc::SOCK_CLOEXEC,
+            libc::NETLINK_ROUTE,
+        )
+    })?;
+    // SAFETY: the socket was just created by this process.
+    let sock = unsafe { OwnedFd::from_raw_fd(fd) };
+    // SAFETY: a static NUL-terminated name.
+    let lo = unsafe { libc::if_nametoindex(c"lo".as_ptr()) };
+    if lo == 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // nlmsghdr (16) + rtmsg (12) + one rtattr RTA_OIF (4 + 4).
+    let mut msg = [0u8; 36];
+    msg[0..4].copy_from_slice(&36u32.to_ne_bytes());
+    msg[4..6].copy_from_slice(&libc::RTM_NEWROUTE.to_ne_bytes());
+    let flags =
+        (libc::NLM_F_REQUEST | libc::NLM_F_ACK | libc::NLM_F_CREATE | libc::NLM_F_EXCL) as u16;
+    msg[6..8].copy_from_slice(&flags.to_ne_bytes());
+    msg[8..12].copy_from_slice(&1u32.to_ne_bytes()); // sequence number
+    msg[16] = libc::AF_INET as u8; // rtm_family
+    msg[17] = 0; // rtm_dst_len: 0.0.0.0/0
+    msg[20] = libc::RT_TABLE_LOCAL; // rtm_table
+    msg[21] = libc::RTPROT_BOOT; // rtm_protocol
+    msg[22] = libc::RT_SCOPE_HOST; // rtm_scope
+    msg[23] = libc::RTN_LOCAL; // rtm_type
+    msg[28..30].copy_from_slice(&8u16.to_ne_bytes());
+    msg[30..32].copy_from_slice(&libc::RTA_OIF.to_ne_bytes());
+    msg[32..36].copy_from_slice(&lo.to_ne_bytes());
+    // SAFETY: sockaddr_nl is plain data; all zeroes addresses the kernel.
+    let mut kernel: libc::sockaddr_nl = unsafe { std::mem::zeroed() };
+    kernel.nl_family = libc::AF_NETLINK as libc::sa_family_t;
+    // SAFETY: msg and kernel are valid for their lengths.
+    let sent = unsafe {
+        libc::sendto(
+            fd,
+            msg.as_ptr().cast(),
+            msg.len(),
+            0,
+            (&kernel as *const libc::sockaddr_nl).cast(),
+            std::mem::size_of::<libc::sockaddr_nl>() as libc::socklen_t,
+        )
+    };
+    if sent != msg.len() as isize {
+        return Err(io::Error::last_os_error());
+    }
+    let mut ack = [0u8; 512];
+    let got = read_fd(sock.as_raw_fd(), &mut ack)?;
+    // The answer: nlmsghdr with type NLMSG_ERROR, then nlmsgerr whose error is 0 (an ack)
+    // or a negative errno.
+    if got < 20 || u16::from_ne_bytes([ack[4], ack[5]]) != libc::NLMSG_ERROR as u16 {
+        return Err(io::Error::other(
+            "rtnetlink answered something other than an ack",
+        ));
+    }
+    let err = i32::from_ne_bytes([ack[16], ack[17], ack[18], ack[19]]);
+    if err != 0 {
+        return Err(io::Error::from_raw_os_error(-err));
+    }
+    Ok(())
+}

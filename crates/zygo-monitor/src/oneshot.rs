@@ -994,12 +994,17 @@ fn relay(from: &File, to: OwnedFd) {
 /// follows from it. A refusal here is phase `plan`: nothing was created.
 pub fn launch_plan(plan: &policy::plan::OneShotPlan) -> Result<(LaunchPlan, Limits), String> {
     use policy::plan::{Image, Network};
-    if plan.network != Network::None {
-        return Err(format!(
-            "network {} is not available for one-shot sandboxes; use --net none",
-            plan.network
-        ));
-    }
+    let egress = match plan.network {
+        Network::None => None,
+        Network::Egress => Some(egress_rules(&plan.allow)?),
+        Network::Host => {
+            return Err(
+                "network host is not available for one-shot sandboxes; use --net none or \
+                 --net egress"
+                    .into(),
+            )
+        }
+    };
     let image = match &plan.image {
         Image::Host => proto::launch::Image::Host,
         Image::Dir(d) => {
@@ -1049,8 +1054,73 @@ pub fn launch_plan(plan: &policy::plan::OneShotPlan) -> Result<(LaunchPlan, Limi
         hide_pids: Shape::ONE_SHOT.hide_pids,
         work_mode: Shape::ONE_SHOT.work_mode,
         agents: Vec::new(),
+        egress,
     };
     Ok((launch, limits))
+}
+
+/// The launcher's form of egress rules the policy has checked, with the host's DNS
+/// servers when there are name rules.
+pub fn egress_rules(rules: &policy::egress::Rules) -> Result<proto::launch::Egress, String> {
+    let resolvers = if rules.names.is_empty() {
+        Vec::new()
+    } else {
+        let servers = host_resolvers()?;
+        if servers.is_empty() {
+            return Err(format!(
+                "egress rules by name need a DNS server: {} names no IPv4 nameserver",
+                resolv_conf_path()
+            ));
+        }
+        servers
+    };
+    Ok(proto::launch::Egress {
+        rules: rules
+            .addrs
+            .iter()
+            .map(|r| proto::launch::EgressRule {
+                addr: r.net.octets(),
+                prefix: r.prefix,
+                port: r.port,
+            })
+            .collect(),
+        names: rules
+            .names
+            .iter()
+            .map(|n| proto::launch::EgressName {
+                name: n.name.clone(),
+                port: n.port,
+                private_ok: n.private_ok,
+            })
+            .collect(),
+        resolvers,
+    })
+}
+
+/// The file the host's DNS servers are read from: `$ZYGO_RESOLV_CONF` (the operator's
+/// choice, and how the tests point Zygo at a resolver of their own), else /etc/resolv.conf.
+fn resolv_conf_path() -> String {
+    std::env::var("ZYGO_RESOLV_CONF").unwrap_or_else(|_| "/etc/resolv.conf".into())
+}
+
+/// The IPv4 `nameserver` lines of the host's resolv.conf (at most three, as libc reads).
+fn host_resolvers() -> Result<Vec<[u8; 4]>, String> {
+    let path = resolv_conf_path();
+    let text = std::fs::read_to_string(&path).map_err(|e| format!("read {path}: {e}"))?;
+    Ok(parse_resolvers(&text))
+}
+
+fn parse_resolvers(text: &str) -> Vec<[u8; 4]> {
+    text.lines()
+        .filter_map(|l| {
+            let mut w = l.split_whitespace();
+            (w.next() == Some("nameserver"))
+                .then(|| w.next()?.parse::<std::net::Ipv4Addr>().ok())
+                .flatten()
+        })
+        .map(|a| a.octets())
+        .take(3)
+        .collect()
 }
 
 fn path_str(p: &Path) -> Result<String, String> {
@@ -1071,6 +1141,16 @@ mod tests {
         ));
         std::fs::create_dir(&d).expect("create a temp dir");
         d
+    }
+
+    #[test]
+    fn nameservers_are_read_as_libc_reads_them() {
+        let text = "# x\nnameserver 10.0.0.1\nnameserver ::1\nsearch a\nnameserver 1.1.1.1 # c\n\
+                    nameserver 8.8.8.8\nnameserver 9.9.9.9\n";
+        assert_eq!(
+            parse_resolvers(text),
+            vec![[10, 0, 0, 1], [1, 1, 1, 1], [8, 8, 8, 8]]
+        );
     }
 
     #[test]

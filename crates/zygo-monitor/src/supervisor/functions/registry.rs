@@ -197,12 +197,30 @@ impl Functions {
 /// agent's command line, its image, mounts and limits. Paths are checked here; nothing is
 /// opened or started.
 fn plan(spec: &FnSpec, identity: &Identity) -> Result<Planned, String> {
-    if spec.network != policy::plan::Network::None {
-        return Err(format!(
-            "network {} is not available yet; use network = \"none\"",
-            spec.network
-        ));
-    }
+    let egress = match spec.network {
+        policy::plan::Network::None => None,
+        // sandbox.toml's rules are the operator's and may open private addresses; an HTTP
+        // layer's only when its caller may (`FnSpec::private_net`).
+        policy::plan::Network::Egress => Some(crate::oneshot::egress_rules(
+            &policy::egress::compile(
+                "allow",
+                &spec.allow,
+                if spec.private_net {
+                    policy::egress::PrivateNet::Allowed
+                } else {
+                    policy::egress::PrivateNet::Refused
+                },
+            )
+            .map_err(|e| e.to_string())?,
+        )?),
+        policy::plan::Network::Host => {
+            return Err(
+                "network host is not available for functions yet; use network = \"none\" \
+                 or \"egress\""
+                    .into(),
+            )
+        }
+    };
     // Keys this version reads but cannot honour are refused, never ignored: a function
     // that looked for its dependencies or its secrets would fail only when called.
     if let Some(r) = &spec.requirements {
@@ -278,6 +296,7 @@ fn plan(spec: &FnSpec, identity: &Identity) -> Result<Planned, String> {
         agents,
         work: None,
         etc: None,
+        egress,
     };
     Ok(Planned {
         plan,

@@ -18,9 +18,9 @@
 //! unit is required), `cpu` a number or a string such as `"0.5"`, `pids` a whole number.
 //! Unset limits take `zygo run`'s defaults. What only the host's operator may ask for —
 //! `"unlimited"` for any limit, `network = "host"` — is refused, and `network = "egress"`
-//! is not in this version (as for `zygo run --net egress`). There are no mounts. `null`
-//! for an optional key is the same as leaving it out. Any other key is refused, naming it;
-//! a duplicate key anywhere is refused (`proto::json::from_str_strict`).
+//! is not offered to runs over HTTP in this version (a run spec has no `allow`). There are
+//! no mounts. `null` for an optional key is the same as leaving it out. Any other key is
+//! refused, naming it; a duplicate key anywhere is refused (`proto::json::from_str_strict`).
 //!
 //! The caller's tenant limits, if any, then narrow what was asked: each limit is the
 //! smaller of the two.

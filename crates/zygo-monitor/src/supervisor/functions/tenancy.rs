@@ -598,10 +598,12 @@ fn parse_layer(
             ));
         }
     }
-    let spec = layer
+    let mut spec = layer
         .merge_over(defaults)
         .resolve(name)
         .map_err(|e| spec_err(e.to_string()))?;
+    // What this caller's allow rules may open: also what their names may resolve to.
+    spec.private_net = private_ok;
     // What only sandbox.toml may say, a layer served over HTTP may not get from the
     // defaults either.
     if spec.network == policy::Network::Host {

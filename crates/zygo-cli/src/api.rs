@@ -1,0 +1,212 @@
+//! `zygo api`: bind the listener, open the channels to the running supervisor and say
+//! hello on each as the API role with the flags, confine the process
+//! ([`zygo_front::confine`]), then serve HTTP ([`zygo_front::http`]). Everything after the
+//! confinement runs with no filesystem, no new sockets and no exec.
+
+use std::ffi::OsString;
+use std::net::{SocketAddr, TcpListener};
+use std::os::fd::AsRawFd;
+use std::os::unix::net::{UnixListener, UnixStream};
+use std::path::PathBuf;
+
+use proto::api::FrontFlags;
+use zygo_front::confine::{confine, FrontRole};
+use zygo_front::http;
+use zygo_monitor::client;
+
+use crate::{usage, usage_error};
+
+/// Where `zygo api` listens when not told.
+pub const DEFAULT_LISTEN: &str = "127.0.0.1:7700";
+
+enum Listen {
+    Tcp(SocketAddr),
+    Unix(PathBuf),
+}
+
+struct Opts {
+    listen: Listen,
+    flags: FrontFlags,
+    openapi: bool,
+}
+
+fn parse_listen(s: &str) -> Result<Listen, String> {
+    if let Some(path) = s.strip_prefix("unix://") {
+        if !path.starts_with('/') {
+            return Err(format!(
+                "--listen {s}: a unix socket is unix:///absolute/path"
+            ));
+        }
+        return Ok(Listen::Unix(PathBuf::from(path)));
+    }
+    // Parsed, never resolved: an address, not a host name.
+    s.parse::<SocketAddr>().map(Listen::Tcp).map_err(|_| {
+        format!("--listen {s}: give IP:PORT (e.g. 127.0.0.1:7700 or [::1]:7700) or unix:///path")
+    })
+}
+
+fn parse(raw: Vec<OsString>) -> Result<Option<Opts>, String> {
+    use lexopt::prelude::*;
+    let mut listen: Option<String> = None;
+    let mut flags = FrontFlags::default();
+    let mut openapi = false;
+    let mut p = lexopt::Parser::from_args(raw);
+    while let Some(arg) = p.next().map_err(|e| e.to_string())? {
+        match arg {
+            Long("help") | Short('h') => return Ok(None),
+            Long("listen") => {
+                if listen.is_some() {
+                    return Err("--listen given twice".into());
+                }
+                let v = p.value().map_err(|e| e.to_string())?;
+                listen = Some(
+                    v.into_string()
+                        .map_err(|_| "--listen is not UTF-8".to_string())?,
+                );
+            }
+            Long("allow-deploy") => flags.allow_deploy = true,
+            Long("allow-private-net") => flags.allow_private_net = true,
+            Long("no-auth") => flags.no_auth = true,
+            Long("openapi") => openapi = true,
+            Long(f @ ("otlp-endpoint" | "usage-webhook")) => {
+                return Err(format!(
+                    "--{f} is not in this version of zygo api (metrics and usage delivery come with the next one)"
+                ))
+            }
+            other => return Err(other.unexpected().to_string()),
+        }
+    }
+    let listen = parse_listen(listen.as_deref().unwrap_or(DEFAULT_LISTEN))?;
+    if flags.allow_private_net && !flags.allow_deploy {
+        return Err(
+            "--allow-private-net does nothing without --allow-deploy (only deploy callers declare sandboxes); add --allow-deploy or leave it out"
+                .into(),
+        );
+    }
+    if flags.no_auth {
+        if let Listen::Tcp(a) = &listen {
+            if !a.ip().is_loopback() {
+                return Err(format!(
+                    "--no-auth is refused on {a}: only on a unix socket or a loopback address (127.0.0.1, ::1)"
+                ));
+            }
+        }
+    }
+    Ok(Some(Opts {
+        listen,
+        flags,
+        openapi,
+    }))
+}
+
+fn refuse(msg: impl std::fmt::Display) -> i32 {
+    eprintln!("zygo api: {}", crate::output::clean(&msg.to_string()));
+    1
+}
+
+/// How many channels the front keeps to the supervisor: enough for a batch (16 in flight)
+/// and the machine's other callers.
+fn channel_count() -> usize {
+    let cpus = std::thread::available_parallelism().map_or(2, |n| n.get());
+    (cpus * 4).clamp(16, 32)
+}
+
+/// Bind a unix socket, created 0600. A socket file left by an earlier `zygo api` that
+/// nothing listens on any more is replaced; anything else there is an error.
+fn bind_unix(path: &PathBuf) -> Result<UnixListener, String> {
+    use std::os::unix::fs::FileTypeExt;
+    if let Ok(meta) = std::fs::symlink_metadata(path) {
+        if !meta.file_type().is_socket() {
+            return Err(format!("{} exists and is not a socket", path.display()));
+        }
+        if UnixStream::connect(path).is_ok() {
+            return Err(format!(
+                "{} is in use: another server listens there",
+                path.display()
+            ));
+        }
+        std::fs::remove_file(path)
+            .map_err(|e| format!("remove the stale socket {}: {e}", path.display()))?;
+    }
+    // SAFETY: umask only changes this process's file-creation mask; restored below.
+    let old = unsafe { libc::umask(0o177) };
+    let r = UnixListener::bind(path);
+    // SAFETY: as above.
+    unsafe { libc::umask(old) };
+    r.map_err(|e| format!("listen on {}: {e}", path.display()))
+}
+
+pub fn main(raw: Vec<OsString>) -> i32 {
+    let opts = match parse(raw) {
+        Ok(Some(o)) => o,
+        Ok(None) => {
+            say_raw!("{}", usage::API);
+            return 0;
+        }
+        Err(e) => return usage_error("api", e),
+    };
+    if opts.openapi {
+        say_raw!("{}", http::openapi::document_text());
+        return 0;
+    }
+    // The listener first: an address in use is reported before anything else happens.
+    let (listener, listen_fd, shown): (tiny_http::Listener, i32, String) = match &opts.listen {
+        Listen::Tcp(a) => match TcpListener::bind(a) {
+            Ok(l) => {
+                let fd = l.as_raw_fd();
+                // Connections accepted on it inherit TCP_NODELAY: an answer or a streamed
+                // line is sent when written, not held back waiting for an ACK.
+                let one: libc::c_int = 1;
+                // SAFETY: setsockopt on the listener's descriptor with a valid int.
+                unsafe {
+                    libc::setsockopt(
+                        fd,
+                        libc::IPPROTO_TCP,
+                        libc::TCP_NODELAY,
+                        (&one as *const libc::c_int).cast(),
+                        std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+                    )
+                };
+                let shown = l.local_addr().map_or(a.to_string(), |a| a.to_string());
+                (l.into(), fd, format!("http://{shown}"))
+            }
+            Err(e) => return refuse(format!("listen on {a}: {e}")),
+        },
+        Listen::Unix(p) => match bind_unix(p) {
+            Ok(l) => {
+                let fd = l.as_raw_fd();
+                (l.into(), fd, format!("unix://{}", p.display()))
+            }
+            Err(e) => return refuse(e),
+        },
+    };
+    let n = channel_count();
+    let mut chans = Vec::with_capacity(n);
+    for _ in 0..n {
+        let mut sock = match client::connect() {
+            Ok(s) => s,
+            Err(e) => return refuse(e),
+        };
+        if let Err(e) = http::channel::hello(&mut sock, opts.flags) {
+            return refuse(e);
+        }
+        chans.push(sock);
+    }
+    if let Err(e) = http::block_stop_signals() {
+        return refuse(format!("block SIGTERM and SIGINT: {e}"));
+    }
+    if let Err(e) = confine(FrontRole::Api) {
+        return refuse(format!("cannot confine itself, so it will not serve: {e}"));
+    }
+    let f = opts.flags;
+    eprintln!(
+        "zygo api: listening on {shown} ({n} channels to the supervisor; deploy rights for ZYGO_API_TOKEN: {}{}{})",
+        if f.allow_deploy { "yes" } else { "no" },
+        if f.allow_private_net { "; private addresses allowed to deploy callers" } else { "" },
+        if f.no_auth { "; no token needed (--no-auth)" } else { "" },
+    );
+    match http::serve(listener, chans, opts.flags, listen_fd) {
+        Ok(()) => 0,
+        Err(e) => refuse(e),
+    }
+}

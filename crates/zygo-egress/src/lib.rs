@@ -1,0 +1,757 @@
+//! A sandbox's egress filter: the one way out of a sandbox with `network = "egress"`.
+//!
+//! # How a sandbox's connections reach it
+//!
+//! A sandbox with egress has its own network namespace with only `lo`, where every IPv4
+//! address is local (`local 0.0.0.0/0 dev lo` in the `local` table, added by the sandbox's
+//! init while it still has `CAP_NET_ADMIN` over its namespace). Before anything of the
+//! program runs, init listens there on each rule's address and port (or on the rule's port
+//! for every address, for a block) and hands those listening sockets out to its launcher,
+//! which starts this process outside the sandbox with them. Then:
+//!
+//! - a TCP connection to an address and port a rule names reaches one of those sockets,
+//!   and the local address of the accepted connection *is* the address the program asked
+//!   for: the filter asks `policy::egress::decide` and, if the rule allows it, connects
+//!   there itself, from the host's network namespace, and relays the bytes both ways;
+//! - a TCP connection to anything else finds no listener and is refused at once
+//!   (`ECONNREFUSED`), inside the sandbox, without a packet leaving it;
+//! - UDP (DNS included) goes nowhere: every address is local, nothing listens, and the
+//!   sender gets `ECONNREFUSED`; raw and ICMP sockets need privileges the program does not
+//!   have; there is no IPv6 route, so IPv6 fails with `ENETUNREACH`;
+//! - the sandbox cannot change any of this: its program has no capabilities.
+//!
+//! No `/dev/net/tun`, user-mode network stack or packet filter is involved, so the same
+//! design runs as root and rootless. What the filter refuses (a rule that covers the
+//! address only through a wide block while the address is private, say) is refused by a
+//! reset right after the connection was accepted, and logged with the sandbox's label.
+//!
+//! # How the filter confines itself
+//!
+//! Before it accepts anything it drops to the sandbox owner's host ids (when started as
+//! root), becomes non-dumpable, sets `no_new_privs`, restricts itself with Landlock (no
+//! filesystem access at all; TCP `connect` only to the rules' ports, no `bind`), and
+//! installs its own seccomp table ([`confine`]): it can accept on the descriptors it holds,
+//! open IPv4 TCP sockets and connect them, move bytes, and run threads. No `open`, no
+//! `exec`, no other socket family.
+
+pub mod confine;
+pub mod dns;
+pub mod sniff;
+
+use std::io::{Read, Write};
+use std::net::{Ipv4Addr, SocketAddrV4, TcpStream};
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use plumbing::Role;
+use std::collections::HashMap;
+use std::sync::Mutex;
+
+use policy::egress::{decide, decide_name, NameRule, Rule};
+
+/// The largest start message the launcher may send.
+pub const MAX_START: usize = 8 * 1024;
+/// The most listening sockets one filter serves (one per rule at most).
+pub const MAX_LISTENERS: usize = 65;
+/// The most addresses remembered for one name (what the resolver gave the sandbox).
+const MAX_ADDRS_PER_NAME: usize = 64;
+/// How long the filter waits for a connection's first bytes when a name rule needs them.
+const SNIFF_WAIT: Duration = Duration::from_secs(5);
+/// The most connections relayed at once; more are refused (reset) and logged. The filter
+/// is not in the sandbox's cgroup, so this is what bounds the memory a sandbox can make it
+/// hold (buffers and pipes per connection).
+const MAX_CONNS: usize = 64;
+/// How long an upstream answer is reused before the host's DNS servers are asked again, so
+/// that a sandbox repeating a query does not repeat it upstream.
+const DNS_REUSE: Duration = Duration::from_secs(10);
+/// How long the filter waits for the destination to accept a connection.
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
+/// Each relay thread's buffer (or the most one splice moves).
+const BUF: usize = 1024 * 1024;
+/// The pipe a relay splices through.
+const PIPE_SIZE: libc::c_int = 1024 * 1024;
+
+/// What the launcher tells the filter at start.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Start {
+    /// Host ids to switch to when started as root.
+    pub ids: Option<(u32, u32)>,
+    /// How log lines name the sandbox.
+    pub label: String,
+    pub rules: Vec<Rule>,
+    pub names: Vec<NameRule>,
+    pub resolvers: Vec<Ipv4Addr>,
+}
+
+impl Start {
+    /// The message's text (the listening sockets travel beside it).
+    pub fn encode(&self) -> String {
+        let mut s = String::from("zygo-egress 1\n");
+        match self.ids {
+            Some((u, g)) => s.push_str(&format!("ids {u} {g}\n")),
+            None => s.push_str("ids -\n"),
+        }
+        let label: String = self
+            .label
+            .chars()
+            .filter(|c| !c.is_control())
+            .take(128)
+            .collect();
+        s.push_str(&format!("label {label}\n"));
+        for r in &self.rules {
+            s.push_str(&format!("rule {r}\n"));
+        }
+        for n in &self.names {
+            s.push_str(&format!("name {}\n", n.encode()));
+        }
+        for r in &self.resolvers {
+            s.push_str(&format!("resolver {r}\n"));
+        }
+        s
+    }
+
+    /// Parse what [`Start::encode`] wrote; `None` for anything else.
+    pub fn decode(text: &str) -> Option<Start> {
+        let mut lines = text.lines();
+        if lines.next()? != "zygo-egress 1" {
+            return None;
+        }
+        let ids = match lines.next()?.strip_prefix("ids ")? {
+            "-" => None,
+            both => {
+                let (u, g) = both.split_once(' ')?;
+                Some((u.parse().ok()?, g.parse().ok()?))
+            }
+        };
+        let label = lines.next()?.strip_prefix("label ")?.to_string();
+        let (mut rules, mut names, mut resolvers) = (Vec::new(), Vec::new(), Vec::new());
+        for l in lines {
+            match l.split_once(' ')? {
+                ("rule", r) => rules.push(Rule::parse_exact(r)?),
+                ("name", n) => names.push(NameRule::decode(n)?),
+                ("resolver", a) => resolvers.push(a.parse().ok()?),
+                _ => return None,
+            }
+        }
+        (rules.len() + names.len() <= policy::egress::MAX_RULES && resolvers.len() <= 3).then_some(
+            Start {
+                ids,
+                label,
+                rules,
+                names,
+                resolvers,
+            },
+        )
+    }
+}
+
+/// The role's entry point (`zygo __egress-filter`); the exit code.
+pub fn main() -> i32 {
+    match run() {
+        Ok(()) => 0,
+        Err(e) => {
+            log::error!("egress filter: {e}");
+            1
+        }
+    }
+}
+
+fn run() -> Result<(), String> {
+    let chan = Role::EgressFilter
+        .take_channel()
+        .map_err(|e| format!("take the channel: {e}"))?;
+    let mut buf = vec![0u8; MAX_START];
+    let (n, fds) = plumbing::fds::recv_with_fds(chan.as_raw_fd(), &mut buf, MAX_LISTENERS)
+        .map_err(|e| format!("read the start message: {e}"))?;
+    drop(chan);
+    let start = std::str::from_utf8(&buf[..n])
+        .ok()
+        .and_then(Start::decode)
+        .ok_or("the launcher's start message does not parse")?;
+    if fds.is_empty() {
+        return Err("no listening sockets were handed over".into());
+    }
+    if fds.len() > MAX_LISTENERS {
+        return Err("more listening sockets than rules".into());
+    }
+    // The TCP listeners are accepted from until they run dry; the DNS socket is read
+    // blocking by a thread of its own.
+    let (udp, tcp): (Vec<OwnedFd>, Vec<OwnedFd>) =
+        fds.into_iter().partition(|fd| is_datagram(fd.as_raw_fd()));
+    for fd in &tcp {
+        set_nonblocking(fd.as_raw_fd(), true)
+            .map_err(|e| format!("make a listener non-blocking: {e}"))?;
+    }
+    confine::drop_ids(start.ids).map_err(|e| format!("drop to the sandbox owner's ids: {e}"))?;
+    let ports: Vec<u16> = start
+        .rules
+        .iter()
+        .map(|r| r.port)
+        .chain(start.names.iter().map(|n| n.port))
+        .collect();
+    confine::landlock(&ports).map_err(|e| format!("Landlock: {e}"))?;
+    confine::confine().map_err(|e| e.to_string())?;
+    let shared = Arc::new(Shared {
+        start,
+        resolved: Mutex::new(HashMap::new()),
+        recent: Mutex::new(HashMap::new()),
+    });
+    for sock in udp {
+        let sh = Arc::clone(&shared);
+        std::thread::Builder::new()
+            .stack_size(256 * 1024)
+            .spawn(move || serve_dns(&sh, &sock))
+            .map_err(|e| format!("start the resolver: {e}"))?;
+    }
+    serve(shared, tcp)
+}
+
+/// What every thread of the filter shares.
+struct Shared {
+    start: Start,
+    /// name → the addresses the resolver gave the sandbox for it.
+    resolved: Mutex<HashMap<String, Vec<Ipv4Addr>>>,
+    /// name → the last upstream answer and when it came.
+    recent: Mutex<HashMap<String, Upstream>>,
+}
+
+/// An upstream answer: when it came, and its addresses with their TTLs.
+type Upstream = (std::time::Instant, Vec<(Ipv4Addr, u32)>);
+
+fn is_datagram(fd: RawFd) -> bool {
+    let mut kind: libc::c_int = 0;
+    let mut len = std::mem::size_of::<libc::c_int>() as libc::socklen_t;
+    // SAFETY: kind and len are valid for getsockopt to fill in.
+    let r = unsafe {
+        libc::getsockopt(
+            fd,
+            libc::SOL_SOCKET,
+            libc::SO_TYPE,
+            (&mut kind as *mut libc::c_int).cast(),
+            &mut len,
+        )
+    };
+    r == 0 && kind == libc::SOCK_DGRAM
+}
+
+/// Answer the sandbox's DNS queries, one at a time, until the filter ends.
+fn serve_dns(sh: &Shared, sock: &OwnedFd) {
+    let fd = sock.as_raw_fd();
+    let mut buf = [0u8; dns::MAX_MSG];
+    loop {
+        // SAFETY: sockaddr_in is plain data.
+        let mut peer: libc::sockaddr_in = unsafe { std::mem::zeroed() };
+        let mut plen = std::mem::size_of::<libc::sockaddr_in>() as libc::socklen_t;
+        // SAFETY: buf, peer and plen are valid for recvfrom to fill in.
+        let n = unsafe {
+            libc::recvfrom(
+                fd,
+                buf.as_mut_ptr().cast(),
+                buf.len(),
+                0,
+                (&mut peer as *mut libc::sockaddr_in).cast(),
+                &mut plen,
+            )
+        };
+        if n < 0 {
+            if std::io::Error::last_os_error().kind() == std::io::ErrorKind::Interrupted {
+                continue;
+            }
+            return;
+        }
+        let msg = &buf[..n as usize];
+        let Some(q) = dns::parse_query(msg) else {
+            continue; // not a query we answer: no answer at all
+        };
+        let reply = answer_query(sh, msg, &q);
+        // SAFETY: reply and peer are valid for their lengths.
+        unsafe {
+            libc::sendto(
+                fd,
+                reply.as_ptr().cast(),
+                reply.len(),
+                0,
+                (&peer as *const libc::sockaddr_in).cast(),
+                plen,
+            )
+        };
+    }
+}
+
+fn answer_query(sh: &Shared, msg: &[u8], q: &dns::Query) -> Vec<u8> {
+    let label = &sh.start.label;
+    let Some(rule) = policy::egress::answers_for(&sh.start.names, &q.name) else {
+        log::warn!(
+            "egress[{label}]: refused a DNS query for {}: no allow rule names it",
+            q.name
+        );
+        return dns::answer(msg, q, dns::RCODE_REFUSED, &[]);
+    };
+    if q.qtype != dns::TYPE_A {
+        // AAAA and the rest: the name exists, with no address of that type to give.
+        return dns::answer(msg, q, dns::RCODE_OK, &[]);
+    }
+    let reused = sh.recent.lock().ok().and_then(|m| {
+        m.get(&rule.name)
+            .filter(|(at, _)| at.elapsed() < DNS_REUSE)
+            .map(|(_, a)| a.clone())
+    });
+    let result = match reused {
+        Some(a) => Ok(a),
+        None => dns::resolve(&sh.start.resolvers, &rule.name).inspect(|a| {
+            if let Ok(mut m) = sh.recent.lock() {
+                m.insert(rule.name.clone(), (std::time::Instant::now(), a.clone()));
+            }
+        }),
+    };
+    match result {
+        Ok(addrs) => {
+            let (kept, dropped): (Vec<_>, Vec<_>) = addrs
+                .into_iter()
+                .partition(|(a, _)| policy::egress::resolved_ok(rule, *a));
+            if !dropped.is_empty() {
+                log::warn!(
+                    "egress[{label}]: {} resolves to private or special addresses, left out: {:?}",
+                    rule.name,
+                    dropped.iter().map(|(a, _)| a).collect::<Vec<_>>()
+                );
+            }
+            if let Ok(mut map) = sh.resolved.lock() {
+                let known = map.entry(rule.name.clone()).or_default();
+                for (a, _) in &kept {
+                    if !known.contains(a) {
+                        if known.len() >= MAX_ADDRS_PER_NAME {
+                            known.remove(0);
+                        }
+                        known.push(*a);
+                    }
+                }
+            }
+            let rcode = if kept.is_empty() {
+                dns::RCODE_NXDOMAIN
+            } else {
+                dns::RCODE_OK
+            };
+            dns::answer(msg, q, rcode, &kept)
+        }
+        Err(e) => {
+            log::warn!("egress[{label}]: resolve {}: {e}", rule.name);
+            dns::answer(msg, q, dns::RCODE_SERVFAIL, &[])
+        }
+    }
+}
+
+fn set_nonblocking(fd: RawFd, on: bool) -> std::io::Result<()> {
+    // SAFETY: F_GETFL on a descriptor this process holds.
+    let flags = unsafe { libc::fcntl(fd, libc::F_GETFL) };
+    if flags < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    let flags = if on {
+        flags | libc::O_NONBLOCK
+    } else {
+        flags & !libc::O_NONBLOCK
+    };
+    // SAFETY: F_SETFL with integer flags.
+    if unsafe { libc::fcntl(fd, libc::F_SETFL, flags) } < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// Accept on every listener until the sandbox is gone (the launcher's end kills this
+/// process), one thread per connection.
+fn serve(start: Arc<Shared>, listeners: Vec<OwnedFd>) -> Result<(), String> {
+    let active = Arc::new(AtomicUsize::new(0));
+    let mut polls: Vec<libc::pollfd> = listeners
+        .iter()
+        .map(|l| libc::pollfd {
+            fd: l.as_raw_fd(),
+            events: libc::POLLIN,
+            revents: 0,
+        })
+        .collect();
+    loop {
+        // SAFETY: polls is a valid array of pollfd for its length.
+        let n = unsafe { libc::poll(polls.as_mut_ptr(), polls.len() as libc::nfds_t, -1) };
+        if n < 0 {
+            let e = std::io::Error::last_os_error();
+            if e.kind() == std::io::ErrorKind::Interrupted {
+                continue;
+            }
+            return Err(format!("poll: {e}"));
+        }
+        for p in polls.iter_mut() {
+            if p.revents == 0 {
+                continue;
+            }
+            p.revents = 0;
+            loop {
+                // SAFETY: accept4 on a listening socket this process holds; no address wanted.
+                let c = unsafe {
+                    libc::accept4(
+                        p.fd,
+                        std::ptr::null_mut(),
+                        std::ptr::null_mut(),
+                        libc::SOCK_CLOEXEC,
+                    )
+                };
+                if c < 0 {
+                    break; // EAGAIN: nothing more to accept now
+                }
+                // SAFETY: accept4 just returned this descriptor to us.
+                let conn = unsafe { OwnedFd::from_raw_fd(c) };
+                if active.load(Ordering::Acquire) >= MAX_CONNS {
+                    log::warn!(
+                        "egress[{}]: refused a connection: {MAX_CONNS} are open already",
+                        start.start.label
+                    );
+                    reset(conn);
+                    continue;
+                }
+                active.fetch_add(1, Ordering::AcqRel);
+                let (st, count) = (Arc::clone(&start), Arc::clone(&active));
+                let spawned = std::thread::Builder::new()
+                    .stack_size(256 * 1024)
+                    .spawn(move || {
+                        handle(&st, conn);
+                        count.fetch_sub(1, Ordering::AcqRel);
+                    });
+                if let Err(e) = spawned {
+                    active.fetch_sub(1, Ordering::AcqRel);
+                    log::warn!("egress[{}]: start a relay: {e}", start.start.label);
+                }
+            }
+        }
+    }
+}
+
+/// The address a connection was made to: the accepted socket's own local address.
+fn local_v4(fd: RawFd) -> Option<SocketAddrV4> {
+    // SAFETY: sockaddr_in is plain data.
+    let mut sa: libc::sockaddr_in = unsafe { std::mem::zeroed() };
+    let mut len = std::mem::size_of::<libc::sockaddr_in>() as libc::socklen_t;
+    // SAFETY: sa and len are valid for getsockname to fill in.
+    let r = unsafe { libc::getsockname(fd, (&mut sa as *mut libc::sockaddr_in).cast(), &mut len) };
+    if r != 0 || i32::from(sa.sin_family) != libc::AF_INET {
+        return None;
+    }
+    Some(SocketAddrV4::new(
+        Ipv4Addr::from(u32::from_be(sa.sin_addr.s_addr)),
+        u16::from_be(sa.sin_port),
+    ))
+}
+
+/// Read ahead, without consuming, until the first bytes say which host the connection is
+/// for, or cannot, or [`SNIFF_WAIT`] has passed.
+fn peek_host(fd: RawFd) -> sniff::Sniff {
+    let deadline = std::time::Instant::now() + SNIFF_WAIT;
+    let mut buf = vec![0u8; sniff::MAX_PEEK];
+    let mut seen = 0;
+    loop {
+        let left = deadline.saturating_duration_since(std::time::Instant::now());
+        if left.is_zero() {
+            return sniff::Sniff::NoHost;
+        }
+        let mut p = libc::pollfd {
+            fd,
+            events: libc::POLLIN,
+            revents: 0,
+        };
+        // SAFETY: one valid pollfd.
+        if unsafe { libc::poll(&mut p, 1, left.as_millis() as libc::c_int + 1) } <= 0 {
+            continue;
+        }
+        // SAFETY: buf is valid for its length.
+        let n = unsafe {
+            libc::recv(
+                fd,
+                buf.as_mut_ptr().cast(),
+                buf.len(),
+                libc::MSG_PEEK | libc::MSG_DONTWAIT,
+            )
+        };
+        if n <= 0 {
+            return sniff::Sniff::NoHost; // closed, or an error
+        }
+        let n = n as usize;
+        match sniff::sniff(&buf[..n]) {
+            sniff::Sniff::NeedMore if n < buf.len() => {
+                if n == seen {
+                    // Nothing new yet: wait a little rather than spin on the same bytes.
+                    std::thread::sleep(Duration::from_millis(5));
+                }
+                seen = n;
+            }
+            sniff::Sniff::NeedMore => return sniff::Sniff::NoHost,
+            other => return other,
+        }
+    }
+}
+
+/// Close a connection with a reset, so the program sees it refused rather than ended.
+fn reset(conn: OwnedFd) {
+    let lin = libc::linger {
+        l_onoff: 1,
+        l_linger: 0,
+    };
+    // SAFETY: setsockopt with a valid linger struct of the size passed.
+    unsafe {
+        libc::setsockopt(
+            conn.as_raw_fd(),
+            libc::SOL_SOCKET,
+            libc::SO_LINGER,
+            (&lin as *const libc::linger).cast(),
+            std::mem::size_of::<libc::linger>() as libc::socklen_t,
+        )
+    };
+    drop(conn);
+}
+
+fn handle(sh: &Shared, conn: OwnedFd) {
+    let start = &sh.start;
+    let Some(dst) = local_v4(conn.as_raw_fd()) else {
+        log::warn!(
+            "egress[{}]: refused a connection whose destination is not IPv4",
+            start.label
+        );
+        return reset(conn);
+    };
+    if let Err(why) = decide(&start.rules, dst) {
+        if !start.names.iter().any(|n| n.port == dst.port()) {
+            log::warn!("egress[{}]: refused {dst}: {why}", start.label);
+            return reset(conn);
+        }
+        // A name rule for this port: the connection must say which host it is for.
+        let host = match peek_host(conn.as_raw_fd()) {
+            sniff::Sniff::Host(h) => Some(h),
+            _ => None,
+        };
+        let resolved = |name: &str| {
+            sh.resolved
+                .lock()
+                .map(|m| m.get(name).is_some_and(|a| a.contains(dst.ip())))
+                .unwrap_or(false)
+        };
+        if let Err(why) = decide_name(&start.names, host.as_deref(), dst, resolved) {
+            log::warn!("egress[{}]: refused {dst}: {why}", start.label);
+            return reset(conn);
+        }
+    }
+    let out = match connect(dst) {
+        Ok(s) => s,
+        Err(e) => {
+            log::warn!("egress[{}]: {dst}: {e}", start.label);
+            return reset(conn);
+        }
+    };
+    log::info!("egress[{}]: relaying to {dst}", start.label);
+    let inside = Arc::new(TcpStream::from(conn));
+    let outside = Arc::new(out);
+    let (i2, o2) = (Arc::clone(&inside), Arc::clone(&outside));
+    let up = std::thread::Builder::new()
+        .stack_size(256 * 1024)
+        .spawn(move || copy(&i2, &o2));
+    copy(&outside, &inside);
+    match up {
+        Ok(t) => {
+            let _ = t.join();
+        }
+        Err(e) => log::warn!("egress[{}]: start a relay: {e}", start.label),
+    }
+}
+
+/// Copy `from` to `to` until `from` ends, then end `to`'s writing side: through a pipe with
+/// `splice`, so the bytes are never copied into this process; with `read`/`write` if a pipe
+/// cannot be had.
+fn copy(from: &TcpStream, to: &TcpStream) {
+    if let Ok((r, w)) = plumbing::pipes::pipe() {
+        // A larger pipe moves more per call; the default (64 KiB) if the kernel says no.
+        // SAFETY: F_SETPIPE_SZ on a pipe this thread holds.
+        unsafe { libc::fcntl(w.as_raw_fd(), libc::F_SETPIPE_SZ, PIPE_SIZE) };
+        splice_all(from, to, r.as_raw_fd(), w.as_raw_fd());
+    } else {
+        let mut buf = vec![0u8; BUF];
+        let mut r = from;
+        let mut w = to;
+        loop {
+            match r.read(&mut buf) {
+                Ok(0) => break,
+                Ok(n) => {
+                    if w.write_all(&buf[..n]).is_err() {
+                        let _ = from.shutdown(std::net::Shutdown::Read);
+                        break;
+                    }
+                }
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+                Err(_) => break,
+            }
+        }
+    }
+    let _ = to.shutdown(std::net::Shutdown::Write);
+}
+
+fn splice_all(from: &TcpStream, to: &TcpStream, pipe_r: RawFd, pipe_w: RawFd) {
+    let flags = libc::SPLICE_F_MOVE;
+    loop {
+        // SAFETY: splice between descriptors this thread holds; no user memory involved.
+        let n = unsafe {
+            libc::splice(
+                from.as_raw_fd(),
+                std::ptr::null_mut(),
+                pipe_w,
+                std::ptr::null_mut(),
+                BUF,
+                flags,
+            )
+        };
+        if n == 0 {
+            return;
+        }
+        if n < 0 {
+            if std::io::Error::last_os_error().kind() == std::io::ErrorKind::Interrupted {
+                continue;
+            }
+            return;
+        }
+        let mut left = n as usize;
+        while left > 0 {
+            // SAFETY: as above.
+            let m = unsafe {
+                libc::splice(
+                    pipe_r,
+                    std::ptr::null_mut(),
+                    to.as_raw_fd(),
+                    std::ptr::null_mut(),
+                    left,
+                    flags,
+                )
+            };
+            if m <= 0 {
+                if m < 0
+                    && std::io::Error::last_os_error().kind() == std::io::ErrorKind::Interrupted
+                {
+                    continue;
+                }
+                let _ = from.shutdown(std::net::Shutdown::Read);
+                return;
+            }
+            left -= m as usize;
+        }
+    }
+}
+
+/// Connect to `dst` from the host's network namespace, within [`CONNECT_TIMEOUT`].
+fn connect(dst: SocketAddrV4) -> Result<TcpStream, String> {
+    // SAFETY: plain socket creation.
+    let fd = unsafe {
+        libc::socket(
+            libc::AF_INET,
+            libc::SOCK_STREAM | libc::SOCK_CLOEXEC | libc::SOCK_NONBLOCK,
+            0,
+        )
+    };
+    if fd < 0 {
+        return Err(format!(
+            "open a socket: {}",
+            std::io::Error::last_os_error()
+        ));
+    }
+    // SAFETY: the socket was just created by this process.
+    let sock = unsafe { OwnedFd::from_raw_fd(fd) };
+    let sa = libc::sockaddr_in {
+        sin_family: libc::AF_INET as libc::sa_family_t,
+        sin_port: dst.port().to_be(),
+        sin_addr: libc::in_addr {
+            s_addr: u32::from(*dst.ip()).to_be(),
+        },
+        sin_zero: [0; 8],
+    };
+    // SAFETY: sa is a valid sockaddr_in of the size passed.
+    let r = unsafe {
+        libc::connect(
+            fd,
+            (&sa as *const libc::sockaddr_in).cast(),
+            std::mem::size_of::<libc::sockaddr_in>() as libc::socklen_t,
+        )
+    };
+    if r != 0 {
+        let e = std::io::Error::last_os_error();
+        if e.raw_os_error() != Some(libc::EINPROGRESS) {
+            return Err(format!("connect: {e}"));
+        }
+        let mut p = libc::pollfd {
+            fd,
+            events: libc::POLLOUT,
+            revents: 0,
+        };
+        let ms = CONNECT_TIMEOUT.as_millis() as libc::c_int;
+        // SAFETY: one valid pollfd.
+        let n = unsafe { libc::poll(&mut p, 1, ms) };
+        if n == 0 {
+            return Err(format!(
+                "connect: no answer within {}s",
+                CONNECT_TIMEOUT.as_secs()
+            ));
+        }
+        let mut err: libc::c_int = 0;
+        let mut len = std::mem::size_of::<libc::c_int>() as libc::socklen_t;
+        // SAFETY: err and len are valid for getsockopt to fill in.
+        unsafe {
+            libc::getsockopt(
+                fd,
+                libc::SOL_SOCKET,
+                libc::SO_ERROR,
+                (&mut err as *mut libc::c_int).cast(),
+                &mut len,
+            )
+        };
+        if n < 0 || err != 0 {
+            return Err(format!(
+                "connect: {}",
+                std::io::Error::from_raw_os_error(if n < 0 { libc::EIO } else { err })
+            ));
+        }
+    }
+    set_nonblocking(fd, false).map_err(|e| format!("make the connection blocking: {e}"))?;
+    let one: libc::c_int = 1;
+    // SAFETY: setsockopt with a valid int of the size passed.
+    unsafe {
+        libc::setsockopt(
+            fd,
+            libc::IPPROTO_TCP,
+            libc::TCP_NODELAY,
+            (&one as *const libc::c_int).cast(),
+            std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+        )
+    };
+    Ok(TcpStream::from(sock))
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_start_message_round_trips_and_rejects_garbage() {
+        let s = Start {
+            ids: Some((100000, 100000)),
+            label: "run 42\nfake".into(),
+            rules: vec![Rule::parse_exact("10.0.0.0/8:80").unwrap()],
+            names: vec![NameRule::decode("pypi.org 443 0").unwrap()],
+            resolvers: vec![Ipv4Addr::new(10, 0, 0, 53)],
+        };
+        let d = Start::decode(&s.encode()).unwrap();
+        assert_eq!(d.rules, s.rules);
+        assert_eq!(d.names, s.names);
+        assert_eq!(d.resolvers, s.resolvers);
+        assert_eq!(d.ids, s.ids);
+        assert_eq!(d.label, "run 42fake");
+        assert!(Start::decode("zygo-egress 2\nids -\nlabel x\n").is_none());
+        assert!(Start::decode("zygo-egress 1\nids -\nlabel x\nrule 10.0.0.1/8:80\n").is_none());
+        assert!(Start::decode("zygo-egress 1\nids -\nlabel x\nbogus\n").is_none());
+    }
+}

@@ -1,0 +1,243 @@
+//! The front's channels to the supervisor: unix socket connections opened and greeted
+//! (`Hello { role: Api }`) before the front confined itself, lent to one HTTP request at a
+//! time. The supervisor answers one request per channel before it reads the next, so a
+//! request holds its channel until the final reply (a streamed call, until its answer).
+//!
+//! A channel whose exchange broke (the supervisor closed it, a frame was malformed, the
+//! front gave up waiting) is shut and not lent again: closing it is also how the front
+//! cancels what it started there. The confined front cannot open another, so when the last
+//! one goes the front exits (a service manager restarts it against the new supervisor).
+
+use std::os::fd::AsRawFd;
+use std::os::unix::net::UnixStream;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Condvar, Mutex};
+use std::time::{Duration, Instant};
+
+use proto::front::{ExecEvent, Reply, Request, Role, MAX_FRONT_FRAME};
+use proto::{read_frame, write_frame, ProtoError};
+
+/// Say hello as the API role with the front's flags; `Err` says why not, in words.
+pub fn hello(sock: &mut UnixStream, flags: proto::api::FrontFlags) -> Result<(), String> {
+    use plumbing::hello::HelloError;
+    sock.set_read_timeout(Some(Duration::from_secs(30)))
+        .map_err(|e| format!("set a timeout on the channel: {e}"))?;
+    match plumbing::hello::say(sock, Role::Api, flags) {
+        Ok(()) => Ok(()),
+        Err(HelloError::Refused(reason)) => Err(format!("the supervisor refused: {reason}")),
+        Err(HelloError::Proto(ProtoError::Closed)) => Err(
+            "the supervisor closed the connection before it answered the hello; it may be stopping"
+                .into(),
+        ),
+        Err(HelloError::Proto(e)) => Err(format!("say hello to the supervisor: {e}")),
+    }
+}
+
+/// Why an exchange on a channel did not end with a reply.
+#[derive(Debug)]
+pub enum ChanError {
+    /// No reply before the deadline. The request goes on in the supervisor; its reply is
+    /// read (and dropped) in the background, and the channel is then lent again.
+    Timeout,
+    /// The channel broke; the words say how. It is shut and not lent again.
+    Broken(String),
+}
+
+/// How long the background read of an abandoned request's reply may wait: the longest a
+/// call may run (24 h) and a margin. Past it the channel is closed.
+const RECOVER_FOR: Duration = Duration::from_secs(24 * 3600 + 300);
+/// Once a frame has begun to arrive, the most its remaining bytes may take.
+const FRAME_TIME: Duration = Duration::from_secs(30);
+
+pub struct Pool {
+    free: Mutex<Vec<UnixStream>>,
+    cv: Condvar,
+    live: AtomicUsize,
+}
+
+impl Pool {
+    pub fn new(chans: Vec<UnixStream>) -> Arc<Pool> {
+        Arc::new(Pool {
+            live: AtomicUsize::new(chans.len()),
+            free: Mutex::new(chans),
+            cv: Condvar::new(),
+        })
+    }
+
+    /// Channels still usable (lent, free, or reading an abandoned reply).
+    pub fn live(&self) -> usize {
+        self.live.load(Ordering::Acquire)
+    }
+
+    /// A channel, waiting at most until `deadline` for one to be free.
+    pub fn acquire(self: &Arc<Self>, deadline: Instant) -> Option<Lease> {
+        let mut free = self.free.lock().unwrap_or_else(|p| p.into_inner());
+        loop {
+            if let Some(sock) = free.pop() {
+                return Some(Lease {
+                    pool: self.clone(),
+                    sock: Some(sock),
+                    pending: false,
+                });
+            }
+            let now = Instant::now();
+            if now >= deadline || self.live() == 0 {
+                return None;
+            }
+            let (g, _) = self
+                .cv
+                .wait_timeout(free, deadline - now)
+                .unwrap_or_else(|p| p.into_inner());
+            free = g;
+        }
+    }
+
+    fn give_back(&self, sock: UnixStream) {
+        let mut free = self.free.lock().unwrap_or_else(|p| p.into_inner());
+        free.push(sock);
+        drop(free);
+        self.cv.notify_one();
+    }
+
+    fn lose(&self, sock: UnixStream) {
+        let _ = sock.shutdown(std::net::Shutdown::Both);
+        let left = self.live.fetch_sub(1, Ordering::AcqRel) - 1;
+        log::warn!("a channel to the supervisor was closed; {left} left");
+        self.cv.notify_all();
+        if left == 0 {
+            log::error!(
+                "zygo api has no channel to the supervisor left (did it stop?); exiting so it can be started again"
+            );
+            std::process::exit(1);
+        }
+    }
+}
+
+/// Wait until `sock` has bytes to read (or its peer closed), at most until `deadline`.
+/// Nothing is read: a deadline that passes leaves the channel in step.
+fn readable(sock: &UnixStream, deadline: Instant) -> Result<bool, ChanError> {
+    loop {
+        let left = deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return Ok(false);
+        }
+        let mut p = libc::pollfd {
+            fd: sock.as_raw_fd(),
+            events: libc::POLLIN,
+            revents: 0,
+        };
+        let ms = left.as_millis().clamp(1, i32::MAX as u128) as i32;
+        // SAFETY: poll on one valid pollfd of a descriptor we hold.
+        let r = unsafe { libc::poll(&mut p, 1, ms) };
+        if r > 0 {
+            return Ok(true);
+        }
+        if r < 0 {
+            let e = std::io::Error::last_os_error();
+            if e.kind() != std::io::ErrorKind::Interrupted {
+                return Err(ChanError::Broken(format!("wait for the supervisor: {e}")));
+            }
+        }
+    }
+}
+
+/// Read one reply whose first byte is waiting: the rest must come within [`FRAME_TIME`].
+fn read_reply(sock: &mut UnixStream) -> Result<Reply, ChanError> {
+    sock.set_read_timeout(Some(FRAME_TIME))
+        .map_err(|e| ChanError::Broken(format!("set a timeout on the channel: {e}")))?;
+    read_frame::<_, Reply>(sock, MAX_FRONT_FRAME).map_err(|e| match e {
+        ProtoError::Closed => ChanError::Broken("the supervisor closed the channel".into()),
+        e => ChanError::Broken(format!("read from the supervisor: {e}")),
+    })
+}
+
+/// One channel, lent to one request.
+pub struct Lease {
+    pool: Arc<Pool>,
+    sock: Option<UnixStream>,
+    /// A request was sent and its final reply not read yet.
+    pending: bool,
+}
+
+impl Lease {
+    /// Send `req` and read replies until the final one, passing events to `on_event`,
+    /// waiting at most until `deadline`. A broken channel is shut and lost; a deadline that
+    /// passes leaves the request running and its reply to be read in the background.
+    pub fn call(
+        &mut self,
+        req: &Request,
+        deadline: Instant,
+        mut on_event: impl FnMut(ExecEvent),
+    ) -> Result<Reply, ChanError> {
+        let r = self.exchange(req, deadline, &mut on_event);
+        if let Err(ChanError::Broken(_)) = r {
+            self.pending = false;
+            if let Some(sock) = self.sock.take() {
+                self.pool.lose(sock);
+            }
+        }
+        r
+    }
+
+    fn exchange(
+        &mut self,
+        req: &Request,
+        deadline: Instant,
+        on_event: &mut impl FnMut(ExecEvent),
+    ) -> Result<Reply, ChanError> {
+        let sock = self
+            .sock
+            .as_mut()
+            .ok_or_else(|| ChanError::Broken("the channel is closed".into()))?;
+        sock.set_write_timeout(Some(Duration::from_secs(30)))
+            .map_err(|e| ChanError::Broken(format!("set a timeout on the channel: {e}")))?;
+        write_frame(sock, req)
+            .map_err(|e| ChanError::Broken(format!("send to the supervisor: {e}")))?;
+        self.pending = true;
+        loop {
+            if !readable(sock, deadline)? {
+                return Err(ChanError::Timeout);
+            }
+            match read_reply(sock)? {
+                Reply::Event(ev) => on_event(ev),
+                reply => {
+                    self.pending = false;
+                    return Ok(reply);
+                }
+            }
+        }
+    }
+}
+
+impl Drop for Lease {
+    fn drop(&mut self) {
+        let Some(mut sock) = self.sock.take() else {
+            return;
+        };
+        if !self.pending {
+            self.pool.give_back(sock);
+            return;
+        }
+        // The caller stopped waiting; the supervisor still answers. Read that answer in
+        // the background so the channel is in step again, then lend it again.
+        let pool = self.pool.clone();
+        let spawned = std::thread::Builder::new()
+            .name("chan-recover".into())
+            .spawn(move || {
+                let until = Instant::now() + RECOVER_FOR;
+                loop {
+                    match readable(&sock, until) {
+                        Ok(true) => match read_reply(&mut sock) {
+                            Ok(Reply::Event(_)) => continue,
+                            Ok(_) => return pool.give_back(sock),
+                            Err(_) => return pool.lose(sock),
+                        },
+                        _ => return pool.lose(sock),
+                    }
+                }
+            });
+        if let Err(e) = spawned {
+            log::warn!("read an abandoned reply in the background: {e}");
+        }
+    }
+}

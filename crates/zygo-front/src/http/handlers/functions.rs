@@ -1,0 +1,446 @@
+//! `/fn…`: list, serve from a layer, stop, call (plain, streamed, batched), logs, stats,
+//! warm.
+
+use std::collections::BTreeMap;
+use std::io::Write;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Mutex;
+use std::time::Instant;
+
+use proto::api::{Credentials, ServeKind};
+use proto::front::{ExecEvent, ExecRequest, Reply, Request};
+use serde::Deserialize;
+use serde_json::{json, Value};
+
+use super::{ask, ask_until, call_deadline, exec_answer, function_info, ms_left, name, unexpected};
+use crate::http::{body, ok, Call, Front, HttpError, Out};
+
+/// Events in one batch, at most.
+pub const MAX_BATCH: usize = 1000;
+/// Events of one batch in flight at once.
+pub const BATCH_IN_FLIGHT: usize = 16;
+
+pub fn list(front: &Front, call: &mut Call) -> Out {
+    if let Err(e) = call.only_query(&[]) {
+        return e.into();
+    }
+    match ask(front, call, Request::List) {
+        Ok(Reply::Functions(fs)) => ok(json!({
+            "functions": fs.iter().map(function_info).collect::<Vec<_>>()
+        })),
+        Ok(r) => unexpected(&r).into(),
+        Err(e) => e.into(),
+    }
+}
+
+/// `PUT /fn/{name}` and `POST /runtimes`: a layer and the folder its paths are relative to.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ServeBody {
+    pub layer: serde_json::Map<String, Value>,
+    #[serde(default)]
+    pub base_dir: Option<String>,
+}
+
+pub fn serve_layer(
+    front: &Front,
+    call: &Call,
+    name: String,
+    kind: ServeKind,
+    layer: serde_json::Map<String, Value>,
+    base_dir: Option<String>,
+) -> Out {
+    if let Some(d) = &base_dir {
+        if !d.starts_with('/') || d.contains('\0') {
+            return HttpError::bad_request("base_dir must be an absolute path").into();
+        }
+    }
+    let req = Request::ServeLayer {
+        name,
+        kind,
+        layer: Value::Object(layer).to_string(),
+        base_dir,
+    };
+    match ask(front, call, req) {
+        Ok(Reply::ServedOne { name, kind }) => ok(json!({
+            "name": name,
+            "kind": match kind { ServeKind::Function => "function", ServeKind::Pool => "pool" },
+            "state": "serving",
+        })),
+        Ok(r) => unexpected(&r).into(),
+        Err(e) => e.into(),
+    }
+}
+
+pub fn serve(front: &Front, call: &mut Call) -> Out {
+    let parsed = (|| {
+        call.only_query(&[])?;
+        let name = name(call, 0)?;
+        let b: ServeBody = body::json(&call.body()?)?;
+        Ok::<_, HttpError>((name, b))
+    })();
+    match parsed {
+        Ok((name, b)) => serve_layer(front, call, name, ServeKind::Function, b.layer, b.base_dir),
+        Err(e) => e.into(),
+    }
+}
+
+pub fn stop_named(front: &Front, call: &mut Call) -> Out {
+    let name = match call.only_query(&[]).and_then(|()| name(call, 0)) {
+        Ok(n) => n,
+        Err(e) => return e.into(),
+    };
+    match ask(front, call, Request::Stop { name }) {
+        Ok(Reply::Stopped { name }) => ok(json!({ "stopped": name })),
+        Ok(r) => unexpected(&r).into(),
+        Err(e) => e.into(),
+    }
+}
+
+pub fn stop(front: &Front, call: &mut Call) -> Out {
+    stop_named(front, call)
+}
+
+/// The query of a call: `stream`; `workspace` and `out` belong to the next version.
+pub fn call_query(call: &Call) -> Result<bool, HttpError> {
+    for k in ["workspace", "out"] {
+        if call.query(k).is_some() {
+            return Err(HttpError::bad_request(format!(
+                "?{k}= is not in this version of zygo api"
+            )));
+        }
+    }
+    call.only_query(&["stream"])?;
+    call.stream_flag()
+}
+
+/// An event body: empty is `null`; otherwise one JSON value (strict).
+pub fn event_text(bytes: &[u8]) -> Result<String, HttpError> {
+    if bytes.iter().all(u8::is_ascii_whitespace) {
+        return Ok("null".into());
+    }
+    let v: Value = body::json(bytes)?;
+    Ok(v.to_string())
+}
+
+pub fn call(front: &Front, call: &mut Call) -> Out {
+    let parsed = (|| {
+        let stream = call_query(call)?;
+        let name = name(call, 0)?;
+        let event = event_text(&call.body()?)?;
+        Ok::<_, HttpError>((stream, name, event))
+    })();
+    let (stream, name, event) = match parsed {
+        Ok(x) => x,
+        Err(e) => return e.into(),
+    };
+    let req = ExecRequest {
+        name,
+        event,
+        key: call.key.clone(),
+        timeout_ms: Some(call.timeout_ms),
+        stream,
+        script: None,
+    };
+    exec(front, call, req)
+}
+
+/// Run one call: plain (one JSON answer) or streamed (NDJSON).
+pub fn exec(front: &Front, call: &mut Call, req: ExecRequest) -> Out {
+    if req.stream {
+        return exec_stream(front, call, req);
+    }
+    match ask_until(
+        front,
+        &call.who,
+        Request::Exec(req),
+        call_deadline(call),
+        |_| {},
+    ) {
+        Ok(Reply::Answer(a)) => {
+            let (status, body) = exec_answer(&a);
+            Out::Json(status, body, None)
+        }
+        Ok(r) => unexpected(&r).into(),
+        Err(e) => e.into(),
+    }
+}
+
+/// A streamed call: headers first (before the call's id is known), one line per event,
+/// the last line the answer with its `status`. Chunked for HTTP/1.1, each line flushed.
+fn exec_stream(front: &Front, call: &mut Call, req: ExecRequest) -> Out {
+    let Some(rq) = call.rq.take() else {
+        return Out::Done;
+    };
+    let chunked = *rq.http_version() >= (1, 1);
+    let mut w = rq.into_writer();
+    let head = format!(
+        "HTTP/1.1 200 OK\r\nContent-Type: application/x-ndjson\r\nX-Zygo-Request-Id: {}\r\nCache-Control: no-store\r\n{}\r\n",
+        call.id,
+        if chunked {
+            "Transfer-Encoding: chunked\r\n"
+        } else {
+            "Connection: close\r\n"
+        }
+    );
+    // Once the client is gone, the call still runs to its answer (so the channel stays in
+    // step); what it says is dropped.
+    let mut gone = w
+        .write_all(head.as_bytes())
+        .and_then(|()| w.flush())
+        .is_err();
+    let line = |w: &mut Box<dyn Write + Send>, v: &Value, gone: &mut bool| {
+        if *gone {
+            return;
+        }
+        let mut text = v.to_string();
+        text.push('\n');
+        let r = if chunked {
+            write!(w, "{:x}\r\n{text}\r\n", text.len())
+        } else {
+            w.write_all(text.as_bytes())
+        };
+        if r.and_then(|()| w.flush()).is_err() {
+            *gone = true;
+        }
+    };
+    let result = {
+        let w = &mut w;
+        let gone = &mut gone;
+        ask_until(
+            front,
+            &call.who,
+            Request::Exec(req),
+            call_deadline(call),
+            |ev| {
+                let (stream, data) = match ev {
+                    ExecEvent::Stdout(d) => ("stdout", d),
+                    ExecEvent::Stderr(d) => ("stderr", d),
+                    ExecEvent::Progress(d) => ("progress", d),
+                };
+                line(w, &json!({"stream": stream, "data": data}), gone);
+            },
+        )
+    };
+    let last = match result {
+        Ok(Reply::Answer(a)) => {
+            let (status, mut body) = exec_answer(&a);
+            body["status"] = json!(status);
+            body
+        }
+        Ok(r) => {
+            let e = unexpected(&r);
+            json!({"status": e.status, "error": e.message, "code": e.code})
+        }
+        Err(e) => json!({"status": e.status, "error": e.message, "code": e.code}),
+    };
+    line(&mut w, &last, &mut gone);
+    if chunked && !gone {
+        let _ = w.write_all(b"0\r\n\r\n").and_then(|()| w.flush());
+    }
+    Out::Done
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct BatchBody {
+    events: Vec<Value>,
+}
+
+pub fn batch(front: &Front, call: &mut Call) -> Out {
+    let parsed = (|| {
+        call.only_query(&[])?;
+        let name = name(call, 0)?;
+        let b: BatchBody = body::json(&call.body()?)?;
+        if b.events.len() > MAX_BATCH {
+            return Err(HttpError::bad_request(format!(
+                "a batch has at most {MAX_BATCH} events; this one has {}",
+                b.events.len()
+            )));
+        }
+        Ok((name, b.events))
+    })();
+    let (name, events) = match parsed {
+        Ok(x) => x,
+        Err(e) => return e.into(),
+    };
+    let next = AtomicUsize::new(0);
+    let results: Mutex<BTreeMap<usize, Value>> = Mutex::new(BTreeMap::new());
+    let (who, key, deadline) = (&call.who, &call.key, call.deadline);
+    std::thread::scope(|s| {
+        for _ in 0..BATCH_IN_FLIGHT.min(events.len()) {
+            s.spawn(|| loop {
+                let i = next.fetch_add(1, Ordering::AcqRel);
+                let Some(ev) = events.get(i) else { return };
+                let v = batch_one(front, who, key, deadline, &name, ev);
+                results
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .insert(i, v);
+            });
+        }
+    });
+    let results: Vec<Value> = results
+        .into_inner()
+        .unwrap_or_else(|p| p.into_inner())
+        .into_values()
+        .collect();
+    // Who the caller is holds for every element: refused as a caller (no, an unknown or
+    // a revoked token; another tenant's header), the batch is refused as a whole.
+    if let Some(first) = results.first() {
+        let status = first["status"].as_u64().unwrap_or(0);
+        if (status == 401 || status == 403)
+            && results.iter().all(|r| r["status"] == first["status"])
+        {
+            let code = if status == 401 {
+                "unauthorized"
+            } else {
+                "forbidden"
+            };
+            let msg = first["error"].as_str().unwrap_or(code).to_string();
+            return HttpError::new(status as u16, code, msg).into();
+        }
+    }
+    ok(json!({ "results": results }))
+}
+
+/// One element of a batch: sent only while the batch's deadline has time left, with no
+/// more than what is left.
+fn batch_one(
+    front: &Front,
+    who: &Credentials,
+    key: &Option<String>,
+    deadline: Instant,
+    name: &str,
+    ev: &Value,
+) -> Value {
+    let left = deadline.saturating_duration_since(Instant::now());
+    if left.is_zero() {
+        return json!({
+            "status": 504,
+            "error": "the batch's deadline passed before this event was sent",
+            "code": "timeout",
+        });
+    }
+    let req = ExecRequest {
+        name: name.to_string(),
+        event: ev.to_string(),
+        key: key.clone(),
+        timeout_ms: Some(ms_left(left)),
+        stream: false,
+        script: None,
+    };
+    let deadline = Instant::now() + left + crate::http::ANSWER_GRACE;
+    match ask_until(front, who, Request::Exec(req), deadline, |_| {}) {
+        Ok(Reply::Answer(a)) => {
+            let (status, mut body) = exec_answer(&a);
+            body["status"] = json!(status);
+            body
+        }
+        Ok(r) => {
+            let e = unexpected(&r);
+            json!({"status": e.status, "error": e.message, "code": e.code})
+        }
+        Err(e) => json!({"status": e.status, "error": e.message, "code": e.code}),
+    }
+}
+
+pub fn logs(front: &Front, call: &mut Call) -> Out {
+    let parsed = (|| {
+        call.only_query(&["limit"])?;
+        let name = name(call, 0)?;
+        let n = match call.query("limit") {
+            None => 100,
+            Some(v) => v
+                .parse::<u32>()
+                .ok()
+                .filter(|n| (1..=1000).contains(n))
+                .ok_or_else(|| {
+                    HttpError::bad_request(format!("limit={v:?}: a whole number from 1 to 1000"))
+                })?,
+        };
+        Ok::<_, HttpError>((name, n))
+    })();
+    let (name, n) = match parsed {
+        Ok(x) => x,
+        Err(e) => return e.into(),
+    };
+    match ask(front, call, Request::Logs { name, n }) {
+        Ok(Reply::Logs(entries)) => ok(json!({
+            "logs": entries.iter().map(|l| json!({
+                "request_id": l.request_id,
+                "finished_ms": l.finished_ms,
+                "outcome": l.outcome.as_str(),
+                "wall_ms": l.wall_ms as f64,
+                "error": l.error,
+                "stdout": l.stdout,
+                "stderr": l.stderr,
+            })).collect::<Vec<_>>()
+        })),
+        Ok(r) => unexpected(&r).into(),
+        Err(e) => e.into(),
+    }
+}
+
+pub fn stats(front: &Front, call: &mut Call) -> Out {
+    let name = match call.only_query(&[]).and_then(|()| name(call, 0)) {
+        Ok(n) => n,
+        Err(e) => return e.into(),
+    };
+    match ask(
+        front,
+        call,
+        Request::Stats {
+            name: Some(name.clone()),
+        },
+    ) {
+        Ok(Reply::Stats(s)) => match s.into_iter().find(|s| s.name == name) {
+            Some(s) => ok(json!({
+                "name": s.name,
+                "requests": s.requests,
+                "ok": s.ok,
+                "error": s.error,
+                "timeout": s.timeout,
+                "cancelled": s.cancelled,
+                "stuck": s.stuck,
+                "p50_wall_us": s.p50_wall_us,
+                "p99_wall_us": s.p99_wall_us,
+                "peak_rss_kb": s.peak_rss_kb,
+            })),
+            None => HttpError::not_found(format!("no function named {name:?}")).into(),
+        },
+        Ok(r) => unexpected(&r).into(),
+        Err(e) => e.into(),
+    }
+}
+
+#[derive(Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+struct WarmBody {
+    #[serde(default)]
+    n: Option<u32>,
+}
+
+pub fn warm(front: &Front, call: &mut Call) -> Out {
+    let parsed = (|| {
+        call.only_query(&[])?;
+        let name = name(call, 0)?;
+        let b: WarmBody = body::json_or_default(&call.body()?)?;
+        let n = b.n.unwrap_or(1);
+        if n == 0 || n > 1024 {
+            return Err(HttpError::bad_request(
+                "n is a whole number from 1 to max_warm",
+            ));
+        }
+        Ok((name, n))
+    })();
+    let (name, n) = match parsed {
+        Ok(x) => x,
+        Err(e) => return e.into(),
+    };
+    match ask(front, call, Request::Warm { name, n }) {
+        Ok(Reply::Warmed { name, ready }) => ok(json!({ "name": name, "ready": ready })),
+        Ok(r) => unexpected(&r).into(),
+        Err(e) => e.into(),
+    }
+}

@@ -1,0 +1,255 @@
+//! One handler per route. Each parses its path, query and body, builds one `proto`
+//! request, asks the supervisor, and shapes the reply as the API contract draws it.
+
+pub mod functions;
+pub mod misc;
+pub mod pools;
+pub mod run;
+pub mod scripts;
+pub mod tenants;
+pub mod tokens;
+
+use std::time::{Duration, Instant};
+
+use proto::api::{Credentials, TenantInfo, TenantLimits};
+use proto::front::{ExecAnswer, ExecEvent, FunctionInfo, Outcome, Reply, Request};
+use serde_json::{json, Value};
+
+use super::channel::ChanError;
+use super::{Call, Front, HttpError, ANSWER_GRACE};
+
+/// Ask the supervisor, waiting until the caller's deadline plus [`ANSWER_GRACE`].
+pub fn ask(front: &Front, call: &Call, req: Request) -> Result<Reply, HttpError> {
+    ask_until(front, &call.who, req, call.deadline + ANSWER_GRACE, |_| {})
+}
+
+/// Ask, with a deadline of its own and events passed on. A refusal (`Reply::Error`) is
+/// returned as the error it maps to.
+pub fn ask_until(
+    front: &Front,
+    who: &Credentials,
+    req: Request,
+    deadline: Instant,
+    on_event: impl FnMut(ExecEvent),
+) -> Result<Reply, HttpError> {
+    let req = Request::Api {
+        who: who.clone(),
+        request: Box::new(req),
+    };
+    let mut lease = front.chans.acquire(deadline).ok_or_else(|| {
+        HttpError::new(
+            429,
+            "busy",
+            "every channel to the supervisor is in use; retry in a moment",
+        )
+    })?;
+    match lease.call(&req, deadline, on_event) {
+        Ok(Reply::Error {
+            code,
+            message,
+            retry_after,
+        }) => Err(HttpError::from_code(code, message, retry_after)),
+        Ok(reply) => Ok(reply),
+        Err(ChanError::Timeout) => Err(HttpError::unavailable(
+            "the supervisor did not answer in time",
+        )),
+        Err(ChanError::Broken(e)) => Err(HttpError::unavailable(format!(
+            "lost the supervisor's answer: {e}"
+        ))),
+    }
+}
+
+/// A reply that is not the one the route expects.
+pub fn unexpected(reply: &Reply) -> HttpError {
+    let kind = format!("{reply:?}");
+    let kind = kind.split(['(', ' ', '{']).next().unwrap_or("").to_string();
+    log::error!("the supervisor answered {kind} where another answer was expected");
+    HttpError::new(
+        500,
+        "internal",
+        format!("the supervisor gave an unexpected answer ({kind})"),
+    )
+}
+
+/// A function or pool name from the path: `[a-z0-9][a-z0-9_-]{0,62}`.
+pub fn name(call: &Call, i: usize) -> Result<String, HttpError> {
+    let n = call.param(i);
+    check_name(n)?;
+    Ok(n.to_string())
+}
+
+pub fn check_name(n: &str) -> Result<(), HttpError> {
+    if !proto::api::is_tenant_id(n) {
+        return Err(HttpError::bad_request(format!(
+            "{:?} is not a function name (1-63 of a-z, 0-9, _ and -, starting with a letter or digit)",
+            n.chars().take(80).collect::<String>()
+        )));
+    }
+    Ok(())
+}
+
+/// A tenant id from the path.
+pub fn tenant_id(call: &Call, i: usize) -> Result<String, HttpError> {
+    let n = call.param(i);
+    if !proto::api::is_tenant_id(n) {
+        return Err(HttpError::bad_request(format!(
+            "{:?} is not a tenant id (1-63 of a-z, 0-9, _ and -, starting with a letter or digit)",
+            n.chars().take(80).collect::<String>()
+        )));
+    }
+    Ok(n.to_string())
+}
+
+/// A digest from the path or a body: `sha256:<64 hex>` or the bare hex; lowercase hex out.
+pub fn digest(d: &str) -> Result<String, HttpError> {
+    proto::api::parse_digest(d)
+        .map(str::to_string)
+        .ok_or_else(|| {
+            HttpError::bad_request(format!(
+                "{:?} is not a digest (sha256: and 64 lowercase hex digits)",
+                d.chars().take(80).collect::<String>()
+            ))
+        })
+}
+
+pub fn sha(hex: &str) -> String {
+    format!("sha256:{hex}")
+}
+
+pub fn function_info(f: &FunctionInfo) -> Value {
+    json!({
+        "name": f.name,
+        "kind": f.kind,
+        "state": f.state,
+        "error": f.error,
+        "zygotes": {
+            "ready": f.zygotes.ready,
+            "busy": f.zygotes.busy,
+            "frozen": f.zygotes.frozen,
+            "starting": f.zygotes.starting,
+        },
+        "in_flight": f.in_flight,
+        "min_warm": f.min_warm,
+        "max_warm": f.max_warm,
+    })
+}
+
+/// The status and body of a call's answer (the contract's "A call's answer").
+pub fn exec_answer(a: &ExecAnswer) -> (u16, Value) {
+    let metrics = json!({
+        "wall_ms": a.metrics.wall_ms as f64,
+        "cpu_ms": a.metrics.cpu_ms as f64,
+        "peak_rss_kb": a.metrics.peak_rss_kb,
+    });
+    let mut body = json!({
+        "request_id": a.request_id,
+        "stdout": a.stdout,
+        "stderr": a.stderr,
+        "stdout_truncated": a.stdout_truncated,
+        "stderr_truncated": a.stderr_truncated,
+        "started": a.started,
+        "metrics": metrics,
+    });
+    let status = match a.outcome {
+        Outcome::Ok => {
+            let result = a
+                .result
+                .as_deref()
+                .map(|r| serde_json::from_str::<Value>(r).unwrap_or(Value::String(r.into())))
+                .unwrap_or(Value::Null);
+            body["result"] = result;
+            200
+        }
+        Outcome::Error => {
+            body["error"] = json!(a
+                .error
+                .clone()
+                .unwrap_or_else(|| "the handler failed".into()));
+            body["code"] = json!("handler");
+            body["traceback"] = json!(a.traceback);
+            body["exit_code"] = Value::Null;
+            body["oom_killed"] = json!(a.oom_killed);
+            500
+        }
+        Outcome::Timeout | Outcome::Stuck | Outcome::Cancelled => {
+            let (status, code, default) = match a.outcome {
+                Outcome::Timeout => (504, "timeout", "the request ran past its deadline"),
+                Outcome::Stuck => (504, "stuck", "the handler stopped answering"),
+                _ => (499, "cancelled", "the request was cancelled"),
+            };
+            body["error"] = json!(a.error.clone().unwrap_or_else(|| default.into()));
+            body["code"] = json!(code);
+            body["oom_killed"] = json!(a.oom_killed);
+            status
+        }
+    };
+    (status, body)
+}
+
+fn bytes_text(b: u64) -> String {
+    const K: u64 = 1024;
+    for (unit, size) in [("G", K * K * K), ("M", K * K), ("K", K)] {
+        if b >= size && b.is_multiple_of(size) {
+            return format!("{}{unit}", b / size);
+        }
+    }
+    b.to_string()
+}
+
+fn ms_text(ms: u64) -> String {
+    for (unit, size) in [("h", 3_600_000), ("m", 60_000), ("s", 1000)] {
+        if ms >= size && ms.is_multiple_of(size) {
+            return format!("{}{unit}", ms / size);
+        }
+    }
+    format!("{ms}ms")
+}
+
+pub fn limits_json(l: &TenantLimits) -> Value {
+    json!({
+        "mem": l.mem_bytes.map(bytes_text),
+        "cpu": l.cpu_millis.map(|c| c as f64 / 1000.0),
+        "pids": l.pids,
+        "timeout": l.timeout_ms.map(ms_text),
+        "scratch": l.scratch_bytes.map(bytes_text),
+        "network": l.network,
+        "allow": l.allow,
+    })
+}
+
+pub fn tenant_json(t: &TenantInfo) -> Value {
+    json!({
+        "id": t.id,
+        "created_ms": t.created_ms,
+        "limits": limits_json(&t.limits),
+        "functions": t.functions,
+        "scripts": t.scripts.iter().map(|s| sha(s)).collect::<Vec<_>>(),
+        "tokens": t.tokens,
+    })
+}
+
+/// The deadline of a call the supervisor times itself: the caller's, plus a grace.
+pub fn call_deadline(call: &Call) -> Instant {
+    call.deadline + ANSWER_GRACE
+}
+
+/// `timeout_ms` for a call sent with `left` time remaining (at least 1 ms).
+pub fn ms_left(left: Duration) -> u64 {
+    (left.as_millis() as u64).max(1)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sizes_and_times_print_in_their_largest_whole_unit() {
+        assert_eq!(bytes_text(256 << 20), "256M");
+        assert_eq!(bytes_text(1 << 30), "1G");
+        assert_eq!(bytes_text(1000), "1000");
+        assert_eq!(ms_text(30_000), "30s");
+        assert_eq!(ms_text(90_000), "90s");
+        assert_eq!(ms_text(1500), "1500ms");
+        assert_eq!(ms_text(7_200_000), "2h");
+    }
+}

@@ -1,0 +1,562 @@
+//! `zygo api`'s HTTP front: tiny_http parses HTTP, [`routes::ROUTES`] names every route
+//! with who may call it, and each handler turns one request into one `proto` message for
+//! the supervisor ([`channel`]) and its reply back into JSON. Nothing here decides who a
+//! caller is or what they may do: the token and `X-Zygo-Tenant` are forwarded as they
+//! came, around every request (`Request::Api`), and the supervisor answers.
+//!
+//! What the front does own is the shape of HTTP: caps on sizes and times, strict JSON
+//! (an unknown field or a key named twice is 400), the status codes and error bodies, the
+//! `X-Zygo-Request-Id` on every response, streaming as NDJSON.
+
+pub mod body;
+pub mod channel;
+pub mod handlers;
+pub mod openapi;
+pub mod routes;
+
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use proto::api::{Credentials, FrontFlags};
+use proto::front::{ErrorCode, Request};
+use serde_json::{json, Value};
+use tiny_http::{Header, Method};
+
+/// The largest request body (JSON or raw), as the seed says.
+pub const MAX_BODY: usize = 16 * 1024 * 1024;
+/// `X-Zygo-Timeout-Ms` when the caller sends none.
+pub const DEFAULT_TIMEOUT_MS: u64 = 60_000;
+/// The most `X-Zygo-Timeout-Ms` may say: 24 hours.
+pub const MAX_TIMEOUT_MS: u64 = 86_400_000;
+/// The longest `X-Zygo-Request-Key`.
+pub const MAX_KEY_LEN: usize = 128;
+/// How long in-flight requests may go on after SIGTERM.
+pub const STOP_GRACE: Duration = Duration::from_secs(25);
+/// How long an idle keep-alive connection is kept.
+pub const IDLE_TIMEOUT: Duration = Duration::from_secs(30);
+/// From the end of a request's head to the end of its body.
+pub const BODY_TIMEOUT: Duration = Duration::from_secs(60);
+/// The fewest worker threads (each serves one request at a time).
+pub const WORKERS_MIN: usize = 64;
+/// Connections served at once.
+pub const MAX_CONNECTIONS: usize = 512;
+/// Beyond the caller's deadline, how long the front waits for the supervisor's answer to a
+/// call (the supervisor enforces the deadline itself and answers `timeout`).
+pub const ANSWER_GRACE: Duration = Duration::from_secs(15);
+
+/// The front's shared state.
+pub struct Front {
+    pub chans: std::sync::Arc<channel::Pool>,
+    pub flags: FrontFlags,
+    pub stopping: AtomicBool,
+    pub in_flight: AtomicUsize,
+}
+
+/// An error answer: status, `code`, message, and `Retry-After` when it has one.
+#[derive(Debug, Clone)]
+pub struct HttpError {
+    pub status: u16,
+    pub code: &'static str,
+    pub message: String,
+    pub retry_after: Option<u32>,
+}
+
+impl HttpError {
+    pub fn new(status: u16, code: &'static str, message: impl Into<String>) -> HttpError {
+        let retry_after = matches!(status, 429 | 503).then_some(1);
+        HttpError {
+            status,
+            code,
+            message: message.into(),
+            retry_after,
+        }
+    }
+    pub fn bad_request(message: impl Into<String>) -> HttpError {
+        HttpError::new(400, "bad_request", message)
+    }
+    pub fn not_found(message: impl Into<String>) -> HttpError {
+        HttpError::new(404, "not_found", message)
+    }
+    pub fn unauthorized(message: impl Into<String>) -> HttpError {
+        HttpError::new(401, "unauthorized", message)
+    }
+    pub fn unavailable(message: impl Into<String>) -> HttpError {
+        HttpError::new(503, "unavailable", message)
+    }
+    /// The supervisor's refusal.
+    pub fn from_code(code: ErrorCode, message: String, retry_after: Option<u32>) -> HttpError {
+        let status = status_of(code);
+        let mut e = HttpError::new(status, code.as_str(), message);
+        if retry_after.is_some() {
+            e.retry_after = retry_after;
+        }
+        e
+    }
+    pub fn body(&self) -> Value {
+        json!({"error": self.message, "code": self.code})
+    }
+}
+
+/// The status of each of the supervisor's error codes.
+pub fn status_of(code: ErrorCode) -> u16 {
+    match code {
+        ErrorCode::BadRequest | ErrorCode::BadSpec => 400,
+        ErrorCode::Unauthorized => 401,
+        ErrorCode::Forbidden => 403,
+        ErrorCode::NotFound => 404,
+        ErrorCode::Conflict => 409,
+        ErrorCode::TooLarge => 413,
+        ErrorCode::AboveCeiling => 422,
+        ErrorCode::Busy => 429,
+        ErrorCode::Internal => 500,
+        ErrorCode::Unavailable => 503,
+    }
+}
+
+/// What a handler answers.
+pub enum Out {
+    /// A JSON body with this status (and `Retry-After` when set).
+    Json(u16, Value, Option<u32>),
+    Err(HttpError),
+    /// The handler wrote the response itself (a stream).
+    Done,
+}
+
+impl From<HttpError> for Out {
+    fn from(e: HttpError) -> Out {
+        Out::Err(e)
+    }
+}
+
+pub fn ok(v: Value) -> Out {
+    Out::Json(200, v, None)
+}
+
+/// One request being served.
+pub struct Call {
+    /// Taken by a handler that writes its own response.
+    pub rq: Option<tiny_http::Request>,
+    /// Path parameters, in the order of the template.
+    pub params: Vec<String>,
+    /// Query parameters, decoded.
+    pub query: Vec<(String, String)>,
+    /// The id on `X-Zygo-Request-Id` when no call's own id replaces it.
+    pub id: String,
+    /// When the caller stops waiting (`X-Zygo-Timeout-Ms` from the head's arrival).
+    pub deadline: Instant,
+    pub timeout_ms: u64,
+    pub key: Option<String>,
+    pub who: Credentials,
+}
+
+impl Call {
+    pub fn param(&self, i: usize) -> &str {
+        self.params.get(i).map(String::as_str).unwrap_or("")
+    }
+
+    /// The query keys this route understands; any other is 400.
+    pub fn only_query(&self, known: &[&str]) -> Result<(), HttpError> {
+        for (k, _) in &self.query {
+            if !known.contains(&k.as_str()) {
+                return Err(HttpError::bad_request(format!(
+                    "unknown query parameter {k:?}{}",
+                    if known.is_empty() {
+                        " (this route takes none)".to_string()
+                    } else {
+                        format!(" (this route takes {})", known.join(", "))
+                    }
+                )));
+            }
+        }
+        Ok(())
+    }
+
+    pub fn query(&self, key: &str) -> Option<&str> {
+        self.query
+            .iter()
+            .find(|(k, _)| k == key)
+            .map(|(_, v)| v.as_str())
+    }
+
+    /// `?stream=1`: true; `0` or absent: false; anything else 400.
+    pub fn stream_flag(&self) -> Result<bool, HttpError> {
+        match self.query("stream") {
+            None | Some("0") | Some("false") => Ok(false),
+            Some("1") | Some("true") => Ok(true),
+            Some(v) => Err(HttpError::bad_request(format!(
+                "stream={v:?}: use stream=1 or leave it out"
+            ))),
+        }
+    }
+
+    /// The body, read within the caps.
+    pub fn body(&mut self) -> Result<Vec<u8>, HttpError> {
+        match self.rq.as_mut() {
+            Some(rq) => body::read(rq),
+            None => Ok(Vec::new()),
+        }
+    }
+
+    /// Wrap an inner request with who is asking.
+    pub fn api(&self, request: Request) -> Request {
+        Request::Api {
+            who: self.who.clone(),
+            request: Box::new(request),
+        }
+    }
+
+    /// Time left before the caller's deadline.
+    pub fn left(&self) -> Duration {
+        self.deadline.saturating_duration_since(Instant::now())
+    }
+}
+
+/// A fresh request id: `req-` and 16 random hex digits. Without randomness from the
+/// kernel, an id unique within this process still (it names a response, nothing more).
+pub fn new_request_id() -> String {
+    match plumbing::random::random_hex(8) {
+        Ok(h) => format!("req-{h}"),
+        Err(_) => {
+            static N: AtomicUsize = AtomicUsize::new(0);
+            format!("req-local-{}", N.fetch_add(1, Ordering::Relaxed))
+        }
+    }
+}
+
+fn header(name: &str, value: &str) -> Option<Header> {
+    Header::from_bytes(name.as_bytes(), value.as_bytes()).ok()
+}
+
+/// The headers tiny_http puts on the answers it writes on its own (its 400s, 408s, 431s).
+pub fn own_headers() -> Vec<Header> {
+    header("X-Zygo-Request-Id", &new_request_id())
+        .into_iter()
+        .collect()
+}
+
+/// The limits tiny_http serves under.
+pub fn limits() -> tiny_http::Limits {
+    tiny_http::Limits {
+        max_connections: MAX_CONNECTIONS,
+        idle_timeout: IDLE_TIMEOUT,
+        head_timeout: Duration::from_secs(30),
+        write_timeout: Duration::from_secs(30),
+        max_line: 8 * 1024,
+        max_headers: 100,
+        max_drain: 64 * 1024,
+        own_headers,
+    }
+}
+
+/// Write a JSON answer. `close`: ask the client to close the connection.
+pub fn respond_json(
+    rq: tiny_http::Request,
+    status: u16,
+    body: &Value,
+    id: &str,
+    retry_after: Option<u32>,
+    extra: &[(&str, &str)],
+    close: bool,
+) {
+    let text = body.to_string().into_bytes();
+    let mut r = tiny_http::Response::from_data(text).with_status_code(status);
+    let mut hs = vec![
+        header("Content-Type", "application/json"),
+        header("X-Zygo-Request-Id", id),
+    ];
+    if let Some(s) = retry_after {
+        hs.push(header("Retry-After", &s.to_string()));
+    }
+    for (k, v) in extra {
+        hs.push(header(k, v));
+    }
+    if close {
+        hs.push(header("Connection", "close"));
+    }
+    for h in hs.into_iter().flatten() {
+        r.add_header(h);
+    }
+    if let Err(e) = rq.respond(r) {
+        log::debug!("write an answer: {e}");
+    }
+}
+
+/// Serve until SIGTERM or SIGINT (which the caller blocked in every thread before it
+/// confined itself), then stop taking requests, let those in flight finish for up to
+/// [`STOP_GRACE`], and return.
+pub fn serve(
+    listener: tiny_http::Listener,
+    chans: Vec<std::os::unix::net::UnixStream>,
+    flags: FrontFlags,
+    listen_fd: i32,
+) -> Result<(), String> {
+    // More workers than channels: a worker reading a slow client's body holds no channel,
+    // so a few slow uploads cannot leave the channels idle and everyone else waiting.
+    let workers = (chans.len() * 4).max(WORKERS_MIN);
+    let front = Arc::new(Front {
+        chans: channel::Pool::new(chans),
+        flags,
+        stopping: AtomicBool::new(false),
+        in_flight: AtomicUsize::new(0),
+    });
+    let server = tiny_http::Server::from_listener_limited(listener, None, limits())
+        .map_err(|e| format!("start the HTTP server: {e}"))?;
+    let server = Arc::new(server);
+    for i in 0..workers {
+        let (front, server) = (front.clone(), server.clone());
+        std::thread::Builder::new()
+            .name(format!("http-{i}"))
+            .spawn(move || loop {
+                match server.recv() {
+                    Ok(rq) => serve_one(&front, rq),
+                    Err(e) => {
+                        log::debug!("the request queue ended: {e}");
+                        return;
+                    }
+                }
+            })
+            .map_err(|e| format!("start a worker thread: {e}"))?;
+    }
+    let sig = wait_for_stop_signal();
+    log::warn!(
+        "{sig} received: taking no new requests; waiting up to {}s for {} in flight",
+        STOP_GRACE.as_secs(),
+        front.in_flight.load(Ordering::Acquire)
+    );
+    front.stopping.store(true, Ordering::Release);
+    // No new connections: a listening socket shut for reading refuses them.
+    // SAFETY: shutdown on the listener's descriptor, which this process holds.
+    unsafe { libc::shutdown(listen_fd, libc::SHUT_RDWR) };
+    let until = Instant::now() + STOP_GRACE;
+    while front.in_flight.load(Ordering::Acquire) > 0 && Instant::now() < until {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let left = front.in_flight.load(Ordering::Acquire);
+    if left > 0 {
+        log::warn!("{left} requests still in flight after the grace; stopping anyway");
+    }
+    Ok(())
+}
+
+/// The signals that stop the front; block them in the calling thread (before any other
+/// thread starts, so every thread inherits the mask) so that one thread can wait for them.
+pub fn block_stop_signals() -> std::io::Result<()> {
+    plumbing::signals::block_signals(&[libc::SIGTERM, libc::SIGINT]).map(|_| ())
+}
+
+fn wait_for_stop_signal() -> &'static str {
+    // SAFETY: as in block_stop_signals; sigwaitinfo (rt_sigtimedwait) on a blocked set.
+    unsafe {
+        let mut set: libc::sigset_t = std::mem::zeroed();
+        libc::sigemptyset(&mut set);
+        libc::sigaddset(&mut set, libc::SIGTERM);
+        libc::sigaddset(&mut set, libc::SIGINT);
+        loop {
+            let s = libc::sigwaitinfo(&set, std::ptr::null_mut());
+            if s == libc::SIGTERM {
+                return "SIGTERM";
+            }
+            if s == libc::SIGINT {
+                return "SIGINT";
+            }
+        }
+    }
+}
+
+struct InFlight<'a>(&'a AtomicUsize);
+impl Drop for InFlight<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+fn header_values<'a>(rq: &'a tiny_http::Request, name: &'static str) -> Vec<&'a str> {
+    rq.headers()
+        .iter()
+        .filter(|h| h.field.equiv(name))
+        .map(|h| h.value.as_str())
+        .collect()
+}
+
+/// At most one of a header.
+fn one_header<'a>(
+    rq: &'a tiny_http::Request,
+    name: &'static str,
+) -> Result<Option<&'a str>, HttpError> {
+    let v = header_values(rq, name);
+    match v.len() {
+        0 => Ok(None),
+        1 => Ok(Some(v[0])),
+        _ => Err(HttpError::bad_request(format!(
+            "{name} is sent more than once"
+        ))),
+    }
+}
+
+/// The caller's headers, as the front checks their shape (never who they are).
+fn read_headers(rq: &tiny_http::Request, call: &mut Call) -> Result<(), HttpError> {
+    if let Some(t) = one_header(rq, "X-Zygo-Timeout-Ms")? {
+        let ms: u64 = t
+            .trim()
+            .parse()
+            .ok()
+            .filter(|ms| (1..=MAX_TIMEOUT_MS).contains(ms))
+            .ok_or_else(|| {
+                HttpError::bad_request(format!(
+                    "X-Zygo-Timeout-Ms must be a whole number of milliseconds from 1 to {MAX_TIMEOUT_MS} (24 h); got {t:?}"
+                ))
+            })?;
+        call.timeout_ms = ms;
+        call.deadline = Instant::now() + Duration::from_millis(ms);
+    }
+    if let Some(k) = one_header(rq, "X-Zygo-Request-Key")? {
+        check_key(k)?;
+        call.key = Some(k.to_string());
+    }
+    if let Some(t) = one_header(rq, "X-Zygo-Tenant")? {
+        if !proto::api::is_tenant_id(t) {
+            return Err(HttpError::bad_request(format!(
+                "X-Zygo-Tenant {t:?} is not a tenant id (1-63 of a-z, 0-9, _ and -, starting with a letter or digit)"
+            )));
+        }
+        call.who.tenant = Some(t.to_string());
+    }
+    Ok(())
+}
+
+/// `Authorization: Bearer <token>`. A malformed header is 401 without asking the supervisor.
+fn read_token(rq: &tiny_http::Request) -> Result<Option<String>, HttpError> {
+    let Some(v) = one_header(rq, "Authorization")? else {
+        return Ok(None);
+    };
+    let v = v.trim();
+    let (scheme, token) = v.split_once(' ').unwrap_or((v, ""));
+    let token = token.trim();
+    if !scheme.eq_ignore_ascii_case("bearer") || token.is_empty() {
+        return Err(HttpError::unauthorized(
+            "the Authorization header must be `Bearer <token>`",
+        ));
+    }
+    if token.len() > proto::api::MAX_TOKEN_LEN || !token.bytes().all(|b| b.is_ascii_graphic()) {
+        return Err(HttpError::unauthorized("the token is not one Zygo issued"));
+    }
+    Ok(Some(token.to_string()))
+}
+
+/// A request key: 1–128 bytes of printable ASCII.
+pub fn check_key(k: &str) -> Result<(), HttpError> {
+    if k.is_empty() || k.len() > MAX_KEY_LEN || !k.bytes().all(|b| (0x20..0x7f).contains(&b)) {
+        return Err(HttpError::bad_request(format!(
+            "a request key is 1 to {MAX_KEY_LEN} bytes of printable ASCII"
+        )));
+    }
+    Ok(())
+}
+
+fn method_name(m: &Method) -> &'static str {
+    match m {
+        Method::Get => "GET",
+        Method::Head => "HEAD",
+        Method::Post => "POST",
+        Method::Put => "PUT",
+        Method::Delete => "DELETE",
+        Method::Patch => "PATCH",
+        Method::Options => "OPTIONS",
+        _ => "OTHER",
+    }
+}
+
+/// Serve one request: find its route, check the shape of its headers, run its handler,
+/// write the answer.
+pub fn serve_one(front: &Front, rq: tiny_http::Request) {
+    front.in_flight.fetch_add(1, Ordering::AcqRel);
+    let _guard = InFlight(&front.in_flight);
+    let id = new_request_id();
+    let close = front.stopping.load(Ordering::Acquire);
+    if close {
+        let body = if rq.url() == "/healthz" {
+            json!({"status": "stopping"})
+        } else {
+            HttpError::unavailable("zygo api is stopping").body()
+        };
+        respond_json(rq, 503, &body, &id, Some(5), &[], true);
+        return;
+    }
+    let (path, query) = match routes::split_url(rq.url()) {
+        Ok(x) => x,
+        Err(e) => {
+            respond_json(rq, e.status, &e.body(), &id, None, &[], false);
+            return;
+        }
+    };
+    let method = method_name(rq.method());
+    let (route, params) = match routes::find(method, &path) {
+        routes::Found::Route(r, p) => (r, p),
+        routes::Found::Bad(e) => {
+            respond_json(rq, e.status, &e.body(), &id, None, &[], false);
+            return;
+        }
+        routes::Found::NotFound(msg) => {
+            let e = HttpError::not_found(msg);
+            respond_json(rq, 404, &e.body(), &id, None, &[], false);
+            return;
+        }
+        routes::Found::WrongMethod(allow) => {
+            let e = HttpError::new(
+                405,
+                "bad_request",
+                format!("{method} is not served on {path}; it takes {allow}"),
+            );
+            respond_json(rq, 405, &e.body(), &id, None, &[("Allow", &allow)], false);
+            return;
+        }
+    };
+    let mut call = Call {
+        rq: None,
+        params,
+        query,
+        id: id.clone(),
+        deadline: Instant::now() + Duration::from_millis(DEFAULT_TIMEOUT_MS),
+        timeout_ms: DEFAULT_TIMEOUT_MS,
+        key: None,
+        who: Credentials {
+            token: None,
+            tenant: None,
+        },
+    };
+    let checked = read_headers(&rq, &mut call).and_then(|()| {
+        if route.who == routes::Who::None {
+            Ok(None)
+        } else {
+            read_token(&rq)
+        }
+    });
+    match checked {
+        Ok(token) => call.who.token = token,
+        Err(e) => {
+            respond_json(rq, e.status, &e.body(), &id, e.retry_after, &[], false);
+            return;
+        }
+    }
+    call.rq = Some(rq);
+    let out = (route.handler)(front, &mut call);
+    let Some(rq) = call.rq.take() else {
+        return;
+    };
+    match out {
+        Out::Done => {}
+        Out::Json(status, body, retry) => {
+            let rid = body
+                .get("request_id")
+                .and_then(Value::as_str)
+                .unwrap_or(&call.id)
+                .to_string();
+            respond_json(rq, status, &body, &rid, retry, &[], false);
+        }
+        Out::Err(e) => {
+            let close = e.status == 413 || e.status == 408;
+            respond_json(rq, e.status, &e.body(), &call.id, e.retry_after, &[], close);
+        }
+    }
+}

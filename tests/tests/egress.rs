@@ -1,0 +1,708 @@
+//! Egress (`--net egress --allow ADDR:PORT`, `network = "egress"`): a sandbox reaches what
+//! a rule names and nothing else.
+//!
+//! Every test talks only to a test host in a network namespace the test creates itself (a
+//! veth pair with private addresses of its own), never to anything else: the rules name
+//! that address explicitly, which is how an operator opens a private address. Other
+//! destinations the sandbox tries are on that veth's own subnet or in the documentation
+//! range 192.0.2.0/24, which is never routed.
+
+use std::io::{BufRead, BufReader};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+use zygo_tests::*;
+
+/// The test host: serves TCP on [`ALLOWED`] and [`OTHER`] (each connection answered with
+/// `port:what it read`) and listens for UDP on 53 and [`UDP`]; writes one line per event
+/// to stdout, which the test reads back.
+const SERVER: &str = r#"
+import socket, sys, threading
+def tcp(port):
+    s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    s.bind((sys.argv[1], port)); s.listen(16)
+    while True:
+        c, peer = s.accept()
+        print("tcp", port, flush=True)
+        try:
+            c.settimeout(5)
+            data = c.recv(100)
+            c.sendall(b"%d:" % port + data)
+        except OSError:
+            pass
+        c.close()
+def dns_answer(q):
+    i, labels = 12, []
+    while q[i]:
+        labels.append(q[i + 1:i + 1 + q[i]].decode()); i += 1 + q[i]
+    end = i + 5
+    name = ".".join(labels).lower()
+    if name.endswith(".zygo.test") and q[end - 4:end - 2] == b"\x00\x01":
+        ip = bytes(int(x) for x in sys.argv[1].split("."))
+        return (q[:2] + b"\x81\x80\x00\x01\x00\x01\x00\x00\x00\x00" + q[12:end]
+                + b"\xc0\x0c\x00\x01\x00\x01\x00\x00\x00\x3c\x00\x04" + ip)
+    return q[:2] + b"\x81\x83\x00\x01\x00\x00\x00\x00\x00\x00" + q[12:end]
+def udp(port):
+    s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    s.bind((sys.argv[1], port))
+    while True:
+        data, peer = s.recvfrom(2000)
+        print("udp", port, flush=True)
+        s.sendto(dns_answer(data) if port == 53 else b"answer", peer)
+def bulk(c):
+    # "down N": N bytes of a pattern; "up N": read N bytes, answer their SHA-256.
+    import hashlib
+    f = c.makefile("rb")
+    word, n = f.readline().split()
+    n = int(n)
+    if word == b"down":
+        block = bytes(range(256)) * 4096
+        while n > 0:
+            c.sendall(block[:min(n, len(block))]); n -= min(n, len(block))
+    else:
+        h = hashlib.sha256()
+        while n > 0:
+            d = f.read(min(n, 1 << 20))
+            if not d:
+                break
+            h.update(d); n -= len(d)
+        c.sendall(h.hexdigest().encode())
+    c.close()
+def bulk_server():
+    s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    s.bind((sys.argv[1], 8082)); s.listen(16)
+    while True:
+        c, _ = s.accept()
+        print("tcp 8082", flush=True)
+        threading.Thread(target=bulk, args=(c,), daemon=True).start()
+threading.Thread(target=bulk_server, daemon=True).start()
+for p in (8080, 8081):
+    threading.Thread(target=tcp, args=(p,), daemon=True).start()
+for p in (53, 9053):
+    threading.Thread(target=udp, args=(p,), daemon=True).start()
+print("ready", flush=True)
+sys.stdin.read()
+"#;
+
+const ALLOWED: u16 = 8080;
+const OTHER: u16 = 8081;
+const UDP: u16 = 9053;
+
+/// A network namespace with a veth pair to this one: `host` (in the namespace, serving
+/// [`SERVER`]) and `near` (this side). Removed, with its server, when dropped.
+struct TestHost {
+    ns: String,
+    near_if: String,
+    host: String,
+    /// An address on the same subnet that no one has.
+    nobody: String,
+    server: Child,
+    events: std::sync::mpsc::Receiver<String>,
+}
+
+fn ip(args: &[&str]) {
+    let out = Command::new("ip")
+        .args(args)
+        .output()
+        .expect("run ip (iproute2)");
+    assert!(
+        out.status.success(),
+        "ip {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+impl TestHost {
+    fn new() -> TestHost {
+        let n = unique();
+        let pid = std::process::id();
+        let ns = format!("zygo-eg-{pid}-{n}");
+        let near_if = format!("zga{:05x}{:04x}", pid & 0xfffff, n & 0xffff);
+        let far_if = format!("zgb{:05x}{:04x}", pid & 0xfffff, n & 0xffff);
+        // A /29 of its own in 10.213.0.0/16, by pid and counter.
+        let k = (u64::from(pid) * 7 + n) % (256 * 31);
+        let (third, fourth) = (k / 31, (k % 31) * 8);
+        let at = |i: u64| format!("10.213.{third}.{}", fourth + i);
+        let (near, host, nobody) = (at(1), at(2), at(3));
+        ip(&["netns", "add", &ns]);
+        ip(&[
+            "link", "add", &near_if, "type", "veth", "peer", "name", &far_if, "netns", &ns,
+        ]);
+        ip(&["addr", "add", &format!("{near}/29"), "dev", &near_if]);
+        ip(&["link", "set", &near_if, "up"]);
+        ip(&[
+            "-n",
+            &ns,
+            "addr",
+            "add",
+            &format!("{host}/29"),
+            "dev",
+            &far_if,
+        ]);
+        ip(&["-n", &ns, "link", "set", &far_if, "up"]);
+        ip(&["-n", &ns, "link", "set", "lo", "up"]);
+        let mut server = Command::new("ip")
+            .args(["netns", "exec", &ns, "python3", "-c", SERVER, &host])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .expect("start the test host's server");
+        let out = server.stdout.take().expect("its stdout");
+        let (tx, events) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            for line in BufReader::new(out).lines() {
+                let Ok(line) = line else { break };
+                if tx.send(line).is_err() {
+                    break;
+                }
+            }
+        });
+        let first = events
+            .recv_timeout(Duration::from_secs(20))
+            .expect("the test host's server started");
+        assert_eq!(first, "ready");
+        TestHost {
+            ns,
+            near_if,
+            host,
+            nobody,
+            server,
+            events,
+        }
+    }
+
+    /// Every event the server has logged so far.
+    fn events(&self) -> Vec<String> {
+        std::thread::sleep(Duration::from_millis(200));
+        self.events.try_iter().collect()
+    }
+}
+
+impl Drop for TestHost {
+    fn drop(&mut self) {
+        drop(self.server.stdin.take());
+        let _ = self.server.kill();
+        let _ = self.server.wait();
+        let _ = Command::new("ip")
+            .args(["link", "del", &self.near_if])
+            .status();
+        let _ = Command::new("ip").args(["netns", "del", &self.ns]).status();
+    }
+}
+
+/// The probe every test host test runs: each attempt's errno name (or "OK" and what came
+/// back), the refusals' times in milliseconds.
+const PROBE: &str = r#"
+import socket, subprocess, time
+HOST, NOBODY, ALLOWED, OTHER, UDP = HOST_ARGS
+def tcp(addr, port, family=socket.AF_INET):
+    s = socket.socket(family)
+    s.settimeout(0.1)  # a refusal must come within 100 ms
+    try:
+        s.connect((addr, port))
+        s.settimeout(5)
+        s.sendall(b"hi")
+        got = s.recv(100)
+        return "OK " + got.decode() if got else "EOF"
+    except socket.timeout:
+        return "TIMEOUT"
+    except OSError as e:
+        return ename(e.errno)
+    finally:
+        s.close()
+def udp(addr, port):
+    s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    s.settimeout(0.5)
+    try:
+        s.connect((addr, port))
+        # A DNS query for example.com (type A).
+        s.send(bytes.fromhex("abcd01000001000000000000076578616d706c6503636f6d0000010001"))
+        return "OK " + repr(s.recv(512))
+    except socket.timeout:
+        return "TIMEOUT"
+    except OSError as e:
+        return ename(e.errno)
+    finally:
+        s.close()
+def ip(*args):
+    r = subprocess.run(["ip"] + list(args), capture_output=True)
+    return "OK" if r.returncode == 0 else "FAILED " + r.stderr.decode().strip()
+r = {}
+r["allowed"] = tcp(HOST, ALLOWED)
+r["other_port"] = tcp(HOST, OTHER)
+r["other_address"] = tcp(NOBODY, ALLOWED)
+r["documentation_range"] = tcp("192.0.2.1", ALLOWED)
+r["udp"] = udp(HOST, UDP)
+r["dns"] = udp(HOST, 53)
+r["raw"] = attempt(socket.socket, socket.AF_INET, socket.SOCK_RAW, socket.IPPROTO_ICMP)
+r["ping"] = attempt(socket.socket, socket.AF_INET, socket.SOCK_DGRAM, socket.IPPROTO_ICMP)
+r["packet"] = attempt(socket.socket, socket.AF_PACKET, socket.SOCK_RAW, 0)
+r["ipv6"] = tcp("2001:db8::1", ALLOWED, socket.AF_INET6)
+r["ipv6_mapped_other"] = tcp("::ffff:" + NOBODY, ALLOWED, socket.AF_INET6)
+r["route_del"] = ip("route", "del", "local", "0.0.0.0/0", "dev", "lo", "table", "local")
+r["addr_add"] = ip("addr", "add", NOBODY + "/32", "dev", "lo")
+r["link_add"] = ip("link", "add", "zx0", "type", "dummy")
+r["after_other_address"] = tcp(NOBODY, ALLOWED)
+r["allowed_again"] = tcp(HOST, ALLOWED)
+done(**r)
+"#;
+
+fn probe_code(h: &TestHost) -> String {
+    PROBE.replace(
+        "HOST_ARGS",
+        &format!("{:?}, {:?}, {ALLOWED}, {OTHER}, {UDP}", h.host, h.nobody),
+    )
+}
+
+/// With one rule naming the test host's address and port: that connects; another port,
+/// another address on the same subnet, UDP (DNS included), raw and ICMP sockets, IPv6
+/// are refused at once, and the sandbox cannot change its network to get around it.
+fn allowed_connects_and_the_rest_is_refused(who: Who) {
+    if !root_only() {
+        return;
+    }
+    let h = TestHost::new();
+    let rule = format!("{}:{ALLOWED}", h.host);
+    let r = probe(who, &["--net", "egress", "--allow", &rule], &probe_code(&h));
+    assert_result(who, &r, "allowed", &["OK 8080:hi"]);
+    assert_result(who, &r, "allowed_again", &["OK 8080:hi"]);
+    for key in [
+        "other_port",
+        "other_address",
+        "documentation_range",
+        "after_other_address",
+        "ipv6_mapped_other",
+    ] {
+        assert_result(who, &r, key, &["ECONNREFUSED"]);
+    }
+    assert_result(who, &r, "udp", &["ECONNREFUSED"]);
+    assert_result(who, &r, "dns", &["ECONNREFUSED"]);
+    assert_result(who, &r, "raw", &["EPERM"]);
+    assert_result(who, &r, "ping", &["EACCES", "EPERM"]);
+    assert_result(who, &r, "packet", &["EPERM", "EAFNOSUPPORT"]);
+    assert_result(who, &r, "ipv6", &["ENETUNREACH"]);
+    for key in ["route_del", "addr_add", "link_add"] {
+        let got = r[key].as_str().unwrap_or("");
+        assert!(
+            got.starts_with("FAILED"),
+            "[{}] {key}: the sandbox changed its network: {r}",
+            who.name()
+        );
+    }
+    // The test host saw the two allowed connections and nothing else.
+    let events = h.events();
+    assert_eq!(
+        events,
+        vec!["tcp 8080".to_string(), "tcp 8080".to_string()],
+        "[{}] what reached the test host",
+        who.name()
+    );
+}
+
+/// A rule for a wide block (`0.0.0.0/0`) does not open a private address inside it: the
+/// connection is reset, and the refusal is logged with the sandbox.
+fn private_addresses_open_only_when_named(who: Who) {
+    if !root_only() {
+        return;
+    }
+    let h = TestHost::new();
+    let rule = format!("0.0.0.0/0:{ALLOWED}");
+    let code = format!(
+        r#"
+import socket
+s = socket.socket()
+s.settimeout(2)
+try:
+    s.connect(({:?}, {ALLOWED}))
+    s.sendall(b"hi")
+    got = s.recv(100)
+    r = "OK " + got.decode() if got else "EOF"
+except OSError as e:
+    r = ename(e.errno)
+done(wide=r)
+"#,
+        h.host
+    );
+    let g = guard_flags();
+    let mut flags: Vec<&str> = g.iter().map(String::as_str).collect();
+    flags.extend(["--net", "egress", "--allow", &rule]);
+    let (v, f) = run_json_full(who, &flags, &["python3", "-c", &probe_script(&code)]);
+    assert_not_refused(who, &v, f.code);
+    assert_ok(who, &v, f.code);
+    let last = s(&v, "stdout").lines().last().unwrap_or("").to_string();
+    let r: Value = serde_json::from_str(&last).expect("the probe's JSON line");
+    assert_result(who, &r, "wide", &["ECONNRESET", "EOF"]);
+    let log = f.stderr_text();
+    assert!(
+        log.contains(&format!("refused {}:{ALLOWED}", h.host)) && log.contains("private"),
+        "[{}] the refusal is logged: {log}",
+        who.name()
+    );
+    assert!(h.events().is_empty(), "nothing reached the test host");
+}
+
+/// The egress filter runs outside the sandbox, confined: seccomp, no_new_privs, not
+/// dumpable; as root, as nobody.
+fn the_filter_is_confined(who: Who) {
+    if !root_only() {
+        return;
+    }
+    let h = TestHost::new();
+    let rule = format!("{}:{ALLOWED}", h.host);
+    let mut c = zygo(who);
+    c.args([
+        "run", "--net", "egress", "--allow", &rule, "--", "sleep", "5",
+    ]);
+    c.stdout(Stdio::null());
+    let mut child = c.spawn().expect("start zygo run");
+    let mut pids = Vec::new();
+    let t0 = Instant::now();
+    while pids.is_empty() && t0.elapsed() < Duration::from_secs(20) {
+        std::thread::sleep(Duration::from_millis(50));
+        pids = host_pids_starting_with(b"/proc/self/exe\0__egress-filter");
+        if pids.is_empty() {
+            pids = host_pids_with(b"__egress-filter")
+                .into_iter()
+                .filter(|p| ppid(*p).is_some())
+                .collect();
+        }
+    }
+    let status: Vec<String> = pids
+        .iter()
+        .filter_map(|p| std::fs::read_to_string(format!("/proc/{p}/status")).ok())
+        .collect();
+    let _ = child.kill();
+    let _ = child.wait();
+    assert!(
+        !status.is_empty(),
+        "[{}] no egress filter was found",
+        who.name()
+    );
+    for st in status {
+        let field = |k: &str| {
+            st.lines()
+                .find_map(|l| l.strip_prefix(k))
+                .unwrap_or("")
+                .trim()
+                .to_string()
+        };
+        assert_eq!(field("Seccomp:"), "2", "{st}");
+        assert_eq!(field("NoNewPrivs:"), "1", "{st}");
+        assert_eq!(field("CapEff:"), "0000000000000000", "{st}");
+        if who == Who::Root {
+            assert!(field("Uid:").starts_with("65534"), "{st}");
+        }
+    }
+}
+
+/// The functions of [`a_function_reaches_its_allowed_host`].
+static SUITE: Suite = Suite {
+    prefix: "eg",
+    handlers: r#"
+import socket
+def net(event):
+    out = {}
+    for name, port in (("allowed", event["allowed"]), ("other", event["other"])):
+        s = socket.socket(); s.settimeout(2)
+        try:
+            s.connect((event["host"], port)); s.sendall(b"fn"); out[name] = s.recv(100).decode()
+        except OSError as e:
+            out[name] = type(e).__name__
+        s.close()
+    return out
+"#,
+    defaults: "timeout = \"5s\"\nmem = \"64M\"\nidle_timeout = \"30s\"\n",
+    agents: true,
+};
+
+/// A function with `network = "egress"` in sandbox.toml reaches what its `allow` names,
+/// and nothing else.
+fn a_function_reaches_its_allowed_host(who: Who) {
+    if !root_only() {
+        return;
+    }
+    let h = TestHost::new();
+    let mut s = SUITE.sup(who, "fn");
+    let extra = format!("network = \"egress\"\nallow = [\"{}:{ALLOWED}\"]\n", h.host);
+    let n = s.up(&[("net", "net", extra.as_str())]);
+    let event = format!(
+        r#"{{"host": {:?}, "allowed": {ALLOWED}, "other": {OTHER}}}"#,
+        h.host
+    );
+    let out = s.call_ok(&n[0], &event);
+    assert_eq!(out["allowed"], "8080:fn", "[{}] {out}", who.name());
+    assert_eq!(
+        out["other"],
+        "ConnectionRefusedError",
+        "[{}] {out}",
+        who.name()
+    );
+    s.shutdown();
+}
+
+/// The probe of [`name_rules_are_exact_by_name`]: DNS through Zygo's resolver, then
+/// connections that name a host by HTTP `Host` or TLS SNI.
+const NAME_PROBE: &str = r#"
+import socket, struct
+HOST, ALLOWED, OTHER = HOST_ARGS
+def dns(name, qtype=1):
+    q = b"\x12\x34\x01\x00\x00\x01\x00\x00\x00\x00\x00\x00"
+    for label in name.split("."):
+        q += bytes([len(label)]) + label.encode()
+    q += b"\x00" + struct.pack(">HH", qtype, 1)
+    s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    s.settimeout(3)
+    try:
+        s.sendto(q, ("192.0.2.53", 53))
+        a = s.recv(1500)
+    except socket.timeout:
+        return "TIMEOUT"
+    except OSError as e:
+        return ename(e.errno)
+    rcode, count = a[3] & 15, struct.unpack(">H", a[6:8])[0]
+    addrs = [".".join(str(b) for b in a[i - 4:i]) for i in range(len(a), len(a) - 16 * count, -16)]
+    return "rcode %d %s" % (rcode, sorted(addrs))
+def hello(host):
+    name = host.encode()
+    sni = struct.pack(">HBH", len(name) + 3, 0, len(name)) + name
+    ext = struct.pack(">HH", 0, len(sni)) + sni
+    body = b"\x03\x03" + b"\x07" * 32 + b"\x00" + b"\x00\x02\x13\x01" + b"\x01\x00"
+    body += struct.pack(">H", len(ext)) + ext
+    hs = b"\x01" + struct.pack(">I", len(body))[1:] + body
+    return b"\x16\x03\x01" + struct.pack(">H", len(hs)) + hs
+def tcp(port, first):
+    s = socket.socket()
+    s.settimeout(3)
+    try:
+        s.connect((HOST, port))
+        s.sendall(first)
+        got = s.recv(100)
+        return ("OK " + got[:24].decode(errors="replace")) if got else "EOF"
+    except socket.timeout:
+        return "TIMEOUT"
+    except OSError as e:
+        return ename(e.errno)
+    finally:
+        s.close()
+def http(host):
+    return ("GET / HTTP/1.1\r\nHost: %s\r\n\r\n" % host).encode()
+r = {}
+r["dns_allowed"] = dns("allowed.zygo.test")
+r["dns_other"] = dns("other.zygo.test")
+r["dns_aaaa"] = dns("allowed.zygo.test", 28)
+r["http_allowed"] = tcp(ALLOWED, http("allowed.zygo.test"))
+r["http_other"] = tcp(ALLOWED, http("other.zygo.test"))
+r["tls_allowed"] = tcp(ALLOWED, hello("allowed.zygo.test"))
+r["tls_other"] = tcp(ALLOWED, hello("other.zygo.test"))
+r["no_name"] = tcp(ALLOWED, b"hi")
+r["other_port"] = tcp(OTHER, http("allowed.zygo.test"))
+done(**r)
+"#;
+
+/// A rule by name: Zygo's resolver answers only for that name (asking the test host's DNS
+/// server, which the test names in `ZYGO_RESOLV_CONF`), and a connection to its address is
+/// relayed only when its HTTP `Host` or TLS SNI is that name: another name on the same
+/// address, or none, is refused.
+fn name_rules_are_exact_by_name(who: Who) {
+    if !root_only() {
+        return;
+    }
+    let h = TestHost::new();
+    let dir = TempDir::new(0o755);
+    let conf = dir.file("resolv.conf", format!("nameserver {}\n", h.host).as_bytes());
+    let rule = format!("allowed.zygo.test:{ALLOWED}");
+    let code = NAME_PROBE.replace("HOST_ARGS", &format!("{:?}, {ALLOWED}, {OTHER}", h.host));
+    let g = guard_flags();
+    let mut c = zygo(who);
+    c.env("ZYGO_RESOLV_CONF", &conf)
+        .args(["run", "--json"])
+        .args(&g)
+        .args(["--net", "egress", "--allow", &rule, "--", "python3", "-c"])
+        .arg(probe_script(&code));
+    let f = finish(c);
+    let v = f.last_json();
+    assert_not_refused(who, &v, f.code);
+    assert_ok(who, &v, f.code);
+    let last = s(&v, "stdout").lines().last().unwrap_or("").to_string();
+    let r: Value = serde_json::from_str(&last).expect("the probe's JSON line");
+    let want = format!("rcode 0 ['{}']", h.host);
+    assert_result(who, &r, "dns_allowed", &[want.as_str()]);
+    assert_result(who, &r, "dns_other", &["rcode 5 []"]);
+    assert_result(who, &r, "dns_aaaa", &["rcode 0 []"]);
+    assert_result(who, &r, "http_allowed", &["OK 8080:GET / HTTP/1.1\r\nHos"]);
+    let tls = r["tls_allowed"].as_str().unwrap_or("");
+    assert!(tls.starts_with("OK 8080:"), "[{}] {r}", who.name());
+    for key in ["http_other", "tls_other", "no_name"] {
+        assert_result(who, &r, key, &["ECONNRESET", "EOF"]);
+    }
+    assert_result(who, &r, "other_port", &["ECONNREFUSED"]);
+    let log = f.stderr_text();
+    assert!(
+        log.contains("refused a DNS query for other.zygo.test"),
+        "[{}] {log}",
+        who.name()
+    );
+    // The test host saw one upstream query and the two allowed connections.
+    let mut events = h.events();
+    events.sort();
+    assert_eq!(
+        events,
+        vec!["tcp 8080", "tcp 8080", "udp 53"],
+        "[{}] what reached the test host",
+        who.name()
+    );
+}
+
+/// `zygo mcp --net egress --allow ADDR:PORT`: a `run_code` sandbox reaches that address and
+/// port, and nothing else.
+#[test]
+fn mcp_run_code_reaches_its_allowed_host() {
+    if !root_only() {
+        return;
+    }
+    let h = TestHost::new();
+    let (rt, st) = (TempDir::new(0o700), TempDir::new(0o700));
+    let rule = format!("{}:{ALLOWED}", h.host);
+    let code = format!(
+        r#"
+import socket
+for port in ({ALLOWED}, {OTHER}):
+    s = socket.socket(); s.settimeout(2)
+    try:
+        s.connect(({:?}, port)); s.sendall(b"mcp"); print("port", port, s.recv(100).decode())
+    except OSError as e:
+        print("port", port, type(e).__name__)
+"#,
+        h.host
+    );
+    let call = serde_json::json!({"jsonrpc": "2.0", "id": 2, "method": "tools/call",
+        "params": {"name": "run_code", "arguments": {"language": "python", "code": code}}});
+    let mut c = Command::new(zygo_bin());
+    c.env_clear()
+        .env("PATH", "/usr/local/bin:/usr/bin:/bin")
+        .env("ZYGO_RUNTIME_DIR", rt.str())
+        .env("ZYGO_STATE_DIR", st.str())
+        .args(["mcp", "--net", "egress", "--allow", &rule])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    let mut child = c.spawn().expect("start zygo mcp");
+    {
+        let mut stdin = child.stdin.take().expect("stdin");
+        use std::io::Write as _;
+        let init = r#"{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":"2025-06-18"}}"#;
+        writeln!(stdin, "{init}\n{call}").expect("write to zygo mcp");
+    }
+    let out = child
+        .wait_with_output()
+        .expect("zygo mcp ends when stdin closes");
+    let text = String::from_utf8_lossy(&out.stdout);
+    let answer = text
+        .lines()
+        .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+        .find(|v| v["id"] == 2)
+        .unwrap_or_else(|| {
+            panic!(
+                "no answer to run_code: {text}\n{}",
+                String::from_utf8_lossy(&out.stderr)
+            )
+        });
+    let printed = answer["result"]["structuredContent"]["stdout"]
+        .as_str()
+        .unwrap_or("")
+        .to_string();
+    assert!(printed.contains("port 8080 8080:mcp"), "{answer}");
+    assert!(
+        printed.contains("port 8081 ConnectionRefusedError"),
+        "{answer}"
+    );
+}
+
+/// Many megabytes each way through the filter arrive intact and complete, and each side's
+/// end reaches the other.
+fn large_transfers_arrive_intact(who: Who) {
+    if !root_only() {
+        return;
+    }
+    let h = TestHost::new();
+    let rule = format!("{}:8082", h.host);
+    let code = format!(
+        r#"
+import hashlib, socket
+N = 24 << 20
+s = socket.create_connection(({host:?}, 8082), timeout=30)
+s.sendall(b"down %d\n" % N)
+h, got = hashlib.sha256(), 0
+while True:
+    d = s.recv(1 << 20)
+    if not d:
+        break
+    h.update(d); got += len(d)
+block = bytes(range(256)) * 4096
+want = hashlib.sha256()
+left = N
+while left > 0:
+    want.update(block[:min(left, len(block))]); left -= min(left, len(block))
+s = socket.create_connection(({host:?}, 8082), timeout=30)
+s.sendall(b"up %d\n" % N)
+data = bytes(range(251)) * (N // 251 + 1)
+data = data[:N]
+s.sendall(data)
+s.shutdown(socket.SHUT_WR)
+answer = s.recv(100).decode()
+done(down_bytes=got, down_ok=h.hexdigest() == want.hexdigest(),
+     up_ok=answer == hashlib.sha256(data).hexdigest())
+"#,
+        host = h.host
+    );
+    let r = probe(
+        who,
+        &["--net", "egress", "--allow", &rule, "--mem", "512M"],
+        &code,
+    );
+    assert_eq!(r["down_bytes"], 24 << 20, "[{}] {r}", who.name());
+    assert_eq!(r["down_ok"], true, "[{}] {r}", who.name());
+    assert_eq!(r["up_ok"], true, "[{}] {r}", who.name());
+}
+
+root_and_rootless!(
+    large_transfers_arrive_intact,
+    allowed_connects_and_the_rest_is_refused,
+    name_rules_are_exact_by_name,
+    private_addresses_open_only_when_named,
+    the_filter_is_confined,
+    a_function_reaches_its_allowed_host,
+);
+
+both_tests! {
+    /// Malformed names, IPv6 rules, and --allow without --net egress are refused before
+    /// anything starts, with the reason.
+    fn rules_this_version_cannot_enforce_are_refused(who) {
+        for (flags, needle) in [
+            (&["--net", "egress", "--allow", "exa_mple.com:443"][..], "bad host"),
+            (&["--net", "egress", "--allow", "[2001:db8::1]:443"][..], "IPv4 only"),
+            (&["--allow", "192.0.2.1:443"][..], "needs --net egress"),
+            (&["--net", "host"][..], "only in sandbox.toml"),
+        ] {
+            let mut c = zygo(who);
+            c.arg("run").args(flags).args(["--", "true"]);
+            let f = finish(c);
+            assert_eq!(f.code, 2, "[{}] {flags:?}: {}", who.name(), f.stderr_text());
+            assert!(f.stderr_text().contains(needle), "[{}] {flags:?}: {}", who.name(), f.stderr_text());
+        }
+    }
+}
+
+/// `zygo version` says which egress this host supports.
+#[test]
+fn version_reports_the_egress_mode() {
+    let mut c = Command::new(zygo_bin());
+    c.args(["version", "--json"]);
+    let f = finish(c);
+    assert_eq!(f.code, 0, "{}", f.stderr_text());
+    let v = f.last_json();
+    assert_eq!(v["egress"], "relay", "{v}");
+    assert_eq!(v["egress_rules"], "ipv4-address-and-name", "{v}");
+}
