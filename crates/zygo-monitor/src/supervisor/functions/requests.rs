@@ -305,6 +305,7 @@ pub(super) fn narrowed(f: &Limits, t: &proto::api::TenantLimits) -> Option<Limit
         },
         cpu_millis: cap(f.cpu_millis, t.cpu_millis),
         pids: cap(f.pids, t.pids),
+        // A tenant has no I/O limits of its own over the API: the function's stand.
         ..*f
     };
     (l != *f).then_some(l)
