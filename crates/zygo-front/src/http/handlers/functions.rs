@@ -136,6 +136,7 @@ pub fn call(front: &Front, call: &mut Call) -> Out {
     };
     let req = ExecRequest {
         workspace: None,
+        workspace_blob: None,
         out: false,
         name,
         event,
@@ -326,6 +327,7 @@ fn batch_one(
     }
     let req = ExecRequest {
         workspace: None,
+        workspace_blob: None,
         out: false,
         name: name.to_string(),
         event: ev.to_string(),

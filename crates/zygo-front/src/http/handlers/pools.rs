@@ -101,6 +101,7 @@ pub fn call(front: &Front, call: &mut Call) -> Out {
     };
     let req = ExecRequest {
         workspace: None,
+        workspace_blob: None,
         out: false,
         name,
         event,
