@@ -55,9 +55,8 @@ pub fn decode(text: &str) -> Result<Vec<u8>, String> {
         }
         let mut n = 0u32;
         for (i, &c) in quad[..4 - pad].iter().enumerate() {
-            let v = value(c).ok_or_else(|| {
-                format!("byte {} is not a base64 character", g * 4 + i)
-            })?;
+            let v =
+                value(c).ok_or_else(|| format!("byte {} is not a base64 character", g * 4 + i))?;
             n |= v << (18 - 6 * i);
         }
         let b = [(n >> 16) as u8, (n >> 8) as u8, n as u8];

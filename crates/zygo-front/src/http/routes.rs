@@ -90,10 +90,7 @@ pub static ROUTES: &[Route] = &[
 ];
 
 /// Path prefixes of what the next version serves; until then 404 saying so.
-pub static NOT_YET: &[(&str, &str)] = &[
-    ("/deps", "dependency sets"),
-    ("/metrics", "/metrics"),
-];
+pub static NOT_YET: &[(&str, &str)] = &[("/deps", "dependency sets"), ("/metrics", "/metrics")];
 
 /// What a path and method found.
 pub enum Found {

@@ -316,7 +316,10 @@ impl Store {
                 }
                 Err(unknown_in(self.flavor, digest))
             }
-            Err(e) => Err((ErrorCode::Internal, format!("read the {noun} {digest}: {e}"))),
+            Err(e) => Err((
+                ErrorCode::Internal,
+                format!("read the {noun} {digest}: {e}"),
+            )),
         }
     }
 

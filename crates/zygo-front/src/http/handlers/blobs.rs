@@ -11,7 +11,13 @@ pub fn put(front: &Front, call: &mut Call) -> Out {
         Ok(b) => b,
         Err(e) => return e.into(),
     };
-    match ask(front, call, Request::PutBlob { bytes: bytes.into() }) {
+    match ask(
+        front,
+        call,
+        Request::PutBlob {
+            bytes: bytes.into(),
+        },
+    ) {
         Ok(Reply::BlobStored {
             digest,
             size,

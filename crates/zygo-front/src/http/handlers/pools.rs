@@ -86,9 +86,7 @@ pub fn call(front: &Front, call: &mut Call) -> Out {
             None => (None, None),
             Some(WorkspaceBody::Inline(text)) => {
                 let tar = crate::http::base64::decode(&text).map_err(|e| {
-                    HttpError::bad_request(format!(
-                        "workspace.inline is not standard base64: {e}"
-                    ))
+                    HttpError::bad_request(format!("workspace.inline is not standard base64: {e}"))
                 })?;
                 (Some(tar.into()), None)
             }
@@ -108,7 +106,15 @@ pub fn call(front: &Front, call: &mut Call) -> Out {
                 )),
             };
         let event = b.event.unwrap_or(Value::Null).to_string();
-        Ok((stream, name, script, event, workspace, workspace_blob, b.out))
+        Ok((
+            stream,
+            name,
+            script,
+            event,
+            workspace,
+            workspace_blob,
+            b.out,
+        ))
     })();
     let (stream, name, script, event, workspace, workspace_blob, out) = match parsed {
         Ok(x) => x,

@@ -11,7 +11,10 @@ impl Api {
     pub fn blob_visible(&self, digest: &str, tenant: Option<&str>) -> bool {
         match tenant {
             None => true,
-            Some(t) => self.blobs.get(digest).is_some_and(|b| b.tenants.contains(t)),
+            Some(t) => self
+                .blobs
+                .get(digest)
+                .is_some_and(|b| b.tenants.contains(t)),
         }
     }
 

@@ -175,7 +175,11 @@ impl Api {
             by_hash: HashMap::new(),
             tenants: BTreeMap::new(),
             scripts: HashMap::new(),
-            blobs: snap.blobs.into_iter().map(|b| (b.digest.clone(), b)).collect(),
+            blobs: snap
+                .blobs
+                .into_iter()
+                .map(|b| (b.digest.clone(), b))
+                .collect(),
         };
         for t in snap.tokens {
             api.by_hash.insert(t.sha256.clone(), t.id.clone());

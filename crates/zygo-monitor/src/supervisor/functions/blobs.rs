@@ -91,7 +91,11 @@ impl Functions {
     /// A call naming a blob as its workspace: the blob is read for the caller (a tenant
     /// only its own; any other digest is `not_found`, like one not held) into the call's
     /// workspace. The digest stays on the call, so the blob is not evicted while it runs.
-    pub(super) fn fill_workspace(&mut self, e: &mut ExecRequest, who: &Acting) -> Result<(), Reply> {
+    pub(super) fn fill_workspace(
+        &mut self,
+        e: &mut ExecRequest,
+        who: &Acting,
+    ) -> Result<(), Reply> {
         let Some(d) = &e.workspace_blob else {
             return Ok(());
         };
