@@ -39,7 +39,7 @@ fn value(c: u8) -> Option<u32> {
 /// The bytes `text` spells, or why it is not standard padded base64.
 pub fn decode(text: &str) -> Result<Vec<u8>, String> {
     let t = text.as_bytes();
-    if t.len() % 4 != 0 {
+    if !t.len().is_multiple_of(4) {
         return Err(format!(
             "its length ({}) is not a multiple of 4 (standard base64, padded with =)",
             t.len()

@@ -414,7 +414,13 @@ impl Supervisor {
             mio::Waker::new(poll.registry(), WAKER).map_err(|e| err("create a waker", e))?,
         );
         let mut fns = Functions::new(
-            backend, waker, identity, launcher, usage_path, scripts, blobs, api,
+            backend,
+            waker,
+            identity,
+            launcher,
+            usage_path,
+            functions::StoreDirs { scripts, blobs },
+            api,
         )?;
         fns.sweep_stale();
         fns.forget_evicted_script_owners();

@@ -6,7 +6,7 @@ use proto::front::{ErrorCode, ExecRequest, Reply};
 
 use super::requests::InFlight;
 use super::{fail, Functions};
-use crate::supervisor::api::Acting;
+use crate::supervisor::api::{no, Acting, Refusal};
 use crate::supervisor::scripts::{unknown_in, valid_digest, BLOBS};
 
 /// How many more blob-owner records than blobs are kept before the records of evicted
@@ -20,12 +20,7 @@ fn blob_in_flight(
     move |d| calls.values().any(|c| c.blob_digest.as_deref() == Some(d))
 }
 
-fn bad_digest() -> Reply {
-    fail(
-        ErrorCode::BadRequest,
-        "a blob digest is 64 lowercase hex digits (SHA-256)",
-    )
-}
+const BAD_DIGEST: &str = "a blob digest is 64 lowercase hex digits (SHA-256)";
 
 impl Functions {
     /// `PUT /blobs`: store the bytes, owned by the acting tenant (if any).
@@ -64,7 +59,7 @@ impl Functions {
     /// it holds it: `conflict`).
     pub(super) fn delete_blob(&mut self, digest: &str) -> Reply {
         if !valid_digest(digest) {
-            return bad_digest();
+            return fail(ErrorCode::BadRequest, BAD_DIGEST);
         }
         if self.blobs.held(digest).is_none() {
             let (code, message) = unknown_in(&BLOBS, digest);
@@ -95,24 +90,24 @@ impl Functions {
         &mut self,
         e: &mut ExecRequest,
         who: &Acting,
-    ) -> Result<(), Reply> {
+    ) -> Result<(), Refusal> {
         let Some(d) = &e.workspace_blob else {
             return Ok(());
         };
         if e.workspace.is_some() {
-            return Err(fail(
+            return Err(no(
                 ErrorCode::BadRequest,
                 "a call carries one workspace: an inline tar or a blob digest, not both",
             ));
         }
         if !valid_digest(d) {
-            return Err(bad_digest());
+            return Err(no(ErrorCode::BadRequest, BAD_DIGEST));
         }
         if !self.api.blob_visible(d, who.tenant.as_deref()) {
             let (code, message) = unknown_in(&BLOBS, d);
-            return Err(fail(code, message));
+            return Err(no(code, message));
         }
-        let bytes = self.blobs.get(d).map_err(|(code, m)| fail(code, m))?;
+        let bytes = self.blobs.get(d).map_err(|(code, m)| no(code, m))?;
         e.workspace = Some(bytes.into());
         Ok(())
     }

@@ -71,6 +71,12 @@ pub(super) fn now_ms() -> u64 {
         .map_or(0, |d| d.as_millis() as u64)
 }
 
+/// Where the content-addressed stores keep their files.
+pub struct StoreDirs {
+    pub scripts: PathBuf,
+    pub blobs: PathBuf,
+}
+
 pub struct Functions {
     backend: Arc<Backend>,
     worker: Worker,
@@ -151,14 +157,14 @@ impl Functions {
         identity: Identity,
         launcher: PathBuf,
         usage_path: PathBuf,
-        scripts: PathBuf,
-        blobs: PathBuf,
+        stores: StoreDirs,
         api: super::api::Api,
     ) -> Result<Functions, SupervisorError> {
         let usage = super::usage::UsageLog::open(usage_path.clone())
             .map_err(|e| SupervisorError(format!("open {}: {e}", usage_path.display())))?;
         let backend = Arc::new(backend);
         use super::scripts::{BLOBS, SCRIPTS};
+        let StoreDirs { scripts, blobs } = stores;
         let cap = super::scripts::cap_from_env(&SCRIPTS).map_err(SupervisorError)?;
         let scripts = super::scripts::Store::open(&SCRIPTS, scripts.clone(), cap).map_err(|e| {
             SupervisorError(format!("open the script store {}: {e}", scripts.display()))

@@ -96,7 +96,7 @@ impl Functions {
             Err(r) => return Some(r.into()),
         };
         if let Err(r) = self.fill_workspace(&mut e, who) {
-            return Some(r);
+            return Some(r.into());
         }
         let mut sent: Option<(String, bool)> = None;
         match &e.script {
