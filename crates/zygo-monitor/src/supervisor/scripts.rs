@@ -447,6 +447,30 @@ mod tests {
     }
 
     #[test]
+    fn the_blob_store_speaks_of_blobs_and_its_own_cap() {
+        let (_, dir) = store(DEFAULT_CAP);
+        let mut s = Store::open(&BLOBS, dir.clone(), 2 * cost(10)).expect("open");
+        let none = |_: &str| false;
+        let e = s
+            .put(&vec![0u8; MAX_BLOB + 1], &none)
+            .expect_err("over the largest blob");
+        assert!(
+            e.0 == ErrorCode::TooLarge && e.1.contains("blob"),
+            "{}",
+            e.1
+        );
+        let e = s.put(&[1u8; 20_000], &none).expect_err("over the cap");
+        assert!(e.1.contains("ZYGO_BLOB_STORE"), "{}", e.1);
+        let e = s.get(&"0".repeat(64)).expect_err("unknown");
+        assert!(
+            e.0 == ErrorCode::NotFound && e.1.starts_with("no blob"),
+            "{}",
+            e.1
+        );
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
     fn leftovers_of_an_interrupted_write_are_removed_at_start() {
         let (s, dir) = store(DEFAULT_CAP);
         std::fs::write(dir.join(".abc.123456"), b"half").expect("write");

@@ -107,3 +107,42 @@ impl Api {
         Ok(())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::super::store;
+    use super::*;
+
+    #[test]
+    fn a_tenants_blobs_are_its_own_survive_a_restart_and_go_with_it() {
+        let d = std::env::temp_dir().join(format!(
+            "zygo-api-blobs-{}-{}",
+            std::process::id(),
+            plumbing::random_hex(4).expect("random")
+        ));
+        let open = || {
+            let files = store::Files::open(d.clone()).expect("open");
+            Api::open(Box::new(files)).expect("load")
+        };
+        let mut api = open();
+        api.create_tenant("acme").expect("acme");
+        api.create_tenant("zeta").expect("zeta");
+        let (a, shared) = ("a".repeat(64), "b".repeat(64));
+        api.blob_registered(&a, Some("acme"), false).expect("a");
+        api.blob_registered(&shared, Some("acme"), false)
+            .expect("shared");
+        api.blob_registered(&shared, Some("zeta"), true)
+            .expect("shared");
+        assert!(api.blob_visible(&a, Some("acme")) && !api.blob_visible(&a, Some("zeta")));
+        assert!(api.blob_visible(&a, None));
+        // Scripts and blobs are apart: a blob's digest is not a script of the tenant's.
+        assert!(!api.script_visible(&a, Some("acme")));
+        let mut api = open();
+        assert_eq!(api.blobs_of("acme"), vec![a.clone(), shared.clone()]);
+        assert_eq!(api.release_blobs("acme"), Ok(vec![a.clone()]));
+        assert!(
+            api.blob_visible(&shared, Some("zeta")) && !api.blob_visible(&shared, Some("acme"))
+        );
+        let _ = std::fs::remove_dir_all(&d);
+    }
+}
