@@ -997,7 +997,8 @@ fn every_route_refuses_bad_input_with_its_status_and_never_a_5xx() {
         ("GET", "/fn/echo/logs?limit=x"),
         ("POST", "/fn/echo?stream=2"),
         ("POST", "/fn/echo?workspace=sha256:aa"),
-        ("POST", "/fn/echo?out=1"),
+        ("POST", "/fn/echo?out=2"),
+        ("POST", "/fn/echo?workspace=sha256:aa&out=1"),
         ("GET", "/scripts/sha256:..%2F..%2Fetc"),
         ("GET", "/scripts/ABC"),
         ("DELETE", "/scripts/sha1:abc"),
@@ -1020,7 +1021,7 @@ fn every_route_refuses_bad_input_with_its_status_and_never_a_5xx() {
     api.op("POST", "/fn/missing", "")
         .assert_error(404, "an unknown function");
     // Unknown routes, the next version's routes, a wrong method.
-    for p in ["/nope", "/fn/a/b/c", "/metrics", "/blobs", "/deps/x"] {
+    for p in ["/nope", "/fn/a/b/c", "/metrics", "/blobs/a/b", "/deps/x"] {
         api.op("GET", p, "").assert_error(404, p);
     }
     // A secret is never read back: GET on one is not a route.

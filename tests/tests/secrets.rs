@@ -645,6 +645,7 @@ fn pool_call(tenant_token: &str, pool: &str, hold: u32) -> Request {
         stream: false,
         script: Some(ScriptRef::Source(LOOK.as_bytes().to_vec())),
         workspace: None,
+        workspace_blob: None,
         out: false,
     })
 }
@@ -878,6 +879,7 @@ fn the_shell_wins_over_the_store() {
             stream: false,
             script: None,
             workspace: None,
+            workspace_blob: None,
             out: false,
         }),
     );

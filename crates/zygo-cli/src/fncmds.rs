@@ -566,6 +566,7 @@ pub fn exec(raw: Vec<OsString>) -> i32 {
         stream,
         script,
         workspace,
+        workspace_blob: None,
         out: out_file.is_some(),
     });
     let mut c = match connect(a.json) {

@@ -116,6 +116,9 @@ oldest dropped past it, counted) and written whole when it has room again.
 Scripts sent to runtime pools are kept in scripts/ of the state directory, up to
 $ZYGO_SCRIPT_STORE bytes (default 1G): past it, the scripts used least recently that no
 call in flight runs are removed; a digest removed so is unknown until sent again.
+Blobs (workspace tars stored with PUT /blobs) are kept in blobs/ the same way, up to
+$ZYGO_BLOB_STORE bytes (default 1G), evicting the least recently used that no call in
+flight was given.
 ";
 
 pub const UP: &str = "\

@@ -114,6 +114,8 @@ enum Kind {
     PutSecret,
     DeleteSecret,
     ListSecrets,
+    PutBlob,
+    DeleteBlob,
 }
 
 fn kind(r: &Request) -> Kind {
@@ -147,6 +149,8 @@ fn kind(r: &Request) -> Kind {
         Request::PutSecret { .. } => Kind::PutSecret,
         Request::DeleteSecret { .. } => Kind::DeleteSecret,
         Request::ListSecrets { .. } => Kind::ListSecrets,
+        Request::PutBlob { .. } => Kind::PutBlob,
+        Request::DeleteBlob { .. } => Kind::DeleteBlob,
     }
 }
 
@@ -192,6 +196,8 @@ const DISPATCH_API_INNER: &[Kind] = &[
     Kind::PutScript,
     Kind::ScriptInfo,
     Kind::DeleteScript,
+    Kind::PutBlob,
+    Kind::DeleteBlob,
     Kind::Cancel,
     Kind::CreateTenant,
     Kind::ListTenants,
@@ -224,6 +230,8 @@ fn gate_route(k: Kind) -> Option<policy::gate::Route> {
         Kind::PutScript => Route::PutScript,
         Kind::ScriptInfo => Route::ScriptInfo,
         Kind::DeleteScript => Route::DeleteScript,
+        Kind::PutBlob => Route::PutBlob,
+        Kind::DeleteBlob => Route::DeleteBlob,
         Kind::Cancel => Route::Cancel,
         Kind::CreateTenant => Route::CreateTenant,
         Kind::ListTenants => Route::ListTenants,
@@ -414,10 +422,21 @@ impl Supervisor {
         let scripts = state.join("scripts");
         paths::make_private_dir(&scripts)
             .map_err(|e| err(&format!("create {}", scripts.display()), e))?;
+        let blobs = state.join("blobs");
+        paths::make_private_dir(&blobs)
+            .map_err(|e| err(&format!("create {}", blobs.display()), e))?;
         let waker = std::sync::Arc::new(
             mio::Waker::new(poll.registry(), WAKER).map_err(|e| err("create a waker", e))?,
         );
-        let mut fns = Functions::new(backend, waker, identity, launcher, usage_path, scripts, api)?;
+        let mut fns = Functions::new(
+            backend,
+            waker,
+            identity,
+            launcher,
+            usage_path,
+            functions::StoreDirs { scripts, blobs },
+            api,
+        )?;
         fns.sweep_stale();
         fns.forget_evicted_script_owners();
         log::info!(

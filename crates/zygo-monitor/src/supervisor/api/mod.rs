@@ -14,6 +14,7 @@
 //! The records (tokens, tenants with their limits, who registered which script) are kept
 //! through [`store::Store`] and survive a restart.
 
+mod blobs;
 pub mod secrets;
 pub mod store;
 
@@ -152,6 +153,8 @@ pub struct Api {
     key: Option<secrets::SealKey>,
     /// Sealed secrets by `<tenant>.<name>`.
     secrets: BTreeMap<String, SecretRecord>,
+    /// Who stored which blob (see `blobs`).
+    blobs: HashMap<String, ScriptRecord>,
 }
 
 impl Api {
@@ -184,6 +187,11 @@ impl Api {
             scripts: HashMap::new(),
             key,
             secrets: BTreeMap::new(),
+            blobs: snap
+                .blobs
+                .into_iter()
+                .map(|b| (b.digest.clone(), b))
+                .collect(),
         };
         for t in snap.tokens {
             api.by_hash.insert(t.sha256.clone(), t.id.clone());

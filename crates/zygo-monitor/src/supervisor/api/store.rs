@@ -4,7 +4,7 @@
 //! [`Store`] is deliberately narrow — load everything, write one record, remove one — so a
 //! shared database can take the file backend's place for a fleet of hosts. The file backend
 //! ([`Files`]) keeps one JSON file per record under
-//! `<state>/api/{tokens,tenants,scripts,secrets}/`.
+//! `<state>/api/{tokens,tenants,scripts,secrets,blobs}/`.
 //! Every write goes to a temporary file that is fsynced, renamed over the record and the
 //! folder fsynced, so a record is either the old one or the new one, whatever is killed
 //! when. At start-up a temporary file (never acknowledged) is removed; anything else that
@@ -119,6 +119,8 @@ pub enum Record {
     Tenant(TenantRecord),
     Script(ScriptRecord),
     Secret(SecretRecord),
+    /// Who stored a blob: the same shape as a script's owners.
+    Blob(ScriptRecord),
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -127,10 +129,17 @@ pub enum Kind {
     Tenant,
     Script,
     Secret,
+    Blob,
 }
 
 impl Kind {
-    const ALL: [Kind; 4] = [Kind::Token, Kind::Tenant, Kind::Script, Kind::Secret];
+    const ALL: [Kind; 5] = [
+        Kind::Token,
+        Kind::Tenant,
+        Kind::Script,
+        Kind::Secret,
+        Kind::Blob,
+    ];
 
     fn folder(self) -> &'static str {
         match self {
@@ -138,6 +147,7 @@ impl Kind {
             Kind::Tenant => "tenants",
             Kind::Script => "scripts",
             Kind::Secret => "secrets",
+            Kind::Blob => "blobs",
         }
     }
 
@@ -146,7 +156,7 @@ impl Kind {
         match self {
             Kind::Token => is_token_id(id),
             Kind::Tenant => proto::api::is_tenant_id(id),
-            Kind::Script => proto::api::is_hex_digest(id),
+            Kind::Script | Kind::Blob => proto::api::is_hex_digest(id),
             Kind::Secret => is_secret_id(id),
         }
     }
@@ -159,6 +169,7 @@ impl Record {
             Record::Tenant(_) => Kind::Tenant,
             Record::Script(_) => Kind::Script,
             Record::Secret(_) => Kind::Secret,
+            Record::Blob(_) => Kind::Blob,
         }
     }
 
@@ -166,7 +177,7 @@ impl Record {
         match self {
             Record::Token(t) => t.id.clone(),
             Record::Tenant(t) => t.id.clone(),
-            Record::Script(s) => s.digest.clone(),
+            Record::Script(s) | Record::Blob(s) => s.digest.clone(),
             Record::Secret(s) => s.id(),
         }
     }
@@ -188,6 +199,7 @@ pub struct Snapshot {
     pub tenants: Vec<TenantRecord>,
     pub scripts: Vec<ScriptRecord>,
     pub secrets: Vec<SecretRecord>,
+    pub blobs: Vec<ScriptRecord>,
 }
 
 #[derive(Debug)]
@@ -209,7 +221,7 @@ pub trait Store {
     fn remove(&mut self, kind: Kind, id: &str) -> Result<(), StoreError>;
 }
 
-/// The file backend: `<dir>/{tokens,tenants,scripts,secrets}/<id>.json`.
+/// The file backend: `<dir>/{tokens,tenants,scripts,secrets,blobs}/<id>.json`.
 pub struct Files {
     dir: PathBuf,
 }
@@ -289,10 +301,13 @@ impl Files {
                     snap.tenants.push(t);
                     id_ok
                 }
-                Kind::Script => {
+                Kind::Script | Kind::Blob => {
                     let s: ScriptRecord = proto::json::from_slice_strict(&bytes).map_err(bad)?;
                     let id_ok = s.digest == id;
-                    snap.scripts.push(s);
+                    match kind {
+                        Kind::Blob => snap.blobs.push(s),
+                        _ => snap.scripts.push(s),
+                    }
                     id_ok
                 }
                 Kind::Secret => {
@@ -349,7 +364,7 @@ impl Store for Files {
         let bytes = match r {
             Record::Token(t) => serde_json::to_vec_pretty(t),
             Record::Tenant(t) => serde_json::to_vec_pretty(t),
-            Record::Script(s) => serde_json::to_vec_pretty(s),
+            Record::Script(s) | Record::Blob(s) => serde_json::to_vec_pretty(s),
             Record::Secret(s) => serde_json::to_vec_pretty(s),
         }
         .map_err(|e| StoreError(format!("encode a record: {e}")))?;
