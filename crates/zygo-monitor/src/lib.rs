@@ -8,8 +8,10 @@
 pub mod cgroup;
 pub mod etc_cache;
 pub mod identity;
+pub mod kernel;
 pub mod mcp;
 pub mod mounts;
+pub mod notify;
 pub mod oneshot;
 pub mod paths;
 pub mod reach;

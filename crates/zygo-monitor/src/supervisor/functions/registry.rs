@@ -208,6 +208,13 @@ fn plan(spec: &FnSpec, identity: &Identity) -> Result<Planned, String> {
             spec.secrets
         ));
     }
+    // Without uids of their own, requests are kept from signalling each other by
+    // Landlock's scoping alone: on an older kernel that is refused unless accepted.
+    if identity.request_ids.is_none() {
+        if let Some(why) = crate::kernel::rootless_zygote_refusal(crate::kernel::landlock_abi()) {
+            return Err(why);
+        }
+    }
     let (argv, fn_mount, agents) = agent_argv(spec, identity.request_ids)?;
     let image = match &spec.image {
         policy::plan::Image::Host => Image::Host,
