@@ -652,7 +652,7 @@ pub fn zygo_with(who: Who, bin: &Path) -> Command {
         .env("PATH", "/usr/bin:/bin")
         .current_dir("/")
         .stdin(Stdio::null());
-    for key in ["ZYGO_LOG", "RUST_LOG"] {
+    for key in ["ZYGO_LOG", "RUST_LOG", "ZYGO_ALLOW_UNSCOPED_REQUESTS"] {
         if let Some(v) = std::env::var_os(key) {
             cmd.env(key, v);
         }

@@ -481,6 +481,49 @@ fn large_event_and_result() {
 /// A handler that does not import (missing module, syntax error, missing function) makes
 /// `zygo up` and `zygo serve` print the import error and exit 1; `zygo ls` shows the
 /// function failed with that error; its calls are refused; the others are served.
+/// Rootless, the requests of a zygote share one uid: on a kernel whose Landlock cannot
+/// scope signals (ABI below 6, e.g. Debian 12's 6.1) serving a function is refused with the
+/// kernel it needs named, unless `ZYGO_ALLOW_UNSCOPED_REQUESTS=1` accepts it; from ABI 6
+/// on it is served.
+#[test]
+fn rootless_zygotes_need_signal_scoping_or_consent() {
+    let mut s = SUITE.sup(Who::Rootless, "scope");
+    let (file, n) = s.write_toml(&[("hello", "hello", "")]);
+    let mut c = s.cmd(&["up", "-f", file.to_str().expect("UTF-8")]);
+    c.env_remove("ZYGO_ALLOW_UNSCOPED_REQUESTS");
+    let f = finish(c);
+    s.find_supervisor();
+    let version = s.run(&["version", "--json"]);
+    let abi = serde_json::from_str::<Value>(version.stdout_text().trim())
+        .ok()
+        .and_then(|v| v["landlock_abi"].as_i64())
+        .unwrap_or_else(|| panic!("zygo version --json: {}", version.stdout_text()));
+    let err = f.stderr_text();
+    if abi >= 6 {
+        assert_eq!(
+            f.code,
+            0,
+            "zygo up on Landlock ABI {abi}: {err}\n{}",
+            s.log()
+        );
+        assert_eq!(s.info(&n[0])["state"], "serving");
+    } else {
+        assert_eq!(
+            f.code,
+            1,
+            "zygo up on Landlock ABI {abi}: {err}\n{}",
+            s.log()
+        );
+        assert!(
+            err.contains("Linux 6.12")
+                && err.contains(&format!("ABI {abi}"))
+                && err.contains("ZYGO_ALLOW_UNSCOPED_REQUESTS=1"),
+            "the refusal does not name the kernel and the way out: {err}"
+        );
+    }
+    s.shutdown();
+}
+
 #[test]
 fn import_failures() {
     let Some(mut s) = SUITE.root("import") else {

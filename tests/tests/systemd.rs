@@ -283,3 +283,188 @@ fn usage_request_ids() -> Vec<String> {
         .filter_map(|v| v["request_id"].as_str().map(str::to_string))
         .collect()
 }
+
+/// `zygo run --json` in whatever `prefix` starts it with (systemd-run and its options),
+/// with a clean environment; (exit code, the JSON answer, stderr).
+fn run_through(prefix: &[&str], zygo_args: &[&str], env: &[(&str, &str)]) -> (i32, Value, String) {
+    let mut c = Command::new(prefix[0]);
+    c.args(&prefix[1..])
+        .env_clear()
+        .env("PATH", "/usr/bin:/bin")
+        .stdin(Stdio::null());
+    for (k, v) in env {
+        c.env(k, v);
+    }
+    c.args(zygo_args);
+    let f = finish(c);
+    let out = f.stdout_text();
+    let v = out
+        .lines()
+        .rev()
+        .find_map(|l| serde_json::from_str::<Value>(l).ok())
+        .unwrap_or(Value::Null);
+    (f.code, v, f.stderr_text())
+}
+
+/// The host's zygo, where every user may run it.
+fn public_zygo() -> String {
+    let dir = Path::new("/usr/local/lib/zygo-tests");
+    copy_binary(&zygo_bin(), dir, "zygo")
+        .to_str()
+        .expect("UTF-8")
+        .to_string()
+}
+
+#[test]
+#[ignore = "starts systemd scopes and services: run in the guest (scripts/guest/run)"]
+fn run_in_a_delegated_scope_and_service() {
+    require_systemd();
+    let zygo = public_zygo();
+    // A scope: systemd-run execs zygo itself in a new cgroup with Delegate=yes; zygo
+    // moves into a leaf of it and enforces the limits.
+    for (what, prefix) in [
+        (
+            "scope",
+            vec!["systemd-run", "--quiet", "--scope", "-p", "Delegate=yes"],
+        ),
+        (
+            "service",
+            vec![
+                "systemd-run",
+                "--quiet",
+                "--wait",
+                "--pipe",
+                "--collect",
+                "-p",
+                "Delegate=yes",
+            ],
+        ),
+    ] {
+        let (code, v, err) = run_through(
+            &prefix,
+            &[&zygo, "run", "--json", "--", "/bin/echo", "hello"],
+            &[],
+        );
+        assert!(
+            code == 0 && v["stdout"] == "hello\n",
+            "[{what}] {code} {v} {err}"
+        );
+        let (_, v, err) = run_through(
+            &prefix,
+            &[
+                &zygo,
+                "run",
+                "--json",
+                "--mem",
+                "64M",
+                "--",
+                "/usr/bin/python3",
+                "-c",
+                "b = bytearray(200 << 20); print(len(b))",
+            ],
+            &[],
+        );
+        assert_eq!(v["oom_killed"], true, "[{what}] {v} {err}");
+    }
+}
+
+#[test]
+#[ignore = "starts a systemd service: run in the guest (scripts/guest/run)"]
+fn a_service_without_delegation_is_told_how_to_fix_it() {
+    require_systemd();
+    let zygo = public_zygo();
+    let enabled = fs::read_to_string("/sys/fs/cgroup/system.slice/cgroup.subtree_control")
+        .unwrap_or_default();
+    let (code, v, err) = run_through(
+        &["systemd-run", "--quiet", "--wait", "--pipe", "--collect"],
+        &[&zygo, "run", "--json", "--", "/bin/true"],
+        &[],
+    );
+    if ["memory", "pids", "cpu"]
+        .iter()
+        .all(|c| enabled.split_whitespace().any(|x| x == *c))
+    {
+        // systemd enabled every controller Zygo needs for services: as root it can use
+        // its service's cgroup even undelegated.
+        assert_eq!(code, 0, "{v} {err}");
+    } else {
+        let why = v["error"].as_str().unwrap_or_default().to_string() + &err;
+        assert!(
+            code == 1
+                && why.contains("Delegate=yes")
+                && why.contains("systemd-run --scope -p Delegate=yes zygo run"),
+            "the refusal does not say how to delegate: {code} {v} {err}"
+        );
+    }
+}
+
+#[test]
+#[ignore = "starts a user's systemd: run in the guest (scripts/guest/run)"]
+fn rootless_in_a_user_scope_after_the_steps_zygo_names() {
+    require_systemd();
+    let zygo = public_zygo();
+    let r = rootless_setup();
+    let uid = r.uid.to_string();
+    let gid = r.gid.to_string();
+    let user = ROOTLESS_USER;
+    ok("loginctl", &["enable-linger", user]);
+    let runtime = format!("/run/user/{uid}");
+    wait_for(Duration::from_secs(60), "the user's systemd", || {
+        Path::new(&format!("{runtime}/bus")).exists()
+    });
+    let bus = format!("unix:path={runtime}/bus");
+    let env = [
+        ("XDG_RUNTIME_DIR", runtime.as_str()),
+        ("DBUS_SESSION_BUS_ADDRESS", bus.as_str()),
+        ("USER", user),
+        ("HOME", "/tmp"),
+    ];
+    let prefix = [
+        "setpriv",
+        "--reuid",
+        &uid,
+        "--regid",
+        &gid,
+        "--clear-groups",
+        "--",
+        "systemd-run",
+        "--user",
+        "--quiet",
+        "--scope",
+        "-p",
+        "Delegate=yes",
+    ];
+    let dropin = Path::new("/etc/systemd/system/user@.service.d/zygo-tests-delegate.conf");
+    let _ = fs::remove_file(dropin);
+    let restart_user_manager = || {
+        ok("systemctl", &["daemon-reload"]);
+        ok("systemctl", &["restart", &format!("user@{uid}.service")]);
+        wait_for(Duration::from_secs(60), "the user's systemd again", || {
+            sh("systemctl", &["is-active", &format!("user@{uid}.service")]).code == 0
+                && Path::new(&format!("{runtime}/bus")).exists()
+        });
+    };
+    restart_user_manager();
+    let enabled = fs::read_to_string(format!(
+        "/sys/fs/cgroup/user.slice/user-{uid}.slice/user@{uid}.service/cgroup.subtree_control"
+    ))
+    .unwrap_or_default();
+    let args = [zygo.as_str(), "run", "--json", "--", "/bin/echo", "hello"];
+    if !enabled.split_whitespace().any(|c| c == "cpu") {
+        // The user's systemd has not been given cpu: the refusal names the drop-in.
+        let (code, v, err) = run_through(&prefix, &args, &env);
+        let why = v["error"].as_str().unwrap_or_default().to_string() + &err;
+        assert!(
+            code == 1 && why.contains("Delegate=cpu cpuset io memory pids"),
+            "the refusal does not name the user@.service drop-in: {code} {v} {err}"
+        );
+        fs::create_dir_all(dropin.parent().expect("a folder")).expect("mkdir the drop-in folder");
+        fs::write(dropin, "[Service]\nDelegate=cpu cpuset io memory pids\n").expect("the drop-in");
+        restart_user_manager();
+    }
+    let (code, v, err) = run_through(&prefix, &args, &env);
+    let _ = fs::remove_file(dropin);
+    let _ = sh("loginctl", &["disable-linger", user]);
+    let _ = sh("systemctl", &["daemon-reload"]);
+    assert!(code == 0 && v["stdout"] == "hello\n", "{code} {v} {err}");
+}

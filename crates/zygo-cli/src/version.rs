@@ -28,9 +28,9 @@ pub fn main(args: Vec<OsString>) -> i32 {
         Err(e) => (None, None, Some(e.to_string())),
     };
     let abi = zygo_launcher::harden::landlock_abi();
-    // SAFETY: geteuid cannot fail.
-    let root = unsafe { libc::geteuid() } == 0;
-    let protections = kernel::protections(u32::try_from(abi).unwrap_or(0), root);
+    // Whether a zygote's requests get uids of their own (root, with a subordinate range).
+    let own_uids = zygo_monitor::identity::identity().is_ok_and(|i| i.request_ids.is_some());
+    let protections = kernel::protections(u32::try_from(abi).unwrap_or(0), own_uids);
     if json {
         let list: Vec<serde_json::Value> = protections
             .iter()
@@ -83,7 +83,7 @@ pub fn main(args: Vec<OsString>) -> i32 {
                 Provided::Fallback(how) => {
                     if (abi as u64) < u64::from(p.abi) {
                         format!(
-                            "{how} (Landlock's needs ABI {}, Linux {})",
+                            "{how} (Landlock would need ABI {}, Linux {})",
                             p.abi,
                             kernel::linux_for_abi(p.abi)
                         )

@@ -81,8 +81,9 @@ pub fn rootless_zygote_refusal(abi: u32) -> Option<String> {
 }
 
 /// Every protection that depends on the ABI, as provided on a kernel with `abi`, for a
-/// monitor running as root (`root`) or not.
-pub fn protections(abi: u32, root: bool) -> Vec<Protection> {
+/// monitor whose zygotes give each request a uid of its own (`own_uids`: root with a
+/// subordinate id range) or not (rootless).
+pub fn protections(abi: u32, own_uids: bool) -> Vec<Protection> {
     let lacks = |needed: u32| abi < needed;
     let mut out = vec![Protection {
         key: "writes",
@@ -125,7 +126,7 @@ pub fn protections(abi: u32, root: bool) -> Vec<Protection> {
     });
     let scope = if !lacks(6) {
         Provided::Landlock
-    } else if root {
+    } else if own_uids {
         Provided::Fallback(
             "each request of a zygote runs as a uid of its own, so it cannot signal the others",
         )
@@ -153,10 +154,10 @@ mod tests {
     #[test]
     fn every_protection_is_provided_somehow_on_every_abi() {
         for abi in 0..=8 {
-            for root in [true, false] {
-                for p in protections(abi, root) {
+            for own_uids in [true, false] {
+                for p in protections(abi, own_uids) {
                     if let Provided::Refused(why) = &p.provided {
-                        assert!(!root, "root needs no refusal: {p:?}");
+                        assert!(!own_uids, "uids of their own need no refusal: {p:?}");
                         assert!(why.contains("6.12") || why.contains("NOT HELD"), "{why}");
                     }
                     if abi >= p.abi && p.key != "truncate" && p.key != "tcp" {
