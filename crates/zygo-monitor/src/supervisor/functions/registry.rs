@@ -3,7 +3,6 @@
 //! `serve` answers that wait for zygotes to be ready.
 
 use std::collections::VecDeque;
-use std::os::fd::OwnedFd;
 use std::path::Path;
 use std::time::Instant;
 
@@ -34,7 +33,7 @@ pub(super) struct Function {
     pub(super) plan: LaunchPlan,
     /// The plan's handed-over mounts (see `crate::mounts`), opened when the function was
     /// served: every zygote gets its own copy of these, whatever the paths name later.
-    pub(super) handed: Vec<OwnedFd>,
+    pub(super) handed: Vec<crate::mounts::Handed>,
     pub(super) limits: Limits,
     /// Its memory limit as sandbox.toml says it, for messages.
     pub(super) mem_text: String,
