@@ -149,20 +149,20 @@ both_tests! {
         let nap = &n[0];
         let (v, f) = s.exec(nap, Some(r#"{"secs": 10}"#), &[]);
         s.assert_failed(&v, &f, "timeout", "timeout");
-        assert!(f.elapsed < Duration::from_secs(3), "answered after {:?}", f.elapsed);
+        assert!(f.elapsed < slow(Duration::from_secs(3)), "answered after {:?}", f.elapsed);
         assert!(f.elapsed >= Duration::from_millis(1900), "answered early: {:?}", f.elapsed);
         assert!(text(&v, "error").contains("2s"), "the error names the limit: {v}");
         assert_eq!(v["started"], true, "{v}");
 
         let (v, f) = s.exec(nap, Some(r#"{"secs": 10}"#), &["--timeout", "500ms"]);
         s.assert_failed(&v, &f, "timeout", "timeout");
-        assert!(f.elapsed < Duration::from_millis(1500), "--timeout 500ms: {:?}", f.elapsed);
+        assert!(f.elapsed < slow(Duration::from_millis(1500)), "--timeout 500ms: {:?}", f.elapsed);
         assert!(text(&v, "error").contains("500ms"), "the error names the limit: {v}");
 
         // --timeout never widens the function's own.
         let (v, f) = s.exec(nap, Some(r#"{"secs": 10}"#), &["--timeout", "1m"]);
         s.assert_failed(&v, &f, "timeout", "timeout");
-        assert!(f.elapsed < Duration::from_secs(3), "--timeout 1m: {:?}", f.elapsed);
+        assert!(f.elapsed < slow(Duration::from_secs(3)), "--timeout 1m: {:?}", f.elapsed);
 
         assert_eq!(s.call_ok(nap, r#"{"secs": 0.1}"#), json!({"slept": 0.1}));
         s.shutdown();
@@ -178,7 +178,7 @@ both_tests! {
         s.assert_failed(&v, &f, "error", "handler");
         assert_eq!(v["oom_killed"], true, "{v}");
         assert_eq!(v["error"], "ran out of memory (limit 64M)", "{v}");
-        assert!(f.elapsed < Duration::from_secs(8), "OOM took {:?}", f.elapsed);
+        assert!(f.elapsed < slow(Duration::from_secs(8)), "OOM took {:?}", f.elapsed);
         assert_eq!(s.call_ok(hog, r#"{"bytes": 1000}"#), json!(1000));
         s.shutdown();
     }
@@ -341,7 +341,7 @@ fn handler_errors() {
         "garbage on the channel: {v}"
     );
     assert!(
-        f.elapsed < Duration::from_millis(1900),
+        f.elapsed < slow(Duration::from_millis(1900)),
         "garbage answered after {:?}",
         f.elapsed
     );
@@ -426,7 +426,7 @@ fn bad_events() {
         "{}",
         f.stderr_text()
     );
-    assert!(t0.elapsed() < Duration::from_secs(10));
+    assert!(t0.elapsed() < slow(Duration::from_secs(10)));
 
     // A key must be 1 to 256 bytes.
     let (v, f) = s.exec(hello, None, &["--key", ""]);
@@ -628,7 +628,7 @@ fn unruly_handlers() {
     let (v, f) = s.exec(closer, None, &[]);
     assert!(f.code == 0 && v["result"] == "closed", "{v}\n{}", s.log());
     assert_eq!(v["stdout"], "before closing\n", "{v}");
-    assert!(f.elapsed < Duration::from_secs(2), "{:?}", f.elapsed);
+    assert!(f.elapsed < slow(Duration::from_secs(2)), "{:?}", f.elapsed);
     assert_eq!(s.call_ok(closer, "{}"), "closed");
 
     let marker = format!("zygo-daemon-marker-{:x}", unique());
@@ -639,7 +639,7 @@ fn unruly_handlers() {
         "the daemon did not start: {v}"
     );
     assert!(
-        f.elapsed < Duration::from_millis(4500),
+        f.elapsed < slow(Duration::from_millis(4500)),
         "the daemon held the call: {:?}",
         f.elapsed
     );
@@ -659,7 +659,7 @@ fn unruly_handlers() {
     let (v, f) = s.exec(stubborn, None, &[]);
     s.assert_failed(&v, &f, "timeout", "timeout");
     assert!(
-        f.elapsed < Duration::from_secs(3),
+        f.elapsed < slow(Duration::from_secs(3)),
         "SIGTERM ignored: answered after {:?}",
         f.elapsed
     );
@@ -687,7 +687,7 @@ fn stuck() {
     s.assert_failed(&v, &f, "stuck", "stuck");
     assert!(text(&v, "error").contains("heartbeat"), "{v}");
     assert!(
-        f.elapsed >= Duration::from_millis(1400) && f.elapsed < Duration::from_secs(4),
+        f.elapsed >= Duration::from_millis(1400) && f.elapsed < slow(Duration::from_secs(4)),
         "stuck after {:?}",
         f.elapsed
     );
@@ -739,7 +739,7 @@ fn cancel() {
     s.assert_failed(&v, &f, "cancelled", "cancelled");
     assert_eq!(v["started"], true, "{v}");
     assert!(
-        t0.elapsed() < Duration::from_secs(2),
+        t0.elapsed() < slow(Duration::from_secs(2)),
         "answered {:?} after the cancel",
         t0.elapsed()
     );
@@ -777,7 +777,7 @@ fn busy_at_max_warm() {
         "a retry-after hint: {v}"
     );
     assert!(
-        f.elapsed < Duration::from_secs(1),
+        f.elapsed < slow(Duration::from_secs(1)),
         "refused after {:?}",
         f.elapsed
     );
@@ -857,7 +857,7 @@ fn freeze_and_thaw() {
         s.log()
     );
     assert!(
-        f.elapsed < Duration::from_secs(2),
+        f.elapsed < slow(Duration::from_secs(2)),
         "thaw took {:?}",
         f.elapsed
     );
@@ -912,7 +912,7 @@ fn crash_mid_request(test: &str, find: fn(&str) -> Vec<i32>, expect: &str) {
         s.log()
     );
     assert!(
-        t0.elapsed() < Duration::from_secs(3),
+        t0.elapsed() < slow(Duration::from_secs(3)),
         "answered {:?} after the kill",
         t0.elapsed()
     );
@@ -1270,13 +1270,13 @@ fn drain_grace(test: &str, check_answer: bool) {
     );
     let f = call.join().expect("the call");
     assert!(
-        t0.elapsed() < Duration::from_secs(4),
+        t0.elapsed() < slow(Duration::from_secs(4)),
         "the drain waited {:?}",
         t0.elapsed()
     );
     s.wait_gone();
     assert!(
-        t0.elapsed() < Duration::from_secs(5),
+        t0.elapsed() < slow(Duration::from_secs(5)),
         "exited after {:?}",
         t0.elapsed()
     );

@@ -143,10 +143,12 @@ fn units_verify() {
     copy_binary(&zygo_bin(), Path::new("/root/.local/bin"), "zygo");
     let user = dir.path.join("zygo-user.service");
     fs::copy(contrib("zygo-user.service"), &user).expect("copy the user unit");
-    let out = sh(
-        "systemd-analyze",
-        &["--user", "verify", user.to_str().expect("UTF-8")],
-    );
+    // A user manager's lookup paths need a runtime directory.
+    let mut c = Command::new("systemd-analyze");
+    c.args(["--user", "verify", user.to_str().expect("UTF-8")])
+        .env("XDG_RUNTIME_DIR", &dir.path)
+        .stdin(Stdio::null());
+    let out = finish(c);
     let _ = fs::remove_file("/root/.local/bin/zygo");
     assert!(
         out.code == 0 && out.stderr_text().trim().is_empty(),
