@@ -181,8 +181,18 @@ impl V2 {
         }
         let subtree = base_dir.join("cgroup.subtree_control");
         let inside = own_path != base && within(own_path, &base);
-        if !inside && base != "/" {
-            enter_leaf(&base_dir, own_path == base)?;
+        if !inside {
+            if base == "/" {
+                // The host's root cgroup may hold processes beside children with
+                // controllers; the root of a cgroup namespace (a container's) may not.
+                if !has_all(&read_file(&subtree).unwrap_or_default())
+                    && write_file(&subtree, "+memory +pids +cpu").is_err()
+                {
+                    enter_leaf(&base_dir, own_path == base)?;
+                }
+            } else {
+                enter_leaf(&base_dir, own_path == base)?;
+            }
         }
         if !has_all(&read_file(&subtree).unwrap_or_default()) {
             if let Err(e) = write_file(&subtree, "+memory +pids +cpu") {
@@ -359,5 +369,24 @@ impl Cgroup for V2Cgroup {
         let killed = self.kill_all();
         let removed = rmdir_retry(&self.dir);
         killed.and(removed)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::within;
+
+    #[test]
+    fn within_is_by_path_components() {
+        assert!(within("/a/b", "/a"));
+        assert!(within("/a", "/a"));
+        assert!(within("/a/b/c", "/a/b/"));
+        assert!(within("/anything", "/"));
+        assert!(!within("/ab", "/a"));
+        assert!(!within("/a", "/a/b"));
+        assert!(!within(
+            "/user.slice/session-1.scope",
+            "/system.slice/zygo.service"
+        ));
     }
 }
