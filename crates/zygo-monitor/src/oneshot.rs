@@ -284,7 +284,11 @@ pub fn start(req: Request) -> Result<Started, Outcome> {
     }
     let timeout_ms = plan.timeout_ms;
     // As root, the monitor opens what the sandbox mounts (see `crate::mounts`).
-    let handed = crate::mounts::hand_over(&mut plan).and_then(|trees| {
+    let handed = crate::mounts::hand_over(&mut plan).and_then(|handed| {
+        let trees: Vec<_> = handed
+            .into_iter()
+            .map(crate::mounts::Handed::into_tree)
+            .collect();
         crate::mounts::send(&sock, &trees)
             .map_err(|e| format!("send the mounts to the launcher: {e}"))
     });

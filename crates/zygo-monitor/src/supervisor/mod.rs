@@ -325,6 +325,8 @@ pub struct Supervisor {
     /// Calls in flight when the drain began, and the clients waiting for its end.
     drain_from: u32,
     drain_waiters: Vec<Token>,
+    /// systemd, when it started us as a `Type=notify` service.
+    notify: crate::notify::Notifier,
     socket: PathBuf,
     /// The input budget large frames are read under, and its line.
     budget: InputBudget,
@@ -372,6 +374,11 @@ impl Supervisor {
     /// Bind the control socket and prepare the state. Fails if another supervisor answers
     /// on the socket.
     pub fn new(launcher: PathBuf) -> Result<Supervisor, SupervisorError> {
+        // Read (and removed from the environment) before any thread or process starts.
+        let notify = crate::notify::Notifier::from_env();
+        // First of all: on cgroup v2 Zygo may have to move itself into a leaf of its
+        // cgroup, which only works while it is alone there.
+        let backend = Backend::detect().map_err(|e| SupervisorError(e.to_string()))?;
         raise_open_files();
         let runtime = paths::runtime_dir();
         paths::make_private_dir(&runtime)
@@ -401,7 +408,6 @@ impl Supervisor {
         unsafe { libc::umask(old) };
         let mut listener =
             listener.map_err(|e| err(&format!("listen on {}", socket.display()), e))?;
-        let backend = Backend::detect().map_err(|e| SupervisorError(e.to_string()))?;
         let identity = crate::identity::identity().map_err(|e| SupervisorError(e.to_string()))?;
         if let Some(why) = identity.shortfall() {
             log::warn!("{why}");
@@ -455,6 +461,7 @@ impl Supervisor {
             drain: None,
             drain_from: 0,
             drain_waiters: Vec::new(),
+            notify,
             socket,
             budget: InputBudget::new(INPUT_BUDGET),
             refusing: VecDeque::new(),
@@ -471,6 +478,12 @@ impl Supervisor {
     /// Run until drained.
     pub fn run(mut self) -> Result<(), SupervisorError> {
         let mut events = Events::with_capacity(256);
+        // The socket is bound and the state open: from here connections are served.
+        self.notify.send(&format!(
+            "READY=1\nSTATUS=serving on {} (cgroup {})",
+            self.socket.display(),
+            self.fns.backend_root()
+        ));
         loop {
             let now = Instant::now();
             let mut timeout = if self.fns.has_background() {
@@ -523,6 +536,10 @@ impl Supervisor {
                         "drain complete ({} requests still running were cancelled)",
                         self.fns.in_flight()
                     );
+                    self.notify.status(&format!(
+                        "drained ({} requests cut off); removing sandboxes",
+                        self.fns.in_flight()
+                    ));
                     break;
                 }
             }
@@ -629,6 +646,11 @@ impl Supervisor {
                     .unwrap_or_else(|| now + Duration::from_secs(365 * 24 * 3600)),
             );
             self.fns.draining = true;
+            self.notify.send(&format!(
+                "STOPPING=1\nSTATUS=draining: {} requests running may finish within {}s",
+                self.fns.in_flight(),
+                grace.as_secs()
+            ));
         }
     }
 
