@@ -955,6 +955,7 @@ fn node(sup: &Supervisor, dir: &Path, name: &str, calls: usize) -> R<Node> {
     let r = c.call(&Request::Serve {
         name: name.into(),
         file: toml.display().to_string(),
+        secrets: Vec::new(),
     })?;
     match r {
         Reply::Served { served, failed }

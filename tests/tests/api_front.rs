@@ -259,6 +259,19 @@ fn replies(token: &Option<String>, req: &Request) -> Vec<Reply> {
         })),
         Request::ListTokens => one(Reply::Tokens(vec![])),
         Request::RevokeToken { id } => one(Reply::TokenRevoked { id: id.clone() }),
+        Request::PutSecret { tenant, name, .. } => one(Reply::SecretStored {
+            tenant: tenant.clone(),
+            name: name.clone(),
+            replaced: false,
+        }),
+        Request::DeleteSecret { tenant, name } => one(Reply::SecretDeleted {
+            tenant: tenant.clone(),
+            name: name.clone(),
+        }),
+        Request::ListSecrets { tenant } => one(Reply::Secrets {
+            tenant: tenant.clone(),
+            names: vec!["STRIPE_KEY".into()],
+        }),
         other => one(err(BadRequest, &format!("not for the API: {other:?}"))),
     }
 }
@@ -443,6 +456,9 @@ struct Resp {
 }
 
 impl Resp {
+    fn text(&self) -> String {
+        String::from_utf8_lossy(&self.body).into_owned()
+    }
     fn json(&self) -> Value {
         serde_json::from_slice(&self.body).unwrap_or_else(|e| {
             panic!(
@@ -1005,16 +1021,12 @@ fn every_route_refuses_bad_input_with_its_status_and_never_a_5xx() {
     api.op("POST", "/fn/missing", "")
         .assert_error(404, "an unknown function");
     // Unknown routes, the next version's routes, a wrong method.
-    for p in [
-        "/nope",
-        "/fn/a/b/c",
-        "/metrics",
-        "/blobs/a/b",
-        "/deps/x",
-        "/tenants/acme/secrets/K",
-    ] {
+    for p in ["/nope", "/fn/a/b/c", "/metrics", "/blobs/a/b", "/deps/x"] {
         api.op("GET", p, "").assert_error(404, p);
     }
+    // A secret is never read back: GET on one is not a route.
+    api.op("GET", "/tenants/acme/secrets/K", "")
+        .assert_error(405, "GET of one secret");
     let r = api.op("PATCH", "/fn/echo", "");
     r.assert_error(405, "PATCH /fn/echo");
     let allow = r.h("allow").unwrap();
@@ -1420,6 +1432,69 @@ fn slow_uploads_do_not_keep_other_callers_waiting() {
         t0.elapsed()
     );
     drop(held);
+}
+
+/// The secrets routes: PUT forwards the value to the supervisor (and answers without it),
+/// GET lists names, DELETE forgets; a body that is not `{"value": "…"}` is 400 with a
+/// message that never quotes it; a bad name is 400 before the supervisor is asked.
+#[test]
+fn secrets_routes_forward_values_and_never_answer_with_one() {
+    if skip_without_binary() {
+        return;
+    }
+    let api = Api::start(&[]);
+    let value = "sk_live_never_echoed_42";
+    let r = api.op(
+        "PUT",
+        "/tenants/acme/secrets/STRIPE_KEY",
+        &format!(r#"{{"value": "{value}"}}"#),
+    );
+    assert_eq!(r.status, 200, "{}", r.text());
+    let v = r.json();
+    assert_eq!(v["tenant"], "acme");
+    assert_eq!(v["name"], "STRIPE_KEY");
+    assert!(!r.text().contains(value));
+    let sent = api
+        .fake
+        .seen
+        .lock()
+        .unwrap()
+        .requests
+        .iter()
+        .find_map(|(_, _, r)| match r {
+            Request::PutSecret { value, .. } => Some(value.0.clone()),
+            _ => None,
+        })
+        .expect("the PutSecret was forwarded");
+    assert_eq!(sent, value.as_bytes());
+    for bad in [
+        format!(r#"{{"value": "{value}", "extra": 1}}"#),
+        format!(r#"{{"value": "{value}", "value": "{value}"}}"#),
+        format!(r#"{{"value": ["{value}"]}}"#),
+        format!(r#"{{"valu": "{value}"}}"#),
+        format!(r#""{value}""#),
+        value.to_string(),
+    ] {
+        let r = api.op("PUT", "/tenants/acme/secrets/STRIPE_KEY", &bad);
+        r.assert_error(400, &bad);
+        assert!(
+            !r.text().contains(value),
+            "the refusal quotes the body: {}",
+            r.text()
+        );
+    }
+    let r = api.op("PUT", "/tenants/acme/secrets/1BAD", r#"{"value": "x"}"#);
+    r.assert_error(400, "a bad secret name");
+    let r = api.op("GET", "/tenants/acme/secrets", "");
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(r.json()["secrets"], serde_json::json!(["STRIPE_KEY"]));
+    let r = api.op("DELETE", "/tenants/acme/secrets/STRIPE_KEY", "");
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(r.json()["deleted"], true);
+    assert!(
+        !api.log.lock().unwrap().contains(value),
+        "the front logged a value"
+    );
 }
 
 #[test]

@@ -1375,6 +1375,7 @@ fn hostile_envelopes_are_refused_and_the_connection_serves() {
         Request::Serve {
             name: "x".into(),
             file: "/etc/passwd".into(),
+            secrets: Vec::new(),
         },
     ] {
         expect_code(

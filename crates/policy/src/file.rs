@@ -557,11 +557,11 @@ impl Layer {
             "secrets" => {
                 let names = strings(f, v, "an array of secret names")?;
                 for (i, name) in names.iter().enumerate() {
-                    if !is_identifier(name) {
+                    if !is_identifier(name) || name.len() > 64 {
                         return Err(PolicyError::invalid(
                             f,
                             name,
-                            "is not a secret name; use letters, digits and _, not starting with a digit",
+                            "is not a secret name; use 1 to 64 letters, digits and _, not starting with a digit",
                         ));
                     }
                     if names[..i].contains(name) {

@@ -68,6 +68,12 @@ pub enum Route {
     RevokeToken,
     /// `POST /drain`.
     Drain,
+    /// `PUT /tenants/{id}/secrets/{name}`.
+    PutSecret,
+    /// `DELETE /tenants/{id}/secrets/{name}`.
+    DeleteSecret,
+    /// `GET /tenants/{id}/secrets` (names only).
+    ListSecrets,
 }
 
 /// Who may ask for a route at all.
@@ -124,6 +130,10 @@ pub const RULES: &[Rule] = &[
     rule(Route::ListTokens, Who::Op, true),
     rule(Route::RevokeToken, Who::Op, true),
     rule(Route::Drain, Who::Op, true),
+    // A tenant cannot set its own secrets: the operator holds that relationship.
+    rule(Route::PutSecret, Who::Op, true),
+    rule(Route::DeleteSecret, Who::Op, true),
+    rule(Route::ListSecrets, Who::Op, false),
 ];
 
 /// The row of a route.
@@ -235,6 +245,9 @@ pub fn describe(route: Route) -> &'static str {
         Route::ListTokens => "listing tokens",
         Route::RevokeToken => "revoking tokens",
         Route::Drain => "draining",
+        Route::PutSecret => "setting a tenant's secret",
+        Route::DeleteSecret => "deleting a tenant's secret",
+        Route::ListSecrets => "listing a tenant's secrets",
     }
 }
 
@@ -315,6 +328,7 @@ mod tests {
             // Operator only, not gated.
             (CreateTenant, true, true, true, false),
             (ListTenants, true, true, true, false),
+            (ListSecrets, true, true, true, false),
             // Gated.
             (ServeLayer, true, true, false, false),
             (Stop, true, true, false, false),
@@ -327,6 +341,8 @@ mod tests {
             (ListTokens, true, true, false, false),
             (RevokeToken, true, true, false, false),
             (Drain, true, true, false, false),
+            (PutSecret, true, true, false, false),
+            (DeleteSecret, true, true, false, false),
         ];
         assert_eq!(rows.len(), RULES.len(), "a row of the gate is not tested");
         for &(route, op, boot_yes, boot_no, tenant) in rows {

@@ -172,6 +172,33 @@ pub struct RunAnswer {
     pub stderr_truncated: bool,
 }
 
+/// The longest secret name.
+pub const MAX_SECRET_NAME: usize = 64;
+
+/// The largest secret value (a key, a certificate, a small credentials file).
+pub const MAX_SECRET_VALUE: usize = 64 * 1024;
+
+/// A secret's value on its way to be sealed. It prints as `<redacted>`, so no `{:?}` of a
+/// request carrying one can put it in a log.
+#[derive(Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SecretValue(pub Vec<u8>);
+
+impl std::fmt::Debug for SecretValue {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("<redacted>")
+    }
+}
+
+/// Whether `name` has the shape of a secret name: `[A-Za-z_][A-Za-z0-9_]{0,63}` (it becomes
+/// a file name under `/run/secrets/` and in the store).
+pub fn is_secret_name(name: &str) -> bool {
+    let b = name.as_bytes();
+    !b.is_empty()
+        && b.len() <= MAX_SECRET_NAME
+        && (b[0].is_ascii_alphabetic() || b[0] == b'_')
+        && b.iter().all(|&c| c.is_ascii_alphanumeric() || c == b'_')
+}
+
 /// Whether `id` has the shape of a tenant id.
 pub fn is_tenant_id(id: &str) -> bool {
     let b = id.as_bytes();
@@ -247,5 +274,31 @@ mod tests {
             created_ms: 0,
         };
         assert!(!format!("{m:?}").contains("zygo_secret"));
+        let r = crate::front::Request::PutSecret {
+            tenant: "acme".into(),
+            name: "K".into(),
+            value: SecretValue(b"hunter2".to_vec()),
+        };
+        assert!(!format!("{r:?}").contains("hunter2"));
+    }
+
+    #[test]
+    fn secret_names() {
+        for ok in ["A", "_", "STRIPE_KEY", "a1_b", &"a".repeat(64)] {
+            assert!(is_secret_name(ok), "{ok}");
+        }
+        for bad in [
+            "",
+            "1A",
+            "A-B",
+            "a.b",
+            "../x",
+            "a/b",
+            "é",
+            " A",
+            &"a".repeat(65),
+        ] {
+            assert!(!is_secret_name(bad), "{bad}");
+        }
     }
 }

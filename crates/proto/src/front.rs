@@ -48,10 +48,12 @@ pub enum Request {
     ServeAll {
         file: String,
     },
-    /// Serve one function of this sandbox.toml.
+    /// Serve one function of this sandbox.toml, with values for its secrets given at the
+    /// shell (`--secret NAME=VALUE`; they win over stored ones).
     Serve {
         name: String,
         file: String,
+        secrets: Vec<(String, crate::api::SecretValue)>,
     },
     /// Stop a function: its zygotes end, in-flight requests are cancelled.
     Stop {
@@ -152,6 +154,21 @@ pub enum Request {
     },
     /// `GET /version`.
     Version,
+    /// Seal and store a tenant's secret (replacing one of that name).
+    PutSecret {
+        tenant: String,
+        name: String,
+        value: crate::api::SecretValue,
+    },
+    /// Forget a tenant's secret.
+    DeleteSecret {
+        tenant: String,
+        name: String,
+    },
+    /// The names of a tenant's secrets (never a value: there is no request that reads one).
+    ListSecrets {
+        tenant: String,
+    },
     /// Store a blob (a workspace tar calls name by digest) in the content-addressed blob
     /// store, owned by the acting tenant (idempotent).
     PutBlob {
@@ -287,6 +304,9 @@ pub enum ErrorCode {
     /// A limit above every ceiling the tenant can reach (HTTP 422; the message names the
     /// key).
     AboveCeiling,
+    /// A call needs a secret the calling tenant has not stored (HTTP 400; the message names
+    /// it).
+    MissingSecret,
 }
 
 impl ErrorCode {
@@ -303,6 +323,7 @@ impl ErrorCode {
             ErrorCode::Internal => "internal",
             ErrorCode::Unauthorized => "unauthorized",
             ErrorCode::AboveCeiling => "above_ceiling",
+            ErrorCode::MissingSecret => "missing_secret",
         }
     }
 }
@@ -500,6 +521,21 @@ pub enum Reply {
         id: String,
     },
     Version(crate::api::VersionInfo),
+    /// A secret was sealed and stored; `replaced`: one of that name existed.
+    SecretStored {
+        tenant: String,
+        name: String,
+        replaced: bool,
+    },
+    SecretDeleted {
+        tenant: String,
+        name: String,
+    },
+    /// A tenant's secrets, by name.
+    Secrets {
+        tenant: String,
+        names: Vec<String>,
+    },
 }
 
 #[cfg(test)]

@@ -147,6 +147,9 @@ pub struct LaunchPlan {
     /// namespace; the launcher's egress filter listens on each rule's address and port
     /// there and relays what the rules allow. `None`: loopback only.
     pub egress: Option<Egress>,
+    /// The function or pool names secrets: `/run/secrets` is made, empty, for each
+    /// request's own tmpfs of them to be mounted on (see `ToLauncher::Call::secrets`).
+    pub secrets: bool,
 }
 
 /// What an egress sandbox may reach, as the monitor's policy has checked it.
@@ -308,6 +311,10 @@ pub enum ToLauncher {
         /// A smaller size for the child's `/tmp` and `/work` than the plan's (a tenant's
         /// scratch limit): they are shrunk to it before the request reaches the child.
         scratch_bytes: Option<u64>,
+        /// Files for the request's own `/run/secrets/` (a tmpfs in the request's mount
+        /// namespace, written by the launcher from outside before the request reaches the
+        /// child: mode 0400, owned by the request's uid; gone with the request).
+        secrets: Vec<SecretFile>,
     },
     /// Zygote: drop the slot's child unused (its channel closes, so it exits). A child
     /// that served its request is dropped by the launcher itself once its channel closes.
@@ -319,6 +326,28 @@ pub enum ToLauncher {
     /// Sent once, before `Start`.
     Mounts { count: u8 },
 }
+
+/// One secret for a request: its name (`[A-Za-z_][A-Za-z0-9_]{0,63}`) and value. Its
+/// `Debug` shows the name only.
+#[derive(Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SecretFile {
+    pub name: String,
+    pub value: Vec<u8>,
+}
+
+impl std::fmt::Debug for SecretFile {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SecretFile")
+            .field("name", &self.name)
+            .field("value", &"<redacted>")
+            .finish()
+    }
+}
+
+/// At most this many secrets per request, and this many bytes of values together (they go
+/// to the launcher's mounter in one message).
+pub const MAX_REQUEST_SECRETS: usize = 32;
+pub const MAX_REQUEST_SECRET_BYTES: usize = 128 * 1024;
 
 /// A script from the monitor's store.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]

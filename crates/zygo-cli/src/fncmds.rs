@@ -1,5 +1,5 @@
 //! The commands that talk to the supervisor: up, supervisor, serve, stop, exec, ls, logs,
-//! stats, warm, cancel, drain, token.
+//! stats, warm, cancel, drain, token, secrets.
 
 use std::ffi::OsString;
 use std::io::{Read, Write};
@@ -356,12 +356,45 @@ pub fn serve(raw: Vec<OsString>) -> i32 {
             "name exactly one function: zygo serve NAME [-f sandbox.toml]",
         );
     };
-    if a.flag("secret").is_some() {
-        return refused(
-            a.json,
-            "bad_request",
-            "secrets are not available in this version of Zygo",
-        );
+    // --secret NAME=VALUE, or --secret NAME for the value of $NAME. No message repeats a
+    // value.
+    let mut secrets = Vec::new();
+    for (f, v) in &a.flags {
+        if f != "secret" {
+            continue;
+        }
+        let (n, value) = match v.split_once('=') {
+            Some((n, value)) => (n, value.as_bytes().to_vec()),
+            None => match std::env::var_os(v) {
+                Some(x) if proto::api::is_secret_name(v) => (v.as_str(), x.into_encoded_bytes()),
+                _ if proto::api::is_secret_name(v) => {
+                    return usage_refusal(
+                        a.json,
+                        "serve",
+                        format!("--secret {v}: ${v} is not set (or give --secret {v}=VALUE)"),
+                    )
+                }
+                _ => ("", Vec::new()),
+            },
+        };
+        if !proto::api::is_secret_name(n) {
+            return usage_refusal(
+                a.json,
+                "serve",
+                "--secret takes NAME=VALUE or NAME (the value of $NAME); a name is 1 to 64 letters, digits and _, not starting with a digit",
+            );
+        }
+        if value.len() > proto::api::MAX_SECRET_VALUE {
+            return usage_refusal(
+                a.json,
+                "serve",
+                format!(
+                    "--secret {n}: the value is larger than {} bytes",
+                    proto::api::MAX_SECRET_VALUE
+                ),
+            );
+        }
+        secrets.push((n.to_string(), proto::api::SecretValue(value)));
     }
     let file = match sandbox_file(a.flag("f").or(a.flag("file")), true) {
         Ok(Some(f)) => f,
@@ -373,6 +406,7 @@ pub fn serve(raw: Vec<OsString>) -> i32 {
         &Request::Serve {
             name: name.clone(),
             file: file.display().to_string(),
+            secrets,
         },
     ) {
         Ok(r) => print_served(a.json, r),
@@ -1092,6 +1126,185 @@ pub fn token(raw: Vec<OsString>) -> i32 {
             a.json,
             "token",
             "usage: zygo token mint [--tenant T] | zygo token ls | zygo token revoke ID",
+        ),
+    }
+}
+
+// --- secrets -------------------------------------------------------------------------
+
+/// Read a secret's value: from the terminal with echo off, or from stdin when it is not one
+/// (at most the store's cap; one trailing newline removed).
+fn read_secret_value(name: &str) -> Result<Vec<u8>, String> {
+    let cap = proto::api::MAX_SECRET_VALUE;
+    // SAFETY: isatty on fd 0 only asks.
+    let tty = unsafe { libc::isatty(0) } == 1;
+    let mut saved: Option<libc::termios> = None;
+    if tty {
+        // SAFETY: tcgetattr/tcsetattr on fd 0 with a termios we own.
+        unsafe {
+            let mut t: libc::termios = std::mem::zeroed();
+            if libc::tcgetattr(0, &mut t) == 0 {
+                saved = Some(t);
+                t.c_lflag &= !libc::ECHO;
+                t.c_lflag |= libc::ECHONL;
+                libc::tcsetattr(0, libc::TCSAFLUSH, &t);
+            }
+        }
+        eprint!("value of {name} (not echoed): ");
+        let _ = std::io::stderr().flush();
+    }
+    let mut value = Vec::new();
+    let read = if tty {
+        let mut line = String::new();
+        std::io::stdin().read_line(&mut line).map(|_| {
+            value = line.into_bytes();
+        })
+    } else {
+        std::io::stdin()
+            .take(cap as u64 + 2)
+            .read_to_end(&mut value)
+            .map(|_| ())
+    };
+    if let Some(t) = saved {
+        // SAFETY: putting back the settings read above.
+        unsafe {
+            libc::tcsetattr(0, libc::TCSAFLUSH, &t);
+        }
+    }
+    read.map_err(|e| format!("read the value: {e}"))?;
+    if value.ends_with(b"\n") {
+        value.pop();
+        if value.ends_with(b"\r") {
+            value.pop();
+        }
+    }
+    if value.len() > cap {
+        return Err(format!("the value is larger than {cap} bytes"));
+    }
+    if value.is_empty() {
+        return Err("the value is empty; nothing was stored".into());
+    }
+    Ok(value)
+}
+
+pub fn secrets(raw: Vec<OsString>) -> i32 {
+    let a = match parse("secrets", raw, &[], &[]) {
+        Ok(Some(a)) => a,
+        Ok(None) => {
+            say_raw!("{}", usage::SECRETS);
+            return 0;
+        }
+        Err(c) => return c,
+    };
+    let verb = a.positional.first().map(String::as_str);
+    let rest = &a.positional[1.min(a.positional.len())..];
+    let bad_names = |tenant: &str, name: Option<&str>| -> Option<i32> {
+        if !proto::api::is_tenant_id(tenant) {
+            return Some(usage_refusal(
+                a.json,
+                "secrets",
+                "TENANT: a tenant id is 1 to 63 characters of a-z, 0-9, _ and -",
+            ));
+        }
+        if name.is_some_and(|n| !proto::api::is_secret_name(n)) {
+            return Some(usage_refusal(
+                a.json,
+                "secrets",
+                "NAME: a secret name is 1 to 64 letters, digits and _, not starting with a digit",
+            ));
+        }
+        None
+    };
+    match (verb, rest) {
+        (Some("keygen"), []) => match plumbing::random_hex(32) {
+            Ok(k) => {
+                say!("{k}");
+                0
+            }
+            Err(e) => refused(a.json, "internal", &e.to_string()),
+        },
+        (Some("set"), [tenant, name]) => {
+            if let Some(c) = bad_names(tenant, Some(name)) {
+                return c;
+            }
+            let value = match read_secret_value(name) {
+                Ok(v) => v,
+                Err(e) => return refused(a.json, "bad_request", &e),
+            };
+            let req = Request::PutSecret {
+                tenant: tenant.clone(),
+                name: name.clone(),
+                value: proto::api::SecretValue(value),
+            };
+            match call(a.json, &req) {
+                Ok(Reply::SecretStored {
+                    tenant,
+                    name,
+                    replaced,
+                }) => {
+                    if a.json {
+                        say!(
+                            "{}",
+                            json_text(&json!({"tenant": tenant, "name": name, "replaced": replaced}))
+                        );
+                    } else {
+                        say!(
+                            "{} secret {} of tenant {}",
+                            if replaced { "replaced" } else { "stored" },
+                            clean(&name),
+                            clean(&tenant)
+                        );
+                    }
+                    0
+                }
+                Ok(_) => refused(a.json, "internal", "unexpected reply"),
+                Err(c) => c,
+            }
+        }
+        (Some("ls"), [tenant]) => {
+            if let Some(c) = bad_names(tenant, None) {
+                return c;
+            }
+            match call(a.json, &Request::ListSecrets { tenant: tenant.clone() }) {
+                Ok(Reply::Secrets { names, .. }) => {
+                    if a.json {
+                        say!("{}", json_text(&json!({"secrets": names})));
+                    } else {
+                        for n in &names {
+                            say!("{}", clean(n));
+                        }
+                    }
+                    0
+                }
+                Ok(_) => refused(a.json, "internal", "unexpected reply"),
+                Err(c) => c,
+            }
+        }
+        (Some("rm"), [tenant, name]) => {
+            if let Some(c) = bad_names(tenant, Some(name)) {
+                return c;
+            }
+            let req = Request::DeleteSecret {
+                tenant: tenant.clone(),
+                name: name.clone(),
+            };
+            match call(a.json, &req) {
+                Ok(Reply::SecretDeleted { tenant, name }) => {
+                    if a.json {
+                        say!("{}", json_text(&json!({"tenant": tenant, "name": name, "deleted": true})));
+                    } else {
+                        say!("removed secret {} of tenant {}", clean(&name), clean(&tenant));
+                    }
+                    0
+                }
+                Ok(_) => refused(a.json, "internal", "unexpected reply"),
+                Err(c) => c,
+            }
+        }
+        _ => usage_refusal(
+            a.json,
+            "secrets",
+            "usage: zygo secrets keygen | zygo secrets set TENANT NAME | zygo secrets ls TENANT | zygo secrets rm TENANT NAME",
         ),
     }
 }

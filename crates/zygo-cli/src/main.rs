@@ -119,6 +119,7 @@ fn zygo_main() -> u8 {
         Some("drain") => fncmds::drain(rest),
         Some("api") => api::main(rest),
         Some("token") => fncmds::token(rest),
+        Some("secrets") => fncmds::secrets(rest),
         Some("mcp") => mcp::main(rest),
         Some(arg) if plumbing::Role::from_arg(arg.as_ref()) == Some(plumbing::Role::McpFront) => {
             mcp::front(rest)

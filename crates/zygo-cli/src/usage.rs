@@ -18,6 +18,7 @@ Commands:
   warm        keep N zygotes of a function ready
   cancel      cancel running requests by key
   token       mint, list and revoke the HTTP API's tokens
+  secrets     make a store key; set, list and remove tenants' secrets
   drain       stop taking calls, finish running ones, exit the supervisor
   supervisor  the supervisor in the foreground (for systemd)
   mcp         an MCP server on stdio: run_code in fresh sandboxes, and warm functions
@@ -142,7 +143,13 @@ has failed (an import error is printed).
 pub const SERVE: &str = "\
 zygo serve — serve one function of a sandbox.toml
 
-Usage: zygo serve NAME [-f sandbox.toml] [--json]
+Usage: zygo serve NAME [-f sandbox.toml] [--secret NAME=VALUE | --secret NAME]... [--json]
+
+--secret gives a value for one of the function's secrets (its sandbox.toml lists the
+name under secrets); --secret NAME takes the value of $NAME. Each is the file
+/run/secrets/NAME in every request of the function, readable by that request only, gone
+when it ends. A value given here wins over one stored with `zygo secrets set` (for a
+tenant's function); serving again with --secret replaces it from the next call on.
 ";
 
 pub const STOP: &str = "\
@@ -242,6 +249,28 @@ mint another). Without --tenant it is an operator token, with deploy rights; wit
 registers its own scripts and reads its own record. ls lists every token (id, tenant,
 when minted, when revoked), never a secret. revoke ID refuses the token from its next
 request on; its record stays, marked.
+";
+
+pub const SECRETS: &str = "\
+zygo secrets — tenants' secrets, sealed in the supervisor's store
+
+Usage: zygo secrets keygen
+       zygo secrets set TENANT NAME [--json]
+       zygo secrets ls TENANT [--json]
+       zygo secrets rm TENANT NAME [--json]
+
+keygen prints a new store key: 32 random bytes as 64 hex digits. Give it to the
+supervisor before it starts, as export ZYGO_SECRETS_KEY=$(zygo secrets keygen); keep it
+somewhere safe (a password manager, a KMS): Zygo never writes it to disk, and stored
+secrets cannot be opened without it. A passphrase is refused, not stretched into a key.
+set reads the value from the terminal with echo off (or from stdin when it is not a
+terminal, up to 64 KiB, one trailing newline removed) and stores it sealed
+(ChaCha20-Poly1305, bound to TENANT and NAME), replacing one of that name. A tenant's
+functions get it as the file /run/secrets/NAME when their sandbox.toml lists it under
+secrets and the shell did not give it (zygo serve --secret wins); a runtime pool naming
+it gives each call the calling tenant's value. ls lists names, never values: no command
+shows a value back. rm removes one. Names: 1 to 64 letters, digits and _, not starting
+with a digit.
 ";
 
 pub const DRAIN: &str = "\

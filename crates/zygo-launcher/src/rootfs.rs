@@ -547,6 +547,10 @@ fn assemble(plan: &LaunchPlan, handed: &[std::os::fd::OwnedFd]) -> Result<OwnedF
         if top == "run" && plan.scripts {
             mkdir(&dir.join("script"), 0o755)?;
         }
+        if top == "run" && plan.secrets {
+            // Where a request's secrets are mounted (a tmpfs of the request's own).
+            mkdir(&dir.join("secrets"), 0o755)?;
+        }
         remount_ro(&dir, MS_NOEXEC)?;
     }
     // A runtime pool's scripts: a tmpfs the launcher writes into from outside, mode 0311 so

@@ -12,6 +12,13 @@
 //! Whatever the request writes in them is seen by no other request and is gone when its
 //! last process is: the namespace, and the mounts with it, go when nothing is left in it.
 //! The relay never waits for the mounter: it polls the mounter's answers with the rest.
+//!
+//! When a request is let go, the mounter may also shrink its `/tmp` and `/work` (a tenant's
+//! scratch limit) and give it its secrets: a small tmpfs of the request's own on
+//! `/run/secrets` (mode 0500, owned by the request's uid), one file per secret (mode 0400,
+//! the request's uid), then made read-only. Nothing else can see it (no other process is
+//! in that mount namespace), and it goes with the namespace when the request's last
+//! process does.
 
 use std::ffi::CString;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
@@ -78,6 +85,11 @@ pub struct Mounter {
 /// What the mounter answers: a step (0 when all went well) and its errno.
 const ANSWER: usize = 5;
 
+/// The largest message the mounter reads: a `c` header and the secrets.
+const MAX_MESSAGE: usize = 32
+    + proto::launch::MAX_REQUEST_SECRETS * (2 + 64 + 4)
+    + proto::launch::MAX_REQUEST_SECRET_BYTES;
+
 impl Mounter {
     /// Fork the mounter for a sandbox whose requests' scratch space is `size` bytes each.
     pub fn start(sandbox: &SandboxNs, size: u64) -> Result<Mounter, ScratchError> {
@@ -85,6 +97,18 @@ impl Mounter {
             .map_err(|_| ScratchError("mount options with a NUL byte".into()))?;
         let (ours, theirs) = plumbing::pipes::socketpair(libc::SOCK_SEQPACKET)
             .map_err(|e| ScratchError(format!("create the mounter's socket: {e}")))?;
+        // Room for the largest message (secrets included) in one datagram.
+        let buf = (2 * MAX_MESSAGE) as libc::c_int;
+        // SAFETY: setsockopt with an int option on a socket we hold.
+        unsafe {
+            libc::setsockopt(
+                ours.as_raw_fd(),
+                libc::SOL_SOCKET,
+                libc::SO_SNDBUF,
+                (&buf as *const libc::c_int).cast(),
+                std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+            );
+        }
         // SAFETY: this process is single-threaded, so the forked child may go on running;
         // it only makes system calls (and ends with _exit).
         let pid = unsafe { libc::fork() };
@@ -131,20 +155,33 @@ impl Mounter {
         Ok(())
     }
 
-    /// Shrink the `/tmp` and `/work` of the parked process `pid` of `slot` (checked as for
-    /// [`Mounter::request`]) to `size` bytes each, before its request reaches it; the answer
-    /// comes through [`Mounter::answer`] like a mount's.
-    pub fn shrink(
+    /// Before the request of `slot` reaches its parked process `pid` (checked as for
+    /// [`Mounter::request`]): shrink its `/tmp` and `/work` to `shrink` bytes each (if
+    /// given), and give it `secrets` in its own `/run/secrets`. The answer comes through
+    /// [`Mounter::answer`] like a mount's.
+    pub fn prepare(
         &mut self,
         slot: &str,
         pid: i32,
         sandbox: &SandboxNs,
-        size: u64,
+        shrink: Option<u64>,
+        secrets: &[proto::launch::SecretFile],
     ) -> Result<(), ScratchError> {
+        let pidfd = crate::sys::pidfd_open(pid)
+            .map_err(|e| ScratchError(format!("open process {pid}: {e}")))?;
         let mnt = check(pid, sandbox)?;
-        let mut msg = [0u8; 9];
-        msg[0] = b's';
-        msg[1..].copy_from_slice(&size.to_ne_bytes());
+        let (uid, gid) = if secrets.is_empty() {
+            (0, 0)
+        } else {
+            let ids = request_ids(pid, sandbox.init)?;
+            if !alive(&pidfd) {
+                return Err(ScratchError(format!(
+                    "process {pid} exited before its secrets were written"
+                )));
+            }
+            ids
+        };
+        let msg = prepare_message(shrink.unwrap_or(0), uid, gid, secrets)?;
         plumbing::fds::send_with_fds(self.sock.as_raw_fd(), &msg, &[mnt.as_raw_fd()])
             .map_err(|e| ScratchError(format!("hand a request to the mounter: {e}")))?;
         self.waiting.push_back(slot.to_string());
@@ -152,8 +189,8 @@ impl Mounter {
     }
 
     /// The next answer (poll said one is there): its slot, and, when the mounts (or the
-    /// shrink) are done, the root of the request's new `/work` (after a mount; `None`
-    /// after a shrink). `Err` when the mounter itself is gone or broke its protocol.
+    /// preparation) are done, the root of the request's new `/work` (after a mount; `None`
+    /// after a preparation). `Err` when the mounter itself is gone or broke its protocol.
     #[allow(clippy::type_complexity)]
     pub fn answer(
         &mut self,
@@ -182,6 +219,12 @@ impl Mounter {
                 "shrink the request's /tmp and /work: {why}"
             ))),
             15 => Err(ScratchError(format!("open the request's new /work: {why}"))),
+            16 => Err(ScratchError(format!(
+                "mount the request's /run/secrets: {why}"
+            ))),
+            17 => Err(ScratchError(format!(
+                "write a file in the request's /run/secrets: {why}"
+            ))),
             13 => Err(ScratchError(format!(
                 "leave the request's mount namespace: {why}"
             ))),
@@ -234,21 +277,30 @@ fn mounter_main(sock: RawFd, user: RawFd, home: RawFd, opts: &CString) -> ! {
             }
         }
     }
+    // Files it creates (a request's secrets) must belong to ids the sandbox maps: it
+    // creates them as the namespace's root (where the launcher's own id is not mapped,
+    // as when Zygo runs as root; otherwise this changes nothing).
+    // SAFETY: setfsgid/setfsuid change only this process's file-system ids.
+    unsafe {
+        libc::setfsgid(0);
+        libc::setfsuid(0);
+    }
     let fstype = c"tmpfs";
+    let mut msg = vec![0u8; MAX_MESSAGE];
     loop {
-        // `m`: mount a request's /tmp and /work; `s` and a size: shrink them to it.
-        let mut msg = [0u8; 9];
-        let (fds, shrink) = match plumbing::fds::recv_with_fds(sock, &mut msg, 1) {
-            Ok((1, fds)) if msg[0] == b'm' && fds.len() == 1 => (fds, None),
-            Ok((9, fds)) if msg[0] == b's' && fds.len() == 1 => {
-                let mut size = [0u8; 8];
-                size.copy_from_slice(&msg[1..]);
-                match CString::new(format!("size={}", u64::from_ne_bytes(size))) {
-                    Ok(o) => (fds, Some(o)),
-                    Err(_) => exit_now(1),
-                }
-            }
+        // `m`: mount a request's /tmp and /work; `c`: prepare it to be let go (see
+        // `prepare_message`).
+        let (n, fds) = match plumbing::fds::recv_with_fds(sock, &mut msg, 1) {
+            Ok((n, fds)) if n >= 1 && fds.len() == 1 => (n, fds),
             _ => exit_now(0),
+        };
+        let prep = match (msg[0], n) {
+            (b'm', 1) => None,
+            (b'c', _) => match parse_prepare(&msg[..n]) {
+                Some(p) => Some(p),
+                None => exit_now(1),
+            },
+            _ => exit_now(1),
         };
         let mnt = fds[0].as_raw_fd();
         let mut work: RawFd = -1;
@@ -257,43 +309,24 @@ fn mounter_main(sock: RawFd, user: RawFd, home: RawFd, opts: &CString) -> ! {
             if libc::setns(mnt, libc::CLONE_NEWNS) != 0 {
                 (11, errno())
             } else {
-                let mut failed = (0, 0);
-                for target in [c"/tmp", c"/work"] {
-                    let done = match &shrink {
-                        None => libc::mount(
-                            fstype.as_ptr(),
-                            target.as_ptr(),
-                            fstype.as_ptr(),
-                            libc::MS_NOSUID | libc::MS_NODEV,
-                            opts.as_ptr().cast(),
-                        ),
-                        // The same flags again (a remount may not drop them), a smaller
-                        // size: tmpfs refuses one below what is in use (nothing, here).
-                        Some(size) => libc::mount(
-                            std::ptr::null(),
-                            target.as_ptr(),
-                            std::ptr::null(),
-                            libc::MS_REMOUNT | libc::MS_NOSUID | libc::MS_NODEV,
-                            size.as_ptr().cast(),
-                        ),
-                    };
-                    if done != 0 {
-                        failed = (if shrink.is_some() { 14 } else { 12 }, errno());
-                        break;
-                    }
-                }
-                // The new /work's root, opened here, where only the request's own (parked,
-                // waiting) process can see it: the launcher makes the request's directory
-                // in it and unpacks its workspace through it.
-                if failed.0 == 0 && shrink.is_none() {
-                    work = libc::open(
-                        c"/work".as_ptr(),
-                        libc::O_RDONLY | libc::O_DIRECTORY | libc::O_NOFOLLOW | libc::O_CLOEXEC,
-                    );
-                    if work < 0 {
-                        failed = (15, errno());
-                    }
-                }
+                let failed = match &prep {
+                    None => mount_scratch(fstype, opts).and_then(|()| {
+                        // The new /work's root, opened here, where only the request's own
+                        // (parked, waiting) process can see it: the launcher makes the
+                        // request's directory in it and unpacks its workspace through it.
+                        work = libc::open(
+                            c"/work".as_ptr(),
+                            libc::O_RDONLY | libc::O_DIRECTORY | libc::O_NOFOLLOW | libc::O_CLOEXEC,
+                        );
+                        if work < 0 {
+                            Err((15, last_errno()))
+                        } else {
+                            Ok(())
+                        }
+                    }),
+                    Some(p) => prepare_request(fstype, p),
+                };
+                let mut failed = failed.err().unwrap_or((0, 0));
                 // Back home: the request's namespace is held by nothing of ours.
                 if libc::setns(home, libc::CLONE_NEWNS) != 0 && failed.0 == 0 {
                     failed = (13, errno());
@@ -311,6 +344,245 @@ fn mounter_main(sock: RawFd, user: RawFd, home: RawFd, opts: &CString) -> ! {
             crate::sys::close(work);
         }
     }
+}
+
+fn last_errno() -> i32 {
+    std::io::Error::last_os_error().raw_os_error().unwrap_or(0)
+}
+
+/// A request's `/tmp` and `/work` (in the request's mount namespace).
+fn mount_scratch(fstype: &std::ffi::CStr, opts: &CString) -> Result<(), (u8, i32)> {
+    for target in [c"/tmp", c"/work"] {
+        // SAFETY: mount with valid C strings.
+        let done = unsafe {
+            libc::mount(
+                fstype.as_ptr(),
+                target.as_ptr(),
+                fstype.as_ptr(),
+                libc::MS_NOSUID | libc::MS_NODEV,
+                opts.as_ptr().cast(),
+            )
+        };
+        if done != 0 {
+            return Err((12, last_errno()));
+        }
+    }
+    Ok(())
+}
+
+/// What a `c` message asks for.
+struct Prepare {
+    shrink: u64,
+    uid: u32,
+    gid: u32,
+    secrets: Vec<(CString, Vec<u8>)>,
+}
+
+/// `c`, the size to shrink to (0: none), the request's uid and gid (in the sandbox's user
+/// namespace), the number of secrets, then each: its name's length (1 byte), the name, its
+/// value's length (4 bytes), the value.
+fn prepare_message(
+    shrink: u64,
+    uid: u32,
+    gid: u32,
+    secrets: &[proto::launch::SecretFile],
+) -> Result<Vec<u8>, ScratchError> {
+    let total: usize = secrets.iter().map(|s| s.value.len()).sum();
+    if secrets.len() > proto::launch::MAX_REQUEST_SECRETS
+        || total > proto::launch::MAX_REQUEST_SECRET_BYTES
+    {
+        return Err(ScratchError("too many secrets, or too large".into()));
+    }
+    let mut m = Vec::with_capacity(32 + total);
+    m.push(b'c');
+    m.extend_from_slice(&shrink.to_ne_bytes());
+    m.extend_from_slice(&uid.to_ne_bytes());
+    m.extend_from_slice(&gid.to_ne_bytes());
+    m.push(secrets.len() as u8);
+    for s in secrets {
+        if !valid_secret_name(s.name.as_bytes()) {
+            return Err(ScratchError(format!("{:?} is not a secret name", s.name)));
+        }
+        m.push(s.name.len() as u8);
+        m.extend_from_slice(s.name.as_bytes());
+        m.extend_from_slice(&(s.value.len() as u32).to_ne_bytes());
+        m.extend_from_slice(&s.value);
+    }
+    Ok(m)
+}
+
+/// `[A-Za-z_][A-Za-z0-9_]{0,63}`: a file name of its own, never a path.
+fn valid_secret_name(n: &[u8]) -> bool {
+    !n.is_empty()
+        && n.len() <= 64
+        && (n[0].is_ascii_alphabetic() || n[0] == b'_')
+        && n.iter().all(|c| c.is_ascii_alphanumeric() || *c == b'_')
+}
+
+fn parse_prepare(m: &[u8]) -> Option<Prepare> {
+    let mut at = 1usize;
+    let mut take = |n: usize| -> Option<&[u8]> {
+        let s = m.get(at..at.checked_add(n)?)?;
+        at += n;
+        Some(s)
+    };
+    let shrink = u64::from_ne_bytes(take(8)?.try_into().ok()?);
+    let uid = u32::from_ne_bytes(take(4)?.try_into().ok()?);
+    let gid = u32::from_ne_bytes(take(4)?.try_into().ok()?);
+    let count = take(1)?[0] as usize;
+    let mut secrets = Vec::with_capacity(count);
+    for _ in 0..count {
+        let nlen = take(1)?[0] as usize;
+        let name = take(nlen)?;
+        if !valid_secret_name(name) {
+            return None;
+        }
+        let name =
+            CString::new(format!("/run/secrets/{}", std::str::from_utf8(name).ok()?)).ok()?;
+        let vlen = u32::from_ne_bytes(take(4)?.try_into().ok()?) as usize;
+        secrets.push((name, take(vlen)?.to_vec()));
+    }
+    (at == m.len()).then_some(Prepare {
+        shrink,
+        uid,
+        gid,
+        secrets,
+    })
+}
+
+/// Shrink the request's `/tmp` and `/work`, and write its secrets (in the request's mount
+/// namespace).
+fn prepare_request(fstype: &std::ffi::CStr, p: &Prepare) -> Result<(), (u8, i32)> {
+    if p.shrink > 0 {
+        let size = CString::new(format!("size={}", p.shrink)).map_err(|_| (14, libc::EINVAL))?;
+        for target in [c"/tmp", c"/work"] {
+            // The same flags again (a remount may not drop them), a smaller size: tmpfs
+            // refuses one below what is in use (nothing, here).
+            // SAFETY: mount with valid C strings.
+            let done = unsafe {
+                libc::mount(
+                    std::ptr::null(),
+                    target.as_ptr(),
+                    std::ptr::null(),
+                    libc::MS_REMOUNT | libc::MS_NOSUID | libc::MS_NODEV,
+                    size.as_ptr().cast(),
+                )
+            };
+            if done != 0 {
+                return Err((14, last_errno()));
+            }
+        }
+    }
+    if p.secrets.is_empty() {
+        return Ok(());
+    }
+    let bytes: usize = p.secrets.iter().map(|(_, v)| v.len() + 4096).sum();
+    let opts = CString::new(format!(
+        "mode=0500,uid={},gid={},size={},nr_inodes={}",
+        p.uid,
+        p.gid,
+        bytes + 8192,
+        p.secrets.len() + 4
+    ))
+    .map_err(|_| (16, libc::EINVAL))?;
+    let dir = c"/run/secrets";
+    let flags = libc::MS_NOSUID | libc::MS_NODEV | libc::MS_NOEXEC;
+    // SAFETY: mount, open, write, fchown and close with valid C strings and buffers, on
+    // descriptors opened here.
+    unsafe {
+        if libc::mount(
+            fstype.as_ptr(),
+            dir.as_ptr(),
+            fstype.as_ptr(),
+            flags,
+            opts.as_ptr().cast(),
+        ) != 0
+        {
+            return Err((16, last_errno()));
+        }
+        for (path, value) in &p.secrets {
+            let fd = libc::open(
+                path.as_ptr(),
+                libc::O_WRONLY | libc::O_CREAT | libc::O_EXCL | libc::O_NOFOLLOW | libc::O_CLOEXEC,
+                0o400,
+            );
+            if fd < 0 {
+                return Err((17, last_errno()));
+            }
+            let mut off = 0;
+            let mut failed = 0;
+            while off < value.len() {
+                let n = libc::write(fd, value[off..].as_ptr().cast(), value.len() - off);
+                if n < 0 {
+                    if last_errno() == libc::EINTR {
+                        continue;
+                    }
+                    failed = last_errno();
+                    break;
+                }
+                off += n as usize;
+            }
+            if failed == 0 && libc::fchown(fd, p.uid, p.gid) != 0 {
+                failed = last_errno();
+            }
+            libc::close(fd);
+            if failed != 0 {
+                return Err((17, failed));
+            }
+        }
+        // Nothing is added to it after this, by anybody.
+        if libc::mount(
+            std::ptr::null(),
+            dir.as_ptr(),
+            std::ptr::null(),
+            libc::MS_REMOUNT | libc::MS_RDONLY | flags,
+            std::ptr::null(),
+        ) != 0
+        {
+            return Err((16, last_errno()));
+        }
+    }
+    Ok(())
+}
+
+/// The uid and gid of the process `pid` (host view) in the sandbox's user namespace (that
+/// of its init `init`), through the sandbox's id maps.
+fn request_ids(pid: i32, init: libc::pid_t) -> Result<(u32, u32), ScratchError> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .map_err(|e| ScratchError(format!("read the ids of process {pid}: {e}")))?;
+    let field = |key: &str| -> Option<u32> {
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix(key))
+            .and_then(|rest| rest.split_whitespace().next())
+            .and_then(|v| v.parse().ok())
+    };
+    let (Some(uid), Some(gid)) = (field("Uid:"), field("Gid:")) else {
+        return Err(ScratchError(format!(
+            "process {pid} has no ids in its status"
+        )));
+    };
+    let inside = |which: &str, host: u32| -> Result<u32, ScratchError> {
+        let map = std::fs::read_to_string(format!("/proc/{init}/{which}"))
+            .map_err(|e| ScratchError(format!("read the sandbox's {which}: {e}")))?;
+        map_inside(&map, host).ok_or_else(|| {
+            ScratchError(format!(
+                "id {host} of process {pid} is not mapped in the sandbox"
+            ))
+        })
+    };
+    Ok((inside("uid_map", uid)?, inside("gid_map", gid)?))
+}
+
+/// The inside id of `host` in an id map (`inside outside count` per line, `outside` as the
+/// reader sees it).
+fn map_inside(map: &str, host: u32) -> Option<u32> {
+    map.lines().find_map(|l| {
+        let mut f = l.split_whitespace().map(|x| x.parse::<u64>().ok());
+        let (inside, outside, count) = (f.next()??, f.next()??, f.next()??);
+        let h = host as u64;
+        (h >= outside && h < outside + count).then(|| (inside + h - outside) as u32)
+    })
 }
 
 fn exit_now(code: libc::c_int) -> ! {
@@ -358,6 +630,8 @@ pub fn check(pid: i32, sandbox: &SandboxNs) -> Result<OwnedFd, ScratchError> {
 /// process must be in the same user and pid namespaces, and in a mount namespace of its
 /// own.
 pub struct SandboxNs {
+    /// The sandbox's init (host pid), whose id maps are the sandbox's.
+    pub init: libc::pid_t,
     pub user: OwnedFd,
     pub pid: OwnedFd,
     pub mnt: OwnedFd,
@@ -366,6 +640,7 @@ pub struct SandboxNs {
 impl SandboxNs {
     pub fn of(init: libc::pid_t) -> Result<SandboxNs, ScratchError> {
         Ok(SandboxNs {
+            init,
             user: open_ns(init, "user")?,
             pid: open_ns(init, "pid")?,
             mnt: open_ns(init, "mnt")?,
@@ -376,6 +651,42 @@ impl SandboxNs {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn prepare_messages_round_trip_and_refuse_bad_names() {
+        let secrets = vec![
+            proto::launch::SecretFile {
+                name: "A_1".into(),
+                value: b"one".to_vec(),
+            },
+            proto::launch::SecretFile {
+                name: "_b".into(),
+                value: Vec::new(),
+            },
+        ];
+        let m = prepare_message(4096, 70000, 70001, &secrets).expect("message");
+        let p = parse_prepare(&m).expect("parsed");
+        assert_eq!((p.shrink, p.uid, p.gid), (4096, 70000, 70001));
+        assert_eq!(p.secrets[0].0.as_bytes(), b"/run/secrets/A_1");
+        assert_eq!(p.secrets[0].1, b"one");
+        assert_eq!(p.secrets[1].1, b"");
+        assert!(parse_prepare(&m[..m.len() - 1]).is_none());
+        let mut extra = m.clone();
+        extra.push(0);
+        assert!(parse_prepare(&extra).is_none());
+        for bad in ["../x", "a/b", "", "1a"] {
+            let s = [proto::launch::SecretFile {
+                name: bad.into(),
+                value: Vec::new(),
+            }];
+            assert!(prepare_message(0, 0, 0, &s).is_err(), "{bad:?}");
+        }
+        assert_eq!(
+            map_inside("0 100000 65536\n65536 200000 10\n", 200003),
+            Some(65539)
+        );
+        assert_eq!(map_inside("0 1000 1\n", 1001), None);
+    }
     use std::process::{Child, Command};
 
     /// A `sleep` in a user and mount namespace of its own, once it is in them.

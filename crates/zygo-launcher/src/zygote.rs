@@ -843,6 +843,7 @@ pub fn serve(
                     workspace,
                     out,
                     scratch_bytes: shrink_to,
+                    secrets,
                 }) => {
                     // A pool's script goes into the sandbox before its request does.
                     use crate::script_space::Refused;
@@ -911,17 +912,22 @@ pub fn serve(
                             line.extend_from_slice(b",\"event\":");
                             line.extend_from_slice(event.as_bytes());
                             line.extend_from_slice(b"}\n");
-                            match shrink {
-                                // Its /tmp and /work are shrunk first; the request follows
-                                // once the mounter says so.
-                                Some(size) => match mounter.shrink(&slot, c.pid, &ns, size) {
+                            if shrink.is_some() || !secrets.is_empty() {
+                                // Its /tmp and /work are shrunk and its secrets written
+                                // first; the request follows once the mounter says so (and
+                                // the workspace, where the space was shrunk, after that).
+                                match mounter.prepare(&slot, c.pid, &ns, shrink, &secrets) {
                                     Ok(()) => {
                                         shrinking.insert(
                                             slot.clone(),
                                             Held {
                                                 line,
-                                                workspace,
-                                                size,
+                                                workspace: if shrink.is_some() {
+                                                    workspace
+                                                } else {
+                                                    None
+                                                },
+                                                size: shrink.unwrap_or(scratch_bytes),
                                             },
                                         );
                                         true
@@ -930,8 +936,9 @@ pub fn serve(
                                         log::error!("launcher: {e}");
                                         false
                                     }
-                                },
-                                None => sys::write_fd(c.fd.as_raw_fd(), &line).is_ok(),
+                                }
+                            } else {
+                                sys::write_fd(c.fd.as_raw_fd(), &line).is_ok()
                             }
                         }
                         (_, Err(e)) => {

@@ -1059,6 +1059,7 @@ pub fn launch_plan(plan: &policy::plan::OneShotPlan) -> Result<(LaunchPlan, Limi
         work_mode: Shape::ONE_SHOT.work_mode,
         agents: Vec::new(),
         egress,
+        secrets: false,
     };
     Ok((launch, limits))
 }

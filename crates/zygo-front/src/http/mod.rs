@@ -102,7 +102,7 @@ impl HttpError {
 /// The status of each of the supervisor's error codes.
 pub fn status_of(code: ErrorCode) -> u16 {
     match code {
-        ErrorCode::BadRequest | ErrorCode::BadSpec => 400,
+        ErrorCode::BadRequest | ErrorCode::BadSpec | ErrorCode::MissingSecret => 400,
         ErrorCode::Unauthorized => 401,
         ErrorCode::Forbidden => 403,
         ErrorCode::NotFound => 404,

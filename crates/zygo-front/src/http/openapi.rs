@@ -175,6 +175,24 @@ fn s_tokens() -> Value {
         &["tokens"],
     )
 }
+fn s_secret_stored() -> Value {
+    open_obj(
+        json!({"tenant": {"type": "string"}, "name": {"type": "string"}, "replaced": {"type": "boolean"}}),
+        &["tenant", "name", "replaced"],
+    )
+}
+fn s_secret_deleted() -> Value {
+    open_obj(
+        json!({"tenant": {"type": "string"}, "name": {"type": "string"}, "deleted": {"type": "boolean"}}),
+        &["tenant", "name", "deleted"],
+    )
+}
+fn s_secrets() -> Value {
+    open_obj(
+        json!({"tenant": {"type": "string"}, "secrets": {"type": "array", "items": {"type": "string"}}}),
+        &["tenant", "secrets"],
+    )
+}
 fn s_revoked() -> Value {
     open_obj(
         json!({"id": {"type": "string"}, "revoked": {"type": "boolean"}}),
@@ -252,6 +270,12 @@ fn b_limits() -> Value {
         }
     })
 }
+fn b_secret() -> Value {
+    obj(
+        json!({"value": {"type": "string", "maxLength": 65536}}),
+        &["value"],
+    )
+}
 fn b_empty() -> Value {
     obj(json!({}), &[])
 }
@@ -304,6 +328,9 @@ fn ops() -> Vec<Op> {
         op("DELETE", "/tenants/{id}", "op", true, "Delete a tenant: its functions and pools stop, its scripts nothing else uses go, its tokens are revoked.", None, s_tenant_deleted, &[]),
         op("PATCH", "/tenants/{id}/limits", "op", true, "Set some of a tenant's limits (null clears one).", Json(b_limits), s_tenant, &[422]),
         op("POST", "/tenants/{id}/tokens", "op", true, "Mint a token for a tenant.", OptionalJson(b_empty), s_minted, &[]),
+        op("GET", "/tenants/{id}/secrets", "op", false, "The names of a tenant's secrets (never a value: no route answers with one).", None, s_secrets, &[]),
+        op("PUT", "/tenants/{id}/secrets/{name}", "op", true, "Store a tenant's secret, sealed (replacing one of that name); delivered as /run/secrets/<name>.", Json(b_secret), s_secret_stored, &[413, 503]),
+        op("DELETE", "/tenants/{id}/secrets/{name}", "op", true, "Forget a tenant's secret.", None, s_secret_deleted, &[]),
         op("POST", "/tokens", "op", true, "Mint an operator token.", OptionalJson(b_empty), s_minted, &[]),
         op("GET", "/tokens", "op", true, "Every token (never a secret).", None, s_tokens, &[]),
         op("DELETE", "/tokens/{id}", "op", true, "Revoke a token (the record stays).", None, s_revoked, &[]),
@@ -313,7 +340,7 @@ fn ops() -> Vec<Op> {
 
 fn error_text(status: u16) -> &'static str {
     match status {
-        400 => "Bad request: malformed JSON, an unknown field, a bad header, name or digest (bad_request, bad_spec).",
+        400 => "Bad request: malformed JSON, an unknown field, a bad header, name or digest (bad_request, bad_spec), or a call needing a secret the calling tenant has not stored (missing_secret, naming it).",
         401 => "No token, an unknown or a revoked one (unauthorized).",
         403 => "Not the caller's to ask: the deploy gate, operator-only, another tenant (forbidden).",
         404 => "Not found, or not the caller's (not_found).",
@@ -341,6 +368,7 @@ fn operation(o: &Op) -> Value {
                 ("digest", _) => json!({"type": "string", "pattern": "^(sha256:)?[0-9a-f]{64}$"}),
                 ("key", _) => json!({"type": "string", "minLength": 1, "maxLength": 128, "pattern": "^[ -~]+$"}),
                 ("id", path) if path.starts_with("/tokens") => json!({"type": "string", "pattern": "^tok_[0-9a-f]{1,64}$"}),
+                ("name", path) if path.contains("/secrets/") => json!({"type": "string", "pattern": "^[A-Za-z_][A-Za-z0-9_]{0,63}$"}),
                 _ => json!({"type": "string", "pattern": "^[a-z0-9][a-z0-9_-]{0,62}$"}),
             };
             json!({"name": p, "in": "path", "required": true, "schema": schema})

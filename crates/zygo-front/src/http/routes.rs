@@ -5,7 +5,7 @@
 //! source by tests: a route missing from the document, a documented route that is gone, or
 //! a route answered without a token but not marked so fails the suite.
 
-use super::handlers::{blobs, functions, misc, pools, run, scripts, tenants, tokens};
+use super::handlers::{blobs, functions, misc, pools, run, scripts, secrets, tenants, tokens};
 use super::{Call, Front, HttpError, Out};
 
 /// Who may call a route (the supervisor decides; this records it).
@@ -83,6 +83,9 @@ pub static ROUTES: &[Route] = &[
     route!("DELETE", "/tenants/{id}",            Op,         true,  tenants::delete),
     route!("PATCH",  "/tenants/{id}/limits",     Op,         true,  tenants::limits),
     route!("POST",   "/tenants/{id}/tokens",     Op,         true,  tokens::mint_tenant),
+    route!("GET",    "/tenants/{id}/secrets",    Op,         false, secrets::list),
+    route!("PUT",    "/tenants/{id}/secrets/{name}", Op,     true,  secrets::put),
+    route!("DELETE", "/tenants/{id}/secrets/{name}", Op,     true,  secrets::delete),
     route!("POST",   "/tokens",                  Op,         true,  tokens::mint),
     route!("GET",    "/tokens",                  Op,         true,  tokens::list),
     route!("DELETE", "/tokens/{id}",             Op,         true,  tokens::revoke),
@@ -130,10 +133,6 @@ fn not_yet(segs: &[String]) -> Option<&'static str> {
     let first = format!("/{}", segs.first().map(String::as_str).unwrap_or(""));
     if let Some((_, what)) = NOT_YET.iter().find(|(p, _)| *p == first) {
         return Some(what);
-    }
-    // /tenants/{id}/secrets…
-    if segs.len() >= 3 && segs[0] == "tenants" && segs[2] == "secrets" {
-        return Some("secrets");
     }
     None
 }
@@ -254,8 +253,12 @@ mod tests {
             matches!(find("GET", "/metrics"), Found::NotFound(m) if m.contains("not in this version"))
         );
         assert!(
-            matches!(find("PUT", "/tenants/a/secrets/K"), Found::NotFound(m) if m.contains("not in this version"))
+            matches!(find("PUT", "/tenants/a/secrets/K"), Found::Route(r, p) if r.path == "/tenants/{id}/secrets/{name}" && p == ["a", "K"])
         );
+        assert!(matches!(
+            find("POST", "/tenants/a/secrets"),
+            Found::WrongMethod(_)
+        ));
         assert!(
             matches!(find("POST", "/fn/x/batch"), Found::Route(r, _) if r.path == "/fn/{name}/batch")
         );

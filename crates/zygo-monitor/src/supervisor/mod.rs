@@ -111,6 +111,9 @@ enum Kind {
     ListTokens,
     RevokeToken,
     Version,
+    PutSecret,
+    DeleteSecret,
+    ListSecrets,
     PutBlob,
     DeleteBlob,
 }
@@ -143,6 +146,9 @@ fn kind(r: &Request) -> Kind {
         Request::ListTokens => Kind::ListTokens,
         Request::RevokeToken { .. } => Kind::RevokeToken,
         Request::Version => Kind::Version,
+        Request::PutSecret { .. } => Kind::PutSecret,
+        Request::DeleteSecret { .. } => Kind::DeleteSecret,
+        Request::ListSecrets { .. } => Kind::ListSecrets,
         Request::PutBlob { .. } => Kind::PutBlob,
         Request::DeleteBlob { .. } => Kind::DeleteBlob,
     }
@@ -167,6 +173,9 @@ const DISPATCH_CLI: &[Kind] = &[
     Kind::MintToken,
     Kind::ListTokens,
     Kind::RevokeToken,
+    Kind::PutSecret,
+    Kind::DeleteSecret,
+    Kind::ListSecrets,
 ];
 const DISPATCH_MCP: &[Kind] = &[Kind::List, Kind::Exec, Kind::Logs];
 /// The API front sends every request inside an envelope saying who sent it.
@@ -199,6 +208,9 @@ const DISPATCH_API_INNER: &[Kind] = &[
     Kind::ListTokens,
     Kind::RevokeToken,
     Kind::Drain,
+    Kind::PutSecret,
+    Kind::DeleteSecret,
+    Kind::ListSecrets,
 ];
 
 /// The gate's row for an inner API request (`None`: the API may not ask for it).
@@ -230,6 +242,9 @@ fn gate_route(k: Kind) -> Option<policy::gate::Route> {
         Kind::ListTokens => Route::ListTokens,
         Kind::RevokeToken => Route::RevokeToken,
         Kind::Drain => Route::Drain,
+        Kind::PutSecret => Route::PutSecret,
+        Kind::DeleteSecret => Route::DeleteSecret,
+        Kind::ListSecrets => Route::ListSecrets,
         Kind::ServeAll | Kind::Serve | Kind::Api => return None,
     })
 }

@@ -7,6 +7,7 @@ pub mod misc;
 pub mod pools;
 pub mod run;
 pub mod scripts;
+pub mod secrets;
 pub mod tenants;
 pub mod tokens;
 

@@ -15,6 +15,7 @@
 //! through [`store::Store`] and survive a restart.
 
 mod blobs;
+pub mod secrets;
 pub mod store;
 
 use std::collections::{BTreeMap, HashMap};
@@ -29,7 +30,10 @@ use sha2::{Digest, Sha256};
 use super::functions::now_ms;
 use super::SupervisorError;
 use plumbing::random_hex;
-use store::{Kind, LimitsRecord, Record, ScriptRecord, Store, TenantRecord, TokenRecord};
+use store::{
+    secret_id, Kind, LimitsRecord, Record, ScriptRecord, SecretRecord, Store, TenantRecord,
+    TokenRecord,
+};
 
 /// The environment variable that holds the bootstrap operator token.
 pub const TOKEN_ENV: &str = "ZYGO_API_TOKEN";
@@ -145,6 +149,10 @@ pub struct Api {
     by_hash: HashMap<String, String>,
     pub(super) tenants: BTreeMap<String, TenantRecord>,
     scripts: HashMap<String, ScriptRecord>,
+    /// The secrets store's key (`ZYGO_SECRETS_KEY`), in memory only.
+    key: Option<secrets::SealKey>,
+    /// Sealed secrets by `<tenant>.<name>`.
+    secrets: BTreeMap<String, SecretRecord>,
     /// Who stored which blob (see `blobs`).
     blobs: HashMap<String, ScriptRecord>,
 }
@@ -168,6 +176,8 @@ impl Api {
         });
         // Nothing the supervisor starts (launchers, sandboxes) inherits it.
         std::env::remove_var(TOKEN_ENV);
+        // Nor the secrets key; one that is not a key refuses the start, saying why.
+        let key = secrets::key_from_env().map_err(SupervisorError)?;
         let mut api = Api {
             store,
             bootstrap,
@@ -175,6 +185,8 @@ impl Api {
             by_hash: HashMap::new(),
             tenants: BTreeMap::new(),
             scripts: HashMap::new(),
+            key,
+            secrets: BTreeMap::new(),
             blobs: snap
                 .blobs
                 .into_iter()
@@ -191,10 +203,31 @@ impl Api {
         for s in snap.scripts {
             api.scripts.insert(s.digest.clone(), s);
         }
+        for s in snap.secrets {
+            api.secrets.insert(s.id(), s);
+        }
+        match &api.key {
+            Some(k) => {
+                for s in api.secrets.values() {
+                    if let Err(e) = secrets::open(k, &s.tenant, &s.name, &s.nonce, &s.sealed) {
+                        log::warn!("{e}");
+                    }
+                }
+            }
+            None if !api.secrets.is_empty() => log::warn!(
+                "{} stored secret(s) cannot be opened: the supervisor was started without {}; \
+                 calls that need them are refused until it is restarted with the key",
+                api.secrets.len(),
+                secrets::KEY_ENV
+            ),
+            None => {}
+        }
         log::info!(
-            "API: {} token(s), {} tenant(s); bootstrap token {}",
+            "API: {} token(s), {} tenant(s), {} secret(s) (store key {}); bootstrap token {}",
             api.tokens.len(),
             api.tenants.len(),
+            api.secrets.len(),
+            if api.key.is_some() { "set" } else { "not set" },
             if api.bootstrap.is_some() {
                 "set"
             } else {
@@ -455,10 +488,179 @@ impl Api {
     }
 
     pub fn remove_tenant(&mut self, id: &str) -> Result<(), Refusal> {
+        let theirs: Vec<String> = self
+            .secrets
+            .values()
+            .filter(|s| s.tenant == id)
+            .map(SecretRecord::id)
+            .collect();
+        for sid in theirs {
+            self.remove(Kind::Secret, &sid)?;
+            self.secrets.remove(&sid);
+        }
         self.remove(Kind::Tenant, id)?;
         self.tenants.remove(id);
         log::info!("deleted tenant {id}");
         Ok(())
+    }
+
+    // --- Secrets --------------------------------------------------------------------------
+
+    /// Whether the supervisor holds a key for the secrets store.
+    pub fn has_secrets_key(&self) -> bool {
+        self.key.is_some()
+    }
+
+    /// The tenant and name of a secrets request, checked; the tenant must exist.
+    fn secret_target(&self, tenant: &str, name: Option<&str>) -> Result<(), Refusal> {
+        if !is_tenant_id(tenant) {
+            return Err(no(
+                ErrorCode::BadRequest,
+                "a tenant id is 1 to 63 characters of a-z, 0-9, _ and -, starting with a letter or digit",
+            ));
+        }
+        if let Some(n) = name {
+            if !proto::api::is_secret_name(n) {
+                return Err(no(
+                    ErrorCode::BadRequest,
+                    "a secret name is 1 to 64 letters, digits and _, not starting with a digit",
+                ));
+            }
+        }
+        if !self.tenants.contains_key(tenant) {
+            return Err(no(
+                ErrorCode::NotFound,
+                format!("no tenant {tenant:?}; create it first"),
+            ));
+        }
+        Ok(())
+    }
+
+    /// Seal and store a tenant's secret.
+    pub fn put_secret(&mut self, tenant: &str, name: &str, value: &[u8]) -> Reply {
+        if let Err(r) = self.secret_target(tenant, Some(name)) {
+            return r.into();
+        }
+        if value.len() > proto::api::MAX_SECRET_VALUE {
+            return fail(
+                ErrorCode::TooLarge,
+                format!(
+                    "a secret's value is at most {} bytes",
+                    proto::api::MAX_SECRET_VALUE
+                ),
+            );
+        }
+        let Some(key) = &self.key else {
+            return fail(
+                ErrorCode::Unavailable,
+                format!(
+                    "this supervisor has no key for the secrets store: stop it, then start it with \
+                     {} set (`export {}=$(zygo secrets keygen)`)",
+                    secrets::KEY_ENV,
+                    secrets::KEY_ENV
+                ),
+            );
+        };
+        let (nonce, sealed) = match secrets::seal(key, tenant, name, value) {
+            Ok(x) => x,
+            Err(e) => return fail(ErrorCode::Internal, e),
+        };
+        let rec = SecretRecord {
+            tenant: tenant.to_string(),
+            name: name.to_string(),
+            nonce,
+            sealed,
+            created_ms: now_ms(),
+        };
+        if let Err(r) = self.put(Record::Secret(rec.clone())) {
+            return r.into();
+        }
+        let replaced = self.secrets.insert(rec.id(), rec).is_some();
+        log::info!(
+            "{} secret {name} of tenant {tenant}",
+            if replaced { "replaced" } else { "stored" }
+        );
+        Reply::SecretStored {
+            tenant: tenant.to_string(),
+            name: name.to_string(),
+            replaced,
+        }
+    }
+
+    pub fn delete_secret(&mut self, tenant: &str, name: &str) -> Reply {
+        if let Err(r) = self.secret_target(tenant, Some(name)) {
+            return r.into();
+        }
+        let id = secret_id(tenant, name);
+        if !self.secrets.contains_key(&id) {
+            return fail(
+                ErrorCode::NotFound,
+                format!("tenant {tenant} has no secret {name}"),
+            );
+        }
+        if let Err(r) = self.remove(Kind::Secret, &id) {
+            return r.into();
+        }
+        self.secrets.remove(&id);
+        log::info!("deleted secret {name} of tenant {tenant}");
+        Reply::SecretDeleted {
+            tenant: tenant.to_string(),
+            name: name.to_string(),
+        }
+    }
+
+    pub fn list_secrets(&self, tenant: &str) -> Reply {
+        if let Err(r) = self.secret_target(tenant, None) {
+            return r.into();
+        }
+        Reply::Secrets {
+            tenant: tenant.to_string(),
+            names: self.secret_names(tenant),
+        }
+    }
+
+    /// The names of a tenant's stored secrets.
+    pub fn secret_names(&self, tenant: &str) -> Vec<String> {
+        self.secrets
+            .values()
+            .filter(|s| s.tenant == tenant)
+            .map(|s| s.name.clone())
+            .collect()
+    }
+
+    /// The opened values of `names` for `tenant`, in order. Refused with `missing_secret`
+    /// naming the first one the tenant has not stored; `unavailable` without a key or when
+    /// one does not open.
+    pub fn secret_values(
+        &self,
+        tenant: &str,
+        names: &[String],
+    ) -> Result<Vec<(String, secrets::Opened)>, Refusal> {
+        let mut out = Vec::with_capacity(names.len());
+        for name in names {
+            let Some(rec) = self.secrets.get(&secret_id(tenant, name)) else {
+                return Err(no(
+                    ErrorCode::MissingSecret,
+                    format!(
+                        "tenant {tenant} has no secret {name}, which this needs; the operator sets it \
+                         (PUT /tenants/{tenant}/secrets/{name}, or `zygo secrets set {tenant} {name}`)"
+                    ),
+                ));
+            };
+            let Some(key) = &self.key else {
+                return Err(no(
+                    ErrorCode::Unavailable,
+                    format!(
+                        "secret {name} of tenant {tenant} cannot be opened: the supervisor was started without {}",
+                        secrets::KEY_ENV
+                    ),
+                ));
+            };
+            let v = secrets::open(key, tenant, name, &rec.nonce, &rec.sealed)
+                .map_err(|e| no(ErrorCode::Unavailable, e))?;
+            out.push((name.clone(), v));
+        }
+        Ok(out)
     }
 
     // --- Scripts --------------------------------------------------------------------------

@@ -3,7 +3,8 @@
 //!
 //! [`Store`] is deliberately narrow — load everything, write one record, remove one — so a
 //! shared database can take the file backend's place for a fleet of hosts. The file backend
-//! ([`Files`]) keeps one JSON file per record under `<state>/api/{tokens,tenants,scripts}/`.
+//! ([`Files`]) keeps one JSON file per record under
+//! `<state>/api/{tokens,tenants,scripts,secrets,blobs}/`.
 //! Every write goes to a temporary file that is fsynced, renamed over the record and the
 //! folder fsynced, so a record is either the old one or the new one, whatever is killed
 //! when. At start-up a temporary file (never acknowledged) is removed; anything else that
@@ -80,12 +81,44 @@ pub struct ScriptRecord {
     pub host: bool,
 }
 
+/// One tenant's secret, sealed (ChaCha20-Poly1305 under the supervisor's key, its tenant
+/// and name bound as associated data: see `super::secrets`). Its id is `<tenant>.<name>`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SecretRecord {
+    pub tenant: String,
+    pub name: String,
+    /// The nonce, 12 random bytes in lowercase hex (a fresh one for every value).
+    pub nonce: String,
+    /// The sealed value with its tag, lowercase hex.
+    pub sealed: String,
+    pub created_ms: u64,
+}
+
+impl SecretRecord {
+    pub fn id(&self) -> String {
+        secret_id(&self.tenant, &self.name)
+    }
+}
+
+/// A secret's record id.
+pub fn secret_id(tenant: &str, name: &str) -> String {
+    format!("{tenant}.{name}")
+}
+
+/// Whether `id` is `<tenant id>.<secret name>`.
+fn is_secret_id(id: &str) -> bool {
+    id.split_once('.')
+        .is_some_and(|(t, n)| proto::api::is_tenant_id(t) && proto::api::is_secret_name(n))
+}
+
 /// One record of any kind.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Record {
     Token(TokenRecord),
     Tenant(TenantRecord),
     Script(ScriptRecord),
+    Secret(SecretRecord),
     /// Who stored a blob: the same shape as a script's owners.
     Blob(ScriptRecord),
 }
@@ -95,17 +128,25 @@ pub enum Kind {
     Token,
     Tenant,
     Script,
+    Secret,
     Blob,
 }
 
 impl Kind {
-    const ALL: [Kind; 4] = [Kind::Token, Kind::Tenant, Kind::Script, Kind::Blob];
+    const ALL: [Kind; 5] = [
+        Kind::Token,
+        Kind::Tenant,
+        Kind::Script,
+        Kind::Secret,
+        Kind::Blob,
+    ];
 
     fn folder(self) -> &'static str {
         match self {
             Kind::Token => "tokens",
             Kind::Tenant => "tenants",
             Kind::Script => "scripts",
+            Kind::Secret => "secrets",
             Kind::Blob => "blobs",
         }
     }
@@ -116,6 +157,7 @@ impl Kind {
             Kind::Token => is_token_id(id),
             Kind::Tenant => proto::api::is_tenant_id(id),
             Kind::Script | Kind::Blob => proto::api::is_hex_digest(id),
+            Kind::Secret => is_secret_id(id),
         }
     }
 }
@@ -126,15 +168,17 @@ impl Record {
             Record::Token(_) => Kind::Token,
             Record::Tenant(_) => Kind::Tenant,
             Record::Script(_) => Kind::Script,
+            Record::Secret(_) => Kind::Secret,
             Record::Blob(_) => Kind::Blob,
         }
     }
 
-    fn id(&self) -> &str {
+    fn id(&self) -> String {
         match self {
-            Record::Token(t) => &t.id,
-            Record::Tenant(t) => &t.id,
-            Record::Script(s) | Record::Blob(s) => &s.digest,
+            Record::Token(t) => t.id.clone(),
+            Record::Tenant(t) => t.id.clone(),
+            Record::Script(s) | Record::Blob(s) => s.digest.clone(),
+            Record::Secret(s) => s.id(),
         }
     }
 }
@@ -154,6 +198,7 @@ pub struct Snapshot {
     pub tokens: Vec<TokenRecord>,
     pub tenants: Vec<TenantRecord>,
     pub scripts: Vec<ScriptRecord>,
+    pub secrets: Vec<SecretRecord>,
     pub blobs: Vec<ScriptRecord>,
 }
 
@@ -176,7 +221,7 @@ pub trait Store {
     fn remove(&mut self, kind: Kind, id: &str) -> Result<(), StoreError>;
 }
 
-/// The file backend: `<dir>/{tokens,tenants,scripts,blobs}/<id>.json`.
+/// The file backend: `<dir>/{tokens,tenants,scripts,secrets,blobs}/<id>.json`.
 pub struct Files {
     dir: PathBuf,
 }
@@ -265,6 +310,12 @@ impl Files {
                     }
                     id_ok
                 }
+                Kind::Secret => {
+                    let s: SecretRecord = proto::json::from_slice_strict(&bytes).map_err(bad)?;
+                    let id_ok = s.id() == id;
+                    snap.secrets.push(s);
+                    id_ok
+                }
             };
             if !got {
                 return Err(refuse("the record inside names another id than its file"));
@@ -303,6 +354,7 @@ impl Store for Files {
     fn put(&mut self, r: &Record) -> Result<(), StoreError> {
         let kind = r.kind();
         let id = r.id();
+        let id = id.as_str();
         if !kind.valid_id(id) {
             return Err(StoreError(format!(
                 "not a valid {} id: {id:?}",
@@ -313,6 +365,7 @@ impl Store for Files {
             Record::Token(t) => serde_json::to_vec_pretty(t),
             Record::Tenant(t) => serde_json::to_vec_pretty(t),
             Record::Script(s) | Record::Blob(s) => serde_json::to_vec_pretty(s),
+            Record::Secret(s) => serde_json::to_vec_pretty(s),
         }
         .map_err(|e| StoreError(format!("encode a record: {e}")))?;
         let folder = self.dir.join(kind.folder());

@@ -256,8 +256,12 @@ impl Functions {
         cx: &mut Ctx,
     ) -> Option<Reply> {
         match req {
-            Request::ServeAll { file } => self.serve_file(client, &file, None, cx),
-            Request::Serve { name, file } => self.serve_file(client, &file, Some(name), cx),
+            Request::ServeAll { file } => self.serve_file(client, &file, None, Vec::new(), cx),
+            Request::Serve {
+                name,
+                file,
+                secrets,
+            } => self.serve_file(client, &file, Some(name), secrets, cx),
             Request::Stop { name } => Some(self.stop_as(&name, who, cx)),
             Request::Exec(e) => self.exec_as(client, e, who, cx),
             Request::List => Some(Reply::Functions(self.list(who))),
@@ -309,6 +313,13 @@ impl Functions {
             Request::ListTokens => Some(self.api.list_tokens()),
             Request::RevokeToken { id } => Some(self.api.revoke(&id)),
             Request::Version => Some(self.version(who)),
+            Request::PutSecret {
+                tenant,
+                name,
+                value,
+            } => Some(self.api.put_secret(&tenant, &name, &value.0)),
+            Request::DeleteSecret { tenant, name } => Some(self.api.delete_secret(&tenant, &name)),
+            Request::ListSecrets { tenant } => Some(self.api.list_secrets(&tenant)),
             Request::PutBlob { bytes } => Some(self.put_blob(&bytes, who)),
             Request::DeleteBlob { digest } => Some(self.delete_blob(&digest)),
         }

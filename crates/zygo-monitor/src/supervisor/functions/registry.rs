@@ -48,6 +48,9 @@ pub(super) struct Function {
     pub(super) stats: Stats,
     /// The same counters, for each tenant's own calls.
     pub(super) tenant_stats: std::collections::HashMap<String, Stats>,
+    /// Values of its secrets given at the shell (`zygo serve --secret`); they win over
+    /// stored ones. Never a pool's: a pool holds no values.
+    pub(super) shell_secrets: Vec<(String, proto::api::SecretValue)>,
 }
 
 /// A `serve` answer waiting: the client, the functions named, and those already failed.
@@ -63,6 +66,63 @@ struct Planned {
 }
 
 impl Functions {
+    /// Whether a function's secrets can be given, when it is served: a pool's come from
+    /// the calling tenants' stored values (so the host needs a key) and it takes none at
+    /// the shell; a tenant's function's come from the shell, else from its tenant's store
+    /// (checked now). A host function's come from the shell, else from the calling
+    /// tenant's store (checked at each call).
+    fn check_secrets(
+        &self,
+        name: &str,
+        spec: &FnSpec,
+        shell: &[(String, proto::api::SecretValue)],
+    ) -> Result<(), String> {
+        let shown = name.rsplit('/').next().unwrap_or(name);
+        for (i, (n, _)) in shell.iter().enumerate() {
+            if !spec.secrets.contains(n) {
+                return Err(format!(
+                    "--secret {n}: {shown} does not list {n} under secrets in sandbox.toml"
+                ));
+            }
+            if shell[..i].iter().any(|(m, _)| m == n) {
+                return Err(format!("--secret {n} is given twice"));
+            }
+        }
+        if spec.secrets.is_empty() {
+            return Ok(());
+        }
+        if is_pool(spec) {
+            if !shell.is_empty() {
+                return Err(format!(
+                    "{shown} is a runtime pool: it holds no secret values (each call gets the calling tenant's stored ones); drop --secret"
+                ));
+            }
+            if !self.api.has_secrets_key() {
+                return Err(format!(
+                    "{shown} names secrets ({}), which a pool takes from the calling tenant's store, but this supervisor has no key for the store: stop it, then start it with ZYGO_SECRETS_KEY set (`export ZYGO_SECRETS_KEY=$(zygo secrets keygen)`)",
+                    spec.secrets.join(", ")
+                ));
+            }
+            return Ok(());
+        }
+        let owner = name.split_once('/').map(|(t, _)| t);
+        for n in &spec.secrets {
+            if shell.iter().any(|(k, _)| k == n) {
+                continue;
+            }
+            match owner {
+                Some(t) if self.api.secret_names(t).contains(n) => {}
+                Some(t) => {
+                    return Err(format!(
+                        "secret {n} has no value: tenant {t} has not stored it (PUT /tenants/{t}/secrets/{n}, or `zygo secrets set {t} {n}`)"
+                    ))
+                }
+                None => {}
+            }
+        }
+        Ok(())
+    }
+
     /// `serve` and `up`: serve the functions of a sandbox.toml, or the one named. Answered
     /// at once when none is starting, else (through the outbox) once each has a ready
     /// zygote or failed.
@@ -71,6 +131,7 @@ impl Functions {
         client: Token,
         file: &str,
         only: Option<String>,
+        shell: Vec<(String, proto::api::SecretValue)>,
         cx: &mut Ctx,
     ) -> Option<Reply> {
         let path = Path::new(file);
@@ -102,7 +163,7 @@ impl Functions {
             let Some(spec) = parsed.functions.get(name) else {
                 continue;
             };
-            match self.serve_one(name.clone(), spec.clone(), cx) {
+            match self.serve_one(name.clone(), spec.clone(), shell.clone(), cx) {
                 Ok(()) => {
                     if self
                         .fns
@@ -134,14 +195,21 @@ impl Functions {
         &mut self,
         name: String,
         spec: FnSpec,
+        shell: Vec<(String, proto::api::SecretValue)>,
         cx: &mut Ctx,
     ) -> Result<(), String> {
-        if self
+        self.check_secrets(&name, &spec, &shell)?;
+        if let Some(f) = self
             .fns
-            .get(&name)
-            .is_some_and(|f| !matches!(f.state, FnState::Failed(_)))
+            .get_mut(&name)
+            .filter(|f| !matches!(f.state, FnState::Failed(_)))
         {
-            return Ok(()); // already served: serving twice is a no-op
+            // Already served: serving twice changes nothing but the values given at the
+            // shell now, which win from the next call on.
+            if !shell.is_empty() {
+                f.shell_secrets = shell;
+            }
+            return Ok(());
         }
         if let Some(old) = self.fns.remove(&name) {
             for t in old.zygotes {
@@ -177,6 +245,7 @@ impl Functions {
                 logs: VecDeque::new(),
                 stats: Stats::default(),
                 tenant_stats: std::collections::HashMap::new(),
+                shell_secrets: shell,
             },
         );
         for _ in 0..min_warm {
@@ -228,10 +297,11 @@ fn plan(spec: &FnSpec, identity: &Identity) -> Result<Planned, String> {
             r.display().to_string()
         ));
     }
-    if !spec.secrets.is_empty() {
+    if spec.secrets.len() > proto::launch::MAX_REQUEST_SECRETS {
         return Err(format!(
-            "secrets = {:?} is not available in this version (secrets are not delivered yet); remove the key",
-            spec.secrets
+            "secrets lists {} names; a function or pool takes at most {}",
+            spec.secrets.len(),
+            proto::launch::MAX_REQUEST_SECRETS
         ));
     }
     // Without uids of their own, requests are kept from signalling each other by
@@ -303,6 +373,7 @@ fn plan(spec: &FnSpec, identity: &Identity) -> Result<Planned, String> {
         work: None,
         etc: None,
         egress,
+        secrets: !spec.secrets.is_empty(),
     };
     Ok(Planned {
         plan,

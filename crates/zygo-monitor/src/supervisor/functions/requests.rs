@@ -19,7 +19,7 @@ use std::time::{Duration, Instant};
 
 use mio::Token;
 use proto::front::{ErrorCode, ExecAnswer, ExecEvent, ExecRequest, Metrics, Outcome, Reply};
-use proto::launch::{Script, Stream, ToLauncher};
+use proto::launch::{Script, SecretFile, Stream, ToLauncher};
 
 use super::registry::{is_pool, FnState};
 use super::timers::stuck_after;
@@ -126,6 +126,11 @@ pub(super) struct InFlight {
     pub(super) narrow: Option<Limits>,
     /// A smaller `/tmp` and `/work` than its function's (its tenant's scratch limit).
     pub(super) scratch: Option<u64>,
+    /// Its secrets, until they are sent with it to its child (`/run/secrets/`).
+    secrets: Vec<SecretFile>,
+    /// A pool's call carrying its tenant's secrets: it has its zygote to itself (no other
+    /// call is given a child of that zygote while it runs).
+    pub(super) exclusive: bool,
 }
 
 impl InFlight {
@@ -162,6 +167,8 @@ impl InFlight {
             tenant: None,
             narrow: None,
             scratch: None,
+            secrets: Vec::new(),
+            exclusive: false,
         }
     }
 }
@@ -500,6 +507,19 @@ impl Functions {
             timeout = timeout.min(Duration::from_millis(ms.max(1)));
         }
         let narrow = narrowed(&f.limits, &who.limits);
+        // Its secrets, before anything runs: a name without a value refuses the call
+        // (`missing_secret`, naming it).
+        // A shared sandbox (a pool, or a host function) given a tenant's stored values:
+        // the call has its zygote to itself.
+        let exclusive =
+            !f.spec.secrets.is_empty() && (pool || (!e.name.contains('/') && who.tenant.is_some()));
+        let secrets = match self.call_secrets(&e.name, who) {
+            Ok(s) => s,
+            Err(r) => return Some(r.into()),
+        };
+        let Some(f) = self.fns.get(&e.name) else {
+            return Some(fail(ErrorCode::NotFound, "the function is gone"));
+        };
         let id = match random_hex(16) {
             Ok(id) => id,
             Err(e) => return Some(fail(ErrorCode::Internal, format!("name the request: {e}"))),
@@ -511,6 +531,8 @@ impl Functions {
             .limits
             .scratch_bytes
             .filter(|b| *b < f.plan.scratch_bytes);
+        call.secrets = secrets;
+        call.exclusive = exclusive;
         self.calls.insert(id.clone(), call);
         if self.try_dispatch(&id) {
             return None;
@@ -526,7 +548,18 @@ impl Functions {
             .filter_map(|t| self.zygotes.get(t))
             .filter(|z| z.state != ZState::Dead)
             .collect();
-        let room: usize = live.iter().map(|z| z.children.room()).sum();
+        // A pool's call with secrets needs a zygote with nothing else running in it; no
+        // call gets a child of a zygote such a call holds.
+        let room: usize = if exclusive {
+            live.iter()
+                .filter(|z| z.children.busy() == 0 && !self.held(z))
+                .count()
+        } else {
+            live.iter()
+                .filter(|z| !self.held(z))
+                .map(|z| z.children.room())
+                .sum()
+        };
         let max_warm = (f.spec.max_warm as usize).max(1);
         match admit(room, f.pending.len(), live.len(), max_warm) {
             Admission::Wait => {}
@@ -556,6 +589,97 @@ impl Functions {
         None
     }
 
+    /// Whether a call with its tenant's secrets runs in this zygote (then it is that call's
+    /// alone until it ends).
+    pub(super) fn held(&self, z: &super::Zygote) -> bool {
+        z.children.slots.values().any(|s| {
+            s.request
+                .as_ref()
+                .and_then(|r| self.calls.get(r))
+                .is_some_and(|c| c.exclusive)
+        })
+    }
+
+    /// The secrets a call of `name` gets, as files for its `/run/secrets/`. A function's:
+    /// each value given at the shell when it was served, else its tenant's stored one. A
+    /// pool's: the calling tenant's stored values, for this call only. A name without a
+    /// value refuses the call with `missing_secret`, naming it.
+    fn call_secrets(
+        &self,
+        name: &str,
+        who: &Acting,
+    ) -> Result<Vec<SecretFile>, crate::supervisor::api::Refusal> {
+        use crate::supervisor::api::no;
+        let Some(f) = self.fns.get(name) else {
+            return Ok(Vec::new());
+        };
+        if f.spec.secrets.is_empty() {
+            return Ok(Vec::new());
+        }
+        let shown = name.rsplit('/').next().unwrap_or(name);
+        let mut out = Vec::with_capacity(f.spec.secrets.len());
+        if is_pool(&f.spec) {
+            let Some(tenant) = who.tenant.as_deref() else {
+                return Err(no(
+                    ErrorCode::MissingSecret,
+                    format!(
+                        "runtime pool {shown} gives each call the calling tenant's secrets ({}); \
+                         a call made for no tenant has none: call it as a tenant (X-Zygo-Tenant)",
+                        f.spec.secrets.join(", ")
+                    ),
+                ));
+            };
+            for (n, v) in self.api.secret_values(tenant, &f.spec.secrets)? {
+                out.push(SecretFile {
+                    name: n,
+                    value: v.0,
+                });
+            }
+        } else {
+            // A tenant's function: its tenant's; a host function: the calling tenant's.
+            let owner = name
+                .split_once('/')
+                .map(|(t, _)| t)
+                .or(who.tenant.as_deref());
+            for n in &f.spec.secrets {
+                if let Some((_, v)) = f.shell_secrets.iter().find(|(k, _)| k == n) {
+                    out.push(SecretFile {
+                        name: n.clone(),
+                        value: v.0.clone(),
+                    });
+                    continue;
+                }
+                let Some(t) = owner else {
+                    return Err(no(
+                        ErrorCode::MissingSecret,
+                        format!(
+                            "{shown} has no value for its secret {n}: serve it again with \
+                             `zygo serve {shown} --secret {n}=VALUE`, or call it as a tenant \
+                             that stored {n}"
+                        ),
+                    ));
+                };
+                for (k, v) in self.api.secret_values(t, std::slice::from_ref(n))? {
+                    out.push(SecretFile {
+                        name: k,
+                        value: v.0,
+                    });
+                }
+            }
+        }
+        let total: usize = out.iter().map(|s| s.value.len()).sum();
+        if total > proto::launch::MAX_REQUEST_SECRET_BYTES {
+            return Err(no(
+                ErrorCode::TooLarge,
+                format!(
+                    "{shown}'s secrets are {total} bytes together; a request takes at most {}",
+                    proto::launch::MAX_REQUEST_SECRET_BYTES
+                ),
+            ));
+        }
+        Ok(out)
+    }
+
     /// Give a call a parked child, if one is free. True when it was sent.
     fn try_dispatch(&mut self, id: &str) -> bool {
         let Some(c) = self.calls.get(id) else {
@@ -570,6 +694,9 @@ impl Functions {
                 continue;
             };
             if z.state != ZState::Ready || z.children.busy() >= SLOTS {
+                continue;
+            }
+            if self.held(z) || (c.exclusive && z.children.busy() > 0) {
                 continue;
             }
             if let Some(slot) = z.children.free_slot() {
@@ -661,6 +788,7 @@ impl Functions {
         let event = std::mem::take(&mut c.event);
         let script = c.script.take();
         let scratch_bytes = c.scratch;
+        let secrets = std::mem::take(&mut c.secrets);
         z.conn.send(&ToLauncher::Call {
             slot,
             request_id: id.to_string(),
@@ -669,6 +797,7 @@ impl Functions {
             workspace: c.workspace.take(),
             out: c.out,
             scratch_bytes,
+            secrets,
         });
         // The spare this call used is replaced now, so the next call finds one: the new
         // child works at the background weight, so it does not slow this request down.

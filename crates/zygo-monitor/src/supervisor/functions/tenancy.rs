@@ -267,7 +267,7 @@ impl Functions {
                 self.stop(&key, cx);
             }
         }
-        if let Err(e) = self.serve_one(key.clone(), spec, cx) {
+        if let Err(e) = self.serve_one(key.clone(), spec, Vec::new(), cx) {
             return Some(fail(ErrorCode::BadSpec, e));
         }
         match self.fns.get(&key).map(|f| f.state.clone()) {
