@@ -64,6 +64,8 @@ pub enum Route {
     RevokeToken,
     /// `POST /drain`.
     Drain,
+    /// `GET /metrics`.
+    Metrics,
 }
 
 /// Who may ask for a route at all.
@@ -118,6 +120,7 @@ pub const RULES: &[Rule] = &[
     rule(Route::ListTokens, Who::Op, true),
     rule(Route::RevokeToken, Who::Op, true),
     rule(Route::Drain, Who::Op, true),
+    rule(Route::Metrics, Who::Any, false),
 ];
 
 /// The row of a route.
@@ -212,6 +215,7 @@ pub fn describe(route: Route) -> &'static str {
         Route::Exec => "calling a function",
         Route::Logs => "reading logs",
         Route::Stats => "reading stats",
+        Route::Metrics => "GET /metrics",
         Route::Warm => "warming a function",
         Route::Run => "a one-shot run",
         Route::PutScript => "registering a script",
@@ -298,6 +302,7 @@ mod tests {
             (Exec, true, true, true, true),
             (Logs, true, true, true, true),
             (Stats, true, true, true, true),
+            (Metrics, true, true, true, true),
             (Warm, true, true, true, true),
             (PutScript, true, true, true, true),
             (ScriptInfo, true, true, true, true),

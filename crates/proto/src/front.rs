@@ -145,6 +145,8 @@ pub enum Request {
     },
     /// `GET /version`.
     Version,
+    /// `GET /metrics`: the per-function numbers of every function the caller can see.
+    Metrics,
 }
 
 std::thread_local! {
@@ -458,6 +460,25 @@ pub enum Reply {
         id: String,
     },
     Version(crate::api::VersionInfo),
+    /// `Metrics`: one entry per function or pool the caller can see.
+    Metrics(Vec<FunctionMetrics>),
+}
+
+/// One function's numbers for `GET /metrics`: counted from every call (an operator's
+/// view) or from the caller's own (a tenant's), as `Stats` is.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FunctionMetrics {
+    /// As the caller knows it (a tenant's own functions by their plain name).
+    pub name: String,
+    /// `function` or `pool`.
+    pub kind: String,
+    pub requests: u64,
+    /// Calls that did not end `ok`.
+    pub failures: u64,
+    /// The memory its sandboxes hold now (zygotes and children), in bytes.
+    pub rss_bytes: u64,
+    /// `starting`, `serving` or `failed`.
+    pub state: String,
 }
 
 #[cfg(test)]

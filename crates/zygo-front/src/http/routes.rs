@@ -5,7 +5,7 @@
 //! source by tests: a route missing from the document, a documented route that is gone, or
 //! a route answered without a token but not marked so fails the suite.
 
-use super::handlers::{functions, misc, pools, run, scripts, tenants, tokens};
+use super::handlers::{functions, metrics, misc, pools, run, scripts, tenants, tokens};
 use super::{Call, Front, HttpError, Out};
 
 /// Who may call a route (the supervisor decides; this records it).
@@ -85,13 +85,13 @@ pub static ROUTES: &[Route] = &[
     route!("GET",    "/tokens",                  Op,         true,  tokens::list),
     route!("DELETE", "/tokens/{id}",             Op,         true,  tokens::revoke),
     route!("POST",   "/drain",                   Op,         true,  misc::drain),
+    route!("GET",    "/metrics",                 Any,        false, metrics::metrics),
 ];
 
 /// Path prefixes of what the next version serves; until then 404 saying so.
 pub static NOT_YET: &[(&str, &str)] = &[
     ("/blobs", "blobs (files in and out)"),
     ("/deps", "dependency sets"),
-    ("/metrics", "/metrics"),
 ];
 
 /// What a path and method found.
@@ -253,11 +253,12 @@ mod tests {
         );
         assert!(matches!(find("GET", "/fn/x"), Found::WrongMethod(_)));
         assert!(
-            matches!(find("GET", "/metrics"), Found::NotFound(m) if m.contains("not in this version"))
+            matches!(find("GET", "/blobs"), Found::NotFound(m) if m.contains("not in this version"))
         );
         assert!(
             matches!(find("PUT", "/tenants/a/secrets/K"), Found::NotFound(m) if m.contains("not in this version"))
         );
+        assert!(matches!(find("GET", "/metrics"), Found::Route(r, _) if r.path == "/metrics"));
         assert!(
             matches!(find("POST", "/fn/x/batch"), Found::Route(r, _) if r.path == "/fn/{name}/batch")
         );

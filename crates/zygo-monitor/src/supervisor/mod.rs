@@ -111,6 +111,7 @@ enum Kind {
     ListTokens,
     RevokeToken,
     Version,
+    Metrics,
 }
 
 fn kind(r: &Request) -> Kind {
@@ -141,6 +142,7 @@ fn kind(r: &Request) -> Kind {
         Request::ListTokens => Kind::ListTokens,
         Request::RevokeToken { .. } => Kind::RevokeToken,
         Request::Version => Kind::Version,
+        Request::Metrics => Kind::Metrics,
     }
 }
 
@@ -193,6 +195,7 @@ const DISPATCH_API_INNER: &[Kind] = &[
     Kind::ListTokens,
     Kind::RevokeToken,
     Kind::Drain,
+    Kind::Metrics,
 ];
 
 /// The gate's row for an inner API request (`None`: the API may not ask for it).
@@ -222,6 +225,7 @@ fn gate_route(k: Kind) -> Option<policy::gate::Route> {
         Kind::ListTokens => Route::ListTokens,
         Kind::RevokeToken => Route::RevokeToken,
         Kind::Drain => Route::Drain,
+        Kind::Metrics => Route::Metrics,
         Kind::ServeAll | Kind::Serve | Kind::Api => return None,
     })
 }

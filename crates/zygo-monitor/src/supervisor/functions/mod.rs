@@ -293,6 +293,7 @@ impl Functions {
             Request::ListTokens => Some(self.api.list_tokens()),
             Request::RevokeToken { id } => Some(self.api.revoke(&id)),
             Request::Version => Some(self.version(who)),
+            Request::Metrics => Some(Reply::Metrics(self.metrics(who))),
         }
     }
 

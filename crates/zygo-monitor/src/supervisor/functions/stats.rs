@@ -6,7 +6,8 @@ use std::collections::VecDeque;
 use std::time::Duration;
 
 use proto::front::{
-    ErrorCode, FunctionInfo, FunctionStats, LogEntry, Metrics, Outcome, Reply, ZygoteCounts,
+    ErrorCode, FunctionInfo, FunctionMetrics, FunctionStats, LogEntry, Metrics, Outcome, Reply,
+    ZygoteCounts,
 };
 
 use super::registry::{is_pool, FnState};
@@ -192,6 +193,42 @@ impl Functions {
             })
             .collect();
         Reply::Stats(out)
+    }
+
+    /// `GET /metrics`: a tenant (or an operator acting for one) sees what `list` shows it,
+    /// counted from its own calls only, as `stats` does; the host's operator sees every
+    /// function on the host, a tenant's by its internal name (`tenant/name`).
+    pub(super) fn metrics(&self, who: &Acting) -> Vec<FunctionMetrics> {
+        self.fns
+            .iter()
+            .filter_map(|(k, f)| {
+                let shown = match &who.tenant {
+                    None => k.clone(),
+                    Some(_) => self.shown(who, k)?,
+                };
+                Some((shown, f))
+            })
+            .map(|(shown, f)| {
+                let empty = Stats::default();
+                let st = match (&who.tenant, who.api()) {
+                    (Some(t), true) => f.tenant_stats.get(t).unwrap_or(&empty),
+                    _ => &f.stats,
+                };
+                let state = match &f.state {
+                    FnState::Starting => "starting",
+                    FnState::Serving => "serving",
+                    FnState::Failed(_) => "failed",
+                };
+                FunctionMetrics {
+                    name: shown,
+                    kind: if is_pool(&f.spec) { "pool" } else { "function" }.into(),
+                    requests: st.requests,
+                    failures: st.requests - st.by_outcome[Outcome::Ok as usize],
+                    rss_bytes: st.peak_rss_kb.saturating_mul(1024),
+                    state: state.into(),
+                }
+            })
+            .collect()
     }
 
     /// `logs`: the last `n` (1 to [`LOG_KEEP`]) finished calls of a function that are the
