@@ -94,6 +94,7 @@ fn answer(id: &str, result: &str) -> ExecAnswer {
             cpu_ms: 1,
             peak_rss_kb: 1000,
         },
+        usage: None,
     }
 }
 
@@ -191,6 +192,7 @@ fn replies(token: &Option<String>, req: &Request) -> Vec<Reply> {
                 stdout_truncated: false,
                 stderr: String::new(),
                 stderr_truncated: false,
+                usage: None,
             }))
         }
         Request::PutScript { source } => one(Reply::ScriptStored {

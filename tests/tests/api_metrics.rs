@@ -430,3 +430,64 @@ fn every_call_over_http_leaves_one_usage_record() {
         }
     }
 }
+
+/// `zygo mcp`'s `run_code` runs outside the supervisor; its record still lands in the
+/// supervisor's usage log, once.
+#[test]
+fn mcp_run_code_writes_one_usage_record() {
+    if !root_only() {
+        return;
+    }
+    let mut s = SUITE.sup(Who::Root, "mcp");
+    let _ = s.up(&[("echo", "echo", "")]);
+    let log = s.st.join("usage.log");
+    let before = std::fs::read_to_string(&log).unwrap_or_default();
+    let mut c = s.cmd(&["mcp"]);
+    c.stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null());
+    let mut child = c.spawn().unwrap();
+    let mut stdin = child.stdin.take().unwrap();
+    let mut out = BufReader::new(child.stdout.take().unwrap());
+    for line in [
+        json!({"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":"2025-06-18"}}),
+        json!({"jsonrpc":"2.0","id":2,"method":"tools/call","params":{"name":"run_code","arguments":{"language":"sh","code":"echo counted"}}}),
+    ] {
+        writeln!(stdin, "{line}").unwrap();
+    }
+    stdin.flush().unwrap();
+    let mut answer = Value::Null;
+    for _ in 0..2 {
+        let mut l = String::new();
+        out.read_line(&mut l).unwrap();
+        answer = serde_json::from_str(&l).unwrap();
+    }
+    assert_eq!(answer["id"], 2, "{answer}");
+    assert!(answer.to_string().contains("counted"), "{answer}");
+    drop(stdin);
+    let status = child.wait().unwrap();
+    assert!(status.success(), "zygo mcp: {status}");
+    let mut added = Vec::new();
+    for _ in 0..100 {
+        let now = std::fs::read_to_string(&log).unwrap_or_default();
+        added = now[before.len().min(now.len())..]
+            .lines()
+            .map(|l| serde_json::from_str::<Value>(l).unwrap())
+            .filter(|r| r["function"] == "mcp:run_code")
+            .collect();
+        if !added.is_empty() {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert_eq!(added.len(), 1, "{added:?}\n{}", s.log());
+    let r = &added[0];
+    assert_eq!(r["tenant"], "_host");
+    assert_eq!(r["outcome"], "ok", "{r}");
+    assert!(r["request_id"].as_str().unwrap().starts_with("mcp-"), "{r}");
+    assert!(
+        r["wall_ms"].as_u64().is_some() && r["finished_ms"].as_u64().unwrap() > 0,
+        "{r}"
+    );
+    s.shutdown();
+}

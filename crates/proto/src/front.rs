@@ -147,6 +147,10 @@ pub enum Request {
     Version,
     /// `GET /metrics`: the per-function numbers of every function the caller can see.
     Metrics,
+    /// A finished request that ran outside the supervisor (`zygo mcp`'s `run_code`), for
+    /// the usage log. Only the MCP server's monitor side sends it; the supervisor checks
+    /// its shape.
+    RecordUsage(crate::api::UsageRecord),
 }
 
 std::thread_local! {
@@ -331,6 +335,9 @@ pub struct ExecAnswer {
     pub stderr: String,
     pub stderr_truncated: bool,
     pub metrics: Metrics,
+    /// The call's usage record (for the front's usage delivery): every answered call has
+    /// one.
+    pub usage: Option<crate::api::UsageRecord>,
 }
 
 /// Something that happened during a streamed call.
@@ -462,6 +469,8 @@ pub enum Reply {
     Version(crate::api::VersionInfo),
     /// `Metrics`: one entry per function or pool the caller can see.
     Metrics(Vec<FunctionMetrics>),
+    /// `RecordUsage`: the record is in the usage log's queue.
+    UsageRecorded,
 }
 
 /// One function's numbers for `GET /metrics`: counted from every call (an operator's

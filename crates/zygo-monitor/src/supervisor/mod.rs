@@ -112,6 +112,7 @@ enum Kind {
     RevokeToken,
     Version,
     Metrics,
+    RecordUsage,
 }
 
 fn kind(r: &Request) -> Kind {
@@ -143,6 +144,7 @@ fn kind(r: &Request) -> Kind {
         Request::RevokeToken { .. } => Kind::RevokeToken,
         Request::Version => Kind::Version,
         Request::Metrics => Kind::Metrics,
+        Request::RecordUsage(_) => Kind::RecordUsage,
     }
 }
 
@@ -166,7 +168,7 @@ const DISPATCH_CLI: &[Kind] = &[
     Kind::ListTokens,
     Kind::RevokeToken,
 ];
-const DISPATCH_MCP: &[Kind] = &[Kind::List, Kind::Exec, Kind::Logs];
+const DISPATCH_MCP: &[Kind] = &[Kind::List, Kind::Exec, Kind::Logs, Kind::RecordUsage];
 /// The API front sends every request inside an envelope saying who sent it.
 const DISPATCH_API: &[Kind] = &[Kind::Api];
 /// What an API envelope may carry (never another envelope). Who may ask for each is the
@@ -226,7 +228,7 @@ fn gate_route(k: Kind) -> Option<policy::gate::Route> {
         Kind::RevokeToken => Route::RevokeToken,
         Kind::Drain => Route::Drain,
         Kind::Metrics => Route::Metrics,
-        Kind::ServeAll | Kind::Serve | Kind::Api => return None,
+        Kind::ServeAll | Kind::Serve | Kind::Api | Kind::RecordUsage => return None,
     })
 }
 

@@ -294,6 +294,7 @@ impl Functions {
             Request::RevokeToken { id } => Some(self.api.revoke(&id)),
             Request::Version => Some(self.version(who)),
             Request::Metrics => Some(Reply::Metrics(self.metrics(who))),
+            Request::RecordUsage(rec) => Some(self.record_outside(rec, who)),
         }
     }
 

@@ -881,11 +881,12 @@ impl Functions {
         let v = decide(ending, c.timeout, stuck_after(), &mem);
         let wall = c.started.map_or(Duration::ZERO, |s| s.elapsed());
         let metrics = metrics(wall, usage);
+        let usage = self.record(id, &c, v.outcome, v.error.clone(), wall, metrics);
         let answer = ExecAnswer {
             request_id: id.to_string(),
             outcome: v.outcome,
             result: v.result,
-            error: v.error.clone(),
+            error: v.error,
             traceback: v.traceback,
             started: c.started.is_some(),
             oom_killed: v.oom_killed,
@@ -894,9 +895,9 @@ impl Functions {
             stderr: c.stderr.text.clone(),
             stderr_truncated: c.stderr.truncated,
             metrics,
+            usage: Some(usage),
         };
         self.outbox.push((c.client, Reply::Answer(answer), true));
-        self.record(id, &c, v.outcome, v.error, wall, metrics);
     }
 }
 
