@@ -259,6 +259,7 @@ fn replies(token: &Option<String>, req: &Request) -> Vec<Reply> {
         })),
         Request::ListTokens => one(Reply::Tokens(vec![])),
         Request::RevokeToken { id } => one(Reply::TokenRevoked { id: id.clone() }),
+        Request::Metrics => one(Reply::Metrics(vec![])),
         other => one(err(BadRequest, &format!("not for the API: {other:?}"))),
     }
 }
@@ -1007,7 +1008,6 @@ fn every_route_refuses_bad_input_with_its_status_and_never_a_5xx() {
     for p in [
         "/nope",
         "/fn/a/b/c",
-        "/metrics",
         "/blobs",
         "/deps/x",
         "/tenants/acme/secrets/K",
@@ -1295,8 +1295,14 @@ fn the_command_line_refuses_what_it_must() {
             &["--allow-private-net"][..],
             "--allow-private-net does nothing without --allow-deploy",
         ),
-        (&["--otlp-endpoint", "http://x"][..], "not in this version"),
-        (&["--usage-webhook", "http://x"][..], "not in this version"),
+        (
+            &["--otlp-endpoint", "http://x"][..],
+            "host names are not resolved",
+        ),
+        (
+            &["--usage-webhook", "https://127.0.0.1:1/x"][..],
+            "https is not supported",
+        ),
         (&["--listen", "localhost:80"][..], "give IP:PORT"),
         (
             &["--listen", "unix://relative"][..],

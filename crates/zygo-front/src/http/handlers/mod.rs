@@ -50,7 +50,12 @@ pub fn ask_until(
             message,
             retry_after,
         }) => Err(HttpError::from_code(code, message, retry_after)),
-        Ok(reply) => Ok(reply),
+        Ok(reply) => {
+            if let Reply::Answer(a) = &reply {
+                crate::delivery::usage(&a.usage);
+            }
+            Ok(reply)
+        }
         Err(ChanError::Timeout) => Err(HttpError::unavailable(
             "the supervisor did not answer in time",
         )),
