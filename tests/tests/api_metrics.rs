@@ -491,3 +491,268 @@ fn mcp_run_code_writes_one_usage_record() {
     );
     s.shutdown();
 }
+
+/// What a receiver on loopback was sent: each request's body, in arrival order.
+struct Receiver {
+    addr: String,
+    bodies: std::sync::Arc<std::sync::Mutex<Vec<Vec<u8>>>>,
+}
+
+/// A receiver whose `n`th connection (from 0) is answered as `act(n)` says: `Some(status)`
+/// after reading the whole request (and, for `stall`, waiting first), `None` to hang up
+/// after reading it without a word.
+fn receiver(act: fn(usize) -> (Option<u16>, Duration)) -> Receiver {
+    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = l.local_addr().unwrap().to_string();
+    let bodies = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+    let b2 = bodies.clone();
+    std::thread::spawn(move || {
+        for (n, c) in l.incoming().enumerate() {
+            let Ok(c) = c else { return };
+            let _ = c.set_read_timeout(Some(Duration::from_secs(10)));
+            let mut r = BufReader::new(c);
+            let mut len = 0usize;
+            loop {
+                let mut line = String::new();
+                if r.read_line(&mut line).unwrap_or(0) == 0 {
+                    break;
+                }
+                let t = line.trim_end();
+                if t.is_empty() {
+                    break;
+                }
+                if let Some((k, v)) = t.split_once(':') {
+                    if k.eq_ignore_ascii_case("content-length") {
+                        len = v.trim().parse().unwrap_or(0);
+                    }
+                }
+            }
+            let mut body = vec![0; len];
+            if r.read_exact(&mut body).is_err() {
+                continue;
+            }
+            b2.lock().unwrap().push(body);
+            let (status, stall) = act(n);
+            std::thread::sleep(stall);
+            let mut c = r.into_inner();
+            if let Some(s) = status {
+                let _ = write!(
+                    c,
+                    "HTTP/1.1 {s} X\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
+                );
+            }
+        }
+    });
+    Receiver { addr, bodies }
+}
+
+/// The webhook gets every call's record, in order, whole, even though the receiver fails
+/// (500, 503), hangs up, and stalls some deliveries; the OTLP endpoint gets the numbers
+/// with the per-tenant series.
+#[test]
+fn the_webhook_delivers_everything_in_order_through_failures_and_otlp_has_the_shape() {
+    if !root_only() {
+        return;
+    }
+    let mut s = SUITE.sup(Who::Root, "hook");
+    s.env("ZYGO_API_TOKEN", BOOT);
+    let names = s.up(&[("echo", "echo", ""), ("boom", "boom", "")]);
+    let (echo, boom) = (&names[0], &names[1]);
+    let hook = receiver(|n| match n {
+        0 => (Some(500), Duration::ZERO),
+        1 => (None, Duration::ZERO),
+        2 => (Some(200), Duration::from_millis(1500)),
+        3 => (Some(503), Duration::ZERO),
+        5 => (None, Duration::from_millis(300)),
+        _ => (Some(200), Duration::ZERO),
+    });
+    let otlp = receiver(|_| (Some(200), Duration::ZERO));
+    let f = start_api(
+        &s,
+        &[
+            "--usage-webhook",
+            &format!("http://{}/usage", hook.addr),
+            "--otlp-endpoint",
+            &format!("http://{}/v1/metrics", otlp.addr),
+        ],
+    );
+    let t = tenant_id("mh");
+    let r = req(
+        &f.addr,
+        "POST",
+        "/tenants",
+        Some(BOOT),
+        &[],
+        &json!({"id": t}).to_string(),
+    );
+    assert_eq!(r.status, 200, "{}", r.text());
+    let tok = mint(&s, Some(&t));
+    let mut ids = Vec::new();
+    for i in 0..30 {
+        let (name, want) = if i % 10 == 9 {
+            (boom, 500)
+        } else {
+            (echo, 200)
+        };
+        let r = req(
+            &f.addr,
+            "POST",
+            &format!("/fn/{name}"),
+            Some(&tok),
+            &[],
+            &i.to_string(),
+        );
+        assert_eq!(r.status, want, "{}", r.text());
+        ids.push(r.json()["request_id"].as_str().unwrap().to_string());
+        if i % 7 == 0 {
+            std::thread::sleep(Duration::from_millis(300));
+        }
+    }
+    // Everything arrives (the failed batches come again).
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    let records = loop {
+        let recs: Vec<Value> = hook
+            .bodies
+            .lock()
+            .unwrap()
+            .iter()
+            .flat_map(|b| serde_json::from_slice::<Vec<Value>>(b).unwrap())
+            .collect();
+        let seen: BTreeSet<&str> = recs
+            .iter()
+            .filter_map(|r| r["request_id"].as_str())
+            .collect();
+        if ids.iter().all(|id| seen.contains(id.as_str())) {
+            break recs;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "not every record arrived: {} of {}\n{}",
+            ids.iter().filter(|id| seen.contains(id.as_str())).count(),
+            ids.len(),
+            s.log()
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    };
+    // In order (first arrivals), duplicates only whole.
+    let mut first: Vec<String> = Vec::new();
+    let mut by_id: HashMap<String, Value> = HashMap::new();
+    for r in &records {
+        let id = r["request_id"].as_str().unwrap().to_string();
+        match by_id.get(&id) {
+            Some(earlier) => assert_eq!(earlier, r, "a duplicate that is not whole"),
+            None => {
+                by_id.insert(id.clone(), r.clone());
+                first.push(id);
+            }
+        }
+    }
+    let ours: Vec<String> = first.into_iter().filter(|id| ids.contains(id)).collect();
+    assert_eq!(
+        ours, ids,
+        "the records did not arrive in the order of the calls"
+    );
+    assert!(
+        records.len() > ids.len(),
+        "the failed deliveries were not sent again"
+    );
+    for (i, id) in ids.iter().enumerate() {
+        let r = &by_id[id];
+        assert_eq!(r["tenant"], t.as_str());
+        assert_eq!(
+            r["outcome"],
+            if i % 10 == 9 { "error" } else { "ok" },
+            "{r}"
+        );
+        for k in [
+            "function",
+            "script",
+            "wall_ms",
+            "cpu_ms",
+            "peak_rss_kb",
+            "finished_ms",
+        ] {
+            assert!(r.get(k).is_some(), "{k} missing: {r}");
+        }
+    }
+
+    // OTLP: within ~10 s a push carries the tenant's numbers.
+    let deadline = std::time::Instant::now() + Duration::from_secs(40);
+    let push = loop {
+        let last = otlp.bodies.lock().unwrap().last().cloned();
+        if let Some(b) = last {
+            let v: Value = serde_json::from_slice(&b).unwrap();
+            let txt = v.to_string();
+            if txt.contains(&t) && txt.contains("\"asInt\":\"30\"") {
+                break v;
+            }
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no OTLP push with the tenant's 30 calls\n{}",
+            s.log()
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    };
+    let metrics = push["resourceMetrics"][0]["scopeMetrics"][0]["metrics"]
+        .as_array()
+        .unwrap();
+    let find = |n: &str| {
+        metrics
+            .iter()
+            .find(|m| m["name"] == n)
+            .unwrap_or_else(|| panic!("{n} missing: {push}"))
+    };
+    for n in [
+        "zygo_api_requests_total",
+        "zygo_api_errors_total",
+        "zygo_function_requests_total",
+        "zygo_function_failures_total",
+        "zygo_function_rss_bytes",
+    ] {
+        find(n);
+    }
+    let point = |n: &str, attrs: &[(&str, &str)]| -> u64 {
+        let m = find(n);
+        let pts = m["sum"]["dataPoints"]
+            .as_array()
+            .or(m["gauge"]["dataPoints"].as_array())
+            .unwrap();
+        let p = pts
+            .iter()
+            .find(|p| {
+                attrs.iter().all(|(k, v)| {
+                    p["attributes"]
+                        .as_array()
+                        .unwrap()
+                        .iter()
+                        .any(|a| a["key"] == *k && a["value"]["stringValue"] == *v)
+                })
+            })
+            .unwrap_or_else(|| panic!("{n} {attrs:?}: {m}"));
+        p["asInt"].as_str().unwrap().parse().unwrap()
+    };
+    assert_eq!(point("zygo_tenant_requests_total", &[("tenant", &t)]), 30);
+    assert_eq!(
+        point(
+            "zygo_tenant_outcomes_total",
+            &[("tenant", &t), ("outcome", "error")]
+        ),
+        3
+    );
+    assert_eq!(
+        point(
+            "zygo_tenant_outcomes_total",
+            &[("tenant", &t), ("outcome", "ok")]
+        ),
+        27
+    );
+    assert!(point("zygo_tenant_wall_ms_total", &[("tenant", &t)]) > 0);
+    point("zygo_tenant_cpu_ms_total", &[("tenant", &t)]);
+    assert_eq!(
+        find("zygo_tenant_requests_total")["sum"]["aggregationTemporality"],
+        2
+    );
+    drop(f);
+    s.shutdown();
+}
