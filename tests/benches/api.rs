@@ -137,6 +137,8 @@ impl Caller for Control {
             timeout_ms: None,
             stream: false,
             script: None,
+            workspace: None,
+            out: false,
         });
         write_frame(&mut self.sock, &req).map_err(|e| format!("send: {e}"))?;
         loop {

@@ -486,6 +486,8 @@ impl Front {
             timeout_ms: None,
             stream: false,
             script: None,
+            workspace: None,
+            out: false,
         });
         match self.call(&req) {
             Ok(Reply::Answer(a)) => {

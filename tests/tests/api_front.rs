@@ -95,6 +95,8 @@ fn answer(id: &str, result: &str) -> ExecAnswer {
             peak_rss_kb: 1000,
         },
         usage: None,
+        workspace_out: None,
+        workspace_out_truncated: false,
     }
 }
 
@@ -1425,4 +1427,28 @@ fn slow_uploads_do_not_keep_other_callers_waiting() {
         t0.elapsed()
     );
     drop(held);
+}
+
+#[test]
+fn a_body_that_stops_arriving_is_408_and_the_front_goes_on() {
+    if skip_without_binary() {
+        return;
+    }
+    let api = Api::start(&[]);
+    let mut c = api.conn();
+    c.set_read_timeout(Some(Duration::from_secs(60))).unwrap();
+    let head = format!(
+        "POST /fn/echo HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {OP}\r\nContent-Length: 5000\r\n\r\n{}",
+        "[".repeat(2000)
+    );
+    c.write_all(head.as_bytes()).unwrap();
+    let t0 = Instant::now();
+    let resp = read_resp(&mut BufReader::new(c)).unwrap();
+    resp.assert_error(408, "a body that stopped");
+    assert!(
+        t0.elapsed() >= Duration::from_secs(25),
+        "{:?}",
+        t0.elapsed()
+    );
+    assert_eq!(api.op("POST", "/fn/echo", "2").status, 200);
 }

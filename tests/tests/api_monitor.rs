@@ -164,6 +164,8 @@ fn exec(name: &str, event: &str) -> Request {
         timeout_ms: None,
         stream: false,
         script: None,
+        workspace: None,
+        out: false,
     })
 }
 
@@ -175,6 +177,8 @@ fn run_script(pool: &str, digest: &str, event: &str) -> Request {
         timeout_ms: None,
         stream: false,
         script: Some(ScriptRef::Digest(digest.into())),
+        workspace: None,
+        out: false,
     })
 }
 
@@ -877,6 +881,8 @@ fn two_tenants_never_cross(who: Who) {
             timeout_ms: None,
             stream: false,
             script: None,
+            workspace: None,
+            out: false,
         };
         e.key = Some("job-1".into());
         api.ask(tok(&at2), Request::Exec(e))
@@ -1735,3 +1741,71 @@ fn tenant_scratch_is_narrowed(who: Who) {
 }
 
 root_and_rootless!(tenant_scratch_is_narrowed);
+
+/// A tar of one file of `len` bytes named `name`.
+fn one_file_tar(name: &str, len: usize) -> Vec<u8> {
+    let mut b = tar::Builder::new(Vec::new());
+    let mut h = tar::Header::new_ustar();
+    h.set_size(len as u64);
+    h.set_mode(0o644);
+    h.set_entry_type(tar::EntryType::Regular);
+    h.set_cksum();
+    b.append_data(&mut h, name, &vec![b'w'; len][..])
+        .expect("append");
+    b.into_inner().expect("finish")
+}
+
+/// A tenant's workspace goes into its request's narrowed scratch space, after the shrink:
+/// one that fits is there when its script runs; one past the tenant's 1M is refused
+/// (too_large) before anything runs, while the host's own call takes it in the pool's 64M.
+fn a_tenants_workspace_goes_into_its_narrowed_scratch(who: Who) {
+    let mut s = SUITE.sup(who, "wsscratch");
+    let names = start(
+        &mut s,
+        &[(
+            "wsp",
+            "agent = \"python\"\nscratch = \"64M\"\nmem = \"256M\"",
+        )],
+    );
+    let pool = &names[0];
+    let (_, op) = mint(&s, None);
+    let mut api = Api::plain(&s);
+    let t = tenant_id("w");
+    create_tenant(&mut api, &op, &t);
+    let (_, tt) = mint(&s, Some(&t));
+    let r = api.ask(
+        tok(&op),
+        Request::SetLimits {
+            id: t.clone(),
+            limits: "{\"scratch\":\"1M\"}".into(),
+        },
+    );
+    expect_ok(&r, "scratch 1M");
+    let list = "import os\n\ndef handler(event):\n    return {n: os.path.getsize(n) for n in os.listdir('.')}\n";
+    let d = put_script(&mut api, tok(&tt), list);
+    put_script(&mut api, tok(&op), list);
+    let call = |tar: Vec<u8>| {
+        let Request::Exec(mut e) = run_script(pool, &d, "null") else {
+            unreachable!("run_script makes an Exec")
+        };
+        e.workspace = Some(proto::bytes::Bytes(tar));
+        Request::Exec(e)
+    };
+    let small = one_file_tar("small.bin", 512 * 1024);
+    let big = one_file_tar("big.bin", 2 << 20);
+    for _ in 0..2 {
+        let r = answer(
+            api.ask(tok(&tt), call(small.clone())),
+            "the tenant's small one",
+        );
+        assert_eq!(r.result.as_deref(), Some("{\"small.bin\":524288}"), "{r:?}");
+        let r = api.ask(tok(&tt), call(big.clone()));
+        expect_code(&r, ErrorCode::TooLarge, "the tenant's big one");
+        assert!(message(&r).contains("past its cap of 1048576"), "{r:?}");
+        let r = answer(api.ask(tok(&op), call(big.clone())), "the host's big one");
+        assert_eq!(r.result.as_deref(), Some("{\"big.bin\":2097152}"), "{r:?}");
+    }
+    drain_over_api(s, &op);
+}
+
+root_and_rootless!(a_tenants_workspace_goes_into_its_narrowed_scratch);

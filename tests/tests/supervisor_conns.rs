@@ -220,6 +220,8 @@ fn a_client_that_queues_thousands_of_requests_without_reading_cannot_grow_the_su
         timeout_ms: None,
         stream: false,
         script: None,
+        workspace: None,
+        out: false,
     })))
     .expect("send the call");
     let cancel = frame(&Request::Cancel {

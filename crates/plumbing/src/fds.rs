@@ -65,6 +65,8 @@ pub struct Received {
     /// The sender's pid as the kernel vouches for it (`SCM_CREDENTIALS`), when the socket
     /// has `SO_PASSCRED` set.
     pub sender: Option<libc::pid_t>,
+    /// The sender's (uid, gid), from the same credentials.
+    pub sender_ids: Option<(libc::uid_t, libc::gid_t)>,
 }
 
 /// One `recvmsg` into `buf` with `flags` (`MSG_CMSG_CLOEXEC` is always added), collecting
@@ -98,6 +100,7 @@ pub fn recv(fd: RawFd, buf: &mut [u8], max_fds: usize, flags: libc::c_int) -> io
     };
     let mut fds: Vec<OwnedFd> = Vec::new();
     let mut sender = None;
+    let mut sender_ids = None;
     // SAFETY: walking the control messages the kernel filled in, within msg_controllen;
     // each descriptor in an SCM_RIGHTS message is new in this process and owned here.
     unsafe {
@@ -113,6 +116,7 @@ pub fn recv(fd: RawFd, buf: &mut [u8], max_fds: usize, flags: libc::c_int) -> io
             } else if h.cmsg_level == libc::SOL_SOCKET && h.cmsg_type == libc::SCM_CREDENTIALS {
                 let cred: libc::ucred = std::ptr::read_unaligned(libc::CMSG_DATA(c).cast());
                 sender = Some(cred.pid);
+                sender_ids = Some((cred.uid, cred.gid));
             }
             c = libc::CMSG_NXTHDR(&msg, c);
         }
@@ -135,7 +139,12 @@ pub fn recv(fd: RawFd, buf: &mut [u8], max_fds: usize, flags: libc::c_int) -> io
             format!("{} descriptors (at most {max_fds} expected)", fds.len()),
         ));
     }
-    Ok(Received { len, fds, sender })
+    Ok(Received {
+        len,
+        fds,
+        sender,
+        sender_ids,
+    })
 }
 
 /// One blocking [`recv`] without credentials: the bytes read and the descriptors.

@@ -11,8 +11,11 @@ use serde::{de::DeserializeOwned, Serialize};
 use crate::{codec, readbuf};
 
 /// The largest frame any channel accepts: a 16 MiB event, or a handler's value (up to
-/// 20 MiB from the agent) with its output (1 MiB per stream), plus the envelope.
-pub const MAX_FRAME: usize = 24 * 1024 * 1024;
+/// 20 MiB from the agent) with its output (1 MiB per stream), plus the envelope; and room
+/// beside it for a call's workspace (a tar of up to [`MAX_WORKSPACE`] bytes).
+///
+/// [`MAX_WORKSPACE`]: crate::front::MAX_WORKSPACE
+pub const MAX_FRAME: usize = 24 * 1024 * 1024 + crate::front::MAX_WORKSPACE;
 
 /// Why a channel was ended.
 #[derive(Debug, thiserror::Error)]

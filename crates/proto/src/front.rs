@@ -7,8 +7,15 @@ use serde::{Deserialize, Serialize};
 /// channel: fronts and monitor come from the same binary.
 pub const FRONT_PROTOCOL: u32 = 1;
 
-/// Cap for frames on a front channel: a 16 MiB event plus its envelope.
+/// Cap for frames on a front channel: a 16 MiB event and a workspace plus their envelope.
 pub const MAX_FRONT_FRAME: usize = crate::frame::MAX_FRAME;
+
+/// The largest workspace a call may carry: a tar of at most 64 MiB.
+pub const MAX_WORKSPACE: usize = 64 * 1024 * 1024;
+
+/// The most a call's answer carries back of its directory (`out`): 8 MiB of tar, headers
+/// included. What would go past it is left out, and the answer says so.
+pub const MAX_WORKSPACE_OUT: usize = 8 * 1024 * 1024;
 
 /// Which kind of front is asking.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -240,6 +247,12 @@ pub struct ExecRequest {
     pub stream: bool,
     /// For a runtime pool: the script to run (a pool has no handler of its own).
     pub script: Option<ScriptRef>,
+    /// A tar (at most [`MAX_WORKSPACE`] bytes) unpacked into the request's own directory
+    /// before its handler is given the request.
+    pub workspace: Option<crate::bytes::Bytes>,
+    /// Pack the request's directory after its handler answered, and send it back with the
+    /// answer (`ExecAnswer::workspace_out`).
+    pub out: bool,
 }
 
 /// Which script a pool runs for a call.
@@ -338,6 +351,13 @@ pub struct ExecAnswer {
     /// The call's usage record (for the front's usage delivery): every answered call has
     /// one.
     pub usage: Option<crate::api::UsageRecord>,
+    /// With `out`: the request's directory as a tar, packed once its handler answered
+    /// (returned or raised). None when `out` was not asked for, when the handler never
+    /// answered, or when the directory was no longer a directory.
+    pub workspace_out: Option<crate::bytes::Bytes>,
+    /// Entries were left out of `workspace_out` because a cap was reached
+    /// ([`MAX_WORKSPACE_OUT`] bytes, or the entry and depth caps).
+    pub workspace_out_truncated: bool,
 }
 
 /// Something that happened during a streamed call.

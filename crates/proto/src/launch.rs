@@ -299,6 +299,12 @@ pub enum ToLauncher {
         /// A pool's script for this call: written (if not there yet) at
         /// `/run/script/<digest>`, read-only, before the request reaches the child.
         script: Option<Script>,
+        /// A tar the launcher unpacks into the child's own directory before the request
+        /// reaches it (at most `front::MAX_WORKSPACE` bytes).
+        workspace: Option<crate::bytes::Bytes>,
+        /// Pack the child's directory once its handler answered ([`FromLauncher::WorkspaceOut`]
+        /// before the terminal message).
+        out: bool,
         /// A smaller size for the child's `/tmp` and `/work` than the plan's (a tenant's
         /// scratch limit): they are shrunk to it before the request reaches the child.
         scratch_bytes: Option<u64>,
@@ -388,5 +394,22 @@ pub enum FromLauncher {
         slot: String,
         too_large: bool,
         message: String,
+    },
+    /// Zygote: the call given to the slot was not delivered, because its workspace could
+    /// not be unpacked: an entry that is not a regular file or a directory, a path that
+    /// leaves the directory, an archive that lies or is cut, or a cap reached (`too_large`).
+    /// Nothing ran; the slot's child is dropped (`SlotClosed` follows).
+    WorkspaceRefused {
+        slot: String,
+        too_large: bool,
+        message: String,
+    },
+    /// Zygote: the slot's directory, packed after its handler answered (a call with
+    /// `out`), sent just before `Returned` or `Raised`. `tar` is None when the directory was
+    /// no longer a directory; `truncated` when a cap left entries out.
+    WorkspaceOut {
+        slot: String,
+        tar: Option<crate::bytes::Bytes>,
+        truncated: bool,
     },
 }

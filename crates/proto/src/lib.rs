@@ -16,6 +16,7 @@
 //! the hello) is the `plumbing` crate's.
 
 pub mod api;
+pub mod bytes;
 pub mod codec;
 pub mod frame;
 pub mod front;

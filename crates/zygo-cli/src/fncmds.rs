@@ -484,13 +484,6 @@ pub fn exec(raw: Vec<OsString>) -> i32 {
         }
         Err(c) => return c,
     };
-    if a.flag("workspace").is_some() || a.flag("out").is_some() {
-        return refused(
-            a.json,
-            "bad_request",
-            "--workspace and --out are not available in this version of Zygo",
-        );
-    }
     let (name, event_arg) = match a.positional.as_slice() {
         [n] => (n.clone(), None),
         [n, e] => (n.clone(), Some(e.as_str())),
@@ -523,6 +516,14 @@ pub fn exec(raw: Vec<OsString>) -> i32 {
         (None, Some(d)) => Some(proto::front::ScriptRef::Digest(d.to_ascii_lowercase())),
         (None, None) => None,
     };
+    let workspace = match a.flag("workspace") {
+        Some(file) => match read_workspace(file) {
+            Ok(bytes) => Some(proto::bytes::Bytes(bytes)),
+            Err(e) => return usage_refusal(a.json, "exec", e),
+        },
+        None => None,
+    };
+    let out_file = a.flag("out").map(str::to_string);
     let req = Request::Exec(ExecRequest {
         name,
         event,
@@ -530,6 +531,8 @@ pub fn exec(raw: Vec<OsString>) -> i32 {
         timeout_ms,
         stream,
         script,
+        workspace,
+        out: out_file.is_some(),
     });
     let mut c = match connect(a.json) {
         Ok(c) => c,
@@ -565,8 +568,44 @@ pub fn exec(raw: Vec<OsString>) -> i32 {
         Ok(_) => return refused(a.json, "internal", "unexpected reply"),
         Err(e) => return refused(a.json, "internal", &e),
     };
+    // The request's directory, as its handler left it, to the file named by --out.
+    let mut out_failed = false;
+    let mut out_json = serde_json::Value::Null;
+    if let Some(file) = &out_file {
+        match &ans.workspace_out {
+            Some(tar) => match std::fs::write(file, &tar[..]) {
+                Ok(()) => {
+                    out_json = json!({"file": file, "bytes": tar.len(), "truncated": ans.workspace_out_truncated});
+                    if ans.workspace_out_truncated && !a.json {
+                        eprintln!(
+                            "zygo: {}: entries were left out of the request's directory: it was over the caps ({} MiB, {} entries, {} levels)",
+                            clean(file),
+                            proto::front::MAX_WORKSPACE_OUT >> 20,
+                            10_000,
+                            64
+                        );
+                    }
+                }
+                Err(e) => {
+                    out_failed = true;
+                    eprintln!("zygo: write {}: {e}", clean(file));
+                }
+            },
+            None if !a.json && (ans.outcome == Outcome::Ok || ans.outcome == Outcome::Error) => {
+                eprintln!(
+                    "zygo: the request's directory did not come back (the handler did not answer, or replaced its directory); {} not written",
+                    clean(file)
+                );
+            }
+            None => {}
+        }
+    }
     if a.json {
-        say!("{}", json_text(&answer_json(&ans)));
+        let mut v = answer_json(&ans);
+        if out_file.is_some() {
+            v["workspace_out"] = out_json;
+        }
+        say!("{}", json_text(&v));
     } else {
         if !stream {
             say_raw!("{}", clean(&ans.stdout));
@@ -586,11 +625,27 @@ pub fn exec(raw: Vec<OsString>) -> i32 {
             }
         }
     }
-    if ans.outcome == Outcome::Ok {
+    if ans.outcome == Outcome::Ok && !out_failed {
         0
     } else {
         1
     }
+}
+
+/// A workspace tar from a file, at most `MAX_WORKSPACE` bytes.
+fn read_workspace(file: &str) -> Result<Vec<u8>, String> {
+    let max = proto::front::MAX_WORKSPACE as u64;
+    let mut bytes = Vec::new();
+    std::fs::File::open(file)
+        .and_then(|f| f.take(max + 1).read_to_end(&mut bytes))
+        .map_err(|e| format!("read {file}: {e}"))?;
+    if bytes.len() as u64 > max {
+        return Err(format!(
+            "{file} is over {} MiB, the most a workspace may be",
+            max >> 20
+        ));
+    }
+    Ok(bytes)
 }
 
 fn read_script(file: &str) -> Result<Vec<u8>, String> {

@@ -143,6 +143,7 @@ pub const EXEC: &str = "\
 zygo exec — call a served function, or run a script in a runtime pool
 
 Usage: zygo exec NAME [EVENT|-|FILE] [--stream] [--timeout DUR] [--key K] [--json]
+                 [--workspace FILE.tar] [--out FILE.tar]
        zygo exec POOL [EVENT|-|FILE] (--script FILE | --digest SHA256) [...]
 
 EVENT is JSON text; `-` reads it from stdin; otherwise a file holding it. Default: {}.
@@ -151,9 +152,15 @@ EVENT is JSON text; `-` reads it from stdin; otherwise a file holding it. Defaul
   --key K        a name for this call, for `zygo cancel K`
   --script FILE  for a runtime pool: run this script (stored by digest, as `scripts put`)
   --digest D     for a runtime pool: run the script registered under this SHA-256
+  --workspace F  unpack this tar (at most 64 MiB: regular files and folders only, no
+                 links, no `..`) into the request's own directory, where the handler
+                 starts, before it runs
+  --out F        write the request's directory, as the handler left it, to F as a tar
+                 (at most 8 MiB; links, fifos and sockets are left out)
   --json         print {result, request_id, stdout, stderr, metrics} (and, on failure,
-                 error, code, traceback, oom_killed); with --stream, one line per event
-                 before it. A refusal is {code, error}
+                 error, code, traceback, oom_killed; with --out, workspace_out: {file,
+                 bytes, truncated} or null); with --stream, one line per event before it.
+                 A refusal is {code, error}
 Human output shows control characters in the handler's text as escapes (\\x1b, \\r, ...;
 see `zygo --help`); --json has the exact text.
 Exit status: 0 when the handler returned, 1 otherwise; 2 for usage errors.

@@ -50,6 +50,10 @@ if (process.argv[2] === "--check") {
 
 const pool = process.argv[2] === "--pool";
 const [entry, funcName, workdir] = pool ? [null, "", process.argv[3]] : process.argv.slice(2);
+if (!/^[0-9a-f]{32}$/.test(workdir ?? "")) {
+  fs.writeSync(2, "node_agent: the request's directory must be named by 32 hex digits\n");
+  process.exit(2);
+}
 const SCRIPT = /^\/run\/script\/[0-9a-f]{64}$/;
 const channel = new net.Socket({ fd: 3, readable: true, writable: true });
 let closed = false;
@@ -92,8 +96,10 @@ async function run(line) {
   const beat = setInterval(() => send({ kind: "heartbeat" }), 1000);
   let terminal;
   try {
-    fs.mkdirSync(`/work/${workdir}`, { mode: 0o700 });
+    // The request's own directory, made by the launcher (and the workspace, if the call
+    // carried one, already unpacked in it).
     process.chdir(`/work/${workdir}`);
+    process.env.ZYGO_WORKSPACE = `/work/${workdir}`;
     if (pool) handler = await load(request.script, "");
     if (importError) throw importError;
     let event = request.event;
@@ -119,15 +125,10 @@ async function run(line) {
   // Writes to a pipe are synchronous in Node: what the handler printed is already there.
   send(terminal);
   closed = true;
-  channel.end(() => {
-    // The caller has its answer; now this request's directory goes (the agent's reap is
-    // the fallback for a spare that was killed first).
-    try {
-      process.chdir("/");
-      fs.rmSync(`/work/${workdir}`, { recursive: true, force: true });
-    } catch {}
-    process.exit(0);
-  });
+  // The caller has its answer. The request's directory is left as it is: the launcher may
+  // be packing it (a call with `out`), and it goes with the request's own /work when its
+  // last process has.
+  channel.end(() => process.exit(0));
   setTimeout(() => process.exit(0), 1000).unref();
 }
 

@@ -61,8 +61,12 @@ SCRIPT_DIR = "/run/script/"
 SLOT_CHARS = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_-"
 SLOT_CHARS_B = SLOT_CHARS.encode()
 HEX = "0123456789abcdef"
-# The launcher's first line to a parked child: its own /tmp and /work are in place.
-MOUNTED = b'{"kind":"mounted"}\n'
+HEX_B = HEX.encode()
+# The launcher's first line to a parked child: its own /tmp and /work are in place, and the
+# name of its own directory in /work, which the launcher made (0700, ours): always
+# MOUNTED_HEAD, 32 lowercase hex digits, MOUNTED_TAIL.
+MOUNTED_HEAD, MOUNTED_TAIL = b'{"kind":"mounted","workdir":"', b'"}\n'
+MOUNTED_LEN = len(MOUNTED_HEAD) + 32 + len(MOUNTED_TAIL)
 
 
 def is_slot(s):
@@ -378,18 +382,22 @@ def drop_caps():
 
 
 def await_mounted(sock):
-    """The launcher's first line: this request's /tmp and /work are mounted. The end of
-    the channel instead means the slot was dropped unused: exit."""
+    """The launcher's first line: this request's /tmp and /work are mounted, and the name of
+    the directory it made for us in /work (returned). The end of the channel instead means
+    the slot was dropped unused: exit."""
     got = b""
-    while len(got) < len(MOUNTED):
-        chunk = sock.recv(len(MOUNTED) - len(got))
+    while len(got) < MOUNTED_LEN:
+        chunk = sock.recv(MOUNTED_LEN - len(got))
         if not chunk:
             if got:
                 raise Violation("the channel closed mid-line")
             os._exit(0)
         got += chunk
-    if got != MOUNTED:
+    name = got[len(MOUNTED_HEAD):-len(MOUNTED_TAIL)]
+    if (not got.startswith(MOUNTED_HEAD) or not got.endswith(MOUNTED_TAIL)
+            or len(name) != 32 or name.strip(HEX_B)):
         raise Violation(f"expected the mounted line, got {got[:200]!r}")
+    return name.decode()
 
 
 def own_domain():
@@ -573,7 +581,6 @@ def child(slot, func, out, err, uid):
         # _signal, not signal: its wrappers convert through enum, which copies pages.
         _signal.signal(_signal.SIGCHLD, _signal.SIG_DFL)
         os.close(CTL)
-        workdir = os.urandom(16).hex()
         # The C-level socket type: the request channel needs nothing more, and a fork copies
         # fewer pages making it.
         mine, theirs = _socket.socketpair(_socket.AF_UNIX, _socket.SOCK_STREAM)
@@ -604,7 +611,7 @@ def child(slot, func, out, err, uid):
         os.close(err_r)
         os.close(REG_SOCKET.detach())
         own_domain()
-        await_mounted(mine)
+        workdir = await_mounted(mine)
         if isinstance(func, NodeSpare):
             exec_node(func, mine, workdir)
         channel = Channel(mine)
@@ -701,12 +708,12 @@ class Prepared:
 
 
 def prepare(channel, workdir):
-    """The child's own /work directory (made its working directory), `random` reseeded,
-    Python's stdout and stderr on fd 1 and fd 2, and the heartbeat's handler."""
+    """The child's own /work directory (made by the launcher; made its working directory
+    and named in ZYGO_WORKSPACE), `random` reseeded, Python's stdout and stderr on fd 1 and
+    fd 2, and the heartbeat's handler."""
     path = WORK_PREFIX + workdir
-    os.mkdir(path, 0o700)
-    os.chmod(path, 0o700)  # whatever the umask
     os.chdir(path)
+    os.environ["ZYGO_WORKSPACE"] = path
     # A fresh state for `random` if the handler's module already holds one (the fork copied
     # the agent's); if it imports `random` later, that seeds itself from the kernel.
     if "random" in sys.modules:

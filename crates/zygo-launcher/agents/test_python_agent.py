@@ -227,7 +227,7 @@ class Agent:
         for level, kind, payload in anc:
             assert level == socket.SOL_SOCKET
             if kind == socket.SCM_CREDENTIALS:
-                pid, _, _ = struct.unpack("iII", payload)
+                pid, uid, gid = struct.unpack("iII", payload)
             elif kind == socket.SCM_RIGHTS:
                 fds.extend(array.array("i", payload[:len(payload) - len(payload) % 4]))
         assert len(fds) == 3, fds
@@ -237,8 +237,7 @@ class Agent:
             os.set_blocking(fd, False)
         PIPES[chan.fileno()] = (fds[1], fds[2])
         self.children.append(chan)
-        give_scratch(pid, self.work)
-        chan.sendall(MOUNTED)
+        chan.sendall(mounted(give_scratch(pid, uid, gid, self.work)))
         return json.loads(data), pid, chan
 
     def call(self, event, slot="s"):
@@ -254,16 +253,22 @@ AGENT_SAYS = {"ready": {"pid": int}, "import_error": {"message": str, "traceback
 CHILD_SAYS = {"progress": {"text": str}, "heartbeat": {}, "result": {"value": object},
               "error": {"message": str, "traceback": str}}
 
-MOUNTED = b'{"kind":"mounted"}\n'
+def mounted(workdir):
+    return b'{"kind":"mounted","workdir":"' + workdir.encode() + b'"}\n'
 
 
-def give_scratch(pid, work):
-    """What the launcher does for each request process (crates/zygo-launcher/src/scratch.rs):
-    a fresh tmpfs in its own mount namespace, here on the stand-in for /work only. The host's
-    mounts may propagate to peers, so the copies in that namespace are made private first."""
+def give_scratch(pid, uid, gid, work):
+    """What the launcher does for each request process (crates/zygo-launcher/src/scratch.rs
+    and workspace.rs): a fresh tmpfs in its own mount namespace, here on the stand-in for
+    /work only, and the request's own directory in it (0700, the request's). The host's
+    mounts may propagate to peers, so the copies in that namespace are made private first.
+    Returns the directory's name."""
+    name = os.urandom(16).hex()
     subprocess.run(["nsenter", "-t", str(pid), "-m", "--", "sh", "-c",
-                    'mount --make-rprivate / && mount -t tmpfs -o mode=1777,size=16m tmpfs "$1"',
-                    "sh", work], check=True, timeout=10)
+                    'mount --make-rprivate / && mount -t tmpfs -o mode=1777,size=16m tmpfs "$1"'
+                    ' && mkdir -m 0700 "$1/$2" && chown "$3:$4" "$1/$2"',
+                    "sh", work, name, str(uid), str(gid)], check=True, timeout=10)
+    return name
 
 
 # A child's stdout and stderr pipes (read ends, as the launcher gets them), by channel fd.

@@ -16,6 +16,7 @@ mod scratch;
 mod script_space;
 pub mod seccomp;
 mod sys;
+pub mod workspace;
 pub mod zygote;
 
 use std::os::fd::AsRawFd;

@@ -151,13 +151,17 @@ impl Mounter {
         Ok(())
     }
 
-    /// The next answer (poll said one is there): its slot, and whether the mounts are in
-    /// place. `Err` when the mounter itself is gone or broke its protocol.
-    pub fn answer(&mut self) -> Result<(String, Result<(), ScratchError>), ScratchError> {
+    /// The next answer (poll said one is there): its slot, and, when the mounts (or the
+    /// shrink) are done, the root of the request's new `/work` (after a mount; `None`
+    /// after a shrink). `Err` when the mounter itself is gone or broke its protocol.
+    #[allow(clippy::type_complexity)]
+    pub fn answer(
+        &mut self,
+    ) -> Result<(String, Result<Option<OwnedFd>, ScratchError>), ScratchError> {
         let mut buf = [0u8; ANSWER];
-        // SAFETY: recv into a buffer of ours, from a descriptor we hold.
-        let n = unsafe { libc::recv(self.sock.as_raw_fd(), buf.as_mut_ptr().cast(), buf.len(), 0) };
-        if n != ANSWER as isize {
+        let (n, mut fds) = plumbing::fds::recv_with_fds(self.sock.as_raw_fd(), &mut buf, 1)
+            .map_err(|e| ScratchError(format!("the mounter's answer: {e}")))?;
+        if n != ANSWER {
             return Err(ScratchError("the mounter ended".into()));
         }
         let slot = self
@@ -167,7 +171,7 @@ impl Mounter {
         let errno = i32::from_ne_bytes([buf[1], buf[2], buf[3], buf[4]]);
         let why = std::io::Error::from_raw_os_error(errno);
         let result = match buf[0] {
-            0 => Ok(()),
+            0 => Ok(fds.pop()),
             11 => Err(ScratchError(format!(
                 "enter the request's mount namespace: {why}"
             ))),
@@ -177,6 +181,7 @@ impl Mounter {
             14 => Err(ScratchError(format!(
                 "shrink the request's /tmp and /work: {why}"
             ))),
+            15 => Err(ScratchError(format!("open the request's new /work: {why}"))),
             13 => Err(ScratchError(format!(
                 "leave the request's mount namespace: {why}"
             ))),
@@ -208,13 +213,14 @@ fn mounter_main(sock: RawFd, user: RawFd, home: RawFd, opts: &CString) -> ! {
     // Nothing of the launcher's but what this needs.
     crate::sys::close_fds_from(3, &[sock, user, home]);
 
-    let answer = |step: u8, errno: i32| {
+    // With the root of the request's new /work when all went well.
+    let answer_with = |step: u8, errno: i32, work: &[RawFd]| {
         let mut buf = [0u8; ANSWER];
         buf[0] = step;
         buf[1..].copy_from_slice(&errno.to_ne_bytes());
-        // SAFETY: send from a buffer of ours on a descriptor we hold.
-        unsafe { libc::send(sock, buf.as_ptr().cast(), buf.len(), libc::MSG_NOSIGNAL) };
+        let _ = plumbing::fds::send_with_fds(sock, &buf, work);
     };
+    let answer = |step: u8, errno: i32| answer_with(step, errno, &[]);
     let errno = || std::io::Error::last_os_error().raw_os_error().unwrap_or(0);
     // SAFETY: setns with a namespace descriptor we hold; this process is single-threaded.
     if unsafe { libc::setns(user, libc::CLONE_NEWUSER) } != 0 {
@@ -245,7 +251,8 @@ fn mounter_main(sock: RawFd, user: RawFd, home: RawFd, opts: &CString) -> ! {
             _ => exit_now(0),
         };
         let mnt = fds[0].as_raw_fd();
-        // SAFETY: setns and mount with descriptors and C strings that are valid here.
+        let mut work: RawFd = -1;
+        // SAFETY: setns, mount and open with descriptors and C strings that are valid here.
         let (step, e) = unsafe {
             if libc::setns(mnt, libc::CLONE_NEWNS) != 0 {
                 (11, errno())
@@ -275,6 +282,18 @@ fn mounter_main(sock: RawFd, user: RawFd, home: RawFd, opts: &CString) -> ! {
                         break;
                     }
                 }
+                // The new /work's root, opened here, where only the request's own (parked,
+                // waiting) process can see it: the launcher makes the request's directory
+                // in it and unpacks its workspace through it.
+                if failed.0 == 0 && shrink.is_none() {
+                    work = libc::open(
+                        c"/work".as_ptr(),
+                        libc::O_RDONLY | libc::O_DIRECTORY | libc::O_NOFOLLOW | libc::O_CLOEXEC,
+                    );
+                    if work < 0 {
+                        failed = (15, errno());
+                    }
+                }
                 // Back home: the request's namespace is held by nothing of ours.
                 if libc::setns(home, libc::CLONE_NEWNS) != 0 && failed.0 == 0 {
                     failed = (13, errno());
@@ -283,7 +302,14 @@ fn mounter_main(sock: RawFd, user: RawFd, home: RawFd, opts: &CString) -> ! {
             }
         };
         drop(fds);
-        answer(step, e);
+        if step == 0 && work >= 0 {
+            answer_with(0, 0, &[work]);
+        } else {
+            answer(step, e);
+        }
+        if work >= 0 {
+            crate::sys::close(work);
+        }
     }
 }
 

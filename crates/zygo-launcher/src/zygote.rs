@@ -236,6 +236,10 @@ struct Child {
     orphaned: bool,
     out: Relay,
     err: Relay,
+    /// Its own directory in its `/work`.
+    work: crate::workspace::Workdir,
+    /// Its call asked for the directory back (`out`): packed when its handler answers.
+    pack: bool,
 }
 
 /// Output a child's process tree writes to fd 1 or fd 2: the read end of that pipe, relayed
@@ -433,9 +437,17 @@ fn complete_utf8_prefix(b: &[u8]) -> usize {
     b.len()
 }
 
-/// One datagram from the registration socket with its kernel-checked sender pid and any
-/// descriptors. `None` when nothing is waiting.
-type Datagram = (Vec<u8>, i32, Vec<OwnedFd>);
+/// One datagram from the registration socket with its kernel-checked sender (pid, and host
+/// uid and gid) and any descriptors. `None` when nothing is waiting.
+type Datagram = (Vec<u8>, Sender, Vec<OwnedFd>);
+
+/// Who sent a datagram, as the kernel says: host pid, uid and gid.
+#[derive(Debug, Clone, Copy)]
+struct Sender {
+    pid: i32,
+    uid: u32,
+    gid: u32,
+}
 
 fn recv_with_creds(reg: RawFd, max_fds: usize) -> Result<Option<Datagram>, String> {
     let mut data = [0u8; 4096];
@@ -450,15 +462,19 @@ fn recv_with_creds(reg: RawFd, max_fds: usize) -> Result<Option<Datagram>, Strin
     if got.len == 0 {
         return Err("the registration socket closed".into());
     }
-    let Some(pid) = got.sender.filter(|&p| p > 0) else {
+    let (Some(pid), Some((uid, gid))) = (got.sender.filter(|&p| p > 0), got.sender_ids) else {
         return Err("a registration without credentials".into());
     };
-    Ok(Some((data[..got.len].to_vec(), pid, got.fds)))
+    Ok(Some((
+        data[..got.len].to_vec(),
+        Sender { pid, uid, gid },
+        got.fds,
+    )))
 }
 
-/// Receive one registration: (slot, host pid, the child's channel).
+/// Receive one registration: (slot, who sent it, the child's channel).
 /// A registered child: its request channel and the read ends of its stdout and stderr.
-type Registered = (String, i32, OwnedFd, OwnedFd, OwnedFd);
+type Registered = (String, Sender, OwnedFd, OwnedFd, OwnedFd);
 
 fn receive_registration(reg: RawFd) -> Result<Option<Registered>, String> {
     let Some((data, pid, mut fds)) = recv_with_creds(reg, 3)? else {
@@ -523,7 +539,7 @@ fn receive_script_dir(reg: RawFd, init_pid: libc::pid_t) -> Result<OwnedFd, Stri
     let Some((data, pid, fds)) = recv_with_creds(reg, 1)? else {
         return Err("the sandbox did not hand over its script folder".into());
     };
-    if data != b"scripts" || pid != init_pid {
+    if data != b"scripts" || pid.pid != init_pid {
         return Err(
             "the first message on the registration socket is not init's script folder".into(),
         );
@@ -602,13 +618,21 @@ impl Up {
     }
 }
 
-/// The launcher's first line to a parked child: its `/tmp` and `/work` are in place.
-const MOUNTED: &[u8] = b"{\"kind\":\"mounted\"}\n";
+/// The launcher's first line to a parked child: its `/tmp` and `/work` are in place, and
+/// the name of its own directory in `/work` (32 lowercase hex digits), which the launcher
+/// made. Always [`MOUNTED_LEN`] bytes.
+fn mounted_line(workdir: &str) -> Vec<u8> {
+    format!("{{\"kind\":\"mounted\",\"workdir\":\"{workdir}\"}}\n").into_bytes()
+}
+
+/// The length of every `mounted` line.
+#[cfg(test)]
+const MOUNTED_LEN: usize = 64;
 
 /// A registered child whose `/tmp` and `/work` are being mounted: it becomes a [`Child`]
 /// (and is reported parked) once the mounter says they are there.
 struct Mounting {
-    pid: i32,
+    sender: Sender,
     fd: OwnedFd,
     out: OwnedFd,
     err: OwnedFd,
@@ -625,6 +649,46 @@ pub struct Sandbox {
     pub script_owner: Option<(u32, u32)>,
     /// A runtime pool: scripts are written into its `/run/script`.
     pub scripts: bool,
+}
+
+/// A request held back while its child's `/tmp` and `/work` are shrunk: its line, its
+/// workspace (unpacked once the space has its size), and that size.
+struct Held {
+    line: Vec<u8>,
+    workspace: Option<proto::bytes::Bytes>,
+    size: u64,
+}
+
+/// A call whose workspace was refused: nothing of it ran; its child is dropped and the
+/// monitor told why.
+fn refuse_workspace(
+    up: &mut Up,
+    children: &mut HashMap<String, Child>,
+    space: Option<&mut crate::script_space::ScriptSpace>,
+    slot: String,
+    refusal: crate::workspace::Refusal,
+) -> Result<(), LaunchError> {
+    if let Some(space) = space {
+        space.release(&slot);
+    }
+    children.remove(&slot);
+    up.send(&FromLauncher::WorkspaceRefused {
+        slot: slot.clone(),
+        too_large: refusal.too_large,
+        message: format!("the workspace was refused: {}", refusal.message),
+    })?;
+    up.send(&FromLauncher::SlotClosed {
+        slot,
+        violation: None,
+    })
+}
+
+/// The host ids the launcher acts as in a request's directory: the request's own, or
+/// `None` when the launcher already runs as them.
+fn act_as(sender: Sender) -> Option<(u32, u32)> {
+    // SAFETY: geteuid and getegid cannot fail.
+    let (uid, gid) = unsafe { (libc::geteuid(), libc::getegid()) };
+    ((sender.uid, sender.gid) != (uid, gid)).then_some((sender.uid, sender.gid))
 }
 
 /// Serve the zygote until the agent exits or the monitor ends it. `report` is init's report
@@ -678,7 +742,7 @@ pub fn serve(
     let mut children: HashMap<String, Child> = HashMap::new();
     let mut mounting: HashMap<String, Mounting> = HashMap::new();
     // Requests held while their child's /tmp and /work are shrunk: the line to send it.
-    let mut shrinking: HashMap<String, Vec<u8>> = HashMap::new();
+    let mut shrinking: HashMap<String, Held> = HashMap::new();
     let mut ctl_open = true;
     let mut reg_open = true;
     let mut agent_status: Option<i32> = None;
@@ -776,6 +840,8 @@ pub fn serve(
                     request_id,
                     event,
                     script,
+                    workspace,
+                    out,
                     scratch_bytes: shrink_to,
                 }) => {
                     // A pool's script goes into the sandbox before its request does.
@@ -807,6 +873,28 @@ pub fn serve(
                         })?;
                         continue;
                     }
+                    let shrink = shrink_to.filter(|s| *s < scratch_bytes);
+                    if let Some(c) = children.get_mut(&slot) {
+                        c.pack = out;
+                    }
+                    // The workspace is unpacked into the child's directory before the child
+                    // has its request: nothing of the call runs until it is all there. Where
+                    // the child's scratch space is shrunk first, it is unpacked after that,
+                    // into the smaller space.
+                    if shrink.is_none() {
+                        if let Some(refusal) = children.get(&slot).and_then(|c| {
+                            c.work.unpack_call(workspace.as_ref(), scratch_bytes).err()
+                        }) {
+                            refuse_workspace(
+                                &mut up,
+                                &mut children,
+                                script_space.as_mut(),
+                                slot,
+                                refusal,
+                            )?;
+                            continue;
+                        }
+                    }
                     let delivered = match (children.get(&slot), placed) {
                         (Some(c), Ok(path)) => {
                             let mut line = Vec::with_capacity(event.len() + 128);
@@ -823,12 +911,19 @@ pub fn serve(
                             line.extend_from_slice(b",\"event\":");
                             line.extend_from_slice(event.as_bytes());
                             line.extend_from_slice(b"}\n");
-                            match shrink_to.filter(|s| *s < scratch_bytes) {
+                            match shrink {
                                 // Its /tmp and /work are shrunk first; the request follows
                                 // once the mounter says so.
                                 Some(size) => match mounter.shrink(&slot, c.pid, &ns, size) {
                                     Ok(()) => {
-                                        shrinking.insert(slot.clone(), line);
+                                        shrinking.insert(
+                                            slot.clone(),
+                                            Held {
+                                                line,
+                                                workspace,
+                                                size,
+                                            },
+                                        );
                                         true
                                     }
                                     Err(e) => {
@@ -857,7 +952,7 @@ pub fn serve(
                     }
                 }
                 // An unused parked child: dropping its channel ends it (it sees the end of
-                // its request channel, removes its empty directory and exits).
+                // its request channel and exits; its directory goes with its /work).
                 Ok(ToLauncher::Reap { slot }) if valid_slot(&slot) => {
                     if let Some(space) = script_space.as_mut() {
                         space.release(&slot);
@@ -914,20 +1009,28 @@ pub fn serve(
         // Registrations.
         if fds[3].revents != 0 {
             match receive_registration(reg) {
-                Ok(Some((slot, pid, fd, out, err))) => {
+                Ok(Some((slot, sender, fd, out, err))) => {
                     if children.contains_key(&slot) || mounting.contains_key(&slot) {
                         return end(format!("slot {slot} registered twice"));
                     }
                     // The request's own /tmp and /work, mounted by a helper this loop does
                     // not wait for; the child is parked once they are there. A child that
                     // gets neither sees its channel close, and exits.
-                    match mounter.request(&slot, pid, &ns) {
+                    match mounter.request(&slot, sender.pid, &ns) {
                         Err(e) => up.send(&FromLauncher::ParkFailed {
                             slot,
                             message: format!("give the request its own /tmp and /work: {e}"),
                         })?,
                         Ok(()) => {
-                            mounting.insert(slot, Mounting { pid, fd, out, err });
+                            mounting.insert(
+                                slot,
+                                Mounting {
+                                    sender,
+                                    fd,
+                                    out,
+                                    err,
+                                },
+                            );
                         }
                     }
                 }
@@ -951,9 +1054,23 @@ pub fn serve(
             };
             // A request held while its child's scratch space was shrunk goes on now, or
             // (not shrunk) never reaches the child.
-            if let Some(line) = shrinking.remove(&slot) {
+            if let Some(held) = shrinking.remove(&slot) {
+                // Its workspace goes into the space as it is now.
+                if let (Ok(_), Some(c)) = (&result, children.get(&slot)) {
+                    if let Err(refusal) = c.work.unpack_call(held.workspace.as_ref(), held.size) {
+                        refuse_workspace(
+                            &mut up,
+                            &mut children,
+                            script_space.as_mut(),
+                            slot,
+                            refusal,
+                        )?;
+                        continue;
+                    }
+                }
+                let line = held.line;
                 let delivered = match (&result, children.get(&slot)) {
-                    (Ok(()), Some(c)) => sys::write_fd(c.fd.as_raw_fd(), &line).is_ok(),
+                    (Ok(_), Some(c)) => sys::write_fd(c.fd.as_raw_fd(), &line).is_ok(),
                     (Err(e), Some(_)) => {
                         log::error!("launcher: {e}");
                         false
@@ -976,32 +1093,45 @@ pub fn serve(
             } else if let Some(m) = mounting.remove(&slot) {
                 let placed = result
                     .map_err(|e| format!("give the request its own /tmp and /work: {e}"))
-                    .and_then(|()| {
-                        send_now(m.fd.as_raw_fd(), MOUNTED).map_err(|e| {
-                            format!("the request's process could not be told it was parked: {e}")
-                        })
+                    .and_then(|work| {
+                        work.ok_or_else(|| "the mounter did not hand over its /work".to_string())
+                    })
+                    .and_then(|work| {
+                        crate::workspace::Workdir::create(work, act_as(m.sender))
+                            .map_err(|e| format!("give the request its own directory: {e}"))
+                    })
+                    .and_then(|work| {
+                        send_now(m.fd.as_raw_fd(), &mounted_line(&work.name))
+                            .map(|()| work)
+                            .map_err(|e| {
+                                format!(
+                                    "the request's process could not be told it was parked: {e}"
+                                )
+                            })
                     });
                 match placed {
                     Err(message) => up.send(&FromLauncher::ParkFailed {
                         slot: slot.clone(),
                         message,
                     })?,
-                    Ok(()) => {
+                    Ok(work) => {
                         children.insert(
                             slot.clone(),
                             Child {
-                                pid: m.pid,
+                                pid: m.sender.pid,
                                 fd: m.fd,
                                 lines: Lines::new(MAX_CHILD_LINE),
                                 done: false,
                                 orphaned: false,
                                 out: Relay::new(m.out, Stream::Stdout),
                                 err: Relay::new(m.err, Stream::Stderr),
+                                work,
+                                pack: false,
                             },
                         );
                         up.send(&FromLauncher::Parked {
                             slot: slot.clone(),
-                            pid: m.pid,
+                            pid: m.sender.pid,
                         })?;
                     }
                 }
@@ -1057,6 +1187,21 @@ pub fn serve(
                     // before its answer.
                     c.out.pump(slot, &mut up, true)?;
                     c.err.pump(slot, &mut up, true)?;
+                    // The handler is done: its directory, as it left it, goes with the
+                    // answer (before it, so the monitor has it when it answers).
+                    if c.pack {
+                        let p = c.work.pack(proto::front::MAX_WORKSPACE_OUT);
+                        if let Some(why) = &p.note {
+                            log::warn!(
+                                "launcher: request {slot}: its directory was not packed: {why}"
+                            );
+                        }
+                        up.send(&FromLauncher::WorkspaceOut {
+                            slot: slot.clone(),
+                            tar: p.tar.map(proto::bytes::Bytes),
+                            truncated: p.truncated,
+                        })?;
+                    }
                 }
                 let out = match msg {
                     ChildMsg::Progress { text } => FromLauncher::Progress { slot: s, text },
@@ -1180,6 +1325,14 @@ mod tests {
         };
         // SAFETY: one valid pollfd.
         unsafe { libc::poll(&mut p, 1, 0) == 1 }
+    }
+
+    #[test]
+    fn every_mounted_line_is_as_long_as_the_agents_read() {
+        let line = mounted_line(&"0123456789abcdef".repeat(2));
+        assert_eq!(line.len(), MOUNTED_LEN);
+        let v: serde_json::Value = serde_json::from_slice(&line).expect("JSON");
+        assert_eq!(v["kind"], "mounted");
     }
 
     #[test]

@@ -103,6 +103,8 @@ fn fake_monitor(mut sock: UnixStream, seen: Seen) {
                         peak_rss_kb: 10,
                     },
                     usage: None,
+                    workspace_out: None,
+                    workspace_out_truncated: false,
                 },
             }),
             McpRequest::FunctionLogs { call, limit, .. } => Some(McpReply::Logs {

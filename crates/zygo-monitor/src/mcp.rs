@@ -568,6 +568,8 @@ fn handle(sh: &Shared, req: McpRequest, stopper: &Arc<Stopper>) -> McpReply {
                 timeout_ms: None,
                 stream: false,
                 script: None,
+                workspace: None,
+                out: false,
             });
             match supervisor(req, stopper) {
                 Ok(Reply::Answer(answer)) => McpReply::Called { call, answer },

@@ -16,8 +16,11 @@ use proto::front::MAX_FRONT_FRAME;
 use proto::{encode_frame, FrameBuf, ProtoError};
 use serde::{de::DeserializeOwned, Serialize};
 
-/// The most we buffer for a peer that does not read; past it the peer is dropped.
-const MAX_OUT: usize = 64 * 1024 * 1024;
+/// The most we buffer for a peer that does not read; past it the peer is dropped. Room for
+/// a few frames at the cap: a launcher may be handed several calls with large workspaces
+/// at once, and reads them one after the other (what fronts may leave unread is bounded
+/// by [`OUTPUT_BUDGET`] first).
+const MAX_OUT: usize = 3 * proto::frame::MAX_FRAME;
 
 /// The most read from the socket at once.
 pub const CHUNK: usize = 64 * 1024;
@@ -29,7 +32,7 @@ pub const CHUNK: usize = 64 * 1024;
 // make the supervisor hold memory without bound, nor starve the other connections. At
 // worst the fronts together make it hold about
 // MAX_FRONTS × (SMALL_FRAME + MAX_QUEUED_BYTES + SMALL_FRAME) + INPUT_BUDGET + OUTPUT_BUDGET,
-// about 240 MiB, whatever they send (plus, past the output budget, one answer each to
+// about 370 MiB, whatever they send (plus, past the output budget, one answer each to
 // fronts that have read everything they were sent).
 
 /// Front connections open at once (before or after their hello). One past it is sent a
@@ -54,8 +57,8 @@ pub const MAX_QUEUED_BYTES: usize = 64 * 1024;
 /// Larger frames (a big event, a script; up to the frame cap) are read only when their
 /// connection could start them at once, and only once the bytes for the whole frame are
 /// set aside from this budget, shared by every connection. A connection waits in line
-/// for its share. Two frames at the cap fit at once.
-pub const INPUT_BUDGET: usize = 64 * 1024 * 1024;
+/// for its share. Two frames at the cap (a call carrying a 64 MiB workspace) fit at once.
+pub const INPUT_BUDGET: usize = 192 * 1024 * 1024;
 const _: () = assert!(INPUT_BUDGET >= 2 * (PREFIX + MAX_FRONT_FRAME));
 
 /// Answers unread by every front together. Past it, a front that has not read what it

@@ -135,6 +135,8 @@ pub fn call(front: &Front, call: &mut Call) -> Out {
         Err(e) => return e.into(),
     };
     let req = ExecRequest {
+        workspace: None,
+        out: false,
         name,
         event,
         key: call.key.clone(),
@@ -324,6 +326,8 @@ fn batch_one(
         });
     }
     let req = ExecRequest {
+        workspace: None,
+        out: false,
         name: name.to_string(),
         event: ev.to_string(),
         key: key.clone(),

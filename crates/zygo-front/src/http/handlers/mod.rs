@@ -249,6 +249,67 @@ mod tests {
     use super::*;
 
     #[test]
+    fn a_calls_outcome_has_the_contracts_status_and_code() {
+        use proto::front::Metrics;
+        let base = ExecAnswer {
+            request_id: "r".into(),
+            outcome: Outcome::Ok,
+            result: Some("{\"a\":1}".into()),
+            error: None,
+            traceback: None,
+            started: true,
+            oom_killed: false,
+            stdout: String::new(),
+            stdout_truncated: false,
+            stderr: String::new(),
+            stderr_truncated: false,
+            metrics: Metrics::default(),
+            workspace_out: None,
+            workspace_out_truncated: false,
+            usage: None,
+        };
+        let (st, v) = exec_answer(&base);
+        assert_eq!((st, v["result"]["a"].as_i64()), (200, Some(1)));
+        for (outcome, status, code) in [
+            (Outcome::Error, 500, "handler"),
+            (Outcome::Timeout, 504, "timeout"),
+            (Outcome::Stuck, 504, "stuck"),
+            (Outcome::Cancelled, 499, "cancelled"),
+        ] {
+            let a = ExecAnswer {
+                outcome,
+                result: None,
+                ..base.clone()
+            };
+            let (st, v) = exec_answer(&a);
+            assert_eq!(st, status, "{outcome:?}");
+            assert_eq!(v["code"], code);
+            assert!(v["error"].is_string() && v.get("oom_killed").is_some());
+        }
+    }
+
+    #[test]
+    fn the_supervisors_codes_have_the_contracts_statuses() {
+        use crate::http::status_of;
+        use proto::front::ErrorCode::*;
+        for (code, status) in [
+            (BadRequest, 400),
+            (BadSpec, 400),
+            (Unauthorized, 401),
+            (Forbidden, 403),
+            (NotFound, 404),
+            (Conflict, 409),
+            (TooLarge, 413),
+            (AboveCeiling, 422),
+            (Busy, 429),
+            (Internal, 500),
+            (Unavailable, 503),
+        ] {
+            assert_eq!(status_of(code), status, "{code:?}");
+        }
+    }
+
+    #[test]
     fn sizes_and_times_print_in_their_largest_whole_unit() {
         assert_eq!(bytes_text(256 << 20), "256M");
         assert_eq!(bytes_text(1 << 30), "1G");

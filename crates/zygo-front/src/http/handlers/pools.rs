@@ -100,6 +100,8 @@ pub fn call(front: &Front, call: &mut Call) -> Out {
         Err(e) => return e.into(),
     };
     let req = ExecRequest {
+        workspace: None,
+        out: false,
         name,
         event,
         key: call.key.clone(),

@@ -109,6 +109,14 @@ pub(super) struct InFlight {
     script: Option<Script>,
     /// Its digest, for the usage log.
     pub(super) script_digest: Option<String>,
+    /// Its workspace (a tar), until it is handed to the launcher with the call.
+    workspace: Option<proto::bytes::Bytes>,
+    /// Whether its caller wants the request's directory back.
+    out: bool,
+    /// The directory, packed after its handler answered, and whether caps left
+    /// entries out of it.
+    workspace_out: Option<proto::bytes::Bytes>,
+    workspace_out_truncated: bool,
     /// The tenant it was made for (`None`: the host's).
     pub(super) tenant: Option<String>,
     /// Narrower cgroup limits than its function's (its tenant's), written on its child's
@@ -121,7 +129,7 @@ pub(super) struct InFlight {
 impl InFlight {
     pub(super) fn new(
         client: Token,
-        e: &ExecRequest,
+        e: &mut ExecRequest,
         event: String,
         timeout: Duration,
         script: Option<Script>,
@@ -144,6 +152,10 @@ impl InFlight {
             forced: None,
             script_digest: script.as_ref().map(|s| s.digest.clone()),
             script,
+            workspace: e.workspace.take(),
+            out: e.out,
+            workspace_out: None,
+            workspace_out_truncated: false,
             tenant: None,
             narrow: None,
             scratch: None,
@@ -374,6 +386,18 @@ impl Functions {
                 ))
             }
         };
+        if let Some(w) = &e.workspace {
+            if w.len() > proto::front::MAX_WORKSPACE {
+                return Some(fail(
+                    ErrorCode::TooLarge,
+                    format!(
+                        "the workspace is {} bytes; at most {} MiB may be sent",
+                        w.len(),
+                        proto::front::MAX_WORKSPACE >> 20
+                    ),
+                ));
+            }
+        }
         if e.key
             .as_ref()
             .is_some_and(|k| k.is_empty() || k.len() > 256)
@@ -397,6 +421,16 @@ impl Functions {
         }
         // A pool runs the script named with the call; a function runs its own handler.
         let pool = is_pool(&f.spec);
+        // Warm-exec has no agent in the request's process to start it in its directory.
+        if (e.workspace.is_some() || e.out) && matches!(f.spec.kind, policy::file::FnKind::Cmd(_)) {
+            return Some(fail(
+                ErrorCode::BadRequest,
+                format!(
+                    "{} is a warm-exec pool (a command, no agent): it takes no workspace and sends none back",
+                    e.name
+                ),
+            ));
+        }
         // A pool's scripts live in a tmpfs of its scratch size (`/run/script`): one that
         // cannot fit there is refused, naming the limit; a script sent with the call before
         // it is stored (storing may evict other scripts), one named by digest once read.
@@ -466,7 +500,7 @@ impl Functions {
             Ok(id) => id,
             Err(e) => return Some(fail(ErrorCode::Internal, format!("name the request: {e}"))),
         };
-        let mut call = InFlight::new(client, &e, event, timeout, script, Instant::now());
+        let mut call = InFlight::new(client, &mut e, event, timeout, script, Instant::now());
         call.tenant = who.tenant.clone();
         call.narrow = narrow;
         call.scratch = who
@@ -628,6 +662,8 @@ impl Functions {
             request_id: id.to_string(),
             event,
             script,
+            workspace: c.workspace.take(),
+            out: c.out,
             scratch_bytes,
         });
         // The spare this call used is replaced now, so the next call finds one: the new
@@ -727,6 +763,34 @@ impl Functions {
                 }
             };
             self.outbox.push((c.client, reply, true));
+        }
+    }
+
+    /// The launcher could not unpack a call's workspace: nothing ran, and the call is
+    /// refused, naming the entry and the rule.
+    pub(super) fn workspace_refused(&mut self, id: &str, too_large: bool, message: String) {
+        if let Some(c) = self.calls.remove(id) {
+            let code = if too_large {
+                ErrorCode::TooLarge
+            } else {
+                ErrorCode::BadRequest
+            };
+            self.outbox.push((c.client, fail(code, message), true));
+        }
+    }
+
+    /// A call's directory, packed after its handler answered: kept for its answer.
+    pub(super) fn workspace_out(
+        &mut self,
+        id: &str,
+        tar: Option<proto::bytes::Bytes>,
+        truncated: bool,
+    ) {
+        if let Some(c) = self.calls.get_mut(id) {
+            if c.out {
+                c.workspace_out = tar;
+                c.workspace_out_truncated = truncated;
+            }
         }
     }
 
@@ -896,6 +960,14 @@ impl Functions {
             stderr_truncated: c.stderr.truncated,
             metrics,
             usage: Some(usage),
+            // The directory as the handler left it goes only with the handler's own answer
+            // (not past a timeout or a cancel, which stand over it).
+            workspace_out: if c.forced.is_none() {
+                c.workspace_out.take()
+            } else {
+                None
+            },
+            workspace_out_truncated: c.workspace_out_truncated,
         };
         self.outbox.push((c.client, Reply::Answer(answer), true));
     }

@@ -138,15 +138,17 @@ mod tests {
 
     /// A call received at `t0` with a 30 s time limit.
     fn call(t0: Instant) -> InFlight {
-        let e = ExecRequest {
+        let mut e = ExecRequest {
             name: "f".into(),
             event: "{}".into(),
             key: None,
             timeout_ms: None,
             stream: false,
             script: None,
+            workspace: None,
+            out: false,
         };
-        InFlight::new(mio::Token(99), &e, "{}".into(), TIMEOUT, None, t0)
+        InFlight::new(mio::Token(99), &mut e, "{}".into(), TIMEOUT, None, t0)
     }
 
     fn secs(n: u64) -> Duration {

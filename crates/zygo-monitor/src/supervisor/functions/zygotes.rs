@@ -467,6 +467,24 @@ impl Functions {
                     self.script_refused(&id, too_large, message);
                 }
             }
+            FromLauncher::WorkspaceRefused {
+                slot,
+                too_large,
+                message,
+            } => {
+                if let Some(id) = z.children.request(&slot) {
+                    self.workspace_refused(&id, too_large, message);
+                }
+            }
+            FromLauncher::WorkspaceOut {
+                slot,
+                tar,
+                truncated,
+            } => {
+                if let Some(id) = z.children.request(&slot) {
+                    self.workspace_out(&id, tar, truncated);
+                }
+            }
             FromLauncher::ParkFailed { slot, message } => {
                 z.children.parking.retain(|s| *s != slot);
                 log::warn!("a zygote of {} could not park a child: {message}", z.func);
