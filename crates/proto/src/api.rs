@@ -172,7 +172,7 @@ pub struct RunAnswer {
     pub stderr_truncated: bool,
     /// The run's usage record (for the front's usage delivery); `None` only from a
     /// supervisor that did not make one.
-    pub usage: Option<UsageRecord>,
+    pub usage: Option<Box<UsageRecord>>,
 }
 
 /// The function name of an MCP `run_code`'s usage record.

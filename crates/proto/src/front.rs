@@ -350,7 +350,7 @@ pub struct ExecAnswer {
     pub metrics: Metrics,
     /// The call's usage record (for the front's usage delivery): every answered call has
     /// one.
-    pub usage: Option<crate::api::UsageRecord>,
+    pub usage: Option<Box<crate::api::UsageRecord>>,
     /// With `out`: the request's directory as a tar, packed once its handler answered
     /// (returned or raised). None when `out` was not asked for, when the handler never
     /// answered, or when the directory was no longer a directory.

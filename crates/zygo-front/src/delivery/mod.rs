@@ -130,7 +130,7 @@ impl Feed {
 }
 
 /// A finished call's usage record, for delivery (nothing when no delivery is set up).
-pub fn usage(rec: &Option<proto::api::UsageRecord>) {
+pub fn usage(rec: &Option<Box<proto::api::UsageRecord>>) {
     if let (Some(feed), Some(rec)) = (FEED.get(), rec) {
         feed.send(format!("{{\"usage\":{}}}", rec.json_line()));
     }
@@ -149,6 +149,7 @@ pub fn enabled() -> bool {
 }
 
 #[cfg(test)]
+#[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
 

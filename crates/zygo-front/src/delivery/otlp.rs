@@ -158,6 +158,7 @@ impl Numbers {
 }
 
 #[cfg(test)]
+#[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
 

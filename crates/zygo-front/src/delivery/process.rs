@@ -19,6 +19,10 @@ use crate::confine::{self, FrontRole};
 /// How long, once the front is gone, the webhook still gets to take what is queued.
 const LAST_FLUSH: Duration = Duration::from_secs(10);
 
+/// ioctl's request number for FIONBIO (its C type differs between architectures).
+#[allow(clippy::unnecessary_cast)]
+const FIONBIO_REQUEST: u64 = libc::FIONBIO as u64;
+
 /// The delivery process's seccomp table: the MCP front's (its own descriptors, memory,
 /// threads, time) plus making TCP connections (the Landlock domain limits them to the
 /// endpoints' ports where the kernel has it).
@@ -34,7 +38,7 @@ pub fn allowlist(pid: u32) -> Vec<Allowed> {
                "SO_ERROR, how a connect with a timeout learns it finished"),
         allow!(SYS_setsockopt, When::Equals { arg: 1, value: SOL_SOCKET as u64 },
                "read and write timeouts on a delivery's connection"),
-        allow!(SYS_ioctl, When::Equals { arg: 1, value: FIONBIO as u64 },
+        allow!(SYS_ioctl, When::Equals { arg: 1, value: FIONBIO_REQUEST },
                "non-blocking mode for a connect with a timeout, and back; nothing else ioctl does"),
     ]);
     v
@@ -68,7 +72,7 @@ fn bound(st: &mut State) {
     while st.queue.len() > MAX_QUEUE {
         st.queue.pop_front();
         st.dropped += 1;
-        if st.dropped == 1 || st.dropped.is_power_of_two() || st.dropped % 10_000 == 0 {
+        if st.dropped == 1 || st.dropped.is_power_of_two() || st.dropped.is_multiple_of(10_000) {
             log::error!(
                 "usage webhook: the queue is full ({MAX_QUEUE} events); {} of the oldest dropped so far (they are in the supervisor's usage.log)",
                 st.dropped

@@ -959,7 +959,7 @@ impl Functions {
             stderr: c.stderr.text.clone(),
             stderr_truncated: c.stderr.truncated,
             metrics,
-            usage: Some(usage),
+            usage: Some(Box::new(usage)),
             // The directory as the handler left it goes only with the handler's own answer
             // (not past a timeout or a cancel, which stand over it).
             workspace_out: if c.forced.is_none() {

@@ -367,7 +367,7 @@ impl Functions {
             Err((phase, why)) => {
                 log::info!("run {id} did not start ({}): {why}", phase.as_str());
                 let mut answer = refused_answer(&id, phase, why);
-                answer.usage = Some(self.record_run(&answer, tenant, Duration::ZERO));
+                answer.usage = Some(Box::new(self.record_run(&answer, tenant, Duration::ZERO)));
                 Some(Reply::RunAnswer(answer))
             }
         }
@@ -753,11 +753,11 @@ impl Functions {
             answer.error
         );
         let mut answer = answer;
-        answer.usage = Some(self.record_run(
+        answer.usage = Some(Box::new(self.record_run(
             &answer,
             run.tenant.as_deref(),
             Duration::from_micros(answer.wall_us),
-        ));
+        )));
         self.outbox
             .push((run.client, Reply::RunAnswer(answer), true));
     }
