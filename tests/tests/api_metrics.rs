@@ -753,6 +753,37 @@ fn the_webhook_delivers_everything_in_order_through_failures_and_otlp_has_the_sh
         find("zygo_tenant_requests_total")["sum"]["aggregationTemporality"],
         2
     );
+
+    // zygo-delivery, the front's child, is confined: no capabilities, no_new_privs, a
+    // seccomp filter, and it holds no descriptor but its pipe and stderr.
+    let front = f.child.id();
+    let pid = std::fs::read_dir("/proc")
+        .unwrap()
+        .filter_map(|e| e.ok()?.file_name().to_str()?.parse::<u32>().ok())
+        .find(|p| {
+            let st = std::fs::read_to_string(format!("/proc/{p}/status")).unwrap_or_default();
+            st.contains("Name:\tzygo-delivery") && st.contains(&format!("PPid:\t{front}\n"))
+        })
+        .expect("zygo-delivery runs beside the front");
+    let st = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    for want in [
+        "NoNewPrivs:\t1",
+        "Seccomp:\t2",
+        "CapEff:\t0000000000000000",
+        "CapPrm:\t0000000000000000",
+        "CapBnd:\t0000000000000000",
+    ] {
+        assert!(st.contains(want), "{want} missing:\n{st}");
+    }
+    let fds: BTreeSet<String> = std::fs::read_dir(format!("/proc/{pid}/fd"))
+        .unwrap()
+        .filter_map(|e| Some(e.ok()?.file_name().to_str()?.to_string()))
+        .collect();
+    let want: BTreeSet<String> = ["2", "3"].iter().map(|s| s.to_string()).collect();
+    assert_eq!(
+        fds, want,
+        "zygo-delivery holds more than its pipe and stderr"
+    );
     drop(f);
     s.shutdown();
 }
