@@ -293,3 +293,74 @@ fn push_otlp(sh: &Shared, to: &Endpoint) {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_full_queue_drops_the_oldest_and_counts_them() {
+        let mut st = State {
+            queue: (0..MAX_QUEUE + 5).map(|i| i.to_string()).collect(),
+            dropped: 0,
+            numbers: Numbers::starting(0),
+            ended: false,
+        };
+        bound(&mut st);
+        assert_eq!(st.queue.len(), MAX_QUEUE);
+        assert_eq!(st.dropped, 5);
+        assert_eq!(st.queue.front().map(String::as_str), Some("5"));
+    }
+
+    #[test]
+    fn lines_from_the_front_are_parsed_strictly() {
+        let mut st = State {
+            queue: VecDeque::new(),
+            dropped: 0,
+            numbers: Numbers::starting(0),
+            ended: false,
+        };
+        let rec = r#"{"tenant":"a","function":"f","script":null,"request_id":"r1","wall_ms":1,"cpu_ms":1,"peak_rss_kb":1,"outcome":"ok","finished_ms":1}"#;
+        take_line(&mut st, format!("{{\"usage\":{rec}}}").as_bytes(), true);
+        take_line(&mut st, b"{\"api\":[7,2]}", true);
+        // Hostile or broken lines are dropped, never queued.
+        take_line(&mut st, b"{\"usage\":{}}", true);
+        take_line(&mut st, b"{\"api\":[1,1],\"api\":[9,9]}", true);
+        take_line(&mut st, b"{\"other\":1}", true);
+        take_line(&mut st, b"not json", true);
+        assert_eq!(st.queue.len(), 1);
+        assert!(st.queue[0].contains("\"request_id\":\"r1\""));
+        assert_eq!((st.numbers.api_requests, st.numbers.api_errors), (7, 2));
+    }
+
+    /// Nothing that reaches the filesystem, starts a program or a process, or listens may
+    /// be in zygo-delivery's allowlist.
+    #[test]
+    fn the_allowlist_has_no_filesystem_exec_fork_or_listen() {
+        let list = allowlist(1);
+        use libc::*;
+        for nr in [
+            SYS_openat,
+            SYS_openat2,
+            SYS_open,
+            SYS_execve,
+            SYS_execveat,
+            SYS_fork,
+            SYS_vfork,
+            SYS_bind,
+            SYS_listen,
+            SYS_accept,
+            SYS_accept4,
+            SYS_ptrace,
+            SYS_kill,
+            SYS_prctl,
+            SYS_seccomp,
+            SYS_unlink,
+            SYS_unlinkat,
+            SYS_mount,
+        ] {
+            assert!(!list.iter().any(|e| e.nr == nr), "syscall {nr} is allowed");
+        }
+        assert!(list.iter().any(|e| e.nr == SYS_connect));
+    }
+}
