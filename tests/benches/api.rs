@@ -138,6 +138,7 @@ impl Caller for Control {
             stream: false,
             script: None,
             workspace: None,
+            workspace_blob: None,
             out: false,
         });
         write_frame(&mut self.sock, &req).map_err(|e| format!("send: {e}"))?;

@@ -487,6 +487,7 @@ impl Front {
             stream: false,
             script: None,
             workspace: None,
+            workspace_blob: None,
             out: false,
         });
         match self.call(&req) {

@@ -188,6 +188,7 @@ impl Front {
             stream: false,
             script: None,
             workspace: workspace.cloned(),
+            workspace_blob: None,
             out,
         });
         let t0 = Instant::now();

@@ -182,6 +182,21 @@ pub fn root_only() -> bool {
     }
 }
 
+/// The Landlock ABI of this kernel (0 without Landlock).
+pub fn landlock_abi() -> i64 {
+    // SAFETY: landlock_create_ruleset(NULL, 0, LANDLOCK_CREATE_RULESET_VERSION) only
+    // returns a number.
+    let v = unsafe {
+        libc::syscall(
+            libc::SYS_landlock_create_ruleset,
+            std::ptr::null::<libc::c_void>(),
+            0usize,
+            1u32,
+        )
+    };
+    v.max(0)
+}
+
 pub fn am_root() -> bool {
     // SAFETY: geteuid cannot fail.
     unsafe { libc::geteuid() == 0 }
@@ -279,19 +294,20 @@ pub fn copy_binary(src: &Path, dir: &Path, name: &str) -> PathBuf {
     dst
 }
 
-/// Give the rootless user `<own cgroup>/zygo-rootless-test` in every hierarchy Zygo uses.
+/// Give the rootless user `<base>/zygo-rootless-test` in every hierarchy Zygo uses, where
+/// the base is the test's own cgroup or, on cgroup v2, the one `$ZYGO_CGROUP` names (a
+/// cgroup v2 that holds processes, like the test's own, cannot give its children
+/// controllers). On v2 the subtree has a leaf, `zygo-monitor`, that the rootless `zygo`
+/// is started in, as `systemd-run --user --scope -p Delegate=yes` would start it.
 fn delegate_cgroups(uid: u32, gid: u32) {
     if is_cgroup_v2_host() {
-        let dir = unified_own_dir().join(ROOTLESS_CGROUP);
-        let _ = fs::create_dir_all(&dir);
+        let base = v2_base_dir();
+        let dir = base.join(ROOTLESS_CGROUP);
+        let _ = fs::create_dir_all(dir.join("zygo-monitor"));
         // Best effort: controllers can only be enabled where the no-internal-process rule
-        // allows it.
-        for c in ["+memory", "+pids", "+cpu", "+io"] {
-            if let Some(parent) = dir.parent() {
-                let _ = fs::write(parent.join("cgroup.subtree_control"), c);
-            }
-            let _ = fs::write(dir.join("cgroup.subtree_control"), c);
-        }
+        // allows it; Zygo's refusal says so when they are missing.
+        let _ = fs::write(base.join("cgroup.subtree_control"), "+memory +pids +cpu");
+        let _ = fs::write(base.join("cgroup.subtree_control"), "+io");
         chown_tree(&dir, uid, gid);
         return;
     }
@@ -308,6 +324,38 @@ fn delegate_cgroups(uid: u32, gid: u32) {
             );
         }
         chown_tree(&dir, uid, gid);
+    }
+}
+
+/// On a cgroup v2 host, the directory Zygo's tree goes under for root runs: the one
+/// `$ZYGO_CGROUP` names (absolute, or relative to our own cgroup), else our own cgroup.
+pub fn v2_base_dir() -> PathBuf {
+    match std::env::var("ZYGO_CGROUP").ok().filter(|s| !s.is_empty()) {
+        Some(b) if b.starts_with('/') => {
+            let point = cgroup_mounts()
+                .into_iter()
+                .find(|(_, v2, _)| *v2)
+                .map_or_else(|| PathBuf::from("/sys/fs/cgroup"), |(p, _, _)| p);
+            join_cg(&point, &b)
+        }
+        Some(b) => unified_own_dir().join(b.trim_matches('/')),
+        None => unified_own_dir(),
+    }
+}
+
+/// The rootless subtree as a cgroup path, for the rootless user's `$ZYGO_CGROUP`.
+fn rootless_cgroup_env() -> String {
+    if !is_cgroup_v2_host() {
+        return ROOTLESS_CGROUP.to_string();
+    }
+    let dir = v2_base_dir().join(ROOTLESS_CGROUP);
+    let point = cgroup_mounts()
+        .into_iter()
+        .find(|(_, v2, _)| *v2)
+        .map_or_else(|| PathBuf::from("/sys/fs/cgroup"), |(p, _, _)| p);
+    match dir.strip_prefix(&point) {
+        Ok(rel) => format!("/{}", rel.display()),
+        Err(_) => ROOTLESS_CGROUP.to_string(),
     }
 }
 
@@ -435,7 +483,7 @@ pub fn unified_own_dir() -> PathBuf {
 /// Every directory Zygo creates per-sandbox cgroups in, for root and rootless runs.
 pub fn zygo_cgroup_roots() -> Vec<PathBuf> {
     let bases: Vec<PathBuf> = if is_cgroup_v2_host() {
-        vec![unified_own_dir()]
+        vec![v2_base_dir()]
     } else {
         V1_CONTROLLERS
             .into_iter()
@@ -521,9 +569,26 @@ pub fn alive(pid: i32) -> bool {
     }
 }
 
-/// Poll `cond` every 50 ms; panic naming `what` after `limit`.
+/// How many times slower than a development machine this one runs: `$ZYGO_TEST_SLOWDOWN`
+/// (a whole number, default 1; the guest's software emulation sets 4). The harness's
+/// waits are stretched by it, never what a test asserts about Zygo's own deadlines.
+pub fn slowdown() -> u32 {
+    std::env::var("ZYGO_TEST_SLOWDOWN")
+        .ok()
+        .and_then(|v| v.trim().parse::<u32>().ok())
+        .filter(|n| (1..=20).contains(n))
+        .unwrap_or(1)
+}
+
+/// A wait of the harness, stretched by [`slowdown`].
+pub fn slow(d: Duration) -> Duration {
+    d * slowdown()
+}
+
+/// Poll `cond` every 50 ms; panic naming `what` after `limit` (stretched by [`slowdown`]).
 #[track_caller]
 pub fn wait_for(limit: Duration, what: &str, mut cond: impl FnMut() -> bool) {
+    let limit = slow(limit);
     let t0 = Instant::now();
     while !cond() {
         assert!(
@@ -535,8 +600,10 @@ pub fn wait_for(limit: Duration, what: &str, mut cond: impl FnMut() -> bool) {
     }
 }
 
-/// Poll `cond` every 50 ms for at most `limit`; whether it came true.
+/// Poll `cond` every 50 ms for at most `limit` (stretched by [`slowdown`]); whether it came
+/// true.
 pub fn wait_for_quietly(limit: Duration, mut cond: impl FnMut() -> bool) -> bool {
+    let limit = slow(limit);
     let t0 = Instant::now();
     loop {
         if cond() {
@@ -604,7 +671,7 @@ pub fn zygo_with(who: Who, bin: &Path) -> Command {
         .env("PATH", "/usr/bin:/bin")
         .current_dir("/")
         .stdin(Stdio::null());
-    for key in ["ZYGO_LOG", "RUST_LOG"] {
+    for key in ["ZYGO_LOG", "RUST_LOG", "ZYGO_ALLOW_UNSCOPED_REQUESTS"] {
         if let Some(v) = std::env::var_os(key) {
             cmd.env(key, v);
         }
@@ -612,8 +679,10 @@ pub fn zygo_with(who: Who, bin: &Path) -> Command {
     match who {
         Who::Root => {
             cmd.env("HOME", "/root");
-            if let Some(v) = std::env::var_os("ZYGO_SUBID") {
-                cmd.env("ZYGO_SUBID", v);
+            for key in ["ZYGO_SUBID", "ZYGO_CGROUP"] {
+                if let Some(v) = std::env::var_os(key) {
+                    cmd.env(key, v);
+                }
             }
         }
         Who::Rootless => {
@@ -622,13 +691,38 @@ pub fn zygo_with(who: Who, bin: &Path) -> Command {
             if am_root() {
                 cmd.uid(r.uid)
                     .gid(r.gid)
-                    .env("ZYGO_CGROUP", ROOTLESS_CGROUP);
+                    .env("ZYGO_CGROUP", rootless_cgroup_env());
+                if is_cgroup_v2_host() {
+                    start_in_rootless_leaf(&mut cmd);
+                }
             } else if let Some(v) = std::env::var_os("ZYGO_CGROUP") {
                 cmd.env("ZYGO_CGROUP", v);
             }
         }
     }
     cmd
+}
+
+/// Start the rootless `zygo` in the leaf of its delegated subtree. On cgroup v2 a process
+/// may move another only where it can write `cgroup.procs` of a cgroup holding both, which
+/// the rootless user cannot where the test runs; the file is opened here, as root, and
+/// the kernel checks the opener's credentials when the child writes "0" to it.
+fn start_in_rootless_leaf(cmd: &mut Command) {
+    use std::io::Write;
+    use std::os::unix::process::CommandExt;
+    let procs = v2_base_dir()
+        .join(ROOTLESS_CGROUP)
+        .join("zygo-monitor")
+        .join("cgroup.procs");
+    let file = match fs::OpenOptions::new().write(true).open(&procs) {
+        Ok(f) => f,
+        Err(e) => panic!("open {}: {e}", procs.display()),
+    };
+    // SAFETY: the closure only writes to a file descriptor it owns (no allocation beyond
+    // the fixed buffer, no locks), between fork and exec.
+    unsafe {
+        cmd.pre_exec(move || (&file).write_all(b"0"));
+    }
 }
 
 /// A raw `zygo` command for `who` (add the arguments yourself; run it with [`finish`]).
@@ -714,7 +808,7 @@ pub fn finish(mut cmd: Command) -> Finished {
             break;
         }
         assert!(r == 0, "wait4 {pid}: {}", std::io::Error::last_os_error());
-        if t0.elapsed() > OUTER_TIMEOUT {
+        if t0.elapsed() > slow(OUTER_TIMEOUT) {
             // SAFETY: killing and reaping our own child.
             unsafe {
                 libc::kill(pid, libc::SIGKILL);
@@ -722,7 +816,7 @@ pub fn finish(mut cmd: Command) -> Finished {
             }
             panic!(
                 "{cmd:?} did not finish within {}s; killed it",
-                OUTER_TIMEOUT.as_secs()
+                slow(OUTER_TIMEOUT).as_secs()
             );
         }
         std::thread::sleep(Duration::from_millis(3));

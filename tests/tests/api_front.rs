@@ -984,7 +984,8 @@ fn every_route_refuses_bad_input_with_its_status_and_never_a_5xx() {
         ("GET", "/fn/echo/logs?limit=x"),
         ("POST", "/fn/echo?stream=2"),
         ("POST", "/fn/echo?workspace=sha256:aa"),
-        ("POST", "/fn/echo?out=1"),
+        ("POST", "/fn/echo?out=2"),
+        ("POST", "/fn/echo?workspace=sha256:aa&out=1"),
         ("GET", "/scripts/sha256:..%2F..%2Fetc"),
         ("GET", "/scripts/ABC"),
         ("DELETE", "/scripts/sha1:abc"),
@@ -1010,7 +1011,7 @@ fn every_route_refuses_bad_input_with_its_status_and_never_a_5xx() {
     for p in [
         "/nope",
         "/fn/a/b/c",
-        "/blobs",
+        "/blobs/a/b",
         "/deps/x",
         "/tenants/acme/secrets/K",
     ] {

@@ -165,6 +165,7 @@ fn exec(name: &str, event: &str) -> Request {
         stream: false,
         script: None,
         workspace: None,
+        workspace_blob: None,
         out: false,
     })
 }
@@ -178,6 +179,7 @@ fn run_script(pool: &str, digest: &str, event: &str) -> Request {
         stream: false,
         script: Some(ScriptRef::Digest(digest.into())),
         workspace: None,
+        workspace_blob: None,
         out: false,
     })
 }
@@ -882,6 +884,7 @@ fn two_tenants_never_cross(who: Who) {
             stream: false,
             script: None,
             workspace: None,
+            workspace_blob: None,
             out: false,
         };
         e.key = Some("job-1".into());

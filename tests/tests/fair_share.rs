@@ -259,9 +259,15 @@ both_tests! {
             "[{}] --mem 64M TCP filler: {out:?}; tcp peak {tcp_peak}, sock seen {sock_seen}, memory peak {peak}",
             who.name()
         );
-        assert_eq!(v["exit_code"], 0, "[{}] {v}", who.name());
-        let pairs: u64 = out.split_whitespace().next().and_then(|n| n.parse().ok()).unwrap_or(0);
-        assert!(pairs >= 1000, "[{}] the filler opened only {pairs} pairs: {v}", who.name());
+        if v2 && v["oom_killed"] == true {
+            // v2 counts the buffers with the rest of the sandbox's memory: filling them
+            // may end in the OOM killer, which is the limit holding.
+            eprintln!("[{}] the filler was OOM-killed", who.name());
+        } else {
+            assert_eq!(v["exit_code"], 0, "[{}] {v}", who.name());
+            let pairs: u64 = out.split_whitespace().next().and_then(|n| n.parse().ok()).unwrap_or(0);
+            assert!(pairs >= 1000, "[{}] the filler opened only {pairs} pairs: {v}", who.name());
+        }
         if v2 {
             // Socket memory is part of memory.current, which memory.max bounds.
             assert!(sock_seen > 1 << 20, "[{}] no socket memory was counted: {sock_seen}", who.name());
@@ -445,6 +451,18 @@ both_tests! {
     /// disk's whole bandwidth from the host and every other sandbox. The limit is what the
     /// sandbox's cgroup says (v1 blkio, v2 io.max).
     fn disk_reads_are_throttled(who) {
+        let io_hierarchy = if is_cgroup_v2_host() {
+            std::fs::read_to_string(unified_own_dir().join("cgroup.controllers"))
+                .unwrap_or_default()
+                .split_whitespace()
+                .any(|c| c == "io")
+        } else {
+            v1_own_dir(V1_IO_CONTROLLER).is_some()
+        };
+        if !io_hierarchy {
+            skip("this host has no blkio hierarchy (v1) or io controller (v2) for I/O limits");
+            return;
+        }
         let Some((dir, file)) = file_on_disk(16) else {
             skip("no directory on a disk (not a tmpfs) to read from");
             return;

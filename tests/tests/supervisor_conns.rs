@@ -221,6 +221,7 @@ fn a_client_that_queues_thousands_of_requests_without_reading_cannot_grow_the_su
         stream: false,
         script: None,
         workspace: None,
+        workspace_blob: None,
         out: false,
     })))
     .expect("send the call");

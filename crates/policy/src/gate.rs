@@ -44,6 +44,10 @@ pub enum Route {
     ScriptInfo,
     /// `DELETE /scripts/{digest}`.
     DeleteScript,
+    /// `PUT /blobs`.
+    PutBlob,
+    /// `DELETE /blobs/{digest}`.
+    DeleteBlob,
     /// `DELETE /requests/{key}`.
     Cancel,
     /// `POST /tenants`.
@@ -110,6 +114,8 @@ pub const RULES: &[Rule] = &[
     rule(Route::PutScript, Who::Any, false),
     rule(Route::ScriptInfo, Who::Any, false),
     rule(Route::DeleteScript, Who::Op, true),
+    rule(Route::PutBlob, Who::Any, false),
+    rule(Route::DeleteBlob, Who::Op, true),
     rule(Route::Cancel, Who::Any, false),
     rule(Route::CreateTenant, Who::Op, false),
     rule(Route::ListTenants, Who::Op, false),
@@ -221,6 +227,8 @@ pub fn describe(route: Route) -> &'static str {
         Route::PutScript => "registering a script",
         Route::ScriptInfo => "looking up a script",
         Route::DeleteScript => "deleting a script",
+        Route::PutBlob => "storing a blob",
+        Route::DeleteBlob => "deleting a blob",
         Route::Cancel => "cancelling requests",
         Route::CreateTenant => "creating tenants",
         Route::ListTenants => "listing tenants",
@@ -306,6 +314,7 @@ mod tests {
             (Warm, true, true, true, true),
             (PutScript, true, true, true, true),
             (ScriptInfo, true, true, true, true),
+            (PutBlob, true, true, true, true),
             (Cancel, true, true, true, true),
             (GetTenant, true, true, true, true),
             // Operator only, not gated.
@@ -316,6 +325,7 @@ mod tests {
             (Stop, true, true, false, false),
             (Run, true, true, false, false),
             (DeleteScript, true, true, false, false),
+            (DeleteBlob, true, true, false, false),
             (DeleteTenant, true, true, false, false),
             (SetLimits, true, true, false, false),
             (MintToken, true, true, false, false),

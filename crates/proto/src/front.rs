@@ -158,6 +158,15 @@ pub enum Request {
     /// the usage log. Only the MCP server's monitor side sends it; the supervisor checks
     /// its shape.
     RecordUsage(crate::api::UsageRecord),
+    /// Store a blob (a workspace tar calls name by digest) in the content-addressed blob
+    /// store, owned by the acting tenant (idempotent).
+    PutBlob {
+        bytes: crate::bytes::Bytes,
+    },
+    /// Forget a blob (lowercase hex).
+    DeleteBlob {
+        digest: String,
+    },
 }
 
 std::thread_local! {
@@ -250,6 +259,9 @@ pub struct ExecRequest {
     /// A tar (at most [`MAX_WORKSPACE`] bytes) unpacked into the request's own directory
     /// before its handler is given the request.
     pub workspace: Option<crate::bytes::Bytes>,
+    /// A stored blob (lowercase hex SHA-256) to use as the workspace instead: the monitor
+    /// reads it for the caller, who must own it. At most one of `workspace` and this.
+    pub workspace_blob: Option<String>,
     /// Pack the request's directory after its handler answered, and send it back with the
     /// answer (`ExecAnswer::workspace_out`).
     pub out: bool,
@@ -472,6 +484,16 @@ pub enum Reply {
         size: u64,
     },
     ScriptDeleted {
+        digest: String,
+    },
+    /// A blob's digest (lowercase hex SHA-256 of its bytes).
+    BlobStored {
+        digest: String,
+        size: u64,
+        /// The store already held exactly these bytes.
+        existed: bool,
+    },
+    BlobDeleted {
         digest: String,
     },
     /// `created`: false when it existed already.

@@ -210,6 +210,9 @@ pub fn supervisor(raw: Vec<OsString>) -> i32 {
 
 fn start_supervisor() -> Result<PathBuf, String> {
     use std::os::unix::process::CommandExt;
+    // Enter the cgroup tree first, so that the supervisor starts inside it (on cgroup v2 a
+    // process may leave the base cgroup for a leaf only while it is alone there).
+    zygo_monitor::cgroup::Backend::detect().map_err(|e| e.to_string())?;
     let state = zygo_monitor::paths::state_dir();
     zygo_monitor::paths::make_private_dir(&state)
         .map_err(|e| format!("create {}: {e}", state.display()))?;
@@ -532,6 +535,7 @@ pub fn exec(raw: Vec<OsString>) -> i32 {
         stream,
         script,
         workspace,
+        workspace_blob: None,
         out: out_file.is_some(),
     });
     let mut c = match connect(a.json) {

@@ -142,9 +142,29 @@ fn zygo_main() -> u8 {
 /// agent's diagnostics), so its control characters are escaped and each further line of it
 /// starts with `    | `: no message can forge a record, move the cursor or retitle the
 /// operator's terminal.
+///
+/// When stderr is systemd's journal (`$JOURNAL_STREAM` names it), each record is one line
+/// with its syslog priority in front (`<6>message`), which journald takes as the entry's
+/// level: one journal entry per event, with journald's own timestamp.
 fn init_logging() {
     use std::io::Write;
     let env = env_logger::Env::new().filter_or("ZYGO_LOG", "warn");
+    if stderr_is_journal() {
+        env_logger::Builder::from_env(env)
+            .format(|buf, record| {
+                let prio = match record.level() {
+                    log::Level::Error => 3,
+                    log::Level::Warn => 4,
+                    log::Level::Info => 6,
+                    log::Level::Debug | log::Level::Trace => 7,
+                };
+                let text = record.args().to_string();
+                let text = output::clean(&text).replace('\n', " | ");
+                writeln!(buf, "<{prio}>{text}")
+            })
+            .init();
+        return;
+    }
     env_logger::Builder::from_env(env)
         .format(|buf, record| {
             let text = record.args().to_string();
@@ -152,6 +172,24 @@ fn init_logging() {
             writeln!(buf, "[{:<5}] {text}", record.level())
         })
         .init();
+}
+
+/// Whether stderr is the journal stream `$JOURNAL_STREAM` (`<device>:<inode>`) names.
+fn stderr_is_journal() -> bool {
+    let Some(v) = std::env::var_os("JOURNAL_STREAM") else {
+        return false;
+    };
+    let v = v.to_string_lossy();
+    let Some((dev, ino)) = v.split_once(':') else {
+        return false;
+    };
+    // SAFETY: stat is plain old data, so all zeroes is a valid value for fstat to fill.
+    let mut st: libc::stat = unsafe { std::mem::zeroed() };
+    // SAFETY: fstat of fd 2 into a valid, writable stat buffer.
+    if unsafe { libc::fstat(2, &mut st) } != 0 {
+        return false;
+    }
+    dev.parse::<u64>().ok() == Some(st.st_dev) && ino.parse::<u64>().ok() == Some(st.st_ino)
 }
 
 /// A usage error: one line, exit code 2.

@@ -125,22 +125,15 @@ pub fn main(raw: Vec<OsString>) -> i32 {
         launcher,
         cancel: None,
     };
-    // The launcher starts up and creates the sandbox's namespaces while this process
-    // finds and makes its cgroups.
+    // Zygo enters its cgroup tree before it starts any process: on cgroup v2 it may have to
+    // move itself into a leaf first, which only works while it is alone.
+    let backend = match Backend::detect() {
+        Ok(b) => b,
+        Err(e) => return refuse(Phase::Plan, e.to_string()),
+    };
     let started = match oneshot::start(req) {
         Ok(s) => s,
         Err(out) => return report(&out, opts.json, &mem_text, &timeout_text),
-    };
-    let backend = match Backend::detect() {
-        Ok(b) => b,
-        Err(e) => {
-            let out = started.abandon(Outcome {
-                phase: Some(Phase::Plan),
-                error: Some(e.to_string()),
-                ..Outcome::default()
-            });
-            return report(&out, opts.json, &mem_text, &timeout_text);
-        }
     };
     // Cgroups left by killed monitors are swept while the program runs.
     let out = started.finish(&backend, || backend.sweep_stale_runs());

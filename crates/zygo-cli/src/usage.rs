@@ -98,6 +98,11 @@ pub const VERSION: &str = "\
 zygo version — what this build and this kernel support
 
 Usage: zygo version [--json]
+
+Names the cgroup backend (v1 or v2) and where Zygo's tree is, or why there is none and the
+command that fixes it; the kernel's Landlock ABI; and for each protection a newer Landlock
+brings, what provides it here: Landlock itself, another layer that holds the same line,
+or a refusal naming the kernel it needs.
 ";
 
 pub const SUPERVISOR: &str = "\
@@ -105,6 +110,10 @@ zygo supervisor — the long-lived monitor, in the foreground (systemd's ExecSta
 
 Usage: zygo supervisor
 
+Under systemd (contrib/zygo.service, Type=notify) it sends READY=1 once it serves,
+STOPPING=1 when it drains and STATUS= lines to $NOTIFY_SOCKET, and logs one journal entry
+per event. On cgroup v2 it first moves itself into <its cgroup>/zygo-monitor, so a
+Delegate=yes unit is all it needs.
 Listens on $ZYGO_RUNTIME_DIR/zygo.sock (default $XDG_RUNTIME_DIR/zygo, or /run/zygo as
 root), mode 0600. SIGTERM or SIGINT drains: no new calls, running ones may finish within
 25s, then every sandbox is killed and every cgroup removed. Finished requests are appended
@@ -115,6 +124,9 @@ oldest dropped past it, counted) and written whole when it has room again.
 Scripts sent to runtime pools are kept in scripts/ of the state directory, up to
 $ZYGO_SCRIPT_STORE bytes (default 1G): past it, the scripts used least recently that no
 call in flight runs are removed; a digest removed so is unknown until sent again.
+Blobs (workspace tars stored with PUT /blobs) are kept in blobs/ the same way, up to
+$ZYGO_BLOB_STORE bytes (default 1G), evicting the least recently used that no call in
+flight was given.
 ";
 
 pub const UP: &str = "\

@@ -2,6 +2,8 @@
 
 use std::ffi::OsString;
 
+use zygo_monitor::kernel::{self, Provided};
+
 use crate::output::clean;
 use crate::{usage, usage_refusal};
 
@@ -26,7 +28,28 @@ pub fn main(args: Vec<OsString>) -> i32 {
         Err(e) => (None, None, Some(e.to_string())),
     };
     let abi = zygo_launcher::harden::landlock_abi();
+    // Whether a zygote's requests get uids of their own (root, with a subordinate range).
+    let own_uids = zygo_monitor::identity::identity().is_ok_and(|i| i.request_ids.is_some());
+    let protections = kernel::protections(u32::try_from(abi).unwrap_or(0), own_uids);
     if json {
+        let list: Vec<serde_json::Value> = protections
+            .iter()
+            .map(|p| {
+                let (by, note) = match &p.provided {
+                    Provided::Landlock => ("landlock", None),
+                    Provided::Fallback(how) => ("fallback", Some(how.to_string())),
+                    Provided::Refused(why) => ("refused", Some(why.clone())),
+                };
+                serde_json::json!({
+                    "key": p.key,
+                    "what": p.what,
+                    "landlock_abi_needed": p.abi,
+                    "linux_needed": kernel::linux_for_abi(p.abi),
+                    "provided_by": by,
+                    "note": note,
+                })
+            })
+            .collect();
         let v = serde_json::json!({
             "version": env!("CARGO_PKG_VERSION"),
             "api": 1,
@@ -35,6 +58,7 @@ pub fn main(args: Vec<OsString>) -> i32 {
             "cgroup_root": cgroup_root,
             "cgroup_error": cgroup_error,
             "landlock_abi": abi,
+            "protections": list,
             "seccomp": true,
             "egress": "relay",
             "egress_rules": "ipv4-address-and-name",
@@ -55,6 +79,24 @@ pub fn main(args: Vec<OsString>) -> i32 {
             say!("landlock: ABI {abi}");
         } else {
             say!("landlock: not available on this kernel — sandboxes run without it (the mount namespace and read-only root still hold)");
+        }
+        for p in &protections {
+            let how = match &p.provided {
+                Provided::Landlock => format!("Landlock (ABI {})", p.abi),
+                Provided::Fallback(how) => {
+                    if (abi as u64) < u64::from(p.abi) {
+                        format!(
+                            "{how} (Landlock would need ABI {}, Linux {})",
+                            p.abi,
+                            kernel::linux_for_abi(p.abi)
+                        )
+                    } else {
+                        how.to_string()
+                    }
+                }
+                Provided::Refused(why) => why.clone(),
+            };
+            say!("  {}: {}", p.what, clean(&how));
         }
         say!("seccomp:  allowlist, installed last before exec");
         // Egress needs no /dev/net/tun, packet filter or user-mode stack: the same relay

@@ -569,6 +569,7 @@ fn handle(sh: &Shared, req: McpRequest, stopper: &Arc<Stopper>) -> McpReply {
                 stream: false,
                 script: None,
                 workspace: None,
+                workspace_blob: None,
                 out: false,
             });
             match supervisor(req, stopper) {

@@ -53,13 +53,54 @@ fn open_tree(dirfd: RawFd, path: &[u8], flags: libc::c_uint) -> io::Result<Owned
     Ok(unsafe { OwnedFd::from_raw_fd(fd as RawFd) })
 }
 
+/// A host path handed over to every sandbox of a function: the detached tree made when
+/// the function was registered, and the path itself, resolved then and held (`O_PATH`).
+/// Each sandbox gets a copy of the tree; a kernel that cannot clone a detached tree
+/// (before Linux 6.15: EINVAL) gets one cloned from the held path instead, with the same
+/// flags, so what a symlink swapped in later points to is never mounted either way.
+pub struct Handed {
+    tree: OwnedFd,
+    source: OwnedFd,
+    rw: bool,
+}
+
+impl Handed {
+    /// The tree alone, for one sandbox (a one-shot sandbox needs no copies).
+    pub fn into_tree(self) -> OwnedFd {
+        self.tree
+    }
+}
+
+/// Open `src` as an `O_PATH` descriptor (following symlinks, as a mount would).
+fn hold(src: &Path) -> io::Result<OwnedFd> {
+    let p = std::ffi::CString::new(src.as_os_str().as_bytes())
+        .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "a path with a NUL byte"))?;
+    // SAFETY: open with a valid C string; it returns a new descriptor or -1.
+    let fd = unsafe { libc::open(p.as_ptr(), libc::O_PATH | libc::O_CLOEXEC) };
+    if fd < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: a fresh descriptor that nothing else owns.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+}
+
 /// A detached copy of the mount tree at `src` (submounts included), read-only unless
 /// `rw`, `nosuid` and `nodev` throughout.
-pub fn detach(src: &Path, rw: bool) -> io::Result<OwnedFd> {
+pub fn detach(src: &Path, rw: bool) -> io::Result<Handed> {
+    let source = hold(src)?;
+    let tree = detach_from(&source, rw)?;
+    Ok(Handed { tree, source, rw })
+}
+
+/// A detached copy of the mount tree at a held path, with the flags of [`detach`].
+fn detach_from(source: &OwnedFd, rw: bool) -> io::Result<OwnedFd> {
     let fd = open_tree(
-        libc::AT_FDCWD,
-        src.as_os_str().as_bytes(),
-        OPEN_TREE_CLONE | libc::AT_RECURSIVE as libc::c_uint | libc::O_CLOEXEC as libc::c_uint,
+        source.as_raw_fd(),
+        b"",
+        OPEN_TREE_CLONE
+            | libc::AT_RECURSIVE as libc::c_uint
+            | libc::AT_EMPTY_PATH as libc::c_uint
+            | libc::O_CLOEXEC as libc::c_uint,
     )?;
     let attr = MountAttr {
         attr_set: MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV | if rw { 0 } else { MOUNT_ATTR_RDONLY },
@@ -87,21 +128,24 @@ pub fn detach(src: &Path, rw: bool) -> io::Result<OwnedFd> {
 
 /// Another detached copy of a tree [`detach`] made (each sandbox gets its own; the flags
 /// come along).
-pub fn copy(tree: &OwnedFd) -> io::Result<OwnedFd> {
-    open_tree(
-        tree.as_raw_fd(),
+pub fn copy(handed: &Handed) -> io::Result<OwnedFd> {
+    match open_tree(
+        handed.tree.as_raw_fd(),
         b"",
         OPEN_TREE_CLONE
             | libc::AT_RECURSIVE as libc::c_uint
             | libc::AT_EMPTY_PATH as libc::c_uint
             | libc::O_CLOEXEC as libc::c_uint,
-    )
+    ) {
+        Err(e) if e.raw_os_error() == Some(libc::EINVAL) => detach_from(&handed.source, handed.rw),
+        other => other,
+    }
 }
 
 /// As root, detach a plan's `dir:` image and every mount (marking them handed over) and
 /// return the trees: the image's first, then the mounts' in the plan's order. Rootless,
 /// nothing (the launcher binds the paths itself).
-pub fn hand_over(plan: &mut LaunchPlan) -> Result<Vec<OwnedFd>, String> {
+pub fn hand_over(plan: &mut LaunchPlan) -> Result<Vec<Handed>, String> {
     if !can_hand_over() {
         return Ok(Vec::new());
     }

@@ -284,7 +284,11 @@ pub fn start(req: Request) -> Result<Started, Outcome> {
     }
     let timeout_ms = plan.timeout_ms;
     // As root, the monitor opens what the sandbox mounts (see `crate::mounts`).
-    let handed = crate::mounts::hand_over(&mut plan).and_then(|trees| {
+    let handed = crate::mounts::hand_over(&mut plan).and_then(|handed| {
+        let trees: Vec<_> = handed
+            .into_iter()
+            .map(crate::mounts::Handed::into_tree)
+            .collect();
         crate::mounts::send(&sock, &trees)
             .map_err(|e| format!("send the mounts to the launcher: {e}"))
     });
@@ -667,9 +671,12 @@ fn drive(ending: &mut Ending, st: Started, meanwhile: impl FnOnce()) -> (Outcome
     let watchdog = Instant::now() + Duration::from_millis(timeout_ms) + WATCHDOG_SLACK;
     let mut drain_deadline: Option<Instant> = None;
     // The program's deadline as seen from here (a little after the launcher's own, which
-    // it counts from the same report): at it the CPU quota is lifted, so that the
-    // launcher's kill completes within milliseconds however little CPU the sandbox had.
+    // it counts from the same report): at it the CPU quota is lifted and every process of
+    // the sandbox killed from here too, so that the kill completes within milliseconds
+    // however little CPU the sandbox had (its init, which the launcher kills, would
+    // otherwise have to kill the rest while throttled, or while they burn the CPU).
     let mut run_deadline: Option<Instant> = None;
+    let mut killed_at_deadline = false;
 
     // Once the launcher has reported the end (its sandbox is gone by then), only the
     // output is still awaited: the launcher's own exit is not.
@@ -700,6 +707,10 @@ fn drive(ending: &mut Ending, st: Started, meanwhile: impl FnOnce()) -> (Outcome
                     if let Err(e) = cg.lift_cpu_quota() {
                         log::warn!("lift the CPU quota for the kill at the deadline: {e}");
                     }
+                    if let Err(e) = cg.kill_all() {
+                        log::warn!("kill the sandbox at its deadline: {e}");
+                    }
+                    killed_at_deadline = !finished;
                 }
             }
         }
@@ -828,6 +839,11 @@ fn drive(ending: &mut Ending, st: Started, meanwhile: impl FnOnce()) -> (Outcome
         if out.started {
             out.phase = Some(Phase::Run);
         }
+    }
+    // Killed here at the deadline, maybe a moment before the launcher's own kill: that
+    // is the time limit, whoever's SIGKILL landed first.
+    if killed_at_deadline && out.signal == Some(libc::SIGKILL) {
+        out.timed_out = true;
     }
     // Anything still in the cgroup (the launcher died without killing its sandbox) goes now.
     // After a reported end there is nothing: the launcher reaped init first, and with the

@@ -8,6 +8,7 @@
 //! (an unknown field or a key named twice is 400), the status codes and error bodies, the
 //! `X-Zygo-Request-Id` on every response, streaming as NDJSON.
 
+pub mod base64;
 pub mod body;
 pub mod channel;
 pub mod handlers;

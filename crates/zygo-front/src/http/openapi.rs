@@ -232,7 +232,11 @@ fn b_pool_call() -> Value {
     obj(
         json!({"script": {"type": "string", "description": "sha256:<hex> from PUT /scripts"},
                "source": {"type": "string", "description": "The script's text, for this call"},
-               "event": {}}),
+               "event": {},
+               "workspace": {"description": "A tar unpacked into the call's own directory: inline (standard base64) or a blob from PUT /blobs.",
+                             "oneOf": [obj(json!({"inline": {"type": "string", "contentEncoding": "base64"}}), &["inline"]),
+                                       obj(json!({"blob": {"type": "string", "description": "sha256:<hex> from PUT /blobs"}}), &["blob"])]},
+               "out": {"type": "boolean", "description": "Send the call's directory back as a tar (workspace in the answer)."}}),
         &[],
     )
 }
@@ -265,6 +269,12 @@ fn b_drain() -> Value {
 
 const CALL_ERRORS: &[u16] = &[499, 500, 504];
 
+/// A function call's query besides `stream`.
+const FN_CALL_QUERY: &[(&str, &str, &str)] = &[
+    ("workspace", "string", "A blob digest (sha256:<hex> from PUT /blobs) unpacked into the call's own directory; a blob only, never an inline tar."),
+    ("out", "integer", "1: send the call's directory back as a tar (workspace in the answer)."),
+];
+
 #[rustfmt::skip]
 fn ops() -> Vec<Op> {
     use Body::*;
@@ -277,7 +287,7 @@ fn ops() -> Vec<Op> {
         op("GET", "/fn", "any", false, "Functions and pools the caller can see.", None, s_functions, &[]),
         op("PUT", "/fn/{name}", "op", true, "Serve a function from a layer.", Json(b_layer), s_served, &[409]),
         op("DELETE", "/fn/{name}", "op", true, "Stop a function.", None, s_stopped, &[]),
-        Op { stream: true, ..op("POST", "/fn/{name}", "any", false, "Call a function with the body as its event (empty: null).", AnyJson, s_answer, CALL_ERRORS) },
+        Op { stream: true, query: FN_CALL_QUERY, ..op("POST", "/fn/{name}", "any", false, "Call a function with the body as its event (empty: null).", AnyJson, s_answer, CALL_ERRORS) },
         op("POST", "/fn/{name}/batch", "any", false, "Call a function once per event, at most 16 at a time; one result per event, in order.", Json(b_batch), s_batch, &[]),
         Op { query: &[("limit", "integer", "How many, 1 to 1000 (default 100).")], ..op("GET", "/fn/{name}/logs", "any", false, "A function's last finished requests.", None, s_logs, &[]) },
         op("GET", "/fn/{name}/stats", "any", false, "A function's counters and latency percentiles.", None, s_stats, &[]),
@@ -290,6 +300,8 @@ fn ops() -> Vec<Op> {
         op("PUT", "/scripts", "any", false, "Register a script (raw body); its digest.", Raw, s_script, &[]),
         op("GET", "/scripts/{digest}", "any", false, "Whether a script is held, and its size (never its bytes).", None, s_script, &[]),
         op("DELETE", "/scripts/{digest}", "op", true, "Forget a script.", None, s_deleted, &[]),
+        op("PUT", "/blobs", "any", false, "Store a blob (raw body, a workspace tar) for calls to name by digest; owned by the caller's tenant.", Raw, s_script, &[]),
+        op("DELETE", "/blobs/{digest}", "op", true, "Forget a blob.", None, s_deleted, &[]),
         op("DELETE", "/requests/{key}", "any", false, "Cancel every request of the caller under this key.", None, s_cancelled, &[]),
         op("POST", "/tenants", "op", false, "Create a tenant (idempotent).", Json(b_tenant), s_tenant_created, &[]),
         op("GET", "/tenants", "op", false, "Every tenant.", None, s_tenants, &[]),
@@ -462,7 +474,9 @@ fn components() -> Value {
             "CallAnswer": open_obj(json!({
                 "result": {}, "request_id": {"type": "string"}, "stdout": {"type": "string"}, "stderr": {"type": "string"},
                 "stdout_truncated": {"type": "boolean"}, "stderr_truncated": {"type": "boolean"}, "started": {"type": "boolean"},
-                "metrics": r("Metrics")
+                "metrics": r("Metrics"),
+                "workspace": {"type": "string", "contentEncoding": "base64", "description": "With out: the call's directory, a tar."},
+                "workspace_truncated": {"type": "boolean", "description": "With out: entries were left out at a cap."}
             }), &["result", "request_id", "stdout", "stderr", "metrics"]),
             "CallError": open_obj(json!({
                 "error": {"type": "string"}, "code": {"type": "string"}, "request_id": {"type": "string"},

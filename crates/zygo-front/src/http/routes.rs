@@ -5,7 +5,7 @@
 //! source by tests: a route missing from the document, a documented route that is gone, or
 //! a route answered without a token but not marked so fails the suite.
 
-use super::handlers::{functions, metrics, misc, pools, run, scripts, tenants, tokens};
+use super::handlers::{blobs, functions, metrics, misc, pools, run, scripts, tenants, tokens};
 use super::{Call, Front, HttpError, Out};
 
 /// Who may call a route (the supervisor decides; this records it).
@@ -74,6 +74,8 @@ pub static ROUTES: &[Route] = &[
     route!("PUT",    "/scripts",                 Any,        false, scripts::put),
     route!("GET",    "/scripts/{digest}",        Any,        false, scripts::info),
     route!("DELETE", "/scripts/{digest}",        Op,         true,  scripts::delete),
+    route!("PUT",    "/blobs",                   Any,        false, blobs::put),
+    route!("DELETE", "/blobs/{digest}",          Op,         true,  blobs::delete),
     route!("DELETE", "/requests/{key}",          Any,        false, misc::cancel),
     route!("POST",   "/tenants",                 Op,         false, tenants::create),
     route!("GET",    "/tenants",                 Op,         false, tenants::list),
@@ -89,10 +91,7 @@ pub static ROUTES: &[Route] = &[
 ];
 
 /// Path prefixes of what the next version serves; until then 404 saying so.
-pub static NOT_YET: &[(&str, &str)] = &[
-    ("/blobs", "blobs (files in and out)"),
-    ("/deps", "dependency sets"),
-];
+pub static NOT_YET: &[(&str, &str)] = &[("/deps", "dependency sets")];
 
 /// What a path and method found.
 pub enum Found {
@@ -253,7 +252,7 @@ mod tests {
         );
         assert!(matches!(find("GET", "/fn/x"), Found::WrongMethod(_)));
         assert!(
-            matches!(find("GET", "/blobs"), Found::NotFound(m) if m.contains("not in this version"))
+            matches!(find("GET", "/deps"), Found::NotFound(m) if m.contains("not in this version"))
         );
         assert!(
             matches!(find("PUT", "/tenants/a/secrets/K"), Found::NotFound(m) if m.contains("not in this version"))

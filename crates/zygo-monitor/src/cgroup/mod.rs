@@ -89,6 +89,9 @@ pub enum CgroupError {
     Unavailable(String),
     /// We may not create cgroups where we are: the fix is a delegated subtree.
     NotDelegated { path: PathBuf, source: io::Error },
+    /// The cgroup we were given cannot hold the sandboxes' cgroups as it is: why, and the
+    /// command that fixes it on this host.
+    Refused(String),
     Io {
         what: String,
         path: PathBuf,
@@ -105,8 +108,9 @@ impl fmt::Display for CgroupError {
             ),
             CgroupError::NotDelegated { path, source } => {
                 write!(f, "cannot create cgroups under {} ({source}); ", path.display())?;
-                f.write_str(&delegation_steps())
+                f.write_str(&fix_steps(&Fix::Delegate))
             }
+            CgroupError::Refused(why) => f.write_str(why),
             CgroupError::Io { what, path, source } => {
                 write!(f, "{what} {}: {source}", path.display())
             }
@@ -124,23 +128,130 @@ pub(crate) fn io_err(what: &str, path: &Path, source: io::Error) -> CgroupError 
     }
 }
 
-/// The exact steps to give the current user a cgroup subtree of their own.
+/// What a refusal asks the user to do.
+#[derive(Debug, Clone)]
+pub(crate) enum Fix {
+    /// Give Zygo a cgroup subtree with the memory, pids and cpu controllers.
+    Delegate,
+    /// Start Zygo as the only process of the cgroup `base` (or move the others out).
+    Alone { base: PathBuf },
+    /// Start Zygo inside the cgroup `base`: it may not move itself there.
+    StartInside { base: PathBuf },
+}
+
+pub(crate) fn refused(why: &str, fix: Fix) -> CgroupError {
+    CgroupError::Refused(format!("{why}; {}", fix_steps(&fix)))
+}
+
+/// The exact steps to give the current user a cgroup subtree of their own (for `--help`
+/// texts and messages).
 pub fn delegation_steps() -> String {
-    // SAFETY: getuid/getgid cannot fail.
-    let (uid, gid) = unsafe { (libc::getuid(), libc::getgid()) };
-    let user = std::env::var("USER").unwrap_or_else(|_| uid.to_string());
-    if Path::new("/sys/fs/cgroup/cgroup.controllers").exists() {
+    fix_steps(&Fix::Delegate)
+}
+
+/// The command line to suggest: `zygo <subcommand> …` as this process was started.
+fn this_command() -> String {
+    match std::env::args().nth(1) {
+        Some(sub) if !sub.starts_with('-') && sub.len() < 32 => format!("zygo {sub} …"),
+        _ => "zygo …".to_string(),
+    }
+}
+
+/// Whether systemd is the init system (its documented test: `/run/systemd/system` exists).
+fn under_systemd() -> bool {
+    Path::new("/run/systemd/system").is_dir()
+}
+
+/// The steps that fix a refusal on this host: cgroup v1 or v2, systemd or not, root or
+/// not, and for the supervisor the shipped unit.
+fn fix_steps(fix: &Fix) -> String {
+    // SAFETY: getuid/getgid/getppid cannot fail.
+    let (uid, gid, ppid) = unsafe { (libc::getuid(), libc::getgid(), libc::getppid()) };
+    let user = std::env::var("USER")
+        .ok()
+        .filter(|u| {
+            !u.is_empty()
+                && u.chars()
+                    .all(|c| c.is_ascii_alphanumeric() || "-_.".contains(c))
+        })
+        .unwrap_or_else(|| uid.to_string());
+    let cmd = this_command();
+    let supervisor = cmd.starts_with("zygo supervisor") || cmd.starts_with("zygo up");
+    if !Path::new("/sys/fs/cgroup/cgroup.controllers").exists() {
+        // cgroup v1 (or hybrid): each controller is a hierarchy of its own.
+        return if uid == 0 {
+            "run Zygo as root in a cgroup where it may create children, or name one with \
+             `export ZYGO_CGROUP=/zygo` after `for c in memory pids cpu cpuacct freezer; do mkdir -p \
+             /sys/fs/cgroup/$c/zygo; done`"
+                .to_string()
+        } else {
+            format!(
+                "give this user a cgroup subtree, as root: `for c in memory pids cpu cpuacct freezer; do \
+                 mkdir -p /sys/fs/cgroup/$c/zygo-{user} && chown -R {uid}:{gid} /sys/fs/cgroup/$c/zygo-{user}; done` \
+                 and then `export ZYGO_CGROUP=/zygo-{user}`"
+            )
+        };
+    }
+    if under_systemd() {
+        let unit = if uid == 0 {
+            "contrib/zygo.service (it has Delegate=yes)"
+        } else {
+            "contrib/zygo-user.service under `systemctl --user` (it has Delegate=yes)"
+        };
+        let run = if uid == 0 {
+            format!("`systemd-run --scope -p Delegate=yes {cmd}`")
+        } else {
+            format!(
+                "`systemd-run --user --scope -p Delegate=yes {cmd}` (the user's systemd \
+                 delegates only memory and pids unless, as root, `mkdir -p /etc/systemd/system/user@.service.d && \
+                 printf '[Service]\\nDelegate=cpu cpuset io memory pids\\n' > /etc/systemd/system/user@.service.d/delegate.conf && \
+                 systemctl daemon-reload`, then a new login; without a login session, `loginctl enable-linger {user}`)"
+            )
+        };
+        let how = match fix {
+            Fix::Delegate | Fix::StartInside { .. } if supervisor => {
+                format!("run the supervisor as a service with Delegate=yes, e.g. {unit}, or {run}")
+            }
+            Fix::Delegate | Fix::StartInside { .. } => {
+                format!("start Zygo in a cgroup systemd delegates to it: {run}; inside a unit, add Delegate=yes to it")
+            }
+            Fix::Alone { base } => format!(
+                "start Zygo as the only process of its cgroup: {run}, or first move the other \
+                 processes into a leaf (for this shell: `mkdir {b}/sh && echo $$ > {b}/sh/cgroup.procs`) \
+                 and `export ZYGO_CGROUP={rel}`",
+                b = base.display(),
+                rel = relative_to_mount(base),
+            ),
+        };
+        return how;
+    }
+    // cgroup v2 without systemd: the steps by hand.
+    let base = match fix {
+        Fix::Alone { base } | Fix::StartInside { base } => base.display().to_string(),
+        Fix::Delegate if uid == 0 => "/sys/fs/cgroup/zygo".to_string(),
+        Fix::Delegate => format!("/sys/fs/cgroup/zygo-{user}"),
+    };
+    let rel = relative_to_mount(Path::new(&base));
+    if uid == 0 {
         format!(
-            "run Zygo inside a delegated cgroup, e.g. `systemd-run --user --scope -p Delegate=yes zygo ...`, \
-             or as root: `mkdir /sys/fs/cgroup/zygo-{user} && echo '+memory +pids +cpu +io' > /sys/fs/cgroup/cgroup.subtree_control \
-             && chown -R {uid}:{gid} /sys/fs/cgroup/zygo-{user}` and then `export ZYGO_CGROUP=/zygo-{user}`"
+            "make Zygo a cgroup and start it from a shell inside it: `mkdir -p {base}/sh && \
+             echo '+memory +pids +cpu +io' > /sys/fs/cgroup/cgroup.subtree_control && \
+             echo $$ > {base}/sh/cgroup.procs && export ZYGO_CGROUP={rel}`"
         )
     } else {
         format!(
-            "give this user a cgroup subtree, as root: `for c in memory pids cpu cpuacct freezer blkio; do \
-             mkdir -p /sys/fs/cgroup/$c/zygo-{user} && chown -R {uid}:{gid} /sys/fs/cgroup/$c/zygo-{user}; done` \
-             and then `export ZYGO_CGROUP=/zygo-{user}`"
+            "as root, give this user a cgroup and put this shell (pid {ppid}) in it: `mkdir -p {base}/sh && \
+             echo '+memory +pids +cpu +io' > /sys/fs/cgroup/cgroup.subtree_control && chown -R {uid}:{gid} {base} && \
+             echo {ppid} > {base}/sh/cgroup.procs`; then, in this shell, `export ZYGO_CGROUP={rel}`"
         )
+    }
+}
+
+/// A directory under `/sys/fs/cgroup` as a cgroup path (`/sys/fs/cgroup/a/b` → `/a/b`).
+fn relative_to_mount(dir: &Path) -> String {
+    match dir.strip_prefix("/sys/fs/cgroup") {
+        Ok(rel) => format!("/{}", rel.display()),
+        Err(_) => dir.display().to_string(),
     }
 }
 
@@ -246,11 +357,11 @@ impl Backend {
         if let Some(v1) = V1::probe(&own, base_override.as_deref(), &mounts)? {
             return Ok(Backend::V1(v1));
         }
-        Err(CgroupError::Unavailable(
+        Err(CgroupError::Unavailable(format!(
             "no cgroup v2 hierarchy with the memory, pids and cpu controllers, and no cgroup v1 \
-             memory, pids, cpu, cpuacct and freezer hierarchies are mounted"
-                .into(),
-        ))
+             memory, pids, cpu, cpuacct and freezer hierarchies are mounted; {}",
+            fix_steps(&Fix::Delegate)
+        )))
     }
 
     pub fn name(&self) -> &'static str {

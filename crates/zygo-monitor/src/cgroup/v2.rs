@@ -22,7 +22,109 @@ fn has_all(list: &str) -> bool {
         .all(|c| list.split_whitespace().any(|x| x == *c))
 }
 
+/// The leaf of the base cgroup Zygo moves itself into.
+const LEAF: &str = "zygo-monitor";
+
+/// Whether the cgroup path `inner` is `outer` or below it.
+fn within(inner: &str, outer: &str) -> bool {
+    let outer = outer.trim_end_matches('/');
+    outer.is_empty()
+        || inner == outer
+        || inner
+            .strip_prefix(outer)
+            .is_some_and(|rest| rest.starts_with('/'))
+}
+
+/// Move this process into `<base>/zygo-monitor`. `in_base`: we are in the base itself,
+/// which must then hold no other process, since the base is about to have children with
+/// controllers and a v2 cgroup that does may hold no process.
+fn enter_leaf(base_dir: &Path, in_base: bool) -> Result<(), CgroupError> {
+    // SAFETY: getpid cannot fail.
+    let me = unsafe { libc::getpid() };
+    if in_base {
+        let others: Vec<String> = procs(&base_dir.join("cgroup.procs"))?
+            .into_iter()
+            .filter(|p| *p != me)
+            .map(|p| p.to_string())
+            .collect();
+        if !others.is_empty() {
+            return Err(super::refused(
+                &format!(
+                    "the cgroup {} holds other processes (pid {}) besides Zygo, and a cgroup v2 \
+                     that holds processes cannot hold the sandboxes' cgroups",
+                    base_dir.display(),
+                    others.join(", ")
+                ),
+                super::Fix::Alone {
+                    base: base_dir.to_path_buf(),
+                },
+            ));
+        }
+    }
+    let leaf = base_dir.join(LEAF);
+    if let Err(e) = std::fs::create_dir(&leaf) {
+        if e.kind() != std::io::ErrorKind::AlreadyExists {
+            return Err(super::refused(
+                &format!("cannot create the cgroup {} ({e})", leaf.display()),
+                super::Fix::Delegate,
+            ));
+        }
+    }
+    let procs_file = leaf.join("cgroup.procs");
+    if let Err(e) = std::fs::write(&procs_file, me.to_string()) {
+        return Err(match e.raw_os_error() {
+            Some(libc::EACCES) | Some(libc::EPERM) | Some(libc::ENOENT) => super::refused(
+                &format!(
+                    "cannot move Zygo into {} ({e}): a process may move another only where it \
+                     can write cgroup.procs of a cgroup that holds both, so an unprivileged \
+                     Zygo must be started inside the cgroup delegated to it",
+                    leaf.display()
+                ),
+                super::Fix::StartInside {
+                    base: base_dir.to_path_buf(),
+                },
+            ),
+            _ => super::io_err(&format!("write {me} to"), &procs_file, e),
+        });
+    }
+    log::debug!("moved into the cgroup {}", leaf.display());
+    Ok(())
+}
+
+/// Enabling the controllers for the base's children failed: why, and what to do.
+fn enable_refused(base_dir: &Path, e: CgroupError) -> CgroupError {
+    let busy =
+        matches!(&e, CgroupError::Io { source, .. } if source.raw_os_error() == Some(libc::EBUSY));
+    if busy {
+        let listed = procs(&base_dir.join("cgroup.procs")).unwrap_or_default();
+        let pids: Vec<String> = listed.iter().map(|p| p.to_string()).collect();
+        return super::refused(
+            &format!(
+                "cannot enable memory, pids and cpu for the children of {}: it holds processes \
+                 (pid {}), and a cgroup v2 that holds processes cannot have children with \
+                 controllers",
+                base_dir.display(),
+                pids.join(", ")
+            ),
+            super::Fix::Alone {
+                base: base_dir.to_path_buf(),
+            },
+        );
+    }
+    let denied = matches!(&e, CgroupError::Io { source, .. }
+        if matches!(source.raw_os_error(), Some(libc::EACCES) | Some(libc::EPERM) | Some(libc::EROFS)));
+    if denied {
+        return super::refused(&e.to_string(), super::Fix::Delegate);
+    }
+    e
+}
+
 impl V2 {
+    /// Find Zygo's base cgroup on the unified hierarchy and make it usable: Zygo moves
+    /// itself into a leaf of it when it is not already inside it (or is in the base itself,
+    /// where no process may stay once the base has children with controllers), then enables
+    /// memory, pids and cpu for the base's children and makes `<base>/zygo`. This runs
+    /// before Zygo starts any process, so the only process it moves is itself.
     pub(crate) fn probe(
         own: &[OwnCgroup],
         base_override: Option<&str>,
@@ -38,37 +140,70 @@ impl V2 {
         else {
             return Ok(None);
         };
-        let base = super::base_path(own_path, base_override);
-        let base_dir = join(&m.point, &base);
-        let available = read_file(&base_dir.join("cgroup.controllers")).unwrap_or_default();
-        if !has_all(&available) {
-            // A v2 mount without the controllers (a hybrid host): not ours to use.
+        // A v2 mount beside v1 hierarchies that hold the controllers (a hybrid host) is
+        // not ours to use.
+        let root_controllers = read_file(&m.point.join("cgroup.controllers")).unwrap_or_default();
+        if !NEEDED
+            .iter()
+            .any(|c| root_controllers.split_whitespace().any(|x| x == *c))
+        {
             return Ok(None);
         }
-        // Controllers must be enabled on our cgroup for its children to have them. That is
-        // refused (EBUSY) while our cgroup holds processes, so leave it as a leaf if needed.
+        let base = super::base_path(own_path, base_override);
+        let base_dir = join(&m.point, &base);
+        if !base_dir.is_dir() {
+            return Err(super::refused(
+                &format!(
+                    "the cgroup {} (from $ZYGO_CGROUP) does not exist",
+                    base_dir.display()
+                ),
+                super::Fix::Delegate,
+            ));
+        }
+        let available = read_file(&base_dir.join("cgroup.controllers"))?;
+        let missing: Vec<&str> = NEEDED
+            .iter()
+            .copied()
+            .filter(|c| !available.split_whitespace().any(|x| x == *c))
+            .collect();
+        if !missing.is_empty() {
+            return Err(super::refused(
+                &format!(
+                    "the cgroup {} does not have the {} controller{} (its parent has not \
+                     delegated {})",
+                    base_dir.display(),
+                    missing.join(", "),
+                    if missing.len() > 1 { "s" } else { "" },
+                    if missing.len() > 1 { "them" } else { "it" },
+                ),
+                super::Fix::Delegate,
+            ));
+        }
         let subtree = base_dir.join("cgroup.subtree_control");
-        if !has_all(&read_file(&subtree).unwrap_or_default()) {
-            if let Err(first) = write_file(&subtree, "+memory +pids +cpu") {
-                let procs_here = procs(&base_dir.join("cgroup.procs")).unwrap_or_default();
-                // SAFETY: getpid cannot fail.
-                let me = unsafe { libc::getpid() };
-                if procs_here == [me] {
-                    let leaf = base_dir.join("zygo-monitor");
-                    ensure_dir(&leaf)?;
-                    write_file(&leaf.join("cgroup.procs"), &me.to_string())?;
-                    write_file(&subtree, "+memory +pids +cpu")?;
-                } else {
-                    return Err(CgroupError::NotDelegated {
-                        path: base_dir,
-                        source: std::io::Error::other(first.to_string()),
-                    });
+        let inside = own_path != base && within(own_path, &base);
+        if !inside {
+            if base == "/" {
+                // The host's root cgroup may hold processes beside children with
+                // controllers; the root of a cgroup namespace (a container's) may not.
+                if !has_all(&read_file(&subtree).unwrap_or_default())
+                    && write_file(&subtree, "+memory +pids +cpu").is_err()
+                {
+                    enter_leaf(&base_dir, own_path == base)?;
                 }
+            } else {
+                enter_leaf(&base_dir, own_path == base)?;
+            }
+        }
+        if !has_all(&read_file(&subtree).unwrap_or_default()) {
+            if let Err(e) = write_file(&subtree, "+memory +pids +cpu") {
+                return Err(enable_refused(&base_dir, e));
             }
         }
         let root = base_dir.join("zygo");
         ensure_dir(&root)?;
-        write_file(&root.join("cgroup.subtree_control"), "+memory +pids +cpu")?;
+        if !has_all(&read_file(&root.join("cgroup.subtree_control")).unwrap_or_default()) {
+            write_file(&root.join("cgroup.subtree_control"), "+memory +pids +cpu")?;
+        }
         enable_io(&base_dir);
         enable_io(&root);
         Ok(Some(V2 { root }))
@@ -305,5 +440,24 @@ impl Cgroup for V2Cgroup {
         let killed = self.kill_all();
         let removed = rmdir_retry(&self.dir);
         killed.and(removed)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::within;
+
+    #[test]
+    fn within_is_by_path_components() {
+        assert!(within("/a/b", "/a"));
+        assert!(within("/a", "/a"));
+        assert!(within("/a/b/c", "/a/b/"));
+        assert!(within("/anything", "/"));
+        assert!(!within("/ab", "/a"));
+        assert!(!within("/a", "/a/b"));
+        assert!(!within(
+            "/user.slice/session-1.scope",
+            "/system.slice/zygo.service"
+        ));
     }
 }

@@ -113,6 +113,8 @@ enum Kind {
     Version,
     Metrics,
     RecordUsage,
+    PutBlob,
+    DeleteBlob,
 }
 
 fn kind(r: &Request) -> Kind {
@@ -145,6 +147,8 @@ fn kind(r: &Request) -> Kind {
         Request::Version => Kind::Version,
         Request::Metrics => Kind::Metrics,
         Request::RecordUsage(_) => Kind::RecordUsage,
+        Request::PutBlob { .. } => Kind::PutBlob,
+        Request::DeleteBlob { .. } => Kind::DeleteBlob,
     }
 }
 
@@ -187,6 +191,8 @@ const DISPATCH_API_INNER: &[Kind] = &[
     Kind::PutScript,
     Kind::ScriptInfo,
     Kind::DeleteScript,
+    Kind::PutBlob,
+    Kind::DeleteBlob,
     Kind::Cancel,
     Kind::CreateTenant,
     Kind::ListTenants,
@@ -217,6 +223,8 @@ fn gate_route(k: Kind) -> Option<policy::gate::Route> {
         Kind::PutScript => Route::PutScript,
         Kind::ScriptInfo => Route::ScriptInfo,
         Kind::DeleteScript => Route::DeleteScript,
+        Kind::PutBlob => Route::PutBlob,
+        Kind::DeleteBlob => Route::DeleteBlob,
         Kind::Cancel => Route::Cancel,
         Kind::CreateTenant => Route::CreateTenant,
         Kind::ListTenants => Route::ListTenants,
@@ -308,6 +316,8 @@ pub struct Supervisor {
     /// Calls in flight when the drain began, and the clients waiting for its end.
     drain_from: u32,
     drain_waiters: Vec<Token>,
+    /// systemd, when it started us as a `Type=notify` service.
+    notify: crate::notify::Notifier,
     socket: PathBuf,
     /// The input budget large frames are read under, and its line.
     budget: InputBudget,
@@ -355,6 +365,11 @@ impl Supervisor {
     /// Bind the control socket and prepare the state. Fails if another supervisor answers
     /// on the socket.
     pub fn new(launcher: PathBuf) -> Result<Supervisor, SupervisorError> {
+        // Read (and removed from the environment) before any thread or process starts.
+        let notify = crate::notify::Notifier::from_env();
+        // First of all: on cgroup v2 Zygo may have to move itself into a leaf of its
+        // cgroup, which only works while it is alone there.
+        let backend = Backend::detect().map_err(|e| SupervisorError(e.to_string()))?;
         raise_open_files();
         let runtime = paths::runtime_dir();
         paths::make_private_dir(&runtime)
@@ -384,7 +399,6 @@ impl Supervisor {
         unsafe { libc::umask(old) };
         let mut listener =
             listener.map_err(|e| err(&format!("listen on {}", socket.display()), e))?;
-        let backend = Backend::detect().map_err(|e| SupervisorError(e.to_string()))?;
         let identity = crate::identity::identity().map_err(|e| SupervisorError(e.to_string()))?;
         if let Some(why) = identity.shortfall() {
             log::warn!("{why}");
@@ -405,10 +419,21 @@ impl Supervisor {
         let scripts = state.join("scripts");
         paths::make_private_dir(&scripts)
             .map_err(|e| err(&format!("create {}", scripts.display()), e))?;
+        let blobs = state.join("blobs");
+        paths::make_private_dir(&blobs)
+            .map_err(|e| err(&format!("create {}", blobs.display()), e))?;
         let waker = std::sync::Arc::new(
             mio::Waker::new(poll.registry(), WAKER).map_err(|e| err("create a waker", e))?,
         );
-        let mut fns = Functions::new(backend, waker, identity, launcher, usage_path, scripts, api)?;
+        let mut fns = Functions::new(
+            backend,
+            waker,
+            identity,
+            launcher,
+            usage_path,
+            functions::StoreDirs { scripts, blobs },
+            api,
+        )?;
         fns.sweep_stale();
         fns.forget_evicted_script_owners();
         log::info!(
@@ -427,6 +452,7 @@ impl Supervisor {
             drain: None,
             drain_from: 0,
             drain_waiters: Vec::new(),
+            notify,
             socket,
             budget: InputBudget::new(INPUT_BUDGET),
             refusing: VecDeque::new(),
@@ -443,6 +469,12 @@ impl Supervisor {
     /// Run until drained.
     pub fn run(mut self) -> Result<(), SupervisorError> {
         let mut events = Events::with_capacity(256);
+        // The socket is bound and the state open: from here connections are served.
+        self.notify.send(&format!(
+            "READY=1\nSTATUS=serving on {} (cgroup {})",
+            self.socket.display(),
+            self.fns.backend_root()
+        ));
         loop {
             let now = Instant::now();
             let mut timeout = if self.fns.has_background() {
@@ -495,6 +527,10 @@ impl Supervisor {
                         "drain complete ({} requests still running were cancelled)",
                         self.fns.in_flight()
                     );
+                    self.notify.status(&format!(
+                        "drained ({} requests cut off); removing sandboxes",
+                        self.fns.in_flight()
+                    ));
                     break;
                 }
             }
@@ -601,6 +637,11 @@ impl Supervisor {
                     .unwrap_or_else(|| now + Duration::from_secs(365 * 24 * 3600)),
             );
             self.fns.draining = true;
+            self.notify.send(&format!(
+                "STOPPING=1\nSTATUS=draining: {} requests running may finish within {}s",
+                self.fns.in_flight(),
+                grace.as_secs()
+            ));
         }
     }
 

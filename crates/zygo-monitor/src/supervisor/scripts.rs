@@ -7,6 +7,9 @@
 //! refused, naming the cap. A digest that was evicted is unknown until its script is sent
 //! again (`--script`, or `scripts put`). Every write is crash-safe (temporary file, fsync,
 //! rename, fsync of the folder); temporary files a crash left are removed at start.
+//!
+//! The blob store (`<state>/blobs/`, workspace tars that calls name by digest) is the same
+//! store with its own cap (`ZYGO_BLOB_STORE`, default 1 GiB) and words: see [`Flavor`].
 
 use std::collections::HashMap;
 use std::io::Write;
@@ -26,12 +29,40 @@ const OVERHEAD: u64 = 4096;
 /// Why a store operation was refused: an error code and a message for the caller.
 pub type Refusal = (ErrorCode, String);
 
+/// What a store holds, for its limits and messages.
+pub struct Flavor {
+    /// "script" or "blob".
+    pub noun: &'static str,
+    /// The variable that sets the cap.
+    pub env: &'static str,
+    /// The largest item.
+    pub max: usize,
+}
+
+/// The script store.
+pub const SCRIPTS: Flavor = Flavor {
+    noun: "script",
+    env: "ZYGO_SCRIPT_STORE",
+    max: MAX_SCRIPT,
+};
+
+/// The blob store: workspace tars (a blob arrives in one HTTP body of at most 16 MiB).
+pub const BLOBS: Flavor = Flavor {
+    noun: "blob",
+    env: "ZYGO_BLOB_STORE",
+    max: MAX_BLOB,
+};
+
+/// The largest blob.
+pub const MAX_BLOB: usize = 16 * 1024 * 1024;
+
 struct Entry {
     bytes: u64,
     last_used: SystemTime,
 }
 
 pub struct Store {
+    flavor: &'static Flavor,
     dir: PathBuf,
     cap: u64,
     entries: HashMap<String, Entry>,
@@ -51,18 +82,25 @@ pub fn valid_digest(d: &str) -> bool {
 /// The answer for a digest the caller cannot name: one the store does not hold, or (to a
 /// tenant) one it did not register — the same words, on purpose.
 pub fn unknown(digest: &str) -> Refusal {
+    unknown_in(&SCRIPTS, digest)
+}
+
+/// [`unknown`] for a store of any flavor.
+pub fn unknown_in(flavor: &Flavor, digest: &str) -> Refusal {
+    let noun = flavor.noun;
     (
         ErrorCode::NotFound,
         format!(
-            "no script with digest {digest} is stored (scripts unused for longest are evicted when the store is full: send it again)"
+            "no {noun} with digest {digest} is stored ({noun}s unused for longest are evicted when the store is full: send it again)"
         ),
     )
 }
 
-/// The store's cap from `ZYGO_SCRIPT_STORE` (a size such as `512M`), else [`DEFAULT_CAP`].
-pub fn cap_from_env() -> Result<u64, String> {
-    match std::env::var("ZYGO_SCRIPT_STORE") {
-        Ok(v) if !v.trim().is_empty() => policy::limits::parse_size("ZYGO_SCRIPT_STORE", v.trim())
+/// The store's cap from its variable (`ZYGO_SCRIPT_STORE`, `ZYGO_BLOB_STORE`: a size such
+/// as `512M`), else [`DEFAULT_CAP`].
+pub fn cap_from_env(flavor: &Flavor) -> Result<u64, String> {
+    match std::env::var(flavor.env) {
+        Ok(v) if !v.trim().is_empty() => policy::limits::parse_size(flavor.env, v.trim())
             .map(|b| b.0)
             .map_err(|e| e.to_string()),
         _ => Ok(DEFAULT_CAP),
@@ -72,8 +110,9 @@ pub fn cap_from_env() -> Result<u64, String> {
 impl Store {
     /// The store in `dir` (which exists), with what it holds already; temporary files an
     /// interrupted write left are removed.
-    pub fn open(dir: PathBuf, cap: u64) -> std::io::Result<Store> {
+    pub fn open(flavor: &'static Flavor, dir: PathBuf, cap: u64) -> std::io::Result<Store> {
         let mut s = Store {
+            flavor,
             dir,
             cap,
             entries: HashMap::new(),
@@ -122,10 +161,11 @@ impl Store {
         in_use: &dyn Fn(&str) -> bool,
     ) -> Result<(String, bool), Refusal> {
         use sha2::{Digest, Sha256};
-        if source.len() > MAX_SCRIPT {
+        let (noun, env) = (self.flavor.noun, self.flavor.env);
+        if source.len() > self.flavor.max {
             return Err((
                 ErrorCode::TooLarge,
-                format!("a script may be at most {} MiB", MAX_SCRIPT >> 20),
+                format!("a {noun} may be at most {} MiB", self.flavor.max >> 20),
             ));
         }
         let digest: String = Sha256::digest(source)
@@ -141,7 +181,7 @@ impl Store {
             return Err((
                 ErrorCode::TooLarge,
                 format!(
-                    "a script of {} bytes does not fit the script store's cap of {} bytes (ZYGO_SCRIPT_STORE)",
+                    "a {noun} of {} bytes does not fit the {noun} store's cap of {} bytes ({env})",
                     source.len(),
                     self.cap
                 ),
@@ -152,7 +192,7 @@ impl Store {
         let suffix = plumbing::random_hex(6).map_err(|e| {
             (
                 ErrorCode::Internal,
-                format!("name the script's temporary file: {e}"),
+                format!("name the {noun}'s temporary file: {e}"),
             )
         })?;
         let tmp = self.dir.join(format!(".{digest}.{suffix}"));
@@ -168,7 +208,7 @@ impl Store {
         })();
         if let Err(e) = written {
             let _ = std::fs::remove_file(&tmp);
-            return Err((ErrorCode::Internal, format!("store the script: {e}")));
+            return Err((ErrorCode::Internal, format!("store the {noun}: {e}")));
         }
         self.total += need;
         self.entries.insert(
@@ -206,8 +246,11 @@ impl Store {
         Err((
             ErrorCode::Busy,
             format!(
-                "the script store is full ({} of its {} bytes) with scripts of calls in flight; retry when they end, or raise ZYGO_SCRIPT_STORE",
-                self.total, self.cap
+                "the {noun} store is full ({} of its {} bytes) with {noun}s of calls in flight; retry when they end, or raise {env}",
+                self.total,
+                self.cap,
+                noun = self.flavor.noun,
+                env = self.flavor.env
             ),
         ))
     }
@@ -217,12 +260,13 @@ impl Store {
             self.total = self.total.saturating_sub(cost(e.bytes));
             match std::fs::remove_file(self.path(digest)) {
                 Ok(()) => log::info!(
-                    "script store: evicted {digest} ({} bytes, least recently used) to stay under its cap of {} bytes",
+                    "{} store: evicted {digest} ({} bytes, least recently used) to stay under its cap of {} bytes",
+                    self.flavor.noun,
                     e.bytes,
                     self.cap
                 ),
                 Err(err) if err.kind() == std::io::ErrorKind::NotFound => {}
-                Err(err) => log::warn!("script store: remove {digest}: {err}"),
+                Err(err) => log::warn!("{} store: remove {digest}: {err}", self.flavor.noun),
             }
         }
     }
@@ -248,16 +292,17 @@ impl Store {
 
     /// The script with this digest; it counts as used now.
     pub fn get(&mut self, digest: &str) -> Result<Vec<u8>, Refusal> {
+        let noun = self.flavor.noun;
         if !valid_digest(digest) {
             return Err((
                 ErrorCode::BadRequest,
-                "a script digest is 64 lowercase hex digits (SHA-256)".into(),
+                format!("a {noun} digest is 64 lowercase hex digits (SHA-256)"),
             ));
         }
         let read = std::fs::File::open(self.path(digest)).and_then(|f| {
             use std::io::Read;
             let mut bytes = Vec::new();
-            f.take(MAX_SCRIPT as u64 + 1).read_to_end(&mut bytes)?;
+            f.take(self.flavor.max as u64 + 1).read_to_end(&mut bytes)?;
             Ok(bytes)
         });
         match read {
@@ -269,11 +314,11 @@ impl Store {
                 if let Some(e) = self.entries.remove(digest) {
                     self.total = self.total.saturating_sub(cost(e.bytes));
                 }
-                Err(unknown(digest))
+                Err(unknown_in(self.flavor, digest))
             }
             Err(e) => Err((
                 ErrorCode::Internal,
-                format!("read the script {digest}: {e}"),
+                format!("read the {noun} {digest}: {e}"),
             )),
         }
     }
@@ -324,7 +369,7 @@ impl Store {
             Err(err) => {
                 return Err((
                     ErrorCode::Internal,
-                    format!("remove the script {digest}: {err}"),
+                    format!("remove the {} {digest}: {err}", self.flavor.noun),
                 ))
             }
         }
@@ -350,7 +395,7 @@ mod tests {
             plumbing::random_hex(4).expect("random")
         ));
         std::fs::create_dir(&dir).expect("create a test store");
-        (Store::open(dir.clone(), cap).expect("open"), dir)
+        (Store::open(&SCRIPTS, dir.clone(), cap).expect("open"), dir)
     }
 
     #[test]
@@ -379,7 +424,7 @@ mod tests {
         // What the store says it holds is what is on disk, and a reopened store agrees.
         let on_disk = std::fs::read_dir(&dir).expect("list").count();
         assert_eq!(on_disk, 3);
-        let again = Store::open(dir.clone(), s.cap).expect("reopen");
+        let again = Store::open(&SCRIPTS, dir.clone(), s.cap).expect("reopen");
         assert_eq!(again.usage(), s.usage());
         let _ = std::fs::remove_dir_all(&dir);
     }
@@ -402,11 +447,35 @@ mod tests {
     }
 
     #[test]
+    fn the_blob_store_speaks_of_blobs_and_its_own_cap() {
+        let (_, dir) = store(DEFAULT_CAP);
+        let mut s = Store::open(&BLOBS, dir.clone(), 2 * cost(10)).expect("open");
+        let none = |_: &str| false;
+        let e = s
+            .put(&vec![0u8; MAX_BLOB + 1], &none)
+            .expect_err("over the largest blob");
+        assert!(
+            e.0 == ErrorCode::TooLarge && e.1.contains("blob"),
+            "{}",
+            e.1
+        );
+        let e = s.put(&[1u8; 20_000], &none).expect_err("over the cap");
+        assert!(e.1.contains("ZYGO_BLOB_STORE"), "{}", e.1);
+        let e = s.get(&"0".repeat(64)).expect_err("unknown");
+        assert!(
+            e.0 == ErrorCode::NotFound && e.1.starts_with("no blob"),
+            "{}",
+            e.1
+        );
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
     fn leftovers_of_an_interrupted_write_are_removed_at_start() {
         let (s, dir) = store(DEFAULT_CAP);
         std::fs::write(dir.join(".abc.123456"), b"half").expect("write");
         drop(s);
-        let s = Store::open(dir.clone(), DEFAULT_CAP).expect("reopen");
+        let s = Store::open(&SCRIPTS, dir.clone(), DEFAULT_CAP).expect("reopen");
         assert_eq!(s.usage().0, 0);
         assert!(!dir.join(".abc.123456").exists());
         let _ = std::fs::remove_dir_all(&dir);

@@ -101,17 +101,36 @@ pub fn stop(front: &Front, call: &mut Call) -> Out {
     stop_named(front, call)
 }
 
-/// The query of a call: `stream`; `workspace` and `out` belong to the next version.
+/// The query of a pool call: `stream` (its workspace and `out` are in the body).
 pub fn call_query(call: &Call) -> Result<bool, HttpError> {
-    for k in ["workspace", "out"] {
-        if call.query(k).is_some() {
-            return Err(HttpError::bad_request(format!(
-                "?{k}= is not in this version of zygo api"
-            )));
-        }
-    }
     call.only_query(&["stream"])?;
     call.stream_flag()
+}
+
+/// The query of a function call: `stream`, `workspace` (a blob digest only: an inline tar
+/// does not belong in a URL) and `out`.
+fn fn_call_query(call: &Call) -> Result<(bool, Option<String>, bool), HttpError> {
+    call.only_query(&["stream", "workspace", "out"])?;
+    let stream = call.stream_flag()?;
+    let blob = match call.query("workspace") {
+        None => None,
+        Some(d) => Some(super::digest(d).map_err(|_| {
+            HttpError::bad_request(
+                "?workspace= takes a blob digest (sha256:… from PUT /blobs); an inline tar goes only in a pool call's body",
+            )
+        })?),
+    };
+    let out = match call.query("out") {
+        None | Some("0") | Some("false") => false,
+        Some("1") | Some("true") => true,
+        Some(v) => {
+            return Err(HttpError::bad_request(format!(
+                "out={:?}: use out=1 or leave it out",
+                v.chars().take(40).collect::<String>()
+            )))
+        }
+    };
+    Ok((stream, blob, out))
 }
 
 /// An event body: empty is `null`; otherwise one JSON value (strict).
@@ -125,18 +144,19 @@ pub fn event_text(bytes: &[u8]) -> Result<String, HttpError> {
 
 pub fn call(front: &Front, call: &mut Call) -> Out {
     let parsed = (|| {
-        let stream = call_query(call)?;
+        let (stream, blob, out) = fn_call_query(call)?;
         let name = name(call, 0)?;
         let event = event_text(&call.body()?)?;
-        Ok::<_, HttpError>((stream, name, event))
+        Ok::<_, HttpError>((stream, blob, out, name, event))
     })();
-    let (stream, name, event) = match parsed {
+    let (stream, blob, out, name, event) = match parsed {
         Ok(x) => x,
         Err(e) => return e.into(),
     };
     let req = ExecRequest {
         workspace: None,
-        out: false,
+        workspace_blob: blob,
+        out,
         name,
         event,
         key: call.key.clone(),
@@ -327,6 +347,7 @@ fn batch_one(
     }
     let req = ExecRequest {
         workspace: None,
+        workspace_blob: None,
         out: false,
         name: name.to_string(),
         event: ev.to_string(),

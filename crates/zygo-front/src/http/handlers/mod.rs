@@ -1,6 +1,7 @@
 //! One handler per route. Each parses its path, query and body, builds one `proto`
 //! request, asks the supervisor, and shapes the reply as the API contract draws it.
 
+pub mod blobs;
 pub mod functions;
 pub mod metrics;
 pub mod misc;
@@ -189,6 +190,11 @@ pub fn exec_answer(a: &ExecAnswer) -> (u16, Value) {
             status
         }
     };
+    // Asked for with `out`: the directory, packed (the caller's SDK decodes it).
+    if let Some(tar) = &a.workspace_out {
+        body["workspace"] = json!(crate::http::base64::encode(tar));
+        body["workspace_truncated"] = json!(a.workspace_out_truncated);
+    }
     (status, body)
 }
 

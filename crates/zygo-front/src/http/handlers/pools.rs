@@ -64,9 +64,17 @@ struct CallBody {
     #[serde(default)]
     event: Option<Value>,
     #[serde(default)]
-    workspace: Option<Value>,
+    workspace: Option<WorkspaceBody>,
     #[serde(default)]
-    out: Option<Value>,
+    out: bool,
+}
+
+/// A pool call's workspace: a tar inline (standard base64) or a stored blob's digest.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "lowercase")]
+enum WorkspaceBody {
+    Inline(String),
+    Blob(String),
 }
 
 pub fn call(front: &Front, call: &mut Call) -> Out {
@@ -74,11 +82,16 @@ pub fn call(front: &Front, call: &mut Call) -> Out {
         let stream = super::functions::call_query(call)?;
         let name = name(call, 0)?;
         let b: CallBody = body::json(&call.body()?)?;
-        if b.workspace.is_some() || b.out.is_some() {
-            return Err(HttpError::bad_request(
-                "workspace and out are not in this version of zygo api",
-            ));
-        }
+        let (workspace, workspace_blob) = match b.workspace {
+            None => (None, None),
+            Some(WorkspaceBody::Inline(text)) => {
+                let tar = crate::http::base64::decode(&text).map_err(|e| {
+                    HttpError::bad_request(format!("workspace.inline is not standard base64: {e}"))
+                })?;
+                (Some(tar.into()), None)
+            }
+            Some(WorkspaceBody::Blob(d)) => (None, Some(digest(&d)?)),
+        };
         let script =
             match (b.script, b.source) {
                 (Some(d), None) => ScriptRef::Digest(digest(&d)?),
@@ -93,15 +106,24 @@ pub fn call(front: &Front, call: &mut Call) -> Out {
                 )),
             };
         let event = b.event.unwrap_or(Value::Null).to_string();
-        Ok((stream, name, script, event))
+        Ok((
+            stream,
+            name,
+            script,
+            event,
+            workspace,
+            workspace_blob,
+            b.out,
+        ))
     })();
-    let (stream, name, script, event) = match parsed {
+    let (stream, name, script, event, workspace, workspace_blob, out) = match parsed {
         Ok(x) => x,
         Err(e) => return e.into(),
     };
     let req = ExecRequest {
-        workspace: None,
-        out: false,
+        workspace,
+        workspace_blob,
+        out,
         name,
         event,
         key: call.key.clone(),

@@ -14,6 +14,7 @@
 //! The records (tokens, tenants with their limits, who registered which script) are kept
 //! through [`store::Store`] and survive a restart.
 
+mod blobs;
 pub mod store;
 
 use std::collections::{BTreeMap, HashMap};
@@ -144,6 +145,8 @@ pub struct Api {
     by_hash: HashMap<String, String>,
     pub(super) tenants: BTreeMap<String, TenantRecord>,
     scripts: HashMap<String, ScriptRecord>,
+    /// Who stored which blob (see `blobs`).
+    blobs: HashMap<String, ScriptRecord>,
 }
 
 impl Api {
@@ -172,6 +175,11 @@ impl Api {
             by_hash: HashMap::new(),
             tenants: BTreeMap::new(),
             scripts: HashMap::new(),
+            blobs: snap
+                .blobs
+                .into_iter()
+                .map(|b| (b.digest.clone(), b))
+                .collect(),
         };
         for t in snap.tokens {
             api.by_hash.insert(t.sha256.clone(), t.id.clone());

@@ -86,6 +86,8 @@ pub enum Record {
     Token(TokenRecord),
     Tenant(TenantRecord),
     Script(ScriptRecord),
+    /// Who stored a blob: the same shape as a script's owners.
+    Blob(ScriptRecord),
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -93,16 +95,18 @@ pub enum Kind {
     Token,
     Tenant,
     Script,
+    Blob,
 }
 
 impl Kind {
-    const ALL: [Kind; 3] = [Kind::Token, Kind::Tenant, Kind::Script];
+    const ALL: [Kind; 4] = [Kind::Token, Kind::Tenant, Kind::Script, Kind::Blob];
 
     fn folder(self) -> &'static str {
         match self {
             Kind::Token => "tokens",
             Kind::Tenant => "tenants",
             Kind::Script => "scripts",
+            Kind::Blob => "blobs",
         }
     }
 
@@ -111,7 +115,7 @@ impl Kind {
         match self {
             Kind::Token => is_token_id(id),
             Kind::Tenant => proto::api::is_tenant_id(id),
-            Kind::Script => proto::api::is_hex_digest(id),
+            Kind::Script | Kind::Blob => proto::api::is_hex_digest(id),
         }
     }
 }
@@ -122,6 +126,7 @@ impl Record {
             Record::Token(_) => Kind::Token,
             Record::Tenant(_) => Kind::Tenant,
             Record::Script(_) => Kind::Script,
+            Record::Blob(_) => Kind::Blob,
         }
     }
 
@@ -129,7 +134,7 @@ impl Record {
         match self {
             Record::Token(t) => &t.id,
             Record::Tenant(t) => &t.id,
-            Record::Script(s) => &s.digest,
+            Record::Script(s) | Record::Blob(s) => &s.digest,
         }
     }
 }
@@ -149,6 +154,7 @@ pub struct Snapshot {
     pub tokens: Vec<TokenRecord>,
     pub tenants: Vec<TenantRecord>,
     pub scripts: Vec<ScriptRecord>,
+    pub blobs: Vec<ScriptRecord>,
 }
 
 #[derive(Debug)]
@@ -170,7 +176,7 @@ pub trait Store {
     fn remove(&mut self, kind: Kind, id: &str) -> Result<(), StoreError>;
 }
 
-/// The file backend: `<dir>/{tokens,tenants,scripts}/<id>.json`.
+/// The file backend: `<dir>/{tokens,tenants,scripts,blobs}/<id>.json`.
 pub struct Files {
     dir: PathBuf,
 }
@@ -250,10 +256,13 @@ impl Files {
                     snap.tenants.push(t);
                     id_ok
                 }
-                Kind::Script => {
+                Kind::Script | Kind::Blob => {
                     let s: ScriptRecord = proto::json::from_slice_strict(&bytes).map_err(bad)?;
                     let id_ok = s.digest == id;
-                    snap.scripts.push(s);
+                    match kind {
+                        Kind::Blob => snap.blobs.push(s),
+                        _ => snap.scripts.push(s),
+                    }
                     id_ok
                 }
             };
@@ -303,7 +312,7 @@ impl Store for Files {
         let bytes = match r {
             Record::Token(t) => serde_json::to_vec_pretty(t),
             Record::Tenant(t) => serde_json::to_vec_pretty(t),
-            Record::Script(s) => serde_json::to_vec_pretty(s),
+            Record::Script(s) | Record::Blob(s) => serde_json::to_vec_pretty(s),
         }
         .map_err(|e| StoreError(format!("encode a record: {e}")))?;
         let folder = self.dir.join(kind.folder());

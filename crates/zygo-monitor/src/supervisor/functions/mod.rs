@@ -26,6 +26,7 @@
 //! Every request a front may send has its one handler in [`Functions::handle`].
 
 mod agents;
+mod blobs;
 mod registry;
 mod requests;
 mod run_spec;
@@ -70,6 +71,12 @@ pub(super) fn now_ms() -> u64 {
         .map_or(0, |d| d.as_millis() as u64)
 }
 
+/// Where the content-addressed stores keep their files.
+pub struct StoreDirs {
+    pub scripts: PathBuf,
+    pub blobs: PathBuf,
+}
+
 pub struct Functions {
     backend: Arc<Backend>,
     worker: Worker,
@@ -79,6 +86,8 @@ pub struct Functions {
     usage: super::usage::UsageLog,
     /// The content-addressed script store: `<state>/scripts/<sha256 hex>`.
     scripts: super::scripts::Store,
+    /// The content-addressed blob store: `<state>/blobs/<sha256 hex>` (see `blobs`).
+    blobs: super::scripts::Store,
     fns: BTreeMap<String, Function>,
     zygotes: HashMap<Token, Zygote>,
     calls: HashMap<String, InFlight>,
@@ -148,15 +157,21 @@ impl Functions {
         identity: Identity,
         launcher: PathBuf,
         usage_path: PathBuf,
-        scripts: PathBuf,
+        stores: StoreDirs,
         api: super::api::Api,
     ) -> Result<Functions, SupervisorError> {
         let usage = super::usage::UsageLog::open(usage_path.clone())
             .map_err(|e| SupervisorError(format!("open {}: {e}", usage_path.display())))?;
         let backend = Arc::new(backend);
-        let cap = super::scripts::cap_from_env().map_err(SupervisorError)?;
-        let scripts = super::scripts::Store::open(scripts.clone(), cap).map_err(|e| {
+        use super::scripts::{BLOBS, SCRIPTS};
+        let StoreDirs { scripts, blobs } = stores;
+        let cap = super::scripts::cap_from_env(&SCRIPTS).map_err(SupervisorError)?;
+        let scripts = super::scripts::Store::open(&SCRIPTS, scripts.clone(), cap).map_err(|e| {
             SupervisorError(format!("open the script store {}: {e}", scripts.display()))
+        })?;
+        let cap = super::scripts::cap_from_env(&BLOBS).map_err(SupervisorError)?;
+        let blobs = super::scripts::Store::open(&BLOBS, blobs.clone(), cap).map_err(|e| {
+            SupervisorError(format!("open the blob store {}: {e}", blobs.display()))
         })?;
         let worker = Worker::start(backend.clone(), waker)
             .map_err(|e| SupervisorError(format!("start the cgroup worker: {e}")))?;
@@ -167,6 +182,7 @@ impl Functions {
             launcher,
             usage,
             scripts,
+            blobs,
             fns: BTreeMap::new(),
             zygotes: HashMap::new(),
             calls: HashMap::new(),
@@ -295,6 +311,8 @@ impl Functions {
             Request::Version => Some(self.version(who)),
             Request::Metrics => Some(Reply::Metrics(self.metrics(who))),
             Request::RecordUsage(rec) => Some(self.record_outside(rec, who)),
+            Request::PutBlob { bytes } => Some(self.put_blob(&bytes, who)),
+            Request::DeleteBlob { digest } => Some(self.delete_blob(&digest)),
         }
     }
 
@@ -324,6 +342,9 @@ impl Functions {
     /// At start: forget the owners of every script the store no longer holds.
     pub fn forget_evicted_script_owners(&mut self) {
         self.prune_script_owners(0);
+        let store = &self.blobs;
+        self.api
+            .prune_blobs(&|d| store.held(d).is_some(), store.count(), 0);
     }
 
     /// Forget the owners of scripts the store has evicted, once there are `slack` more

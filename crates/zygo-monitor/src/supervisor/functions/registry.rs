@@ -3,7 +3,6 @@
 //! `serve` answers that wait for zygotes to be ready.
 
 use std::collections::VecDeque;
-use std::os::fd::OwnedFd;
 use std::path::Path;
 use std::time::Instant;
 
@@ -34,7 +33,7 @@ pub(super) struct Function {
     pub(super) plan: LaunchPlan,
     /// The plan's handed-over mounts (see `crate::mounts`), opened when the function was
     /// served: every zygote gets its own copy of these, whatever the paths name later.
-    pub(super) handed: Vec<OwnedFd>,
+    pub(super) handed: Vec<crate::mounts::Handed>,
     pub(super) limits: Limits,
     /// Its memory limit as sandbox.toml says it, for messages.
     pub(super) mem_text: String,
@@ -234,6 +233,13 @@ fn plan(spec: &FnSpec, identity: &Identity) -> Result<Planned, String> {
             "secrets = {:?} is not available in this version (secrets are not delivered yet); remove the key",
             spec.secrets
         ));
+    }
+    // Without uids of their own, requests are kept from signalling each other by
+    // Landlock's scoping alone: on an older kernel that is refused unless accepted.
+    if identity.request_ids.is_none() {
+        if let Some(why) = crate::kernel::rootless_zygote_refusal(crate::kernel::landlock_abi()) {
+            return Err(why);
+        }
     }
     let (argv, fn_mount, agents) = agent_argv(spec, identity.request_ids)?;
     let image = match &spec.image {

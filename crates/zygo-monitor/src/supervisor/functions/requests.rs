@@ -111,6 +111,8 @@ pub(super) struct InFlight {
     pub(super) script_digest: Option<String>,
     /// Its workspace (a tar), until it is handed to the launcher with the call.
     workspace: Option<proto::bytes::Bytes>,
+    /// The stored blob its workspace was read from: never evicted while the call runs.
+    pub(super) blob_digest: Option<String>,
     /// Whether its caller wants the request's directory back.
     out: bool,
     /// The directory, packed after its handler answered, and whether caps left
@@ -153,6 +155,7 @@ impl InFlight {
             script_digest: script.as_ref().map(|s| s.digest.clone()),
             script,
             workspace: e.workspace.take(),
+            blob_digest: e.workspace_blob.take(),
             out: e.out,
             workspace_out: None,
             workspace_out_truncated: false,
@@ -305,6 +308,7 @@ pub(super) fn narrowed(f: &Limits, t: &proto::api::TenantLimits) -> Option<Limit
         },
         cpu_millis: cap(f.cpu_millis, t.cpu_millis),
         pids: cap(f.pids, t.pids),
+        // A tenant has no I/O limits of its own over the API: the function's stand.
         ..*f
     };
     (l != *f).then_some(l)

@@ -95,6 +95,9 @@ impl Functions {
             Ok(k) => k,
             Err(r) => return Some(r.into()),
         };
+        if let Err(r) = self.fill_workspace(&mut e, who) {
+            return Some(r.into());
+        }
         let mut sent: Option<(String, bool)> = None;
         match &e.script {
             Some(ScriptRef::Digest(d)) if who.api() => {
@@ -420,6 +423,7 @@ impl Functions {
             Ok(o) => o,
             Err(r) => return r.into(),
         };
+        self.release_blobs_of(id);
         let mut scripts_removed = Vec::new();
         for d in orphans {
             match self.scripts.remove(&d) {

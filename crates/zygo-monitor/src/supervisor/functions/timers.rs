@@ -146,6 +146,7 @@ mod tests {
             stream: false,
             script: None,
             workspace: None,
+            workspace_blob: None,
             out: false,
         };
         InFlight::new(mio::Token(99), &mut e, "{}".into(), TIMEOUT, None, t0)
