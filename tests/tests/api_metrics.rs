@@ -787,3 +787,77 @@ fn the_webhook_delivers_everything_in_order_through_failures_and_otlp_has_the_sh
     drop(f);
     s.shutdown();
 }
+
+/// Only the MCP role may hand the supervisor a usage record, and only one shaped as
+/// `run_code`'s: the CLI, a wrong function, tenant or outcome are refused, and nothing is
+/// written for them.
+#[test]
+fn a_usage_record_from_outside_is_the_mcp_roles_and_shape_checked() {
+    use proto::api::UsageRecord;
+    use proto::front::{Hello, HelloReply, Reply, Request, Role, FRONT_PROTOCOL, MAX_FRONT_FRAME};
+    if !root_only() {
+        return;
+    }
+    let mut s = SUITE.sup(Who::Root, "rec");
+    let _ = s.up(&[("echo", "echo", "")]);
+    let ask = |role: Role, rec: &UsageRecord| -> Option<Reply> {
+        let mut c = std::os::unix::net::UnixStream::connect(s.socket()).unwrap();
+        c.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+        proto::write_frame(
+            &mut c,
+            &Hello {
+                protocol: FRONT_PROTOCOL,
+                role,
+                flags: Default::default(),
+            },
+        )
+        .unwrap();
+        match proto::read_frame::<_, HelloReply>(&mut c, MAX_FRONT_FRAME).unwrap() {
+            HelloReply::Welcome { .. } => {}
+            other => panic!("{other:?}"),
+        }
+        proto::write_frame(&mut c, &Request::RecordUsage(rec.clone())).unwrap();
+        // A request a role may not make ends its connection.
+        proto::read_frame::<_, Reply>(&mut c, MAX_FRONT_FRAME).ok()
+    };
+    let good = UsageRecord {
+        tenant: "_host".into(),
+        function: "mcp:run_code".into(),
+        script: None,
+        request_id: format!("mcp-test-{:x}", unique()),
+        wall_ms: 1,
+        cpu_ms: 1,
+        peak_rss_kb: 1,
+        outcome: "ok".into(),
+        finished_ms: 1,
+    };
+    let refused = |r: Option<Reply>| matches!(r, None | Some(Reply::Error { .. }));
+    assert!(
+        refused(ask(Role::Cli, &good)),
+        "the CLI role may not record usage"
+    );
+    let mut bad = good.clone();
+    bad.function = "echo".into();
+    bad.request_id = format!("{}-f", good.request_id);
+    assert!(refused(ask(Role::Mcp, &bad)));
+    let mut bad2 = good.clone();
+    bad2.tenant = "acme".into();
+    bad2.request_id = format!("{}-t", good.request_id);
+    assert!(refused(ask(Role::Mcp, &bad2)));
+    let mut bad3 = good.clone();
+    bad3.outcome = "fine".into();
+    bad3.request_id = format!("{}-o", good.request_id);
+    assert!(refused(ask(Role::Mcp, &bad3)));
+    assert_eq!(ask(Role::Mcp, &good), Some(Reply::UsageRecorded));
+    let log = s.st.join("usage.log");
+    let mut text = String::new();
+    for _ in 0..100 {
+        text = std::fs::read_to_string(&log).unwrap_or_default();
+        if text.contains(&good.request_id) {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert_eq!(text.matches(good.request_id.as_str()).count(), 1, "{text}");
+    s.shutdown();
+}
