@@ -94,6 +94,7 @@ fn answer(id: &str, result: &str) -> ExecAnswer {
             cpu_ms: 1,
             peak_rss_kb: 1000,
         },
+        usage: None,
         workspace_out: None,
         workspace_out_truncated: false,
     }
@@ -193,6 +194,7 @@ fn replies(token: &Option<String>, req: &Request) -> Vec<Reply> {
                 stdout_truncated: false,
                 stderr: String::new(),
                 stderr_truncated: false,
+                usage: None,
             }))
         }
         Request::PutScript { source } => one(Reply::ScriptStored {
@@ -272,6 +274,7 @@ fn replies(token: &Option<String>, req: &Request) -> Vec<Reply> {
             tenant: tenant.clone(),
             names: vec!["STRIPE_KEY".into()],
         }),
+        Request::Metrics => one(Reply::Metrics(vec![])),
         other => one(err(BadRequest, &format!("not for the API: {other:?}"))),
     }
 }
@@ -1021,7 +1024,7 @@ fn every_route_refuses_bad_input_with_its_status_and_never_a_5xx() {
     api.op("POST", "/fn/missing", "")
         .assert_error(404, "an unknown function");
     // Unknown routes, the next version's routes, a wrong method.
-    for p in ["/nope", "/fn/a/b/c", "/metrics", "/blobs/a/b", "/deps/x"] {
+    for p in ["/nope", "/fn/a/b/c", "/blobs/a/b", "/deps/x"] {
         api.op("GET", p, "").assert_error(404, p);
     }
     // A secret is never read back: GET on one is not a route.
@@ -1308,8 +1311,14 @@ fn the_command_line_refuses_what_it_must() {
             &["--allow-private-net"][..],
             "--allow-private-net does nothing without --allow-deploy",
         ),
-        (&["--otlp-endpoint", "http://x"][..], "not in this version"),
-        (&["--usage-webhook", "http://x"][..], "not in this version"),
+        (
+            &["--otlp-endpoint", "http://x"][..],
+            "host names are not resolved",
+        ),
+        (
+            &["--usage-webhook", "https://127.0.0.1:1/x"][..],
+            "https is not supported",
+        ),
         (&["--listen", "localhost:80"][..], "give IP:PORT"),
         (
             &["--listen", "unix://relative"][..],

@@ -74,6 +74,8 @@ pub enum Route {
     DeleteSecret,
     /// `GET /tenants/{id}/secrets` (names only).
     ListSecrets,
+    /// `GET /metrics`.
+    Metrics,
 }
 
 /// Who may ask for a route at all.
@@ -134,6 +136,7 @@ pub const RULES: &[Rule] = &[
     rule(Route::PutSecret, Who::Op, true),
     rule(Route::DeleteSecret, Who::Op, true),
     rule(Route::ListSecrets, Who::Op, false),
+    rule(Route::Metrics, Who::Any, false),
 ];
 
 /// The row of a route.
@@ -228,6 +231,7 @@ pub fn describe(route: Route) -> &'static str {
         Route::Exec => "calling a function",
         Route::Logs => "reading logs",
         Route::Stats => "reading stats",
+        Route::Metrics => "GET /metrics",
         Route::Warm => "warming a function",
         Route::Run => "a one-shot run",
         Route::PutScript => "registering a script",
@@ -319,6 +323,7 @@ mod tests {
             (Exec, true, true, true, true),
             (Logs, true, true, true, true),
             (Stats, true, true, true, true),
+            (Metrics, true, true, true, true),
             (Warm, true, true, true, true),
             (PutScript, true, true, true, true),
             (ScriptInfo, true, true, true, true),

@@ -170,6 +170,54 @@ pub struct RunAnswer {
     pub stdout_truncated: bool,
     pub stderr: String,
     pub stderr_truncated: bool,
+    /// The run's usage record (for the front's usage delivery); `None` only from a
+    /// supervisor that did not make one.
+    pub usage: Option<Box<UsageRecord>>,
+}
+
+/// The function name of an MCP `run_code`'s usage record.
+pub const MCP_RUN_CODE: &str = "mcp:run_code";
+
+/// One finished request, as the usage log (`usage.log`, one JSON object a line) and the
+/// usage webhook carry it. The supervisor makes it when the request ends, whoever asked
+/// (the API, the CLI, an MCP tool); a call's answer carries its record back to the front.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct UsageRecord {
+    /// The tenant it ran for; `_host` for the host's own callers.
+    pub tenant: String,
+    /// The function or pool (`api:run` for `POST /run`, `mcp:run_code` for the MCP tool).
+    pub function: String,
+    /// The script a pool ran (lowercase hex SHA-256), if any.
+    pub script: Option<String>,
+    pub request_id: String,
+    pub wall_ms: u64,
+    pub cpu_ms: u64,
+    pub peak_rss_kb: u64,
+    /// `ok`, `error`, `timeout`, `cancelled` or `stuck`.
+    pub outcome: String,
+    /// When it finished, milliseconds since the Unix epoch.
+    pub finished_ms: u64,
+}
+
+impl UsageRecord {
+    /// The tenant name of a record made for the host's own callers.
+    pub const HOST: &'static str = "_host";
+
+    /// Its JSON object, on one line (no newline).
+    pub fn json_line(&self) -> String {
+        serde_json::json!({
+            "tenant": self.tenant,
+            "function": self.function,
+            "script": self.script,
+            "request_id": self.request_id,
+            "wall_ms": self.wall_ms,
+            "cpu_ms": self.cpu_ms,
+            "peak_rss_kb": self.peak_rss_kb,
+            "outcome": self.outcome,
+            "finished_ms": self.finished_ms,
+        })
+        .to_string()
+    }
 }
 
 /// The longest secret name.

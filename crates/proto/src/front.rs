@@ -169,6 +169,12 @@ pub enum Request {
     ListSecrets {
         tenant: String,
     },
+    /// `GET /metrics`: the per-function numbers of every function the caller can see.
+    Metrics,
+    /// A finished request that ran outside the supervisor (`zygo mcp`'s `run_code`), for
+    /// the usage log. Only the MCP server's monitor side sends it; the supervisor checks
+    /// its shape.
+    RecordUsage(crate::api::UsageRecord),
     /// Store a blob (a workspace tar calls name by digest) in the content-addressed blob
     /// store, owned by the acting tenant (idempotent).
     PutBlob {
@@ -375,6 +381,9 @@ pub struct ExecAnswer {
     pub stderr: String,
     pub stderr_truncated: bool,
     pub metrics: Metrics,
+    /// The call's usage record (for the front's usage delivery): every answered call has
+    /// one.
+    pub usage: Option<Box<crate::api::UsageRecord>>,
     /// With `out`: the request's directory as a tar, packed once its handler answered
     /// (returned or raised). None when `out` was not asked for, when the handler never
     /// answered, or when the directory was no longer a directory.
@@ -536,6 +545,27 @@ pub enum Reply {
         tenant: String,
         names: Vec<String>,
     },
+    /// `Metrics`: one entry per function or pool the caller can see.
+    Metrics(Vec<FunctionMetrics>),
+    /// `RecordUsage`: the record is in the usage log's queue.
+    UsageRecorded,
+}
+
+/// One function's numbers for `GET /metrics`: counted from every call (an operator's
+/// view) or from the caller's own (a tenant's), as `Stats` is.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FunctionMetrics {
+    /// As the caller knows it (a tenant's own functions by their plain name).
+    pub name: String,
+    /// `function` or `pool`.
+    pub kind: String,
+    pub requests: u64,
+    /// Calls that did not end `ok`.
+    pub failures: u64,
+    /// The memory its sandboxes hold now (zygotes and children), in bytes.
+    pub rss_bytes: u64,
+    /// `starting`, `serving` or `failed`.
+    pub state: String,
 }
 
 #[cfg(test)]

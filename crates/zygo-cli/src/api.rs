@@ -11,6 +11,7 @@ use std::path::PathBuf;
 
 use proto::api::FrontFlags;
 use zygo_front::confine::{confine, FrontRole};
+use zygo_front::delivery::{self, Endpoint};
 use zygo_front::http;
 use zygo_monitor::client;
 
@@ -28,6 +29,8 @@ struct Opts {
     listen: Listen,
     flags: FrontFlags,
     openapi: bool,
+    webhook: Option<Endpoint>,
+    otlp: Option<Endpoint>,
 }
 
 fn parse_listen(s: &str) -> Result<Listen, String> {
@@ -50,6 +53,7 @@ fn parse(raw: Vec<OsString>) -> Result<Option<Opts>, String> {
     let mut listen: Option<String> = None;
     let mut flags = FrontFlags::default();
     let mut openapi = false;
+    let (mut webhook, mut otlp) = (None, None);
     let mut p = lexopt::Parser::from_args(raw);
     while let Some(arg) = p.next().map_err(|e| e.to_string())? {
         match arg {
@@ -68,10 +72,19 @@ fn parse(raw: Vec<OsString>) -> Result<Option<Opts>, String> {
             Long("allow-private-net") => flags.allow_private_net = true,
             Long("no-auth") => flags.no_auth = true,
             Long("openapi") => openapi = true,
-            Long(f @ ("otlp-endpoint" | "usage-webhook")) => {
-                return Err(format!(
-                    "--{f} is not in this version of zygo api (metrics and usage delivery come with the next one)"
-                ))
+            Long(name @ ("otlp-endpoint" | "usage-webhook")) => {
+                let f = name.to_string();
+                let v = p.value().map_err(|e| e.to_string())?;
+                let v = v.into_string().map_err(|_| format!("--{f} is not UTF-8"))?;
+                let slot = if f == "otlp-endpoint" {
+                    &mut otlp
+                } else {
+                    &mut webhook
+                };
+                if slot.is_some() {
+                    return Err(format!("--{f} given twice"));
+                }
+                *slot = Some(delivery::parse_endpoint(&f, &v)?);
             }
             other => return Err(other.unexpected().to_string()),
         }
@@ -96,6 +109,8 @@ fn parse(raw: Vec<OsString>) -> Result<Option<Opts>, String> {
         listen,
         flags,
         openapi,
+        webhook,
+        otlp,
     }))
 }
 
@@ -134,6 +149,59 @@ fn bind_unix(path: &PathBuf) -> Result<UnixListener, String> {
     // SAFETY: as above.
     unsafe { libc::umask(old) };
     r.map_err(|e| format!("listen on {}: {e}", path.display()))
+}
+
+/// Fork `zygo-delivery` with the read end of a pipe; keep the write end, non-blocking,
+/// as the process's [`delivery::Feed`]. The child holds nothing else of the front's: every
+/// other descriptor but stderr is closed before it confines itself.
+fn start_delivery(webhook: Option<Endpoint>, otlp: Option<Endpoint>) -> Result<(), String> {
+    let mut fds = [0i32; 2];
+    // SAFETY: pipe2 fills the two-int array.
+    if unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) } != 0 {
+        return Err(format!(
+            "create a pipe: {}",
+            std::io::Error::last_os_error()
+        ));
+    }
+    let (r, w) = (fds[0], fds[1]);
+    // Room for a burst (1 MiB, where the system allows it), then non-blocking: a full
+    // pipe drops an event rather than holding up an answer.
+    // SAFETY: fcntl on a descriptor this process just made.
+    unsafe {
+        libc::fcntl(w, libc::F_SETPIPE_SZ, 1 << 20);
+        libc::fcntl(w, libc::F_SETFL, libc::O_NONBLOCK);
+    }
+    // SAFETY: fork in a process with one thread (no thread has been started yet).
+    match unsafe { libc::fork() } {
+        -1 => Err(format!("fork: {}", std::io::Error::last_os_error())),
+        0 => {
+            // SAFETY: in the child: the read end moves to fd 3, everything above is closed
+            // (the listener, the channels, the write end), stdin and stdout go to /dev/null
+            // semantics by being closed too; then the child never returns.
+            unsafe {
+                if r != 3 {
+                    libc::dup2(r, 3);
+                }
+                libc::syscall(libc::SYS_close_range, 4u32, u32::MAX, 0u32);
+                libc::close(0);
+                libc::close(1);
+                libc::prctl(libc::PR_SET_NAME, c"zygo-delivery".as_ptr(), 0, 0, 0);
+                // When the front ends, its pipe closes: this process delivers what it
+                // holds (for a bounded time) and exits.
+                let code = delivery::run(3, webhook, otlp);
+                libc::_exit(code)
+            }
+        }
+        _child => {
+            // SAFETY: closing the read end, which only the child uses now; the write end
+            // becomes the feed.
+            unsafe {
+                libc::close(r);
+                delivery::Feed::install(std::os::fd::FromRawFd::from_raw_fd(w));
+            }
+            Ok(())
+        }
+    }
 }
 
 pub fn main(raw: Vec<OsString>) -> i32 {
@@ -192,6 +260,13 @@ pub fn main(raw: Vec<OsString>) -> i32 {
         }
         chans.push(sock);
     }
+    // Delivery runs in a process of its own, started now (before this one confines itself
+    // or starts a thread); it only ever hears from the front through a non-blocking pipe.
+    if opts.webhook.is_some() || opts.otlp.is_some() {
+        if let Err(e) = start_delivery(opts.webhook.clone(), opts.otlp.clone()) {
+            return refuse(format!("start zygo-delivery: {e}"));
+        }
+    }
     if let Err(e) = http::block_stop_signals() {
         return refuse(format!("block SIGTERM and SIGINT: {e}"));
     }
@@ -205,6 +280,19 @@ pub fn main(raw: Vec<OsString>) -> i32 {
         if f.allow_private_net { "; private addresses allowed to deploy callers" } else { "" },
         if f.no_auth { "; no token needed (--no-auth)" } else { "" },
     );
+    if delivery::enabled() {
+        // The front's own counts, for the OTLP push: a line every few seconds.
+        let ticker = std::thread::Builder::new()
+            .name("api-counts".into())
+            .spawn(|| loop {
+                std::thread::sleep(std::time::Duration::from_secs(2));
+                let (r, e) = http::metrics::api_counts();
+                delivery::api_counts(r, e);
+            });
+        if let Err(e) = ticker {
+            return refuse(format!("start a thread: {e}"));
+        }
+    }
     match http::serve(listener, chans, opts.flags, listen_fd) {
         Ok(()) => 0,
         Err(e) => refuse(e),

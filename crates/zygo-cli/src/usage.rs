@@ -327,6 +327,7 @@ pub const API: &str = "\
 zygo api — the HTTP API in front of the running supervisor
 
 Usage: zygo api [--listen ADDR] [--allow-deploy [--allow-private-net]] [--no-auth]
+                [--usage-webhook URL] [--otlp-endpoint URL]
        zygo api --openapi
 
 Serves the routes listed by `zygo api --openapi` (OpenAPI 3.1; the same document is
@@ -344,6 +345,15 @@ Options:
                        link-local addresses in `allow`
   --no-auth            a request without a token acts as the bootstrap operator; only on
                        a unix socket or a loopback address
+  --usage-webhook URL  POST every call's usage record, in JSON arrays, to URL: at least
+                       once (a failed batch is sent again, in order; key on request_id);
+                       at most 10 000 waiting, the oldest dropped first and counted in the
+                       log (every record is in the supervisor's usage.log either way)
+  --otlp-endpoint URL  push the /metrics numbers plus per-tenant requests, outcomes, CPU
+                       and wall time as OTLP/HTTP JSON metrics every 10 s
+                       (e.g. http://127.0.0.1:4318/v1/metrics)
+                       Both take http://IP:PORT/path only (no https, no host names), and
+                       run in a process of their own (zygo-delivery) off the serving path
   --openapi            print the OpenAPI document and exit
 
 Exit status: 0 after SIGTERM/SIGINT; 1 when it could not start (no supervisor, the address

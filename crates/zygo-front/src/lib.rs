@@ -2,4 +2,5 @@
 //! Fronts only ask; every decision is the monitor's.
 
 pub mod confine;
+pub mod delivery;
 pub mod http;

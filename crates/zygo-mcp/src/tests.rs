@@ -102,6 +102,7 @@ fn fake_monitor(mut sock: UnixStream, seen: Seen) {
                         cpu_ms: 1,
                         peak_rss_kb: 10,
                     },
+                    usage: None,
                     workspace_out: None,
                     workspace_out_truncated: false,
                 },

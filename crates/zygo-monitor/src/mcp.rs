@@ -39,6 +39,7 @@ use plumbing::hello::HelloError;
 use plumbing::random_hex;
 use plumbing::role::{self, Child, Role, RoleFds, Stdio};
 use plumbing::signals::block_signals;
+use proto::api::{UsageRecord, MCP_RUN_CODE};
 use proto::front::{self, ExecRequest, Reply, Request, MAX_FRONT_FRAME};
 use proto::launch::{IdMap, InjectedFile, LaunchPlan};
 use proto::mcp::{Language, McpReply, McpRequest, RunCodeResult, MAX_MCP_FRAME};
@@ -730,6 +731,7 @@ fn run_code(
     };
     let out = oneshot::run(&sh.opts.backend, req);
     drop(done_tx);
+    record_usage(&out);
     let error = if outer_hit.load(Ordering::SeqCst) {
         Some(format!(
             "did not finish within the outer deadline of {}s (its time limit plus 300s) and \
@@ -766,6 +768,64 @@ fn run_code(
         stderr_truncated: out.stderr_truncated,
         wall_ms: out.wall_ms,
         error,
+    }
+}
+
+/// A `run_code`'s usage record, in the supervisor's usage log like every other request's:
+/// sent to the running supervisor, or, with none running, appended to the log file itself
+/// (one whole line in one write, which appends atomically beside any other writer).
+fn record_usage(out: &oneshot::Outcome) {
+    let outcome = if out.cancelled {
+        "cancelled"
+    } else if out.timed_out {
+        "timeout"
+    } else if out.started && out.exit_code == Some(0) && out.error.is_none() {
+        "ok"
+    } else {
+        "error"
+    };
+    let rec = UsageRecord {
+        tenant: UsageRecord::HOST.into(),
+        function: MCP_RUN_CODE.into(),
+        script: None,
+        request_id: format!("mcp-{}", random_hex(8).unwrap_or_else(|_| "unnamed".into())),
+        wall_ms: out.wall_ms,
+        cpu_ms: out.cpu_ms,
+        peak_rss_kb: out.peak_rss_kb,
+        outcome: outcome.into(),
+        finished_ms: std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_millis() as u64),
+    };
+    let sent = (|| -> Result<Reply, String> {
+        let mut sock = crate::client::connect().map_err(|e| e.to_string())?;
+        let _ = sock.set_read_timeout(Some(Duration::from_secs(10)));
+        let _ = sock.set_write_timeout(Some(Duration::from_secs(10)));
+        crate::client::hello(&mut sock, front::Role::Mcp).map_err(|e| format!("{e:?}"))?;
+        write_frame(&mut sock, &Request::RecordUsage(rec.clone())).map_err(|e| e.to_string())?;
+        read_frame::<_, Reply>(&mut sock, MAX_FRONT_FRAME).map_err(|e| e.to_string())
+    })();
+    match sent {
+        Ok(Reply::UsageRecorded) => return,
+        Ok(other) => log::warn!("the supervisor refused a run_code usage record: {other:?}"),
+        Err(e) => log::debug!(
+            "no supervisor took the run_code usage record ({e}); appending it to the log"
+        ),
+    }
+    let path = crate::paths::state_dir().join("usage.log");
+    let mut line = rec.json_line();
+    line.push('\n');
+    let wrote = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(&path)
+        .and_then(|mut f| std::io::Write::write_all(&mut f, line.as_bytes()));
+    if let Err(e) = wrote {
+        log::error!(
+            "could not write a run_code usage record to {}: {e}; the record: {}",
+            path.display(),
+            line.trim_end()
+        );
     }
 }
 

@@ -12,6 +12,7 @@ pub mod base64;
 pub mod body;
 pub mod channel;
 pub mod handlers;
+pub mod metrics;
 pub mod openapi;
 pub mod routes;
 
@@ -260,6 +261,7 @@ pub fn respond_json(
     extra: &[(&str, &str)],
     close: bool,
 ) {
+    metrics::count(status);
     let text = body.to_string().into_bytes();
     let mut r = tiny_http::Response::from_data(text).with_status_code(status);
     let mut hs = vec![

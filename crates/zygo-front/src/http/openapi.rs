@@ -22,6 +22,8 @@ struct Op {
     stream: bool,
     /// Other query parameters: (name, schema, description).
     query: &'static [(&'static str, &'static str, &'static str)],
+    /// The 200 answer is Prometheus text (`/metrics`), not JSON.
+    text: bool,
 }
 
 enum Body {
@@ -67,6 +69,9 @@ fn s_version() -> Value {
         }),
         &["version", "api", "backend", "cgroup", "landlock_abi"],
     )
+}
+fn s_metrics() -> Value {
+    json!({"type": "string", "description": "The Prometheus text format, version 0.0.4."})
 }
 fn s_functions() -> Value {
     open_obj(
@@ -298,7 +303,7 @@ const FN_CALL_QUERY: &[(&str, &str, &str)] = &[
 fn ops() -> Vec<Op> {
     use Body::*;
     let op = |method, path, who, deploy, summary, body, ok: fn() -> Value, more| Op {
-        method, path, who, deploy, summary, body, ok, more, stream: false, query: &[],
+        method, path, who, deploy, summary, body, ok, more, stream: false, query: &[], text: false,
     };
     vec![
         op("GET", "/healthz", "none", false, "The supervisor's condition: ok, degraded (with a reason) or stopping (503).", None, s_health, &[]),
@@ -335,6 +340,7 @@ fn ops() -> Vec<Op> {
         op("GET", "/tokens", "op", true, "Every token (never a secret).", None, s_tokens, &[]),
         op("DELETE", "/tokens/{id}", "op", true, "Revoke a token (the record stays).", None, s_revoked, &[]),
         op("POST", "/drain", "op", true, "Stop taking calls, let running ones finish within grace seconds, stop the supervisor.", OptionalJson(b_drain), s_drained, &[]),
+        Op { text: true, ..op("GET", "/metrics", "any", false, "Prometheus series: this API's requests and errors, and the numbers of each function the caller can see.", None, s_metrics, &[]) },
     ]
 }
 
@@ -389,7 +395,11 @@ fn operation(o: &Op) -> Value {
     }
     let mut responses = Map::new();
     let mut ok_content = Map::new();
-    ok_content.insert("application/json".into(), json!({"schema": (o.ok)()}));
+    if o.text {
+        ok_content.insert("text/plain".into(), json!({"schema": (o.ok)()}));
+    } else {
+        ok_content.insert("application/json".into(), json!({"schema": (o.ok)()}));
+    }
     if o.stream {
         ok_content.insert(
             "application/x-ndjson".into(),

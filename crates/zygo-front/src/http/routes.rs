@@ -5,7 +5,9 @@
 //! source by tests: a route missing from the document, a documented route that is gone, or
 //! a route answered without a token but not marked so fails the suite.
 
-use super::handlers::{blobs, functions, misc, pools, run, scripts, secrets, tenants, tokens};
+use super::handlers::{
+    blobs, functions, metrics, misc, pools, run, scripts, secrets, tenants, tokens,
+};
 use super::{Call, Front, HttpError, Out};
 
 /// Who may call a route (the supervisor decides; this records it).
@@ -90,10 +92,11 @@ pub static ROUTES: &[Route] = &[
     route!("GET",    "/tokens",                  Op,         true,  tokens::list),
     route!("DELETE", "/tokens/{id}",             Op,         true,  tokens::revoke),
     route!("POST",   "/drain",                   Op,         true,  misc::drain),
+    route!("GET",    "/metrics",                 Any,        false, metrics::metrics),
 ];
 
 /// Path prefixes of what the next version serves; until then 404 saying so.
-pub static NOT_YET: &[(&str, &str)] = &[("/deps", "dependency sets"), ("/metrics", "/metrics")];
+pub static NOT_YET: &[(&str, &str)] = &[("/deps", "dependency sets")];
 
 /// What a path and method found.
 pub enum Found {
@@ -250,7 +253,7 @@ mod tests {
         );
         assert!(matches!(find("GET", "/fn/x"), Found::WrongMethod(_)));
         assert!(
-            matches!(find("GET", "/metrics"), Found::NotFound(m) if m.contains("not in this version"))
+            matches!(find("GET", "/deps"), Found::NotFound(m) if m.contains("not in this version"))
         );
         assert!(
             matches!(find("PUT", "/tenants/a/secrets/K"), Found::Route(r, p) if r.path == "/tenants/{id}/secrets/{name}" && p == ["a", "K"])
@@ -259,6 +262,7 @@ mod tests {
             find("POST", "/tenants/a/secrets"),
             Found::WrongMethod(_)
         ));
+        assert!(matches!(find("GET", "/metrics"), Found::Route(r, _) if r.path == "/metrics"));
         assert!(
             matches!(find("POST", "/fn/x/batch"), Found::Route(r, _) if r.path == "/fn/{name}/batch")
         );

@@ -158,11 +158,18 @@ impl V1 {
             let p = mem.join(file);
             std::fs::write(&p, &value).map_err(|e| io_err(&format!("write {value:?} to"), &p, e))
         };
-        write("memory.limit_in_bytes")?;
-        if self.memsw {
-            write("memory.memsw.limit_in_bytes")?;
+        // The kernel keeps memory ≤ memory+swap: raising both, memory+swap goes first.
+        match write("memory.limit_in_bytes") {
+            Ok(()) if self.memsw => write("memory.memsw.limit_in_bytes"),
+            Ok(()) => Ok(()),
+            Err(CgroupError::Io { source, .. })
+                if self.memsw && source.raw_os_error() == Some(libc::EINVAL) =>
+            {
+                write("memory.memsw.limit_in_bytes")?;
+                write("memory.limit_in_bytes")
+            }
+            Err(e) => Err(e),
         }
-        Ok(())
     }
 
     pub fn create(&self, name: &str) -> Result<V1Cgroup, CgroupError> {
@@ -531,11 +538,21 @@ impl Cgroup for V1Cgroup {
         match l.mem_bytes {
             Some(b) => {
                 let b = b.to_string();
-                self.write_in(MEMORY, "memory.limit_in_bytes", &b)?;
                 // With swap accounting, memory+swap gets the same cap, so the limit cannot
-                // be dodged by swapping.
-                if self.memsw {
-                    self.write_in(MEMORY, "memory.memsw.limit_in_bytes", &b)?;
+                // be dodged by swapping. The kernel keeps memory ≤ memory+swap: when the
+                // limit rises past the old memory+swap one, memory+swap goes first.
+                match self.write_in(MEMORY, "memory.limit_in_bytes", &b) {
+                    Ok(()) if self.memsw => {
+                        self.write_in(MEMORY, "memory.memsw.limit_in_bytes", &b)?
+                    }
+                    Ok(()) => {}
+                    Err(CgroupError::Io { source, .. })
+                        if self.memsw && source.raw_os_error() == Some(libc::EINVAL) =>
+                    {
+                        self.write_in(MEMORY, "memory.memsw.limit_in_bytes", &b)?;
+                        self.write_in(MEMORY, "memory.limit_in_bytes", &b)?;
+                    }
+                    Err(e) => return Err(e),
                 }
                 // v1 charges socket buffers to a cgroup only once this is set: without it a
                 // sandbox could park unbounded memory in TCP buffers. They are counted apart
@@ -551,7 +568,13 @@ impl Cgroup for V1Cgroup {
                     other => other?,
                 }
             }
-            None => self.write_in(MEMORY, "memory.limit_in_bytes", "-1")?,
+            None => {
+                // Unlimited: memory+swap is lifted first, so memory may follow it.
+                if self.memsw {
+                    self.write_in(MEMORY, "memory.memsw.limit_in_bytes", "-1")?;
+                }
+                self.write_in(MEMORY, "memory.limit_in_bytes", "-1")?
+            }
         }
         // Best effort: not every kernel lets a child cgroup set swappiness.
         let _ = self.write_in(MEMORY, "memory.swappiness", "0");

@@ -114,6 +114,8 @@ enum Kind {
     PutSecret,
     DeleteSecret,
     ListSecrets,
+    Metrics,
+    RecordUsage,
     PutBlob,
     DeleteBlob,
 }
@@ -149,6 +151,8 @@ fn kind(r: &Request) -> Kind {
         Request::PutSecret { .. } => Kind::PutSecret,
         Request::DeleteSecret { .. } => Kind::DeleteSecret,
         Request::ListSecrets { .. } => Kind::ListSecrets,
+        Request::Metrics => Kind::Metrics,
+        Request::RecordUsage(_) => Kind::RecordUsage,
         Request::PutBlob { .. } => Kind::PutBlob,
         Request::DeleteBlob { .. } => Kind::DeleteBlob,
     }
@@ -177,7 +181,7 @@ const DISPATCH_CLI: &[Kind] = &[
     Kind::DeleteSecret,
     Kind::ListSecrets,
 ];
-const DISPATCH_MCP: &[Kind] = &[Kind::List, Kind::Exec, Kind::Logs];
+const DISPATCH_MCP: &[Kind] = &[Kind::List, Kind::Exec, Kind::Logs, Kind::RecordUsage];
 /// The API front sends every request inside an envelope saying who sent it.
 const DISPATCH_API: &[Kind] = &[Kind::Api];
 /// What an API envelope may carry (never another envelope). Who may ask for each is the
@@ -211,6 +215,7 @@ const DISPATCH_API_INNER: &[Kind] = &[
     Kind::PutSecret,
     Kind::DeleteSecret,
     Kind::ListSecrets,
+    Kind::Metrics,
 ];
 
 /// The gate's row for an inner API request (`None`: the API may not ask for it).
@@ -245,7 +250,8 @@ fn gate_route(k: Kind) -> Option<policy::gate::Route> {
         Kind::PutSecret => Route::PutSecret,
         Kind::DeleteSecret => Route::DeleteSecret,
         Kind::ListSecrets => Route::ListSecrets,
-        Kind::ServeAll | Kind::Serve | Kind::Api => return None,
+        Kind::Metrics => Route::Metrics,
+        Kind::ServeAll | Kind::Serve | Kind::Api | Kind::RecordUsage => return None,
     })
 }
 

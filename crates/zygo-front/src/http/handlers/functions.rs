@@ -256,6 +256,7 @@ fn exec_stream(front: &Front, call: &mut Call, req: ExecRequest) -> Out {
         }
         Err(e) => json!({"status": e.status, "error": e.message, "code": e.code}),
     };
+    crate::http::metrics::count(last["status"].as_u64().unwrap_or(200) as u16);
     line(&mut w, &last, &mut gone);
     if chunked && !gone {
         let _ = w.write_all(b"0\r\n\r\n").and_then(|()| w.flush());

@@ -3,6 +3,7 @@
 
 pub mod blobs;
 pub mod functions;
+pub mod metrics;
 pub mod misc;
 pub mod pools;
 pub mod run;
@@ -51,7 +52,12 @@ pub fn ask_until(
             message,
             retry_after,
         }) => Err(HttpError::from_code(code, message, retry_after)),
-        Ok(reply) => Ok(reply),
+        Ok(reply) => {
+            if let Reply::Answer(a) = &reply {
+                crate::delivery::usage(&a.usage);
+            }
+            Ok(reply)
+        }
         Err(ChanError::Timeout) => Err(HttpError::unavailable(
             "the supervisor did not answer in time",
         )),
@@ -267,6 +273,7 @@ mod tests {
             metrics: Metrics::default(),
             workspace_out: None,
             workspace_out_truncated: false,
+            usage: None,
         };
         let (st, v) = exec_answer(&base);
         assert_eq!((st, v["result"]["a"].as_i64()), (200, Some(1)));

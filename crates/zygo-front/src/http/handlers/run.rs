@@ -76,7 +76,9 @@ pub fn run(front: &Front, call: &mut Call) -> Out {
         .into();
     };
     match lease.call(&req, call.deadline, |_| {}) {
-        Ok(Reply::RunAnswer(a)) => ok(json!({
+        Ok(Reply::RunAnswer(a)) => ok({
+            crate::delivery::usage(&a.usage);
+            json!({
             "request_id": a.request_id,
             "exit_code": a.exit_code,
             "signal": a.signal,
@@ -92,7 +94,8 @@ pub fn run(front: &Front, call: &mut Call) -> Out {
             "started": a.started,
             "phase": a.phase,
             "error": a.error,
-        })),
+            })
+        }),
         Ok(Reply::Error {
             code,
             message,

@@ -1078,11 +1078,12 @@ impl Functions {
         let v = decide(ending, c.timeout, stuck_after(), &mem);
         let wall = c.started.map_or(Duration::ZERO, |s| s.elapsed());
         let metrics = metrics(wall, usage);
+        let usage = self.record(id, &c, v.outcome, v.error.clone(), wall, metrics);
         let answer = ExecAnswer {
             request_id: id.to_string(),
             outcome: v.outcome,
             result: v.result,
-            error: v.error.clone(),
+            error: v.error,
             traceback: v.traceback,
             started: c.started.is_some(),
             oom_killed: v.oom_killed,
@@ -1091,6 +1092,7 @@ impl Functions {
             stderr: c.stderr.text.clone(),
             stderr_truncated: c.stderr.truncated,
             metrics,
+            usage: Some(Box::new(usage)),
             // The directory as the handler left it goes only with the handler's own answer
             // (not past a timeout or a cancel, which stand over it).
             workspace_out: if c.forced.is_none() {
@@ -1101,7 +1103,6 @@ impl Functions {
             workspace_out_truncated: c.workspace_out_truncated,
         };
         self.outbox.push((c.client, Reply::Answer(answer), true));
-        self.record(id, &c, v.outcome, v.error, wall, metrics);
     }
 }
 

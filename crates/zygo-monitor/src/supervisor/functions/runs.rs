@@ -35,7 +35,7 @@ use std::time::{Duration, Instant};
 
 use mio::unix::SourceFd;
 use mio::{Interest, Token};
-use proto::api::{RunAnswer, TenantLimits};
+use proto::api::{RunAnswer, TenantLimits, UsageRecord};
 use proto::front::{ErrorCode, Outcome, Reply};
 use proto::launch::{FromLauncher, Image, Phase, ToLauncher, MAX_LAUNCH_FRAME};
 use proto::readbuf::read_append;
@@ -296,6 +296,7 @@ fn refused_answer(id: &str, phase: Phase, error: String) -> RunAnswer {
         stdout_truncated: false,
         stderr: String::new(),
         stderr_truncated: false,
+        usage: None,
     }
 }
 
@@ -365,8 +366,8 @@ impl Functions {
             }
             Err((phase, why)) => {
                 log::info!("run {id} did not start ({}): {why}", phase.as_str());
-                let answer = refused_answer(&id, phase, why);
-                self.record_run(&answer, tenant, Duration::ZERO);
+                let mut answer = refused_answer(&id, phase, why);
+                answer.usage = Some(Box::new(self.record_run(&answer, tenant, Duration::ZERO)));
                 Some(Reply::RunAnswer(answer))
             }
         }
@@ -741,6 +742,7 @@ impl Functions {
             stdout_truncated: run.stdout.truncated,
             stderr: run.stderr.text(),
             stderr_truncated: run.stderr.truncated,
+            usage: None,
         };
         log::debug!(
             "run {id} answered: started {}, exit {:?}, timed out {}, oom {}, error {:?}",
@@ -750,30 +752,32 @@ impl Functions {
             answer.oom_killed,
             answer.error
         );
-        self.record_run(
+        let mut answer = answer;
+        answer.usage = Some(Box::new(self.record_run(
             &answer,
             run.tenant.as_deref(),
             Duration::from_micros(answer.wall_us),
-        );
+        )));
         self.outbox
             .push((run.client, Reply::RunAnswer(answer), true));
     }
 
     /// A finished run's usage record (written by [`Functions::write_usage`], after the
     /// answer has gone out).
-    fn record_run(&mut self, a: &RunAnswer, tenant: Option<&str>, wall: Duration) {
-        let line = serde_json::json!({
-            "tenant": tenant.unwrap_or("_host"),
-            "function": USAGE_NAME,
-            "script": null,
-            "request_id": a.request_id,
-            "wall_ms": wall.as_millis() as u64,
-            "cpu_ms": a.cpu_ms,
-            "peak_rss_kb": a.peak_rss_kb,
-            "outcome": outcome(a).as_str(),
-            "finished_ms": now_ms(),
-        });
-        self.usage.push(line.to_string());
+    fn record_run(&mut self, a: &RunAnswer, tenant: Option<&str>, wall: Duration) -> UsageRecord {
+        let rec = UsageRecord {
+            tenant: tenant.unwrap_or(UsageRecord::HOST).to_string(),
+            function: USAGE_NAME.to_string(),
+            script: None,
+            request_id: a.request_id.clone(),
+            wall_ms: wall.as_millis() as u64,
+            cpu_ms: a.cpu_ms,
+            peak_rss_kb: a.peak_rss_kb,
+            outcome: outcome(a).as_str().to_string(),
+            finished_ms: now_ms(),
+        };
+        self.usage.push(rec.json_line());
+        rec
     }
 }
 

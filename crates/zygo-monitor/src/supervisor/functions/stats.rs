@@ -6,8 +6,11 @@ use std::collections::VecDeque;
 use std::time::Duration;
 
 use proto::front::{
-    ErrorCode, FunctionInfo, FunctionStats, LogEntry, Metrics, Outcome, Reply, ZygoteCounts,
+    ErrorCode, FunctionInfo, FunctionMetrics, FunctionStats, LogEntry, Metrics, Outcome, Reply,
+    ZygoteCounts,
 };
+
+use proto::api::{UsageRecord, MCP_RUN_CODE};
 
 use super::registry::{is_pool, FnState};
 use super::requests::InFlight;
@@ -56,7 +59,7 @@ impl Functions {
         error: Option<String>,
         wall: Duration,
         metrics: Metrics,
-    ) {
+    ) -> UsageRecord {
         let finished_ms = now_ms();
         if let Some(f) = self.fns.get_mut(&c.func) {
             let entry = LogEntry {
@@ -81,18 +84,48 @@ impl Functions {
                 );
             }
         }
-        let line = serde_json::json!({
-            "tenant": c.tenant.as_deref().unwrap_or("_host"),
-            "function": c.func,
-            "script": c.script_digest,
-            "request_id": id,
-            "wall_ms": metrics.wall_ms,
-            "cpu_ms": metrics.cpu_ms,
-            "peak_rss_kb": metrics.peak_rss_kb,
-            "outcome": outcome.as_str(),
-            "finished_ms": finished_ms,
-        });
-        self.usage.push(line.to_string());
+        let rec = UsageRecord {
+            tenant: c.tenant.as_deref().unwrap_or(UsageRecord::HOST).to_string(),
+            function: c.func.clone(),
+            script: c.script_digest.clone(),
+            request_id: id.to_string(),
+            wall_ms: metrics.wall_ms,
+            cpu_ms: metrics.cpu_ms,
+            peak_rss_kb: metrics.peak_rss_kb,
+            outcome: outcome.as_str().to_string(),
+            finished_ms,
+        };
+        self.usage.push(rec.json_line());
+        rec
+    }
+
+    /// A request that ran outside the supervisor (`zygo mcp`'s `run_code`): its record,
+    /// checked for shape, goes in the usage log like any other. Only the host's own
+    /// callers may send one (the dispatch table lets only the MCP role ask).
+    pub(super) fn record_outside(&mut self, rec: UsageRecord, who: &Acting) -> Reply {
+        if who.api() {
+            return fail(ErrorCode::Forbidden, "only the host records usage");
+        }
+        let printable = |s: &str, max: usize| {
+            !s.is_empty() && s.len() <= max && s.bytes().all(|b| b.is_ascii_graphic())
+        };
+        let outcome_ok =
+            ["ok", "error", "timeout", "cancelled", "stuck"].contains(&rec.outcome.as_str());
+        if rec.function != MCP_RUN_CODE
+            || rec.tenant != UsageRecord::HOST
+            || rec.script.is_some()
+            || !printable(&rec.request_id, 64)
+            || !outcome_ok
+        {
+            return fail(
+                ErrorCode::BadRequest,
+                format!(
+                    "a usage record from outside is the host's {MCP_RUN_CODE} with a printable request id of at most 64 bytes and one of the five outcomes"
+                ),
+            );
+        }
+        self.usage.push(rec.json_line());
+        Reply::UsageRecorded
     }
 
     /// Append the usage lines of the requests answered since the last call to the usage
@@ -192,6 +225,42 @@ impl Functions {
             })
             .collect();
         Reply::Stats(out)
+    }
+
+    /// `GET /metrics`: a tenant (or an operator acting for one) sees what `list` shows it,
+    /// counted from its own calls only, as `stats` does; the host's operator sees every
+    /// function on the host, a tenant's by its internal name (`tenant/name`).
+    pub(super) fn metrics(&self, who: &Acting) -> Vec<FunctionMetrics> {
+        self.fns
+            .iter()
+            .filter_map(|(k, f)| {
+                let shown = match &who.tenant {
+                    None => k.clone(),
+                    Some(_) => self.shown(who, k)?,
+                };
+                Some((shown, f))
+            })
+            .map(|(shown, f)| {
+                let empty = Stats::default();
+                let st = match (&who.tenant, who.api()) {
+                    (Some(t), true) => f.tenant_stats.get(t).unwrap_or(&empty),
+                    _ => &f.stats,
+                };
+                let state = match &f.state {
+                    FnState::Starting => "starting",
+                    FnState::Serving => "serving",
+                    FnState::Failed(_) => "failed",
+                };
+                FunctionMetrics {
+                    name: shown,
+                    kind: if is_pool(&f.spec) { "pool" } else { "function" }.into(),
+                    requests: st.requests,
+                    failures: st.requests - st.by_outcome[Outcome::Ok as usize],
+                    rss_bytes: st.peak_rss_kb.saturating_mul(1024),
+                    state: state.into(),
+                }
+            })
+            .collect()
     }
 
     /// `logs`: the last `n` (1 to [`LOG_KEEP`]) finished calls of a function that are the
