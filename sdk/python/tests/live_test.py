@@ -44,7 +44,8 @@ class LiveTest(unittest.TestCase):
         self.assertIn("hello from echo", r.stdout)
         self.assertTrue(r.request_id)
         self.assertTrue(r.started)
-        self.assertGreater(r.metrics.wall_ms, 0)
+        # Whole milliseconds: a fast call on a quiet host is 0.
+        self.assertGreaterEqual(r.metrics.wall_ms, 0)
         self.assertEqual(self.c.fn("echo")([1, 2]).result, [1, 2])
 
         items = list(self.c.stream("echo", {"progress": True}))
