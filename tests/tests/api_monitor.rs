@@ -346,7 +346,8 @@ fn every_gate_row_for_every_caller() {
                 name: echo.clone(),
                 n: 1,
             },
-            [true; 4],
+            // A host function's warmth is the operator's setting.
+            [true, true, true, false],
         ),
         (
             Request::PutScript {

@@ -26,10 +26,13 @@ impl Functions {
     /// `PUT /blobs`: store the bytes, owned by the acting tenant (if any).
     pub(super) fn put_blob(&mut self, bytes: &[u8], who: &Acting) -> Reply {
         match self.blobs.put(bytes, &blob_in_flight(&self.calls)) {
-            Ok((digest, existed)) => {
+            Ok((digest, in_store)) => {
+                // Whether this caller held these bytes already: that somebody else did is
+                // another tenant's fact.
+                let existed = in_store && self.api.blob_visible(&digest, who.tenant.as_deref());
                 if let Err(r) = self
                     .api
-                    .blob_registered(&digest, who.tenant.as_deref(), existed)
+                    .blob_registered(&digest, who.tenant.as_deref(), in_store)
                 {
                     return r.into();
                 }

@@ -332,10 +332,13 @@ impl Functions {
     fn put_script(&mut self, source: &[u8], who: &Acting) -> Reply {
         let stored = self.scripts.put(source, &script_in_flight(&self.calls));
         match stored {
-            Ok((digest, existed)) => {
+            Ok((digest, in_store)) => {
+                // Whether this caller held these bytes already: that somebody else did is
+                // another tenant's fact.
+                let existed = in_store && self.api.script_visible(&digest, who.tenant.as_deref());
                 if let Err(r) = self
                     .api
-                    .script_registered(&digest, who.tenant.as_deref(), existed)
+                    .script_registered(&digest, who.tenant.as_deref(), in_store)
                 {
                     return r.into();
                 }

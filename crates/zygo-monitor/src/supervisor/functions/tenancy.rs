@@ -156,6 +156,18 @@ impl Functions {
             Ok(k) => k,
             Err(r) => return r.into(),
         };
+        // How warm a host function is kept is the operator's setting, shared by every
+        // tenant: acting as a tenant, only its own functions.
+        if let Some(t) = &who.tenant {
+            if !key.starts_with(&format!("{t}/")) {
+                return fail(
+                    ErrorCode::Forbidden,
+                    format!(
+                        "{name} is the host's: a tenant token is for calling it, and how many                          of its sandboxes are kept warm is the operator's to set"
+                    ),
+                );
+            }
+        }
         match self.warm(&key, n, cx) {
             Reply::Warmed { ready, .. } => Reply::Warmed {
                 name: name.to_string(),
