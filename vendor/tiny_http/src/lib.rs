@@ -387,12 +387,6 @@ impl Server {
         self.listening_addr.clone()
     }
 
-    /// Returns the number of clients currently connected to the server.
-    pub fn num_connections(&self) -> usize {
-        unimplemented!()
-        //self.requests_receiver.lock().len()
-    }
-
     /// Blocks until an HTTP request has been submitted and returns it.
     pub fn recv(&self) -> IoResult<Request> {
         match self.messages.pop() {
