@@ -897,3 +897,123 @@ fn the_shell_wins_over_the_store() {
     assert_nowhere(&s, &[&shell, &stored, &other], &[]);
     s.shutdown();
 }
+
+/// A pseudo-terminal pair: (master, the slave's path).
+fn open_pty() -> (fs::File, String) {
+    use std::os::fd::FromRawFd;
+    // SAFETY: posix_openpt returns a new descriptor or -1.
+    let fd = unsafe { libc::posix_openpt(libc::O_RDWR | libc::O_NOCTTY | libc::O_CLOEXEC) };
+    assert!(fd >= 0, "posix_openpt: {}", std::io::Error::last_os_error());
+    // SAFETY: the descriptor was just returned to us and is owned by this File from here.
+    let master = unsafe { fs::File::from_raw_fd(fd) };
+    let mut name = [0 as libc::c_char; 128];
+    // SAFETY: grantpt/unlockpt on our master; ptsname_r into a buffer of the given size.
+    unsafe {
+        assert_eq!(libc::grantpt(fd), 0, "grantpt");
+        assert_eq!(libc::unlockpt(fd), 0, "unlockpt");
+        assert_eq!(
+            libc::ptsname_r(fd, name.as_mut_ptr(), name.len()),
+            0,
+            "ptsname_r"
+        );
+    }
+    // SAFETY: ptsname_r wrote a NUL-terminated string into `name`.
+    let path = unsafe { std::ffi::CStr::from_ptr(name.as_ptr()) }
+        .to_string_lossy()
+        .into_owned();
+    (master, path)
+}
+
+/// Whether the terminal behind `f` echoes what is typed.
+fn echoes(f: &fs::File) -> bool {
+    use std::os::fd::AsRawFd;
+    // SAFETY: termios is plain old data; tcgetattr fills it for a terminal descriptor.
+    let mut t: libc::termios = unsafe { std::mem::zeroed() };
+    // SAFETY: as above, on a descriptor we own.
+    assert_eq!(
+        unsafe { libc::tcgetattr(f.as_raw_fd(), &mut t) },
+        0,
+        "tcgetattr"
+    );
+    t.c_lflag & libc::ECHO != 0
+}
+
+/// `zygo secrets set` at a terminal: it prompts on the terminal, turns echo off while the
+/// value is typed (what is typed never comes back on the terminal), puts the terminal's
+/// settings back afterwards, and stores the value it read.
+#[test]
+fn a_value_typed_at_a_terminal_is_not_echoed() {
+    use std::io::Read;
+    let Some(mut s) = SUITE.root("tty") else {
+        return;
+    };
+    let key = keygen(&s);
+    start(&mut s, Some(&key));
+    let mut api = Api::open(&s, FrontFlags::default());
+    let t = tenant_id("tty");
+    create_tenant(&mut api, &t);
+    drop(api);
+    let (mut master, slave_path) = open_pty();
+    let slave = fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(&slave_path)
+        .expect("open the terminal's slave");
+    assert!(echoes(&slave), "a new terminal echoes");
+    let mut c = s.cmd(&["secrets", "set", &t, "TYPED_KEY"]);
+    c.stdin(slave.try_clone().expect("dup"))
+        .stdout(slave.try_clone().expect("dup"))
+        .stderr(slave.try_clone().expect("dup"));
+    let mut child = c.spawn().expect("spawn zygo secrets set");
+    // Everything the terminal shows, read on a thread (the master must be read for the
+    // child's writes to go through).
+    let mut reader = master.try_clone().expect("dup the master");
+    let shown = std::thread::spawn(move || {
+        let mut all = Vec::new();
+        let mut buf = [0u8; 4096];
+        // Reading the master ends with EIO once every slave descriptor is closed.
+        while let Ok(n) = reader.read(&mut buf) {
+            if n == 0 {
+                break;
+            }
+            all.extend_from_slice(&buf[..n]);
+            if contains(&all, b"stored") || contains(&all, b"replaced") {
+                break;
+            }
+        }
+        all
+    });
+    // Type once echo is off (the prompt is written after it is turned off).
+    let t0 = std::time::Instant::now();
+    while echoes(&slave) {
+        assert!(
+            t0.elapsed() < slow(Duration::from_secs(20)),
+            "echo was never turned off"
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let value = format!("typed-{}", unique());
+    master
+        .write_all(format!("{value}\n").as_bytes())
+        .expect("type the value");
+    let status = child.wait().expect("wait for zygo secrets set");
+    assert!(status.success(), "zygo secrets set: {status}");
+    assert!(echoes(&slave), "the terminal's echo was not put back");
+    // Let the reader see the end: close every slave descriptor (the command holds
+    // copies), then collect.
+    drop(c);
+    drop(slave);
+    let shown = shown.join().expect("the reader");
+    let shown_text = String::from_utf8_lossy(&shown).into_owned();
+    assert!(
+        shown_text.contains("value of TYPED_KEY (not echoed)"),
+        "no prompt on the terminal: {shown_text:?}"
+    );
+    assert!(
+        !shown_text.contains(&value),
+        "the value was echoed: {shown_text:?}"
+    );
+    assert_eq!(ls(&s, &t), ["TYPED_KEY"]);
+    assert_nowhere(&s, &[&value], &[shown_text]);
+    s.shutdown();
+}

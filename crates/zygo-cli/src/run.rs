@@ -7,7 +7,7 @@ use std::path::Path;
 use policy::limits::Mem;
 use policy::plan::OneShotArgs;
 use proto::launch::Phase;
-use zygo_monitor::cgroup::Backend;
+use zygo_monitor::cgroup::{self, Backend};
 use zygo_monitor::oneshot::{self, Outcome, Output, Request, Stdin};
 
 use crate::flags::{self, text};
@@ -125,15 +125,32 @@ pub fn main(raw: Vec<OsString>) -> i32 {
         launcher,
         cancel: None,
     };
-    // Zygo enters its cgroup tree before it starts any process: on cgroup v2 it may have to
-    // move itself into a leaf first, which only works while it is alone.
-    let backend = match Backend::detect() {
-        Ok(b) => b,
-        Err(e) => return refuse(Phase::Plan, e.to_string()),
+    // Where cgroup v2 may hold Zygo's tree, Zygo enters it before it starts any process: it
+    // may have to move itself into a leaf first, which only works while it is alone. A v1
+    // tree needs no move, so there the launcher starts up and creates the sandbox's
+    // namespaces while this process finds its hierarchies.
+    let early = if cgroup::v2_possible() {
+        match Backend::detect() {
+            Ok(b) => Some(b),
+            Err(e) => return refuse(Phase::Plan, e.to_string()),
+        }
+    } else {
+        None
     };
     let started = match oneshot::start(req) {
         Ok(s) => s,
         Err(out) => return report(&out, opts.json, &mem_text, &timeout_text),
+    };
+    let backend = match early.map_or_else(Backend::detect, Ok) {
+        Ok(b) => b,
+        Err(e) => {
+            let out = started.abandon(Outcome {
+                phase: Some(Phase::Plan),
+                error: Some(e.to_string()),
+                ..Outcome::default()
+            });
+            return report(&out, opts.json, &mem_text, &timeout_text);
+        }
     };
     // Cgroups left by killed monitors are swept while the program runs.
     let out = started.finish(&backend, || backend.sweep_stale_runs());
