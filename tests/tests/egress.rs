@@ -667,7 +667,130 @@ done(down_bytes=got, down_ok=h.hexdigest() == want.hexdigest(),
     assert_eq!(r["up_ok"], true, "[{}] {r}", who.name());
 }
 
+/// `POST /run` with `network: "egress"` (what `zygo api` sends as `Request::Run`): the run
+/// reaches what its `allow` names and nothing else; the test host's private address is
+/// refused unless the API was started with `--allow-deploy --allow-private-net`; a tenant
+/// held to `network = "none"` may not ask for egress at all.
+fn a_run_over_the_api_reaches_its_allowed_host(who: Who) {
+    use proto::api::{FrontFlags, RunAnswer};
+    use proto::front::{ErrorCode, Reply, Request};
+    use zygo_tests::api::ApiConn;
+    if !root_only() {
+        return;
+    }
+    const BOOT: &str = "bootstrap-token-of-the-egress-tests";
+    let h = TestHost::new();
+    let mut s = SUITE.sup(who, "run");
+    s.env("ZYGO_API_TOKEN", BOOT);
+    let mut c = s.cmd(&["up"]);
+    c.current_dir(&s.dir.path);
+    let f = finish(c);
+    assert_eq!(
+        f.code,
+        0,
+        "[{}] zygo up: {}\n{}",
+        who.name(),
+        f.stderr_text(),
+        s.log()
+    );
+    s.find_supervisor();
+    let code = format!(
+        "import socket\n\
+         def tcp(port):\n\
+         \x20   s = socket.socket(); s.settimeout(3)\n\
+         \x20   try:\n\
+         \x20       s.connect(({host:?}, port)); s.sendall(b'run'); return s.recv(100).decode()\n\
+         \x20   except OSError as e:\n\
+         \x20       return type(e).__name__\n\
+         print(tcp({ALLOWED}), tcp({OTHER}))\n",
+        host = h.host
+    );
+    let spec = serde_json::json!({
+        "cmd": ["python3", "-c", code],
+        "network": "egress",
+        "allow": [format!("{}:{ALLOWED}", h.host)],
+        "timeout": "30s",
+    })
+    .to_string();
+    let run = |flags: FrontFlags, tenant: Option<&str>| {
+        ApiConn::open(&s, flags).ask(BOOT, tenant, Request::Run { spec: spec.clone() })
+    };
+    let deploy = FrontFlags {
+        allow_deploy: true,
+        ..FrontFlags::default()
+    };
+    // Without --allow-private-net the test host's address may not be named.
+    match run(deploy.clone(), None) {
+        Reply::Error {
+            code: ErrorCode::BadSpec,
+            message,
+            ..
+        } => assert!(message.contains("--allow-private-net"), "{message}"),
+        other => panic!("[{}] expected bad_spec, got {other:?}", who.name()),
+    }
+    let private = FrontFlags {
+        allow_private_net: true,
+        ..deploy
+    };
+    match run(private.clone(), None) {
+        Reply::RunAnswer(RunAnswer {
+            exit_code,
+            stdout,
+            stderr,
+            ..
+        }) => {
+            assert_eq!(
+                exit_code,
+                Some(0),
+                "[{}] {stdout} {stderr}\n{}",
+                who.name(),
+                s.log()
+            );
+            assert_eq!(
+                stdout.trim(),
+                "8080:run ConnectionRefusedError",
+                "[{}] {stderr}",
+                who.name()
+            );
+        }
+        other => panic!(
+            "[{}] expected a run's answer, got {other:?}\n{}",
+            who.name(),
+            s.log()
+        ),
+    }
+    // A tenant held to no network: refused before anything starts.
+    let mut api = ApiConn::open(&s, private.clone());
+    let t = format!("eg{}", unique());
+    assert!(matches!(
+        api.ask(BOOT, None, Request::CreateTenant { id: t.clone() }),
+        Reply::Tenant { .. }
+    ));
+    let limits = Request::SetLimits {
+        id: t.clone(),
+        limits: r#"{"network": "none"}"#.into(),
+    };
+    let r = api.ask(BOOT, None, limits);
+    assert!(matches!(r, Reply::Tenant { .. }), "patch limits: {r:?}");
+    match run(private, Some(&t)) {
+        Reply::Error {
+            code: ErrorCode::BadSpec,
+            message,
+            ..
+        } => assert!(message.contains("allow no network"), "{message}"),
+        other => panic!("[{}] expected bad_spec, got {other:?}", who.name()),
+    }
+    let events = h.events();
+    assert_eq!(
+        events.iter().filter(|e| e.as_str() == "tcp 8080").count(),
+        1,
+        "one connection reached the test host: {events:?}"
+    );
+    s.shutdown();
+}
+
 root_and_rootless!(
+    a_run_over_the_api_reaches_its_allowed_host,
     large_transfers_arrive_intact,
     allowed_connects_and_the_rest_is_refused,
     name_rules_are_exact_by_name,

@@ -241,6 +241,7 @@ fn b_run() -> Value {
             "image": {"type": "string"}, "mem": {"type": ["string", "integer"]}, "cpu": {"type": "number"},
             "pids": {"type": "integer"}, "timeout": {"type": ["string", "integer"]}, "scratch": {"type": ["string", "integer"]},
             "network": {"type": "string", "enum": ["none", "egress"]},
+            "allow": {"type": "array", "maxItems": 64, "items": {"type": "string"}},
             "env": {"type": "object", "additionalProperties": {"type": "string"}}, "stdin": {"type": "string"}
         }),
         &["cmd"],

@@ -291,6 +291,7 @@ impl Functions {
                 &spec,
                 who.tenant.as_deref(),
                 who.tenant.as_ref().map(|_| &who.limits),
+                who.private_net(),
                 cx,
             ),
             Request::ScriptInfo { digest } => Some(self.script_info(&digest, who)),
