@@ -720,7 +720,7 @@ fn a_run_over_the_api_reaches_its_allowed_host(who: Who) {
         ..FrontFlags::default()
     };
     // Without --allow-private-net the test host's address may not be named.
-    match run(deploy.clone(), None) {
+    match run(deploy, None) {
         Reply::Error {
             code: ErrorCode::BadSpec,
             message,
@@ -732,7 +732,7 @@ fn a_run_over_the_api_reaches_its_allowed_host(who: Who) {
         allow_private_net: true,
         ..deploy
     };
-    match run(private.clone(), None) {
+    match run(private, None) {
         Reply::RunAnswer(RunAnswer {
             exit_code,
             stdout,
@@ -760,7 +760,7 @@ fn a_run_over_the_api_reaches_its_allowed_host(who: Who) {
         ),
     }
     // A tenant held to no network: refused before anything starts.
-    let mut api = ApiConn::open(&s, private.clone());
+    let mut api = ApiConn::open(&s, private);
     let t = format!("eg{}", unique());
     assert!(matches!(
         api.ask(BOOT, None, Request::CreateTenant { id: t.clone() }),
