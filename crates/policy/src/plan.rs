@@ -456,6 +456,7 @@ mod tests {
             net: Some("none".into()),
             allow: Vec::new(),
             inotify: true,
+            refuse_private: false,
             image: Some("dir:/srv/rootfs".into()),
             mounts: vec![
                 "/data:/data".into(),
