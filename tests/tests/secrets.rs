@@ -929,12 +929,9 @@ fn echoes(f: &fs::File) -> bool {
     use std::os::fd::AsRawFd;
     // SAFETY: termios is plain old data; tcgetattr fills it for a terminal descriptor.
     let mut t: libc::termios = unsafe { std::mem::zeroed() };
-    // SAFETY: as above, on a descriptor we own.
-    assert_eq!(
-        unsafe { libc::tcgetattr(f.as_raw_fd(), &mut t) },
-        0,
-        "tcgetattr"
-    );
+    // SAFETY: tcgetattr on a descriptor we own, into a termios we own.
+    let r = unsafe { libc::tcgetattr(f.as_raw_fd(), &mut t) };
+    assert_eq!(r, 0, "tcgetattr");
     t.c_lflag & libc::ECHO != 0
 }
 
