@@ -4,6 +4,7 @@
 
 use std::io::Write;
 use std::os::unix::net::UnixStream;
+use std::path::Path;
 use std::time::Duration;
 
 use proto::api::{Credentials, FrontFlags};
@@ -19,21 +20,24 @@ pub struct ApiConn {
 impl ApiConn {
     /// Say hello as the API role with these flags (`--allow-deploy` and the rest).
     pub fn open(sup: &Sup, flags: FrontFlags) -> ApiConn {
-        let mut c = UnixStream::connect(sup.socket()).expect("connect to the supervisor");
+        ApiConn::connect(&sup.socket(), flags).unwrap_or_else(|e| panic!("{e}\n{}", sup.log()))
+    }
+
+    /// The same, given only the supervisor's socket (from another thread, say).
+    pub fn connect(socket: &Path, flags: FrontFlags) -> Result<ApiConn, String> {
+        let mut c = UnixStream::connect(socket).map_err(|e| format!("connect: {e}"))?;
         c.set_read_timeout(Some(Duration::from_secs(120)))
-            .expect("read timeout");
-        c.write_all(
-            &encode_frame(&Hello {
-                protocol: FRONT_PROTOCOL,
-                role: Role::Api,
-                flags,
-            })
-            .expect("encode a hello"),
-        )
-        .expect("say hello");
+            .map_err(|e| format!("read timeout: {e}"))?;
+        let hello = encode_frame(&Hello {
+            protocol: FRONT_PROTOCOL,
+            role: Role::Api,
+            flags,
+        })
+        .map_err(|e| format!("encode a hello: {e}"))?;
+        c.write_all(&hello).map_err(|e| format!("say hello: {e}"))?;
         match read_frame::<_, HelloReply>(&mut c, MAX_FRONT_FRAME) {
-            Ok(HelloReply::Welcome { .. }) => ApiConn { s: c },
-            other => panic!("expected a welcome, got {other:?}\n{}", sup.log()),
+            Ok(HelloReply::Welcome { .. }) => Ok(ApiConn { s: c }),
+            other => Err(format!("expected a welcome, got {other:?}")),
         }
     }
 
