@@ -498,6 +498,9 @@ r["tls_allowed"] = tcp(ALLOWED, hello("allowed.zygo.test"))
 r["tls_other"] = tcp(ALLOWED, hello("other.zygo.test"))
 r["no_name"] = tcp(ALLOWED, b"hi")
 r["other_port"] = tcp(OTHER, http("allowed.zygo.test"))
+r["pipelined_same"] = tcp(ALLOWED, http("allowed.zygo.test") + http("allowed.zygo.test"))
+r["pipelined_other"] = tcp(ALLOWED, http("allowed.zygo.test") + http("other.zygo.test"))
+r["absolute_other"] = tcp(ALLOWED, b"GET http://other.zygo.test/ HTTP/1.1\r\nHost: allowed.zygo.test\r\n\r\n")
 done(**r)
 "#;
 
@@ -534,9 +537,18 @@ fn name_rules_are_exact_by_name(who: Who) {
     assert_result(who, &r, "http_allowed", &["OK 8080:GET / HTTP/1.1\r\nHos"]);
     let tls = r["tls_allowed"].as_str().unwrap_or("");
     assert!(tls.starts_with("OK 8080:"), "[{}] {r}", who.name());
-    for key in ["http_other", "tls_other", "no_name"] {
+    // A later request on an allowed connection naming another host ends it; so does the
+    // absolute form, whose URL names the host servers must prefer to Host.
+    for key in [
+        "http_other",
+        "tls_other",
+        "no_name",
+        "pipelined_other",
+        "absolute_other",
+    ] {
         assert_result(who, &r, key, &["ECONNRESET", "EOF"]);
     }
+    assert_result(who, &r, "pipelined_same", &["OK 8080:GET / HTTP/1.1\r\nHos"]);
     assert_result(who, &r, "other_port", &["ECONNREFUSED"]);
     let log = f.stderr_text();
     assert!(
@@ -544,12 +556,14 @@ fn name_rules_are_exact_by_name(who: Who) {
         "[{}] {log}",
         who.name()
     );
-    // The test host saw one upstream query and the two allowed connections.
+    // The test host saw one upstream query and the four connections that were let through
+    // (the one whose later request named another host was opened before that request,
+    // and ended before it was sent).
     let mut events = h.events();
     events.sort();
     assert_eq!(
         events,
-        vec!["tcp 8080", "tcp 8080", "udp 53"],
+        vec!["tcp 8080", "tcp 8080", "tcp 8080", "tcp 8080", "udp 53"],
         "[{}] what reached the test host",
         who.name()
     );

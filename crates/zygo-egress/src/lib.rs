@@ -36,6 +36,7 @@
 
 pub mod confine;
 pub mod dns;
+pub mod guard;
 pub mod sniff;
 
 use std::io::{Read, Write};
@@ -512,6 +513,7 @@ fn reset(conn: OwnedFd) {
 
 fn handle(sh: &Shared, conn: OwnedFd) {
     let start = &sh.start;
+    let mut guard: Option<guard::Requests> = None;
     let Some(dst) = local_v4(conn.as_raw_fd()) else {
         log::warn!(
             "egress[{}]: refused a connection whose destination is not IPv4",
@@ -529,6 +531,10 @@ fn handle(sh: &Shared, conn: OwnedFd) {
             sniff::Sniff::Host(h) => Some(h),
             _ => None,
         };
+        // Cleartext HTTP: every later request on the connection must name the same host.
+        if first_byte(conn.as_raw_fd()).is_some_and(|b| b != 0x16) {
+            guard = host.as_deref().map(guard::Requests::new);
+        }
         let resolved = |name: &str| {
             sh.resolved
                 .lock()
@@ -551,9 +557,13 @@ fn handle(sh: &Shared, conn: OwnedFd) {
     let inside = Arc::new(TcpStream::from(conn));
     let outside = Arc::new(out);
     let (i2, o2) = (Arc::clone(&inside), Arc::clone(&outside));
+    let label = start.label.clone();
     let up = std::thread::Builder::new()
         .stack_size(256 * 1024)
-        .spawn(move || copy(&i2, &o2));
+        .spawn(move || match guard {
+            Some(g) => copy_checked(&i2, &o2, g, &label),
+            None => copy(&i2, &o2),
+        });
     copy(&outside, &inside);
     match up {
         Ok(t) => {
@@ -561,6 +571,66 @@ fn handle(sh: &Shared, conn: OwnedFd) {
         }
         Err(e) => log::warn!("egress[{}]: start a relay: {e}", start.label),
     }
+}
+
+/// The first byte waiting on a connection, without taking it.
+fn first_byte(fd: RawFd) -> Option<u8> {
+    let mut b = [0u8; 1];
+    // SAFETY: a one-byte buffer we own.
+    let n = unsafe {
+        libc::recv(
+            fd,
+            b.as_mut_ptr().cast(),
+            1,
+            libc::MSG_PEEK | libc::MSG_DONTWAIT,
+        )
+    };
+    (n == 1).then_some(b[0])
+}
+
+/// Copy the client's requests to the server as [`copy`] does, reading them (`guard`) as
+/// they pass: when a request is one the filter may not relay (another host, framing it
+/// cannot follow), the connection ends with a reset both ways and the refusal is logged.
+fn copy_checked(from: &TcpStream, to: &TcpStream, mut guard: guard::Requests, label: &str) {
+    let mut buf = vec![0u8; 64 * 1024];
+    let mut r = from;
+    let mut w = to;
+    loop {
+        match r.read(&mut buf) {
+            Ok(0) => break,
+            Ok(n) => {
+                if let Err(why) = guard.feed(&buf[..n]) {
+                    log::warn!("egress[{label}]: ended a connection: {why}");
+                    // SO_LINGER 0 makes the close a reset; shutting both sockets down
+                    // ends the other direction's relay too.
+                    let lin = libc::linger {
+                        l_onoff: 1,
+                        l_linger: 0,
+                    };
+                    // SAFETY: setsockopt with a valid linger struct of the size passed.
+                    unsafe {
+                        libc::setsockopt(
+                            from.as_raw_fd(),
+                            libc::SOL_SOCKET,
+                            libc::SO_LINGER,
+                            (&lin as *const libc::linger).cast(),
+                            std::mem::size_of::<libc::linger>() as libc::socklen_t,
+                        )
+                    };
+                    let _ = from.shutdown(std::net::Shutdown::Both);
+                    let _ = to.shutdown(std::net::Shutdown::Both);
+                    return;
+                }
+                if w.write_all(&buf[..n]).is_err() {
+                    let _ = from.shutdown(std::net::Shutdown::Read);
+                    break;
+                }
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+            Err(_) => break,
+        }
+    }
+    let _ = to.shutdown(std::net::Shutdown::Write);
 }
 
 /// Copy `from` to `to` until `from` ends, then end `to`'s writing side: through a pipe with
