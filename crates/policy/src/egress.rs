@@ -330,10 +330,18 @@ impl fmt::Display for NameRefusal {
                 "no rule names the address, and the connection named no host (TLS SNI or \
                  an HTTP Host header) a name rule could match",
             ),
-            NameRefusal::NotAllowed(h) => write!(f, "no allow rule names {h} on this port"),
+            // The name is the sandbox's own text: shown escaped.
+            NameRefusal::NotAllowed(h) => {
+                write!(
+                    f,
+                    "no allow rule names {} on this port",
+                    crate::Shown::new(h)
+                )
+            }
             NameRefusal::NotResolvedThere(h) => write!(
                 f,
-                "{h} is allowed, but Zygo's resolver did not give the sandbox this address for it"
+                "{} is allowed, but Zygo's resolver did not give the sandbox this address for it",
+                crate::Shown::new(h)
             ),
         }
     }

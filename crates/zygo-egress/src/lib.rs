@@ -198,6 +198,11 @@ fn run() -> Result<(), String> {
         start,
         resolved: Mutex::new(HashMap::new()),
         recent: Mutex::new(HashMap::new()),
+        log: Mutex::new(LogBudget {
+            window: std::time::Instant::now(),
+            used: 0,
+            dropped: 0,
+        }),
     });
     for sock in udp {
         let sh = Arc::clone(&shared);
@@ -216,6 +221,50 @@ struct Shared {
     resolved: Mutex<HashMap<String, Vec<Ipv4Addr>>>,
     /// name → the last upstream answer and when it came.
     recent: Mutex<HashMap<String, Upstream>>,
+    /// What is left of this window's refusal lines.
+    log: Mutex<LogBudget>,
+}
+
+/// How many refusals one filter logs per [`LOG_WINDOW`]. Past that they are counted, and
+/// the count is logged with the first refusal of a later window: a sandbox that makes
+/// refusals in a loop cannot flood the log it shares with the host and other sandboxes.
+const LOG_BUDGET: u32 = 20;
+const LOG_WINDOW: Duration = Duration::from_secs(10);
+
+struct LogBudget {
+    window: std::time::Instant,
+    used: u32,
+    dropped: u64,
+}
+
+impl Shared {
+    /// Log one refusal (a warning), within the filter's budget.
+    fn refusal(&self, line: std::fmt::Arguments<'_>) {
+        let Ok(mut b) = self.log.lock() else { return };
+        let now = std::time::Instant::now();
+        if now.duration_since(b.window) >= LOG_WINDOW {
+            if b.dropped > 0 {
+                log::warn!(
+                    "egress[{}]: {} more refusals were not logged (at most {LOG_BUDGET} are \
+                     logged every {} s)",
+                    self.start.label,
+                    b.dropped,
+                    LOG_WINDOW.as_secs()
+                );
+            }
+            *b = LogBudget {
+                window: now,
+                used: 0,
+                dropped: 0,
+            };
+        }
+        if b.used < LOG_BUDGET {
+            b.used += 1;
+            log::warn!("{line}");
+        } else {
+            b.dropped += 1;
+        }
+    }
 }
 
 /// An upstream answer: when it came, and its addresses with their TTLs.
@@ -284,10 +333,10 @@ fn serve_dns(sh: &Shared, sock: &OwnedFd) {
 fn answer_query(sh: &Shared, msg: &[u8], q: &dns::Query) -> Vec<u8> {
     let label = &sh.start.label;
     let Some(rule) = policy::egress::answers_for(&sh.start.names, &q.name) else {
-        log::warn!(
+        sh.refusal(format_args!(
             "egress[{label}]: refused a DNS query for {}: no allow rule names it",
-            q.name
-        );
+            policy::Shown::new(&q.name)
+        ));
         return dns::answer(msg, q, dns::RCODE_REFUSED, &[]);
     };
     if q.qtype != dns::TYPE_A {
@@ -405,12 +454,24 @@ fn serve(start: Arc<Shared>, listeners: Vec<OwnedFd>) -> Result<(), String> {
                 // SAFETY: accept4 just returned this descriptor to us.
                 let conn = unsafe { OwnedFd::from_raw_fd(c) };
                 if active.load(Ordering::Acquire) >= MAX_CONNS {
-                    log::warn!(
+                    start.refusal(format_args!(
                         "egress[{}]: refused a connection: {MAX_CONNS} are open already",
                         start.start.label
-                    );
+                    ));
                     reset(conn);
                     continue;
+                }
+                // Refused by address alone: answered here, without a thread of its own.
+                if let Some(dst) = local_v4(conn.as_raw_fd()) {
+                    let names_port = start.start.names.iter().any(|n| n.port == dst.port());
+                    if let (Err(why), false) = (decide(&start.start.rules, dst), names_port) {
+                        start.refusal(format_args!(
+                            "egress[{}]: refused {dst}: {why}",
+                            start.start.label
+                        ));
+                        reset(conn);
+                        continue;
+                    }
                 }
                 active.fetch_add(1, Ordering::AcqRel);
                 let (st, count) = (Arc::clone(&start), Arc::clone(&active));
@@ -511,19 +572,22 @@ fn reset(conn: OwnedFd) {
     drop(conn);
 }
 
-fn handle(sh: &Shared, conn: OwnedFd) {
+fn handle(sh: &Arc<Shared>, conn: OwnedFd) {
     let start = &sh.start;
     let mut guard: Option<guard::Requests> = None;
     let Some(dst) = local_v4(conn.as_raw_fd()) else {
-        log::warn!(
+        sh.refusal(format_args!(
             "egress[{}]: refused a connection whose destination is not IPv4",
             start.label
-        );
+        ));
         return reset(conn);
     };
     if let Err(why) = decide(&start.rules, dst) {
         if !start.names.iter().any(|n| n.port == dst.port()) {
-            log::warn!("egress[{}]: refused {dst}: {why}", start.label);
+            sh.refusal(format_args!(
+                "egress[{}]: refused {dst}: {why}",
+                start.label
+            ));
             return reset(conn);
         }
         // A name rule for this port: the connection must say which host it is for.
@@ -542,14 +606,17 @@ fn handle(sh: &Shared, conn: OwnedFd) {
                 .unwrap_or(false)
         };
         if let Err(why) = decide_name(&start.names, host.as_deref(), dst, resolved) {
-            log::warn!("egress[{}]: refused {dst}: {why}", start.label);
+            sh.refusal(format_args!(
+                "egress[{}]: refused {dst}: {why}",
+                start.label
+            ));
             return reset(conn);
         }
     }
     let out = match connect(dst) {
         Ok(s) => s,
         Err(e) => {
-            log::warn!("egress[{}]: {dst}: {e}", start.label);
+            sh.refusal(format_args!("egress[{}]: {dst}: {e}", start.label));
             return reset(conn);
         }
     };
@@ -557,11 +624,11 @@ fn handle(sh: &Shared, conn: OwnedFd) {
     let inside = Arc::new(TcpStream::from(conn));
     let outside = Arc::new(out);
     let (i2, o2) = (Arc::clone(&inside), Arc::clone(&outside));
-    let label = start.label.clone();
+    let sh2 = Arc::clone(sh);
     let up = std::thread::Builder::new()
         .stack_size(256 * 1024)
         .spawn(move || match guard {
-            Some(g) => copy_checked(&i2, &o2, g, &label),
+            Some(g) => copy_checked(&i2, &o2, g, &sh2),
             None => copy(&i2, &o2),
         });
     copy(&outside, &inside);
@@ -591,7 +658,7 @@ fn first_byte(fd: RawFd) -> Option<u8> {
 /// Copy the client's requests to the server as [`copy`] does, reading them (`guard`) as
 /// they pass: when a request is one the filter may not relay (another host, framing it
 /// cannot follow), the connection ends with a reset both ways and the refusal is logged.
-fn copy_checked(from: &TcpStream, to: &TcpStream, mut guard: guard::Requests, label: &str) {
+fn copy_checked(from: &TcpStream, to: &TcpStream, mut guard: guard::Requests, sh: &Shared) {
     let mut buf = vec![0u8; 64 * 1024];
     let mut r = from;
     let mut w = to;
@@ -600,7 +667,10 @@ fn copy_checked(from: &TcpStream, to: &TcpStream, mut guard: guard::Requests, la
             Ok(0) => break,
             Ok(n) => {
                 if let Err(why) = guard.feed(&buf[..n]) {
-                    log::warn!("egress[{label}]: ended a connection: {why}");
+                    sh.refusal(format_args!(
+                        "egress[{}]: ended a connection: {why}",
+                        sh.start.label
+                    ));
                     // SO_LINGER 0 makes the close a reset; shutting both sockets down
                     // ends the other direction's relay too.
                     let lin = libc::linger {
