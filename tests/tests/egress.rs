@@ -573,7 +573,7 @@ fn name_rules_are_exact_by_name(who: Who) {
     assert_result(who, &r, "other_port", &["ECONNREFUSED"]);
     let log = f.stderr_text();
     assert!(
-        log.contains("refused a DNS query for other.zygo.test"),
+        log.contains("refused a DNS query for \"other.zygo.test\""),
         "[{}] {log}",
         who.name()
     );
