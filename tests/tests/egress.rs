@@ -853,6 +853,133 @@ both_tests! {
     }
 }
 
+/// A network namespace standing in for a host with a public address of its own: an
+/// interface holding [`OWN`], and the test host's server listening on it. Removed, with
+/// its server, when dropped.
+struct OwnAddressHost {
+    ns: String,
+    server: Child,
+}
+
+/// A public address (not in any special range) that the namespace owns.
+const OWN: &str = "11.22.33.44";
+
+impl OwnAddressHost {
+    fn new() -> OwnAddressHost {
+        let ns = format!("zygo-own-{}-{}", std::process::id(), unique());
+        ip(&["netns", "add", &ns]);
+        ip(&["-n", &ns, "link", "set", "lo", "up"]);
+        // A veth pair with both ends inside (this kernel has no dummy interfaces).
+        ip(&[
+            "-n", &ns, "link", "add", "zown0", "type", "veth", "peer", "name", "zown1",
+        ]);
+        ip(&[
+            "-n",
+            &ns,
+            "addr",
+            "add",
+            &format!("{OWN}/32"),
+            "dev",
+            "zown0",
+        ]);
+        ip(&["-n", &ns, "link", "set", "zown0", "up"]);
+        ip(&["-n", &ns, "link", "set", "zown1", "up"]);
+        let mut server = Command::new("ip")
+            .args(["netns", "exec", &ns, "python3", "-c", SERVER, OWN])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .expect("start the server");
+        let mut out = BufReader::new(server.stdout.take().expect("its stdout"));
+        let mut first = String::new();
+        out.read_line(&mut first).expect("the server started");
+        assert_eq!(first.trim(), "ready");
+        // The server logs a line per connection: keep reading them, or it dies writing one.
+        std::thread::spawn(move || for _ in out.lines() {});
+        OwnAddressHost { ns, server }
+    }
+
+    /// `zygo run --json` with `flags` and `cmd`, started inside the namespace (only its
+    /// network: the machine's mounts and cgroups stay as they are).
+    fn zygo_run(&self, flags: &[&str], cmd: &[&str]) -> Finished {
+        let mut c = Command::new("nsenter");
+        c.arg(format!("--net=/run/netns/{}", self.ns))
+            .arg("--")
+            .arg(zygo_bin())
+            .args(["run", "--json"])
+            .args(flags)
+            .arg("--")
+            .args(cmd)
+            .env_clear()
+            .env("PATH", "/usr/bin:/bin")
+            .env("HOME", "/root")
+            .current_dir("/")
+            .stdin(Stdio::null());
+        finish(c)
+    }
+}
+
+impl Drop for OwnAddressHost {
+    fn drop(&mut self) {
+        drop(self.server.stdin.take());
+        let _ = self.server.kill();
+        let _ = self.server.wait();
+        let _ = Command::new("ip").args(["netns", "del", &self.ns]).status();
+    }
+}
+
+/// The host's own addresses are reached over its loopback, past its firewall: a rule for a
+/// wide block does not open them, a rule naming one exactly does. Zygo runs in a network
+/// namespace the test makes, whose dummy interface holds a public address, so nothing is
+/// added to the machine's own network.
+#[test]
+fn the_hosts_own_addresses_open_only_when_named() {
+    if !root_only() {
+        return;
+    }
+    let h = OwnAddressHost::new();
+    let code = format!(
+        "import socket, json\n\
+         s = socket.socket(); s.settimeout(3)\n\
+         try:\n\
+         \x20   s.connect(({OWN:?}, {ALLOWED})); s.sendall(b'hi'); r = s.recv(100)\n\
+         \x20   print(json.dumps('OK ' + r.decode() if r else 'EOF'))\n\
+         except OSError as e:\n\
+         \x20   print(json.dumps(type(e).__name__))\n"
+    );
+    let wide = format!("0.0.0.0/0:{ALLOWED}");
+    let f = h.zygo_run(
+        &["--net", "egress", "--allow", &wide],
+        &["python3", "-c", &code],
+    );
+    let v = f.last_json();
+    assert_eq!(v["exit_code"], 0, "{v}\n{}", f.stderr_text());
+    let got = s(&v, "stdout").trim().to_string();
+    assert!(
+        got == "\"ConnectionResetError\"" || got == "\"EOF\"",
+        "a wide rule reached the host's own address: {got}\n{}",
+        f.stderr_text()
+    );
+    assert!(
+        f.stderr_text().contains("an address of this host"),
+        "{}",
+        f.stderr_text()
+    );
+    let exact = format!("{OWN}:{ALLOWED}");
+    let f = h.zygo_run(
+        &["--net", "egress", "--allow", &exact],
+        &["python3", "-c", &code],
+    );
+    let v = f.last_json();
+    assert_eq!(
+        s(&v, "stdout").trim(),
+        "\"OK 8080:hi\"",
+        "{v}\n{}",
+        f.stderr_text()
+    );
+}
+
 /// `zygo version` says which egress this host supports.
 #[test]
 fn version_reports_the_egress_mode() {

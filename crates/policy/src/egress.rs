@@ -24,7 +24,7 @@ use crate::PolicyError;
 pub const MAX_RULES: usize = 64;
 
 /// The special-purpose IPv4 ranges (RFC 6890 and its successors), with what they are.
-pub const SPECIAL: [(Ipv4Addr, u8, &str); 15] = [
+pub const SPECIAL: [(Ipv4Addr, u8, &str); 16] = [
     (Ipv4Addr::new(0, 0, 0, 0), 8, "\"this network\""),
     (Ipv4Addr::new(10, 0, 0, 0), 8, "private"),
     (
@@ -44,7 +44,22 @@ pub const SPECIAL: [(Ipv4Addr, u8, &str); 15] = [
     (Ipv4Addr::new(203, 0, 113, 0), 24, "documentation"),
     (Ipv4Addr::new(224, 0, 0, 0), 4, "multicast"),
     (Ipv4Addr::new(240, 0, 0, 0), 4, "reserved or broadcast"),
+    // Not special by RFC, but a cloud host's own: Azure's platform endpoint (the VM's
+    // configuration and extensions), reachable from every Azure VM.
+    (
+        Ipv4Addr::new(168, 63, 129, 16),
+        32,
+        "cloud platform endpoint",
+    ),
 ];
+
+/// Whether a rule names exactly this address and port (a `/32`), which is how the
+/// operator opens an address Zygo would otherwise keep closed.
+pub fn named_exactly(rules: &[Rule], dst: SocketAddrV4) -> bool {
+    rules
+        .iter()
+        .any(|r| r.prefix == 32 && r.net == *dst.ip() && r.port == dst.port())
+}
 
 /// Whether rules may name private and other special ranges.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

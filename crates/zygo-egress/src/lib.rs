@@ -490,6 +490,40 @@ fn serve(start: Arc<Shared>, listeners: Vec<OwnedFd>) -> Result<(), String> {
     }
 }
 
+/// Whether `ip` is an address of this host: a UDP socket connected to it (which sends
+/// nothing) is given it as its own source address only then. When that cannot be told,
+/// the answer is yes (the careful side).
+fn is_host_address(ip: Ipv4Addr) -> bool {
+    // SAFETY: plain socket creation.
+    let fd = unsafe { libc::socket(libc::AF_INET, libc::SOCK_DGRAM | libc::SOCK_CLOEXEC, 0) };
+    if fd < 0 {
+        return true;
+    }
+    // SAFETY: the socket was just created by this process.
+    let sock = unsafe { OwnedFd::from_raw_fd(fd) };
+    let sa = libc::sockaddr_in {
+        sin_family: libc::AF_INET as libc::sa_family_t,
+        sin_port: 9u16.to_be(),
+        sin_addr: libc::in_addr {
+            s_addr: u32::from(ip).to_be(),
+        },
+        sin_zero: [0; 8],
+    };
+    // SAFETY: sa is a valid sockaddr_in of the size passed.
+    let r = unsafe {
+        libc::connect(
+            sock.as_raw_fd(),
+            (&sa as *const libc::sockaddr_in).cast(),
+            std::mem::size_of::<libc::sockaddr_in>() as libc::socklen_t,
+        )
+    };
+    if r != 0 {
+        // No route at all: not reachable as the host's own either.
+        return false;
+    }
+    local_v4(sock.as_raw_fd()).is_none_or(|own| *own.ip() == ip)
+}
+
 /// The address a connection was made to: the accepted socket's own local address.
 fn local_v4(fd: RawFd) -> Option<SocketAddrV4> {
     // SAFETY: sockaddr_in is plain data.
@@ -612,6 +646,17 @@ fn handle(sh: &Arc<Shared>, conn: OwnedFd) {
             ));
             return reset(conn);
         }
+    }
+    // The host's own addresses (a public address on one of its interfaces, say) are
+    // reached over its loopback, past its firewall: only a rule naming the address opens
+    // one.
+    if is_host_address(*dst.ip()) && !policy::egress::named_exactly(&start.rules, dst) {
+        sh.refusal(format_args!(
+            "egress[{}]: refused {dst}: an address of this host; only a rule naming it \
+             exactly opens it",
+            start.label
+        ));
+        return reset(conn);
     }
     let out = match connect(dst) {
         Ok(s) => s,
