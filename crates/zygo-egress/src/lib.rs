@@ -69,6 +69,12 @@ const MAX_CONNS: usize = 64;
 const DNS_REUSE: Duration = Duration::from_secs(10);
 /// How long the filter waits for the destination to accept a connection.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
+/// How long a relayed connection may sit with nothing moving in a direction before that
+/// direction is ended: a connection nobody uses does not hold one of the filter's
+/// [`MAX_CONNS`] places for ever.
+const RELAY_IDLE: Duration = Duration::from_secs(600);
+/// Once one direction has ended, how long the other may sit idle.
+const HALF_CLOSED_IDLE: Duration = Duration::from_secs(60);
 /// Each relay thread's buffer (or the most one splice moves).
 const BUF: usize = 1024 * 1024;
 /// The pipe a relay splices through.
@@ -666,7 +672,12 @@ fn handle(sh: &Arc<Shared>, conn: OwnedFd) {
         }
     };
     log::info!("egress[{}]: relaying to {dst}", start.label);
-    let inside = Arc::new(TcpStream::from(conn));
+    let inside = TcpStream::from(conn);
+    for s in [&inside, &out] {
+        let _ = s.set_read_timeout(Some(RELAY_IDLE));
+        let _ = s.set_write_timeout(Some(RELAY_IDLE));
+    }
+    let inside = Arc::new(inside);
     let outside = Arc::new(out);
     let (i2, o2) = (Arc::clone(&inside), Arc::clone(&outside));
     let sh2 = Arc::clone(sh);
@@ -746,6 +757,8 @@ fn copy_checked(from: &TcpStream, to: &TcpStream, mut guard: guard::Requests, sh
         }
     }
     let _ = to.shutdown(std::net::Shutdown::Write);
+    // The other direction reads `to`: with this one ended, it may wait less.
+    let _ = to.set_read_timeout(Some(HALF_CLOSED_IDLE));
 }
 
 /// Copy `from` to `to` until `from` ends, then end `to`'s writing side: through a pipe with
@@ -776,6 +789,8 @@ fn copy(from: &TcpStream, to: &TcpStream) {
         }
     }
     let _ = to.shutdown(std::net::Shutdown::Write);
+    // The other direction reads `to`: with this one ended, it may wait less.
+    let _ = to.set_read_timeout(Some(HALF_CLOSED_IDLE));
 }
 
 fn splice_all(from: &TcpStream, to: &TcpStream, pipe_r: RawFd, pipe_w: RawFd) {
