@@ -61,6 +61,7 @@ struct Fake {
 fn function(name: &str, kind: &str) -> FunctionInfo {
     FunctionInfo {
         name: name.into(),
+        tenant: None,
         kind: kind.into(),
         state: "serving".into(),
         error: None,

@@ -320,7 +320,12 @@ impl Functions {
             } => Some(self.api.put_secret(&tenant, &name, &value.0)),
             Request::DeleteSecret { tenant, name } => Some(self.api.delete_secret(&tenant, &name)),
             Request::ListSecrets { tenant } => Some(self.api.list_secrets(&tenant)),
-            Request::Metrics => Some(Reply::Metrics(self.metrics(who))),
+            // The API's own request and error counts are every caller's traffic: only a
+            // caller with deploy rights reads them.
+            Request::Metrics => Some(Reply::Metrics {
+                functions: self.metrics(who),
+                process_counts: who.gate_caller().has_deploy_rights(),
+            }),
             Request::RecordUsage(rec) => Some(self.record_outside(rec, who)),
             Request::PutBlob { bytes } => Some(self.put_blob(&bytes, who)),
             Request::DeleteBlob { digest } => Some(self.delete_blob(&digest)),

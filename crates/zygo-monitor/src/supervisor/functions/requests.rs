@@ -425,6 +425,13 @@ impl Functions {
             ));
         };
         if let FnState::Failed(why) = &f.state {
+            // The import error can name the host's paths: a tenant token reads a fixed
+            // phrase (the supervisor's log has the detail).
+            let why = if who.is_tenant() {
+                super::stats::HOST_FAILURE
+            } else {
+                why.as_str()
+            };
             return Some(fail(
                 ErrorCode::Unavailable,
                 format!("{} failed to serve: {why}", e.name),
@@ -833,6 +840,12 @@ impl Functions {
         let ids: Vec<String> = f.pending.drain(..).collect();
         for id in ids {
             if let Some(c) = self.calls.remove(&id) {
+                // A tenant's call reads a fixed phrase, as in `exec`.
+                let why = if c.tenant.is_some() {
+                    super::stats::HOST_FAILURE
+                } else {
+                    why.as_str()
+                };
                 self.outbox.push((
                     c.client,
                     fail(
