@@ -302,6 +302,35 @@ pub(super) fn last_reading(cg: &dyn Cgroup) -> Option<Usage> {
     cg.usage().ok()
 }
 
+/// Whether a tenant with these limits may call a function with egress rules `allow`
+/// (see [`policy::gate::tenant_may_call_egress`]).
+fn tenant_egress(
+    allow: &[policy::file::AllowRule],
+    t: &proto::api::TenantLimits,
+) -> Result<(), String> {
+    use policy::gate::TenantNetwork;
+    let parsed: Vec<policy::file::AllowRule>;
+    let net = match (t.network.as_deref(), &t.allow) {
+        (Some("none"), _) => TenantNetwork::None,
+        (_, Some(a)) => {
+            parsed = a
+                .iter()
+                .map(|r| policy::file::AllowRule::parse("allow", r))
+                .collect::<Result<_, _>>()
+                .map_err(|e| format!("the tenant's allow list: {e}"))?;
+            TenantNetwork::Egress(Some(&parsed))
+        }
+        (Some(_), None) => TenantNetwork::Egress(None),
+        (None, None) => TenantNetwork::Unset,
+    };
+    policy::gate::tenant_may_call_egress(allow, net)
+}
+
+/// A function's name as a caller knows it (a tenant's own without its tenant).
+fn shown_name(key: &str) -> &str {
+    key.rsplit('/').next().unwrap_or(key)
+}
+
 /// The cgroup limits of a call: the function's, narrowed by its tenant's where those are
 /// lower; `None` when they narrow nothing.
 pub(super) fn narrowed(f: &Limits, t: &proto::api::TenantLimits) -> Option<Limits> {
@@ -424,6 +453,19 @@ impl Functions {
                 format!("no function named {:?} is served; see `zygo ls`", e.name),
             ));
         };
+        // A function's egress filter is shared by every caller: a tenant whose limits do
+        // not cover it is refused, naming the limit.
+        if who.tenant.is_some() && f.spec.network == policy::plan::Network::Egress {
+            if let Err(why) = tenant_egress(&f.spec.allow, &who.limits) {
+                return Some(fail(
+                    ErrorCode::Forbidden,
+                    format!(
+                        "{} may not be called by this tenant: {why}",
+                        shown_name(&e.name)
+                    ),
+                ));
+            }
+        }
         if let FnState::Failed(why) = &f.state {
             // The import error can name the host's paths: a tenant token reads a fixed
             // phrase (the supervisor's log has the detail).
