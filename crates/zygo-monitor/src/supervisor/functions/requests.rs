@@ -599,13 +599,15 @@ impl Functions {
             .collect();
         // A pool's call with secrets needs a zygote with nothing else running in it; no
         // call gets a child of a zygote such a call holds.
+        // Nor does a call get a child of a zygote where another tenant's calls run.
+        let tenant = who.tenant.as_deref();
         let room: usize = if exclusive {
             live.iter()
                 .filter(|z| z.children.busy() == 0 && !self.held(z))
                 .count()
         } else {
             live.iter()
-                .filter(|z| !self.held(z))
+                .filter(|z| !self.held(z) && !self.foreign(z, tenant))
                 .map(|z| z.children.room())
                 .sum()
         };
@@ -636,6 +638,18 @@ impl Functions {
             f.pending.push_back(id);
         }
         None
+    }
+
+    /// Whether calls of another tenant than `tenant` (`None`: the host) run in this
+    /// zygote. Tenants never share a zygote at the same time: its children share a
+    /// loopback network and a pid namespace, and its script space.
+    pub(super) fn foreign(&self, z: &super::Zygote, tenant: Option<&str>) -> bool {
+        z.children.slots.values().any(|s| {
+            s.request
+                .as_ref()
+                .and_then(|r| self.calls.get(r))
+                .is_some_and(|c| c.tenant.as_deref() != tenant)
+        })
     }
 
     /// Whether a call with its tenant's secrets runs in this zygote (then it is that call's
@@ -737,7 +751,8 @@ impl Functions {
         let Some(f) = self.fns.get(&c.func) else {
             return false;
         };
-        let mut best: Option<(Token, String, bool)> = None;
+        // (zygote, slot, frozen, idle)
+        let mut best: Option<(Token, String, bool, bool)> = None;
         for t in &f.zygotes {
             let Some(z) = self.zygotes.get(t) else {
                 continue;
@@ -748,14 +763,21 @@ impl Functions {
             if self.held(z) || (c.exclusive && z.children.busy() > 0) {
                 continue;
             }
+            // Another tenant's calls run there: never beside them.
+            if self.foreign(z, c.tenant.as_deref()) {
+                continue;
+            }
             if let Some(slot) = z.children.free_slot() {
-                // Prefer a zygote that is not frozen.
-                if best.as_ref().is_none_or(|b| b.2 && !z.frozen) {
-                    best = Some((*t, slot, z.frozen));
+                // Prefer a zygote that is not frozen, then one already serving this
+                // tenant (an idle one is left for whoever comes next).
+                let idle = z.children.busy() == 0;
+                let better = |b: &(Token, String, bool, bool)| (z.frozen, idle) < (b.2, b.3);
+                if best.as_ref().is_none_or(better) {
+                    best = Some((*t, slot, z.frozen, idle));
                 }
             }
         }
-        let Some((zt, slot, frozen)) = best else {
+        let Some((zt, slot, frozen, _)) = best else {
             return false;
         };
         // A tenant's call of a host function runs in a cgroup of that tenant's
@@ -855,17 +877,19 @@ impl Functions {
     }
 
     /// Give the calls waiting for a child of a function the children free now, in the
-    /// order they came.
+    /// order they came. A call that cannot have one of them (they are in a zygote where
+    /// another tenant's calls run, or its secrets need a zygote to itself) keeps its
+    /// place, and the calls behind it are tried.
     pub(super) fn dispatch_pending(&mut self, name: &str) {
-        loop {
-            let Some(id) = self.fns.get(name).and_then(|f| f.pending.front().cloned()) else {
-                return;
-            };
-            if !self.try_dispatch(&id) {
-                return;
-            }
-            if let Some(f) = self.fns.get_mut(name) {
-                f.pending.pop_front();
+        let waiting: Vec<String> = match self.fns.get(name) {
+            Some(f) => f.pending.iter().cloned().collect(),
+            None => return,
+        };
+        for id in waiting {
+            if self.try_dispatch(&id) {
+                if let Some(f) = self.fns.get_mut(name) {
+                    f.pending.retain(|p| *p != id);
+                }
             }
         }
     }
