@@ -18,7 +18,7 @@ mod blobs;
 pub mod secrets;
 pub mod store;
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 
 use proto::api::{
     is_tenant_id, Credentials, FrontFlags, TenantLimits, TokenInfo, TokenMinted, MAX_TOKEN_LEN,
@@ -716,6 +716,20 @@ impl Api {
         self.put(Record::Script(rec.clone()))?;
         self.scripts.insert(digest.to_string(), rec);
         Ok(())
+    }
+
+    /// Who holds each recorded script: (digest, tenants, whether the host does).
+    pub fn script_owners(&self) -> impl Iterator<Item = (&str, &BTreeSet<String>, bool)> {
+        self.scripts
+            .values()
+            .map(|r| (r.digest.as_str(), &r.tenants, r.host))
+    }
+
+    /// Who holds each recorded blob, as [`Api::script_owners`].
+    pub fn blob_owners(&self) -> impl Iterator<Item = (&str, &BTreeSet<String>, bool)> {
+        self.blobs
+            .values()
+            .map(|r| (r.digest.as_str(), &r.tenants, r.host))
     }
 
     /// The scripts `tenant` registered, sorted.

@@ -25,7 +25,10 @@ const BAD_DIGEST: &str = "a blob digest is 64 lowercase hex digits (SHA-256)";
 impl Functions {
     /// `PUT /blobs`: store the bytes, owned by the acting tenant (if any).
     pub(super) fn put_blob(&mut self, bytes: &[u8], who: &Acting) -> Reply {
-        match self.blobs.put(bytes, &blob_in_flight(&self.calls)) {
+        match self
+            .blobs
+            .put(bytes, who.tenant.as_deref(), &blob_in_flight(&self.calls))
+        {
             Ok((digest, in_store)) => {
                 // Whether this caller held these bytes already: that somebody else did is
                 // another tenant's fact.
@@ -117,6 +120,7 @@ impl Functions {
 
     /// A tenant is deleted: the blobs nobody else stored go with it.
     pub(super) fn release_blobs_of(&mut self, tenant: &str) {
+        self.blobs.let_go(tenant);
         let orphans = match self.api.release_blobs(tenant) {
             Ok(o) => o,
             Err(r) => {

@@ -166,13 +166,24 @@ impl Functions {
         use super::scripts::{BLOBS, SCRIPTS};
         let StoreDirs { scripts, blobs } = stores;
         let cap = super::scripts::cap_from_env(&SCRIPTS).map_err(SupervisorError)?;
-        let scripts = super::scripts::Store::open(&SCRIPTS, scripts.clone(), cap).map_err(|e| {
-            SupervisorError(format!("open the script store {}: {e}", scripts.display()))
-        })?;
+        let share = super::scripts::share_from_env(cap).map_err(SupervisorError)?;
+        let mut scripts = super::scripts::Store::open(&SCRIPTS, scripts.clone(), cap, share)
+            .map_err(|e| {
+                SupervisorError(format!("open the script store {}: {e}", scripts.display()))
+            })?;
         let cap = super::scripts::cap_from_env(&BLOBS).map_err(SupervisorError)?;
-        let blobs = super::scripts::Store::open(&BLOBS, blobs.clone(), cap).map_err(|e| {
-            SupervisorError(format!("open the blob store {}: {e}", blobs.display()))
-        })?;
+        let share = super::scripts::share_from_env(cap).map_err(SupervisorError)?;
+        let mut blobs =
+            super::scripts::Store::open(&BLOBS, blobs.clone(), cap, share).map_err(|e| {
+                SupervisorError(format!("open the blob store {}: {e}", blobs.display()))
+            })?;
+        // Who holds what, from the owner records: each tenant's share counts from here.
+        for (d, tenants, host) in api.script_owners() {
+            scripts.adopt(d, tenants, host);
+        }
+        for (d, tenants, host) in api.blob_owners() {
+            blobs.adopt(d, tenants, host);
+        }
         let worker = Worker::start(backend.clone(), waker)
             .map_err(|e| SupervisorError(format!("start the cgroup worker: {e}")))?;
         Ok(Functions {
@@ -335,7 +346,11 @@ impl Functions {
     /// `scripts put`: store a script for calls to name by its digest, registered against
     /// the acting tenant (if any).
     fn put_script(&mut self, source: &[u8], who: &Acting) -> Reply {
-        let stored = self.scripts.put(source, &script_in_flight(&self.calls));
+        let stored = self.scripts.put(
+            source,
+            who.tenant.as_deref(),
+            &script_in_flight(&self.calls),
+        );
         match stored {
             Ok((digest, in_store)) => {
                 // Whether this caller held these bytes already: that somebody else did is

@@ -532,10 +532,15 @@ impl Functions {
                 ))
             }
             (false, None) => None,
-            (true, Some(r)) => match self.scripts.resolve(r, &script_in_flight(&self.calls)) {
-                Ok(s) => Some(s),
-                Err((code, message)) => return Some(fail(code, message)),
-            },
+            (true, Some(r)) => {
+                match self
+                    .scripts
+                    .resolve(r, who.tenant.as_deref(), &script_in_flight(&self.calls))
+                {
+                    Ok(s) => Some(s),
+                    Err((code, message)) => return Some(fail(code, message)),
+                }
+            }
         };
         let Some(f) = self.fns.get(&e.name) else {
             return Some(fail(

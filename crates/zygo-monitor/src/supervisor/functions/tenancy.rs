@@ -454,6 +454,7 @@ impl Functions {
             Err(r) => return r.into(),
         };
         self.release_blobs_of(id);
+        self.scripts.let_go(id);
         let mut scripts_removed = Vec::new();
         for d in orphans {
             match self.scripts.remove(&d) {
