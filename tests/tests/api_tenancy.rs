@@ -202,9 +202,10 @@ fn tenant(s: &Sup, api: &mut Api, tag: &str) -> (String, String) {
     (id, t)
 }
 
-fn set_limits(api: &mut Api, id: &str, limits: &str) {
+/// Set a tenant's limits, as an operator token (deploy rights).
+fn set_limits(api: &mut Api, op: &str, id: &str, limits: &str) {
     let r = api.ask(
-        tok(BOOT),
+        tok(op),
         Request::SetLimits {
             id: id.into(),
             limits: limits.into(),
@@ -271,7 +272,8 @@ fn a_tenants_blob_and_script_survive_another_uploading_past_the_cap() {
     let Some(mut s) = SUITE.root("shares") else {
         return;
     };
-    s.env("ZYGO_BLOB_STORE", "4M").env("ZYGO_SCRIPT_STORE", "4M");
+    s.env("ZYGO_BLOB_STORE", "4M")
+        .env("ZYGO_SCRIPT_STORE", "4M");
     let n = start(&mut s, &[("pool", "agent = \"python\"".to_string())], false);
     let pool = &n[0];
     let mut api = Api::open(&s);
@@ -294,13 +296,20 @@ fn a_tenants_blob_and_script_survive_another_uploading_past_the_cap() {
     // of 256 KiB; every one is taken.
     let mut b_blobs = Vec::new();
     for i in 0..40 {
-        match put_blob(&mut api, tok(&bt), one_file_tar(&format!("b{i}"), 256 << 10)) {
+        match put_blob(
+            &mut api,
+            tok(&bt),
+            one_file_tar(&format!("b{i}"), 256 << 10),
+        ) {
             Reply::BlobStored { digest, .. } => b_blobs.push(digest),
             other => panic!("b's blob {i}: {other:?}\n{}", s.log()),
         }
     }
     for i in 0..40 {
-        let src = format!("# {i}\n{}\ndef handler(event):\n    return {i}\n", "#".repeat(256 << 10));
+        let src = format!(
+            "# {i}\n{}\ndef handler(event):\n    return {i}\n",
+            "#".repeat(256 << 10)
+        );
         put_script(&mut api, tok(&bt), &src);
     }
     // a's things are where they were.
@@ -399,10 +408,22 @@ fn tenants_never_share_a_zygote() {
         a["net"].as_str().is_some_and(|n| n.starts_with("net:")),
         "{a}"
     );
-    assert_ne!(a["net"], b["net"], "a and b ran in one zygote: a {a}, b {b}");
-    assert_eq!((a["own"].as_bool(), b["own"].as_bool()), (Some(true), Some(true)));
-    assert_eq!(b["other"], "FileNotFoundError", "b looked for a's script: {b}");
-    assert_eq!(a["other"], "FileNotFoundError", "a looked for b's script: {a}");
+    assert_ne!(
+        a["net"], b["net"],
+        "a and b ran in one zygote: a {a}, b {b}"
+    );
+    assert_eq!(
+        (a["own"].as_bool(), b["own"].as_bool()),
+        (Some(true), Some(true))
+    );
+    assert_eq!(
+        b["other"], "FileNotFoundError",
+        "b looked for a's script: {b}"
+    );
+    assert_eq!(
+        a["other"], "FileNotFoundError",
+        "a looked for b's script: {a}"
+    );
     // After a's call: a later call of b, in the zygote a used or not, does not find it.
     for _ in 0..3 {
         let b = result(
@@ -460,6 +481,7 @@ fn an_egress_function_is_refused_to_a_tenant_whose_limits_do_not_cover_it() {
         false,
     );
     let f = &n[0];
+    let op = mint(&s, None);
     let mut api = Api::open(&s);
     let (free, free_t) = tenant(&s, &mut api, "egf");
     let _ = free;
@@ -468,18 +490,23 @@ fn an_egress_function_is_refused_to_a_tenant_whose_limits_do_not_cover_it() {
         serde_json::json!({"echo": 1})
     );
     let (none, none_t) = tenant(&s, &mut api, "egn");
-    set_limits(&mut api, &none, r#"{"network": "none"}"#);
+    set_limits(&mut api, &op, &none, r#"{"network": "none"}"#);
     let r = api.ask(tok(&none_t), exec(f, "1"));
     expect_code(&r, ErrorCode::Forbidden, "network none");
     assert!(message(&r).contains("network \"none\""), "{}", message(&r));
     let (other, other_t) = tenant(&s, &mut api, "ego");
     set_limits(
         &mut api,
+        &op,
         &other,
         r#"{"network": "egress", "allow": ["other.zygo.test:443"]}"#,
     );
     let r = api.ask(tok(&other_t), exec(f, "1"));
-    expect_code(&r, ErrorCode::Forbidden, "an allow list that misses the rule");
+    expect_code(
+        &r,
+        ErrorCode::Forbidden,
+        "an allow list that misses the rule",
+    );
     assert!(
         message(&r).contains("api.zygo.test:443") && message(&r).contains("other.zygo.test:443"),
         "{}",
@@ -497,6 +524,7 @@ fn an_egress_function_is_refused_to_a_tenant_whose_limits_do_not_cover_it() {
     let (cover, cover_t) = tenant(&s, &mut api, "egc");
     set_limits(
         &mut api,
+        &op,
         &cover,
         r#"{"allow": ["api.zygo.test:443", "other.zygo.test:443"]}"#,
     );
@@ -554,13 +582,17 @@ fn a_tenant_made_again_reads_nothing_of_the_one_deleted() {
     };
     assert_eq!(logs(&mut api, &t).len(), 3);
     assert_eq!(stats(&mut api, &t), 3);
-    let r = api.ask(tok(BOOT), Request::DeleteTenant { id: id.clone() });
+    let op = mint(&s, None);
+    let r = api.ask(tok(&op), Request::DeleteTenant { id: id.clone() });
     assert!(matches!(r, Reply::TenantDeleted(_)), "{r:?}");
     let r = api.ask(tok(BOOT), Request::CreateTenant { id: id.clone() });
     assert!(matches!(r, Reply::Tenant { .. }), "{r:?}");
     let t2 = mint(&s, Some(&id));
     let l = logs(&mut api, &t2);
-    assert!(l.is_empty(), "the new {id} reads the old one's calls: {l:?}");
+    assert!(
+        l.is_empty(),
+        "the new {id} reads the old one's calls: {l:?}"
+    );
     assert_eq!(stats(&mut api, &t2), 0);
     // The host's own view still counts every call.
     match api.ask(
@@ -606,8 +638,7 @@ fn what_a_tenant_reads_about_host_functions() {
             ("slow", function("slow", "")),
             (
                 "slowimp",
-                "agent = \"python\"\nentry = \"fn/slowimp.py:handler\"\nmax_warm = 2"
-                    .to_string(),
+                "agent = \"python\"\nentry = \"fn/slowimp.py:handler\"\nmax_warm = 2".to_string(),
             ),
             (
                 "broken",
@@ -659,7 +690,10 @@ fn what_a_tenant_reads_about_host_functions() {
     let mut api_b = Api::open(&s);
     let (bt2, slow2) = (bt.clone(), slow.clone());
     let call_b = std::thread::spawn(move || {
-        result(api_b.ask(tok(&bt2), exec(&slow2, r#"{"s": 3}"#)), "b's call")
+        result(
+            api_b.ask(tok(&bt2), exec(&slow2, r#"{"s": 3}"#)),
+            "b's call",
+        )
     });
     let seen = |api: &mut Api, who: &str| {
         listing(api.ask(tok(who), Request::List))
@@ -683,7 +717,11 @@ fn what_a_tenant_reads_about_host_functions() {
     assert_eq!((fb.zygotes.busy, fb.in_flight), (1, 1), "b: {fb:?}");
     assert_eq!((fa.zygotes.busy, fa.in_flight), (0, 0), "a: {fa:?}");
     assert!(fa.zygotes.ready >= 1, "a: {fa:?}");
-    assert_eq!((fop.zygotes.busy, fop.in_flight), (1, 1), "the operator: {fop:?}");
+    assert_eq!(
+        (fop.zygotes.busy, fop.in_flight),
+        (1, 1),
+        "the operator: {fop:?}"
+    );
 
     // The broken host function: a fixed phrase for a tenant, the reason for the operator.
     let fa = listing(api.ask(tok(&at), Request::List))
@@ -703,11 +741,18 @@ fn what_a_tenant_reads_about_host_functions() {
         .find(|f| f.name == broken)
         .expect("listed");
     assert!(
-        fop.error.as_deref().unwrap_or("").contains("/srv/operator-only"),
+        fop.error
+            .as_deref()
+            .unwrap_or("")
+            .contains("/srv/operator-only"),
         "{fop:?}"
     );
     let r = api.ask(tok(BOOT), exec(&broken, "1"));
-    assert!(message(&r).contains("/srv/operator-only"), "{}", message(&r));
+    assert!(
+        message(&r).contains("/srv/operator-only"),
+        "{}",
+        message(&r)
+    );
 
     // Two zygotes of slowimp wanted, the second importing for seconds: /healthz counts
     // it and names nothing.
