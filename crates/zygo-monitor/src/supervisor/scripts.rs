@@ -6,7 +6,9 @@
 //! `scripts put`) that no call in flight names; a script that cannot fit even then is
 //! refused, naming the cap. A digest that was evicted is unknown until its script is sent
 //! again (`--script`, or `scripts put`). Every write is crash-safe (temporary file, fsync,
-//! rename, fsync of the folder); temporary files a crash left are removed at start.
+//! rename, fsync of the folder) and done off the event loop (`super::store_writer`): the
+//! entry's room is reserved when it is put, and it is held once its bytes are durable.
+//! Temporary files a crash left are removed at start.
 //!
 //! The blob store (`<state>/blobs/`, workspace tars that calls name by digest) is the same
 //! store with its own cap (`ZYGO_BLOB_STORE`, default 1 GiB) and words: see [`Flavor`].
@@ -22,12 +24,13 @@
 //! goes first.
 
 use std::collections::{BTreeSet, HashMap};
-use std::io::Write;
 use std::path::PathBuf;
 use std::time::SystemTime;
 
 use proto::front::{ErrorCode, ScriptRef};
 use proto::launch::Script;
+
+use super::store_writer::{Which, Write};
 
 /// The largest script.
 pub const MAX_SCRIPT: usize = super::functions::MAX_EVENT;
@@ -48,6 +51,8 @@ pub type Refusal = (ErrorCode, String);
 pub struct Flavor {
     /// "script" or "blob".
     pub noun: &'static str,
+    /// Which store, for its writes.
+    pub which: Which,
     /// The variable that sets the cap.
     pub env: &'static str,
     /// The largest item.
@@ -57,6 +62,7 @@ pub struct Flavor {
 /// The script store.
 pub const SCRIPTS: Flavor = Flavor {
     noun: "script",
+    which: Which::Scripts,
     env: "ZYGO_SCRIPT_STORE",
     max: MAX_SCRIPT,
 };
@@ -64,6 +70,7 @@ pub const SCRIPTS: Flavor = Flavor {
 /// The blob store: workspace tars (a blob arrives in one HTTP body of at most 16 MiB).
 pub const BLOBS: Flavor = Flavor {
     noun: "blob",
+    which: Which::Blobs,
     env: "ZYGO_BLOB_STORE",
     max: MAX_BLOB,
 };
@@ -78,6 +85,20 @@ struct Entry {
     bytes: u64,
     last_used: SystemTime,
     holders: BTreeSet<Holder>,
+    /// Its bytes are being written: its room is counted, it is not held yet, and it is
+    /// never evicted.
+    pending: bool,
+}
+
+/// What [`Store::put`] found, or has to be done.
+pub enum Put {
+    /// The store held these bytes already.
+    Held,
+    /// New: their room is reserved; the write goes to the store writer, and its end to
+    /// [`Store::written`].
+    Write(Write),
+    /// The same bytes are being written for an earlier put: wait for [`Store::written`].
+    Pending,
 }
 
 pub struct Store {
@@ -191,6 +212,7 @@ impl Store {
                     bytes,
                     last_used: meta.modified().unwrap_or(SystemTime::UNIX_EPOCH),
                     holders: [None].into(),
+                    pending: false,
                 },
             );
         }
@@ -239,15 +261,16 @@ impl Store {
         (self.total, self.cap)
     }
 
-    /// Store `source` for `who`; its digest, and whether the store held these bytes
-    /// already. `in_use` says whether a call in flight names a digest (such an entry is
-    /// never evicted).
+    /// Store `source` for `who`: its digest, and whether the store holds these bytes
+    /// already, is writing them, or they are to be written (their room reserved here, in
+    /// `who`'s share). `in_use` says whether a call in flight names a digest (such an
+    /// entry is never evicted).
     pub fn put(
         &mut self,
         source: &[u8],
         who: Option<&str>,
         in_use: &dyn Fn(&str) -> bool,
-    ) -> Result<(String, bool), Refusal> {
+    ) -> Result<(String, Put), Refusal> {
         use sha2::{Digest, Sha256};
         let (noun, env) = (self.flavor.noun, self.flavor.env);
         if source.len() > self.flavor.max {
@@ -262,7 +285,8 @@ impl Store {
             .collect();
         let holder: Holder = who.map(str::to_string);
         let need = cost(source.len() as u64);
-        let held = self.entries.contains_key(&digest) && self.path(&digest).is_file();
+        let pending = self.entries.get(&digest).is_some_and(|e| e.pending);
+        let held = pending || (self.entries.contains_key(&digest) && self.path(&digest).is_file());
         if !held {
             // Its file went (removed by hand): what it counted goes too.
             self.forget(&digest);
@@ -277,13 +301,15 @@ impl Store {
             self.within_share(&holder, &digest, need, in_use)?;
         }
         if held {
-            self.touch(&digest);
+            if !pending {
+                self.touch(&digest);
+            }
             if let Some(e) = self.entries.get_mut(&digest) {
                 if e.holders.insert(holder.clone()) {
                     *self.held_by.entry(holder).or_default() += need;
                 }
             }
-            return Ok((digest, true));
+            return Ok((digest, if pending { Put::Pending } else { Put::Held }));
         }
         if need > self.cap {
             return Err((
@@ -296,29 +322,6 @@ impl Store {
             ));
         }
         self.make_room(need, in_use)?;
-        let path = self.path(&digest);
-        let suffix = plumbing::random_hex(6).map_err(|e| {
-            (
-                ErrorCode::Internal,
-                format!("name the {noun}'s temporary file: {e}"),
-            )
-        })?;
-        let tmp = self.dir.join(format!(".{digest}.{suffix}"));
-        let written = (|| -> std::io::Result<()> {
-            let mut f = std::fs::OpenOptions::new()
-                .write(true)
-                .create_new(true)
-                .open(&tmp)?;
-            f.write_all(source)?;
-            f.sync_all()?;
-            std::fs::rename(&tmp, &path)?;
-            std::fs::File::open(&self.dir)?.sync_all()
-        })();
-        if let Err(e) = written {
-            let _ = std::fs::remove_file(&tmp);
-            log::error!("{noun} store: write {}: {e}", path.display());
-            return Err((ErrorCode::Internal, format!("store the {noun}: {e}")));
-        }
         self.total += need;
         *self.held_by.entry(holder.clone()).or_default() += need;
         self.entries.insert(
@@ -327,9 +330,41 @@ impl Store {
                 bytes: source.len() as u64,
                 last_used: SystemTime::now(),
                 holders: [holder].into(),
+                pending: true,
             },
         );
-        Ok((digest, false))
+        let write = Write {
+            which: self.flavor.which,
+            dir: self.dir.clone(),
+            digest: digest.clone(),
+            bytes: source.to_vec(),
+        };
+        Ok((digest, Put::Write(write)))
+    }
+
+    /// A write [`Store::put`] asked for is done: the entry is held, or (it failed) gone.
+    /// Bytes of an entry deleted while they were written are removed.
+    pub fn written(&mut self, digest: &str, result: &Result<(), String>) {
+        let noun = self.flavor.noun;
+        let pending = self.entries.get(digest).is_some_and(|e| e.pending);
+        match result {
+            Ok(()) if pending => {
+                if let Some(e) = self.entries.get_mut(digest) {
+                    e.pending = false;
+                }
+            }
+            Ok(()) => {
+                if !self.entries.contains_key(digest) {
+                    let _ = std::fs::remove_file(self.path(digest));
+                }
+            }
+            Err(e) => {
+                log::error!("{noun} store: write {}: {e}", self.path(digest).display());
+                if pending {
+                    self.forget(digest);
+                }
+            }
+        }
     }
 
     /// Make room in a tenant's share for `need` more bytes (an entry `digest` it is about
@@ -360,6 +395,7 @@ impl Store {
             .iter()
             .filter(|(d, e)| {
                 d.as_str() != digest
+                    && !e.pending
                     && e.holders.len() == 1
                     && e.holders.contains(holder)
                     && !in_use(d)
@@ -394,7 +430,7 @@ impl Store {
             let lru_of = |held: &dyn Fn(&Entry) -> bool| {
                 self.entries
                     .iter()
-                    .filter(|(d, e)| held(e) && !in_use(d))
+                    .filter(|(d, e)| held(e) && !e.pending && !in_use(d))
                     .min_by_key(|(_, e)| e.last_used)
                     .map(|(d, _)| d.clone())
             };
@@ -447,21 +483,26 @@ impl Store {
     }
 
     /// The script a call names: a source sent with the call is stored first (`in_use` as
-    /// for [`Store::put`]); a digest is read from the store.
+    /// for [`Store::put`]; the write it needs, if any, is returned: the call goes on with
+    /// the bytes it carries meanwhile); a digest is read from the store.
     pub fn resolve(
         &mut self,
         r: ScriptRef,
         who: Option<&str>,
         in_use: &dyn Fn(&str) -> bool,
-    ) -> Result<Script, Refusal> {
+    ) -> Result<(Script, Option<Write>), Refusal> {
         match r {
             ScriptRef::Source(source) => {
-                let (digest, _) = self.put(&source, who, in_use)?;
-                Ok(Script { digest, source })
+                let (digest, put) = self.put(&source, who, in_use)?;
+                let write = match put {
+                    Put::Write(w) => Some(w),
+                    Put::Held | Put::Pending => None,
+                };
+                Ok((Script { digest, source }, write))
             }
             ScriptRef::Digest(digest) => {
                 let source = self.get(&digest)?;
-                Ok(Script { digest, source })
+                Ok((Script { digest, source }, None))
             }
         }
     }
@@ -474,6 +515,9 @@ impl Store {
                 ErrorCode::BadRequest,
                 format!("a {noun} digest is 64 lowercase hex digits (SHA-256)"),
             ));
+        }
+        if self.entries.get(digest).is_some_and(|e| e.pending) {
+            return Err(unknown_in(self.flavor, digest));
         }
         let read = std::fs::File::open(self.path(digest)).and_then(|f| {
             use std::io::Read;
@@ -517,10 +561,17 @@ impl Store {
         }
     }
 
-    /// The size of the script with this digest, if the store holds it.
+    /// The size of the script with this digest, if the store holds it (written).
     pub fn held(&self, digest: &str) -> Option<u64> {
-        let e = self.entries.get(digest)?;
+        let e = self.entries.get(digest).filter(|e| !e.pending)?;
         self.path(digest).is_file().then_some(e.bytes)
+    }
+
+    /// Whether the store holds this digest or is writing it.
+    pub fn knows(&self, digest: &str) -> bool {
+        self.entries
+            .get(digest)
+            .is_some_and(|e| e.pending || self.path(digest).is_file())
     }
 
     /// How many scripts the store holds.
@@ -571,6 +622,25 @@ fn sub(held_by: &mut HashMap<Holder, u64>, who: &Holder, c: u64) {
 mod tests {
     use super::*;
 
+    /// [`Store::put`] and its write, done here: the digest, and whether it was held.
+    fn put_now(
+        s: &mut Store,
+        bytes: &[u8],
+        who: Option<&str>,
+        in_use: &dyn Fn(&str) -> bool,
+    ) -> Result<(String, bool), Refusal> {
+        let (d, p) = s.put(bytes, who, in_use)?;
+        match p {
+            Put::Held | Put::Pending => Ok((d, true)),
+            Put::Write(w) => {
+                let r = super::super::store_writer::write_file(&w.dir, &w.digest, &w.bytes)
+                    .map_err(|e| e.to_string());
+                s.written(&d, &r);
+                Ok((d, false))
+            }
+        }
+    }
+
     fn store(cap: u64) -> (Store, PathBuf) {
         let dir = std::env::temp_dir().join(format!(
             "zygo-tests-store-{}-{}",
@@ -588,24 +658,24 @@ mod tests {
     fn the_least_recently_used_idle_script_goes_first_and_one_in_use_never() {
         let (mut s, dir) = store(3 * cost(10_000));
         let none = |_: &str| false;
-        let (a, _) = s.put(&[b'a'; 10_000], None, &none).expect("a");
+        let (a, _) = put_now(&mut s, &[b'a'; 10_000], None, &none).expect("a");
         std::thread::sleep(std::time::Duration::from_millis(5));
-        let (b, _) = s.put(&[b'b'; 10_000], None, &none).expect("b");
+        let (b, _) = put_now(&mut s, &[b'b'; 10_000], None, &none).expect("b");
         std::thread::sleep(std::time::Duration::from_millis(5));
-        let (c, _) = s.put(&[b'c'; 10_000], None, &none).expect("c");
+        let (c, _) = put_now(&mut s, &[b'c'; 10_000], None, &none).expect("c");
         std::thread::sleep(std::time::Duration::from_millis(5));
         s.get(&a).expect("a is used again");
         // Full: d evicts b, the least recently used (a was used after it).
-        let (d, _) = s.put(&[b'd'; 10_000], None, &none).expect("d");
+        let (d, _) = put_now(&mut s, &[b'd'; 10_000], None, &none).expect("d");
         assert!(!s.contains(&b) && s.contains(&a) && s.contains(&c) && s.contains(&d));
         assert_eq!(s.get(&b).map_err(|e| e.0), Err(ErrorCode::NotFound));
         // With every script in flight, nothing can be evicted: refused as busy.
         let all = |_: &str| true;
-        let e = s.put(&[b'e'; 10_000], None, &all).expect_err("full");
+        let e = put_now(&mut s, &[b'e'; 10_000], None, &all).expect_err("full");
         assert_eq!(e.0, ErrorCode::Busy);
         assert!(e.1.contains("ZYGO_SCRIPT_STORE"), "{}", e.1);
         // Larger than the whole cap: too large, naming it.
-        let e = s.put(&[b'f'; 60_000], None, &none).expect_err("too large");
+        let e = put_now(&mut s, &[b'f'; 60_000], None, &none).expect_err("too large");
         assert_eq!(e.0, ErrorCode::TooLarge);
         // What the store says it holds is what is on disk, and a reopened store agrees.
         let on_disk = std::fs::read_dir(&dir).expect("list").count();
@@ -619,13 +689,22 @@ mod tests {
     fn a_script_sent_with_a_call_is_stored_and_its_digest_names_it() {
         let (mut s, dir) = store(DEFAULT_CAP);
         let none = |_: &str| false;
-        let sent = s
+        let (sent, write) = s
             .resolve(ScriptRef::Source(b"print(1)".to_vec()), None, &none)
             .expect("stored");
         assert!(valid_digest(&sent.digest) && s.contains(&sent.digest));
-        let named = s
+        // Until its bytes are written, the digest names nothing.
+        let named = s.resolve(ScriptRef::Digest(sent.digest.clone()), None, &none);
+        assert_eq!(named.map_err(|e| e.0).err(), Some(ErrorCode::NotFound));
+        assert!(s.knows(&sent.digest) && s.held(&sent.digest).is_none());
+        let w = write.expect("a write");
+        let r = super::super::store_writer::write_file(&w.dir, &w.digest, &w.bytes)
+            .map_err(|e| e.to_string());
+        s.written(&sent.digest, &r);
+        let (named, again) = s
             .resolve(ScriptRef::Digest(sent.digest.clone()), None, &none)
             .expect("found");
+        assert!(again.is_none());
         assert_eq!(named.source, b"print(1)");
         let unknown = s.resolve(ScriptRef::Digest("0".repeat(64)), None, &none);
         assert_eq!(unknown.map_err(|e| e.0).err(), Some(ErrorCode::NotFound));
@@ -637,17 +716,14 @@ mod tests {
         let (_, dir) = store(DEFAULT_CAP);
         let mut s = Store::open(&BLOBS, dir.clone(), 2 * cost(10), 2 * cost(10)).expect("open");
         let none = |_: &str| false;
-        let e = s
-            .put(&vec![0u8; MAX_BLOB + 1], None, &none)
+        let e = put_now(&mut s, &vec![0u8; MAX_BLOB + 1], None, &none)
             .expect_err("over the largest blob");
         assert!(
             e.0 == ErrorCode::TooLarge && e.1.contains("blob"),
             "{}",
             e.1
         );
-        let e = s
-            .put(&[1u8; 20_000], None, &none)
-            .expect_err("over the cap");
+        let e = put_now(&mut s, &[1u8; 20_000], None, &none).expect_err("over the cap");
         assert!(e.1.contains("ZYGO_BLOB_STORE"), "{}", e.1);
         let e = s.get(&"0".repeat(64)).expect_err("unknown");
         assert!(
@@ -663,17 +739,16 @@ mod tests {
         let (mut s, dir) = store(8 * cost(10_000));
         s.share = 2 * cost(10_000);
         let none = |_: &str| false;
-        let (host, _) = s.put(&[b'h'; 10_000], None, &none).expect("host");
-        let (a, _) = s.put(&[b'a'; 10_000], Some("a"), &none).expect("a");
+        let (host, _) = put_now(&mut s, &[b'h'; 10_000], None, &none).expect("host");
+        let (a, _) = put_now(&mut s, &[b'a'; 10_000], Some("a"), &none).expect("a");
         // b stores the same bytes as a: they count for both, and b cannot evict them.
-        let (shared, existed) = s.put(&[b'a'; 10_000], Some("b"), &none).expect("shared");
+        let (shared, existed) = put_now(&mut s, &[b'a'; 10_000], Some("b"), &none).expect("shared");
         assert!(existed && shared == a);
         let mut b_own = Vec::new();
         for i in 0..20u8 {
             std::thread::sleep(std::time::Duration::from_millis(2));
-            let (d, _) = s
-                .put(&[i; 10_000], Some("b"), &none)
-                .expect("b's own, within its share");
+            let (d, _) =
+                put_now(&mut s, &[i; 10_000], Some("b"), &none).expect("b's own, within its share");
             b_own.push(d);
         }
         // b holds its share: the shared entry and its newest own one.
@@ -681,9 +756,7 @@ mod tests {
         assert!(s.contains(&host) && s.contains(&a) && s.contains(&b_own[19]));
         assert!(!s.contains(&b_own[0]) && !s.contains(&b_own[18]));
         // More than a whole share: too large, naming the share's variable.
-        let e = s
-            .put(&[b'z'; 30_000], Some("b"), &none)
-            .expect_err("over the share");
+        let e = put_now(&mut s, &[b'z'; 30_000], Some("b"), &none).expect_err("over the share");
         assert!(
             e.0 == ErrorCode::TooLarge && e.1.contains(SHARE_ENV),
             "{}",
@@ -691,17 +764,15 @@ mod tests {
         );
         // Its own entry in flight and the shared one: nothing of its own to evict.
         let busy = |d: &str| d == b_own[19];
-        let e = s
-            .put(&[b'y'; 10_000], Some("b"), &busy)
-            .expect_err("full share");
+        let e = put_now(&mut s, &[b'y'; 10_000], Some("b"), &busy).expect_err("full share");
         assert_eq!(e.0, ErrorCode::TooLarge, "{}", e.1);
         // The host has no share: it stores up to the cap.
         for i in 0..5u8 {
-            s.put(&[200 + i; 10_000], None, &none).expect("host");
+            put_now(&mut s, &[200 + i; 10_000], None, &none).expect("host");
         }
         // Once the store is full, the largest holder's least recently used goes first:
         // the host's (6 entries) before a's or b's.
-        s.put(&[b'x'; 10_000], None, &none).expect("host");
+        put_now(&mut s, &[b'x'; 10_000], None, &none).expect("host");
         assert!(!s.contains(&host), "the host's oldest went");
         assert!(s.contains(&a) && s.contains(&b_own[19]));
         // A tenant deleted holds nothing.

@@ -32,6 +32,7 @@ mod requests;
 mod run_spec;
 mod runs;
 mod stats;
+mod store_puts;
 mod tenancy;
 mod timers;
 mod zygotes;
@@ -88,6 +89,10 @@ pub struct Functions {
     scripts: super::scripts::Store,
     /// The content-addressed blob store: `<state>/blobs/<sha256 hex>` (see `blobs`).
     blobs: super::scripts::Store,
+    /// Writes their new entries, off the event loop.
+    writer: super::store_writer::Writer,
+    /// Callers waiting for a store write, by store and digest (see `store_puts`).
+    store_waits: HashMap<(super::store_writer::Which, String), Vec<store_puts::StoreWait>>,
     fns: BTreeMap<String, Function>,
     zygotes: HashMap<Token, Zygote>,
     calls: HashMap<String, InFlight>,
@@ -184,6 +189,8 @@ impl Functions {
         for (d, tenants, host) in api.blob_owners() {
             blobs.adopt(d, tenants, host);
         }
+        let writer = super::store_writer::Writer::start(waker.clone())
+            .map_err(|e| SupervisorError(format!("start the store writer: {e}")))?;
         let worker = Worker::start(backend.clone(), waker)
             .map_err(|e| SupervisorError(format!("start the cgroup worker: {e}")))?;
         Ok(Functions {
@@ -194,6 +201,8 @@ impl Functions {
             usage,
             scripts,
             blobs,
+            writer,
+            store_waits: HashMap::new(),
             fns: BTreeMap::new(),
             zygotes: HashMap::new(),
             calls: HashMap::new(),
@@ -284,7 +293,7 @@ impl Functions {
                 Some(fail(ErrorCode::Internal, "drain is handled by the loop"))
             }
             Request::Health => Some(Reply::Health(self.health(who))),
-            Request::PutScript { source } => Some(self.put_script(&source, who)),
+            Request::PutScript { source } => self.put_script(client, &source, who),
             Request::Api { .. } => Some(fail(
                 ErrorCode::BadRequest,
                 "an Api request may not carry another Api request",
@@ -338,38 +347,8 @@ impl Functions {
                 process_counts: who.gate_caller().has_deploy_rights(),
             }),
             Request::RecordUsage(rec) => Some(self.record_outside(rec, who)),
-            Request::PutBlob { bytes } => Some(self.put_blob(&bytes, who)),
+            Request::PutBlob { bytes } => self.put_blob(client, &bytes, who),
             Request::DeleteBlob { digest } => Some(self.delete_blob(&digest)),
-        }
-    }
-
-    /// `scripts put`: store a script for calls to name by its digest, registered against
-    /// the acting tenant (if any).
-    fn put_script(&mut self, source: &[u8], who: &Acting) -> Reply {
-        let stored = self.scripts.put(
-            source,
-            who.tenant.as_deref(),
-            &script_in_flight(&self.calls),
-        );
-        match stored {
-            Ok((digest, in_store)) => {
-                // Whether this caller held these bytes already: that somebody else did is
-                // another tenant's fact.
-                let existed = in_store && self.api.script_visible(&digest, who.tenant.as_deref());
-                if let Err(r) = self
-                    .api
-                    .script_registered(&digest, who.tenant.as_deref(), in_store)
-                {
-                    return r.into();
-                }
-                self.prune_script_owners(SCRIPT_OWNERS_SLACK);
-                Reply::ScriptStored {
-                    digest,
-                    size: source.len() as u64,
-                    existed,
-                }
-            }
-            Err((code, message)) => fail(code, message),
         }
     }
 
@@ -392,6 +371,9 @@ impl Functions {
     /// The end of a drain: the calls still in flight are cancelled and answered, every
     /// zygote is killed, and the folders of cgroups are removed once empty.
     pub fn shutdown(&mut self, cx: &Ctx) {
+        // The store writes handed over are finished, and answered.
+        self.writer.finish();
+        self.store_written();
         // What the worker is still placing goes with its zygote; wait for it first.
         self.worker.finish();
         for p in self.worker.done() {

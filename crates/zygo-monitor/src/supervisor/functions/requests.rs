@@ -532,12 +532,19 @@ impl Functions {
                 ))
             }
             (false, None) => None,
+            // A script sent with the call is stored for later calls off the event loop;
+            // this call runs the bytes it carries meanwhile.
             (true, Some(r)) => {
-                match self
-                    .scripts
-                    .resolve(r, who.tenant.as_deref(), &script_in_flight(&self.calls))
-                {
-                    Ok(s) => Some(s),
+                let resolved =
+                    self.scripts
+                        .resolve(r, who.tenant.as_deref(), &script_in_flight(&self.calls));
+                match resolved {
+                    Ok((s, write)) => {
+                        if let Some(w) = write {
+                            self.write_store(w);
+                        }
+                        Some(s)
+                    }
                     Err((code, message)) => return Some(fail(code, message)),
                 }
             }

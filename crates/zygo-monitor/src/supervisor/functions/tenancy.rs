@@ -118,14 +118,16 @@ impl Functions {
                     .iter()
                     .map(|b| format!("{b:02x}"))
                     .collect();
-                let existed = self.scripts.held(&d).is_some();
+                let existed = self.scripts.knows(&d);
                 sent = Some((d, existed));
             }
             _ => {}
         }
         let reply = self.exec(client, e, who, cx);
         if let Some((d, existed)) = sent {
-            if self.scripts.held(&d).is_some() {
+            // Held, or being written (a write that fails leaves a record of a digest
+            // the store does not hold: `not_found`, as for an evicted one).
+            if self.scripts.knows(&d) {
                 if let Err(r) = self
                     .api
                     .script_registered(&d, who.tenant.as_deref(), existed)
