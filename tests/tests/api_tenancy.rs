@@ -284,6 +284,9 @@ fn a_tenants_blob_and_script_survive_another_uploading_past_the_cap() {
         Reply::BlobStored { digest, .. } => digest,
         other => panic!("a's blob: {other:?}"),
     };
+    // Answered once the bytes are on disk (written by the store's own thread).
+    assert!(s.st.join("scripts").join(&a_script).is_file());
+    assert!(s.st.join("blobs").join(&a_blob).is_file());
     let a_call = |api: &mut Api| {
         let mut c = call(pool, "{}");
         c.script = Some(ScriptRef::Digest(a_script.clone()));
