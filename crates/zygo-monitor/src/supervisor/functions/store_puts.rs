@@ -110,7 +110,17 @@ impl Functions {
             .remove(&(w.which, w.digest.clone()))
             .unwrap_or_default();
         for wait in waits {
+            // Its tenant was deleted while the bytes were written: nothing is registered
+            // for it (the entry, held by nobody, is the first to go when room is needed).
+            let gone = wait
+                .tenant
+                .as_ref()
+                .is_some_and(|t| !self.api.tenants.contains_key(t));
             let reply = match &w.result {
+                Ok(()) if gone => fail(
+                    ErrorCode::NotFound,
+                    format!("the {noun}'s tenant was deleted while it was stored"),
+                ),
                 Ok(()) => self.stored(w.which, &w.digest, wait.tenant.as_deref(), wait.size, false),
                 // The detail (a path, the error) is in the log, written by the store.
                 Err(_) => fail(
