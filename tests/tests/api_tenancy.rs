@@ -389,14 +389,14 @@ fn tenants_never_share_a_zygote() {
     let event = |other: &str, s: u32| format!(r#"{{"other": "{other}", "s": {s}}}"#);
 
     let mut api_a = Api::open(&s);
-    let (at2, two2, da2, ev_a) = (at.clone(), two.clone(), da.clone(), event(&db, 3));
+    let (at2, two2, da2, ev_a) = (at.clone(), two.clone(), da.clone(), event(&db, 6));
     let a = std::thread::spawn(move || {
         result(
             api_a.ask(tok(&at2), run_script(&two2, &da2, &ev_a)),
             "a's call",
         )
     });
-    std::thread::sleep(Duration::from_millis(1500));
+    wait_in_flight(&mut api, &at, &two);
     let b = result(
         api.ask(tok(&bt), run_script(&two, &db, &event(&da, 0))),
         "b's call",
@@ -445,7 +445,7 @@ fn tenants_never_share_a_zygote() {
             "a's call",
         )
     });
-    std::thread::sleep(Duration::from_millis(1500));
+    wait_in_flight(&mut api, &at, &one);
     let r = api.ask(tok(&bt), run_script(&one, &db, &event(&da, 0)));
     expect_code(&r, ErrorCode::Busy, "another tenant's call at max_warm");
     a.join().expect("a's thread");
@@ -457,6 +457,18 @@ fn tenants_never_share_a_zygote() {
     assert_eq!(b["other"], "FileNotFoundError", "{b}");
     drop(api);
     s.shutdown();
+}
+
+/// Wait until the tenant of token `t` has a call of `name` in flight (as `GET /fn` says).
+fn wait_in_flight(api: &mut Api, t: &str, name: &str) {
+    for _ in 0..400 {
+        let l = listing(api.ask(tok(t), Request::List));
+        if l.iter().any(|f| f.name == name && f.in_flight == 1) {
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(25));
+    }
+    panic!("the call of {name} never showed in flight");
 }
 
 // ---------------------------------------------------------------------------------------
@@ -694,7 +706,7 @@ fn what_a_tenant_reads_about_host_functions() {
     let (bt2, slow2) = (bt.clone(), slow.clone());
     let call_b = std::thread::spawn(move || {
         result(
-            api_b.ask(tok(&bt2), exec(&slow2, r#"{"s": 3}"#)),
+            api_b.ask(tok(&bt2), exec(&slow2, r#"{"s": 4}"#)),
             "b's call",
         )
     });
@@ -705,9 +717,9 @@ fn what_a_tenant_reads_about_host_functions() {
             .expect("the slow function is listed")
     };
     let mut busy_for_b = None;
-    for _ in 0..40 {
+    for _ in 0..200 {
         let fb = seen(&mut api, &bt);
-        if fb.in_flight == 1 {
+        if fb.in_flight == 1 && fb.zygotes.busy == 1 {
             busy_for_b = Some(fb);
             break;
         }
