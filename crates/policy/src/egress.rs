@@ -86,6 +86,35 @@ impl Rules {
     pub fn is_empty(&self) -> bool {
         self.len() == 0
     }
+
+    /// The first of these rules that `outer` does not cover, if any. An address rule is
+    /// covered by one of `outer`'s on the same port whose block holds its whole block;
+    /// a rule naming a special range (private, loopback, …) only by one of `outer`'s that
+    /// names a special range itself, as [`decide`] opens them. A name rule is covered by
+    /// the same name on the same port.
+    pub fn not_within(&self, outer: &Rules) -> Option<String> {
+        for r in &self.addrs {
+            let covered = outer.addrs.iter().any(|o| {
+                o.port == r.port
+                    && o.prefix <= r.prefix
+                    && inside(r.net, o.net, o.prefix)
+                    && (r.names_special().is_none() || o.names_special().is_some())
+            });
+            if !covered {
+                return Some(r.to_string());
+            }
+        }
+        for n in &self.names {
+            if !outer
+                .names
+                .iter()
+                .any(|o| o.name == n.name && o.port == n.port)
+            {
+                return Some(format!("{}:{}", n.name, n.port));
+            }
+        }
+        None
+    }
 }
 
 /// One checked name rule: connections to `port` whose TLS SNI or HTTP `Host` is `name`, at
