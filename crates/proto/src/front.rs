@@ -549,8 +549,8 @@ pub enum Reply {
         names: Vec<String>,
     },
     /// `Metrics`: one entry per function or pool the caller can see, and whether the
-    /// caller may read the API process's own counts (those of every caller: only with
-    /// deploy rights).
+    /// caller may read the API process's own counts (those of every caller; the monitor
+    /// decides, today for every caller, as the API's specification has it).
     Metrics {
         functions: Vec<FunctionMetrics>,
         process_counts: bool,
