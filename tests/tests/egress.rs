@@ -812,7 +812,7 @@ fn a_run_over_the_api_reaches_its_allowed_host(who: Who) {
             code: ErrorCode::BadSpec,
             message,
             ..
-        } => assert!(message.contains("allow no network"), "{message}"),
+        } => assert!(message.contains("limits say network \"none\""), "{message}"),
         other => panic!("[{}] expected bad_spec, got {other:?}", who.name()),
     }
     let events = h.events();

@@ -239,8 +239,11 @@ pub fn tenant_may_call_egress(function: &[AllowRule], tenant: TenantNetwork) -> 
     let theirs = match tenant {
         TenantNetwork::Unset | TenantNetwork::Egress(None) => return Ok(()),
         TenantNetwork::None => {
-            return Err("the tenant's limits say network \"none\", and this function                 reaches the network (network = \"egress\")"
-                .into())
+            return Err(
+                "the tenant's limits say network \"none\", and this reaches the network \
+                 (network = \"egress\")"
+                    .into(),
+            )
         }
         TenantNetwork::Egress(Some(a)) => a,
     };
@@ -255,7 +258,7 @@ pub fn tenant_may_call_egress(function: &[AllowRule], tenant: TenantNetwork) -> 
     match f.not_within(&t) {
         None => Ok(()),
         Some(rule) => Err(format!(
-            "the tenant's limits allow {}, which does not cover this function's egress rule              {rule}",
+            "the tenant's limits allow {}, which does not cover the egress rule {rule}",
             if theirs.is_empty() {
                 "no destination".to_string()
             } else {

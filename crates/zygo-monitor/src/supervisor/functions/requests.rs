@@ -302,9 +302,9 @@ pub(super) fn last_reading(cg: &dyn Cgroup) -> Option<Usage> {
     cg.usage().ok()
 }
 
-/// Whether a tenant with these limits may call a function with egress rules `allow`
-/// (see [`policy::gate::tenant_may_call_egress`]).
-fn tenant_egress(
+/// Whether a tenant with these limits may call a function (or make a run) with egress
+/// rules `allow` (see [`policy::gate::tenant_may_call_egress`]).
+pub(super) fn tenant_egress(
     allow: &[policy::file::AllowRule],
     t: &proto::api::TenantLimits,
 ) -> Result<(), String> {

@@ -27,7 +27,8 @@
 //!
 //! The caller's tenant limits, if any, then narrow what was asked: each limit is the
 //! smaller of the two. A tenant held to `network = "none"` may not ask for egress, and one
-//! with an `allow` list may name only rules on it (narrowing can never add a rule).
+//! with an `allow` list may name only what that list covers (narrowing never adds a rule;
+//! the comparison is `policy::gate::tenant_may_call_egress`, as for a function's call).
 
 use std::time::Duration;
 
@@ -280,27 +281,10 @@ fn check_allow(
     if args.net.as_deref() != Some("egress") {
         return Ok(());
     }
-    let Some(t) = tenant else { return Ok(()) };
-    if t.network.as_deref() == Some("none") {
-        return Err(
-            "network: the tenant's limits allow no network (network = \"none\"); ask the \
-             operator to raise them, or use \"none\""
-                .into(),
-        );
+    match tenant {
+        Some(t) => super::requests::tenant_egress(&rules, t).map_err(|e| format!("network: {e}")),
+        None => Ok(()),
     }
-    if let Some(list) = &t.allow {
-        let theirs: Vec<AllowRule> = list
-            .iter()
-            .filter_map(|r| AllowRule::parse("allow", r).ok())
-            .collect();
-        if let Some(r) = rules.iter().find(|r| !theirs.contains(r)) {
-            return Err(format!(
-                "allow: {r} is not among the tenant's allowed destinations (its limits' \
-                 allow list); a run may name only those"
-            ));
-        }
-    }
-    Ok(())
 }
 
 /// Check each limit as the caller's (`Source::Http`), naming it as the spec does: the plan
@@ -576,7 +560,7 @@ mod tests {
             ..TenantLimits::default()
         };
         let e = parse(spec, Some(&none), true).expect_err("network none");
-        assert!(e.contains("allow no network"), "{e}");
+        assert!(e.contains("limits say network \"none\""), "{e}");
         // A run without egress is fine for it.
         assert!(parse(r#"{"cmd": ["x"]}"#, Some(&none), false).is_ok());
         let listed = TenantLimits {
@@ -591,9 +575,17 @@ mod tests {
         let other = r#"{"cmd": ["x"], "network": "egress", "allow": ["evil.example:443"]}"#;
         let e = parse(other, Some(&listed), false).expect_err("not listed");
         assert!(
-            e.contains("evil.example:443 is not among the tenant's"),
+            e.contains("does not cover the egress rule evil.example:443"),
             "{e}"
         );
+        // A block in the tenant's list covers an address rule inside it.
+        let block = TenantLimits {
+            network: Some("egress".into()),
+            allow: Some(vec!["93.184.0.0/16:80".into()]),
+            ..TenantLimits::default()
+        };
+        let inside = r#"{"cmd": ["x"], "network": "egress", "allow": ["93.184.216.34:80"]}"#;
+        assert!(parse(inside, Some(&block), false).is_ok());
         // No list: no narrowing of the rules.
         let open = TenantLimits {
             network: Some("egress".into()),
