@@ -494,3 +494,151 @@ both_tests! {
         );
     }
 }
+
+/// Run `hog` (guarded Python) in one sandbox until it has taken a per-user kernel
+/// allowance, then `victim` (a guarded probe) in another while the first still holds it.
+/// `hog` reports how it fared with `done(...)` and then calls `hold()`, which keeps what
+/// it took until the test lets it go. Returns (the hog's report, the victim's).
+fn while_another_sandbox_holds(who: Who, hog: &str, victim: &str) -> (Value, Value) {
+    let (prefix, marker) = sleep_marker(60);
+    let code = format!(
+        "import subprocess\ndef hold():\n    subprocess.call(['sleep', {marker:?}])\n{hog}"
+    );
+    let script = probe_script(&code);
+    let guard = guard_flags();
+    let mut flags: Vec<&str> = guard.iter().map(String::as_str).collect();
+    flags.extend(["--timeout", "90s"]);
+    let r = Running::start(who, &flags, &["python3", "-c", &script]);
+    let sleeper = r.find(&prefix);
+    let v = probe(who, &[], victim);
+    // SAFETY: signalling the hog's `sleep`, found by its unique command line.
+    unsafe { libc::kill(sleeper, libc::SIGKILL) };
+    let (a, _) = r.answer();
+    assert_not_refused(who, &a, a["exit_code"].as_i64().unwrap_or(-1) as i32);
+    assert_eq!(a["exit_code"], 0, "[{}] the hog: {a}", who.name());
+    let last = text(&a, "stdout").lines().last().unwrap_or("").to_string();
+    let a: Value = serde_json::from_str(&last).unwrap_or_else(|e| {
+        panic!(
+            "[{}] the hog's last line is not JSON ({e}): {last}",
+            who.name()
+        )
+    });
+    (a, v)
+}
+
+/// Pipes as a Python function: open a pipe and ask for 1 MiB of buffer.
+const BIG_PIPE: &str = r#"
+import fcntl
+def big_pipe():
+    r, w = os.pipe()
+    try:
+        fcntl.fcntl(w, 1031, 1 << 20)  # F_SETPIPE_SZ
+        return "OK"
+    except OSError as e:
+        return ename(e.errno)
+    finally:
+        os.close(r); os.close(w)
+"#;
+
+/// The kernel counts pipe buffer pages per host user (`fs.pipe-user-pages-soft`): each
+/// sandbox's root being a host uid of its own, 1100 pipes held in one sandbox leave
+/// another's `F_SETPIPE_SZ` to 1 MiB working. (Rootless, every sandbox is the user: the
+/// budget is the user's, see docs/security.md.)
+#[test]
+fn pipe_buffers_are_counted_per_sandbox() {
+    if !root_only() {
+        return;
+    }
+    let who = Who::Root;
+    let soft: u64 = std::fs::read_to_string("/proc/sys/fs/pipe-user-pages-soft")
+        .ok()
+        .and_then(|t| t.trim().parse().ok())
+        .unwrap_or(0);
+    if soft == 0 || soft > 1800 * 16 {
+        skip(&format!(
+            "fs.pipe-user-pages-soft is {soft}: 1800 pipes do not pass it"
+        ));
+        return;
+    }
+    // Enough default 16-page pipes to pass the soft limit, within 4096 descriptors.
+    let pipes = soft / 16 + 50;
+    let hog = format!(
+        "{BIG_PIPE}\nheld = [os.pipe() for _ in range({pipes})]\ndone(pipes=len(held), own=big_pipe())\nhold()"
+    );
+    let (a, v) =
+        while_another_sandbox_holds(who, &hog, &format!("{BIG_PIPE}\ndone(big=big_pipe())"));
+    eprintln!("hog: {a}; victim: {v}");
+    // The hog did pass its own budget...
+    assert_result(who, &a, "own", &["EPERM"]);
+    // ...and not the victim's.
+    assert_result(who, &v, "big", &["OK"]);
+}
+
+/// Send `n` copies of descriptor `fd` over the unix socket `s` (253 a message, the
+/// kernel's most), as a Python function; returns "OK" or the first error.
+const SEND_FDS: &str = r#"
+import socket, array
+def send_fds(s, fd, n):
+    while n > 0:
+        k = min(n, 253)
+        try:
+            s.sendmsg([b"x"], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", [fd] * k))])
+        except OSError as e:
+            return ename(e.errno)
+        n -= k
+    return "OK"
+"#;
+
+/// The kernel counts descriptors in flight over unix sockets per host user, against the
+/// sender's `RLIMIT_NOFILE`: 4300 left in flight in one sandbox leave another's
+/// `sendmsg(SCM_RIGHTS)` working.
+#[test]
+fn descriptors_in_flight_are_counted_per_sandbox() {
+    if !root_only() {
+        return;
+    }
+    let who = Who::Root;
+    let hog = format!(
+        "{SEND_FDS}\na, b = socket.socketpair()\nfirst = send_fds(a, 0, 4300)\ndone(first=first, more=send_fds(a, 0, 1))\nhold()"
+    );
+    let victim = format!("{SEND_FDS}\na, b = socket.socketpair()\ndone(send=send_fds(a, 0, 1))");
+    let (a, v) = while_another_sandbox_holds(who, &hog, &victim);
+    eprintln!("hog: {a}; victim: {v}");
+    assert_result(who, &a, "first", &["OK"]);
+    assert_result(who, &a, "more", &["ETOOMANYREFS"]);
+    assert_result(who, &v, "send", &["OK"]);
+}
+
+/// Queue real-time signals to oneself (blocked, so they stay queued), as a Python function:
+/// how many until `sigqueue` fails, and with what.
+const QUEUE_SIGNALS: &str = r#"
+import signal
+libc.sigqueue.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_void_p]
+signal.pthread_sigmask(signal.SIG_BLOCK, [signal.SIGRTMIN])
+def queue(limit):
+    n = 0
+    while n < limit:
+        if libc.sigqueue(os.getpid(), signal.SIGRTMIN, None) != 0:
+            return n, ename(ctypes.get_errno())
+        n += 1
+    return n, "OK"
+def timer():
+    t = ctypes.c_void_p()
+    return "OK" if libc.timer_create(1, None, ctypes.byref(t)) == 0 else ename(ctypes.get_errno())
+"#;
+
+/// Queued signals are counted per user (against `RLIMIT_SIGPENDING`): one sandbox queueing
+/// real-time signals until `EAGAIN` leaves another's `sigqueue` and `timer_create`
+/// working. As root each sandbox has an owner of its own; rootless each sandbox's share
+/// is capped at an eighth of the user's.
+fn queued_signals_are_counted_per_sandbox(who: Who) {
+    let hog = format!("{QUEUE_SIGNALS}\nn, why = queue(1 << 20)\ndone(queued=n, why=why)\nhold()");
+    let victim = format!("{QUEUE_SIGNALS}\nn, why = queue(1)\ndone(queue=why, timer=timer())");
+    let (a, v) = while_another_sandbox_holds(who, &hog, &victim);
+    eprintln!("[{}] hog: {a}; victim: {v}", who.name());
+    assert_result(who, &a, "why", &["EAGAIN"]);
+    assert_result(who, &v, "queue", &["OK"]);
+    assert_result(who, &v, "timer", &["OK"]);
+}
+
+root_and_rootless!(queued_signals_are_counted_per_sandbox);

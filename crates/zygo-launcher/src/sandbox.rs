@@ -189,6 +189,10 @@ pub fn run(
     // counters (inotify instances and watches, queued signals, locked memory, ...) the
     // sandbox uses are charged to it, never to the host's root nor to another sandbox. Only
     // the effective ids change; the real and saved ids stay 0 so we can change back.
+    //
+    // Id 0 inside maps onto that same owner id where there is one (see `crate::ids`): the
+    // host folders handed in are idmapped so that on disk they keep the shared owner.
+    let mut root_uid = None;
     let as_subordinate = match plan.ids {
         IdMap::Range {
             uid_base,
@@ -197,6 +201,20 @@ pub fn run(
             owners,
         } => {
             let (uid, gid) = owner_ids(uid_base, gid_base, count, owners);
+            if owners > 0 {
+                let folders = &handed[usize::from(plan.image_handed)..];
+                root_uid = match crate::ids::idmap_trees(folders, uid_base, count, uid) {
+                    Ok(()) => Some(uid),
+                    Err(e) => {
+                        log::warn!(
+                            "launcher: a folder handed into the sandbox cannot be idmapped ({e}); \
+                             this sandbox's root is host uid {uid_base}, shared with other \
+                             sandboxes in the same case (and so are its per-user kernel allowances)"
+                        );
+                        None
+                    }
+                };
+            }
             // SAFETY: changing only the effective ids of this single-threaded process.
             let r = unsafe { libc::setresgid(u32::MAX, gid, u32::MAX) };
             // SAFETY: as above.
@@ -284,7 +302,9 @@ pub fn run(
         c.close_inner();
     }
     let outcome = match handed {
-        Ok(true) => supervise(sock, plan, &init, ctl, rep_r, agent_fds, sandbox_ns),
+        Ok(true) => supervise(
+            sock, plan, root_uid, &init, ctl, rep_r, agent_fds, sandbox_ns,
+        ),
         other => other.map(drop),
     };
     // Whatever happened, nothing of the sandbox outlives this function.
@@ -480,7 +500,9 @@ impl Init {
     }
 }
 
-fn write_id_maps(pid: libc::pid_t, ids: &IdMap) -> Result<(), String> {
+/// Write init's id maps. `root_uid`: the host uid of id 0 inside, when it is the
+/// sandbox's own rather than `uid_base` (see `crate::ids`).
+fn write_id_maps(pid: libc::pid_t, ids: &IdMap, root_uid: Option<u32>) -> Result<(), String> {
     let proc_ = format!("/proc/{pid}");
     let write = |file: &str, text: &str| {
         std::fs::write(format!("{proc_}/{file}"), text).map_err(|e| format!("write {file}: {e}"))
@@ -495,7 +517,14 @@ fn write_id_maps(pid: libc::pid_t, ids: &IdMap) -> Result<(), String> {
             if uid_base == 0 || gid_base == 0 {
                 return Err("refusing an id map onto host id 0".into());
             }
-            write("uid_map", &format!("0 {uid_base} {count}\n"))?;
+            match root_uid {
+                Some(root) if count > 1 => write(
+                    "uid_map",
+                    &format!("0 {root} 1\n1 {} {}\n", uid_base + 1, count - 1),
+                )?,
+                Some(root) => write("uid_map", &format!("0 {root} 1\n"))?,
+                None => write("uid_map", &format!("0 {uid_base} {count}\n"))?,
+            }
             write("gid_map", &format!("0 {gid_base} {count}\n"))?;
         }
         IdMap::Single { uid, gid } => {
@@ -600,9 +629,11 @@ fn hand_over_cgroup(
 
 /// The rest of the start (init has its cgroup files), then the run. `sandbox_ns` are the
 /// namespaces of a zygote's init, for the relay's checks.
+#[allow(clippy::too_many_arguments)]
 fn supervise(
     sock: &mut UnixStream,
     plan: &LaunchPlan,
+    root_uid: Option<u32>,
     init: &Init,
     ctl: OwnedFd,
     rep_r: RawFd,
@@ -610,7 +641,7 @@ fn supervise(
     mut sandbox_ns: Option<Result<crate::scratch::SandboxNs, crate::scratch::ScratchError>>,
 ) -> Result<(), LaunchError> {
     // 3. The id maps; init builds the sandbox once they are there.
-    if let Err(e) = write_id_maps(init.pid, &plan.ids) {
+    if let Err(e) = write_id_maps(init.pid, &plan.ids, root_uid) {
         return failed(
             sock,
             Phase::Start,
