@@ -206,6 +206,13 @@ fn report(out: &Outcome, json: bool, mem: &str, timeout: &str) -> i32 {
     } else {
         1
     };
+    if !json && out.output_dropped > 0 {
+        eprintln!(
+            "zygo: {} bytes of the program's output were dropped: zygo's output was not read \
+             once the sandbox had been ended",
+            out.output_dropped
+        );
+    }
     if json {
         say!("{}", crate::output::json(&answer(out, mem, timeout)));
     } else if let Some(err) = &out.error {
