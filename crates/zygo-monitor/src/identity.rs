@@ -79,7 +79,7 @@ impl Identity {
     pub fn shortfall(&self) -> Option<String> {
         match self.ids {
             IdMap::Range { count, owners, .. } if owners == 0 || count < IMAGE_IDS + MIN_REQUEST_IDS => Some(format!(
-                "the subordinate id range has {} ids; with {DEFAULT_COUNT} each sandbox gets an owner of its own \
+                "the subordinate id range has {} ids; with {DEFAULT_COUNT} each sandbox gets an owner and a root of its own \
                  (its own share of per-user kernel limits) and requests get uids above the image's \
                  (ZYGO_SUBID=BASE:{DEFAULT_COUNT}, or a `zygo:BASE:{DEFAULT_COUNT}` line in /etc/subuid and /etc/subgid)",
                 u64::from(count) + u64::from(owners)
