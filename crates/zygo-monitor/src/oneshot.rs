@@ -166,7 +166,7 @@ pub struct Outcome {
     /// Passing output through: bytes of the program's output left undelivered because
     /// zygo's own stdout or stderr took nothing more once the sandbox had ended (nothing
     /// read them). Dropped rather than waited for: the sandbox is gone by then.
-    pub output_dropped: u64,
+    pub output_dropped: u32,
 }
 
 impl Outcome {
@@ -192,7 +192,7 @@ fn unique_name() -> String {
 pub fn run(backend: &Backend, req: Request) -> Outcome {
     match start(req) {
         Ok(started) => started.finish(backend, || {}),
-        Err(out) => out,
+        Err(out) => *out,
     }
 }
 
@@ -221,10 +221,11 @@ enum Feeder {
 
 /// Spawn the launcher for `req` and send it the plan. Nothing runs in the sandbox until
 /// [`Started::finish`] has placed it in its cgroup.
-pub fn start(req: Request) -> Result<Started, Outcome> {
+pub fn start(req: Request) -> Result<Started, Box<Outcome>> {
     let t0 = Instant::now();
-    let start_err =
-        |what: &str, e: std::io::Error| Outcome::refused(Phase::Start, format!("{what}: {e}"));
+    let start_err = |what: &str, e: std::io::Error| {
+        Box::new(Outcome::refused(Phase::Start, format!("{what}: {e}")))
+    };
     let (sock_mon, sock_launcher) =
         UnixStream::pair().map_err(|e| start_err("create the launcher channel", e))?;
     let (out_r, out_w) = pipe().map_err(|e| start_err("create a pipe", e))?;
@@ -238,7 +239,7 @@ pub fn start(req: Request) -> Result<Started, Outcome> {
             let kind =
                 StdinKind::of(&f).map_err(|e| start_err("inspect the program's stdin", e))?;
             if let Some(why) = kind.refusal("the program's stdin") {
-                return Err(Outcome::refused(Phase::Plan, why));
+                return Err(Box::new(Outcome::refused(Phase::Plan, why)));
             }
             if kind == StdinKind::Direct {
                 (Some(OwnedFd::from(f)), None)
@@ -299,15 +300,15 @@ pub fn start(req: Request) -> Result<Started, Outcome> {
     if let Err(e) = handed {
         let _ = child.kill();
         let _ = child.wait();
-        return Err(Outcome::refused(Phase::Start, e));
+        return Err(Box::new(Outcome::refused(Phase::Start, e)));
     }
     if let Err(e) = write_frame(&mut sock, &ToLauncher::Start(Box::new(plan))) {
         let _ = child.kill();
         let _ = child.wait();
-        return Err(Outcome::refused(
+        return Err(Box::new(Outcome::refused(
             Phase::Start,
             format!("send the plan to the launcher: {e}"),
-        ));
+        )));
     }
     Ok(Started {
         t0,
@@ -533,14 +534,14 @@ impl Stream {
     }
 
     /// What is left unread in the program's pipe (dropped when the relay gives up).
-    fn unread(&self) -> u64 {
+    fn unread(&self) -> u32 {
         let Some(f) = self.fd.as_ref() else { return 0 };
         let mut n: libc::c_int = 0;
         // SAFETY: FIONREAD on a pipe we hold, into an int.
         if unsafe { libc::ioctl(f.as_raw_fd(), libc::FIONREAD, &mut n) } < 0 {
             return 0;
         }
-        n.max(0) as u64
+        n.max(0) as u32
     }
 
     /// When a waiting drain is due.
@@ -922,7 +923,7 @@ fn drive(ending: &mut Ending, st: Started, meanwhile: impl FnOnce()) -> (Outcome
         }
     }
     if output == Output::PassThrough {
-        out.output_dropped = stdout.unread() + stderr.unread();
+        out.output_dropped = stdout.unread().saturating_add(stderr.unread());
     }
     out.stdout = stdout.kept;
     out.stdout_truncated = stdout.truncated;
