@@ -31,13 +31,33 @@ struct MountAttr {
     userns_fd: u64,
 }
 
-/// Mount every tree in `trees` (detached, from the monitor) idmapped: host uid `root` (the
-/// sandbox's id 0) reads and writes as `uid_base` on disk; every other id as itself.
-pub fn idmap_trees(trees: &[OwnedFd], uid_base: u32, count: u32, root: u32) -> io::Result<()> {
-    if trees.is_empty() {
-        return Ok(());
+/// A child of this process, killed already, reaped when this is dropped: waiting for it to
+/// exit would put a trip through the scheduler on the sandbox's start.
+pub struct Reap(libc::pid_t);
+
+impl Drop for Reap {
+    fn drop(&mut self) {
+        let mut status = 0;
+        // SAFETY: our own child, killed, not yet reaped.
+        while unsafe { libc::waitpid(self.0, &mut status, 0) } < 0
+            && io::Error::last_os_error().raw_os_error() == Some(libc::EINTR)
+        {}
     }
-    let userns = mapping_namespace(uid_base, count, root)?;
+}
+
+/// Mount every tree in `trees` (detached, from the monitor) idmapped: host uid `root` (the
+/// sandbox's id 0) reads and writes as `uid_base` on disk; every other id as itself. The
+/// returned child (if any) is to be reaped once the sandbox is under way.
+pub fn idmap_trees(
+    trees: &[OwnedFd],
+    uid_base: u32,
+    count: u32,
+    root: u32,
+) -> io::Result<Option<Reap>> {
+    if trees.is_empty() {
+        return Ok(None);
+    }
+    let (userns, child) = mapping_namespace(uid_base, count, root)?;
     for tree in trees {
         let attr = MountAttr {
             attr_set: MOUNT_ATTR_IDMAP,
@@ -61,7 +81,7 @@ pub fn idmap_trees(trees: &[OwnedFd], uid_base: u32, count: u32, root: u32) -> i
             return Err(io::Error::last_os_error());
         }
     }
-    Ok(())
+    Ok(Some(child))
 }
 
 /// The uid map of the idmapping namespace: on-disk id `uid_base` is host `root`; ids below
@@ -81,8 +101,9 @@ pub fn mount_uid_map(uid_base: u32, count: u32, root: u32) -> String {
 }
 
 /// A user namespace holding the mapping of [`mount_uid_map`] (gids unchanged), made by a
-/// short-lived child that waits in it while its maps are written.
-fn mapping_namespace(uid_base: u32, count: u32, root: u32) -> io::Result<OwnedFd> {
+/// child that is killed as soon as its maps are written and the namespace is held (it
+/// never needs to run).
+fn mapping_namespace(uid_base: u32, count: u32, root: u32) -> io::Result<(OwnedFd, Reap)> {
     // SAFETY: a raw clone with a null stack behaves like fork; the launcher is
     // single-threaded, and the child only calls async-signal-safe functions.
     let pid = unsafe {
@@ -125,14 +146,9 @@ fn mapping_namespace(uid_base: u32, count: u32, root: u32) -> io::Result<OwnedFd
         Ok(unsafe { OwnedFd::from_raw_fd(fd) })
     })();
     // SAFETY: our own child, not yet reaped.
-    unsafe {
-        libc::kill(pid, libc::SIGKILL);
-        let mut status = 0;
-        while libc::waitpid(pid, &mut status, 0) < 0
-            && io::Error::last_os_error().raw_os_error() == Some(libc::EINTR)
-        {}
-    }
-    made
+    unsafe { libc::kill(pid, libc::SIGKILL) };
+    let child = Reap(pid);
+    made.map(|ns| (ns, child))
 }
 
 #[cfg(test)]

@@ -193,6 +193,7 @@ pub fn run(
     // Id 0 inside maps onto that same owner id where there is one (see `crate::ids`): the
     // host folders handed in are idmapped so that on disk they keep the shared owner.
     let mut root_uid = None;
+    let mut _idmap_child = None;
     let as_subordinate = match plan.ids {
         IdMap::Range {
             uid_base,
@@ -204,7 +205,10 @@ pub fn run(
             if owners > 0 {
                 let folders = &handed[usize::from(plan.image_handed)..];
                 root_uid = match crate::ids::idmap_trees(folders, uid_base, count, uid) {
-                    Ok(()) => Some(uid),
+                    Ok(child) => {
+                        _idmap_child = child;
+                        Some(uid)
+                    }
                     Err(e) => {
                         log::warn!(
                             "launcher: a folder handed into the sandbox cannot be idmapped ({e}); \
