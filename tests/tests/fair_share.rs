@@ -496,21 +496,28 @@ both_tests! {
 }
 
 /// Run `hog` (guarded Python) in one sandbox until it has taken a per-user kernel
-/// allowance, then `victim` (a guarded probe) in another while the first still holds it.
-/// `hog` reports how it fared with `done(...)` and then calls `hold()`, which keeps what
-/// it took until the test lets it go. Returns (the hog's report, the victim's).
-fn while_another_sandbox_holds(who: Who, hog: &str, victim: &str) -> (Value, Value) {
+/// allowance, then `victim` (a guarded probe) in another while the first still holds it,
+/// both with `flags`. `hog` reports how it fared with `done(...)` and then calls `hold()`,
+/// which keeps what it took until the test lets it go. Returns (the hog's report, the
+/// victim's).
+fn while_another_sandbox_holds(
+    who: Who,
+    flags: &[&str],
+    hog: &str,
+    victim: &str,
+) -> (Value, Value) {
     let (prefix, marker) = sleep_marker(60);
     let code = format!(
         "import subprocess\ndef hold():\n    subprocess.call(['sleep', {marker:?}])\n{hog}"
     );
     let script = probe_script(&code);
     let guard = guard_flags();
-    let mut flags: Vec<&str> = guard.iter().map(String::as_str).collect();
-    flags.extend(["--timeout", "90s"]);
-    let r = Running::start(who, &flags, &["python3", "-c", &script]);
+    let mut hog_flags: Vec<&str> = guard.iter().map(String::as_str).collect();
+    hog_flags.extend(["--timeout", "90s"]);
+    hog_flags.extend(flags);
+    let r = Running::start(who, &hog_flags, &["python3", "-c", &script]);
     let sleeper = r.find(&prefix);
-    let v = probe(who, &[], victim);
+    let v = probe(who, flags, victim);
     // SAFETY: signalling the hog's `sleep`, found by its unique command line.
     unsafe { libc::kill(sleeper, libc::SIGKILL) };
     let (a, _) = r.answer();
@@ -566,7 +573,7 @@ fn pipe_buffers_are_counted_per_sandbox() {
         "{BIG_PIPE}\nheld = [os.pipe() for _ in range({pipes})]\ndone(pipes=len(held), own=big_pipe())\nhold()"
     );
     let (a, v) =
-        while_another_sandbox_holds(who, &hog, &format!("{BIG_PIPE}\ndone(big=big_pipe())"));
+        while_another_sandbox_holds(who, &[], &hog, &format!("{BIG_PIPE}\ndone(big=big_pipe())"));
     eprintln!("hog: {a}; victim: {v}");
     // The hog did pass its own budget...
     assert_result(who, &a, "own", &["EPERM"]);
@@ -602,7 +609,7 @@ fn descriptors_in_flight_are_counted_per_sandbox() {
         "{SEND_FDS}\na, b = socket.socketpair()\nfirst = send_fds(a, 0, 4300)\ndone(first=first, more=send_fds(a, 0, 1))\nhold()"
     );
     let victim = format!("{SEND_FDS}\na, b = socket.socketpair()\ndone(send=send_fds(a, 0, 1))");
-    let (a, v) = while_another_sandbox_holds(who, &hog, &victim);
+    let (a, v) = while_another_sandbox_holds(who, &[], &hog, &victim);
     eprintln!("hog: {a}; victim: {v}");
     assert_result(who, &a, "first", &["OK"]);
     assert_result(who, &a, "more", &["ETOOMANYREFS"]);
@@ -634,7 +641,7 @@ def timer():
 fn queued_signals_are_counted_per_sandbox(who: Who) {
     let hog = format!("{QUEUE_SIGNALS}\nn, why = queue(1 << 20)\ndone(queued=n, why=why)\nhold()");
     let victim = format!("{QUEUE_SIGNALS}\nn, why = queue(1)\ndone(queue=why, timer=timer())");
-    let (a, v) = while_another_sandbox_holds(who, &hog, &victim);
+    let (a, v) = while_another_sandbox_holds(who, &[], &hog, &victim);
     eprintln!("[{}] hog: {a}; victim: {v}", who.name());
     assert_result(who, &a, "why", &["EAGAIN"]);
     assert_result(who, &v, "queue", &["OK"]);
@@ -705,4 +712,50 @@ both_tests! {
         // The deadline, then at most 2 s for the reader, and the start: well within 10 s.
         assert!(elapsed < Duration::from_secs(10), "[{}] zygo took {elapsed:?}", who.name());
     }
+}
+
+/// As root, two sandboxes running at once are different host uids (each sandbox's id 0 is
+/// its owner id), yet a host folder handed to both keeps one owner on disk: a private file
+/// (0600) the first writes there, the second may append to, and on the host it belongs to
+/// the subordinate range's first id, as it always has.
+#[test]
+fn each_sandbox_is_a_host_uid_of_its_own_and_handed_folders_keep_one_owner() {
+    if !root_only() {
+        return;
+    }
+    let who = Who::Root;
+    let dir = TempDir::new(0o777);
+    let mount = format!("{}:/shared:rw", dir.str());
+    let (base_uid, base_gid) = sandbox_host_ids(who);
+    let first_line = "open('/proc/self/uid_map').readline().split()";
+    let hog = format!(
+        "m = {first_line}\nfd = os.open('/shared/private', os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)\nos.write(fd, b'one\\n'); os.close(fd)\ndone(inside=int(m[0]), host=int(m[1]))\nhold()"
+    );
+    let victim = format!(
+        "m = {first_line}\nwith open('/shared/private', 'a') as f: f.write('two\\n')\ndone(inside=int(m[0]), host=int(m[1]), text=open('/shared/private').read(), owner=os.stat('/shared/private').st_uid)"
+    );
+    let (a, v) = while_another_sandbox_holds(who, &["--mount", &mount], &hog, &victim);
+    eprintln!("first: {a}; second: {v}");
+    assert_eq!(
+        (&a["inside"], &v["inside"]),
+        (&0.into(), &0.into()),
+        "{a} {v}"
+    );
+    let (ha, hv) = (
+        a["host"].as_u64().unwrap_or(0),
+        v["host"].as_u64().unwrap_or(0),
+    );
+    assert_ne!(ha, hv, "two live sandboxes share host uid {ha}");
+    for h in [ha, hv] {
+        assert!(
+            h > u64::from(base_uid),
+            "host uid {h} is not above the range's first id {base_uid}"
+        );
+    }
+    assert_eq!(v["text"], "one\ntwo\n", "{v}");
+    // Inside, the file is root's; on the host, the range's first id's.
+    assert_eq!(v["owner"], 0, "{v}");
+    use std::os::unix::fs::MetadataExt;
+    let m = std::fs::metadata(dir.path.join("private")).expect("the file");
+    assert_eq!((m.uid(), m.gid()), (base_uid, base_gid));
 }

@@ -47,8 +47,8 @@ pub enum IdMap {
     /// kernel also counts pipe buffers, descriptors in flight and epoll watches per host
     /// uid of the process, so every sandbox's root is a host uid of its own. Host folders
     /// handed in are mounted idmapped, so that files written there are owned by `base` on
-    /// disk whichever sandbox wrote them (a folder that cannot be idmapped keeps `base` as
-    /// the sandbox's root). Gids are mapped `0..count` onto `gid_base ..`.
+    /// disk whichever sandbox wrote them (a folder on a filesystem that cannot be idmapped
+    /// is mounted as it is). Gids are mapped `0..count` onto `gid_base ..`.
     Range {
         uid_base: u32,
         gid_base: u32,

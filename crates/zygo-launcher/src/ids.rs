@@ -13,8 +13,10 @@
 //! Files keep one owner on disk, whatever sandbox wrote them: a host folder handed into
 //! the sandbox (a workspace, a `--mount`) is mounted *idmapped*, so that on disk the
 //! sandbox's root is still `uid_base` (as it was when every sandbox's root was that id)
-//! and the next sandbox, with another uid, owns the same files. A filesystem that cannot
-//! be idmapped keeps the shared id for that sandbox (and the launcher says so).
+//! and the next sandbox, with another uid, owns the same files. A folder on a filesystem
+//! that cannot be idmapped (proc, sysfs, some network filesystems) is mounted as it is:
+//! read-only that changes nothing the sandbox could do; a writable one shows the sandbox
+//! files of `uid_base` as someone else's, and the launcher says so.
 
 use std::io;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
@@ -46,18 +48,20 @@ impl Drop for Reap {
 }
 
 /// Mount every tree in `trees` (detached, from the monitor) idmapped: host uid `root` (the
-/// sandbox's id 0) reads and writes as `uid_base` on disk; every other id as itself. The
-/// returned child (if any) is to be reaped once the sandbox is under way.
-pub fn idmap_trees(
-    trees: &[OwnedFd],
+/// sandbox's id 0) reads and writes as `uid_base` on disk; every other id as itself.
+/// Returns the child to reap once the sandbox is under way (if one was made), and for each
+/// tree whether it is idmapped.
+pub fn idmap_trees<'a>(
+    trees: impl ExactSizeIterator<Item = &'a OwnedFd>,
     uid_base: u32,
     count: u32,
     root: u32,
-) -> io::Result<Option<Reap>> {
-    if trees.is_empty() {
-        return Ok(None);
+) -> io::Result<(Option<Reap>, Vec<io::Result<()>>)> {
+    if trees.len() == 0 {
+        return Ok((None, Vec::new()));
     }
     let (userns, child) = mapping_namespace(uid_base, count, root)?;
+    let mut done = Vec::new();
     for tree in trees {
         let attr = MountAttr {
             attr_set: MOUNT_ATTR_IDMAP,
@@ -77,11 +81,13 @@ pub fn idmap_trees(
                 std::mem::size_of::<MountAttr>(),
             )
         };
-        if r < 0 {
-            return Err(io::Error::last_os_error());
-        }
+        done.push(if r < 0 {
+            Err(io::Error::last_os_error())
+        } else {
+            Ok(())
+        });
     }
-    Ok(Some(child))
+    Ok((Some(child), done))
 }
 
 /// The uid map of the idmapping namespace: on-disk id `uid_base` is host `root`; ids below

@@ -203,21 +203,19 @@ pub fn run(
         } => {
             let (uid, gid) = owner_ids(uid_base, gid_base, count, owners);
             if owners > 0 {
-                let folders = &handed[usize::from(plan.image_handed)..];
-                root_uid = match crate::ids::idmap_trees(folders, uid_base, count, uid) {
+                match idmap_handed(plan, &handed, uid_base, count, uid) {
                     Ok(child) => {
                         _idmap_child = child;
-                        Some(uid)
+                        root_uid = Some(uid);
                     }
                     Err(e) => {
-                        log::warn!(
-                            "launcher: a folder handed into the sandbox cannot be idmapped ({e}); \
-                             this sandbox's root is host uid {uid_base}, shared with other \
-                             sandboxes in the same case (and so are its per-user kernel allowances)"
-                        );
-                        None
+                        return failed(
+                            sock,
+                            Phase::Start,
+                            format!("map the ids of the folders handed in: {e}"),
+                        )
                     }
-                };
+                }
             }
             // SAFETY: changing only the effective ids of this single-threaded process.
             let r = unsafe { libc::setresgid(u32::MAX, gid, u32::MAX) };
@@ -446,6 +444,43 @@ fn owner_ids(uid_base: u32, gid_base: u32, count: u32, owners: u32) -> (u32, u32
     }
     let i = std::process::id() % owners;
     (uid_base + count + i, gid_base + count + i)
+}
+
+/// Mount the host folders handed in (not the image) idmapped for a sandbox whose id 0 is
+/// host `root` (see `crate::ids`), and say which cannot be. The child to reap later.
+fn idmap_handed(
+    plan: &LaunchPlan,
+    handed: &[OwnedFd],
+    uid_base: u32,
+    count: u32,
+    root: u32,
+) -> Result<Option<crate::ids::Reap>, String> {
+    // In the order the monitor sent them: the image, the handed mounts, the workspace.
+    let mut folders: Vec<(&str, bool)> = plan
+        .mounts
+        .iter()
+        .filter(|m| m.handed)
+        .map(|m| (m.dst.as_str(), m.rw))
+        .collect();
+    if plan.work_handed {
+        folders.push(("/work", true));
+    }
+    let trees = handed.get(usize::from(plan.image_handed)..).unwrap_or(&[]);
+    let (child, done) = crate::ids::idmap_trees(trees.iter(), uid_base, count, root)
+        .map_err(|e| format!("make the idmapping namespace: {e}"))?;
+    for ((dst, rw), r) in folders.iter().zip(&done) {
+        match r {
+            Ok(()) => {}
+            // Read-only, nothing the sandbox may do there depends on who owns what.
+            Err(e) if !rw => log::debug!("launcher: {dst} is not idmapped: {e}"),
+            Err(e) => log::warn!(
+                "launcher: the writable folder {dst} cannot be idmapped ({e}): the sandbox \
+                 writes there as host uid {root}, and files of host uid {uid_base} there are \
+                 not its own"
+            ),
+        }
+    }
+    Ok(child)
 }
 
 /// Back to effective root after creating the sandbox as its subordinate uid.
