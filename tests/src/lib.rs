@@ -1103,18 +1103,6 @@ pub fn sandbox_host_ids(who: Who) -> (u32, u32) {
     (base(&lines(uid_map)), base(&lines(gid_map)))
 }
 
-/// The host uid that a sandbox of `who`'s processes run as (id 0 inside): a uid of each
-/// sandbox's own as root.
-pub fn sandbox_root_uid(who: Who) -> u32 {
-    let (v, code) = run_json(who, &[], &["sh", "-c", "head -n1 /proc/self/uid_map"]);
-    assert_ok(who, &v, code);
-    let f: Vec<u64> = s(&v, "stdout")
-        .split_whitespace()
-        .map(|n| n.parse().expect("id map numbers"))
-        .collect();
-    f[1] as u32
-}
-
 /// Assert that a probe's result `key` is one of `expected` (errno names, or "OK").
 #[track_caller]
 pub fn assert_result(who: Who, r: &Value, key: &str, expected: &[&str]) {
