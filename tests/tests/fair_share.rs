@@ -759,3 +759,22 @@ fn each_sandbox_is_a_host_uid_of_its_own_and_handed_folders_keep_one_owner() {
     let m = std::fs::metadata(dir.path.join("private")).expect("the file");
     assert_eq!((m.uid(), m.gid()), (base_uid, base_gid));
 }
+
+both_tests! {
+    /// The other side of not waiting on an unread stdout: a program that ends on its own
+    /// has all its output passed on, however long the reader takes to start reading.
+    fn a_slow_reader_still_gets_all_the_output(who) {
+        let mut c = zygo(who);
+        c.args(["run", "--", "head", "-c", "3000000", "/dev/zero"])
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
+        let child = c.spawn().unwrap_or_else(|e| panic!("spawn {c:?}: {e}"));
+        // Longer than zygo gives an unread stdout once it has ended a sandbox itself.
+        std::thread::sleep(Duration::from_secs(3));
+        let out = child.wait_with_output().expect("wait for zygo");
+        assert_eq!(out.status.code(), Some(0), "[{}] {}", who.name(), String::from_utf8_lossy(&out.stderr));
+        assert_eq!(out.stdout.len(), 3_000_000, "[{}] {}", who.name(), String::from_utf8_lossy(&out.stderr));
+        assert!(out.stderr.is_empty(), "[{}] {}", who.name(), String::from_utf8_lossy(&out.stderr));
+    }
+}
