@@ -97,6 +97,7 @@ fn answer(id: &str, result: &str) -> ExecAnswer {
         usage: None,
         workspace_out: None,
         workspace_out_truncated: false,
+        stream_truncated: false,
     }
 }
 

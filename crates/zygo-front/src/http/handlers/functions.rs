@@ -188,8 +188,19 @@ pub fn exec(front: &Front, call: &mut Call, req: ExecRequest) -> Out {
     }
 }
 
+/// Lines of a stream waiting for a slow client, at most, and their bytes at most. Past
+/// either the call's events are dropped from there on (the answer still comes, marked
+/// `stream_truncated`): the channel is read at the supervisor's pace whatever the client
+/// does, so a client that reads slowly or never costs the front nothing but its worker.
+pub const STREAM_QUEUE_LINES: usize = 256;
+pub const STREAM_QUEUE_BYTES: usize = 1024 * 1024;
+
 /// A streamed call: headers first (before the call's id is known), one line per event,
 /// the last line the answer with its `status`. Chunked for HTTP/1.1, each line flushed.
+///
+/// The channel is read on this thread and the HTTP client written on another, through a
+/// bounded queue: the supervisor's events are taken as they come however slowly the
+/// client reads, and what does not fit in the queue is dropped, never waited for.
 fn exec_stream(front: &Front, call: &mut Call, req: ExecRequest) -> Out {
     let Some(rq) = call.rq.take() else {
         return Out::Done;
@@ -205,62 +216,87 @@ fn exec_stream(front: &Front, call: &mut Call, req: ExecRequest) -> Out {
             "Connection: close\r\n"
         }
     );
-    // Once the client is gone, the call still runs to its answer (so the channel stays in
-    // step); what it says is dropped.
-    let mut gone = w
-        .write_all(head.as_bytes())
-        .and_then(|()| w.flush())
-        .is_err();
-    let line = |w: &mut Box<dyn Write + Send>, v: &Value, gone: &mut bool| {
-        if *gone {
-            return;
-        }
+    let (tx, rx) = std::sync::mpsc::sync_channel::<Vec<u8>>(STREAM_QUEUE_LINES);
+    let queued = AtomicUsize::new(0);
+    let frame = |v: &Value| {
         let mut text = v.to_string();
         text.push('\n');
-        let r = if chunked {
-            write!(w, "{:x}\r\n{text}\r\n", text.len())
+        if chunked {
+            format!("{:x}\r\n{text}\r\n", text.len()).into_bytes()
         } else {
-            w.write_all(text.as_bytes())
-        };
-        if r.and_then(|()| w.flush()).is_err() {
-            *gone = true;
+            text.into_bytes()
         }
     };
-    let result = {
-        let w = &mut w;
-        let gone = &mut gone;
-        ask_until(
+    std::thread::scope(|s| {
+        let queued = &queued;
+        // The writer: once the client is gone (a write failed or timed out), what comes
+        // is dropped; the call still runs to its answer, so the channel stays in step.
+        s.spawn(move || {
+            let mut gone = w
+                .write_all(head.as_bytes())
+                .and_then(|()| w.flush())
+                .is_err();
+            for bytes in rx {
+                if !gone && w.write_all(&bytes).and_then(|()| w.flush()).is_err() {
+                    gone = true;
+                }
+                queued.fetch_sub(bytes.len(), Ordering::AcqRel);
+            }
+            if chunked && !gone {
+                let _ = w.write_all(b"0\r\n\r\n").and_then(|()| w.flush());
+            }
+        });
+        let mut cut = false;
+        let result = ask_until(
             front,
             &call.who,
             Request::Exec(req),
             call_deadline(call),
             |ev| {
+                if cut {
+                    return;
+                }
                 let (stream, data) = match ev {
                     ExecEvent::Stdout(d) => ("stdout", d),
                     ExecEvent::Stderr(d) => ("stderr", d),
                     ExecEvent::Progress(d) => ("progress", d),
                 };
-                line(w, &json!({"stream": stream, "data": data}), gone);
+                let bytes = frame(&json!({"stream": stream, "data": data}));
+                let n = bytes.len();
+                if queued.load(Ordering::Acquire) + n > STREAM_QUEUE_BYTES {
+                    cut = true;
+                    return;
+                }
+                queued.fetch_add(n, Ordering::AcqRel);
+                if tx.try_send(bytes).is_err() {
+                    queued.fetch_sub(n, Ordering::AcqRel);
+                    cut = true;
+                }
             },
-        )
-    };
-    let last = match result {
-        Ok(Reply::Answer(a)) => {
-            let (status, mut body) = exec_answer(&a);
-            body["status"] = json!(status);
-            body
-        }
-        Ok(r) => {
-            let e = unexpected(&r);
-            json!({"status": e.status, "error": e.message, "code": e.code})
-        }
-        Err(e) => json!({"status": e.status, "error": e.message, "code": e.code}),
-    };
-    crate::http::metrics::count(last["status"].as_u64().unwrap_or(200) as u16);
-    line(&mut w, &last, &mut gone);
-    if chunked && !gone {
-        let _ = w.write_all(b"0\r\n\r\n").and_then(|()| w.flush());
-    }
+        );
+        let last = match result {
+            Ok(Reply::Answer(a)) => {
+                let (status, mut body) = exec_answer(&a);
+                body["status"] = json!(status);
+                if cut {
+                    body["stream_truncated"] = json!(true);
+                }
+                body
+            }
+            Ok(r) => {
+                let e = unexpected(&r);
+                json!({"status": e.status, "error": e.message, "code": e.code})
+            }
+            Err(e) => json!({"status": e.status, "error": e.message, "code": e.code}),
+        };
+        crate::http::metrics::count(last["status"].as_u64().unwrap_or(200) as u16);
+        let bytes = frame(&last);
+        queued.fetch_add(bytes.len(), Ordering::AcqRel);
+        // The writer always takes what is queued (writing or dropping it), so this waits
+        // at most for the lines ahead of it to be written or given up on.
+        let _ = tx.send(bytes);
+        drop(tx);
+    });
     Out::Done
 }
 

@@ -191,6 +191,10 @@ pub fn exec_answer(a: &ExecAnswer) -> (u16, Value) {
             status
         }
     };
+    // A streamed call whose events were cut short (its client read too slowly).
+    if a.stream_truncated {
+        body["stream_truncated"] = json!(true);
+    }
     // Asked for with `out`: the directory, packed (the caller's SDK decodes it).
     if let Some(tar) = &a.workspace_out {
         body["workspace"] = json!(crate::http::base64::encode(tar));
@@ -273,6 +277,7 @@ mod tests {
             metrics: Metrics::default(),
             workspace_out: None,
             workspace_out_truncated: false,
+            stream_truncated: false,
             usage: None,
         };
         let (st, v) = exec_answer(&base);
