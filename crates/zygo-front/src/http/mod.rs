@@ -11,6 +11,7 @@
 pub mod base64;
 pub mod body;
 pub mod channel;
+pub mod fair;
 pub mod handlers;
 pub mod metrics;
 pub mod openapi;
@@ -43,6 +44,18 @@ pub const BODY_TIMEOUT: Duration = Duration::from_secs(60);
 pub const WORKERS_MIN: usize = 64;
 /// Connections served at once.
 pub const MAX_CONNECTIONS: usize = 512;
+/// Connections served at once from one peer address.
+pub const MAX_CONNECTIONS_PER_PEER: usize = MAX_CONNECTIONS / 4;
+/// Request bodies read at once from one peer address.
+pub const MAX_BODY_READERS_PER_PEER: usize = WORKERS_MIN / 4;
+/// After its first second, a body must keep arriving at this many bytes a second on
+/// average (counted from that first second), or it is dropped with 408.
+pub const MIN_BODY_RATE: usize = 64 * 1024;
+/// The longest a request waits for a free channel to the supervisor before it is answered
+/// 429 (never the caller's own deadline: a worker waiting is a worker nobody else has).
+pub const ACQUIRE_WAIT: Duration = Duration::from_secs(2);
+/// How long the supervisor may take to say who a caller is, before its body is read.
+pub const AUTH_WAIT: Duration = Duration::from_secs(10);
 /// Beyond the caller's deadline, how long the front waits for the supervisor's answer to a
 /// call (the supervisor enforces the deadline itself and answers `timeout`).
 pub const ANSWER_GRACE: Duration = Duration::from_secs(15);
@@ -50,6 +63,12 @@ pub const ANSWER_GRACE: Duration = Duration::from_secs(15);
 /// The front's shared state.
 pub struct Front {
     pub chans: std::sync::Arc<channel::Pool>,
+    /// Channels one credential may hold at once: a quarter of them.
+    pub shares: fair::Shares,
+    /// Bodies being read per peer address.
+    pub readers: Arc<fair::Readers>,
+    /// Credentials the supervisor recently said it knows.
+    pub auth: fair::AuthCache,
     pub flags: FrontFlags,
     pub stopping: AtomicBool,
     pub in_flight: AtomicUsize,
@@ -150,6 +169,8 @@ pub struct Call {
     pub timeout_ms: u64,
     pub key: Option<String>,
     pub who: Credentials,
+    /// The place this request's body holds among its peer's readers, until it was read.
+    pub reading: Option<fair::Reading>,
 }
 
 impl Call {
@@ -194,10 +215,12 @@ impl Call {
 
     /// The body, read within the caps.
     pub fn body(&mut self) -> Result<Vec<u8>, HttpError> {
-        match self.rq.as_mut() {
+        let r = match self.rq.as_mut() {
             Some(rq) => body::read(rq),
             None => Ok(Vec::new()),
-        }
+        };
+        self.reading = None;
+        r
     }
 
     /// Wrap an inner request with who is asking.
@@ -241,6 +264,7 @@ pub fn own_headers() -> Vec<Header> {
 pub fn limits() -> tiny_http::Limits {
     tiny_http::Limits {
         max_connections: MAX_CONNECTIONS,
+        max_per_peer: MAX_CONNECTIONS_PER_PEER,
         idle_timeout: IDLE_TIMEOUT,
         head_timeout: Duration::from_secs(30),
         write_timeout: Duration::from_secs(30),
@@ -297,7 +321,11 @@ pub fn serve(
     // More workers than channels: a worker reading a slow client's body holds no channel,
     // so a few slow uploads cannot leave the channels idle and everyone else waiting.
     let workers = (chans.len() * 4).max(WORKERS_MIN);
+    let share = (chans.len() / 4).max(1);
     let front = Arc::new(Front {
+        shares: fair::Shares::new(share),
+        readers: Arc::new(fair::Readers::new(MAX_BODY_READERS_PER_PEER)),
+        auth: fair::AuthCache::default(),
         chans: channel::Pool::new(chans),
         flags,
         stopping: AtomicBool::new(false),
@@ -428,6 +456,14 @@ fn read_headers(rq: &tiny_http::Request, call: &mut Call) -> Result<(), HttpErro
     Ok(())
 }
 
+/// Whether a request comes with a body (announced with a length over 0, or chunked).
+fn has_body(rq: &tiny_http::Request) -> bool {
+    match rq.body_length() {
+        Some(n) => n > 0,
+        None => !header_values(rq, "Transfer-Encoding").is_empty(),
+    }
+}
+
 /// `Authorization: Bearer <token>`. A malformed header is 401 without asking the supervisor.
 fn read_token(rq: &tiny_http::Request) -> Result<Option<String>, HttpError> {
     let Some(v) = one_header(rq, "Authorization")? else {
@@ -527,6 +563,7 @@ pub fn serve_one(front: &Front, rq: tiny_http::Request) {
             token: None,
             tenant: None,
         },
+        reading: None,
     };
     let checked = read_headers(&rq, &mut call).and_then(|()| {
         if route.who == routes::Who::None {
@@ -540,6 +577,36 @@ pub fn serve_one(front: &Front, rq: tiny_http::Request) {
         Err(e) => {
             respond_json(rq, e.status, &e.body(), &id, e.retry_after, &[], false);
             return;
+        }
+    }
+    // A body is read only for a caller the supervisor knows, and only so many at once
+    // from one address: nobody without a token can hold a worker or memory with one.
+    if route.who != routes::Who::None && has_body(&rq) {
+        let admitted = handlers::authenticate(front, &call.who).and_then(|()| {
+            match rq.remote_addr().map(|a| a.ip()) {
+                None => Ok(None),
+                Some(ip) => fair::Readers::take(&front.readers, ip).map(Some).ok_or_else(|| {
+                    log::warn!(
+                        "{ip} is sending {} request bodies already; refused one more",
+                        front.readers.per()
+                    );
+                    HttpError::new(
+                        429,
+                        "busy",
+                        format!(
+                            "{} request bodies are being read from this address already; retry when one is done",
+                            front.readers.per()
+                        ),
+                    )
+                }),
+            }
+        });
+        match admitted {
+            Ok(reading) => call.reading = reading,
+            Err(e) => {
+                respond_json(rq, e.status, &e.body(), &id, e.retry_after, &[], true);
+                return;
+            }
         }
     }
     call.rq = Some(rq);

@@ -12,13 +12,18 @@ use proto::front::{ExecEvent, ExecRequest, Reply, Request};
 use serde::Deserialize;
 use serde_json::{json, Value};
 
-use super::{ask, ask_until, call_deadline, exec_answer, function_info, ms_left, name, unexpected};
+use super::{ask, ask_until, ask_with, call_deadline, exec_answer, function_info, ms_left, name, unexpected};
 use crate::http::{body, ok, Call, Front, HttpError, Out};
 
 /// Events in one batch, at most.
 pub const MAX_BATCH: usize = 1000;
-/// Events of one batch in flight at once.
+/// Events of one batch in flight at once, at most (and never more than its caller's share
+/// of the channels).
 pub const BATCH_IN_FLIGHT: usize = 16;
+/// What a batch's answer may hold of its elements' output (stdout, stderr and results
+/// together). Past it an element's stdout and stderr are cut (`*_truncated: true`), and
+/// a result that alone does not fit is left out (that element is 413 `too_large`).
+pub const BATCH_ANSWER_BUDGET: usize = 64 * 1024 * 1024;
 
 pub fn list(front: &Front, call: &mut Call) -> Out {
     if let Err(e) = call.only_query(&[]) {
@@ -325,13 +330,19 @@ pub fn batch(front: &Front, call: &mut Call) -> Out {
     };
     let next = AtomicUsize::new(0);
     let results: Mutex<BTreeMap<usize, Value>> = Mutex::new(BTreeMap::new());
+    let budget = Mutex::new(BATCH_ANSWER_BUDGET);
     let (who, key, deadline) = (&call.who, &call.key, call.deadline);
+    let in_flight = BATCH_IN_FLIGHT.min(front.shares.per()).min(events.len());
     std::thread::scope(|s| {
-        for _ in 0..BATCH_IN_FLIGHT.min(events.len()) {
+        for _ in 0..in_flight {
             s.spawn(|| loop {
                 let i = next.fetch_add(1, Ordering::AcqRel);
                 let Some(ev) = events.get(i) else { return };
-                let v = batch_one(front, who, key, deadline, &name, ev);
+                let mut v = batch_one(front, who, key, deadline, &name, ev);
+                {
+                    let mut left = budget.lock().unwrap_or_else(|p| p.into_inner());
+                    fit_in_budget(&mut v, &mut left);
+                }
                 results
                     .lock()
                     .unwrap_or_else(|p| p.into_inner())
@@ -361,6 +372,43 @@ pub fn batch(front: &Front, call: &mut Call) -> Out {
         }
     }
     ok(json!({ "results": results }))
+}
+
+/// Keep a batch element's answer within what is `left` of the batch's answer budget:
+/// its result first (left out, as 413 `too_large`, when it alone does not fit), then as
+/// much of its stdout and then its stderr as fits, each cut at a character's start and
+/// marked `*_truncated`.
+fn fit_in_budget(v: &mut Value, left: &mut usize) {
+    let result_len = v.get("result").map_or(0, |r| r.to_string().len());
+    if result_len > *left {
+        *v = json!({
+            "status": 413,
+            "error": format!(
+                "the batch's answer passed {} MiB; this event's result was left out",
+                BATCH_ANSWER_BUDGET >> 20
+            ),
+            "code": "too_large",
+        });
+        return;
+    }
+    *left -= result_len;
+    for (text, flag) in [("stdout", "stdout_truncated"), ("stderr", "stderr_truncated")] {
+        let Some(Value::String(s)) = v.get_mut(text) else {
+            continue;
+        };
+        if s.len() > *left {
+            let mut cut = *left;
+            while cut > 0 && !s.is_char_boundary(cut) {
+                cut -= 1;
+            }
+            s.truncate(cut);
+            v[flag] = json!(true);
+        }
+        let Some(Value::String(s)) = v.get(text) else {
+            continue;
+        };
+        *left -= s.len();
+    }
 }
 
 /// One element of a batch: sent only while the batch's deadline has time left, with no
@@ -393,7 +441,8 @@ fn batch_one(
         script: None,
     };
     let deadline = Instant::now() + left + crate::http::ANSWER_GRACE;
-    match ask_until(front, who, Request::Exec(req), deadline, |_| {}) {
+    // An element waits for one of its own caller's leases (never another caller's).
+    match ask_with(front, who, Request::Exec(req), deadline, Some(deadline), |_| {}) {
         Ok(Reply::Answer(a)) => {
             let (status, mut body) = exec_answer(&a);
             body["status"] = json!(status);
@@ -473,6 +522,32 @@ pub fn stats(front: &Front, call: &mut Call) -> Out {
         },
         Ok(r) => unexpected(&r).into(),
         Err(e) => e.into(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_batch_answer_past_its_budget_is_cut_and_marked() {
+        let mut left = 10;
+        let mut v = json!({"status": 200, "result": "ab", "stdout": "0123", "stderr": "éééé",
+            "stdout_truncated": false, "stderr_truncated": false});
+        fit_in_budget(&mut v, &mut left);
+        // "ab" is 4 bytes of JSON; 4 of stdout; 2 of stderr (one é).
+        assert_eq!(v["stdout"], "0123");
+        assert_eq!(v["stdout_truncated"], false);
+        assert_eq!(v["stderr"], "é");
+        assert_eq!(v["stderr_truncated"], true);
+        assert_eq!(left, 0);
+        let mut v = json!({"status": 200, "result": "too long", "stdout": "", "stderr": ""});
+        fit_in_budget(&mut v, &mut left);
+        assert_eq!((v["status"].as_u64(), v["code"].as_str()), (Some(413), Some("too_large")));
+        let mut left = 100;
+        let mut v = json!({"status": 504, "error": "late", "code": "timeout"});
+        fit_in_budget(&mut v, &mut left);
+        assert_eq!(v["code"], "timeout");
     }
 }
 
