@@ -73,7 +73,8 @@ impl Drop for LiveGuard {
 }
 
 /// Connections open per peer address.
-pub(crate) type PeerCounts = Arc<std::sync::Mutex<std::collections::HashMap<std::net::IpAddr, usize>>>;
+pub(crate) type PeerCounts =
+    Arc<std::sync::Mutex<std::collections::HashMap<std::net::IpAddr, usize>>>;
 
 /// Counts a connection against its peer address until dropped.
 pub(crate) struct PeerGuard(PeerCounts, std::net::IpAddr);

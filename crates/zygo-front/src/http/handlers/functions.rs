@@ -12,7 +12,9 @@ use proto::front::{ExecEvent, ExecRequest, Reply, Request};
 use serde::Deserialize;
 use serde_json::{json, Value};
 
-use super::{ask, ask_until, ask_with, call_deadline, exec_answer, function_info, ms_left, name, unexpected};
+use super::{
+    ask, ask_until, ask_with, call_deadline, exec_answer, function_info, ms_left, name, unexpected,
+};
 use crate::http::{body, ok, Call, Front, HttpError, Out};
 
 /// Events in one batch, at most.
@@ -392,7 +394,10 @@ fn fit_in_budget(v: &mut Value, left: &mut usize) {
         return;
     }
     *left -= result_len;
-    for (text, flag) in [("stdout", "stdout_truncated"), ("stderr", "stderr_truncated")] {
+    for (text, flag) in [
+        ("stdout", "stdout_truncated"),
+        ("stderr", "stderr_truncated"),
+    ] {
         let Some(Value::String(s)) = v.get_mut(text) else {
             continue;
         };
@@ -442,7 +447,14 @@ fn batch_one(
     };
     let deadline = Instant::now() + left + crate::http::ANSWER_GRACE;
     // An element waits for one of its own caller's leases (never another caller's).
-    match ask_with(front, who, Request::Exec(req), deadline, Some(deadline), |_| {}) {
+    match ask_with(
+        front,
+        who,
+        Request::Exec(req),
+        deadline,
+        Some(deadline),
+        |_| {},
+    ) {
         Ok(Reply::Answer(a)) => {
             let (status, mut body) = exec_answer(&a);
             body["status"] = json!(status);
@@ -543,7 +555,10 @@ mod tests {
         assert_eq!(left, 0);
         let mut v = json!({"status": 200, "result": "too long", "stdout": "", "stderr": ""});
         fit_in_budget(&mut v, &mut left);
-        assert_eq!((v["status"].as_u64(), v["code"].as_str()), (Some(413), Some("too_large")));
+        assert_eq!(
+            (v["status"].as_u64(), v["code"].as_str()),
+            (Some(413), Some("too_large"))
+        );
         let mut left = 100;
         let mut v = json!({"status": 504, "error": "late", "code": "timeout"});
         fit_in_budget(&mut v, &mut left);
