@@ -391,7 +391,11 @@ fn unknown_tokens_and_slow_bodies_hold_no_worker() {
         20,
         "{seen:?}"
     );
-    assert!(seen.get(&429).copied().unwrap_or(0) >= 4, "{seen:?}");
+    assert!(
+        seen.get(&429).copied().unwrap_or(0) >= 4,
+        "{seen:?}\n{}",
+        f.log()
+    );
     assert!(f.log().contains("slower than"), "{}", f.log());
     // Connections from one address are capped (a quarter of all): one more is 503.
     let idle: Vec<TcpStream> = (0..128)
@@ -521,5 +525,82 @@ fn a_batch_answer_is_held_to_its_budget() {
     assert!(total > 60 * mib, "{total}: the budget is used, not wasted");
     assert!(cut >= 8, "{cut} elements cut");
     drop(f);
+    s.shutdown();
+}
+
+/// The supervisor's side of a stream nobody reads: a front (here a bare API-role client)
+/// that reads nothing while a call prints without end is sent a bounded prefix of the
+/// events, then the answer marked `stream_truncated`; the connection is not dropped.
+#[test]
+fn the_supervisor_cuts_a_stream_its_front_does_not_read() {
+    use proto::api::{Credentials, FrontFlags};
+    use proto::front::{
+        ExecEvent, ExecRequest, Hello, HelloReply, Outcome, Reply, Request, Role, FRONT_PROTOCOL,
+        MAX_FRONT_FRAME,
+    };
+    use proto::{encode_frame, read_frame};
+    if !root_only() {
+        return;
+    }
+    let mut s = SUITE.sup(Who::Root, "cut");
+    s.env("ZYGO_API_TOKEN", BOOT);
+    let names = s.up(&[("spew", "spew", "max_warm = 1")]);
+    let mut c = std::os::unix::net::UnixStream::connect(s.socket()).unwrap();
+    c.set_read_timeout(Some(Duration::from_secs(60))).unwrap();
+    let hello = Hello {
+        protocol: FRONT_PROTOCOL,
+        role: Role::Api,
+        flags: FrontFlags::default(),
+    };
+    c.write_all(&encode_frame(&hello).unwrap()).unwrap();
+    let welcome = read_frame::<_, HelloReply>(&mut c, MAX_FRONT_FRAME).unwrap();
+    assert!(matches!(welcome, HelloReply::Welcome { .. }), "{welcome:?}");
+    let who = Credentials {
+        token: Some(BOOT.into()),
+        tenant: None,
+    };
+    let call = Request::Api {
+        who: who.clone(),
+        request: Box::new(Request::Exec(ExecRequest {
+            name: names[0].clone(),
+            event: "{}".into(),
+            key: None,
+            timeout_ms: Some(3000),
+            stream: true,
+            script: None,
+            workspace: None,
+            workspace_blob: None,
+            out: false,
+        })),
+    };
+    c.write_all(&encode_frame(&call).unwrap()).unwrap();
+    // Nothing read while the call prints, well past its deadline.
+    std::thread::sleep(Duration::from_secs(6));
+    let mut events = 0usize;
+    let answer = loop {
+        match read_frame::<_, Reply>(&mut c, MAX_FRONT_FRAME) {
+            Ok(Reply::Event(ExecEvent::Stdout(d))) => events += d.len(),
+            Ok(Reply::Answer(a)) => break a,
+            other => panic!("expected events then an answer, got {other:?}\n{}", s.log()),
+        }
+    };
+    assert_eq!(answer.outcome, Outcome::Timeout);
+    assert!(answer.stream_truncated, "{}", s.log());
+    assert!(answer.stdout_truncated && answer.stdout.len() > 1000 * 1024);
+    assert!(events > 0, "some events came before the cut");
+    assert!(
+        events < 16 << 20,
+        "{events} bytes of events queued for a front that read none"
+    );
+    assert!(s.log().contains("makes no more events"), "{}", s.log());
+    // The connection goes on serving.
+    let v = Request::Api {
+        who,
+        request: Box::new(Request::Version),
+    };
+    c.write_all(&encode_frame(&v).unwrap()).unwrap();
+    let r = read_frame::<_, Reply>(&mut c, MAX_FRONT_FRAME).unwrap();
+    assert!(matches!(r, Reply::Version(_)), "{r:?}");
+    drop(c);
     s.shutdown();
 }

@@ -24,8 +24,12 @@ pub const MAX_BATCH: usize = 1000;
 pub const BATCH_IN_FLIGHT: usize = 16;
 /// What a batch's answer may hold of its elements' output (stdout, stderr and results
 /// together). Past it an element's stdout and stderr are cut (`*_truncated: true`), and
-/// a result that alone does not fit is left out (that element is 413 `too_large`).
+/// a result over [`BATCH_SMALL_RESULT`] that does not fit is left out (that element is
+/// 413 `too_large`); a smaller result is always kept.
 pub const BATCH_ANSWER_BUDGET: usize = 64 * 1024 * 1024;
+/// A result this small is kept in a batch's answer even past its budget (at most 1000 of
+/// them: 64 MiB more at worst).
+pub const BATCH_SMALL_RESULT: usize = 64 * 1024;
 
 pub fn list(front: &Front, call: &mut Call) -> Out {
     if let Err(e) = call.only_query(&[]) {
@@ -270,7 +274,8 @@ fn exec_stream(front: &Front, call: &mut Call, req: ExecRequest) -> Out {
                 };
                 let bytes = frame(&json!({"stream": stream, "data": data}));
                 let n = bytes.len();
-                if queued.load(Ordering::Acquire) + n > STREAM_QUEUE_BYTES {
+                let q = queued.load(Ordering::Acquire);
+                if q > 0 && q + n > STREAM_QUEUE_BYTES {
                     cut = true;
                     return;
                 }
@@ -377,12 +382,12 @@ pub fn batch(front: &Front, call: &mut Call) -> Out {
 }
 
 /// Keep a batch element's answer within what is `left` of the batch's answer budget:
-/// its result first (left out, as 413 `too_large`, when it alone does not fit), then as
-/// much of its stdout and then its stderr as fits, each cut at a character's start and
-/// marked `*_truncated`.
+/// its result first (left out, as 413 `too_large`, when it does not fit and is over
+/// [`BATCH_SMALL_RESULT`]), then as much of its stdout and then its stderr as fits, each
+/// cut at a character's start and marked `*_truncated`.
 fn fit_in_budget(v: &mut Value, left: &mut usize) {
     let result_len = v.get("result").map_or(0, |r| r.to_string().len());
-    if result_len > *left {
+    if result_len > *left && result_len > BATCH_SMALL_RESULT {
         *v = json!({
             "status": 413,
             "error": format!(
@@ -393,7 +398,7 @@ fn fit_in_budget(v: &mut Value, left: &mut usize) {
         });
         return;
     }
-    *left -= result_len;
+    *left = left.saturating_sub(result_len);
     for (text, flag) in [
         ("stdout", "stdout_truncated"),
         ("stderr", "stderr_truncated"),
@@ -553,7 +558,17 @@ mod tests {
         assert_eq!(v["stderr"], "é");
         assert_eq!(v["stderr_truncated"], true);
         assert_eq!(left, 0);
-        let mut v = json!({"status": 200, "result": "too long", "stdout": "", "stderr": ""});
+        // Past the budget a small result is still kept; a big one is left out.
+        let mut v = json!({"status": 200, "result": "small", "stdout": "x", "stderr": "",
+            "stdout_truncated": false});
+        fit_in_budget(&mut v, &mut left);
+        assert_eq!(
+            (v["result"].as_str(), v["stdout"].as_str()),
+            (Some("small"), Some(""))
+        );
+        assert_eq!(v["stdout_truncated"], true);
+        let big = "r".repeat(BATCH_SMALL_RESULT + 1);
+        let mut v = json!({"status": 200, "result": big, "stdout": "", "stderr": ""});
         fit_in_budget(&mut v, &mut left);
         assert_eq!(
             (v["status"].as_u64(), v["code"].as_str()),
