@@ -192,6 +192,8 @@ pub(crate) struct BodyGuard {
     pub(crate) done: bool,
     pub(crate) poisoned: Arc<AtomicBool>,
     pub(crate) max_drain: usize,
+    /// The handler said it will not read the body: drain none of it, close instead.
+    pub(crate) unwanted: Arc<AtomicBool>,
 }
 
 impl Read for BodyGuard {
@@ -210,6 +212,10 @@ impl Read for BodyGuard {
 impl Drop for BodyGuard {
     fn drop(&mut self) {
         if self.done {
+            return;
+        }
+        if self.unwanted.load(Ordering::Acquire) {
+            self.poisoned.store(true, Ordering::Release);
             return;
         }
         let mut chunk = [0u8; 8192];

@@ -171,6 +171,8 @@ pub struct Call {
     pub who: Credentials,
     /// The place this request's body holds among its peer's readers, until it was read.
     pub reading: Option<fair::Reading>,
+    /// Whether the handler read the body (otherwise the answer closes the connection).
+    pub body_read: bool,
 }
 
 impl Call {
@@ -220,6 +222,7 @@ impl Call {
             None => Ok(Vec::new()),
         };
         self.reading = None;
+        self.body_read = true;
         r
     }
 
@@ -300,6 +303,9 @@ pub fn respond_json(
     }
     if close {
         hs.push(header("Connection", "close"));
+        // Whatever of the body is unread stays unread: the connection is closed, so a
+        // client trickling the body it announced holds no worker past its answer.
+        rq.leave_body_unread();
     }
     for h in hs.into_iter().flatten() {
         r.add_header(h);
@@ -522,10 +528,13 @@ pub fn serve_one(front: &Front, rq: tiny_http::Request) {
         respond_json(rq, 503, &body, &id, Some(5), &[], true);
         return;
     }
+    // A refusal before its body was read closes the connection instead of draining it
+    // (a body of at most 1 KiB has already been read with the head).
+    let body_coming = has_body(&rq) && rq.body_length().is_none_or(|n| n > 1024);
     let (path, query) = match routes::split_url(rq.url()) {
         Ok(x) => x,
         Err(e) => {
-            respond_json(rq, e.status, &e.body(), &id, None, &[], false);
+            respond_json(rq, e.status, &e.body(), &id, None, &[], body_coming);
             return;
         }
     };
@@ -533,12 +542,12 @@ pub fn serve_one(front: &Front, rq: tiny_http::Request) {
     let (route, params) = match routes::find(method, &path) {
         routes::Found::Route(r, p) => (r, p),
         routes::Found::Bad(e) => {
-            respond_json(rq, e.status, &e.body(), &id, None, &[], false);
+            respond_json(rq, e.status, &e.body(), &id, None, &[], body_coming);
             return;
         }
         routes::Found::NotFound(msg) => {
             let e = HttpError::not_found(msg);
-            respond_json(rq, 404, &e.body(), &id, None, &[], false);
+            respond_json(rq, 404, &e.body(), &id, None, &[], body_coming);
             return;
         }
         routes::Found::WrongMethod(allow) => {
@@ -547,7 +556,8 @@ pub fn serve_one(front: &Front, rq: tiny_http::Request) {
                 "bad_request",
                 format!("{method} is not served on {path}; it takes {allow}"),
             );
-            respond_json(rq, 405, &e.body(), &id, None, &[("Allow", &allow)], false);
+            let close = body_coming;
+            respond_json(rq, 405, &e.body(), &id, None, &[("Allow", &allow)], close);
             return;
         }
     };
@@ -564,6 +574,7 @@ pub fn serve_one(front: &Front, rq: tiny_http::Request) {
             tenant: None,
         },
         reading: None,
+        body_read: false,
     };
     let checked = read_headers(&rq, &mut call).and_then(|()| {
         if route.who == routes::Who::None {
@@ -575,7 +586,15 @@ pub fn serve_one(front: &Front, rq: tiny_http::Request) {
     match checked {
         Ok(token) => call.who.token = token,
         Err(e) => {
-            respond_json(rq, e.status, &e.body(), &id, e.retry_after, &[], false);
+            respond_json(
+                rq,
+                e.status,
+                &e.body(),
+                &id,
+                e.retry_after,
+                &[],
+                body_coming,
+            );
             return;
         }
     }
@@ -622,10 +641,11 @@ pub fn serve_one(front: &Front, rq: tiny_http::Request) {
                 .and_then(Value::as_str)
                 .unwrap_or(&call.id)
                 .to_string();
-            respond_json(rq, status, &body, &rid, retry, &[], false);
+            let close = !call.body_read && body_coming;
+            respond_json(rq, status, &body, &rid, retry, &[], close);
         }
         Out::Err(e) => {
-            let close = e.status == 413 || e.status == 408;
+            let close = e.status == 413 || e.status == 408 || (!call.body_read && body_coming);
             respond_json(rq, e.status, &e.body(), &call.id, e.retry_after, &[], close);
         }
     }
