@@ -1096,7 +1096,7 @@ pub fn assert_result(who: Who, r: &Value, key: &str, expected: &[&str]) {
 /// A TCP connection to `addr` from the loopback address `from` (127.0.0.2, say): another
 /// peer as the front counts them. Built by hand: std connects only from the default.
 pub fn connect_from(from: std::net::Ipv4Addr, addr: &str) -> std::net::TcpStream {
-    let to: std::net::SocketAddr = addr.parse().unwrap();
+    let to: std::net::SocketAddr = addr.parse().expect("an IP:PORT address");
     let std::net::SocketAddr::V4(to) = to else {
         panic!("{addr} is not IPv4")
     };
