@@ -562,8 +562,8 @@ fn mint_tokens(bin: &Path, runtime: &Path, n: usize) -> R<Vec<String>> {
             let text = String::from_utf8_lossy(&out.stdout);
             let v: serde_json::Value = text
                 .lines()
-                .filter_map(|l| serde_json::from_str(l).ok())
-                .last()
+                .rev()
+                .find_map(|l| serde_json::from_str(l).ok())
                 .ok_or_else(|| {
                     format!(
                         "zygo token mint said no JSON: {text}{}",
