@@ -254,7 +254,7 @@ fn a_stream_nobody_reads_costs_no_channel_and_no_other_callers_time() {
                     "POST",
                     &format!("/fn/{spew}?stream=1"),
                     Some(BOOT),
-                    &[("X-Zygo-Timeout-Ms", "2500")],
+                    &[("X-Zygo-Timeout-Ms", "3000")],
                     2,
                 )
                 .as_bytes(),
@@ -276,7 +276,7 @@ fn a_stream_nobody_reads_costs_no_channel_and_no_other_callers_time() {
         );
         assert_eq!(r.status, 200, "round {round}: {}\n{}", r.text(), f.log());
         assert_eq!(r.json()["result"], json!({"echo": {"round": round}}));
-        std::thread::sleep(Duration::from_millis(3500));
+        std::thread::sleep(Duration::from_millis(4000));
         assert!(
             !lost_channels(&f, &s),
             "round {round}: a channel was lost\nfront:\n{}\nsupervisor:\n{}",
