@@ -1059,13 +1059,14 @@ export class Client {
 
   /**
    * POST /run (deploy rights): run `cmd` once. `timeout` is the sandbox's deadline (seconds
-   * or '30s'); `wait` is how long the API waits before a 408 (default: timeout + 10 s).
+   * or '30s'); `wait` is how long the API waits before a 408 (default: timeout + 10 s). With
+   * `network: 'egress'`, `allow` lists the 'host:port' destinations it may reach.
    */
   run(cmd, options = {}) {
     if (!Array.isArray(cmd) || !cmd.length) throw new TypeError("cmd is a non-empty array of strings, e.g. ['python3', '-c', '…']");
-    const { image, mem, cpu, pids, timeout, scratch, network, env, stdin, key, wait, signal } = options;
+    const { image, mem, cpu, pids, timeout, scratch, network, allow, env, stdin, key, wait, signal } = options;
     const body = { cmd: [...cmd] };
-    const fields = { image, mem, cpu, pids, timeout: duration(timeout), scratch, network, env, stdin };
+    const fields = { image, mem, cpu, pids, timeout: duration(timeout), scratch, network, allow: allow && [...allow], env, stdin };
     for (const [k, v] of Object.entries(fields)) if (v !== undefined && v !== null) body[k] = v;
     const w = wait ?? (typeof timeout === 'number' ? timeout + 10 : null);
     return this._send(new Op('POST', '/run', { body: jsonBody(body), timeout: w, key, signal, decode: toRunResult, cancellable: true }));

@@ -29,6 +29,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::Value;
 
+pub mod api;
 pub mod skip;
 pub mod sup;
 pub use skip::skip;
@@ -1058,24 +1059,49 @@ pub fn probe(who: Who, flags: &[&str], code: &str) -> Value {
     })
 }
 
-/// The host uid and gid that id 0 inside a sandbox of `who` maps onto.
+/// The host uid and gid that own, on disk, what id 0 inside a sandbox of `who` writes
+/// into a host folder: the first ids of the subordinate range as root (each sandbox's root
+/// is a host uid of its own, and handed folders are idmapped onto these), the user
+/// rootless.
 pub fn sandbox_host_ids(who: Who) -> (u32, u32) {
     let (v, code) = run_json(
         who,
         &[],
-        &["sh", "-c", "cat /proc/self/uid_map /proc/self/gid_map"],
+        &[
+            "sh",
+            "-c",
+            "cat /proc/self/uid_map; echo; cat /proc/self/gid_map",
+        ],
     );
     assert_ok(who, &v, code);
-    let lines: Vec<Vec<u64>> = s(&v, "stdout")
-        .lines()
-        .map(|l| {
-            l.split_whitespace()
-                .map(|n| n.parse().expect("id map numbers"))
-                .collect()
-        })
-        .collect();
-    assert_eq!(lines.len(), 2, "one uid and one gid map line: {v}");
-    (lines[0][1] as u32, lines[1][1] as u32)
+    let out = s(&v, "stdout");
+    let (uid_map, gid_map) = out
+        .split_once("\n\n")
+        .unwrap_or_else(|| panic!("two maps: {v}"));
+    let lines = |map: &str| -> Vec<Vec<u64>> {
+        map.lines()
+            .map(|l| {
+                l.split_whitespace()
+                    .map(|n| n.parse().expect("id map numbers"))
+                    .collect()
+            })
+            .collect()
+    };
+    // The base: where inside 0 maps when one line maps everything, else one below
+    // where inside 1 maps.
+    let base = |map: &[Vec<u64>]| -> u32 {
+        match map {
+            [one] => one[1] as u32,
+            _ => {
+                let l = map
+                    .iter()
+                    .find(|l| l[0] == 1)
+                    .unwrap_or_else(|| panic!("no id 1: {v}"));
+                (l[1] - 1) as u32
+            }
+        }
+    };
+    (base(&lines(uid_map)), base(&lines(gid_map)))
 }
 
 /// Assert that a probe's result `key` is one of `expected` (errno names, or "OK").

@@ -61,6 +61,7 @@ struct Fake {
 fn function(name: &str, kind: &str) -> FunctionInfo {
     FunctionInfo {
         name: name.into(),
+        tenant: None,
         kind: kind.into(),
         state: "serving".into(),
         error: None,
@@ -275,7 +276,10 @@ fn replies(token: &Option<String>, req: &Request) -> Vec<Reply> {
             tenant: tenant.clone(),
             names: vec!["STRIPE_KEY".into()],
         }),
-        Request::Metrics => one(Reply::Metrics(vec![])),
+        Request::Metrics => one(Reply::Metrics {
+            functions: vec![],
+            process_counts: true,
+        }),
         other => one(err(BadRequest, &format!("not for the API: {other:?}"))),
     }
 }

@@ -302,26 +302,32 @@ fn allowed_connects_and_the_rest_is_refused(who: Who) {
 }
 
 /// A rule for a wide block (`0.0.0.0/0`) does not open a private address inside it: the
-/// connection is reset, and the refusal is logged with the sandbox.
+/// connection is reset, and the refusal is logged with the sandbox, within the filter's
+/// budget of log lines.
 fn private_addresses_open_only_when_named(who: Who) {
     if !root_only() {
         return;
     }
     let h = TestHost::new();
     let rule = format!("0.0.0.0/0:{ALLOWED}");
+    // Two hundred tries: each is refused, and the log holds at most the filter's budget of
+    // refusal lines (a sandbox refused in a loop cannot flood the log).
     let code = format!(
         r#"
 import socket
-s = socket.socket()
-s.settimeout(2)
-try:
-    s.connect(({:?}, {ALLOWED}))
-    s.sendall(b"hi")
-    got = s.recv(100)
-    r = "OK " + got.decode() if got else "EOF"
-except OSError as e:
-    r = ename(e.errno)
-done(wide=r)
+rs = []
+for i in range(200):
+    s = socket.socket()
+    s.settimeout(2)
+    try:
+        s.connect(({:?}, {ALLOWED}))
+        s.sendall(b"hi")
+        got = s.recv(100)
+        rs.append("OK " + got.decode() if got else "EOF")
+    except OSError as e:
+        rs.append(ename(e.errno))
+    s.close()
+done(wide=rs[0], others=sorted(set(rs)))
 "#,
         h.host
     );
@@ -334,10 +340,20 @@ done(wide=r)
     let last = s(&v, "stdout").lines().last().unwrap_or("").to_string();
     let r: Value = serde_json::from_str(&last).expect("the probe's JSON line");
     assert_result(who, &r, "wide", &["ECONNRESET", "EOF"]);
+    for o in r["others"].as_array().expect("others") {
+        let o = o.as_str().unwrap_or("");
+        assert!(o == "ECONNRESET" || o == "EOF", "[{}] {r}", who.name());
+    }
     let log = f.stderr_text();
     assert!(
         log.contains(&format!("refused {}:{ALLOWED}", h.host)) && log.contains("private"),
         "[{}] the refusal is logged: {log}",
+        who.name()
+    );
+    let lines = log.lines().filter(|l| l.contains("refused ")).count();
+    assert!(
+        (1..=20).contains(&lines),
+        "[{}] {lines} refusal lines for 200 refusals: {log}",
         who.name()
     );
     assert!(h.events().is_empty(), "nothing reached the test host");
@@ -498,6 +514,9 @@ r["tls_allowed"] = tcp(ALLOWED, hello("allowed.zygo.test"))
 r["tls_other"] = tcp(ALLOWED, hello("other.zygo.test"))
 r["no_name"] = tcp(ALLOWED, b"hi")
 r["other_port"] = tcp(OTHER, http("allowed.zygo.test"))
+r["pipelined_same"] = tcp(ALLOWED, http("allowed.zygo.test") + http("allowed.zygo.test"))
+r["pipelined_other"] = tcp(ALLOWED, http("allowed.zygo.test") + http("other.zygo.test"))
+r["absolute_other"] = tcp(ALLOWED, b"GET http://other.zygo.test/ HTTP/1.1\r\nHost: allowed.zygo.test\r\n\r\n")
 done(**r)
 "#;
 
@@ -534,22 +553,38 @@ fn name_rules_are_exact_by_name(who: Who) {
     assert_result(who, &r, "http_allowed", &["OK 8080:GET / HTTP/1.1\r\nHos"]);
     let tls = r["tls_allowed"].as_str().unwrap_or("");
     assert!(tls.starts_with("OK 8080:"), "[{}] {r}", who.name());
-    for key in ["http_other", "tls_other", "no_name"] {
+    // A later request on an allowed connection naming another host ends it; so does the
+    // absolute form, whose URL names the host servers must prefer to Host.
+    for key in [
+        "http_other",
+        "tls_other",
+        "no_name",
+        "pipelined_other",
+        "absolute_other",
+    ] {
         assert_result(who, &r, key, &["ECONNRESET", "EOF"]);
     }
+    assert_result(
+        who,
+        &r,
+        "pipelined_same",
+        &["OK 8080:GET / HTTP/1.1\r\nHos"],
+    );
     assert_result(who, &r, "other_port", &["ECONNREFUSED"]);
     let log = f.stderr_text();
     assert!(
-        log.contains("refused a DNS query for other.zygo.test"),
+        log.contains("refused a DNS query for \"other.zygo.test\""),
         "[{}] {log}",
         who.name()
     );
-    // The test host saw one upstream query and the two allowed connections.
+    // The test host saw one upstream query and the four connections that were let through
+    // (the one whose later request named another host was opened before that request,
+    // and ended before it was sent).
     let mut events = h.events();
     events.sort();
     assert_eq!(
         events,
-        vec!["tcp 8080", "tcp 8080", "udp 53"],
+        vec!["tcp 8080", "tcp 8080", "tcp 8080", "tcp 8080", "udp 53"],
         "[{}] what reached the test host",
         who.name()
     );
@@ -667,7 +702,130 @@ done(down_bytes=got, down_ok=h.hexdigest() == want.hexdigest(),
     assert_eq!(r["up_ok"], true, "[{}] {r}", who.name());
 }
 
+/// `POST /run` with `network: "egress"` (what `zygo api` sends as `Request::Run`): the run
+/// reaches what its `allow` names and nothing else; the test host's private address is
+/// refused unless the API was started with `--allow-deploy --allow-private-net`; a tenant
+/// held to `network = "none"` may not ask for egress at all.
+fn a_run_over_the_api_reaches_its_allowed_host(who: Who) {
+    use proto::api::{FrontFlags, RunAnswer};
+    use proto::front::{ErrorCode, Reply, Request};
+    use zygo_tests::api::ApiConn;
+    if !root_only() {
+        return;
+    }
+    const BOOT: &str = "bootstrap-token-of-the-egress-tests";
+    let h = TestHost::new();
+    let mut s = SUITE.sup(who, "run");
+    s.env("ZYGO_API_TOKEN", BOOT);
+    let mut c = s.cmd(&["up"]);
+    c.current_dir(&s.dir.path);
+    let f = finish(c);
+    assert_eq!(
+        f.code,
+        0,
+        "[{}] zygo up: {}\n{}",
+        who.name(),
+        f.stderr_text(),
+        s.log()
+    );
+    s.find_supervisor();
+    let code = format!(
+        "import socket\n\
+         def tcp(port):\n\
+         \x20   s = socket.socket(); s.settimeout(3)\n\
+         \x20   try:\n\
+         \x20       s.connect(({host:?}, port)); s.sendall(b'run'); return s.recv(100).decode()\n\
+         \x20   except OSError as e:\n\
+         \x20       return type(e).__name__\n\
+         print(tcp({ALLOWED}), tcp({OTHER}))\n",
+        host = h.host
+    );
+    let spec = serde_json::json!({
+        "cmd": ["python3", "-c", code],
+        "network": "egress",
+        "allow": [format!("{}:{ALLOWED}", h.host)],
+        "timeout": "30s",
+    })
+    .to_string();
+    let run = |flags: FrontFlags, tenant: Option<&str>| {
+        ApiConn::open(&s, flags).ask(BOOT, tenant, Request::Run { spec: spec.clone() })
+    };
+    let deploy = FrontFlags {
+        allow_deploy: true,
+        ..FrontFlags::default()
+    };
+    // Without --allow-private-net the test host's address may not be named.
+    match run(deploy, None) {
+        Reply::Error {
+            code: ErrorCode::BadSpec,
+            message,
+            ..
+        } => assert!(message.contains("--allow-private-net"), "{message}"),
+        other => panic!("[{}] expected bad_spec, got {other:?}", who.name()),
+    }
+    let private = FrontFlags {
+        allow_private_net: true,
+        ..deploy
+    };
+    match run(private, None) {
+        Reply::RunAnswer(RunAnswer {
+            exit_code,
+            stdout,
+            stderr,
+            ..
+        }) => {
+            assert_eq!(
+                exit_code,
+                Some(0),
+                "[{}] {stdout} {stderr}\n{}",
+                who.name(),
+                s.log()
+            );
+            assert_eq!(
+                stdout.trim(),
+                "8080:run ConnectionRefusedError",
+                "[{}] {stderr}",
+                who.name()
+            );
+        }
+        other => panic!(
+            "[{}] expected a run's answer, got {other:?}\n{}",
+            who.name(),
+            s.log()
+        ),
+    }
+    // A tenant held to no network: refused before anything starts.
+    let mut api = ApiConn::open(&s, private);
+    let t = format!("eg{}", unique());
+    assert!(matches!(
+        api.ask(BOOT, None, Request::CreateTenant { id: t.clone() }),
+        Reply::Tenant { .. }
+    ));
+    let limits = Request::SetLimits {
+        id: t.clone(),
+        limits: r#"{"network": "none"}"#.into(),
+    };
+    let r = api.ask(BOOT, None, limits);
+    assert!(matches!(r, Reply::Tenant { .. }), "patch limits: {r:?}");
+    match run(private, Some(&t)) {
+        Reply::Error {
+            code: ErrorCode::BadSpec,
+            message,
+            ..
+        } => assert!(message.contains("limits say network \"none\""), "{message}"),
+        other => panic!("[{}] expected bad_spec, got {other:?}", who.name()),
+    }
+    let events = h.events();
+    assert_eq!(
+        events.iter().filter(|e| e.as_str() == "tcp 8080").count(),
+        1,
+        "one connection reached the test host: {events:?}"
+    );
+    s.shutdown();
+}
+
 root_and_rootless!(
+    a_run_over_the_api_reaches_its_allowed_host,
     large_transfers_arrive_intact,
     allowed_connects_and_the_rest_is_refused,
     name_rules_are_exact_by_name,
@@ -693,6 +851,133 @@ both_tests! {
             assert!(f.stderr_text().contains(needle), "[{}] {flags:?}: {}", who.name(), f.stderr_text());
         }
     }
+}
+
+/// A network namespace standing in for a host with a public address of its own: an
+/// interface holding [`OWN`], and the test host's server listening on it. Removed, with
+/// its server, when dropped.
+struct OwnAddressHost {
+    ns: String,
+    server: Child,
+}
+
+/// A public address (not in any special range) that the namespace owns.
+const OWN: &str = "11.22.33.44";
+
+impl OwnAddressHost {
+    fn new() -> OwnAddressHost {
+        let ns = format!("zygo-own-{}-{}", std::process::id(), unique());
+        ip(&["netns", "add", &ns]);
+        ip(&["-n", &ns, "link", "set", "lo", "up"]);
+        // A veth pair with both ends inside (this kernel has no dummy interfaces).
+        ip(&[
+            "-n", &ns, "link", "add", "zown0", "type", "veth", "peer", "name", "zown1",
+        ]);
+        ip(&[
+            "-n",
+            &ns,
+            "addr",
+            "add",
+            &format!("{OWN}/32"),
+            "dev",
+            "zown0",
+        ]);
+        ip(&["-n", &ns, "link", "set", "zown0", "up"]);
+        ip(&["-n", &ns, "link", "set", "zown1", "up"]);
+        let mut server = Command::new("ip")
+            .args(["netns", "exec", &ns, "python3", "-c", SERVER, OWN])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .expect("start the server");
+        let mut out = BufReader::new(server.stdout.take().expect("its stdout"));
+        let mut first = String::new();
+        out.read_line(&mut first).expect("the server started");
+        assert_eq!(first.trim(), "ready");
+        // The server logs a line per connection: keep reading them, or it dies writing one.
+        std::thread::spawn(move || for _ in out.lines() {});
+        OwnAddressHost { ns, server }
+    }
+
+    /// `zygo run --json` with `flags` and `cmd`, started inside the namespace (only its
+    /// network: the machine's mounts and cgroups stay as they are).
+    fn zygo_run(&self, flags: &[&str], cmd: &[&str]) -> Finished {
+        let mut c = Command::new("nsenter");
+        c.arg(format!("--net=/run/netns/{}", self.ns))
+            .arg("--")
+            .arg(zygo_bin())
+            .args(["run", "--json"])
+            .args(flags)
+            .arg("--")
+            .args(cmd)
+            .env_clear()
+            .env("PATH", "/usr/bin:/bin")
+            .env("HOME", "/root")
+            .current_dir("/")
+            .stdin(Stdio::null());
+        finish(c)
+    }
+}
+
+impl Drop for OwnAddressHost {
+    fn drop(&mut self) {
+        drop(self.server.stdin.take());
+        let _ = self.server.kill();
+        let _ = self.server.wait();
+        let _ = Command::new("ip").args(["netns", "del", &self.ns]).status();
+    }
+}
+
+/// The host's own addresses are reached over its loopback, past its firewall: a rule for a
+/// wide block does not open them, a rule naming one exactly does. Zygo runs in a network
+/// namespace the test makes, whose dummy interface holds a public address, so nothing is
+/// added to the machine's own network.
+#[test]
+fn the_hosts_own_addresses_open_only_when_named() {
+    if !root_only() {
+        return;
+    }
+    let h = OwnAddressHost::new();
+    let code = format!(
+        "import socket, json\n\
+         s = socket.socket(); s.settimeout(3)\n\
+         try:\n\
+         \x20   s.connect(({OWN:?}, {ALLOWED})); s.sendall(b'hi'); r = s.recv(100)\n\
+         \x20   print(json.dumps('OK ' + r.decode() if r else 'EOF'))\n\
+         except OSError as e:\n\
+         \x20   print(json.dumps(type(e).__name__))\n"
+    );
+    let wide = format!("0.0.0.0/0:{ALLOWED}");
+    let f = h.zygo_run(
+        &["--net", "egress", "--allow", &wide],
+        &["python3", "-c", &code],
+    );
+    let v = f.last_json();
+    assert_eq!(v["exit_code"], 0, "{v}\n{}", f.stderr_text());
+    let got = s(&v, "stdout").trim().to_string();
+    assert!(
+        got == "\"ConnectionResetError\"" || got == "\"EOF\"",
+        "a wide rule reached the host's own address: {got}\n{}",
+        f.stderr_text()
+    );
+    assert!(
+        f.stderr_text().contains("an address of this host"),
+        "{}",
+        f.stderr_text()
+    );
+    let exact = format!("{OWN}:{ALLOWED}");
+    let f = h.zygo_run(
+        &["--net", "egress", "--allow", &exact],
+        &["python3", "-c", &code],
+    );
+    let v = f.last_json();
+    assert_eq!(
+        s(&v, "stdout").trim(),
+        "\"OK 8080:hi\"",
+        "{v}\n{}",
+        f.stderr_text()
+    );
 }
 
 /// `zygo version` says which egress this host supports.

@@ -375,8 +375,13 @@ fn bad_specs_are_refused(who: Who) {
     assert!(m.contains("only in sandbox.toml"), "{m}");
     let m = refused(&s, r#"{"cmd": ["true"], "network": "host"}"#);
     assert!(m.contains("only in sandbox.toml"), "{m}");
-    let m = refused(&s, r#"{"cmd": ["true"], "network": "egress"}"#);
-    assert!(m.contains("not available for runs in this version"), "{m}");
+    let m = refused(&s, r#"{"cmd": ["true"], "allow": ["pypi.org:443"]}"#);
+    assert!(m.contains("--net egress"), "{m}");
+    let m = refused(
+        &s,
+        r#"{"cmd": ["true"], "network": "egress", "allow": ["[2001:db8::1]:443"]}"#,
+    );
+    assert!(m.contains("IPv4 only"), "{m}");
     let m = refused(&s, r#"{"cmd": ["true"], "cmd": ["false"]}"#);
     assert!(m.contains("duplicate key"), "{m}");
     let m = refused(&s, r#"{"cmd": []}"#);

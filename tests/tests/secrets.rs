@@ -11,15 +11,12 @@
 
 use std::fs;
 use std::io::Write;
-use std::os::unix::net::UnixStream;
 use std::time::Duration;
 
-use proto::api::{Credentials, FrontFlags, SecretValue, ServeKind};
-use proto::front::{
-    ErrorCode, ExecRequest, Hello, HelloReply, Outcome, Reply, Request, Role, ScriptRef,
-    FRONT_PROTOCOL, MAX_FRONT_FRAME,
-};
-use proto::{encode_frame, read_frame};
+use proto::api::{FrontFlags, SecretValue, ServeKind};
+use proto::front::{ErrorCode, ExecRequest, Outcome, Reply, Request, ScriptRef};
+// One API-role connection: what `zygo api` sends, minus HTTP.
+use zygo_tests::api::ApiConn as Api;
 use zygo_tests::*;
 
 static SUITE: Suite = Suite {
@@ -107,52 +104,6 @@ fn check_seen(seen: &serde_json::Value, value: &str, names: &[&str]) {
     assert_eq!(listed, names, "{seen}");
     let mount = seen["mount"].to_string();
     assert!(mount.contains("ro") && mount.contains("tmpfs"), "{seen}");
-}
-
-/// One API-role connection (what `zygo api` sends, minus HTTP).
-struct Api {
-    s: UnixStream,
-}
-
-impl Api {
-    fn open(s: &Sup, flags: FrontFlags) -> Api {
-        let mut c = UnixStream::connect(s.socket()).expect("connect to the supervisor");
-        c.set_read_timeout(Some(Duration::from_secs(60)))
-            .expect("read timeout");
-        c.write_all(
-            &encode_frame(&Hello {
-                protocol: FRONT_PROTOCOL,
-                role: Role::Api,
-                flags,
-            })
-            .expect("encode a hello"),
-        )
-        .expect("say hello");
-        match read_frame::<_, HelloReply>(&mut c, MAX_FRONT_FRAME) {
-            Ok(HelloReply::Welcome { .. }) => Api { s: c },
-            other => panic!("expected a welcome, got {other:?}\n{}", s.log()),
-        }
-    }
-
-    fn ask(&mut self, token: &str, tenant: Option<&str>, req: Request) -> Reply {
-        let env = Request::Api {
-            who: Credentials {
-                token: Some(token.to_string()),
-                tenant: tenant.map(str::to_string),
-            },
-            request: Box::new(req),
-        };
-        self.s
-            .write_all(&encode_frame(&env).expect("encode"))
-            .expect("send a request");
-        loop {
-            match read_frame::<_, Reply>(&mut self.s, MAX_FRONT_FRAME) {
-                Ok(Reply::Event(_)) => continue,
-                Ok(r) => return r,
-                Err(e) => panic!("no reply from the supervisor: {e}"),
-            }
-        }
-    }
 }
 
 fn code(r: &Reply) -> Option<ErrorCode> {
@@ -707,20 +658,7 @@ fn two_tenants_share_a_pool_and_read_their_own(who: Who) {
         let sock = s.socket();
         let pool = pool.clone();
         threads.push(std::thread::spawn(move || {
-            let mut c = UnixStream::connect(sock).expect("connect");
-            c.set_read_timeout(Some(Duration::from_secs(60)))
-                .expect("timeout");
-            c.write_all(
-                &encode_frame(&Hello {
-                    protocol: FRONT_PROTOCOL,
-                    role: Role::Api,
-                    flags: FrontFlags::default(),
-                })
-                .expect("hello"),
-            )
-            .expect("hello");
-            let _: HelloReply = read_frame(&mut c, MAX_FRONT_FRAME).expect("welcome");
-            let mut api = Api { s: c };
+            let mut api = Api::connect(&sock, FrontFlags::default()).expect("an API connection");
             let r = api.ask(&tok, None, pool_call(&tok, &pool, 2));
             (r, v)
         }));
@@ -751,20 +689,7 @@ fn two_tenants_share_a_pool_and_read_their_own(who: Who) {
     let sock = s.socket();
     let (small2, ta2) = (small.clone(), ta.clone());
     let held = std::thread::spawn(move || {
-        let mut c = UnixStream::connect(sock).expect("connect");
-        c.set_read_timeout(Some(Duration::from_secs(60)))
-            .expect("timeout");
-        c.write_all(
-            &encode_frame(&Hello {
-                protocol: FRONT_PROTOCOL,
-                role: Role::Api,
-                flags: FrontFlags::default(),
-            })
-            .expect("hello"),
-        )
-        .expect("hello");
-        let _: HelloReply = read_frame(&mut c, MAX_FRONT_FRAME).expect("welcome");
-        let mut api = Api { s: c };
+        let mut api = Api::connect(&sock, FrontFlags::default()).expect("an API connection");
         api.ask(&ta2, None, pool_call(&ta2, &small2, 3))
     });
     wait_for(Duration::from_secs(20), "the held call in flight", || {
@@ -895,5 +820,118 @@ fn the_shell_wins_over_the_store() {
     assert!(text(&v, "error").contains("OTHER"), "{v}");
     drop(api);
     assert_nowhere(&s, &[&shell, &stored, &other], &[]);
+    s.shutdown();
+}
+
+/// A pseudo-terminal pair: (master, the slave's path).
+fn open_pty() -> (fs::File, String) {
+    use std::os::fd::FromRawFd;
+    // SAFETY: posix_openpt returns a new descriptor or -1.
+    let fd = unsafe { libc::posix_openpt(libc::O_RDWR | libc::O_NOCTTY | libc::O_CLOEXEC) };
+    assert!(fd >= 0, "posix_openpt: {}", std::io::Error::last_os_error());
+    // SAFETY: the descriptor was just returned to us and is owned by this File from here.
+    let master = unsafe { fs::File::from_raw_fd(fd) };
+    let mut name = [0 as libc::c_char; 128];
+    // SAFETY: grantpt/unlockpt on our master; ptsname_r into a buffer of the given size.
+    unsafe {
+        assert_eq!(libc::grantpt(fd), 0, "grantpt");
+        assert_eq!(libc::unlockpt(fd), 0, "unlockpt");
+        assert_eq!(
+            libc::ptsname_r(fd, name.as_mut_ptr(), name.len()),
+            0,
+            "ptsname_r"
+        );
+    }
+    // SAFETY: ptsname_r wrote a NUL-terminated string into `name`.
+    let path = unsafe { std::ffi::CStr::from_ptr(name.as_ptr()) }
+        .to_string_lossy()
+        .into_owned();
+    (master, path)
+}
+
+/// Whether the terminal behind `f` echoes what is typed.
+fn echoes(f: &fs::File) -> bool {
+    use std::os::fd::AsRawFd;
+    // SAFETY: termios is plain old data; tcgetattr fills it for a terminal descriptor.
+    let mut t: libc::termios = unsafe { std::mem::zeroed() };
+    // SAFETY: tcgetattr on a descriptor we own, into a termios we own.
+    let r = unsafe { libc::tcgetattr(f.as_raw_fd(), &mut t) };
+    assert_eq!(r, 0, "tcgetattr");
+    t.c_lflag & libc::ECHO != 0
+}
+
+/// `zygo secrets set` at a terminal: it prompts on the terminal, turns echo off while the
+/// value is typed (what is typed never comes back on the terminal), puts the terminal's
+/// settings back afterwards, and stores the value it read.
+#[test]
+fn a_value_typed_at_a_terminal_is_not_echoed() {
+    use std::io::Read;
+    let Some(mut s) = SUITE.root("tty") else {
+        return;
+    };
+    let key = keygen(&s);
+    start(&mut s, Some(&key));
+    let mut api = Api::open(&s, FrontFlags::default());
+    let t = tenant_id("tty");
+    create_tenant(&mut api, &t);
+    drop(api);
+    let (mut master, slave_path) = open_pty();
+    let slave = fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(&slave_path)
+        .expect("open the terminal's slave");
+    assert!(echoes(&slave), "a new terminal echoes");
+    let mut c = s.cmd(&["secrets", "set", &t, "TYPED_KEY"]);
+    c.stdin(slave.try_clone().expect("dup"))
+        .stdout(slave.try_clone().expect("dup"))
+        .stderr(slave.try_clone().expect("dup"));
+    let mut child = c.spawn().expect("spawn zygo secrets set");
+    // Everything the terminal shows, read on a thread (the master must be read for the
+    // child's writes to go through) and passed on as it comes.
+    let mut reader = master.try_clone().expect("dup the master");
+    let (tx, chunks) = std::sync::mpsc::channel::<Vec<u8>>();
+    std::thread::spawn(move || {
+        let mut buf = [0u8; 4096];
+        // Reading the master ends with EIO once every slave descriptor is closed.
+        while let Ok(n) = reader.read(&mut buf) {
+            if n == 0 || tx.send(buf[..n].to_vec()).is_err() {
+                break;
+            }
+        }
+    });
+    let mut shown = Vec::new();
+    let until = |shown: &mut Vec<u8>, what: &[u8]| {
+        while !contains(shown, what) {
+            match chunks.recv_timeout(slow(Duration::from_secs(20))) {
+                Ok(c) => shown.extend_from_slice(&c),
+                Err(_) => panic!(
+                    "{:?} never showed on the terminal: {:?}",
+                    String::from_utf8_lossy(what),
+                    String::from_utf8_lossy(shown)
+                ),
+            }
+        }
+    };
+    // Type once the prompt is shown: it is written after echo is turned off.
+    until(&mut shown, b"value of TYPED_KEY (not echoed): ");
+    assert!(!echoes(&slave), "echo is on at the prompt");
+    let value = format!("typed-{}", unique());
+    master
+        .write_all(format!("{value}\n").as_bytes())
+        .expect("type the value");
+    until(&mut shown, b"stored secret TYPED_KEY");
+    let status = child.wait().expect("wait for zygo secrets set");
+    assert!(status.success(), "zygo secrets set: {status}");
+    assert!(echoes(&slave), "the terminal's echo was not put back");
+    drop(c);
+    drop(slave);
+    let shown_text = String::from_utf8_lossy(&shown).into_owned();
+    assert!(
+        !shown_text.contains(&value),
+        "the value was echoed: {shown_text:?}"
+    );
+    assert_eq!(ls(&s, &t), ["TYPED_KEY"]);
+    assert_nowhere(&s, &[&value], &[shown_text]);
     s.shutdown();
 }

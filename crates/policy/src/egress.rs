@@ -24,7 +24,7 @@ use crate::PolicyError;
 pub const MAX_RULES: usize = 64;
 
 /// The special-purpose IPv4 ranges (RFC 6890 and its successors), with what they are.
-pub const SPECIAL: [(Ipv4Addr, u8, &str); 15] = [
+pub const SPECIAL: [(Ipv4Addr, u8, &str); 16] = [
     (Ipv4Addr::new(0, 0, 0, 0), 8, "\"this network\""),
     (Ipv4Addr::new(10, 0, 0, 0), 8, "private"),
     (
@@ -44,7 +44,22 @@ pub const SPECIAL: [(Ipv4Addr, u8, &str); 15] = [
     (Ipv4Addr::new(203, 0, 113, 0), 24, "documentation"),
     (Ipv4Addr::new(224, 0, 0, 0), 4, "multicast"),
     (Ipv4Addr::new(240, 0, 0, 0), 4, "reserved or broadcast"),
+    // Not special by RFC, but a cloud host's own: Azure's platform endpoint (the VM's
+    // configuration and extensions), reachable from every Azure VM.
+    (
+        Ipv4Addr::new(168, 63, 129, 16),
+        32,
+        "cloud platform endpoint",
+    ),
 ];
+
+/// Whether a rule names exactly this address and port (a `/32`), which is how the
+/// operator opens an address Zygo would otherwise keep closed.
+pub fn named_exactly(rules: &[Rule], dst: SocketAddrV4) -> bool {
+    rules
+        .iter()
+        .any(|r| r.prefix == 32 && r.net == *dst.ip() && r.port == dst.port())
+}
 
 /// Whether rules may name private and other special ranges.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -70,6 +85,35 @@ impl Rules {
 
     pub fn is_empty(&self) -> bool {
         self.len() == 0
+    }
+
+    /// The first of these rules that `outer` does not cover, if any. An address rule is
+    /// covered by one of `outer`'s on the same port whose block holds its whole block;
+    /// a rule naming a special range (private, loopback, …) only by one of `outer`'s that
+    /// names a special range itself, as [`decide`] opens them. A name rule is covered by
+    /// the same name on the same port.
+    pub fn not_within(&self, outer: &Rules) -> Option<String> {
+        for r in &self.addrs {
+            let covered = outer.addrs.iter().any(|o| {
+                o.port == r.port
+                    && o.prefix <= r.prefix
+                    && inside(r.net, o.net, o.prefix)
+                    && (r.names_special().is_none() || o.names_special().is_some())
+            });
+            if !covered {
+                return Some(r.to_string());
+            }
+        }
+        for n in &self.names {
+            if !outer
+                .names
+                .iter()
+                .any(|o| o.name == n.name && o.port == n.port)
+            {
+                return Some(format!("{}:{}", n.name, n.port));
+            }
+        }
+        None
     }
 }
 
@@ -330,10 +374,18 @@ impl fmt::Display for NameRefusal {
                 "no rule names the address, and the connection named no host (TLS SNI or \
                  an HTTP Host header) a name rule could match",
             ),
-            NameRefusal::NotAllowed(h) => write!(f, "no allow rule names {h} on this port"),
+            // The name is the sandbox's own text: shown escaped.
+            NameRefusal::NotAllowed(h) => {
+                write!(
+                    f,
+                    "no allow rule names {} on this port",
+                    crate::Shown::new(h)
+                )
+            }
             NameRefusal::NotResolvedThere(h) => write!(
                 f,
-                "{h} is allowed, but Zygo's resolver did not give the sandbox this address for it"
+                "{} is allowed, but Zygo's resolver did not give the sandbox this address for it",
+                crate::Shown::new(h)
             ),
         }
     }

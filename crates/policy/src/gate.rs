@@ -220,6 +220,58 @@ pub fn decide(route: Route, caller: Caller) -> Decision {
     })
 }
 
+/// What a tenant's limits say of the network (`PATCH /tenants/{id}/limits`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TenantNetwork<'a> {
+    /// No network limit: the function's own rules stand.
+    Unset,
+    /// `network = "none"`: no call of the tenant's may reach the network.
+    None,
+    /// `network = "egress"`, or no network limit, with an `allow` list (`None`: no list).
+    Egress(Option<&'a [AllowRule]>),
+}
+
+/// May a tenant whose limits say `tenant` call a function with egress rules `function`
+/// (its `allow`)? A function's filter is shared by every caller and cannot be narrowed
+/// per call, so the call is refused (with a message naming the limit) unless the tenant's
+/// limits cover all of it.
+pub fn tenant_may_call_egress(function: &[AllowRule], tenant: TenantNetwork) -> Result<(), String> {
+    let theirs = match tenant {
+        TenantNetwork::Unset | TenantNetwork::Egress(None) => return Ok(()),
+        TenantNetwork::None => {
+            return Err(
+                "the tenant's limits say network \"none\", and this reaches the network \
+                 (network = \"egress\")"
+                    .into(),
+            )
+        }
+        TenantNetwork::Egress(Some(a)) => a,
+    };
+    // Both lists were checked when they were stored: the operator's sandbox.toml or layer,
+    // and the tenant's limits through the gate. Here they are only compared.
+    let compile = |what: &str, rules: &[AllowRule]| {
+        crate::egress::compile(what, rules, crate::egress::PrivateNet::Allowed)
+            .map_err(|e| e.to_string())
+    };
+    let f = compile("the function's allow", function)?;
+    let t = compile("the tenant's allow", theirs)?;
+    match f.not_within(&t) {
+        None => Ok(()),
+        Some(rule) => Err(format!(
+            "the tenant's limits allow {}, which does not cover the egress rule {rule}",
+            if theirs.is_empty() {
+                "no destination".to_string()
+            } else {
+                theirs
+                    .iter()
+                    .map(|r| r.to_string())
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            }
+        )),
+    }
+}
+
 /// A route in words, for messages.
 pub fn describe(route: Route) -> &'static str {
     match route {
@@ -296,6 +348,59 @@ pub fn private_target(allow: &[AllowRule], private_allowed: bool) -> Option<&All
         return None;
     }
     allow.iter().find(|r| is_private_host(&r.host))
+}
+
+#[cfg(test)]
+mod egress_limit_tests {
+    use super::*;
+
+    fn rules(v: &[&str]) -> Vec<AllowRule> {
+        v.iter()
+            .map(|s| AllowRule::parse("allow", s).expect("a rule"))
+            .collect()
+    }
+
+    #[test]
+    fn a_tenants_network_limit_must_cover_the_functions_rules() {
+        let f = rules(&["10.1.2.3:8080", "api.example.com:443", "8.8.8.0/24:53"]);
+        assert_eq!(tenant_may_call_egress(&f, TenantNetwork::Unset), Ok(()));
+        assert_eq!(
+            tenant_may_call_egress(&f, TenantNetwork::Egress(None)),
+            Ok(())
+        );
+        let e = tenant_may_call_egress(&f, TenantNetwork::None).expect_err("none");
+        assert!(e.contains("network \"none\""), "{e}");
+        // Covered: the same rules, or wider blocks (a special one only by a special one).
+        let t = rules(&["10.0.0.0/8:8080", "api.example.com:443", "8.8.0.0/16:53"]);
+        assert_eq!(
+            tenant_may_call_egress(&f, TenantNetwork::Egress(Some(&t))),
+            Ok(())
+        );
+        // A wider public block does not open a private address (as the relay decides).
+        let t = rules(&["0.0.0.0/0:8080", "api.example.com:443", "8.8.8.0/24:53"]);
+        let e = tenant_may_call_egress(&f, TenantNetwork::Egress(Some(&t))).expect_err("private");
+        assert!(e.contains("10.1.2.3/32:8080"), "{e}");
+        // Another port, another name, a narrower block: not covered, named.
+        for (t, missing) in [
+            (
+                rules(&["10.1.2.3:80", "api.example.com:443", "8.8.8.0/24:53"]),
+                "10.1.2.3/32:8080",
+            ),
+            (
+                rules(&["10.1.2.3:8080", "example.com:443", "8.8.8.0/24:53"]),
+                "api.example.com:443",
+            ),
+            (
+                rules(&["10.1.2.3:8080", "api.example.com:443", "8.8.8.8:53"]),
+                "8.8.8.0/24:53",
+            ),
+        ] {
+            let e = tenant_may_call_egress(&f, TenantNetwork::Egress(Some(&t))).expect_err(missing);
+            assert!(e.contains(missing), "{e}");
+        }
+        let e = tenant_may_call_egress(&f, TenantNetwork::Egress(Some(&[]))).expect_err("empty");
+        assert!(e.contains("no destination"), "{e}");
+    }
 }
 
 #[cfg(test)]

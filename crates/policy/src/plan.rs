@@ -56,6 +56,11 @@ pub struct OneShotArgs {
     pub argv: Vec<String>,
     /// `--inotify`: let the program use inotify (off by default; see [`OneShotPlan::inotify`]).
     pub inotify: bool,
+    /// The rules come from a caller who may not open the host's own networks (an HTTP
+    /// caller of an API started without `--allow-private-net`): no rule may name a private
+    /// or special range, and no allowed name resolves to one. Off for the command line,
+    /// whose rules are the operator's own.
+    pub refuse_private: bool,
 }
 
 /// A checked, complete plan for one one-shot sandbox.
@@ -300,7 +305,12 @@ pub fn one_shot(args: &OneShotArgs) -> Result<OneShotPlan, PolicyError> {
         ));
     }
     // The command line is the operator's own: its rules may name private addresses.
-    let allow = crate::egress::compile("--allow", &allow, crate::egress::PrivateNet::Allowed)?;
+    let private = if args.refuse_private {
+        crate::egress::PrivateNet::Refused
+    } else {
+        crate::egress::PrivateNet::Allowed
+    };
+    let allow = crate::egress::compile("--allow", &allow, private)?;
     let mounts = args
         .mounts
         .iter()
@@ -446,6 +456,7 @@ mod tests {
             net: Some("none".into()),
             allow: Vec::new(),
             inotify: true,
+            refuse_private: false,
             image: Some("dir:/srv/rootfs".into()),
             mounts: vec![
                 "/data:/data".into(),

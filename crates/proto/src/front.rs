@@ -415,7 +415,10 @@ pub struct ZygoteCounts {
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct FunctionInfo {
+    /// As the caller knows it (a tenant's own functions by their plain name).
     pub name: String,
+    /// The tenant it is served for; `None`: the host's, which every tenant may call.
+    pub tenant: Option<String>,
     /// "function" or "pool".
     pub kind: String,
     /// "serving", "starting", "failed", "stopping".
@@ -549,8 +552,13 @@ pub enum Reply {
         tenant: String,
         names: Vec<String>,
     },
-    /// `Metrics`: one entry per function or pool the caller can see.
-    Metrics(Vec<FunctionMetrics>),
+    /// `Metrics`: one entry per function or pool the caller can see, and whether the
+    /// caller may read the API process's own counts (those of every caller; the monitor
+    /// decides, today for every caller, as the API's specification has it).
+    Metrics {
+        functions: Vec<FunctionMetrics>,
+        process_counts: bool,
+    },
     /// `RecordUsage`: the record is in the usage log's queue.
     UsageRecorded,
 }

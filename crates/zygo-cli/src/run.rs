@@ -7,7 +7,7 @@ use std::path::Path;
 use policy::limits::Mem;
 use policy::plan::OneShotArgs;
 use proto::launch::Phase;
-use zygo_monitor::cgroup::Backend;
+use zygo_monitor::cgroup::{self, Backend};
 use zygo_monitor::oneshot::{self, Outcome, Output, Request, Stdin};
 
 use crate::flags::{self, text};
@@ -125,15 +125,32 @@ pub fn main(raw: Vec<OsString>) -> i32 {
         launcher,
         cancel: None,
     };
-    // Zygo enters its cgroup tree before it starts any process: on cgroup v2 it may have to
-    // move itself into a leaf first, which only works while it is alone.
-    let backend = match Backend::detect() {
-        Ok(b) => b,
-        Err(e) => return refuse(Phase::Plan, e.to_string()),
+    // Where cgroup v2 may hold Zygo's tree, Zygo enters it before it starts any process: it
+    // may have to move itself into a leaf first, which only works while it is alone. A v1
+    // tree needs no move, so there the launcher starts up and creates the sandbox's
+    // namespaces while this process finds its hierarchies.
+    let early = if cgroup::v2_possible() {
+        match Backend::detect() {
+            Ok(b) => Some(b),
+            Err(e) => return refuse(Phase::Plan, e.to_string()),
+        }
+    } else {
+        None
     };
     let started = match oneshot::start(req) {
         Ok(s) => s,
         Err(out) => return report(&out, opts.json, &mem_text, &timeout_text),
+    };
+    let backend = match early.map_or_else(Backend::detect, Ok) {
+        Ok(b) => b,
+        Err(e) => {
+            let out = started.abandon(Outcome {
+                phase: Some(Phase::Plan),
+                error: Some(e.to_string()),
+                ..Outcome::default()
+            });
+            return report(&out, opts.json, &mem_text, &timeout_text);
+        }
     };
     // Cgroups left by killed monitors are swept while the program runs.
     let out = started.finish(&backend, || backend.sweep_stale_runs());
@@ -206,6 +223,14 @@ fn report(out: &Outcome, json: bool, mem: &str, timeout: &str) -> i32 {
     } else {
         1
     };
+    if !json && out.output_dropped > 0 {
+        // Said only if stderr takes it now: it may be the very pipe nobody reads.
+        tell(&format!(
+            "zygo: {} bytes of the program's output were dropped: zygo's output was not read \
+             once the sandbox had been ended",
+            out.output_dropped
+        ));
+    }
     if json {
         say!("{}", crate::output::json(&answer(out, mem, timeout)));
     } else if let Some(err) = &out.error {
@@ -217,9 +242,29 @@ fn report(out: &Outcome, json: bool, mem: &str, timeout: &str) -> i32 {
         };
         eprintln!("zygo: {what}: {}", clean(err));
     } else if let Some(why) = kill_reason(out, mem, timeout) {
-        eprintln!("zygo: killed: {why}");
+        if out.output_dropped > 0 {
+            tell(&format!("zygo: killed: {why}"));
+        } else {
+            eprintln!("zygo: killed: {why}");
+        }
     }
     code
+}
+
+/// One line on stderr if it has room for it now, else nothing: after output was dropped
+/// for want of a reader, zygo does not wait on that reader to say so (the exit status
+/// says the rest).
+fn tell(line: &str) {
+    let mut p = libc::pollfd {
+        fd: libc::STDERR_FILENO,
+        events: libc::POLLOUT,
+        revents: 0,
+    };
+    // SAFETY: one valid pollfd, no waiting.
+    let ready = unsafe { libc::poll(&mut p, 1, 0) } == 1 && p.revents & libc::POLLOUT != 0;
+    if ready {
+        eprintln!("{line}");
+    }
 }
 
 /// The object `zygo run --json` prints.

@@ -36,6 +36,7 @@
 
 pub mod confine;
 pub mod dns;
+pub mod guard;
 pub mod sniff;
 
 use std::io::{Read, Write};
@@ -68,6 +69,12 @@ const MAX_CONNS: usize = 64;
 const DNS_REUSE: Duration = Duration::from_secs(10);
 /// How long the filter waits for the destination to accept a connection.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
+/// How long a relayed connection may sit with nothing moving in a direction before that
+/// direction is ended: a connection nobody uses does not hold one of the filter's
+/// [`MAX_CONNS`] places for ever.
+const RELAY_IDLE: Duration = Duration::from_secs(600);
+/// Once one direction has ended, how long the other may sit idle.
+const HALF_CLOSED_IDLE: Duration = Duration::from_secs(60);
 /// Each relay thread's buffer (or the most one splice moves).
 const BUF: usize = 1024 * 1024;
 /// The pipe a relay splices through.
@@ -197,6 +204,11 @@ fn run() -> Result<(), String> {
         start,
         resolved: Mutex::new(HashMap::new()),
         recent: Mutex::new(HashMap::new()),
+        log: Mutex::new(LogBudget {
+            window: std::time::Instant::now(),
+            used: 0,
+            dropped: 0,
+        }),
     });
     for sock in udp {
         let sh = Arc::clone(&shared);
@@ -215,6 +227,50 @@ struct Shared {
     resolved: Mutex<HashMap<String, Vec<Ipv4Addr>>>,
     /// name → the last upstream answer and when it came.
     recent: Mutex<HashMap<String, Upstream>>,
+    /// What is left of this window's refusal lines.
+    log: Mutex<LogBudget>,
+}
+
+/// How many refusals one filter logs per [`LOG_WINDOW`]. Past that they are counted, and
+/// the count is logged with the first refusal of a later window: a sandbox that makes
+/// refusals in a loop cannot flood the log it shares with the host and other sandboxes.
+const LOG_BUDGET: u32 = 20;
+const LOG_WINDOW: Duration = Duration::from_secs(10);
+
+struct LogBudget {
+    window: std::time::Instant,
+    used: u32,
+    dropped: u64,
+}
+
+impl Shared {
+    /// Log one refusal (a warning), within the filter's budget.
+    fn refusal(&self, line: std::fmt::Arguments<'_>) {
+        let Ok(mut b) = self.log.lock() else { return };
+        let now = std::time::Instant::now();
+        if now.duration_since(b.window) >= LOG_WINDOW {
+            if b.dropped > 0 {
+                log::warn!(
+                    "egress[{}]: {} more refusals were not logged (at most {LOG_BUDGET} are \
+                     logged every {} s)",
+                    self.start.label,
+                    b.dropped,
+                    LOG_WINDOW.as_secs()
+                );
+            }
+            *b = LogBudget {
+                window: now,
+                used: 0,
+                dropped: 0,
+            };
+        }
+        if b.used < LOG_BUDGET {
+            b.used += 1;
+            log::warn!("{line}");
+        } else {
+            b.dropped += 1;
+        }
+    }
 }
 
 /// An upstream answer: when it came, and its addresses with their TTLs.
@@ -283,10 +339,10 @@ fn serve_dns(sh: &Shared, sock: &OwnedFd) {
 fn answer_query(sh: &Shared, msg: &[u8], q: &dns::Query) -> Vec<u8> {
     let label = &sh.start.label;
     let Some(rule) = policy::egress::answers_for(&sh.start.names, &q.name) else {
-        log::warn!(
+        sh.refusal(format_args!(
             "egress[{label}]: refused a DNS query for {}: no allow rule names it",
-            q.name
-        );
+            policy::Shown::new(&q.name)
+        ));
         return dns::answer(msg, q, dns::RCODE_REFUSED, &[]);
     };
     if q.qtype != dns::TYPE_A {
@@ -404,12 +460,24 @@ fn serve(start: Arc<Shared>, listeners: Vec<OwnedFd>) -> Result<(), String> {
                 // SAFETY: accept4 just returned this descriptor to us.
                 let conn = unsafe { OwnedFd::from_raw_fd(c) };
                 if active.load(Ordering::Acquire) >= MAX_CONNS {
-                    log::warn!(
+                    start.refusal(format_args!(
                         "egress[{}]: refused a connection: {MAX_CONNS} are open already",
                         start.start.label
-                    );
+                    ));
                     reset(conn);
                     continue;
+                }
+                // Refused by address alone: answered here, without a thread of its own.
+                if let Some(dst) = local_v4(conn.as_raw_fd()) {
+                    let names_port = start.start.names.iter().any(|n| n.port == dst.port());
+                    if let (Err(why), false) = (decide(&start.start.rules, dst), names_port) {
+                        start.refusal(format_args!(
+                            "egress[{}]: refused {dst}: {why}",
+                            start.start.label
+                        ));
+                        reset(conn);
+                        continue;
+                    }
                 }
                 active.fetch_add(1, Ordering::AcqRel);
                 let (st, count) = (Arc::clone(&start), Arc::clone(&active));
@@ -426,6 +494,40 @@ fn serve(start: Arc<Shared>, listeners: Vec<OwnedFd>) -> Result<(), String> {
             }
         }
     }
+}
+
+/// Whether `ip` is an address of this host: a UDP socket connected to it (which sends
+/// nothing) is given it as its own source address only then. When that cannot be told,
+/// the answer is yes (the careful side).
+fn is_host_address(ip: Ipv4Addr) -> bool {
+    // SAFETY: plain socket creation.
+    let fd = unsafe { libc::socket(libc::AF_INET, libc::SOCK_DGRAM | libc::SOCK_CLOEXEC, 0) };
+    if fd < 0 {
+        return true;
+    }
+    // SAFETY: the socket was just created by this process.
+    let sock = unsafe { OwnedFd::from_raw_fd(fd) };
+    let sa = libc::sockaddr_in {
+        sin_family: libc::AF_INET as libc::sa_family_t,
+        sin_port: 9u16.to_be(),
+        sin_addr: libc::in_addr {
+            s_addr: u32::from(ip).to_be(),
+        },
+        sin_zero: [0; 8],
+    };
+    // SAFETY: sa is a valid sockaddr_in of the size passed.
+    let r = unsafe {
+        libc::connect(
+            sock.as_raw_fd(),
+            (&sa as *const libc::sockaddr_in).cast(),
+            std::mem::size_of::<libc::sockaddr_in>() as libc::socklen_t,
+        )
+    };
+    if r != 0 {
+        // No route at all: not reachable as the host's own either.
+        return false;
+    }
+    local_v4(sock.as_raw_fd()).is_none_or(|own| *own.ip() == ip)
 }
 
 /// The address a connection was made to: the accepted socket's own local address.
@@ -510,18 +612,22 @@ fn reset(conn: OwnedFd) {
     drop(conn);
 }
 
-fn handle(sh: &Shared, conn: OwnedFd) {
+fn handle(sh: &Arc<Shared>, conn: OwnedFd) {
     let start = &sh.start;
+    let mut guard: Option<guard::Requests> = None;
     let Some(dst) = local_v4(conn.as_raw_fd()) else {
-        log::warn!(
+        sh.refusal(format_args!(
             "egress[{}]: refused a connection whose destination is not IPv4",
             start.label
-        );
+        ));
         return reset(conn);
     };
     if let Err(why) = decide(&start.rules, dst) {
         if !start.names.iter().any(|n| n.port == dst.port()) {
-            log::warn!("egress[{}]: refused {dst}: {why}", start.label);
+            sh.refusal(format_args!(
+                "egress[{}]: refused {dst}: {why}",
+                start.label
+            ));
             return reset(conn);
         }
         // A name rule for this port: the connection must say which host it is for.
@@ -529,6 +635,10 @@ fn handle(sh: &Shared, conn: OwnedFd) {
             sniff::Sniff::Host(h) => Some(h),
             _ => None,
         };
+        // Cleartext HTTP: every later request on the connection must name the same host.
+        if first_byte(conn.as_raw_fd()).is_some_and(|b| b != 0x16) {
+            guard = host.as_deref().map(guard::Requests::new);
+        }
         let resolved = |name: &str| {
             sh.resolved
                 .lock()
@@ -536,24 +646,47 @@ fn handle(sh: &Shared, conn: OwnedFd) {
                 .unwrap_or(false)
         };
         if let Err(why) = decide_name(&start.names, host.as_deref(), dst, resolved) {
-            log::warn!("egress[{}]: refused {dst}: {why}", start.label);
+            sh.refusal(format_args!(
+                "egress[{}]: refused {dst}: {why}",
+                start.label
+            ));
             return reset(conn);
         }
+    }
+    // The host's own addresses (a public address on one of its interfaces, say) are
+    // reached over its loopback, past its firewall: only a rule naming the address opens
+    // one.
+    if is_host_address(*dst.ip()) && !policy::egress::named_exactly(&start.rules, dst) {
+        sh.refusal(format_args!(
+            "egress[{}]: refused {dst}: an address of this host; only a rule naming it \
+             exactly opens it",
+            start.label
+        ));
+        return reset(conn);
     }
     let out = match connect(dst) {
         Ok(s) => s,
         Err(e) => {
-            log::warn!("egress[{}]: {dst}: {e}", start.label);
+            sh.refusal(format_args!("egress[{}]: {dst}: {e}", start.label));
             return reset(conn);
         }
     };
     log::info!("egress[{}]: relaying to {dst}", start.label);
-    let inside = Arc::new(TcpStream::from(conn));
+    let inside = TcpStream::from(conn);
+    for s in [&inside, &out] {
+        let _ = s.set_read_timeout(Some(RELAY_IDLE));
+        let _ = s.set_write_timeout(Some(RELAY_IDLE));
+    }
+    let inside = Arc::new(inside);
     let outside = Arc::new(out);
     let (i2, o2) = (Arc::clone(&inside), Arc::clone(&outside));
+    let sh2 = Arc::clone(sh);
     let up = std::thread::Builder::new()
         .stack_size(256 * 1024)
-        .spawn(move || copy(&i2, &o2));
+        .spawn(move || match guard {
+            Some(g) => copy_checked(&i2, &o2, g, &sh2),
+            None => copy(&i2, &o2),
+        });
     copy(&outside, &inside);
     match up {
         Ok(t) => {
@@ -561,6 +694,71 @@ fn handle(sh: &Shared, conn: OwnedFd) {
         }
         Err(e) => log::warn!("egress[{}]: start a relay: {e}", start.label),
     }
+}
+
+/// The first byte waiting on a connection, without taking it.
+fn first_byte(fd: RawFd) -> Option<u8> {
+    let mut b = [0u8; 1];
+    // SAFETY: a one-byte buffer we own.
+    let n = unsafe {
+        libc::recv(
+            fd,
+            b.as_mut_ptr().cast(),
+            1,
+            libc::MSG_PEEK | libc::MSG_DONTWAIT,
+        )
+    };
+    (n == 1).then_some(b[0])
+}
+
+/// Copy the client's requests to the server as [`copy`] does, reading them (`guard`) as
+/// they pass: when a request is one the filter may not relay (another host, framing it
+/// cannot follow), the connection ends with a reset both ways and the refusal is logged.
+fn copy_checked(from: &TcpStream, to: &TcpStream, mut guard: guard::Requests, sh: &Shared) {
+    let mut buf = vec![0u8; 64 * 1024];
+    let mut r = from;
+    let mut w = to;
+    loop {
+        match r.read(&mut buf) {
+            Ok(0) => break,
+            Ok(n) => {
+                if let Err(why) = guard.feed(&buf[..n]) {
+                    sh.refusal(format_args!(
+                        "egress[{}]: ended a connection: {why}",
+                        sh.start.label
+                    ));
+                    // SO_LINGER 0 makes the close a reset; shutting both sockets down
+                    // ends the other direction's relay too.
+                    let lin = libc::linger {
+                        l_onoff: 1,
+                        l_linger: 0,
+                    };
+                    // SAFETY: setsockopt with a valid linger struct of the size passed.
+                    unsafe {
+                        libc::setsockopt(
+                            from.as_raw_fd(),
+                            libc::SOL_SOCKET,
+                            libc::SO_LINGER,
+                            (&lin as *const libc::linger).cast(),
+                            std::mem::size_of::<libc::linger>() as libc::socklen_t,
+                        )
+                    };
+                    let _ = from.shutdown(std::net::Shutdown::Both);
+                    let _ = to.shutdown(std::net::Shutdown::Both);
+                    return;
+                }
+                if w.write_all(&buf[..n]).is_err() {
+                    let _ = from.shutdown(std::net::Shutdown::Read);
+                    break;
+                }
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+            Err(_) => break,
+        }
+    }
+    let _ = to.shutdown(std::net::Shutdown::Write);
+    // The other direction reads `to`: with this one ended, it may wait less.
+    let _ = to.set_read_timeout(Some(HALF_CLOSED_IDLE));
 }
 
 /// Copy `from` to `to` until `from` ends, then end `to`'s writing side: through a pipe with
@@ -591,6 +789,8 @@ fn copy(from: &TcpStream, to: &TcpStream) {
         }
     }
     let _ = to.shutdown(std::net::Shutdown::Write);
+    // The other direction reads `to`: with this one ended, it may wait less.
+    let _ = to.set_read_timeout(Some(HALF_CLOSED_IDLE));
 }
 
 fn splice_all(from: &TcpStream, to: &TcpStream, pipe_r: RawFd, pipe_w: RawFd) {

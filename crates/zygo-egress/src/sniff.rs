@@ -123,26 +123,168 @@ fn http(b: &[u8]) -> Sniff {
             Sniff::NeedMore
         };
     };
-    let Ok(head) = std::str::from_utf8(&b[..end]) else {
-        return Sniff::NoHost;
-    };
-    let mut lines = head.split("\r\n");
-    let request = lines.next().unwrap_or("");
-    if !request.ends_with("HTTP/1.1") && !request.ends_with("HTTP/1.0") {
-        return Sniff::NoHost;
+    match request_head(&b[..end]) {
+        Ok(head) => Sniff::Host(head.host),
+        Err(_) => Sniff::NoHost,
     }
-    let mut hosts = lines.filter_map(|l| {
-        let (k, v) = l.split_once(':')?;
-        k.eq_ignore_ascii_case("host").then(|| v.trim())
-    });
-    let (Some(host), None) = (hosts.next(), hosts.next()) else {
-        return Sniff::NoHost; // none, or more than one
+}
+
+/// How the body of a request is framed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Body {
+    None,
+    Length(u64),
+    Chunked,
+}
+
+/// What the filter takes from an HTTP/1 request head.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Head {
+    /// The `Host` header's host, without its port (as sent; the policy normalizes it).
+    pub host: String,
+    pub body: Body,
+}
+
+/// Parse one request head (everything before its blank line) strictly enough that every
+/// server reading the same bytes finds the same host and the same end of the request: a
+/// request line `METHOD /path HTTP/1.x` (an origin-form target, or `*`; not the absolute
+/// form `GET http://other/`, which servers must prefer to `Host`, and not `CONNECT`),
+/// lines ended by CRLF with no bare CR or LF, no folded lines, exactly one `Host`, at most
+/// one `Content-Length` or one `Transfer-Encoding: chunked` and never both, and no
+/// `Upgrade` (after a protocol switch the bytes are no longer requests the filter can
+/// read). The error says what was wrong.
+pub fn request_head(head: &[u8]) -> Result<Head, &'static str> {
+    if head.len() > MAX_PEEK {
+        return Err("a request head over 16 KiB");
+    }
+    let mut lines = Vec::new();
+    let mut rest = head;
+    loop {
+        match rest.windows(2).position(|w| w == b"\r\n") {
+            Some(i) => {
+                lines.push(&rest[..i]);
+                rest = &rest[i + 2..];
+            }
+            None => {
+                lines.push(rest);
+                break;
+            }
+        }
+    }
+    if lines
+        .iter()
+        .any(|l| l.iter().any(|&c| c == b'\r' || c == b'\n' || c == 0))
+    {
+        return Err("a bare CR, LF or NUL in the request head");
+    }
+    let request = lines[0];
+    let mut parts = request.split(|&c| c == b' ');
+    let (Some(method), Some(target), Some(version), None) =
+        (parts.next(), parts.next(), parts.next(), parts.next())
+    else {
+        return Err("a request line that is not METHOD TARGET VERSION");
     };
+    if method.is_empty() || !method.iter().all(u8::is_ascii_uppercase) {
+        return Err("a method that is not an upper-case word");
+    }
+    if method == b"CONNECT" {
+        return Err("CONNECT is not relayed on a name rule");
+    }
+    // A path, but not one starting `//`, which some servers read as naming a host.
+    let origin_form = target.first() == Some(&b'/') && target.get(1) != Some(&b'/');
+    let asterisk = target == b"*" && method == b"OPTIONS";
+    if !(origin_form || asterisk) || !target.iter().all(|c| c.is_ascii_graphic()) {
+        return Err("a request target that is not a path (the absolute form names another host)");
+    }
+    if version != b"HTTP/1.1" && version != b"HTTP/1.0" {
+        return Err("not HTTP/1.0 or HTTP/1.1");
+    }
+    let mut host = None;
+    let mut length = None;
+    let mut chunked = false;
+    for line in &lines[1..] {
+        if line.first().is_some_and(|c| *c == b' ' || *c == b'\t') {
+            return Err("a folded header line");
+        }
+        let Some(colon) = line.iter().position(|&c| c == b':') else {
+            return Err("a header line without a colon");
+        };
+        let name = &line[..colon];
+        if name.is_empty() || !name.iter().all(|&c| is_tchar(c)) {
+            return Err("a header name with characters a token may not have");
+        }
+        let value = trim(&line[colon + 1..]);
+        if name.eq_ignore_ascii_case(b"host") {
+            if host.is_some() {
+                return Err("more than one Host");
+            }
+            host = Some(value);
+        } else if name.eq_ignore_ascii_case(b"content-length") {
+            if length.is_some() {
+                return Err("more than one Content-Length");
+            }
+            if value.is_empty() || value.len() > 18 || !value.iter().all(u8::is_ascii_digit) {
+                return Err("a Content-Length that is not a number");
+            }
+            let text =
+                std::str::from_utf8(value).map_err(|_| "a Content-Length that is not a number")?;
+            length = Some(
+                text.parse::<u64>()
+                    .map_err(|_| "a Content-Length that is not a number")?,
+            );
+        } else if name.eq_ignore_ascii_case(b"transfer-encoding") {
+            if chunked || !value.eq_ignore_ascii_case(b"chunked") {
+                return Err("a Transfer-Encoding other than one chunked");
+            }
+            chunked = true;
+        } else if name.eq_ignore_ascii_case(b"upgrade") {
+            return Err("a protocol upgrade, which is not relayed on a name rule");
+        }
+    }
+    if chunked && length.is_some() {
+        return Err("both Content-Length and Transfer-Encoding");
+    }
+    let Some(host) = host else {
+        return Err("no Host");
+    };
+    let host = std::str::from_utf8(host).map_err(|_| "a Host that is not text")?;
     let name = match host.rsplit_once(':') {
-        Some((h, port)) if port.bytes().all(|c| c.is_ascii_digit()) => h,
+        Some((h, port)) if !port.is_empty() && port.bytes().all(|c| c.is_ascii_digit()) => h,
         _ => host,
     };
-    Sniff::Host(name.to_string())
+    if name.is_empty()
+        || !name
+            .bytes()
+            .all(|c| c.is_ascii_alphanumeric() || c == b'.' || c == b'-' || c == b'_')
+    {
+        return Err("a Host that is not a host name");
+    }
+    let body = match (chunked, length) {
+        (true, _) => Body::Chunked,
+        (false, Some(0)) | (false, None) => Body::None,
+        (false, Some(n)) => Body::Length(n),
+    };
+    Ok(Head {
+        host: name.to_string(),
+        body,
+    })
+}
+
+/// A character of an HTTP token (RFC 9110, 5.6.2).
+fn is_tchar(c: u8) -> bool {
+    c.is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~".contains(&c)
+}
+
+fn trim(v: &[u8]) -> &[u8] {
+    let start = v
+        .iter()
+        .position(|c| *c != b' ' && *c != b'\t')
+        .unwrap_or(v.len());
+    let end = v
+        .iter()
+        .rposition(|c| *c != b' ' && *c != b'\t')
+        .map_or(start, |i| i + 1);
+    &v[start..end.max(start)]
 }
 
 #[cfg(test)]
@@ -223,5 +365,51 @@ mod tests {
         );
         assert_eq!(sniff(b"SSH-2.0-x\r\n\r\n"), Sniff::NoHost);
         assert_eq!(sniff(b"\x00\x01"), Sniff::NoHost);
+    }
+
+    /// Every way two servers could disagree about which host a request is for, or where it
+    /// ends, is refused.
+    #[test]
+    fn ambiguous_requests_name_no_host() {
+        for bad in [
+            // The absolute form: servers must take its host over Host.
+            &b"GET http://other.example/ HTTP/1.1\r\nHost: a.example\r\n\r\n"[..],
+            b"GET //other.example/ HTTP/1.1\r\nHost: a.example\r\n\r\n".as_slice(),
+            b"CONNECT other.example:443 HTTP/1.1\r\nHost: a.example\r\n\r\n",
+            // A bare LF or CR hiding a second Host from a strict parser.
+            b"GET / HTTP/1.1\r\nHost: a.example\nHost: other.example\r\n\r\n",
+            b"GET / HTTP/1.1\r\nX: y\rHost: other.example\r\nHost: a.example\r\n\r\n",
+            // Folding, odd names, spacing.
+            b"GET / HTTP/1.1\r\nHost: a.example\r\n other.example\r\n\r\n",
+            b"GET / HTTP/1.1\r\nHost : a.example\r\n\r\n",
+            b"GET  / HTTP/1.1\r\nHost: a.example\r\n\r\n",
+            b"get / HTTP/1.1\r\nHost: a.example\r\n\r\n",
+            b"GET / HTTP/2.0\r\nHost: a.example\r\n\r\n",
+            // Framing two servers could read differently.
+            b"POST / HTTP/1.1\r\nHost: a.example\r\nContent-Length: 5\r\nTransfer-Encoding: chunked\r\n\r\n",
+            b"POST / HTTP/1.1\r\nHost: a.example\r\nContent-Length: 5\r\nContent-Length: 6\r\n\r\n",
+            b"POST / HTTP/1.1\r\nHost: a.example\r\nContent-Length: +5\r\n\r\n",
+            b"POST / HTTP/1.1\r\nHost: a.example\r\nTransfer-Encoding: gzip, chunked\r\n\r\n",
+            // A protocol switch, after which the bytes are not requests.
+            b"GET / HTTP/1.1\r\nHost: a.example\r\nUpgrade: websocket\r\n\r\n",
+            // Hosts that are not host names.
+            b"GET / HTTP/1.1\r\nHost: a.example@other.example\r\n\r\n",
+            b"GET / HTTP/1.1\r\nHost: \r\n\r\n",
+        ] {
+            assert_eq!(sniff(bad), Sniff::NoHost, "{:?}", String::from_utf8_lossy(bad));
+        }
+        let ok = b"POST /upload?x=1 HTTP/1.1\r\nHost: A.example:8080\r\nContent-Length: 3\r\n\r\n";
+        let head = request_head(&ok[..ok.len() - 4]).unwrap();
+        assert_eq!(head.host, "A.example");
+        assert_eq!(head.body, Body::Length(3));
+        let chunked = b"PUT / HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: Chunked\r\n\r\n";
+        assert_eq!(
+            request_head(&chunked[..chunked.len() - 4]).unwrap().body,
+            Body::Chunked
+        );
+        assert_eq!(
+            sniff(b"OPTIONS * HTTP/1.0\r\nHost: a.example\r\n\r\n"),
+            Sniff::Host("a.example".into())
+        );
     }
 }

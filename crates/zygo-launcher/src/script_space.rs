@@ -1,15 +1,16 @@
 //! A runtime pool's `/run/script`: the launcher writes each call's script there, from
 //! outside, through the writable mount init handed over (the sandbox's own mount of it is
-//! read-only). The space is a tmpfs of the pool's scratch size, so it is kept like a cache:
-//! a script already there is used as it is; a new one first evicts the scripts used least
-//! recently that no call in flight is running, and is refused (the call with it, before
-//! anything runs) when it is larger than the whole space, or when scripts of calls in
-//! flight fill it.
+//! read-only). A script is there only while calls in flight run it: the last of them to
+//! end removes it. So a call can find (even by `stat` on a guessed digest) only the
+//! scripts of the calls running beside it, and those are its own tenant's: the supervisor
+//! never gives two tenants children of one zygote at the same time. The space is a tmpfs
+//! of the pool's scratch size: a script is refused (the call with it, before anything
+//! runs) when it is larger than the whole space, or when scripts of calls in flight fill
+//! it.
 
 use std::collections::HashMap;
 use std::ffi::CString;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
-use std::time::Instant;
 
 /// Why a call's script could not be placed.
 #[derive(Debug)]
@@ -32,7 +33,6 @@ impl std::fmt::Display for Refused {
 
 struct Held {
     bytes: u64,
-    last_used: Instant,
     /// Calls in flight running it.
     users: usize,
 }
@@ -94,13 +94,12 @@ impl ScriptSpace {
         let path = format!("/run/script/{}", s.digest);
         if let Some(h) = self.held.get_mut(&s.digest) {
             h.users += 1;
-            h.last_used = Instant::now();
             self.by_slot.insert(slot.to_string(), s.digest.clone());
             return Ok(path);
         }
         let need = cost(s.source.len() as u64);
         let io = |what: &str, e: std::io::Error| Refused::Failed(format!("{what}: {e}"));
-        let (total, mut free) = self
+        let (total, free) = self
             .space()
             .map_err(|e| io("read the script space's size", e))?;
         if need > total {
@@ -110,23 +109,10 @@ impl ScriptSpace {
                 total
             )));
         }
-        while free < need {
-            let lru = self
-                .held
-                .iter()
-                .filter(|(_, h)| h.users == 0)
-                .min_by_key(|(_, h)| h.last_used)
-                .map(|(d, _)| d.clone());
-            let Some(victim) = lru else {
-                return Err(Refused::Full(format!(
-                    "this pool's script space ({total} bytes) is full of the scripts of calls in flight; retry when one ends"
-                )));
-            };
-            self.evict(&victim);
-            free = self
-                .space()
-                .map_err(|e| io("read the script space's size", e))?
-                .1;
+        if free < need {
+            return Err(Refused::Full(format!(
+                "this pool's script space ({total} bytes) is full of the scripts of calls in flight; retry when one ends"
+            )));
         }
         match self.write(&name, &s.source) {
             Ok(()) => {}
@@ -141,7 +127,6 @@ impl ScriptSpace {
             s.digest.clone(),
             Held {
                 bytes: s.source.len() as u64,
-                last_used: Instant::now(),
                 users: 1,
             },
         );
@@ -149,11 +134,16 @@ impl ScriptSpace {
         Ok(path)
     }
 
-    /// The call of `slot` is over (or never ran): its script may be evicted again.
+    /// The call of `slot` is over (or never ran): once no call runs its script, the
+    /// script is removed, so the next call (perhaps another tenant's) cannot find it.
     pub fn release(&mut self, slot: &str) {
         if let Some(d) = self.by_slot.remove(slot) {
-            if let Some(h) = self.held.get_mut(&d) {
+            let unused = self.held.get_mut(&d).is_some_and(|h| {
                 h.users = h.users.saturating_sub(1);
+                h.users == 0
+            });
+            if unused {
+                self.evict(&d);
             }
         }
     }
@@ -173,7 +163,7 @@ impl ScriptSpace {
             );
         } else {
             log::debug!(
-                "launcher: evicted script {digest} ({} bytes) to make room",
+                "launcher: removed script {digest} ({} bytes): no call runs it",
                 h.bytes
             );
         }

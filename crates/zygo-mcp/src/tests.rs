@@ -62,6 +62,7 @@ fn fake_monitor(mut sock: UnixStream, seen: Seen) {
                 call,
                 functions: vec![FunctionInfo {
                     name: "hello".into(),
+                    tenant: None,
                     kind: "function".into(),
                     state: "serving".into(),
                     error: None,

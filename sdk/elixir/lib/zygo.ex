@@ -308,14 +308,15 @@ defmodule Zygo do
 
   @doc """
   `POST /run` (deploy rights): run `cmd` once. Options: `image`, `mem`, `cpu`, `pids`,
-  `timeout` (the sandbox's deadline: ms or "30s"), `scratch`, `network`, `env`, `stdin`,
-  `key`, `wait` (ms the API waits before a 408; default the deadline plus 10 s).
+  `timeout` (the sandbox's deadline: ms or "30s"), `scratch`, `network`, `allow` (with
+  `network: "egress"`, the "host:port" destinations it may reach), `env`, `stdin`, `key`,
+  `wait` (ms the API waits before a 408; default the deadline plus 10 s).
   """
   defapi run(client, cmd, opts \\ []) do
     unless is_list(cmd) and cmd != [], do: raise(ArgumentError, "cmd is a non-empty list of strings")
 
     body =
-      for k <- [:image, :mem, :cpu, :pids, :timeout, :scratch, :network, :env, :stdin],
+      for k <- [:image, :mem, :cpu, :pids, :timeout, :scratch, :network, :allow, :env, :stdin],
           opts[k] != nil,
           into: %{"cmd" => cmd} do
         {Atom.to_string(k), if(k == :timeout, do: duration(opts[k]), else: opts[k])}

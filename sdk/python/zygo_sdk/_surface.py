@@ -324,6 +324,7 @@ class Surface:
         timeout: Union[None, float, str] = None,
         scratch: Optional[Union[str, int]] = None,
         network: Optional[str] = None,
+        allow: Optional[Sequence[str]] = None,
         env: Optional[Mapping[str, str]] = None,
         stdin: Optional[str] = None,
         key: Optional[str] = None,
@@ -331,7 +332,8 @@ class Surface:
     ) -> RunResult:
         """``POST /run`` (deploy rights): run ``cmd`` once in a fresh sandbox. ``timeout`` is
         the sandbox's own deadline (seconds or ``"30s"``); ``wait`` (seconds) is how long
-        the API waits before answering 408, by default the deadline plus 10 s."""
+        the API waits before answering 408, by default the deadline plus 10 s. With
+        ``network="egress"``, ``allow`` lists the ``"host:port"`` destinations it may reach."""
         if isinstance(cmd, str) or not cmd:
             raise ValueError("cmd is a non-empty list of strings, e.g. ['python3', '-c', '…']")
         body: Dict[str, Any] = {"cmd": list(cmd)}
@@ -343,6 +345,7 @@ class Surface:
             ("timeout", _seconds(timeout)),
             ("scratch", scratch),
             ("network", network),
+            ("allow", list(allow) if allow is not None else None),
             ("env", dict(env) if env is not None else None),
             ("stdin", stdin),
         ):

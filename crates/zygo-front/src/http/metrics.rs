@@ -53,23 +53,26 @@ fn family(out: &mut String, name: &str, kind: &str, help: &str) {
     let _ = writeln!(out, "# TYPE {name} {kind}");
 }
 
-/// The whole page: the API's own two series, then the functions'.
-pub fn render(requests: u64, errors: u64, fns: &[FunctionMetrics]) -> String {
+/// The whole page: the API's own two series (when the caller may read them: `counts`),
+/// then the functions'.
+pub fn render(counts: Option<(u64, u64)>, fns: &[FunctionMetrics]) -> String {
     let mut out = String::new();
-    family(
-        &mut out,
-        "zygo_api_requests_total",
-        "counter",
-        "Requests answered by this zygo api process.",
-    );
-    let _ = writeln!(out, "zygo_api_requests_total {requests}");
-    family(
-        &mut out,
-        "zygo_api_errors_total",
-        "counter",
-        "Requests answered by this zygo api process with a status of 400 or more.",
-    );
-    let _ = writeln!(out, "zygo_api_errors_total {errors}");
+    if let Some((requests, errors)) = counts {
+        family(
+            &mut out,
+            "zygo_api_requests_total",
+            "counter",
+            "Requests answered by this zygo api process.",
+        );
+        let _ = writeln!(out, "zygo_api_requests_total {requests}");
+        family(
+            &mut out,
+            "zygo_api_errors_total",
+            "counter",
+            "Requests answered by this zygo api process with a status of 400 or more.",
+        );
+        let _ = writeln!(out, "zygo_api_errors_total {errors}");
+    }
     let labels = |f: &FunctionMetrics| {
         format!(
             "function=\"{}\",kind=\"{}\"",
@@ -143,7 +146,9 @@ mod tests {
             rss_bytes: 4096,
             state: "serving".into(),
         };
-        let page = render(7, 2, &[f]);
+        let without = render(None, std::slice::from_ref(&f));
+        assert!(!without.contains("zygo_api_"), "{without}");
+        let page = render(Some((7, 2)), &[f]);
         for name in [
             "zygo_api_requests_total",
             "zygo_api_errors_total",

@@ -241,6 +241,7 @@ fn b_run() -> Value {
             "image": {"type": "string"}, "mem": {"type": ["string", "integer"]}, "cpu": {"type": "number"},
             "pids": {"type": "integer"}, "timeout": {"type": ["string", "integer"]}, "scratch": {"type": ["string", "integer"]},
             "network": {"type": "string", "enum": ["none", "egress"]},
+            "allow": {"type": "array", "maxItems": 64, "items": {"type": "string"}},
             "env": {"type": "object", "additionalProperties": {"type": "string"}}, "stdin": {"type": "string"}
         }),
         &["cmd"],
@@ -513,7 +514,8 @@ fn components() -> Value {
                 "exit_code": nullable("integer"), "oom_killed": {"type": "boolean"}, "started": {"type": "boolean"}, "metrics": r("Metrics")
             }), &["error", "code"]),
             "FunctionInfo": open_obj(json!({
-                "name": {"type": "string"}, "kind": {"type": "string", "enum": ["function", "pool"]}, "state": {"type": "string"},
+                "name": {"type": "string"}, "tenant": {"type": ["string", "null"], "description": "The tenant it is served for; null: the host's."},
+                "kind": {"type": "string", "enum": ["function", "pool"]}, "state": {"type": "string"},
                 "error": nullable("string"),
                 "zygotes": open_obj(json!({"ready": {"type": "integer"}, "busy": {"type": "integer"}, "frozen": {"type": "integer"}, "starting": {"type": "integer"}}), &["ready", "busy", "frozen", "starting"]),
                 "in_flight": {"type": "integer"}, "min_warm": {"type": "integer"}, "max_warm": {"type": "integer"}

@@ -484,10 +484,35 @@ pub(crate) struct OwnCgroup {
     pub path: String,
 }
 
+/// Whether this host's cgroup v2 hierarchy could hold Zygo's tree, from
+/// `/proc/self/cgroup` alone: not when memory, pids or cpu is bound to a v1 hierarchy (a
+/// controller lives in one hierarchy at a time, and the v2 backend needs all three). Only
+/// where it could must Zygo enter its tree before it starts any process (`V2::probe` may
+/// move it into a leaf, which works only while it is alone); finding a v1 tree moves
+/// nothing, so it may overlap a launcher's start. When the file cannot be read, the
+/// answer is yes: the careful order.
+pub fn v2_possible() -> bool {
+    match read_file(Path::new("/proc/self/cgroup")) {
+        Ok(text) => v2_possible_from(&parse_own_cgroups(&text)),
+        Err(_) => true,
+    }
+}
+
+fn v2_possible_from(own: &[OwnCgroup]) -> bool {
+    !own.iter().any(|c| {
+        c.controllers
+            .iter()
+            .any(|n| matches!(n.as_str(), "memory" | "pids" | "cpu"))
+    })
+}
+
 fn read_own_cgroups() -> Result<Vec<OwnCgroup>, CgroupError> {
     let text = read_file(Path::new("/proc/self/cgroup"))?;
-    Ok(text
-        .lines()
+    Ok(parse_own_cgroups(&text))
+}
+
+fn parse_own_cgroups(text: &str) -> Vec<OwnCgroup> {
+    text.lines()
         .filter_map(|l| {
             let mut it = l.splitn(3, ':');
             let _id = it.next()?;
@@ -502,7 +527,7 @@ fn read_own_cgroups() -> Result<Vec<OwnCgroup>, CgroupError> {
                 path: path.to_string(),
             })
         })
-        .collect())
+        .collect()
 }
 
 /// A cgroup filesystem mount: (mount point, fs type, super options).
@@ -732,5 +757,30 @@ mod weight_tests {
         assert_eq!(at(1).cpu_weight(), 1);
         assert_eq!(at(u32::MAX).cpu_shares(), 262_144);
         assert_eq!(at(u32::MAX).cpu_weight(), 10_000);
+    }
+}
+
+#[cfg(test)]
+mod entry_tests {
+    use super::{parse_own_cgroups, v2_possible_from};
+
+    #[test]
+    fn v2_is_possible_only_where_no_needed_controller_is_bound_to_v1() {
+        // A pure v2 host (systemd's default), and v2 with v1 hierarchies of other
+        // controllers beside it.
+        assert!(v2_possible_from(&parse_own_cgroups(
+            "0::/user.slice/x.scope\n"
+        )));
+        assert!(v2_possible_from(&parse_own_cgroups(
+            "2:name=systemd:/\n1:devices:/\n0::/a\n"
+        )));
+        // Hybrid (memory, pids and cpu on v1) and plain v1: the v2 backend cannot be chosen.
+        assert!(!v2_possible_from(&parse_own_cgroups(
+            "9:name=systemd:/\n8:pids:/\n4:memory:/x\n1:cpu,cpuacct:/\n0::/\n"
+        )));
+        assert!(!v2_possible_from(&parse_own_cgroups("3:cpu,cpuacct:/\n")));
+        // This machine's own file parses whatever it says.
+        let text = std::fs::read_to_string("/proc/self/cgroup").unwrap_or_default();
+        let _ = v2_possible_from(&parse_own_cgroups(&text));
     }
 }

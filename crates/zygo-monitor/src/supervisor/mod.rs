@@ -24,6 +24,7 @@ mod cgworker;
 mod conn;
 mod functions;
 mod scripts;
+mod store_writer;
 mod usage;
 
 use std::collections::{HashMap, VecDeque};

@@ -6,18 +6,31 @@
 //! `scripts put`) that no call in flight names; a script that cannot fit even then is
 //! refused, naming the cap. A digest that was evicted is unknown until its script is sent
 //! again (`--script`, or `scripts put`). Every write is crash-safe (temporary file, fsync,
-//! rename, fsync of the folder); temporary files a crash left are removed at start.
+//! rename, fsync of the folder) and done off the event loop (`super::store_writer`): the
+//! entry's room is reserved when it is put, and it is held once its bytes are durable.
+//! Temporary files a crash left are removed at start.
 //!
 //! The blob store (`<state>/blobs/`, workspace tars that calls name by digest) is the same
 //! store with its own cap (`ZYGO_BLOB_STORE`, default 1 GiB) and words: see [`Flavor`].
+//!
+//! Each entry knows who holds it: the host, and the tenants that stored it over the API.
+//! A tenant may hold at most its share of a store (`ZYGO_TENANT_STORE_SHARE`, a
+//! percentage of the cap, default [`DEFAULT_SHARE_PERCENT`]); an entry counts in full for
+//! every tenant holding it. A tenant's store past its share first evicts the least
+//! recently used entries it alone holds, never another's, and is refused (`too_large`,
+//! naming the share) when those do not make room. So a tenant uploading without end only
+//! churns its own share. When the whole store is full (many tenants at their shares, or
+//! the host's own entries), the least recently used idle entry of whoever holds the most
+//! goes first.
 
-use std::collections::HashMap;
-use std::io::Write;
+use std::collections::{BTreeSet, HashMap};
 use std::path::PathBuf;
 use std::time::SystemTime;
 
 use proto::front::{ErrorCode, ScriptRef};
 use proto::launch::Script;
+
+use super::store_writer::{Which, Write};
 
 /// The largest script.
 pub const MAX_SCRIPT: usize = super::functions::MAX_EVENT;
@@ -25,6 +38,11 @@ pub const MAX_SCRIPT: usize = super::functions::MAX_EVENT;
 pub const DEFAULT_CAP: u64 = 1 << 30;
 /// What a stored file takes besides its bytes (a page, rounding up), for the cap's sums.
 const OVERHEAD: u64 = 4096;
+/// A tenant's share of each store, in percent of its cap, unless
+/// `ZYGO_TENANT_STORE_SHARE` says otherwise.
+pub const DEFAULT_SHARE_PERCENT: u64 = 25;
+/// The variable that sets a tenant's share.
+pub const SHARE_ENV: &str = "ZYGO_TENANT_STORE_SHARE";
 
 /// Why a store operation was refused: an error code and a message for the caller.
 pub type Refusal = (ErrorCode, String);
@@ -33,6 +51,8 @@ pub type Refusal = (ErrorCode, String);
 pub struct Flavor {
     /// "script" or "blob".
     pub noun: &'static str,
+    /// Which store, for its writes.
+    pub which: Which,
     /// The variable that sets the cap.
     pub env: &'static str,
     /// The largest item.
@@ -42,6 +62,7 @@ pub struct Flavor {
 /// The script store.
 pub const SCRIPTS: Flavor = Flavor {
     noun: "script",
+    which: Which::Scripts,
     env: "ZYGO_SCRIPT_STORE",
     max: MAX_SCRIPT,
 };
@@ -49,6 +70,7 @@ pub const SCRIPTS: Flavor = Flavor {
 /// The blob store: workspace tars (a blob arrives in one HTTP body of at most 16 MiB).
 pub const BLOBS: Flavor = Flavor {
     noun: "blob",
+    which: Which::Blobs,
     env: "ZYGO_BLOB_STORE",
     max: MAX_BLOB,
 };
@@ -56,18 +78,40 @@ pub const BLOBS: Flavor = Flavor {
 /// The largest blob.
 pub const MAX_BLOB: usize = 16 * 1024 * 1024;
 
+/// Who holds an entry: `None` is the host, `Some(t)` a tenant.
+pub type Holder = Option<String>;
+
 struct Entry {
     bytes: u64,
     last_used: SystemTime,
+    holders: BTreeSet<Holder>,
+    /// Its bytes are being written: its room is counted, it is not held yet, and it is
+    /// never evicted.
+    pending: bool,
+}
+
+/// What [`Store::put`] found, or has to be done.
+pub enum Put {
+    /// The store held these bytes already.
+    Held,
+    /// New: their room is reserved; the write goes to the store writer, and its end to
+    /// [`Store::written`].
+    Write(Write),
+    /// The same bytes are being written for an earlier put: wait for [`Store::written`].
+    Pending,
 }
 
 pub struct Store {
     flavor: &'static Flavor,
     dir: PathBuf,
     cap: u64,
+    /// The most one tenant may hold.
+    share: u64,
     entries: HashMap<String, Entry>,
     /// What the entries take, as counted against the cap.
     total: u64,
+    /// What each holder's entries take (an entry in full for each of its holders).
+    held_by: HashMap<Holder, u64>,
 }
 
 fn cost(bytes: u64) -> u64 {
@@ -107,16 +151,46 @@ pub fn cap_from_env(flavor: &Flavor) -> Result<u64, String> {
     }
 }
 
+/// A tenant's share of a store of `cap` bytes, from `ZYGO_TENANT_STORE_SHARE` (a whole
+/// percentage, 1 to 100), else [`DEFAULT_SHARE_PERCENT`].
+pub fn share_from_env(cap: u64) -> Result<u64, String> {
+    let percent = match std::env::var(SHARE_ENV) {
+        Ok(v) if !v.trim().is_empty() => match v.trim().parse::<u64>() {
+            Ok(p) if (1..=100).contains(&p) => p,
+            _ => {
+                return Err(format!(
+                    "{SHARE_ENV}={v:?}: a whole percentage of each store's cap, 1 to 100"
+                ))
+            }
+        },
+        _ => DEFAULT_SHARE_PERCENT,
+    };
+    Ok(share_of(cap, percent))
+}
+
+/// `percent` of `cap`, without overflow.
+fn share_of(cap: u64, percent: u64) -> u64 {
+    cap / 100 * percent + cap % 100 * percent / 100
+}
+
 impl Store {
-    /// The store in `dir` (which exists), with what it holds already; temporary files an
-    /// interrupted write left are removed.
-    pub fn open(flavor: &'static Flavor, dir: PathBuf, cap: u64) -> std::io::Result<Store> {
+    /// The store in `dir` (which exists), with what it holds already (every entry the
+    /// host's until [`Store::adopt`] says who else holds it); temporary files an
+    /// interrupted write left are removed. A tenant may hold at most `share` bytes.
+    pub fn open(
+        flavor: &'static Flavor,
+        dir: PathBuf,
+        cap: u64,
+        share: u64,
+    ) -> std::io::Result<Store> {
         let mut s = Store {
             flavor,
             dir,
             cap,
+            share,
             entries: HashMap::new(),
             total: 0,
+            held_by: HashMap::new(),
         };
         for e in std::fs::read_dir(&s.dir)? {
             let e = e?;
@@ -131,15 +205,50 @@ impl Store {
             }
             let bytes = meta.len();
             s.total += cost(bytes);
+            *s.held_by.entry(None).or_default() += cost(bytes);
             s.entries.insert(
                 name,
                 Entry {
                     bytes,
                     last_used: meta.modified().unwrap_or(SystemTime::UNIX_EPOCH),
+                    holders: [None].into(),
+                    pending: false,
                 },
             );
         }
         Ok(s)
+    }
+
+    /// At start: who holds an entry, from the owner records (`host`: whether the host
+    /// does too). An entry the store does not hold is skipped.
+    pub fn adopt(&mut self, digest: &str, tenants: &BTreeSet<String>, host: bool) {
+        let Some(e) = self.entries.get_mut(digest) else {
+            return;
+        };
+        let c = cost(e.bytes);
+        if !host && e.holders.remove(&None) {
+            sub(&mut self.held_by, &None, c);
+        }
+        for t in tenants {
+            if e.holders.insert(Some(t.clone())) {
+                *self.held_by.entry(Some(t.clone())).or_default() += c;
+            }
+        }
+    }
+
+    /// A tenant is deleted: it holds nothing any more (the entries nobody else holds are
+    /// removed by the caller, who knows them from the owner records).
+    pub fn let_go(&mut self, tenant: &str) {
+        let who: Holder = Some(tenant.to_string());
+        for e in self.entries.values_mut() {
+            e.holders.remove(&who);
+        }
+        self.held_by.remove(&who);
+    }
+
+    /// Bytes a holder's entries take.
+    pub fn held_by(&self, who: &Holder) -> u64 {
+        self.held_by.get(who).copied().unwrap_or(0)
     }
 
     fn path(&self, digest: &str) -> PathBuf {
@@ -152,14 +261,16 @@ impl Store {
         (self.total, self.cap)
     }
 
-    /// Store `source`; its digest, and whether the store held these bytes already.
-    /// `in_use` says whether a call in flight names a digest (such a script is never
-    /// evicted).
+    /// Store `source` for `who`: its digest, and whether the store holds these bytes
+    /// already, is writing them, or they are to be written (their room reserved here, in
+    /// `who`'s share). `in_use` says whether a call in flight names a digest (such an
+    /// entry is never evicted).
     pub fn put(
         &mut self,
         source: &[u8],
+        who: Option<&str>,
         in_use: &dyn Fn(&str) -> bool,
-    ) -> Result<(String, bool), Refusal> {
+    ) -> Result<(String, Put), Refusal> {
         use sha2::{Digest, Sha256};
         let (noun, env) = (self.flavor.noun, self.flavor.env);
         if source.len() > self.flavor.max {
@@ -172,11 +283,34 @@ impl Store {
             .iter()
             .map(|b| format!("{b:02x}"))
             .collect();
-        if self.entries.contains_key(&digest) && self.path(&digest).is_file() {
-            self.touch(&digest);
-            return Ok((digest, true));
-        }
+        let holder: Holder = who.map(str::to_string);
         let need = cost(source.len() as u64);
+        let pending = self.entries.get(&digest).is_some_and(|e| e.pending);
+        let held = pending || (self.entries.contains_key(&digest) && self.path(&digest).is_file());
+        if !held {
+            // Its file went (removed by hand): what it counted goes too.
+            self.forget(&digest);
+        }
+        let holds_it = held
+            && self
+                .entries
+                .get(&digest)
+                .is_some_and(|e| e.holders.contains(&holder));
+        // A tenant taking on bytes it does not hold yet stays within its share.
+        if who.is_some() && !holds_it {
+            self.within_share(&holder, &digest, need, in_use)?;
+        }
+        if held {
+            if !pending {
+                self.touch(&digest);
+            }
+            if let Some(e) = self.entries.get_mut(&digest) {
+                if e.holders.insert(holder.clone()) {
+                    *self.held_by.entry(holder).or_default() += need;
+                }
+            }
+            return Ok((digest, if pending { Put::Pending } else { Put::Held }));
+        }
         if need > self.cap {
             return Err((
                 ErrorCode::TooLarge,
@@ -188,82 +322,159 @@ impl Store {
             ));
         }
         self.make_room(need, in_use)?;
-        let path = self.path(&digest);
-        let suffix = plumbing::random_hex(6).map_err(|e| {
-            (
-                ErrorCode::Internal,
-                format!("name the {noun}'s temporary file: {e}"),
-            )
-        })?;
-        let tmp = self.dir.join(format!(".{digest}.{suffix}"));
-        let written = (|| -> std::io::Result<()> {
-            let mut f = std::fs::OpenOptions::new()
-                .write(true)
-                .create_new(true)
-                .open(&tmp)?;
-            f.write_all(source)?;
-            f.sync_all()?;
-            std::fs::rename(&tmp, &path)?;
-            std::fs::File::open(&self.dir)?.sync_all()
-        })();
-        if let Err(e) = written {
-            let _ = std::fs::remove_file(&tmp);
-            return Err((ErrorCode::Internal, format!("store the {noun}: {e}")));
-        }
         self.total += need;
+        *self.held_by.entry(holder.clone()).or_default() += need;
         self.entries.insert(
             digest.clone(),
             Entry {
                 bytes: source.len() as u64,
                 last_used: SystemTime::now(),
+                holders: [holder].into(),
+                pending: true,
             },
         );
-        Ok((digest, false))
+        let write = Write {
+            which: self.flavor.which,
+            dir: self.dir.clone(),
+            digest: digest.clone(),
+            bytes: source.to_vec(),
+        };
+        Ok((digest, Put::Write(write)))
     }
 
-    /// Evict the least recently used scripts nothing in flight names until `need` more
-    /// bytes fit under the cap.
-    fn make_room(&mut self, need: u64, in_use: &dyn Fn(&str) -> bool) -> Result<(), Refusal> {
-        if self.total + need <= self.cap {
+    /// A write [`Store::put`] asked for is done: the entry is held, or (it failed) gone.
+    /// Bytes of an entry deleted while they were written are removed.
+    pub fn written(&mut self, digest: &str, result: &Result<(), String>) {
+        let noun = self.flavor.noun;
+        let pending = self.entries.get(digest).is_some_and(|e| e.pending);
+        match result {
+            Ok(()) if pending => {
+                if let Some(e) = self.entries.get_mut(digest) {
+                    e.pending = false;
+                }
+            }
+            Ok(()) => {
+                if !self.entries.contains_key(digest) {
+                    let _ = std::fs::remove_file(self.path(digest));
+                }
+            }
+            Err(e) => {
+                log::error!("{noun} store: write {}: {e}", self.path(digest).display());
+                if pending {
+                    self.forget(digest);
+                }
+            }
+        }
+    }
+
+    /// Make room in a tenant's share for `need` more bytes (an entry `digest` it is about
+    /// to hold): the least recently used idle entries it alone holds are evicted; refused
+    /// when that is not enough.
+    fn within_share(
+        &mut self,
+        holder: &Holder,
+        digest: &str,
+        need: u64,
+        in_use: &dyn Fn(&str) -> bool,
+    ) -> Result<(), Refusal> {
+        let (noun, share) = (self.flavor.noun, self.share);
+        if need > share {
+            return Err((
+                ErrorCode::TooLarge,
+                format!(
+                    "a {noun} of {need} bytes (as stored) is larger than a tenant's share of the {noun} store, {share} bytes ({SHARE_ENV} percent of {})",
+                    self.flavor.env
+                ),
+            ));
+        }
+        if self.held_by(holder) + need <= share {
             return Ok(());
         }
-        let mut idle: Vec<(SystemTime, String)> = self
+        let mut own: Vec<(SystemTime, String)> = self
             .entries
             .iter()
-            .filter(|(d, _)| !in_use(d))
+            .filter(|(d, e)| {
+                d.as_str() != digest
+                    && !e.pending
+                    && e.holders.len() == 1
+                    && e.holders.contains(holder)
+                    && !in_use(d)
+            })
             .map(|(d, e)| (e.last_used, d.clone()))
             .collect();
-        idle.sort();
-        for (_, d) in idle {
-            if self.total + need <= self.cap {
+        own.sort();
+        for (_, d) in own {
+            if self.held_by(holder) + need <= share {
                 break;
             }
-            self.evict(&d);
+            self.evict(&d, "its tenant's share is full");
         }
-        if self.total + need <= self.cap {
+        if self.held_by(holder) + need <= share {
             return Ok(());
         }
         Err((
-            ErrorCode::Busy,
+            ErrorCode::TooLarge,
             format!(
-                "the {noun} store is full ({} of its {} bytes) with {noun}s of calls in flight; retry when they end, or raise {env}",
-                self.total,
-                self.cap,
-                noun = self.flavor.noun,
-                env = self.flavor.env
+                "this tenant's share of the {noun} store ({share} bytes) is full of {noun}s that calls in flight use or that others hold too; retry when calls end"
             ),
         ))
     }
 
-    fn evict(&mut self, digest: &str) {
-        if let Some(e) = self.entries.remove(digest) {
-            self.total = self.total.saturating_sub(cost(e.bytes));
+    /// Evict idle entries until `need` more bytes fit under the cap: the least recently
+    /// used of whoever holds the most bytes first.
+    fn make_room(&mut self, need: u64, in_use: &dyn Fn(&str) -> bool) -> Result<(), Refusal> {
+        while self.total + need > self.cap {
+            let mut largest: Vec<(u64, Holder)> =
+                self.held_by.iter().map(|(h, b)| (*b, h.clone())).collect();
+            largest.sort_by(|a, b| b.cmp(a));
+            let lru_of = |held: &dyn Fn(&Entry) -> bool| {
+                self.entries
+                    .iter()
+                    .filter(|(d, e)| held(e) && !e.pending && !in_use(d))
+                    .min_by_key(|(_, e)| e.last_used)
+                    .map(|(d, _)| d.clone())
+            };
+            // Entries nobody holds any more go first.
+            let victim = lru_of(&|e| e.holders.is_empty()).or_else(|| {
+                largest
+                    .iter()
+                    .find_map(|(_, h)| lru_of(&|e| e.holders.contains(h)))
+            });
+            let Some(victim) = victim else {
+                return Err((
+                    ErrorCode::Busy,
+                    format!(
+                        "the {noun} store is full ({} of its {} bytes) with {noun}s of calls in flight; retry when they end, or raise {env}",
+                        self.total,
+                        self.cap,
+                        noun = self.flavor.noun,
+                        env = self.flavor.env
+                    ),
+                ));
+            };
+            self.evict(&victim, "the store is full");
+        }
+        Ok(())
+    }
+
+    /// Forget an entry (its bytes no longer count for anyone).
+    fn forget(&mut self, digest: &str) -> Option<Entry> {
+        let e = self.entries.remove(digest)?;
+        let c = cost(e.bytes);
+        self.total = self.total.saturating_sub(c);
+        for h in &e.holders {
+            sub(&mut self.held_by, h, c);
+        }
+        Some(e)
+    }
+
+    fn evict(&mut self, digest: &str, why: &str) {
+        if let Some(e) = self.forget(digest) {
             match std::fs::remove_file(self.path(digest)) {
                 Ok(()) => log::info!(
-                    "{} store: evicted {digest} ({} bytes, least recently used) to stay under its cap of {} bytes",
+                    "{} store: evicted {digest} ({} bytes, least recently used): {why}",
                     self.flavor.noun,
                     e.bytes,
-                    self.cap
                 ),
                 Err(err) if err.kind() == std::io::ErrorKind::NotFound => {}
                 Err(err) => log::warn!("{} store: remove {digest}: {err}", self.flavor.noun),
@@ -272,20 +483,26 @@ impl Store {
     }
 
     /// The script a call names: a source sent with the call is stored first (`in_use` as
-    /// for [`Store::put`]); a digest is read from the store.
+    /// for [`Store::put`]; the write it needs, if any, is returned: the call goes on with
+    /// the bytes it carries meanwhile); a digest is read from the store.
     pub fn resolve(
         &mut self,
         r: ScriptRef,
+        who: Option<&str>,
         in_use: &dyn Fn(&str) -> bool,
-    ) -> Result<Script, Refusal> {
+    ) -> Result<(Script, Option<Write>), Refusal> {
         match r {
             ScriptRef::Source(source) => {
-                let (digest, _) = self.put(&source, in_use)?;
-                Ok(Script { digest, source })
+                let (digest, put) = self.put(&source, who, in_use)?;
+                let write = match put {
+                    Put::Write(w) => Some(w),
+                    Put::Held | Put::Pending => None,
+                };
+                Ok((Script { digest, source }, write))
             }
             ScriptRef::Digest(digest) => {
                 let source = self.get(&digest)?;
-                Ok(Script { digest, source })
+                Ok((Script { digest, source }, None))
             }
         }
     }
@@ -299,6 +516,9 @@ impl Store {
                 format!("a {noun} digest is 64 lowercase hex digits (SHA-256)"),
             ));
         }
+        if self.entries.get(digest).is_some_and(|e| e.pending) {
+            return Err(unknown_in(self.flavor, digest));
+        }
         let read = std::fs::File::open(self.path(digest)).and_then(|f| {
             use std::io::Read;
             let mut bytes = Vec::new();
@@ -311,9 +531,7 @@ impl Store {
                 Ok(source)
             }
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-                if let Some(e) = self.entries.remove(digest) {
-                    self.total = self.total.saturating_sub(cost(e.bytes));
-                }
+                self.forget(digest);
                 Err(unknown_in(self.flavor, digest))
             }
             Err(e) => Err((
@@ -343,10 +561,17 @@ impl Store {
         }
     }
 
-    /// The size of the script with this digest, if the store holds it.
+    /// The size of the script with this digest, if the store holds it (written).
     pub fn held(&self, digest: &str) -> Option<u64> {
-        let e = self.entries.get(digest)?;
+        let e = self.entries.get(digest).filter(|e| !e.pending)?;
         self.path(digest).is_file().then_some(e.bytes)
+    }
+
+    /// Whether the store holds this digest or is writing it.
+    pub fn knows(&self, digest: &str) -> bool {
+        self.entries
+            .get(digest)
+            .is_some_and(|e| e.pending || self.path(digest).is_file())
     }
 
     /// How many scripts the store holds.
@@ -359,10 +584,9 @@ impl Store {
         if !valid_digest(digest) {
             return Ok(false);
         }
-        let Some(e) = self.entries.remove(digest) else {
+        if self.forget(digest).is_none() {
             return Ok(false);
-        };
-        self.total = self.total.saturating_sub(cost(e.bytes));
+        }
         match std::fs::remove_file(self.path(digest)) {
             Ok(()) => {}
             Err(err) if err.kind() == std::io::ErrorKind::NotFound => return Ok(false),
@@ -384,9 +608,38 @@ impl Store {
     }
 }
 
+/// Take `c` off a holder's count (gone at zero).
+fn sub(held_by: &mut HashMap<Holder, u64>, who: &Holder, c: u64) {
+    if let Some(b) = held_by.get_mut(who) {
+        *b = b.saturating_sub(c);
+        if *b == 0 {
+            held_by.remove(who);
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// [`Store::put`] and its write, done here: the digest, and whether it was held.
+    fn put_now(
+        s: &mut Store,
+        bytes: &[u8],
+        who: Option<&str>,
+        in_use: &dyn Fn(&str) -> bool,
+    ) -> Result<(String, bool), Refusal> {
+        let (d, p) = s.put(bytes, who, in_use)?;
+        match p {
+            Put::Held | Put::Pending => Ok((d, true)),
+            Put::Write(w) => {
+                let r = super::super::store_writer::write_file(&w.dir, &w.digest, &w.bytes)
+                    .map_err(|e| e.to_string());
+                s.written(&d, &r);
+                Ok((d, false))
+            }
+        }
+    }
 
     fn store(cap: u64) -> (Store, PathBuf) {
         let dir = std::env::temp_dir().join(format!(
@@ -395,36 +648,39 @@ mod tests {
             plumbing::random_hex(4).expect("random")
         ));
         std::fs::create_dir(&dir).expect("create a test store");
-        (Store::open(&SCRIPTS, dir.clone(), cap).expect("open"), dir)
+        (
+            Store::open(&SCRIPTS, dir.clone(), cap, cap).expect("open"),
+            dir,
+        )
     }
 
     #[test]
     fn the_least_recently_used_idle_script_goes_first_and_one_in_use_never() {
         let (mut s, dir) = store(3 * cost(10_000));
         let none = |_: &str| false;
-        let (a, _) = s.put(&[b'a'; 10_000], &none).expect("a");
+        let (a, _) = put_now(&mut s, &[b'a'; 10_000], None, &none).expect("a");
         std::thread::sleep(std::time::Duration::from_millis(5));
-        let (b, _) = s.put(&[b'b'; 10_000], &none).expect("b");
+        let (b, _) = put_now(&mut s, &[b'b'; 10_000], None, &none).expect("b");
         std::thread::sleep(std::time::Duration::from_millis(5));
-        let (c, _) = s.put(&[b'c'; 10_000], &none).expect("c");
+        let (c, _) = put_now(&mut s, &[b'c'; 10_000], None, &none).expect("c");
         std::thread::sleep(std::time::Duration::from_millis(5));
         s.get(&a).expect("a is used again");
         // Full: d evicts b, the least recently used (a was used after it).
-        let (d, _) = s.put(&[b'd'; 10_000], &none).expect("d");
+        let (d, _) = put_now(&mut s, &[b'd'; 10_000], None, &none).expect("d");
         assert!(!s.contains(&b) && s.contains(&a) && s.contains(&c) && s.contains(&d));
         assert_eq!(s.get(&b).map_err(|e| e.0), Err(ErrorCode::NotFound));
         // With every script in flight, nothing can be evicted: refused as busy.
         let all = |_: &str| true;
-        let e = s.put(&[b'e'; 10_000], &all).expect_err("full");
+        let e = put_now(&mut s, &[b'e'; 10_000], None, &all).expect_err("full");
         assert_eq!(e.0, ErrorCode::Busy);
         assert!(e.1.contains("ZYGO_SCRIPT_STORE"), "{}", e.1);
         // Larger than the whole cap: too large, naming it.
-        let e = s.put(&[b'f'; 60_000], &none).expect_err("too large");
+        let e = put_now(&mut s, &[b'f'; 60_000], None, &none).expect_err("too large");
         assert_eq!(e.0, ErrorCode::TooLarge);
         // What the store says it holds is what is on disk, and a reopened store agrees.
         let on_disk = std::fs::read_dir(&dir).expect("list").count();
         assert_eq!(on_disk, 3);
-        let again = Store::open(&SCRIPTS, dir.clone(), s.cap).expect("reopen");
+        let again = Store::open(&SCRIPTS, dir.clone(), s.cap, s.cap).expect("reopen");
         assert_eq!(again.usage(), s.usage());
         let _ = std::fs::remove_dir_all(&dir);
     }
@@ -433,15 +689,24 @@ mod tests {
     fn a_script_sent_with_a_call_is_stored_and_its_digest_names_it() {
         let (mut s, dir) = store(DEFAULT_CAP);
         let none = |_: &str| false;
-        let sent = s
-            .resolve(ScriptRef::Source(b"print(1)".to_vec()), &none)
+        let (sent, write) = s
+            .resolve(ScriptRef::Source(b"print(1)".to_vec()), None, &none)
             .expect("stored");
         assert!(valid_digest(&sent.digest) && s.contains(&sent.digest));
-        let named = s
-            .resolve(ScriptRef::Digest(sent.digest.clone()), &none)
+        // Until its bytes are written, the digest names nothing.
+        let named = s.resolve(ScriptRef::Digest(sent.digest.clone()), None, &none);
+        assert_eq!(named.map_err(|e| e.0).err(), Some(ErrorCode::NotFound));
+        assert!(s.knows(&sent.digest) && s.held(&sent.digest).is_none());
+        let w = write.expect("a write");
+        let r = super::super::store_writer::write_file(&w.dir, &w.digest, &w.bytes)
+            .map_err(|e| e.to_string());
+        s.written(&sent.digest, &r);
+        let (named, again) = s
+            .resolve(ScriptRef::Digest(sent.digest.clone()), None, &none)
             .expect("found");
+        assert!(again.is_none());
         assert_eq!(named.source, b"print(1)");
-        let unknown = s.resolve(ScriptRef::Digest("0".repeat(64)), &none);
+        let unknown = s.resolve(ScriptRef::Digest("0".repeat(64)), None, &none);
         assert_eq!(unknown.map_err(|e| e.0).err(), Some(ErrorCode::NotFound));
         let _ = std::fs::remove_dir_all(&dir);
     }
@@ -449,17 +714,16 @@ mod tests {
     #[test]
     fn the_blob_store_speaks_of_blobs_and_its_own_cap() {
         let (_, dir) = store(DEFAULT_CAP);
-        let mut s = Store::open(&BLOBS, dir.clone(), 2 * cost(10)).expect("open");
+        let mut s = Store::open(&BLOBS, dir.clone(), 2 * cost(10), 2 * cost(10)).expect("open");
         let none = |_: &str| false;
-        let e = s
-            .put(&vec![0u8; MAX_BLOB + 1], &none)
+        let e = put_now(&mut s, &vec![0u8; MAX_BLOB + 1], None, &none)
             .expect_err("over the largest blob");
         assert!(
             e.0 == ErrorCode::TooLarge && e.1.contains("blob"),
             "{}",
             e.1
         );
-        let e = s.put(&[1u8; 20_000], &none).expect_err("over the cap");
+        let e = put_now(&mut s, &[1u8; 20_000], None, &none).expect_err("over the cap");
         assert!(e.1.contains("ZYGO_BLOB_STORE"), "{}", e.1);
         let e = s.get(&"0".repeat(64)).expect_err("unknown");
         assert!(
@@ -471,11 +735,66 @@ mod tests {
     }
 
     #[test]
+    fn a_tenant_past_its_share_evicts_only_its_own_entries() {
+        let (mut s, dir) = store(8 * cost(10_000));
+        s.share = 2 * cost(10_000);
+        let none = |_: &str| false;
+        let (host, _) = put_now(&mut s, &[b'h'; 10_000], None, &none).expect("host");
+        let (a, _) = put_now(&mut s, &[b'a'; 10_000], Some("a"), &none).expect("a");
+        // b stores the same bytes as a: they count for both, and b cannot evict them.
+        let (shared, existed) = put_now(&mut s, &[b'a'; 10_000], Some("b"), &none).expect("shared");
+        assert!(existed && shared == a);
+        let mut b_own = Vec::new();
+        for i in 0..20u8 {
+            std::thread::sleep(std::time::Duration::from_millis(2));
+            let (d, _) =
+                put_now(&mut s, &[i; 10_000], Some("b"), &none).expect("b's own, within its share");
+            b_own.push(d);
+        }
+        // b holds its share: the shared entry and its newest own one.
+        assert_eq!(s.held_by(&Some("b".into())), 2 * cost(10_000));
+        assert!(s.contains(&host) && s.contains(&a) && s.contains(&b_own[19]));
+        assert!(!s.contains(&b_own[0]) && !s.contains(&b_own[18]));
+        // More than a whole share: too large, naming the share's variable.
+        let e = put_now(&mut s, &[b'z'; 30_000], Some("b"), &none).expect_err("over the share");
+        assert!(
+            e.0 == ErrorCode::TooLarge && e.1.contains(SHARE_ENV),
+            "{}",
+            e.1
+        );
+        // Its own entry in flight and the shared one: nothing of its own to evict.
+        let busy = |d: &str| d == b_own[19];
+        let e = put_now(&mut s, &[b'y'; 10_000], Some("b"), &busy).expect_err("full share");
+        assert_eq!(e.0, ErrorCode::TooLarge, "{}", e.1);
+        // The host has no share: it stores up to the cap.
+        for i in 0..5u8 {
+            put_now(&mut s, &[200 + i; 10_000], None, &none).expect("host");
+        }
+        // Once the store is full, the largest holder's least recently used goes first:
+        // the host's (6 entries) before a's or b's.
+        put_now(&mut s, &[b'x'; 10_000], None, &none).expect("host");
+        assert!(!s.contains(&host), "the host's oldest went");
+        assert!(s.contains(&a) && s.contains(&b_own[19]));
+        // A tenant deleted holds nothing.
+        s.let_go("b");
+        assert_eq!(s.held_by(&Some("b".into())), 0);
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn a_share_is_a_percentage_of_the_cap() {
+        assert_eq!(share_of(1000, DEFAULT_SHARE_PERCENT), 250);
+        assert_eq!(share_of(1 << 30, 25), (1 << 30) / 4);
+        assert_eq!(share_of(u64::MAX, 100), u64::MAX);
+        assert_eq!(share_of(199, 50), 99);
+    }
+
+    #[test]
     fn leftovers_of_an_interrupted_write_are_removed_at_start() {
         let (s, dir) = store(DEFAULT_CAP);
         std::fs::write(dir.join(".abc.123456"), b"half").expect("write");
         drop(s);
-        let s = Store::open(&SCRIPTS, dir.clone(), DEFAULT_CAP).expect("reopen");
+        let s = Store::open(&SCRIPTS, dir.clone(), DEFAULT_CAP, DEFAULT_CAP).expect("reopen");
         assert_eq!(s.usage().0, 0);
         assert!(!dir.join(".abc.123456").exists());
         let _ = std::fs::remove_dir_all(&dir);

@@ -9,15 +9,19 @@ pub fn metrics(front: &Front, call: &mut Call) -> Out {
     if let Err(e) = call.only_query(&[]) {
         return e.into();
     }
-    let fns = match ask(front, call, Request::Metrics) {
-        Ok(Reply::Metrics(f)) => f,
+    let (fns, process_counts) = match ask(front, call, Request::Metrics) {
+        Ok(Reply::Metrics {
+            functions,
+            process_counts,
+        }) => (functions, process_counts),
         Ok(r) => return unexpected(&r).into(),
         Err(e) => return e.into(),
     };
     // This answer counts itself, before the page is made, so the page includes it.
     metrics::count(200);
-    let (requests, errors) = metrics::api_counts();
-    let page = metrics::render(requests, errors, &fns);
+    // The process's counts are every caller's traffic: only for deploy rights.
+    let counts = process_counts.then(metrics::api_counts);
+    let page = metrics::render(counts, &fns);
     let Some(rq) = call.rq.take() else {
         return Out::Done;
     };

@@ -191,6 +191,7 @@ pub fn sha(hex: &str) -> String {
 pub fn function_info(f: &FunctionInfo) -> Value {
     json!({
         "name": f.name,
+        "tenant": f.tenant,
         "kind": f.kind,
         "state": f.state,
         "error": f.error,

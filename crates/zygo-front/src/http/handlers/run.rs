@@ -35,6 +35,8 @@ struct RunBody {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     network: Option<Value>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    allow: Option<Value>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     env: Option<BTreeMap<String, String>>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     stdin: Option<String>,

@@ -18,7 +18,7 @@ mod blobs;
 pub mod secrets;
 pub mod store;
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 
 use proto::api::{
     is_tenant_id, Credentials, FrontFlags, TenantLimits, TokenInfo, TokenMinted, MAX_TOKEN_LEN,
@@ -80,6 +80,11 @@ impl Acting {
         self.who != Who::Host
     }
 
+    /// Whether a tenant token is calling (it reads no host details: paths, import errors).
+    pub fn is_tenant(&self) -> bool {
+        matches!(self.who, Who::Tenant(_))
+    }
+
     /// The gate's view of the caller.
     pub fn gate_caller(&self) -> policy::gate::Caller {
         match self.who {
@@ -131,6 +136,10 @@ pub fn no(code: ErrorCode, message: impl Into<String>) -> Refusal {
         message: message.into(),
     }
 }
+
+/// What a caller reads when a change could not be written (the detail is in the log).
+const NOT_STORED: &str =
+    "the change could not be stored; the supervisor's log says why (the state directory)";
 
 fn sha256_hex(bytes: &[u8]) -> String {
     Sha256::digest(bytes)
@@ -237,23 +246,19 @@ impl Api {
         Ok(api)
     }
 
+    /// Write a record. A failure's detail (the file's path, the error) goes to the log;
+    /// the caller, who may be a tenant, reads a fixed phrase.
     fn put(&mut self, r: Record) -> Result<(), Refusal> {
         self.store.put(&r).map_err(|e| {
             log::error!("API store: {e}");
-            no(
-                ErrorCode::Internal,
-                format!("the change could not be stored: {e}"),
-            )
+            no(ErrorCode::Internal, NOT_STORED)
         })
     }
 
     fn remove(&mut self, kind: Kind, id: &str) -> Result<(), Refusal> {
         self.store.remove(kind, id).map_err(|e| {
             log::error!("API store: {e}");
-            no(
-                ErrorCode::Internal,
-                format!("the change could not be stored: {e}"),
-            )
+            no(ErrorCode::Internal, NOT_STORED)
         })
     }
 
@@ -711,6 +716,20 @@ impl Api {
         self.put(Record::Script(rec.clone()))?;
         self.scripts.insert(digest.to_string(), rec);
         Ok(())
+    }
+
+    /// Who holds each recorded script: (digest, tenants, whether the host does).
+    pub fn script_owners(&self) -> impl Iterator<Item = (&str, &BTreeSet<String>, bool)> {
+        self.scripts
+            .values()
+            .map(|r| (r.digest.as_str(), &r.tenants, r.host))
+    }
+
+    /// Who holds each recorded blob, as [`Api::script_owners`].
+    pub fn blob_owners(&self) -> impl Iterator<Item = (&str, &BTreeSet<String>, bool)> {
+        self.blobs
+            .values()
+            .map(|r| (r.digest.as_str(), &r.tenants, r.host))
     }
 
     /// The scripts `tenant` registered, sorted.

@@ -11,10 +11,10 @@ use crate::supervisor::scripts::{unknown_in, valid_digest, BLOBS};
 
 /// How many more blob-owner records than blobs are kept before the records of evicted
 /// blobs are forgotten.
-const BLOB_OWNERS_SLACK: usize = 1024;
+pub(super) const BLOB_OWNERS_SLACK: usize = 1024;
 
 /// Whether a call in flight names a blob (such a blob is never evicted).
-fn blob_in_flight(
+pub(super) fn blob_in_flight(
     calls: &std::collections::HashMap<String, InFlight>,
 ) -> impl Fn(&str) -> bool + '_ {
     move |d| calls.values().any(|c| c.blob_digest.as_deref() == Some(d))
@@ -23,41 +23,6 @@ fn blob_in_flight(
 const BAD_DIGEST: &str = "a blob digest is 64 lowercase hex digits (SHA-256)";
 
 impl Functions {
-    /// `PUT /blobs`: store the bytes, owned by the acting tenant (if any).
-    pub(super) fn put_blob(&mut self, bytes: &[u8], who: &Acting) -> Reply {
-        match self.blobs.put(bytes, &blob_in_flight(&self.calls)) {
-            Ok((digest, in_store)) => {
-                // Whether this caller held these bytes already: that somebody else did is
-                // another tenant's fact.
-                let existed = in_store && self.api.blob_visible(&digest, who.tenant.as_deref());
-                if let Err(r) = self
-                    .api
-                    .blob_registered(&digest, who.tenant.as_deref(), in_store)
-                {
-                    return r.into();
-                }
-                let store = &self.blobs;
-                self.api.prune_blobs(
-                    &|d| store.held(d).is_some(),
-                    store.count(),
-                    BLOB_OWNERS_SLACK,
-                );
-                log::info!(
-                    "blob {digest} stored ({} bytes{}) for {}",
-                    bytes.len(),
-                    if existed { ", held already" } else { "" },
-                    who.tenant.as_deref().unwrap_or("the host")
-                );
-                Reply::BlobStored {
-                    digest,
-                    size: bytes.len() as u64,
-                    existed,
-                }
-            }
-            Err((code, message)) => fail(code, message),
-        }
-    }
-
     /// `DELETE /blobs/{digest}`: forgotten for everybody (a call in flight that was given
     /// it holds it: `conflict`).
     pub(super) fn delete_blob(&mut self, digest: &str) -> Reply {
@@ -117,6 +82,7 @@ impl Functions {
 
     /// A tenant is deleted: the blobs nobody else stored go with it.
     pub(super) fn release_blobs_of(&mut self, tenant: &str) {
+        self.blobs.let_go(tenant);
         let orphans = match self.api.release_blobs(tenant) {
             Ok(o) => o,
             Err(r) => {

@@ -32,6 +32,7 @@ mod requests;
 mod run_spec;
 mod runs;
 mod stats;
+mod store_puts;
 mod tenancy;
 mod timers;
 mod zygotes;
@@ -88,6 +89,10 @@ pub struct Functions {
     scripts: super::scripts::Store,
     /// The content-addressed blob store: `<state>/blobs/<sha256 hex>` (see `blobs`).
     blobs: super::scripts::Store,
+    /// Writes their new entries, off the event loop.
+    writer: super::store_writer::Writer,
+    /// Callers waiting for a store write, by store and digest (see `store_puts`).
+    store_waits: HashMap<(super::store_writer::Which, String), Vec<store_puts::StoreWait>>,
     fns: BTreeMap<String, Function>,
     zygotes: HashMap<Token, Zygote>,
     calls: HashMap<String, InFlight>,
@@ -166,13 +171,26 @@ impl Functions {
         use super::scripts::{BLOBS, SCRIPTS};
         let StoreDirs { scripts, blobs } = stores;
         let cap = super::scripts::cap_from_env(&SCRIPTS).map_err(SupervisorError)?;
-        let scripts = super::scripts::Store::open(&SCRIPTS, scripts.clone(), cap).map_err(|e| {
-            SupervisorError(format!("open the script store {}: {e}", scripts.display()))
-        })?;
+        let share = super::scripts::share_from_env(cap).map_err(SupervisorError)?;
+        let mut scripts = super::scripts::Store::open(&SCRIPTS, scripts.clone(), cap, share)
+            .map_err(|e| {
+                SupervisorError(format!("open the script store {}: {e}", scripts.display()))
+            })?;
         let cap = super::scripts::cap_from_env(&BLOBS).map_err(SupervisorError)?;
-        let blobs = super::scripts::Store::open(&BLOBS, blobs.clone(), cap).map_err(|e| {
-            SupervisorError(format!("open the blob store {}: {e}", blobs.display()))
-        })?;
+        let share = super::scripts::share_from_env(cap).map_err(SupervisorError)?;
+        let mut blobs =
+            super::scripts::Store::open(&BLOBS, blobs.clone(), cap, share).map_err(|e| {
+                SupervisorError(format!("open the blob store {}: {e}", blobs.display()))
+            })?;
+        // Who holds what, from the owner records: each tenant's share counts from here.
+        for (d, tenants, host) in api.script_owners() {
+            scripts.adopt(d, tenants, host);
+        }
+        for (d, tenants, host) in api.blob_owners() {
+            blobs.adopt(d, tenants, host);
+        }
+        let writer = super::store_writer::Writer::start(waker.clone())
+            .map_err(|e| SupervisorError(format!("start the store writer: {e}")))?;
         let worker = Worker::start(backend.clone(), waker)
             .map_err(|e| SupervisorError(format!("start the cgroup worker: {e}")))?;
         Ok(Functions {
@@ -183,6 +201,8 @@ impl Functions {
             usage,
             scripts,
             blobs,
+            writer,
+            store_waits: HashMap::new(),
             fns: BTreeMap::new(),
             zygotes: HashMap::new(),
             calls: HashMap::new(),
@@ -273,7 +293,7 @@ impl Functions {
                 Some(fail(ErrorCode::Internal, "drain is handled by the loop"))
             }
             Request::Health => Some(Reply::Health(self.health(who))),
-            Request::PutScript { source } => Some(self.put_script(&source, who)),
+            Request::PutScript { source } => self.put_script(client, &source, who),
             Request::Api { .. } => Some(fail(
                 ErrorCode::BadRequest,
                 "an Api request may not carry another Api request",
@@ -291,6 +311,7 @@ impl Functions {
                 &spec,
                 who.tenant.as_deref(),
                 who.tenant.as_ref().map(|_| &who.limits),
+                who.private_net(),
                 cx,
             ),
             Request::ScriptInfo { digest } => Some(self.script_info(&digest, who)),
@@ -320,36 +341,16 @@ impl Functions {
             } => Some(self.api.put_secret(&tenant, &name, &value.0)),
             Request::DeleteSecret { tenant, name } => Some(self.api.delete_secret(&tenant, &name)),
             Request::ListSecrets { tenant } => Some(self.api.list_secrets(&tenant)),
-            Request::Metrics => Some(Reply::Metrics(self.metrics(who))),
+            // The API's own request and error counts (unnamed series, every caller's
+            // traffic) are on every caller's page, as the API's specification has them;
+            // the functions are scoped to the caller.
+            Request::Metrics => Some(Reply::Metrics {
+                functions: self.metrics(who),
+                process_counts: true,
+            }),
             Request::RecordUsage(rec) => Some(self.record_outside(rec, who)),
-            Request::PutBlob { bytes } => Some(self.put_blob(&bytes, who)),
+            Request::PutBlob { bytes } => self.put_blob(client, &bytes, who),
             Request::DeleteBlob { digest } => Some(self.delete_blob(&digest)),
-        }
-    }
-
-    /// `scripts put`: store a script for calls to name by its digest, registered against
-    /// the acting tenant (if any).
-    fn put_script(&mut self, source: &[u8], who: &Acting) -> Reply {
-        let stored = self.scripts.put(source, &script_in_flight(&self.calls));
-        match stored {
-            Ok((digest, in_store)) => {
-                // Whether this caller held these bytes already: that somebody else did is
-                // another tenant's fact.
-                let existed = in_store && self.api.script_visible(&digest, who.tenant.as_deref());
-                if let Err(r) = self
-                    .api
-                    .script_registered(&digest, who.tenant.as_deref(), in_store)
-                {
-                    return r.into();
-                }
-                self.prune_script_owners(SCRIPT_OWNERS_SLACK);
-                Reply::ScriptStored {
-                    digest,
-                    size: source.len() as u64,
-                    existed,
-                }
-            }
-            Err((code, message)) => fail(code, message),
         }
     }
 
@@ -372,6 +373,9 @@ impl Functions {
     /// The end of a drain: the calls still in flight are cancelled and answered, every
     /// zygote is killed, and the folders of cgroups are removed once empty.
     pub fn shutdown(&mut self, cx: &Ctx) {
+        // The store writes handed over are finished, and answered.
+        self.writer.finish();
+        self.store_written();
         // What the worker is still placing goes with its zygote; wait for it first.
         self.worker.finish();
         for p in self.worker.done() {

@@ -306,6 +306,35 @@ pub(super) fn last_reading(cg: &dyn Cgroup) -> Option<Usage> {
     cg.usage().ok()
 }
 
+/// Whether a tenant with these limits may call a function (or make a run) with egress
+/// rules `allow` (see [`policy::gate::tenant_may_call_egress`]).
+pub(super) fn tenant_egress(
+    allow: &[policy::file::AllowRule],
+    t: &proto::api::TenantLimits,
+) -> Result<(), String> {
+    use policy::gate::TenantNetwork;
+    let parsed: Vec<policy::file::AllowRule>;
+    let net = match (t.network.as_deref(), &t.allow) {
+        (Some("none"), _) => TenantNetwork::None,
+        (_, Some(a)) => {
+            parsed = a
+                .iter()
+                .map(|r| policy::file::AllowRule::parse("allow", r))
+                .collect::<Result<_, _>>()
+                .map_err(|e| format!("the tenant's allow list: {e}"))?;
+            TenantNetwork::Egress(Some(&parsed))
+        }
+        (Some(_), None) => TenantNetwork::Egress(None),
+        (None, None) => TenantNetwork::Unset,
+    };
+    policy::gate::tenant_may_call_egress(allow, net)
+}
+
+/// A function's name as a caller knows it (a tenant's own without its tenant).
+fn shown_name(key: &str) -> &str {
+    key.rsplit('/').next().unwrap_or(key)
+}
+
 /// The cgroup limits of a call: the function's, narrowed by its tenant's where those are
 /// lower; `None` when they narrow nothing.
 pub(super) fn narrowed(f: &Limits, t: &proto::api::TenantLimits) -> Option<Limits> {
@@ -428,7 +457,27 @@ impl Functions {
                 format!("no function named {:?} is served; see `zygo ls`", e.name),
             ));
         };
+        // A function's egress filter is shared by every caller: a tenant whose limits do
+        // not cover it is refused, naming the limit.
+        if who.tenant.is_some() && f.spec.network == policy::plan::Network::Egress {
+            if let Err(why) = tenant_egress(&f.spec.allow, &who.limits) {
+                return Some(fail(
+                    ErrorCode::Forbidden,
+                    format!(
+                        "{} may not be called by this tenant: {why}",
+                        shown_name(&e.name)
+                    ),
+                ));
+            }
+        }
         if let FnState::Failed(why) = &f.state {
+            // The import error can name the host's paths: a tenant token reads a fixed
+            // phrase (the supervisor's log has the detail).
+            let why = if who.is_tenant() {
+                super::stats::HOST_FAILURE
+            } else {
+                why.as_str()
+            };
             return Some(fail(
                 ErrorCode::Unavailable,
                 format!("{} failed to serve: {why}", e.name),
@@ -487,10 +536,22 @@ impl Functions {
                 ))
             }
             (false, None) => None,
-            (true, Some(r)) => match self.scripts.resolve(r, &script_in_flight(&self.calls)) {
-                Ok(s) => Some(s),
-                Err((code, message)) => return Some(fail(code, message)),
-            },
+            // A script sent with the call is stored for later calls off the event loop;
+            // this call runs the bytes it carries meanwhile.
+            (true, Some(r)) => {
+                let resolved =
+                    self.scripts
+                        .resolve(r, who.tenant.as_deref(), &script_in_flight(&self.calls));
+                match resolved {
+                    Ok((s, write)) => {
+                        if let Some(w) = write {
+                            self.write_store(w);
+                        }
+                        Some(s)
+                    }
+                    Err((code, message)) => return Some(fail(code, message)),
+                }
+            }
         };
         let Some(f) = self.fns.get(&e.name) else {
             return Some(fail(
@@ -554,13 +615,15 @@ impl Functions {
             .collect();
         // A pool's call with secrets needs a zygote with nothing else running in it; no
         // call gets a child of a zygote such a call holds.
+        // Nor does a call get a child of a zygote where another tenant's calls run.
+        let tenant = who.tenant.as_deref();
         let room: usize = if exclusive {
             live.iter()
                 .filter(|z| z.children.busy() == 0 && !self.held(z))
                 .count()
         } else {
             live.iter()
-                .filter(|z| !self.held(z))
+                .filter(|z| !self.held(z) && !self.foreign(z, tenant))
                 .map(|z| z.children.room())
                 .sum()
         };
@@ -591,6 +654,18 @@ impl Functions {
             f.pending.push_back(id);
         }
         None
+    }
+
+    /// Whether calls of another tenant than `tenant` (`None`: the host) run in this
+    /// zygote. Tenants never share a zygote at the same time: its children share a
+    /// loopback network and a pid namespace, and its script space.
+    pub(super) fn foreign(&self, z: &super::Zygote, tenant: Option<&str>) -> bool {
+        z.children.slots.values().any(|s| {
+            s.request
+                .as_ref()
+                .and_then(|r| self.calls.get(r))
+                .is_some_and(|c| c.tenant.as_deref() != tenant)
+        })
     }
 
     /// Whether a call with its tenant's secrets runs in this zygote (then it is that call's
@@ -692,7 +767,8 @@ impl Functions {
         let Some(f) = self.fns.get(&c.func) else {
             return false;
         };
-        let mut best: Option<(Token, String, bool)> = None;
+        // (zygote, slot, frozen, idle)
+        let mut best: Option<(Token, String, bool, bool)> = None;
         for t in &f.zygotes {
             let Some(z) = self.zygotes.get(t) else {
                 continue;
@@ -703,14 +779,21 @@ impl Functions {
             if self.held(z) || (c.exclusive && z.children.busy() > 0) {
                 continue;
             }
+            // Another tenant's calls run there: never beside them.
+            if self.foreign(z, c.tenant.as_deref()) {
+                continue;
+            }
             if let Some(slot) = z.children.free_slot() {
-                // Prefer a zygote that is not frozen.
-                if best.as_ref().is_none_or(|b| b.2 && !z.frozen) {
-                    best = Some((*t, slot, z.frozen));
+                // Prefer a zygote that is not frozen, then one already serving this
+                // tenant (an idle one is left for whoever comes next).
+                let idle = z.children.busy() == 0;
+                let better = |b: &(Token, String, bool, bool)| (z.frozen, idle) < (b.2, b.3);
+                if best.as_ref().is_none_or(better) {
+                    best = Some((*t, slot, z.frozen, idle));
                 }
             }
         }
-        let Some((zt, slot, frozen)) = best else {
+        let Some((zt, slot, frozen, _)) = best else {
             return false;
         };
         // A tenant's call of a host function runs in a cgroup of that tenant's
@@ -810,17 +893,19 @@ impl Functions {
     }
 
     /// Give the calls waiting for a child of a function the children free now, in the
-    /// order they came.
+    /// order they came. A call that cannot have one of them (they are in a zygote where
+    /// another tenant's calls run, or its secrets need a zygote to itself) keeps its
+    /// place, and the calls behind it are tried.
     pub(super) fn dispatch_pending(&mut self, name: &str) {
-        loop {
-            let Some(id) = self.fns.get(name).and_then(|f| f.pending.front().cloned()) else {
-                return;
-            };
-            if !self.try_dispatch(&id) {
-                return;
-            }
-            if let Some(f) = self.fns.get_mut(name) {
-                f.pending.pop_front();
+        let waiting: Vec<String> = match self.fns.get(name) {
+            Some(f) => f.pending.iter().cloned().collect(),
+            None => return,
+        };
+        for id in waiting {
+            if self.try_dispatch(&id) {
+                if let Some(f) = self.fns.get_mut(name) {
+                    f.pending.retain(|p| *p != id);
+                }
             }
         }
     }
@@ -837,6 +922,12 @@ impl Functions {
         let ids: Vec<String> = f.pending.drain(..).collect();
         for id in ids {
             if let Some(c) = self.calls.remove(&id) {
+                // A tenant's call reads a fixed phrase, as in `exec`.
+                let why = if c.tenant.is_some() {
+                    super::stats::HOST_FAILURE
+                } else {
+                    why.as_str()
+                };
                 self.outbox.push((
                     c.client,
                     fail(

@@ -7,7 +7,8 @@
 //! {"cmd": ["python3", "-c", "print(1)"],   required: a non-empty array of strings
 //!  "image": "host" | "dir:/abs/rootfs",
 //!  "mem": "256M", "cpu": 0.5, "pids": 64, "timeout": "30s", "scratch": "64M",
-//!  "network": "none",
+//!  "network": "none" | "egress",
+//!  "allow": ["host:port", "ip:port", "cidr:port"],   with "egress" only
 //!  "env": {"NAME": "value"},
 //!  "stdin": "text",                        at most MAX_STDIN bytes
 //!  "key": "..."}                           the request key a cancel names (1–256 bytes)
@@ -17,16 +18,22 @@
 //! the same code: a size is `"256M"` (or a whole number of bytes), a duration `"30s"` (a
 //! unit is required), `cpu` a number or a string such as `"0.5"`, `pids` a whole number.
 //! Unset limits take `zygo run`'s defaults. What only the host's operator may ask for —
-//! `"unlimited"` for any limit, `network = "host"` — is refused, and `network = "egress"`
-//! is not offered to runs over HTTP in this version (a run spec has no `allow`). There are
-//! no mounts. `null` for an optional key is the same as leaving it out. Any other key is
+//! `"unlimited"` for any limit, `network = "host"` — is refused. `"egress"` opens exactly
+//! the `allow` rules, as `zygo run --net egress --allow` does; a rule naming a private,
+//! loopback or link-local address is refused unless the caller may name one (a deploy
+//! caller of an API started with `--allow-deploy --allow-private-net`, or the host's own
+//! CLI). There are no mounts. `null` for an optional key is the same as leaving it out. Any other key is
 //! refused, naming it; a duplicate key anywhere is refused (`proto::json::from_str_strict`).
 //!
 //! The caller's tenant limits, if any, then narrow what was asked: each limit is the
-//! smaller of the two.
+//! smaller of the two. A tenant held to `network = "none"` may not ask for egress, and one
+//! with an `allow` list may name only what that list covers (narrowing never adds a rule;
+//! the comparison is `policy::gate::tenant_may_call_egress`, as for a function's call).
 
 use std::time::Duration;
 
+use policy::egress::PrivateNet;
+use policy::file::AllowRule;
 use policy::{Bytes, Cpus, Mem, Network, OneShotArgs, OneShotPlan, Shown, Source};
 use proto::api::TenantLimits;
 use serde_json::Value;
@@ -45,7 +52,7 @@ pub const MAX_ARG: usize = 128 * 1024 - 1;
 /// The longest request key.
 pub const MAX_KEY: usize = 256;
 
-const KNOWN: &str = "cmd, image, mem, cpu, pids, timeout, scratch, network, env, stdin, key";
+const KNOWN: &str = "cmd, image, mem, cpu, pids, timeout, scratch, network, allow, env, stdin, key";
 
 /// A run, checked and complete.
 #[derive(Debug)]
@@ -56,9 +63,14 @@ pub struct RunSpec {
     pub key: Option<String>,
 }
 
-/// Parse `text` and narrow its limits by `tenant`'s. The error is a message for the
-/// caller (`bad_spec`), naming the key at fault.
-pub fn parse(text: &str, tenant: Option<&TenantLimits>) -> Result<RunSpec, String> {
+/// Parse `text` and narrow its limits by `tenant`'s; `private_ok`: whether the caller may
+/// name private addresses in `allow`. The error is a message for the caller (`bad_spec`),
+/// naming the key at fault.
+pub fn parse(
+    text: &str,
+    tenant: Option<&TenantLimits>,
+    private_ok: bool,
+) -> Result<RunSpec, String> {
     if text.len() > MAX_SPEC {
         return Err(format!(
             "the run's spec is {} bytes, over the limit of {} MiB",
@@ -128,7 +140,26 @@ pub fn parse(text: &str, tenant: Option<&TenantLimits>) -> Result<RunSpec, Strin
                 })
             }
             "timeout" => args.timeout = Some(string(k, v, "a string such as \"30s\"")?),
-            "network" => args.net = Some(string(k, v, "the string \"none\"")?),
+            "network" => args.net = Some(string(k, v, "the string \"none\" or \"egress\"")?),
+            "allow" => {
+                let Value::Array(items) = v else {
+                    return Err(wrong_type(k, "an array of \"host:port\" strings", v));
+                };
+                if items.len() > proto::launch::MAX_EGRESS_RULES {
+                    return Err(format!(
+                        "allow has {} rules, over the limit of {}",
+                        items.len(),
+                        proto::launch::MAX_EGRESS_RULES
+                    ));
+                }
+                for (i, item) in items.iter().enumerate() {
+                    let Value::String(rule) = item else {
+                        return Err(wrong_type(&format!("allow[{i}]"), "a string", item));
+                    };
+                    check_string(&format!("allow[{i}]"), rule)?;
+                    args.allow.push(rule.clone());
+                }
+            }
             "env" => {
                 let Value::Object(vars) = v else {
                     return Err(wrong_type(k, "an object of string values", v));
@@ -201,15 +232,10 @@ pub fn parse(text: &str, tenant: Option<&TenantLimits>) -> Result<RunSpec, Strin
         ));
     }
     check_limits(&args)?;
-    // Only "none" passes; the rest is refused with the reason that applies to a caller here.
+    // "none" and "egress" pass; "host" is refused with the reason that applies to a caller
+    // here.
     match args.net.as_deref() {
-        None | Some("none") => {}
-        Some("egress") => {
-            return Err(
-                "network: \"egress\" is not available for runs in this version; use \"none\""
-                    .into(),
-            )
-        }
+        None | Some("none") | Some("egress") => {}
         Some("host") => {
             return Err("network: \"host\" is accepted only in sandbox.toml; use \"none\"".into())
         }
@@ -217,11 +243,48 @@ pub fn parse(text: &str, tenant: Option<&TenantLimits>) -> Result<RunSpec, Strin
             Network::parse("network", other, Source::Http).map_err(|e| e.to_string())?;
         }
     }
+    check_allow(&args, tenant, private_ok)?;
+    args.refuse_private = !private_ok;
     let mut plan = policy::one_shot(&args).map_err(|e| e.to_string())?;
     if let Some(t) = tenant {
         plan.limits = narrow(plan.limits, t);
     }
     Ok(RunSpec { plan, stdin, key })
+}
+
+/// The egress rules asked for, checked against who asks: each parses; a private target
+/// needs `private_ok`; a tenant's limits may forbid egress or list the only rules it may
+/// name. (Whether `allow` goes with `network = "egress"` is the plan's check.)
+fn check_allow(
+    args: &OneShotArgs,
+    tenant: Option<&TenantLimits>,
+    private_ok: bool,
+) -> Result<(), String> {
+    let rules = args
+        .allow
+        .iter()
+        .map(|r| AllowRule::parse("allow", r).map_err(|e| e.to_string()))
+        .collect::<Result<Vec<_>, _>>()?;
+    if let Some(r) = policy::gate::private_target(&rules, private_ok) {
+        return Err(format!(
+            "allow: {r} targets a private, loopback or link-local address; only a deploy \
+             caller of an API started with --allow-deploy --allow-private-net may name one"
+        ));
+    }
+    // The other special ranges (documentation, multicast, reserved, ...), by the same rule.
+    let private = if private_ok {
+        PrivateNet::Allowed
+    } else {
+        PrivateNet::Refused
+    };
+    policy::egress::compile("allow", &rules, private).map_err(|e| e.to_string())?;
+    if args.net.as_deref() != Some("egress") {
+        return Ok(());
+    }
+    match tenant {
+        Some(t) => super::requests::tenant_egress(&rules, t).map_err(|e| format!("network: {e}")),
+        None => Ok(()),
+    }
 }
 
 /// Check each limit as the caller's (`Source::Http`), naming it as the spec does: the plan
@@ -346,12 +409,12 @@ mod tests {
     use super::*;
 
     fn ok(text: &str) -> RunSpec {
-        parse(text, None).unwrap_or_else(|e| panic!("{text}: {e}"))
+        parse(text, None, false).unwrap_or_else(|e| panic!("{text}: {e}"))
     }
 
     #[track_caller]
     fn refused(text: &str, needle: &str) {
-        match parse(text, None) {
+        match parse(text, None, false) {
             Ok(s) => panic!("{text}: accepted as {s:?}"),
             Err(e) => assert!(e.contains(needle), "{text}: {e:?} does not say {needle:?}"),
         }
@@ -416,10 +479,6 @@ mod tests {
             "only in sandbox.toml",
         );
         refused(
-            r#"{"cmd": ["x"], "network": "egress"}"#,
-            "not available for runs in this version",
-        );
-        refused(
             r#"{"cmd": ["x"], "network": "bridge"}"#,
             "is not a network mode",
         );
@@ -431,6 +490,108 @@ mod tests {
             r#"{"cmd": ["x"], "mount": "/:/h"}"#,
             "mounts are not accepted",
         );
+    }
+
+    #[test]
+    fn egress_opens_the_rules_asked_for_as_the_caller_may() {
+        let s = ok(
+            r#"{"cmd": ["x"], "network": "egress", "allow": ["pypi.org:443", "93.184.216.34:80"]}"#,
+        );
+        assert_eq!(s.plan.allow.len(), 2, "{:?}", s.plan.allow);
+        // A caller who may not open private ranges: its names never resolve to one.
+        assert!(!s.plan.allow.names[0].private_ok, "{:?}", s.plan.allow);
+        let text = r#"{"cmd": ["x"], "network": "egress", "allow": ["pypi.org:443"]}"#;
+        let operator = parse(text, None, true).expect("parse");
+        assert!(operator.plan.allow.names[0].private_ok);
+        refused(
+            r#"{"cmd": ["x"], "allow": ["pypi.org:443"]}"#,
+            "--net egress",
+        );
+        refused(
+            r#"{"cmd": ["x"], "network": "egress", "allow": "pypi.org:443"}"#,
+            "allow must be an array",
+        );
+        refused(
+            r#"{"cmd": ["x"], "network": "egress", "allow": [443]}"#,
+            "allow[0] must be a string",
+        );
+        refused(
+            r#"{"cmd": ["x"], "network": "egress", "allow": ["pypi.org"]}"#,
+            "allow",
+        );
+        // Private, loopback and link-local targets: only for a caller who may name them.
+        refused(
+            r#"{"cmd": ["x"], "network": "egress", "allow": ["[::1]:80"]}"#,
+            "private, loopback or link-local",
+        );
+        for target in [
+            "10.0.0.5:80",
+            "127.0.0.1:22",
+            "169.254.169.254:80",
+            "localhost:80",
+        ] {
+            let text = format!(r#"{{"cmd": ["x"], "network": "egress", "allow": ["{target}"]}}"#);
+            refused(&text, "private, loopback or link-local");
+            assert!(parse(&text, None, true).is_ok(), "{target} with private_ok");
+        }
+        // The other special ranges too (documentation, multicast, reserved).
+        for target in ["203.0.113.7:80", "224.0.0.1:80", "240.0.0.1:80"] {
+            let text = format!(r#"{{"cmd": ["x"], "network": "egress", "allow": ["{target}"]}}"#);
+            refused(&text, "which only the operator may open");
+            assert!(parse(&text, None, true).is_ok(), "{target} with private_ok");
+        }
+        let many: Vec<String> = (0..=proto::launch::MAX_EGRESS_RULES)
+            .map(|i| format!("\"h{i}.example:443\""))
+            .collect();
+        refused(
+            &format!(
+                r#"{{"cmd": ["x"], "network": "egress", "allow": [{}]}}"#,
+                many.join(",")
+            ),
+            "over the limit",
+        );
+    }
+
+    #[test]
+    fn a_tenants_network_limits_narrow_egress_and_never_widen_it() {
+        let spec = r#"{"cmd": ["x"], "network": "egress", "allow": ["api.example.com:443"]}"#;
+        let none = TenantLimits {
+            network: Some("none".into()),
+            ..TenantLimits::default()
+        };
+        let e = parse(spec, Some(&none), true).expect_err("network none");
+        assert!(e.contains("limits say network \"none\""), "{e}");
+        // A run without egress is fine for it.
+        assert!(parse(r#"{"cmd": ["x"]}"#, Some(&none), false).is_ok());
+        let listed = TenantLimits {
+            network: Some("egress".into()),
+            allow: Some(vec![
+                "API.example.com:443".into(),
+                "93.184.216.34:80".into(),
+            ]),
+            ..TenantLimits::default()
+        };
+        assert!(parse(spec, Some(&listed), false).is_ok());
+        let other = r#"{"cmd": ["x"], "network": "egress", "allow": ["evil.example:443"]}"#;
+        let e = parse(other, Some(&listed), false).expect_err("not listed");
+        assert!(
+            e.contains("does not cover the egress rule evil.example:443"),
+            "{e}"
+        );
+        // A block in the tenant's list covers an address rule inside it.
+        let block = TenantLimits {
+            network: Some("egress".into()),
+            allow: Some(vec!["93.184.0.0/16:80".into()]),
+            ..TenantLimits::default()
+        };
+        let inside = r#"{"cmd": ["x"], "network": "egress", "allow": ["93.184.216.34:80"]}"#;
+        assert!(parse(inside, Some(&block), false).is_ok());
+        // No list: no narrowing of the rules.
+        let open = TenantLimits {
+            network: Some("egress".into()),
+            ..TenantLimits::default()
+        };
+        assert!(parse(other, Some(&open), false).is_ok());
     }
 
     #[test]
@@ -486,7 +647,7 @@ mod tests {
             "{\"cmd\": [\"\\ud800\"]}",
             "{'cmd': ['x']}",
         ] {
-            assert!(parse(text, None).is_err(), "{text:?} was accepted");
+            assert!(parse(text, None, false).is_err(), "{text:?} was accepted");
         }
         // Nesting past serde_json's limit is an error, not a stack overflow.
         let deep = format!(
@@ -494,12 +655,12 @@ mod tests {
             "[".repeat(100_000),
             "]".repeat(100_000)
         );
-        assert!(parse(&deep, None).is_err());
+        assert!(parse(&deep, None, false).is_err());
         let deep = format!(
             "{{\"cmd\": [\"x\"], \"env\": {}}}",
             "{\"a\":".repeat(10_000) + "1" + &"}".repeat(10_000)
         );
-        assert!(parse(&deep, None).is_err());
+        assert!(parse(&deep, None, false).is_err());
         // Oversize input is refused before it is parsed.
         let big = format!("{{\"cmd\": [\"{}\"]}}", "a".repeat(MAX_SPEC));
         refused(&big, "over the limit of 8 MiB");
@@ -622,7 +783,7 @@ mod tests {
             network: Some("none".into()),
             allow: None,
         };
-        let s = parse(r#"{"cmd": ["x"]}"#, Some(&t)).expect("parse");
+        let s = parse(r#"{"cmd": ["x"]}"#, Some(&t), false).expect("parse");
         let l = s.plan.limits;
         assert_eq!(l.mem, Mem::Limited(Bytes(32 << 20)));
         assert_eq!(l.cpu.millis(), 250);
@@ -633,6 +794,7 @@ mod tests {
         let s = parse(
             r#"{"cmd": ["x"], "mem": "16M", "cpu": 0.1, "pids": 4, "timeout": "1s", "scratch": "1M"}"#,
             Some(&t),
+            false,
         )
         .expect("parse");
         let l = s.plan.limits;
@@ -652,7 +814,7 @@ mod tests {
             ..TenantLimits::default()
         };
         assert_eq!(
-            parse(r#"{"cmd": ["x"]}"#, Some(&wide))
+            parse(r#"{"cmd": ["x"]}"#, Some(&wide), false)
                 .expect("parse")
                 .plan
                 .limits,
@@ -666,7 +828,7 @@ mod tests {
             scratch_bytes: Some(0),
             ..TenantLimits::default()
         };
-        let l = parse(r#"{"cmd": ["x"]}"#, Some(&tiny))
+        let l = parse(r#"{"cmd": ["x"]}"#, Some(&tiny), false)
             .expect("parse")
             .plan
             .limits;

@@ -318,7 +318,8 @@ pub const CANCELLED: &str = "cancelled";
 
 impl Functions {
     /// A one-shot run for `client`: `spec` as [`super::run_spec`] reads it, narrowed by
-    /// the caller's tenant limits `narrow` (`None`: no tenant, or one without limits);
+    /// the caller's tenant limits `narrow` (`None`: no tenant, or one without limits;
+    /// `private_ok`: whether the caller may name private addresses in `allow`);
     /// `tenant` is whose run it is (its cgroup goes under `tenants/<tenant>/_run/`, and
     /// its usage record names it; `None` is the host's own caller). `None` means the
     /// answer comes later, through the outbox; a refusal (bad spec, busy) is answered now.
@@ -328,12 +329,13 @@ impl Functions {
         spec: &str,
         tenant: Option<&str>,
         narrow: Option<&TenantLimits>,
+        private_ok: bool,
         cx: &mut Ctx,
     ) -> Option<Reply> {
         if tenant.is_some_and(|t| !proto::api::is_tenant_id(t)) {
             return Some(fail(ErrorCode::BadRequest, "not a tenant id"));
         }
-        let spec = match run_spec::parse(spec, narrow) {
+        let spec = match run_spec::parse(spec, narrow, private_ok) {
             Ok(s) => s,
             Err(why) => return Some(fail(ErrorCode::BadSpec, why)),
         };

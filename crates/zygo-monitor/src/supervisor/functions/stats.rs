@@ -18,6 +18,11 @@ use super::zygotes::ZState;
 use super::{fail, now_ms, Functions};
 use crate::supervisor::api::Acting;
 
+/// What a tenant reads when a host function failed to serve (the import error, which may
+/// name the host's paths, is in the supervisor's log).
+pub(super) const HOST_FAILURE: &str =
+    "the function failed to start; the operator can read why in the supervisor's log";
+
 /// Finished requests remembered per function for `zygo logs`.
 const LOG_KEEP: usize = 1000;
 
@@ -61,6 +66,12 @@ impl Functions {
         metrics: Metrics,
     ) -> UsageRecord {
         let finished_ms = now_ms();
+        // A call of a tenant deleted while it ran (cancelled then) leaves nothing in the
+        // function's log or its per-tenant counters: the id may be somebody else's later.
+        let tenant_gone = c
+            .tenant
+            .as_ref()
+            .is_some_and(|t| !self.api.tenants.contains_key(t));
         if let Some(f) = self.fns.get_mut(&c.func) {
             let entry = LogEntry {
                 request_id: id.to_string(),
@@ -71,12 +82,14 @@ impl Functions {
                 stdout: tail(&c.stdout.text, 4096),
                 stderr: tail(&c.stderr.text, 4096),
             };
-            f.logs.push_back((c.tenant.clone(), entry));
-            if f.logs.len() > LOG_KEEP {
-                f.logs.pop_front();
+            if !tenant_gone {
+                f.logs.push_back((c.tenant.clone(), entry));
+                if f.logs.len() > LOG_KEEP {
+                    f.logs.pop_front();
+                }
             }
             f.stats.add(outcome, wall, metrics.peak_rss_kb);
-            if let Some(t) = &c.tenant {
+            if let Some(t) = c.tenant.as_ref().filter(|_| !tenant_gone) {
                 f.tenant_stats.entry(t.clone()).or_default().add(
                     outcome,
                     wall,
@@ -134,13 +147,28 @@ impl Functions {
         self.usage.flush();
     }
 
-    /// `ls`: every function the caller can see (see [`Functions::shown`]), its state and
-    /// its zygotes.
+    /// `ls`: every function the caller can see, its state and its zygotes. The host's
+    /// CLI and an operator acting for nobody see every function on the host, each naming
+    /// its tenant; a tenant (or an operator acting for one) sees what
+    /// [`Functions::shown`] lets it. On a host function a tenant's numbers are its own:
+    /// a zygote is busy only for its own calls (one busy with another tenant's counts as
+    /// ready), and `in_flight` counts its own calls.
     pub(super) fn list(&self, who: &Acting) -> Vec<FunctionInfo> {
+        let everything = !who.api() || who.tenant.is_none();
         self.fns
             .iter()
-            .filter_map(|(name, f)| Some((name, self.shown(who, name)?, f)))
-            .map(|(name, shown, f)| {
+            .filter_map(|(key, f)| {
+                let shown = match key.split_once('/') {
+                    Some((_, plain)) if everything && who.api() => plain.to_string(),
+                    _ => self.shown(who, key)?,
+                };
+                Some((key, shown, f))
+            })
+            .map(|(key, shown, f)| {
+                let owner = key.split_once('/').map(|(t, _)| t.to_string());
+                // Another tenant's calls on a host function are not this tenant's to see.
+                let mine_only = who.api() && who.tenant.is_some() && owner.is_none();
+                let counts_for = |c: &InFlight| !mine_only || c.tenant == who.tenant;
                 let mut counts = ZygoteCounts {
                     ready: 0,
                     busy: 0,
@@ -148,7 +176,15 @@ impl Functions {
                     starting: 0,
                 };
                 for z in f.zygotes.iter().filter_map(|t| self.zygotes.get(t)) {
-                    match (z.state, z.frozen, z.children.busy()) {
+                    let busy = z
+                        .children
+                        .slots
+                        .values()
+                        .filter_map(|s| s.request.as_ref().and_then(|r| self.calls.get(r)))
+                        .filter(|c| counts_for(c))
+                        .count();
+                    let busy = if mine_only { busy } else { z.children.busy() };
+                    match (z.state, z.frozen, busy) {
                         (ZState::Starting, _, _) => counts.starting += 1,
                         (ZState::Ready, true, _) => counts.frozen += 1,
                         (ZState::Ready, false, 0) => counts.ready += 1,
@@ -161,8 +197,15 @@ impl Functions {
                     FnState::Serving => ("serving", None),
                     FnState::Failed(w) => ("failed", Some(w.clone())),
                 };
+                // Why a function failed to serve can name the host's paths: a tenant
+                // token reads a fixed phrase, the detail is in the supervisor's log.
+                let error = match (error, who.is_tenant()) {
+                    (Some(_), true) => Some(HOST_FAILURE.to_string()),
+                    (e, _) => e,
+                };
                 FunctionInfo {
                     name: shown,
+                    tenant: owner,
                     kind: if is_pool(&f.spec) { "pool" } else { "function" }.into(),
                     state: state.into(),
                     error,
@@ -170,7 +213,7 @@ impl Functions {
                     in_flight: self
                         .calls
                         .values()
-                        .filter(|c| c.func == *name)
+                        .filter(|c| c.func == *key)
                         .filter(|c| !who.api() || who.tenant.is_none() || c.tenant == who.tenant)
                         .count() as u32,
                     min_warm: f.min_warm as u32,

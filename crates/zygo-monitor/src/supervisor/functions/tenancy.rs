@@ -118,14 +118,16 @@ impl Functions {
                     .iter()
                     .map(|b| format!("{b:02x}"))
                     .collect();
-                let existed = self.scripts.held(&d).is_some();
+                let existed = self.scripts.knows(&d);
                 sent = Some((d, existed));
             }
             _ => {}
         }
         let reply = self.exec(client, e, who, cx);
         if let Some((d, existed)) = sent {
-            if self.scripts.held(&d).is_some() {
+            // Held, or being written (a write that fails leaves a record of a digest
+            // the store does not hold: `not_found`, as for an evicted one).
+            if self.scripts.knows(&d) {
                 if let Err(r) = self
                     .api
                     .script_registered(&d, who.tenant.as_deref(), existed)
@@ -168,6 +170,17 @@ impl Functions {
                 );
             }
         }
+        if who.is_tenant()
+            && self
+                .fns
+                .get(&key)
+                .is_some_and(|f| matches!(f.state, super::registry::FnState::Failed(_)))
+        {
+            return fail(
+                ErrorCode::Unavailable,
+                format!("{name} failed to serve: {}", super::stats::HOST_FAILURE),
+            );
+        }
         match self.warm(&key, n, cx) {
             Reply::Warmed { ready, .. } => Reply::Warmed {
                 name: name.to_string(),
@@ -177,8 +190,8 @@ impl Functions {
         }
     }
 
-    /// The supervisor's condition. Over the API a tenant's function below `min_warm` is
-    /// not named (`/healthz` needs no token).
+    /// The supervisor's condition. Over the API (`/healthz`, which needs no token) no
+    /// function is named: only how many are below `min_warm`. The host's CLI gets names.
     pub(super) fn health(&self, who: &Acting) -> Health {
         let mut below = Vec::new();
         let mut hidden = 0;
@@ -195,13 +208,14 @@ impl Functions {
             if ready >= f.min_warm {
                 continue;
             }
-            match (who.api(), key.contains('/')) {
-                (true, true) => hidden += 1,
-                _ => below.push(key.clone()),
+            if who.api() {
+                hidden += 1;
+            } else {
+                below.push(key.clone());
             }
         }
         if hidden > 0 {
-            below.push(format!("{hidden} tenant function(s)"));
+            below.push(format!("{hidden} function(s) or pool(s)"));
         }
         Health {
             usage_log: self.usage.health(),
@@ -427,6 +441,12 @@ impl Functions {
             self.force(&rid, Outcome::Cancelled);
         }
         self.cancel_tenant_runs(id);
+        // What its calls left on the host's functions (their log entries and its counters)
+        // goes too: an id made again later is somebody else, who must not read them.
+        for f in self.fns.values_mut() {
+            f.logs.retain(|(t, _)| t.as_deref() != Some(id));
+            f.tenant_stats.remove(id);
+        }
         let tokens_revoked = match self.api.revoke_tenant_tokens(id) {
             Ok(n) => n,
             Err(r) => return r.into(),
@@ -436,6 +456,7 @@ impl Functions {
             Err(r) => return r.into(),
         };
         self.release_blobs_of(id);
+        self.scripts.let_go(id);
         let mut scripts_removed = Vec::new();
         for d in orphans {
             match self.scripts.remove(&d) {

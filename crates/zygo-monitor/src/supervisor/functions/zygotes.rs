@@ -578,6 +578,7 @@ impl Functions {
         for p in self.worker.done() {
             self.placed(p);
         }
+        self.store_written();
     }
 
     /// A parked child's placement, by the worker or the loop: its slot is ready (or, if

@@ -1,0 +1,801 @@
+//! What one tenant can do to another through the HTTP API's monitor side, end to end on the
+//! real kernel: each test starts its own supervisor and talks to its control socket as
+//! `zygo api` does (a hello as the API role, then every request inside `Request::Api`
+//! with the caller's token and tenant header).
+//!
+//! - the script and blob stores: a tenant's share is its own, so another uploading far
+//!   past the store's cap evicts only its own entries;
+//! - zygotes: two tenants calling one host pool at the same time run in different
+//!   zygotes (different network namespaces), a pool at `max_warm` answers the other
+//!   tenant busy, and no call can `stat` another tenant's script in `/run/script`;
+//! - egress: a tenant whose limits say network "none", or whose allow list does not cover
+//!   an egress function's, is refused (forbidden, naming the limit);
+//! - deleting a tenant purges its log entries and counters on host functions, so an id
+//!   made again starts empty;
+//! - what a tenant reads about host functions: only its own calls as busy, a fixed phrase
+//!   for a host function that failed to serve; the operator lists every function with
+//!   its tenant; `/healthz` names no function.
+
+use std::io::Write;
+use std::os::unix::net::UnixStream;
+use std::time::Duration;
+
+use proto::api::{Credentials, FrontFlags, ServeKind};
+use proto::front::{
+    ErrorCode, ExecAnswer, ExecRequest, FunctionInfo, Hello, HelloReply, Outcome, Reply, Request,
+    ScriptRef, FRONT_PROTOCOL, MAX_FRONT_FRAME,
+};
+use proto::{encode_frame, read_frame};
+use serde_json::Value;
+use zygo_tests::*;
+
+static SUITE: Suite = Suite {
+    prefix: "apit-",
+    handlers: "import time\n\n\ndef echo(event):\n    return {\"echo\": event}\n\n\ndef slow(event):\n    time.sleep(event[\"s\"])\n    return \"slept\"\n",
+    defaults: "timeout = \"30s\"\nmem = \"64M\"\nidle_timeout = \"60s\"\n",
+    agents: false,
+};
+
+/// The bootstrap token every test's supervisor is started with.
+const BOOT: &str = "bootstrap-secret-for-tenancy-tests";
+
+// ---------------------------------------------------------------------------------------
+// A small client: what `zygo api` sends, minus HTTP.
+
+struct Api {
+    s: UnixStream,
+}
+
+#[derive(Clone, Copy)]
+struct As<'a> {
+    token: Option<&'a str>,
+    tenant: Option<&'a str>,
+}
+
+fn tok(t: &str) -> As<'_> {
+    As {
+        token: Some(t),
+        tenant: None,
+    }
+}
+
+impl Api {
+    fn open(s: &Sup) -> Api {
+        let mut c = UnixStream::connect(s.socket()).expect("connect to the supervisor");
+        c.set_read_timeout(Some(Duration::from_secs(90)))
+            .expect("read timeout");
+        c.write_all(
+            &encode_frame(&Hello {
+                protocol: FRONT_PROTOCOL,
+                role: proto::front::Role::Api,
+                flags: FrontFlags::default(),
+            })
+            .expect("encode a hello"),
+        )
+        .expect("say hello");
+        match read_frame::<_, HelloReply>(&mut c, MAX_FRONT_FRAME) {
+            Ok(HelloReply::Welcome { .. }) => Api { s: c },
+            other => panic!("expected a welcome, got {other:?}\n{}", s.log()),
+        }
+    }
+
+    fn ask(&mut self, who: As, req: Request) -> Reply {
+        let env = Request::Api {
+            who: Credentials {
+                token: who.token.map(str::to_string),
+                tenant: who.tenant.map(str::to_string),
+            },
+            request: Box::new(req),
+        };
+        self.s
+            .write_all(&encode_frame(&env).expect("encode"))
+            .expect("send a request");
+        loop {
+            match read_frame::<_, Reply>(&mut self.s, MAX_FRONT_FRAME) {
+                Ok(Reply::Event(_)) => continue,
+                Ok(r) => return r,
+                Err(e) => panic!("no reply from the supervisor: {e}"),
+            }
+        }
+    }
+}
+
+fn code(r: &Reply) -> Option<ErrorCode> {
+    match r {
+        Reply::Error { code, .. } => Some(*code),
+        _ => None,
+    }
+}
+
+fn message(r: &Reply) -> String {
+    match r {
+        Reply::Error { message, .. } => message.clone(),
+        other => format!("{other:?}"),
+    }
+}
+
+#[track_caller]
+fn expect_code(r: &Reply, want: ErrorCode, what: &str) {
+    assert_eq!(code(r), Some(want), "{what}: {r:?}");
+}
+
+fn call(name: &str, event: &str) -> ExecRequest {
+    ExecRequest {
+        name: name.into(),
+        event: event.into(),
+        key: None,
+        timeout_ms: None,
+        stream: false,
+        script: None,
+        workspace: None,
+        workspace_blob: None,
+        out: false,
+    }
+}
+
+fn exec(name: &str, event: &str) -> Request {
+    Request::Exec(call(name, event))
+}
+
+fn run_script(pool: &str, digest: &str, event: &str) -> Request {
+    Request::Exec(ExecRequest {
+        script: Some(ScriptRef::Digest(digest.into())),
+        ..call(pool, event)
+    })
+}
+
+#[track_caller]
+fn answer(r: Reply, what: &str) -> ExecAnswer {
+    match r {
+        Reply::Answer(a) => a,
+        other => panic!("{what}: expected an answer, got {other:?}"),
+    }
+}
+
+/// An answer that returned: its result as JSON.
+#[track_caller]
+fn result(r: Reply, what: &str) -> Value {
+    let a = answer(r, what);
+    assert_eq!(a.outcome, Outcome::Ok, "{what}: {a:?}");
+    serde_json::from_str(a.result.as_deref().unwrap_or("null")).expect("a JSON result")
+}
+
+/// A tenant id no other test (or run) has.
+fn tenant_id(tag: &str) -> String {
+    format!("{tag}{:x}", unique() & 0xff_ffff_ffff)
+}
+
+/// `zygo up` with these `[fn.*]` tables (suffix, lines) and the bootstrap token; with
+/// `may_fail`, a function that fails to serve is expected (`zygo up` exits 1).
+fn start(s: &mut Sup, fns: &[(&str, String)], may_fail: bool) -> Vec<String> {
+    s.env("ZYGO_API_TOKEN", BOOT);
+    let (file, names) = s.write_toml(fns);
+    let f = s.run(&["up", "-f", file.to_str().expect("UTF-8 path")]);
+    s.find_supervisor();
+    let want = if may_fail { 1 } else { 0 };
+    assert_eq!(f.code, want, "zygo up: {}\n{}", f.stderr_text(), s.log());
+    names
+}
+
+/// A Python function's table: `fn/handlers.py:<handler>` and extra lines.
+fn function(handler: &str, extra: &str) -> String {
+    format!("agent = \"python\"\nentry = \"fn/handlers.py:{handler}\"\n{extra}")
+}
+
+/// `zygo token mint [--tenant T] --json`: the secret.
+fn mint(s: &Sup, tenant: Option<&str>) -> String {
+    let mut args = vec!["token", "mint", "--json"];
+    if let Some(t) = tenant {
+        args.extend(["--tenant", t]);
+    }
+    let f = s.run(&args);
+    assert_eq!(f.code, 0, "zygo token mint: {}", f.stderr_text());
+    text(&f.last_json(), "secret").to_string()
+}
+
+/// Create a tenant (as the bootstrap operator) and mint its token.
+fn tenant(s: &Sup, api: &mut Api, tag: &str) -> (String, String) {
+    let id = tenant_id(tag);
+    let r = api.ask(tok(BOOT), Request::CreateTenant { id: id.clone() });
+    assert!(matches!(r, Reply::Tenant { .. }), "create {id}: {r:?}");
+    let t = mint(s, Some(&id));
+    (id, t)
+}
+
+/// Set a tenant's limits, as an operator token (deploy rights).
+fn set_limits(api: &mut Api, op: &str, id: &str, limits: &str) {
+    let r = api.ask(
+        tok(op),
+        Request::SetLimits {
+            id: id.into(),
+            limits: limits.into(),
+        },
+    );
+    assert!(
+        matches!(r, Reply::Tenant { .. }),
+        "limits {limits} for {id}: {r:?}"
+    );
+}
+
+fn put_script(api: &mut Api, who: As, source: &str) -> String {
+    match api.ask(
+        who,
+        Request::PutScript {
+            source: source.as_bytes().to_vec(),
+        },
+    ) {
+        Reply::ScriptStored { digest, .. } => digest,
+        other => panic!("put a script: {other:?}"),
+    }
+}
+
+fn put_blob(api: &mut Api, who: As, bytes: Vec<u8>) -> Reply {
+    api.ask(
+        who,
+        Request::PutBlob {
+            bytes: bytes.into(),
+        },
+    )
+}
+
+fn one_file_tar(name: &str, len: usize) -> Vec<u8> {
+    let mut b = tar::Builder::new(Vec::new());
+    let mut h = tar::Header::new_ustar();
+    h.set_size(len as u64);
+    h.set_mode(0o644);
+    h.set_entry_type(tar::EntryType::Regular);
+    h.set_cksum();
+    b.append_data(&mut h, name, &vec![b'w'; len][..])
+        .expect("append");
+    b.into_inner().expect("finish")
+}
+
+fn listing(r: Reply) -> Vec<FunctionInfo> {
+    match r {
+        Reply::Functions(f) => f,
+        other => panic!("expected a listing, got {other:?}"),
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// H4: the stores.
+
+/// A pool script that lists its workspace.
+const LIST_WORK: &str = "import os\n\ndef handler(event):\n    return sorted(os.listdir(\".\"))\n";
+
+/// Tenant a stores a blob and a script; tenant b then stores ten times the blob store's
+/// cap in blobs, and the script store's in scripts. b only churns its own share (its
+/// oldest blob is gone, `not_found`); a's blob and script still serve a call. One blob
+/// larger than a tenant's share is refused (too_large, naming the share).
+#[test]
+fn a_tenants_blob_and_script_survive_another_uploading_past_the_cap() {
+    let Some(mut s) = SUITE.root("shares") else {
+        return;
+    };
+    s.env("ZYGO_BLOB_STORE", "4M")
+        .env("ZYGO_SCRIPT_STORE", "4M");
+    let n = start(&mut s, &[("pool", "agent = \"python\"".to_string())], false);
+    let pool = &n[0];
+    let mut api = Api::open(&s);
+    let (_, at) = tenant(&s, &mut api, "sha");
+    let (_, bt) = tenant(&s, &mut api, "shb");
+    let a_script = put_script(&mut api, tok(&at), LIST_WORK);
+    let a_blob = match put_blob(&mut api, tok(&at), one_file_tar("mine.txt", 1000)) {
+        Reply::BlobStored { digest, .. } => digest,
+        other => panic!("a's blob: {other:?}"),
+    };
+    // Answered once the bytes are on disk (written by the store's own thread).
+    assert!(s.st.join("scripts").join(&a_script).is_file());
+    assert!(s.st.join("blobs").join(&a_blob).is_file());
+    let a_call = |api: &mut Api| {
+        let mut c = call(pool, "{}");
+        c.script = Some(ScriptRef::Digest(a_script.clone()));
+        c.workspace_blob = Some(a_blob.clone());
+        result(api.ask(tok(&at), Request::Exec(c)), "a's call")
+    };
+    assert_eq!(a_call(&mut api), serde_json::json!(["mine.txt"]));
+
+    // b: 40 blobs of 256 KiB (10 MiB, the cap is 4 MiB, b's share 1 MiB) and 40 scripts
+    // of 256 KiB; every one is taken.
+    let mut b_blobs = Vec::new();
+    for i in 0..40 {
+        match put_blob(
+            &mut api,
+            tok(&bt),
+            one_file_tar(&format!("b{i}"), 256 << 10),
+        ) {
+            Reply::BlobStored { digest, .. } => b_blobs.push(digest),
+            other => panic!("b's blob {i}: {other:?}\n{}", s.log()),
+        }
+    }
+    for i in 0..40 {
+        let src = format!(
+            "# {i}\n{}\ndef handler(event):\n    return {i}\n",
+            "#".repeat(256 << 10)
+        );
+        put_script(&mut api, tok(&bt), &src);
+    }
+    // a's things are where they were.
+    assert_eq!(a_call(&mut api), serde_json::json!(["mine.txt"]));
+    // b's first blob made room for its later ones; its last is there.
+    let mut c = call(pool, "{}");
+    c.script = Some(ScriptRef::Source(LIST_WORK.as_bytes().to_vec()));
+    c.workspace_blob = Some(b_blobs[0].clone());
+    expect_code(
+        &api.ask(tok(&bt), Request::Exec(c.clone())),
+        ErrorCode::NotFound,
+        "b's oldest blob, evicted for its own newer ones",
+    );
+    c.workspace_blob = b_blobs.last().cloned();
+    assert_eq!(
+        result(api.ask(tok(&bt), Request::Exec(c)), "b's newest blob"),
+        serde_json::json!(["b39"])
+    );
+    // More than a whole share at once: too large, saying which setting.
+    let r = put_blob(&mut api, tok(&bt), one_file_tar("big", 3 << 20));
+    expect_code(&r, ErrorCode::TooLarge, "a blob past a tenant's share");
+    assert!(
+        message(&r).contains("ZYGO_TENANT_STORE_SHARE"),
+        "{}",
+        message(&r)
+    );
+    drop(api);
+    s.shutdown();
+}
+
+// ---------------------------------------------------------------------------------------
+// M3: zygotes.
+
+/// A pool script: its network namespace, the time it ran, and whether it can `stat` the
+/// path of the script named in the event.
+const WHERE_AM_I: &str = r#"import os, time
+def handler(event):
+    start = time.time()
+    net = os.readlink("/proc/self/ns/net")
+    own = os.path.exists(__file__)
+    try:
+        os.stat("/run/script/" + event["other"])
+        other = "found"
+    except OSError as e:
+        other = type(e).__name__
+    time.sleep(event["s"])
+    return {"net": net, "own": own, "other": other, "start": start, "end": time.time()}
+"#;
+
+/// Two tenants call one host pool (max_warm 2) at the same time: different zygotes
+/// (different network namespaces), and neither can `stat` the other's script in
+/// `/run/script`, during or after the other's call. At max_warm 1 the second tenant is
+/// answered busy while the first one's call runs, never put beside it.
+#[test]
+fn tenants_never_share_a_zygote() {
+    let Some(mut s) = SUITE.root("affinity") else {
+        return;
+    };
+    let n = start(
+        &mut s,
+        &[
+            ("two", "agent = \"python\"\nmax_warm = 2".to_string()),
+            ("one", "agent = \"python\"\nmax_warm = 1".to_string()),
+        ],
+        false,
+    );
+    let (two, one) = (n[0].clone(), n[1].clone());
+    let mut api = Api::open(&s);
+    let (_, at) = tenant(&s, &mut api, "afa");
+    let (_, bt) = tenant(&s, &mut api, "afb");
+    // The same program, but different bytes for each: different digests.
+    let da = put_script(&mut api, tok(&at), &format!("{WHERE_AM_I}# a\n"));
+    let db = put_script(&mut api, tok(&bt), &format!("{WHERE_AM_I}# b\n"));
+    let event = |other: &str, s: u32| format!(r#"{{"other": "{other}", "s": {s}}}"#);
+
+    let mut api_a = Api::open(&s);
+    let (at2, two2, da2, ev_a) = (at.clone(), two.clone(), da.clone(), event(&db, 6));
+    let a = std::thread::spawn(move || {
+        result(
+            api_a.ask(tok(&at2), run_script(&two2, &da2, &ev_a)),
+            "a's call",
+        )
+    });
+    wait_in_flight(&mut api, &at, &two);
+    let b = result(
+        api.ask(tok(&bt), run_script(&two, &db, &event(&da, 0))),
+        "b's call",
+    );
+    let a = a.join().expect("a's thread");
+    let at_ = |v: &Value, k: &str| v[k].as_f64().unwrap_or(0.0);
+    assert!(
+        at_(&b, "start") < at_(&a, "end") && at_(&a, "start") < at_(&b, "end"),
+        "the two calls did not overlap, so this proves nothing: a {a}, b {b}"
+    );
+    assert!(
+        a["net"].as_str().is_some_and(|n| n.starts_with("net:")),
+        "{a}"
+    );
+    assert_ne!(
+        a["net"], b["net"],
+        "a and b ran in one zygote: a {a}, b {b}"
+    );
+    assert_eq!(
+        (a["own"].as_bool(), b["own"].as_bool()),
+        (Some(true), Some(true))
+    );
+    assert_eq!(
+        b["other"], "FileNotFoundError",
+        "b looked for a's script: {b}"
+    );
+    assert_eq!(
+        a["other"], "FileNotFoundError",
+        "a looked for b's script: {a}"
+    );
+    // After a's call: a later call of b, in the zygote a used or not, does not find it.
+    for _ in 0..3 {
+        let b = result(
+            api.ask(tok(&bt), run_script(&two, &db, &event(&da, 0))),
+            "b's later call",
+        );
+        assert_eq!(b["other"], "FileNotFoundError", "{b}");
+    }
+
+    // max_warm 1: while a's call runs, b is busy (retry), not beside it.
+    let mut api_a = Api::open(&s);
+    let (at2, one2, da2, ev_a) = (at.clone(), one.clone(), da.clone(), event(&db, 3));
+    let a = std::thread::spawn(move || {
+        result(
+            api_a.ask(tok(&at2), run_script(&one2, &da2, &ev_a)),
+            "a's call",
+        )
+    });
+    wait_in_flight(&mut api, &at, &one);
+    let r = api.ask(tok(&bt), run_script(&one, &db, &event(&da, 0)));
+    expect_code(&r, ErrorCode::Busy, "another tenant's call at max_warm");
+    a.join().expect("a's thread");
+    // Then b has the zygote.
+    let b = result(
+        api.ask(tok(&bt), run_script(&one, &db, &event(&da, 0))),
+        "b after a",
+    );
+    assert_eq!(b["other"], "FileNotFoundError", "{b}");
+    drop(api);
+    s.shutdown();
+}
+
+/// Wait until the tenant of token `t` has a call of `name` in flight (as `GET /fn` says).
+fn wait_in_flight(api: &mut Api, t: &str, name: &str) {
+    for _ in 0..400 {
+        let l = listing(api.ask(tok(t), Request::List));
+        if l.iter().any(|f| f.name == name && f.in_flight == 1) {
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(25));
+    }
+    panic!("the call of {name} never showed in flight");
+}
+
+// ---------------------------------------------------------------------------------------
+// M4: egress.
+
+/// A host function with `network = "egress"` (its rule names a host that is never
+/// reached: the function only echoes): a tenant without network limits calls it; one
+/// whose limits say network "none", or whose allow list does not cover the function's
+/// rule, is refused (forbidden, naming the limit), whatever else; one whose list covers
+/// it calls it.
+#[test]
+fn an_egress_function_is_refused_to_a_tenant_whose_limits_do_not_cover_it() {
+    let Some(mut s) = SUITE.root("egress") else {
+        return;
+    };
+    let n = start(
+        &mut s,
+        &[(
+            "net",
+            function(
+                "echo",
+                "network = \"egress\"\nallow = [\"api.zygo.test:443\"]\n",
+            ),
+        )],
+        false,
+    );
+    let f = &n[0];
+    let op = mint(&s, None);
+    let mut api = Api::open(&s);
+    let (free, free_t) = tenant(&s, &mut api, "egf");
+    let _ = free;
+    assert_eq!(
+        result(api.ask(tok(&free_t), exec(f, "1")), "no network limit"),
+        serde_json::json!({"echo": 1})
+    );
+    let (none, none_t) = tenant(&s, &mut api, "egn");
+    set_limits(&mut api, &op, &none, r#"{"network": "none"}"#);
+    let r = api.ask(tok(&none_t), exec(f, "1"));
+    expect_code(&r, ErrorCode::Forbidden, "network none");
+    assert!(message(&r).contains("network \"none\""), "{}", message(&r));
+    let (other, other_t) = tenant(&s, &mut api, "ego");
+    set_limits(
+        &mut api,
+        &op,
+        &other,
+        r#"{"network": "egress", "allow": ["other.zygo.test:443"]}"#,
+    );
+    let r = api.ask(tok(&other_t), exec(f, "1"));
+    expect_code(
+        &r,
+        ErrorCode::Forbidden,
+        "an allow list that misses the rule",
+    );
+    assert!(
+        message(&r).contains("api.zygo.test:443") && message(&r).contains("other.zygo.test:443"),
+        "{}",
+        message(&r)
+    );
+    // Acting for that tenant, the operator is held to the same.
+    let r = api.ask(
+        As {
+            token: Some(BOOT),
+            tenant: Some(&other),
+        },
+        exec(f, "1"),
+    );
+    expect_code(&r, ErrorCode::Forbidden, "the operator acting for it");
+    let (cover, cover_t) = tenant(&s, &mut api, "egc");
+    set_limits(
+        &mut api,
+        &op,
+        &cover,
+        r#"{"allow": ["api.zygo.test:443", "other.zygo.test:443"]}"#,
+    );
+    assert_eq!(
+        result(api.ask(tok(&cover_t), exec(f, "2")), "a covering list"),
+        serde_json::json!({"echo": 2})
+    );
+    // The host calls it whatever.
+    assert_eq!(
+        result(api.ask(tok(BOOT), exec(f, "3")), "the host"),
+        serde_json::json!({"echo": 3})
+    );
+    drop(api);
+    s.shutdown();
+}
+
+// ---------------------------------------------------------------------------------------
+// M6: deleting a tenant.
+
+/// A tenant calls a host function; its log entries and counters are there. Deleted and
+/// made again under the same id, the tenant reads none of them.
+#[test]
+fn a_tenant_made_again_reads_nothing_of_the_one_deleted() {
+    let Some(mut s) = SUITE.root("reuse") else {
+        return;
+    };
+    let n = start(&mut s, &[("echo", function("echo", ""))], false);
+    let f = &n[0];
+    let mut api = Api::open(&s);
+    let (id, t) = tenant(&s, &mut api, "reu");
+    for i in 0..3 {
+        result(
+            api.ask(tok(&t), exec(f, &format!("\"secret-{i}\""))),
+            "a call",
+        );
+    }
+    let logs = |api: &mut Api, t: &str| match api.ask(
+        tok(t),
+        Request::Logs {
+            name: f.clone(),
+            n: 1000,
+        },
+    ) {
+        Reply::Logs(l) => l,
+        other => panic!("logs: {other:?}"),
+    };
+    let stats = |api: &mut Api, t: &str| match api.ask(
+        tok(t),
+        Request::Stats {
+            name: Some(f.clone()),
+        },
+    ) {
+        Reply::Stats(st) => st[0].requests,
+        other => panic!("stats: {other:?}"),
+    };
+    assert_eq!(logs(&mut api, &t).len(), 3);
+    assert_eq!(stats(&mut api, &t), 3);
+    let op = mint(&s, None);
+    let r = api.ask(tok(&op), Request::DeleteTenant { id: id.clone() });
+    assert!(matches!(r, Reply::TenantDeleted(_)), "{r:?}");
+    let r = api.ask(tok(BOOT), Request::CreateTenant { id: id.clone() });
+    assert!(matches!(r, Reply::Tenant { .. }), "{r:?}");
+    let t2 = mint(&s, Some(&id));
+    let l = logs(&mut api, &t2);
+    assert!(
+        l.is_empty(),
+        "the new {id} reads the old one's calls: {l:?}"
+    );
+    assert_eq!(stats(&mut api, &t2), 0);
+    // The host's own view still counts every call.
+    match api.ask(
+        tok(BOOT),
+        Request::Stats {
+            name: Some(f.clone()),
+        },
+    ) {
+        Reply::Stats(st) => assert_eq!(st[0].requests, 3),
+        other => panic!("stats: {other:?}"),
+    }
+    drop(api);
+    s.shutdown();
+}
+
+// ---------------------------------------------------------------------------------------
+// L2, L3, L4 and the operator's listing.
+
+/// A handler module that takes a while to import (so a zygote is starting for a while).
+const SLOW_IMPORT: &str = "import time\ntime.sleep(6)\n\ndef handler(event):\n    return 1\n";
+
+/// A handler module whose import fails naming a host path.
+const BROKEN: &str =
+    "raise RuntimeError(\"cannot read /srv/operator-only/config.toml\")\n\ndef handler(event):\n    return 1\n";
+
+/// - the operator (acting for nobody) lists every function on the host, a tenant's with
+///   its tenant; a tenant lists its own and the host's;
+/// - while tenant b's call runs in a host function, tenant a reads its zygotes as
+///   ready, not busy, and no call in flight; b reads one busy;
+/// - a host function that failed to serve: a tenant reads a fixed phrase, in the listing
+///   and when calling it; the operator reads why;
+/// - `/healthz` (no token) counts the functions below min_warm and names none.
+#[test]
+fn what_a_tenant_reads_about_host_functions() {
+    let Some(mut s) = SUITE.root("reads") else {
+        return;
+    };
+    s.fn_file("slowimp.py", SLOW_IMPORT);
+    s.fn_file("broken.py", BROKEN);
+    let n = start(
+        &mut s,
+        &[
+            ("slow", function("slow", "")),
+            (
+                "slowimp",
+                "agent = \"python\"\nentry = \"fn/slowimp.py:handler\"\nmax_warm = 2".to_string(),
+            ),
+            (
+                "broken",
+                "agent = \"python\"\nentry = \"fn/broken.py:handler\"".to_string(),
+            ),
+        ],
+        true,
+    );
+    let (slow, slowimp, broken) = (n[0].clone(), n[1].clone(), n[2].clone());
+    let mut api = Api::open(&s);
+    let (a, at) = tenant(&s, &mut api, "rda");
+    let (b, bt) = tenant(&s, &mut api, "rdb");
+    // A function of b's own.
+    let r = api.ask(
+        As {
+            token: Some(&mint(&s, None)),
+            tenant: Some(&b),
+        },
+        Request::ServeLayer {
+            name: "mine".into(),
+            kind: ServeKind::Function,
+            layer: "{\"agent\":\"python\",\"entry\":\"handlers.py:echo\"}".into(),
+            base_dir: Some(s.dir.path.join("fn").to_str().expect("UTF-8").into()),
+        },
+    );
+    assert!(matches!(r, Reply::ServedOne { .. }), "{r:?}\n{}", s.log());
+
+    // The operator: everything, each naming its tenant.
+    let all = listing(api.ask(tok(BOOT), Request::List));
+    let mine = all
+        .iter()
+        .find(|f| f.name == "mine")
+        .unwrap_or_else(|| panic!("the operator does not see b's function: {all:?}"));
+    assert_eq!(mine.tenant.as_deref(), Some(b.as_str()));
+    for host in [&slow, &slowimp, &broken] {
+        assert!(
+            all.iter().any(|f| &f.name == host && f.tenant.is_none()),
+            "{host}: {all:?}"
+        );
+    }
+    // Tenants: their own and the host's.
+    let la = listing(api.ask(tok(&at), Request::List));
+    assert!(!la.iter().any(|f| f.name == "mine"), "{la:?}");
+    assert!(la.iter().all(|f| f.tenant.is_none()), "{la:?}");
+    let lb = listing(api.ask(tok(&bt), Request::List));
+    assert!(lb.iter().any(|f| f.name == "mine"), "{lb:?}");
+
+    // b's call in flight: a sees nothing of it.
+    let mut api_b = Api::open(&s);
+    let (bt2, slow2) = (bt.clone(), slow.clone());
+    let call_b = std::thread::spawn(move || {
+        result(
+            api_b.ask(tok(&bt2), exec(&slow2, r#"{"s": 4}"#)),
+            "b's call",
+        )
+    });
+    let seen = |api: &mut Api, who: &str| {
+        listing(api.ask(tok(who), Request::List))
+            .into_iter()
+            .find(|f| f.name == slow)
+            .expect("the slow function is listed")
+    };
+    let mut busy_for_b = None;
+    for _ in 0..200 {
+        let fb = seen(&mut api, &bt);
+        if fb.in_flight == 1 && fb.zygotes.busy == 1 {
+            busy_for_b = Some(fb);
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let fb = busy_for_b.expect("b's call never showed in flight");
+    let fa = seen(&mut api, &at);
+    let fop = seen(&mut api, BOOT);
+    call_b.join().expect("b's thread");
+    assert_eq!((fb.zygotes.busy, fb.in_flight), (1, 1), "b: {fb:?}");
+    assert_eq!((fa.zygotes.busy, fa.in_flight), (0, 0), "a: {fa:?}");
+    assert!(fa.zygotes.ready >= 1, "a: {fa:?}");
+    assert_eq!(
+        (fop.zygotes.busy, fop.in_flight),
+        (1, 1),
+        "the operator: {fop:?}"
+    );
+
+    // The broken host function: a fixed phrase for a tenant, the reason for the operator.
+    let fa = listing(api.ask(tok(&at), Request::List))
+        .into_iter()
+        .find(|f| f.name == broken)
+        .expect("listed");
+    let why = fa.error.clone().unwrap_or_default();
+    assert!(
+        fa.state == "failed" && !why.contains("/srv/") && why.contains("log"),
+        "{fa:?}"
+    );
+    let r = api.ask(tok(&at), exec(&broken, "1"));
+    expect_code(&r, ErrorCode::Unavailable, "a failed function");
+    assert!(!message(&r).contains("/srv/"), "{}", message(&r));
+    let fop = listing(api.ask(tok(BOOT), Request::List))
+        .into_iter()
+        .find(|f| f.name == broken)
+        .expect("listed");
+    assert!(
+        fop.error
+            .as_deref()
+            .unwrap_or("")
+            .contains("/srv/operator-only"),
+        "{fop:?}"
+    );
+    let r = api.ask(tok(BOOT), exec(&broken, "1"));
+    assert!(
+        message(&r).contains("/srv/operator-only"),
+        "{}",
+        message(&r)
+    );
+
+    // Two zygotes of slowimp wanted, the second importing for seconds: /healthz counts
+    // it and names nothing.
+    let r = api.ask(
+        tok(BOOT),
+        Request::Warm {
+            name: slowimp.clone(),
+            n: 2,
+        },
+    );
+    assert!(matches!(r, Reply::Warmed { .. }), "{r:?}");
+    let nobody = As {
+        token: None,
+        tenant: None,
+    };
+    match api.ask(nobody, Request::Health) {
+        Reply::Health(h) => {
+            let said = h.reasons().join("; ");
+            assert!(
+                h.below_min_warm == vec!["1 function(s) or pool(s)".to_string()],
+                "{said}"
+            );
+            for name in [&slowimp, &slow, &broken, &a, &b] {
+                assert!(!said.contains(name.as_str()), "{name} in {said}");
+            }
+        }
+        other => panic!("health: {other:?}"),
+    }
+    drop(api);
+    s.shutdown();
+}
