@@ -1118,3 +1118,34 @@ pub fn assert_result(who: Who, r: &Value, key: &str, expected: &[&str]) {
         who.name()
     );
 }
+
+/// A TCP connection to `addr` from the loopback address `from` (127.0.0.2, say): another
+/// peer as the front counts them. Built by hand: std connects only from the default.
+pub fn connect_from(from: std::net::Ipv4Addr, addr: &str) -> std::net::TcpStream {
+    let to: std::net::SocketAddr = addr.parse().expect("an IP:PORT address");
+    let std::net::SocketAddr::V4(to) = to else {
+        panic!("{addr} is not IPv4")
+    };
+    let sin = |ip: std::net::Ipv4Addr, port: u16| libc::sockaddr_in {
+        sin_family: libc::AF_INET as libc::sa_family_t,
+        sin_port: port.to_be(),
+        sin_addr: libc::in_addr {
+            s_addr: u32::from(ip).to_be(),
+        },
+        sin_zero: [0; 8],
+    };
+    let len = std::mem::size_of::<libc::sockaddr_in>() as libc::socklen_t;
+    // SAFETY: a fresh socket, bound and connected with sockaddr_in values that live across
+    // the calls; the descriptor is handed to TcpStream, which owns it from then on.
+    unsafe {
+        let fd = libc::socket(libc::AF_INET, libc::SOCK_STREAM | libc::SOCK_CLOEXEC, 0);
+        assert!(fd >= 0, "socket: {}", std::io::Error::last_os_error());
+        let a = sin(from, 0);
+        let r = libc::bind(fd, &a as *const _ as *const libc::sockaddr, len);
+        assert_eq!(r, 0, "bind {from}: {}", std::io::Error::last_os_error());
+        let b = sin(*to.ip(), to.port());
+        let r = libc::connect(fd, &b as *const _ as *const libc::sockaddr, len);
+        assert_eq!(r, 0, "connect {addr}: {}", std::io::Error::last_os_error());
+        <std::net::TcpStream as std::os::fd::FromRawFd>::from_raw_fd(fd)
+    }
+}

@@ -91,6 +91,9 @@ pub(super) struct InFlight {
     key: Option<String>,
     /// Whether its caller wants output and progress as they come.
     stream: bool,
+    /// Its caller's front fell behind reading its events: no more are made for it, and
+    /// its answer says the stream was cut.
+    stream_cut: bool,
     pub(super) received: Instant,
     /// When it was given a child.
     pub(super) started: Option<Instant>,
@@ -149,6 +152,7 @@ impl InFlight {
             event,
             key: e.key.clone(),
             stream: e.stream,
+            stream_cut: false,
             received: now,
             started: None,
             timeout,
@@ -941,7 +945,7 @@ impl Functions {
     pub(super) fn output(&mut self, id: &str, stream: Stream, data: String) {
         if let Some(c) = self.calls.get_mut(id) {
             c.last_beat = Instant::now();
-            if c.stream {
+            if c.stream && !c.stream_cut {
                 let ev = match stream {
                     Stream::Stdout => ExecEvent::Stdout(data.clone()),
                     Stream::Stderr => ExecEvent::Stderr(data.clone()),
@@ -959,7 +963,7 @@ impl Functions {
     pub(super) fn progress(&mut self, id: &str, text: String) {
         if let Some(c) = self.calls.get_mut(id) {
             c.last_beat = Instant::now();
-            if c.stream {
+            if c.stream && !c.stream_cut {
                 self.outbox
                     .push((c.client, Reply::Event(ExecEvent::Progress(text)), false));
             }
@@ -1107,6 +1111,21 @@ impl Functions {
     }
 
     /// A front's connection closed: nobody waits for its calls any more.
+    /// The front `t` is behind reading what it was sent: its streamed call makes no more
+    /// events (its output is still kept, up to the cap), and its answer says so. A front's
+    /// connection carries one call at a time, so this is at most one call.
+    pub fn stream_behind(&mut self, t: Token) {
+        for c in self.calls.values_mut() {
+            if c.client == t && c.stream && !c.stream_cut {
+                c.stream_cut = true;
+                log::info!(
+                    "a streamed call of {} makes no more events: its front has not read what it was sent",
+                    c.func
+                );
+            }
+        }
+    }
+
     pub fn client_gone(&mut self, t: Token) {
         let ids: Vec<String> = self
             .calls
@@ -1192,6 +1211,7 @@ impl Functions {
                 None
             },
             workspace_out_truncated: c.workspace_out_truncated,
+            stream_truncated: c.stream_cut,
         };
         self.outbox.push((c.client, Reply::Answer(answer), true));
     }
