@@ -716,13 +716,15 @@ fn first_byte(fd: RawFd) -> Option<u8> {
 /// cannot follow), the connection ends with a reset both ways and the refusal is logged.
 fn copy_checked(from: &TcpStream, to: &TcpStream, mut guard: guard::Requests, sh: &Shared) {
     let mut buf = vec![0u8; 64 * 1024];
+    let mut pass = Vec::with_capacity(buf.len());
     let mut r = from;
     let mut w = to;
     loop {
         match r.read(&mut buf) {
             Ok(0) => break,
             Ok(n) => {
-                if let Err(why) = guard.feed(&buf[..n]) {
+                pass.clear();
+                if let Err(why) = guard.feed(&buf[..n], &mut pass) {
                     sh.refusal(format_args!(
                         "egress[{}]: ended a connection: {why}",
                         sh.start.label
@@ -747,7 +749,7 @@ fn copy_checked(from: &TcpStream, to: &TcpStream, mut guard: guard::Requests, sh
                     let _ = to.shutdown(std::net::Shutdown::Both);
                     return;
                 }
-                if w.write_all(&buf[..n]).is_err() {
+                if w.write_all(&pass).is_err() {
                     let _ = from.shutdown(std::net::Shutdown::Read);
                     break;
                 }

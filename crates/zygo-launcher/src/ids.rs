@@ -14,9 +14,13 @@
 //! the sandbox (a workspace, a `--mount`) is mounted *idmapped*, so that on disk the
 //! sandbox's root is still `uid_base` (as it was when every sandbox's root was that id)
 //! and the next sandbox, with another uid, owns the same files. A folder on a filesystem
-//! that cannot be idmapped (proc, sysfs, some network filesystems) is mounted as it is:
-//! read-only that changes nothing the sandbox could do; a writable one shows the sandbox
-//! files of `uid_base` as someone else's, and the launcher says so.
+//! that cannot be idmapped (proc, sysfs, some network filesystems, tmpfs before Linux 6.3)
+//! is mounted as it is when read-only (that changes nothing the sandbox could do), and a
+//! writable one is refused: the sandbox would leave files of its own uid there.
+//!
+//! Every handed tree is also made private first (recursively): a clone of a shared mount
+//! would otherwise stay a peer of the host's, and a mount made under it would show on the
+//! host.
 
 use std::io;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
@@ -63,6 +67,27 @@ pub fn idmap_trees<'a>(
     let (userns, child) = mapping_namespace(uid_base, count, root)?;
     let mut done = Vec::new();
     for tree in trees {
+        let private = MountAttr {
+            attr_set: 0,
+            attr_clr: 0,
+            propagation: libc::MS_PRIVATE,
+            userns_fd: 0,
+        };
+        // SAFETY: as below.
+        let r = unsafe {
+            libc::syscall(
+                libc::SYS_mount_setattr,
+                tree.as_raw_fd(),
+                c"".as_ptr(),
+                (libc::AT_EMPTY_PATH | libc::AT_RECURSIVE) as libc::c_uint,
+                &private as *const MountAttr,
+                std::mem::size_of::<MountAttr>(),
+            )
+        };
+        if r < 0 {
+            done.push(Err(io::Error::last_os_error()));
+            continue;
+        }
         let attr = MountAttr {
             attr_set: MOUNT_ATTR_IDMAP,
             attr_clr: 0,

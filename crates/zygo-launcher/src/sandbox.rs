@@ -473,11 +473,16 @@ fn idmap_handed(
             Ok(()) => {}
             // Read-only, nothing the sandbox may do there depends on who owns what.
             Err(e) if !rw => log::debug!("launcher: {dst} is not idmapped: {e}"),
-            Err(e) => log::warn!(
-                "launcher: the writable folder {dst} cannot be idmapped ({e}): the sandbox \
-                 writes there as host uid {root}, and files of host uid {uid_base} there are \
-                 not its own"
-            ),
+            // Writable, the sandbox would leave files of its own host uid there, which a
+            // later sandbox may be given: refused.
+            Err(e) => {
+                return Err(format!(
+                    "the writable folder {dst} cannot be mounted idmapped ({e}), so this \
+                     sandbox would write there as a host uid of its own: mount it read-only, \
+                     or keep it on a filesystem that supports idmapped mounts (ext4, xfs, \
+                     btrfs; tmpfs from Linux 6.3)"
+                ))
+            }
         }
     }
     Ok(child)
