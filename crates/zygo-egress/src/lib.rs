@@ -497,8 +497,9 @@ fn serve(start: Arc<Shared>, listeners: Vec<OwnedFd>) -> Result<(), String> {
 }
 
 /// Whether `ip` is an address of this host: a UDP socket connected to it (which sends
-/// nothing) is given it as its own source address only then. When that cannot be told,
-/// the answer is yes (the careful side).
+/// nothing) is given it as its own source address only then. No socket: yes (the careful
+/// side). No route to it: no (the relay's own connect fails there too). A local route an
+/// administrator gave another source address is not recognised.
 fn is_host_address(ip: Ipv4Addr) -> bool {
     // SAFETY: plain socket creation.
     let fd = unsafe { libc::socket(libc::AF_INET, libc::SOCK_DGRAM | libc::SOCK_CLOEXEC, 0) };
