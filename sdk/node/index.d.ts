@@ -258,6 +258,8 @@ export interface RunOptions {
   timeout?: number | string;
   scratch?: string | number;
   network?: 'none' | 'egress';
+  /** With network 'egress': the 'host:port' destinations the run may reach. */
+  allow?: string[];
   env?: Record<string, string>;
   stdin?: string;
   key?: string;
