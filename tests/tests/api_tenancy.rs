@@ -7,7 +7,8 @@
 //!   past the store's cap evicts only its own entries;
 //! - zygotes: two tenants calling one host pool at the same time run in different
 //!   zygotes (different network namespaces), a pool at `max_warm` answers the other
-//!   tenant busy, and no call can `stat` another tenant's script in `/run/script`;
+//!   tenant busy, and no call can `stat` another tenant's script in `/run/script`; a
+//!   call never runs beside what another tenant's answered call left running;
 //! - egress: a tenant whose limits say network "none", or whose allow list does not cover
 //!   an egress function's, is refused (forbidden, naming the limit);
 //! - deleting a tenant purges its log entries and counters on host functions, so an id
@@ -455,6 +456,85 @@ fn tenants_never_share_a_zygote() {
         "b after a",
     );
     assert_eq!(b["other"], "FileNotFoundError", "{b}");
+    drop(api);
+    s.shutdown();
+}
+
+/// A pool script: with `leave`, it listens on a loopback port, leaves a process of its own
+/// holding that listener (and everything the handler inherited) running, and returns at
+/// once; without, it tries to connect to that port. Both say which network namespace
+/// they ran in.
+const LEAVE_BEHIND: &str = r#"import os, socket, time
+def handler(event):
+    net = os.readlink("/proc/self/ns/net")
+    port = event["port"]
+    if event["leave"]:
+        s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        s.bind(("127.0.0.1", port))
+        s.listen(8)
+        if os.fork() == 0:
+            time.sleep(60)
+            os._exit(0)
+        s.close()
+        return {"net": net}
+    c = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    c.settimeout(2)
+    try:
+        c.connect(("127.0.0.1", port))
+        reached = "connected"
+    except OSError as e:
+        reached = type(e).__name__
+    return {"net": net, "reached": reached}
+"#;
+
+/// Tenant a's call of a host pool (max_warm 1) leaves a process listening on loopback
+/// and returns; tenant b's call, made at once (while a's child would still linger after
+/// its answer), runs in that same zygote only once what a left is gone: it cannot reach
+/// a's listener. Three rounds: a's next call binds the port again, so what it left the
+/// round before is gone too.
+#[test]
+fn another_tenants_call_never_runs_beside_what_an_answered_call_left_running() {
+    let Some(mut s) = SUITE.root("linger") else {
+        return;
+    };
+    let n = start(
+        &mut s,
+        &[("one", "agent = \"python\"\nmax_warm = 1".to_string())],
+        false,
+    );
+    let one = n[0].clone();
+    let mut api = Api::open(&s);
+    let (_, at) = tenant(&s, &mut api, "lga");
+    let (_, bt) = tenant(&s, &mut api, "lgb");
+    let da = put_script(&mut api, tok(&at), LEAVE_BEHIND);
+    let db = put_script(&mut api, tok(&bt), LEAVE_BEHIND);
+    let port = 20000 + (unique() % 20000) as u16;
+    let ev = |leave: bool| format!(r#"{{"port": {port}, "leave": {leave}}}"#);
+    for round in 0..3 {
+        let a = result(
+            api.ask(tok(&at), run_script(&one, &da, &ev(true))),
+            "a's call",
+        );
+        let b = result(
+            api.ask(tok(&bt), run_script(&one, &db, &ev(false))),
+            "b's call",
+        );
+        assert!(
+            a["net"].as_str().is_some_and(|n| n.starts_with("net:")),
+            "{a}"
+        );
+        assert_eq!(
+            a["net"], b["net"],
+            "round {round}: with max_warm 1 both run in the one zygote, or this proves nothing"
+        );
+        assert_ne!(
+            b["reached"],
+            "connected",
+            "round {round}: b reached the listener a's call left running: {b}\n{}",
+            s.log()
+        );
+    }
     drop(api);
     s.shutdown();
 }
