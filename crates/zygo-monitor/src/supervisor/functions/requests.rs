@@ -535,13 +535,24 @@ impl Functions {
             // A script sent with the call is stored for later calls off the event loop;
             // this call runs the bytes it carries meanwhile.
             (true, Some(r)) => {
+                // What waits for the store writer is bounded: a caller past its bound
+                // retries shortly.
+                if let proto::front::ScriptRef::Source(src) = &r {
+                    if let Err(m) = self.queued.room(who.tenant.as_deref(), src.len() as u64) {
+                        return Some(Reply::Error {
+                            code: ErrorCode::Busy,
+                            message: m,
+                            retry_after: Some(1),
+                        });
+                    }
+                }
                 let resolved =
                     self.scripts
                         .resolve(r, who.tenant.as_deref(), &script_in_flight(&self.calls));
                 match resolved {
                     Ok((s, write)) => {
                         if let Some(w) = write {
-                            self.write_store(w);
+                            self.write_store(w, who.tenant.as_deref());
                         }
                         Some(s)
                     }
