@@ -53,6 +53,9 @@ pub struct Written {
 
 /// The most bytes one holder (a tenant, or the host) may have waiting for the writer.
 pub const QUEUE_PER_HOLDER: u64 = 64 << 20;
+/// A write taking this long is logged (the writes after it wait).
+const SLOW_WRITE: std::time::Duration = std::time::Duration::from_secs(5);
+
 /// The most bytes waiting for the writer, all holders together.
 pub const QUEUE_TOTAL: u64 = 256 << 20;
 
@@ -128,7 +131,17 @@ impl Writer {
             .name("store-writes".into())
             .spawn(move || {
                 for w in jobs {
+                    let began = std::time::Instant::now();
                     let result = perform(&w);
+                    let took = began.elapsed();
+                    if took >= SLOW_WRITE {
+                        log::warn!(
+                            "store: writing {} ({} bytes) took {took:?}: every put waits behind it; is the disk of {} slow?",
+                            w.digest,
+                            w.bytes.len(),
+                            w.dir.display()
+                        );
+                    }
                     let written = Written {
                         which: w.which,
                         digest: w.digest,
