@@ -21,7 +21,9 @@
 //! naming the share) when those do not make room. So a tenant uploading without end only
 //! churns its own share. When the whole store is full (many tenants at their shares, or
 //! the host's own entries), the least recently used idle entry of whoever holds the most
-//! goes first.
+//! goes first, and only an entry whose every holder would still hold more than the putter
+//! after the put (or the putter's own): nobody evicts what a holder holding less was told
+//! is stored; when nothing may go, the put is refused (`too_large`, naming the store).
 
 use std::collections::{BTreeSet, HashMap};
 use std::path::PathBuf;
