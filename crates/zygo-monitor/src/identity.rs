@@ -75,15 +75,28 @@ pub struct Identity {
 }
 
 impl Identity {
-    /// What an operator should know about a range too small for the full layout, if it is.
+    /// What an operator should know about a range too small for the full layout, if it is:
+    /// no owner ids, fewer than the pids a launcher may have (two live launchers whose pids
+    /// differ by a multiple of `owners` would share one owner, and its allowances), or no
+    /// room for request uids.
     pub fn shortfall(&self) -> Option<String> {
+        let pid_max = std::fs::read_to_string("/proc/sys/kernel/pid_max")
+            .ok()
+            .and_then(|t| t.trim().parse::<u32>().ok())
+            .unwrap_or(OWNER_IDS);
         match self.ids {
-            IdMap::Range { count, owners, .. } if owners == 0 || count < IMAGE_IDS + MIN_REQUEST_IDS => Some(format!(
+            IdMap::Range { count, owners, .. }
+                if owners == 0
+                    || owners < pid_max
+                    || count < IMAGE_IDS + MIN_REQUEST_IDS =>
+            {
+                Some(format!(
                 "the subordinate id range has {} ids; with {DEFAULT_COUNT} each sandbox gets an owner and a root of its own \
                  (its own share of per-user kernel limits) and requests get uids above the image's \
                  (ZYGO_SUBID=BASE:{DEFAULT_COUNT}, or a `zygo:BASE:{DEFAULT_COUNT}` line in /etc/subuid and /etc/subgid)",
                 u64::from(count) + u64::from(owners)
-            )),
+            ))
+            }
             _ => None,
         }
     }
@@ -223,6 +236,11 @@ mod tests {
         ));
         let why = i.shortfall().expect("a shortfall");
         assert!(why.contains(&DEFAULT_COUNT.to_string()), "{why}");
+        // Owners, but fewer than the smallest pid_max the kernel allows (301): two live
+        // launchers could share one.
+        let i = layout(100000, 100000, IMAGE_IDS + REQUEST_IDS + 300);
+        assert!(matches!(i.ids, IdMap::Range { owners: 300, .. }));
+        assert!(i.shortfall().is_some());
         // Room for requests but none for owners.
         let i = layout(100000, 100000, IMAGE_IDS + REQUEST_IDS);
         assert_eq!(i.request_ids.map(|r| r.first), Some(IMAGE_IDS));
