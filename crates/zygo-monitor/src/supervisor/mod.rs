@@ -527,11 +527,13 @@ impl Supervisor {
                 let mut cx = Ctx::new(self.poll.registry(), &mut self.next_token);
                 self.fns.tick(now, &mut cx, self.drain.is_some());
             }
+            // Usage lines are written before the answers they belong to leave, so a caller
+            // that reads usage.log after its answer finds its line there.
+            self.fns.write_usage();
             self.deliver();
             // Stalled connections go first, so the budget they held is served at once.
             self.close_stalled(Instant::now());
             self.serve_line();
-            self.fns.write_usage();
             // Background work (refilling spares; cgroups are the worker thread's) one
             // piece at a time, so a call that arrives meanwhile waits for one piece at most.
             if events.is_empty() {

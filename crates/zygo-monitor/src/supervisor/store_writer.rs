@@ -93,6 +93,11 @@ impl Queued {
         self.tickets.insert(ticket, (who, bytes));
     }
 
+    /// Whether this write is still waiting for the writer.
+    pub fn waiting(&self, ticket: u64) -> bool {
+        self.tickets.contains_key(&ticket)
+    }
+
     /// A write done.
     pub fn done(&mut self, ticket: u64) {
         let Some((who, bytes)) = self.tickets.remove(&ticket) else {

@@ -99,6 +99,8 @@ pub struct Functions {
     queued: super::store_writer::Queued,
     /// The last write's ticket.
     write_tickets: u64,
+    /// Answers of calls waiting for the store write of the script they carried, by ticket.
+    after_write: HashMap<u64, Vec<(Token, Reply, bool)>>,
     fns: BTreeMap<String, Function>,
     zygotes: HashMap<Token, Zygote>,
     calls: HashMap<String, InFlight>,
@@ -211,6 +213,7 @@ impl Functions {
             store_waits: HashMap::new(),
             echo_waits: HashMap::new(),
             queued: Default::default(),
+            after_write: HashMap::new(),
             write_tickets: 0,
             fns: BTreeMap::new(),
             zygotes: HashMap::new(),

@@ -134,6 +134,9 @@ pub(super) struct InFlight {
     /// A pool's call carrying its tenant's secrets: it has its zygote to itself (no other
     /// call is given a child of that zygote while it runs).
     pub(super) exclusive: bool,
+    /// The store write of the script it carried (a ticket), if one was needed: its answer
+    /// waits for it, so that once answered the script is held for later calls.
+    pub(super) script_write: Option<u64>,
 }
 
 impl InFlight {
@@ -173,6 +176,7 @@ impl InFlight {
             scratch: None,
             secrets: Vec::new(),
             exclusive: false,
+            script_write: None,
         }
     }
 }
@@ -516,6 +520,7 @@ impl Functions {
                 return Some(refused);
             }
         }
+        let mut script_write = None;
         let script = match (pool, e.script.take()) {
             (true, None) => {
                 return Some(fail(
@@ -556,7 +561,7 @@ impl Functions {
                 match resolved {
                     Ok((s, write)) => {
                         if let Some(w) = write {
-                            self.write_store(w, who.tenant.as_deref());
+                            script_write = Some(self.write_store(w, who.tenant.as_deref()));
                         }
                         Some(s)
                     }
@@ -609,6 +614,7 @@ impl Functions {
             .filter(|b| *b < f.plan.scratch_bytes);
         call.secrets = secrets;
         call.exclusive = exclusive;
+        call.script_write = script_write;
         self.calls.insert(id.clone(), call);
         if self.try_dispatch(&id) {
             return None;
@@ -1257,7 +1263,12 @@ impl Functions {
             workspace_out_truncated: c.workspace_out_truncated,
             stream_truncated: c.stream_cut,
         };
-        self.outbox.push((c.client, Reply::Answer(answer), true));
+        let reply = (c.client, Reply::Answer(answer), true);
+        // The script it carried is still being stored: the answer goes once it is.
+        match c.script_write.filter(|t| self.queued.waiting(*t)) {
+            Some(t) => self.after_write.entry(t).or_default().push(reply),
+            None => self.outbox.push(reply),
+        }
     }
 }
 

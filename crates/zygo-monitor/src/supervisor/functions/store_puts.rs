@@ -194,6 +194,11 @@ impl Functions {
 
     fn on_written(&mut self, w: Written) {
         self.queued.done(w.ticket);
+        // Calls that ran the script this wrote, answered once it is held (or, if it could
+        // not be written, now: their scripts ran either way).
+        if let Some(answers) = self.after_write.remove(&w.ticket) {
+            self.outbox.extend(answers);
+        }
         if w.echo {
             self.echo_written(w);
             return;
