@@ -1,0 +1,418 @@
+//! Dependency sets (`zygo deps build IMAGE FILE...`): a requirements.txt installed once
+//! into a venv at `/venv`, by a build sandbox that reaches only the package registries.
+//!
+//! No packet leaves this machine: the "registry" is a test host in a network namespace
+//! the test creates (a veth pair with private addresses of its own), serving a PyPI
+//! "simple" index with a small pure-Python wheel the test makes, on [`INDEX`]; the same
+//! host serves another wheel on [`OTHER`], which no rule names. The build is pointed at
+//! the index the way an operator points it at a mirror: `ZYGO_DEPS_PIP_INDEX_URL`, and
+//! `ZYGO_DEPS_REGISTRIES` naming only that address and port.
+
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+use serde_json::Value;
+use zygo_tests::*;
+
+const INDEX: u16 = 8080;
+const OTHER: u16 = 8081;
+
+/// Makes the wheels and the index in `sys.argv[1]`: `zygodemo` (a module and a console
+/// script) under `simple/` and `packages/`, and `zygoother` at the top (served on the
+/// other port).
+const MAKE_INDEX: &str = r#"
+import base64, hashlib, os, sys, zipfile
+root = sys.argv[1]
+def wheel(name, files, where):
+    info = f"{name}-1.0.dist-info"
+    files = dict(files)
+    files[f"{info}/METADATA"] = f"Metadata-Version: 2.1\nName: {name}\nVersion: 1.0\n"
+    files[f"{info}/WHEEL"] = "Wheel-Version: 1.0\nGenerator: zygo-tests\nRoot-Is-Purelib: true\nTag: py3-none-any\n"
+    record = []
+    for path, text in files.items():
+        digest = base64.urlsafe_b64encode(hashlib.sha256(text.encode()).digest()).rstrip(b"=").decode()
+        record.append(f"{path},sha256={digest},{len(text.encode())}")
+    record.append(f"{info}/RECORD,,")
+    files[f"{info}/RECORD"] = "\n".join(record) + "\n"
+    os.makedirs(where, exist_ok=True)
+    fname = f"{name}-1.0-py3-none-any.whl"
+    with zipfile.ZipFile(os.path.join(where, fname), "w") as z:
+        for path, text in files.items():
+            z.writestr(path, text)
+    return fname
+demo = wheel("zygodemo", {
+    "zygodemo/__init__.py": "VALUE = 'zygodemo 1.0'\ndef main():\n    print('console ' + VALUE)\n",
+    "zygodemo-1.0.dist-info/entry_points.txt": "[console_scripts]\nzygodemo = zygodemo:main\n",
+}, os.path.join(root, "index", "packages"))
+os.makedirs(os.path.join(root, "index", "simple", "zygodemo"))
+with open(os.path.join(root, "index", "simple", "zygodemo", "index.html"), "w") as f:
+    f.write(f'<html><body><a href="../../packages/{demo}">{demo}</a></body></html>\n')
+with open(os.path.join(root, "index", "simple", "index.html"), "w") as f:
+    f.write('<html><body><a href="zygodemo/">zygodemo</a></body></html>\n')
+wheel("zygoother", {"zygoother/__init__.py": "VALUE = 1\n"}, os.path.join(root, "other"))
+"#;
+
+/// Serves `<root>/index` on INDEX and `<root>/other` on OTHER at `sys.argv[1]`, printing
+/// `PORT PATH` for every request.
+const SERVER: &str = r#"
+import functools, http.server, sys, threading
+host, root = sys.argv[1], sys.argv[2]
+class H(http.server.SimpleHTTPRequestHandler):
+    def log_message(self, *a):
+        pass
+    def do_GET(self):
+        print(self.server.server_address[1], self.path, flush=True)
+        super().do_GET()
+def serve(port, d):
+    s = http.server.ThreadingHTTPServer((host, port), functools.partial(H, directory=d))
+    s.serve_forever()
+threading.Thread(target=serve, args=(8080, root + "/index"), daemon=True).start()
+threading.Thread(target=serve, args=(8081, root + "/other"), daemon=True).start()
+print("ready", flush=True)
+sys.stdin.read()
+"#;
+
+/// A network namespace with a veth pair to this one, serving the index at `host`.
+/// Removed, with its server, when dropped.
+struct IndexHost {
+    ns: String,
+    near_if: String,
+    host: String,
+    server: Child,
+    events: std::sync::mpsc::Receiver<String>,
+    _files: TempDir,
+}
+
+fn ip(args: &[&str]) {
+    let out = Command::new("ip")
+        .args(args)
+        .output()
+        .expect("run ip (iproute2)");
+    assert!(
+        out.status.success(),
+        "ip {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+impl IndexHost {
+    fn new() -> IndexHost {
+        let files = TempDir::new(0o755);
+        let made = Command::new("python3")
+            .args(["-c", MAKE_INDEX, files.str()])
+            .output()
+            .expect("run python3");
+        assert!(
+            made.status.success(),
+            "make the index: {}",
+            String::from_utf8_lossy(&made.stderr)
+        );
+        let n = unique();
+        let pid = std::process::id();
+        let ns = format!("zygo-dp-{pid}-{n}");
+        let near_if = format!("zda{:05x}{:04x}", pid & 0xfffff, n & 0xffff);
+        let far_if = format!("zdb{:05x}{:04x}", pid & 0xfffff, n & 0xffff);
+        // A /29 of its own in 10.214.0.0/16, by pid and counter.
+        let k = (u64::from(pid) * 7 + n) % (256 * 31);
+        let (third, fourth) = (k / 31, (k % 31) * 8);
+        let at = |i: u64| format!("10.214.{third}.{}", fourth + i);
+        let (near, host) = (at(1), at(2));
+        ip(&["netns", "add", &ns]);
+        ip(&[
+            "link", "add", &near_if, "type", "veth", "peer", "name", &far_if, "netns", &ns,
+        ]);
+        ip(&["addr", "add", &format!("{near}/29"), "dev", &near_if]);
+        ip(&["link", "set", &near_if, "up"]);
+        ip(&[
+            "-n",
+            &ns,
+            "addr",
+            "add",
+            &format!("{host}/29"),
+            "dev",
+            &far_if,
+        ]);
+        ip(&["-n", &ns, "link", "set", &far_if, "up"]);
+        ip(&["-n", &ns, "link", "set", "lo", "up"]);
+        let mut server = Command::new("ip")
+            .args([
+                "netns",
+                "exec",
+                &ns,
+                "python3",
+                "-c",
+                SERVER,
+                &host,
+                files.str(),
+            ])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .expect("start the index server");
+        let out = server.stdout.take().expect("its stdout");
+        let (tx, events) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            for line in BufReader::new(out).lines() {
+                let Ok(line) = line else { break };
+                if tx.send(line).is_err() {
+                    break;
+                }
+            }
+        });
+        let first = events
+            .recv_timeout(Duration::from_secs(20))
+            .expect("the index server started");
+        assert_eq!(first, "ready");
+        IndexHost {
+            ns,
+            near_if,
+            host,
+            server,
+            events,
+            _files: files,
+        }
+    }
+
+    /// Every request the server has logged since the last call.
+    fn requests(&self) -> Vec<String> {
+        std::thread::sleep(Duration::from_millis(200));
+        self.events.try_iter().collect()
+    }
+}
+
+impl Drop for IndexHost {
+    fn drop(&mut self) {
+        drop(self.server.stdin.take());
+        let _ = self.server.kill();
+        let _ = self.server.wait();
+        let _ = Command::new("ip")
+            .args(["link", "del", &self.near_if])
+            .status();
+        let _ = Command::new("ip").args(["netns", "del", &self.ns]).status();
+    }
+}
+
+/// A state directory of the test's own and the files it builds from.
+struct Env {
+    dir: TempDir,
+    state: PathBuf,
+}
+
+impl Env {
+    fn new() -> Env {
+        let dir = TempDir::new(0o755);
+        let state = dir.path.join("state");
+        Env { dir, state }
+    }
+
+    /// `zygo deps ARGS --json` with the registries and index pointed at `h`.
+    fn deps(&self, h: &IndexHost, args: &[&str]) -> (Value, Finished) {
+        let mut c = zygo(Who::Root);
+        c.env("ZYGO_STATE_DIR", &self.state)
+            .env("ZYGO_DEPS_REGISTRIES", format!("{}:{INDEX}", h.host))
+            .env(
+                "ZYGO_DEPS_PIP_INDEX_URL",
+                format!("http://{}:{INDEX}/simple/", h.host),
+            )
+            .arg("deps")
+            .args(args)
+            .arg("--json");
+        let f = finish(c);
+        (f.last_json(), f)
+    }
+
+    fn requirements(&self, name: &str, text: &str) -> String {
+        let d = self.dir.path.join(name);
+        std::fs::create_dir_all(&d).expect("mkdir");
+        let p = d.join("requirements.txt");
+        std::fs::write(&p, text).expect("write requirements.txt");
+        p.to_str().expect("UTF-8").to_string()
+    }
+
+    fn tree(&self, id: &str) -> PathBuf {
+        self.state.join("deps").join(id).join("tree")
+    }
+}
+
+fn mode_of(p: &Path) -> u32 {
+    use std::os::unix::fs::MetadataExt;
+    std::fs::symlink_metadata(p).expect("stat").mode() & 0o7777
+}
+
+/// Every path under `p` (not following symlinks) that anyone may write to, or that does
+/// not belong to root.
+fn writable_or_foreign(p: &Path, out: &mut Vec<String>) {
+    use std::os::unix::fs::MetadataExt;
+    let m = std::fs::symlink_metadata(p).expect("stat");
+    if m.uid() != 0 || m.gid() != 0 {
+        out.push(format!("{} owned by {}:{}", p.display(), m.uid(), m.gid()));
+    }
+    if !m.file_type().is_symlink() && m.mode() & 0o222 != 0 {
+        out.push(format!("{} mode {:o}", p.display(), m.mode() & 0o7777));
+    }
+    if m.is_dir() {
+        for e in std::fs::read_dir(p).expect("read_dir") {
+            writable_or_foreign(&e.expect("entry").path(), out);
+        }
+    }
+}
+
+/// A requirements.txt naming the index's package builds into a venv at /venv: ready, its
+/// id a hash, the tree root's and read-only; a sandbox given the tree at /venv imports the
+/// package and runs its console script. The same file again is the same set, not a second
+/// build.
+#[test]
+fn a_python_set_builds_once_and_a_sandbox_imports_it() {
+    if !root_only() {
+        return;
+    }
+    let h = IndexHost::new();
+    let env = Env::new();
+    let req = env.requirements("a", "zygodemo==1.0\n");
+    let (v, f) = env.deps(&h, &["build", "host", &req]);
+    assert_eq!(f.code, 0, "{v} {}", f.stderr_text());
+    assert_eq!(s(&v, "state"), "ready", "{v}");
+    assert_eq!(s(&v, "kind"), "python", "{v}");
+    let id = s(&v, "id").to_string();
+    assert!(
+        id.starts_with("deps_") && is_hex(&id[5..], 64),
+        "{id:?} is not deps_ and a SHA-256"
+    );
+    let got = h.requests();
+    assert!(
+        got.iter()
+            .any(|r| r.contains("zygodemo-1.0-py3-none-any.whl")),
+        "the build fetched the wheel from the index: {got:?}"
+    );
+    let tree = env.tree(&id);
+    assert_eq!(mode_of(&tree), 0o555);
+    let mut bad = Vec::new();
+    writable_or_foreign(&tree, &mut bad);
+    assert!(bad.is_empty(), "the installed tree is not sealed: {bad:?}");
+
+    // A sandbox with the tree at /venv imports the package and runs its console script.
+    let mount = format!("{}:/venv", tree.display());
+    let (out, code) = run_json(
+        Who::Root,
+        &["--mount", &mount],
+        &[
+            "/bin/sh",
+            "-c",
+            "/venv/bin/python -c 'import zygodemo; print(zygodemo.VALUE)' && /venv/bin/zygodemo",
+        ],
+    );
+    assert_eq!(code, 0, "{out}");
+    assert_eq!(
+        s(&out, "stdout"),
+        "zygodemo 1.0\nconsole zygodemo 1.0\n",
+        "{out}"
+    );
+
+    // The same inputs: the same id, ready at once, nothing fetched.
+    let (again, f) = env.deps(&h, &["build", "host", &req]);
+    assert_eq!(f.code, 0, "{again}");
+    assert_eq!(s(&again, "id"), id);
+    assert_eq!(s(&again, "state"), "ready");
+    assert_eq!(h.requests(), Vec::<String>::new(), "a second build ran");
+    // show and ls see it.
+    let (shown, f) = env.deps(&h, &["show", &id]);
+    assert_eq!(f.code, 0, "{shown}");
+    assert_eq!(s(&shown, "state"), "ready");
+    let (listed, _) = env.deps(&h, &["ls"]);
+    let ids: Vec<&str> = listed["deps"]
+        .as_array()
+        .expect("deps")
+        .iter()
+        .map(|d| s(d, "id"))
+        .collect();
+    assert_eq!(ids, vec![id.as_str()]);
+}
+
+/// A requirement the index does not have fails the build, and the set's log has pip's own
+/// words for it; the tree is gone.
+#[test]
+fn a_build_that_fails_keeps_the_resolvers_log() {
+    if !root_only() {
+        return;
+    }
+    let h = IndexHost::new();
+    let env = Env::new();
+    let req = env.requirements("b", "zygo-not-on-the-index==3.0\n");
+    let (v, f) = env.deps(&h, &["build", "host", &req]);
+    assert_eq!(f.code, 1, "{v}");
+    assert_eq!(s(&v, "state"), "failed", "{v}");
+    let log = s(&v, "log");
+    assert!(
+        log.contains("No matching distribution found for zygo-not-on-the-index==3.0"),
+        "{log}"
+    );
+    assert!(s(&v, "error").contains("exited with status 1"), "{v}");
+    let id = s(&v, "id");
+    assert!(!env.tree(id).exists(), "a failed build left its tree");
+    let (shown, f) = env.deps(&h, &["show", id]);
+    assert_eq!(f.code, 1);
+    assert_eq!(s(&shown, "state"), "failed");
+    assert!(
+        s(&shown, "log").contains("No matching distribution"),
+        "{shown}"
+    );
+}
+
+/// The build reaches the registries and nothing else: a requirement whose wheel lies on
+/// the same host's other port fails, refused at once, and that port never sees a request.
+#[test]
+fn a_build_reaches_only_the_registries() {
+    if !root_only() {
+        return;
+    }
+    let h = IndexHost::new();
+    let env = Env::new();
+    let url = format!(
+        "zygoother @ http://{}:{OTHER}/zygoother-1.0-py3-none-any.whl\n",
+        h.host
+    );
+    let req = env.requirements("c", &url);
+    let (v, f) = env.deps(&h, &["build", "host", &req]);
+    assert_eq!(f.code, 1, "{v}");
+    assert_eq!(s(&v, "state"), "failed", "{v}");
+    let log = s(&v, "log");
+    assert!(log.contains("Connection refused"), "{log}");
+    let got = h.requests();
+    assert!(
+        !got.iter().any(|r| r.starts_with(&format!("{OTHER} "))),
+        "the other port was reached: {got:?}"
+    );
+}
+
+/// Hostile or wrong inputs are refused before anything runs: unknown file names, a mix of
+/// kinds, an image that is neither host nor a directory, an id that is not one.
+#[test]
+fn wrong_inputs_are_refused_naming_the_problem() {
+    if !root_only() {
+        return;
+    }
+    let h = IndexHost::new();
+    let env = Env::new();
+    let setup = env.dir.file("setup.py", b"print(1)\n");
+    let setup = setup.to_str().expect("UTF-8");
+    let req = env.requirements("d", "zygodemo\n");
+    for (args, want) in [
+        (vec!["build", "host", setup], "requirements.txt"),
+        (vec!["build", "host"], "no files"),
+        (vec!["build", "python:3.12", req.as_str()], "not an image"),
+        (vec!["show", "deps_../../etc"], "not a dependency set"),
+    ] {
+        let (v, f) = env.deps(&h, &args);
+        assert_eq!(f.code, 2, "{args:?}: {v}");
+        assert_eq!(s(&v, "code"), "bad_request", "{args:?}: {v}");
+        assert!(s(&v, "error").contains(want), "{args:?}: {v}");
+    }
+    assert!(!env.state.join("deps").exists() || zygo_deps_empty(&env.state));
+}
+
+fn zygo_deps_empty(state: &Path) -> bool {
+    std::fs::read_dir(state.join("deps")).map_or(true, |mut d| d.next().is_none())
+}
