@@ -52,6 +52,39 @@ with open(os.path.join(root, "index", "simple", "zygodemo", "index.html"), "w") 
 with open(os.path.join(root, "index", "simple", "index.html"), "w") as f:
     f.write('<html><body><a href="zygodemo/">zygodemo</a></body></html>\n')
 wheel("zygoother", {"zygoother/__init__.py": "VALUE = 1\n"}, os.path.join(root, "other"))
+import io, json, tarfile
+def npm_package(name, files, where):
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w:gz") as t:
+        files = dict(files)
+        files["package.json"] = json.dumps({"name": name, "version": "1.0.0", "main": "index.js"})
+        for path, text in files.items():
+            data = text.encode()
+            info = tarfile.TarInfo("package/" + path)
+            info.size, info.mode = len(data), 0o644
+            t.addfile(info, io.BytesIO(data))
+    data = buf.getvalue()
+    fname = f"{name}-1.0.0.tgz"
+    with open(os.path.join(where, fname), "wb") as f:
+        f.write(data)
+    integrity = "sha512-" + base64.b64encode(hashlib.sha512(data).digest()).decode()
+    return fname, integrity
+def app(dirname, name, port, fname, integrity):
+    d = os.path.join(root, dirname)
+    os.makedirs(d)
+    with open(os.path.join(d, "package.json"), "w") as f:
+        json.dump({"name": "app", "version": "1.0.0", "dependencies": {name: "1.0.0"}}, f)
+    lock = {"name": "app", "version": "1.0.0", "lockfileVersion": 3, "requires": True,
+            "packages": {"": {"name": "app", "version": "1.0.0", "dependencies": {name: "1.0.0"}},
+                         "node_modules/" + name: {"version": "1.0.0",
+                            "resolved": f"http://HOST:{port}/{fname}", "integrity": integrity}}}
+    with open(os.path.join(d, "package-lock.json"), "w") as f:
+        json.dump(lock, f)
+fname, integrity = npm_package("zygonode", {"index.js": "module.exports = { value: 'zygonode 1.0' };\n"},
+                               os.path.join(root, "index"))
+app("node-app", "zygonode", 8080, fname, integrity)
+fname, integrity = npm_package("zygoevil", {"index.js": "module.exports = 1;\n"}, os.path.join(root, "other"))
+app("node-evil", "zygoevil", 8081, fname, integrity)
 "#;
 
 /// Serves `<root>/index` on INDEX and `<root>/other` on OTHER at `sys.argv[1]`, printing
@@ -82,7 +115,7 @@ struct IndexHost {
     host: String,
     server: Child,
     events: std::sync::mpsc::Receiver<String>,
-    _files: TempDir,
+    files: TempDir,
 }
 
 fn ip(args: &[&str]) {
@@ -172,7 +205,7 @@ impl IndexHost {
             host,
             server,
             events,
-            _files: files,
+            files,
         }
     }
 
@@ -217,11 +250,29 @@ impl Env {
                 "ZYGO_DEPS_PIP_INDEX_URL",
                 format!("http://{}:{INDEX}/simple/", h.host),
             )
+            .env(
+                "ZYGO_DEPS_NPM_REGISTRY",
+                format!("http://{}:{INDEX}/", h.host),
+            )
             .arg("deps")
             .args(args)
             .arg("--json");
         let f = finish(c);
         (f.last_json(), f)
+    }
+
+    /// The Node app `dir` of the index (`node-app` or `node-evil`) with `h`'s address in
+    /// its lock file: the paths of its package.json and package-lock.json.
+    fn node_app(&self, h: &IndexHost, dir: &str) -> [String; 2] {
+        let d = self.dir.path.join(dir);
+        std::fs::create_dir_all(&d).expect("mkdir");
+        ["package.json", "package-lock.json"].map(|name| {
+            let text = std::fs::read_to_string(h.files.path.join(dir).join(name))
+                .expect("read the app's file");
+            let p = d.join(name);
+            std::fs::write(&p, text.replace("HOST", &h.host)).expect("write");
+            p.to_str().expect("UTF-8").to_string()
+        })
     }
 
     fn requirements(&self, name: &str, text: &str) -> String {
@@ -415,4 +466,80 @@ fn wrong_inputs_are_refused_naming_the_problem() {
 
 fn zygo_deps_empty(state: &Path) -> bool {
     std::fs::read_dir(state.join("deps")).map_or(true, |mut d| d.next().is_none())
+}
+
+/// A package.json with its lock file builds with `npm ci --ignore-scripts` into
+/// node_modules; a sandbox given the set (at /venv, and its node_modules at /node_modules)
+/// loads the package with require() through NODE_PATH, and with an ES module's import.
+#[test]
+fn a_node_set_builds_and_both_require_and_import_find_it() {
+    if !root_only() {
+        return;
+    }
+    let h = IndexHost::new();
+    let env = Env::new();
+    let [manifest, lock] = env.node_app(&h, "node-app");
+    let (v, f) = env.deps(&h, &["build", "host", &manifest, &lock]);
+    assert_eq!(f.code, 0, "{v} {}", f.stderr_text());
+    assert_eq!(s(&v, "state"), "ready", "{v}");
+    assert_eq!(s(&v, "kind"), "node", "{v}");
+    let id = s(&v, "id").to_string();
+    let got = h.requests();
+    assert!(
+        got.iter().any(|r| r.contains("zygonode-1.0.0.tgz")),
+        "the build fetched the package: {got:?}"
+    );
+    let tree = env.tree(&id);
+    let mut bad = Vec::new();
+    writable_or_foreign(&tree, &mut bad);
+    assert!(bad.is_empty(), "the installed tree is not sealed: {bad:?}");
+    let venv = format!("{}:/venv", tree.display());
+    let modules = format!("{}:/node_modules", tree.join("node_modules").display());
+    let (out, code) = run_json(
+        Who::Root,
+        &[
+            "--mount",
+            &venv,
+            "--mount",
+            &modules,
+            "--env",
+            "NODE_PATH=/venv/node_modules",
+        ],
+        &[
+            "/bin/sh",
+            "-c",
+            "cd /tmp && node -e \"console.log(require('zygonode').value)\" && \
+             echo \"import m from 'zygonode'; console.log('esm ' + m.value);\" > /tmp/t.mjs && \
+             node /tmp/t.mjs",
+        ],
+    );
+    assert_eq!(code, 0, "{out}");
+    assert_eq!(
+        s(&out, "stdout"),
+        "zygonode 1.0\nesm zygonode 1.0\n",
+        "{out}"
+    );
+}
+
+/// A lock file whose package lies outside the registries fails the build, with npm's own
+/// words in the log, and that host's port never sees a request.
+#[test]
+fn a_node_lock_naming_another_host_fails_the_build() {
+    if !root_only() {
+        return;
+    }
+    let h = IndexHost::new();
+    let env = Env::new();
+    let [manifest, lock] = env.node_app(&h, "node-evil");
+    let (v, f) = env.deps(&h, &["build", "host", &manifest, &lock]);
+    assert_eq!(f.code, 1, "{v}");
+    assert_eq!(s(&v, "state"), "failed", "{v}");
+    let log = s(&v, "log");
+    assert!(log.contains("ECONNREFUSED"), "{log}");
+    assert!(log.contains(&format!("{}:{OTHER}", h.host)), "{log}");
+    let got = h.requests();
+    assert!(
+        !got.iter().any(|r| r.starts_with(&format!("{OTHER} "))),
+        "the other port was reached: {got:?}"
+    );
 }

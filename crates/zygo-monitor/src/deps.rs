@@ -44,6 +44,10 @@ pub const DEFAULT_REGISTRIES: [&str; 3] = [
 
 /// Where a set is mounted in every sandbox that uses it, and where it is built.
 pub const MOUNT: &str = "/venv";
+/// Where a Node set's `node_modules` is mounted as well: an ES module's bare `import`
+/// ignores `NODE_PATH` and looks in `node_modules` folders from the importing file's up to
+/// the root, which this one ends every such walk in.
+pub const NODE_MODULES_MOUNT: &str = "/node_modules";
 /// Where a build finds the files it was sent.
 const INPUT_MOUNT: &str = "/deps-input";
 
@@ -239,6 +243,10 @@ fn build_env(kind: Kind) -> Vec<String> {
             env.push("npm_config_update_notifier=false".to_string());
             env.push("npm_config_fund=false".to_string());
             env.push("npm_config_audit=false".to_string());
+            // A refused download is retried twice, quickly, rather than over a minute.
+            env.push("npm_config_fetch_retries=2".to_string());
+            env.push("npm_config_fetch_retry_mintimeout=1000".to_string());
+            env.push("npm_config_fetch_retry_maxtimeout=5000".to_string());
             if let Ok(url) = std::env::var("ZYGO_DEPS_NPM_REGISTRY") {
                 if !url.is_empty() {
                     env.push(format!("npm_config_registry={url}"));
@@ -646,6 +654,11 @@ fn run_build(
     }
     write_atomic(&log_path, &log)?;
     verdict?;
+    if inputs.kind == Kind::Node {
+        // Sandboxes get node_modules at /node_modules too (see [`NODE_MODULES_MOUNT`]),
+        // so it exists even for a set with no packages.
+        make_dir(&tree.join("node_modules"), 0o755)?;
+    }
     seal(&tree)
 }
 
