@@ -543,3 +543,162 @@ fn a_node_lock_naming_another_host_fails_the_build() {
         "the other port was reached: {got:?}"
     );
 }
+
+/// The supervisor's suite: a handler that imports the index's package.
+static SUITE: Suite = Suite {
+    prefix: "deps-",
+    handlers: "import shutil\nimport zygodemo\ndef value(event):\n    return {\"value\": zygodemo.VALUE, \"script\": shutil.which(\"zygodemo\")}\n",
+    defaults: "timeout = \"20s\"\nmem = \"128M\"\nidle_timeout = \"30s\"\n",
+    agents: false,
+};
+
+/// What a pool's script returns: the package's value and where its console script is.
+const POOL_PY: &str = "import shutil, sys\nimport zygodemo\ndef handler(event):\n    return {\"value\": zygodemo.VALUE, \"script\": shutil.which(\"zygodemo\"), \"prefix\": sys.prefix}\n";
+
+/// A supervisor of the test's own, pointed at `h` as its registry.
+fn sup_for(h: &IndexHost, test: &str) -> Option<Sup> {
+    let mut s = SUITE.root(test)?;
+    s.env("ZYGO_DEPS_REGISTRIES", &format!("{}:{INDEX}", h.host))
+        .env(
+            "ZYGO_DEPS_PIP_INDEX_URL",
+            &format!("http://{}:{INDEX}/simple/", h.host),
+        )
+        .env(
+            "ZYGO_DEPS_NPM_REGISTRY",
+            &format!("http://{}:{INDEX}/", h.host),
+        );
+    Some(s)
+}
+
+/// A function and a pool with `deps = "<id>"` import the set's package (the venv's
+/// interpreter runs the agent; its console script is first on PATH), and nothing of
+/// the set can be changed from inside.
+#[test]
+fn functions_and_pools_named_against_a_set_import_it() {
+    let h = IndexHost::new();
+    let Some(mut sup) = sup_for(&h, "use") else {
+        return;
+    };
+    let req = sup.file("requirements.txt", b"zygodemo==1.0\n");
+    let f = sup.run(&["deps", "build", "host", &req, "--json"]);
+    let v = f.last_json();
+    assert_eq!(f.code, 0, "{v} {}", f.stderr_text());
+    let id = s(&v, "id").to_string();
+    let deps = format!("deps = \"{id}\"");
+    let names = sup.up(&[
+        (
+            "fn",
+            format!("agent = \"python\"\nentry = \"fn/handlers.py:value\"\n{deps}"),
+        ),
+        ("pool", format!("agent = \"python\"\n{deps}")),
+    ]);
+    let got = sup.call_ok(&names[0], "{}");
+    assert_eq!(got["value"], "zygodemo 1.0", "{got}");
+    assert_eq!(got["script"], "/venv/bin/zygodemo", "{got}");
+    let digest = sup.put_script("pool.py", POOL_PY);
+    let out = sup.run_ok(&names[1], "{}", &digest);
+    assert_eq!(out["result"]["value"], "zygodemo 1.0", "{out}");
+    assert_eq!(out["result"]["prefix"], "/venv", "{out}");
+    // Read-only inside, whoever asks.
+    let probe = sup.put_script(
+        "probe.py",
+        "import os\ndef handler(event):\n    try:\n        open('/venv/pyvenv.cfg', 'a').close()\n        return 'WRITABLE'\n    except OSError as e:\n        return type(e).__name__\n",
+    );
+    let out = sup.run_ok(&names[1], "{}", &probe);
+    assert_ne!(out["result"], "WRITABLE", "{out}");
+}
+
+/// A set that does not exist, or that failed, is refused by name before anything starts;
+/// `requirements = "file"` builds the set in the supervisor (refused while it builds,
+/// not queued) and, once it is ready, serves on it.
+#[test]
+fn requirements_build_in_the_supervisor_and_unready_sets_are_refused() {
+    let h = IndexHost::new();
+    let Some(mut sup) = sup_for(&h, "req") else {
+        return;
+    };
+    let missing = format!("deps_{}", "0".repeat(64));
+    let (file, _) = sup.write_toml(&[("nope", "value", &format!("deps = \"{missing}\"") as &str)]);
+    let f = sup.run(&["up", "-f", file.to_str().expect("UTF-8"), "--json"]);
+    assert_ne!(f.code, 0);
+    let text = format!("{} {}", f.stdout_text(), f.stderr_text());
+    assert!(text.contains("no dependency set"), "{text}");
+
+    std::fs::create_dir_all(sup.dir.path.join("req")).expect("mkdir");
+    sup.file("req/requirements.txt", b"zygodemo==1.0\n");
+    let (file, names) =
+        sup.write_toml(&[("req", "value", "requirements = \"req/requirements.txt\"")]);
+    let file = file.to_str().expect("UTF-8").to_string();
+    let f = sup.run(&["up", "-f", &file, "--json"]);
+    let text = format!("{} {}", f.stdout_text(), f.stderr_text());
+    assert_ne!(f.code, 0, "served before its set was built: {text}");
+    assert!(text.contains("is still building"), "{text}");
+    let id = text
+        .split("dependency set ")
+        .nth(1)
+        .and_then(|r| r.split_whitespace().next())
+        .expect("the set's id in the refusal")
+        .to_string();
+    wait_for(Duration::from_secs(120), "the set is built", || {
+        let v = sup.run(&["deps", "show", &id, "--json"]).last_json();
+        s(&v, "state") == "ready"
+    });
+    let f = sup.run(&["up", "-f", &file]);
+    assert_eq!(f.code, 0, "{} {}", f.stderr_text(), sup.log());
+    let got = sup.call_ok(&names[0], "{}");
+    assert_eq!(got["value"], "zygodemo 1.0", "{got}");
+
+    // A failed set is refused with the build's reason.
+    sup.file("req/requirements.txt", b"zygo-not-on-the-index==3.0\n");
+    let f = sup.run(&[
+        "deps",
+        "build",
+        "host",
+        &sup.dir.path.join("req/requirements.txt").to_string_lossy(),
+        "--json",
+    ]);
+    let failed = f.last_json();
+    assert_eq!(s(&failed, "state"), "failed", "{failed}");
+    let (file, _) = sup.write_toml(&[(
+        "bad",
+        "value",
+        &format!("deps = \"{}\"", s(&failed, "id")) as &str,
+    )]);
+    let f = sup.run(&["up", "-f", file.to_str().expect("UTF-8"), "--json"]);
+    let text = format!("{} {}", f.stdout_text(), f.stderr_text());
+    assert_ne!(f.code, 0);
+    assert!(text.contains("failed to build"), "{text}");
+}
+
+/// A Node pool on a Node set: an ES module's import and a CommonJS script's require()
+/// both find the set's package.
+#[test]
+fn a_node_pool_imports_and_requires_its_set() {
+    let h = IndexHost::new();
+    let Some(mut sup) = sup_for(&h, "node") else {
+        return;
+    };
+    let env = Env {
+        dir: TempDir::new(0o755),
+        state: sup.st.clone(),
+    };
+    let [manifest, lock] = env.node_app(&h, "node-app");
+    let f = sup.run(&["deps", "build", "host", &manifest, &lock, "--json"]);
+    let v = f.last_json();
+    assert_eq!(f.code, 0, "{v} {}", f.stderr_text());
+    let id = s(&v, "id").to_string();
+    let names = sup.up(&[("js", format!("agent = \"node\"\ndeps = \"{id}\""))]);
+    let esm = sup.put_script(
+        "esm.mjs",
+        "import m from 'zygonode';\nexport default async function () { return { esm: m.value }; }\n",
+    );
+    let out = sup.run_ok(&names[0], "{}", &esm);
+    assert_eq!(out["result"]["esm"], "zygonode 1.0", "{out}");
+    let cjs = sup.put_script(
+        "cjs.js",
+        "module.exports.handler = async () => ({ cjs: require('zygonode').value, path: process.env.NODE_PATH });\n",
+    );
+    let out = sup.run_ok(&names[0], "{}", &cjs);
+    assert_eq!(out["result"]["cjs"], "zygonode 1.0", "{out}");
+    assert_eq!(out["result"]["path"], "/venv/node_modules", "{out}");
+}

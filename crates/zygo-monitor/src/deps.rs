@@ -189,11 +189,7 @@ impl Inputs {
 
 /// Whether `s` has the form of a set's id (`deps_` and 64 lowercase hex digits).
 pub fn is_id(s: &str) -> bool {
-    s.strip_prefix("deps_").is_some_and(|h| {
-        h.len() == 64
-            && h.bytes()
-                .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
-    })
+    policy::file::is_deps_id(s)
 }
 
 /// The registries a build may reach: `ZYGO_DEPS_REGISTRIES` (`HOST:PORT,...`, the

@@ -447,7 +447,11 @@ impl Supervisor {
             identity,
             launcher,
             usage_path,
-            functions::StoreDirs { scripts, blobs },
+            functions::StoreDirs {
+                scripts,
+                blobs,
+                state: state.to_path_buf(),
+            },
             api,
         )?;
         fns.sweep_stale();

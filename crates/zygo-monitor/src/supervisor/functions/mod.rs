@@ -27,6 +27,7 @@
 
 mod agents;
 mod blobs;
+mod deps;
 mod registry;
 mod requests;
 mod run_spec;
@@ -76,6 +77,8 @@ pub(super) fn now_ms() -> u64 {
 pub struct StoreDirs {
     pub scripts: PathBuf,
     pub blobs: PathBuf,
+    /// The state directory, whose `deps/` holds the dependency sets (see `crate::deps`).
+    pub state: PathBuf,
 }
 
 pub struct Functions {
@@ -116,6 +119,10 @@ pub struct Functions {
     counter: u64,
     /// One-shot runs (see [`runs`]).
     runs: runs::Runs,
+    /// The state directory (dependency sets live in its `deps/`).
+    state_dir: PathBuf,
+    /// Dependency sets building (see [`deps`]).
+    deps_builds: deps::Builds,
 }
 
 /// What the event loop lends the functions for one call into them: its registry, where a
@@ -169,7 +176,11 @@ impl Functions {
             .map_err(|e| SupervisorError(format!("open {}: {e}", usage_path.display())))?;
         let backend = Arc::new(backend);
         use super::scripts::{BLOBS, SCRIPTS};
-        let StoreDirs { scripts, blobs } = stores;
+        let StoreDirs {
+            scripts,
+            blobs,
+            state: state_dir,
+        } = stores;
         let cap = super::scripts::cap_from_env(&SCRIPTS).map_err(SupervisorError)?;
         let share = super::scripts::share_from_env(cap).map_err(SupervisorError)?;
         let mut scripts = super::scripts::Store::open(&SCRIPTS, scripts.clone(), cap, share)
@@ -216,6 +227,8 @@ impl Functions {
             settling: Vec::new(),
             counter: 0,
             runs: runs::Runs::default(),
+            state_dir,
+            deps_builds: deps::Builds::default(),
         })
     }
 

@@ -293,6 +293,11 @@ impl Functions {
                 self.stop(&key, cx);
             }
         }
+        // A dependency set still building (or failed, or unknown) is refused with its own
+        // code, before anything is started.
+        if let Err(r) = self.deps_for(&spec) {
+            return Some(r.into());
+        }
         if let Err(e) = self.serve_one(key.clone(), spec, Vec::new(), cx) {
             return Some(fail(ErrorCode::BadSpec, e));
         }
