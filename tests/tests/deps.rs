@@ -547,7 +547,7 @@ fn a_node_lock_naming_another_host_fails_the_build() {
 /// The supervisor's suite: a handler that imports the index's package.
 static SUITE: Suite = Suite {
     prefix: "deps-",
-    handlers: "import shutil\nimport zygodemo\ndef value(event):\n    return {\"value\": zygodemo.VALUE, \"script\": shutil.which(\"zygodemo\")}\n",
+    handlers: "import shutil\ndef value(event):\n    import zygodemo\n    return {\"value\": zygodemo.VALUE, \"script\": shutil.which(\"zygodemo\")}\ndef echo(event):\n    return event\n",
     defaults: "timeout = \"20s\"\nmem = \"128M\"\nidle_timeout = \"30s\"\n",
     agents: false,
 };
@@ -701,4 +701,230 @@ fn a_node_pool_imports_and_requires_its_set() {
     let out = sup.run_ok(&names[0], "{}", &cjs);
     assert_eq!(out["result"]["cjs"], "zygonode 1.0", "{out}");
     assert_eq!(out["result"]["path"], "/venv/node_modules", "{out}");
+}
+
+const BOOT: &str = "bootstrap-secret-for-deps-tests";
+
+/// `zygo api` in front of a test's supervisor; stopped when dropped.
+struct Front {
+    child: Child,
+    addr: String,
+}
+
+impl Drop for Front {
+    fn drop(&mut self) {
+        // SAFETY: signalling the child this test started.
+        unsafe { libc::kill(self.child.id() as i32, libc::SIGTERM) };
+        let _ = self.child.wait();
+    }
+}
+
+fn start_api(s: &Sup) -> Front {
+    let mut c = s.cmd(&["api", "--listen", "127.0.0.1:0", "--allow-deploy"]);
+    c.stdout(Stdio::null()).stderr(Stdio::piped());
+    let mut child = c.spawn().expect("start zygo api");
+    let mut lines = BufReader::new(child.stderr.take().expect("stderr")).lines();
+    let mut addr = None;
+    for line in lines.by_ref().map_while(Result::ok) {
+        if let Some(rest) = line.split("listening on http://").nth(1) {
+            addr = rest.split_whitespace().next().map(str::to_string);
+            break;
+        }
+    }
+    std::thread::spawn(move || for _ in lines {});
+    let addr = addr.unwrap_or_else(|| panic!("zygo api did not start\n{}", s.log()));
+    Front { child, addr }
+}
+
+/// One HTTP request (its connection closed after): status, Retry-After, JSON body.
+fn http(
+    addr: &str,
+    method: &str,
+    path: &str,
+    token: &str,
+    body: &str,
+) -> (u16, Option<String>, Value) {
+    use std::io::{Read, Write};
+    let mut c = std::net::TcpStream::connect(addr).expect("connect to zygo api");
+    c.set_read_timeout(Some(Duration::from_secs(60)))
+        .expect("timeout");
+    let head = format!(
+        "{method} {path} HTTP/1.1\r\nHost: t\r\nConnection: close\r\nAuthorization: Bearer {token}\r\nContent-Length: {}\r\n\r\n",
+        body.len()
+    );
+    c.write_all(head.as_bytes()).expect("send");
+    c.write_all(body.as_bytes()).expect("send");
+    let mut raw = Vec::new();
+    c.read_to_end(&mut raw).expect("read the answer");
+    let text = String::from_utf8_lossy(&raw).into_owned();
+    let (head, rest) = text.split_once("\r\n\r\n").expect("a head");
+    let status = head
+        .split_whitespace()
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .expect("a status");
+    let retry = head.lines().find_map(|l| {
+        l.to_ascii_lowercase()
+            .strip_prefix("retry-after:")
+            .map(|v| v.trim().to_string())
+    });
+    let v = serde_json::from_str(rest).unwrap_or(Value::Null);
+    (status, retry, v)
+}
+
+/// Over HTTP: POST /deps answers 202 building at once; a pool named against the set while
+/// it builds is refused 503 with Retry-After; once ready (GET /deps/{id}) the pool imports
+/// it; the same files again are the same set (200 ready); DELETE is refused 409 while the
+/// pool is served on it, and works once the pool is stopped. A failed build's log is on
+/// GET /deps/{id}; hostile bodies are refused; a tenant sees only the sets it sent.
+#[test]
+fn deps_over_http() {
+    let h = IndexHost::new();
+    let Some(mut sup) = sup_for(&h, "http") else {
+        return;
+    };
+    sup.env("ZYGO_API_TOKEN", BOOT);
+    sup.up(&[("echo", "echo", "")]);
+    let api = start_api(&sup);
+    let a = api.addr.as_str();
+    let body =
+        serde_json::json!({"image": "host", "files": {"requirements.txt": "zygodemo==1.0\n"}})
+            .to_string();
+    let (st, _, v) = http(a, "POST", "/deps", BOOT, &body);
+    assert_eq!(st, 202, "{v}");
+    assert_eq!(s(&v, "state"), "building", "{v}");
+    assert_eq!(v["building"], true, "{v}");
+    let id = s(&v, "id").to_string();
+    let pool = sup.name("py");
+    let create =
+        serde_json::json!({"name": pool, "layer": {"agent": "python", "deps": id}}).to_string();
+    let (st, retry, v) = http(a, "POST", "/runtimes", BOOT, &create);
+    assert_eq!(st, 503, "a pool was served on a set still building: {v}");
+    assert_eq!(s(&v, "code"), "unavailable", "{v}");
+    assert!(s(&v, "error").contains("still building"), "{v}");
+    assert!(retry.is_some(), "no Retry-After on the 503");
+    wait_for(Duration::from_secs(120), "the set is built", || {
+        let (_, _, v) = http(a, "GET", &format!("/deps/{id}"), BOOT, "");
+        s(&v, "state") != "building"
+    });
+    let (st, _, v) = http(a, "GET", &format!("/deps/{id}"), BOOT, "");
+    assert_eq!((st, s(&v, "state")), (200, "ready"), "{v}");
+    let (st, _, v) = http(a, "POST", "/runtimes", BOOT, &create);
+    assert_eq!(st, 200, "{v}\n{}", sup.log());
+    let call = serde_json::json!({"source": "import zygodemo\ndef handler(event):\n    return zygodemo.VALUE\n", "event": null}).to_string();
+    let (st, _, v) = http(a, "POST", &format!("/runtimes/{pool}/call"), BOOT, &call);
+    assert_eq!(st, 200, "{v}");
+    assert_eq!(v["result"], "zygodemo 1.0", "{v}");
+    // The same files: the same set, ready.
+    let (st, _, v) = http(a, "POST", "/deps", BOOT, &body);
+    assert_eq!(
+        (st, s(&v, "state"), s(&v, "id")),
+        (200, "ready", id.as_str()),
+        "{v}"
+    );
+    let (_, _, v) = http(a, "GET", "/deps", BOOT, "");
+    assert!(
+        v["deps"]
+            .as_array()
+            .expect("deps")
+            .iter()
+            .any(|d| d["id"] == id.as_str()),
+        "{v}"
+    );
+    // In use: 409; after the pool stops, deleted.
+    let (st, _, v) = http(a, "DELETE", &format!("/deps/{id}"), BOOT, "");
+    assert_eq!(st, 409, "{v}");
+    assert_eq!(s(&v, "code"), "conflict", "{v}");
+    assert!(s(&v, "error").contains(&pool), "{v}");
+    let (st, _, v) = http(a, "DELETE", &format!("/runtimes/{pool}"), BOOT, "");
+    assert_eq!(st, 200, "{v}");
+    let (st, _, v) = http(a, "DELETE", &format!("/deps/{id}"), BOOT, "");
+    assert_eq!(st, 200, "{v}");
+    assert_eq!(v["deleted"], id.as_str());
+    let (st, _, _) = http(a, "GET", &format!("/deps/{id}"), BOOT, "");
+    assert_eq!(st, 404);
+    assert!(!sup.st.join("deps").join(&id).exists());
+
+    // A failed build: its log, in pip's own words.
+    let bad = serde_json::json!({"image": "host", "files": {"requirements.txt": "zygo-not-on-the-index==3.0\n"}}).to_string();
+    let (st, _, v) = http(a, "POST", "/deps", BOOT, &bad);
+    assert_eq!(st, 202, "{v}");
+    let bad_id = s(&v, "id").to_string();
+    wait_for(Duration::from_secs(120), "the bad set fails", || {
+        let (_, _, v) = http(a, "GET", &format!("/deps/{bad_id}"), BOOT, "");
+        s(&v, "state") == "failed"
+    });
+    let (_, _, v) = http(a, "GET", &format!("/deps/{bad_id}"), BOOT, "");
+    assert!(
+        s(&v, "log").contains("No matching distribution found"),
+        "{v}"
+    );
+    let layer =
+        serde_json::json!({"name": sup.name("bad"), "layer": {"agent": "python", "deps": bad_id}})
+            .to_string();
+    let (st, _, v) = http(a, "POST", "/runtimes", BOOT, &layer);
+    assert_eq!(st, 400, "{v}");
+    assert!(s(&v, "error").contains("failed to build"), "{v}");
+
+    // Hostile or wrong bodies.
+    let big = "x".repeat((1 << 20) + 1);
+    for (body, want) in [
+        (
+            r#"{"image": "host", "files": {"setup.py": "x"}}"#.to_string(),
+            400,
+        ),
+        (
+            r#"{"image": "host", "files": {"requirements.txt": "a", "requirements.txt": "b"}}"#
+                .to_string(),
+            400,
+        ),
+        (r#"{"image": "host", "files": {}}"#.to_string(), 400),
+        (
+            r#"{"image": "host", "files": {"requirements.txt": "a", "package.json": "{}"}}"#
+                .to_string(),
+            400,
+        ),
+        (
+            r#"{"image": "ubuntu:22.04", "files": {"requirements.txt": "a"}}"#.to_string(),
+            400,
+        ),
+        (
+            r#"{"image": "host", "files": {"requirements.txt": "a"}, "extra": 1}"#.to_string(),
+            400,
+        ),
+        (
+            format!(r#"{{"image": "host", "files": {{"requirements.txt": "{big}"}}}}"#),
+            413,
+        ),
+    ] {
+        let (st, _, v) = http(a, "POST", "/deps", BOOT, &body);
+        assert_eq!(st, want, "{}: {v}", truncate(&body, 100));
+    }
+    let (st, _, _) = http(a, "GET", "/deps/deps_..", BOOT, "");
+    assert_eq!(st, 400);
+
+    // A tenant sees only what it sent.
+    let tenant = format!("dt{:x}", unique() & 0xff_ffff);
+    let (st, _, v) = http(
+        a,
+        "POST",
+        "/tenants",
+        BOOT,
+        &format!("{{\"id\": \"{tenant}\"}}"),
+    );
+    assert_eq!(st, 200, "{v}");
+    let f = sup.run(&["token", "mint", "--tenant", &tenant, "--json"]);
+    assert_eq!(f.code, 0, "{}", f.stderr_text());
+    let tok = text(&f.last_json(), "secret").to_string();
+    let (_, _, v) = http(a, "GET", "/deps", &tok, "");
+    assert_eq!(v["deps"], serde_json::json!([]), "{v}");
+    let (st, _, _) = http(a, "GET", &format!("/deps/{bad_id}"), &tok, "");
+    assert_eq!(st, 404);
+    let (st, _, v) = http(a, "POST", "/deps", &tok, &bad);
+    assert_eq!(s(&v, "id"), bad_id, "{st} {v}");
+    let (st, _, _) = http(a, "GET", &format!("/deps/{bad_id}"), &tok, "");
+    assert_eq!(st, 200);
+    // Deleting is the operator's, behind the deploy gate.
+    let (st, _, _) = http(a, "DELETE", &format!("/deps/{bad_id}"), &tok, "");
+    assert_eq!(st, 403);
 }

@@ -385,6 +385,37 @@ fn write_record(dir: &Path, rec: &Record) -> Result<(), String> {
     write_atomic(&dir.join("record.json"), &bytes)
 }
 
+/// The tenants that sent a set (`owners.json`, a sorted list of tenant ids); the host's
+/// callers see every set.
+pub fn owners(state_dir: &Path, id: &str) -> Vec<String> {
+    std::fs::read(dir(state_dir, id).join("owners.json"))
+        .ok()
+        .and_then(|b| serde_json::from_slice(&b).ok())
+        .unwrap_or_default()
+}
+
+/// Record that `tenant` sent set `id` (making the set's folder if it is new).
+pub fn add_owner(state_dir: &Path, id: &str, tenant: &str) -> Result<(), String> {
+    let mut list = owners(state_dir, id);
+    if list.iter().any(|t| t == tenant) {
+        return Ok(());
+    }
+    crate::paths::make_private_dir(state_dir)
+        .map_err(|e| format!("create {}: {e}", state_dir.display()))?;
+    make_dir(&root(state_dir), 0o711)?;
+    let d = dir(state_dir, id);
+    make_dir(&d, 0o711)?;
+    list.push(tenant.to_string());
+    list.sort();
+    let bytes = serde_json::to_vec(&list).map_err(|e| e.to_string())?;
+    write_atomic(&d.join("owners.json"), &bytes)
+}
+
+/// Forget a set: its folder and everything in it.
+pub fn remove(state_dir: &Path, id: &str) -> Result<(), String> {
+    remove_tree(&dir(state_dir, id))
+}
+
 /// The `flock` on a set's `lock` file, held while it builds.
 pub struct Lock {
     /// Closing it releases the lock.

@@ -12,11 +12,13 @@ use std::path::{Path, PathBuf};
 use std::thread::JoinHandle;
 
 use policy::file::{Agent, FnKind, FnSpec};
+use proto::api::{DepsInfo, MAX_DEPS_LOG};
 use proto::front::{ErrorCode, Reply};
 use proto::launch::{BindMount, LaunchPlan};
 
-use super::Functions;
+use super::{fail, Functions};
 use crate::deps::{self, Claim, Inputs, Kind, Record, State};
+use crate::supervisor::api::Acting;
 
 /// The most builds that run at once; one more is refused as busy.
 const MAX_BUILDS: usize = 4;
@@ -254,13 +256,182 @@ impl Functions {
     }
 
     /// The functions and pools (by key) served on set `id`.
-    #[allow(dead_code)] // DELETE /deps/{id} asks it
     pub(super) fn deps_users(&self, id: &str) -> Vec<String> {
         self.fns
             .iter()
             .filter(|(_, f)| f.deps.as_ref().is_some_and(|d| d.id == id))
             .map(|(k, _)| k.clone())
             .collect()
+    }
+}
+
+/// Whether the acting caller may see set `id`: the host's callers see every set, a tenant
+/// those it sent.
+pub(super) fn visible(state_dir: &Path, id: &str, who: &Acting) -> bool {
+    match &who.tenant {
+        None => true,
+        Some(t) => deps::owners(state_dir, id).iter().any(|o| o == t),
+    }
+}
+
+/// The answer's form of a set's record (the log only for a failed build, and only when
+/// asked for).
+fn info(state_dir: &Path, rec: &Record, with_log: bool) -> DepsInfo {
+    let log = (with_log && rec.state == State::Failed).then(|| {
+        let log = deps::read_log(state_dir, &rec.id);
+        let mut start = log.len().saturating_sub(MAX_DEPS_LOG);
+        while !log.is_char_boundary(start) {
+            start += 1;
+        }
+        log[start..].to_string()
+    });
+    DepsInfo {
+        id: rec.id.clone(),
+        image: rec.image.clone(),
+        kind: rec.kind.as_str().into(),
+        state: rec.state.as_str().into(),
+        error: rec.error.clone(),
+        log,
+    }
+}
+
+fn not_found(id: &str) -> Reply {
+    fail(
+        ErrorCode::NotFound,
+        format!("no dependency set {id} (POST /deps makes one)"),
+    )
+}
+
+fn bad_id(id: &str) -> Option<Reply> {
+    (!deps::is_id(id)).then(|| {
+        fail(
+            ErrorCode::BadRequest,
+            format!(
+                "{:?} is not a dependency set's id: deps_ and 64 lowercase hex digits",
+                id.chars().take(80).collect::<String>()
+            ),
+        )
+    })
+}
+
+impl Functions {
+    /// `POST /deps`: check the files, record the caller as one who sent the set, and
+    /// start its build unless it is built or building; answered at once.
+    pub(super) fn put_deps(
+        &mut self,
+        image: &str,
+        files: Vec<(String, String)>,
+        who: &Acting,
+    ) -> Reply {
+        let files = files
+            .into_iter()
+            .map(|(n, t)| (n, t.into_bytes()))
+            .collect();
+        let inputs = match Inputs::new(image, files) {
+            Ok(i) => i,
+            Err(e) => return fail(ErrorCode::BadRequest, e),
+        };
+        let id = inputs.id();
+        if let Some(t) = &who.tenant {
+            if let Err(e) = deps::add_owner(&self.state_dir, &id, t) {
+                return fail(ErrorCode::Internal, e);
+            }
+        }
+        match self.start_deps(inputs) {
+            Ok(rec) => Reply::Deps(info(&self.state_dir, &rec, false)),
+            Err(r) => r.into(),
+        }
+    }
+
+    /// `GET /deps`: the sets the caller may see, without logs.
+    pub(super) fn list_deps(&mut self, who: &Acting) -> Reply {
+        self.deps_builds.reap();
+        let mut out = Vec::new();
+        for id in deps::list(&self.state_dir) {
+            if !visible(&self.state_dir, &id, who) {
+                continue;
+            }
+            if let Some(rec) = self.deps_record(&id) {
+                out.push(info(&self.state_dir, &rec, false));
+            }
+        }
+        Reply::DepsList(out)
+    }
+
+    /// `GET /deps/{id}`: one set, with its log when its build failed.
+    pub(super) fn deps_info(&mut self, id: &str, who: &Acting) -> Reply {
+        if let Some(r) = bad_id(id) {
+            return r;
+        }
+        self.deps_builds.reap();
+        if !visible(&self.state_dir, id, who) {
+            return not_found(id);
+        }
+        match self.deps_record(id) {
+            Some(rec) => Reply::Deps(info(&self.state_dir, &rec, true)),
+            None => not_found(id),
+        }
+    }
+
+    /// `DELETE /deps/{id}`: refused while a function or pool is served on the set, or
+    /// while it builds.
+    pub(super) fn delete_deps(&mut self, id: &str) -> Reply {
+        if let Some(r) = bad_id(id) {
+            return r;
+        }
+        self.deps_builds.reap();
+        let Some(rec) = self.deps_record(id) else {
+            return not_found(id);
+        };
+        let users = self.deps_users(id);
+        if !users.is_empty() {
+            let shown: Vec<&str> = users
+                .iter()
+                .map(|k| k.rsplit('/').next().unwrap_or(k))
+                .collect();
+            return fail(
+                ErrorCode::Conflict,
+                format!(
+                    "dependency set {id} is in use by {}; stop {} first",
+                    shown.join(", "),
+                    if shown.len() == 1 { "it" } else { "them" }
+                ),
+            );
+        }
+        if rec.state == State::Building {
+            return fail(
+                ErrorCode::Conflict,
+                format!("dependency set {id} is still building; delete it once it has finished"),
+            );
+        }
+        match deps::remove(&self.state_dir, id) {
+            Ok(()) => Reply::DepsDeleted { id: id.to_string() },
+            Err(e) => fail(ErrorCode::Internal, e),
+        }
+    }
+
+    /// A set's record, with a build this supervisor runs (whose thread may not have
+    /// written the record yet) as building.
+    fn deps_record(&self, id: &str) -> Option<Record> {
+        let rec = deps::status(&self.state_dir, id).ok().flatten();
+        if self.deps_builds.running.contains_key(id) {
+            return Some(match rec {
+                Some(r) if r.state != State::Ready => Record {
+                    state: State::Building,
+                    error: None,
+                    ..r
+                },
+                Some(r) => r,
+                None => Record {
+                    id: id.to_string(),
+                    image: String::new(),
+                    kind: Kind::Python,
+                    state: State::Building,
+                    error: None,
+                },
+            });
+        }
+        rec
     }
 }
 

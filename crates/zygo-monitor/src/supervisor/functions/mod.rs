@@ -364,6 +364,10 @@ impl Functions {
             Request::RecordUsage(rec) => Some(self.record_outside(rec, who)),
             Request::PutBlob { bytes } => self.put_blob(client, &bytes, who),
             Request::DeleteBlob { digest } => Some(self.delete_blob(&digest)),
+            Request::PutDeps { image, files } => Some(self.put_deps(&image, files, who)),
+            Request::ListDeps => Some(self.list_deps(who)),
+            Request::DepsInfo { id } => Some(self.deps_info(&id, who)),
+            Request::DeleteDeps { id } => Some(self.delete_deps(&id)),
         }
     }
 

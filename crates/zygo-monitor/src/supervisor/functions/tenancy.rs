@@ -294,7 +294,15 @@ impl Functions {
             }
         }
         // A dependency set still building (or failed, or unknown) is refused with its own
-        // code, before anything is started.
+        // code, before anything is started. A tenant names only sets it sent.
+        if let Some(id) = &spec.deps {
+            if !super::deps::visible(&self.state_dir, id, who) {
+                return Some(fail(
+                    ErrorCode::NotFound,
+                    format!("deps: no dependency set {id} (POST /deps makes one)"),
+                ));
+            }
+        }
         if let Err(r) = self.deps_for(&spec) {
             return Some(r.into());
         }
