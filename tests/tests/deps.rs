@@ -232,18 +232,29 @@ impl Drop for IndexHost {
 struct Env {
     dir: TempDir,
     state: PathBuf,
+    who: Who,
 }
 
 impl Env {
     fn new() -> Env {
+        Env::as_who(Who::Root)
+    }
+
+    /// A state directory `who` owns.
+    fn as_who(who: Who) -> Env {
         let dir = TempDir::new(0o755);
         let state = dir.path.join("state");
-        Env { dir, state }
+        if who == Who::Rootless {
+            let r = rootless_setup();
+            std::fs::create_dir(&state).expect("mkdir state");
+            std::os::unix::fs::chown(&state, Some(r.uid), Some(r.gid)).expect("chown");
+        }
+        Env { dir, state, who }
     }
 
     /// `zygo deps ARGS --json` with the registries and index pointed at `h`.
     fn deps(&self, h: &IndexHost, args: &[&str]) -> (Value, Finished) {
-        let mut c = zygo(Who::Root);
+        let mut c = zygo(self.who);
         c.env("ZYGO_STATE_DIR", &self.state)
             .env("ZYGO_DEPS_REGISTRIES", format!("{}:{INDEX}", h.host))
             .env(
@@ -294,11 +305,15 @@ fn mode_of(p: &Path) -> u32 {
 }
 
 /// Every path under `p` (not following symlinks) that anyone may write to, or that does
-/// not belong to root.
+/// not belong to `uid`:`gid`.
 fn writable_or_foreign(p: &Path, out: &mut Vec<String>) {
+    not_sealed(p, (0, 0), out)
+}
+
+fn not_sealed(p: &Path, owner: (u32, u32), out: &mut Vec<String>) {
     use std::os::unix::fs::MetadataExt;
     let m = std::fs::symlink_metadata(p).expect("stat");
-    if m.uid() != 0 || m.gid() != 0 {
+    if (m.uid(), m.gid()) != owner {
         out.push(format!("{} owned by {}:{}", p.display(), m.uid(), m.gid()));
     }
     if !m.file_type().is_symlink() && m.mode() & 0o222 != 0 {
@@ -306,22 +321,23 @@ fn writable_or_foreign(p: &Path, out: &mut Vec<String>) {
     }
     if m.is_dir() {
         for e in std::fs::read_dir(p).expect("read_dir") {
-            writable_or_foreign(&e.expect("entry").path(), out);
+            not_sealed(&e.expect("entry").path(), owner, out);
         }
     }
 }
 
+root_and_rootless!(a_python_set_builds_once_and_a_sandbox_imports_it);
+
 /// A requirements.txt naming the index's package builds into a venv at /venv: ready, its
-/// id a hash, the tree root's and read-only; a sandbox given the tree at /venv imports the
-/// package and runs its console script. The same file again is the same set, not a second
-/// build.
-#[test]
-fn a_python_set_builds_once_and_a_sandbox_imports_it() {
+/// id a hash, the tree read-only (and root's, as root); a sandbox given the tree at /venv
+/// imports the package and runs its console script. The same file again is the same set,
+/// not a second build.
+fn a_python_set_builds_once_and_a_sandbox_imports_it(who: Who) {
     if !root_only() {
         return;
     }
     let h = IndexHost::new();
-    let env = Env::new();
+    let env = Env::as_who(who);
     let req = env.requirements("a", "zygodemo==1.0\n");
     let (v, f) = env.deps(&h, &["build", "host", &req]);
     assert_eq!(f.code, 0, "{v} {}", f.stderr_text());
@@ -340,14 +356,21 @@ fn a_python_set_builds_once_and_a_sandbox_imports_it() {
     );
     let tree = env.tree(&id);
     assert_eq!(mode_of(&tree), 0o555);
+    let owner = match who {
+        Who::Root => (0, 0),
+        Who::Rootless => {
+            let r = rootless_setup();
+            (r.uid, r.gid)
+        }
+    };
     let mut bad = Vec::new();
-    writable_or_foreign(&tree, &mut bad);
+    not_sealed(&tree, owner, &mut bad);
     assert!(bad.is_empty(), "the installed tree is not sealed: {bad:?}");
 
     // A sandbox with the tree at /venv imports the package and runs its console script.
     let mount = format!("{}:/venv", tree.display());
     let (out, code) = run_json(
-        Who::Root,
+        who,
         &["--mount", &mount],
         &[
             "/bin/sh",
@@ -681,6 +704,7 @@ fn a_node_pool_imports_and_requires_its_set() {
     let env = Env {
         dir: TempDir::new(0o755),
         state: sup.st.clone(),
+        who: Who::Root,
     };
     let [manifest, lock] = env.node_app(&h, "node-app");
     let f = sup.run(&["deps", "build", "host", &manifest, &lock, "--json"]);
