@@ -951,4 +951,30 @@ fn deps_over_http() {
     // Deleting is the operator's, behind the deploy gate.
     let (st, _, _) = http(a, "DELETE", &format!("/deps/{bad_id}"), &tok, "");
     assert_eq!(st, 403);
+
+    // A supervisor that stops stops its builds: the set fails, saying so, and nothing of
+    // its build is left running.
+    let slow = serde_json::json!({"image": "host", "files": {"requirements.txt": "zygodemo==1.0\n# stopped\n"}}).to_string();
+    let (st, _, v) = http(a, "POST", "/deps", BOOT, &slow);
+    assert_eq!(st, 202, "{v}");
+    let slow_id = s(&v, "id").to_string();
+    let state = sup.st.clone();
+    let env = Env {
+        dir: TempDir::new(0o755),
+        state,
+        who: Who::Root,
+    };
+    drop(api);
+    let f = sup.run(&["drain", "--grace", "1s"]);
+    assert_eq!(f.code, 0, "{}", f.stderr_text());
+    wait_for(Duration::from_secs(30), "the supervisor exits", || {
+        !sup.rt.join("zygo.sock").exists()
+    });
+    let (v, _) = env.deps(&h, &["show", &slow_id]);
+    assert_eq!(s(&v, "state"), "failed", "{v}\n{}", sup.log());
+    assert!(s(&v, "error").contains("stopped"), "{v}");
+    assert!(
+        host_pids_with(b"/deps-input").is_empty(),
+        "a build's process outlived its supervisor"
+    );
 }

@@ -612,17 +612,19 @@ fn seal(tree: &Path) -> Result<(), String> {
 }
 
 /// Build a claimed set: run its build sandbox, keep the log, and write its final record.
-/// Returns that record. `launcher` is the `zygo` binary.
+/// Returns that record. `launcher` is the `zygo` binary; when `cancel` becomes readable
+/// (or its write end closes) the build is killed and fails.
 pub fn build(
     state_dir: &Path,
     inputs: &Inputs,
     lock: Lock,
     launcher: PathBuf,
     backend: &Backend,
+    cancel: Option<std::os::fd::OwnedFd>,
 ) -> Record {
     let id = inputs.id();
     let d = dir(state_dir, &id);
-    let (ok, error) = match run_build(&d, inputs, launcher, backend) {
+    let (ok, error) = match run_build(&d, inputs, launcher, backend, cancel) {
         Ok(()) => (true, None),
         Err(why) => (false, Some(why)),
     };
@@ -648,6 +650,7 @@ fn run_build(
     inputs: &Inputs,
     launcher: PathBuf,
     backend: &Backend,
+    cancel: Option<std::os::fd::OwnedFd>,
 ) -> Result<(), String> {
     let log_path = d.join("build.log");
     let tree = d.join("tree");
@@ -656,6 +659,9 @@ fn run_build(
     if let Some((uid, gid)) = sandbox_root_ids()? {
         lchown(&tree, uid, gid)?;
     }
+    // A copy of the cancel pipe's read end, to tell afterwards whether the build was
+    // stopped (a sandbox stopped while it was being built reports only that it died).
+    let stopped = cancel.as_ref().and_then(|c| c.try_clone().ok());
     let plan = build_plan(inputs, &tree, &input)?;
     let (launch, limits) = oneshot::launch_plan(&plan)?;
     let out = oneshot::run(
@@ -666,10 +672,14 @@ fn run_build(
             stdin: Stdin::Null,
             output: Output::Capture,
             launcher,
-            cancel: None,
+            cancel,
         },
     );
-    let verdict = verdict(&out);
+    let verdict = if stopped.as_ref().is_some_and(was_cancelled) {
+        Err("the build was stopped (its supervisor stopped)".to_string())
+    } else {
+        verdict(&out)
+    };
     let mut log = out.stdout.clone();
     if out.stdout_truncated {
         log.extend_from_slice(b"\n[zygo] the output above was cut at 1 MiB\n");
@@ -689,10 +699,25 @@ fn run_build(
     seal(&tree)
 }
 
+/// Whether a cancel pipe's read end says cancel: readable, or its write end closed.
+fn was_cancelled(fd: &std::os::fd::OwnedFd) -> bool {
+    let mut p = libc::pollfd {
+        fd: fd.as_raw_fd(),
+        events: libc::POLLIN,
+        revents: 0,
+    };
+    // SAFETY: one valid pollfd, no waiting.
+    let r = unsafe { libc::poll(&mut p, 1, 0) };
+    r > 0 && p.revents & (libc::POLLIN | libc::POLLHUP) != 0
+}
+
 /// Whether a build's sandbox ended well, or why not in one line.
 fn verdict(out: &Outcome) -> Result<(), String> {
     if let Some(e) = &out.error {
         return Err(format!("the build sandbox could not run: {e}"));
+    }
+    if out.cancelled {
+        return Err("the build was stopped (its supervisor stopped)".into());
     }
     if out.timed_out {
         return Err(format!("the build ran past its {BUILD_TIMEOUT} limit"));

@@ -8,6 +8,7 @@
 //! refused with the build's reason.
 
 use std::collections::HashMap;
+use std::os::fd::OwnedFd;
 use std::path::{Path, PathBuf};
 use std::thread::JoinHandle;
 
@@ -28,21 +29,38 @@ pub(super) const BUILDING_RETRY_AFTER: u32 = 5;
 /// The builds this supervisor started, by set id.
 #[derive(Default)]
 pub(super) struct Builds {
-    running: HashMap<String, JoinHandle<()>>,
+    running: HashMap<String, Build>,
+}
+
+/// A build's thread, and the write end of its cancel pipe: closing it stops the build.
+struct Build {
+    thread: JoinHandle<()>,
+    _cancel: OwnedFd,
 }
 
 impl Builds {
+    /// Stop every build (each fails, its sandbox killed and its cgroup removed) and wait
+    /// for their threads.
+    pub(super) fn shutdown(&mut self) {
+        for (id, b) in self.running.drain() {
+            drop(b._cancel);
+            if b.thread.join().is_err() {
+                log::error!("the build of dependency set {id} panicked");
+            }
+        }
+    }
+
     /// Join the builds that have ended.
     fn reap(&mut self) {
         let done: Vec<String> = self
             .running
             .iter()
-            .filter(|(_, h)| h.is_finished())
+            .filter(|(_, b)| b.thread.is_finished())
             .map(|(id, _)| id.clone())
             .collect();
         for id in done {
-            if let Some(h) = self.running.remove(&id) {
-                if h.join().is_err() {
+            if let Some(b) = self.running.remove(&id) {
+                if b.thread.join().is_err() {
                     log::error!("the build of dependency set {id} panicked");
                 }
             }
@@ -171,13 +189,22 @@ impl Functions {
         let launcher = self.launcher.clone();
         let backend = self.backend.clone();
         let thread_id = id.clone();
+        let (cancel_r, cancel_w) = plumbing::pipes::pipe()
+            .map_err(|e| refusal(ErrorCode::Internal, format!("create a pipe: {e}")))?;
         let handle = std::thread::Builder::new()
             .name("zygo-deps".into())
             .spawn(move || {
                 let rec = match deps::claim(&state_dir, &inputs) {
                     Ok(Claim::Build(lock, _)) => {
                         log::info!("building dependency set {thread_id}");
-                        deps::build(&state_dir, &inputs, lock, launcher, &backend)
+                        deps::build(
+                            &state_dir,
+                            &inputs,
+                            lock,
+                            launcher,
+                            &backend,
+                            Some(cancel_r),
+                        )
                     }
                     // Ready, or another process builds it.
                     Ok(Claim::Exists(_)) => return,
@@ -195,7 +222,13 @@ impl Functions {
                 }
             })
             .map_err(|e| refusal(ErrorCode::Internal, format!("start a build thread: {e}")))?;
-        self.deps_builds.running.insert(id, handle);
+        self.deps_builds.running.insert(
+            id,
+            Build {
+                thread: handle,
+                _cancel: cancel_w,
+            },
+        );
         Ok(building)
     }
 

@@ -402,6 +402,7 @@ impl Functions {
         }
         self.parks.clear();
         self.runs_shutdown(cx);
+        self.deps_builds.shutdown();
         let ids: Vec<String> = self.calls.keys().cloned().collect();
         for id in &ids {
             if let Some(c) = self.calls.get_mut(id) {
