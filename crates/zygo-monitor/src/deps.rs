@@ -587,7 +587,8 @@ fn sandbox_root_ids() -> Result<Option<(u32, u32)>, String> {
 }
 
 /// After a build: the tree belongs to this process's user (root, as root) and nobody may
-/// write to it; everything stays readable (and what was executable, executable).
+/// write to it; everything stays readable (and what was executable, executable). Only
+/// files, folders and symlinks stay.
 fn seal(tree: &Path) -> Result<(), String> {
     // SAFETY: these calls cannot fail.
     let (uid, gid) = unsafe { (libc::geteuid(), libc::getegid()) };
@@ -597,8 +598,14 @@ fn seal(tree: &Path) -> Result<(), String> {
         if as_root {
             lchown(p, uid, gid)?;
         }
-        if meta.file_type().is_symlink() {
+        let ft = meta.file_type();
+        if ft.is_symlink() {
             return Ok(());
+        }
+        if !ft.is_file() && !ft.is_dir() {
+            // A FIFO, a socket or a device node has no place in a set: whoever opened it
+            // later would block, or reach what it names.
+            return std::fs::remove_file(p).map_err(|e| format!("remove {}: {e}", p.display()));
         }
         // No set-id bits, no write bits; readable by all, and searchable where it was.
         let mut mode = meta.mode() & 0o555;
@@ -818,6 +825,41 @@ mod tests {
         assert!(binary.expect_err("not UTF-8").contains("UTF-8"));
         let image = Inputs::new("python:3.12", vec![("requirements.txt".into(), vec![])]);
         assert!(image.is_err());
+    }
+
+    #[test]
+    fn a_sealed_tree_is_read_only_and_holds_only_files_folders_and_links() {
+        use std::os::unix::fs::{MetadataExt, PermissionsExt};
+        let d = std::env::temp_dir().join(format!("zygo-deps-seal-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&d);
+        std::fs::create_dir_all(d.join("bin")).expect("mkdir");
+        std::fs::write(d.join("bin/tool"), b"#!/bin/sh\n").expect("write");
+        std::fs::set_permissions(d.join("bin/tool"), std::fs::Permissions::from_mode(0o6777))
+            .expect("chmod");
+        std::fs::write(d.join("data"), b"x").expect("write");
+        std::fs::set_permissions(d.join("data"), std::fs::Permissions::from_mode(0o600))
+            .expect("chmod");
+        std::os::unix::fs::symlink("/etc/passwd", d.join("link")).expect("symlink");
+        let fifo = std::ffi::CString::new(d.join("fifo").to_str().expect("utf-8")).expect("c");
+        // SAFETY: a valid NUL-terminated path.
+        assert_eq!(unsafe { libc::mkfifo(fifo.as_ptr(), 0o666) }, 0);
+        let sealed = seal(&d);
+        let mode = |p: &str| {
+            std::fs::symlink_metadata(d.join(p))
+                .map(|m| m.mode() & 0o7777)
+                .unwrap_or(0)
+        };
+        let got = (
+            mode(""),
+            mode("bin"),
+            mode("bin/tool"),
+            mode("data"),
+            d.join("fifo").exists(),
+            std::fs::symlink_metadata(d.join("link")).is_ok(),
+        );
+        let _ = remove_tree(&d);
+        sealed.expect("seal");
+        assert_eq!(got, (0o555, 0o555, 0o555, 0o444, false, true));
     }
 
     #[test]
