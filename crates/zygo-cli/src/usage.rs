@@ -222,6 +222,8 @@ Environment (the operator's):
                             registry.npmjs.org:443]
   ZYGO_DEPS_PIP_INDEX_URL  pip's index (a mirror; name it in ZYGO_DEPS_REGISTRIES)
   ZYGO_DEPS_NPM_REGISTRY   npm's registry (likewise)
+  ZYGO_DEPS_CA_BUNDLE      a PEM file of CA certificates the build trusts as well
+                           (where the network re-signs TLS)
 ";
 
 pub const LS: &str = "\

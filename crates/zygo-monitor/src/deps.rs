@@ -192,38 +192,72 @@ pub fn is_id(s: &str) -> bool {
     policy::file::is_deps_id(s)
 }
 
-/// The registries a build may reach: `ZYGO_DEPS_REGISTRIES` (`HOST:PORT,...`, the
-/// operator's) or [`DEFAULT_REGISTRIES`].
-pub fn registries() -> Result<Vec<String>, String> {
-    match std::env::var("ZYGO_DEPS_REGISTRIES") {
-        Ok(v) if !v.trim().is_empty() => {
-            let list: Vec<String> = v
-                .split(',')
-                .map(str::trim)
-                .filter(|s| !s.is_empty())
-                .map(str::to_string)
-                .collect();
-            for r in &list {
-                policy::AllowRule::parse("ZYGO_DEPS_REGISTRIES", r).map_err(|e| e.to_string())?;
-            }
-            Ok(list)
-        }
-        _ => Ok(DEFAULT_REGISTRIES.iter().map(|s| s.to_string()).collect()),
-    }
+/// The operator's settings for builds, read from the environment of the process that
+/// builds (the supervisor, or `zygo deps build`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Settings {
+    /// `ZYGO_DEPS_REGISTRIES` (`HOST:PORT,...`), else [`DEFAULT_REGISTRIES`]: all a build
+    /// may reach.
+    pub registries: Vec<String>,
+    /// `ZYGO_DEPS_PIP_INDEX_URL`: pip's index (a mirror).
+    pub pip_index_url: Option<String>,
+    /// `ZYGO_DEPS_NPM_REGISTRY`: npm's registry (a mirror).
+    pub npm_registry: Option<String>,
+    /// `ZYGO_DEPS_CA_BUNDLE`: a PEM file of CA certificates the build trusts besides the
+    /// resolvers' own (where the host's network re-signs TLS), read-only at
+    /// [`CA_MOUNT`].
+    pub ca_bundle: Option<PathBuf>,
 }
 
-/// The environment a build gets on top of the sandbox's own: the package index the
-/// operator named (`ZYGO_DEPS_PIP_INDEX_URL`, `ZYGO_DEPS_NPM_REGISTRY`: a mirror, which
-/// `ZYGO_DEPS_REGISTRIES` must then name), and quiet, non-interactive resolvers.
-fn build_env(kind: Kind) -> Vec<String> {
-    let mut env = Vec::new();
-    match kind {
-        Kind::Python => {
-            env.push("PIP_DISABLE_PIP_VERSION_CHECK=1".to_string());
-            env.push("PIP_NO_INPUT=1".to_string());
-            env.push("PYTHONDONTWRITEBYTECODE=1".to_string());
-            if let Ok(url) = std::env::var("ZYGO_DEPS_PIP_INDEX_URL") {
-                if !url.is_empty() {
+/// Where a build finds `ZYGO_DEPS_CA_BUNDLE`.
+const CA_MOUNT: &str = "/deps-ca.pem";
+
+impl Settings {
+    pub fn from_env() -> Result<Settings, String> {
+        let var = |k: &str| std::env::var(k).ok().filter(|v| !v.trim().is_empty());
+        let registries = match var("ZYGO_DEPS_REGISTRIES") {
+            Some(v) => {
+                let list: Vec<String> = v
+                    .split(',')
+                    .map(str::trim)
+                    .filter(|s| !s.is_empty())
+                    .map(str::to_string)
+                    .collect();
+                for r in &list {
+                    policy::AllowRule::parse("ZYGO_DEPS_REGISTRIES", r)
+                        .map_err(|e| e.to_string())?;
+                }
+                list
+            }
+            None => DEFAULT_REGISTRIES.iter().map(|s| s.to_string()).collect(),
+        };
+        let ca_bundle = var("ZYGO_DEPS_CA_BUNDLE").map(PathBuf::from);
+        if let Some(p) = &ca_bundle {
+            if !p.is_absolute() || !p.is_file() {
+                return Err(format!(
+                    "ZYGO_DEPS_CA_BUNDLE={} is not an absolute path to a file",
+                    p.display()
+                ));
+            }
+        }
+        Ok(Settings {
+            registries,
+            pip_index_url: var("ZYGO_DEPS_PIP_INDEX_URL"),
+            npm_registry: var("ZYGO_DEPS_NPM_REGISTRY"),
+            ca_bundle,
+        })
+    }
+
+    /// The environment a build gets on top of the sandbox's own: the package index the
+    /// operator named, the CA bundle, and quiet, non-interactive resolvers.
+    fn env(&self, kind: Kind) -> Vec<String> {
+        let mut env = Vec::new();
+        match kind {
+            Kind::Python => {
+                env.push("PIP_DISABLE_PIP_VERSION_CHECK=1".to_string());
+                env.push("PIP_NO_INPUT=1".to_string());
+                env.push("PYTHONDONTWRITEBYTECODE=1".to_string());
+                if let Some(url) = &self.pip_index_url {
                     // pip ignores an index over plain http unless its host is trusted.
                     if let Some(host) = url
                         .strip_prefix("http://")
@@ -233,24 +267,29 @@ fn build_env(kind: Kind) -> Vec<String> {
                     }
                     env.push(format!("PIP_INDEX_URL={url}"));
                 }
+                if self.ca_bundle.is_some() {
+                    env.push(format!("PIP_CERT={CA_MOUNT}"));
+                    env.push(format!("SSL_CERT_FILE={CA_MOUNT}"));
+                }
             }
-        }
-        Kind::Node => {
-            env.push("npm_config_update_notifier=false".to_string());
-            env.push("npm_config_fund=false".to_string());
-            env.push("npm_config_audit=false".to_string());
-            // A refused download is retried twice, quickly, rather than over a minute.
-            env.push("npm_config_fetch_retries=2".to_string());
-            env.push("npm_config_fetch_retry_mintimeout=1000".to_string());
-            env.push("npm_config_fetch_retry_maxtimeout=5000".to_string());
-            if let Ok(url) = std::env::var("ZYGO_DEPS_NPM_REGISTRY") {
-                if !url.is_empty() {
+            Kind::Node => {
+                env.push("npm_config_update_notifier=false".to_string());
+                env.push("npm_config_fund=false".to_string());
+                env.push("npm_config_audit=false".to_string());
+                // A refused download is retried twice, quickly, rather than over a minute.
+                env.push("npm_config_fetch_retries=2".to_string());
+                env.push("npm_config_fetch_retry_mintimeout=1000".to_string());
+                env.push("npm_config_fetch_retry_maxtimeout=5000".to_string());
+                if let Some(url) = &self.npm_registry {
                     env.push(format!("npm_config_registry={url}"));
+                }
+                if self.ca_bundle.is_some() {
+                    env.push(format!("NODE_EXTRA_CA_CERTS={CA_MOUNT}"));
                 }
             }
         }
+        env
     }
-    env
 }
 
 /// The shell script a build runs. Everything it prints goes to one stream, the log.
@@ -270,6 +309,7 @@ fn build_script(kind: Kind) -> String {
 /// The plan of a set's build: a one-shot sandbox on its image, egress only to the
 /// registries, the set's tree writable at [`MOUNT`] and its files read-only.
 pub fn build_plan(
+    settings: &Settings,
     inputs: &Inputs,
     tree: &Path,
     input: &Path,
@@ -279,6 +319,13 @@ pub fn build_plan(
             .map(str::to_string)
             .ok_or_else(|| format!("path {} is not valid UTF-8", p.display()))
     };
+    let mut mounts = vec![
+        format!("{}:{MOUNT}:rw", path(tree)?),
+        format!("{}:{INPUT_MOUNT}:ro", path(input)?),
+    ];
+    if let Some(ca) = &settings.ca_bundle {
+        mounts.push(format!("{}:{CA_MOUNT}:ro", path(ca)?));
+    }
     let args = policy::OneShotArgs {
         mem: Some(BUILD_MEM.into()),
         cpu: Some(BUILD_CPU.into()),
@@ -286,13 +333,10 @@ pub fn build_plan(
         timeout: Some(BUILD_TIMEOUT.into()),
         scratch: Some(BUILD_SCRATCH.into()),
         net: Some("egress".into()),
-        allow: registries()?,
+        allow: settings.registries.clone(),
         image: Some(inputs.image.clone()),
-        mounts: vec![
-            format!("{}:{MOUNT}:rw", path(tree)?),
-            format!("{}:{INPUT_MOUNT}:ro", path(input)?),
-        ],
-        env: build_env(inputs.kind),
+        mounts,
+        env: settings.env(inputs.kind),
         argv: vec!["/bin/sh".into(), "-c".into(), build_script(inputs.kind)],
         ..policy::OneShotArgs::default()
     };
@@ -669,7 +713,7 @@ fn run_build(
     // A copy of the cancel pipe's read end, to tell afterwards whether the build was
     // stopped (a sandbox stopped while it was being built reports only that it died).
     let stopped = cancel.as_ref().and_then(|c| c.try_clone().ok());
-    let plan = build_plan(inputs, &tree, &input)?;
+    let plan = build_plan(&Settings::from_env()?, inputs, &tree, &input)?;
     let (launch, limits) = oneshot::launch_plan(&plan)?;
     let out = oneshot::run(
         backend,
@@ -874,7 +918,14 @@ mod tests {
     #[test]
     fn the_build_may_reach_only_the_registries() {
         let tmp = std::env::temp_dir();
-        let plan = build_plan(&py("six\n"), &tmp.join("t"), &tmp.join("i")).expect("plan");
+        let settings = Settings {
+            registries: DEFAULT_REGISTRIES.iter().map(|s| s.to_string()).collect(),
+            pip_index_url: None,
+            npm_registry: None,
+            ca_bundle: None,
+        };
+        let plan =
+            build_plan(&settings, &py("six\n"), &tmp.join("t"), &tmp.join("i")).expect("plan");
         assert_eq!(plan.network, policy::Network::Egress);
         assert_eq!(plan.allow.len(), DEFAULT_REGISTRIES.len());
         assert_eq!(plan.mounts.len(), 2);
@@ -886,5 +937,25 @@ mod tests {
             .mounts
             .iter()
             .any(|m| !m.rw && m.dst == Path::new(INPUT_MOUNT)));
+        // A CA bundle of the operator's: read-only, and named to pip.
+        let with_ca = Settings {
+            ca_bundle: Some(PathBuf::from("/etc/hostname")),
+            pip_index_url: Some("http://10.0.0.1:8080/simple/".into()),
+            ..settings
+        };
+        let plan =
+            build_plan(&with_ca, &py("six\n"), &tmp.join("t"), &tmp.join("i")).expect("plan");
+        assert!(plan
+            .mounts
+            .iter()
+            .any(|m| !m.rw && m.dst == Path::new(CA_MOUNT)));
+        let env: Vec<String> = plan.env.iter().map(|(k, v)| format!("{k}={v}")).collect();
+        for want in [
+            "PIP_CERT=/deps-ca.pem",
+            "PIP_INDEX_URL=http://10.0.0.1:8080/simple/",
+            "PIP_TRUSTED_HOST=10.0.0.1:8080",
+        ] {
+            assert!(env.iter().any(|e| e == want), "{want} not in {env:?}");
+        }
     }
 }
