@@ -768,12 +768,25 @@ fn http(
     token: &str,
     body: &str,
 ) -> (u16, Option<String>, Value) {
+    http_as(addr, method, path, token, None, body)
+}
+
+/// [`http`], for an operator acting for `tenant` (`X-Zygo-Tenant`).
+fn http_as(
+    addr: &str,
+    method: &str,
+    path: &str,
+    token: &str,
+    tenant: Option<&str>,
+    body: &str,
+) -> (u16, Option<String>, Value) {
     use std::io::{Read, Write};
     let mut c = std::net::TcpStream::connect(addr).expect("connect to zygo api");
     c.set_read_timeout(Some(Duration::from_secs(60)))
         .expect("timeout");
+    let tenant = tenant.map_or(String::new(), |t| format!("X-Zygo-Tenant: {t}\r\n"));
     let head = format!(
-        "{method} {path} HTTP/1.1\r\nHost: t\r\nConnection: close\r\nAuthorization: Bearer {token}\r\nContent-Length: {}\r\n\r\n",
+        "{method} {path} HTTP/1.1\r\nHost: t\r\nConnection: close\r\nAuthorization: Bearer {token}\r\n{tenant}Content-Length: {}\r\n\r\n",
         body.len()
     );
     c.write_all(head.as_bytes()).expect("send");
@@ -944,6 +957,12 @@ fn deps_over_http() {
     assert_eq!(v["deps"], serde_json::json!([]), "{v}");
     let (st, _, _) = http(a, "GET", &format!("/deps/{bad_id}"), &tok, "");
     assert_eq!(st, 404);
+    // Nor may a layer served for the tenant name a set it did not send.
+    let layer = serde_json::json!({"name": "tpool", "layer": {"agent": "python", "deps": bad_id}})
+        .to_string();
+    let (st, _, v) = http_as(a, "POST", "/runtimes", BOOT, Some(&tenant), &layer);
+    assert_eq!(st, 404, "{v}");
+    assert_eq!(s(&v, "code"), "not_found", "{v}");
     let (st, _, v) = http(a, "POST", "/deps", &tok, &bad);
     assert_eq!(s(&v, "id"), bad_id, "{st} {v}");
     let (st, _, _) = http(a, "GET", &format!("/deps/{bad_id}"), &tok, "");
