@@ -970,6 +970,21 @@ fn deps_over_http() {
     // Deleting is the operator's, behind the deploy gate.
     let (st, _, _) = http(a, "DELETE", &format!("/deps/{bad_id}"), &tok, "");
     assert_eq!(st, 403);
+    // A tenant deleted and made again is somebody else: the set is no longer its.
+    let (st, _, v) = http(a, "DELETE", &format!("/tenants/{tenant}"), BOOT, "");
+    assert_eq!(st, 200, "{v}");
+    let (st, _, v) = http(
+        a,
+        "POST",
+        "/tenants",
+        BOOT,
+        &format!("{{\"id\": \"{tenant}\"}}"),
+    );
+    assert_eq!(st, 200, "{v}");
+    let f = sup.run(&["token", "mint", "--tenant", &tenant, "--json"]);
+    let tok = text(&f.last_json(), "secret").to_string();
+    let (st, _, _) = http(a, "GET", &format!("/deps/{bad_id}"), &tok, "");
+    assert_eq!(st, 404);
 
     // A supervisor that stops stops its builds: the set fails, saying so, and nothing of
     // its build is left running.

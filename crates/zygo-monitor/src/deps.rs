@@ -455,6 +455,18 @@ pub fn add_owner(state_dir: &Path, id: &str, tenant: &str) -> Result<(), String>
     write_atomic(&d.join("owners.json"), &bytes)
 }
 
+/// Forget that `tenant` sent set `id` (a tenant deleted).
+pub fn remove_owner(state_dir: &Path, id: &str, tenant: &str) -> Result<(), String> {
+    let mut list = owners(state_dir, id);
+    let before = list.len();
+    list.retain(|t| t != tenant);
+    if list.len() == before {
+        return Ok(());
+    }
+    let bytes = serde_json::to_vec(&list).map_err(|e| e.to_string())?;
+    write_atomic(&dir(state_dir, id).join("owners.json"), &bytes)
+}
+
 /// Forget a set: its folder and everything in it.
 pub fn remove(state_dir: &Path, id: &str) -> Result<(), String> {
     remove_tree(&dir(state_dir, id))

@@ -469,6 +469,12 @@ impl Functions {
             Err(r) => return r.into(),
         };
         self.release_blobs_of(id);
+        // The dependency sets it sent stay (others may use them), no longer its.
+        for set in crate::deps::list(&self.state_dir) {
+            if let Err(e) = crate::deps::remove_owner(&self.state_dir, &set, id) {
+                log::warn!("dependency set {set}: {e}");
+            }
+        }
         self.scripts.let_go(id);
         let mut scripts_removed = Vec::new();
         for d in orphans {
