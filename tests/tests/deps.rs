@@ -580,7 +580,15 @@ const POOL_PY: &str = "import shutil, sys\nimport zygodemo\ndef handler(event):\
 
 /// A supervisor of the test's own, pointed at `h` as its registry.
 fn sup_for(h: &IndexHost, test: &str) -> Option<Sup> {
-    let mut s = SUITE.root(test)?;
+    if !root_only() {
+        return None;
+    }
+    Some(sup_as(Who::Root, h, test))
+}
+
+/// The same, run by `who`.
+fn sup_as(who: Who, h: &IndexHost, test: &str) -> Sup {
+    let mut s = SUITE.sup(who, test);
     s.env("ZYGO_DEPS_REGISTRIES", &format!("{}:{INDEX}", h.host))
         .env(
             "ZYGO_DEPS_PIP_INDEX_URL",
@@ -590,18 +598,20 @@ fn sup_for(h: &IndexHost, test: &str) -> Option<Sup> {
             "ZYGO_DEPS_NPM_REGISTRY",
             &format!("http://{}:{INDEX}/", h.host),
         );
-    Some(s)
+    s
 }
+
+root_and_rootless!(functions_and_pools_named_against_a_set_import_it);
 
 /// A function and a pool with `deps = "<id>"` import the set's package (the venv's
 /// interpreter runs the agent; its console script is first on PATH), and nothing of
 /// the set can be changed from inside.
-#[test]
-fn functions_and_pools_named_against_a_set_import_it() {
-    let h = IndexHost::new();
-    let Some(mut sup) = sup_for(&h, "use") else {
+fn functions_and_pools_named_against_a_set_import_it(who: Who) {
+    if !root_only() {
         return;
-    };
+    }
+    let h = IndexHost::new();
+    let mut sup = sup_as(who, &h, "use");
     let req = sup.file("requirements.txt", b"zygodemo==1.0\n");
     let f = sup.run(&["deps", "build", "host", &req, "--json"]);
     let v = f.last_json();
