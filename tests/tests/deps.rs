@@ -980,6 +980,25 @@ fn deps_over_http() {
     // Deleting is the operator's, behind the deploy gate.
     let (st, _, _) = http(a, "DELETE", &format!("/deps/{bad_id}"), &tok, "");
     assert_eq!(st, 403);
+    // A tenant has at most two builds running: a third is busy, with a retry hint.
+    wait_for(Duration::from_secs(120), "the tenant's build ends", || {
+        let (_, _, v) = http(a, "GET", &format!("/deps/{bad_id}"), &tok, "");
+        s(&v, "state") != "building"
+    });
+    let mut statuses = Vec::new();
+    for n in 0..3 {
+        let b = serde_json::json!({"image": "host", "files": {"requirements.txt": format!("# {tenant} {n}\n")}}).to_string();
+        let (st, retry, v) = http(a, "POST", "/deps", &tok, &b);
+        statuses.push((st, retry.is_some(), s(&v, "code").to_string()));
+    }
+    assert_eq!(
+        statuses,
+        vec![
+            (202, false, String::new()),
+            (202, false, String::new()),
+            (429, true, "busy".to_string())
+        ]
+    );
     // A tenant deleted and made again is somebody else: the set is no longer its.
     let (st, _, v) = http(a, "DELETE", &format!("/tenants/{tenant}"), BOOT, "");
     assert_eq!(st, 200, "{v}");

@@ -23,6 +23,9 @@ use crate::supervisor::api::Acting;
 
 /// The most builds that run at once; one more is refused as busy.
 const MAX_BUILDS: usize = 4;
+/// The most of them one tenant's `POST /deps` may have started, so that one tenant cannot
+/// take every place.
+const MAX_TENANT_BUILDS: usize = 2;
 /// The retry hint (seconds) of a refusal because a set is still building.
 pub(super) const BUILDING_RETRY_AFTER: u32 = 5;
 
@@ -35,6 +38,8 @@ pub(super) struct Builds {
 /// A build's thread, and the write end of its cancel pipe: closing it stops the build.
 struct Build {
     thread: JoinHandle<()>,
+    /// The tenant whose `POST /deps` started it (`None`: the host's).
+    tenant: Option<String>,
     _cancel: OwnedFd,
 }
 
@@ -157,8 +162,12 @@ pub(super) fn requirements_inputs(spec: &FnSpec, file: &Path) -> Result<Inputs, 
 impl Functions {
     /// Build `inputs` unless its set is ready or building already; the set's record as it
     /// stands (`building` for a build just started). Refused as busy when
-    /// [`MAX_BUILDS`] run already.
-    pub(super) fn start_deps(&mut self, inputs: Inputs) -> Result<Record, Refusal> {
+    /// [`MAX_BUILDS`] run already, or `tenant` has [`MAX_TENANT_BUILDS`] of them.
+    pub(super) fn start_deps(
+        &mut self,
+        inputs: Inputs,
+        tenant: Option<&str>,
+    ) -> Result<Record, Refusal> {
         self.deps_builds.reap();
         let id = inputs.id();
         let building = Record {
@@ -175,6 +184,23 @@ impl Functions {
             Ok(Some(rec)) if rec.state != State::Failed => return Ok(rec),
             Ok(_) => {}
             Err(e) => return Err(refusal(ErrorCode::Internal, e)),
+        }
+        if let Some(t) = tenant {
+            let theirs = self
+                .deps_builds
+                .running
+                .values()
+                .filter(|b| b.tenant.as_deref() == Some(t))
+                .count();
+            if theirs >= MAX_TENANT_BUILDS {
+                return Err(Refusal {
+                    code: ErrorCode::Busy,
+                    message: format!(
+                        "{MAX_TENANT_BUILDS} of your dependency sets are building already; send it again once one is done"
+                    ),
+                    retry_after: Some(BUILDING_RETRY_AFTER * 6),
+                });
+            }
         }
         if self.deps_builds.running.len() >= MAX_BUILDS {
             return Err(Refusal {
@@ -226,6 +252,7 @@ impl Functions {
             id,
             Build {
                 thread: handle,
+                tenant: tenant.map(str::to_string),
                 _cancel: cancel_w,
             },
         );
@@ -242,7 +269,7 @@ impl Functions {
             (None, Some(file)) => {
                 let inputs =
                     requirements_inputs(spec, file).map_err(|e| refuse(ErrorCode::BadSpec, e))?;
-                (self.start_deps(inputs)?.id, true)
+                (self.start_deps(inputs, None)?.id, true)
             }
             (None, None) => return Ok(None),
         };
@@ -370,7 +397,7 @@ impl Functions {
                 return fail(ErrorCode::Internal, e);
             }
         }
-        match self.start_deps(inputs) {
+        match self.start_deps(inputs, who.tenant.as_deref()) {
             Ok(rec) => Reply::Deps(info(&self.state_dir, &rec, false)),
             Err(r) => r.into(),
         }
