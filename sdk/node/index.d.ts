@@ -77,6 +77,9 @@ export interface Result<T = unknown> {
   metrics: Metrics;
   /** The request's directory as a tar, when the call asked for `out`. */
   workspace: Buffer | null;
+  /** A stream's result only: the stream was read too slowly, so output events were dropped
+   * from some point on (`stdout` and `stderr` are still whole up to their caps). */
+  streamTruncated: boolean;
   raw: Record<string, unknown>;
 }
 
@@ -255,6 +258,8 @@ export interface RunOptions {
   timeout?: number | string;
   scratch?: string | number;
   network?: 'none' | 'egress';
+  /** With network 'egress': the 'host:port' destinations the run may reach. */
+  allow?: string[];
   env?: Record<string, string>;
   stdin?: string;
   key?: string;

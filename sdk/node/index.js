@@ -150,6 +150,8 @@ export function toResult(v) {
     started: bool(d.started, true),
     metrics: metrics(d.metrics),
     workspace: workspaceOf(d),
+    // A stream's result only: events were dropped because the stream was read too slowly.
+    streamTruncated: bool(d.stream_truncated),
     raw: d,
   };
 }

@@ -13,8 +13,8 @@
 //! `ZYGO_API_TOKEN`) serving `def handler(event): return {"ok": True}` (min_warm 2,
 //! max_warm 8), and `zygo api --listen 127.0.0.1:0` in front of it. Then for 1, 8 and 32
 //! concurrent callers — each with one kept connection, calling back to back — it measures
-//! the control socket (Role::Cli, `Exec`) and HTTP (`POST /fn/NAME`, keep-alive, bearer
-//! token) alternately, `ZYGO_BENCH_ROUNDS` rounds (default 2) of `ZYGO_BENCH_SECS` seconds
+//! the control socket (Role::Cli, `Exec`) and HTTP (`POST /fn/NAME`, keep-alive, each
+//! caller with an operator token of its own, minted on the host) alternately, `ZYGO_BENCH_ROUNDS` rounds (default 2) of `ZYGO_BENCH_SECS` seconds
 //! (default 2) each after 0.5 s of warm-up: calls/s, p50 and p99, and `zygo api`'s RSS
 //! (its highest VmRSS seen while measuring). A call the supervisor refuses as busy (429)
 //! is counted apart; its caller waits 1 ms and goes on.
@@ -27,7 +27,7 @@ use std::net::TcpStream;
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
-use std::sync::atomic::{AtomicU64, AtomicU8, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicU8, AtomicUsize, Ordering};
 use std::time::{Duration, Instant, SystemTime};
 
 use proto::front::{
@@ -167,12 +167,12 @@ struct Http {
 }
 
 impl Http {
-    fn connect(addr: &str, name: &str) -> R<Http> {
+    fn connect(addr: &str, name: &str, token: &str) -> R<Http> {
         let w = TcpStream::connect(addr).map_err(|e| format!("connect {addr}: {e}"))?;
         w.set_nodelay(true).map_err(|e| e.to_string())?;
         let r = BufReader::new(w.try_clone().map_err(|e| e.to_string())?);
         let head = format!(
-            "POST /fn/{name} HTTP/1.1\r\nHost: bench\r\nAuthorization: Bearer {TOKEN}\r\nContent-Type: application/json\r\nContent-Length: 2\r\n\r\n{{}}"
+            "POST /fn/{name} HTTP/1.1\r\nHost: bench\r\nAuthorization: Bearer {token}\r\nContent-Type: application/json\r\nContent-Length: 2\r\n\r\n{{}}"
         )
         .into_bytes();
         Ok(Http { w, r, head })
@@ -447,6 +447,10 @@ fn run() -> R<i32> {
         "{:>7} {:>8} {:>10} {:>10} {:>10} {:>6} {:>6}",
         "callers", "path", "calls/s", "p50 ms", "p99 ms", "busy", "failed"
     );
+    // Each HTTP caller has a token of its own, as separate callers of an embedder would:
+    // one credential holds at most a quarter of the front's channels.
+    let tokens = mint_tokens(&bin, &runtime, LEVELS[LEVELS.len() - 1])?;
+    let next_token = AtomicUsize::new(0);
     let mut p50_gap_1 = None;
     let mut http_8 = 0.0;
     let rss_max = AtomicU64::new(0);
@@ -475,7 +479,10 @@ fn run() -> R<i32> {
             let h = measure(
                 callers,
                 secs,
-                &|| Ok(Box::new(Http::connect(&addr, &name)?) as Box<dyn Caller>),
+                &|| {
+                    let t = &tokens[next_token.fetch_add(1, Ordering::Relaxed) % tokens.len()];
+                    Ok(Box::new(Http::connect(&addr, &name, t)?) as Box<dyn Caller>)
+                },
                 rss_here,
                 &rss_max,
             );
@@ -540,4 +547,33 @@ fn run() -> R<i32> {
     drop(procs);
     let _ = std::fs::remove_dir_all(&dir);
     Ok(if bad { 1 } else { 0 })
+}
+
+/// `n` operator tokens, minted on the host (`zygo token mint --json`).
+fn mint_tokens(bin: &Path, runtime: &Path, n: usize) -> R<Vec<String>> {
+    (0..n)
+        .map(|_| {
+            let out = Command::new(bin)
+                .args(["token", "mint", "--json"])
+                .env("ZYGO_RUNTIME_DIR", runtime)
+                .stdin(Stdio::null())
+                .output()
+                .map_err(|e| format!("zygo token mint: {e}"))?;
+            let text = String::from_utf8_lossy(&out.stdout);
+            let v: serde_json::Value = text
+                .lines()
+                .rev()
+                .find_map(|l| serde_json::from_str(l).ok())
+                .ok_or_else(|| {
+                    format!(
+                        "zygo token mint said no JSON: {text}{}",
+                        String::from_utf8_lossy(&out.stderr)
+                    )
+                })?;
+            v["secret"]
+                .as_str()
+                .map(str::to_string)
+                .ok_or_else(|| format!("zygo token mint: no secret in {v}"))
+        })
+        .collect()
 }

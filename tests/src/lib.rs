@@ -1059,24 +1059,49 @@ pub fn probe(who: Who, flags: &[&str], code: &str) -> Value {
     })
 }
 
-/// The host uid and gid that id 0 inside a sandbox of `who` maps onto.
+/// The host uid and gid that own, on disk, what id 0 inside a sandbox of `who` writes
+/// into a host folder: the first ids of the subordinate range as root (each sandbox's root
+/// is a host uid of its own, and handed folders are idmapped onto these), the user
+/// rootless.
 pub fn sandbox_host_ids(who: Who) -> (u32, u32) {
     let (v, code) = run_json(
         who,
         &[],
-        &["sh", "-c", "cat /proc/self/uid_map /proc/self/gid_map"],
+        &[
+            "sh",
+            "-c",
+            "cat /proc/self/uid_map; echo; cat /proc/self/gid_map",
+        ],
     );
     assert_ok(who, &v, code);
-    let lines: Vec<Vec<u64>> = s(&v, "stdout")
-        .lines()
-        .map(|l| {
-            l.split_whitespace()
-                .map(|n| n.parse().expect("id map numbers"))
-                .collect()
-        })
-        .collect();
-    assert_eq!(lines.len(), 2, "one uid and one gid map line: {v}");
-    (lines[0][1] as u32, lines[1][1] as u32)
+    let out = s(&v, "stdout");
+    let (uid_map, gid_map) = out
+        .split_once("\n\n")
+        .unwrap_or_else(|| panic!("two maps: {v}"));
+    let lines = |map: &str| -> Vec<Vec<u64>> {
+        map.lines()
+            .map(|l| {
+                l.split_whitespace()
+                    .map(|n| n.parse().expect("id map numbers"))
+                    .collect()
+            })
+            .collect()
+    };
+    // The base: where inside 0 maps when one line maps everything, else one below
+    // where inside 1 maps.
+    let base = |map: &[Vec<u64>]| -> u32 {
+        match map {
+            [one] => one[1] as u32,
+            _ => {
+                let l = map
+                    .iter()
+                    .find(|l| l[0] == 1)
+                    .unwrap_or_else(|| panic!("no id 1: {v}"));
+                (l[1] - 1) as u32
+            }
+        }
+    };
+    (base(&lines(uid_map)), base(&lines(gid_map)))
 }
 
 /// Assert that a probe's result `key` is one of `expected` (errno names, or "OK").
@@ -1092,4 +1117,35 @@ pub fn assert_result(who: Who, r: &Value, key: &str, expected: &[&str]) {
         "[{}] {key}: expected one of {expected:?}, got {got}\nall results: {r}",
         who.name()
     );
+}
+
+/// A TCP connection to `addr` from the loopback address `from` (127.0.0.2, say): another
+/// peer as the front counts them. Built by hand: std connects only from the default.
+pub fn connect_from(from: std::net::Ipv4Addr, addr: &str) -> std::net::TcpStream {
+    let to: std::net::SocketAddr = addr.parse().expect("an IP:PORT address");
+    let std::net::SocketAddr::V4(to) = to else {
+        panic!("{addr} is not IPv4")
+    };
+    let sin = |ip: std::net::Ipv4Addr, port: u16| libc::sockaddr_in {
+        sin_family: libc::AF_INET as libc::sa_family_t,
+        sin_port: port.to_be(),
+        sin_addr: libc::in_addr {
+            s_addr: u32::from(ip).to_be(),
+        },
+        sin_zero: [0; 8],
+    };
+    let len = std::mem::size_of::<libc::sockaddr_in>() as libc::socklen_t;
+    // SAFETY: a fresh socket, bound and connected with sockaddr_in values that live across
+    // the calls; the descriptor is handed to TcpStream, which owns it from then on.
+    unsafe {
+        let fd = libc::socket(libc::AF_INET, libc::SOCK_STREAM | libc::SOCK_CLOEXEC, 0);
+        assert!(fd >= 0, "socket: {}", std::io::Error::last_os_error());
+        let a = sin(from, 0);
+        let r = libc::bind(fd, &a as *const _ as *const libc::sockaddr, len);
+        assert_eq!(r, 0, "bind {from}: {}", std::io::Error::last_os_error());
+        let b = sin(*to.ip(), to.port());
+        let r = libc::connect(fd, &b as *const _ as *const libc::sockaddr, len);
+        assert_eq!(r, 0, "connect {addr}: {}", std::io::Error::last_os_error());
+        <std::net::TcpStream as std::os::fd::FromRawFd>::from_raw_fd(fd)
+    }
 }

@@ -858,7 +858,7 @@ both_tests! {
 /// its server, when dropped.
 struct OwnAddressHost {
     ns: String,
-    server: Child,
+    server: Option<Child>,
 }
 
 /// A public address (not in any special range) that the namespace owns.
@@ -868,6 +868,11 @@ impl OwnAddressHost {
     fn new() -> OwnAddressHost {
         let ns = format!("zygo-own-{}-{}", std::process::id(), unique());
         ip(&["netns", "add", &ns]);
+        // Removed when dropped, from here on, whatever fails below.
+        let mut h = OwnAddressHost {
+            ns: ns.clone(),
+            server: None,
+        };
         ip(&["-n", &ns, "link", "set", "lo", "up"]);
         // A veth pair with both ends inside (this kernel has no dummy interfaces).
         ip(&[
@@ -884,20 +889,22 @@ impl OwnAddressHost {
         ]);
         ip(&["-n", &ns, "link", "set", "zown0", "up"]);
         ip(&["-n", &ns, "link", "set", "zown1", "up"]);
-        let mut server = Command::new("ip")
-            .args(["netns", "exec", &ns, "python3", "-c", SERVER, OWN])
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::inherit())
-            .spawn()
-            .expect("start the server");
+        let server = h.server.insert(
+            Command::new("ip")
+                .args(["netns", "exec", &ns, "python3", "-c", SERVER, OWN])
+                .stdin(Stdio::piped())
+                .stdout(Stdio::piped())
+                .stderr(Stdio::inherit())
+                .spawn()
+                .expect("start the server"),
+        );
         let mut out = BufReader::new(server.stdout.take().expect("its stdout"));
         let mut first = String::new();
         out.read_line(&mut first).expect("the server started");
         assert_eq!(first.trim(), "ready");
         // The server logs a line per connection: keep reading them, or it dies writing one.
         std::thread::spawn(move || for _ in out.lines() {});
-        OwnAddressHost { ns, server }
+        h
     }
 
     /// `zygo run --json` with `flags` and `cmd`, started inside the namespace (only its
@@ -922,9 +929,11 @@ impl OwnAddressHost {
 
 impl Drop for OwnAddressHost {
     fn drop(&mut self) {
-        drop(self.server.stdin.take());
-        let _ = self.server.kill();
-        let _ = self.server.wait();
+        if let Some(mut server) = self.server.take() {
+            drop(server.stdin.take());
+            let _ = server.kill();
+            let _ = server.wait();
+        }
         let _ = Command::new("ip").args(["netns", "del", &self.ns]).status();
     }
 }

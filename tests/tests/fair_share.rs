@@ -494,3 +494,287 @@ both_tests! {
         );
     }
 }
+
+/// Run `hog` (guarded Python) in one sandbox until it has taken a per-user kernel
+/// allowance, then `victim` (a guarded probe) in another while the first still holds it,
+/// both with `flags`. `hog` reports how it fared with `done(...)` and then calls `hold()`,
+/// which keeps what it took until the test lets it go. Returns (the hog's report, the
+/// victim's).
+fn while_another_sandbox_holds(
+    who: Who,
+    flags: &[&str],
+    hog: &str,
+    victim: &str,
+) -> (Value, Value) {
+    let (prefix, marker) = sleep_marker(60);
+    let code = format!(
+        "import subprocess\ndef hold():\n    subprocess.call(['sleep', {marker:?}])\n{hog}"
+    );
+    let script = probe_script(&code);
+    let guard = guard_flags();
+    let mut hog_flags: Vec<&str> = guard.iter().map(String::as_str).collect();
+    hog_flags.extend(["--timeout", "90s"]);
+    hog_flags.extend(flags);
+    let r = Running::start(who, &hog_flags, &["python3", "-c", &script]);
+    let sleeper = r.find(&prefix);
+    let v = probe(who, flags, victim);
+    // SAFETY: signalling the hog's `sleep`, found by its unique command line.
+    unsafe { libc::kill(sleeper, libc::SIGKILL) };
+    let (a, _) = r.answer();
+    assert_not_refused(who, &a, a["exit_code"].as_i64().unwrap_or(-1) as i32);
+    assert_eq!(a["exit_code"], 0, "[{}] the hog: {a}", who.name());
+    let last = text(&a, "stdout").lines().last().unwrap_or("").to_string();
+    let a: Value = serde_json::from_str(&last).unwrap_or_else(|e| {
+        panic!(
+            "[{}] the hog's last line is not JSON ({e}): {last}",
+            who.name()
+        )
+    });
+    (a, v)
+}
+
+/// Pipes as a Python function: open a pipe and ask for 1 MiB of buffer.
+const BIG_PIPE: &str = r#"
+import fcntl
+def big_pipe():
+    r, w = os.pipe()
+    try:
+        fcntl.fcntl(w, 1031, 1 << 20)  # F_SETPIPE_SZ
+        return "OK"
+    except OSError as e:
+        return ename(e.errno)
+    finally:
+        os.close(r); os.close(w)
+"#;
+
+/// The kernel counts pipe buffer pages per host user (`fs.pipe-user-pages-soft`): each
+/// sandbox's root being a host uid of its own, 1100 pipes held in one sandbox leave
+/// another's `F_SETPIPE_SZ` to 1 MiB working. (Rootless, every sandbox is the user: the
+/// budget is the user's, see docs/security.md.)
+#[test]
+fn pipe_buffers_are_counted_per_sandbox() {
+    if !root_only() {
+        return;
+    }
+    let who = Who::Root;
+    let soft: u64 = std::fs::read_to_string("/proc/sys/fs/pipe-user-pages-soft")
+        .ok()
+        .and_then(|t| t.trim().parse().ok())
+        .unwrap_or(0);
+    if soft == 0 || soft > 1800 * 16 {
+        skip(&format!(
+            "fs.pipe-user-pages-soft is {soft}: 1800 pipes do not pass it"
+        ));
+        return;
+    }
+    // Enough default 16-page pipes to pass the soft limit, within 4096 descriptors.
+    let pipes = soft / 16 + 50;
+    let hog = format!(
+        "{BIG_PIPE}\nheld = [os.pipe() for _ in range({pipes})]\ndone(pipes=len(held), own=big_pipe())\nhold()"
+    );
+    let (a, v) =
+        while_another_sandbox_holds(who, &[], &hog, &format!("{BIG_PIPE}\ndone(big=big_pipe())"));
+    eprintln!("hog: {a}; victim: {v}");
+    // The hog did pass its own budget...
+    assert_result(who, &a, "own", &["EPERM"]);
+    // ...and not the victim's.
+    assert_result(who, &v, "big", &["OK"]);
+}
+
+/// Send `n` copies of descriptor `fd` over the unix socket `s` (253 a message, the
+/// kernel's most), as a Python function; returns "OK" or the first error.
+const SEND_FDS: &str = r#"
+import socket, array
+def send_fds(s, fd, n):
+    while n > 0:
+        k = min(n, 253)
+        try:
+            s.sendmsg([b"x"], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", [fd] * k))])
+        except OSError as e:
+            return ename(e.errno)
+        n -= k
+    return "OK"
+"#;
+
+/// The kernel counts descriptors in flight over unix sockets per host user, against the
+/// sender's `RLIMIT_NOFILE`: 4300 left in flight in one sandbox leave another's
+/// `sendmsg(SCM_RIGHTS)` working.
+#[test]
+fn descriptors_in_flight_are_counted_per_sandbox() {
+    if !root_only() {
+        return;
+    }
+    let who = Who::Root;
+    let hog = format!(
+        "{SEND_FDS}\na, b = socket.socketpair()\nfirst = send_fds(a, 0, 4300)\ndone(first=first, more=send_fds(a, 0, 1))\nhold()"
+    );
+    let victim = format!("{SEND_FDS}\na, b = socket.socketpair()\ndone(send=send_fds(a, 0, 1))");
+    let (a, v) = while_another_sandbox_holds(who, &[], &hog, &victim);
+    eprintln!("hog: {a}; victim: {v}");
+    assert_result(who, &a, "first", &["OK"]);
+    assert_result(who, &a, "more", &["ETOOMANYREFS"]);
+    assert_result(who, &v, "send", &["OK"]);
+}
+
+/// Queue real-time signals to oneself (blocked, so they stay queued), as a Python function:
+/// how many until `sigqueue` fails, and with what.
+const QUEUE_SIGNALS: &str = r#"
+import signal
+libc.sigqueue.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_void_p]
+signal.pthread_sigmask(signal.SIG_BLOCK, [signal.SIGRTMIN])
+def queue(limit):
+    n = 0
+    while n < limit:
+        if libc.sigqueue(os.getpid(), signal.SIGRTMIN, None) != 0:
+            return n, ename(ctypes.get_errno())
+        n += 1
+    return n, "OK"
+def timer():
+    t = ctypes.c_void_p()
+    return "OK" if libc.timer_create(1, None, ctypes.byref(t)) == 0 else ename(ctypes.get_errno())
+"#;
+
+/// Queued signals are counted per user (against `RLIMIT_SIGPENDING`): one sandbox queueing
+/// real-time signals until `EAGAIN` leaves another's `sigqueue` and `timer_create`
+/// working. As root each sandbox has an owner of its own; rootless each sandbox's share
+/// is capped at an eighth of the user's.
+fn queued_signals_are_counted_per_sandbox(who: Who) {
+    let hog = format!("{QUEUE_SIGNALS}\nn, why = queue(1 << 20)\ndone(queued=n, why=why)\nhold()");
+    let victim = format!("{QUEUE_SIGNALS}\nn, why = queue(1)\ndone(queue=why, timer=timer())");
+    let (a, v) = while_another_sandbox_holds(who, &[], &hog, &victim);
+    eprintln!("[{}] hog: {a}; victim: {v}", who.name());
+    assert_result(who, &a, "why", &["EAGAIN"]);
+    assert_result(who, &v, "queue", &["OK"]);
+    assert_result(who, &v, "timer", &["OK"]);
+}
+
+root_and_rootless!(queued_signals_are_counted_per_sandbox);
+
+both_tests! {
+    /// A `zygo run --timeout 1s` whose stdout nobody reads: the program is killed at the
+    /// deadline, its cgroup removed at once, and zygo returns within moments, saying that
+    /// it dropped the output it could not pass on (it used to stay blocked writing it, with
+    /// the cgroup in place, until the reader went away).
+    fn an_unread_stdout_does_not_hold_zygo_past_the_deadline(who) {
+        let marker = format!("unread{}", unique());
+        let mut c = zygo(who);
+        c.args(["run", "--timeout", "1s", "--", "yes", &marker])
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
+        let t0 = Instant::now();
+        let mut child = c.spawn().unwrap_or_else(|e| panic!("spawn {c:?}: {e}"));
+        // Held, never read.
+        let _stdout = child.stdout.take();
+        let mut stderr = child.stderr.take().expect("stderr is piped");
+        let err = std::thread::spawn(move || {
+            let mut v = String::new();
+            let _ = std::io::Read::read_to_string(&mut stderr, &mut v);
+            v
+        });
+        let pid = {
+            let mut found = None;
+            wait_for(Duration::from_secs(20), "the sandboxed program to start", || {
+                found = host_pids_starting_with(format!("yes\0{marker}").as_bytes()).first().copied();
+                found.is_some()
+            });
+            found.unwrap_or(0)
+        };
+        let cg = cgroup_dir_of(pid, "memory");
+        assert!(cg.exists(), "[{}] no cgroup {}", who.name(), cg.display());
+        let mut cgroup_gone_while_zygo_ran = None;
+        let status = loop {
+            if let Some(s) = child.try_wait().expect("try_wait") {
+                break s;
+            }
+            if cgroup_gone_while_zygo_ran.is_none() && !cg.exists() {
+                cgroup_gone_while_zygo_ran = Some(t0.elapsed());
+            }
+            if t0.elapsed() > Duration::from_secs(60) {
+                let _ = child.kill();
+                let _ = child.wait();
+                panic!("[{}] zygo still blocked 60 s after a 1 s deadline", who.name());
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        };
+        let elapsed = t0.elapsed();
+        let err = err.join().expect("stderr reader");
+        eprintln!(
+            "[{}] zygo returned after {elapsed:?}; the cgroup was gone after {cgroup_gone_while_zygo_ran:?}; stderr: {err}",
+            who.name()
+        );
+        assert_eq!(status.code(), Some(137), "[{}] {err}", who.name());
+        assert!(err.contains("time limit"), "[{}] {err}", who.name());
+        assert!(err.contains("bytes of the program's output were dropped"), "[{}] {err}", who.name());
+        assert!(!cg.exists(), "[{}] the cgroup {} outlived zygo", who.name(), cg.display());
+        // Removed as soon as the sandbox was gone, not when zygo gave up on its stdout.
+        assert!(cgroup_gone_while_zygo_ran.is_some(), "[{}] the cgroup went only as zygo returned", who.name());
+        // The deadline, then at most 2 s for the reader, and the start: well within 10 s.
+        assert!(elapsed < Duration::from_secs(10), "[{}] zygo took {elapsed:?}", who.name());
+    }
+}
+
+/// As root, two sandboxes running at once are different host uids (each sandbox's id 0 is
+/// its owner id), yet a host folder handed to both keeps one owner on disk: a private file
+/// (0600) the first writes there, the second may append to, and on the host it belongs to
+/// the subordinate range's first id, as it always has.
+#[test]
+fn each_sandbox_is_a_host_uid_of_its_own_and_handed_folders_keep_one_owner() {
+    if !root_only() {
+        return;
+    }
+    let who = Who::Root;
+    let dir = TempDir::new(0o777);
+    let mount = format!("{}:/shared:rw", dir.str());
+    let (base_uid, base_gid) = sandbox_host_ids(who);
+    let first_line = "open('/proc/self/uid_map').readline().split()";
+    let hog = format!(
+        "m = {first_line}\nfd = os.open('/shared/private', os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)\nos.write(fd, b'one\\n'); os.close(fd)\ndone(inside=int(m[0]), host=int(m[1]))\nhold()"
+    );
+    let victim = format!(
+        "m = {first_line}\nwith open('/shared/private', 'a') as f: f.write('two\\n')\ndone(inside=int(m[0]), host=int(m[1]), text=open('/shared/private').read(), owner=os.stat('/shared/private').st_uid)"
+    );
+    let (a, v) = while_another_sandbox_holds(who, &["--mount", &mount], &hog, &victim);
+    eprintln!("first: {a}; second: {v}");
+    assert_eq!(
+        (&a["inside"], &v["inside"]),
+        (&0.into(), &0.into()),
+        "{a} {v}"
+    );
+    let (ha, hv) = (
+        a["host"].as_u64().unwrap_or(0),
+        v["host"].as_u64().unwrap_or(0),
+    );
+    assert_ne!(ha, hv, "two live sandboxes share host uid {ha}");
+    for h in [ha, hv] {
+        assert!(
+            h > u64::from(base_uid),
+            "host uid {h} is not above the range's first id {base_uid}"
+        );
+    }
+    assert_eq!(v["text"], "one\ntwo\n", "{v}");
+    // Inside, the file is root's; on the host, the range's first id's.
+    assert_eq!(v["owner"], 0, "{v}");
+    use std::os::unix::fs::MetadataExt;
+    let m = std::fs::metadata(dir.path.join("private")).expect("the file");
+    assert_eq!((m.uid(), m.gid()), (base_uid, base_gid));
+}
+
+both_tests! {
+    /// The other side of not waiting on an unread stdout: a program that ends on its own
+    /// has all its output passed on, however long the reader takes to start reading.
+    fn a_slow_reader_still_gets_all_the_output(who) {
+        let mut c = zygo(who);
+        c.args(["run", "--", "head", "-c", "3000000", "/dev/zero"])
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
+        let child = c.spawn().unwrap_or_else(|e| panic!("spawn {c:?}: {e}"));
+        // Longer than zygo gives an unread stdout once it has ended a sandbox itself.
+        std::thread::sleep(Duration::from_secs(3));
+        let out = child.wait_with_output().expect("wait for zygo");
+        assert_eq!(out.status.code(), Some(0), "[{}] {}", who.name(), String::from_utf8_lossy(&out.stderr));
+        assert_eq!(out.stdout.len(), 3_000_000, "[{}] {}", who.name(), String::from_utf8_lossy(&out.stderr));
+        assert!(out.stderr.is_empty(), "[{}] {}", who.name(), String::from_utf8_lossy(&out.stderr));
+    }
+}

@@ -169,3 +169,48 @@ fn an_image_behind_a_folder_only_root_can_enter_is_handed_over() {
     assert_ok(Who::Root, &v, code);
     assert_eq!(s(&v, "stdout"), "from the image\n", "{v}");
 }
+
+/// As root each sandbox is a host uid of its own, and a writable folder is mounted
+/// idmapped so that what it writes there has one owner on disk. A writable folder on a
+/// filesystem that cannot be idmapped (sysfs here) is refused before anything runs; read-only,
+/// the same folder is mounted as it is. A writable folder that can be idmapped keeps the
+/// same owner on disk whichever sandbox wrote to it.
+#[test]
+fn a_writable_folder_that_cannot_be_idmapped_is_refused() {
+    if !root_only() {
+        return;
+    }
+    let f = finish({
+        let mut c = zygo(Who::Root);
+        c.args(["run", "--mount", "/sys/kernel/mm:/m:rw", "--", "true"]);
+        c
+    });
+    assert_eq!(f.code, 1, "{}", f.stderr_text());
+    assert!(
+        f.stderr_text().contains("cannot be mounted idmapped"),
+        "{}",
+        f.stderr_text()
+    );
+    let f = finish({
+        let mut c = zygo(Who::Root);
+        c.args(["run", "--mount", "/sys/kernel/mm:/m", "--", "ls", "/m"]);
+        c
+    });
+    assert_eq!(f.code, 0, "{}", f.stderr_text());
+    // Two sandboxes write into one writable folder: one owner on disk.
+    let dir = TempDir::new(0o777);
+    let spec = format!("{}:/out:rw", dir.path.display());
+    for name in ["a", "b"] {
+        let f = finish({
+            let mut c = zygo(Who::Root);
+            c.args(["run", "--mount", &spec, "--", "touch"])
+                .arg(format!("/out/{name}"));
+            c
+        });
+        assert_eq!(f.code, 0, "{}", f.stderr_text());
+    }
+    use std::os::unix::fs::MetadataExt;
+    let a = fs::metadata(dir.path.join("a")).expect("a").uid();
+    let b = fs::metadata(dir.path.join("b")).expect("b").uid();
+    assert_eq!(a, b, "two sandboxes' files have different owners on disk");
+}

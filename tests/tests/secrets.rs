@@ -7,7 +7,8 @@
 //! - a passphrase as `ZYGO_SECRETS_KEY` refuses the start, saying why and how to make a key,
 //!   without repeating it; the key is gone from the supervisor's environment;
 //! - a sealed record copied to another tenant or name does not open;
-//! - no answer, CLI output, log line or stored file carries a value.
+//! - no answer, CLI output, log line or stored file carries a value;
+//! - a call with secrets has its zygote to itself until what it left running has gone.
 
 use std::fs;
 use std::io::Write;
@@ -720,6 +721,105 @@ fn two_tenants_share_a_pool_and_read_their_own(who: Who) {
 }
 
 root_and_rootless!(two_tenants_share_a_pool_and_read_their_own);
+
+/// A pool script: with `leave`, it listens on a loopback port, leaves a process of its own
+/// holding that listener running, and returns; without, it tries to connect to that port.
+/// Both say which network namespace they ran in.
+const LEAVE_BEHIND: &str = r#"import os, socket, time
+def handler(event):
+    net = os.readlink("/proc/self/ns/net")
+    port = event["port"]
+    if event["leave"]:
+        s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        s.bind(("127.0.0.1", port))
+        s.listen(8)
+        if os.fork() == 0:
+            time.sleep(60)
+            os._exit(0)
+        s.close()
+        return {"net": net}
+    c = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    c.settimeout(2)
+    try:
+        c.connect(("127.0.0.1", port))
+        reached = "connected"
+    except OSError as e:
+        reached = type(e).__name__
+    return {"net": net, "reached": reached}
+"#;
+
+/// A call with secrets has its zygote to itself until what it left running has gone, not
+/// only until it is answered: in a pool naming secrets (max_warm 1), a call that leaves a
+/// loopback listener running and returns is followed at once by another call of the same
+/// tenant, which runs in that zygote only once the first one's leftover is gone.
+fn a_call_with_secrets_is_alone_until_what_it_left_has_gone(who: Who) {
+    let mut s = SUITE.sup(who, "alone");
+    let key = keygen(&s);
+    start(&mut s, Some(&key));
+    let op = mint(&s, None);
+    let mut api = Api::open(&s, FrontFlags::default());
+    let a = tenant_id("a");
+    create_tenant(&mut api, &a);
+    assert_eq!(set(&s, &a, "API_KEY", "a-value").code, 0);
+    let pool = format!("sl{:x}", unique() & 0xff_ffff);
+    let r = api.ask(
+        &op,
+        None,
+        Request::ServeLayer {
+            name: pool.clone(),
+            kind: ServeKind::Pool,
+            layer:
+                r#"{"agent":"python","mem":"64M","secrets":["API_KEY"],"max_warm":1,"min_warm":1}"#
+                    .into(),
+            base_dir: None,
+        },
+    );
+    assert!(
+        matches!(r, Reply::ServedOne { .. }),
+        "serve {pool}: {r:?}\n{}",
+        s.log()
+    );
+    let ta = mint(&s, Some(&a));
+    let port = 20000 + (unique() % 20000) as u16;
+    let call = |api: &mut Api, leave: bool| {
+        let r = api.ask(
+            &ta,
+            None,
+            Request::Exec(ExecRequest {
+                name: pool.clone(),
+                event: format!(r#"{{"port": {port}, "leave": {leave}}}"#),
+                key: None,
+                timeout_ms: None,
+                stream: false,
+                script: Some(ScriptRef::Source(LEAVE_BEHIND.as_bytes().to_vec())),
+                workspace: None,
+                workspace_blob: None,
+                out: false,
+            }),
+        );
+        let a = exec_answer(r, "a call");
+        assert_eq!(a.outcome, Outcome::Ok, "{a:?}");
+        serde_json::from_str::<serde_json::Value>(a.result.as_deref().expect("result"))
+            .expect("JSON")
+    };
+    for round in 0..3 {
+        let first = call(&mut api, true);
+        let second = call(&mut api, false);
+        assert_eq!(
+            first["net"], second["net"],
+            "round {round}: with max_warm 1 both run in the one zygote, or this proves nothing"
+        );
+        assert_ne!(
+            second["reached"], "connected",
+            "round {round}: the second call reached what the first left running: {second}"
+        );
+    }
+    drop(api);
+    s.shutdown();
+}
+
+root_and_rootless!(a_call_with_secrets_is_alone_until_what_it_left_has_gone);
 
 /// A pool naming secrets on a host with no key is refused when it is served.
 #[test]

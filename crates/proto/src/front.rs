@@ -409,6 +409,10 @@ pub struct ExecAnswer {
     /// Entries were left out of `workspace_out` because a cap was reached
     /// ([`MAX_WORKSPACE_OUT`] bytes, or the entry and depth caps).
     pub workspace_out_truncated: bool,
+    /// A streamed call only: some of its output or progress was not sent as events
+    /// because its front had not read what it was already sent (the events sent are a
+    /// prefix; `stdout` and `stderr` above are still kept whole up to their caps).
+    pub stream_truncated: bool,
 }
 
 /// Something that happened during a streamed call.

@@ -42,6 +42,13 @@ pub enum IdMap {
     /// `owners` covers every pid. The kernel charges what it counts per user (inotify
     /// instances and watches, queued signals, locked memory, ...) to a namespace's owner,
     /// so no sandbox uses another's allowance. With `owners` 0 the owner is `base`.
+    ///
+    /// Id 0 inside maps onto that owner id too (ids 1..count onto `base + 1 ..`): the
+    /// kernel also counts pipe buffers, descriptors in flight and epoll watches per host
+    /// uid of the process, so every sandbox's root is a host uid of its own. Host folders
+    /// handed in are mounted idmapped, so that files written there are owned by `base` on
+    /// disk whichever sandbox wrote them (a folder on a filesystem that cannot be idmapped
+    /// is mounted as it is). Gids are mapped `0..count` onto `gid_base ..`.
     Range {
         uid_base: u32,
         gid_base: u32,

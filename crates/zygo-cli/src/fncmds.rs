@@ -504,6 +504,9 @@ fn answer_json(a: &ExecAnswer) -> serde_json::Value {
         v["oom_killed"] = json!(a.oom_killed);
         v["started"] = json!(a.started);
     }
+    if a.stream_truncated {
+        v["stream_truncated"] = json!(true);
+    }
     v
 }
 
@@ -577,7 +580,15 @@ pub fn exec(raw: Vec<OsString>) -> i32 {
         Err(code) => return code,
     };
     let json_out = a.json;
+    // What of each stream was shown as it came: if the stream was cut (this end read too
+    // slowly), the rest of the kept copy is shown from there once the answer is in.
+    let (mut shown_out, mut shown_err) = (0usize, 0usize);
     let reply = c.call(&req, |ev| {
+        match ev {
+            ExecEvent::Stdout(d) => shown_out += d.len(),
+            ExecEvent::Stderr(d) => shown_err += d.len(),
+            ExecEvent::Progress(_) => {}
+        }
         if json_out {
             let (k, d) = match ev {
                 ExecEvent::Stdout(d) => ("stdout", d),
@@ -648,6 +659,14 @@ pub fn exec(raw: Vec<OsString>) -> i32 {
         if !stream {
             say_raw!("{}", clean(&ans.stdout));
             eprint!("{}", clean(&ans.stderr));
+        }
+        if ans.stream_truncated {
+            let rest = |text: &str, shown: usize| text.get(shown..).unwrap_or("").to_string();
+            say_raw!("{}", clean(&rest(&ans.stdout, shown_out)));
+            eprint!("{}", clean(&rest(&ans.stderr, shown_err)));
+            eprintln!(
+                "zygo: the output was read too slowly to be streamed whole; what was kept of it (the first MiB of each stream) was shown in full, its end after the stream was cut"
+            );
         }
         match (&ans.outcome, &ans.result) {
             (Outcome::Ok, Some(r)) => say!("{}", clean(r)),

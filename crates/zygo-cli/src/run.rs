@@ -223,6 +223,14 @@ fn report(out: &Outcome, json: bool, mem: &str, timeout: &str) -> i32 {
     } else {
         1
     };
+    if !json && out.output_dropped > 0 {
+        // Said only if stderr takes it now: it may be the very pipe nobody reads.
+        tell(&format!(
+            "zygo: {} bytes of the program's output were dropped: zygo's output was not read \
+             once the sandbox had been ended",
+            out.output_dropped
+        ));
+    }
     if json {
         say!("{}", crate::output::json(&answer(out, mem, timeout)));
     } else if let Some(err) = &out.error {
@@ -234,9 +242,29 @@ fn report(out: &Outcome, json: bool, mem: &str, timeout: &str) -> i32 {
         };
         eprintln!("zygo: {what}: {}", clean(err));
     } else if let Some(why) = kill_reason(out, mem, timeout) {
-        eprintln!("zygo: killed: {why}");
+        if out.output_dropped > 0 {
+            tell(&format!("zygo: killed: {why}"));
+        } else {
+            eprintln!("zygo: killed: {why}");
+        }
     }
     code
+}
+
+/// One line on stderr if it has room for it now, else nothing: after output was dropped
+/// for want of a reader, zygo does not wait on that reader to say so (the exit status
+/// says the rest).
+fn tell(line: &str) {
+    let mut p = libc::pollfd {
+        fd: libc::STDERR_FILENO,
+        events: libc::POLLOUT,
+        revents: 0,
+    };
+    // SAFETY: one valid pollfd, no waiting.
+    let ready = unsafe { libc::poll(&mut p, 1, 0) } == 1 && p.revents & libc::POLLOUT != 0;
+    if ready {
+        eprintln!("{line}");
+    }
 }
 
 /// The object `zygo run --json` prints.

@@ -3,8 +3,11 @@
 //! the same connection (keep-alive, pipelining) must name the same host, or the connection
 //! is reset. The guard follows the requests' own framing (`Content-Length`, chunked) to
 //! find where each request ends and the next head begins, and refuses whatever it cannot
-//! read unambiguously (see [`crate::sniff::request_head`]). It only reads: the bytes go on
-//! as they came.
+//! read unambiguously (see [`crate::sniff::request_head`]): every line of a head, a chunk
+//! size or a trailer section must end in CRLF, with no bare CR or LF anywhere, since some
+//! servers end lines at a bare LF. The bytes of a head, a chunk-size line or a trailer
+//! section are held back until they are complete and checked; body bytes go on as they
+//! come. Nothing is changed: what goes on is what came.
 
 use crate::sniff::{request_head, Body, MAX_PEEK};
 
@@ -46,16 +49,16 @@ impl Requests {
         }
     }
 
-    /// Check the next bytes the client sent. An error says why the connection must end;
-    /// then none of `data` may be passed on. (Bytes of a head passed on before its end
-    /// arrived are harmless: no server acts on a request before its head is complete, and
-    /// the piece that completes it is the one checked.)
-    pub fn feed(&mut self, mut data: &[u8]) -> Result<(), String> {
+    /// Check the next bytes the client sent, appending to `out` those that may go on now
+    /// (held bytes of a head or line follow once it is complete and checked). An error
+    /// says why the connection must end; nothing more may be passed on then.
+    pub fn feed(&mut self, mut data: &[u8], out: &mut Vec<u8>) -> Result<(), String> {
         while !data.is_empty() {
             data = match self.state {
-                State::Head => self.head(data)?,
+                State::Head => self.head(data, out)?,
                 State::Body(n) => {
                     let k = take(n, data);
+                    out.extend_from_slice(&data[..k]);
                     self.state = if n == k as u64 {
                         State::Head
                     } else {
@@ -63,9 +66,10 @@ impl Requests {
                     };
                     &data[k..]
                 }
-                State::ChunkSize => self.chunk_size(data)?,
+                State::ChunkSize => self.chunk_size(data, out)?,
                 State::ChunkData(n) => {
                     let k = take(n, data);
+                    out.extend_from_slice(&data[..k]);
                     self.state = if n == k as u64 {
                         State::ChunkEnd(0)
                     } else {
@@ -78,6 +82,7 @@ impl Requests {
                     if data[0] != want {
                         return Err("a chunk's data is not followed by CRLF".into());
                     }
+                    out.push(data[0]);
                     self.state = if seen == 0 {
                         State::ChunkEnd(1)
                     } else {
@@ -85,15 +90,15 @@ impl Requests {
                     };
                     &data[1..]
                 }
-                State::Trailers => self.trailers(data)?,
+                State::Trailers => self.trailers(data, out)?,
             };
         }
         Ok(())
     }
 
-    fn head<'d>(&mut self, data: &'d [u8]) -> Result<&'d [u8], String> {
+    fn head<'d>(&mut self, data: &'d [u8], out: &mut Vec<u8>) -> Result<&'d [u8], String> {
         let (used, done) = gather(&mut self.buf, data, b"\r\n\r\n", MAX_PEEK + 4)
-            .ok_or_else(|| "a request head over 16 KiB".to_string())?;
+            .map_err(|why| format!("a request head with {why}"))?;
         if done {
             let head = request_head(&self.buf[..self.buf.len() - 4])
                 .map_err(|why| format!("a later request on the connection has {why}"))?;
@@ -103,7 +108,7 @@ impl Requests {
                     head.host
                 ));
             }
-            self.buf.clear();
+            out.append(&mut self.buf);
             self.state = match head.body {
                 Body::None => State::Head,
                 Body::Length(n) => State::Body(n),
@@ -113,9 +118,9 @@ impl Requests {
         Ok(&data[used..])
     }
 
-    fn chunk_size<'d>(&mut self, data: &'d [u8]) -> Result<&'d [u8], String> {
+    fn chunk_size<'d>(&mut self, data: &'d [u8], out: &mut Vec<u8>) -> Result<&'d [u8], String> {
         let (used, done) = gather(&mut self.buf, data, b"\r\n", MAX_CHUNK_LINE)
-            .ok_or_else(|| "a chunk-size line over 1 KiB".to_string())?;
+            .map_err(|why| format!("a chunk-size line with {why}"))?;
         if done {
             let line = &self.buf[..self.buf.len() - 2];
             let size = line.split(|&c| c == b';').next().unwrap_or_default();
@@ -128,7 +133,7 @@ impl Requests {
             }
             let text = std::str::from_utf8(size).map_err(|_| "a chunk size that is not text")?;
             let n = u64::from_str_radix(text, 16).map_err(|_| "a chunk size out of range")?;
-            self.buf.clear();
+            out.append(&mut self.buf);
             self.state = if n == 0 {
                 State::Trailers
             } else {
@@ -138,17 +143,21 @@ impl Requests {
         Ok(&data[used..])
     }
 
-    fn trailers<'d>(&mut self, data: &'d [u8]) -> Result<&'d [u8], String> {
+    fn trailers<'d>(&mut self, data: &'d [u8], out: &mut Vec<u8>) -> Result<&'d [u8], String> {
         // The trailer section is either a lone CRLF or header lines ending in CRLFCRLF.
         let mut used = 0;
         for &c in data {
             used += 1;
-            self.buf.push(c);
+            push_strict(&mut self.buf, c)
+                .map_err(|why| format!("a chunked body's trailers with {why}"))?;
             if self.buf.len() > MAX_PEEK {
                 return Err("a chunked body's trailers over 16 KiB".into());
             }
             if self.buf == b"\r\n" || self.buf.ends_with(b"\r\n\r\n") {
-                self.buf.clear();
+                if self.buf.len() > 2 && self.buf[..self.buf.len() - 4].contains(&0) {
+                    return Err("a NUL in a chunked body's trailers".into());
+                }
+                out.append(&mut self.buf);
                 self.state = State::Head;
                 break;
             }
@@ -164,20 +173,38 @@ fn take(n: u64, data: &[u8]) -> usize {
 
 /// Append `data` to `buf` up to and including the first `end` (which may straddle what
 /// `buf` already held): how many bytes of `data` were used, and whether `end` was reached.
-/// `None` when `buf` would pass `cap` first.
-fn gather(buf: &mut Vec<u8>, data: &[u8], end: &[u8], cap: usize) -> Option<(usize, bool)> {
+/// An error when a line does not end in CRLF, or `buf` would pass `cap` first.
+fn gather(
+    buf: &mut Vec<u8>,
+    data: &[u8],
+    end: &[u8],
+    cap: usize,
+) -> Result<(usize, bool), &'static str> {
     let mut used = 0;
     for &c in data {
         used += 1;
-        buf.push(c);
+        push_strict(buf, c)?;
         if buf.ends_with(end) {
-            return Some((used, true));
+            return Ok((used, true));
         }
         if buf.len() >= cap {
-            return None;
+            return Err("no end within its size limit");
         }
     }
-    Some((used, false))
+    Ok((used, false))
+}
+
+/// Append `c` to `buf`, refusing a CR not followed by LF and an LF not after a CR.
+fn push_strict(buf: &mut Vec<u8>, c: u8) -> Result<(), &'static str> {
+    let after_cr = buf.last() == Some(&b'\r');
+    if after_cr && c != b'\n' {
+        return Err("a bare CR");
+    }
+    if c == b'\n' && !after_cr {
+        return Err("a bare LF");
+    }
+    buf.push(c);
+    Ok(())
 }
 
 #[cfg(test)]
@@ -186,24 +213,47 @@ mod tests {
     use super::*;
 
     /// Feed `stream` whole, then byte by byte, then in uneven pieces: the answer must not
-    /// depend on how the bytes arrive.
+    /// depend on how the bytes arrive, and what is passed on is always a prefix of the
+    /// stream (all of it when it is accepted).
     fn check(host: &str, stream: &[u8]) -> Result<(), String> {
-        let whole = Requests::new(host).feed(stream);
+        let mut out = Vec::new();
+        let whole = Requests::new(host).feed(stream, &mut out);
+        if whole.is_ok() {
+            assert_eq!(out, stream);
+        }
         let mut one = Requests::new(host);
-        let bytes = stream.iter().try_for_each(|b| one.feed(&[*b]));
+        let mut out1 = Vec::new();
+        let bytes = stream.iter().try_for_each(|b| one.feed(&[*b], &mut out1));
         assert_eq!(whole.is_ok(), bytes.is_ok(), "{whole:?} vs {bytes:?}");
+        assert!(stream.starts_with(&out1));
         let mut odd = Requests::new(host);
+        let mut out2 = Vec::new();
         let mut rest = stream;
         let mut pieces = Ok(());
         let mut k = 1;
         while !rest.is_empty() && pieces.is_ok() {
             let n = k.min(rest.len());
-            pieces = odd.feed(&rest[..n]);
+            pieces = odd.feed(&rest[..n], &mut out2);
             rest = &rest[n..];
             k = k * 3 % 17 + 1;
         }
         assert_eq!(whole.is_ok(), pieces.is_ok(), "{whole:?} vs {pieces:?}");
+        assert!(stream.starts_with(&out2));
         whole
+    }
+
+    /// What is passed on of `stream` fed whole.
+    fn passed(host: &str, stream: &[u8]) -> Vec<u8> {
+        let mut out = Vec::new();
+        let mut g = Requests::new(host);
+        let mut rest = stream;
+        while !rest.is_empty() {
+            if g.feed(&rest[..1], &mut out).is_err() {
+                break;
+            }
+            rest = &rest[1..];
+        }
+        out
     }
 
     #[test]
@@ -232,6 +282,13 @@ mod tests {
             b"POST / HTTP/1.1\r\nHost: a.example\r\nContent-Length: 3\r\nTransfer-Encoding: chunked\r\n\r\n",
             b"POST / HTTP/1.1\r\nHost: a.example\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n",
             b"POST / HTTP/1.1\r\nHost: a.example\r\nTransfer-Encoding: chunked\r\n\r\n2\r\nhiXX",
+            // Lines ended by a bare LF (which some servers take): in a head, in a chunk-size
+            // line, and after the last chunk.
+            b"GET / HTTP/1.1\r\nHost: a.example\r\n\r\nGET /x HTTP/1.1\nHost: other.example\n\n",
+            b"POST / HTTP/1.1\r\nHost: a.example\r\nTransfer-Encoding: chunked\r\n\r\n0\n\nGET / HTTP/1.1\nHost: other.example\n\n",
+            b"POST / HTTP/1.1\r\nHost: a.example\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\nGET / HTTP/1.1\r\nHost: other.example\r\n\r\n",
+            b"GET / HTTP/1.1\r\nHost: a.example\r\n\r\nGET / HTTP/1.1\r\nHost: other.example\r\n\n",
+            b"GET / HTTP/1.1\r\nHost: a.example\r\n\r\nGET / HTTP/1.1\rHost: other.example\r\n\r\n",
             // Not HTTP after all, and a first request for another host.
             b"\x16\x03\x01\x00\x05hello\r\n\r\n",
             b"GET / HTTP/1.1\r\nHost: other.example\r\n\r\n",
@@ -244,21 +301,40 @@ mod tests {
         }
     }
 
+    /// A head is passed on only once it is complete and checked: an unfinished one is
+    /// held back, so no server sees a request the guard has not read.
+    #[test]
+    fn an_unfinished_head_is_held_back() {
+        let first = b"GET / HTTP/1.1\r\nHost: a.example\r\n\r\n";
+        let stream = [&first[..], b"GET /x HTTP/1.1\r\nHost: other.example"].concat();
+        assert_eq!(passed("a.example", &stream), first);
+        let chunked = b"POST / HTTP/1.1\r\nHost: a.example\r\nTransfer-Encoding: chunked\r\n\r\n";
+        let stream = [&chunked[..], b"4\r\ndata\r\n0\r\nX-T: 1\r\n"].concat();
+        let expect = [&chunked[..], b"4\r\ndata\r\n0\r\n"].concat();
+        assert_eq!(passed("a.example", &stream), expect);
+    }
+
     #[test]
     fn heads_and_lines_are_capped() {
         let mut big = b"GET / HTTP/1.1\r\nHost: a.example\r\nX: ".to_vec();
         big.resize(MAX_PEEK + 100, b'a');
-        assert!(Requests::new("a.example").feed(&big).is_err());
+        assert!(Requests::new("a.example")
+            .feed(&big, &mut Vec::new())
+            .is_err());
         let mut chunk =
             b"PUT / HTTP/1.1\r\nHost: a.example\r\nTransfer-Encoding: chunked\r\n\r\n1".to_vec();
         chunk.resize(chunk.len() + 2000, b'0');
-        assert!(Requests::new("a.example").feed(&chunk).is_err());
+        assert!(Requests::new("a.example")
+            .feed(&chunk, &mut Vec::new())
+            .is_err());
         // A large body passes without being held: only the framing is followed.
         let mut body =
             b"POST / HTTP/1.1\r\nHost: a.example\r\nContent-Length: 1000000\r\n\r\n".to_vec();
         body.resize(body.len() + 1_000_000, b'x');
         let mut g = Requests::new("a.example");
-        g.feed(&body).unwrap();
+        let mut out = Vec::new();
+        g.feed(&body, &mut out).unwrap();
+        assert_eq!(out, body);
         assert!(g.buf.capacity() <= MAX_PEEK + 4);
     }
 }

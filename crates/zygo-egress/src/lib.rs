@@ -497,8 +497,9 @@ fn serve(start: Arc<Shared>, listeners: Vec<OwnedFd>) -> Result<(), String> {
 }
 
 /// Whether `ip` is an address of this host: a UDP socket connected to it (which sends
-/// nothing) is given it as its own source address only then. When that cannot be told,
-/// the answer is yes (the careful side).
+/// nothing) is given it as its own source address only then. No socket: yes (the careful
+/// side). No route to it: no (the relay's own connect fails there too). A local route an
+/// administrator gave another source address is not recognised.
 fn is_host_address(ip: Ipv4Addr) -> bool {
     // SAFETY: plain socket creation.
     let fd = unsafe { libc::socket(libc::AF_INET, libc::SOCK_DGRAM | libc::SOCK_CLOEXEC, 0) };
@@ -716,13 +717,15 @@ fn first_byte(fd: RawFd) -> Option<u8> {
 /// cannot follow), the connection ends with a reset both ways and the refusal is logged.
 fn copy_checked(from: &TcpStream, to: &TcpStream, mut guard: guard::Requests, sh: &Shared) {
     let mut buf = vec![0u8; 64 * 1024];
+    let mut pass = Vec::with_capacity(buf.len());
     let mut r = from;
     let mut w = to;
     loop {
         match r.read(&mut buf) {
             Ok(0) => break,
             Ok(n) => {
-                if let Err(why) = guard.feed(&buf[..n]) {
+                pass.clear();
+                if let Err(why) = guard.feed(&buf[..n], &mut pass) {
                     sh.refusal(format_args!(
                         "egress[{}]: ended a connection: {why}",
                         sh.start.label
@@ -747,7 +750,7 @@ fn copy_checked(from: &TcpStream, to: &TcpStream, mut guard: guard::Requests, sh
                     let _ = to.shutdown(std::net::Shutdown::Both);
                     return;
                 }
-                if w.write_all(&buf[..n]).is_err() {
+                if w.write_all(&pass).is_err() {
                     let _ = from.shutdown(std::net::Shutdown::Read);
                     break;
                 }

@@ -239,10 +239,23 @@ pub fn request_head(head: &[u8]) -> Result<Head, &'static str> {
             chunked = true;
         } else if name.eq_ignore_ascii_case(b"upgrade") {
             return Err("a protocol upgrade, which is not relayed on a name rule");
+        } else if name.eq_ignore_ascii_case(b"expect") {
+            // A server that answers the expectation with a final status may take the body
+            // that follows for the next request.
+            return Err("an Expect header, which is not relayed on a name rule");
         }
     }
     if chunked && length.is_some() {
         return Err("both Content-Length and Transfer-Encoding");
+    }
+    if chunked && version == b"HTTP/1.0" {
+        return Err("Transfer-Encoding in an HTTP/1.0 request");
+    }
+    // Some servers ignore the body of a method that has no use for one and read its bytes
+    // as the next request: such a request may not carry one.
+    let bodiless = matches!(method, b"GET" | b"HEAD" | b"OPTIONS" | b"TRACE");
+    if bodiless && (chunked || length.is_some_and(|n| n > 0)) {
+        return Err("a body on a method that takes none");
     }
     let Some(host) = host else {
         return Err("no Host");
@@ -392,6 +405,11 @@ mod tests {
             b"POST / HTTP/1.1\r\nHost: a.example\r\nTransfer-Encoding: gzip, chunked\r\n\r\n",
             // A protocol switch, after which the bytes are not requests.
             b"GET / HTTP/1.1\r\nHost: a.example\r\nUpgrade: websocket\r\n\r\n",
+            // Bodies a server might read as the next request.
+            b"GET / HTTP/1.1\r\nHost: a.example\r\nContent-Length: 40\r\n\r\n",
+            b"HEAD / HTTP/1.1\r\nHost: a.example\r\nTransfer-Encoding: chunked\r\n\r\n",
+            b"POST / HTTP/1.1\r\nHost: a.example\r\nExpect: 100-continue\r\nContent-Length: 9\r\n\r\n",
+            b"POST / HTTP/1.0\r\nHost: a.example\r\nTransfer-Encoding: chunked\r\n\r\n",
             // Hosts that are not host names.
             b"GET / HTTP/1.1\r\nHost: a.example@other.example\r\n\r\n",
             b"GET / HTTP/1.1\r\nHost: \r\n\r\n",

@@ -10,6 +10,7 @@
 mod agent_log;
 mod agents;
 pub mod harden;
+mod ids;
 mod rootfs;
 pub mod sandbox;
 mod scratch;

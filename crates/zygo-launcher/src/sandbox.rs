@@ -189,6 +189,11 @@ pub fn run(
     // counters (inotify instances and watches, queued signals, locked memory, ...) the
     // sandbox uses are charged to it, never to the host's root nor to another sandbox. Only
     // the effective ids change; the real and saved ids stay 0 so we can change back.
+    //
+    // Id 0 inside maps onto that same owner id where there is one (see `crate::ids`): the
+    // host folders handed in are idmapped so that on disk they keep the shared owner.
+    let mut root_uid = None;
+    let mut _idmap_child = None;
     let as_subordinate = match plan.ids {
         IdMap::Range {
             uid_base,
@@ -197,6 +202,21 @@ pub fn run(
             owners,
         } => {
             let (uid, gid) = owner_ids(uid_base, gid_base, count, owners);
+            if owners > 0 {
+                match idmap_handed(plan, &handed, uid_base, count, uid) {
+                    Ok(child) => {
+                        _idmap_child = child;
+                        root_uid = Some(uid);
+                    }
+                    Err(e) => {
+                        return failed(
+                            sock,
+                            Phase::Start,
+                            format!("map the ids of the folders handed in: {e}"),
+                        )
+                    }
+                }
+            }
             // SAFETY: changing only the effective ids of this single-threaded process.
             let r = unsafe { libc::setresgid(u32::MAX, gid, u32::MAX) };
             // SAFETY: as above.
@@ -284,7 +304,9 @@ pub fn run(
         c.close_inner();
     }
     let outcome = match handed {
-        Ok(true) => supervise(sock, plan, &init, ctl, rep_r, agent_fds, sandbox_ns),
+        Ok(true) => supervise(
+            sock, plan, root_uid, &init, ctl, rep_r, agent_fds, sandbox_ns,
+        ),
         other => other.map(drop),
     };
     // Whatever happened, nothing of the sandbox outlives this function.
@@ -424,6 +446,48 @@ fn owner_ids(uid_base: u32, gid_base: u32, count: u32, owners: u32) -> (u32, u32
     (uid_base + count + i, gid_base + count + i)
 }
 
+/// Mount the host folders handed in (not the image) idmapped for a sandbox whose id 0 is
+/// host `root` (see `crate::ids`), and say which cannot be. The child to reap later.
+fn idmap_handed(
+    plan: &LaunchPlan,
+    handed: &[OwnedFd],
+    uid_base: u32,
+    count: u32,
+    root: u32,
+) -> Result<Option<crate::ids::Reap>, String> {
+    // In the order the monitor sent them: the image, the handed mounts, the workspace.
+    let mut folders: Vec<(&str, bool)> = plan
+        .mounts
+        .iter()
+        .filter(|m| m.handed)
+        .map(|m| (m.dst.as_str(), m.rw))
+        .collect();
+    if plan.work_handed {
+        folders.push(("/work", true));
+    }
+    let trees = handed.get(usize::from(plan.image_handed)..).unwrap_or(&[]);
+    let (child, done) = crate::ids::idmap_trees(trees.iter(), uid_base, count, root)
+        .map_err(|e| format!("make the idmapping namespace: {e}"))?;
+    for ((dst, rw), r) in folders.iter().zip(&done) {
+        match r {
+            Ok(()) => {}
+            // Read-only, nothing the sandbox may do there depends on who owns what.
+            Err(e) if !rw => log::debug!("launcher: {dst} is not idmapped: {e}"),
+            // Writable, the sandbox would leave files of its own host uid there, which a
+            // later sandbox may be given: refused.
+            Err(e) => {
+                return Err(format!(
+                    "the writable folder {dst} cannot be mounted idmapped ({e}), so this \
+                     sandbox would write there as a host uid of its own: mount it read-only, \
+                     or keep it on a filesystem that supports idmapped mounts (ext4, xfs, \
+                     btrfs; tmpfs from Linux 6.3)"
+                ))
+            }
+        }
+    }
+    Ok(child)
+}
+
 /// Back to effective root after creating the sandbox as its subordinate uid.
 fn restore_root() {
     // SAFETY: the real and saved ids are 0, so these only restore the effective ids.
@@ -480,7 +544,9 @@ impl Init {
     }
 }
 
-fn write_id_maps(pid: libc::pid_t, ids: &IdMap) -> Result<(), String> {
+/// Write init's id maps. `root_uid`: the host uid of id 0 inside, when it is the
+/// sandbox's own rather than `uid_base` (see `crate::ids`).
+fn write_id_maps(pid: libc::pid_t, ids: &IdMap, root_uid: Option<u32>) -> Result<(), String> {
     let proc_ = format!("/proc/{pid}");
     let write = |file: &str, text: &str| {
         std::fs::write(format!("{proc_}/{file}"), text).map_err(|e| format!("write {file}: {e}"))
@@ -495,7 +561,14 @@ fn write_id_maps(pid: libc::pid_t, ids: &IdMap) -> Result<(), String> {
             if uid_base == 0 || gid_base == 0 {
                 return Err("refusing an id map onto host id 0".into());
             }
-            write("uid_map", &format!("0 {uid_base} {count}\n"))?;
+            match root_uid {
+                Some(root) if count > 1 => write(
+                    "uid_map",
+                    &format!("0 {root} 1\n1 {} {}\n", uid_base + 1, count - 1),
+                )?,
+                Some(root) => write("uid_map", &format!("0 {root} 1\n"))?,
+                None => write("uid_map", &format!("0 {uid_base} {count}\n"))?,
+            }
             write("gid_map", &format!("0 {gid_base} {count}\n"))?;
         }
         IdMap::Single { uid, gid } => {
@@ -600,9 +673,11 @@ fn hand_over_cgroup(
 
 /// The rest of the start (init has its cgroup files), then the run. `sandbox_ns` are the
 /// namespaces of a zygote's init, for the relay's checks.
+#[allow(clippy::too_many_arguments)]
 fn supervise(
     sock: &mut UnixStream,
     plan: &LaunchPlan,
+    root_uid: Option<u32>,
     init: &Init,
     ctl: OwnedFd,
     rep_r: RawFd,
@@ -610,7 +685,7 @@ fn supervise(
     mut sandbox_ns: Option<Result<crate::scratch::SandboxNs, crate::scratch::ScratchError>>,
 ) -> Result<(), LaunchError> {
     // 3. The id maps; init builds the sandbox once they are there.
-    if let Err(e) = write_id_maps(init.pid, &plan.ids) {
+    if let Err(e) = write_id_maps(init.pid, &plan.ids, root_uid) {
         return failed(
             sock,
             Phase::Start,

@@ -106,6 +106,7 @@ fn fake_monitor(mut sock: UnixStream, seen: Seen) {
                     usage: None,
                     workspace_out: None,
                     workspace_out_truncated: false,
+                    stream_truncated: false,
                 },
             }),
             McpRequest::FunctionLogs { call, limit, .. } => Some(McpReply::Logs {

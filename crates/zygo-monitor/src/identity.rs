@@ -19,6 +19,12 @@
 //! launcher picks `its pid % owners`, unique among live launchers when there are as many
 //! owner ids as pids can be): the kernel counts inotify instances and watches, queued
 //! signals and locked memory per owner, so one sandbox cannot use up another's allowance.
+//! Id 0 inside maps onto that owner id too (ids 1..65535 onto the first part as in the
+//! table): the kernel counts pipe buffers, descriptors in flight over unix sockets and
+//! epoll watches per host uid of the process, and a sandbox's processes run as its id 0.
+//! On disk, files a sandbox writes into a host folder are owned by `BASE` as before (the
+//! folder is mounted idmapped). A zygote's request uids are shared with other zygotes'
+//! requests of the same number.
 //!
 //! A smaller configured range still works, with less: fewer than 65536 + 1024 ids and
 //! requests take uids 60000–65533 (above `useradd`'s range, below `nobody`); no owner ids
@@ -73,7 +79,7 @@ impl Identity {
     pub fn shortfall(&self) -> Option<String> {
         match self.ids {
             IdMap::Range { count, owners, .. } if owners == 0 || count < IMAGE_IDS + MIN_REQUEST_IDS => Some(format!(
-                "the subordinate id range has {} ids; with {DEFAULT_COUNT} each sandbox gets an owner of its own \
+                "the subordinate id range has {} ids; with {DEFAULT_COUNT} each sandbox gets an owner and a root of its own \
                  (its own share of per-user kernel limits) and requests get uids above the image's \
                  (ZYGO_SUBID=BASE:{DEFAULT_COUNT}, or a `zygo:BASE:{DEFAULT_COUNT}` line in /etc/subuid and /etc/subgid)",
                 u64::from(count) + u64::from(owners)

@@ -170,8 +170,8 @@ impl Workspace {
                 })?;
             } else if !may(&meta, uid, gid, 0o3) {
                 warning = Some(format!(
-                    "the sandbox runs as host uid {uid}, which cannot write {}; to let run_code \
-                     write there, run `chown -R {uid}:{gid} {}`",
+                    "the sandbox writes a workspace as host uid {uid}, which cannot write {}; \
+                     to let run_code write there, run `chown -R {uid}:{gid} {}`",
                     path.display(),
                     path.display()
                 ));

@@ -163,6 +163,10 @@ pub struct Outcome {
     pub stdout_truncated: bool,
     pub stderr: Vec<u8>,
     pub stderr_truncated: bool,
+    /// Passing output through: bytes of the program's output left undelivered because
+    /// zygo's own stdout or stderr took nothing more once the sandbox had ended (nothing
+    /// read them). Dropped rather than waited for: the sandbox is gone by then.
+    pub output_dropped: u32,
 }
 
 impl Outcome {
@@ -188,7 +192,7 @@ fn unique_name() -> String {
 pub fn run(backend: &Backend, req: Request) -> Outcome {
     match start(req) {
         Ok(started) => started.finish(backend, || {}),
-        Err(out) => out,
+        Err(out) => *out,
     }
 }
 
@@ -217,10 +221,11 @@ enum Feeder {
 
 /// Spawn the launcher for `req` and send it the plan. Nothing runs in the sandbox until
 /// [`Started::finish`] has placed it in its cgroup.
-pub fn start(req: Request) -> Result<Started, Outcome> {
+pub fn start(req: Request) -> Result<Started, Box<Outcome>> {
     let t0 = Instant::now();
-    let start_err =
-        |what: &str, e: std::io::Error| Outcome::refused(Phase::Start, format!("{what}: {e}"));
+    let start_err = |what: &str, e: std::io::Error| {
+        Box::new(Outcome::refused(Phase::Start, format!("{what}: {e}")))
+    };
     let (sock_mon, sock_launcher) =
         UnixStream::pair().map_err(|e| start_err("create the launcher channel", e))?;
     let (out_r, out_w) = pipe().map_err(|e| start_err("create a pipe", e))?;
@@ -234,7 +239,7 @@ pub fn start(req: Request) -> Result<Started, Outcome> {
             let kind =
                 StdinKind::of(&f).map_err(|e| start_err("inspect the program's stdin", e))?;
             if let Some(why) = kind.refusal("the program's stdin") {
-                return Err(Outcome::refused(Phase::Plan, why));
+                return Err(Box::new(Outcome::refused(Phase::Plan, why)));
             }
             if kind == StdinKind::Direct {
                 (Some(OwnedFd::from(f)), None)
@@ -295,15 +300,15 @@ pub fn start(req: Request) -> Result<Started, Outcome> {
     if let Err(e) = handed {
         let _ = child.kill();
         let _ = child.wait();
-        return Err(Outcome::refused(Phase::Start, e));
+        return Err(Box::new(Outcome::refused(Phase::Start, e)));
     }
     if let Err(e) = write_frame(&mut sock, &ToLauncher::Start(Box::new(plan))) {
         let _ = child.kill();
         let _ = child.wait();
-        return Err(Outcome::refused(
+        return Err(Box::new(Outcome::refused(
             Phase::Start,
             format!("send the plan to the launcher: {e}"),
-        ));
+        )));
     }
     Ok(Started {
         t0,
@@ -444,6 +449,10 @@ struct Stream {
     /// Past the cap, a captured stream is drained at most one chunk per [`DRAIN_TICK`]:
     /// not read again before this.
     resume_at: Option<Instant>,
+    /// Passing through: the destination (zygo's own stdout or stderr, a pipe) was full at
+    /// the last splice; it is polled for room rather than the program's pipe for data, and
+    /// the relay never blocks on it.
+    dest_full: bool,
 }
 
 /// How often a captured stream past its cap is drained (a chunk at a time): at most 16 MB
@@ -465,7 +474,7 @@ fn dev_null() -> Option<&'static File> {
 
 /// Move up to `len` bytes from the pipe `from` to `to` inside the kernel (no copy through
 /// this process): `Ok(0)` at the end of the pipe.
-fn splice(from: RawFd, to: RawFd, len: usize) -> std::io::Result<usize> {
+fn splice(from: RawFd, to: RawFd, len: usize, flags: libc::c_uint) -> std::io::Result<usize> {
     loop {
         // SAFETY: splice(2) between two descriptors we hold, no offsets.
         let n = unsafe {
@@ -475,7 +484,7 @@ fn splice(from: RawFd, to: RawFd, len: usize) -> std::io::Result<usize> {
                 to,
                 std::ptr::null_mut(),
                 len,
-                libc::SPLICE_F_MOVE,
+                libc::SPLICE_F_MOVE | flags,
             )
         };
         if n >= 0 {
@@ -497,15 +506,42 @@ impl Stream {
             scratch: Vec::new(),
             no_splice: false,
             resume_at: None,
+            dest_full: false,
         }
     }
 
-    /// The descriptor to poll: none while a drain waits for its next tick.
+    /// The descriptor to poll for data: none while a drain waits for its next tick, nor
+    /// while the destination is full.
     fn raw(&self, now: Instant) -> RawFd {
         match self.resume_at {
             Some(t) if t > now => -1,
+            _ if self.dest_full => -1,
             _ => self.fd.as_ref().map_or(-1, |f| f.as_raw_fd()),
         }
+    }
+
+    /// The destination to poll for room (`dest`, while it is full).
+    fn out(&self, dest: RawFd) -> libc::pollfd {
+        libc::pollfd {
+            fd: if self.dest_full && self.fd.is_some() {
+                dest
+            } else {
+                -1
+            },
+            events: libc::POLLOUT,
+            revents: 0,
+        }
+    }
+
+    /// What is left unread in the program's pipe (dropped when the relay gives up).
+    fn unread(&self) -> u32 {
+        let Some(f) = self.fd.as_ref() else { return 0 };
+        let mut n: libc::c_int = 0;
+        // SAFETY: FIONREAD on a pipe we hold, into an int.
+        if unsafe { libc::ioctl(f.as_raw_fd(), libc::FIONREAD, &mut n) } < 0 {
+            return 0;
+        }
+        n.max(0) as u32
     }
 
     /// When a waiting drain is due.
@@ -533,8 +569,18 @@ impl Stream {
                 Output::PassThrough => Some(libc::STDOUT_FILENO),
             };
             if let Some(to) = to {
-                match splice(fd, to, CHUNK) {
+                // Never blocking on the destination: zygo's own stdout may be a pipe that
+                // nobody reads, and the deadline, the kill and the cgroup's removal must
+                // not wait for it.
+                let flags = match mode {
+                    Output::PassThrough => libc::SPLICE_F_NONBLOCK,
+                    Output::Capture => 0,
+                };
+                match splice(fd, to, CHUNK, flags) {
                     Ok(0) => self.fd = None,
+                    // The destination is full (or, spuriously, the pipe empty): wait for
+                    // room.
+                    Err(e) if e.raw_os_error() == Some(libc::EAGAIN) => self.dest_full = true,
                     Ok(_) if mode == Output::Capture => {
                         self.truncated = true;
                         self.resume_at = Some(Instant::now() + DRAIN_TICK);
@@ -695,9 +741,20 @@ fn drive(ending: &mut Ending, st: Started, meanwhile: impl FnOnce()) -> (Outcome
             sock_open = false;
         }
         if !listening {
-            let d = *drain_deadline.get_or_insert(now + Duration::from_secs(2));
-            if now >= d {
-                break;
+            // The sandbox is gone; what is left is its output in the pipes. A program that
+            // ended on its own has it all passed on however long the reader takes (as any
+            // pipe would), but not one that zygo ended: at the deadline, on cancel or a
+            // failure, output that zygo's own stdout or stderr does not take within
+            // moments is dropped (and counted), so zygo returns.
+            let ended_by_zygo =
+                out.timed_out || killed_at_deadline || out.cancelled || out.error.is_some();
+            if !ended_by_zygo && (stdout.dest_full || stderr.dest_full) {
+                drain_deadline = None;
+            } else {
+                let d = *drain_deadline.get_or_insert(now + Duration::from_secs(2));
+                if now >= d {
+                    break;
+                }
             }
         }
         if let Some(d) = run_deadline {
@@ -718,7 +775,10 @@ fn drive(ending: &mut Ending, st: Started, meanwhile: impl FnOnce()) -> (Outcome
             let next = run_deadline.map_or(watchdog, |d| d.min(watchdog));
             next.saturating_duration_since(now)
         } else {
-            drain_deadline.map_or(Duration::ZERO, |d| d.saturating_duration_since(now))
+            // No deadline: waiting for the reader to make room.
+            drain_deadline.map_or(Duration::from_secs(3600), |d| {
+                d.saturating_duration_since(now)
+            })
         };
         for due in [stdout.due(), stderr.due()].into_iter().flatten() {
             wait = wait.min(due.saturating_duration_since(now));
@@ -744,6 +804,8 @@ fn drive(ending: &mut Ending, st: Started, meanwhile: impl FnOnce()) -> (Outcome
             poll_in(stderr.raw(now)),
             poll_in(cancel_fd),
             poll_in(init_fd),
+            stdout.out(libc::STDOUT_FILENO),
+            stderr.out(libc::STDERR_FILENO),
         ];
         let ms = wait.as_millis().min(i32::MAX as u128) as i32 + 1;
         // SAFETY: fds is a valid pollfd array for its length.
@@ -757,6 +819,13 @@ fn drive(ending: &mut Ending, st: Started, meanwhile: impl FnOnce()) -> (Outcome
         if fds[4].revents != 0 {
             held.init = None;
             ending.settle();
+        }
+        // Room again (or an error, which the next splice reports).
+        if fds[5].revents != 0 {
+            stdout.dest_full = false;
+        }
+        if fds[6].revents != 0 {
+            stderr.dest_full = false;
         }
         if fds[3].revents != 0 {
             out.cancelled = true;
@@ -852,6 +921,9 @@ fn drive(ending: &mut Ending, st: Started, meanwhile: impl FnOnce()) -> (Outcome
         if let Some(cg) = ending.cg() {
             let _ = cg.kill_all();
         }
+    }
+    if output == Output::PassThrough {
+        out.output_dropped = stdout.unread().saturating_add(stderr.unread());
     }
     out.stdout = stdout.kept;
     out.stdout_truncated = stdout.truncated;

@@ -29,6 +29,25 @@ defmodule Zygo.StreamsTest do
     assert req.headers["x-zygo-request-key"] == "k1"
   end
 
+  test "a stream cut for reading slowly says so in its result", %{api: api, c: c} do
+    FakeAPI.set_handler(api, fn _ ->
+      {:stream,
+       [
+         %{"stream" => "stdout", "data" => "x"},
+         FakeAPI.result()
+         |> Map.put("status", 200)
+         |> Map.put("stdout", "xyz")
+         |> Map.put("stream_truncated", true)
+       ]}
+    end)
+
+    assert [{:stdout, "x"}, {:result, %Zygo.Result{stream_truncated: true, stdout: "xyz"}}] =
+             Enum.to_list(Zygo.stream(c, "spew"))
+
+    FakeAPI.set_handler(api, fn _ -> {:stream, [FakeAPI.result() |> Map.put("status", 200)]} end)
+    assert [{:result, %Zygo.Result{stream_truncated: false}}] = Enum.to_list(Zygo.stream(c, "f"))
+  end
+
   test "nothing is sent until it is read", %{api: api, c: c} do
     s = Zygo.stream(c, "render")
     Process.sleep(50)

@@ -26,6 +26,19 @@ test('output, then the result', () =>
     assert.equal(req.headers['x-zygo-request-key'], 'k1');
   }));
 
+test('a stream cut for reading slowly says so in its result', () =>
+  withApi(async (api) => {
+    api.handler = () => stream([{ stream: 'stdout', data: 'x' }, { ...RESULT, status: 200, stdout: 'xyz', stream_truncated: true }]);
+    const c = connect(api.url);
+    let items = [];
+    for await (const ev of c.stream('spew')) items.push(ev);
+    assert.deepEqual([items.at(-1).result.streamTruncated, items.at(-1).result.stdout], [true, 'xyz']);
+    api.handler = () => stream([{ ...RESULT, status: 200 }]);
+    items = [];
+    for await (const ev of c.stream('f')) items.push(ev);
+    assert.equal(items.at(-1).result.streamTruncated, false);
+  }));
+
 test('nothing is sent until iterated', () =>
   withApi(async (api) => {
     const it = connect(api.url).stream('render');

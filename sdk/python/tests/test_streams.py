@@ -30,6 +30,17 @@ class StreamTest(unittest.TestCase):
         self.assertEqual((req.path, req.query), ("/fn/render", {"stream": "1"}))
         self.assertEqual(req.headers["x-zygo-request-key"], "k1")
 
+    def test_a_stream_cut_for_reading_slowly_says_so_in_its_result(self) -> None:
+        self.api.handler = lambda req: Stream([
+            {"stream": "stdout", "data": "x"},
+            dict(RESULT, status=200, stdout="xyz", stream_truncated=True),
+        ])
+        items = list(self.c.stream("spew"))
+        self.assertIs(items[-1].result.stream_truncated, True)
+        self.assertEqual(items[-1].result.stdout, "xyz")
+        self.api.handler = lambda req: Stream([dict(RESULT, status=200)])
+        self.assertIs(list(self.c.stream("f"))[-1].result.stream_truncated, False)
+
     def test_nothing_is_sent_until_iterated(self) -> None:
         it = self.c.stream("render")
         time.sleep(0.05)

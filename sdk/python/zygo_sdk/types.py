@@ -98,6 +98,10 @@ class Result:
     started: bool = True
     metrics: Metrics = field(default_factory=Metrics)
     workspace: Optional[bytes] = None
+    #: A stream's result only: the stream was read too slowly, so output events were
+    #: dropped from some point on (``stdout`` and ``stderr`` here are still whole up to
+    #: their caps).
+    stream_truncated: bool = False
     raw: Dict[str, Any] = field(default_factory=dict, repr=False)
 
     @classmethod
@@ -115,6 +119,7 @@ class Result:
             started=_b(d, "started", True),
             metrics=Metrics.from_json(d.get("metrics")),
             workspace=decode_workspace(d),
+            stream_truncated=_b(d, "stream_truncated"),
             raw=d,
         )
 

@@ -234,6 +234,7 @@ impl Server {
         let listener = listener.into();
         let limits = Arc::new(limits);
         let live = Arc::new(AtomicUsize::new(0));
+        let peers: limits::PeerCounts = Arc::default();
         // building the "close" variable
         let close_trigger = Arc::new(AtomicBool::new(false));
 
@@ -282,9 +283,10 @@ impl Server {
             log::debug!("Running accept thread");
             while !inside_close_trigger.load(Relaxed) {
                 let new_client = match server.accept() {
-                    Ok((sock, _)) => {
+                    Ok((sock, addr)) => {
                         // Zygo patch: every socket gets read and write timeouts, and past
-                        // the connection cap a connection is answered 503 and closed.
+                        // the connection cap (all together, or one peer address's) a
+                        // connection is answered 503 and closed.
                         if let Err(e) = sock.set_timeouts(limits.idle_timeout, limits.write_timeout)
                         {
                             log::warn!("set a connection's timeouts: {}", e);
@@ -294,6 +296,23 @@ impl Server {
                             limits::refuse_over_cap(sock, &limits);
                             continue;
                         }
+                        let peer_guard = match addr {
+                            Some(a) if limits.max_per_peer > 0 => {
+                                match limits::PeerGuard::take(&peers, a.ip(), limits.max_per_peer) {
+                                    Some(g) => Some(g),
+                                    None => {
+                                        log::warn!(
+                                            "{} has {} connections open already; refused one more",
+                                            a.ip(),
+                                            limits.max_per_peer
+                                        );
+                                        limits::refuse_over_cap(sock, &limits);
+                                        continue;
+                                    }
+                                }
+                            }
+                            _ => None,
+                        };
                         use util::RefinedTcpStream;
                         let (read_closable, write_closable) = match ssl {
                             None => RefinedTcpStream::new(sock),
@@ -312,22 +331,22 @@ impl Server {
                             Some(ref _ssl) => unreachable!(),
                         };
 
-                        Ok(ClientConnection::new(
-                            write_closable,
-                            read_closable,
-                            limits.clone(),
+                        Ok((
+                            ClientConnection::new(write_closable, read_closable, limits.clone()),
+                            peer_guard,
                         ))
                     }
                     Err(e) => Err(e),
                 };
 
                 match new_client {
-                    Ok(client) => {
+                    Ok((client, peer_guard)) => {
                         let messages = inside_messages.clone();
                         let mut client = Some(client);
                         let guard = limits::LiveGuard::new(live.clone());
                         tasks_pool.spawn(Box::new(move || {
                             let _guard = &guard;
+                            let _peer_guard = &peer_guard;
                             if let Some(client) = client.take() {
                                 // Synchronization is needed for HTTPS requests to avoid a deadlock
                                 if client.secure() {

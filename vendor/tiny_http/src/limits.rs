@@ -14,6 +14,10 @@ use crate::{HTTPVersion, Header, Response, StatusCode};
 pub struct Limits {
     /// Connections served at once; one more is answered 503 and closed.
     pub max_connections: usize,
+    /// Connections from one peer address served at once (0: no such cap); one more from
+    /// that address is answered 503 and closed. Unix socket peers have no address and are
+    /// not counted.
+    pub max_per_peer: usize,
     /// The longest one read of the socket may wait: an idle keep-alive connection is
     /// closed after this long without a byte.
     pub idle_timeout: Duration,
@@ -40,6 +44,7 @@ impl Default for Limits {
     fn default() -> Limits {
         Limits {
             max_connections: 1024,
+            max_per_peer: 0,
             idle_timeout: Duration::from_secs(30),
             head_timeout: Duration::from_secs(30),
             write_timeout: Duration::from_secs(30),
@@ -64,6 +69,38 @@ impl LiveGuard {
 impl Drop for LiveGuard {
     fn drop(&mut self) {
         self.0.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+/// Connections open per peer address.
+pub(crate) type PeerCounts =
+    Arc<std::sync::Mutex<std::collections::HashMap<std::net::IpAddr, usize>>>;
+
+/// Counts a connection against its peer address until dropped.
+pub(crate) struct PeerGuard(PeerCounts, std::net::IpAddr);
+
+impl PeerGuard {
+    /// Count one more connection from `ip`, unless `cap` are already open from there.
+    pub(crate) fn take(counts: &PeerCounts, ip: std::net::IpAddr, cap: usize) -> Option<PeerGuard> {
+        let mut m = counts.lock().unwrap_or_else(|p| p.into_inner());
+        let n = m.entry(ip).or_insert(0);
+        if *n >= cap {
+            return None;
+        }
+        *n += 1;
+        Some(PeerGuard(counts.clone(), ip))
+    }
+}
+
+impl Drop for PeerGuard {
+    fn drop(&mut self) {
+        let mut m = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(n) = m.get_mut(&self.1) {
+            *n = n.saturating_sub(1);
+            if *n == 0 {
+                m.remove(&self.1);
+            }
+        }
     }
 }
 
@@ -155,6 +192,8 @@ pub(crate) struct BodyGuard {
     pub(crate) done: bool,
     pub(crate) poisoned: Arc<AtomicBool>,
     pub(crate) max_drain: usize,
+    /// The handler said it will not read the body: drain none of it, close instead.
+    pub(crate) unwanted: Arc<AtomicBool>,
 }
 
 impl Read for BodyGuard {
@@ -173,6 +212,10 @@ impl Read for BodyGuard {
 impl Drop for BodyGuard {
     fn drop(&mut self) {
         if self.done {
+            return;
+        }
+        if self.unwanted.load(Ordering::Acquire) {
+            self.poisoned.store(true, Ordering::Release);
             return;
         }
         let mut chunk = [0u8; 8192];

@@ -82,6 +82,9 @@ pub struct Request {
     // Zygo patch: the headers the server adds to its own answers (the 500 of a request
     // dropped unanswered).
     own_headers: fn() -> Vec<Header>,
+
+    // Zygo patch: set by `leave_body_unread`; the body guard then drains nothing.
+    body_unwanted: Arc<AtomicBool>,
 }
 
 /// Zygo patch: how a request's body is bounded once the handler is done with it.
@@ -270,11 +273,13 @@ where
         Box::new(io::empty()) as Box<dyn Read + Send + 'static>
     };
 
+    let body_unwanted = Arc::new(AtomicBool::new(false));
     let reader = Box::new(BodyGuard {
         inner: reader,
         done: false,
         poisoned: body_limits.poisoned,
         max_drain: body_limits.max_drain,
+        unwanted: body_unwanted.clone(),
     }) as Box<dyn Read + Send + 'static>;
 
     Ok(Request {
@@ -290,10 +295,20 @@ where
         must_send_continue: expects_continue,
         notify_when_responded: None,
         own_headers: body_limits.own_headers,
+        body_unwanted,
     })
 }
 
 impl Request {
+    /// Zygo patch: the body will not be read (the request is refused before it was, say).
+    /// Nothing of it is drained once the request is answered: its connection is closed
+    /// instead, so a client trickling a body it announced holds no thread after its
+    /// answer. Answer such a request with `Connection: close`.
+    pub fn leave_body_unread(&self) {
+        self.body_unwanted
+            .store(true, std::sync::atomic::Ordering::Release);
+    }
+
     /// Returns true if the request was made through HTTPS.
     #[inline]
     pub fn secure(&self) -> bool {

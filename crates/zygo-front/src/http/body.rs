@@ -1,13 +1,15 @@
 //! Request bodies: at most [`MAX_BODY`] bytes, refused with 413 before anything is read
 //! when the announced length is over it, and within [`BODY_TIMEOUT`] of the head (each
-//! read also waits at most the connection's idle timeout). JSON bodies are strict: a key
+//! read also waits at most the connection's idle timeout). After its first second a body
+//! must keep arriving at [`MIN_BODY_RATE`] on average, or it is dropped with 408: a
+//! trickle cannot hold a worker for long. JSON bodies are strict: a key
 //! named twice or a field the route does not take is 400, naming it.
 
 use std::time::Instant;
 
 use serde::de::DeserializeOwned;
 
-use super::{HttpError, BODY_TIMEOUT, MAX_BODY};
+use super::{HttpError, BODY_TIMEOUT, MAX_BODY, MIN_BODY_RATE};
 
 fn too_large() -> HttpError {
     HttpError::new(
@@ -44,6 +46,22 @@ pub fn read(rq: &mut tiny_http::Request) -> Result<Vec<u8>, HttpError> {
                     return Err(too_large());
                 }
                 out.extend_from_slice(&chunk[..n]);
+                if too_slow(out.len(), started.elapsed()) {
+                    log::warn!(
+                        "dropped a request body arriving slower than {} KiB/s ({} bytes in {:.1} s)",
+                        MIN_BODY_RATE / 1024,
+                        out.len(),
+                        started.elapsed().as_secs_f64()
+                    );
+                    return Err(HttpError::new(
+                        408,
+                        "bad_request",
+                        format!(
+                            "the body arrived slower than {} KiB/s; send it faster",
+                            MIN_BODY_RATE / 1024
+                        ),
+                    ));
+                }
             }
             Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
             Err(e)
@@ -67,6 +85,13 @@ pub fn read(rq: &mut tiny_http::Request) -> Result<Vec<u8>, HttpError> {
     }
 }
 
+/// Whether `got` bytes after `elapsed` is under [`MIN_BODY_RATE`], counted after the
+/// first second (the body may be complete before then at any rate).
+fn too_slow(got: usize, elapsed: std::time::Duration) -> bool {
+    let after = elapsed.saturating_sub(std::time::Duration::from_secs(1));
+    (got as f64) < MIN_BODY_RATE as f64 * after.as_secs_f64()
+}
+
 /// Parse a JSON body strictly into `T` (whose fields say what the route takes).
 pub fn json<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, HttpError> {
     proto::json::from_slice_strict::<T>(bytes)
@@ -79,4 +104,18 @@ pub fn json_or_default<T: DeserializeOwned + Default>(bytes: &[u8]) -> Result<T,
         return Ok(T::default());
     }
     json(bytes)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    #[test]
+    fn a_body_is_too_slow_only_after_its_first_second() {
+        assert!(!too_slow(1, Duration::from_millis(900)));
+        assert!(!too_slow(64 * 1024, Duration::from_secs(2)));
+        assert!(too_slow(64 * 1024 - 1, Duration::from_secs(2)));
+        assert!(too_slow(100_000, Duration::from_secs(30)));
+    }
 }

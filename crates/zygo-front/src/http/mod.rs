@@ -11,6 +11,7 @@
 pub mod base64;
 pub mod body;
 pub mod channel;
+pub mod fair;
 pub mod handlers;
 pub mod metrics;
 pub mod openapi;
@@ -43,6 +44,18 @@ pub const BODY_TIMEOUT: Duration = Duration::from_secs(60);
 pub const WORKERS_MIN: usize = 64;
 /// Connections served at once.
 pub const MAX_CONNECTIONS: usize = 512;
+/// Connections served at once from one peer address.
+pub const MAX_CONNECTIONS_PER_PEER: usize = MAX_CONNECTIONS / 4;
+/// Request bodies read at once from one peer address.
+pub const MAX_BODY_READERS_PER_PEER: usize = WORKERS_MIN / 4;
+/// After its first second, a body must keep arriving at this many bytes a second on
+/// average (counted from that first second), or it is dropped with 408.
+pub const MIN_BODY_RATE: usize = 64 * 1024;
+/// The longest a request waits for a free channel to the supervisor before it is answered
+/// 429 (never the caller's own deadline: a worker waiting is a worker nobody else has).
+pub const ACQUIRE_WAIT: Duration = Duration::from_secs(2);
+/// How long the supervisor may take to say who a caller is, before its body is read.
+pub const AUTH_WAIT: Duration = Duration::from_secs(10);
 /// Beyond the caller's deadline, how long the front waits for the supervisor's answer to a
 /// call (the supervisor enforces the deadline itself and answers `timeout`).
 pub const ANSWER_GRACE: Duration = Duration::from_secs(15);
@@ -50,6 +63,12 @@ pub const ANSWER_GRACE: Duration = Duration::from_secs(15);
 /// The front's shared state.
 pub struct Front {
     pub chans: std::sync::Arc<channel::Pool>,
+    /// Channels one credential may hold at once: a quarter of them.
+    pub shares: fair::Shares,
+    /// Bodies being read per peer address.
+    pub readers: Arc<fair::Readers>,
+    /// Credentials the supervisor recently said it knows.
+    pub auth: fair::AuthCache,
     pub flags: FrontFlags,
     pub stopping: AtomicBool,
     pub in_flight: AtomicUsize,
@@ -150,6 +169,10 @@ pub struct Call {
     pub timeout_ms: u64,
     pub key: Option<String>,
     pub who: Credentials,
+    /// The place this request's body holds among its peer's readers, until it was read.
+    pub reading: Option<fair::Reading>,
+    /// Whether the handler read the body (otherwise the answer closes the connection).
+    pub body_read: bool,
 }
 
 impl Call {
@@ -194,10 +217,13 @@ impl Call {
 
     /// The body, read within the caps.
     pub fn body(&mut self) -> Result<Vec<u8>, HttpError> {
-        match self.rq.as_mut() {
+        let r = match self.rq.as_mut() {
             Some(rq) => body::read(rq),
             None => Ok(Vec::new()),
-        }
+        };
+        self.reading = None;
+        self.body_read = true;
+        r
     }
 
     /// Wrap an inner request with who is asking.
@@ -241,6 +267,7 @@ pub fn own_headers() -> Vec<Header> {
 pub fn limits() -> tiny_http::Limits {
     tiny_http::Limits {
         max_connections: MAX_CONNECTIONS,
+        max_per_peer: MAX_CONNECTIONS_PER_PEER,
         idle_timeout: IDLE_TIMEOUT,
         head_timeout: Duration::from_secs(30),
         write_timeout: Duration::from_secs(30),
@@ -276,6 +303,9 @@ pub fn respond_json(
     }
     if close {
         hs.push(header("Connection", "close"));
+        // Whatever of the body is unread stays unread: the connection is closed, so a
+        // client trickling the body it announced holds no worker past its answer.
+        rq.leave_body_unread();
     }
     for h in hs.into_iter().flatten() {
         r.add_header(h);
@@ -297,7 +327,11 @@ pub fn serve(
     // More workers than channels: a worker reading a slow client's body holds no channel,
     // so a few slow uploads cannot leave the channels idle and everyone else waiting.
     let workers = (chans.len() * 4).max(WORKERS_MIN);
+    let share = (chans.len() / 4).max(1);
     let front = Arc::new(Front {
+        shares: fair::Shares::new(share),
+        readers: Arc::new(fair::Readers::new(MAX_BODY_READERS_PER_PEER)),
+        auth: fair::AuthCache::default(),
         chans: channel::Pool::new(chans),
         flags,
         stopping: AtomicBool::new(false),
@@ -428,6 +462,14 @@ fn read_headers(rq: &tiny_http::Request, call: &mut Call) -> Result<(), HttpErro
     Ok(())
 }
 
+/// Whether a request comes with a body (announced with a length over 0, or chunked).
+fn has_body(rq: &tiny_http::Request) -> bool {
+    match rq.body_length() {
+        Some(n) => n > 0,
+        None => !header_values(rq, "Transfer-Encoding").is_empty(),
+    }
+}
+
 /// `Authorization: Bearer <token>`. A malformed header is 401 without asking the supervisor.
 fn read_token(rq: &tiny_http::Request) -> Result<Option<String>, HttpError> {
     let Some(v) = one_header(rq, "Authorization")? else {
@@ -486,10 +528,13 @@ pub fn serve_one(front: &Front, rq: tiny_http::Request) {
         respond_json(rq, 503, &body, &id, Some(5), &[], true);
         return;
     }
+    // A refusal before its body was read closes the connection instead of draining it
+    // (a body of at most 1 KiB has already been read with the head).
+    let body_coming = has_body(&rq) && rq.body_length().is_none_or(|n| n > 1024);
     let (path, query) = match routes::split_url(rq.url()) {
         Ok(x) => x,
         Err(e) => {
-            respond_json(rq, e.status, &e.body(), &id, None, &[], false);
+            respond_json(rq, e.status, &e.body(), &id, None, &[], body_coming);
             return;
         }
     };
@@ -497,12 +542,12 @@ pub fn serve_one(front: &Front, rq: tiny_http::Request) {
     let (route, params) = match routes::find(method, &path) {
         routes::Found::Route(r, p) => (r, p),
         routes::Found::Bad(e) => {
-            respond_json(rq, e.status, &e.body(), &id, None, &[], false);
+            respond_json(rq, e.status, &e.body(), &id, None, &[], body_coming);
             return;
         }
         routes::Found::NotFound(msg) => {
             let e = HttpError::not_found(msg);
-            respond_json(rq, 404, &e.body(), &id, None, &[], false);
+            respond_json(rq, 404, &e.body(), &id, None, &[], body_coming);
             return;
         }
         routes::Found::WrongMethod(allow) => {
@@ -511,7 +556,8 @@ pub fn serve_one(front: &Front, rq: tiny_http::Request) {
                 "bad_request",
                 format!("{method} is not served on {path}; it takes {allow}"),
             );
-            respond_json(rq, 405, &e.body(), &id, None, &[("Allow", &allow)], false);
+            let close = body_coming;
+            respond_json(rq, 405, &e.body(), &id, None, &[("Allow", &allow)], close);
             return;
         }
     };
@@ -527,6 +573,8 @@ pub fn serve_one(front: &Front, rq: tiny_http::Request) {
             token: None,
             tenant: None,
         },
+        reading: None,
+        body_read: false,
     };
     let checked = read_headers(&rq, &mut call).and_then(|()| {
         if route.who == routes::Who::None {
@@ -538,8 +586,46 @@ pub fn serve_one(front: &Front, rq: tiny_http::Request) {
     match checked {
         Ok(token) => call.who.token = token,
         Err(e) => {
-            respond_json(rq, e.status, &e.body(), &id, e.retry_after, &[], false);
+            respond_json(
+                rq,
+                e.status,
+                &e.body(),
+                &id,
+                e.retry_after,
+                &[],
+                body_coming,
+            );
             return;
+        }
+    }
+    // A body is read only for a caller the supervisor knows, and only so many at once
+    // from one address: nobody without a token can hold a worker or memory with one.
+    if route.who != routes::Who::None && has_body(&rq) {
+        let admitted = handlers::authenticate(front, &call.who).and_then(|()| {
+            match rq.remote_addr().map(|a| a.ip()) {
+                None => Ok(None),
+                Some(ip) => fair::Readers::take(&front.readers, ip).map(Some).ok_or_else(|| {
+                    log::warn!(
+                        "{ip} is sending {} request bodies already; refused one more",
+                        front.readers.per()
+                    );
+                    HttpError::new(
+                        429,
+                        "busy",
+                        format!(
+                            "{} request bodies are being read from this address already; retry when one is done",
+                            front.readers.per()
+                        ),
+                    )
+                }),
+            }
+        });
+        match admitted {
+            Ok(reading) => call.reading = reading,
+            Err(e) => {
+                respond_json(rq, e.status, &e.body(), &id, e.retry_after, &[], true);
+                return;
+            }
         }
     }
     call.rq = Some(rq);
@@ -555,10 +641,11 @@ pub fn serve_one(front: &Front, rq: tiny_http::Request) {
                 .and_then(Value::as_str)
                 .unwrap_or(&call.id)
                 .to_string();
-            respond_json(rq, status, &body, &rid, retry, &[], false);
+            let close = !call.body_read && body_coming;
+            respond_json(rq, status, &body, &rid, retry, &[], close);
         }
         Out::Err(e) => {
-            let close = e.status == 413 || e.status == 408;
+            let close = e.status == 413 || e.status == 408 || (!call.body_read && body_coming);
             respond_json(rq, e.status, &e.body(), &call.id, e.retry_after, &[], close);
         }
     }

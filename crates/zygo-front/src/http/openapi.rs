@@ -344,7 +344,7 @@ fn ops() -> Vec<Op> {
         op("PUT", "/fn/{name}", "op", true, "Serve a function from a layer.", Json(b_layer), s_served, &[409]),
         op("DELETE", "/fn/{name}", "op", true, "Stop a function.", None, s_stopped, &[]),
         Op { stream: true, query: FN_CALL_QUERY, ..op("POST", "/fn/{name}", "any", false, "Call a function with the body as its event (empty: null).", AnyJson, s_answer, CALL_ERRORS) },
-        op("POST", "/fn/{name}/batch", "any", false, "Call a function once per event, at most 16 at a time; one result per event, in order.", Json(b_batch), s_batch, &[]),
+        op("POST", "/fn/{name}/batch", "any", false, "Call a function once per event, at most the caller's share of the channels (a quarter) at a time; one result per event, in order. The answer holds at most 64 MiB of output and results: past it an element's stdout and stderr are cut (stdout_truncated, stderr_truncated), and a result over 64 KiB that does not fit makes that element 413 too_large.", Json(b_batch), s_batch, &[]),
         Op { query: &[("limit", "integer", "How many, 1 to 1000 (default 100).")], ..op("GET", "/fn/{name}/logs", "any", false, "A function's last finished requests.", None, s_logs, &[]) },
         op("GET", "/fn/{name}/stats", "any", false, "A function's counters and latency percentiles.", None, s_stats, &[]),
         op("POST", "/fn/{name}/warm", "any", false, "Keep at least n zygotes ready.", OptionalJson(b_warm), s_warmed, &[]),
@@ -383,14 +383,14 @@ fn ops() -> Vec<Op> {
 fn error_text(status: u16) -> &'static str {
     match status {
         400 => "Bad request: malformed JSON, an unknown field, a bad header, name or digest (bad_request, bad_spec), or a call needing a secret the calling tenant has not stored (missing_secret, naming it).",
-        401 => "No token, an unknown or a revoked one (unauthorized).",
+        401 => "No token, an unknown or a revoked one (unauthorized); a body is not read before the caller is known.",
         403 => "Not the caller's to ask: the deploy gate, operator-only, another tenant (forbidden).",
         404 => "Not found, or not the caller's (not_found).",
-        408 => "The request's head or body did not arrive in time, or (POST /run) X-Zygo-Timeout-Ms fired first (api_timeout).",
+        408 => "The request's head or body did not arrive in time (the body within 60 s, and at 64 KiB/s or more after its first second), or (POST /run) X-Zygo-Timeout-Ms fired first (api_timeout).",
         409 => "The name is taken by the other kind, or (DELETE /deps/{id}) the set is in use or building (conflict).",
         413 => "The body is over 16 MiB (too_large).",
         422 => "A limit above every ceiling the tenant can reach (above_ceiling).",
-        429 => "Refused before anything ran; retry after Retry-After seconds (busy).",
+        429 => "Refused before anything ran (busy): every channel to the supervisor is in use, the caller holds its share of them (a quarter), or 16 bodies are being read from its address; retry after Retry-After seconds.",
         431 => "A header line over 8 KiB, or more than 100 headers.",
         499 => "Cancelled (cancelled).",
         500 => "The handler failed (handler), or Zygo did (internal).",
@@ -551,7 +551,8 @@ fn components() -> Value {
                 "stdout_truncated": {"type": "boolean"}, "stderr_truncated": {"type": "boolean"}, "started": {"type": "boolean"},
                 "metrics": r("Metrics"),
                 "workspace": {"type": "string", "contentEncoding": "base64", "description": "With out: the call's directory, a tar."},
-                "workspace_truncated": {"type": "boolean", "description": "With out: entries were left out at a cap."}
+                "workspace_truncated": {"type": "boolean", "description": "With out: entries were left out at a cap."},
+                "stream_truncated": {"type": "boolean", "description": "Streamed calls only, and only when true: the client read too slowly, so output and progress events were dropped from some point on (stdout and stderr here are still whole up to their caps)."}
             }), &["result", "request_id", "stdout", "stderr", "metrics"]),
             "CallError": open_obj(json!({
                 "error": {"type": "string"}, "code": {"type": "string"}, "request_id": {"type": "string"},

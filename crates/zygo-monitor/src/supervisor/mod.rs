@@ -1074,6 +1074,17 @@ impl Supervisor {
     fn deliver(&mut self) {
         let mut ended = Vec::new();
         for (t, r, last) in self.fns.take_outbox() {
+            // A streamed call's events have a budget of their own: once its front is more
+            // than [`OUT_LOW`] behind, no more of them are queued (the call's answer, with
+            // its capped output, still is). A client that reads slowly costs its own
+            // stream, never the shared output budget.
+            if !last && matches!(r, Reply::Event(_)) {
+                let behind = self.clients.get(&t).map_or(0, |c| c.conn.unsent());
+                if behind > OUT_LOW {
+                    self.fns.stream_behind(t);
+                    continue;
+                }
+            }
             self.send_to(t, &r);
             if last {
                 if let Some(c) = self.clients.get_mut(&t) {

@@ -21,7 +21,9 @@
 //! naming the share) when those do not make room. So a tenant uploading without end only
 //! churns its own share. When the whole store is full (many tenants at their shares, or
 //! the host's own entries), the least recently used idle entry of whoever holds the most
-//! goes first.
+//! goes first, and only an entry whose every holder would still hold more than the putter
+//! after the put (or the putter's own): nobody evicts what a holder holding less was told
+//! is stored; when nothing may go, the put is refused (`too_large`, naming the store).
 
 use std::collections::{BTreeSet, HashMap};
 use std::path::PathBuf;
@@ -92,13 +94,14 @@ struct Entry {
 
 /// What [`Store::put`] found, or has to be done.
 pub enum Put {
-    /// The store held these bytes already.
-    Held,
+    /// The store held these bytes already; `had`: the putter held them too.
+    Held { had: bool },
     /// New: their room is reserved; the write goes to the store writer, and its end to
     /// [`Store::written`].
     Write(Write),
     /// The same bytes are being written for an earlier put: wait for [`Store::written`].
-    Pending,
+    /// `had`: that put was the putter's own.
+    Pending { had: bool },
 }
 
 pub struct Store {
@@ -309,7 +312,15 @@ impl Store {
                     *self.held_by.entry(holder).or_default() += need;
                 }
             }
-            return Ok((digest, if pending { Put::Pending } else { Put::Held }));
+            let had = holds_it;
+            return Ok((
+                digest,
+                if pending {
+                    Put::Pending { had }
+                } else {
+                    Put::Held { had }
+                },
+            ));
         }
         if need > self.cap {
             return Err((
@@ -321,7 +332,7 @@ impl Store {
                 ),
             ));
         }
-        self.make_room(need, in_use)?;
+        self.make_room(&holder, need, in_use)?;
         self.total += need;
         *self.held_by.entry(holder.clone()).or_default() += need;
         self.entries.insert(
@@ -338,8 +349,23 @@ impl Store {
             dir: self.dir.clone(),
             digest: digest.clone(),
             bytes: source.to_vec(),
+            ticket: 0,
+            echo: false,
         };
         Ok((digest, Put::Write(write)))
+    }
+
+    /// An echo of the write of `bytes` (held, or being written, as `digest`): the same
+    /// work on a temporary file (see `store_writer`).
+    pub fn echo(&self, digest: &str, bytes: &[u8]) -> Write {
+        Write {
+            which: self.flavor.which,
+            dir: self.dir.clone(),
+            digest: digest.to_string(),
+            bytes: bytes.to_vec(),
+            ticket: 0,
+            echo: true,
+        }
     }
 
     /// A write [`Store::put`] asked for is done: the entry is held, or (it failed) gone.
@@ -420,13 +446,30 @@ impl Store {
         ))
     }
 
-    /// Evict idle entries until `need` more bytes fit under the cap: the least recently
-    /// used of whoever holds the most bytes first.
-    fn make_room(&mut self, need: u64, in_use: &dyn Fn(&str) -> bool) -> Result<(), Refusal> {
+    /// Evict idle entries until `need` more bytes fit under the cap, for `putter`: entries
+    /// nobody holds first, then the least recently used of whoever holds the most. Only
+    /// entries of the putter's own, or of holders that would still hold more than the
+    /// putter does after this put, may go: a tenant never evicts what a tenant holding
+    /// less was told is stored (nor what it holds together with one). When nothing may
+    /// go, the put is refused (`too_large`, naming the store), or `busy` when what is in
+    /// the way is only entries in use or being written.
+    fn make_room(
+        &mut self,
+        putter: &Holder,
+        need: u64,
+        in_use: &dyn Fn(&str) -> bool,
+    ) -> Result<(), Refusal> {
+        let (noun, env) = (self.flavor.noun, self.flavor.env);
         while self.total + need > self.cap {
             let mut largest: Vec<(u64, Holder)> =
                 self.held_by.iter().map(|(h, b)| (*b, h.clone())).collect();
             largest.sort_by(|a, b| b.cmp(a));
+            let level = self.held_by(putter) + need;
+            let may_go = |e: &Entry| {
+                e.holders
+                    .iter()
+                    .all(|h| h == putter || self.held_by(h) > level)
+            };
             let lru_of = |held: &dyn Fn(&Entry) -> bool| {
                 self.entries
                     .iter()
@@ -438,17 +481,23 @@ impl Store {
             let victim = lru_of(&|e| e.holders.is_empty()).or_else(|| {
                 largest
                     .iter()
-                    .find_map(|(_, h)| lru_of(&|e| e.holders.contains(h)))
+                    .find_map(|(_, h)| lru_of(&|e| e.holders.contains(h) && may_go(e)))
             });
             let Some(victim) = victim else {
+                if lru_of(&|_| true).is_some() {
+                    return Err((
+                        ErrorCode::TooLarge,
+                        format!(
+                            "the {noun} store is full ({} of its {} bytes) of {noun}s that others hold, and no more of this caller's own can go; retry later, or ask the operator to raise {env}",
+                            self.total, self.cap
+                        ),
+                    ));
+                }
                 return Err((
                     ErrorCode::Busy,
                     format!(
                         "the {noun} store is full ({} of its {} bytes) with {noun}s of calls in flight; retry when they end, or raise {env}",
-                        self.total,
-                        self.cap,
-                        noun = self.flavor.noun,
-                        env = self.flavor.env
+                        self.total, self.cap
                     ),
                 ));
             };
@@ -496,7 +545,7 @@ impl Store {
                 let (digest, put) = self.put(&source, who, in_use)?;
                 let write = match put {
                     Put::Write(w) => Some(w),
-                    Put::Held | Put::Pending => None,
+                    Put::Held { .. } | Put::Pending { .. } => None,
                 };
                 Ok((Script { digest, source }, write))
             }
@@ -631,7 +680,7 @@ mod tests {
     ) -> Result<(String, bool), Refusal> {
         let (d, p) = s.put(bytes, who, in_use)?;
         match p {
-            Put::Held | Put::Pending => Ok((d, true)),
+            Put::Held { .. } | Put::Pending { .. } => Ok((d, true)),
             Put::Write(w) => {
                 let r = super::super::store_writer::write_file(&w.dir, &w.digest, &w.bytes)
                     .map_err(|e| e.to_string());
@@ -779,6 +828,59 @@ mod tests {
         s.let_go("b");
         assert_eq!(s.held_by(&Some("b".into())), 0);
         let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn a_full_store_never_evicts_for_a_putter_what_a_smaller_holder_holds() {
+        let unit = cost(10_000);
+        let (mut s, dir) = store(6 * unit);
+        s.share = 6 * unit;
+        let none = |_: &str| false;
+        let put = |s: &mut Store, b: u8, who: &str| {
+            std::thread::sleep(std::time::Duration::from_millis(2));
+            put_now(s, &[b; 10_000], Some(who), &none)
+        };
+        let a = put(&mut s, 1, "a").expect("a").0;
+        let c: Vec<String> = (10..14u8)
+            .map(|i| put(&mut s, i, "c").expect("c").0)
+            .collect();
+        // b: one fits; the next evicts c's oldest (c holds 4, more than b's 2 after it).
+        let b1 = put(&mut s, 20, "b").expect("b1").0;
+        let b2 = put(&mut s, 21, "b").expect("b2").0;
+        assert!(!s.contains(&c[0]) && s.contains(&c[1]) && s.contains(&a));
+        // c holds 3 now, b would hold 3: only b's own oldest may go.
+        let b3 = put(&mut s, 22, "b").expect("b3").0;
+        assert!(!s.contains(&b1) && s.contains(&b2) && s.contains(&b3));
+        assert!(s.contains(&c[1]) && s.contains(&a));
+        // a (1) may evict c's (3 > 2).
+        put(&mut s, 2, "a").expect("a2");
+        assert!(!s.contains(&c[1]) && s.contains(&a));
+
+        // An entry co-held with a small holder is safe even though its other holder is
+        // large: b (1 after its put) evicts c's own entry, not the one a holds with c.
+        let (mut s, dir2) = store(2 * unit);
+        s.share = 2 * unit;
+        let shared = put(&mut s, 2, "c").expect("c").0;
+        put(&mut s, 2, "a").expect("a co-holds c's");
+        let c2 = put(&mut s, 3, "c").expect("c2").0;
+        put(&mut s, 4, "b").expect("b evicts c's own");
+        assert!(s.contains(&shared) && !s.contains(&c2));
+        // A store full of two small holders' entries: a third tenant is refused, naming
+        // the store, and nothing is evicted.
+        let (mut s, dir3) = store(2 * unit);
+        s.share = 2 * unit;
+        let a = put(&mut s, 1, "a").expect("a").0;
+        let c1 = put(&mut s, 3, "c").expect("c").0;
+        let e = put(&mut s, 4, "b").expect_err("nothing b may evict");
+        assert!(
+            e.0 == ErrorCode::TooLarge && e.1.contains("ZYGO_SCRIPT_STORE"),
+            "{}",
+            e.1
+        );
+        assert!(s.contains(&a) && s.contains(&c1));
+        let _ = std::fs::remove_dir_all(&dir3);
+        let _ = std::fs::remove_dir_all(&dir);
+        let _ = std::fs::remove_dir_all(&dir2);
     }
 
     #[test]

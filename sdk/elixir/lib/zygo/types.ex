@@ -52,6 +52,9 @@ defmodule Zygo.Result do
   A call's answer: `result` is what the handler returned; `workspace` is the returned tar,
   already decoded, when the call asked for `out: true`. `started` is true unless Zygo could
   not start the request; an older API that does not send it counts as true.
+  `stream_truncated` (a stream's result only) is true when the stream was read too slowly,
+  so output events were dropped from some point on; `stdout` and `stderr` are still whole
+  up to their caps.
   """
   import Zygo.Types
 
@@ -64,6 +67,7 @@ defmodule Zygo.Result do
             started: true,
             metrics: %Zygo.Metrics{},
             workspace: nil,
+            stream_truncated: false,
             raw: %{}
 
   @type t :: %__MODULE__{}
@@ -82,6 +86,7 @@ defmodule Zygo.Result do
       started: bool(d["started"], true),
       metrics: Zygo.Metrics.from_json(d["metrics"]),
       workspace: workspace(d),
+      stream_truncated: bool(d["stream_truncated"], false),
       raw: d
     }
   end

@@ -69,7 +69,11 @@ impl TaskPool {
     pub fn spawn(&self, code: Box<dyn FnMut() + Send>) {
         let mut queue = self.sharing.todo.lock().unwrap();
 
-        if self.sharing.waiting_tasks.load(Ordering::Acquire) == 0 {
+        // Zygo patch: a task is queued only while a waiting thread is free to take it.
+        // Upstream queued whenever any thread waited, so two tasks spawned before that one
+        // thread woke left the second queued behind threads that may each block for a
+        // whole keep-alive timeout (a connection nobody reads for 30 s).
+        if self.sharing.waiting_tasks.load(Ordering::Acquire) <= queue.len() {
             self.add_thread(Some(code));
         } else {
             queue.push_back(code);

@@ -12,13 +12,24 @@ use proto::front::{ExecEvent, ExecRequest, Reply, Request};
 use serde::Deserialize;
 use serde_json::{json, Value};
 
-use super::{ask, ask_until, call_deadline, exec_answer, function_info, ms_left, name, unexpected};
+use super::{
+    ask, ask_until, ask_with, call_deadline, exec_answer, function_info, ms_left, name, unexpected,
+};
 use crate::http::{body, ok, Call, Front, HttpError, Out};
 
 /// Events in one batch, at most.
 pub const MAX_BATCH: usize = 1000;
-/// Events of one batch in flight at once.
+/// Events of one batch in flight at once, at most (and never more than its caller's share
+/// of the channels).
 pub const BATCH_IN_FLIGHT: usize = 16;
+/// What a batch's answer may hold of its elements' output (stdout, stderr and results
+/// together). Past it an element's stdout and stderr are cut (`*_truncated: true`), and
+/// a result over [`BATCH_SMALL_RESULT`] that does not fit is left out (that element is
+/// 413 `too_large`); a smaller result is always kept.
+pub const BATCH_ANSWER_BUDGET: usize = 64 * 1024 * 1024;
+/// A result this small is kept in a batch's answer even past its budget (at most 1000 of
+/// them: 64 MiB more at worst).
+pub const BATCH_SMALL_RESULT: usize = 64 * 1024;
 
 pub fn list(front: &Front, call: &mut Call) -> Out {
     if let Err(e) = call.only_query(&[]) {
@@ -188,8 +199,19 @@ pub fn exec(front: &Front, call: &mut Call, req: ExecRequest) -> Out {
     }
 }
 
+/// Lines of a stream waiting for a slow client, at most, and their bytes at most. Past
+/// either the call's events are dropped from there on (the answer still comes, marked
+/// `stream_truncated`): the channel is read at the supervisor's pace whatever the client
+/// does, so a client that reads slowly or never costs the front nothing but its worker.
+pub const STREAM_QUEUE_LINES: usize = 256;
+pub const STREAM_QUEUE_BYTES: usize = 1024 * 1024;
+
 /// A streamed call: headers first (before the call's id is known), one line per event,
 /// the last line the answer with its `status`. Chunked for HTTP/1.1, each line flushed.
+///
+/// The channel is read on this thread and the HTTP client written on another, through a
+/// bounded queue: the supervisor's events are taken as they come however slowly the
+/// client reads, and what does not fit in the queue is dropped, never waited for.
 fn exec_stream(front: &Front, call: &mut Call, req: ExecRequest) -> Out {
     let Some(rq) = call.rq.take() else {
         return Out::Done;
@@ -205,62 +227,88 @@ fn exec_stream(front: &Front, call: &mut Call, req: ExecRequest) -> Out {
             "Connection: close\r\n"
         }
     );
-    // Once the client is gone, the call still runs to its answer (so the channel stays in
-    // step); what it says is dropped.
-    let mut gone = w
-        .write_all(head.as_bytes())
-        .and_then(|()| w.flush())
-        .is_err();
-    let line = |w: &mut Box<dyn Write + Send>, v: &Value, gone: &mut bool| {
-        if *gone {
-            return;
-        }
+    let (tx, rx) = std::sync::mpsc::sync_channel::<Vec<u8>>(STREAM_QUEUE_LINES);
+    let queued = AtomicUsize::new(0);
+    let frame = |v: &Value| {
         let mut text = v.to_string();
         text.push('\n');
-        let r = if chunked {
-            write!(w, "{:x}\r\n{text}\r\n", text.len())
+        if chunked {
+            format!("{:x}\r\n{text}\r\n", text.len()).into_bytes()
         } else {
-            w.write_all(text.as_bytes())
-        };
-        if r.and_then(|()| w.flush()).is_err() {
-            *gone = true;
+            text.into_bytes()
         }
     };
-    let result = {
-        let w = &mut w;
-        let gone = &mut gone;
-        ask_until(
+    std::thread::scope(|s| {
+        let queued = &queued;
+        // The writer: once the client is gone (a write failed or timed out), what comes
+        // is dropped; the call still runs to its answer, so the channel stays in step.
+        s.spawn(move || {
+            let mut gone = w
+                .write_all(head.as_bytes())
+                .and_then(|()| w.flush())
+                .is_err();
+            for bytes in rx {
+                if !gone && w.write_all(&bytes).and_then(|()| w.flush()).is_err() {
+                    gone = true;
+                }
+                queued.fetch_sub(bytes.len(), Ordering::AcqRel);
+            }
+            if chunked && !gone {
+                let _ = w.write_all(b"0\r\n\r\n").and_then(|()| w.flush());
+            }
+        });
+        let mut cut = false;
+        let result = ask_until(
             front,
             &call.who,
             Request::Exec(req),
             call_deadline(call),
             |ev| {
+                if cut {
+                    return;
+                }
                 let (stream, data) = match ev {
                     ExecEvent::Stdout(d) => ("stdout", d),
                     ExecEvent::Stderr(d) => ("stderr", d),
                     ExecEvent::Progress(d) => ("progress", d),
                 };
-                line(w, &json!({"stream": stream, "data": data}), gone);
+                let bytes = frame(&json!({"stream": stream, "data": data}));
+                let n = bytes.len();
+                let q = queued.load(Ordering::Acquire);
+                if q > 0 && q + n > STREAM_QUEUE_BYTES {
+                    cut = true;
+                    return;
+                }
+                queued.fetch_add(n, Ordering::AcqRel);
+                if tx.try_send(bytes).is_err() {
+                    queued.fetch_sub(n, Ordering::AcqRel);
+                    cut = true;
+                }
             },
-        )
-    };
-    let last = match result {
-        Ok(Reply::Answer(a)) => {
-            let (status, mut body) = exec_answer(&a);
-            body["status"] = json!(status);
-            body
-        }
-        Ok(r) => {
-            let e = unexpected(&r);
-            json!({"status": e.status, "error": e.message, "code": e.code})
-        }
-        Err(e) => json!({"status": e.status, "error": e.message, "code": e.code}),
-    };
-    crate::http::metrics::count(last["status"].as_u64().unwrap_or(200) as u16);
-    line(&mut w, &last, &mut gone);
-    if chunked && !gone {
-        let _ = w.write_all(b"0\r\n\r\n").and_then(|()| w.flush());
-    }
+        );
+        let last = match result {
+            Ok(Reply::Answer(a)) => {
+                let (status, mut body) = exec_answer(&a);
+                body["status"] = json!(status);
+                if cut {
+                    body["stream_truncated"] = json!(true);
+                }
+                body
+            }
+            Ok(r) => {
+                let e = unexpected(&r);
+                json!({"status": e.status, "error": e.message, "code": e.code})
+            }
+            Err(e) => json!({"status": e.status, "error": e.message, "code": e.code}),
+        };
+        crate::http::metrics::count(last["status"].as_u64().unwrap_or(200) as u16);
+        let bytes = frame(&last);
+        queued.fetch_add(bytes.len(), Ordering::AcqRel);
+        // The writer always takes what is queued (writing or dropping it), so this waits
+        // at most for the lines ahead of it to be written or given up on.
+        let _ = tx.send(bytes);
+        drop(tx);
+    });
     Out::Done
 }
 
@@ -289,13 +337,19 @@ pub fn batch(front: &Front, call: &mut Call) -> Out {
     };
     let next = AtomicUsize::new(0);
     let results: Mutex<BTreeMap<usize, Value>> = Mutex::new(BTreeMap::new());
+    let budget = Mutex::new(BATCH_ANSWER_BUDGET);
     let (who, key, deadline) = (&call.who, &call.key, call.deadline);
+    let in_flight = BATCH_IN_FLIGHT.min(front.shares.per()).min(events.len());
     std::thread::scope(|s| {
-        for _ in 0..BATCH_IN_FLIGHT.min(events.len()) {
+        for _ in 0..in_flight {
             s.spawn(|| loop {
                 let i = next.fetch_add(1, Ordering::AcqRel);
                 let Some(ev) = events.get(i) else { return };
-                let v = batch_one(front, who, key, deadline, &name, ev);
+                let mut v = batch_one(front, who, key, deadline, &name, ev);
+                {
+                    let mut left = budget.lock().unwrap_or_else(|p| p.into_inner());
+                    fit_in_budget(&mut v, &mut left);
+                }
                 results
                     .lock()
                     .unwrap_or_else(|p| p.into_inner())
@@ -325,6 +379,46 @@ pub fn batch(front: &Front, call: &mut Call) -> Out {
         }
     }
     ok(json!({ "results": results }))
+}
+
+/// Keep a batch element's answer within what is `left` of the batch's answer budget:
+/// its result first (left out, as 413 `too_large`, when it does not fit and is over
+/// [`BATCH_SMALL_RESULT`]), then as much of its stdout and then its stderr as fits, each
+/// cut at a character's start and marked `*_truncated`.
+fn fit_in_budget(v: &mut Value, left: &mut usize) {
+    let result_len = v.get("result").map_or(0, |r| r.to_string().len());
+    if result_len > *left && result_len > BATCH_SMALL_RESULT {
+        *v = json!({
+            "status": 413,
+            "error": format!(
+                "the batch's answer passed {} MiB; this event's result was left out",
+                BATCH_ANSWER_BUDGET >> 20
+            ),
+            "code": "too_large",
+        });
+        return;
+    }
+    *left = left.saturating_sub(result_len);
+    for (text, flag) in [
+        ("stdout", "stdout_truncated"),
+        ("stderr", "stderr_truncated"),
+    ] {
+        let Some(Value::String(s)) = v.get_mut(text) else {
+            continue;
+        };
+        if s.len() > *left {
+            let mut cut = *left;
+            while cut > 0 && !s.is_char_boundary(cut) {
+                cut -= 1;
+            }
+            s.truncate(cut);
+            v[flag] = json!(true);
+        }
+        let Some(Value::String(s)) = v.get(text) else {
+            continue;
+        };
+        *left -= s.len();
+    }
 }
 
 /// One element of a batch: sent only while the batch's deadline has time left, with no
@@ -357,7 +451,15 @@ fn batch_one(
         script: None,
     };
     let deadline = Instant::now() + left + crate::http::ANSWER_GRACE;
-    match ask_until(front, who, Request::Exec(req), deadline, |_| {}) {
+    // An element waits for one of its own caller's leases (never another caller's).
+    match ask_with(
+        front,
+        who,
+        Request::Exec(req),
+        deadline,
+        Some(deadline),
+        |_| {},
+    ) {
         Ok(Reply::Answer(a)) => {
             let (status, mut body) = exec_answer(&a);
             body["status"] = json!(status);
@@ -437,6 +539,45 @@ pub fn stats(front: &Front, call: &mut Call) -> Out {
         },
         Ok(r) => unexpected(&r).into(),
         Err(e) => e.into(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_batch_answer_past_its_budget_is_cut_and_marked() {
+        let mut left = 10;
+        let mut v = json!({"status": 200, "result": "ab", "stdout": "0123", "stderr": "éééé",
+            "stdout_truncated": false, "stderr_truncated": false});
+        fit_in_budget(&mut v, &mut left);
+        // "ab" is 4 bytes of JSON; 4 of stdout; 2 of stderr (one é).
+        assert_eq!(v["stdout"], "0123");
+        assert_eq!(v["stdout_truncated"], false);
+        assert_eq!(v["stderr"], "é");
+        assert_eq!(v["stderr_truncated"], true);
+        assert_eq!(left, 0);
+        // Past the budget a small result is still kept; a big one is left out.
+        let mut v = json!({"status": 200, "result": "small", "stdout": "x", "stderr": "",
+            "stdout_truncated": false});
+        fit_in_budget(&mut v, &mut left);
+        assert_eq!(
+            (v["result"].as_str(), v["stdout"].as_str()),
+            (Some("small"), Some(""))
+        );
+        assert_eq!(v["stdout_truncated"], true);
+        let big = "r".repeat(BATCH_SMALL_RESULT + 1);
+        let mut v = json!({"status": 200, "result": big, "stdout": "", "stderr": ""});
+        fit_in_budget(&mut v, &mut left);
+        assert_eq!(
+            (v["status"].as_u64(), v["code"].as_str()),
+            (Some(413), Some("too_large"))
+        );
+        let mut left = 100;
+        let mut v = json!({"status": 504, "error": "late", "code": "timeout"});
+        fit_in_budget(&mut v, &mut left);
+        assert_eq!(v["code"], "timeout");
     }
 }
 

@@ -20,7 +20,7 @@ use proto::front::{ExecAnswer, ExecEvent, FunctionInfo, Outcome, Reply, Request}
 use serde_json::{json, Value};
 
 use super::channel::ChanError;
-use super::{Call, Front, HttpError, ANSWER_GRACE};
+use super::{Call, Front, HttpError, ACQUIRE_WAIT, ANSWER_GRACE, AUTH_WAIT};
 
 /// Ask the supervisor, waiting until the caller's deadline plus [`ANSWER_GRACE`].
 pub fn ask(front: &Front, call: &Call, req: Request) -> Result<Reply, HttpError> {
@@ -28,7 +28,8 @@ pub fn ask(front: &Front, call: &Call, req: Request) -> Result<Reply, HttpError>
 }
 
 /// Ask, with a deadline of its own and events passed on. A refusal (`Reply::Error`) is
-/// returned as the error it maps to.
+/// returned as the error it maps to. A caller already holding its share of the channels
+/// is answered 429 at once.
 pub fn ask_until(
     front: &Front,
     who: &Credentials,
@@ -36,17 +37,34 @@ pub fn ask_until(
     deadline: Instant,
     on_event: impl FnMut(ExecEvent),
 ) -> Result<Reply, HttpError> {
+    ask_with(front, who, req, deadline, None, on_event)
+}
+
+/// [`ask_until`], and `share_wait`: how long to wait for one of the caller's own leases
+/// when it holds its share (`None`: refuse at once).
+pub fn ask_with(
+    front: &Front,
+    who: &Credentials,
+    req: Request,
+    deadline: Instant,
+    share_wait: Option<Instant>,
+    on_event: impl FnMut(ExecEvent),
+) -> Result<Reply, HttpError> {
+    let _share = front.shares.take(who, share_wait).ok_or_else(|| {
+        HttpError::new(
+            429,
+            "busy",
+            format!(
+                "this caller has {} requests in flight already (its share of zygo api's channels to the supervisor); retry when one is done",
+                front.shares.per()
+            ),
+        )
+    })?;
     let req = Request::Api {
         who: who.clone(),
         request: Box::new(req),
     };
-    let mut lease = front.chans.acquire(deadline).ok_or_else(|| {
-        HttpError::new(
-            429,
-            "busy",
-            "every channel to the supervisor is in use; retry in a moment",
-        )
-    })?;
+    let mut lease = acquire(front, deadline)?;
     match lease.call(&req, deadline, on_event) {
         Ok(Reply::Error {
             code,
@@ -61,6 +79,52 @@ pub fn ask_until(
         }
         Err(ChanError::Timeout) => Err(HttpError::unavailable(
             "the supervisor did not answer in time",
+        )),
+        Err(ChanError::Broken(e)) => Err(HttpError::unavailable(format!(
+            "lost the supervisor's answer: {e}"
+        ))),
+    }
+}
+
+/// A free channel, waiting at most [`ACQUIRE_WAIT`] (and never past `deadline`).
+fn acquire(front: &Front, deadline: Instant) -> Result<super::channel::Lease, HttpError> {
+    let until = deadline.min(Instant::now() + ACQUIRE_WAIT);
+    front.chans.acquire(until).ok_or_else(|| {
+        HttpError::new(
+            429,
+            "busy",
+            "every channel to the supervisor is in use; retry in a moment",
+        )
+    })
+}
+
+/// Whether the supervisor knows this caller (its token, and the tenant it names), asked
+/// before a request's body is read: an unknown or revoked token is refused without a
+/// byte of its body read. The question is `Version` as the caller, which any known caller
+/// may ask and which changes nothing; a yes is remembered for [`super::fair::AUTH_FRESH`].
+pub fn authenticate(front: &Front, who: &Credentials) -> Result<(), HttpError> {
+    if front.auth.fresh(who) {
+        return Ok(());
+    }
+    let deadline = Instant::now() + AUTH_WAIT;
+    let req = Request::Api {
+        who: who.clone(),
+        request: Box::new(Request::Version),
+    };
+    let mut lease = acquire(front, deadline)?;
+    match lease.call(&req, deadline, |_| {}) {
+        Ok(Reply::Version(_)) => {
+            front.auth.known(who);
+            Ok(())
+        }
+        Ok(Reply::Error {
+            code,
+            message,
+            retry_after,
+        }) => Err(HttpError::from_code(code, message, retry_after)),
+        Ok(r) => Err(unexpected(&r)),
+        Err(ChanError::Timeout) => Err(HttpError::unavailable(
+            "the supervisor did not say in time who is calling",
         )),
         Err(ChanError::Broken(e)) => Err(HttpError::unavailable(format!(
             "lost the supervisor's answer: {e}"
@@ -193,6 +257,10 @@ pub fn exec_answer(a: &ExecAnswer) -> (u16, Value) {
             status
         }
     };
+    // A streamed call whose events were cut short (its client read too slowly).
+    if a.stream_truncated {
+        body["stream_truncated"] = json!(true);
+    }
     // Asked for with `out`: the directory, packed (the caller's SDK decodes it).
     if let Some(tar) = &a.workspace_out {
         body["workspace"] = json!(crate::http::base64::encode(tar));
@@ -275,6 +343,7 @@ mod tests {
             metrics: Metrics::default(),
             workspace_out: None,
             workspace_out_truncated: false,
+            stream_truncated: false,
             usage: None,
         };
         let (st, v) = exec_answer(&base);

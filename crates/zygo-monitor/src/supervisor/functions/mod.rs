@@ -96,6 +96,12 @@ pub struct Functions {
     writer: super::store_writer::Writer,
     /// Callers waiting for a store write, by store and digest (see `store_puts`).
     store_waits: HashMap<(super::store_writer::Which, String), Vec<store_puts::StoreWait>>,
+    /// Callers waiting for the echo of a put (see `store_puts`), by the echo's ticket.
+    echo_waits: HashMap<u64, store_puts::EchoWait>,
+    /// What waits for the writer, bounded (see `store_writer`).
+    queued: super::store_writer::Queued,
+    /// The last write's ticket.
+    write_tickets: u64,
     fns: BTreeMap<String, Function>,
     zygotes: HashMap<Token, Zygote>,
     calls: HashMap<String, InFlight>,
@@ -214,6 +220,9 @@ impl Functions {
             blobs,
             writer,
             store_waits: HashMap::new(),
+            echo_waits: HashMap::new(),
+            queued: Default::default(),
+            write_tickets: 0,
             fns: BTreeMap::new(),
             zygotes: HashMap::new(),
             calls: HashMap::new(),

@@ -91,6 +91,9 @@ pub(super) struct InFlight {
     key: Option<String>,
     /// Whether its caller wants output and progress as they come.
     stream: bool,
+    /// Its caller's front fell behind reading its events: no more are made for it, and
+    /// its answer says the stream was cut.
+    stream_cut: bool,
     pub(super) received: Instant,
     /// When it was given a child.
     pub(super) started: Option<Instant>,
@@ -149,6 +152,7 @@ impl InFlight {
             event,
             key: e.key.clone(),
             stream: e.stream,
+            stream_cut: false,
             received: now,
             started: None,
             timeout,
@@ -535,13 +539,24 @@ impl Functions {
             // A script sent with the call is stored for later calls off the event loop;
             // this call runs the bytes it carries meanwhile.
             (true, Some(r)) => {
+                // What waits for the store writer is bounded: a caller past its bound
+                // retries shortly.
+                if let proto::front::ScriptRef::Source(src) = &r {
+                    if let Err(m) = self.queued.room(who.tenant.as_deref(), src.len() as u64) {
+                        return Some(Reply::Error {
+                            code: ErrorCode::Busy,
+                            message: m,
+                            retry_after: Some(1),
+                        });
+                    }
+                }
                 let resolved =
                     self.scripts
                         .resolve(r, who.tenant.as_deref(), &script_in_flight(&self.calls));
                 match resolved {
                     Ok((s, write)) => {
                         if let Some(w) = write {
-                            self.write_store(w);
+                            self.write_store(w, who.tenant.as_deref());
                         }
                         Some(s)
                     }
@@ -613,13 +628,15 @@ impl Functions {
         // call gets a child of a zygote such a call holds.
         // Nor does a call get a child of a zygote where another tenant's calls run.
         let tenant = who.tenant.as_deref();
+        // A child whose call was answered does not count here: it is on its way out (and
+        // hurried out once this call waits for it).
         let room: usize = if exclusive {
             live.iter()
-                .filter(|z| z.children.busy() == 0 && !self.held(z))
+                .filter(|z| !z.children.keep_out(tenant, true, false))
                 .count()
         } else {
             live.iter()
-                .filter(|z| !self.held(z) && !self.foreign(z, tenant))
+                .filter(|z| !z.children.keep_out(tenant, false, false))
                 .map(|z| z.children.room())
                 .sum()
         };
@@ -649,30 +666,56 @@ impl Functions {
         if let Some(f) = self.fns.get_mut(&name) {
             f.pending.push_back(id);
         }
+        self.hurry(&name);
         None
     }
 
-    /// Whether calls of another tenant than `tenant` (`None`: the host) run in this
-    /// zygote. Tenants never share a zygote at the same time: its children share a
-    /// loopback network and a pid namespace, and its script space.
-    pub(super) fn foreign(&self, z: &super::Zygote, tenant: Option<&str>) -> bool {
-        z.children.slots.values().any(|s| {
-            s.request
-                .as_ref()
-                .and_then(|r| self.calls.get(r))
-                .is_some_and(|c| c.tenant.as_deref() != tenant)
-        })
-    }
-
-    /// Whether a call with its tenant's secrets runs in this zygote (then it is that call's
-    /// alone until it ends).
-    pub(super) fn held(&self, z: &super::Zygote) -> bool {
-        z.children.slots.values().any(|s| {
-            s.request
-                .as_ref()
-                .and_then(|r| self.calls.get(r))
-                .is_some_and(|c| c.exclusive)
-        })
+    /// Calls waiting for a child of `name` that a child answered but not gone keeps out
+    /// of its zygote (another tenant's, or one of them needs the zygote to itself): that
+    /// child's cgroup is killed now rather than when [`LINGER`](super::timers) runs out,
+    /// so the call waits a moment, not seconds. Its answer is out already; whatever it
+    /// left running goes with it.
+    pub(super) fn hurry(&mut self, name: &str) {
+        let Some(f) = self.fns.get(name) else {
+            return;
+        };
+        let waiting: Vec<(Option<&str>, bool)> = f
+            .pending
+            .iter()
+            .filter_map(|id| self.calls.get(id))
+            .map(|c| (c.tenant.as_deref(), c.exclusive))
+            .collect();
+        if waiting.is_empty() {
+            return;
+        }
+        let mut slots = Vec::new();
+        for t in &f.zygotes {
+            let Some(z) = self.zygotes.get(t) else {
+                continue;
+            };
+            for (k, s) in &z.children.slots {
+                if s.answered.is_some()
+                    && !s.hurried
+                    && waiting.iter().any(|(t, x)| s.keeps_out(*t, *x))
+                {
+                    slots.push((*t, k.clone()));
+                }
+            }
+        }
+        for (t, k) in slots {
+            if let Some(s) = self
+                .zygotes
+                .get_mut(&t)
+                .and_then(|z| z.children.slots.get_mut(&k))
+            {
+                log::debug!("a call of {name} waits for an answered child of another tenant's to go: its cgroup is killed");
+                s.hurried = true;
+                let _ = s.cgroup.thaw();
+                if let Err(e) = s.cgroup.kill_all() {
+                    log::warn!("kill an answered request's cgroup: {e}");
+                }
+            }
+        }
     }
 
     /// The secrets a call of `name` gets, as files for its `/run/secrets/`. A function's:
@@ -772,11 +815,11 @@ impl Functions {
             if z.state != ZState::Ready || z.children.busy() >= SLOTS {
                 continue;
             }
-            if self.held(z) || (c.exclusive && z.children.busy() > 0) {
-                continue;
-            }
-            // Another tenant's calls run there: never beside them.
-            if self.foreign(z, c.tenant.as_deref()) {
+            // Another tenant's calls run there, or ran and their children have not gone
+            // yet, or a call that has the zygote to itself, or this call needs it to
+            // itself: never beside them. Tenants never share a zygote at the same time:
+            // its children share a loopback network, a pid namespace and a script space.
+            if z.children.keep_out(c.tenant.as_deref(), c.exclusive, true) {
                 continue;
             }
             if let Some(slot) = z.children.free_slot() {
@@ -859,6 +902,8 @@ impl Functions {
         }
         if let Some(s) = z.children.slots.get_mut(&slot) {
             s.request = Some(id.to_string());
+            s.tenant = c.tenant.clone();
+            s.exclusive = c.exclusive;
             // From now on this child is what a caller waits for.
             if let Err(e) = s.cgroup.set_weight(Weight::Foreground) {
                 log::warn!("raise a request's CPU weight: {e}");
@@ -904,6 +949,7 @@ impl Functions {
                 }
             }
         }
+        self.hurry(name);
     }
 
     /// The function cannot serve: every call waiting for it is refused.
@@ -941,7 +987,7 @@ impl Functions {
     pub(super) fn output(&mut self, id: &str, stream: Stream, data: String) {
         if let Some(c) = self.calls.get_mut(id) {
             c.last_beat = Instant::now();
-            if c.stream {
+            if c.stream && !c.stream_cut {
                 let ev = match stream {
                     Stream::Stdout => ExecEvent::Stdout(data.clone()),
                     Stream::Stderr => ExecEvent::Stderr(data.clone()),
@@ -959,7 +1005,7 @@ impl Functions {
     pub(super) fn progress(&mut self, id: &str, text: String) {
         if let Some(c) = self.calls.get_mut(id) {
             c.last_beat = Instant::now();
-            if c.stream {
+            if c.stream && !c.stream_cut {
                 self.outbox
                     .push((c.client, Reply::Event(ExecEvent::Progress(text)), false));
             }
@@ -1032,6 +1078,7 @@ impl Functions {
         }
         s.answered = Some(Instant::now());
         let usage = s.cgroup.usage().ok();
+        let func = z.func.clone();
         self.settling.push((zt, slot.to_string()));
         match self.calls.get_mut(&id) {
             Some(c) if c.forced.is_none() => {
@@ -1042,6 +1089,7 @@ impl Functions {
             _ => return,
         }
         self.finish(&id, usage, None);
+        self.hurry(&func);
     }
 
     /// End a call from outside, and record why. A call with a child has its cgroup killed,
@@ -1107,6 +1155,21 @@ impl Functions {
     }
 
     /// A front's connection closed: nobody waits for its calls any more.
+    /// The front `t` is behind reading what it was sent: its streamed call makes no more
+    /// events (its output is still kept, up to the cap), and its answer says so. A front's
+    /// connection carries one call at a time, so this is at most one call.
+    pub fn stream_behind(&mut self, t: Token) {
+        for c in self.calls.values_mut() {
+            if c.client == t && c.stream && !c.stream_cut {
+                c.stream_cut = true;
+                log::info!(
+                    "a streamed call of {} makes no more events: its front has not read what it was sent",
+                    c.func
+                );
+            }
+        }
+    }
+
     pub fn client_gone(&mut self, t: Token) {
         let ids: Vec<String> = self
             .calls
@@ -1192,6 +1255,7 @@ impl Functions {
                 None
             },
             workspace_out_truncated: c.workspace_out_truncated,
+            stream_truncated: c.stream_cut,
         };
         self.outbox.push((c.client, Reply::Answer(answer), true));
     }

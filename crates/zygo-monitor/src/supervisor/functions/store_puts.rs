@@ -1,7 +1,11 @@
 //! `PUT /scripts` (`scripts put`) and `PUT /blobs`: bytes stored for the acting tenant (if
 //! any). The store reserves a new entry's room at once (within the tenant's share); its
 //! bytes are written and synced by the store writer, off the event loop, and the caller is
-//! answered once they are durable. Bytes the store holds already are answered at once.
+//! answered once they are durable. Bytes the store holds already are answered at once to
+//! a caller that held them already (or the host); a tenant taking on bytes others hold, or
+//! are writing, is answered after an echo of the write (see `store_writer`), so the time
+//! an answer takes says nothing about other tenants. What waits for the writer is bounded
+//! per holder and in all: past that a put is refused `busy`.
 
 use mio::Token;
 use proto::front::{ErrorCode, Reply};
@@ -16,7 +20,20 @@ use crate::supervisor::store_writer::{Which, Write, Written};
 pub(super) struct StoreWait {
     client: Token,
     tenant: Option<String>,
+    /// When its tenant was made: a tenant deleted and made again under the same id while
+    /// the bytes were written is somebody else, and nothing is registered for it.
+    created_ms: Option<u64>,
     size: u64,
+}
+
+/// A caller waiting for the echo of a put of bytes the store held (or was writing) for
+/// others.
+pub(super) struct EchoWait {
+    which: Which,
+    digest: String,
+    wait: StoreWait,
+    /// The store held the bytes when they were put (not only being written).
+    in_store: bool,
 }
 
 impl Functions {
@@ -29,18 +46,24 @@ impl Functions {
         who: &Acting,
     ) -> Option<Reply> {
         let tenant = who.tenant.as_deref();
+        if let Err(m) = self.queued.room(tenant, source.len() as u64) {
+            return Some(busy(m));
+        }
         let put = self
             .scripts
             .put(source, tenant, &script_in_flight(&self.calls));
-        self.after_put(Which::Scripts, client, put, tenant, source.len() as u64)
+        self.after_put(Which::Scripts, client, put, tenant, source)
     }
 
     /// `PUT /blobs`: store the bytes, owned by the acting tenant (if any). `None`:
     /// answered once they are written.
     pub(super) fn put_blob(&mut self, client: Token, bytes: &[u8], who: &Acting) -> Option<Reply> {
         let tenant = who.tenant.as_deref();
+        if let Err(m) = self.queued.room(tenant, bytes.len() as u64) {
+            return Some(busy(m));
+        }
         let put = self.blobs.put(bytes, tenant, &blob_in_flight(&self.calls));
-        self.after_put(Which::Blobs, client, put, tenant, bytes.len() as u64)
+        self.after_put(Which::Blobs, client, put, tenant, bytes)
     }
 
     fn after_put(
@@ -49,8 +72,9 @@ impl Functions {
         client: Token,
         put: Result<(String, Put), (ErrorCode, String)>,
         tenant: Option<&str>,
-        size: u64,
+        bytes: &[u8],
     ) -> Option<Reply> {
+        let size = bytes.len() as u64;
         let (digest, put) = match put {
             Ok(p) => p,
             Err((code, message)) => return Some(fail(code, message)),
@@ -58,19 +82,46 @@ impl Functions {
         let wait = StoreWait {
             client,
             tenant: tenant.map(str::to_string),
+            created_ms: tenant
+                .and_then(|t| self.api.tenants.get(t))
+                .map(|r| r.created_ms),
             size,
         };
         match put {
-            Put::Held => Some(self.stored(which, &digest, wait.tenant.as_deref(), size, true)),
+            // The caller held them already, or it is the host: nothing to hide.
+            Put::Held { had } if had || tenant.is_none() => {
+                Some(self.stored(which, &digest, tenant, size, true))
+            }
+            // A tenant taking on bytes others hold or are writing: answered after an echo
+            // of the write (queued behind the write of those bytes, if any).
+            Put::Held { .. } | Put::Pending { had: false } if tenant.is_some() => {
+                let store = match which {
+                    Which::Scripts => &self.scripts,
+                    Which::Blobs => &self.blobs,
+                };
+                let echo = store.echo(&digest, bytes);
+                let in_store = matches!(put, Put::Held { .. });
+                let ticket = self.write_store(echo, tenant);
+                self.echo_waits.insert(
+                    ticket,
+                    EchoWait {
+                        which,
+                        digest,
+                        wait,
+                        in_store,
+                    },
+                );
+                None
+            }
             Put::Write(w) => {
                 self.store_waits
                     .entry((which, digest))
                     .or_default()
                     .push(wait);
-                self.write_store(w);
+                self.write_store(w, tenant);
                 None
             }
-            Put::Pending => {
+            Put::Held { .. } | Put::Pending { .. } => {
                 self.store_waits
                     .entry((which, digest))
                     .or_default()
@@ -80,10 +131,56 @@ impl Functions {
         }
     }
 
-    /// Hand a store write to the writer (done here only if the writer is gone).
-    pub(super) fn write_store(&mut self, w: Write) {
+    /// Hand a store write of `who`'s to the writer (done here only if the writer is
+    /// gone): its ticket.
+    pub(super) fn write_store(&mut self, mut w: Write, who: Option<&str>) -> u64 {
+        self.write_tickets += 1;
+        let ticket = self.write_tickets;
+        w.ticket = ticket;
+        self.queued.add(ticket, who, w.bytes.len() as u64);
         if let Some(done) = self.writer.send(w) {
             self.on_written(done);
+        }
+        ticket
+    }
+
+    /// Whether a waiting caller's tenant was deleted (or deleted and made again) since it
+    /// put its bytes.
+    fn tenant_gone(&self, wait: &StoreWait) -> bool {
+        wait.tenant
+            .as_ref()
+            .is_some_and(|t| self.api.tenants.get(t).map(|r| r.created_ms) != wait.created_ms)
+    }
+
+    /// A tenant is deleted: its callers waiting for store writes are answered now
+    /// (`not_found`), and nothing is registered for it when the writes end.
+    pub(super) fn drop_store_waits(&mut self, tenant: &str) {
+        let mine = |w: &StoreWait| w.tenant.as_deref() == Some(tenant);
+        let mut gone = Vec::new();
+        for waits in self.store_waits.values_mut() {
+            gone.extend(waits.extract_if(.., |w| mine(w)).map(|w| w.client));
+        }
+        self.store_waits.retain(|_, w| !w.is_empty());
+        let echoes: Vec<u64> = self
+            .echo_waits
+            .iter()
+            .filter(|(_, e)| mine(&e.wait))
+            .map(|(t, _)| *t)
+            .collect();
+        for t in echoes {
+            if let Some(e) = self.echo_waits.remove(&t) {
+                gone.push(e.wait.client);
+            }
+        }
+        for client in gone {
+            self.outbox.push((
+                client,
+                fail(
+                    ErrorCode::NotFound,
+                    "the tenant was deleted while its bytes were stored",
+                ),
+                true,
+            ));
         }
     }
 
@@ -96,6 +193,11 @@ impl Functions {
     }
 
     fn on_written(&mut self, w: Written) {
+        self.queued.done(w.ticket);
+        if w.echo {
+            self.echo_written(w);
+            return;
+        }
         let store = match w.which {
             Which::Scripts => &mut self.scripts,
             Which::Blobs => &mut self.blobs,
@@ -110,12 +212,10 @@ impl Functions {
             .remove(&(w.which, w.digest.clone()))
             .unwrap_or_default();
         for wait in waits {
-            // Its tenant was deleted while the bytes were written: nothing is registered
-            // for it (the entry, held by nobody, is the first to go when room is needed).
-            let gone = wait
-                .tenant
-                .as_ref()
-                .is_some_and(|t| !self.api.tenants.contains_key(t));
+            // Its tenant was deleted while the bytes were written (and perhaps made again:
+            // that is somebody else): nothing is registered for it (the entry, held by
+            // nobody, is the first to go when room is needed).
+            let gone = self.tenant_gone(&wait);
             let reply = match &w.result {
                 Ok(()) if gone => fail(
                     ErrorCode::NotFound,
@@ -130,6 +230,42 @@ impl Functions {
             };
             self.outbox.push((wait.client, reply, true));
         }
+    }
+
+    /// The echo of a put of bytes others held is done: the caller is answered as if its
+    /// bytes had been written now.
+    fn echo_written(&mut self, w: Written) {
+        if let Err(e) = &w.result {
+            log::debug!("store: an echo of {}: {e}", w.digest);
+        }
+        let Some(e) = self.echo_waits.remove(&w.ticket) else {
+            return;
+        };
+        let (store, noun) = match e.which {
+            Which::Scripts => (&self.scripts, "script"),
+            Which::Blobs => (&self.blobs, "blob"),
+        };
+        let reply = if self.tenant_gone(&e.wait) {
+            fail(
+                ErrorCode::NotFound,
+                format!("the {noun}'s tenant was deleted while it was stored"),
+            )
+        } else if store.held(&e.digest).is_some() {
+            self.stored(
+                e.which,
+                &e.digest,
+                e.wait.tenant.as_deref(),
+                e.wait.size,
+                e.in_store,
+            )
+        } else {
+            // The write this put waited behind failed (the log says why).
+            fail(
+                ErrorCode::Internal,
+                format!("the {noun} could not be stored; the supervisor's log says why"),
+            )
+        };
+        self.outbox.push((e.wait.client, reply, true));
     }
 
     /// The answer to a put whose bytes the store holds: registered for the caller.
@@ -186,5 +322,14 @@ impl Functions {
                 }
             }
         }
+    }
+}
+
+/// A put refused while too much waits for the store writer.
+fn busy(message: String) -> Reply {
+    Reply::Error {
+        code: ErrorCode::Busy,
+        message,
+        retry_after: Some(1),
     }
 }

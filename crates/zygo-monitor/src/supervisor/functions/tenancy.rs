@@ -476,6 +476,8 @@ impl Functions {
             }
         }
         self.scripts.let_go(id);
+        // Its puts still being written are answered now, and registered to nobody.
+        self.drop_store_waits(id);
         let mut scripts_removed = Vec::new();
         for d in orphans {
             match self.scripts.remove(&d) {

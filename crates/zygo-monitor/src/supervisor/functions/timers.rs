@@ -202,13 +202,9 @@ mod tests {
         let cg = Fake::new().holding(4242);
         let t0 = Instant::now();
         let s = Slot {
-            cgroup: cg.boxed(),
             request: Some("r".into()),
             answered: Some(t0),
-            narrowed: false,
-            kept_as: None,
-            pid: 0,
-            pidfd: None,
+            ..Slot::parked(cg.boxed(), 0, None)
         };
         end_if_lingering(&s, t0 + LINGER - Duration::from_millis(1));
         assert!(cg.ops().is_empty());
@@ -218,13 +214,8 @@ mod tests {
         // One not answered yet is left alone, however long it runs.
         let running = Fake::new();
         let s = Slot {
-            cgroup: running.boxed(),
             request: Some("r".into()),
-            answered: None,
-            narrowed: false,
-            kept_as: None,
-            pid: 0,
-            pidfd: None,
+            ..Slot::parked(running.boxed(), 0, None)
         };
         end_if_lingering(&s, t0 + secs(3600));
         assert!(running.ops().is_empty());

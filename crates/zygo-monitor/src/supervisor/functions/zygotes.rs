@@ -46,6 +46,39 @@ pub(super) struct Slot {
     /// The child (held by its pidfd while parked), to move into a tenant's cgroup.
     pub(super) pid: i32,
     pub(super) pidfd: Option<OwnedFd>,
+    /// The tenant of the call it was given (`None`: the host's), and whether that call
+    /// has the zygote to itself (it carries a tenant's secrets). Both hold from the call's
+    /// dispatch until the slot closes, answered or not: what the call left running is
+    /// still beside whatever runs in the zygote until then.
+    pub(super) tenant: Option<String>,
+    pub(super) exclusive: bool,
+    /// Answered, and its cgroup killed before [`LINGER`](super::timers) ran out because a
+    /// call of another tenant (or one needing the zygote to itself) waits for it to go.
+    pub(super) hurried: bool,
+}
+
+impl Slot {
+    /// A parked child in `cgroup`.
+    pub(super) fn parked(cgroup: Box<dyn Cgroup>, pid: i32, pidfd: Option<OwnedFd>) -> Slot {
+        Slot {
+            cgroup,
+            request: None,
+            answered: None,
+            narrowed: false,
+            kept_as: None,
+            pid,
+            pidfd,
+            tenant: None,
+            exclusive: false,
+            hurried: false,
+        }
+    }
+
+    /// Whether a call waiting for a child, of `tenant` and needing a zygote to itself or
+    /// not, may not run in this slot's zygote while this slot is open.
+    pub(super) fn keeps_out(&self, tenant: Option<&str>, exclusive: bool) -> bool {
+        self.request.is_some() && (self.exclusive || exclusive || self.tenant.as_deref() != tenant)
+    }
 }
 
 /// A zygote's children, by what they are doing.
@@ -93,6 +126,22 @@ impl Children {
     }
     fn parked(&self) -> usize {
         self.slots.values().filter(|s| s.request.is_none()).count()
+    }
+    /// Whether a call of `tenant` (needing the zygote to itself or not) may not be given
+    /// a child of this zygote now: a call of another tenant was given one, or a call that
+    /// needs the zygote to itself, or this call needs it and any call was given one. A
+    /// child whose call was answered counts until its slot closes (what it left running
+    /// is there until then); with `answered_too` false it does not (it is on its way out).
+    pub(super) fn keep_out(
+        &self,
+        tenant: Option<&str>,
+        exclusive: bool,
+        answered_too: bool,
+    ) -> bool {
+        self.slots
+            .values()
+            .filter(|s| answered_too || s.answered.is_none())
+            .any(|s| s.keeps_out(tenant, exclusive))
     }
     pub(super) fn free_slot(&self) -> Option<String> {
         self.slots
@@ -539,6 +588,16 @@ impl Functions {
                 } else {
                     None
                 };
+                // What a request's child left running after its channel closed (a process
+                // that let go of it) is killed now, before another call can be given a
+                // child of this zygote, not later by the worker: that call may be another
+                // tenant's. Almost always the cgroup is empty by now and this is one read.
+                if s.request.is_some() && !s.cgroup.is_empty().unwrap_or(false) {
+                    let _ = s.cgroup.thaw();
+                    if let Err(e) = s.cgroup.kill_all() {
+                        log::warn!("kill what a request left running: {e}");
+                    }
+                }
                 let func = z.func.clone();
                 // Kept for the next request it can serve as it is: the function's, or (one
                 // made for a tenant) that tenant's; a narrowed one is removed.
@@ -604,18 +663,9 @@ impl Functions {
                 if z.frozen {
                     let _ = cg.freeze();
                 }
-                z.children.slots.insert(
-                    p.slot,
-                    Slot {
-                        cgroup: cg,
-                        request: None,
-                        answered: None,
-                        narrowed: false,
-                        kept_as: None,
-                        pid: p.pid,
-                        pidfd: Some(p.pidfd),
-                    },
-                );
+                z.children
+                    .slots
+                    .insert(p.slot, Slot::parked(cg, p.pid, Some(p.pidfd)));
             }
             Err(e) => {
                 // The launcher lets go of the child's channel, and a parked child whose
@@ -764,13 +814,8 @@ mod tests {
     /// A child in a cgroup of its own: parked (`None`), or serving a call.
     fn child(request: Option<&str>) -> Slot {
         Slot {
-            cgroup: Fake::new().boxed(),
             request: request.map(str::to_string),
-            answered: None,
-            narrowed: false,
-            kept_as: None,
-            pid: 0,
-            pidfd: None,
+            ..Slot::parked(Fake::new().boxed(), 0, None)
         }
     }
 
@@ -802,6 +847,42 @@ mod tests {
         // Its slot is not free (it still serves its call), but a spare may be parked.
         assert_eq!(c.free_slot(), None);
         assert_eq!(c.to_park(), 1);
+    }
+
+    /// A slot given to tenant `t`'s call (exclusive or not), answered or not.
+    fn given(t: Option<&str>, exclusive: bool, answered: bool) -> Slot {
+        Slot {
+            tenant: t.map(str::to_string),
+            exclusive,
+            answered: answered.then(Instant::now),
+            ..child(Some("r"))
+        }
+    }
+
+    #[test]
+    fn an_answered_child_keeps_other_tenants_out_until_its_slot_closes() {
+        // Tenant a's call was answered; its child has not gone yet.
+        let c = children(None, vec![given(Some("a"), false, true), child(None)]);
+        // a's next call may go beside it; b's, the host's and one needing the zygote to
+        // itself may not, until the slot closes.
+        assert!(!c.keep_out(Some("a"), false, true));
+        assert!(c.keep_out(Some("b"), false, true));
+        assert!(c.keep_out(None, false, true));
+        assert!(c.keep_out(Some("a"), true, true));
+        // Counting room, it is on its way out (it is hurried out once a call waits).
+        assert!(!c.keep_out(Some("b"), false, false));
+        assert!(!c.keep_out(Some("a"), true, false));
+        // One that has not answered keeps them out either way.
+        let c = children(None, vec![given(Some("a"), false, false), child(None)]);
+        assert!(c.keep_out(Some("b"), false, false));
+        // A call with secrets, answered: nobody else, not even its own tenant, until its
+        // slot closes.
+        let c = children(None, vec![given(Some("a"), true, true), child(None)]);
+        assert!(c.keep_out(Some("a"), false, true));
+        assert!(!c.keep_out(Some("a"), false, false));
+        // Parked children alone keep nobody out.
+        let c = children(None, vec![child(None), child(None)]);
+        assert!(!c.keep_out(Some("b"), true, true));
     }
 
     #[test]

@@ -1,0 +1,232 @@
+//! What one caller may hold of the front, so that no caller (with a token or without one)
+//! can take what every other caller needs:
+//!
+//! - [`Shares`]: the channels to the supervisor one credential may hold at once (a token,
+//!   with the tenant it acts for). Past its share a caller is answered 429 at once.
+//! - [`Readers`]: the request bodies being read at once from one peer address.
+//! - [`AuthCache`]: which credentials the supervisor recently said it knows, so that a
+//!   body is read only for a caller the supervisor knows (and the check costs a channel
+//!   round trip at most once every few seconds per credential). The supervisor still
+//!   judges every request itself: the cache only decides whether a body is worth reading.
+
+use std::collections::HashMap;
+use std::net::IpAddr;
+use std::sync::{Condvar, Mutex};
+use std::time::{Duration, Instant};
+
+use proto::api::Credentials;
+
+/// A credential as the front tells callers apart: the token and the tenant header.
+type Key = (Option<String>, Option<String>);
+
+fn key(who: &Credentials) -> Key {
+    (who.token.clone(), who.tenant.clone())
+}
+
+/// Channels held per credential.
+pub struct Shares {
+    held: Mutex<HashMap<Key, usize>>,
+    cv: Condvar,
+    per: usize,
+}
+
+/// One of a caller's leases; given back when dropped.
+pub struct Share<'a> {
+    shares: &'a Shares,
+    key: Key,
+}
+
+impl Shares {
+    /// `per`: how many channels one credential may hold at once (at least 1).
+    pub fn new(per: usize) -> Shares {
+        Shares {
+            held: Mutex::new(HashMap::new()),
+            cv: Condvar::new(),
+            per: per.max(1),
+        }
+    }
+
+    pub fn per(&self) -> usize {
+        self.per
+    }
+
+    /// One of `who`'s leases. `wait_until`: `None` refuses at once when `who` holds its
+    /// share; `Some` waits (for the caller's own leases to end) until then.
+    pub fn take(&self, who: &Credentials, wait_until: Option<Instant>) -> Option<Share<'_>> {
+        let k = key(who);
+        let mut held = self.held.lock().unwrap_or_else(|p| p.into_inner());
+        loop {
+            let n = held.entry(k.clone()).or_insert(0);
+            if *n < self.per {
+                *n += 1;
+                return Some(Share {
+                    shares: self,
+                    key: k,
+                });
+            }
+            let until = wait_until?;
+            let now = Instant::now();
+            if now >= until {
+                return None;
+            }
+            held = self
+                .cv
+                .wait_timeout(held, until - now)
+                .unwrap_or_else(|p| p.into_inner())
+                .0;
+        }
+    }
+}
+
+impl Drop for Share<'_> {
+    fn drop(&mut self) {
+        let mut held = self.shares.held.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(n) = held.get_mut(&self.key) {
+            *n = n.saturating_sub(1);
+            if *n == 0 {
+                held.remove(&self.key);
+            }
+        }
+        drop(held);
+        self.shares.cv.notify_all();
+    }
+}
+
+/// Bodies being read per peer address.
+pub struct Readers {
+    open: Mutex<HashMap<IpAddr, usize>>,
+    per: usize,
+}
+
+/// One body being read; given back when dropped.
+pub struct Reading {
+    readers: std::sync::Arc<Readers>,
+    ip: IpAddr,
+}
+
+impl Readers {
+    pub fn new(per: usize) -> Readers {
+        Readers {
+            open: Mutex::new(HashMap::new()),
+            per: per.max(1),
+        }
+    }
+
+    pub fn per(&self) -> usize {
+        self.per
+    }
+
+    /// A place to read one more body from `ip`, unless `per` are being read from there.
+    pub fn take(this: &std::sync::Arc<Readers>, ip: IpAddr) -> Option<Reading> {
+        let mut open = this.open.lock().unwrap_or_else(|p| p.into_inner());
+        let n = open.entry(ip).or_insert(0);
+        if *n >= this.per {
+            return None;
+        }
+        *n += 1;
+        Some(Reading {
+            readers: this.clone(),
+            ip,
+        })
+    }
+}
+
+impl Drop for Reading {
+    fn drop(&mut self) {
+        let mut open = self.readers.open.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(n) = open.get_mut(&self.ip) {
+            *n = n.saturating_sub(1);
+            if *n == 0 {
+                open.remove(&self.ip);
+            }
+        }
+    }
+}
+
+/// How long the supervisor's "I know this caller" is taken as still true for reading a
+/// body (never for deciding anything: every request is judged again by the supervisor).
+pub const AUTH_FRESH: Duration = Duration::from_secs(5);
+/// Credentials remembered at most; past it the oldest half is forgotten.
+const AUTH_KEEP: usize = 4096;
+
+/// Credentials the supervisor recently said it knows.
+#[derive(Default)]
+pub struct AuthCache {
+    known: Mutex<HashMap<Key, Instant>>,
+}
+
+impl AuthCache {
+    /// Whether the supervisor said it knows `who` within [`AUTH_FRESH`].
+    pub fn fresh(&self, who: &Credentials) -> bool {
+        let known = self.known.lock().unwrap_or_else(|p| p.into_inner());
+        known
+            .get(&key(who))
+            .is_some_and(|at| at.elapsed() < AUTH_FRESH)
+    }
+
+    /// The supervisor knows `who`, as of now.
+    pub fn known(&self, who: &Credentials) {
+        let mut known = self.known.lock().unwrap_or_else(|p| p.into_inner());
+        if known.len() >= AUTH_KEEP {
+            known.retain(|_, at| at.elapsed() < AUTH_FRESH);
+            if known.len() >= AUTH_KEEP {
+                known.clear();
+            }
+        }
+        known.insert(key(who), Instant::now());
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+
+    fn who(t: &str) -> Credentials {
+        Credentials {
+            token: Some(t.into()),
+            tenant: None,
+        }
+    }
+
+    #[test]
+    fn a_caller_holds_at_most_its_share_and_others_are_not_affected() {
+        let s = Shares::new(2);
+        let a1 = s.take(&who("a"), None).unwrap();
+        let _a2 = s.take(&who("a"), None).unwrap();
+        assert!(s.take(&who("a"), None).is_none());
+        let _b = s.take(&who("b"), None).unwrap();
+        let waited = Instant::now();
+        assert!(s
+            .take(&who("a"), Some(Instant::now() + Duration::from_millis(50)))
+            .is_none());
+        assert!(waited.elapsed() >= Duration::from_millis(50));
+        drop(a1);
+        assert!(s.take(&who("a"), None).is_some());
+    }
+
+    #[test]
+    fn bodies_read_per_peer_are_capped_and_given_back() {
+        let r = std::sync::Arc::new(Readers::new(1));
+        let ip: IpAddr = [127, 0, 0, 2].into();
+        let g = Readers::take(&r, ip).unwrap();
+        assert!(Readers::take(&r, ip).is_none());
+        assert!(Readers::take(&r, [127, 0, 0, 1].into()).is_some());
+        drop(g);
+        assert!(Readers::take(&r, ip).is_some());
+    }
+
+    #[test]
+    fn the_auth_cache_remembers_only_what_it_was_told() {
+        let c = AuthCache::default();
+        assert!(!c.fresh(&who("a")));
+        c.known(&who("a"));
+        assert!(c.fresh(&who("a")));
+        assert!(!c.fresh(&who("b")));
+        let other_tenant = Credentials {
+            token: Some("a".into()),
+            tenant: Some("t".into()),
+        };
+        assert!(!c.fresh(&other_tenant));
+    }
+}

@@ -1,0 +1,647 @@
+//! `zygo api` in front of a real supervisor, attacked: what one caller (with a token, with
+//! a wrong one, or with none) may take of the front, and what it may not.
+//!
+//! - a streamed call whose client never reads (or reads late) costs neither a channel nor
+//!   anybody else's calls; its answer says the stream was cut;
+//! - unknown tokens and no token are refused before a byte of the body is read, slow
+//!   bodies are dropped (408), and while both go on `/healthz` and a known caller are
+//!   served;
+//! - one caller holding its share of the channels (a batch, concurrent calls) is answered
+//!   429 at once for one more, and another caller is served meanwhile;
+//! - a batch's answer is held to its budget, the cut elements marked.
+
+// A test that fails on an unexpected error says where; that is all an unwrap does here.
+#![allow(clippy::unwrap_used)]
+
+use std::collections::HashMap;
+use std::io::{BufRead, BufReader, Write};
+use std::net::{Ipv4Addr, TcpStream};
+use std::process::{Child, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use serde_json::{json, Value};
+use zygo_tests::*;
+
+static SUITE: Suite = Suite {
+    prefix: "apifair-",
+    handlers: "import sys, time\n\n\ndef echo(event):\n    return {\"echo\": event}\n\n\ndef slow(event):\n    time.sleep(event[\"s\"])\n    return \"slept\"\n\n\ndef spew(event):\n    chunk = \"x\" * 65536\n    while True:\n        print(chunk)\n\n\ndef flood(event):\n    chunk = \"x\" * 65536\n    for _ in range(event[\"mib\"] * 16):\n        print(chunk)\n    return \"done\"\n\n\ndef big(event):\n    n = event[\"n\"]\n    sys.stdout.write(\"o\" * n)\n    sys.stdout.flush()\n    sys.stderr.write(\"e\" * n)\n    sys.stderr.flush()\n    return n\n",
+    defaults: "timeout = \"20s\"\nmem = \"128M\"\nidle_timeout = \"120s\"\n",
+    agents: false,
+};
+
+const BOOT: &str = "bootstrap-secret-for-api-fair-tests";
+
+struct Front {
+    child: Child,
+    addr: String,
+    /// What the front wrote to stderr (its log).
+    said: Arc<Mutex<String>>,
+}
+
+impl Drop for Front {
+    fn drop(&mut self) {
+        // SAFETY: signalling the child this test started.
+        unsafe { libc::kill(self.child.id() as i32, libc::SIGTERM) };
+        let _ = self.child.wait();
+    }
+}
+
+impl Front {
+    fn log(&self) -> String {
+        self.said.lock().unwrap().clone()
+    }
+}
+
+fn start_api(s: &Sup) -> Front {
+    let mut c = s.cmd(&["api", "--listen", "127.0.0.1:0"]);
+    c.stdout(Stdio::null()).stderr(Stdio::piped());
+    let mut child = c.spawn().unwrap();
+    let mut lines = BufReader::new(child.stderr.take().unwrap()).lines();
+    let mut addr = None;
+    let said = Arc::new(Mutex::new(String::new()));
+    for line in lines.by_ref() {
+        let line = line.unwrap();
+        said.lock().unwrap().push_str(&format!("{line}\n"));
+        if let Some(rest) = line.split("listening on http://").nth(1) {
+            addr = rest.split_whitespace().next().map(str::to_string);
+            break;
+        }
+    }
+    let addr = addr.unwrap_or_else(|| {
+        panic!(
+            "zygo api did not start: {}\n{}",
+            said.lock().unwrap(),
+            s.log()
+        )
+    });
+    let keep = said.clone();
+    std::thread::spawn(move || {
+        for l in lines.map_while(Result::ok) {
+            keep.lock().unwrap().push_str(&format!("{l}\n"));
+        }
+    });
+    Front { child, addr, said }
+}
+
+struct Resp {
+    status: u16,
+    headers: HashMap<String, String>,
+    body: Vec<u8>,
+}
+
+impl Resp {
+    fn json(&self) -> Value {
+        serde_json::from_slice(&self.body).unwrap_or_else(|e| {
+            panic!(
+                "{e}: {}",
+                String::from_utf8_lossy(&self.body[..self.body.len().min(2000)])
+            )
+        })
+    }
+    fn text(&self) -> String {
+        String::from_utf8_lossy(&self.body[..self.body.len().min(2000)]).into_owned()
+    }
+}
+
+fn read_resp(r: &mut impl BufRead) -> std::io::Result<Resp> {
+    let mut line = String::new();
+    r.read_line(&mut line)?;
+    let status: u16 = line
+        .split_whitespace()
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .ok_or_else(|| std::io::Error::other(format!("no status line: {line:?}")))?;
+    let mut headers = HashMap::new();
+    loop {
+        let mut l = String::new();
+        r.read_line(&mut l)?;
+        let l = l.trim_end();
+        if l.is_empty() {
+            break;
+        }
+        let (k, v) = l.split_once(':').unwrap();
+        headers.insert(k.trim().to_ascii_lowercase(), v.trim().to_string());
+    }
+    let mut body = Vec::new();
+    if headers.get("transfer-encoding").map(String::as_str) == Some("chunked") {
+        loop {
+            let mut l = String::new();
+            r.read_line(&mut l)?;
+            let n = usize::from_str_radix(l.trim(), 16).unwrap();
+            let mut chunk = vec![0; n + 2];
+            r.read_exact(&mut chunk)?;
+            if n == 0 {
+                break;
+            }
+            body.extend_from_slice(&chunk[..n]);
+        }
+    } else if let Some(n) = headers.get("content-length") {
+        body.resize(n.parse().unwrap(), 0);
+        r.read_exact(&mut body)?;
+    }
+    Ok(Resp {
+        status,
+        headers,
+        body,
+    })
+}
+
+fn head(
+    method: &str,
+    path: &str,
+    token: Option<&str>,
+    extra: &[(&str, &str)],
+    len: usize,
+) -> String {
+    let mut head = format!("{method} {path} HTTP/1.1\r\nHost: t\r\nContent-Length: {len}\r\n");
+    if let Some(t) = token {
+        head.push_str(&format!("Authorization: Bearer {t}\r\n"));
+    }
+    for (k, v) in extra {
+        head.push_str(&format!("{k}: {v}\r\n"));
+    }
+    head.push_str("\r\n");
+    head
+}
+
+fn req(
+    addr: &str,
+    method: &str,
+    path: &str,
+    token: Option<&str>,
+    extra: &[(&str, &str)],
+    body: &str,
+) -> Resp {
+    req_within(addr, method, path, token, extra, body, 90)
+}
+
+/// [`req`], answered within `secs` (or the test fails on the read's timeout).
+fn req_within(
+    addr: &str,
+    method: &str,
+    path: &str,
+    token: Option<&str>,
+    extra: &[(&str, &str)],
+    body: &str,
+    secs: u64,
+) -> Resp {
+    let mut c = TcpStream::connect(addr).unwrap();
+    c.set_read_timeout(Some(Duration::from_secs(secs))).unwrap();
+    c.write_all(head(method, path, token, extra, body.len()).as_bytes())
+        .unwrap();
+    c.write_all(body.as_bytes()).unwrap();
+    read_resp(&mut BufReader::new(c)).unwrap()
+}
+
+fn mint(s: &Sup, tenant: &str) -> String {
+    let f = s.run(&["token", "mint", "--json", "--tenant", tenant]);
+    assert_eq!(
+        f.code,
+        0,
+        "zygo token mint: {}\n{}",
+        f.stderr_text(),
+        s.log()
+    );
+    text(&f.last_json(), "secret").to_string()
+}
+
+/// A tenant made over HTTP, and a token for it.
+fn tenant(s: &Sup, f: &Front, tag: &str) -> String {
+    let t = format!("{tag}{:x}", unique() & 0xff_ffff_ffff);
+    let r = req(
+        &f.addr,
+        "POST",
+        "/tenants",
+        Some(BOOT),
+        &[],
+        &json!({ "id": t }).to_string(),
+    );
+    assert_eq!(r.status, 200, "{}", r.text());
+    mint(s, &t)
+}
+
+/// A channel the front lost, as its log says it.
+fn lost_channels(f: &Front, s: &Sup) -> bool {
+    f.log().contains("a channel to the supervisor was closed")
+        || s.log().contains("Api front's connection")
+}
+
+#[test]
+fn a_stream_nobody_reads_costs_no_channel_and_no_other_callers_time() {
+    if !root_only() {
+        return;
+    }
+    let mut s = SUITE.sup(Who::Root, "stream");
+    s.env("ZYGO_API_TOKEN", BOOT);
+    let names = s.up(&[
+        ("echo", "echo", ""),
+        ("spew", "spew", "max_warm = 4"),
+        ("flood", "flood", ""),
+    ]);
+    let (echo, spew, flood) = (&names[0], &names[1], &names[2]);
+    let f = start_api(&s);
+    let other = tenant(&s, &f, "other");
+    // More streams than the front has channels (16 to 32), a caller's share (a quarter of
+    // them) at a time, each printing without end until its deadline, none of them read.
+    let rounds = 9;
+    for round in 0..rounds {
+        let mut held = Vec::new();
+        for _ in 0..4 {
+            let mut c = TcpStream::connect(&f.addr).unwrap();
+            c.write_all(
+                head(
+                    "POST",
+                    &format!("/fn/{spew}?stream=1"),
+                    Some(BOOT),
+                    &[("X-Zygo-Timeout-Ms", "3000")],
+                    2,
+                )
+                .as_bytes(),
+            )
+            .unwrap();
+            c.write_all(b"{}").unwrap();
+            held.push(c);
+        }
+        // Meanwhile another caller is answered, well before a connection could be let go
+        // for idling (30 s): its connection is read at once, beside the streams'.
+        let r = req_within(
+            &f.addr,
+            "POST",
+            &format!("/fn/{echo}"),
+            Some(&other),
+            &[],
+            &json!({ "round": round }).to_string(),
+            20,
+        );
+        assert_eq!(r.status, 200, "round {round}: {}\n{}", r.text(), f.log());
+        assert_eq!(r.json()["result"], json!({"echo": {"round": round}}));
+        std::thread::sleep(Duration::from_millis(4000));
+        assert!(
+            !lost_channels(&f, &s),
+            "round {round}: a channel was lost\nfront:\n{}\nsupervisor:\n{}",
+            f.log(),
+            s.log()
+        );
+        drop(held);
+    }
+    // A stream read only once its call is over: 32 MiB of output, far more than the
+    // sockets and the front's queue hold; what was dropped is said in its last line.
+    let count = |f: &Front| {
+        let r = req(
+            &f.addr,
+            "GET",
+            &format!("/fn/{flood}/stats"),
+            Some(BOOT),
+            &[],
+            "",
+        );
+        r.json()["requests"].as_u64().unwrap_or(0)
+    };
+    let before = count(&f);
+    let mut c = TcpStream::connect(&f.addr).unwrap();
+    c.set_read_timeout(Some(Duration::from_secs(60))).unwrap();
+    let event = r#"{"mib": 32}"#;
+    c.write_all(
+        head(
+            "POST",
+            &format!("/fn/{flood}?stream=1"),
+            Some(BOOT),
+            &[],
+            event.len(),
+        )
+        .as_bytes(),
+    )
+    .unwrap();
+    c.write_all(event.as_bytes()).unwrap();
+    wait_for(Duration::from_secs(60), "the flood to be over", || {
+        count(&f) > before
+    });
+    let r = read_resp(&mut BufReader::new(c)).unwrap();
+    assert_eq!(r.status, 200);
+    let text = String::from_utf8_lossy(&r.body).into_owned();
+    let lines: Vec<Value> = text
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    let last = lines.last().unwrap();
+    assert_eq!(last["status"], 200, "{}", last["error"]);
+    assert_eq!(last["result"], "done");
+    assert_eq!(last["stream_truncated"], true, "{} lines came", lines.len());
+    assert!(lines.len() > 1, "some output came before the cut");
+    assert!(
+        lines.len() < 32 * 16,
+        "{} lines: nothing was dropped",
+        lines.len()
+    );
+    for l in &lines[..lines.len() - 1] {
+        assert_eq!(l["stream"], "stdout", "{}", l["stream"]);
+    }
+    // The front kept every channel and goes on serving.
+    assert!(!lost_channels(&f, &s), "{}\n{}", f.log(), s.log());
+    let r = req(&f.addr, "GET", "/healthz", None, &[], "");
+    assert_eq!(r.status, 200, "{}", r.text());
+    let r = req(
+        &f.addr,
+        "POST",
+        &format!("/fn/{echo}"),
+        Some(&other),
+        &[],
+        "1",
+    );
+    assert_eq!(r.status, 200, "{}", r.text());
+    drop(f);
+    s.shutdown();
+}
+
+#[test]
+fn unknown_tokens_and_slow_bodies_hold_no_worker() {
+    if !root_only() {
+        return;
+    }
+    let mut s = SUITE.sup(Who::Root, "slowloris");
+    s.env("ZYGO_API_TOKEN", BOOT);
+    let names = s.up(&[("echo", "echo", "")]);
+    let echo = &names[0];
+    let f = start_api(&s);
+    let good = tenant(&s, &f, "good");
+    let path = format!("/fn/{echo}");
+    // A 16 MiB body announced with an unknown token, and with none: 401 with not a byte
+    // of the body sent.
+    for token in [Some("zygo_aaaa"), None] {
+        let mut c = TcpStream::connect(&f.addr).unwrap();
+        c.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+        c.write_all(head("POST", &path, token, &[], 16 * 1024 * 1024).as_bytes())
+            .unwrap();
+        let r = read_resp(&mut BufReader::new(c)).unwrap();
+        assert_eq!(r.status, 401, "{token:?}: {}", r.text());
+        assert_eq!(r.json()["code"], "unauthorized");
+    }
+    // A known caller trickling bodies from another address: 16 are read at once from one
+    // address (the rest are 429 at once), and those are dropped (408) for being too slow.
+    let mut trickles = Vec::new();
+    for _ in 0..20 {
+        let mut c = connect_from(Ipv4Addr::new(127, 0, 0, 3), &f.addr);
+        c.set_read_timeout(Some(Duration::from_secs(60))).unwrap();
+        c.write_all(head("POST", &path, Some(&good), &[], 1_000_000).as_bytes())
+            .unwrap();
+        c.write_all(b"[").unwrap();
+        trickles.push(c);
+    }
+    // Slowloris: more connections than the front has workers, with a wrong token and
+    // with none, each announcing a big body and sending a byte of it; kept open.
+    let mut attackers = Vec::new();
+    for i in 0..80 {
+        let token = if i % 2 == 0 { Some("zygo_aaaa") } else { None };
+        let mut c = connect_from(Ipv4Addr::new(127, 0, 0, 2), &f.addr);
+        c.write_all(head("POST", &path, token, &[], 16_000_000).as_bytes())
+            .unwrap();
+        c.write_all(b"{").unwrap();
+        attackers.push(c);
+    }
+    // Meanwhile: /healthz, and a known caller's call, answered.
+    for _ in 0..3 {
+        let r = req(&f.addr, "GET", "/healthz", None, &[], "");
+        assert_eq!(r.status, 200, "{}", r.text());
+        let r = req(&f.addr, "POST", &path, Some(&good), &[], r#"{"a": 1}"#);
+        assert_eq!(r.status, 200, "{}", r.text());
+        assert_eq!(r.json()["result"], json!({"echo": {"a": 1}}));
+    }
+    // Every attacker was answered 401 without its body being read.
+    for (i, c) in attackers.into_iter().enumerate() {
+        c.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+        let r = read_resp(&mut BufReader::new(c)).unwrap();
+        assert_eq!(r.status, 401, "attacker {i}: {}", r.text());
+    }
+    std::thread::sleep(Duration::from_millis(3000));
+    let mut seen = HashMap::new();
+    for c in &mut trickles {
+        // Another byte, late: the body is too slow now.
+        let _ = c.write_all(b"1");
+    }
+    for c in trickles {
+        let r = read_resp(&mut BufReader::new(c)).unwrap();
+        *seen.entry(r.status).or_insert(0) += 1;
+        if r.status == 429 {
+            assert!(r.headers.contains_key("retry-after"));
+        }
+    }
+    assert_eq!(
+        seen.get(&408).copied().unwrap_or(0) + seen.get(&429).copied().unwrap_or(0),
+        20,
+        "{seen:?}"
+    );
+    assert!(
+        seen.get(&429).copied().unwrap_or(0) >= 4,
+        "{seen:?}\n{}",
+        f.log()
+    );
+    assert!(f.log().contains("slower than"), "{}", f.log());
+    // Connections from one address are capped (a quarter of all): one more is 503.
+    let idle: Vec<TcpStream> = (0..128)
+        .map(|_| connect_from(Ipv4Addr::new(127, 0, 0, 4), &f.addr))
+        .collect();
+    // (It is answered as it is accepted; nothing is sent, which would only race the
+    // close.)
+    let c = connect_from(Ipv4Addr::new(127, 0, 0, 4), &f.addr);
+    c.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+    let r = read_resp(&mut BufReader::new(c)).unwrap();
+    assert_eq!(r.status, 503, "{}", r.text());
+    assert!(r.headers.contains_key("retry-after"));
+    drop(idle);
+    let r = req(&f.addr, "POST", &path, Some(&good), &[], "2");
+    assert_eq!(r.status, 200, "{}", r.text());
+    drop(f);
+    s.shutdown();
+}
+
+#[test]
+fn one_caller_holds_at_most_its_share_of_the_channels() {
+    if !root_only() {
+        return;
+    }
+    let mut s = SUITE.sup(Who::Root, "share");
+    s.env("ZYGO_API_TOKEN", BOOT);
+    let names = s.up(&[("echo", "echo", ""), ("slow", "slow", "max_warm = 4")]);
+    let (echo, slow) = (names[0].clone(), names[1].clone());
+    let f = start_api(&s);
+    let greedy = tenant(&s, &f, "greedy");
+    let other = tenant(&s, &f, "other");
+    // A batch asking for a long deadline holds the greedy tenant's share.
+    let batch = {
+        let (addr, greedy, slow) = (f.addr.clone(), greedy.clone(), slow.clone());
+        std::thread::spawn(move || {
+            let events: Vec<Value> = (0..8).map(|_| json!({"s": 2})).collect();
+            req(
+                &addr,
+                "POST",
+                &format!("/fn/{slow}/batch"),
+                Some(&greedy),
+                &[("X-Zygo-Timeout-Ms", "86400000")],
+                &json!({ "events": events }).to_string(),
+            )
+        })
+    };
+    std::thread::sleep(Duration::from_millis(1000));
+    // One more call of that tenant: 429 at once, with Retry-After.
+    let r = req(
+        &f.addr,
+        "POST",
+        &format!("/fn/{slow}"),
+        Some(&greedy),
+        &[],
+        r#"{"s": 0}"#,
+    );
+    assert_eq!(r.status, 429, "{}", r.text());
+    assert_eq!(r.json()["code"], "busy");
+    assert!(r.json()["error"].as_str().unwrap().contains("share"));
+    assert_eq!(r.headers.get("retry-after").map(String::as_str), Some("1"));
+    // Another tenant is served meanwhile, many times over.
+    for i in 0..5 {
+        let r = req(
+            &f.addr,
+            "POST",
+            &format!("/fn/{echo}"),
+            Some(&other),
+            &[],
+            &i.to_string(),
+        );
+        assert_eq!(r.status, 200, "{}", r.text());
+    }
+    // The batch is whole: its elements waited for their own caller's leases.
+    let r = batch.join().unwrap();
+    assert_eq!(r.status, 200, "{}", r.text());
+    let results = r.json()["results"].as_array().unwrap().clone();
+    assert_eq!(results.len(), 8);
+    for v in &results {
+        assert_eq!(v["status"], 200, "{v}");
+        assert_eq!(v["result"], "slept");
+    }
+    drop(f);
+    s.shutdown();
+}
+
+#[test]
+fn a_batch_answer_is_held_to_its_budget() {
+    if !root_only() {
+        return;
+    }
+    let mut s = SUITE.sup(Who::Root, "budget");
+    s.env("ZYGO_API_TOKEN", BOOT);
+    let names = s.up(&[("big", "big", "max_warm = 4")]);
+    let big = &names[0];
+    let f = start_api(&s);
+    // 40 answers of 1 MiB stdout and 1 MiB stderr each: 80 MiB, over the 64 MiB budget.
+    let mib = 1024 * 1024;
+    let events: Vec<Value> = (0..40).map(|_| json!({ "n": mib })).collect();
+    let r = req(
+        &f.addr,
+        "POST",
+        &format!("/fn/{big}/batch"),
+        Some(BOOT),
+        &[("X-Zygo-Timeout-Ms", "300000")],
+        &json!({ "events": events }).to_string(),
+    );
+    assert_eq!(r.status, 200, "{}\n{}", r.text(), s.log());
+    let v = r.json();
+    let results = v["results"].as_array().unwrap();
+    assert_eq!(results.len(), 40);
+    let mut total = 0;
+    let mut cut = 0;
+    for e in results {
+        assert_eq!(e["status"], 200, "{}", e["error"]);
+        assert_eq!(e["result"], mib);
+        let (o, er) = (
+            e["stdout"].as_str().unwrap().len(),
+            e["stderr"].as_str().unwrap().len(),
+        );
+        total += o + er;
+        if e["stdout_truncated"] == true || e["stderr_truncated"] == true {
+            cut += 1;
+        } else {
+            assert_eq!((o, er), (mib, mib));
+        }
+    }
+    assert!(total <= 64 * mib, "{total}");
+    assert!(total > 60 * mib, "{total}: the budget is used, not wasted");
+    assert!(cut >= 8, "{cut} elements cut");
+    drop(f);
+    s.shutdown();
+}
+
+/// The supervisor's side of a stream nobody reads: a front (here a bare API-role client)
+/// that reads nothing while a call prints without end is sent a bounded prefix of the
+/// events, then the answer marked `stream_truncated`; the connection is not dropped.
+#[test]
+fn the_supervisor_cuts_a_stream_its_front_does_not_read() {
+    use proto::api::{Credentials, FrontFlags};
+    use proto::front::{
+        ExecEvent, ExecRequest, Hello, HelloReply, Outcome, Reply, Request, Role, FRONT_PROTOCOL,
+        MAX_FRONT_FRAME,
+    };
+    use proto::{encode_frame, read_frame};
+    if !root_only() {
+        return;
+    }
+    let mut s = SUITE.sup(Who::Root, "cut");
+    s.env("ZYGO_API_TOKEN", BOOT);
+    let names = s.up(&[("spew", "spew", "max_warm = 1")]);
+    let mut c = std::os::unix::net::UnixStream::connect(s.socket()).unwrap();
+    c.set_read_timeout(Some(Duration::from_secs(60))).unwrap();
+    let hello = Hello {
+        protocol: FRONT_PROTOCOL,
+        role: Role::Api,
+        flags: FrontFlags::default(),
+    };
+    c.write_all(&encode_frame(&hello).unwrap()).unwrap();
+    let welcome = read_frame::<_, HelloReply>(&mut c, MAX_FRONT_FRAME).unwrap();
+    assert!(matches!(welcome, HelloReply::Welcome { .. }), "{welcome:?}");
+    let who = Credentials {
+        token: Some(BOOT.into()),
+        tenant: None,
+    };
+    let call = Request::Api {
+        who: who.clone(),
+        request: Box::new(Request::Exec(ExecRequest {
+            name: names[0].clone(),
+            event: "{}".into(),
+            key: None,
+            timeout_ms: Some(3000),
+            stream: true,
+            script: None,
+            workspace: None,
+            workspace_blob: None,
+            out: false,
+        })),
+    };
+    c.write_all(&encode_frame(&call).unwrap()).unwrap();
+    // Nothing read while the call prints, well past its deadline.
+    std::thread::sleep(Duration::from_secs(6));
+    let mut events = 0usize;
+    let answer = loop {
+        match read_frame::<_, Reply>(&mut c, MAX_FRONT_FRAME) {
+            Ok(Reply::Event(ExecEvent::Stdout(d))) => events += d.len(),
+            Ok(Reply::Answer(a)) => break a,
+            other => panic!("expected events then an answer, got {other:?}\n{}", s.log()),
+        }
+    };
+    assert_eq!(answer.outcome, Outcome::Timeout);
+    assert!(answer.stream_truncated, "{}", s.log());
+    assert!(answer.stdout_truncated && answer.stdout.len() > 1000 * 1024);
+    assert!(events > 0, "some events came before the cut");
+    assert!(
+        events < 16 << 20,
+        "{events} bytes of events queued for a front that read none"
+    );
+    assert!(s.log().contains("makes no more events"), "{}", s.log());
+    // The connection goes on serving.
+    let v = Request::Api {
+        who,
+        request: Box::new(Request::Version),
+    };
+    c.write_all(&encode_frame(&v).unwrap()).unwrap();
+    let r = read_frame::<_, Reply>(&mut c, MAX_FRONT_FRAME).unwrap();
+    assert!(matches!(r, Reply::Version(_)), "{r:?}");
+    drop(c);
+    s.shutdown();
+}
