@@ -80,6 +80,33 @@ def app(dirname, name, port, fname, integrity):
                             "resolved": f"http://HOST:{port}/{fname}", "integrity": integrity}}}
     with open(os.path.join(d, "package-lock.json"), "w") as f:
         json.dump(lock, f)
+# zygoevil: an sdist whose setup.py (run by pip as it installs) tries the other port.
+setup_py = f"""import socket, sys
+from setuptools import setup
+s = socket.socket()
+s.settimeout(5)
+try:
+    s.connect(({sys.argv[2]!r}, 8081))
+    s.sendall(b"GET /evil HTTP/1.0\\r\\n\\r\\n")
+    s.recv(100)
+    print("zygoevil reached the other port")
+except OSError as e:
+    sys.exit("zygoevil could not reach the other port: %s" % e)
+setup(name="zygoevil", version="1.0", py_modules=[])
+"""
+pkg_info = "Metadata-Version: 2.1\nName: zygoevil\nVersion: 1.0\n"
+buf = io.BytesIO()
+with tarfile.open(fileobj=buf, mode="w:gz") as t:
+    for path, text in (("setup.py", setup_py), ("PKG-INFO", pkg_info)):
+        data = text.encode()
+        info = tarfile.TarInfo("zygoevil-1.0/" + path)
+        info.size, info.mode = len(data), 0o644
+        t.addfile(info, io.BytesIO(data))
+with open(os.path.join(root, "index", "packages", "zygoevil-1.0.tar.gz"), "wb") as f:
+    f.write(buf.getvalue())
+os.makedirs(os.path.join(root, "index", "simple", "zygoevil"))
+with open(os.path.join(root, "index", "simple", "zygoevil", "index.html"), "w") as f:
+    f.write('<html><body><a href="../../packages/zygoevil-1.0.tar.gz">zygoevil-1.0.tar.gz</a></body></html>\n')
 fname, integrity = npm_package("zygonode", {"index.js": "module.exports = { value: 'zygonode 1.0' };\n"},
                                os.path.join(root, "index"))
 app("node-app", "zygonode", 8080, fname, integrity)
@@ -132,16 +159,6 @@ fn ip(args: &[&str]) {
 
 impl IndexHost {
     fn new() -> IndexHost {
-        let files = TempDir::new(0o755);
-        let made = Command::new("python3")
-            .args(["-c", MAKE_INDEX, files.str()])
-            .output()
-            .expect("run python3");
-        assert!(
-            made.status.success(),
-            "make the index: {}",
-            String::from_utf8_lossy(&made.stderr)
-        );
         let n = unique();
         let pid = std::process::id();
         let ns = format!("zygo-dp-{pid}-{n}");
@@ -152,6 +169,16 @@ impl IndexHost {
         let (third, fourth) = (k / 31, (k % 31) * 8);
         let at = |i: u64| format!("10.214.{third}.{}", fourth + i);
         let (near, host) = (at(1), at(2));
+        let files = TempDir::new(0o755);
+        let made = Command::new("python3")
+            .args(["-c", MAKE_INDEX, files.str(), &host])
+            .output()
+            .expect("run python3");
+        assert!(
+            made.status.success(),
+            "make the index: {}",
+            String::from_utf8_lossy(&made.stderr)
+        );
         ip(&["netns", "add", &ns]);
         ip(&[
             "link", "add", &near_if, "type", "veth", "peer", "name", &far_if, "netns", &ns,
@@ -1049,4 +1076,34 @@ fn deps_over_http() {
         .map(|e| e.path())
         .collect();
     assert!(left.is_empty(), "a build outlived its supervisor: {left:?}");
+}
+
+/// A package whose install runs code (an sdist's setup.py) that tries a host outside the
+/// registries: refused, so the build fails with that code's own words in the log, and the
+/// other port never sees a connection.
+#[test]
+fn an_install_script_cannot_reach_beyond_the_registries() {
+    if !root_only() {
+        return;
+    }
+    let h = IndexHost::new();
+    let env = Env::new();
+    let req = env.requirements("e", "zygoevil==1.0\n");
+    let (v, f) = env.deps(&h, &["build", "host", &req]);
+    assert_eq!(f.code, 1, "{v}");
+    assert_eq!(s(&v, "state"), "failed", "{v}");
+    let log = s(&v, "log");
+    assert!(
+        log.contains("zygoevil could not reach the other port: [Errno 111] Connection refused"),
+        "{log}"
+    );
+    let got = h.requests();
+    assert!(
+        got.iter().any(|r| r.contains("zygoevil-1.0.tar.gz")),
+        "the sdist was fetched: {got:?}"
+    );
+    assert!(
+        !got.iter().any(|r| r.starts_with(&format!("{OTHER} "))),
+        "the other port was reached: {got:?}"
+    );
 }
