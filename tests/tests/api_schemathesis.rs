@@ -63,6 +63,11 @@ fn schemathesis_finds_no_server_error_and_no_undocumented_status() {
     let spec = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../spec/openapi.json");
     let mut s = SUITE.sup(Who::Root, "fuzz");
     s.env("ZYGO_API_TOKEN", BOOT);
+    // POST /deps is any caller's: a generated body may start a real build. Its registry is
+    // this host's loopback, where nothing listens, so no build sends a packet anywhere.
+    s.env("ZYGO_DEPS_REGISTRIES", "127.0.0.1:9")
+        .env("ZYGO_DEPS_PIP_INDEX_URL", "http://127.0.0.1:9/simple/")
+        .env("ZYGO_DEPS_NPM_REGISTRY", "http://127.0.0.1:9/");
     let names = s.up(&[("echo", "echo", "")]);
     let mut c = s.cmd(&["api", "--listen", "127.0.0.1:0"]);
     c.stdout(Stdio::null()).stderr(Stdio::piped());

@@ -1597,17 +1597,20 @@ fn killed_supervisor_leftovers_are_swept() {
     s.shutdown();
 }
 
-/// Keys this version reads but cannot honour (`requirements`) are refused when the
-/// function is served, naming the key, never ignored until a call fails. (`secrets` is
-/// honoured: tests/secrets.rs.)
+/// `requirements` naming a file that is not there is refused when the function is served,
+/// naming the key and the file, never ignored until a call fails (the sets themselves:
+/// tests/deps.rs). Nothing is built, so nothing reaches a registry.
 #[test]
-fn keys_not_available_yet_are_refused_not_ignored() {
+fn requirements_naming_no_file_are_refused_when_served() {
     let Some(mut s) = SUITE.root("notyet") else {
         return;
     };
-    s.fn_file("req.txt", "requests\n");
     let (file, _) = s.write_toml(&[
-        ("deps", "hello", "requirements = \"fn/req.txt\""),
+        (
+            "deps",
+            "hello",
+            "requirements = \"fn/no-such-requirements.txt\"",
+        ),
         ("secret", "hello", "secrets = [\"API_KEY\"]"),
     ]);
     let f = s.run(&["up", "-f", file.to_str().expect("UTF-8 path"), "--json"]);
@@ -1615,10 +1618,11 @@ fn keys_not_available_yet_are_refused_not_ignored() {
     let v = f.last_json();
     let failed = v["failed"].to_string();
     assert!(
-        failed.contains("requirements") && failed.contains("not available in this version"),
+        failed.contains("requirements") && failed.contains("no-such-requirements.txt"),
         "{v}\n{}",
         f.stderr_text()
     );
     assert!(!failed.contains("API_KEY"), "secrets are served: {v}");
+    assert!(!s.st.join("deps").exists(), "a set was started");
     s.shutdown();
 }

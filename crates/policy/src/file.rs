@@ -38,8 +38,17 @@ pub const DEFAULT_IDLE_TIMEOUT: Duration = Duration::from_secs(300);
 
 const KNOWN_KEYS: &str =
     "image, mem, cpu, pids, timeout, scratch, io_bps, io_iops, network, allow, \
-    idle_timeout, min_warm, max_warm, agent, entry, cmd, requirements, mounts, secrets, env, \
-    inotify";
+    idle_timeout, min_warm, max_warm, agent, entry, cmd, requirements, deps, mounts, secrets, \
+    env, inotify";
+
+/// Whether `s` has the form of a dependency set's id: `deps_` and 64 lowercase hex digits.
+pub fn is_deps_id(s: &str) -> bool {
+    s.strip_prefix("deps_").is_some_and(|h| {
+        h.len() == 64
+            && h.bytes()
+                .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
+    })
+}
 
 /// The interpreter a zygote runs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -86,6 +95,8 @@ pub struct Layer {
     pub entry: Option<Entry>,
     pub cmd: Option<Vec<String>>,
     pub requirements: Option<PathBuf>,
+    /// A dependency set by id (`deps_` and 64 hex digits), mounted read-only at /venv.
+    pub deps: Option<String>,
     pub mounts: Option<Vec<MountSpec>>,
     pub secrets: Option<Vec<String>>,
     /// Variables set by this layer (the base environment is added by [`Layer::resolve`]).
@@ -107,6 +118,8 @@ pub struct FnSpec {
     pub min_warm: u32,
     pub max_warm: u32,
     pub requirements: Option<PathBuf>,
+    /// A dependency set by id; never together with `requirements`.
+    pub deps: Option<String>,
     pub mounts: Vec<MountSpec>,
     pub secrets: Vec<String>,
     /// The full environment: the base variables, overridden and extended by `env`.
@@ -339,6 +352,7 @@ impl Layer {
             entry: or(&self.entry, &base.entry),
             cmd: or(&self.cmd, &base.cmd),
             requirements: or(&self.requirements, &base.requirements),
+            deps: or(&self.deps, &base.deps),
             mounts: or(&self.mounts, &base.mounts),
             secrets: or(&self.secrets, &base.secrets),
             env: or(&self.env, &base.env),
@@ -403,6 +417,13 @@ impl Layer {
                 "allow rules need network = \"egress\" (network is \"{network}\")"
             )));
         }
+        if let (Some(r), Some(d)) = (&self.requirements, &self.deps) {
+            return Err(fail(format!(
+                "sets both requirements ({}) and deps ({d}) (one may come from [defaults]); \
+                 name the dependencies one way",
+                r.display()
+            )));
+        }
         let env = self
             .env
             .iter()
@@ -419,6 +440,7 @@ impl Layer {
             min_warm,
             max_warm,
             requirements: self.requirements.clone(),
+            deps: self.deps.clone(),
             mounts: self.mounts.clone().unwrap_or_default(),
             secrets: self.secrets.clone().unwrap_or_default(),
             env: build_env(env),
@@ -539,6 +561,17 @@ impl Layer {
             }
             "requirements" => {
                 self.requirements = Some(cx.path(f, string(f, v, "a string (a path)")?)?)
+            }
+            "deps" => {
+                let id = string(f, v, "a dependency set's id (deps_ and 64 hex digits)")?;
+                if !is_deps_id(id) {
+                    return Err(PolicyError::invalid(
+                        f,
+                        id,
+                        "is not a dependency set's id: deps_ and 64 lowercase hex digits, as POST /deps or `zygo deps build` gives",
+                    ));
+                }
+                self.deps = Some(id.to_owned());
             }
             "mounts" => self.mounts = Some(mounts(cx, key, line, v)?),
             "inotify" => {
@@ -1150,6 +1183,9 @@ allow = []
             ("[defaults]\nentry = \"main.py:not-a-name\"\n", "not an identifier"),
             ("[defaults]\nentry = \"../main.py:f\"\n", "must not contain `..`"),
             ("[defaults]\nrequirements = \"\"\n", "is empty"),
+            ("[defaults]\ndeps = \"deps_abc\"\n", "is not a dependency set's id"),
+            ("[defaults]\ndeps = \"../../etc\"\n", "is not a dependency set's id"),
+            ("[defaults]\ndeps = 1\n", "deps in [defaults]"),
             ("[defaults]\ncmd = []\n", "cmd in [defaults] (line 2): \"[]\" is empty"),
             ("[defaults]\ncmd = [\"\"]\n", "names no program"),
             ("[defaults]\ncmd = [\"a\\u0000b\"]\n", "NUL"),
@@ -1237,6 +1273,10 @@ allow = []
             (
                 "[fn.a]\ncmd = [\"x\"]\nentry = \"a.py:f\"\n",
                 "a cmd function has none",
+            ),
+            (
+                "[defaults]\nrequirements = \"r.txt\"\n[fn.a]\nagent = \"python\"\ndeps = \"deps_0000000000000000000000000000000000000000000000000000000000000000\"\n",
+                "sets both requirements",
             ),
             (
                 "[fn.a]\nagent = \"python\"\nentry = \"a.py\"\n",

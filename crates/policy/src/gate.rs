@@ -48,6 +48,14 @@ pub enum Route {
     PutBlob,
     /// `DELETE /blobs/{digest}`.
     DeleteBlob,
+    /// `POST /deps`.
+    PutDeps,
+    /// `GET /deps`.
+    ListDeps,
+    /// `GET /deps/{id}`.
+    DepsInfo,
+    /// `DELETE /deps/{id}`.
+    DeleteDeps,
     /// `DELETE /requests/{key}`.
     Cancel,
     /// `POST /tenants`.
@@ -122,6 +130,10 @@ pub const RULES: &[Rule] = &[
     rule(Route::DeleteScript, Who::Op, true),
     rule(Route::PutBlob, Who::Any, false),
     rule(Route::DeleteBlob, Who::Op, true),
+    rule(Route::PutDeps, Who::Any, false),
+    rule(Route::ListDeps, Who::Any, false),
+    rule(Route::DepsInfo, Who::Any, false),
+    rule(Route::DeleteDeps, Who::Op, true),
     rule(Route::Cancel, Who::Any, false),
     rule(Route::CreateTenant, Who::Op, false),
     rule(Route::ListTenants, Who::Op, false),
@@ -291,6 +303,10 @@ pub fn describe(route: Route) -> &'static str {
         Route::DeleteScript => "deleting a script",
         Route::PutBlob => "storing a blob",
         Route::DeleteBlob => "deleting a blob",
+        Route::PutDeps => "building a dependency set",
+        Route::ListDeps => "listing dependency sets",
+        Route::DepsInfo => "looking up a dependency set",
+        Route::DeleteDeps => "deleting a dependency set",
         Route::Cancel => "cancelling requests",
         Route::CreateTenant => "creating tenants",
         Route::ListTenants => "listing tenants",
@@ -433,6 +449,9 @@ mod tests {
             (PutScript, true, true, true, true),
             (ScriptInfo, true, true, true, true),
             (PutBlob, true, true, true, true),
+            (PutDeps, true, true, true, true),
+            (ListDeps, true, true, true, true),
+            (DepsInfo, true, true, true, true),
             (Cancel, true, true, true, true),
             (GetTenant, true, true, true, true),
             // Operator only, not gated.
@@ -445,6 +464,7 @@ mod tests {
             (Run, true, true, false, false),
             (DeleteScript, true, true, false, false),
             (DeleteBlob, true, true, false, false),
+            (DeleteDeps, true, true, false, false),
             (DeleteTenant, true, true, false, false),
             (SetLimits, true, true, false, false),
             (MintToken, true, true, false, false),

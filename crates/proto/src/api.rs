@@ -134,6 +134,25 @@ pub struct TenantDeleted {
     pub tokens_revoked: u32,
 }
 
+/// A dependency set (`POST /deps`, `GET /deps`, `GET /deps/{id}`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DepsInfo {
+    /// `deps_` and 64 hex digits.
+    pub id: String,
+    pub image: String,
+    /// `python` or `node`.
+    pub kind: String,
+    /// `building`, `ready` or `failed`.
+    pub state: String,
+    /// Why a failed build failed, in one line.
+    pub error: Option<String>,
+    /// A failed build's log (the resolver's own words; its last [`MAX_DEPS_LOG`] bytes).
+    pub log: Option<String>,
+}
+
+/// The most of a failed build's log an answer carries.
+pub const MAX_DEPS_LOG: usize = 256 * 1024;
+
 /// `GET /version`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct VersionInfo {

@@ -184,6 +184,24 @@ pub enum Request {
     DeleteBlob {
         digest: String,
     },
+    /// Build a dependency set from these files on this image, unless it is built or
+    /// building (`POST /deps`); answered at once.
+    PutDeps {
+        image: String,
+        /// (file name, text): `requirements.txt`, or `package.json` and
+        /// `package-lock.json`.
+        files: Vec<(String, String)>,
+    },
+    /// The dependency sets the caller may see.
+    ListDeps,
+    /// One dependency set, with its log when its build failed.
+    DepsInfo {
+        id: String,
+    },
+    /// Forget a dependency set no function or pool is served on.
+    DeleteDeps {
+        id: String,
+    },
 }
 
 std::thread_local! {
@@ -523,6 +541,12 @@ pub enum Reply {
     },
     BlobDeleted {
         digest: String,
+    },
+    /// A dependency set as it stands (`PutDeps`, `DepsInfo`).
+    Deps(crate::api::DepsInfo),
+    DepsList(Vec<crate::api::DepsInfo>),
+    DepsDeleted {
+        id: String,
     },
     /// `created`: false when it existed already.
     Tenant {

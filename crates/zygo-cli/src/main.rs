@@ -28,6 +28,7 @@ macro_rules! say_raw {
 
 mod api;
 mod client;
+mod deps;
 mod flags;
 mod fncmds;
 mod mcp;
@@ -111,6 +112,7 @@ fn zygo_main() -> u8 {
         Some("stop") => fncmds::stop(rest),
         Some("exec") => fncmds::exec(rest),
         Some("scripts") => fncmds::scripts(rest),
+        Some("deps") => deps::main(rest),
         Some("ls") => fncmds::ls(rest),
         Some("logs") => fncmds::logs(rest),
         Some("stats") => fncmds::stats(rest),

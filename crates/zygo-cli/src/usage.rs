@@ -12,6 +12,7 @@ Commands:
   stop        stop serving a function
   exec        call a served function (or run a script in a runtime pool)
   scripts     register scripts for runtime pools
+  deps        build dependency sets (pip, npm) that pools and functions mount at /venv
   ls          served functions and their zygotes
   logs        a function's last finished requests
   stats       requests, failures, latency percentiles
@@ -194,6 +195,35 @@ Stores FILE's bytes under their SHA-256 (the same bytes are one file, whoever se
 and prints the digest, for `zygo exec POOL --digest SHA256`. A pool is a [fn.NAME] with an
 agent and no entry (a Python script defines `handler(event)`), or with cmd = [...] (the
 command runs with the script's path as its last argument and the event on stdin).
+";
+
+pub const DEPS: &str = "\
+zygo deps — dependency sets: packages installed once, mounted read-only at /venv
+
+Usage: zygo deps build IMAGE FILE... [--json]
+       zygo deps show ID [--json]
+       zygo deps ls [--json]
+
+build installs a set on this host and prints its id (deps_ and a SHA-256 of IMAGE and the
+files' names and bytes: the same inputs are one set). IMAGE is \"host\" or
+\"dir:/path/to/rootfs\"; the files are either requirements.txt (Python: a venv built at
+/venv, so its console scripts work there) or package.json and package-lock.json (Node:
+npm ci --ignore-scripts). The build runs in a one-shot sandbox on IMAGE whose network
+reaches only the package registries; a host that cannot enforce that refuses the build.
+A set that is ready is not built again; one another process is building is waited for;
+one that failed is built again. A failed build exits 1 with the resolver's own log.
+
+show prints a set's state (building, ready or failed; with its log when failed); ls
+lists the sets on this host. Sets live in the state directory's deps/ folder.
+
+Environment (the operator's):
+  ZYGO_DEPS_REGISTRIES     HOST:PORT,... a build may reach
+                           [default: pypi.org:443,files.pythonhosted.org:443,
+                            registry.npmjs.org:443]
+  ZYGO_DEPS_PIP_INDEX_URL  pip's index (a mirror; name it in ZYGO_DEPS_REGISTRIES)
+  ZYGO_DEPS_NPM_REGISTRY   npm's registry (likewise)
+  ZYGO_DEPS_CA_BUNDLE      a PEM file of CA certificates the build trusts as well
+                           (where the network re-signs TLS)
 ";
 
 pub const LS: &str = "\

@@ -7,6 +7,7 @@
 
 pub mod cgroup;
 pub mod client;
+pub mod deps;
 pub mod etc_cache;
 pub mod identity;
 pub mod kernel;

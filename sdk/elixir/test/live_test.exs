@@ -96,4 +96,39 @@ defmodule Zygo.LiveTest do
       Zygo.stop_runtime(c, pool)
     end
   end
+
+  @tag :live_own
+  test "a dependency set: built, served to a pool, kept while in use, deleted", %{c: c, uniq: uniq} do
+    # A requirements.txt with no requirement: a real build that fetches nothing.
+    d = Zygo.put_deps!(c, "host", %{"requirements.txt" => "# elixir #{uniq}\n"})
+    assert d.id =~ ~r/^deps_[0-9a-f]{64}$/
+    deadline = System.monotonic_time(:millisecond) + 120_000
+
+    wait = fn wait ->
+      got = Zygo.deps!(c, d.id)
+
+      if got.building and System.monotonic_time(:millisecond) < deadline do
+        Process.sleep(500)
+        wait.(wait)
+      else
+        got
+      end
+    end
+
+    assert %Zygo.Deps{state: "ready"} = wait.(wait)
+    assert Enum.any?(Zygo.deps!(c), &(&1.id == d.id))
+    pool = "sdkexdeps-" <> uniq
+    Zygo.serve_runtime!(c, pool, %{"agent" => "python"}, deps: d.id)
+
+    try do
+      src = "import sys\ndef handler(e):\n    return sys.prefix\n"
+      assert "/venv" == Zygo.run_script!(c, pool, nil, nil, source: src).result
+      assert {:error, %Zygo.Error{status: 409}} = Zygo.delete_deps(c, d.id)
+    after
+      Zygo.stop_runtime(c, pool)
+    end
+
+    Zygo.delete_deps!(c, d.id)
+    assert {:error, %Zygo.Error{kind: :not_found}} = Zygo.deps(c, d.id)
+  end
 end

@@ -112,3 +112,28 @@ test('scripts, a pool, a tenant and its token', opts, async () => {
     c.close();
   }
 });
+
+test('a dependency set: built, served to a pool, kept while in use, deleted', opts, async () => {
+  const c = connect();
+  // A requirements.txt with no requirement: a real build that fetches nothing.
+  const d = await c.putDeps('host', { 'requirements.txt': `# node ${uniq}\n` });
+  assert.match(d.id, /^deps_[0-9a-f]{64}$/);
+  const deadline = Date.now() + 120_000;
+  while ((await c.deps(d.id)).building && Date.now() < deadline) {
+    await new Promise((r) => setTimeout(r, 500));
+  }
+  assert.equal((await c.deps(d.id)).state, 'ready');
+  assert.ok((await c.deps()).some((x) => x.id === d.id));
+  const pool = `sdknodedeps-${uniq}`;
+  await c.serveRuntime(pool, { agent: 'python' }, { deps: d.id });
+  try {
+    const r = await c.runScript(pool, null, null, { source: 'import sys\ndef handler(e):\n    return sys.prefix\n' });
+    assert.equal(r.result, '/venv');
+    await assert.rejects(c.deleteDeps(d.id), (e) => e.status === 409);
+  } finally {
+    await c.stopRuntime(pool);
+  }
+  await c.deleteDeps(d.id);
+  await assert.rejects(c.deps(d.id), NotFound);
+  c.close();
+});

@@ -152,6 +152,30 @@ class LiveTest(unittest.TestCase):
         with self.assertRaises(zygo.AuthError):
             acme.tenant(tenant)
 
+    def test_dependency_sets(self) -> None:
+        # A requirements.txt with no requirement: a real build (a venv at /venv) that
+        # fetches nothing. A unique comment makes it this run's own set.
+        d = self.c.put_deps("host", {"requirements.txt": f"# {self.uniq}\n"})
+        self.assertTrue(d.id.startswith("deps_"), d)
+        self.assertIn(d.state, ("building", "ready"))
+        deadline = time.monotonic() + 120
+        while self.c.deps(d.id).building and time.monotonic() < deadline:
+            time.sleep(0.5)
+        got = self.c.deps(d.id)
+        self.assertTrue(got.ready, got)
+        self.assertIn(d.id, [x.id for x in self.c.deps()])
+        pool = "sdkdeps-" + self.uniq
+        self.c.serve_runtime(pool, {"agent": "python"}, deps=d.id)
+        r = self.c.run_script(pool, source="import sys\ndef handler(e):\n    return sys.prefix\n", event=None)
+        self.assertEqual(r.result, "/venv")
+        with self.assertRaises(zygo.ZygoError) as cm:
+            self.c.delete_deps(d.id)
+        self.assertEqual(cm.exception.status, 409)
+        self.c.stop_runtime(pool)
+        self.c.delete_deps(d.id)
+        with self.assertRaises(zygo.NotFound):
+            self.c.deps(d.id)
+
     def test_one_shot_run(self) -> None:
         r = self.c.run(["/bin/echo", "hi"], timeout=10)
         self.assertTrue(r.ok, r)

@@ -24,6 +24,8 @@ struct Op {
     query: &'static [(&'static str, &'static str, &'static str)],
     /// The 200 answer is Prometheus text (`/metrics`), not JSON.
     text: bool,
+    /// The route also answers 202 (accepted, still working) with the same schema.
+    accepted: bool,
 }
 
 enum Body {
@@ -140,6 +142,35 @@ fn s_script() -> Value {
 }
 fn s_deleted() -> Value {
     open_obj(json!({"deleted": {"type": "string"}}), &["deleted"])
+}
+fn s_deps() -> Value {
+    open_obj(
+        json!({"id": {"type": "string", "pattern": "^deps_[0-9a-f]{64}$"}, "image": {"type": "string"},
+               "kind": {"type": "string", "enum": ["python", "node"]},
+               "state": {"type": "string", "enum": ["building", "ready", "failed"]},
+               "building": {"type": "boolean"},
+               "error": {"type": "string", "description": "Why a failed build failed."},
+               "log": {"type": "string", "description": "A failed build's log: the resolver's own words (GET /deps/{id} only)."}}),
+        &["id", "image", "kind", "state", "building"],
+    )
+}
+fn s_deps_list() -> Value {
+    open_obj(
+        json!({"deps": {"type": "array", "items": s_deps()}}),
+        &["deps"],
+    )
+}
+fn b_deps() -> Value {
+    obj(
+        json!({"image": {"type": "string", "minLength": 1, "maxLength": 4096, "description": "\"host\" or \"dir:/path/to/rootfs\"."},
+               "files": {"type": "object", "minProperties": 1, "maxProperties": 2,
+                         "description": "{\"requirements.txt\": TEXT} (Python), or {\"package.json\": TEXT, \"package-lock.json\": TEXT} (Node); each at most 1 MiB.",
+                         "properties": {"requirements.txt": {"type": "string", "maxLength": 1_048_576},
+                                        "package.json": {"type": "string", "maxLength": 1_048_576},
+                                        "package-lock.json": {"type": "string", "maxLength": 1_048_576}},
+                         "additionalProperties": false}}),
+        &["image", "files"],
+    )
 }
 fn s_cancelled() -> Value {
     open_obj(json!({"cancelled": {"type": "integer"}}), &["cancelled"])
@@ -304,7 +335,7 @@ const FN_CALL_QUERY: &[(&str, &str, &str)] = &[
 fn ops() -> Vec<Op> {
     use Body::*;
     let op = |method, path, who, deploy, summary, body, ok: fn() -> Value, more| Op {
-        method, path, who, deploy, summary, body, ok, more, stream: false, query: &[], text: false,
+        method, path, who, deploy, summary, body, ok, more, stream: false, query: &[], text: false, accepted: false,
     };
     vec![
         op("GET", "/healthz", "none", false, "The supervisor's condition: ok, degraded (with a reason) or stopping (503).", None, s_health, &[]),
@@ -327,6 +358,10 @@ fn ops() -> Vec<Op> {
         op("DELETE", "/scripts/{digest}", "op", true, "Forget a script.", None, s_deleted, &[]),
         op("PUT", "/blobs", "any", false, "Store a blob (raw body, a workspace tar) for calls to name by digest; owned by the caller's tenant.", Raw, s_script, &[]),
         op("DELETE", "/blobs/{digest}", "op", true, "Forget a blob.", None, s_deleted, &[]),
+        Op { accepted: true, ..op("POST", "/deps", "any", false, "Build a dependency set (a venv, or node_modules) from a lock file on an image, once per id (a hash of the image and files); 202 while it builds, 200 when it was built already. The build reaches only the package registries.", Json(b_deps), s_deps, &[]) },
+        op("GET", "/deps", "any", false, "The dependency sets the caller sent (every set, for the host's callers).", None, s_deps_list, &[]),
+        op("GET", "/deps/{id}", "any", false, "A dependency set's state: building, ready or failed (with the build's log).", None, s_deps, &[]),
+        op("DELETE", "/deps/{id}", "op", true, "Forget a dependency set; refused (409) while a function or pool is served on it, or while it builds.", None, s_deleted, &[409]),
         op("DELETE", "/requests/{key}", "any", false, "Cancel every request of the caller under this key.", None, s_cancelled, &[]),
         op("POST", "/tenants", "op", false, "Create a tenant (idempotent).", Json(b_tenant), s_tenant_created, &[]),
         op("GET", "/tenants", "op", false, "Every tenant.", None, s_tenants, &[]),
@@ -352,14 +387,14 @@ fn error_text(status: u16) -> &'static str {
         403 => "Not the caller's to ask: the deploy gate, operator-only, another tenant (forbidden).",
         404 => "Not found, or not the caller's (not_found).",
         408 => "The request's head or body did not arrive in time (the body within 60 s, and at 64 KiB/s or more after its first second), or (POST /run) X-Zygo-Timeout-Ms fired first (api_timeout).",
-        409 => "The name is taken by the other kind (conflict).",
+        409 => "The name is taken by the other kind, or (DELETE /deps/{id}) the set is in use or building (conflict).",
         413 => "The body is over 16 MiB (too_large).",
         422 => "A limit above every ceiling the tenant can reach (above_ceiling).",
         429 => "Refused before anything ran (busy): every channel to the supervisor is in use, the caller holds its share of them (a quarter), or 16 bodies are being read from its address; retry after Retry-After seconds.",
         431 => "A header line over 8 KiB, or more than 100 headers.",
         499 => "Cancelled (cancelled).",
         500 => "The handler failed (handler), or Zygo did (internal).",
-        503 => "Unavailable: starting, draining, stopping; retry after Retry-After seconds (unavailable).",
+        503 => "Unavailable: starting, draining, stopping, or a dependency set the layer names is still building; retry after Retry-After seconds (unavailable).",
         504 => "Past its deadline (timeout) or no heartbeat (stuck).",
         _ => "Error.",
     }
@@ -375,6 +410,7 @@ fn operation(o: &Op) -> Value {
                 ("digest", _) => json!({"type": "string", "pattern": "^(sha256:)?[0-9a-f]{64}$"}),
                 ("key", _) => json!({"type": "string", "minLength": 1, "maxLength": 128, "pattern": "^[ -~]+$"}),
                 ("id", path) if path.starts_with("/tokens") => json!({"type": "string", "pattern": "^tok_[0-9a-f]{1,64}$"}),
+                ("id", path) if path.starts_with("/deps") => json!({"type": "string", "pattern": "^deps_[0-9a-f]{64}$"}),
                 ("name", path) if path.contains("/secrets/") => json!({"type": "string", "pattern": "^[A-Za-z_][A-Za-z0-9_]{0,63}$"}),
                 _ => json!({"type": "string", "pattern": "^[a-z0-9][a-z0-9_-]{0,62}$"}),
             };
@@ -415,6 +451,16 @@ fn operation(o: &Op) -> Value {
             "content": ok_content,
         }),
     );
+    if o.accepted {
+        responses.insert(
+            "202".into(),
+            json!({
+                "description": "Accepted: still working (poll the resource)",
+                "headers": {"X-Zygo-Request-Id": {"$ref": "#/components/headers/RequestId"}},
+                "content": ok_content,
+            }),
+        );
+    }
     let mut errors: Vec<u16> = if o.who == "none" {
         vec![503]
     } else {

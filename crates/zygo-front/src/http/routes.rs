@@ -6,7 +6,7 @@
 //! a route answered without a token but not marked so fails the suite.
 
 use super::handlers::{
-    blobs, functions, metrics, misc, pools, run, scripts, secrets, tenants, tokens,
+    blobs, deps, functions, metrics, misc, pools, run, scripts, secrets, tenants, tokens,
 };
 use super::{Call, Front, HttpError, Out};
 
@@ -78,6 +78,10 @@ pub static ROUTES: &[Route] = &[
     route!("DELETE", "/scripts/{digest}",        Op,         true,  scripts::delete),
     route!("PUT",    "/blobs",                   Any,        false, blobs::put),
     route!("DELETE", "/blobs/{digest}",          Op,         true,  blobs::delete),
+    route!("POST",   "/deps",                    Any,        false, deps::put),
+    route!("GET",    "/deps",                    Any,        false, deps::list),
+    route!("GET",    "/deps/{id}",               Any,        false, deps::info),
+    route!("DELETE", "/deps/{id}",               Op,         true,  deps::delete),
     route!("DELETE", "/requests/{key}",          Any,        false, misc::cancel),
     route!("POST",   "/tenants",                 Op,         false, tenants::create),
     route!("GET",    "/tenants",                 Op,         false, tenants::list),
@@ -94,9 +98,6 @@ pub static ROUTES: &[Route] = &[
     route!("POST",   "/drain",                   Op,         true,  misc::drain),
     route!("GET",    "/metrics",                 Any,        false, metrics::metrics),
 ];
-
-/// Path prefixes of what the next version serves; until then 404 saying so.
-pub static NOT_YET: &[(&str, &str)] = &[("/deps", "dependency sets")];
 
 /// What a path and method found.
 pub enum Found {
@@ -132,14 +133,6 @@ fn matches(template: &str, segs: &[String]) -> Option<Vec<String>> {
     Some(params)
 }
 
-fn not_yet(segs: &[String]) -> Option<&'static str> {
-    let first = format!("/{}", segs.first().map(String::as_str).unwrap_or(""));
-    if let Some((_, what)) = NOT_YET.iter().find(|(p, _)| *p == first) {
-        return Some(what);
-    }
-    None
-}
-
 pub fn find(method: &str, path: &str) -> Found {
     let segs: Vec<String> = match segments(path)
         .into_iter()
@@ -162,9 +155,6 @@ pub fn find(method: &str, path: &str) -> Found {
     }
     if !allow.is_empty() {
         return Found::WrongMethod(allow.join(", "));
-    }
-    if let Some(what) = not_yet(&segs) {
-        return Found::NotFound(format!("{what} is not in this version of zygo api"));
     }
     Found::NotFound(format!(
         "no route {path}; GET /healthz answers without a token, and `zygo api --openapi` lists every route"
@@ -252,8 +242,9 @@ mod tests {
             Some(vec!["../..".into()])
         );
         assert!(matches!(find("GET", "/fn/x"), Found::WrongMethod(_)));
+        assert!(matches!(find("GET", "/deps"), Found::Route(r, _) if r.path == "/deps"));
         assert!(
-            matches!(find("GET", "/deps"), Found::NotFound(m) if m.contains("not in this version"))
+            matches!(find("DELETE", "/deps/deps_a"), Found::Route(r, p) if r.path == "/deps/{id}" && p == ["deps_a"])
         );
         assert!(
             matches!(find("PUT", "/tenants/a/secrets/K"), Found::Route(r, p) if r.path == "/tenants/{id}/secrets/{name}" && p == ["a", "K"])

@@ -119,6 +119,10 @@ enum Kind {
     RecordUsage,
     PutBlob,
     DeleteBlob,
+    PutDeps,
+    ListDeps,
+    DepsInfo,
+    DeleteDeps,
 }
 
 fn kind(r: &Request) -> Kind {
@@ -156,6 +160,10 @@ fn kind(r: &Request) -> Kind {
         Request::RecordUsage(_) => Kind::RecordUsage,
         Request::PutBlob { .. } => Kind::PutBlob,
         Request::DeleteBlob { .. } => Kind::DeleteBlob,
+        Request::PutDeps { .. } => Kind::PutDeps,
+        Request::ListDeps => Kind::ListDeps,
+        Request::DepsInfo { .. } => Kind::DepsInfo,
+        Request::DeleteDeps { .. } => Kind::DeleteDeps,
     }
 }
 
@@ -203,6 +211,10 @@ const DISPATCH_API_INNER: &[Kind] = &[
     Kind::DeleteScript,
     Kind::PutBlob,
     Kind::DeleteBlob,
+    Kind::PutDeps,
+    Kind::ListDeps,
+    Kind::DepsInfo,
+    Kind::DeleteDeps,
     Kind::Cancel,
     Kind::CreateTenant,
     Kind::ListTenants,
@@ -238,6 +250,10 @@ fn gate_route(k: Kind) -> Option<policy::gate::Route> {
         Kind::DeleteScript => Route::DeleteScript,
         Kind::PutBlob => Route::PutBlob,
         Kind::DeleteBlob => Route::DeleteBlob,
+        Kind::PutDeps => Route::PutDeps,
+        Kind::ListDeps => Route::ListDeps,
+        Kind::DepsInfo => Route::DepsInfo,
+        Kind::DeleteDeps => Route::DeleteDeps,
         Kind::Cancel => Route::Cancel,
         Kind::CreateTenant => Route::CreateTenant,
         Kind::ListTenants => Route::ListTenants,
@@ -447,7 +463,11 @@ impl Supervisor {
             identity,
             launcher,
             usage_path,
-            functions::StoreDirs { scripts, blobs },
+            functions::StoreDirs {
+                scripts,
+                blobs,
+                state: state.to_path_buf(),
+            },
             api,
         )?;
         fns.sweep_stale();

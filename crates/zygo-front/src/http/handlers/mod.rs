@@ -2,6 +2,7 @@
 //! request, asks the supervisor, and shapes the reply as the API contract draws it.
 
 pub mod blobs;
+pub mod deps;
 pub mod functions;
 pub mod metrics;
 pub mod misc;

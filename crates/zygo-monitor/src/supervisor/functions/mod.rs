@@ -27,6 +27,7 @@
 
 mod agents;
 mod blobs;
+mod deps;
 mod registry;
 mod requests;
 mod run_spec;
@@ -76,6 +77,8 @@ pub(super) fn now_ms() -> u64 {
 pub struct StoreDirs {
     pub scripts: PathBuf,
     pub blobs: PathBuf,
+    /// The state directory, whose `deps/` holds the dependency sets (see `crate::deps`).
+    pub state: PathBuf,
 }
 
 pub struct Functions {
@@ -124,6 +127,10 @@ pub struct Functions {
     counter: u64,
     /// One-shot runs (see [`runs`]).
     runs: runs::Runs,
+    /// The state directory (dependency sets live in its `deps/`).
+    state_dir: PathBuf,
+    /// Dependency sets building (see [`deps`]).
+    deps_builds: deps::Builds,
 }
 
 /// What the event loop lends the functions for one call into them: its registry, where a
@@ -177,7 +184,11 @@ impl Functions {
             .map_err(|e| SupervisorError(format!("open {}: {e}", usage_path.display())))?;
         let backend = Arc::new(backend);
         use super::scripts::{BLOBS, SCRIPTS};
-        let StoreDirs { scripts, blobs } = stores;
+        let StoreDirs {
+            scripts,
+            blobs,
+            state: state_dir,
+        } = stores;
         let cap = super::scripts::cap_from_env(&SCRIPTS).map_err(SupervisorError)?;
         let share = super::scripts::share_from_env(cap).map_err(SupervisorError)?;
         let mut scripts = super::scripts::Store::open(&SCRIPTS, scripts.clone(), cap, share)
@@ -228,6 +239,8 @@ impl Functions {
             settling: Vec::new(),
             counter: 0,
             runs: runs::Runs::default(),
+            state_dir,
+            deps_builds: deps::Builds::default(),
         })
     }
 
@@ -363,6 +376,10 @@ impl Functions {
             Request::RecordUsage(rec) => Some(self.record_outside(rec, who)),
             Request::PutBlob { bytes } => self.put_blob(client, &bytes, who),
             Request::DeleteBlob { digest } => Some(self.delete_blob(&digest)),
+            Request::PutDeps { image, files } => Some(self.put_deps(&image, files, who)),
+            Request::ListDeps => Some(self.list_deps(who)),
+            Request::DepsInfo { id } => Some(self.deps_info(&id, who)),
+            Request::DeleteDeps { id } => Some(self.delete_deps(&id)),
         }
     }
 
@@ -397,6 +414,7 @@ impl Functions {
         }
         self.parks.clear();
         self.runs_shutdown(cx);
+        self.deps_builds.shutdown();
         let ids: Vec<String> = self.calls.keys().cloned().collect();
         for id in &ids {
             if let Some(c) = self.calls.get_mut(id) {

@@ -51,6 +51,8 @@ pub(super) struct Function {
     /// Values of its secrets given at the shell (`zygo serve --secret`); they win over
     /// stored ones. Never a pool's: a pool holds no values.
     pub(super) shell_secrets: Vec<(String, proto::api::SecretValue)>,
+    /// The dependency set it is served on (mounted at /venv).
+    pub(super) deps: Option<super::deps::DepsUse>,
 }
 
 /// A `serve` answer waiting: the client, the functions named, and those already failed.
@@ -222,6 +224,11 @@ impl Functions {
             mem_text,
             ceiling,
         } = plan(&spec, &self.identity)?;
+        // Its dependency set, when it names one: ready, or the function is not served.
+        let deps = self.deps_for(&spec).map_err(|r| r.message)?;
+        if let Some(set) = &deps {
+            super::deps::apply(&mut plan, &spec, set)?;
+        }
         let handed = crate::mounts::hand_over(&mut plan)?;
         let folder = super::cg_folder(&name);
         self.worker.remember(&name);
@@ -246,6 +253,7 @@ impl Functions {
                 stats: Stats::default(),
                 tenant_stats: std::collections::HashMap::new(),
                 shell_secrets: shell,
+                deps,
             },
         );
         for _ in 0..min_warm {
@@ -289,14 +297,6 @@ fn plan(spec: &FnSpec, identity: &Identity) -> Result<Planned, String> {
             )
         }
     };
-    // Keys this version reads but cannot honour are refused, never ignored: a function
-    // that looked for its dependencies or its secrets would fail only when called.
-    if let Some(r) = &spec.requirements {
-        return Err(format!(
-            "requirements = {:?} is not available in this version (dependency sets are not built yet); remove the key",
-            r.display().to_string()
-        ));
-    }
     if spec.secrets.len() > proto::launch::MAX_REQUEST_SECRETS {
         return Err(format!(
             "secrets lists {} names; a function or pool takes at most {}",

@@ -293,6 +293,19 @@ impl Functions {
                 self.stop(&key, cx);
             }
         }
+        // A dependency set still building (or failed, or unknown) is refused with its own
+        // code, before anything is started. A tenant names only sets it sent.
+        if let Some(id) = &spec.deps {
+            if !super::deps::visible(&self.state_dir, id, who) {
+                return Some(fail(
+                    ErrorCode::NotFound,
+                    format!("deps: no dependency set {id} (POST /deps makes one)"),
+                ));
+            }
+        }
+        if let Err(r) = self.deps_for(&spec) {
+            return Some(r.into());
+        }
         if let Err(e) = self.serve_one(key.clone(), spec, Vec::new(), cx) {
             return Some(fail(ErrorCode::BadSpec, e));
         }
@@ -456,6 +469,12 @@ impl Functions {
             Err(r) => return r.into(),
         };
         self.release_blobs_of(id);
+        // The dependency sets it sent stay (others may use them), no longer its.
+        for set in crate::deps::list(&self.state_dir) {
+            if let Err(e) = crate::deps::remove_owner(&self.state_dir, &set, id) {
+                log::warn!("dependency set {set}: {e}");
+            }
+        }
         self.scripts.let_go(id);
         // Its puts still being written are answered now, and registered to nobody.
         self.drop_store_waits(id);

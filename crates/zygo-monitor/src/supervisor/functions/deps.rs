@@ -1,0 +1,575 @@
+//! Dependency sets in the supervisor (see `crate::deps`): builds run on threads of their
+//! own, off the event loop (`POST /deps`, and a served `requirements` whose set is not
+//! built yet), and a function or pool naming a ready set gets it read-only at /venv.
+//!
+//! The loop never waits for a build. A set's state is its record on disk, which the
+//! building thread writes; a function named against a set still building is refused as
+//! `unavailable` (with a retry hint), not queued, and one named against a failed set is
+//! refused with the build's reason.
+
+use std::collections::HashMap;
+use std::os::fd::OwnedFd;
+use std::path::{Path, PathBuf};
+use std::thread::JoinHandle;
+
+use policy::file::{Agent, FnKind, FnSpec};
+use proto::api::{DepsInfo, MAX_DEPS_LOG};
+use proto::front::{ErrorCode, Reply};
+use proto::launch::{BindMount, LaunchPlan};
+
+use super::{fail, Functions};
+use crate::deps::{self, Claim, Inputs, Kind, Record, State};
+use crate::supervisor::api::Acting;
+
+/// The most builds that run at once; one more is refused as busy.
+const MAX_BUILDS: usize = 4;
+/// The most of them one tenant's `POST /deps` may have started, so that one tenant cannot
+/// take every place.
+const MAX_TENANT_BUILDS: usize = 2;
+/// The retry hint (seconds) of a refusal because a set is still building.
+pub(super) const BUILDING_RETRY_AFTER: u32 = 5;
+
+/// The builds this supervisor started, by set id.
+#[derive(Default)]
+pub(super) struct Builds {
+    running: HashMap<String, Build>,
+}
+
+/// A build's thread, and the write end of its cancel pipe: closing it stops the build.
+struct Build {
+    thread: JoinHandle<()>,
+    /// The tenant whose `POST /deps` started it (`None`: the host's).
+    tenant: Option<String>,
+    _cancel: OwnedFd,
+}
+
+impl Builds {
+    /// Stop every build (each fails, its sandbox killed and its cgroup removed) and wait
+    /// for their threads.
+    pub(super) fn shutdown(&mut self) {
+        for (id, b) in self.running.drain() {
+            drop(b._cancel);
+            if b.thread.join().is_err() {
+                log::error!("the build of dependency set {id} panicked");
+            }
+        }
+    }
+
+    /// Join the builds that have ended.
+    fn reap(&mut self) {
+        let done: Vec<String> = self
+            .running
+            .iter()
+            .filter(|(_, b)| b.thread.is_finished())
+            .map(|(id, _)| id.clone())
+            .collect();
+        for id in done {
+            if let Some(b) = self.running.remove(&id) {
+                if b.thread.join().is_err() {
+                    log::error!("the build of dependency set {id} panicked");
+                }
+            }
+        }
+    }
+}
+
+/// A ready set a function gets.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(super) struct DepsUse {
+    pub(super) id: String,
+    pub(super) kind: Kind,
+    pub(super) tree: PathBuf,
+}
+
+/// Why a function cannot have its set now.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(super) struct Refusal {
+    pub(super) code: ErrorCode,
+    pub(super) message: String,
+    pub(super) retry_after: Option<u32>,
+}
+
+impl From<Refusal> for Reply {
+    fn from(r: Refusal) -> Reply {
+        Reply::Error {
+            code: r.code,
+            message: r.message,
+            retry_after: r.retry_after,
+        }
+    }
+}
+
+fn refusal(code: ErrorCode, message: String) -> Refusal {
+    Refusal {
+        code,
+        message,
+        retry_after: None,
+    }
+}
+
+/// The text of an image for a set's id: as sandbox.toml and `zygo deps build` write it.
+fn image_text(image: &policy::Image) -> Result<String, String> {
+    match image {
+        policy::Image::Host => Ok("host".into()),
+        policy::Image::Dir(d) => d
+            .to_str()
+            .map(|s| format!("dir:{s}"))
+            .ok_or_else(|| format!("image path {} is not UTF-8", d.display())),
+    }
+}
+
+/// Read a file a `requirements` key names (on this host), capped.
+fn read_input(p: &Path) -> Result<Vec<u8>, String> {
+    use std::io::Read;
+    let f = std::fs::File::open(p).map_err(|e| format!("requirements: {}: {e}", p.display()))?;
+    let mut bytes = Vec::new();
+    f.take(deps::MAX_FILE as u64 + 1)
+        .read_to_end(&mut bytes)
+        .map_err(|e| format!("requirements: {}: {e}", p.display()))?;
+    if bytes.len() > deps::MAX_FILE {
+        return Err(format!(
+            "requirements: {} is larger than {} bytes",
+            p.display(),
+            deps::MAX_FILE
+        ));
+    }
+    Ok(bytes)
+}
+
+/// The inputs a `requirements` key names: a `package.json` or `package-lock.json` is a
+/// Node set (the two files side by side); any other file is a Python requirements.txt.
+pub(super) fn requirements_inputs(spec: &FnSpec, file: &Path) -> Result<Inputs, String> {
+    let image = image_text(&spec.image)?;
+    let name = file.file_name().and_then(|n| n.to_str()).unwrap_or("");
+    let files = if name == "package.json" || name == "package-lock.json" {
+        let dir = file.parent().unwrap_or(Path::new("/"));
+        vec![
+            (
+                "package.json".to_string(),
+                read_input(&dir.join("package.json"))?,
+            ),
+            (
+                "package-lock.json".to_string(),
+                read_input(&dir.join("package-lock.json"))?,
+            ),
+        ]
+    } else {
+        vec![("requirements.txt".to_string(), read_input(file)?)]
+    };
+    Inputs::new(&image, files).map_err(|e| format!("requirements: {e}"))
+}
+
+impl Functions {
+    /// Build `inputs` unless its set is ready or building already; the set's record as it
+    /// stands (`building` for a build just started). Refused as busy when
+    /// [`MAX_BUILDS`] run already, or `tenant` has [`MAX_TENANT_BUILDS`] of them.
+    pub(super) fn start_deps(
+        &mut self,
+        inputs: Inputs,
+        tenant: Option<&str>,
+    ) -> Result<Record, Refusal> {
+        self.deps_builds.reap();
+        let id = inputs.id();
+        let building = Record {
+            id: id.clone(),
+            image: inputs.image.clone(),
+            kind: inputs.kind,
+            state: State::Building,
+            error: None,
+        };
+        if self.deps_builds.running.contains_key(&id) {
+            return Ok(building);
+        }
+        match deps::status(&self.state_dir, &id) {
+            Ok(Some(rec)) if rec.state != State::Failed => return Ok(rec),
+            Ok(_) => {}
+            Err(e) => return Err(refusal(ErrorCode::Internal, e)),
+        }
+        if let Some(t) = tenant {
+            let theirs = self
+                .deps_builds
+                .running
+                .values()
+                .filter(|b| b.tenant.as_deref() == Some(t))
+                .count();
+            if theirs >= MAX_TENANT_BUILDS {
+                return Err(Refusal {
+                    code: ErrorCode::Busy,
+                    message: format!(
+                        "{MAX_TENANT_BUILDS} of your dependency sets are building already; send it again once one is done"
+                    ),
+                    retry_after: Some(BUILDING_RETRY_AFTER * 6),
+                });
+            }
+        }
+        if self.deps_builds.running.len() >= MAX_BUILDS {
+            return Err(Refusal {
+                code: ErrorCode::Busy,
+                message: format!(
+                    "{MAX_BUILDS} dependency sets are building already; send it again later"
+                ),
+                retry_after: Some(BUILDING_RETRY_AFTER * 6),
+            });
+        }
+        let state_dir = self.state_dir.clone();
+        let launcher = self.launcher.clone();
+        let backend = self.backend.clone();
+        let thread_id = id.clone();
+        let (cancel_r, cancel_w) = plumbing::pipes::pipe()
+            .map_err(|e| refusal(ErrorCode::Internal, format!("create a pipe: {e}")))?;
+        let handle = std::thread::Builder::new()
+            .name("zygo-deps".into())
+            .spawn(move || {
+                let rec = match deps::claim(&state_dir, &inputs) {
+                    Ok(Claim::Build(lock, _)) => {
+                        log::info!("building dependency set {thread_id}");
+                        deps::build(
+                            &state_dir,
+                            &inputs,
+                            lock,
+                            launcher,
+                            &backend,
+                            Some(cancel_r),
+                        )
+                    }
+                    // Ready, or another process builds it.
+                    Ok(Claim::Exists(_)) => return,
+                    Err(e) => {
+                        log::error!("dependency set {thread_id}: {e}");
+                        return;
+                    }
+                };
+                match rec.state {
+                    State::Ready => log::info!("dependency set {thread_id} is ready"),
+                    _ => log::warn!(
+                        "dependency set {thread_id} failed: {}",
+                        rec.error.as_deref().unwrap_or("no reason")
+                    ),
+                }
+            })
+            .map_err(|e| refusal(ErrorCode::Internal, format!("start a build thread: {e}")))?;
+        self.deps_builds.running.insert(
+            id,
+            Build {
+                thread: handle,
+                tenant: tenant.map(str::to_string),
+                _cancel: cancel_w,
+            },
+        );
+        Ok(building)
+    }
+
+    /// The set a function names (`deps`, or the set its `requirements` make, started if it
+    /// is not built), when it is ready; refused while it builds, when it failed, or when
+    /// there is no such set.
+    pub(super) fn deps_for(&mut self, spec: &FnSpec) -> Result<Option<DepsUse>, Refusal> {
+        let refuse = refusal;
+        let (id, started) = match (&spec.deps, &spec.requirements) {
+            (Some(id), _) => (id.clone(), false),
+            (None, Some(file)) => {
+                let inputs =
+                    requirements_inputs(spec, file).map_err(|e| refuse(ErrorCode::BadSpec, e))?;
+                (self.start_deps(inputs, None)?.id, true)
+            }
+            (None, None) => return Ok(None),
+        };
+        let rec = match deps::status(&self.state_dir, &id) {
+            Ok(Some(r)) => r,
+            Ok(None) if started || self.deps_builds.running.contains_key(&id) => Record {
+                id: id.clone(),
+                image: String::new(),
+                kind: Kind::Python,
+                state: State::Building,
+                error: None,
+            },
+            Ok(None) => {
+                return Err(refuse(
+                    ErrorCode::NotFound,
+                    format!(
+                        "deps: no dependency set {id} on this host (POST /deps, or `zygo deps build`, makes one)"
+                    ),
+                ))
+            }
+            Err(e) => return Err(refuse(ErrorCode::Internal, e)),
+        };
+        match rec.state {
+            State::Ready => Ok(Some(DepsUse {
+                tree: deps::tree(&self.state_dir, &id),
+                id,
+                kind: rec.kind,
+            })),
+            State::Building => Err(Refusal {
+                code: ErrorCode::Unavailable,
+                message: format!(
+                    "dependency set {id} is still building; serve this again once it is ready (GET /deps/{id}, or `zygo deps show {id}`)"
+                ),
+                retry_after: Some(BUILDING_RETRY_AFTER),
+            }),
+            State::Failed => Err(refuse(
+                ErrorCode::BadSpec,
+                format!(
+                    "dependency set {id} failed to build: {} (its log: GET /deps/{id}, or `zygo deps show {id}`)",
+                    rec.error.as_deref().unwrap_or("no reason recorded")
+                ),
+            )),
+        }
+    }
+
+    /// The functions and pools (by key) served on set `id`.
+    pub(super) fn deps_users(&self, id: &str) -> Vec<String> {
+        self.fns
+            .iter()
+            .filter(|(_, f)| f.deps.as_ref().is_some_and(|d| d.id == id))
+            .map(|(k, _)| k.clone())
+            .collect()
+    }
+}
+
+/// Whether the acting caller may see set `id`: the host's callers see every set, a tenant
+/// those it sent.
+pub(super) fn visible(state_dir: &Path, id: &str, who: &Acting) -> bool {
+    match &who.tenant {
+        None => true,
+        Some(t) => deps::owners(state_dir, id).iter().any(|o| o == t),
+    }
+}
+
+/// The answer's form of a set's record (the log only for a failed build, and only when
+/// asked for).
+fn info(state_dir: &Path, rec: &Record, with_log: bool) -> DepsInfo {
+    let log = (with_log && rec.state == State::Failed).then(|| {
+        let log = deps::read_log(state_dir, &rec.id);
+        let mut start = log.len().saturating_sub(MAX_DEPS_LOG);
+        while !log.is_char_boundary(start) {
+            start += 1;
+        }
+        log[start..].to_string()
+    });
+    DepsInfo {
+        id: rec.id.clone(),
+        image: rec.image.clone(),
+        kind: rec.kind.as_str().into(),
+        state: rec.state.as_str().into(),
+        error: rec.error.clone(),
+        log,
+    }
+}
+
+fn not_found(id: &str) -> Reply {
+    fail(
+        ErrorCode::NotFound,
+        format!("no dependency set {id} (POST /deps makes one)"),
+    )
+}
+
+fn bad_id(id: &str) -> Option<Reply> {
+    (!deps::is_id(id)).then(|| {
+        fail(
+            ErrorCode::BadRequest,
+            format!(
+                "{:?} is not a dependency set's id: deps_ and 64 lowercase hex digits",
+                id.chars().take(80).collect::<String>()
+            ),
+        )
+    })
+}
+
+impl Functions {
+    /// `POST /deps`: check the files, record the caller as one who sent the set, and
+    /// start its build unless it is built or building; answered at once.
+    pub(super) fn put_deps(
+        &mut self,
+        image: &str,
+        files: Vec<(String, String)>,
+        who: &Acting,
+    ) -> Reply {
+        let files = files
+            .into_iter()
+            .map(|(n, t)| (n, t.into_bytes()))
+            .collect();
+        let inputs = match Inputs::new(image, files) {
+            Ok(i) => i,
+            Err(e) => return fail(ErrorCode::BadRequest, e),
+        };
+        let id = inputs.id();
+        if let Some(t) = &who.tenant {
+            if let Err(e) = deps::add_owner(&self.state_dir, &id, t) {
+                return fail(ErrorCode::Internal, e);
+            }
+        }
+        match self.start_deps(inputs, who.tenant.as_deref()) {
+            Ok(rec) => Reply::Deps(info(&self.state_dir, &rec, false)),
+            Err(r) => r.into(),
+        }
+    }
+
+    /// `GET /deps`: the sets the caller may see, without logs.
+    pub(super) fn list_deps(&mut self, who: &Acting) -> Reply {
+        self.deps_builds.reap();
+        let mut out = Vec::new();
+        for id in deps::list(&self.state_dir) {
+            if !visible(&self.state_dir, &id, who) {
+                continue;
+            }
+            if let Some(rec) = self.deps_record(&id) {
+                out.push(info(&self.state_dir, &rec, false));
+            }
+        }
+        Reply::DepsList(out)
+    }
+
+    /// `GET /deps/{id}`: one set, with its log when its build failed.
+    pub(super) fn deps_info(&mut self, id: &str, who: &Acting) -> Reply {
+        if let Some(r) = bad_id(id) {
+            return r;
+        }
+        self.deps_builds.reap();
+        if !visible(&self.state_dir, id, who) {
+            return not_found(id);
+        }
+        match self.deps_record(id) {
+            Some(rec) => Reply::Deps(info(&self.state_dir, &rec, true)),
+            None => not_found(id),
+        }
+    }
+
+    /// `DELETE /deps/{id}`: refused while a function or pool is served on the set, or
+    /// while it builds.
+    pub(super) fn delete_deps(&mut self, id: &str) -> Reply {
+        if let Some(r) = bad_id(id) {
+            return r;
+        }
+        self.deps_builds.reap();
+        let Some(rec) = self.deps_record(id) else {
+            return not_found(id);
+        };
+        let users = self.deps_users(id);
+        if !users.is_empty() {
+            let shown: Vec<&str> = users
+                .iter()
+                .map(|k| k.rsplit('/').next().unwrap_or(k))
+                .collect();
+            return fail(
+                ErrorCode::Conflict,
+                format!(
+                    "dependency set {id} is in use by {}; stop {} first",
+                    shown.join(", "),
+                    if shown.len() == 1 { "it" } else { "them" }
+                ),
+            );
+        }
+        if rec.state == State::Building {
+            return fail(
+                ErrorCode::Conflict,
+                format!("dependency set {id} is still building; delete it once it has finished"),
+            );
+        }
+        match deps::remove(&self.state_dir, id) {
+            Ok(()) => Reply::DepsDeleted { id: id.to_string() },
+            Err(e) => fail(ErrorCode::Internal, e),
+        }
+    }
+
+    /// A set's record, with a build this supervisor runs (whose thread may not have
+    /// written the record yet) as building.
+    fn deps_record(&self, id: &str) -> Option<Record> {
+        let rec = deps::status(&self.state_dir, id).ok().flatten();
+        if self.deps_builds.running.contains_key(id) {
+            return Some(match rec {
+                Some(r) if r.state != State::Ready => Record {
+                    state: State::Building,
+                    error: None,
+                    ..r
+                },
+                Some(r) => r,
+                None => Record {
+                    id: id.to_string(),
+                    image: String::new(),
+                    kind: Kind::Python,
+                    state: State::Building,
+                    error: None,
+                },
+            });
+        }
+        rec
+    }
+}
+
+/// Give a launch plan its set: the tree read-only at /venv, and the environment pointing
+/// at it. A Python set puts /venv/bin first on PATH and runs the Python agent with the
+/// venv's interpreter (so handlers import what it holds); a Node set sets NODE_PATH and
+/// mounts its node_modules at /node_modules as well, where an ES module's import finds it.
+pub(super) fn apply(plan: &mut LaunchPlan, spec: &FnSpec, set: &DepsUse) -> Result<(), String> {
+    let tree = set
+        .tree
+        .to_str()
+        .ok_or_else(|| format!("{} is not UTF-8", set.tree.display()))?;
+    if spec
+        .mounts
+        .iter()
+        .any(|m| m.dst == Path::new(deps::MOUNT) || m.dst == Path::new(deps::NODE_MODULES_MOUNT))
+    {
+        return Err(format!(
+            "mounts: a dependency set takes {} (and {} for Node); mount elsewhere",
+            deps::MOUNT,
+            deps::NODE_MODULES_MOUNT
+        ));
+    }
+    plan.mounts.push(BindMount {
+        src: tree.to_string(),
+        dst: deps::MOUNT.into(),
+        rw: false,
+        handed: false,
+    });
+    match set.kind {
+        Kind::Python => {
+            let path = plan
+                .env
+                .iter()
+                .find(|(k, _)| k == "PATH")
+                .map(|(_, v)| v.clone())
+                .unwrap_or_default();
+            let path = if path.is_empty() {
+                format!("{}/bin", deps::MOUNT)
+            } else {
+                format!("{}/bin:{path}", deps::MOUNT)
+            };
+            set_env(&mut plan.env, "PATH", path);
+            set_env(&mut plan.env, "VIRTUAL_ENV", deps::MOUNT.into());
+            if matches!(
+                spec.kind,
+                FnKind::Agent {
+                    agent: Agent::Python,
+                    ..
+                }
+            ) {
+                if let Some(first) = plan.argv.first_mut() {
+                    if first == "/usr/bin/python3" {
+                        *first = format!("{}/bin/python3", deps::MOUNT);
+                    }
+                }
+            }
+        }
+        Kind::Node => {
+            plan.mounts.push(BindMount {
+                src: format!("{tree}/node_modules"),
+                dst: deps::NODE_MODULES_MOUNT.into(),
+                rw: false,
+                handed: false,
+            });
+            set_env(
+                &mut plan.env,
+                "NODE_PATH",
+                format!("{}/node_modules", deps::MOUNT),
+            );
+        }
+    }
+    Ok(())
+}
+
+fn set_env(env: &mut Vec<(String, String)>, key: &str, value: String) {
+    match env.iter_mut().find(|(k, _)| k == key) {
+        Some(slot) => slot.1 = value,
+        None => env.push((key.to_string(), value)),
+    }
+}

@@ -1,0 +1,1109 @@
+//! Dependency sets (`zygo deps build IMAGE FILE...`): a requirements.txt installed once
+//! into a venv at `/venv`, by a build sandbox that reaches only the package registries.
+//!
+//! No packet leaves this machine: the "registry" is a test host in a network namespace
+//! the test creates (a veth pair with private addresses of its own), serving a PyPI
+//! "simple" index with a small pure-Python wheel the test makes, on [`INDEX`]; the same
+//! host serves another wheel on [`OTHER`], which no rule names. The build is pointed at
+//! the index the way an operator points it at a mirror: `ZYGO_DEPS_PIP_INDEX_URL`, and
+//! `ZYGO_DEPS_REGISTRIES` naming only that address and port.
+
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+use serde_json::Value;
+use zygo_tests::*;
+
+const INDEX: u16 = 8080;
+const OTHER: u16 = 8081;
+
+/// Makes the wheels and the index in `sys.argv[1]`: `zygodemo` (a module and a console
+/// script) under `simple/` and `packages/`, and `zygoother` at the top (served on the
+/// other port).
+const MAKE_INDEX: &str = r#"
+import base64, hashlib, os, sys, zipfile
+root = sys.argv[1]
+def wheel(name, files, where):
+    info = f"{name}-1.0.dist-info"
+    files = dict(files)
+    files[f"{info}/METADATA"] = f"Metadata-Version: 2.1\nName: {name}\nVersion: 1.0\n"
+    files[f"{info}/WHEEL"] = "Wheel-Version: 1.0\nGenerator: zygo-tests\nRoot-Is-Purelib: true\nTag: py3-none-any\n"
+    record = []
+    for path, text in files.items():
+        digest = base64.urlsafe_b64encode(hashlib.sha256(text.encode()).digest()).rstrip(b"=").decode()
+        record.append(f"{path},sha256={digest},{len(text.encode())}")
+    record.append(f"{info}/RECORD,,")
+    files[f"{info}/RECORD"] = "\n".join(record) + "\n"
+    os.makedirs(where, exist_ok=True)
+    fname = f"{name}-1.0-py3-none-any.whl"
+    with zipfile.ZipFile(os.path.join(where, fname), "w") as z:
+        for path, text in files.items():
+            z.writestr(path, text)
+    return fname
+demo = wheel("zygodemo", {
+    "zygodemo/__init__.py": "VALUE = 'zygodemo 1.0'\ndef main():\n    print('console ' + VALUE)\n",
+    "zygodemo-1.0.dist-info/entry_points.txt": "[console_scripts]\nzygodemo = zygodemo:main\n",
+}, os.path.join(root, "index", "packages"))
+os.makedirs(os.path.join(root, "index", "simple", "zygodemo"))
+with open(os.path.join(root, "index", "simple", "zygodemo", "index.html"), "w") as f:
+    f.write(f'<html><body><a href="../../packages/{demo}">{demo}</a></body></html>\n')
+with open(os.path.join(root, "index", "simple", "index.html"), "w") as f:
+    f.write('<html><body><a href="zygodemo/">zygodemo</a></body></html>\n')
+wheel("zygoother", {"zygoother/__init__.py": "VALUE = 1\n"}, os.path.join(root, "other"))
+import io, json, tarfile
+def npm_package(name, files, where):
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w:gz") as t:
+        files = dict(files)
+        files["package.json"] = json.dumps({"name": name, "version": "1.0.0", "main": "index.js"})
+        for path, text in files.items():
+            data = text.encode()
+            info = tarfile.TarInfo("package/" + path)
+            info.size, info.mode = len(data), 0o644
+            t.addfile(info, io.BytesIO(data))
+    data = buf.getvalue()
+    fname = f"{name}-1.0.0.tgz"
+    with open(os.path.join(where, fname), "wb") as f:
+        f.write(data)
+    integrity = "sha512-" + base64.b64encode(hashlib.sha512(data).digest()).decode()
+    return fname, integrity
+def app(dirname, name, port, fname, integrity):
+    d = os.path.join(root, dirname)
+    os.makedirs(d)
+    with open(os.path.join(d, "package.json"), "w") as f:
+        json.dump({"name": "app", "version": "1.0.0", "dependencies": {name: "1.0.0"}}, f)
+    lock = {"name": "app", "version": "1.0.0", "lockfileVersion": 3, "requires": True,
+            "packages": {"": {"name": "app", "version": "1.0.0", "dependencies": {name: "1.0.0"}},
+                         "node_modules/" + name: {"version": "1.0.0",
+                            "resolved": f"http://HOST:{port}/{fname}", "integrity": integrity}}}
+    with open(os.path.join(d, "package-lock.json"), "w") as f:
+        json.dump(lock, f)
+# zygoevil: an sdist whose setup.py (run by pip as it installs) tries the other port.
+setup_py = f"""import socket, sys
+from setuptools import setup
+s = socket.socket()
+s.settimeout(5)
+try:
+    s.connect(({sys.argv[2]!r}, 8081))
+    s.sendall(b"GET /evil HTTP/1.0\\r\\n\\r\\n")
+    s.recv(100)
+    print("zygoevil reached the other port")
+except OSError as e:
+    sys.exit("zygoevil could not reach the other port: %s" % e)
+setup(name="zygoevil", version="1.0", py_modules=[])
+"""
+pkg_info = "Metadata-Version: 2.1\nName: zygoevil\nVersion: 1.0\n"
+buf = io.BytesIO()
+with tarfile.open(fileobj=buf, mode="w:gz") as t:
+    for path, text in (("setup.py", setup_py), ("PKG-INFO", pkg_info)):
+        data = text.encode()
+        info = tarfile.TarInfo("zygoevil-1.0/" + path)
+        info.size, info.mode = len(data), 0o644
+        t.addfile(info, io.BytesIO(data))
+with open(os.path.join(root, "index", "packages", "zygoevil-1.0.tar.gz"), "wb") as f:
+    f.write(buf.getvalue())
+os.makedirs(os.path.join(root, "index", "simple", "zygoevil"))
+with open(os.path.join(root, "index", "simple", "zygoevil", "index.html"), "w") as f:
+    f.write('<html><body><a href="../../packages/zygoevil-1.0.tar.gz">zygoevil-1.0.tar.gz</a></body></html>\n')
+fname, integrity = npm_package("zygonode", {"index.js": "module.exports = { value: 'zygonode 1.0' };\n"},
+                               os.path.join(root, "index"))
+app("node-app", "zygonode", 8080, fname, integrity)
+fname, integrity = npm_package("zygoevil", {"index.js": "module.exports = 1;\n"}, os.path.join(root, "other"))
+app("node-evil", "zygoevil", 8081, fname, integrity)
+"#;
+
+/// Serves `<root>/index` on INDEX and `<root>/other` on OTHER at `sys.argv[1]`, printing
+/// `PORT PATH` for every request.
+const SERVER: &str = r#"
+import functools, http.server, sys, threading
+host, root = sys.argv[1], sys.argv[2]
+class H(http.server.SimpleHTTPRequestHandler):
+    def log_message(self, *a):
+        pass
+    def do_GET(self):
+        print(self.server.server_address[1], self.path, flush=True)
+        super().do_GET()
+def serve(port, d):
+    s = http.server.ThreadingHTTPServer((host, port), functools.partial(H, directory=d))
+    s.serve_forever()
+threading.Thread(target=serve, args=(8080, root + "/index"), daemon=True).start()
+threading.Thread(target=serve, args=(8081, root + "/other"), daemon=True).start()
+print("ready", flush=True)
+sys.stdin.read()
+"#;
+
+/// A network namespace with a veth pair to this one, serving the index at `host`.
+/// Removed, with its server, when dropped.
+struct IndexHost {
+    ns: String,
+    near_if: String,
+    host: String,
+    server: Child,
+    events: std::sync::mpsc::Receiver<String>,
+    files: TempDir,
+}
+
+fn ip(args: &[&str]) {
+    let out = Command::new("ip")
+        .args(args)
+        .output()
+        .expect("run ip (iproute2)");
+    assert!(
+        out.status.success(),
+        "ip {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+impl IndexHost {
+    fn new() -> IndexHost {
+        let n = unique();
+        let pid = std::process::id();
+        let ns = format!("zygo-dp-{pid}-{n}");
+        let near_if = format!("zda{:05x}{:04x}", pid & 0xfffff, n & 0xffff);
+        let far_if = format!("zdb{:05x}{:04x}", pid & 0xfffff, n & 0xffff);
+        // A /29 of its own in 10.214.0.0/16, by pid and counter.
+        let k = (u64::from(pid) * 7 + n) % (256 * 31);
+        let (third, fourth) = (k / 31, (k % 31) * 8);
+        let at = |i: u64| format!("10.214.{third}.{}", fourth + i);
+        let (near, host) = (at(1), at(2));
+        let files = TempDir::new(0o755);
+        let made = Command::new("python3")
+            .args(["-c", MAKE_INDEX, files.str(), &host])
+            .output()
+            .expect("run python3");
+        assert!(
+            made.status.success(),
+            "make the index: {}",
+            String::from_utf8_lossy(&made.stderr)
+        );
+        ip(&["netns", "add", &ns]);
+        ip(&[
+            "link", "add", &near_if, "type", "veth", "peer", "name", &far_if, "netns", &ns,
+        ]);
+        ip(&["addr", "add", &format!("{near}/29"), "dev", &near_if]);
+        ip(&["link", "set", &near_if, "up"]);
+        ip(&[
+            "-n",
+            &ns,
+            "addr",
+            "add",
+            &format!("{host}/29"),
+            "dev",
+            &far_if,
+        ]);
+        ip(&["-n", &ns, "link", "set", &far_if, "up"]);
+        ip(&["-n", &ns, "link", "set", "lo", "up"]);
+        let mut server = Command::new("ip")
+            .args([
+                "netns",
+                "exec",
+                &ns,
+                "python3",
+                "-c",
+                SERVER,
+                &host,
+                files.str(),
+            ])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .expect("start the index server");
+        let out = server.stdout.take().expect("its stdout");
+        let (tx, events) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            for line in BufReader::new(out).lines() {
+                let Ok(line) = line else { break };
+                if tx.send(line).is_err() {
+                    break;
+                }
+            }
+        });
+        let first = events
+            .recv_timeout(Duration::from_secs(20))
+            .expect("the index server started");
+        assert_eq!(first, "ready");
+        IndexHost {
+            ns,
+            near_if,
+            host,
+            server,
+            events,
+            files,
+        }
+    }
+
+    /// Every request the server has logged since the last call.
+    fn requests(&self) -> Vec<String> {
+        std::thread::sleep(Duration::from_millis(200));
+        self.events.try_iter().collect()
+    }
+}
+
+impl Drop for IndexHost {
+    fn drop(&mut self) {
+        drop(self.server.stdin.take());
+        let _ = self.server.kill();
+        let _ = self.server.wait();
+        let _ = Command::new("ip")
+            .args(["link", "del", &self.near_if])
+            .status();
+        let _ = Command::new("ip").args(["netns", "del", &self.ns]).status();
+    }
+}
+
+/// A state directory of the test's own and the files it builds from.
+struct Env {
+    dir: TempDir,
+    state: PathBuf,
+    who: Who,
+}
+
+impl Env {
+    fn new() -> Env {
+        Env::as_who(Who::Root)
+    }
+
+    /// A state directory `who` owns.
+    fn as_who(who: Who) -> Env {
+        let dir = TempDir::new(0o755);
+        let state = dir.path.join("state");
+        if who == Who::Rootless {
+            let r = rootless_setup();
+            std::fs::create_dir(&state).expect("mkdir state");
+            std::os::unix::fs::chown(&state, Some(r.uid), Some(r.gid)).expect("chown");
+        }
+        Env { dir, state, who }
+    }
+
+    /// `zygo deps ARGS --json` with the registries and index pointed at `h`.
+    fn deps(&self, h: &IndexHost, args: &[&str]) -> (Value, Finished) {
+        let mut c = zygo(self.who);
+        c.env("ZYGO_STATE_DIR", &self.state)
+            .env("ZYGO_DEPS_REGISTRIES", format!("{}:{INDEX}", h.host))
+            .env(
+                "ZYGO_DEPS_PIP_INDEX_URL",
+                format!("http://{}:{INDEX}/simple/", h.host),
+            )
+            .env(
+                "ZYGO_DEPS_NPM_REGISTRY",
+                format!("http://{}:{INDEX}/", h.host),
+            )
+            .arg("deps")
+            .args(args)
+            .arg("--json");
+        let f = finish(c);
+        (f.last_json(), f)
+    }
+
+    /// The Node app `dir` of the index (`node-app` or `node-evil`) with `h`'s address in
+    /// its lock file: the paths of its package.json and package-lock.json.
+    fn node_app(&self, h: &IndexHost, dir: &str) -> [String; 2] {
+        let d = self.dir.path.join(dir);
+        std::fs::create_dir_all(&d).expect("mkdir");
+        ["package.json", "package-lock.json"].map(|name| {
+            let text = std::fs::read_to_string(h.files.path.join(dir).join(name))
+                .expect("read the app's file");
+            let p = d.join(name);
+            std::fs::write(&p, text.replace("HOST", &h.host)).expect("write");
+            p.to_str().expect("UTF-8").to_string()
+        })
+    }
+
+    fn requirements(&self, name: &str, text: &str) -> String {
+        let d = self.dir.path.join(name);
+        std::fs::create_dir_all(&d).expect("mkdir");
+        let p = d.join("requirements.txt");
+        std::fs::write(&p, text).expect("write requirements.txt");
+        p.to_str().expect("UTF-8").to_string()
+    }
+
+    fn tree(&self, id: &str) -> PathBuf {
+        self.state.join("deps").join(id).join("tree")
+    }
+}
+
+fn mode_of(p: &Path) -> u32 {
+    use std::os::unix::fs::MetadataExt;
+    std::fs::symlink_metadata(p).expect("stat").mode() & 0o7777
+}
+
+/// Every path under `p` (not following symlinks) that anyone may write to, or that does
+/// not belong to `uid`:`gid`.
+fn writable_or_foreign(p: &Path, out: &mut Vec<String>) {
+    not_sealed(p, (0, 0), out)
+}
+
+fn not_sealed(p: &Path, owner: (u32, u32), out: &mut Vec<String>) {
+    use std::os::unix::fs::MetadataExt;
+    let m = std::fs::symlink_metadata(p).expect("stat");
+    if (m.uid(), m.gid()) != owner {
+        out.push(format!("{} owned by {}:{}", p.display(), m.uid(), m.gid()));
+    }
+    if !m.file_type().is_symlink() && m.mode() & 0o222 != 0 {
+        out.push(format!("{} mode {:o}", p.display(), m.mode() & 0o7777));
+    }
+    if m.is_dir() {
+        for e in std::fs::read_dir(p).expect("read_dir") {
+            not_sealed(&e.expect("entry").path(), owner, out);
+        }
+    }
+}
+
+root_and_rootless!(a_python_set_builds_once_and_a_sandbox_imports_it);
+
+/// A requirements.txt naming the index's package builds into a venv at /venv: ready, its
+/// id a hash, the tree read-only (and root's, as root); a sandbox given the tree at /venv
+/// imports the package and runs its console script. The same file again is the same set,
+/// not a second build.
+fn a_python_set_builds_once_and_a_sandbox_imports_it(who: Who) {
+    if !root_only() {
+        return;
+    }
+    let h = IndexHost::new();
+    let env = Env::as_who(who);
+    let req = env.requirements("a", "zygodemo==1.0\n");
+    let (v, f) = env.deps(&h, &["build", "host", &req]);
+    assert_eq!(f.code, 0, "{v} {}", f.stderr_text());
+    assert_eq!(s(&v, "state"), "ready", "{v}");
+    assert_eq!(s(&v, "kind"), "python", "{v}");
+    let id = s(&v, "id").to_string();
+    assert!(
+        id.starts_with("deps_") && is_hex(&id[5..], 64),
+        "{id:?} is not deps_ and a SHA-256"
+    );
+    let got = h.requests();
+    assert!(
+        got.iter()
+            .any(|r| r.contains("zygodemo-1.0-py3-none-any.whl")),
+        "the build fetched the wheel from the index: {got:?}"
+    );
+    let tree = env.tree(&id);
+    assert_eq!(mode_of(&tree), 0o555);
+    let owner = match who {
+        Who::Root => (0, 0),
+        Who::Rootless => {
+            let r = rootless_setup();
+            (r.uid, r.gid)
+        }
+    };
+    let mut bad = Vec::new();
+    not_sealed(&tree, owner, &mut bad);
+    assert!(bad.is_empty(), "the installed tree is not sealed: {bad:?}");
+
+    // A sandbox with the tree at /venv imports the package and runs its console script.
+    let mount = format!("{}:/venv", tree.display());
+    let (out, code) = run_json(
+        who,
+        &["--mount", &mount],
+        &[
+            "/bin/sh",
+            "-c",
+            "/venv/bin/python -c 'import zygodemo; print(zygodemo.VALUE)' && /venv/bin/zygodemo",
+        ],
+    );
+    assert_eq!(code, 0, "{out}");
+    assert_eq!(
+        s(&out, "stdout"),
+        "zygodemo 1.0\nconsole zygodemo 1.0\n",
+        "{out}"
+    );
+
+    // The same inputs: the same id, ready at once, nothing fetched.
+    let (again, f) = env.deps(&h, &["build", "host", &req]);
+    assert_eq!(f.code, 0, "{again}");
+    assert_eq!(s(&again, "id"), id);
+    assert_eq!(s(&again, "state"), "ready");
+    assert_eq!(h.requests(), Vec::<String>::new(), "a second build ran");
+    // show and ls see it.
+    let (shown, f) = env.deps(&h, &["show", &id]);
+    assert_eq!(f.code, 0, "{shown}");
+    assert_eq!(s(&shown, "state"), "ready");
+    let (listed, _) = env.deps(&h, &["ls"]);
+    let ids: Vec<&str> = listed["deps"]
+        .as_array()
+        .expect("deps")
+        .iter()
+        .map(|d| s(d, "id"))
+        .collect();
+    assert_eq!(ids, vec![id.as_str()]);
+}
+
+/// A requirement the index does not have fails the build, and the set's log has pip's own
+/// words for it; the tree is gone.
+#[test]
+fn a_build_that_fails_keeps_the_resolvers_log() {
+    if !root_only() {
+        return;
+    }
+    let h = IndexHost::new();
+    let env = Env::new();
+    let req = env.requirements("b", "zygo-not-on-the-index==3.0\n");
+    let (v, f) = env.deps(&h, &["build", "host", &req]);
+    assert_eq!(f.code, 1, "{v}");
+    assert_eq!(s(&v, "state"), "failed", "{v}");
+    let log = s(&v, "log");
+    assert!(
+        log.contains("No matching distribution found for zygo-not-on-the-index==3.0"),
+        "{log}"
+    );
+    assert!(s(&v, "error").contains("exited with status 1"), "{v}");
+    let id = s(&v, "id");
+    assert!(!env.tree(id).exists(), "a failed build left its tree");
+    let (shown, f) = env.deps(&h, &["show", id]);
+    assert_eq!(f.code, 1);
+    assert_eq!(s(&shown, "state"), "failed");
+    assert!(
+        s(&shown, "log").contains("No matching distribution"),
+        "{shown}"
+    );
+}
+
+/// The build reaches the registries and nothing else: a requirement whose wheel lies on
+/// the same host's other port fails, refused at once, and that port never sees a request.
+#[test]
+fn a_build_reaches_only_the_registries() {
+    if !root_only() {
+        return;
+    }
+    let h = IndexHost::new();
+    let env = Env::new();
+    let url = format!(
+        "zygoother @ http://{}:{OTHER}/zygoother-1.0-py3-none-any.whl\n",
+        h.host
+    );
+    let req = env.requirements("c", &url);
+    let (v, f) = env.deps(&h, &["build", "host", &req]);
+    assert_eq!(f.code, 1, "{v}");
+    assert_eq!(s(&v, "state"), "failed", "{v}");
+    let log = s(&v, "log");
+    assert!(log.contains("Connection refused"), "{log}");
+    let got = h.requests();
+    assert!(
+        !got.iter().any(|r| r.starts_with(&format!("{OTHER} "))),
+        "the other port was reached: {got:?}"
+    );
+}
+
+/// Hostile or wrong inputs are refused before anything runs: unknown file names, a mix of
+/// kinds, an image that is neither host nor a directory, an id that is not one.
+#[test]
+fn wrong_inputs_are_refused_naming_the_problem() {
+    if !root_only() {
+        return;
+    }
+    let h = IndexHost::new();
+    let env = Env::new();
+    let setup = env.dir.file("setup.py", b"print(1)\n");
+    let setup = setup.to_str().expect("UTF-8");
+    let req = env.requirements("d", "zygodemo\n");
+    for (args, want) in [
+        (vec!["build", "host", setup], "requirements.txt"),
+        (vec!["build", "host"], "no files"),
+        (vec!["build", "python:3.12", req.as_str()], "not an image"),
+        (vec!["show", "deps_../../etc"], "not a dependency set"),
+    ] {
+        let (v, f) = env.deps(&h, &args);
+        assert_eq!(f.code, 2, "{args:?}: {v}");
+        assert_eq!(s(&v, "code"), "bad_request", "{args:?}: {v}");
+        assert!(s(&v, "error").contains(want), "{args:?}: {v}");
+    }
+    assert!(!env.state.join("deps").exists() || zygo_deps_empty(&env.state));
+}
+
+fn zygo_deps_empty(state: &Path) -> bool {
+    std::fs::read_dir(state.join("deps")).map_or(true, |mut d| d.next().is_none())
+}
+
+/// A package.json with its lock file builds with `npm ci --ignore-scripts` into
+/// node_modules; a sandbox given the set (at /venv, and its node_modules at /node_modules)
+/// loads the package with require() through NODE_PATH, and with an ES module's import.
+#[test]
+fn a_node_set_builds_and_both_require_and_import_find_it() {
+    if !root_only() {
+        return;
+    }
+    let h = IndexHost::new();
+    let env = Env::new();
+    let [manifest, lock] = env.node_app(&h, "node-app");
+    let (v, f) = env.deps(&h, &["build", "host", &manifest, &lock]);
+    assert_eq!(f.code, 0, "{v} {}", f.stderr_text());
+    assert_eq!(s(&v, "state"), "ready", "{v}");
+    assert_eq!(s(&v, "kind"), "node", "{v}");
+    let id = s(&v, "id").to_string();
+    let got = h.requests();
+    assert!(
+        got.iter().any(|r| r.contains("zygonode-1.0.0.tgz")),
+        "the build fetched the package: {got:?}"
+    );
+    let tree = env.tree(&id);
+    let mut bad = Vec::new();
+    writable_or_foreign(&tree, &mut bad);
+    assert!(bad.is_empty(), "the installed tree is not sealed: {bad:?}");
+    let venv = format!("{}:/venv", tree.display());
+    let modules = format!("{}:/node_modules", tree.join("node_modules").display());
+    let (out, code) = run_json(
+        Who::Root,
+        &[
+            "--mount",
+            &venv,
+            "--mount",
+            &modules,
+            "--env",
+            "NODE_PATH=/venv/node_modules",
+        ],
+        &[
+            "/bin/sh",
+            "-c",
+            "cd /tmp && node -e \"console.log(require('zygonode').value)\" && \
+             echo \"import m from 'zygonode'; console.log('esm ' + m.value);\" > /tmp/t.mjs && \
+             node /tmp/t.mjs",
+        ],
+    );
+    assert_eq!(code, 0, "{out}");
+    assert_eq!(
+        s(&out, "stdout"),
+        "zygonode 1.0\nesm zygonode 1.0\n",
+        "{out}"
+    );
+}
+
+/// A lock file whose package lies outside the registries fails the build, with npm's own
+/// words in the log, and that host's port never sees a request.
+#[test]
+fn a_node_lock_naming_another_host_fails_the_build() {
+    if !root_only() {
+        return;
+    }
+    let h = IndexHost::new();
+    let env = Env::new();
+    let [manifest, lock] = env.node_app(&h, "node-evil");
+    let (v, f) = env.deps(&h, &["build", "host", &manifest, &lock]);
+    assert_eq!(f.code, 1, "{v}");
+    assert_eq!(s(&v, "state"), "failed", "{v}");
+    let log = s(&v, "log");
+    assert!(log.contains("ECONNREFUSED"), "{log}");
+    assert!(log.contains(&format!("{}:{OTHER}", h.host)), "{log}");
+    let got = h.requests();
+    assert!(
+        !got.iter().any(|r| r.starts_with(&format!("{OTHER} "))),
+        "the other port was reached: {got:?}"
+    );
+}
+
+/// The supervisor's suite: a handler that imports the index's package.
+static SUITE: Suite = Suite {
+    prefix: "deps-",
+    handlers: "import shutil\ndef value(event):\n    import zygodemo\n    return {\"value\": zygodemo.VALUE, \"script\": shutil.which(\"zygodemo\")}\ndef echo(event):\n    return event\n",
+    defaults: "timeout = \"20s\"\nmem = \"128M\"\nidle_timeout = \"30s\"\n",
+    agents: false,
+};
+
+/// What a pool's script returns: the package's value and where its console script is.
+const POOL_PY: &str = "import shutil, sys\nimport zygodemo\ndef handler(event):\n    return {\"value\": zygodemo.VALUE, \"script\": shutil.which(\"zygodemo\"), \"prefix\": sys.prefix}\n";
+
+/// A supervisor of the test's own, pointed at `h` as its registry.
+fn sup_for(h: &IndexHost, test: &str) -> Option<Sup> {
+    if !root_only() {
+        return None;
+    }
+    Some(sup_as(Who::Root, h, test))
+}
+
+/// The same, run by `who`.
+fn sup_as(who: Who, h: &IndexHost, test: &str) -> Sup {
+    let mut s = SUITE.sup(who, test);
+    s.env("ZYGO_DEPS_REGISTRIES", &format!("{}:{INDEX}", h.host))
+        .env(
+            "ZYGO_DEPS_PIP_INDEX_URL",
+            &format!("http://{}:{INDEX}/simple/", h.host),
+        )
+        .env(
+            "ZYGO_DEPS_NPM_REGISTRY",
+            &format!("http://{}:{INDEX}/", h.host),
+        );
+    s
+}
+
+root_and_rootless!(functions_and_pools_named_against_a_set_import_it);
+
+/// A function and a pool with `deps = "<id>"` import the set's package (the venv's
+/// interpreter runs the agent; its console script is first on PATH), and nothing of
+/// the set can be changed from inside.
+fn functions_and_pools_named_against_a_set_import_it(who: Who) {
+    if !root_only() {
+        return;
+    }
+    let h = IndexHost::new();
+    let mut sup = sup_as(who, &h, "use");
+    let req = sup.file("requirements.txt", b"zygodemo==1.0\n");
+    let f = sup.run(&["deps", "build", "host", &req, "--json"]);
+    let v = f.last_json();
+    assert_eq!(f.code, 0, "{v} {}", f.stderr_text());
+    let id = s(&v, "id").to_string();
+    let deps = format!("deps = \"{id}\"");
+    let names = sup.up(&[
+        (
+            "fn",
+            format!("agent = \"python\"\nentry = \"fn/handlers.py:value\"\n{deps}"),
+        ),
+        ("pool", format!("agent = \"python\"\n{deps}")),
+    ]);
+    let got = sup.call_ok(&names[0], "{}");
+    assert_eq!(got["value"], "zygodemo 1.0", "{got}");
+    assert_eq!(got["script"], "/venv/bin/zygodemo", "{got}");
+    let digest = sup.put_script("pool.py", POOL_PY);
+    let out = sup.run_ok(&names[1], "{}", &digest);
+    assert_eq!(out["result"]["value"], "zygodemo 1.0", "{out}");
+    assert_eq!(out["result"]["prefix"], "/venv", "{out}");
+    // Read-only inside, whoever asks.
+    let probe = sup.put_script(
+        "probe.py",
+        "import os\ndef handler(event):\n    try:\n        open('/venv/pyvenv.cfg', 'a').close()\n        return 'WRITABLE'\n    except OSError as e:\n        return type(e).__name__\n",
+    );
+    let out = sup.run_ok(&names[1], "{}", &probe);
+    assert_ne!(out["result"], "WRITABLE", "{out}");
+}
+
+/// A set that does not exist, or that failed, is refused by name before anything starts;
+/// `requirements = "file"` builds the set in the supervisor (refused while it builds,
+/// not queued) and, once it is ready, serves on it.
+#[test]
+fn requirements_build_in_the_supervisor_and_unready_sets_are_refused() {
+    let h = IndexHost::new();
+    let Some(mut sup) = sup_for(&h, "req") else {
+        return;
+    };
+    let missing = format!("deps_{}", "0".repeat(64));
+    let (file, _) = sup.write_toml(&[("nope", "value", &format!("deps = \"{missing}\"") as &str)]);
+    let f = sup.run(&["up", "-f", file.to_str().expect("UTF-8"), "--json"]);
+    assert_ne!(f.code, 0);
+    let text = format!("{} {}", f.stdout_text(), f.stderr_text());
+    assert!(text.contains("no dependency set"), "{text}");
+
+    std::fs::create_dir_all(sup.dir.path.join("req")).expect("mkdir");
+    sup.file("req/requirements.txt", b"zygodemo==1.0\n");
+    let (file, names) =
+        sup.write_toml(&[("req", "value", "requirements = \"req/requirements.txt\"")]);
+    let file = file.to_str().expect("UTF-8").to_string();
+    let f = sup.run(&["up", "-f", &file, "--json"]);
+    let text = format!("{} {}", f.stdout_text(), f.stderr_text());
+    assert_ne!(f.code, 0, "served before its set was built: {text}");
+    assert!(text.contains("is still building"), "{text}");
+    let id = text
+        .split("dependency set ")
+        .nth(1)
+        .and_then(|r| r.split_whitespace().next())
+        .expect("the set's id in the refusal")
+        .to_string();
+    wait_for(Duration::from_secs(120), "the set is built", || {
+        let v = sup.run(&["deps", "show", &id, "--json"]).last_json();
+        s(&v, "state") == "ready"
+    });
+    let f = sup.run(&["up", "-f", &file]);
+    assert_eq!(f.code, 0, "{} {}", f.stderr_text(), sup.log());
+    let got = sup.call_ok(&names[0], "{}");
+    assert_eq!(got["value"], "zygodemo 1.0", "{got}");
+
+    // A failed set is refused with the build's reason.
+    sup.file("req/requirements.txt", b"zygo-not-on-the-index==3.0\n");
+    let f = sup.run(&[
+        "deps",
+        "build",
+        "host",
+        &sup.dir.path.join("req/requirements.txt").to_string_lossy(),
+        "--json",
+    ]);
+    let failed = f.last_json();
+    assert_eq!(s(&failed, "state"), "failed", "{failed}");
+    let (file, _) = sup.write_toml(&[(
+        "bad",
+        "value",
+        &format!("deps = \"{}\"", s(&failed, "id")) as &str,
+    )]);
+    let f = sup.run(&["up", "-f", file.to_str().expect("UTF-8"), "--json"]);
+    let text = format!("{} {}", f.stdout_text(), f.stderr_text());
+    assert_ne!(f.code, 0);
+    assert!(text.contains("failed to build"), "{text}");
+}
+
+/// A Node pool on a Node set: an ES module's import and a CommonJS script's require()
+/// both find the set's package.
+#[test]
+fn a_node_pool_imports_and_requires_its_set() {
+    let h = IndexHost::new();
+    let Some(mut sup) = sup_for(&h, "node") else {
+        return;
+    };
+    let env = Env {
+        dir: TempDir::new(0o755),
+        state: sup.st.clone(),
+        who: Who::Root,
+    };
+    let [manifest, lock] = env.node_app(&h, "node-app");
+    let f = sup.run(&["deps", "build", "host", &manifest, &lock, "--json"]);
+    let v = f.last_json();
+    assert_eq!(f.code, 0, "{v} {}", f.stderr_text());
+    let id = s(&v, "id").to_string();
+    let names = sup.up(&[("js", format!("agent = \"node\"\ndeps = \"{id}\""))]);
+    let esm = sup.put_script(
+        "esm.mjs",
+        "import m from 'zygonode';\nexport default async function () { return { esm: m.value }; }\n",
+    );
+    let out = sup.run_ok(&names[0], "{}", &esm);
+    assert_eq!(out["result"]["esm"], "zygonode 1.0", "{out}");
+    let cjs = sup.put_script(
+        "cjs.js",
+        "module.exports.handler = async () => ({ cjs: require('zygonode').value, path: process.env.NODE_PATH });\n",
+    );
+    let out = sup.run_ok(&names[0], "{}", &cjs);
+    assert_eq!(out["result"]["cjs"], "zygonode 1.0", "{out}");
+    assert_eq!(out["result"]["path"], "/venv/node_modules", "{out}");
+}
+
+const BOOT: &str = "bootstrap-secret-for-deps-tests";
+
+/// `zygo api` in front of a test's supervisor; stopped when dropped.
+struct Front {
+    child: Child,
+    addr: String,
+}
+
+impl Drop for Front {
+    fn drop(&mut self) {
+        // SAFETY: signalling the child this test started.
+        unsafe { libc::kill(self.child.id() as i32, libc::SIGTERM) };
+        let _ = self.child.wait();
+    }
+}
+
+fn start_api(s: &Sup) -> Front {
+    let mut c = s.cmd(&["api", "--listen", "127.0.0.1:0", "--allow-deploy"]);
+    c.stdout(Stdio::null()).stderr(Stdio::piped());
+    let mut child = c.spawn().expect("start zygo api");
+    let mut lines = BufReader::new(child.stderr.take().expect("stderr")).lines();
+    let mut addr = None;
+    for line in lines.by_ref().map_while(Result::ok) {
+        if let Some(rest) = line.split("listening on http://").nth(1) {
+            addr = rest.split_whitespace().next().map(str::to_string);
+            break;
+        }
+    }
+    std::thread::spawn(move || for _ in lines {});
+    let addr = addr.unwrap_or_else(|| panic!("zygo api did not start\n{}", s.log()));
+    Front { child, addr }
+}
+
+/// One HTTP request (its connection closed after): status, Retry-After, JSON body.
+fn http(
+    addr: &str,
+    method: &str,
+    path: &str,
+    token: &str,
+    body: &str,
+) -> (u16, Option<String>, Value) {
+    http_as(addr, method, path, token, None, body)
+}
+
+/// [`http`], for an operator acting for `tenant` (`X-Zygo-Tenant`).
+fn http_as(
+    addr: &str,
+    method: &str,
+    path: &str,
+    token: &str,
+    tenant: Option<&str>,
+    body: &str,
+) -> (u16, Option<String>, Value) {
+    use std::io::{Read, Write};
+    let mut c = std::net::TcpStream::connect(addr).expect("connect to zygo api");
+    c.set_read_timeout(Some(Duration::from_secs(60)))
+        .expect("timeout");
+    let tenant = tenant.map_or(String::new(), |t| format!("X-Zygo-Tenant: {t}\r\n"));
+    let head = format!(
+        "{method} {path} HTTP/1.1\r\nHost: t\r\nConnection: close\r\nAuthorization: Bearer {token}\r\n{tenant}Content-Length: {}\r\n\r\n",
+        body.len()
+    );
+    c.write_all(head.as_bytes()).expect("send");
+    c.write_all(body.as_bytes()).expect("send");
+    let mut raw = Vec::new();
+    c.read_to_end(&mut raw).expect("read the answer");
+    let text = String::from_utf8_lossy(&raw).into_owned();
+    let (head, rest) = text.split_once("\r\n\r\n").expect("a head");
+    let status = head
+        .split_whitespace()
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .expect("a status");
+    let retry = head.lines().find_map(|l| {
+        l.to_ascii_lowercase()
+            .strip_prefix("retry-after:")
+            .map(|v| v.trim().to_string())
+    });
+    let v = serde_json::from_str(rest).unwrap_or(Value::Null);
+    (status, retry, v)
+}
+
+/// Over HTTP: POST /deps answers 202 building at once; a pool named against the set while
+/// it builds is refused 503 with Retry-After; once ready (GET /deps/{id}) the pool imports
+/// it; the same files again are the same set (200 ready); DELETE is refused 409 while the
+/// pool is served on it, and works once the pool is stopped. A failed build's log is on
+/// GET /deps/{id}; hostile bodies are refused; a tenant sees only the sets it sent.
+#[test]
+fn deps_over_http() {
+    let h = IndexHost::new();
+    let Some(mut sup) = sup_for(&h, "http") else {
+        return;
+    };
+    sup.env("ZYGO_API_TOKEN", BOOT);
+    sup.up(&[("echo", "echo", "")]);
+    let api = start_api(&sup);
+    let a = api.addr.as_str();
+    let body =
+        serde_json::json!({"image": "host", "files": {"requirements.txt": "zygodemo==1.0\n"}})
+            .to_string();
+    let (st, _, v) = http(a, "POST", "/deps", BOOT, &body);
+    assert_eq!(st, 202, "{v}");
+    assert_eq!(s(&v, "state"), "building", "{v}");
+    assert_eq!(v["building"], true, "{v}");
+    let id = s(&v, "id").to_string();
+    let pool = sup.name("py");
+    let create =
+        serde_json::json!({"name": pool, "layer": {"agent": "python", "deps": id}}).to_string();
+    let (st, retry, v) = http(a, "POST", "/runtimes", BOOT, &create);
+    assert_eq!(st, 503, "a pool was served on a set still building: {v}");
+    assert_eq!(s(&v, "code"), "unavailable", "{v}");
+    assert!(s(&v, "error").contains("still building"), "{v}");
+    assert!(retry.is_some(), "no Retry-After on the 503");
+    wait_for(Duration::from_secs(120), "the set is built", || {
+        let (_, _, v) = http(a, "GET", &format!("/deps/{id}"), BOOT, "");
+        s(&v, "state") != "building"
+    });
+    let (st, _, v) = http(a, "GET", &format!("/deps/{id}"), BOOT, "");
+    assert_eq!((st, s(&v, "state")), (200, "ready"), "{v}");
+    let (st, _, v) = http(a, "POST", "/runtimes", BOOT, &create);
+    assert_eq!(st, 200, "{v}\n{}", sup.log());
+    let call = serde_json::json!({"source": "import zygodemo\ndef handler(event):\n    return zygodemo.VALUE\n", "event": null}).to_string();
+    let (st, _, v) = http(a, "POST", &format!("/runtimes/{pool}/call"), BOOT, &call);
+    assert_eq!(st, 200, "{v}");
+    assert_eq!(v["result"], "zygodemo 1.0", "{v}");
+    // The same files: the same set, ready.
+    let (st, _, v) = http(a, "POST", "/deps", BOOT, &body);
+    assert_eq!(
+        (st, s(&v, "state"), s(&v, "id")),
+        (200, "ready", id.as_str()),
+        "{v}"
+    );
+    let (_, _, v) = http(a, "GET", "/deps", BOOT, "");
+    assert!(
+        v["deps"]
+            .as_array()
+            .expect("deps")
+            .iter()
+            .any(|d| d["id"] == id.as_str()),
+        "{v}"
+    );
+    // In use: 409; after the pool stops, deleted.
+    let (st, _, v) = http(a, "DELETE", &format!("/deps/{id}"), BOOT, "");
+    assert_eq!(st, 409, "{v}");
+    assert_eq!(s(&v, "code"), "conflict", "{v}");
+    assert!(s(&v, "error").contains(&pool), "{v}");
+    let (st, _, v) = http(a, "DELETE", &format!("/runtimes/{pool}"), BOOT, "");
+    assert_eq!(st, 200, "{v}");
+    let (st, _, v) = http(a, "DELETE", &format!("/deps/{id}"), BOOT, "");
+    assert_eq!(st, 200, "{v}");
+    assert_eq!(v["deleted"], id.as_str());
+    let (st, _, _) = http(a, "GET", &format!("/deps/{id}"), BOOT, "");
+    assert_eq!(st, 404);
+    assert!(!sup.st.join("deps").join(&id).exists());
+
+    // A failed build: its log, in pip's own words.
+    let bad = serde_json::json!({"image": "host", "files": {"requirements.txt": "zygo-not-on-the-index==3.0\n"}}).to_string();
+    let (st, _, v) = http(a, "POST", "/deps", BOOT, &bad);
+    assert_eq!(st, 202, "{v}");
+    let bad_id = s(&v, "id").to_string();
+    wait_for(Duration::from_secs(120), "the bad set fails", || {
+        let (_, _, v) = http(a, "GET", &format!("/deps/{bad_id}"), BOOT, "");
+        s(&v, "state") == "failed"
+    });
+    let (_, _, v) = http(a, "GET", &format!("/deps/{bad_id}"), BOOT, "");
+    assert!(
+        s(&v, "log").contains("No matching distribution found"),
+        "{v}"
+    );
+    let layer =
+        serde_json::json!({"name": sup.name("bad"), "layer": {"agent": "python", "deps": bad_id}})
+            .to_string();
+    let (st, _, v) = http(a, "POST", "/runtimes", BOOT, &layer);
+    assert_eq!(st, 400, "{v}");
+    assert!(s(&v, "error").contains("failed to build"), "{v}");
+
+    // Hostile or wrong bodies.
+    let big = "x".repeat((1 << 20) + 1);
+    for (body, want) in [
+        (
+            r#"{"image": "host", "files": {"setup.py": "x"}}"#.to_string(),
+            400,
+        ),
+        (
+            r#"{"image": "host", "files": {"requirements.txt": "a", "requirements.txt": "b"}}"#
+                .to_string(),
+            400,
+        ),
+        (r#"{"image": "host", "files": {}}"#.to_string(), 400),
+        (
+            r#"{"image": "host", "files": {"requirements.txt": "a", "package.json": "{}"}}"#
+                .to_string(),
+            400,
+        ),
+        (
+            r#"{"image": "ubuntu:22.04", "files": {"requirements.txt": "a"}}"#.to_string(),
+            400,
+        ),
+        (
+            r#"{"image": "host", "files": {"requirements.txt": "a"}, "extra": 1}"#.to_string(),
+            400,
+        ),
+        (
+            format!(r#"{{"image": "host", "files": {{"requirements.txt": "{big}"}}}}"#),
+            413,
+        ),
+    ] {
+        let (st, _, v) = http(a, "POST", "/deps", BOOT, &body);
+        assert_eq!(st, want, "{}: {v}", truncate(&body, 100));
+    }
+    let (st, _, _) = http(a, "GET", "/deps/deps_..", BOOT, "");
+    assert_eq!(st, 400);
+
+    // A tenant sees only what it sent.
+    let tenant = format!("dt{:x}", unique() & 0xff_ffff);
+    let (st, _, v) = http(
+        a,
+        "POST",
+        "/tenants",
+        BOOT,
+        &format!("{{\"id\": \"{tenant}\"}}"),
+    );
+    assert_eq!(st, 200, "{v}");
+    let f = sup.run(&["token", "mint", "--tenant", &tenant, "--json"]);
+    assert_eq!(f.code, 0, "{}", f.stderr_text());
+    let tok = text(&f.last_json(), "secret").to_string();
+    let (_, _, v) = http(a, "GET", "/deps", &tok, "");
+    assert_eq!(v["deps"], serde_json::json!([]), "{v}");
+    let (st, _, _) = http(a, "GET", &format!("/deps/{bad_id}"), &tok, "");
+    assert_eq!(st, 404);
+    // Nor may a layer served for the tenant name a set it did not send.
+    let layer = serde_json::json!({"name": "tpool", "layer": {"agent": "python", "deps": bad_id}})
+        .to_string();
+    let (st, _, v) = http_as(a, "POST", "/runtimes", BOOT, Some(&tenant), &layer);
+    assert_eq!(st, 404, "{v}");
+    assert_eq!(s(&v, "code"), "not_found", "{v}");
+    let (st, _, v) = http(a, "POST", "/deps", &tok, &bad);
+    assert_eq!(s(&v, "id"), bad_id, "{st} {v}");
+    let (st, _, _) = http(a, "GET", &format!("/deps/{bad_id}"), &tok, "");
+    assert_eq!(st, 200);
+    // Deleting is the operator's, behind the deploy gate.
+    let (st, _, _) = http(a, "DELETE", &format!("/deps/{bad_id}"), &tok, "");
+    assert_eq!(st, 403);
+    // A tenant has at most two builds running: a third is busy, with a retry hint.
+    wait_for(Duration::from_secs(120), "the tenant's build ends", || {
+        let (_, _, v) = http(a, "GET", &format!("/deps/{bad_id}"), &tok, "");
+        s(&v, "state") != "building"
+    });
+    let mut statuses = Vec::new();
+    for n in 0..3 {
+        let b = serde_json::json!({"image": "host", "files": {"requirements.txt": format!("# {tenant} {n}\n")}}).to_string();
+        let (st, retry, v) = http(a, "POST", "/deps", &tok, &b);
+        statuses.push((st, retry.is_some(), s(&v, "code").to_string()));
+    }
+    assert_eq!(
+        statuses,
+        vec![
+            (202, false, String::new()),
+            (202, false, String::new()),
+            (429, true, "busy".to_string())
+        ]
+    );
+    // A tenant deleted and made again is somebody else: the set is no longer its.
+    let (st, _, v) = http(a, "DELETE", &format!("/tenants/{tenant}"), BOOT, "");
+    assert_eq!(st, 200, "{v}");
+    let (st, _, v) = http(
+        a,
+        "POST",
+        "/tenants",
+        BOOT,
+        &format!("{{\"id\": \"{tenant}\"}}"),
+    );
+    assert_eq!(st, 200, "{v}");
+    let f = sup.run(&["token", "mint", "--tenant", &tenant, "--json"]);
+    let tok = text(&f.last_json(), "secret").to_string();
+    let (st, _, _) = http(a, "GET", &format!("/deps/{bad_id}"), &tok, "");
+    assert_eq!(st, 404);
+
+    // A supervisor that stops stops its builds: the set fails, saying so, and nothing of
+    // its build is left running.
+    let slow = serde_json::json!({"image": "host", "files": {"requirements.txt": "zygodemo==1.0\n# stopped\n"}}).to_string();
+    let (st, _, v) = http(a, "POST", "/deps", BOOT, &slow);
+    assert_eq!(st, 202, "{v}");
+    let slow_id = s(&v, "id").to_string();
+    let state = sup.st.clone();
+    let env = Env {
+        dir: TempDir::new(0o755),
+        state,
+        who: Who::Root,
+    };
+    drop(api);
+    let sup_pid = sup.supervisor.expect("the supervisor's pid");
+    let f = sup.run(&["drain", "--grace", "1s"]);
+    assert_eq!(f.code, 0, "{}", f.stderr_text());
+    wait_for(Duration::from_secs(30), "the supervisor exits", || {
+        !sup.rt.join("zygo.sock").exists()
+    });
+    let (v, _) = env.deps(&h, &["show", &slow_id]);
+    assert_eq!(s(&v, "state"), "failed", "{v}\n{}", sup.log());
+    assert!(s(&v, "error").contains("stopped"), "{v}");
+    // The build's sandbox had a cgroup of the supervisor's (`run-<pid>-…`): removed, so
+    // nothing of it runs on.
+    let prefix = format!("run-{sup_pid}-");
+    let left: Vec<PathBuf> = zygo_cgroup_roots()
+        .iter()
+        .filter_map(|r| std::fs::read_dir(r).ok())
+        .flatten()
+        .flatten()
+        .filter(|e| e.file_name().to_string_lossy().starts_with(&prefix))
+        .map(|e| e.path())
+        .collect();
+    assert!(left.is_empty(), "a build outlived its supervisor: {left:?}");
+}
+
+/// A package whose install runs code (an sdist's setup.py) that tries a host outside the
+/// registries: refused, so the build fails with that code's own words in the log, and the
+/// other port never sees a connection.
+#[test]
+fn an_install_script_cannot_reach_beyond_the_registries() {
+    if !root_only() {
+        return;
+    }
+    let h = IndexHost::new();
+    let env = Env::new();
+    let req = env.requirements("e", "zygoevil==1.0\n");
+    let (v, f) = env.deps(&h, &["build", "host", &req]);
+    assert_eq!(f.code, 1, "{v}");
+    assert_eq!(s(&v, "state"), "failed", "{v}");
+    let log = s(&v, "log");
+    assert!(
+        log.contains("zygoevil could not reach the other port: [Errno 111] Connection refused"),
+        "{log}"
+    );
+    let got = h.requests();
+    assert!(
+        got.iter().any(|r| r.contains("zygoevil-1.0.tar.gz")),
+        "the sdist was fetched: {got:?}"
+    );
+    assert!(
+        !got.iter().any(|r| r.starts_with(&format!("{OTHER} "))),
+        "the other port was reached: {got:?}"
+    );
+}
