@@ -2,9 +2,10 @@
 """Fair share on a shared host: how much a victim slows down next to one sandbox that
 stays within its limits but tries to take what it can.
 
-For each attacker, the victim runs alone, then with the attacker running beside it, and
-the script prints the victim's slowdown (with / alone, median of --reps runs each) next to
-the target of 1.1x. Attackers, each a `zygo run` with ordinary limits:
+For each attacker, the victim runs alone, then with the attacker running beside it, in
+--rounds pairs, and the script prints the victim's slowdown (with / alone, each the median
+of --reps runs; the median of the rounds, and their range) next to the target of 1.1x.
+A first line pairs the CPU victim with itself and no attacker: the machine's own noise. Attackers, each a `zygo run` with ordinary limits:
 
   cpu      --cpu 0.5, 60 busy processes              victim: a fixed CPU loop on the host
   io       --cpu 0.1, two readers with O_DIRECT      victim: random 4 KiB O_DIRECT reads of a
@@ -151,6 +152,9 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--zygo", default=DEFAULT_ZYGO, help="zygo binary")
     ap.add_argument("--reps", type=int, default=5, help="victim runs per figure (default 5)")
+    ap.add_argument("--rounds", type=int, default=3,
+                    help="alone/attacked pairs per attacker; the median ratio is shown "
+                         "(default 3)")
     ap.add_argument("--only", choices=sorted(ATTACKERS), action="append",
                     help="run only this attacker (repeatable)")
     ap.add_argument("--data-mb", type=int, default=512,
@@ -179,28 +183,50 @@ def main():
               f"target <= {TARGET}x")
         print(f"{'attacker':<8} {'victim':<7} {'alone':>10} {'attacked':>10} {'slowdown':>9}"
               f"  notes")
+        # The noise floor first: the CPU victim against itself, no attacker, paired the
+        # same way (this machine's speed alone can swing a figure).
+        floor = []
+        for _ in range(a.rounds):
+            x, _ = measure("cpu", data_file, a.reps)
+            y, _ = measure("cpu", data_file, a.reps)
+            floor.append(y / x)
+        floor.sort()
+        print(f"{'(none)':<8} {'cpu':<7} {'':>10} {'':>10} {statistics.median(floor):>8.2f}x"
+              f"  noise floor: rounds {floor[0]:.2f}-{floor[-1]:.2f}x")
         for name in names:
             victim = VICTIMS[name]
-            alone, p99_alone = measure(victim, data_file, a.reps)
-            seconds = int(max(10, alone * a.reps * 4 + 5))
-            p = start_attacker(a.zygo, name, data_dir, seconds)
-            if p.poll() is not None:
-                print(f"{name:<8} the attacker did not start (exit {p.returncode})")
-                failed = True
+            # Alone and attacked are measured in pairs, round after round, so that what
+            # the machine does meanwhile falls on both alike.
+            ratios, alones, attackeds, notes = [], [], [], []
+            for _ in range(a.rounds):
+                alone, p99_alone = measure(victim, data_file, a.reps)
+                seconds = int(max(10, alone * a.reps * 4 + 5))
+                p = start_attacker(a.zygo, name, data_dir, seconds)
+                if p.poll() is not None:
+                    print(f"{name:<8} the attacker did not start (exit {p.returncode})")
+                    failed = True
+                    break
+                try:
+                    attacked, p99_attacked = measure(victim, data_file, a.reps)
+                finally:
+                    p.kill()
+                    p.wait()
+                ratios.append(attacked / alone)
+                alones.append(alone)
+                attackeds.append(attacked)
+                if p99_alone is not None:
+                    notes.append(f"p99 {p99_alone:.2f}->{p99_attacked:.2f} ms")
+                time.sleep(1.0)
+            if not ratios:
                 continue
-            try:
-                attacked, p99_attacked = measure(victim, data_file, a.reps)
-            finally:
-                p.kill()
-                p.wait()
-            note = ""
-            if p99_alone is not None:
-                note = f"p99 {p99_alone:.2f} -> {p99_attacked:.2f} ms"
-            ratio = attacked / alone
+            ratios.sort()
+            ratio = statistics.median(ratios)
+            note = f"rounds {ratios[0]:.2f}-{ratios[-1]:.2f}x"
+            if notes:
+                note += "; " + ", ".join(notes)
             flag = "" if ratio <= TARGET else "  (over target)"
-            print(f"{name:<8} {victim:<7} {alone * 1000:>8.1f}ms {attacked * 1000:>8.1f}ms "
-                  f"{ratio:>8.2f}x  {note}{flag}")
-            time.sleep(1.0)
+            print(f"{name:<8} {victim:<7} {statistics.median(alones) * 1000:>8.1f}ms "
+                  f"{statistics.median(attackeds) * 1000:>8.1f}ms {ratio:>8.2f}x  {note}{flag}")
     finally:
         shutil.rmtree(data_dir, ignore_errors=True)
     return 1 if failed else 0
