@@ -484,6 +484,31 @@ pub(crate) struct OwnCgroup {
     pub path: String,
 }
 
+/// The CPU weight of Zygo's whole tree (its `zygo` root) against the processes beside it,
+/// as a fraction of the kernel's default (1/4: v1 `cpu.shares` 256 of 1024, v2
+/// `cpu.weight` 25 of 100). A sandbox's own weight, which follows `--cpu`, only divides
+/// what the tree gets among sandboxes; it is the tree that meets the host's own processes
+/// (and, under systemd, the service's other cgroups, such as the supervisor's leaf). At the
+/// default weight a many-threaded sandbox between its quota's throttles would take half a
+/// host process's CPU; at a quarter, a fifth. Sandboxes still get all the CPU their quotas
+/// allow when nothing else wants it.
+pub const TREE_WEIGHT_QUARTERS: u64 = 1;
+
+/// Set a weight file of Zygo's root to `want` unless it holds that already (one read on
+/// every start; a write only the first time, or after an older Zygo left the default).
+/// Failing only costs fairness: logged, not refused.
+pub(crate) fn ensure_tree_weight(file: &Path, want: u64) {
+    let have = read_file(file)
+        .ok()
+        .and_then(|t| t.trim().parse::<u64>().ok());
+    if have == Some(want) {
+        return;
+    }
+    if let Err(e) = std::fs::write(file, want.to_string()) {
+        log::debug!("set {} to {want}: {e}", file.display());
+    }
+}
+
 /// Whether this host's cgroup v2 hierarchy could hold Zygo's tree, from
 /// `/proc/self/cgroup` alone: not when memory, pids or cpu is bound to a v1 hierarchy (a
 /// controller lives in one hierarchy at a time, and the v2 backend needs all three). Only
@@ -757,6 +782,28 @@ mod weight_tests {
         assert_eq!(at(1).cpu_weight(), 1);
         assert_eq!(at(u32::MAX).cpu_shares(), 262_144);
         assert_eq!(at(u32::MAX).cpu_weight(), 10_000);
+    }
+}
+
+#[cfg(test)]
+mod tree_weight_tests {
+    use super::ensure_tree_weight;
+
+    #[test]
+    fn the_trees_weight_is_written_once_and_left_when_right() {
+        let dir = std::env::temp_dir().join(format!("zygo-tree-weight-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("a folder");
+        let f = dir.join("cpu.shares");
+        std::fs::write(&f, "1024\n").expect("the default");
+        ensure_tree_weight(&f, 256);
+        assert_eq!(std::fs::read_to_string(&f).expect("read"), "256");
+        // Right already: left as it is (a read only).
+        std::fs::write(&f, "256\n").expect("write");
+        ensure_tree_weight(&f, 256);
+        assert_eq!(std::fs::read_to_string(&f).expect("read"), "256\n");
+        // No such file (no cpu controller there): nothing, no panic.
+        ensure_tree_weight(&dir.join("missing").join("cpu.weight"), 25);
+        let _ = std::fs::remove_dir_all(&dir);
     }
 }
 

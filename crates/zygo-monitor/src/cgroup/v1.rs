@@ -72,6 +72,10 @@ impl V1 {
         let roots: [PathBuf; 5] = roots
             .try_into()
             .map_err(|_| CgroupError::Unavailable("v1 controllers missing".into()))?;
+        super::ensure_tree_weight(
+            &roots[CPU].join("cpu.shares"),
+            DEFAULT_SHARES * super::TREE_WEIGHT_QUARTERS / 4,
+        );
         let memsw = roots[0].join("memory.memsw.limit_in_bytes").exists();
         let blkio = blkio_root(own, base_override, mounts);
         Ok(Some(V1 {

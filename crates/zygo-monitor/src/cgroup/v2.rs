@@ -206,6 +206,10 @@ impl V2 {
         }
         enable_io(&base_dir);
         enable_io(&root);
+        super::ensure_tree_weight(
+            &root.join("cpu.weight"),
+            100 * super::TREE_WEIGHT_QUARTERS / 4,
+        );
         Ok(Some(V2 { root }))
     }
 
