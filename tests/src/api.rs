@@ -63,3 +63,44 @@ impl ApiConn {
         }
     }
 }
+
+/// A `zygo api` of a test's own, listening on a loopback port it chose; stopped (SIGTERM,
+/// then reaped) when dropped.
+pub struct HttpFront {
+    pub child: std::process::Child,
+    /// `IP:PORT` it listens on.
+    pub addr: String,
+}
+
+impl Drop for HttpFront {
+    fn drop(&mut self) {
+        // SAFETY: signalling the child this test started.
+        unsafe { libc::kill(self.child.id() as i32, libc::SIGTERM) };
+        let _ = self.child.wait();
+    }
+}
+
+/// Start `zygo api --listen 127.0.0.1:0` with `flags` in front of the test's supervisor,
+/// and wait for the address it says it listens on.
+pub fn start_http_front(s: &Sup, flags: &[&str]) -> HttpFront {
+    use std::io::{BufRead, BufReader};
+    let mut c = s.cmd(&["api", "--listen", "127.0.0.1:0"]);
+    c.args(flags)
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped());
+    let mut child = c.spawn().expect("start zygo api");
+    let mut lines = BufReader::new(child.stderr.take().expect("its stderr")).lines();
+    let mut addr = None;
+    let mut said = String::new();
+    for line in lines.by_ref() {
+        let Ok(line) = line else { break };
+        said.push_str(&line);
+        if let Some(rest) = line.split("listening on http://").nth(1) {
+            addr = rest.split_whitespace().next().map(str::to_string);
+            break;
+        }
+    }
+    std::thread::spawn(move || for _ in lines {});
+    let addr = addr.unwrap_or_else(|| panic!("zygo api did not start: {said}\n{}", s.log()));
+    HttpFront { child, addr }
+}

@@ -15,7 +15,6 @@
 use std::collections::HashMap;
 use std::io::{BufRead, BufReader, Write};
 use std::net::TcpStream;
-use std::process::{Child, Stdio};
 use std::time::Duration;
 
 use serde_json::{json, Value};
@@ -30,38 +29,7 @@ static SUITE: Suite = Suite {
 
 const BOOT: &str = "bootstrap-secret-for-api-front-tests";
 
-struct Front {
-    child: Child,
-    addr: String,
-}
-
-impl Drop for Front {
-    fn drop(&mut self) {
-        // SAFETY: signalling the child this test started.
-        unsafe { libc::kill(self.child.id() as i32, libc::SIGTERM) };
-        let _ = self.child.wait();
-    }
-}
-
-fn start_api(s: &Sup, flags: &[&str]) -> Front {
-    let mut c = s.cmd(&["api", "--listen", "127.0.0.1:0"]);
-    c.args(flags).stdout(Stdio::null()).stderr(Stdio::piped());
-    let mut child = c.spawn().unwrap();
-    let mut lines = BufReader::new(child.stderr.take().unwrap()).lines();
-    let mut addr = None;
-    let mut said = String::new();
-    for line in lines.by_ref() {
-        let line = line.unwrap();
-        said.push_str(&line);
-        if let Some(rest) = line.split("listening on http://").nth(1) {
-            addr = rest.split_whitespace().next().map(str::to_string);
-            break;
-        }
-    }
-    std::thread::spawn(move || for _ in lines {});
-    let addr = addr.unwrap_or_else(|| panic!("zygo api did not start: {said}\n{}", s.log()));
-    Front { child, addr }
-}
+use zygo_tests::api::start_http_front as start_api;
 
 struct Resp {
     status: u16,

@@ -2,7 +2,7 @@ use std::io::{IoSliceMut, Read, Result as IoResult};
 
 /// Wraps another reader and provides "fused" behavior.
 /// When the underlying reader reaches EOF, it is dropped
-/// and the fused reader becomes an empty stub.
+/// and from then on the fused reader reads as at end of file (0 bytes).
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct FusedReader<R: Read> {
     inner: Option<R>,
