@@ -596,6 +596,12 @@ fn peek_host(fd: RawFd) -> sniff::Sniff {
 
 /// Close a connection with a reset, so the program sees it refused rather than ended.
 fn reset(conn: OwnedFd) {
+    close_with_reset(conn.as_raw_fd());
+    drop(conn);
+}
+
+/// Make the socket's close a reset (`SO_LINGER` 0) rather than an orderly end.
+fn close_with_reset(fd: RawFd) {
     let lin = libc::linger {
         l_onoff: 1,
         l_linger: 0,
@@ -603,14 +609,13 @@ fn reset(conn: OwnedFd) {
     // SAFETY: setsockopt with a valid linger struct of the size passed.
     unsafe {
         libc::setsockopt(
-            conn.as_raw_fd(),
+            fd,
             libc::SOL_SOCKET,
             libc::SO_LINGER,
             (&lin as *const libc::linger).cast(),
             std::mem::size_of::<libc::linger>() as libc::socklen_t,
         )
     };
-    drop(conn);
 }
 
 fn handle(sh: &Arc<Shared>, conn: OwnedFd) {
@@ -730,22 +735,9 @@ fn copy_checked(from: &TcpStream, to: &TcpStream, mut guard: guard::Requests, sh
                         "egress[{}]: ended a connection: {why}",
                         sh.start.label
                     ));
-                    // SO_LINGER 0 makes the close a reset; shutting both sockets down
-                    // ends the other direction's relay too.
-                    let lin = libc::linger {
-                        l_onoff: 1,
-                        l_linger: 0,
-                    };
-                    // SAFETY: setsockopt with a valid linger struct of the size passed.
-                    unsafe {
-                        libc::setsockopt(
-                            from.as_raw_fd(),
-                            libc::SOL_SOCKET,
-                            libc::SO_LINGER,
-                            (&lin as *const libc::linger).cast(),
-                            std::mem::size_of::<libc::linger>() as libc::socklen_t,
-                        )
-                    };
+                    // The close will be a reset; shutting both sockets down ends the
+                    // other direction's relay too.
+                    close_with_reset(from.as_raw_fd());
                     let _ = from.shutdown(std::net::Shutdown::Both);
                     let _ = to.shutdown(std::net::Shutdown::Both);
                     return;
