@@ -778,3 +778,102 @@ both_tests! {
         assert!(out.stderr.is_empty(), "[{}] {}", who.name(), String::from_utf8_lossy(&out.stderr));
     }
 }
+
+/// The pids below `ancestor` (up to 16 generations) whose command line contains `needle`.
+fn descendants_with(ancestor: i32, needle: &[u8]) -> Vec<i32> {
+    let below = |p: &i32| {
+        let mut at = *p;
+        for _ in 0..16 {
+            match ppid(at) {
+                Some(q) if q == ancestor => return true,
+                Some(q) if q > 1 => at = q,
+                _ => return false,
+            }
+        }
+        false
+    };
+    let mut pids = host_pids_with(needle);
+    pids.retain(below);
+    pids
+}
+
+/// As root, an egress sandbox's filter runs as that sandbox's own host uid (its id 0, the
+/// owner id): the relay's pipe pages and descriptors count against that sandbox's share of
+/// the per-user kernel budgets, never against a uid every filter shares. Two sandboxes at
+/// once: each filter is its sandbox's uid, and the two differ.
+#[test]
+fn each_egress_filter_is_charged_to_its_own_sandbox() {
+    if !root_only() {
+        return;
+    }
+    let who = Who::Root;
+    let runs: Vec<std::process::Child> = (0..2)
+        .map(|_| {
+            let mut c = zygo(who);
+            c.args([
+                "run",
+                "--net",
+                "egress",
+                "--allow",
+                "127.0.0.1:9",
+                "--timeout",
+                "60s",
+                "--",
+                "sh",
+                "-c",
+                "head -n1 /proc/self/uid_map; exec sleep 30",
+            ]);
+            c.stdout(Stdio::piped());
+            c.spawn().expect("start zygo run")
+        })
+        .collect();
+    let mut seen = Vec::new();
+    for mut r in runs {
+        let mut line = String::new();
+        {
+            use std::io::BufRead;
+            let out = r.stdout.take().expect("stdout");
+            let _ = std::io::BufReader::new(out).read_line(&mut line);
+        }
+        // "0 HOST 1": the sandbox's id 0 on the host.
+        let host: u32 = line
+            .split_whitespace()
+            .nth(1)
+            .and_then(|h| h.parse().ok())
+            .unwrap_or_else(|| panic!("the sandbox's uid map: {line:?}"));
+        let pid = r.id() as i32;
+        let mut filters = Vec::new();
+        let t0 = Instant::now();
+        while filters.is_empty() && t0.elapsed() < Duration::from_secs(20) {
+            filters = descendants_with(pid, b"__egress-filter");
+            if filters.is_empty() {
+                std::thread::sleep(Duration::from_millis(50));
+            }
+        }
+        let uids: Vec<String> = filters
+            .iter()
+            .filter_map(|p| std::fs::read_to_string(format!("/proc/{p}/status")).ok())
+            .filter_map(|st| {
+                st.lines()
+                    .find_map(|l| l.strip_prefix("Uid:"))
+                    .map(|u| u.split_whitespace().collect::<Vec<_>>().join(" "))
+            })
+            .collect();
+        let _ = r.kill();
+        let _ = r.wait();
+        assert_eq!(
+            uids.len(),
+            1,
+            "the run's egress filters: {filters:?} {uids:?}"
+        );
+        // Real, effective, saved and filesystem uid: all the sandbox's own.
+        assert_eq!(uids[0], format!("{host} {host} {host} {host}"));
+        seen.push(host);
+    }
+    assert_ne!(
+        seen[0], seen[1],
+        "two live sandboxes' filters share uid {}",
+        seen[0]
+    );
+    assert!(seen.iter().all(|&u| u != 65534 && u != 0), "{seen:?}");
+}

@@ -358,10 +358,21 @@ fn start_egress_filter(
     if listeners.is_empty() {
         return Ok(None);
     }
-    // As root, the filter runs as nobody (65534): an id that owns no sandbox's namespaces
-    // and none of a sandbox's files. Rootless, it stays this user (it has no privilege to
-    // give up).
+    // As root, the filter runs as the sandbox's own owner id (its id 0 on the host): the
+    // kernel counts pipe buffer pages and open files per uid, so the relay's 1 MiB pipes
+    // are charged to this sandbox and one sandbox's connections cannot use up another's
+    // filter's allowance; a signal or ptrace from the sandbox cannot reach it (it is not in
+    // the sandbox's pid namespace, and it is not dumpable). With no owner ids left, every
+    // sandbox's id 0 is the same host id, which owns every sandbox's user namespace: the
+    // filter then runs as nobody (65534), which owns none. Rootless, it stays this user (it
+    // has no privilege to give up).
     let ids = match plan.ids {
+        IdMap::Range {
+            uid_base,
+            gid_base,
+            count,
+            owners,
+        } if owners > 0 => Some(owner_ids(uid_base, gid_base, count, owners)),
         IdMap::Range { .. } => Some((EGRESS_FILTER_ID, EGRESS_FILTER_ID)),
         IdMap::Single { .. } => None,
     };
@@ -421,7 +432,8 @@ fn zygo_egress_start(
     s
 }
 
-/// The host uid and gid of an egress filter started as root: nobody.
+/// The host uid and gid of an egress filter started as root where sandboxes have no owner
+/// ids of their own: nobody.
 const EGRESS_FILTER_ID: u32 = 65534;
 
 /// A running egress filter: killed and reaped when the sandbox's launcher lets go of it
