@@ -5,7 +5,11 @@ stays within its limits but tries to take what it can.
 For each attacker, the victim runs alone, then with the attacker running beside it, in
 --rounds pairs, and the script prints the victim's slowdown (with / alone, each the median
 of --reps runs; the median of the rounds, and their range) next to the target of 1.1x.
-A first line pairs the CPU victim with itself and no attacker: the machine's own noise. Attackers, each a `zygo run` with ordinary limits:
+A first line pairs the CPU victim with itself and no attacker: the machine's own noise. A
+second pairs it with one busy host process and no sandbox: what the machine's CPUs cost
+each other through what no scheduler divides (shared caches, memory bandwidth, a
+hypervisor's vCPUs), the floor under any CPU attacker's figure. Attackers, each a `zygo
+run` with ordinary limits:
 
   cpu      --cpu 0.5, 60 busy processes              victim: a fixed CPU loop on the host
   io       --cpu 0.1, two readers with O_DIRECT      victim: random 4 KiB O_DIRECT reads of a
@@ -193,6 +197,31 @@ def main():
         floor.sort()
         print(f"{'(none)':<8} {'cpu':<7} {'':>10} {'':>10} {statistics.median(floor):>8.2f}x"
               f"  noise floor: rounds {floor[0]:.2f}-{floor[-1]:.2f}x")
+        # What the CPUs themselves cost each other: one busy host process, no sandbox, on
+        # a machine with a CPU to spare for it (the scheduler puts it beside the victim,
+        # not on it). Shared caches, memory bandwidth and, on a virtual machine, the
+        # hypervisor's scheduling of its vCPUs are out of any sandbox's reach: a CPU
+        # attacker using a fraction f of a CPU costs the victim about 1 + f x (this - 1)
+        # through them alone.
+        if "cpu" in names or "output" in names:
+            spin = []
+            for _ in range(a.rounds):
+                x, _ = measure("cpu", data_file, a.reps)
+                p = subprocess.Popen(["sh", "-c", "while :; do :; done"],
+                                     stdin=subprocess.DEVNULL)
+                try:
+                    time.sleep(0.3)
+                    y, _ = measure("cpu", data_file, a.reps)
+                finally:
+                    p.kill()
+                    p.wait()
+                spin.append(y / x)
+            spin.sort()
+            m = statistics.median(spin)
+            print(f"{'(host)':<8} {'cpu':<7} {'':>10} {'':>10} {m:>8.2f}x"
+                  f"  one busy host process on the other CPU, no sandbox: rounds "
+                  f"{spin[0]:.2f}-{spin[-1]:.2f}x; a 0.5-CPU attacker's share of it "
+                  f"{1 + 0.5 * (m - 1):.2f}x")
         for name in names:
             victim = VICTIMS[name]
             # Alone and attacked are measured in pairs, round after round, so that what
