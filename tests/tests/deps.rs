@@ -14,6 +14,7 @@ use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
 use serde_json::Value;
+use zygo_tests::netns::{Layout, TestHost};
 use zygo_tests::*;
 
 const INDEX: u16 = 8080;
@@ -134,44 +135,27 @@ print("ready", flush=True)
 sys.stdin.read()
 "#;
 
-/// A network namespace with a veth pair to this one, serving the index at `host`.
-/// Removed, with its server, when dropped.
+/// A test host serving the index at `host`: `zygo-dp-…`, in 10.214.0.0/16. Removed, with
+/// its server and files, when dropped.
 struct IndexHost {
-    ns: String,
-    near_if: String,
+    net: TestHost,
     host: String,
-    server: Child,
-    events: std::sync::mpsc::Receiver<String>,
     files: TempDir,
 }
 
-fn ip(args: &[&str]) {
-    let out = Command::new("ip")
-        .args(args)
-        .output()
-        .expect("run ip (iproute2)");
-    assert!(
-        out.status.success(),
-        "ip {args:?}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-}
+const LAYOUT: Layout = Layout {
+    tag: "dp",
+    subnet: 214,
+};
 
 impl IndexHost {
     fn new() -> IndexHost {
-        let n = unique();
-        let pid = std::process::id();
-        let ns = format!("zygo-dp-{pid}-{n}");
-        let near_if = format!("zda{:05x}{:04x}", pid & 0xfffff, n & 0xffff);
-        let far_if = format!("zdb{:05x}{:04x}", pid & 0xfffff, n & 0xffff);
-        // A /29 of its own in 10.214.0.0/16, by pid and counter.
-        let k = (u64::from(pid) * 7 + n) % (256 * 31);
-        let (third, fourth) = (k / 31, (k % 31) * 8);
-        let at = |i: u64| format!("10.214.{third}.{}", fourth + i);
-        let (near, host) = (at(1), at(2));
         let files = TempDir::new(0o755);
+        // The index names the host's address, so it is made once that is known (the
+        // server reads its files per request).
+        let net = TestHost::start(&LAYOUT, SERVER, &[files.str()]);
         let made = Command::new("python3")
-            .args(["-c", MAKE_INDEX, files.str(), &host])
+            .args(["-c", MAKE_INDEX, files.str(), &net.host])
             .output()
             .expect("run python3");
         assert!(
@@ -179,79 +163,16 @@ impl IndexHost {
             "make the index: {}",
             String::from_utf8_lossy(&made.stderr)
         );
-        ip(&["netns", "add", &ns]);
-        ip(&[
-            "link", "add", &near_if, "type", "veth", "peer", "name", &far_if, "netns", &ns,
-        ]);
-        ip(&["addr", "add", &format!("{near}/29"), "dev", &near_if]);
-        ip(&["link", "set", &near_if, "up"]);
-        ip(&[
-            "-n",
-            &ns,
-            "addr",
-            "add",
-            &format!("{host}/29"),
-            "dev",
-            &far_if,
-        ]);
-        ip(&["-n", &ns, "link", "set", &far_if, "up"]);
-        ip(&["-n", &ns, "link", "set", "lo", "up"]);
-        let mut server = Command::new("ip")
-            .args([
-                "netns",
-                "exec",
-                &ns,
-                "python3",
-                "-c",
-                SERVER,
-                &host,
-                files.str(),
-            ])
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::inherit())
-            .spawn()
-            .expect("start the index server");
-        let out = server.stdout.take().expect("its stdout");
-        let (tx, events) = std::sync::mpsc::channel();
-        std::thread::spawn(move || {
-            for line in BufReader::new(out).lines() {
-                let Ok(line) = line else { break };
-                if tx.send(line).is_err() {
-                    break;
-                }
-            }
-        });
-        let first = events
-            .recv_timeout(Duration::from_secs(20))
-            .expect("the index server started");
-        assert_eq!(first, "ready");
         IndexHost {
-            ns,
-            near_if,
-            host,
-            server,
-            events,
+            host: net.host.clone(),
+            net,
             files,
         }
     }
 
     /// Every request the server has logged since the last call.
     fn requests(&self) -> Vec<String> {
-        std::thread::sleep(Duration::from_millis(200));
-        self.events.try_iter().collect()
-    }
-}
-
-impl Drop for IndexHost {
-    fn drop(&mut self) {
-        drop(self.server.stdin.take());
-        let _ = self.server.kill();
-        let _ = self.server.wait();
-        let _ = Command::new("ip")
-            .args(["link", "del", &self.near_if])
-            .status();
-        let _ = Command::new("ip").args(["netns", "del", &self.ns]).status();
+        self.net.events()
     }
 }
 
