@@ -202,6 +202,11 @@ impl Env {
 
     /// `zygo deps ARGS --json` with the registries and index pointed at `h`.
     fn deps(&self, h: &IndexHost, args: &[&str]) -> (Value, Finished) {
+        self.deps_with(h, &[], args)
+    }
+
+    /// [`Env::deps`] with `env` set on top.
+    fn deps_with(&self, h: &IndexHost, env: &[(&str, &str)], args: &[&str]) -> (Value, Finished) {
         let mut c = zygo(self.who);
         c.env("ZYGO_STATE_DIR", &self.state)
             .env("ZYGO_DEPS_REGISTRIES", format!("{}:{INDEX}", h.host))
@@ -213,6 +218,7 @@ impl Env {
                 "ZYGO_DEPS_NPM_REGISTRY",
                 format!("http://{}:{INDEX}/", h.host),
             )
+            .envs(env.iter().copied())
             .arg("deps")
             .args(args)
             .arg("--json");
@@ -407,6 +413,69 @@ fn a_build_reaches_only_the_registries() {
         !got.iter().any(|r| r.starts_with(&format!("{OTHER} "))),
         "the other port was reached: {got:?}"
     );
+}
+
+root_and_rootless!(a_host_that_cannot_give_egress_refuses_the_build);
+
+/// A host that cannot give the build sandbox its egress refuses the build rather than run
+/// it on the host's network: with the registry named by host name and a resolver file
+/// with no IPv4 nameserver (so no name could be resolved for the sandbox), the build ends
+/// failed before anything runs, its log naming the cause and the fix, and nothing reaches
+/// the index, though the host's own network reaches it at the address pip is given.
+fn a_host_that_cannot_give_egress_refuses_the_build(who: Who) {
+    if !root_only() {
+        return;
+    }
+    let h = IndexHost::new();
+    let env = Env::as_who(who);
+    let conf = env
+        .dir
+        .file("resolv.conf", b"nameserver ::1\nsearch zygo.test\n");
+    let conf = conf.to_str().expect("UTF-8");
+    let registry = format!("index.zygo.test:{INDEX}");
+    let req = env.requirements("n", "zygodemo==1.0\n");
+    let (v, f) = env.deps_with(
+        &h,
+        &[
+            ("ZYGO_DEPS_REGISTRIES", registry.as_str()),
+            ("ZYGO_RESOLV_CONF", conf),
+        ],
+        &["build", "host", &req],
+    );
+    assert_eq!(f.code, 1, "[{}] {v} {}", who.name(), f.stderr_text());
+    assert_eq!(s(&v, "state"), "failed", "{v}");
+    let log = s(&v, "log");
+    for want in [
+        "[zygo] the build failed: its sandbox was refused before anything ran",
+        &format!("{conf} names no IPv4 nameserver"),
+        "ZYGO_RESOLV_CONF",
+        "name the destinations by IPv4 address",
+    ] {
+        assert!(
+            log.contains(want),
+            "[{}] {want:?} is not in the log: {log}",
+            who.name()
+        );
+    }
+    assert!(
+        s(&v, "error").contains("names no IPv4 nameserver"),
+        "[{}] {v}",
+        who.name()
+    );
+    assert!(
+        !env.tree(s(&v, "id")).exists(),
+        "a refused build left its tree"
+    );
+    assert_eq!(
+        h.requests(),
+        Vec::<String>::new(),
+        "[{}] the build reached the index",
+        who.name()
+    );
+    // The same set, shown later: failed, with the same log.
+    let (shown, _) = env.deps(&h, &["show", s(&v, "id")]);
+    assert_eq!(s(&shown, "state"), "failed", "{shown}");
+    assert_eq!(s(&shown, "log"), log, "{shown}");
 }
 
 /// Hostile or wrong inputs are refused before anything runs: unknown file names, a mix of

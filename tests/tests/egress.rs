@@ -958,9 +958,15 @@ fn a_test_host_that_fails_half_way_leaves_nothing() {
         tag: "toolongtag",
         subnet: 215,
     };
-    let e = TestHost::try_start(&long, SERVER, &[]).err().expect("a failure");
+    let e = TestHost::try_start(&long, SERVER, &[])
+        .err()
+        .expect("a failure");
     assert!(e.contains("link") && e.contains("add"), "{e}");
-    assert_eq!(ours(long.tag), Vec::<String>::new(), "left behind after: {e}");
+    assert_eq!(
+        ours(long.tag),
+        Vec::<String>::new(),
+        "left behind after: {e}"
+    );
     let quits = Layout {
         tag: "qx",
         subnet: 215,
@@ -969,5 +975,9 @@ fn a_test_host_that_fails_half_way_leaves_nothing() {
         .err()
         .expect("a failure");
     assert!(e.contains("did not start"), "{e}");
-    assert_eq!(ours(quits.tag), Vec::<String>::new(), "left behind after: {e}");
+    assert_eq!(
+        ours(quits.tag),
+        Vec::<String>::new(),
+        "left behind after: {e}"
+    );
 }
