@@ -30,6 +30,7 @@ use std::time::{Duration, Instant};
 use serde_json::Value;
 
 pub mod api;
+pub mod http;
 pub mod netns;
 pub mod skip;
 pub mod sup;

@@ -11,7 +11,6 @@
 
 use std::collections::{BTreeSet, HashMap};
 use std::io::{BufRead, BufReader, Read, Write};
-use std::net::TcpStream;
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
@@ -29,73 +28,7 @@ const BOOT: &str = "bootstrap-secret-for-api-metrics-tests";
 
 use zygo_tests::api::{start_http_front as start_api, HttpFront as Front};
 
-struct Resp {
-    status: u16,
-    headers: HashMap<String, String>,
-    body: Vec<u8>,
-}
-
-impl Resp {
-    fn json(&self) -> Value {
-        serde_json::from_slice(&self.body)
-            .unwrap_or_else(|e| panic!("{e}: {}", String::from_utf8_lossy(&self.body)))
-    }
-    fn text(&self) -> String {
-        String::from_utf8_lossy(&self.body).into_owned()
-    }
-}
-
-fn req(
-    addr: &str,
-    method: &str,
-    path: &str,
-    token: Option<&str>,
-    extra: &[(&str, &str)],
-    body: &str,
-) -> Resp {
-    let mut c = TcpStream::connect(addr).unwrap();
-    c.set_read_timeout(Some(Duration::from_secs(60))).unwrap();
-    let mut head = format!(
-        "{method} {path} HTTP/1.1\r\nHost: t\r\nConnection: close\r\nContent-Length: {}\r\n",
-        body.len()
-    );
-    if let Some(t) = token {
-        head.push_str(&format!("Authorization: Bearer {t}\r\n"));
-    }
-    for (k, v) in extra {
-        head.push_str(&format!("{k}: {v}\r\n"));
-    }
-    head.push_str("\r\n");
-    c.write_all(head.as_bytes()).unwrap();
-    c.write_all(body.as_bytes()).unwrap();
-    let mut r = BufReader::new(c);
-    let mut line = String::new();
-    r.read_line(&mut line).unwrap();
-    let status: u16 = line.split_whitespace().nth(1).unwrap().parse().unwrap();
-    let mut headers = HashMap::new();
-    loop {
-        let mut l = String::new();
-        r.read_line(&mut l).unwrap();
-        let l = l.trim_end();
-        if l.is_empty() {
-            break;
-        }
-        let (k, v) = l.split_once(':').unwrap();
-        headers.insert(k.trim().to_ascii_lowercase(), v.trim().to_string());
-    }
-    let mut body = Vec::new();
-    if let Some(n) = headers.get("content-length") {
-        body.resize(n.parse().unwrap(), 0);
-        r.read_exact(&mut body).unwrap();
-    } else {
-        r.read_to_end(&mut body).unwrap();
-    }
-    Resp {
-        status,
-        headers,
-        body,
-    }
-}
+use zygo_tests::http::req;
 
 fn mint(s: &Sup, tenant: Option<&str>) -> String {
     let mut args = vec!["token", "mint", "--json"];

@@ -8,9 +8,8 @@
 //! the index the way an operator points it at a mirror: `ZYGO_DEPS_PIP_INDEX_URL`, and
 //! `ZYGO_DEPS_REGISTRIES` naming only that address and port.
 
-use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::Command;
 use std::time::Duration;
 
 use serde_json::Value;
@@ -756,35 +755,8 @@ fn a_node_pool_imports_and_requires_its_set() {
 
 const BOOT: &str = "bootstrap-secret-for-deps-tests";
 
-/// `zygo api` in front of a test's supervisor; stopped when dropped.
-struct Front {
-    child: Child,
-    addr: String,
-}
-
-impl Drop for Front {
-    fn drop(&mut self) {
-        // SAFETY: signalling the child this test started.
-        unsafe { libc::kill(self.child.id() as i32, libc::SIGTERM) };
-        let _ = self.child.wait();
-    }
-}
-
-fn start_api(s: &Sup) -> Front {
-    let mut c = s.cmd(&["api", "--listen", "127.0.0.1:0", "--allow-deploy"]);
-    c.stdout(Stdio::null()).stderr(Stdio::piped());
-    let mut child = c.spawn().expect("start zygo api");
-    let mut lines = BufReader::new(child.stderr.take().expect("stderr")).lines();
-    let mut addr = None;
-    for line in lines.by_ref().map_while(Result::ok) {
-        if let Some(rest) = line.split("listening on http://").nth(1) {
-            addr = rest.split_whitespace().next().map(str::to_string);
-            break;
-        }
-    }
-    std::thread::spawn(move || for _ in lines {});
-    let addr = addr.unwrap_or_else(|| panic!("zygo api did not start\n{}", s.log()));
-    Front { child, addr }
+fn start_api(s: &Sup) -> zygo_tests::api::HttpFront {
+    zygo_tests::api::start_http_front(s, &["--allow-deploy"])
 }
 
 /// One HTTP request (its connection closed after): status, Retry-After, JSON body.
@@ -807,33 +779,11 @@ fn http_as(
     tenant: Option<&str>,
     body: &str,
 ) -> (u16, Option<String>, Value) {
-    use std::io::{Read, Write};
-    let mut c = std::net::TcpStream::connect(addr).expect("connect to zygo api");
-    c.set_read_timeout(Some(Duration::from_secs(60)))
-        .expect("timeout");
-    let tenant = tenant.map_or(String::new(), |t| format!("X-Zygo-Tenant: {t}\r\n"));
-    let head = format!(
-        "{method} {path} HTTP/1.1\r\nHost: t\r\nConnection: close\r\nAuthorization: Bearer {token}\r\n{tenant}Content-Length: {}\r\n\r\n",
-        body.len()
-    );
-    c.write_all(head.as_bytes()).expect("send");
-    c.write_all(body.as_bytes()).expect("send");
-    let mut raw = Vec::new();
-    c.read_to_end(&mut raw).expect("read the answer");
-    let text = String::from_utf8_lossy(&raw).into_owned();
-    let (head, rest) = text.split_once("\r\n\r\n").expect("a head");
-    let status = head
-        .split_whitespace()
-        .nth(1)
-        .and_then(|s| s.parse().ok())
-        .expect("a status");
-    let retry = head.lines().find_map(|l| {
-        l.to_ascii_lowercase()
-            .strip_prefix("retry-after:")
-            .map(|v| v.trim().to_string())
-    });
-    let v = serde_json::from_str(rest).unwrap_or(Value::Null);
-    (status, retry, v)
+    let extra: Vec<(&str, &str)> = tenant.map(|t| ("X-Zygo-Tenant", t)).into_iter().collect();
+    let r = zygo_tests::http::req_within(addr, method, path, Some(token), &extra, body, 60);
+    let retry = r.header("retry-after").map(str::to_string);
+    let v = serde_json::from_slice(&r.body).unwrap_or(Value::Null);
+    (r.status, retry, v)
 }
 
 /// Over HTTP: POST /deps answers 202 building at once; a pool named against the set while
