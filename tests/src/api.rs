@@ -65,6 +65,33 @@ impl ApiConn {
     }
 }
 
+/// `zygo token mint [--tenant T] --json` on the test's supervisor: the token's id and
+/// secret.
+pub fn mint(s: &Sup, tenant: Option<&str>) -> (String, String) {
+    let mut args = vec!["token", "mint", "--json"];
+    if let Some(t) = tenant {
+        args.extend(["--tenant", t]);
+    }
+    let f = s.run(&args);
+    assert_eq!(
+        f.code,
+        0,
+        "zygo token mint: {}\n{}",
+        f.stderr_text(),
+        s.log()
+    );
+    let v = f.last_json();
+    (
+        crate::text(&v, "id").to_string(),
+        crate::text(&v, "secret").to_string(),
+    )
+}
+
+/// A tenant id no other test (or run) has: `tag` and a number.
+pub fn tenant_id(tag: &str) -> String {
+    format!("{tag}{:x}", crate::unique() & 0xff_ffff_ffff)
+}
+
 /// A `zygo api` of a test's own, listening on a loopback port it chose; stopped (SIGTERM,
 /// then reaped) when dropped.
 pub struct HttpFront {

@@ -30,6 +30,7 @@ const BOOT: &str = "bootstrap-secret-for-api-files-tests";
 
 use zygo_tests::api::start_http_front as start_api;
 
+use zygo_tests::api::mint;
 use zygo_tests::http::{req_within, Resp};
 
 /// An answer of `status`, its body as JSON.
@@ -47,12 +48,6 @@ impl AssertStatus for Resp {
 /// One request on its own connection, with no header but the token's.
 fn req(addr: &str, method: &str, path: &str, token: Option<&str>, body: &[u8]) -> Resp {
     req_within(addr, method, path, token, &[], body, 60)
-}
-
-fn mint(s: &Sup, tenant: &str) -> String {
-    let f = s.run(&["token", "mint", "--json", "--tenant", tenant]);
-    assert_eq!(f.code, 0, "zygo token mint: {}", f.stderr_text());
-    text(&f.last_json(), "secret").to_string()
 }
 
 const B64: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
@@ -157,7 +152,7 @@ fn blobs_and_inline_workspaces_go_in_and_come_back_over_http() {
         );
         r.assert(200, "create a tenant");
     }
-    let (ka, kb) = (mint(&s, &ta), mint(&s, &tb));
+    let (ka, kb) = (mint(&s, Some(&ta)).1, mint(&s, Some(&tb)).1);
 
     // A blob, stored once by tenant A: the same bytes again say so.
     let tar = tar_of(&[("in.txt", b"hello blob\n")]);

@@ -30,28 +30,16 @@ static SUITE: Suite = Suite {
 
 const BOOT: &str = "bootstrap-secret-for-api-fair-tests";
 
-use zygo_tests::api::{start_http_front, HttpFront as Front};
+use zygo_tests::api::{mint, start_http_front, tenant_id, HttpFront as Front};
 use zygo_tests::http::{head, read_resp, req, req_within};
 
 fn start_api(s: &Sup) -> Front {
     start_http_front(s, &[])
 }
 
-fn mint(s: &Sup, tenant: &str) -> String {
-    let f = s.run(&["token", "mint", "--json", "--tenant", tenant]);
-    assert_eq!(
-        f.code,
-        0,
-        "zygo token mint: {}\n{}",
-        f.stderr_text(),
-        s.log()
-    );
-    text(&f.last_json(), "secret").to_string()
-}
-
 /// A tenant made over HTTP, and a token for it.
 fn tenant(s: &Sup, f: &Front, tag: &str) -> String {
-    let t = format!("{tag}{:x}", unique() & 0xff_ffff_ffff);
+    let t = tenant_id(tag);
     let r = req(
         &f.addr,
         "POST",
@@ -61,7 +49,7 @@ fn tenant(s: &Sup, f: &Front, tag: &str) -> String {
         &json!({ "id": t }).to_string(),
     );
     assert_eq!(r.status, 200, "{}", r.text());
-    mint(s, &t)
+    mint(s, Some(&t)).1
 }
 
 /// A channel the front lost, as its log says it.

@@ -26,28 +26,8 @@ const BOOT: &str = "bootstrap-secret-for-api-front-tests";
 
 use zygo_tests::api::start_http_front as start_api;
 
+use zygo_tests::api::{mint, tenant_id};
 use zygo_tests::http::req;
-
-fn mint(s: &Sup, tenant: Option<&str>) -> (String, String) {
-    let mut args = vec!["token", "mint", "--json"];
-    if let Some(t) = tenant {
-        args.extend(["--tenant", t]);
-    }
-    let f = s.run(&args);
-    assert_eq!(
-        f.code,
-        0,
-        "zygo token mint: {}\n{}",
-        f.stderr_text(),
-        s.log()
-    );
-    let v = f.last_json();
-    (text(&v, "id").to_string(), text(&v, "secret").to_string())
-}
-
-fn tenant_id(tag: &str) -> String {
-    format!("{tag}{:x}", unique() & 0xff_ffff_ffff)
-}
 
 #[test]
 fn a_tenant_calls_over_http_and_the_gate_and_tokens_hold() {

@@ -28,27 +28,8 @@ const BOOT: &str = "bootstrap-secret-for-api-metrics-tests";
 
 use zygo_tests::api::{start_http_front as start_api, HttpFront as Front};
 
+use zygo_tests::api::{mint, tenant_id};
 use zygo_tests::http::req;
-
-fn mint(s: &Sup, tenant: Option<&str>) -> String {
-    let mut args = vec!["token", "mint", "--json"];
-    if let Some(t) = tenant {
-        args.extend(["--tenant", t]);
-    }
-    let f = s.run(&args);
-    assert_eq!(
-        f.code,
-        0,
-        "zygo token mint: {}\n{}",
-        f.stderr_text(),
-        s.log()
-    );
-    text(&f.last_json(), "secret").to_string()
-}
-
-fn tenant_id(tag: &str) -> String {
-    format!("{tag}{:x}", unique() & 0xff_ffff_ffff)
-}
 
 /// The `function` labels of the page's `zygo_function_requests_total` series.
 fn functions_on(page: &str) -> BTreeSet<String> {
@@ -160,8 +141,8 @@ fn metrics_are_scoped_by_token_and_valid_for_promtool() {
         );
         assert_eq!(r.status, 200, "{}\n{}", r.text(), s.log());
     }
-    let ta = mint(&s, Some(&a));
-    let tb = mint(&s, Some(&b));
+    let ta = mint(&s, Some(&a)).1;
+    let tb = mint(&s, Some(&b)).1;
     // a: two calls of its own function, one of the host's echo, one failing boom.
     for _ in 0..2 {
         let r = req(&f.addr, "POST", &format!("/fn/{own}"), Some(&ta), &[], "1");
@@ -253,7 +234,7 @@ fn metrics_are_scoped_by_token_and_valid_for_promtool() {
     let all = functions_on(&page_op);
     assert_eq!(all, listed_keys(&f, BOOT), "{page_op}");
     // An operator token (deploy rights): every function, and the process's counts.
-    let deployer = mint(&s, None);
+    let deployer = mint(&s, None).1;
     let page_dep = req(&f.addr, "GET", "/metrics", Some(&deployer), &[], "").text();
     assert_eq!(functions_on(&page_dep), all, "{page_dep}");
     assert!(
@@ -314,7 +295,7 @@ fn every_call_over_http_leaves_one_usage_record() {
         &json!({"id": t}).to_string(),
     );
     assert_eq!(r.status, 200, "{}", r.text());
-    let tok = mint(&s, Some(&t));
+    let tok = mint(&s, Some(&t)).1;
     let mut ids = Vec::new();
     for i in 0..3 {
         let r = req(
@@ -515,7 +496,7 @@ fn the_webhook_delivers_everything_in_order_through_failures_and_otlp_has_the_sh
         &json!({"id": t}).to_string(),
     );
     assert_eq!(r.status, 200, "{}", r.text());
-    let tok = mint(&s, Some(&t));
+    let tok = mint(&s, Some(&t)).1;
     let mut ids = Vec::new();
     for i in 0..30 {
         let (name, want) = if i % 10 == 9 {
