@@ -5,6 +5,7 @@
 use std::io::Write;
 use std::os::unix::net::UnixStream;
 use std::path::Path;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use proto::api::{Credentials, FrontFlags};
@@ -64,12 +65,50 @@ impl ApiConn {
     }
 }
 
+/// `zygo token mint [--tenant T] --json` on the test's supervisor: the token's id and
+/// secret.
+pub fn mint(s: &Sup, tenant: Option<&str>) -> (String, String) {
+    let mut args = vec!["token", "mint", "--json"];
+    if let Some(t) = tenant {
+        args.extend(["--tenant", t]);
+    }
+    let f = s.run(&args);
+    assert_eq!(
+        f.code,
+        0,
+        "zygo token mint: {}\n{}",
+        f.stderr_text(),
+        s.log()
+    );
+    let v = f.last_json();
+    (
+        crate::text(&v, "id").to_string(),
+        crate::text(&v, "secret").to_string(),
+    )
+}
+
+/// A tenant id no other test (or run) has: `tag` and a number.
+pub fn tenant_id(tag: &str) -> String {
+    format!("{tag}{:x}", crate::unique() & 0xff_ffff_ffff)
+}
+
 /// A `zygo api` of a test's own, listening on a loopback port it chose; stopped (SIGTERM,
 /// then reaped) when dropped.
 pub struct HttpFront {
     pub child: std::process::Child,
     /// `IP:PORT` it listens on.
     pub addr: String,
+    /// What it has written to stderr (its log), a line at a time.
+    said: Arc<Mutex<String>>,
+}
+
+impl HttpFront {
+    /// Its log so far.
+    pub fn log(&self) -> String {
+        self.said
+            .lock()
+            .map_or_else(|e| e.into_inner().clone(), |s| s.clone())
+    }
 }
 
 impl Drop for HttpFront {
@@ -90,17 +129,34 @@ pub fn start_http_front(s: &Sup, flags: &[&str]) -> HttpFront {
         .stderr(std::process::Stdio::piped());
     let mut child = c.spawn().expect("start zygo api");
     let mut lines = BufReader::new(child.stderr.take().expect("its stderr")).lines();
+    let said = Arc::new(Mutex::new(String::new()));
+    let keep = |said: &Mutex<String>, line: &str| {
+        let mut said = said.lock().unwrap_or_else(|e| e.into_inner());
+        said.push_str(line);
+        said.push('\n');
+    };
     let mut addr = None;
-    let mut said = String::new();
     for line in lines.by_ref() {
         let Ok(line) = line else { break };
-        said.push_str(&line);
+        keep(&said, &line);
         if let Some(rest) = line.split("listening on http://").nth(1) {
             addr = rest.split_whitespace().next().map(str::to_string);
             break;
         }
     }
-    std::thread::spawn(move || for _ in lines {});
-    let addr = addr.unwrap_or_else(|| panic!("zygo api did not start: {said}\n{}", s.log()));
-    HttpFront { child, addr }
+    // Keep reading, or the front blocks writing its log.
+    let rest = said.clone();
+    std::thread::spawn(move || {
+        for line in lines.map_while(Result::ok) {
+            keep(&rest, &line);
+        }
+    });
+    let addr = addr.unwrap_or_else(|| {
+        panic!(
+            "zygo api did not start: {}\n{}",
+            said.lock().map(|s| s.clone()).unwrap_or_default(),
+            s.log()
+        )
+    });
+    HttpFront { child, addr, said }
 }

@@ -13,6 +13,10 @@
 //!   [`REFUSED_CODE`] without probing anything otherwise.
 //! - [`Sup`] (module [`sup`]) is a supervisor of a test's own (`zygo up` with private
 //!   runtime and state directories), checked at the end for leftover cgroups and processes.
+//! - [`api`] talks to a test's supervisor as `zygo api` does, and starts a real `zygo api`
+//!   in front of it; [`http`] is the raw HTTP/1.1 client the API suites share.
+//! - [`netns`] makes a test host: a network namespace with a veth pair and a server of the
+//!   test's own, the only thing besides loopback that network tests may talk to.
 //! - [`skip`] is how a test that cannot run here (not root, a program missing) says so:
 //!   `scripts/test` counts it as skipped, not passed, and under `ZYGO_TEST_NO_SKIPS=1`
 //!   (CI) it fails.
@@ -30,6 +34,8 @@ use std::time::{Duration, Instant};
 use serde_json::Value;
 
 pub mod api;
+pub mod http;
+pub mod netns;
 pub mod skip;
 pub mod sup;
 pub use skip::skip;

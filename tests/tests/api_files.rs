@@ -14,9 +14,7 @@
 #![allow(clippy::unwrap_used)]
 
 use std::collections::HashMap;
-use std::io::{BufRead, BufReader, Read, Write};
-use std::net::TcpStream;
-use std::time::Duration;
+use std::io::Read;
 
 use serde_json::{json, Value};
 use zygo_tests::*;
@@ -32,71 +30,24 @@ const BOOT: &str = "bootstrap-secret-for-api-files-tests";
 
 use zygo_tests::api::start_http_front as start_api;
 
-struct Resp {
-    status: u16,
-    body: Vec<u8>,
+use zygo_tests::api::mint;
+use zygo_tests::http::{req_within, Resp};
+
+/// An answer of `status`, its body as JSON.
+trait AssertStatus {
+    fn assert(&self, status: u16, what: &str) -> Value;
 }
 
-impl Resp {
-    fn json(&self) -> Value {
-        serde_json::from_slice(&self.body)
-            .unwrap_or_else(|e| panic!("{e}: {}", String::from_utf8_lossy(&self.body)))
-    }
-    fn text(&self) -> String {
-        String::from_utf8_lossy(&self.body).into_owned()
-    }
+impl AssertStatus for Resp {
     fn assert(&self, status: u16, what: &str) -> Value {
         assert_eq!(self.status, status, "{what}: {}", self.text());
         self.json()
     }
 }
 
-/// One request on its own connection; the answer read by its Content-Length.
+/// One request on its own connection, with no header but the token's.
 fn req(addr: &str, method: &str, path: &str, token: Option<&str>, body: &[u8]) -> Resp {
-    let mut c = TcpStream::connect(addr).unwrap();
-    c.set_read_timeout(Some(Duration::from_secs(60))).unwrap();
-    let mut head = format!(
-        "{method} {path} HTTP/1.1\r\nHost: t\r\nConnection: close\r\nContent-Length: {}\r\n",
-        body.len()
-    );
-    if let Some(t) = token {
-        head.push_str(&format!("Authorization: Bearer {t}\r\n"));
-    }
-    head.push_str("\r\n");
-    c.write_all(head.as_bytes()).unwrap();
-    c.write_all(body).unwrap();
-    let mut r = BufReader::new(c);
-    let mut line = String::new();
-    r.read_line(&mut line).unwrap();
-    let status: u16 = line.split_whitespace().nth(1).unwrap().parse().unwrap();
-    let mut headers = HashMap::new();
-    loop {
-        let mut l = String::new();
-        r.read_line(&mut l).unwrap();
-        let l = l.trim_end();
-        if l.is_empty() {
-            break;
-        }
-        let (k, v) = l.split_once(':').unwrap();
-        headers.insert(k.trim().to_ascii_lowercase(), v.trim().to_string());
-    }
-    let mut body = Vec::new();
-    match headers.get("content-length") {
-        Some(n) => {
-            body.resize(n.parse().unwrap(), 0);
-            r.read_exact(&mut body).unwrap();
-        }
-        None => {
-            r.read_to_end(&mut body).unwrap();
-        }
-    }
-    Resp { status, body }
-}
-
-fn mint(s: &Sup, tenant: &str) -> String {
-    let f = s.run(&["token", "mint", "--json", "--tenant", tenant]);
-    assert_eq!(f.code, 0, "zygo token mint: {}", f.stderr_text());
-    text(&f.last_json(), "secret").to_string()
+    req_within(addr, method, path, token, &[], body, 60)
 }
 
 const B64: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
@@ -201,7 +152,7 @@ fn blobs_and_inline_workspaces_go_in_and_come_back_over_http() {
         );
         r.assert(200, "create a tenant");
     }
-    let (ka, kb) = (mint(&s, &ta), mint(&s, &tb));
+    let (ka, kb) = (mint(&s, Some(&ta)).1, mint(&s, Some(&tb)).1);
 
     // A blob, stored once by tenant A: the same bytes again say so.
     let tar = tar_of(&[("in.txt", b"hello blob\n")]);

@@ -19,7 +19,6 @@
 // A test that fails on an unexpected error says where; that is all an unwrap does here.
 #![allow(clippy::unwrap_used)]
 
-use std::collections::HashMap;
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::TcpStream;
 use std::os::unix::net::{UnixListener, UnixStream};
@@ -35,6 +34,7 @@ use proto::front::{
 };
 use proto::{read_frame, write_frame};
 use serde_json::{json, Value};
+use zygo_tests::http::{head, read_resp, Resp};
 use zygo_tests::*;
 
 const OP: &str = "zygo_op";
@@ -446,42 +446,19 @@ impl Drop for Api {
     }
 }
 
+/// One request's head (no token of its own: `headers` carry any) and body on `c`.
 fn send(c: &mut TcpStream, method: &str, path: &str, headers: &[(&str, &str)], body: &[u8]) {
-    let mut head = format!("{method} {path} HTTP/1.1\r\nHost: x\r\n");
-    for (k, v) in headers {
-        head.push_str(&format!("{k}: {v}\r\n"));
-    }
-    head.push_str(&format!("Content-Length: {}\r\n\r\n", body.len()));
-    c.write_all(head.as_bytes()).unwrap();
+    c.write_all(head(method, path, None, headers, body.len()).as_bytes())
+        .unwrap();
     c.write_all(body).unwrap();
 }
 
-#[derive(Debug)]
-struct Resp {
-    status: u16,
-    headers: HashMap<String, String>,
-    body: Vec<u8>,
+/// An error answer as the contract draws it.
+trait AssertError {
+    fn assert_error(&self, status: u16, what: &str);
 }
 
-impl Resp {
-    fn text(&self) -> String {
-        String::from_utf8_lossy(&self.body).into_owned()
-    }
-    fn json(&self) -> Value {
-        serde_json::from_slice(&self.body).unwrap_or_else(|e| {
-            panic!(
-                "not JSON ({e}): {} {}",
-                self.status,
-                String::from_utf8_lossy(&self.body)
-            )
-        })
-    }
-    fn h(&self, k: &str) -> Option<&str> {
-        self.headers
-            .get(&k.to_ascii_lowercase())
-            .map(String::as_str)
-    }
-    /// An error answer as the contract draws it.
+impl AssertError for Resp {
     fn assert_error(&self, status: u16, what: &str) {
         assert_eq!(
             self.status,
@@ -495,60 +472,10 @@ impl Resp {
             "{what}: {v}"
         );
         assert!(
-            self.h("x-zygo-request-id").is_some(),
+            self.header("x-zygo-request-id").is_some(),
             "{what}: no request id"
         );
     }
-}
-
-fn read_resp(r: &mut impl BufRead) -> std::io::Result<Resp> {
-    let mut line = String::new();
-    if r.read_line(&mut line)? == 0 {
-        return Err(std::io::Error::new(
-            std::io::ErrorKind::UnexpectedEof,
-            "closed",
-        ));
-    }
-    let status: u16 = line
-        .split_whitespace()
-        .nth(1)
-        .and_then(|s| s.parse().ok())
-        .ok_or_else(|| std::io::Error::other(format!("bad status line {line:?}")))?;
-    let mut headers = HashMap::new();
-    loop {
-        let mut l = String::new();
-        r.read_line(&mut l)?;
-        let l = l.trim_end();
-        if l.is_empty() {
-            break;
-        }
-        if let Some((k, v)) = l.split_once(':') {
-            headers.insert(k.trim().to_ascii_lowercase(), v.trim().to_string());
-        }
-    }
-    let mut body = Vec::new();
-    if headers.get("transfer-encoding").map(String::as_str) == Some("chunked") {
-        loop {
-            let mut l = String::new();
-            r.read_line(&mut l)?;
-            let n = usize::from_str_radix(l.trim(), 16).map_err(std::io::Error::other)?;
-            let mut chunk = vec![0; n + 2];
-            r.read_exact(&mut chunk)?;
-            if n == 0 {
-                break;
-            }
-            body.extend_from_slice(&chunk[..n]);
-        }
-    } else if let Some(n) = headers.get("content-length") {
-        let n: usize = n.parse().map_err(std::io::Error::other)?;
-        body.resize(n, 0);
-        r.read_exact(&mut body)?;
-    }
-    Ok(Resp {
-        status,
-        headers,
-        body,
-    })
 }
 
 fn skip_without_binary() -> bool {
@@ -568,7 +495,7 @@ fn healthz_needs_no_token_and_every_answer_carries_a_request_id() {
     let r = api.req("GET", "/healthz", &[], b"");
     assert_eq!(r.status, 200);
     assert_eq!(r.json(), json!({"status": "ok"}));
-    assert!(r.h("x-zygo-request-id").unwrap().starts_with("req-"));
+    assert!(r.header("x-zygo-request-id").unwrap().starts_with("req-"));
     // The hello said Api, with the flags.
     let hellos = api.fake.seen.lock().unwrap().hellos.clone();
     assert!(hellos.len() >= 8, "{hellos:?}");
@@ -580,7 +507,7 @@ fn healthz_needs_no_token_and_every_answer_carries_a_request_id() {
     assert_eq!(r.status, 200, "{:?}", String::from_utf8_lossy(&r.body));
     let v = r.json();
     assert_eq!(v["result"], json!({"a": 1}));
-    assert_eq!(r.h("x-zygo-request-id"), Some("req-1"));
+    assert_eq!(r.header("x-zygo-request-id"), Some("req-1"));
     assert_eq!(v["metrics"]["peak_rss_kb"], json!(1000));
     // The token went to the supervisor as it came; the timeout as the default.
     let reqs = api.fake.requests();
@@ -892,7 +819,7 @@ fn every_route_refuses_bad_input_with_its_status_and_never_a_5xx() {
             "{m} {p}: {}",
             String::from_utf8_lossy(&r.body)
         );
-        assert!(r.h("x-zygo-request-id").is_some());
+        assert!(r.header("x-zygo-request-id").is_some());
         // No token, a garbage one, a malformed header: 401.
         let r = api.req(m, p, &[], good_body(m, p).as_bytes());
         r.assert_error(401, &format!("{m} {p} without a token"));
@@ -1037,7 +964,7 @@ fn every_route_refuses_bad_input_with_its_status_and_never_a_5xx() {
         .assert_error(405, "GET of one secret");
     let r = api.op("PATCH", "/fn/echo", "");
     r.assert_error(405, "PATCH /fn/echo");
-    let allow = r.h("allow").unwrap();
+    let allow = r.header("allow").unwrap();
     assert!(
         allow.contains("PUT") && allow.contains("POST") && allow.contains("DELETE"),
         "{allow}"
@@ -1149,9 +1076,9 @@ fn a_streamed_call_is_ndjson_with_the_answer_last() {
     ] {
         let r = api.op("POST", path, body);
         assert_eq!(r.status, 200);
-        assert_eq!(r.h("content-type"), Some("application/x-ndjson"));
-        assert_eq!(r.h("transfer-encoding"), Some("chunked"));
-        assert!(r.h("x-zygo-request-id").is_some());
+        assert_eq!(r.header("content-type"), Some("application/x-ndjson"));
+        assert_eq!(r.header("transfer-encoding"), Some("chunked"));
+        assert!(r.header("x-zygo-request-id").is_some());
         let text = String::from_utf8(r.body.clone()).unwrap();
         let lines: Vec<Value> = text
             .lines()
@@ -1199,7 +1126,7 @@ fn run_answers_408_when_the_callers_deadline_fires_first_and_cancels_it() {
     assert_eq!(v["exit_code"], 0);
     assert_eq!(v["wall_ms"], 1.5);
     assert_eq!(v["phase"], "run");
-    assert_eq!(r.h("x-zygo-request-id"), Some("req-run"));
+    assert_eq!(r.header("x-zygo-request-id"), Some("req-run"));
     let t0 = Instant::now();
     let r = api.req(
         "POST",
@@ -1411,7 +1338,7 @@ fn past_512_connections_one_more_is_answered_503_and_the_front_goes_on() {
             match read_resp(&mut r) {
                 Ok(resp) if resp.status == 503 => {
                     resp.assert_error(503, "over the connection cap");
-                    assert_eq!(resp.h("retry-after"), Some("1"));
+                    assert_eq!(resp.header("retry-after"), Some("1"));
                     true
                 }
                 _ => false,

@@ -14,10 +14,8 @@
 #![allow(clippy::unwrap_used)]
 
 use std::collections::HashMap;
-use std::io::{BufRead, BufReader, Write};
+use std::io::{BufReader, Write};
 use std::net::{Ipv4Addr, TcpStream};
-use std::process::{Child, Stdio};
-use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use serde_json::{json, Value};
@@ -32,183 +30,16 @@ static SUITE: Suite = Suite {
 
 const BOOT: &str = "bootstrap-secret-for-api-fair-tests";
 
-struct Front {
-    child: Child,
-    addr: String,
-    /// What the front wrote to stderr (its log).
-    said: Arc<Mutex<String>>,
-}
-
-impl Drop for Front {
-    fn drop(&mut self) {
-        // SAFETY: signalling the child this test started.
-        unsafe { libc::kill(self.child.id() as i32, libc::SIGTERM) };
-        let _ = self.child.wait();
-    }
-}
-
-impl Front {
-    fn log(&self) -> String {
-        self.said.lock().unwrap().clone()
-    }
-}
+use zygo_tests::api::{mint, start_http_front, tenant_id, HttpFront as Front};
+use zygo_tests::http::{head, read_resp, req, req_within};
 
 fn start_api(s: &Sup) -> Front {
-    let mut c = s.cmd(&["api", "--listen", "127.0.0.1:0"]);
-    c.stdout(Stdio::null()).stderr(Stdio::piped());
-    let mut child = c.spawn().unwrap();
-    let mut lines = BufReader::new(child.stderr.take().unwrap()).lines();
-    let mut addr = None;
-    let said = Arc::new(Mutex::new(String::new()));
-    for line in lines.by_ref() {
-        let line = line.unwrap();
-        said.lock().unwrap().push_str(&format!("{line}\n"));
-        if let Some(rest) = line.split("listening on http://").nth(1) {
-            addr = rest.split_whitespace().next().map(str::to_string);
-            break;
-        }
-    }
-    let addr = addr.unwrap_or_else(|| {
-        panic!(
-            "zygo api did not start: {}\n{}",
-            said.lock().unwrap(),
-            s.log()
-        )
-    });
-    let keep = said.clone();
-    std::thread::spawn(move || {
-        for l in lines.map_while(Result::ok) {
-            keep.lock().unwrap().push_str(&format!("{l}\n"));
-        }
-    });
-    Front { child, addr, said }
-}
-
-struct Resp {
-    status: u16,
-    headers: HashMap<String, String>,
-    body: Vec<u8>,
-}
-
-impl Resp {
-    fn json(&self) -> Value {
-        serde_json::from_slice(&self.body).unwrap_or_else(|e| {
-            panic!(
-                "{e}: {}",
-                String::from_utf8_lossy(&self.body[..self.body.len().min(2000)])
-            )
-        })
-    }
-    fn text(&self) -> String {
-        String::from_utf8_lossy(&self.body[..self.body.len().min(2000)]).into_owned()
-    }
-}
-
-fn read_resp(r: &mut impl BufRead) -> std::io::Result<Resp> {
-    let mut line = String::new();
-    r.read_line(&mut line)?;
-    let status: u16 = line
-        .split_whitespace()
-        .nth(1)
-        .and_then(|s| s.parse().ok())
-        .ok_or_else(|| std::io::Error::other(format!("no status line: {line:?}")))?;
-    let mut headers = HashMap::new();
-    loop {
-        let mut l = String::new();
-        r.read_line(&mut l)?;
-        let l = l.trim_end();
-        if l.is_empty() {
-            break;
-        }
-        let (k, v) = l.split_once(':').unwrap();
-        headers.insert(k.trim().to_ascii_lowercase(), v.trim().to_string());
-    }
-    let mut body = Vec::new();
-    if headers.get("transfer-encoding").map(String::as_str) == Some("chunked") {
-        loop {
-            let mut l = String::new();
-            r.read_line(&mut l)?;
-            let n = usize::from_str_radix(l.trim(), 16).unwrap();
-            let mut chunk = vec![0; n + 2];
-            r.read_exact(&mut chunk)?;
-            if n == 0 {
-                break;
-            }
-            body.extend_from_slice(&chunk[..n]);
-        }
-    } else if let Some(n) = headers.get("content-length") {
-        body.resize(n.parse().unwrap(), 0);
-        r.read_exact(&mut body)?;
-    }
-    Ok(Resp {
-        status,
-        headers,
-        body,
-    })
-}
-
-fn head(
-    method: &str,
-    path: &str,
-    token: Option<&str>,
-    extra: &[(&str, &str)],
-    len: usize,
-) -> String {
-    let mut head = format!("{method} {path} HTTP/1.1\r\nHost: t\r\nContent-Length: {len}\r\n");
-    if let Some(t) = token {
-        head.push_str(&format!("Authorization: Bearer {t}\r\n"));
-    }
-    for (k, v) in extra {
-        head.push_str(&format!("{k}: {v}\r\n"));
-    }
-    head.push_str("\r\n");
-    head
-}
-
-fn req(
-    addr: &str,
-    method: &str,
-    path: &str,
-    token: Option<&str>,
-    extra: &[(&str, &str)],
-    body: &str,
-) -> Resp {
-    req_within(addr, method, path, token, extra, body, 90)
-}
-
-/// [`req`], answered within `secs` (or the test fails on the read's timeout).
-fn req_within(
-    addr: &str,
-    method: &str,
-    path: &str,
-    token: Option<&str>,
-    extra: &[(&str, &str)],
-    body: &str,
-    secs: u64,
-) -> Resp {
-    let mut c = TcpStream::connect(addr).unwrap();
-    c.set_read_timeout(Some(Duration::from_secs(secs))).unwrap();
-    c.write_all(head(method, path, token, extra, body.len()).as_bytes())
-        .unwrap();
-    c.write_all(body.as_bytes()).unwrap();
-    read_resp(&mut BufReader::new(c)).unwrap()
-}
-
-fn mint(s: &Sup, tenant: &str) -> String {
-    let f = s.run(&["token", "mint", "--json", "--tenant", tenant]);
-    assert_eq!(
-        f.code,
-        0,
-        "zygo token mint: {}\n{}",
-        f.stderr_text(),
-        s.log()
-    );
-    text(&f.last_json(), "secret").to_string()
+    start_http_front(s, &[])
 }
 
 /// A tenant made over HTTP, and a token for it.
 fn tenant(s: &Sup, f: &Front, tag: &str) -> String {
-    let t = format!("{tag}{:x}", unique() & 0xff_ffff_ffff);
+    let t = tenant_id(tag);
     let r = req(
         &f.addr,
         "POST",
@@ -218,7 +49,7 @@ fn tenant(s: &Sup, f: &Front, tag: &str) -> String {
         &json!({ "id": t }).to_string(),
     );
     assert_eq!(r.status, 200, "{}", r.text());
-    mint(s, &t)
+    mint(s, Some(&t)).1
 }
 
 /// A channel the front lost, as its log says it.

@@ -12,11 +12,6 @@
 // A test that fails on an unexpected error says where; that is all an unwrap does here.
 #![allow(clippy::unwrap_used)]
 
-use std::collections::HashMap;
-use std::io::{BufRead, BufReader, Write};
-use std::net::TcpStream;
-use std::time::Duration;
-
 use serde_json::{json, Value};
 use zygo_tests::*;
 
@@ -31,107 +26,8 @@ const BOOT: &str = "bootstrap-secret-for-api-front-tests";
 
 use zygo_tests::api::start_http_front as start_api;
 
-struct Resp {
-    status: u16,
-    headers: HashMap<String, String>,
-    body: Vec<u8>,
-}
-
-impl Resp {
-    fn json(&self) -> Value {
-        serde_json::from_slice(&self.body)
-            .unwrap_or_else(|e| panic!("{e}: {}", String::from_utf8_lossy(&self.body)))
-    }
-    fn text(&self) -> String {
-        String::from_utf8_lossy(&self.body).into_owned()
-    }
-}
-
-fn read_resp(r: &mut impl BufRead) -> Resp {
-    let mut line = String::new();
-    r.read_line(&mut line).unwrap();
-    let status: u16 = line.split_whitespace().nth(1).unwrap().parse().unwrap();
-    let mut headers = HashMap::new();
-    loop {
-        let mut l = String::new();
-        r.read_line(&mut l).unwrap();
-        let l = l.trim_end();
-        if l.is_empty() {
-            break;
-        }
-        let (k, v) = l.split_once(':').unwrap();
-        headers.insert(k.trim().to_ascii_lowercase(), v.trim().to_string());
-    }
-    let mut body = Vec::new();
-    if headers.get("transfer-encoding").map(String::as_str) == Some("chunked") {
-        loop {
-            let mut l = String::new();
-            r.read_line(&mut l).unwrap();
-            let n = usize::from_str_radix(l.trim(), 16).unwrap();
-            let mut chunk = vec![0; n + 2];
-            r.read_exact(&mut chunk).unwrap();
-            if n == 0 {
-                break;
-            }
-            body.extend_from_slice(&chunk[..n]);
-        }
-    } else if let Some(n) = headers.get("content-length") {
-        body.resize(n.parse().unwrap(), 0);
-        r.read_exact(&mut body).unwrap();
-    }
-    Resp {
-        status,
-        headers,
-        body,
-    }
-}
-
-fn req(
-    addr: &str,
-    method: &str,
-    path: &str,
-    token: Option<&str>,
-    extra: &[(&str, &str)],
-    body: &str,
-) -> Resp {
-    let mut c = TcpStream::connect(addr).unwrap();
-    c.set_read_timeout(Some(Duration::from_secs(60))).unwrap();
-    let mut head = format!(
-        "{method} {path} HTTP/1.1\r\nHost: t\r\nContent-Length: {}\r\n",
-        body.len()
-    );
-    if let Some(t) = token {
-        head.push_str(&format!("Authorization: Bearer {t}\r\n"));
-    }
-    for (k, v) in extra {
-        head.push_str(&format!("{k}: {v}\r\n"));
-    }
-    head.push_str("\r\n");
-    c.write_all(head.as_bytes()).unwrap();
-    c.write_all(body.as_bytes()).unwrap();
-    read_resp(&mut BufReader::new(c))
-}
-
-fn mint(s: &Sup, tenant: Option<&str>) -> (String, String) {
-    let mut args = vec!["token", "mint", "--json"];
-    if let Some(t) = tenant {
-        args.extend(["--tenant", t]);
-    }
-    let f = s.run(&args);
-    assert_eq!(
-        f.code,
-        0,
-        "zygo token mint: {}\n{}",
-        f.stderr_text(),
-        s.log()
-    );
-    let v = f.last_json();
-    (text(&v, "id").to_string(), text(&v, "secret").to_string())
-}
-
-fn tenant_id(tag: &str) -> String {
-    format!("{tag}{:x}", unique() & 0xff_ffff_ffff)
-}
+use zygo_tests::api::{mint, tenant_id};
+use zygo_tests::http::req;
 
 #[test]
 fn a_tenant_calls_over_http_and_the_gate_and_tokens_hold() {

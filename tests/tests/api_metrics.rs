@@ -11,7 +11,6 @@
 
 use std::collections::{BTreeSet, HashMap};
 use std::io::{BufRead, BufReader, Read, Write};
-use std::net::TcpStream;
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
@@ -29,93 +28,8 @@ const BOOT: &str = "bootstrap-secret-for-api-metrics-tests";
 
 use zygo_tests::api::{start_http_front as start_api, HttpFront as Front};
 
-struct Resp {
-    status: u16,
-    headers: HashMap<String, String>,
-    body: Vec<u8>,
-}
-
-impl Resp {
-    fn json(&self) -> Value {
-        serde_json::from_slice(&self.body)
-            .unwrap_or_else(|e| panic!("{e}: {}", String::from_utf8_lossy(&self.body)))
-    }
-    fn text(&self) -> String {
-        String::from_utf8_lossy(&self.body).into_owned()
-    }
-}
-
-fn req(
-    addr: &str,
-    method: &str,
-    path: &str,
-    token: Option<&str>,
-    extra: &[(&str, &str)],
-    body: &str,
-) -> Resp {
-    let mut c = TcpStream::connect(addr).unwrap();
-    c.set_read_timeout(Some(Duration::from_secs(60))).unwrap();
-    let mut head = format!(
-        "{method} {path} HTTP/1.1\r\nHost: t\r\nConnection: close\r\nContent-Length: {}\r\n",
-        body.len()
-    );
-    if let Some(t) = token {
-        head.push_str(&format!("Authorization: Bearer {t}\r\n"));
-    }
-    for (k, v) in extra {
-        head.push_str(&format!("{k}: {v}\r\n"));
-    }
-    head.push_str("\r\n");
-    c.write_all(head.as_bytes()).unwrap();
-    c.write_all(body.as_bytes()).unwrap();
-    let mut r = BufReader::new(c);
-    let mut line = String::new();
-    r.read_line(&mut line).unwrap();
-    let status: u16 = line.split_whitespace().nth(1).unwrap().parse().unwrap();
-    let mut headers = HashMap::new();
-    loop {
-        let mut l = String::new();
-        r.read_line(&mut l).unwrap();
-        let l = l.trim_end();
-        if l.is_empty() {
-            break;
-        }
-        let (k, v) = l.split_once(':').unwrap();
-        headers.insert(k.trim().to_ascii_lowercase(), v.trim().to_string());
-    }
-    let mut body = Vec::new();
-    if let Some(n) = headers.get("content-length") {
-        body.resize(n.parse().unwrap(), 0);
-        r.read_exact(&mut body).unwrap();
-    } else {
-        r.read_to_end(&mut body).unwrap();
-    }
-    Resp {
-        status,
-        headers,
-        body,
-    }
-}
-
-fn mint(s: &Sup, tenant: Option<&str>) -> String {
-    let mut args = vec!["token", "mint", "--json"];
-    if let Some(t) = tenant {
-        args.extend(["--tenant", t]);
-    }
-    let f = s.run(&args);
-    assert_eq!(
-        f.code,
-        0,
-        "zygo token mint: {}\n{}",
-        f.stderr_text(),
-        s.log()
-    );
-    text(&f.last_json(), "secret").to_string()
-}
-
-fn tenant_id(tag: &str) -> String {
-    format!("{tag}{:x}", unique() & 0xff_ffff_ffff)
-}
+use zygo_tests::api::{mint, tenant_id};
+use zygo_tests::http::req;
 
 /// The `function` labels of the page's `zygo_function_requests_total` series.
 fn functions_on(page: &str) -> BTreeSet<String> {
@@ -227,8 +141,8 @@ fn metrics_are_scoped_by_token_and_valid_for_promtool() {
         );
         assert_eq!(r.status, 200, "{}\n{}", r.text(), s.log());
     }
-    let ta = mint(&s, Some(&a));
-    let tb = mint(&s, Some(&b));
+    let ta = mint(&s, Some(&a)).1;
+    let tb = mint(&s, Some(&b)).1;
     // a: two calls of its own function, one of the host's echo, one failing boom.
     for _ in 0..2 {
         let r = req(&f.addr, "POST", &format!("/fn/{own}"), Some(&ta), &[], "1");
@@ -320,7 +234,7 @@ fn metrics_are_scoped_by_token_and_valid_for_promtool() {
     let all = functions_on(&page_op);
     assert_eq!(all, listed_keys(&f, BOOT), "{page_op}");
     // An operator token (deploy rights): every function, and the process's counts.
-    let deployer = mint(&s, None);
+    let deployer = mint(&s, None).1;
     let page_dep = req(&f.addr, "GET", "/metrics", Some(&deployer), &[], "").text();
     assert_eq!(functions_on(&page_dep), all, "{page_dep}");
     assert!(
@@ -381,7 +295,7 @@ fn every_call_over_http_leaves_one_usage_record() {
         &json!({"id": t}).to_string(),
     );
     assert_eq!(r.status, 200, "{}", r.text());
-    let tok = mint(&s, Some(&t));
+    let tok = mint(&s, Some(&t)).1;
     let mut ids = Vec::new();
     for i in 0..3 {
         let r = req(
@@ -582,7 +496,7 @@ fn the_webhook_delivers_everything_in_order_through_failures_and_otlp_has_the_sh
         &json!({"id": t}).to_string(),
     );
     assert_eq!(r.status, 200, "{}", r.text());
-    let tok = mint(&s, Some(&t));
+    let tok = mint(&s, Some(&t)).1;
     let mut ids = Vec::new();
     for i in 0..30 {
         let (name, want) = if i % 10 == 9 {

@@ -29,6 +29,7 @@ use proto::front::{
     FRONT_PROTOCOL, MAX_FRONT_FRAME,
 };
 use proto::{encode_frame, read_frame};
+use zygo_tests::api::{mint, tenant_id};
 use zygo_tests::*;
 
 static SUITE: Suite = Suite {
@@ -184,11 +185,6 @@ fn run_script(pool: &str, digest: &str, event: &str) -> Request {
     })
 }
 
-/// A tenant id no other test (or run) has.
-fn tenant_id(tag: &str) -> String {
-    format!("{tag}{:x}", unique() & 0xff_ffff_ffff)
-}
-
 /// Start the test's supervisor with these functions (or none), with the bootstrap token.
 fn start<T: FnTable>(s: &mut Sup, fns: &[T]) -> Vec<String> {
     s.env("ZYGO_API_TOKEN", BOOT);
@@ -201,24 +197,6 @@ fn start<T: FnTable>(s: &mut Sup, fns: &[T]) -> Vec<String> {
         return Vec::new();
     }
     s.up(fns)
-}
-
-/// `zygo token mint [--tenant T] --json`: (id, secret).
-fn mint(s: &Sup, tenant: Option<&str>) -> (String, String) {
-    let mut args = vec!["token", "mint", "--json"];
-    if let Some(t) = tenant {
-        args.extend(["--tenant", t]);
-    }
-    let f = s.run(&args);
-    assert_eq!(
-        f.code,
-        0,
-        "zygo token mint: {}\n{}",
-        f.stderr_text(),
-        s.log()
-    );
-    let v = f.last_json();
-    (text(&v, "id").to_string(), text(&v, "secret").to_string())
 }
 
 fn create_tenant(api: &mut Api, op: &str, id: &str) -> TenantInfo {

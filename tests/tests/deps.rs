@@ -8,12 +8,12 @@
 //! the index the way an operator points it at a mirror: `ZYGO_DEPS_PIP_INDEX_URL`, and
 //! `ZYGO_DEPS_REGISTRIES` naming only that address and port.
 
-use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::Command;
 use std::time::Duration;
 
 use serde_json::Value;
+use zygo_tests::netns::{Layout, TestHost};
 use zygo_tests::*;
 
 const INDEX: u16 = 8080;
@@ -134,44 +134,27 @@ print("ready", flush=True)
 sys.stdin.read()
 "#;
 
-/// A network namespace with a veth pair to this one, serving the index at `host`.
-/// Removed, with its server, when dropped.
+/// A test host serving the index at `host`: `zygo-dp-…`, in 10.214.0.0/16. Removed, with
+/// its server and files, when dropped.
 struct IndexHost {
-    ns: String,
-    near_if: String,
+    net: TestHost,
     host: String,
-    server: Child,
-    events: std::sync::mpsc::Receiver<String>,
     files: TempDir,
 }
 
-fn ip(args: &[&str]) {
-    let out = Command::new("ip")
-        .args(args)
-        .output()
-        .expect("run ip (iproute2)");
-    assert!(
-        out.status.success(),
-        "ip {args:?}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-}
+const LAYOUT: Layout = Layout {
+    tag: "dp",
+    subnet: 214,
+};
 
 impl IndexHost {
     fn new() -> IndexHost {
-        let n = unique();
-        let pid = std::process::id();
-        let ns = format!("zygo-dp-{pid}-{n}");
-        let near_if = format!("zda{:05x}{:04x}", pid & 0xfffff, n & 0xffff);
-        let far_if = format!("zdb{:05x}{:04x}", pid & 0xfffff, n & 0xffff);
-        // A /29 of its own in 10.214.0.0/16, by pid and counter.
-        let k = (u64::from(pid) * 7 + n) % (256 * 31);
-        let (third, fourth) = (k / 31, (k % 31) * 8);
-        let at = |i: u64| format!("10.214.{third}.{}", fourth + i);
-        let (near, host) = (at(1), at(2));
         let files = TempDir::new(0o755);
+        // The index names the host's address, so it is made once that is known (the
+        // server reads its files per request).
+        let net = TestHost::start(&LAYOUT, SERVER, &[files.str()]);
         let made = Command::new("python3")
-            .args(["-c", MAKE_INDEX, files.str(), &host])
+            .args(["-c", MAKE_INDEX, files.str(), &net.host])
             .output()
             .expect("run python3");
         assert!(
@@ -179,79 +162,16 @@ impl IndexHost {
             "make the index: {}",
             String::from_utf8_lossy(&made.stderr)
         );
-        ip(&["netns", "add", &ns]);
-        ip(&[
-            "link", "add", &near_if, "type", "veth", "peer", "name", &far_if, "netns", &ns,
-        ]);
-        ip(&["addr", "add", &format!("{near}/29"), "dev", &near_if]);
-        ip(&["link", "set", &near_if, "up"]);
-        ip(&[
-            "-n",
-            &ns,
-            "addr",
-            "add",
-            &format!("{host}/29"),
-            "dev",
-            &far_if,
-        ]);
-        ip(&["-n", &ns, "link", "set", &far_if, "up"]);
-        ip(&["-n", &ns, "link", "set", "lo", "up"]);
-        let mut server = Command::new("ip")
-            .args([
-                "netns",
-                "exec",
-                &ns,
-                "python3",
-                "-c",
-                SERVER,
-                &host,
-                files.str(),
-            ])
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::inherit())
-            .spawn()
-            .expect("start the index server");
-        let out = server.stdout.take().expect("its stdout");
-        let (tx, events) = std::sync::mpsc::channel();
-        std::thread::spawn(move || {
-            for line in BufReader::new(out).lines() {
-                let Ok(line) = line else { break };
-                if tx.send(line).is_err() {
-                    break;
-                }
-            }
-        });
-        let first = events
-            .recv_timeout(Duration::from_secs(20))
-            .expect("the index server started");
-        assert_eq!(first, "ready");
         IndexHost {
-            ns,
-            near_if,
-            host,
-            server,
-            events,
+            host: net.host.clone(),
+            net,
             files,
         }
     }
 
     /// Every request the server has logged since the last call.
     fn requests(&self) -> Vec<String> {
-        std::thread::sleep(Duration::from_millis(200));
-        self.events.try_iter().collect()
-    }
-}
-
-impl Drop for IndexHost {
-    fn drop(&mut self) {
-        drop(self.server.stdin.take());
-        let _ = self.server.kill();
-        let _ = self.server.wait();
-        let _ = Command::new("ip")
-            .args(["link", "del", &self.near_if])
-            .status();
-        let _ = Command::new("ip").args(["netns", "del", &self.ns]).status();
+        self.net.events()
     }
 }
 
@@ -281,6 +201,11 @@ impl Env {
 
     /// `zygo deps ARGS --json` with the registries and index pointed at `h`.
     fn deps(&self, h: &IndexHost, args: &[&str]) -> (Value, Finished) {
+        self.deps_with(h, &[], args)
+    }
+
+    /// [`Env::deps`] with `env` set on top.
+    fn deps_with(&self, h: &IndexHost, env: &[(&str, &str)], args: &[&str]) -> (Value, Finished) {
         let mut c = zygo(self.who);
         c.env("ZYGO_STATE_DIR", &self.state)
             .env("ZYGO_DEPS_REGISTRIES", format!("{}:{INDEX}", h.host))
@@ -292,6 +217,7 @@ impl Env {
                 "ZYGO_DEPS_NPM_REGISTRY",
                 format!("http://{}:{INDEX}/", h.host),
             )
+            .envs(env.iter().copied())
             .arg("deps")
             .args(args)
             .arg("--json");
@@ -486,6 +412,69 @@ fn a_build_reaches_only_the_registries() {
         !got.iter().any(|r| r.starts_with(&format!("{OTHER} "))),
         "the other port was reached: {got:?}"
     );
+}
+
+root_and_rootless!(a_host_that_cannot_give_egress_refuses_the_build);
+
+/// A host that cannot give the build sandbox its egress refuses the build rather than run
+/// it on the host's network: with the registry named by host name and a resolver file
+/// with no IPv4 nameserver (so no name could be resolved for the sandbox), the build ends
+/// failed before anything runs, its log naming the cause and the fix, and nothing reaches
+/// the index, though the host's own network reaches it at the address pip is given.
+fn a_host_that_cannot_give_egress_refuses_the_build(who: Who) {
+    if !root_only() {
+        return;
+    }
+    let h = IndexHost::new();
+    let env = Env::as_who(who);
+    let conf = env
+        .dir
+        .file("resolv.conf", b"nameserver ::1\nsearch zygo.test\n");
+    let conf = conf.to_str().expect("UTF-8");
+    let registry = format!("index.zygo.test:{INDEX}");
+    let req = env.requirements("n", "zygodemo==1.0\n");
+    let (v, f) = env.deps_with(
+        &h,
+        &[
+            ("ZYGO_DEPS_REGISTRIES", registry.as_str()),
+            ("ZYGO_RESOLV_CONF", conf),
+        ],
+        &["build", "host", &req],
+    );
+    assert_eq!(f.code, 1, "[{}] {v} {}", who.name(), f.stderr_text());
+    assert_eq!(s(&v, "state"), "failed", "{v}");
+    let log = s(&v, "log");
+    for want in [
+        "[zygo] the build failed: its sandbox was refused before anything ran",
+        &format!("{conf} names no IPv4 nameserver"),
+        "ZYGO_RESOLV_CONF",
+        "name the destinations by IPv4 address",
+    ] {
+        assert!(
+            log.contains(want),
+            "[{}] {want:?} is not in the log: {log}",
+            who.name()
+        );
+    }
+    assert!(
+        s(&v, "error").contains("names no IPv4 nameserver"),
+        "[{}] {v}",
+        who.name()
+    );
+    assert!(
+        !env.tree(s(&v, "id")).exists(),
+        "a refused build left its tree"
+    );
+    assert_eq!(
+        h.requests(),
+        Vec::<String>::new(),
+        "[{}] the build reached the index",
+        who.name()
+    );
+    // The same set, shown later: failed, with the same log.
+    let (shown, _) = env.deps(&h, &["show", s(&v, "id")]);
+    assert_eq!(s(&shown, "state"), "failed", "{shown}");
+    assert_eq!(s(&shown, "log"), log, "{shown}");
 }
 
 /// Hostile or wrong inputs are refused before anything runs: unknown file names, a mix of
@@ -766,35 +755,8 @@ fn a_node_pool_imports_and_requires_its_set() {
 
 const BOOT: &str = "bootstrap-secret-for-deps-tests";
 
-/// `zygo api` in front of a test's supervisor; stopped when dropped.
-struct Front {
-    child: Child,
-    addr: String,
-}
-
-impl Drop for Front {
-    fn drop(&mut self) {
-        // SAFETY: signalling the child this test started.
-        unsafe { libc::kill(self.child.id() as i32, libc::SIGTERM) };
-        let _ = self.child.wait();
-    }
-}
-
-fn start_api(s: &Sup) -> Front {
-    let mut c = s.cmd(&["api", "--listen", "127.0.0.1:0", "--allow-deploy"]);
-    c.stdout(Stdio::null()).stderr(Stdio::piped());
-    let mut child = c.spawn().expect("start zygo api");
-    let mut lines = BufReader::new(child.stderr.take().expect("stderr")).lines();
-    let mut addr = None;
-    for line in lines.by_ref().map_while(Result::ok) {
-        if let Some(rest) = line.split("listening on http://").nth(1) {
-            addr = rest.split_whitespace().next().map(str::to_string);
-            break;
-        }
-    }
-    std::thread::spawn(move || for _ in lines {});
-    let addr = addr.unwrap_or_else(|| panic!("zygo api did not start\n{}", s.log()));
-    Front { child, addr }
+fn start_api(s: &Sup) -> zygo_tests::api::HttpFront {
+    zygo_tests::api::start_http_front(s, &["--allow-deploy"])
 }
 
 /// One HTTP request (its connection closed after): status, Retry-After, JSON body.
@@ -817,33 +779,11 @@ fn http_as(
     tenant: Option<&str>,
     body: &str,
 ) -> (u16, Option<String>, Value) {
-    use std::io::{Read, Write};
-    let mut c = std::net::TcpStream::connect(addr).expect("connect to zygo api");
-    c.set_read_timeout(Some(Duration::from_secs(60)))
-        .expect("timeout");
-    let tenant = tenant.map_or(String::new(), |t| format!("X-Zygo-Tenant: {t}\r\n"));
-    let head = format!(
-        "{method} {path} HTTP/1.1\r\nHost: t\r\nConnection: close\r\nAuthorization: Bearer {token}\r\n{tenant}Content-Length: {}\r\n\r\n",
-        body.len()
-    );
-    c.write_all(head.as_bytes()).expect("send");
-    c.write_all(body.as_bytes()).expect("send");
-    let mut raw = Vec::new();
-    c.read_to_end(&mut raw).expect("read the answer");
-    let text = String::from_utf8_lossy(&raw).into_owned();
-    let (head, rest) = text.split_once("\r\n\r\n").expect("a head");
-    let status = head
-        .split_whitespace()
-        .nth(1)
-        .and_then(|s| s.parse().ok())
-        .expect("a status");
-    let retry = head.lines().find_map(|l| {
-        l.to_ascii_lowercase()
-            .strip_prefix("retry-after:")
-            .map(|v| v.trim().to_string())
-    });
-    let v = serde_json::from_str(rest).unwrap_or(Value::Null);
-    (status, retry, v)
+    let extra: Vec<(&str, &str)> = tenant.map(|t| ("X-Zygo-Tenant", t)).into_iter().collect();
+    let r = zygo_tests::http::req_within(addr, method, path, Some(token), &extra, body, 60);
+    let retry = r.header("retry-after").map(str::to_string);
+    let v = serde_json::from_slice(&r.body).unwrap_or(Value::Null);
+    (r.status, retry, v)
 }
 
 /// Over HTTP: POST /deps answers 202 building at once; a pool named against the set while

@@ -12,6 +12,7 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
+use zygo_tests::netns::{self, Layout, TestHost};
 use zygo_tests::*;
 
 /// The test host: serves TCP on [`ALLOWED`] and [`OTHER`] (each connection answered with
@@ -89,107 +90,18 @@ const ALLOWED: u16 = 8080;
 const OTHER: u16 = 8081;
 const UDP: u16 = 9053;
 
-/// A network namespace with a veth pair to this one: `host` (in the namespace, serving
-/// [`SERVER`]) and `near` (this side). Removed, with its server, when dropped.
-struct TestHost {
-    ns: String,
-    near_if: String,
-    host: String,
-    /// An address on the same subnet that no one has.
-    nobody: String,
-    server: Child,
-    events: std::sync::mpsc::Receiver<String>,
+/// The test hosts of this suite: `zygo-eg-…`, in 10.213.0.0/16, serving [`SERVER`].
+const LAYOUT: Layout = Layout {
+    tag: "eg",
+    subnet: 213,
+};
+
+fn test_host() -> TestHost {
+    TestHost::start(&LAYOUT, SERVER, &[])
 }
 
 fn ip(args: &[&str]) {
-    let out = Command::new("ip")
-        .args(args)
-        .output()
-        .expect("run ip (iproute2)");
-    assert!(
-        out.status.success(),
-        "ip {args:?}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-}
-
-impl TestHost {
-    fn new() -> TestHost {
-        let n = unique();
-        let pid = std::process::id();
-        let ns = format!("zygo-eg-{pid}-{n}");
-        let near_if = format!("zga{:05x}{:04x}", pid & 0xfffff, n & 0xffff);
-        let far_if = format!("zgb{:05x}{:04x}", pid & 0xfffff, n & 0xffff);
-        // A /29 of its own in 10.213.0.0/16, by pid and counter.
-        let k = (u64::from(pid) * 7 + n) % (256 * 31);
-        let (third, fourth) = (k / 31, (k % 31) * 8);
-        let at = |i: u64| format!("10.213.{third}.{}", fourth + i);
-        let (near, host, nobody) = (at(1), at(2), at(3));
-        ip(&["netns", "add", &ns]);
-        ip(&[
-            "link", "add", &near_if, "type", "veth", "peer", "name", &far_if, "netns", &ns,
-        ]);
-        ip(&["addr", "add", &format!("{near}/29"), "dev", &near_if]);
-        ip(&["link", "set", &near_if, "up"]);
-        ip(&[
-            "-n",
-            &ns,
-            "addr",
-            "add",
-            &format!("{host}/29"),
-            "dev",
-            &far_if,
-        ]);
-        ip(&["-n", &ns, "link", "set", &far_if, "up"]);
-        ip(&["-n", &ns, "link", "set", "lo", "up"]);
-        let mut server = Command::new("ip")
-            .args(["netns", "exec", &ns, "python3", "-c", SERVER, &host])
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::inherit())
-            .spawn()
-            .expect("start the test host's server");
-        let out = server.stdout.take().expect("its stdout");
-        let (tx, events) = std::sync::mpsc::channel();
-        std::thread::spawn(move || {
-            for line in BufReader::new(out).lines() {
-                let Ok(line) = line else { break };
-                if tx.send(line).is_err() {
-                    break;
-                }
-            }
-        });
-        let first = events
-            .recv_timeout(Duration::from_secs(20))
-            .expect("the test host's server started");
-        assert_eq!(first, "ready");
-        TestHost {
-            ns,
-            near_if,
-            host,
-            nobody,
-            server,
-            events,
-        }
-    }
-
-    /// Every event the server has logged so far.
-    fn events(&self) -> Vec<String> {
-        std::thread::sleep(Duration::from_millis(200));
-        self.events.try_iter().collect()
-    }
-}
-
-impl Drop for TestHost {
-    fn drop(&mut self) {
-        drop(self.server.stdin.take());
-        let _ = self.server.kill();
-        let _ = self.server.wait();
-        let _ = Command::new("ip")
-            .args(["link", "del", &self.near_if])
-            .status();
-        let _ = Command::new("ip").args(["netns", "del", &self.ns]).status();
-    }
+    netns::ip(args).unwrap_or_else(|e| panic!("{e}"));
 }
 
 /// The probe every test host test runs: each attempt's errno name (or "OK" and what came
@@ -263,7 +175,7 @@ fn allowed_connects_and_the_rest_is_refused(who: Who) {
     if !root_only() {
         return;
     }
-    let h = TestHost::new();
+    let h = test_host();
     let rule = format!("{}:{ALLOWED}", h.host);
     let r = probe(who, &["--net", "egress", "--allow", &rule], &probe_code(&h));
     assert_result(who, &r, "allowed", &["OK 8080:hi"]);
@@ -308,7 +220,7 @@ fn private_addresses_open_only_when_named(who: Who) {
     if !root_only() {
         return;
     }
-    let h = TestHost::new();
+    let h = test_host();
     let rule = format!("0.0.0.0/0:{ALLOWED}");
     // Two hundred tries: each is refused, and the log holds at most the filter's budget of
     // refusal lines (a sandbox refused in a loop cannot flood the log).
@@ -365,7 +277,7 @@ fn the_filter_is_confined(who: Who) {
     if !root_only() {
         return;
     }
-    let h = TestHost::new();
+    let h = test_host();
     let rule = format!("{}:{ALLOWED}", h.host);
     let mut c = zygo(who);
     c.args([
@@ -452,7 +364,7 @@ fn a_function_reaches_its_allowed_host(who: Who) {
     if !root_only() {
         return;
     }
-    let h = TestHost::new();
+    let h = test_host();
     let mut s = SUITE.sup(who, "fn");
     let extra = format!("network = \"egress\"\nallow = [\"{}:{ALLOWED}\"]\n", h.host);
     let n = s.up(&[("net", "net", extra.as_str())]);
@@ -541,7 +453,7 @@ fn name_rules_are_exact_by_name(who: Who) {
     if !root_only() {
         return;
     }
-    let h = TestHost::new();
+    let h = test_host();
     let dir = TempDir::new(0o755);
     let conf = dir.file("resolv.conf", format!("nameserver {}\n", h.host).as_bytes());
     let rule = format!("allowed.zygo.test:{ALLOWED}");
@@ -610,7 +522,7 @@ fn mcp_run_code_reaches_its_allowed_host() {
     if !root_only() {
         return;
     }
-    let h = TestHost::new();
+    let h = test_host();
     let (rt, st) = (TempDir::new(0o700), TempDir::new(0o700));
     let rule = format!("{}:{ALLOWED}", h.host);
     let code = format!(
@@ -674,7 +586,7 @@ fn large_transfers_arrive_intact(who: Who) {
     if !root_only() {
         return;
     }
-    let h = TestHost::new();
+    let h = test_host();
     let rule = format!("{}:8082", h.host);
     let code = format!(
         r#"
@@ -727,7 +639,7 @@ fn a_run_over_the_api_reaches_its_allowed_host(who: Who) {
         return;
     }
     const BOOT: &str = "bootstrap-token-of-the-egress-tests";
-    let h = TestHost::new();
+    let h = test_host();
     let mut s = SUITE.sup(who, "run");
     s.env("ZYGO_API_TOKEN", BOOT);
     let mut c = s.cmd(&["up"]);
@@ -1012,4 +924,61 @@ fn version_reports_the_egress_mode() {
     let v = f.last_json();
     assert_eq!(v["egress"], "relay", "{v}");
     assert_eq!(v["egress_rules"], "ipv4-address-and-name", "{v}");
+}
+
+/// A test host whose construction fails half-way leaves nothing behind: an `ip` command
+/// that fails after the namespace was made (an interface name too long for the kernel),
+/// and a server that exits instead of saying `ready` after the veth pair was made, each
+/// remove the namespace and the veth pair before the failure is reported.
+#[test]
+fn a_test_host_that_fails_half_way_leaves_nothing() {
+    if !root_only() {
+        return;
+    }
+    let ours = |tag: &str| {
+        let pid = std::process::id();
+        let mut left: Vec<String> = std::fs::read_dir("/run/netns")
+            .map(|d| {
+                d.flatten()
+                    .map(|e| e.file_name().to_string_lossy().into_owned())
+                    .filter(|n| n.starts_with(&format!("zygo-{tag}-{pid}-")))
+                    .collect()
+            })
+            .unwrap_or_default();
+        let links = std::fs::read_dir("/sys/class/net").expect("read /sys/class/net");
+        left.extend(
+            links
+                .flatten()
+                .map(|e| e.file_name().to_string_lossy().into_owned())
+                .filter(|n| n.starts_with(&format!("z{tag}a"))),
+        );
+        left
+    };
+    // "z" + this tag + "a" + 9 hex digits is longer than IFNAMSIZ allows.
+    let long = Layout {
+        tag: "toolongtag",
+        subnet: 215,
+    };
+    let e = TestHost::try_start(&long, SERVER, &[])
+        .err()
+        .expect("a failure");
+    assert!(e.contains("link") && e.contains("add"), "{e}");
+    assert_eq!(
+        ours(long.tag),
+        Vec::<String>::new(),
+        "left behind after: {e}"
+    );
+    let quits = Layout {
+        tag: "qx",
+        subnet: 215,
+    };
+    let e = TestHost::try_start(&quits, "import sys; sys.exit(3)", &[])
+        .err()
+        .expect("a failure");
+    assert!(e.contains("did not start"), "{e}");
+    assert_eq!(
+        ours(quits.tag),
+        Vec::<String>::new(),
+        "left behind after: {e}"
+    );
 }

@@ -725,8 +725,25 @@ fn run_build(
     // A copy of the cancel pipe's read end, to tell afterwards whether the build was
     // stopped (a sandbox stopped while it was being built reports only that it died).
     let stopped = cancel.as_ref().and_then(|c| c.try_clone().ok());
-    let plan = build_plan(&Settings::from_env()?, inputs, &tree, &input)?;
-    let (launch, limits) = oneshot::launch_plan(&plan)?;
+    // A build the host cannot give its sandbox (egress to the registries, above all) is
+    // refused here, before anything runs: it never runs with another network instead.
+    let planned = Settings::from_env()
+        .and_then(|settings| build_plan(&settings, inputs, &tree, &input))
+        .and_then(|plan| oneshot::launch_plan(&plan));
+    let (launch, limits) = match planned {
+        Ok(p) => p,
+        Err(e) => {
+            let why = format!(
+                "its sandbox was refused before anything ran (a build reaches the registries, \
+                 ZYGO_DEPS_REGISTRIES, or nothing): {e}"
+            );
+            write_atomic(
+                &log_path,
+                format!("[zygo] the build failed: {why}\n").as_bytes(),
+            )?;
+            return Err(why);
+        }
+    };
     let out = oneshot::run(
         backend,
         Request {

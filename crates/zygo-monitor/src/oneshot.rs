@@ -1142,11 +1142,17 @@ pub fn egress_rules(rules: &policy::egress::Rules) -> Result<proto::launch::Egre
     let resolvers = if rules.names.is_empty() {
         Vec::new()
     } else {
-        let servers = host_resolvers()?;
+        // What to do about either failure below.
+        let fix = "add a `nameserver` line with an IPv4 address there (or set ZYGO_RESOLV_CONF \
+                   to a file that has one), or name the destinations by IPv4 address";
+        let path = resolv_conf_path();
+        let servers = host_resolvers(&path).map_err(|e| {
+            format!("egress rules by name need the host's DNS servers, and {e}: {fix}")
+        })?;
         if servers.is_empty() {
             return Err(format!(
-                "egress rules by name need a DNS server: {} names no IPv4 nameserver",
-                resolv_conf_path()
+                "egress rules by name need a DNS server, and {path} names no IPv4 nameserver: \
+                 {fix}"
             ));
         }
         servers
@@ -1181,9 +1187,8 @@ fn resolv_conf_path() -> String {
 }
 
 /// The IPv4 `nameserver` lines of the host's resolv.conf (at most three, as libc reads).
-fn host_resolvers() -> Result<Vec<[u8; 4]>, String> {
-    let path = resolv_conf_path();
-    let text = std::fs::read_to_string(&path).map_err(|e| format!("read {path}: {e}"))?;
+fn host_resolvers(path: &str) -> Result<Vec<[u8; 4]>, String> {
+    let text = std::fs::read_to_string(path).map_err(|e| format!("{path} cannot be read: {e}"))?;
     Ok(parse_resolvers(&text))
 }
 
