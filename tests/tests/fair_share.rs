@@ -7,7 +7,7 @@ use std::path::PathBuf;
 use std::process::Stdio;
 use std::time::{Duration, Instant};
 
-use serde_json::Value;
+use serde_json::{json, Value};
 use zygo_tests::*;
 
 /// The directory of a host process's cgroup in the hierarchy holding `ctrl` (the unified
@@ -876,4 +876,94 @@ fn each_egress_filter_is_charged_to_its_own_sandbox() {
         seen[0]
     );
     assert!(seen.iter().all(|&u| u != 65534 && u != 0), "{seen:?}");
+}
+
+/// The functions of [`a_warm_call_is_throttled_on_every_request`].
+static IO_SUITE: Suite = Suite {
+    prefix: "fio",
+    handlers: r#"
+import mmap, os, time
+def direct_rate(event):
+    fd = os.open("/data/f", os.O_RDONLY | os.O_DIRECT)
+    size = os.fstat(fd).st_size
+    buf = mmap.mmap(-1, 1 << 20)
+    total, off, t0 = 0, 0, time.monotonic()
+    while time.monotonic() - t0 < 1.5:
+        n = os.preadv(fd, [buf], off)
+        total += n
+        off = (off + n) % size if n else 0
+    os.close(fd)
+    return {"rate": int(total / (time.monotonic() - t0))}
+
+def hold(event):
+    import subprocess
+    subprocess.call(["sleep", event["marker"]])
+    return {}
+"#,
+    defaults: "timeout = \"10s\"\n",
+    agents: false,
+};
+
+both_tests! {
+    /// A warm function's `io_bps` holds each request, not only the first: every request's
+    /// process joins its cgroup's I/O hierarchy as it starts (a reused cgroup included),
+    /// so three calls in a row through one zygote each read at about the limit.
+    fn a_warm_call_is_throttled_on_every_request(who) {
+        let io_hierarchy = if is_cgroup_v2_host() {
+            std::fs::read_to_string(unified_own_dir().join("cgroup.controllers"))
+                .unwrap_or_default()
+                .split_whitespace()
+                .any(|c| c == "io")
+        } else {
+            v1_own_dir(V1_IO_CONTROLLER).is_some()
+        };
+        if !io_hierarchy {
+            skip("this host has no blkio hierarchy (v1) or io controller (v2) for I/O limits");
+            return;
+        }
+        let Some((dir, file)) = file_on_disk(16) else {
+            skip("no directory on a disk (not a tmpfs) to read from");
+            return;
+        };
+        let mut s = IO_SUITE.sup(who, "io");
+        let toml = format!(
+            "max_warm = 1\nio_bps = \"4M\"\nio_iops = 300\nmounts = [{{src = \"{}\", dst = \"/data\"}}]",
+            dir.display()
+        );
+        let n = s.up(&[("reader", "direct_rate", &*toml), ("holder", "hold", &*toml)]);
+        let mut rates = Vec::new();
+        for _ in 0..3 {
+            let v = s.call_ok(&n[0], "{}");
+            rates.push(v["rate"].as_u64().unwrap_or(u64::MAX));
+        }
+        // Where a request's process is: in its own request cgroup in the I/O hierarchy as
+        // in the memory one (not left in its zygote's), on a reused cgroup too.
+        let ctrl = if is_cgroup_v2_host() { "" } else { V1_IO_CONTROLLER };
+        for round in 0..2 {
+            let (prefix, marker) = sleep_marker(30);
+            let call = s.exec_in_flight(&n[1], &json!({"marker": marker}).to_string(), &[]);
+            let mut pid = None;
+            let t0 = Instant::now();
+            while pid.is_none() && t0.elapsed() < Duration::from_secs(20) {
+                pid = host_pids_with(prefix.as_bytes()).first().copied();
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            let pid = pid.unwrap_or_else(|| panic!("[{}] the request's sleep never showed", who.name()));
+            let (io, mem) = (cgroup_dir_of(pid, ctrl), cgroup_dir_of(pid, "memory"));
+            // SAFETY: signalling the request's `sleep`, found by its unique command line.
+            unsafe { libc::kill(pid, libc::SIGKILL) };
+            let _ = call.join();
+            if !is_cgroup_v2_host() {
+                let (io_leaf, mem_leaf) = (io.file_name(), mem.file_name());
+                assert_eq!(io_leaf, mem_leaf, "[{}] call {round}: I/O cgroup {io:?}, memory {mem:?}\n{}", who.name(), s.log());
+            }
+        }
+        s.shutdown();
+        let _ = std::fs::remove_file(&file);
+        let _ = std::fs::remove_dir(&dir);
+        eprintln!("[{}] O_DIRECT reads of warm calls at io_bps 4M: {rates:?} B/s", who.name());
+        for r in rates {
+            assert!(r > 0 && r <= 4 * 1024 * 1024 * 3 / 2, "[{}] a call read {r} B/s at io_bps 4M", who.name());
+        }
+    }
 }

@@ -290,6 +290,9 @@ pub struct V1Cgroup {
     shares: Cell<u64>,
     /// Its directory in the blkio hierarchy, if I/O limits are used.
     blkio: Option<PathBuf>,
+    /// That directory's `tasks`, opened on first use and held, as `HELD` files are: a
+    /// reused cgroup takes every request's process into it.
+    blkio_tasks: OnceCell<File>,
 }
 
 /// Files read or written for every request a reused cgroup serves: kept open after first
@@ -349,7 +352,31 @@ impl V1Cgroup {
             quota_lifted: Cell::new(false),
             shares: Cell::new(DEFAULT_SHARES),
             blkio,
+            blkio_tasks: OnceCell::new(),
         })
+    }
+
+    /// Move the (single-threaded) process `pid` into `dir`, this cgroup's blkio directory,
+    /// through its held `tasks` file.
+    fn blkio_add_task(&self, dir: &Path, pid: &str) -> Result<(), CgroupError> {
+        use std::os::unix::fs::FileExt;
+        let path = dir.join("tasks");
+        let file = match self.blkio_tasks.get() {
+            Some(f) => f,
+            None => {
+                let f = File::from(super::open_write(&path)?);
+                self.blkio_tasks.get_or_init(|| f)
+            }
+        };
+        match file.write_at(pid.as_bytes(), 0) {
+            Ok(n) if n == pid.len() => Ok(()),
+            Ok(_) => Err(io_err(
+                &format!("write {pid:?} to"),
+                &path,
+                std::io::Error::from(std::io::ErrorKind::WriteZero),
+            )),
+            Err(e) => Err(io_err(&format!("write {pid:?} to"), &path, e)),
+        }
     }
 
     /// Run `f` on `name` of hierarchy `h` opened with `flags`: held open after first use if
@@ -626,7 +653,7 @@ impl Cgroup for V1Cgroup {
             self.write_in(h, "tasks", &pid)?;
         }
         if let Some(b) = &self.blkio {
-            super::write_file(&b.join("tasks"), &pid)?;
+            self.blkio_add_task(b, &pid)?;
         }
         Ok(())
     }
