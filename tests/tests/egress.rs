@@ -332,8 +332,15 @@ fn the_filter_is_confined(who: Who) {
         assert_eq!(field("NoNewPrivs:"), "1", "{st}");
         assert_eq!(field("CapEff:"), "0000000000000000", "{st}");
         if who == Who::Root {
-            // The sandbox's own host uid (see fair_share.rs), never root.
-            assert!(!field("Uid:").starts_with("0"), "{st}");
+            // Real uid the sandbox's own (see fair_share.rs), effective nobody: never root.
+            for k in ["Uid:", "Gid:"] {
+                let v = field(k);
+                let ids: Vec<&str> = v.split_whitespace().collect();
+                assert!(
+                    ids.len() == 4 && ids[0] != "0" && ids[1..] == ["65534", "65534", "65534"],
+                    "{k} {st}"
+                );
+            }
         }
     }
 }

@@ -8,8 +8,9 @@ use landlock::{
 use plumbing::seccomp::{self as bpf, Allowed, Enosys, Table, Threads, When};
 use plumbing::{allow, enosys};
 
-/// As root, become `ids` (the sandbox owner's host ids, which own nothing else), with no
-/// supplementary groups; otherwise stay who we are (a rootless launcher's user).
+/// As root, take `ids` (the sandbox owner's host ids) as the real ids and nobody as the
+/// effective and saved ones, with no supplementary groups; otherwise stay who we are (a
+/// rootless launcher's user).
 pub fn drop_ids(ids: Option<(u32, u32)>) -> std::io::Result<()> {
     // SAFETY: plain id query.
     if unsafe { libc::geteuid() } != 0 {
@@ -25,14 +26,42 @@ pub fn drop_ids(ids: Option<(u32, u32)>) -> std::io::Result<()> {
     if uid == 0 || gid == 0 {
         return Err(std::io::Error::other("refusing to run as id 0"));
     }
-    // SAFETY: plain id-setting calls; an empty group list needs no buffer.
-    unsafe {
-        if libc::setgroups(0, std::ptr::null()) != 0
-            || libc::setresgid(gid, gid, gid) != 0
-            || libc::setresuid(uid, uid, uid) != 0
-        {
-            return Err(std::io::Error::last_os_error());
+    // The real ids are the sandbox owner's: the kernel charges pipe buffer pages,
+    // descriptors in flight and thread counts to the real uid, so the relay's use of them is
+    // that sandbox's. The effective and saved ids are nobody's: capabilities in a user
+    // namespace go to a process whose *effective* uid owns it, and the sandbox owner owns
+    // the sandbox's (its network namespace's sockets are in the filter's hands), so the
+    // filter must never be that uid effectively. Its seccomp table has no `set*id` call to
+    // change back with.
+    let nobody: u32 = 65534;
+    // The per-user limit on threads as high as it goes: the sandbox's own processes count
+    // against the same real uid, and should not keep the filter from starting a relay (the
+    // filter's threads are bounded by its connection cap; a thread it cannot start refuses
+    // that connection).
+    let mut nproc = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: getrlimit fills in the struct we own.
+    unsafe { libc::getrlimit(libc::RLIMIT_NPROC, &mut nproc) };
+    nproc.rlim_cur = nproc.rlim_max;
+    let step = |what: &str, r: libc::c_int| {
+        if r == 0 {
+            Ok(())
+        } else {
+            let e = std::io::Error::last_os_error();
+            Err(std::io::Error::new(e.kind(), format!("{what}: {e}")))
         }
+    };
+    // SAFETY: plain id- and limit-setting calls; an empty group list needs no buffer.
+    unsafe {
+        step(
+            "raise RLIMIT_NPROC",
+            libc::setrlimit(libc::RLIMIT_NPROC, &nproc),
+        )?;
+        step("drop the groups", libc::setgroups(0, std::ptr::null()))?;
+        step("set the gids", libc::setresgid(gid, nobody, nobody))?;
+        step("set the uids", libc::setresuid(uid, nobody, nobody))?;
         // Changing ids cleared the parent-death signal: arm it again, then make sure the
         // launcher did not end in between.
         if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL, 0, 0, 0) != 0 {
@@ -73,8 +102,11 @@ pub fn allowlist(pid: u32) -> Vec<Allowed> {
                "an IPv4 socket for the connection out; no other family"),
         allow!(SYS_connect, "connecting out to the address a rule allows (Landlock limits the ports)"),
         allow!(SYS_getsockname, "the address the sandbox asked for: an accepted connection's local address"),
-        allow!(SYS_getsockopt, "a non-blocking connect's result (SO_ERROR)"),
-        allow!(SYS_setsockopt, "a refused connection's reset (SO_LINGER) and TCP_NODELAY"),
+        allow!(SYS_getsockopt, When::OneOf { arg: 1, values: &[SOL_SOCKET as u32] },
+               "a non-blocking connect's result (SO_ERROR), a socket's type; socket-level only"),
+        allow!(SYS_setsockopt, When::OneOf { arg: 1, values: &[SOL_SOCKET as u32, IPPROTO_TCP as u32] },
+               "a refused connection's reset (SO_LINGER), idle timeouts, TCP_NODELAY; never the \
+                IP level (netfilter, IPsec policies)"),
         allow!(SYS_fcntl, When::OneOf { arg: 1, values: &[F_GETFL as u32, F_SETFL as u32, F_SETPIPE_SZ as u32] },
                "making the connection out blocking once it is made; sizing a relay's pipe"),
         allow!(SYS_splice, "relaying bytes through a pipe without copying them"),

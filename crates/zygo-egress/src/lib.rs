@@ -489,7 +489,10 @@ fn serve(start: Arc<Shared>, listeners: Vec<OwnedFd>) -> Result<(), String> {
                     });
                 if let Err(e) = spawned {
                     active.fetch_sub(1, Ordering::AcqRel);
-                    log::warn!("egress[{}]: start a relay: {e}", start.start.label);
+                    start.refusal(format_args!(
+                        "egress[{}]: refused a connection: start a relay: {e}",
+                        start.start.label
+                    ));
                 }
             }
         }
@@ -698,7 +701,10 @@ fn handle(sh: &Arc<Shared>, conn: OwnedFd) {
         Ok(t) => {
             let _ = t.join();
         }
-        Err(e) => log::warn!("egress[{}]: start a relay: {e}", start.label),
+        Err(e) => sh.refusal(format_args!(
+            "egress[{}]: {dst}: start a relay: {e}",
+            start.label
+        )),
     }
 }
 

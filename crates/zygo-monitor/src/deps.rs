@@ -737,10 +737,12 @@ fn run_build(
                 "its sandbox was refused before anything ran (a build reaches the registries, \
                  ZYGO_DEPS_REGISTRIES, or nothing): {e}"
             );
-            write_atomic(
+            if let Err(e) = write_atomic(
                 &log_path,
                 format!("[zygo] the build failed: {why}\n").as_bytes(),
-            )?;
+            ) {
+                log::warn!("deps: write the refused build's log: {e}");
+            }
             return Err(why);
         }
     };
