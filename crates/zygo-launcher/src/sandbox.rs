@@ -358,14 +358,14 @@ fn start_egress_filter(
     if listeners.is_empty() {
         return Ok(None);
     }
-    // As root, the filter runs as the sandbox's own owner id (its id 0 on the host): the
-    // kernel counts pipe buffer pages and open files per uid, so the relay's 1 MiB pipes
-    // are charged to this sandbox and one sandbox's connections cannot use up another's
-    // filter's allowance; a signal or ptrace from the sandbox cannot reach it (it is not in
-    // the sandbox's pid namespace, and it is not dumpable). With no owner ids left, every
-    // sandbox's id 0 is the same host id, which owns every sandbox's user namespace: the
-    // filter then runs as nobody (65534), which owns none. Rootless, it stays this user (it
-    // has no privilege to give up).
+    // As root, the filter's real ids are the sandbox's own owner ids (its id 0 on the
+    // host) and its effective ids nobody's (`zygo_egress::confine::drop_ids` says why): the
+    // kernel charges pipe buffer pages, descriptors in flight and threads to the real uid,
+    // so the relay's 1 MiB pipes are this sandbox's and one sandbox's connections cannot
+    // use up another's filter's allowance. The sandbox cannot name the filter (it is not in
+    // the sandbox's pid namespace) and it is not dumpable. With no owner ids left, every
+    // sandbox's id 0 is the same host id: the filter is then nobody (65534) throughout.
+    // Rootless, it stays this user (it has no privilege to give up).
     let ids = match plan.ids {
         IdMap::Range {
             uid_base,
