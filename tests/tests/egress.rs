@@ -78,6 +78,14 @@ def bulk_server():
         print("tcp 8082", flush=True)
         threading.Thread(target=bulk, args=(c,), daemon=True).start()
 threading.Thread(target=bulk_server, daemon=True).start()
+def silent_server():
+    # Accepts and holds every connection: never reads, answers or closes.
+    s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    s.bind((sys.argv[1], 8083)); s.listen(128)
+    held = []
+    while True:
+        held.append(s.accept()[0])
+threading.Thread(target=silent_server, daemon=True).start()
 for p in (8080, 8081):
     threading.Thread(target=tcp, args=(p,), daemon=True).start()
 for p in (53, 9053):
@@ -210,6 +218,61 @@ fn allowed_connects_and_the_rest_is_refused(who: Who) {
         vec!["tcp 8080".to_string(), "tcp 8080".to_string()],
         "[{}] what reached the test host",
         who.name()
+    );
+}
+
+/// A program's connections that it has finished sending on, towards a server that never
+/// answers or closes, do not keep the filter from relaying new ones: with all 64 places
+/// taken by such connections, the oldest is ended to make room. (In a zygote, an earlier
+/// request's connections would otherwise hold a later caller's places.)
+fn half_closed_connections_make_room(who: Who) {
+    if !root_only() {
+        return;
+    }
+    let h = test_host();
+    let silent = format!("{}:8083", h.host);
+    let allowed = format!("{}:{ALLOWED}", h.host);
+    let code = r#"
+import socket, sys, time
+host = sys.argv[1]
+held = []
+for i in range(64):
+    s = socket.create_connection((host, 8083), timeout=5)
+    s.shutdown(socket.SHUT_WR)
+    held.append(s)
+time.sleep(1)
+s = socket.socket(); s.settimeout(5)
+try:
+    s.connect((host, 8080)); s.sendall(b"hi"); print("OK", s.recv(100).decode())
+except OSError as e:
+    print("FAILED", type(e).__name__)
+"#;
+    let out = zygo(who)
+        .args([
+            "run",
+            "--net",
+            "egress",
+            "--allow",
+            &silent,
+            "--allow",
+            &allowed,
+            "--timeout",
+            "30s",
+            "--",
+            "python3",
+            "-c",
+            code,
+            &h.host,
+        ])
+        .output()
+        .expect("run zygo");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(
+        stdout.trim(),
+        "OK 8080:hi",
+        "[{}] the 65th connection: {}",
+        who.name(),
+        String::from_utf8_lossy(&out.stderr)
     );
 }
 
@@ -760,6 +823,7 @@ root_and_rootless!(
     a_run_over_the_api_reaches_its_allowed_host,
     large_transfers_arrive_intact,
     allowed_connects_and_the_rest_is_refused,
+    half_closed_connections_make_room,
     name_rules_are_exact_by_name,
     private_addresses_open_only_when_named,
     the_filter_is_confined,

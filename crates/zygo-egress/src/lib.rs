@@ -209,6 +209,7 @@ fn run() -> Result<(), String> {
             used: 0,
             dropped: 0,
         }),
+        half_closed: Mutex::new(std::collections::VecDeque::new()),
     });
     for sock in udp {
         let sh = Arc::clone(&shared);
@@ -229,6 +230,16 @@ struct Shared {
     recent: Mutex<HashMap<String, Upstream>>,
     /// What is left of this window's refusal lines.
     log: Mutex<LogBudget>,
+    /// Relays whose program side has ended its sending, oldest first: when every place is
+    /// taken, the oldest of these is ended to make room (see [`Shared::evict_half_closed`]).
+    half_closed: Mutex<std::collections::VecDeque<HalfClosed>>,
+}
+
+/// A relay whose program side has finished sending: its two sockets, not kept alive by
+/// this list.
+struct HalfClosed {
+    inside: std::sync::Weak<TcpStream>,
+    outside: std::sync::Weak<TcpStream>,
 }
 
 /// How many refusals one filter logs per [`LOG_WINDOW`]. Past that they are counted, and
@@ -244,6 +255,25 @@ struct LogBudget {
 }
 
 impl Shared {
+    /// End the oldest relay still running whose program side has finished sending (it is
+    /// only waiting for the destination to answer or close), so that a new connection may
+    /// take its place. Whether there was one. Without this, connections a program — in a
+    /// zygote, an earlier request, perhaps another tenant's — half-closed towards a server
+    /// that never answers would hold the filter's places for [`HALF_CLOSED_IDLE`].
+    fn evict_half_closed(&self) -> bool {
+        let Ok(mut list) = self.half_closed.lock() else {
+            return false;
+        };
+        while let Some(h) = list.pop_front() {
+            if let (Some(i), Some(o)) = (h.inside.upgrade(), h.outside.upgrade()) {
+                let _ = i.shutdown(std::net::Shutdown::Both);
+                let _ = o.shutdown(std::net::Shutdown::Both);
+                return true;
+            }
+        }
+        false
+    }
+
     /// Log one refusal (a warning), within the filter's budget.
     fn refusal(&self, line: std::fmt::Arguments<'_>) {
         let Ok(mut b) = self.log.lock() else { return };
@@ -459,7 +489,7 @@ fn serve(start: Arc<Shared>, listeners: Vec<OwnedFd>) -> Result<(), String> {
                 }
                 // SAFETY: accept4 just returned this descriptor to us.
                 let conn = unsafe { OwnedFd::from_raw_fd(c) };
-                if active.load(Ordering::Acquire) >= MAX_CONNS {
+                if active.load(Ordering::Acquire) >= MAX_CONNS && !start.evict_half_closed() {
                     start.refusal(format_args!(
                         "egress[{}]: refused a connection: {MAX_CONNS} are open already",
                         start.start.label
@@ -692,9 +722,19 @@ fn handle(sh: &Arc<Shared>, conn: OwnedFd) {
     let sh2 = Arc::clone(sh);
     let up = std::thread::Builder::new()
         .stack_size(256 * 1024)
-        .spawn(move || match guard {
-            Some(g) => copy_checked(&i2, &o2, g, &sh2),
-            None => copy(&i2, &o2),
+        .spawn(move || {
+            match guard {
+                Some(g) => copy_checked(&i2, &o2, g, &sh2),
+                None => copy(&i2, &o2),
+            }
+            // The program has sent all it will: this relay may make room for a new one.
+            if let Ok(mut list) = sh2.half_closed.lock() {
+                list.retain(|h| h.inside.strong_count() > 0);
+                list.push_back(HalfClosed {
+                    inside: Arc::downgrade(&i2),
+                    outside: Arc::downgrade(&o2),
+                });
+            }
         });
     copy(&outside, &inside);
     match up {
