@@ -173,11 +173,6 @@ fn result(r: Reply, what: &str) -> Value {
     serde_json::from_str(a.result.as_deref().unwrap_or("null")).expect("a JSON result")
 }
 
-/// A tenant id no other test (or run) has.
-fn tenant_id(tag: &str) -> String {
-    format!("{tag}{:x}", unique() & 0xff_ffff_ffff)
-}
-
 /// `zygo up` with these `[fn.*]` tables (suffix, lines) and the bootstrap token; with
 /// `may_fail`, a function that fails to serve is expected (`zygo up` exits 1).
 fn start(s: &mut Sup, fns: &[(&str, String)], may_fail: bool) -> Vec<String> {
@@ -195,23 +190,12 @@ fn function(handler: &str, extra: &str) -> String {
     format!("agent = \"python\"\nentry = \"fn/handlers.py:{handler}\"\n{extra}")
 }
 
-/// `zygo token mint [--tenant T] --json`: the secret.
-fn mint(s: &Sup, tenant: Option<&str>) -> String {
-    let mut args = vec!["token", "mint", "--json"];
-    if let Some(t) = tenant {
-        args.extend(["--tenant", t]);
-    }
-    let f = s.run(&args);
-    assert_eq!(f.code, 0, "zygo token mint: {}", f.stderr_text());
-    text(&f.last_json(), "secret").to_string()
-}
-
 /// Create a tenant (as the bootstrap operator) and mint its token.
 fn tenant(s: &Sup, api: &mut Api, tag: &str) -> (String, String) {
-    let id = tenant_id(tag);
+    let id = api::tenant_id(tag);
     let r = api.ask(tok(BOOT), Request::CreateTenant { id: id.clone() });
     assert!(matches!(r, Reply::Tenant { .. }), "create {id}: {r:?}");
-    let t = mint(s, Some(&id));
+    let t = api::mint(s, Some(&id)).1;
     (id, t)
 }
 
@@ -435,7 +419,7 @@ fn a_put_of_a_deleted_tenant_is_registered_to_nobody_even_when_the_id_is_made_ag
     let n = start(&mut s, &[("pool", "agent = \"python\"".to_string())], false);
     let pool = &n[0];
     let mut api = Api::open(&s);
-    let op = mint(&s, None);
+    let op = api::mint(&s, None).1;
     for round in 0..3 {
         let (id, t) = tenant(&s, &mut api, "rbn");
         let bytes = one_file_tar(&format!("old{}", unique()), 15 << 20);
@@ -454,7 +438,7 @@ fn a_put_of_a_deleted_tenant_is_registered_to_nobody_even_when_the_id_is_made_ag
         assert!(matches!(r, Reply::TenantDeleted(_)), "{r:?}");
         let r = api.ask(tok(BOOT), Request::CreateTenant { id: id.clone() });
         assert!(matches!(r, Reply::Tenant { .. }), "{r:?}");
-        let t2 = mint(&s, Some(&id));
+        let t2 = api::mint(&s, Some(&id)).1;
         let d = match a.join().expect("the put's thread") {
             Reply::BlobStored { digest, .. } => digest,
             r => {
@@ -715,7 +699,7 @@ fn an_egress_function_is_refused_to_a_tenant_whose_limits_do_not_cover_it() {
         false,
     );
     let f = &n[0];
-    let op = mint(&s, None);
+    let op = api::mint(&s, None).1;
     let mut api = Api::open(&s);
     let (free, free_t) = tenant(&s, &mut api, "egf");
     let _ = free;
@@ -816,12 +800,12 @@ fn a_tenant_made_again_reads_nothing_of_the_one_deleted() {
     };
     assert_eq!(logs(&mut api, &t).len(), 3);
     assert_eq!(stats(&mut api, &t), 3);
-    let op = mint(&s, None);
+    let op = api::mint(&s, None).1;
     let r = api.ask(tok(&op), Request::DeleteTenant { id: id.clone() });
     assert!(matches!(r, Reply::TenantDeleted(_)), "{r:?}");
     let r = api.ask(tok(BOOT), Request::CreateTenant { id: id.clone() });
     assert!(matches!(r, Reply::Tenant { .. }), "{r:?}");
-    let t2 = mint(&s, Some(&id));
+    let t2 = api::mint(&s, Some(&id)).1;
     let l = logs(&mut api, &t2);
     assert!(
         l.is_empty(),
@@ -888,7 +872,7 @@ fn what_a_tenant_reads_about_host_functions() {
     // A function of b's own.
     let r = api.ask(
         As {
-            token: Some(&mint(&s, None)),
+            token: Some(&api::mint(&s, None).1),
             tenant: Some(&b),
         },
         Request::ServeLayer {

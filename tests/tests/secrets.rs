@@ -119,10 +119,6 @@ fn expect_code(r: &Reply, want: ErrorCode, what: &str) {
     assert_eq!(code(r), Some(want), "{what}: {r:?}");
 }
 
-fn tenant_id(tag: &str) -> String {
-    format!("{tag}{:x}", unique() & 0xff_ffff_ffff)
-}
-
 fn keygen(s: &Sup) -> String {
     let f = s.run(&["secrets", "keygen"]);
     assert_eq!(f.code, 0, "keygen: {}", f.stderr_text());
@@ -171,16 +167,6 @@ fn ls(s: &Sup, tenant: &str) -> Vec<String> {
 fn create_tenant(api: &mut Api, t: &str) {
     let r = api.ask(BOOT, None, Request::CreateTenant { id: t.into() });
     assert!(matches!(r, Reply::Tenant { .. }), "create {t}: {r:?}");
-}
-
-fn mint(s: &Sup, tenant: Option<&str>) -> String {
-    let mut args = vec!["token", "mint", "--json"];
-    if let Some(t) = tenant {
-        args.extend(["--tenant", t]);
-    }
-    let f = s.run(&args);
-    assert_eq!(f.code, 0, "mint: {}", f.stderr_text());
-    text(&f.last_json(), "secret").to_string()
 }
 
 /// Every file under `dir`, recursively (bytes), for searching.
@@ -245,7 +231,7 @@ fn keygen_set_ls_rm(who: Who) {
     }
     let mut said: Vec<String> = Vec::new();
     let mut api = Api::open(&s, FrontFlags::default());
-    let (a, b) = (tenant_id("a"), tenant_id("b"));
+    let (a, b) = (api::tenant_id("a"), api::tenant_id("b"));
     create_tenant(&mut api, &a);
     create_tenant(&mut api, &b);
     let v1 = format!("sk_live_{}", unique());
@@ -309,8 +295,8 @@ fn keygen_set_ls_rm(who: Who) {
     said.push(f.stdout_text());
 
     // The API role: the gate's rows, and the answers.
-    let op = mint(&s, None);
-    let tt = mint(&s, Some(&a));
+    let op = api::mint(&s, None).1;
+    let tt = api::mint(&s, Some(&a)).1;
     let put = |name: &str, v: &str, t: &str| Request::PutSecret {
         tenant: t.into(),
         name: name.into(),
@@ -417,7 +403,7 @@ fn no_key_no_store() {
     };
     start(&mut s, None);
     let mut api = Api::open(&s, FrontFlags::default());
-    let t = tenant_id("n");
+    let t = api::tenant_id("n");
     create_tenant(&mut api, &t);
     let f = set(&s, &t, "K", "value-without-a-key");
     assert_eq!(f.code, 1);
@@ -440,7 +426,7 @@ fn a_sealed_record_copied_to_another_tenant_or_name_does_not_open() {
     let key = keygen(&s);
     start(&mut s, Some(&key));
     let mut api = Api::open(&s, FrontFlags::default());
-    let (a, b) = (tenant_id("a"), tenant_id("b"));
+    let (a, b) = (api::tenant_id("a"), api::tenant_id("b"));
     create_tenant(&mut api, &a);
     create_tenant(&mut api, &b);
     drop(api);
@@ -617,9 +603,13 @@ fn two_tenants_share_a_pool_and_read_their_own(who: Who) {
     let mut s = SUITE.sup(who, "pool");
     let key = keygen(&s);
     start(&mut s, Some(&key));
-    let op = mint(&s, None);
+    let op = api::mint(&s, None).1;
     let mut api = Api::open(&s, FrontFlags::default());
-    let (a, b, c) = (tenant_id("a"), tenant_id("b"), tenant_id("c"));
+    let (a, b, c) = (
+        api::tenant_id("a"),
+        api::tenant_id("b"),
+        api::tenant_id("c"),
+    );
     for t in [&a, &b, &c] {
         create_tenant(&mut api, t);
     }
@@ -650,9 +640,9 @@ fn two_tenants_share_a_pool_and_read_their_own(who: Who) {
             s.log()
         );
     }
-    let ta = mint(&s, Some(&a));
-    let tb = mint(&s, Some(&b));
-    let tc = mint(&s, Some(&c));
+    let ta = api::mint(&s, Some(&a)).1;
+    let tb = api::mint(&s, Some(&b)).1;
+    let tc = api::mint(&s, Some(&c)).1;
     // At once: each its own value.
     let mut threads = Vec::new();
     for (tok, v) in [(ta.clone(), va.clone()), (tb.clone(), vb.clone())] {
@@ -757,9 +747,9 @@ fn a_call_with_secrets_is_alone_until_what_it_left_has_gone(who: Who) {
     let mut s = SUITE.sup(who, "alone");
     let key = keygen(&s);
     start(&mut s, Some(&key));
-    let op = mint(&s, None);
+    let op = api::mint(&s, None).1;
     let mut api = Api::open(&s, FrontFlags::default());
-    let a = tenant_id("a");
+    let a = api::tenant_id("a");
     create_tenant(&mut api, &a);
     assert_eq!(set(&s, &a, "API_KEY", "a-value").code, 0);
     let pool = format!("sl{:x}", unique() & 0xff_ffff);
@@ -780,7 +770,7 @@ fn a_call_with_secrets_is_alone_until_what_it_left_has_gone(who: Who) {
         "serve {pool}: {r:?}\n{}",
         s.log()
     );
-    let ta = mint(&s, Some(&a));
+    let ta = api::mint(&s, Some(&a)).1;
     let port = 20000 + (unique() % 20000) as u16;
     let call = |api: &mut Api, leave: bool| {
         let r = api.ask(
@@ -828,7 +818,7 @@ fn a_pool_with_secrets_on_a_keyless_host_is_refused() {
         return;
     };
     start(&mut s, None);
-    let op = mint(&s, None);
+    let op = api::mint(&s, None).1;
     let mut api = Api::open(&s, FrontFlags::default());
     let r = api.ask(
         &op,
@@ -871,7 +861,7 @@ fn the_shell_wins_over_the_store() {
     let key = keygen(&s);
     start(&mut s, Some(&key));
     let mut api = Api::open(&s, FrontFlags::default());
-    let t = tenant_id("t");
+    let t = api::tenant_id("t");
     create_tenant(&mut api, &t);
     let (shell, stored, other) = (
         format!("shell-{}", unique()),
@@ -892,7 +882,7 @@ fn the_shell_wins_over_the_store() {
         &arg,
     ]);
     assert_eq!(f.code, 0, "{}{}", f.stdout_text(), f.stderr_text());
-    let tt = mint(&s, Some(&t));
+    let tt = api::mint(&s, Some(&t)).1;
     let r = api.ask(
         &tt,
         None,
@@ -972,7 +962,7 @@ fn a_value_typed_at_a_terminal_is_not_echoed() {
     let key = keygen(&s);
     start(&mut s, Some(&key));
     let mut api = Api::open(&s, FrontFlags::default());
-    let t = tenant_id("tty");
+    let t = api::tenant_id("tty");
     create_tenant(&mut api, &t);
     drop(api);
     let (mut master, slave_path) = open_pty();
