@@ -566,6 +566,19 @@ pub fn ppid(pid: i32) -> Option<i32> {
         .and_then(|v| v.trim().parse().ok())
 }
 
+/// Whether host process `pid` descends from `ancestor` (within 16 generations).
+pub fn descends_from(pid: i32, ancestor: i32) -> bool {
+    let mut at = pid;
+    for _ in 0..16 {
+        match ppid(at) {
+            Some(q) if q == ancestor => return true,
+            Some(q) if q > 1 => at = q,
+            _ => return false,
+        }
+    }
+    false
+}
+
 /// Whether a host process is alive (and not a zombie).
 pub fn alive(pid: i32) -> bool {
     match fs::read_to_string(format!("/proc/{pid}/stat")) {

@@ -351,17 +351,7 @@ fn the_filter_is_confined(who: Who) {
     // Only this run's filter: other tests' runs (the rootless twin of this one, say) have
     // filters of their own at the same time.
     let zygo_pid = child.id() as i32;
-    let ours = |p: &i32| {
-        let mut at = *p;
-        for _ in 0..16 {
-            match ppid(at) {
-                Some(q) if q == zygo_pid => return true,
-                Some(q) if q > 1 => at = q,
-                _ => return false,
-            }
-        }
-        false
-    };
+    let ours = |p: &i32| descends_from(*p, zygo_pid);
     let mut pids = Vec::new();
     let t0 = Instant::now();
     while pids.is_empty() && t0.elapsed() < Duration::from_secs(20) {

@@ -416,6 +416,29 @@ while time.monotonic() - t0 < 2:
 print(int(total / (time.monotonic() - t0)))
 "#;
 
+/// For the I/O limit tests: whether this host gives sandboxes I/O limits (a v1 blkio
+/// hierarchy or the v2 io controller of our own), and a 16 MiB file on a disk to read;
+/// `None` (the test skipped, saying why) otherwise.
+fn io_limits_and_a_file_on_disk() -> Option<(PathBuf, PathBuf)> {
+    let io_hierarchy = if is_cgroup_v2_host() {
+        std::fs::read_to_string(unified_own_dir().join("cgroup.controllers"))
+            .unwrap_or_default()
+            .split_whitespace()
+            .any(|c| c == "io")
+    } else {
+        v1_own_dir(V1_IO_CONTROLLER).is_some()
+    };
+    if !io_hierarchy {
+        skip("this host has no blkio hierarchy (v1) or io controller (v2) for I/O limits");
+        return None;
+    }
+    let found = file_on_disk(16);
+    if found.is_none() {
+        skip("no directory on a disk (not a tmpfs) to read from");
+    }
+    found
+}
+
 /// A file of `mb` MiB on a disk (not a tmpfs), in a directory the rootless user can read;
 /// `None` when this host has no such place.
 fn file_on_disk(mb: usize) -> Option<(PathBuf, PathBuf)> {
@@ -451,20 +474,7 @@ both_tests! {
     /// disk's whole bandwidth from the host and every other sandbox. The limit is what the
     /// sandbox's cgroup says (v1 blkio, v2 io.max).
     fn disk_reads_are_throttled(who) {
-        let io_hierarchy = if is_cgroup_v2_host() {
-            std::fs::read_to_string(unified_own_dir().join("cgroup.controllers"))
-                .unwrap_or_default()
-                .split_whitespace()
-                .any(|c| c == "io")
-        } else {
-            v1_own_dir(V1_IO_CONTROLLER).is_some()
-        };
-        if !io_hierarchy {
-            skip("this host has no blkio hierarchy (v1) or io controller (v2) for I/O limits");
-            return;
-        }
-        let Some((dir, file)) = file_on_disk(16) else {
-            skip("no directory on a disk (not a tmpfs) to read from");
+        let Some((dir, file)) = io_limits_and_a_file_on_disk() else {
             return;
         };
         let mount = format!("{}:/data", dir.display());
@@ -779,21 +789,10 @@ both_tests! {
     }
 }
 
-/// The pids below `ancestor` (up to 16 generations) whose command line contains `needle`.
+/// The pids below `ancestor` whose command line contains `needle`.
 fn descendants_with(ancestor: i32, needle: &[u8]) -> Vec<i32> {
-    let below = |p: &i32| {
-        let mut at = *p;
-        for _ in 0..16 {
-            match ppid(at) {
-                Some(q) if q == ancestor => return true,
-                Some(q) if q > 1 => at = q,
-                _ => return false,
-            }
-        }
-        false
-    };
     let mut pids = host_pids_with(needle);
-    pids.retain(below);
+    pids.retain(|p| descends_from(*p, ancestor));
     pids
 }
 
@@ -911,20 +910,7 @@ both_tests! {
     /// process joins its cgroup's I/O hierarchy as it starts (a reused cgroup included),
     /// so three calls in a row through one zygote each read at about the limit.
     fn a_warm_call_is_throttled_on_every_request(who) {
-        let io_hierarchy = if is_cgroup_v2_host() {
-            std::fs::read_to_string(unified_own_dir().join("cgroup.controllers"))
-                .unwrap_or_default()
-                .split_whitespace()
-                .any(|c| c == "io")
-        } else {
-            v1_own_dir(V1_IO_CONTROLLER).is_some()
-        };
-        if !io_hierarchy {
-            skip("this host has no blkio hierarchy (v1) or io controller (v2) for I/O limits");
-            return;
-        }
-        let Some((dir, file)) = file_on_disk(16) else {
-            skip("no directory on a disk (not a tmpfs) to read from");
+        let Some((dir, file)) = io_limits_and_a_file_on_disk() else {
             return;
         };
         let mut s = IO_SUITE.sup(who, "io");
