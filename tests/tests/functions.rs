@@ -8,7 +8,7 @@
 //! can run in parallel with each other and with other runs of the suite.
 
 use std::fs;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::time::{Duration, Instant};
 
@@ -1578,12 +1578,30 @@ fn killed_supervisor_leftovers_are_swept() {
     // first hierarchies only; the sweep must find that too.
     let partial = fn_cgroups(hello)[0].join(format!("r-{old}-partial"));
     fs::create_dir(&partial).expect("create a partly made cgroup");
+    // Beside it, the empty folder a live supervisor has just made for a function of its
+    // own (about to write its memory ceiling there): not the sweep's to remove.
+    let live: Vec<PathBuf> = fn_cgroups(&format!("live-{:x}", unique()))
+        .into_iter()
+        .filter(|d| d.parent().is_some_and(Path::is_dir))
+        .collect();
+    for d in &live {
+        fs::create_dir(d).expect("create another supervisor's function folder");
+    }
     // A new supervisor for the same functions sweeps what the old one left.
     s.supervisor = None;
     let (file, _) = s.write_toml(&[("hello", "hello", "")]);
     let f = s.run(&["up", "-f", file.to_str().expect("UTF-8")]);
     assert_eq!(f.code, 0, "{}\n{}", f.stderr_text(), s.log());
     s.find_supervisor();
+    let gone: Vec<&PathBuf> = live.iter().filter(|d| !d.is_dir()).collect();
+    for d in &live {
+        let _ = fs::remove_dir(d);
+    }
+    assert!(
+        gone.is_empty(),
+        "the sweep removed a live supervisor's function folders: {gone:?}\n{}",
+        s.log()
+    );
     let stale: Vec<PathBuf> = [format!("z-{old}-"), format!("r-{old}-")]
         .iter()
         .flat_map(|prefix| fn_subgroups(hello, prefix))

@@ -246,12 +246,16 @@ impl Functions {
 
     /// Remove what supervisors that are gone (killed before they could drain) left in the
     /// tree: `tenants/<owner>/<fn>/z-<pid>-…` and `r-<pid>-…` whose process does not exist.
-    /// Whatever still runs in such a cgroup is killed first.
+    /// Whatever still runs in such a cgroup is killed first. A function's folder (and a
+    /// tenant's) is removed with them only when something was swept from it: an empty one
+    /// may be another live supervisor's, just made and about to get its memory ceiling.
     pub fn sweep_stale(&self) {
         for owner in self.backend.child_names_of("tenants") {
             let top = format!("tenants/{owner}");
+            let mut swept_under_top = false;
             for func in self.backend.child_names_of(&top) {
                 let base = format!("{top}/{func}");
+                let mut swept = false;
                 for name in self.backend.child_names_of(&base) {
                     let pid = name
                         .strip_prefix("z-")
@@ -263,6 +267,7 @@ impl Functions {
                         continue;
                     }
                     log::info!("removing {base}/{name}, left by a supervisor that is gone");
+                    swept = true;
                     // `open` finishes a cgroup that was only partly created or removed itself.
                     if let Some(cg) = self.backend.open(&format!("{base}/{name}")) {
                         if let Err(e) = cg.remove() {
@@ -270,9 +275,12 @@ impl Functions {
                         }
                     }
                 }
-                self.backend.prune(&base);
+                if swept {
+                    swept_under_top = true;
+                    self.backend.prune(&base);
+                }
             }
-            if owner != "_host" {
+            if swept_under_top && owner != "_host" {
                 self.backend.prune(&top);
             }
         }
