@@ -28,6 +28,11 @@ pub struct BindMount {
     /// handed mount in the plan's order: the launcher places it and never resolves `src`.
     /// `false` (rootless): the launcher binds `src` from inside, with the user's rights.
     pub handed: bool,
+    /// A filesystem the monitor made for this sandbox alone (a dependency build's output,
+    /// a size-capped tmpfs), handed over like the others (`handed` is set; `src` only
+    /// names it): placed as it is, never idmapped, since no other sandbox ever mounts it.
+    /// Such mounts come after every other mount of the plan.
+    pub fresh: bool,
 }
 
 /// How the sandbox's ids map onto the host's.

@@ -468,19 +468,27 @@ fn idmap_handed(
     root: u32,
 ) -> Result<Option<crate::ids::Reap>, String> {
     // In the order the monitor sent them: the image, the handed mounts, the workspace.
-    let mut folders: Vec<(&str, bool)> = plan
+    // A fresh mount (a filesystem made for this sandbox alone) is placed as it is.
+    let mut folders: Vec<(&str, bool, bool)> = plan
         .mounts
         .iter()
         .filter(|m| m.handed)
-        .map(|m| (m.dst.as_str(), m.rw))
+        .map(|m| (m.dst.as_str(), m.rw, m.fresh))
         .collect();
     if plan.work_handed {
-        folders.push(("/work", true));
+        folders.push(("/work", true, false));
     }
     let trees = handed.get(usize::from(plan.image_handed)..).unwrap_or(&[]);
-    let (child, done) = crate::ids::idmap_trees(trees.iter(), uid_base, count, root)
+    let mapped: Vec<&OwnedFd> = trees
+        .iter()
+        .zip(&folders)
+        .filter(|(_, (_, _, fresh))| !fresh)
+        .map(|(t, _)| t)
+        .collect();
+    folders.retain(|(_, _, fresh)| !fresh);
+    let (child, done) = crate::ids::idmap_trees(mapped.into_iter(), uid_base, count, root)
         .map_err(|e| format!("make the idmapping namespace: {e}"))?;
-    for ((dst, rw), r) in folders.iter().zip(&done) {
+    for ((dst, rw, _), r) in folders.iter().zip(&done) {
         match r {
             Ok(()) => {}
             // Read-only, nothing the sandbox may do there depends on who owns what.

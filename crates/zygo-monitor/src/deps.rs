@@ -10,15 +10,23 @@
 //! |---|---|
 //! | `record.json` | `{"id", "image", "kind", "state": "building"\|"ready"\|"failed", "error"}`, replaced atomically |
 //! | `input/` | the files as sent, mounted read-only into the build at `/deps-input` |
-//! | `tree/` | the installed set: the build's `/venv`, then everyone's, read-only |
+//! | `tree/` | the installed set: a sealed copy of the build's `/venv`, read-only for everyone |
 //! | `build.log` | the resolver's own output (pip's, npm's), then one line of Zygo's |
 //! | `lock` | held (`flock`) by the process building the set, so one build runs per id |
 //!
 //! The build is a one-shot sandbox on the set's image with `network = "egress"` allowed
 //! only the package registries ([`registries`]); a host that cannot give a sandbox egress
-//! refuses the build, which never falls back to the host's network. `tree/` is the only
-//! thing it may write: as root, it belongs to the sandbox's root (a subordinate id) for
-//! the length of the build, and to root, without write permission for anyone, after it.
+//! refuses the build, which never falls back to the host's network.
+//!
+//! The build never writes on the host's disk. Its `/venv` is a tmpfs made for it alone
+//! ([`crate::mounts::private_tmpfs`]), capped at the set's size limit
+//! (`ZYGO_DEPS_MAX_SIZE`, [`DEFAULT_MAX_SIZE`]) and [`MAX_ENTRIES`] entries, and counted
+//! in the build's memory. Once the build has ended well, the tree is copied out of that
+//! tmpfs by descriptor ([`crate::tree::copy_sealed`]): no link in it is ever followed,
+//! folders deeper than [`MAX_DEPTH`] fail the set, device nodes, FIFOs and sockets are
+//! left out, no set-id bit survives, and the copy belongs to the building user and is
+//! read-only for everyone. A build's code decides what the tree holds; it never decides
+//! what Zygo does with its own rights.
 
 use std::io::Write;
 use std::os::fd::AsRawFd;
@@ -51,12 +59,20 @@ pub const NODE_MODULES_MOUNT: &str = "/node_modules";
 /// Where a build finds the files it was sent.
 const INPUT_MOUNT: &str = "/deps-input";
 
-/// The limits of a build's sandbox.
-const BUILD_MEM: &str = "2G";
+/// The limits of a build's sandbox (its memory is this plus the set's size limit, which
+/// its `/venv` tmpfs takes from it).
+const BUILD_MEM: u64 = 2 << 30;
 const BUILD_CPU: &str = "2";
 const BUILD_PIDS: &str = "256";
 const BUILD_TIMEOUT: &str = "15m";
 const BUILD_SCRATCH: &str = "1G";
+
+/// The most a set's tree may hold unless `ZYGO_DEPS_MAX_SIZE` says otherwise.
+pub const DEFAULT_MAX_SIZE: u64 = 1 << 30;
+/// The most entries (files, folders, links) a set's tree may have.
+pub const MAX_ENTRIES: u64 = 500_000;
+/// The deepest a set's folders may nest (a venv's deepest are about 15).
+pub const MAX_DEPTH: usize = 100;
 
 /// What a set installs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -207,6 +223,9 @@ pub struct Settings {
     /// resolvers' own (where the host's network re-signs TLS), read-only at
     /// [`CA_MOUNT`].
     pub ca_bundle: Option<PathBuf>,
+    /// `ZYGO_DEPS_MAX_SIZE`, else [`DEFAULT_MAX_SIZE`]: the most bytes a set's tree may
+    /// hold.
+    pub max_size: u64,
 }
 
 /// Where a build finds `ZYGO_DEPS_CA_BUNDLE`.
@@ -240,11 +259,18 @@ impl Settings {
                 ));
             }
         }
+        let max_size = match var("ZYGO_DEPS_MAX_SIZE") {
+            Some(v) => policy::limits::parse_size("ZYGO_DEPS_MAX_SIZE", v.trim())
+                .map_err(|e| e.to_string())?
+                .0,
+            None => DEFAULT_MAX_SIZE,
+        };
         Ok(Settings {
             registries,
             pip_index_url: var("ZYGO_DEPS_PIP_INDEX_URL"),
             npm_registry: var("ZYGO_DEPS_NPM_REGISTRY"),
             ca_bundle,
+            max_size,
         })
     }
 
@@ -307,11 +333,11 @@ fn build_script(kind: Kind) -> String {
 }
 
 /// The plan of a set's build: a one-shot sandbox on its image, egress only to the
-/// registries, the set's tree writable at [`MOUNT`] and its files read-only.
+/// registries, its files read-only. Its writable [`MOUNT`] is added to the launch plan
+/// ([`fresh_mount`]).
 pub fn build_plan(
     settings: &Settings,
     inputs: &Inputs,
-    tree: &Path,
     input: &Path,
 ) -> Result<policy::OneShotPlan, String> {
     let path = |p: &Path| {
@@ -319,15 +345,12 @@ pub fn build_plan(
             .map(str::to_string)
             .ok_or_else(|| format!("path {} is not valid UTF-8", p.display()))
     };
-    let mut mounts = vec![
-        format!("{}:{MOUNT}:rw", path(tree)?),
-        format!("{}:{INPUT_MOUNT}:ro", path(input)?),
-    ];
+    let mut mounts = vec![format!("{}:{INPUT_MOUNT}:ro", path(input)?)];
     if let Some(ca) = &settings.ca_bundle {
         mounts.push(format!("{}:{CA_MOUNT}:ro", path(ca)?));
     }
     let args = policy::OneShotArgs {
-        mem: Some(BUILD_MEM.into()),
+        mem: Some(build_mem(settings).to_string()),
         cpu: Some(BUILD_CPU.into()),
         pids: Some(BUILD_PIDS.into()),
         timeout: Some(BUILD_TIMEOUT.into()),
@@ -341,6 +364,22 @@ pub fn build_plan(
         ..policy::OneShotArgs::default()
     };
     policy::one_shot(&args).map_err(|e| e.to_string())
+}
+
+/// A build's memory limit: the resolver's own and the tree's.
+fn build_mem(settings: &Settings) -> u64 {
+    BUILD_MEM.saturating_add(settings.max_size)
+}
+
+/// The launch plan's entry for the build's `/venv`: the fresh tmpfs, handed over.
+fn fresh_mount() -> proto::launch::BindMount {
+    proto::launch::BindMount {
+        src: "tmpfs".into(),
+        dst: MOUNT.into(),
+        rw: true,
+        handed: true,
+        fresh: true,
+    }
 }
 
 /// `<state dir>/deps`.
@@ -559,7 +598,7 @@ pub fn claim(state_dir: &Path, inputs: &Inputs) -> Result<Claim, String> {
         error: None,
     };
     // What an earlier attempt left goes first.
-    for sub in ["tree", "input"] {
+    for sub in ["tree", "tree.new", "input"] {
         remove_tree(&d.join(sub))?;
     }
     let _ = std::fs::remove_file(d.join("build.log"));
@@ -583,95 +622,10 @@ fn make_dir(p: &Path, mode: u32) -> Result<(), String> {
         .map_err(|e| format!("set the mode of {}: {e}", p.display()))
 }
 
-/// Remove a directory tree that a build may have left read-only.
+/// Remove a tree that a build made or left (by descriptor, never through a link; see
+/// [`crate::tree::remove`]).
 fn remove_tree(p: &Path) -> Result<(), String> {
-    if std::fs::symlink_metadata(p).is_err() {
-        return Ok(());
-    }
-    let _ = walk(p, &mut |q, meta| {
-        use std::os::unix::fs::PermissionsExt;
-        if meta.is_dir() {
-            let _ = std::fs::set_permissions(q, std::fs::Permissions::from_mode(0o700));
-        }
-        Ok(())
-    });
-    std::fs::remove_dir_all(p).map_err(|e| format!("remove {}: {e}", p.display()))
-}
-
-/// Call `f` for `p` and, if it is a directory (not a symlink to one), everything under it,
-/// parents before children.
-fn walk(
-    p: &Path,
-    f: &mut dyn FnMut(&Path, &std::fs::Metadata) -> Result<(), String>,
-) -> Result<(), String> {
-    let meta = std::fs::symlink_metadata(p).map_err(|e| format!("{}: {e}", p.display()))?;
-    f(p, &meta)?;
-    if meta.is_dir() {
-        let rd = std::fs::read_dir(p).map_err(|e| format!("read {}: {e}", p.display()))?;
-        for e in rd {
-            let e = e.map_err(|e| format!("read {}: {e}", p.display()))?;
-            walk(&e.path(), f)?;
-        }
-    }
-    Ok(())
-}
-
-/// `lchown` a path (a symlink itself, not what it points to).
-fn lchown(p: &Path, uid: u32, gid: u32) -> Result<(), String> {
-    use std::os::unix::ffi::OsStrExt;
-    let c = std::ffi::CString::new(p.as_os_str().as_bytes())
-        .map_err(|_| format!("{} has a NUL byte", p.display()))?;
-    // SAFETY: a valid NUL-terminated path.
-    if unsafe { libc::lchown(c.as_ptr(), uid, gid) } != 0 {
-        return Err(format!(
-            "change the owner of {}: {}",
-            p.display(),
-            std::io::Error::last_os_error()
-        ));
-    }
-    Ok(())
-}
-
-/// The host ids of a sandbox's root, where they differ from this process's (as root).
-fn sandbox_root_ids() -> Result<Option<(u32, u32)>, String> {
-    match crate::identity::id_map().map_err(|e| e.to_string())? {
-        proto::launch::IdMap::Range {
-            uid_base, gid_base, ..
-        } => Ok(Some((uid_base, gid_base))),
-        proto::launch::IdMap::Single { .. } => Ok(None),
-    }
-}
-
-/// After a build: the tree belongs to this process's user (root, as root) and nobody may
-/// write to it; everything stays readable (and what was executable, executable). Only
-/// files, folders and symlinks stay.
-fn seal(tree: &Path) -> Result<(), String> {
-    // SAFETY: these calls cannot fail.
-    let (uid, gid) = unsafe { (libc::geteuid(), libc::getegid()) };
-    let as_root = uid == 0;
-    walk(tree, &mut |p, meta| {
-        use std::os::unix::fs::{MetadataExt, PermissionsExt};
-        if as_root {
-            lchown(p, uid, gid)?;
-        }
-        let ft = meta.file_type();
-        if ft.is_symlink() {
-            return Ok(());
-        }
-        if !ft.is_file() && !ft.is_dir() {
-            // A FIFO, a socket or a device node has no place in a set: whoever opened it
-            // later would block, or reach what it names.
-            return std::fs::remove_file(p).map_err(|e| format!("remove {}: {e}", p.display()));
-        }
-        // No set-id bits, no write bits; readable by all, and searchable where it was.
-        let mut mode = meta.mode() & 0o555;
-        mode |= 0o444;
-        if meta.is_dir() || mode & 0o111 != 0 {
-            mode |= 0o111;
-        }
-        std::fs::set_permissions(p, std::fs::Permissions::from_mode(mode))
-            .map_err(|e| format!("set the mode of {}: {e}", p.display()))
-    })
+    crate::tree::remove(p).map_err(|e| format!("remove {}: {e}", p.display()))
 }
 
 /// Build a claimed set: run its build sandbox, keep the log, and write its final record.
@@ -699,7 +653,11 @@ pub fn build(
         error,
     };
     if !ok {
-        let _ = remove_tree(&d.join("tree"));
+        for sub in ["tree", "tree.new"] {
+            if let Err(e) = remove_tree(&d.join(sub)) {
+                log::warn!("dependency set {}: {e}", rec.id);
+            }
+        }
     }
     if let Err(e) = write_record(&d, &rec) {
         log::error!("dependency set {}: {e}", rec.id);
@@ -716,21 +674,25 @@ fn run_build(
     cancel: Option<std::os::fd::OwnedFd>,
 ) -> Result<(), String> {
     let log_path = d.join("build.log");
-    let tree = d.join("tree");
     let input = d.join("input");
-    make_dir(&tree, 0o755)?;
-    if let Some((uid, gid)) = sandbox_root_ids()? {
-        lchown(&tree, uid, gid)?;
-    }
     // A copy of the cancel pipe's read end, to tell afterwards whether the build was
     // stopped (a sandbox stopped while it was being built reports only that it died).
     let stopped = cancel.as_ref().and_then(|c| c.try_clone().ok());
     // A build the host cannot give its sandbox (egress to the registries, above all) is
     // refused here, before anything runs: it never runs with another network instead.
-    let planned = Settings::from_env()
-        .and_then(|settings| build_plan(&settings, inputs, &tree, &input))
-        .and_then(|plan| oneshot::launch_plan(&plan));
-    let (launch, limits) = match planned {
+    let planned = Settings::from_env().and_then(|settings| {
+        let plan = build_plan(&settings, inputs, &input)?;
+        let (mut launch, limits) = oneshot::launch_plan(&plan)?;
+        launch.mounts.push(fresh_mount());
+        let venv = crate::mounts::private_tmpfs(settings.max_size, MAX_ENTRIES).map_err(|e| {
+            format!(
+                "make the build's {MOUNT} (a tmpfs of {} bytes): {e}",
+                settings.max_size
+            )
+        })?;
+        Ok((settings, launch, limits, venv))
+    });
+    let (settings, launch, limits, venv) = match planned {
         Ok(p) => p,
         Err(e) => {
             let why = format!(
@@ -746,6 +708,10 @@ fn run_build(
             return Err(why);
         }
     };
+    // The tree is read through this once the sandbox has gone.
+    let held = venv
+        .try_clone()
+        .map_err(|e| format!("keep the build's {MOUNT}: {e}"))?;
     let out = oneshot::run(
         backend,
         Request {
@@ -755,30 +721,110 @@ fn run_build(
             output: Output::Capture,
             launcher,
             cancel,
+            fresh: vec![venv],
         },
     );
-    let verdict = if stopped.as_ref().is_some_and(was_cancelled) {
+    let mut verdict = if stopped.as_ref().is_some_and(was_cancelled) {
         Err("the build was stopped (its supervisor stopped)".to_string())
     } else {
-        verdict(&out)
+        verdict(&out, &settings)
     };
+    if verdict.is_err() && is_full(&held) {
+        verdict = Err(format!(
+            "the set's tree filled its limit of {} bytes or {MAX_ENTRIES} entries \
+             (ZYGO_DEPS_MAX_SIZE sets the size)",
+            settings.max_size
+        ));
+    }
     let mut log = out.stdout.clone();
     if out.stdout_truncated {
         log.extend_from_slice(b"\n[zygo] the output above was cut at 1 MiB\n");
     }
     log.extend_from_slice(&out.stderr);
+    if verdict.is_ok() {
+        match seal_out(&held, d, inputs.kind, &settings) {
+            Ok(c) => log.extend_from_slice(
+                format!(
+                    "\n[zygo] the set holds {} files, {} folders and {} links, {} bytes{}\n",
+                    c.files,
+                    c.folders,
+                    c.links,
+                    c.bytes,
+                    if c.skipped > 0 {
+                        format!(
+                            "; {} device nodes, FIFOs or sockets were left out",
+                            c.skipped
+                        )
+                    } else {
+                        String::new()
+                    }
+                )
+                .as_bytes(),
+            ),
+            Err(why) => verdict = Err(why),
+        }
+    }
     match &verdict {
-        Ok(()) => log.extend_from_slice(b"\n[zygo] the build succeeded\n"),
+        Ok(()) => log.extend_from_slice(b"[zygo] the build succeeded\n"),
         Err(why) => log.extend_from_slice(format!("\n[zygo] the build failed: {why}\n").as_bytes()),
     }
     write_atomic(&log_path, &log)?;
-    verdict?;
-    if inputs.kind == Kind::Node {
+    verdict
+}
+
+/// Whether the build's tmpfs has no room left (in bytes or entries).
+fn is_full(venv: &std::os::fd::OwnedFd) -> bool {
+    // SAFETY: statfs is plain data, filled in by the call.
+    let mut st: libc::statfs = unsafe { std::mem::zeroed() };
+    // SAFETY: a valid descriptor and statfs buffer.
+    let r = unsafe { libc::fstatfs(venv.as_raw_fd(), &mut st) };
+    r == 0 && (st.f_bavail == 0 || st.f_ffree == 0)
+}
+
+/// Copy the built tree out of the build's tmpfs into `tree/`, sealed (see
+/// [`crate::tree::copy_sealed`]), replacing what was there.
+fn seal_out(
+    venv: &std::os::fd::OwnedFd,
+    d: &Path,
+    kind: Kind,
+    settings: &Settings,
+) -> Result<crate::tree::Copied, String> {
+    if kind == Kind::Node {
         // Sandboxes get node_modules at /node_modules too (see [`NODE_MODULES_MOUNT`]),
         // so it exists even for a set with no packages.
-        make_dir(&tree.join("node_modules"), 0o755)?;
+        match crate::tree::ensure_folder(venv, c"node_modules") {
+            Ok(true) => {}
+            Ok(false) => {
+                return Err(format!(
+                    "the build left {MOUNT}/node_modules as something other than a folder"
+                ))
+            }
+            Err(e) => return Err(format!("make {MOUNT}/node_modules: {e}")),
+        }
     }
-    seal(&tree)
+    let new = d.join("tree.new");
+    remove_tree(&new)?;
+    make_dir(&new, 0o700)?;
+    let dst = crate::tree::open_folder(&new).map_err(|e| format!("open {}: {e}", new.display()))?;
+    let caps = crate::tree::Caps {
+        depth: MAX_DEPTH,
+        entries: MAX_ENTRIES,
+        bytes: settings.max_size,
+    };
+    let copied = match crate::tree::copy_sealed(venv, &dst, &caps, MOUNT) {
+        Ok(c) => c,
+        Err(e) => {
+            drop(dst);
+            let _ = remove_tree(&new);
+            return Err(format!("the set's tree was refused: {e}"));
+        }
+    };
+    drop(dst);
+    let tree = d.join("tree");
+    remove_tree(&tree)?;
+    std::fs::rename(&new, &tree)
+        .map_err(|e| format!("rename {} to {}: {e}", new.display(), tree.display()))?;
+    Ok(copied)
 }
 
 /// Whether a cancel pipe's read end says cancel: readable, or its write end closed.
@@ -794,7 +840,7 @@ fn was_cancelled(fd: &std::os::fd::OwnedFd) -> bool {
 }
 
 /// Whether a build's sandbox ended well, or why not in one line.
-fn verdict(out: &Outcome) -> Result<(), String> {
+fn verdict(out: &Outcome, settings: &Settings) -> Result<(), String> {
     if let Some(e) = &out.error {
         return Err(format!("the build sandbox could not run: {e}"));
     }
@@ -805,7 +851,11 @@ fn verdict(out: &Outcome) -> Result<(), String> {
         return Err(format!("the build ran past its {BUILD_TIMEOUT} limit"));
     }
     if out.oom_killed {
-        return Err(format!("the build ran out of memory (limit {BUILD_MEM})"));
+        return Err(format!(
+            "the build ran out of memory (limit {} bytes: 2 GiB for the resolver and the \
+             set's size limit for its tree)",
+            build_mem(settings)
+        ));
     }
     if let Some(sig) = out.signal {
         return Err(format!("the build was killed by signal {sig}"));
@@ -903,41 +953,6 @@ mod tests {
     }
 
     #[test]
-    fn a_sealed_tree_is_read_only_and_holds_only_files_folders_and_links() {
-        use std::os::unix::fs::{MetadataExt, PermissionsExt};
-        let d = std::env::temp_dir().join(format!("zygo-deps-seal-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&d);
-        std::fs::create_dir_all(d.join("bin")).expect("mkdir");
-        std::fs::write(d.join("bin/tool"), b"#!/bin/sh\n").expect("write");
-        std::fs::set_permissions(d.join("bin/tool"), std::fs::Permissions::from_mode(0o6777))
-            .expect("chmod");
-        std::fs::write(d.join("data"), b"x").expect("write");
-        std::fs::set_permissions(d.join("data"), std::fs::Permissions::from_mode(0o600))
-            .expect("chmod");
-        std::os::unix::fs::symlink("/etc/passwd", d.join("link")).expect("symlink");
-        let fifo = std::ffi::CString::new(d.join("fifo").to_str().expect("utf-8")).expect("c");
-        // SAFETY: a valid NUL-terminated path.
-        assert_eq!(unsafe { libc::mkfifo(fifo.as_ptr(), 0o666) }, 0);
-        let sealed = seal(&d);
-        let mode = |p: &str| {
-            std::fs::symlink_metadata(d.join(p))
-                .map(|m| m.mode() & 0o7777)
-                .unwrap_or(0)
-        };
-        let got = (
-            mode(""),
-            mode("bin"),
-            mode("bin/tool"),
-            mode("data"),
-            d.join("fifo").exists(),
-            std::fs::symlink_metadata(d.join("link")).is_ok(),
-        );
-        let _ = remove_tree(&d);
-        sealed.expect("seal");
-        assert_eq!(got, (0o555, 0o555, 0o555, 0o444, false, true));
-    }
-
-    #[test]
     fn ids_are_checked_by_form() {
         assert!(is_id(&format!("deps_{}", "a".repeat(64))));
         assert!(!is_id(&format!("deps_{}", "A".repeat(64))));
@@ -954,16 +969,19 @@ mod tests {
             pip_index_url: None,
             npm_registry: None,
             ca_bundle: None,
+            max_size: DEFAULT_MAX_SIZE,
         };
-        let plan =
-            build_plan(&settings, &py("six\n"), &tmp.join("t"), &tmp.join("i")).expect("plan");
+        let plan = build_plan(&settings, &py("six\n"), &tmp.join("i")).expect("plan");
         assert_eq!(plan.network, policy::Network::Egress);
         assert_eq!(plan.allow.len(), DEFAULT_REGISTRIES.len());
-        assert_eq!(plan.mounts.len(), 2);
-        assert!(plan
-            .mounts
-            .iter()
-            .any(|m| m.rw && m.dst == Path::new(MOUNT)));
+        // Nothing of the host's is writable: the tree is a fresh tmpfs, added at launch.
+        assert_eq!(plan.mounts.len(), 1);
+        assert!(plan.mounts.iter().all(|m| !m.rw));
+        assert_eq!(
+            plan.limits.mem,
+            policy::Mem::Limited(policy::Bytes(BUILD_MEM + DEFAULT_MAX_SIZE))
+        );
+        assert!(fresh_mount().fresh && fresh_mount().rw);
         assert!(plan
             .mounts
             .iter()
@@ -974,8 +992,7 @@ mod tests {
             pip_index_url: Some("http://10.0.0.1:8080/simple/".into()),
             ..settings
         };
-        let plan =
-            build_plan(&with_ca, &py("six\n"), &tmp.join("t"), &tmp.join("i")).expect("plan");
+        let plan = build_plan(&with_ca, &py("six\n"), &tmp.join("i")).expect("plan");
         assert!(plan
             .mounts
             .iter()

@@ -19,3 +19,4 @@ pub mod paths;
 pub mod shape;
 pub mod spawn;
 pub mod supervisor;
+pub mod tree;

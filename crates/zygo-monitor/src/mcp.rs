@@ -728,6 +728,7 @@ fn run_code(
         output: Output::Capture,
         launcher: sh.opts.exe.clone(),
         cancel: Some(cancel_r),
+        fresh: Vec::new(),
     };
     let out = oneshot::run(&sh.opts.backend, req);
     drop(done_tx);

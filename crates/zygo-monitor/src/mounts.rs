@@ -143,8 +143,9 @@ pub fn copy(handed: &Handed) -> io::Result<OwnedFd> {
 }
 
 /// As root, detach a plan's `dir:` image and every mount (marking them handed over) and
-/// return the trees: the image's first, then the mounts' in the plan's order. Rootless,
-/// nothing (the launcher binds the paths itself).
+/// return the trees: the image's first, then the mounts' in the plan's order, then the
+/// workspace's. Rootless, nothing (the launcher binds the paths itself). A `fresh` mount
+/// is left to its maker, whose descriptor goes after the others' (before the workspace).
 pub fn hand_over(plan: &mut LaunchPlan) -> Result<Vec<Handed>, String> {
     if !can_hand_over() {
         return Ok(Vec::new());
@@ -167,6 +168,10 @@ pub fn hand_over(plan: &mut LaunchPlan) -> Result<Vec<Handed>, String> {
         trees.push(tree);
     }
     for m in plan.mounts.iter_mut() {
+        if m.fresh {
+            // Made by the caller, who hands its descriptor over (see `BindMount::fresh`).
+            continue;
+        }
         let tree = detach(Path::new(&m.src), m.rw)
             .map_err(|e| format!("open the mount source {}: {e}", m.src))?;
         m.handed = true;
@@ -196,4 +201,215 @@ pub fn send(sock: &UnixStream, trees: &[OwnedFd]) -> io::Result<()> {
     let n = plumbing::fds::send_with_fds(sock.as_raw_fd(), &frame, &raw)?;
     // The descriptors went with the first byte; the rest of a short write follows plainly.
     (&*sock).write_all(&frame[n..])
+}
+
+/// A new tmpfs of at most `bytes` and `inodes`, detached (in no mount namespace, so no
+/// path on the host reaches it): a filesystem for one sandbox alone, a dependency build's
+/// output. Its root is `0777` (whoever the sandbox's root is on the host may write there;
+/// nobody else ever sees it), and it is `nosuid` and `nodev`. Whoever holds the
+/// descriptor reads the tree through it after the sandbox has gone, and the filesystem
+/// ends when the last descriptor and mount of it do.
+///
+/// As root it is made here; rootless, by a child of this process in a user and mount
+/// namespace of its own (an unprivileged user may make a tmpfs only there), which sends
+/// the descriptor back and exits. A sandbox's launcher can place either (`move_mount`).
+pub fn private_tmpfs(bytes: u64, inodes: u64) -> io::Result<OwnedFd> {
+    let opts = TmpfsOpts {
+        size: cstring(format!("{bytes}"))?,
+        inodes: cstring(format!("{inodes}"))?,
+    };
+    if can_hand_over() {
+        return make_tmpfs(&opts).map_err(|(what, e)| io::Error::new(e.kind(), format!("{what}: {e}")));
+    }
+    // SAFETY: these calls cannot fail.
+    let (uid, gid) = unsafe { (libc::geteuid(), libc::getegid()) };
+    let uid_map = format!("0 {uid} 1");
+    let gid_map = format!("0 {gid} 1");
+    let (ours, theirs) = plumbing::pipes::socketpair(libc::SOCK_STREAM)?;
+    // SAFETY: the child calls only async-signal-safe functions (system calls on buffers
+    // made before the fork) and leaves with _exit.
+    let pid = unsafe { libc::fork() };
+    if pid < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    if pid == 0 {
+        drop(ours);
+        let code = tmpfs_child(&opts, uid_map.as_bytes(), gid_map.as_bytes(), theirs.as_raw_fd());
+        // SAFETY: leaving the child without running anything of the parent's.
+        unsafe { libc::_exit(code) };
+    }
+    drop(theirs);
+    let mut status = [0u8; 1];
+    let got = plumbing::fds::recv_exact_with_fds(ours.as_raw_fd(), &mut status, 1);
+    let mut wstatus = 0;
+    // SAFETY: our own child, reaped once.
+    while unsafe { libc::waitpid(pid, &mut wstatus, 0) } < 0
+        && io::Error::last_os_error().raw_os_error() == Some(libc::EINTR)
+    {}
+    let fds = got.map_err(|e| io::Error::new(e.kind(), format!("receive the tmpfs: {e}")))?;
+    match (status[0], fds.into_iter().next()) {
+        (0, Some(fd)) => Ok(fd),
+        (step, _) => Err(io::Error::other(format!(
+            "a user namespace of this user could not make a tmpfs (step {step} of {}; exit \
+             status {wstatus:#x})",
+            TMPFS_STEPS.len()
+        ))),
+    }
+}
+
+/// The steps of [`tmpfs_child`], for its failure messages.
+const TMPFS_STEPS: [&str; 5] = [
+    "unshare",
+    "write setgroups",
+    "write uid_map",
+    "write gid_map",
+    "make the tmpfs",
+];
+
+struct TmpfsOpts {
+    size: std::ffi::CString,
+    inodes: std::ffi::CString,
+}
+
+fn cstring(s: String) -> io::Result<std::ffi::CString> {
+    std::ffi::CString::new(s).map_err(|_| io::Error::from_raw_os_error(libc::EINVAL))
+}
+
+/// `fsopen` + `fsconfig` + `fsmount` of a tmpfs with `opts`; what failed, and why.
+fn make_tmpfs(opts: &TmpfsOpts) -> Result<OwnedFd, (&'static str, io::Error)> {
+    const FSOPEN_CLOEXEC: libc::c_uint = 1;
+    const FSCONFIG_SET_STRING: libc::c_uint = 1;
+    const FSCONFIG_CMD_CREATE: libc::c_uint = 6;
+    const FSMOUNT_CLOEXEC: libc::c_uint = 1;
+    // SAFETY: a valid C string; a new descriptor or -1.
+    let fs = unsafe { libc::syscall(libc::SYS_fsopen, c"tmpfs".as_ptr(), FSOPEN_CLOEXEC) };
+    if fs < 0 {
+        return Err(("open a tmpfs context", io::Error::last_os_error()));
+    }
+    // SAFETY: a fresh descriptor nothing else owns.
+    let fs = unsafe { OwnedFd::from_raw_fd(fs as RawFd) };
+    for (key, value) in [
+        (c"size", opts.size.as_c_str()),
+        (c"nr_inodes", opts.inodes.as_c_str()),
+        (c"mode", c"0777"),
+    ] {
+        // SAFETY: valid C strings for a key and its value.
+        let r = unsafe {
+            libc::syscall(
+                libc::SYS_fsconfig,
+                fs.as_raw_fd(),
+                FSCONFIG_SET_STRING,
+                key.as_ptr(),
+                value.as_ptr(),
+                0,
+            )
+        };
+        if r < 0 {
+            return Err(("set a tmpfs option", io::Error::last_os_error()));
+        }
+    }
+    // SAFETY: no key or value for the create command.
+    let r = unsafe {
+        libc::syscall(
+            libc::SYS_fsconfig,
+            fs.as_raw_fd(),
+            FSCONFIG_CMD_CREATE,
+            std::ptr::null::<libc::c_char>(),
+            std::ptr::null::<libc::c_char>(),
+            0,
+        )
+    };
+    if r < 0 {
+        return Err(("create a tmpfs", io::Error::last_os_error()));
+    }
+    // SAFETY: fsmount on the created context; a new descriptor or -1.
+    let m = unsafe {
+        libc::syscall(
+            libc::SYS_fsmount,
+            fs.as_raw_fd(),
+            FSMOUNT_CLOEXEC,
+            (MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV) as libc::c_uint,
+        )
+    };
+    if m < 0 {
+        return Err(("mount a tmpfs", io::Error::last_os_error()));
+    }
+    // SAFETY: a fresh descriptor nothing else owns.
+    Ok(unsafe { OwnedFd::from_raw_fd(m as RawFd) })
+}
+
+/// The child of [`private_tmpfs`], rootless: a user namespace whose root is this user, a
+/// mount namespace, the tmpfs, and the descriptor sent on `sock` after a status byte (the
+/// 1-based step that failed, or 0). Returns the exit status.
+fn tmpfs_child(opts: &TmpfsOpts, uid_map: &[u8], gid_map: &[u8], sock: RawFd) -> i32 {
+    let say = |step: u8, fd: Option<RawFd>| send_status(sock, step, fd);
+    // SAFETY: unshare in this single-threaded child.
+    if unsafe { libc::unshare(libc::CLONE_NEWUSER | libc::CLONE_NEWNS) } != 0 {
+        say(1, None);
+        return 1;
+    }
+    let write = |path: &std::ffi::CStr, data: &[u8]| -> bool {
+        // SAFETY: a valid C string; the descriptor is closed below.
+        let fd = unsafe { libc::open(path.as_ptr(), libc::O_WRONLY | libc::O_CLOEXEC) };
+        if fd < 0 {
+            return false;
+        }
+        // SAFETY: writing from a buffer of the length passed.
+        let n = unsafe { libc::write(fd, data.as_ptr().cast(), data.len()) };
+        // SAFETY: our own descriptor.
+        unsafe { libc::close(fd) };
+        n == data.len() as isize
+    };
+    for (step, path, data) in [
+        (2u8, c"/proc/self/setgroups", b"deny".as_slice()),
+        (3, c"/proc/self/uid_map", uid_map),
+        (4, c"/proc/self/gid_map", gid_map),
+    ] {
+        if !write(path, data) {
+            say(step, None);
+            return 1;
+        }
+    }
+    match make_tmpfs(opts) {
+        Ok(fd) => {
+            say(0, Some(fd.as_raw_fd()));
+            0
+        }
+        Err(_) => {
+            say(5, None);
+            1
+        }
+    }
+}
+
+/// One status byte on `sock`, with `fd` as `SCM_RIGHTS` if given, from buffers on the
+/// stack (the child of a fork in a process with threads may not allocate). Nothing is
+/// done about a failure: the parent then sees the channel close.
+fn send_status(sock: RawFd, status: u8, fd: Option<RawFd>) {
+    let byte = [status];
+    let mut iov = libc::iovec {
+        iov_base: byte.as_ptr() as *mut libc::c_void,
+        iov_len: 1,
+    };
+    let mut control = [0u64; 4];
+    // SAFETY: msghdr is plain old data; zeroed is a valid starting value.
+    let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
+    msg.msg_iov = &mut iov;
+    msg.msg_iovlen = 1;
+    if let Some(fd) = fd {
+        let len = std::mem::size_of::<RawFd>() as u32;
+        msg.msg_control = control.as_mut_ptr().cast();
+        // SAFETY: CMSG_SPACE of one descriptor (24 bytes), within the 32 of `control`.
+        msg.msg_controllen = unsafe { libc::CMSG_SPACE(len) } as usize;
+        // SAFETY: filling in the one control message the buffer was sized for.
+        unsafe {
+            let c = libc::CMSG_FIRSTHDR(&msg);
+            (*c).cmsg_level = libc::SOL_SOCKET;
+            (*c).cmsg_type = libc::SCM_RIGHTS;
+            (*c).cmsg_len = libc::CMSG_LEN(len) as _;
+            std::ptr::write_unaligned(libc::CMSG_DATA(c).cast::<RawFd>(), fd);
+        }
+    }
+    // SAFETY: msg points at buffers that live for the call.
+    unsafe { libc::sendmsg(sock, &msg, libc::MSG_NOSIGNAL) };
 }

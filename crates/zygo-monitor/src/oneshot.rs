@@ -143,6 +143,8 @@ pub struct Request {
     /// When this descriptor becomes readable (or its write end closes), the sandbox is
     /// killed and the outcome says `cancelled`.
     pub cancel: Option<OwnedFd>,
+    /// The descriptors of the plan's `fresh` mounts (its last ones), in their order.
+    pub fresh: Vec<OwnedFd>,
 }
 
 /// What happened, in the words `zygo run --json` prints.
@@ -289,11 +291,16 @@ pub fn start(req: Request) -> Result<Started, Box<Outcome>> {
     }
     let timeout_ms = plan.timeout_ms;
     // As root, the monitor opens what the sandbox mounts (see `crate::mounts`).
+    let fresh = req.fresh;
     let handed = crate::mounts::hand_over(&mut plan).and_then(|handed| {
-        let trees: Vec<_> = handed
+        let mut trees: Vec<_> = handed
             .into_iter()
             .map(crate::mounts::Handed::into_tree)
             .collect();
+        // The fresh mounts' trees go after the other mounts', before the workspace's.
+        let work = if plan.work_handed { trees.pop() } else { None };
+        trees.extend(fresh);
+        trees.extend(work);
         crate::mounts::send(&sock, &trees)
             .map_err(|e| format!("send the mounts to the launcher: {e}"))
     });
@@ -1103,6 +1110,7 @@ pub fn launch_plan(plan: &policy::plan::OneShotPlan) -> Result<(LaunchPlan, Limi
             dst: path_str(&m.dst)?,
             rw: m.rw,
             handed: false,
+            fresh: false,
         });
     }
     let ids = crate::identity::id_map().map_err(|e| e.to_string())?;

@@ -62,6 +62,7 @@ fn entry_mount(dir: String) -> Option<BindMount> {
         dst: "/fn".into(),
         rw: false,
         handed: false,
+        fresh: false,
     })
 }
 

@@ -520,6 +520,7 @@ pub(super) fn apply(plan: &mut LaunchPlan, spec: &FnSpec, set: &DepsUse) -> Resu
         dst: deps::MOUNT.into(),
         rw: false,
         handed: false,
+        fresh: false,
     });
     match set.kind {
         Kind::Python => {
@@ -556,6 +557,7 @@ pub(super) fn apply(plan: &mut LaunchPlan, spec: &FnSpec, set: &DepsUse) -> Resu
                 dst: deps::NODE_MODULES_MOUNT.into(),
                 rw: false,
                 handed: false,
+                fresh: false,
             });
             set_env(
                 &mut plan.env,

@@ -331,6 +331,7 @@ fn plan(spec: &FnSpec, identity: &Identity) -> Result<Planned, String> {
             dst: m.dst.to_str().ok_or("mount path is not UTF-8")?.into(),
             rw: m.rw,
             handed: false,
+            fresh: false,
         });
     }
     if let Some(m) = fn_mount {
