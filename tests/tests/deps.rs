@@ -107,6 +107,27 @@ with open(os.path.join(root, "index", "packages", "zygoevil-1.0.tar.gz"), "wb") 
 os.makedirs(os.path.join(root, "index", "simple", "zygoevil"))
 with open(os.path.join(root, "index", "simple", "zygoevil", "index.html"), "w") as f:
     f.write('<html><body><a href="../../packages/zygoevil-1.0.tar.gz">zygoevil-1.0.tar.gz</a></body></html>\n')
+# Hostile sdists: each setup.py (run by pip in the build) leaves something in /venv.
+def hostile(name, body):
+    setup = body + f"\nfrom setuptools import setup\nsetup(name={name!r}, version='1.0', py_modules=[])\n"
+    info = f"Metadata-Version: 2.1\nName: {name}\nVersion: 1.0\n"
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w:gz") as t:
+        for path, text in (("setup.py", setup), ("PKG-INFO", info)):
+            data = text.encode()
+            ti = tarfile.TarInfo(f"{name}-1.0/" + path)
+            ti.size, ti.mode = len(data), 0o644
+            t.addfile(ti, io.BytesIO(data))
+    with open(os.path.join(root, "index", "packages", f"{name}-1.0.tar.gz"), "wb") as f:
+        f.write(buf.getvalue())
+    os.makedirs(os.path.join(root, "index", "simple", name))
+    with open(os.path.join(root, "index", "simple", name, "index.html"), "w") as f:
+        f.write(f'<html><body><a href="../../packages/{name}-1.0.tar.gz">{name}-1.0.tar.gz</a></body></html>\n')
+# A folder chain 19,000 deep (deeper than any stack walks by recursion).
+# (pip runs a setup.py twice: for its metadata, then to install.)
+hostile("zygodeep", "import os\nif not os.path.exists('/venv/d'):\n    os.chdir('/venv')\n    for _ in range(19000):\n        os.mkdir('d')\n        os.chdir('d')\n    os.chdir('/')\n")
+# 64 MiB in /venv, in 1 MiB writes.
+hostile("zygobig", "with open('/venv/big', 'wb') as f:\n    for _ in range(64):\n        f.write(b'x' * (1 << 20))\n")
 fname, integrity = npm_package("zygonode", {"index.js": "module.exports = { value: 'zygonode 1.0' };\n"},
                                os.path.join(root, "index"))
 app("node-app", "zygonode", 8080, fname, integrity)
@@ -1046,4 +1067,181 @@ fn an_install_script_cannot_reach_beyond_the_registries() {
         !got.iter().any(|r| r.starts_with(&format!("{OTHER} "))),
         "the other port was reached: {got:?}"
     );
+}
+
+/// A `dir:` image of busybox with a fake `npm` that leaves `/venv/node_modules` as a link
+/// to `target` (a host path), for a Node build.
+fn linking_npm_image(target: &Path) -> Option<TempDir> {
+    let busybox = Path::new("/bin/busybox");
+    if !busybox.exists() {
+        skip("busybox-static is not installed (.ci/run installs it)");
+        return None;
+    }
+    let img = TempDir::new(0o755);
+    for d in ["bin", "usr/bin"] {
+        std::fs::create_dir_all(img.path.join(d)).expect("mkdir");
+    }
+    let bb = img.path.join("bin/busybox");
+    std::fs::copy(busybox, &bb).expect("copy busybox");
+    for tool in ["sh", "cp", "ln", "rm", "mkdir"] {
+        std::os::unix::fs::symlink("busybox", img.path.join("bin").join(tool)).expect("symlink");
+    }
+    let npm = img.path.join("usr/bin/npm");
+    std::fs::write(
+        &npm,
+        format!(
+            "#!/bin/sh\nrm -rf /venv/node_modules\nln -s {} /venv/node_modules\necho installed\n",
+            target.display()
+        ),
+    )
+    .expect("write npm");
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(&npm, std::fs::Permissions::from_mode(0o755)).expect("chmod");
+    Some(img)
+}
+
+root_and_rootless!(a_build_never_makes_zygo_follow_its_links);
+
+/// What a build's code leaves in its tree decides nothing Zygo does with its own rights: a
+/// Node build whose `npm` (here a fake one, in a `dir:` image) leaves `/venv/node_modules`
+/// as a link to a host folder of the runner's (0700) fails, naming the link, and the
+/// folder keeps its mode. (Zygo used to make the set's `node_modules` 0755 through the
+/// link, as root, and mount it into every Node sandbox on the set.)
+fn a_build_never_makes_zygo_follow_its_links(who: Who) {
+    if !root_only() {
+        return;
+    }
+    let h = IndexHost::new();
+    let env = Env::as_who(who);
+    let secret = TempDir::new(0o755);
+    let target = secret.path.join("private");
+    std::fs::create_dir(&target).expect("mkdir");
+    std::fs::write(target.join("key"), b"host secret").expect("write");
+    if who == Who::Rootless {
+        let r = rootless_setup();
+        std::os::unix::fs::chown(&target, Some(r.uid), Some(r.gid)).expect("chown");
+    }
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(&target, std::fs::Permissions::from_mode(0o700)).expect("chmod");
+    let Some(img) = linking_npm_image(&target) else {
+        return;
+    };
+    let [manifest, lock] = env.node_app(&h, "node-app");
+    let image = format!("dir:{}", img.str());
+    let (v, f) = env.deps(&h, &["build", &image, &manifest, &lock]);
+    assert_eq!(
+        mode_of(&target),
+        0o700,
+        "the build changed a host folder through its link: {v}"
+    );
+    assert_eq!(s(&v, "state"), "failed", "{v} {}", f.stderr_text());
+    assert!(
+        s(&v, "error").contains("node_modules as something other than a folder"),
+        "{v}"
+    );
+    let id = s(&v, "id").to_string();
+    assert!(!env.tree(&id).exists(), "a failed set left its tree");
+    let (shown, _) = env.deps(&h, &["show", &id]);
+    assert!(
+        s(&shown, "log").contains("installed"),
+        "the log has what the build said: {shown}"
+    );
+}
+
+root_and_rootless!(a_set_past_its_size_limit_fails_and_leaves_nothing);
+
+/// A build's tree lives on a tmpfs capped at the set's size limit: a package whose
+/// setup.py writes 64 MiB into /venv, under `ZYGO_DEPS_MAX_SIZE=16M`, fails the set with
+/// that reason, and nothing of it is left on the host's disk.
+fn a_set_past_its_size_limit_fails_and_leaves_nothing(who: Who) {
+    if !root_only() {
+        return;
+    }
+    let h = IndexHost::new();
+    let env = Env::as_who(who);
+    let req = env.requirements("big", "zygobig==1.0\n");
+    let (v, f) = env.deps_with(
+        &h,
+        &[("ZYGO_DEPS_MAX_SIZE", "16M")],
+        &["build", "host", &req],
+    );
+    assert_eq!(s(&v, "state"), "failed", "{v} {}", f.stderr_text());
+    assert!(
+        s(&v, "error").contains("filled its limit of 16777216 bytes"),
+        "{v}"
+    );
+    let id = s(&v, "id").to_string();
+    let d = env.state.join("deps").join(&id);
+    for sub in ["tree", "tree.new"] {
+        assert!(!d.join(sub).exists(), "{sub} is left");
+    }
+    // A wrong limit is refused, naming the variable.
+    let (v, f) = env.deps_with(
+        &h,
+        &[("ZYGO_DEPS_MAX_SIZE", "lots")],
+        &["build", "host", &req],
+    );
+    assert_ne!(f.code, 0, "{v}");
+    assert!(
+        f.stdout_text().contains("ZYGO_DEPS_MAX_SIZE")
+            || f.stderr_text().contains("ZYGO_DEPS_MAX_SIZE"),
+        "{v} {}",
+        f.stderr_text()
+    );
+}
+
+root_and_rootless!(a_deep_tree_fails_the_set_and_the_supervisor_lives);
+
+/// A package whose setup.py leaves a folder chain 19,000 deep in /venv, posted with a
+/// tenant's token: the set fails, saying how deep is too deep, and the supervisor serves
+/// on; posted again, it is built again and fails again, and the supervisor still serves.
+/// (Zygo's tree walks used to recurse, and such a tree overflowed the build thread's stack
+/// and took the supervisor down, again after every restart.)
+fn a_deep_tree_fails_the_set_and_the_supervisor_lives(who: Who) {
+    if !root_only() {
+        return;
+    }
+    let h = IndexHost::new();
+    let mut sup = sup_as(who, &h, "deep");
+    sup.env("ZYGO_API_TOKEN", BOOT);
+    let names = sup.up(&[("echo", "echo", "")]);
+    let api = start_api(&sup);
+    let a = api.addr.as_str();
+    let tenant = zygo_tests::api::tenant_id("deep");
+    let (st, _, v) = http(
+        a,
+        "POST",
+        "/tenants",
+        BOOT,
+        &format!("{{\"id\": \"{tenant}\"}}"),
+    );
+    assert_eq!(st, 200, "{v}");
+    let (_, tok) = zygo_tests::api::mint(&sup, Some(&tenant));
+    let body =
+        serde_json::json!({"image": "host", "files": {"requirements.txt": "zygodeep==1.0\n"}})
+            .to_string();
+    let pid = sup.supervisor.expect("the supervisor's pid");
+    for round in 0..2 {
+        let (st, _, v) = http(a, "POST", "/deps", &tok, &body);
+        assert_eq!(st, 202, "round {round}: {v}\n{}", sup.log());
+        let id = s(&v, "id").to_string();
+        wait_for(Duration::from_secs(180), "the deep set ends", || {
+            let (_, _, v) = http(a, "GET", &format!("/deps/{id}"), &tok, "");
+            s(&v, "state") != "building"
+        });
+        let (st, _, v) = http(a, "GET", &format!("/deps/{id}"), &tok, "");
+        assert_eq!((st, s(&v, "state")), (200, "failed"), "round {round}: {v}");
+        assert!(
+            s(&v, "error").contains("nested more than 100 deep"),
+            "round {round}: {v}"
+        );
+        assert!(
+            alive(pid),
+            "round {round}: the supervisor died\n{}",
+            sup.log()
+        );
+        assert!(!sup.st.join("deps").join(&id).join("tree").exists());
+    }
+    let (st, _, v) = http(a, "GET", &format!("/fn/{}/stats", names[0]), BOOT, "");
+    assert_eq!(st, 200, "the supervisor still serves: {v}");
 }

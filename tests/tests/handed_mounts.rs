@@ -214,3 +214,64 @@ fn a_writable_folder_that_cannot_be_idmapped_is_refused() {
     let b = fs::metadata(dir.path.join("b")).expect("b").uid();
     assert_eq!(a, b, "two sandboxes' files have different owners on disk");
 }
+
+root_and_rootless!(a_link_left_in_a_writable_folder_redirects_no_later_mount);
+
+/// A sandbox given a folder writable leaves a link in it, pointing at a host folder it
+/// was never given; a later `--mount` of a path through that link is refused, naming the
+/// link, and the host folder is never mounted. (Zygo used to open mount sources following
+/// links, with root's rights as root.) The same holds for a function's `mounts` entry.
+fn a_link_left_in_a_writable_folder_redirects_no_later_mount(who: Who) {
+    if !root_only() {
+        return;
+    }
+    let dir = TempDir::new(0o755);
+    let shared = dir.path.join("shared");
+    fs::create_dir(&shared).expect("mkdir");
+    fs::set_permissions(&shared, fs::Permissions::from_mode(0o777)).expect("chmod 0777");
+    // A folder of the runner's that no sandbox was given (readable, so that a mount of it
+    // would show).
+    let secret = dir.path.join("secret");
+    fs::create_dir(&secret).expect("mkdir");
+    fs::write(secret.join("key.txt"), "host secret").expect("write");
+    if who == Who::Rootless {
+        let r = rootless_setup();
+        for p in [&secret, &secret.join("key.txt")] {
+            std::os::unix::fs::chown(p, Some(r.uid), Some(r.gid)).expect("chown");
+        }
+    }
+    let rw = format!("{}:/shared:rw", shared.display());
+    // Relative, so that it names the host folder wherever it is resolved.
+    let plant = "ln -s ../secret /shared/sub";
+    let (v, code) = run_json(who, &["--mount", &rw], &["sh", "-c", plant]);
+    assert_ok(who, &v, code);
+    assert!(fs::symlink_metadata(shared.join("sub"))
+        .expect("the planted link")
+        .file_type()
+        .is_symlink());
+    let later = format!("{}:/data", shared.join("sub").display());
+    let (v, code) = run_json(who, &["--mount", &later], &["cat", "/data/key.txt"]);
+    assert_ne!(
+        s(&v, "stdout"),
+        "host secret",
+        "a planted link was followed: {v}"
+    );
+    assert_ne!(code, 0, "{v}");
+    let err = s(&v, "error");
+    assert!(
+        err.contains(&format!(
+            "{} is a symbolic link",
+            shared.join("sub").display()
+        )),
+        "{v}"
+    );
+    // A path below the link, too.
+    let deeper = format!("{}:/data", shared.join("sub/key.txt").display());
+    let (v, _) = run_json(who, &["--mount", &deeper], &["cat", "/data"]);
+    assert_ne!(
+        s(&v, "stdout"),
+        "host secret",
+        "a planted link was followed: {v}"
+    );
+    assert!(s(&v, "error").contains("is a symbolic link"), "{v}");
+}

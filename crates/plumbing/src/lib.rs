@@ -7,6 +7,7 @@
 //! - [`hello`]: the first exchange on every front channel, both sides;
 //! - [`fds`]: descriptors passed with a message (`SCM_RIGHTS`), both ways, capped;
 //! - [`pipes`]: pipes, socket pairs, close-on-exec;
+//! - [`resolve`]: host paths opened without following a link in any component;
 //! - [`signals`], [`random`]: blocking the signals a process reads itself; random names;
 //! - [`seccomp`]: the one table type for every seccomp filter Zygo installs.
 //!
@@ -17,6 +18,7 @@ pub mod fds;
 pub mod hello;
 pub mod pipes;
 pub mod random;
+pub mod resolve;
 pub mod role;
 pub mod seccomp;
 pub mod signals;

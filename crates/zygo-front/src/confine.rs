@@ -189,16 +189,23 @@ pub fn confine(role: FrontRole) -> Result<(), ConfineError> {
 }
 
 /// Every capability gone from every set, the bounding set first (that needs
-/// CAP_SETPCAP, which goes last). A front run without capabilities has nothing to drop.
+/// CAP_SETPCAP, which goes last). A front run without capabilities (by a user other than
+/// root) cannot change its bounding set and has nothing else to drop; its bounding set
+/// gives it nothing either, since the seccomp filter that follows sets `no_new_privs`, so
+/// no program it could start gains a capability.
 pub fn drop_capabilities() -> Result<(), ConfineError> {
-    use caps::CapSet;
+    use caps::{CapSet, Capability};
     let err = |what: &str| {
         let what = what.to_string();
         move |e: caps::errors::CapsError| ConfineError::Caps(format!("{what}: {e}"))
     };
-    let bounding = caps::read(None, CapSet::Bounding).map_err(err("read the bounding set"))?;
-    for cap in bounding {
-        caps::drop(None, CapSet::Bounding, cap).map_err(err("drop from the bounding set"))?;
+    let may_drop = caps::has_cap(None, CapSet::Effective, Capability::CAP_SETPCAP)
+        .map_err(err("read the effective set"))?;
+    if may_drop {
+        let bounding = caps::read(None, CapSet::Bounding).map_err(err("read the bounding set"))?;
+        for cap in bounding {
+            caps::drop(None, CapSet::Bounding, cap).map_err(err("drop from the bounding set"))?;
+        }
     }
     caps::clear(None, CapSet::Ambient).map_err(err("clear the ambient set"))?;
     caps::clear(None, CapSet::Inheritable).map_err(err("clear the inheritable set"))?;

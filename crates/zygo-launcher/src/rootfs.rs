@@ -16,7 +16,7 @@
 //! asked for a writable mount.
 
 use std::fs;
-use std::os::fd::OwnedFd;
+use std::os::fd::{AsRawFd, OwnedFd};
 use std::os::unix::fs::{symlink, DirBuilderExt, PermissionsExt};
 use std::path::{Component, Path, PathBuf};
 
@@ -100,6 +100,41 @@ fn bind(src: &Path, dst: &Path, rw: bool) -> Result<()> {
         sys::mount(Some(src), dst, None, libc::MS_BIND | libc::MS_REC, None),
         || format!("bind {} onto {}", src.display(), dst.display()),
     )?;
+    if !rw {
+        return Ok(());
+    }
+    step(
+        sys::mount_setattr_recursive(
+            dst,
+            sys::MOUNT_ATTR_NOSUID | sys::MOUNT_ATTR_NODEV,
+            sys::MOUNT_ATTR_RDONLY,
+        ),
+        || format!("make {} writable, nosuid, nodev", dst.display()),
+    )
+}
+
+/// [`bind`] of a host path the monitor did not open (rootless: the launcher has exactly the
+/// user's rights), resolved under the host's root `old` without following a symbolic link
+/// in any component: a folder a sandbox was given writable may hold one, left to redirect
+/// a later mount of a path under it (see `plumbing::resolve`).
+fn bind_no_links(old: &Path, src: &str, dst: &Path, rw: bool) -> Result<()> {
+    let rel: PathBuf = Path::new(src)
+        .components()
+        .filter(|c| matches!(c, Component::Normal(_)))
+        .collect();
+    let base = step(sys::open_path_dir(old), || {
+        "open the host's root".to_string()
+    })?;
+    let held = step(
+        plumbing::resolve::open_path_no_links(base.as_raw_fd(), &rel),
+        || format!("open the mount source {src} (no symbolic link is followed)"),
+    )?;
+    let tree = step(sys::open_tree_clone_recursive(&held), || {
+        format!("copy the mount of {src}")
+    })?;
+    step(sys::move_mount_here(&tree, dst), || {
+        format!("bind {src} onto {}", dst.display())
+    })?;
     if !rw {
         return Ok(());
     }
@@ -619,7 +654,7 @@ fn assemble(plan: &LaunchPlan, handed: &[std::os::fd::OwnedFd]) -> Result<OwnedF
             Some(t) => step(sys::move_mount_here(t, &dst), || {
                 format!("place the mount of {} at {}", m.src, m.dst)
             })?,
-            None => bind(&src, &dst, m.rw)?,
+            None => bind_no_links(old, &m.src, &dst, m.rw)?,
         }
     }
 

@@ -165,6 +165,31 @@ pub fn open_tree_clone(path: &Path) -> io::Result<OwnedFd> {
     Ok(unsafe { OwnedFd::from_raw_fd(fd as RawFd) })
 }
 
+/// A detached copy of the mount tree at a held path (`O_PATH` descriptor), submounts
+/// included (`open_tree(OPEN_TREE_CLONE | AT_RECURSIVE)`): what a recursive bind of it
+/// would mount, with its flags.
+pub fn open_tree_clone_recursive(held: &OwnedFd) -> io::Result<OwnedFd> {
+    const OPEN_TREE_CLONE: libc::c_uint = 1;
+    // SAFETY: open_tree on a descriptor we hold ("" with AT_EMPTY_PATH); it returns a new
+    // descriptor or -1.
+    let fd = unsafe {
+        libc::syscall(
+            libc::SYS_open_tree,
+            held.as_raw_fd(),
+            c"".as_ptr(),
+            OPEN_TREE_CLONE
+                | libc::AT_EMPTY_PATH as libc::c_uint
+                | libc::AT_RECURSIVE as libc::c_uint
+                | libc::O_CLOEXEC as libc::c_uint,
+        )
+    };
+    if fd < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: a fresh descriptor that nothing else owns.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd as RawFd) })
+}
+
 /// Attach the detached mount tree `tree` (from `open_tree(OPEN_TREE_CLONE)`) at `dst`.
 pub fn move_mount_here(tree: &OwnedFd, dst: &Path) -> io::Result<()> {
     const MOVE_MOUNT_F_EMPTY_PATH: libc::c_uint = 0x4;

@@ -260,9 +260,11 @@ impl Settings {
             }
         }
         let max_size = match var("ZYGO_DEPS_MAX_SIZE") {
-            Some(v) => policy::limits::parse_size("ZYGO_DEPS_MAX_SIZE", v.trim())
-                .map_err(|e| e.to_string())?
-                .0,
+            Some(v) => {
+                policy::limits::parse_size("ZYGO_DEPS_MAX_SIZE", v.trim())
+                    .map_err(|e| e.to_string())?
+                    .0
+            }
             None => DEFAULT_MAX_SIZE,
         };
         Ok(Settings {

@@ -15,7 +15,6 @@
 
 use std::io::{self, Write};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
-use std::os::unix::ffi::OsStrExt;
 use std::os::unix::net::UnixStream;
 use std::path::Path;
 
@@ -71,17 +70,11 @@ impl Handed {
     }
 }
 
-/// Open `src` as an `O_PATH` descriptor (following symlinks, as a mount would).
+/// Open `src` as an `O_PATH` descriptor, following no symbolic link in any component (a
+/// sandbox given a folder writable may have left one there; see `plumbing::resolve`): a
+/// path through a link is refused, naming it.
 fn hold(src: &Path) -> io::Result<OwnedFd> {
-    let p = std::ffi::CString::new(src.as_os_str().as_bytes())
-        .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "a path with a NUL byte"))?;
-    // SAFETY: open with a valid C string; it returns a new descriptor or -1.
-    let fd = unsafe { libc::open(p.as_ptr(), libc::O_PATH | libc::O_CLOEXEC) };
-    if fd < 0 {
-        return Err(io::Error::last_os_error());
-    }
-    // SAFETY: a fresh descriptor that nothing else owns.
-    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+    plumbing::resolve::open_host_path(src)
 }
 
 /// A detached copy of the mount tree at `src` (submounts included), read-only unless
@@ -219,7 +212,8 @@ pub fn private_tmpfs(bytes: u64, inodes: u64) -> io::Result<OwnedFd> {
         inodes: cstring(format!("{inodes}"))?,
     };
     if can_hand_over() {
-        return make_tmpfs(&opts).map_err(|(what, e)| io::Error::new(e.kind(), format!("{what}: {e}")));
+        return make_tmpfs(&opts)
+            .map_err(|(what, e)| io::Error::new(e.kind(), format!("{what}: {e}")));
     }
     // SAFETY: these calls cannot fail.
     let (uid, gid) = unsafe { (libc::geteuid(), libc::getegid()) };
@@ -234,7 +228,12 @@ pub fn private_tmpfs(bytes: u64, inodes: u64) -> io::Result<OwnedFd> {
     }
     if pid == 0 {
         drop(ours);
-        let code = tmpfs_child(&opts, uid_map.as_bytes(), gid_map.as_bytes(), theirs.as_raw_fd());
+        let code = tmpfs_child(
+            &opts,
+            uid_map.as_bytes(),
+            gid_map.as_bytes(),
+            theirs.as_raw_fd(),
+        );
         // SAFETY: leaving the child without running anything of the parent's.
         unsafe { libc::_exit(code) };
     }

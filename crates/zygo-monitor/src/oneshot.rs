@@ -1105,6 +1105,10 @@ pub fn launch_plan(plan: &policy::plan::OneShotPlan) -> Result<(LaunchPlan, Limi
         if !m.src.exists() {
             return Err(format!("mount source {} does not exist", m.src.display()));
         }
+        // No link is followed in a mount source (see `plumbing::resolve`); said here, at
+        // once, in the operator's own path.
+        plumbing::resolve::open_host_path(&m.src)
+            .map_err(|e| format!("mount source {}: {e}", m.src.display()))?;
         mounts.push(proto::launch::BindMount {
             src: path_str(&m.src)?,
             dst: path_str(&m.dst)?,

@@ -42,11 +42,20 @@ pub struct Copied {
 /// Why a tree could not be copied or removed.
 #[derive(Debug)]
 pub enum TreeError {
-    TooDeep { limit: usize, at: String },
-    TooMany { limit: u64 },
-    TooBig { limit: u64 },
+    TooDeep {
+        limit: usize,
+        at: String,
+    },
+    TooMany {
+        limit: u64,
+    },
+    TooBig {
+        limit: u64,
+    },
     /// The tree changed under the walk (a folder's `..` is not the folder it came from).
-    Moved { at: String },
+    Moved {
+        at: String,
+    },
     Io {
         op: &'static str,
         at: String,
@@ -238,7 +247,12 @@ struct Frame {
 /// copied as links (their targets as they are: they are followed only inside a sandbox,
 /// which sees only its own root); device nodes, FIFOs and sockets are left out and
 /// counted. `top` names the tree in messages.
-pub fn copy_sealed(src: &OwnedFd, dst: &OwnedFd, caps: &Caps, top: &str) -> Result<Copied, TreeError> {
+pub fn copy_sealed(
+    src: &OwnedFd,
+    dst: &OwnedFd,
+    caps: &Caps,
+    top: &str,
+) -> Result<Copied, TreeError> {
     let mut done = Copied::default();
     let mut entries: u64 = 0;
     let root_src = open_dir_at(src.as_raw_fd(), c".").map_err(io_err("open", top))?;
@@ -270,11 +284,14 @@ pub fn copy_sealed(src: &OwnedFd, dst: &OwnedFd, caps: &Caps, top: &str) -> Resu
         };
         entries += 1;
         if entries > caps.entries {
-            return Err(TreeError::TooMany { limit: caps.entries });
+            return Err(TreeError::TooMany {
+                limit: caps.entries,
+            });
         }
         let src_dir = frame.src_fd.as_raw_fd();
         let dst_dir = frame.dst.as_raw_fd();
-        let st = lstat_at(src_dir, &name).map_err(|e| io_err("inspect", at(&stack, Some(&name)))(e))?;
+        let st =
+            lstat_at(src_dir, &name).map_err(|e| io_err("inspect", at(&stack, Some(&name)))(e))?;
         match st.st_mode & libc::S_IFMT {
             libc::S_IFDIR => {
                 if stack.len() > caps.depth {
@@ -291,7 +308,8 @@ pub fn copy_sealed(src: &OwnedFd, dst: &OwnedFd, caps: &Caps, top: &str) -> Resu
                     .map_err(|e| io_err("open", at(&stack, Some(&name)))(e))?;
                 let d = open_dir_at(dst_dir, &name)
                     .map_err(|e| io_err("open the copy of", at(&stack, Some(&name)))(e))?;
-                let dir = Dir::of(s.as_raw_fd()).map_err(|e| io_err("read", at(&stack, Some(&name)))(e))?;
+                let dir = Dir::of(s.as_raw_fd())
+                    .map_err(|e| io_err("read", at(&stack, Some(&name)))(e))?;
                 done.folders += 1;
                 stack.push(Frame {
                     src: dir,
@@ -305,7 +323,8 @@ pub fn copy_sealed(src: &OwnedFd, dst: &OwnedFd, caps: &Caps, top: &str) -> Resu
                     .map_err(|e| io_err("open", at(&stack, Some(&name)))(e))?;
                 // What was opened is what was inspected (nothing runs in the tree now, but
                 // a regular file is checked on the descriptor all the same).
-                let sst = fstat(s.as_raw_fd()).map_err(|e| io_err("inspect", at(&stack, Some(&name)))(e))?;
+                let sst = fstat(s.as_raw_fd())
+                    .map_err(|e| io_err("inspect", at(&stack, Some(&name)))(e))?;
                 if sst.st_mode & libc::S_IFMT != libc::S_IFREG {
                     return Err(TreeError::Moved {
                         at: at(&stack, Some(&name)),
@@ -319,7 +338,8 @@ pub fn copy_sealed(src: &OwnedFd, dst: &OwnedFd, caps: &Caps, top: &str) -> Resu
                 )
                 .map_err(|e| io_err("create", at(&stack, Some(&name)))(e))?;
                 let room = caps.bytes - done.bytes;
-                let n = copy_bytes(&s, &d, &mut buf, room).map_err(|e| io_err("copy", at(&stack, Some(&name)))(e))?;
+                let n = copy_bytes(&s, &d, &mut buf, room)
+                    .map_err(|e| io_err("copy", at(&stack, Some(&name)))(e))?;
                 let Some(n) = n else {
                     return Err(TreeError::TooBig { limit: caps.bytes });
                 };
@@ -356,7 +376,8 @@ fn copy_bytes(src: &OwnedFd, dst: &OwnedFd, buf: &mut [u8], room: u64) -> io::Re
     let mut total: u64 = 0;
     loop {
         // SAFETY: reading into a buffer of the length passed.
-        let n = retry(|| unsafe { libc::read(src.as_raw_fd(), buf.as_mut_ptr().cast(), buf.len()) });
+        let n =
+            retry(|| unsafe { libc::read(src.as_raw_fd(), buf.as_mut_ptr().cast(), buf.len()) });
         if n < 0 {
             return Err(io::Error::last_os_error());
         }
@@ -404,7 +425,9 @@ fn read_link_at(dir: RawFd, name: &CStr) -> io::Result<CString> {
 pub fn remove(path: &Path) -> Result<(), TreeError> {
     let top = path.display().to_string();
     let (Some(parent), Some(name)) = (path.parent(), path.file_name()) else {
-        return Err(io_err("remove", top)(io::Error::from_raw_os_error(libc::EINVAL)));
+        return Err(io_err("remove", top)(io::Error::from_raw_os_error(
+            libc::EINVAL,
+        )));
     };
     let parent = if parent.as_os_str().is_empty() {
         Path::new(".")
@@ -417,7 +440,12 @@ pub fn remove(path: &Path) -> Result<(), TreeError> {
         .map_err(|_| io_err("remove", top.clone())(io::Error::from_raw_os_error(libc::EINVAL)))?;
     // The folder the tree is in is the caller's own (a set's folder), resolved as usual.
     // SAFETY: a valid C string.
-    let pfd = unsafe { libc::open(parent_c.as_ptr(), libc::O_RDONLY | libc::O_DIRECTORY | libc::O_CLOEXEC) };
+    let pfd = unsafe {
+        libc::open(
+            parent_c.as_ptr(),
+            libc::O_RDONLY | libc::O_DIRECTORY | libc::O_CLOEXEC,
+        )
+    };
     if pfd < 0 {
         let e = io::Error::last_os_error();
         if e.raw_os_error() == Some(libc::ENOENT) {
@@ -448,8 +476,12 @@ pub fn remove(path: &Path) -> Result<(), TreeError> {
     loop {
         let mut into: Option<(CString, OwnedFd)> = None;
         {
-            let mut dir = Dir::of(cur.as_raw_fd()).map_err(|e| io_err("read", at(&path_down, None))(e))?;
-            while let Some(entry) = dir.next().map_err(|e| io_err("read", at(&path_down, None))(e))? {
+            let mut dir =
+                Dir::of(cur.as_raw_fd()).map_err(|e| io_err("read", at(&path_down, None))(e))?;
+            while let Some(entry) = dir
+                .next()
+                .map_err(|e| io_err("read", at(&path_down, None))(e))?
+            {
                 let est = lstat_at(cur.as_raw_fd(), &entry)
                     .map_err(|e| io_err("inspect", at(&path_down, Some(&entry)))(e))?;
                 if est.st_mode & libc::S_IFMT == libc::S_IFDIR {
@@ -464,14 +496,16 @@ pub fn remove(path: &Path) -> Result<(), TreeError> {
             }
         }
         if let Some((entry, child)) = into {
-            let here = fstat(cur.as_raw_fd()).map_err(|e| io_err("inspect", at(&path_down, None))(e))?;
+            let here =
+                fstat(cur.as_raw_fd()).map_err(|e| io_err("inspect", at(&path_down, None))(e))?;
             path_down.push((entry, here.st_dev, here.st_ino));
             cur = child;
             continue;
         }
         // `cur` is empty: remove it from the folder above.
         let Some((gone, dev, ino)) = path_down.pop() else {
-            return unlink(pfd.as_raw_fd(), &name, libc::AT_REMOVEDIR).map_err(io_err("remove", top));
+            return unlink(pfd.as_raw_fd(), &name, libc::AT_REMOVEDIR)
+                .map_err(io_err("remove", top));
         };
         let up = open_dir_at(cur.as_raw_fd(), c"..")
             .map_err(|e| io_err("open", at(&path_down, None))(e))?;
@@ -511,7 +545,12 @@ mod tests {
     fn open(p: &Path) -> OwnedFd {
         let c = CString::new(p.as_os_str().as_bytes()).expect("path");
         // SAFETY: a valid C string.
-        let fd = unsafe { libc::open(c.as_ptr(), libc::O_RDONLY | libc::O_DIRECTORY | libc::O_CLOEXEC) };
+        let fd = unsafe {
+            libc::open(
+                c.as_ptr(),
+                libc::O_RDONLY | libc::O_DIRECTORY | libc::O_CLOEXEC,
+            )
+        };
         assert!(fd >= 0, "open {}", p.display());
         // SAFETY: a fresh descriptor.
         unsafe { OwnedFd::from_raw_fd(fd) }
@@ -531,8 +570,11 @@ mod tests {
         std::fs::create_dir_all(src.join("bin")).expect("mkdir");
         std::fs::create_dir(&dst).expect("mkdir");
         std::fs::write(src.join("bin/tool"), b"#!/bin/sh\n").expect("write");
-        std::fs::set_permissions(src.join("bin/tool"), std::fs::Permissions::from_mode(0o6777))
-            .expect("chmod");
+        std::fs::set_permissions(
+            src.join("bin/tool"),
+            std::fs::Permissions::from_mode(0o6777),
+        )
+        .expect("chmod");
         std::fs::write(src.join("data"), b"x").expect("write");
         std::fs::set_permissions(src.join("data"), std::fs::Permissions::from_mode(0o600))
             .expect("chmod");
@@ -564,7 +606,10 @@ mod tests {
             0o700,
             "the link's target was left alone"
         );
-        assert_eq!((got.files, got.folders, got.links, got.skipped), (2, 1, 1, 1));
+        assert_eq!(
+            (got.files, got.folders, got.links, got.skipped),
+            (2, 1, 1, 1)
+        );
         remove(&d).expect("remove");
         assert!(!d.exists());
     }
@@ -616,11 +661,13 @@ mod tests {
         let mut dir = open(&top);
         for _ in 0..5000 {
             // SAFETY: valid C strings.
-            assert_eq!(unsafe { libc::mkdirat(dir.as_raw_fd(), c"d".as_ptr(), 0o755) }, 0);
+            let made = unsafe { libc::mkdirat(dir.as_raw_fd(), c"d".as_ptr(), 0o755) };
+            assert_eq!(made, 0);
             dir = open_dir_at(dir.as_raw_fd(), c"d").expect("open");
         }
         // SAFETY: a valid C string; a read-only folder at the bottom.
-        assert_eq!(unsafe { libc::mkdirat(dir.as_raw_fd(), c"ro".as_ptr(), 0o555) }, 0);
+        let made = unsafe { libc::mkdirat(dir.as_raw_fd(), c"ro".as_ptr(), 0o555) };
+        assert_eq!(made, 0);
         drop(dir);
         let kept = d.join("kept");
         std::fs::create_dir(&kept).expect("mkdir");

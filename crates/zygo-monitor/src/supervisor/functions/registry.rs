@@ -326,6 +326,9 @@ fn plan(spec: &FnSpec, identity: &Identity) -> Result<Planned, String> {
         if !m.src.exists() {
             return Err(format!("mount source {} does not exist", m.src.display()));
         }
+        // No link is followed in a mount source (see `plumbing::resolve`).
+        plumbing::resolve::open_host_path(&m.src)
+            .map_err(|e| format!("mount source {}: {e}", m.src.display()))?;
         mounts.push(BindMount {
             src: m.src.to_str().ok_or("mount path is not UTF-8")?.into(),
             dst: m.dst.to_str().ok_or("mount path is not UTF-8")?.into(),
