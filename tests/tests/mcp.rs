@@ -697,6 +697,56 @@ fn end_of_input_mid_request_leaves_no_sandbox() {
     );
 }
 
+/// A scratch workspace is the sandboxes' to fill, and is removed at exit whatever they left
+/// in it: a folder chain 40,000 deep (deeper than any walk by recursion goes; made by
+/// moving chains of 100 under the deepest folder, since each path walk inside a sandbox
+/// costs its depth), a folder closed to everyone (mode 0) with files in it, and a link to
+/// a folder of the host's, which is removed as a link, its target untouched.
+#[test]
+fn a_scratch_workspace_is_removed_whatever_was_left_in_it() {
+    let keep = TempDir::new(0o755);
+    std::fs::write(keep.path.join("file"), b"keep").expect("write");
+    let mut s = Server::start(&[]);
+    s.init("2025-06-18");
+    let ws = s.workspace();
+    let code = format!(
+        "import os\n\
+         os.makedirs('/work/closed/inner')\n\
+         open('/work/closed/inner/f', 'w').write('x')\n\
+         os.chmod('/work/closed/inner', 0)\n\
+         os.chmod('/work/closed', 0)\n\
+         os.symlink({:?}, '/work/link')\n\
+         os.chdir('/work')\n\
+         top = os.open('.', os.O_RDONLY)\n\
+         os.mkdir('deep')\n\
+         deep = os.open('deep', os.O_RDONLY)\n\
+         for i in range(400):\n\
+         \x20   name = 'c%d' % i\n\
+         \x20   os.makedirs(name + '/d' * 99)\n\
+         \x20   os.rename(name, 'x', src_dir_fd=top, dst_dir_fd=deep)\n\
+         \x20   below = os.open('x' + '/d' * 99, os.O_RDONLY, dir_fd=deep)\n\
+         \x20   os.close(deep)\n\
+         \x20   deep = below\n\
+         print('left')\n",
+        keep.str()
+    );
+    let r = s.ask(run_code(1, "python", &code));
+    assert_eq!(r["result"]["isError"], false, "{r}");
+    assert!(r.to_string().contains("left"), "{r}");
+    s.close_stdin();
+    assert_eq!(s.wait(Duration::from_secs(60)), 0, "{}", s.stderr());
+    assert!(
+        !ws.exists(),
+        "the scratch workspace {} is left: {}",
+        ws.display(),
+        s.stderr()
+    );
+    assert_eq!(
+        std::fs::read(keep.path.join("file")).expect("the link's target is left alone"),
+        b"keep"
+    );
+}
+
 /// SIGTERM stops every sandbox and the server exits promptly and cleanly.
 #[test]
 fn sigterm_stops_every_sandbox() {

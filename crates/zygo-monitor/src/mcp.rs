@@ -186,18 +186,14 @@ impl Workspace {
         ))
     }
 
-    /// Remove a scratch workspace (a given one is kept).
+    /// Remove a scratch workspace (a given one is kept). Sandboxes filled it: it is
+    /// removed by descriptor, never through a link, at any depth, folders a program left
+    /// closed (mode 0) opened first (`crate::tree::remove`).
     pub fn remove(&self) {
         if !self.scratch {
             return;
         }
-        if std::fs::remove_dir_all(&self.path).is_ok() {
-            return;
-        }
-        // A program may have left folders it cannot be listed or entered (mode 0): as
-        // their owner we may chmod them back. Nothing runs in the workspace any more.
-        open_up(&self.path);
-        if let Err(e) = std::fs::remove_dir_all(&self.path) {
+        if let Err(e) = crate::tree::remove(&self.path) {
             log::error!(
                 "remove the scratch workspace {}: {e}; remove it by hand",
                 self.path.display()
@@ -258,17 +254,6 @@ fn sweep_stale(base: &Path, ids: &IdMap) {
             stale.path.display()
         );
         stale.remove();
-    }
-}
-
-fn open_up(dir: &Path) {
-    let _ = std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700));
-    if let Ok(entries) = std::fs::read_dir(dir) {
-        for e in entries.flatten() {
-            if e.file_type().is_ok_and(|t| t.is_dir()) {
-                open_up(&e.path());
-            }
-        }
     }
 }
 
