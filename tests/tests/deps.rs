@@ -126,6 +126,8 @@ def hostile(name, body):
 # A folder chain 19,000 deep (deeper than any stack walks by recursion).
 # (pip runs a setup.py twice: for its metadata, then to install.)
 hostile("zygodeep", "import os\nif not os.path.exists('/venv/d'):\n    os.chdir('/venv')\n    for _ in range(19000):\n        os.mkdir('d')\n        os.chdir('d')\n    os.chdir('/')\n")
+# A setup.py that takes a minute.
+hostile("zygoslow", "import time\ntime.sleep(60)\n")
 # 64 MiB in /venv, in 1 MiB writes.
 hostile("zygobig", "with open('/venv/big', 'wb') as f:\n    for _ in range(64):\n        f.write(b'x' * (1 << 20))\n")
 fname, integrity = npm_package("zygonode", {"index.js": "module.exports = { value: 'zygonode 1.0' };\n"},
@@ -961,16 +963,22 @@ fn deps_over_http() {
     let (st, _, v) = http_as(a, "POST", "/runtimes", BOOT, Some(&tenant), &layer);
     assert_eq!(st, 404, "{v}");
     assert_eq!(s(&v, "code"), "not_found", "{v}");
+    // The same files from a tenant are a set of its own: nothing tells it the operator's
+    // set exists (its id differs, and it builds like any new set).
     let (st, _, v) = http(a, "POST", "/deps", &tok, &bad);
-    assert_eq!(s(&v, "id"), bad_id, "{st} {v}");
-    let (st, _, _) = http(a, "GET", &format!("/deps/{bad_id}"), &tok, "");
+    assert_eq!((st, s(&v, "state")), (202, "building"), "{v}");
+    let own_id = s(&v, "id").to_string();
+    assert_ne!(own_id, bad_id, "{v}");
+    let (st, _, _) = http(a, "GET", &format!("/deps/{own_id}"), &tok, "");
     assert_eq!(st, 200);
+    let (st, _, _) = http(a, "GET", &format!("/deps/{bad_id}"), &tok, "");
+    assert_eq!(st, 404);
     // Deleting is the operator's, behind the deploy gate.
-    let (st, _, _) = http(a, "DELETE", &format!("/deps/{bad_id}"), &tok, "");
+    let (st, _, _) = http(a, "DELETE", &format!("/deps/{own_id}"), &tok, "");
     assert_eq!(st, 403);
     // A tenant has at most two builds running: a third is busy, with a retry hint.
     wait_for(Duration::from_secs(120), "the tenant's build ends", || {
-        let (_, _, v) = http(a, "GET", &format!("/deps/{bad_id}"), &tok, "");
+        let (_, _, v) = http(a, "GET", &format!("/deps/{own_id}"), &tok, "");
         s(&v, "state") != "building"
     });
     let mut statuses = Vec::new();
@@ -1000,7 +1008,7 @@ fn deps_over_http() {
     assert_eq!(st, 200, "{v}");
     let f = sup.run(&["token", "mint", "--tenant", &tenant, "--json"]);
     let tok = text(&f.last_json(), "secret").to_string();
-    let (st, _, _) = http(a, "GET", &format!("/deps/{bad_id}"), &tok, "");
+    let (st, _, _) = http(a, "GET", &format!("/deps/{own_id}"), &tok, "");
     assert_eq!(st, 404);
 
     // A supervisor that stops stops its builds: the set fails, saying so, and nothing of
@@ -1244,4 +1252,154 @@ fn a_deep_tree_fails_the_set_and_the_supervisor_lives(who: Who) {
     }
     let (st, _, v) = http(a, "GET", &format!("/fn/{}/stats", names[0]), BOOT, "");
     assert_eq!(st, 200, "the supervisor still serves: {v}");
+}
+
+/// The folders of a state directory's sets.
+fn set_folders(state: &Path) -> usize {
+    std::fs::read_dir(state.join("deps")).map_or(0, |d| {
+        d.filter(|e| {
+            e.as_ref()
+                .is_ok_and(|e| e.file_name().to_string_lossy().starts_with("deps_"))
+        })
+        .count()
+    })
+}
+
+/// A tenant's dependency build never touches the host and is held to what the operator
+/// gave the tenant: a folder image (`dir:/`, the host's own files) is refused, as are
+/// inputs that make a resolver read a file (`-r /etc/passwd`, a lock's `file:`
+/// dependency); a tenant whose network is `none`, or whose allow list does not cover the
+/// registries, cannot build; a build runs within the tenant's time limit; a tenant holds
+/// at most `ZYGO_DEPS_TENANT_SETS` sets (its oldest failed one makes room); and a refused
+/// request leaves nothing on disk. (A tenant used to read any world-readable host file
+/// in its build's log, and to build with 2G, 2 CPUs, 15 minutes and the registries
+/// whatever its own limits said.)
+#[test]
+fn a_tenants_build_never_reads_the_host_and_keeps_to_its_limits() {
+    let h = IndexHost::new();
+    let Some(mut sup) = sup_for(&h, "tenantbuild") else {
+        return;
+    };
+    sup.env("ZYGO_API_TOKEN", BOOT)
+        .env("ZYGO_DEPS_TENANT_SETS", "2");
+    sup.up(&[("echo", "echo", "")]);
+    // The registry is on a private address: the operator's front may name it in limits.
+    let api = zygo_tests::api::start_http_front(&sup, &["--allow-deploy", "--allow-private-net"]);
+    let a = api.addr.as_str();
+    let tenant = zygo_tests::api::tenant_id("tb");
+    let (st, _, v) = http(
+        a,
+        "POST",
+        "/tenants",
+        BOOT,
+        &format!("{{\"id\": \"{tenant}\"}}"),
+    );
+    assert_eq!(st, 200, "{v}");
+    let (_, tok) = zygo_tests::api::mint(&sup, Some(&tenant));
+    let post = |image: &str, files: Value| {
+        let body = serde_json::json!({"image": image, "files": files}).to_string();
+        http(a, "POST", "/deps", &tok, &body)
+    };
+    let req = |text: &str| serde_json::json!({"requirements.txt": text});
+    let before = set_folders(&sup.st);
+
+    // The host's files, by image or by input: refused, naming why, and nothing made.
+    let (st, _, v) = post("dir:/", req("-r /etc/passwd\n"));
+    assert_eq!(st, 403, "{v}");
+    assert!(s(&v, "error").contains("needs deploy rights"), "{v}");
+    for text in [
+        "-r /etc/passwd\n",
+        "six\n--index-url file:///etc/\n",
+        "x @ file:///etc/passwd\n",
+    ] {
+        let (st, _, v) = post("host", req(text));
+        assert_eq!(st, 400, "{text:?}: {v}");
+        assert!(s(&v, "error").starts_with("requirements.txt line "), "{v}");
+        assert!(!v.to_string().contains("root:x:0:0"), "{v}");
+    }
+    let lock = r#"{"lockfileVersion":3,"packages":{"":{},"node_modules/x":{"version":"1.0.0","resolved":"file:/etc/passwd"}}}"#;
+    let (st, _, v) = post(
+        "host",
+        serde_json::json!({"package.json": r#"{"dependencies":{"x":"1.0.0"}}"#, "package-lock.json": lock}),
+    );
+    assert_eq!(st, 400, "{v}");
+    assert!(s(&v, "error").contains("package-lock.json"), "{v}");
+
+    // Its network: none, then an allow list without the registry.
+    let limits = |body: &str| {
+        let (st, _, v) = http(a, "PATCH", &format!("/tenants/{tenant}/limits"), BOOT, body);
+        assert_eq!(st, 200, "{body}: {v}");
+    };
+    limits(r#"{"network": "none"}"#);
+    let (st, _, v) = post("host", req("zygodemo==1.0\n"));
+    assert_eq!(st, 403, "{v}");
+    assert!(
+        s(&v, "error").contains("reaches the package registries"),
+        "{v}"
+    );
+    limits(r#"{"network": "egress", "allow": ["203.0.113.5:443"]}"#);
+    let (st, _, v) = post("host", req("zygodemo==1.0\n"));
+    assert_eq!(st, 403, "{v}");
+    assert_eq!(
+        set_folders(&sup.st),
+        before,
+        "a refused request left a folder"
+    );
+
+    // Within its limits: a build that would take a minute ends at the tenant's 5 s.
+    limits(&format!(
+        r#"{{"network": "egress", "allow": ["{}:{INDEX}"], "timeout": "5s", "mem": "128M"}}"#,
+        h.host
+    ));
+    let (st, _, v) = post("host", req("zygoslow==1.0\n"));
+    assert_eq!(st, 202, "{v}");
+    let slow = s(&v, "id").to_string();
+    wait_for(Duration::from_secs(120), "the slow set ends", || {
+        let (_, _, v) = http(a, "GET", &format!("/deps/{slow}"), &tok, "");
+        s(&v, "state") != "building"
+    });
+    let (_, _, v) = http(a, "GET", &format!("/deps/{slow}"), &tok, "");
+    assert_eq!(s(&v, "state"), "failed", "{v}");
+    assert!(s(&v, "error").contains("time limit (5s)"), "{v}");
+    // (No time limit for the builds that follow, which must not race a loaded machine.)
+    limits(r#"{"timeout": null}"#);
+
+    // Its quota (2 here): a ready set and the failed one; a third set removes the failed
+    // one to make room; with two ready sets a fourth is refused, and nothing is made.
+    let (st, _, v) = post("host", req("zygodemo==1.0\n"));
+    assert_eq!(st, 202, "{v}");
+    let demo = s(&v, "id").to_string();
+    wait_for(Duration::from_secs(120), "the demo set is ready", || {
+        let (_, _, v) = http(a, "GET", &format!("/deps/{demo}"), &tok, "");
+        s(&v, "state") == "ready"
+    });
+    let (st, _, v) = post("host", req("zygodemo==1.0\n# again\n"));
+    assert_eq!(st, 202, "{v}");
+    let again = s(&v, "id").to_string();
+    let (st, _, _) = http(a, "GET", &format!("/deps/{slow}"), &tok, "");
+    assert_eq!(st, 404, "the failed set made room");
+    wait_for(Duration::from_secs(120), "the second set is ready", || {
+        let (_, _, v) = http(a, "GET", &format!("/deps/{again}"), &tok, "");
+        s(&v, "state") == "ready"
+    });
+    let folders = set_folders(&sup.st);
+    let (st, _, v) = post("host", req("zygodemo==1.0\n# a third\n"));
+    assert_eq!(st, 403, "{v}");
+    assert!(s(&v, "error").contains("ZYGO_DEPS_TENANT_SETS"), "{v}");
+    assert_eq!(
+        set_folders(&sup.st),
+        folders,
+        "a refused request left a folder"
+    );
+    let (_, _, v) = http(a, "GET", "/deps", &tok, "");
+    let mut listed: Vec<&str> = v["deps"]
+        .as_array()
+        .expect("deps")
+        .iter()
+        .map(|d| s(d, "id"))
+        .collect();
+    listed.sort_unstable();
+    let mut want = vec![demo.as_str(), again.as_str()];
+    want.sort_unstable();
+    assert_eq!(listed, want, "{v}");
 }

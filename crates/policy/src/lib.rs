@@ -19,6 +19,7 @@
 //! Errors quote at most 80 characters of the offending value, escaped.
 
 pub mod ceiling;
+pub mod deps;
 pub mod egress;
 mod error;
 pub mod file;

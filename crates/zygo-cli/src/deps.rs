@@ -91,7 +91,15 @@ fn build(json: bool, state_dir: &Path, rest: &[String]) -> i32 {
             if !json {
                 eprintln!("zygo: building {} ...", inputs.id());
             }
-            deps::build(state_dir, &inputs, lock, launcher, &backend, None)
+            deps::build(
+                state_dir,
+                &inputs,
+                lock,
+                launcher,
+                &backend,
+                None,
+                &deps::Narrowing::default(),
+            )
         }
         Ok(Claim::Exists(rec)) if rec.state == State::Building => {
             // Another process builds it: its outcome is this one's.

@@ -142,6 +142,9 @@ pub struct Record {
     /// Why a failed build failed, in one line (the log has the resolver's words).
     #[serde(default)]
     pub error: Option<String>,
+    /// What a ready set's files hold, in bytes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub bytes: Option<u64>,
 }
 
 /// A set's image and files, checked.
@@ -151,6 +154,8 @@ pub struct Inputs {
     pub kind: Kind,
     /// Sorted by name.
     pub files: Vec<(String, Vec<u8>)>,
+    /// The tenant a set is built for (see [`Inputs::for_tenant`]); `None`: the host's.
+    pub tenant: Option<String>,
 }
 
 impl Inputs {
@@ -176,7 +181,16 @@ impl Inputs {
             image: image.to_string(),
             kind,
             files,
+            tenant: None,
         })
+    }
+
+    /// The same inputs as a tenant's own set: its id is another (a hash of the tenant's id
+    /// too), so what a tenant sends never meets, nor tells it of, another's set of the
+    /// same files.
+    pub fn for_tenant(mut self, tenant: &str) -> Inputs {
+        self.tenant = Some(tenant.to_string());
+        self
     }
 
     /// `deps_` and the SHA-256 of the image and every file's name and bytes, each
@@ -188,6 +202,10 @@ impl Inputs {
             h.update(b);
         };
         part(b"zygo deps 1");
+        if let Some(t) = &self.tenant {
+            part(b"tenant");
+            part(t.as_bytes());
+        }
         part(self.image.as_bytes());
         for (name, bytes) in &self.files {
             part(name.as_bytes());
@@ -226,7 +244,18 @@ pub struct Settings {
     /// `ZYGO_DEPS_MAX_SIZE`, else [`DEFAULT_MAX_SIZE`]: the most bytes a set's tree may
     /// hold.
     pub max_size: u64,
+    /// `ZYGO_DEPS_TENANT_SETS`, else [`DEFAULT_TENANT_SETS`]: the most sets one tenant
+    /// holds (failed ones too).
+    pub tenant_sets: usize,
+    /// `ZYGO_DEPS_TENANT_BYTES`, else [`DEFAULT_TENANT_BYTES`]: the most bytes one
+    /// tenant's ready sets hold together.
+    pub tenant_bytes: u64,
 }
+
+/// The most sets a tenant holds unless `ZYGO_DEPS_TENANT_SETS` says otherwise.
+pub const DEFAULT_TENANT_SETS: usize = 16;
+/// The most bytes a tenant's sets hold unless `ZYGO_DEPS_TENANT_BYTES` says otherwise.
+pub const DEFAULT_TENANT_BYTES: u64 = 4 << 30;
 
 /// Where a build finds `ZYGO_DEPS_CA_BUNDLE`.
 const CA_MOUNT: &str = "/deps-ca.pem";
@@ -267,12 +296,33 @@ impl Settings {
             }
             None => DEFAULT_MAX_SIZE,
         };
+        let tenant_sets = match var("ZYGO_DEPS_TENANT_SETS") {
+            Some(v) => v
+                .trim()
+                .parse::<usize>()
+                .ok()
+                .filter(|&n| n > 0)
+                .ok_or_else(|| {
+                    format!("ZYGO_DEPS_TENANT_SETS={v:?} is not a whole number above 0")
+                })?,
+            None => DEFAULT_TENANT_SETS,
+        };
+        let tenant_bytes = match var("ZYGO_DEPS_TENANT_BYTES") {
+            Some(v) => {
+                policy::limits::parse_size("ZYGO_DEPS_TENANT_BYTES", v.trim())
+                    .map_err(|e| e.to_string())?
+                    .0
+            }
+            None => DEFAULT_TENANT_BYTES,
+        };
         Ok(Settings {
             registries,
             pip_index_url: var("ZYGO_DEPS_PIP_INDEX_URL"),
             npm_registry: var("ZYGO_DEPS_NPM_REGISTRY"),
             ca_bundle,
             max_size,
+            tenant_sets,
+            tenant_bytes,
         })
     }
 
@@ -397,6 +447,16 @@ pub fn dir(state_dir: &Path, id: &str) -> PathBuf {
 /// A set's installed tree (what is mounted at [`MOUNT`]).
 pub fn tree(state_dir: &Path, id: &str) -> PathBuf {
     dir(state_dir, id).join("tree")
+}
+
+/// When a set's record was last written (its folder's, if it has none): for choosing the
+/// oldest.
+pub fn modified(state_dir: &Path, id: &str) -> std::time::SystemTime {
+    let d = dir(state_dir, id);
+    std::fs::metadata(d.join("record.json"))
+        .or_else(|_| std::fs::metadata(&d))
+        .and_then(|m| m.modified())
+        .unwrap_or(std::time::UNIX_EPOCH)
 }
 
 /// Read a set's record; `Ok(None)` when there is no such set.
@@ -584,6 +644,7 @@ pub fn claim(state_dir: &Path, inputs: &Inputs) -> Result<Claim, String> {
             kind: inputs.kind,
             state: State::Building,
             error: None,
+            bytes: None,
         });
         return Ok(Claim::Exists(rec));
     };
@@ -598,6 +659,7 @@ pub fn claim(state_dir: &Path, inputs: &Inputs) -> Result<Claim, String> {
         kind: inputs.kind,
         state: State::Building,
         error: None,
+        bytes: None,
     };
     // What an earlier attempt left goes first.
     for sub in ["tree", "tree.new", "input"] {
@@ -640,12 +702,13 @@ pub fn build(
     launcher: PathBuf,
     backend: &Backend,
     cancel: Option<std::os::fd::OwnedFd>,
+    narrowing: &Narrowing,
 ) -> Record {
     let id = inputs.id();
     let d = dir(state_dir, &id);
-    let (ok, error) = match run_build(&d, inputs, launcher, backend, cancel) {
-        Ok(()) => (true, None),
-        Err(why) => (false, Some(why)),
+    let (ok, error, bytes) = match run_build(&d, inputs, launcher, backend, cancel, narrowing) {
+        Ok(bytes) => (true, None, Some(bytes)),
+        Err(why) => (false, Some(why), None),
     };
     let rec = Record {
         id,
@@ -653,6 +716,7 @@ pub fn build(
         kind: inputs.kind,
         state: if ok { State::Ready } else { State::Failed },
         error,
+        bytes,
     };
     if !ok {
         for sub in ["tree", "tree.new"] {
@@ -668,13 +732,23 @@ pub fn build(
     rec
 }
 
+/// What narrows a build below the host's settings: the limits of the tenant it is built
+/// for, and what is left of its quota in bytes.
+#[derive(Debug, Clone, Default)]
+pub struct Narrowing {
+    pub limits: Option<proto::api::TenantLimits>,
+    pub max_size: Option<u64>,
+}
+
+/// Build a set; what its tree holds, in bytes.
 fn run_build(
     d: &Path,
     inputs: &Inputs,
     launcher: PathBuf,
     backend: &Backend,
     cancel: Option<std::os::fd::OwnedFd>,
-) -> Result<(), String> {
+    narrowing: &Narrowing,
+) -> Result<u64, String> {
     let log_path = d.join("build.log");
     let input = d.join("input");
     // A copy of the cancel pipe's read end, to tell afterwards whether the build was
@@ -682,8 +756,14 @@ fn run_build(
     let stopped = cancel.as_ref().and_then(|c| c.try_clone().ok());
     // A build the host cannot give its sandbox (egress to the registries, above all) is
     // refused here, before anything runs: it never runs with another network instead.
-    let planned = Settings::from_env().and_then(|settings| {
-        let plan = build_plan(&settings, inputs, &input)?;
+    let planned = Settings::from_env().and_then(|mut settings| {
+        if let Some(cap) = narrowing.max_size {
+            settings.max_size = settings.max_size.min(cap.max(1));
+        }
+        let mut plan = build_plan(&settings, inputs, &input)?;
+        if let Some(t) = &narrowing.limits {
+            plan.limits = crate::supervisor::functions::run_spec::narrow(plan.limits, t);
+        }
         let (mut launch, limits) = oneshot::launch_plan(&plan)?;
         launch.mounts.push(fresh_mount());
         let venv = crate::mounts::private_tmpfs(settings.max_size, MAX_ENTRIES).map_err(|e| {
@@ -692,9 +772,9 @@ fn run_build(
                 settings.max_size
             )
         })?;
-        Ok((settings, launch, limits, venv))
+        Ok((settings, launch, limits, venv, plan.limits))
     });
-    let (settings, launch, limits, venv) = match planned {
+    let (settings, launch, limits, venv, applied) = match planned {
         Ok(p) => p,
         Err(e) => {
             let why = format!(
@@ -729,7 +809,7 @@ fn run_build(
     let mut verdict = if stopped.as_ref().is_some_and(was_cancelled) {
         Err("the build was stopped (its supervisor stopped)".to_string())
     } else {
-        verdict(&out, &settings)
+        verdict(&out, &applied)
     };
     if verdict.is_err() && is_full(&held) {
         verdict = Err(format!(
@@ -743,26 +823,30 @@ fn run_build(
         log.extend_from_slice(b"\n[zygo] the output above was cut at 1 MiB\n");
     }
     log.extend_from_slice(&out.stderr);
+    let mut bytes = 0;
     if verdict.is_ok() {
         match seal_out(&held, d, inputs.kind, &settings) {
-            Ok(c) => log.extend_from_slice(
-                format!(
-                    "\n[zygo] the set holds {} files, {} folders and {} links, {} bytes{}\n",
-                    c.files,
-                    c.folders,
-                    c.links,
-                    c.bytes,
-                    if c.skipped > 0 {
-                        format!(
-                            "; {} device nodes, FIFOs or sockets were left out",
-                            c.skipped
-                        )
-                    } else {
-                        String::new()
-                    }
+            Ok(c) => {
+                bytes = c.bytes;
+                log.extend_from_slice(
+                    format!(
+                        "\n[zygo] the set holds {} files, {} folders and {} links, {} bytes{}\n",
+                        c.files,
+                        c.folders,
+                        c.links,
+                        c.bytes,
+                        if c.skipped > 0 {
+                            format!(
+                                "; {} device nodes, FIFOs or sockets were left out",
+                                c.skipped
+                            )
+                        } else {
+                            String::new()
+                        }
+                    )
+                    .as_bytes(),
                 )
-                .as_bytes(),
-            ),
+            }
             Err(why) => verdict = Err(why),
         }
     }
@@ -771,7 +855,7 @@ fn run_build(
         Err(why) => log.extend_from_slice(format!("\n[zygo] the build failed: {why}\n").as_bytes()),
     }
     write_atomic(&log_path, &log)?;
-    verdict
+    verdict.map(|()| bytes)
 }
 
 /// Whether the build's tmpfs has no room left (in bytes or entries).
@@ -842,7 +926,7 @@ fn was_cancelled(fd: &std::os::fd::OwnedFd) -> bool {
 }
 
 /// Whether a build's sandbox ended well, or why not in one line.
-fn verdict(out: &Outcome, settings: &Settings) -> Result<(), String> {
+fn verdict(out: &Outcome, limits: &policy::ResolvedLimits) -> Result<(), String> {
     if let Some(e) = &out.error {
         return Err(format!("the build sandbox could not run: {e}"));
     }
@@ -850,13 +934,15 @@ fn verdict(out: &Outcome, settings: &Settings) -> Result<(), String> {
         return Err("the build was stopped (its supervisor stopped)".into());
     }
     if out.timed_out {
-        return Err(format!("the build ran past its {BUILD_TIMEOUT} limit"));
+        return Err(format!(
+            "the build ran past its time limit ({})",
+            policy::Dur(limits.timeout)
+        ));
     }
     if out.oom_killed {
         return Err(format!(
-            "the build ran out of memory (limit {} bytes: 2 GiB for the resolver and the \
-             set's size limit for its tree)",
-            build_mem(settings)
+            "the build ran out of memory (limit {}, its tree's files included)",
+            limits.mem
         ));
     }
     if let Some(sig) = out.signal {
@@ -972,6 +1058,8 @@ mod tests {
             npm_registry: None,
             ca_bundle: None,
             max_size: DEFAULT_MAX_SIZE,
+            tenant_sets: DEFAULT_TENANT_SETS,
+            tenant_bytes: DEFAULT_TENANT_BYTES,
         };
         let plan = build_plan(&settings, &py("six\n"), &tmp.join("i")).expect("plan");
         assert_eq!(plan.network, policy::Network::Egress);

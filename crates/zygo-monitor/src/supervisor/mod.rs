@@ -22,7 +22,7 @@
 pub mod api;
 mod cgworker;
 mod conn;
-mod functions;
+pub(crate) mod functions;
 mod scripts;
 mod store_writer;
 mod usage;

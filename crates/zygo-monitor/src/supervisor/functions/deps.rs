@@ -7,7 +7,7 @@
 //! `unavailable` (with a retry hint), not queued, and one named against a failed set is
 //! refused with the build's reason.
 
-use std::collections::HashMap;
+use std::collections::{BTreeSet, HashMap};
 use std::os::fd::OwnedFd;
 use std::path::{Path, PathBuf};
 use std::thread::JoinHandle;
@@ -29,10 +29,14 @@ const MAX_TENANT_BUILDS: usize = 2;
 /// The retry hint (seconds) of a refusal because a set is still building.
 pub(super) const BUILDING_RETRY_AFTER: u32 = 5;
 
-/// The builds this supervisor started, by set id.
+/// The builds this supervisor started, by set id, and which sets each tenant holds.
 #[derive(Default)]
 pub(super) struct Builds {
     running: HashMap<String, Build>,
+    /// Each tenant's sets (the ids whose `owners.json` names it), read from disk once when
+    /// first needed and kept up to date after: a tenant's list and quota never walk every
+    /// set on the host. `None`: not read yet (or forgotten after a set was deleted).
+    owned: Option<HashMap<String, BTreeSet<String>>>,
 }
 
 /// A build's thread, and the write end of its cancel pipe: closing it stops the build.
@@ -51,6 +55,41 @@ impl Builds {
             drop(b._cancel);
             if b.thread.join().is_err() {
                 log::error!("the build of dependency set {id} panicked");
+            }
+        }
+    }
+
+    /// Forget who holds what (a set or a tenant was removed): read again when next needed.
+    pub(super) fn forget_owners(&mut self) {
+        self.owned = None;
+    }
+
+    /// The sets `tenant` holds.
+    fn owned_by(&mut self, state_dir: &Path, tenant: &str) -> BTreeSet<String> {
+        let owned = self.owned.get_or_insert_with(|| {
+            let mut m: HashMap<String, BTreeSet<String>> = HashMap::new();
+            for id in deps::list(state_dir) {
+                for t in deps::owners(state_dir, &id) {
+                    m.entry(t).or_default().insert(id.clone());
+                }
+            }
+            m
+        });
+        owned.get(tenant).cloned().unwrap_or_default()
+    }
+
+    fn add_owned(&mut self, tenant: &str, id: &str) {
+        if let Some(m) = &mut self.owned {
+            m.entry(tenant.to_string())
+                .or_default()
+                .insert(id.to_string());
+        }
+    }
+
+    fn remove_owned(&mut self, tenant: &str, id: &str) {
+        if let Some(m) = &mut self.owned {
+            if let Some(set) = m.get_mut(tenant) {
+                set.remove(id);
             }
         }
     }
@@ -167,6 +206,7 @@ impl Functions {
         &mut self,
         inputs: Inputs,
         tenant: Option<&str>,
+        narrowing: deps::Narrowing,
     ) -> Result<Record, Refusal> {
         self.deps_builds.reap();
         let id = inputs.id();
@@ -176,6 +216,7 @@ impl Functions {
             kind: inputs.kind,
             state: State::Building,
             error: None,
+            bytes: None,
         };
         if self.deps_builds.running.contains_key(&id) {
             return Ok(building);
@@ -230,6 +271,7 @@ impl Functions {
                             launcher,
                             &backend,
                             Some(cancel_r),
+                            &narrowing,
                         )
                     }
                     // Ready, or another process builds it.
@@ -269,7 +311,11 @@ impl Functions {
             (None, Some(file)) => {
                 let inputs =
                     requirements_inputs(spec, file).map_err(|e| refuse(ErrorCode::BadSpec, e))?;
-                (self.start_deps(inputs, None)?.id, true)
+                (
+                    self.start_deps(inputs, None, deps::Narrowing::default())?
+                        .id,
+                    true,
+                )
             }
             (None, None) => return Ok(None),
         };
@@ -281,6 +327,7 @@ impl Functions {
                 kind: Kind::Python,
                 state: State::Building,
                 error: None,
+                bytes: None,
             },
             Ok(None) => {
                 return Err(refuse(
@@ -375,42 +422,167 @@ fn bad_id(id: &str) -> Option<Reply> {
 }
 
 impl Functions {
-    /// `POST /deps`: check the files, record the caller as one who sent the set, and
-    /// start its build unless it is built or building; answered at once.
+    /// `POST /deps`: check the files, start the set's build unless it is built or
+    /// building, and record the caller as one who sent it; answered at once.
+    ///
+    /// A caller without deploy rights builds only on `host`, from inputs that name
+    /// registry packages and nothing else (`policy::deps`). A tenant's set is its own (its
+    /// id hashes the tenant's too, so another tenant's set of the same files is neither
+    /// met nor told of), built within the tenant's limits (its network must reach the
+    /// registries), and counted against its quota in sets and bytes; a tenant at its
+    /// count has its oldest failed set removed to make room, or is refused. A refused
+    /// request leaves nothing on disk.
     pub(super) fn put_deps(
         &mut self,
         image: &str,
         files: Vec<(String, String)>,
         who: &Acting,
     ) -> Reply {
+        let deploy = who.gate_caller().has_deploy_rights();
+        if let Err(e) = policy::deps::image_allowed(image, deploy) {
+            return fail(ErrorCode::Forbidden, e);
+        }
+        if !deploy {
+            let text = |name: &str| {
+                files
+                    .iter()
+                    .find(|(n, _)| n == name)
+                    .map(|(_, t)| t.as_str())
+            };
+            let checked = match (
+                text("requirements.txt"),
+                text("package.json"),
+                text("package-lock.json"),
+            ) {
+                (Some(r), None, None) => policy::deps::check_requirements(r),
+                (None, Some(m), Some(l)) => policy::deps::check_node(m, l),
+                // Inputs::new names what is wrong with any other set of files.
+                _ => Ok(()),
+            };
+            if let Err(e) = checked {
+                return fail(ErrorCode::BadRequest, e.to_string());
+            }
+        }
         let files = files
             .into_iter()
             .map(|(n, t)| (n, t.into_bytes()))
             .collect();
-        let inputs = match Inputs::new(image, files) {
+        let mut inputs = match Inputs::new(image, files) {
             Ok(i) => i,
             Err(e) => return fail(ErrorCode::BadRequest, e),
         };
+        let mut narrowing = deps::Narrowing::default();
+        if let Some(t) = &who.tenant {
+            inputs = inputs.for_tenant(t);
+            narrowing = match self.tenant_build(t, &inputs.id(), who) {
+                Ok(n) => n,
+                Err(r) => return r.into(),
+            };
+        }
         let id = inputs.id();
+        let rec = match self.start_deps(inputs, who.tenant.as_deref(), narrowing) {
+            Ok(rec) => rec,
+            Err(r) => return r.into(),
+        };
         if let Some(t) = &who.tenant {
             if let Err(e) = deps::add_owner(&self.state_dir, &id, t) {
                 return fail(ErrorCode::Internal, e);
             }
+            self.deps_builds.add_owned(t, &id);
         }
-        match self.start_deps(inputs, who.tenant.as_deref()) {
-            Ok(rec) => Reply::Deps(info(&self.state_dir, &rec, false)),
-            Err(r) => r.into(),
+        Reply::Deps(info(&self.state_dir, &rec, false))
+    }
+
+    /// What a tenant's new build may use: its limits, and what is left of its quota in
+    /// bytes. Refused when its network cannot reach the registries or its quota is used
+    /// (after removing its oldest failed set, if it is at its count). `id` is the set's:
+    /// one the tenant holds already takes nothing more.
+    fn tenant_build(
+        &mut self,
+        tenant: &str,
+        id: &str,
+        who: &Acting,
+    ) -> Result<deps::Narrowing, Refusal> {
+        let settings = deps::Settings::from_env().map_err(|e| refusal(ErrorCode::Internal, e))?;
+        let registries: Vec<policy::file::AllowRule> = settings
+            .registries
+            .iter()
+            .filter_map(|r| policy::file::AllowRule::parse("ZYGO_DEPS_REGISTRIES", r).ok())
+            .collect();
+        super::requests::tenant_egress(&registries, &who.limits).map_err(|e| {
+            refusal(
+                ErrorCode::Forbidden,
+                format!("a dependency build reaches the package registries, and {e}"),
+            )
+        })?;
+        let mine = self.deps_builds.owned_by(&self.state_dir, tenant);
+        let records: Vec<Record> = mine
+            .iter()
+            .filter(|m| m.as_str() != id)
+            .filter_map(|m| self.deps_record(m))
+            .collect();
+        let used: u64 = records.iter().filter_map(|r| r.bytes).sum();
+        if !mine.contains(id) && records.len() >= settings.tenant_sets {
+            // The oldest failed set makes room; a ready or building one never does.
+            let oldest_failed = records
+                .iter()
+                .filter(|r| r.state == State::Failed)
+                .min_by_key(|r| deps::modified(&self.state_dir, &r.id));
+            match oldest_failed {
+                Some(r) => {
+                    let gone = r.id.clone();
+                    if let Err(e) = deps::remove(&self.state_dir, &gone) {
+                        return Err(refusal(ErrorCode::Internal, e));
+                    }
+                    self.deps_builds.remove_owned(tenant, &gone);
+                    log::info!("dependency set {gone} (failed) removed to make room for {tenant}");
+                }
+                None => {
+                    return Err(refusal(
+                        ErrorCode::Forbidden,
+                        format!(
+                            "this tenant holds {} dependency sets, its quota \
+                             (ZYGO_DEPS_TENANT_SETS); the operator removes sets with DELETE \
+                             /deps/{{id}}",
+                            settings.tenant_sets
+                        ),
+                    ))
+                }
+            }
         }
+        let left = settings.tenant_bytes.saturating_sub(used);
+        if left == 0 {
+            return Err(refusal(
+                ErrorCode::Forbidden,
+                format!(
+                    "this tenant's dependency sets hold {used} bytes, its quota of {} \
+                     (ZYGO_DEPS_TENANT_BYTES); the operator removes sets with DELETE \
+                     /deps/{{id}}",
+                    settings.tenant_bytes
+                ),
+            ));
+        }
+        Ok(deps::Narrowing {
+            limits: Some(who.limits.clone()),
+            max_size: Some(left),
+        })
     }
 
     /// `GET /deps`: the sets the caller may see, without logs.
+    /// A tenant's are the sets it holds (a bounded list, kept in memory); the host's
+    /// callers see every set on the host.
     pub(super) fn list_deps(&mut self, who: &Acting) -> Reply {
         self.deps_builds.reap();
+        let ids: Vec<String> = match &who.tenant {
+            Some(t) => self
+                .deps_builds
+                .owned_by(&self.state_dir, t)
+                .into_iter()
+                .collect(),
+            None => deps::list(&self.state_dir),
+        };
         let mut out = Vec::new();
-        for id in deps::list(&self.state_dir) {
-            if !visible(&self.state_dir, &id, who) {
-                continue;
-            }
+        for id in ids {
             if let Some(rec) = self.deps_record(&id) {
                 out.push(info(&self.state_dir, &rec, false));
             }
@@ -464,7 +636,9 @@ impl Functions {
                 format!("dependency set {id} is still building; delete it once it has finished"),
             );
         }
-        match deps::remove(&self.state_dir, id) {
+        let removed = deps::remove(&self.state_dir, id);
+        self.deps_builds.forget_owners();
+        match removed {
             Ok(()) => Reply::DepsDeleted { id: id.to_string() },
             Err(e) => fail(ErrorCode::Internal, e),
         }
@@ -479,6 +653,7 @@ impl Functions {
                 Some(r) if r.state != State::Ready => Record {
                     state: State::Building,
                     error: None,
+                    bytes: None,
                     ..r
                 },
                 Some(r) => r,
@@ -488,6 +663,7 @@ impl Functions {
                     kind: Kind::Python,
                     state: State::Building,
                     error: None,
+                    bytes: None,
                 },
             });
         }

@@ -30,7 +30,7 @@ mod blobs;
 mod deps;
 mod registry;
 mod requests;
-mod run_spec;
+pub(crate) mod run_spec;
 mod runs;
 mod stats;
 mod store_puts;

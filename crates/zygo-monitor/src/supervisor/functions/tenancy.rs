@@ -475,6 +475,7 @@ impl Functions {
                 log::warn!("dependency set {set}: {e}");
             }
         }
+        self.deps_builds.forget_owners();
         self.scripts.let_go(id);
         // Its puts still being written are answered now, and registered to nobody.
         self.drop_store_waits(id);
