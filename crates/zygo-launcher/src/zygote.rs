@@ -3,9 +3,10 @@
 //! `docs/agent-protocol.md`).
 //!
 //! Everything read from the sandbox is hostile. Lines are capped and parsed into closed
-//! enums that reject unknown kinds and fields; a child that breaks the protocol is disowned
-//! (its channel closed, the monitor told, its cgroup killed by the monitor); an agent that
-//! breaks it ends the zygote. Registrations carry the kernel-checked pid of the sender
+//! enums that reject unknown kinds and fields (a request process's, which a handler can
+//! write itself, in one pass that builds nothing: `child_line`); a child that breaks the
+//! protocol is disowned (its channel closed, the monitor told, its cgroup killed by the
+//! monitor); an agent that breaks it ends the zygote. Registrations carry the kernel-checked pid of the sender
 //! (`SCM_CREDENTIALS`, translated into our pid namespace), which is how the monitor can
 //! place exactly that process in its request's cgroup.
 
@@ -20,6 +21,7 @@ use proto::read_frame;
 use proto::readbuf::read_append;
 use serde::Deserialize;
 
+use crate::child_line::ChildMsg;
 use crate::sandbox::LaunchError;
 use crate::sys;
 
@@ -129,15 +131,6 @@ enum AgentMsg {
 #[serde(tag = "kind", rename_all = "snake_case", deny_unknown_fields)]
 enum Registration {
     Register { slot: String },
-}
-
-#[derive(Debug, Deserialize)]
-#[serde(tag = "kind", rename_all = "snake_case", deny_unknown_fields)]
-enum ChildMsg {
-    Progress { text: String },
-    Heartbeat,
-    Result { value: serde_json::Value },
-    Error { message: String, traceback: String },
 }
 
 /// A slot name the monitor chose; anything else from the sandbox is refused.
@@ -596,6 +589,10 @@ fn receive_script_dir(reg: RawFd, init_pid: libc::pid_t) -> Result<OwnedFd, Stri
 /// the monitor once more per request.
 const HOLD: Duration = Duration::from_millis(2);
 
+/// A frame's payload up to this size is copied behind its length (and what is held) to
+/// go in one write.
+const COPIED_FRAME: usize = 64 * 1024;
+
 /// The frames going up to the monitor, in order; some are held back up to [`HOLD`].
 struct Up {
     sock: UnixStream,
@@ -604,13 +601,25 @@ struct Up {
 }
 
 impl Up {
-    /// Send `msg` now, after whatever is held, in one write.
+    /// Send `msg` now, after whatever is held, in one write; a large frame (a handler's
+    /// value) in two more, so that it is never copied: its payload is written as it was
+    /// encoded, after its length.
     fn send(&mut self, msg: &FromLauncher) -> Result<(), LaunchError> {
-        let frame = proto::encode_frame(msg).map_err(LaunchError::Channel)?;
-        if self.held.is_empty() {
-            return self.write(&frame);
+        let payload = proto::codec::encode(msg).map_err(LaunchError::Channel)?;
+        if payload.len() > proto::frame::MAX_FRAME {
+            return Err(LaunchError::Channel(proto::ProtoError::TooLarge {
+                len: payload.len(),
+                max: proto::frame::MAX_FRAME,
+            }));
         }
-        self.held.extend_from_slice(&frame);
+        let len = (payload.len() as u32).to_le_bytes();
+        if payload.len() > COPIED_FRAME {
+            self.flush()?;
+            self.write(&len)?;
+            return self.write(&payload);
+        }
+        self.held.extend_from_slice(&len);
+        self.held.extend_from_slice(&payload);
         self.flush()
     }
 
@@ -1209,7 +1218,7 @@ pub fn serve(
                         break;
                     }
                 };
-                let msg = match parse::<ChildMsg>(&line) {
+                let msg = match crate::child_line::parse(line) {
                     Ok(m) => m,
                     Err(e) => {
                         violation = Some(e);
@@ -1410,6 +1419,37 @@ mod tests {
         }
         let e = lines_of(&[b"ok\npart"], 100).expect_err("a partial line");
         assert_eq!(e, "the channel closed in the middle of a line");
+    }
+
+    #[test]
+    fn a_large_frame_leaves_whole_after_what_is_held() {
+        let (ours, mut theirs) = UnixStream::pair().expect("socketpair");
+        let mut up = Up {
+            sock: ours,
+            held: Vec::new(),
+            since: None,
+        };
+        up.hold(&closed("a")).expect("hold");
+        let value = format!("[{}0]", "0,".repeat(4 << 20));
+        let reader = std::thread::spawn(move || {
+            let first: FromLauncher = read_frame(&mut theirs, MAX_LAUNCH_FRAME).expect("frame");
+            let second: FromLauncher = read_frame(&mut theirs, MAX_LAUNCH_FRAME).expect("frame");
+            let third: FromLauncher = read_frame(&mut theirs, MAX_LAUNCH_FRAME).expect("frame");
+            (first, second, third)
+        });
+        up.send(&FromLauncher::Returned {
+            slot: "b".into(),
+            value: value.clone(),
+        })
+        .expect("send");
+        up.send(&closed("c")).expect("send");
+        let (first, second, third) = reader.join().expect("reader");
+        assert_eq!(slot_of(first), "a");
+        match second {
+            FromLauncher::Returned { slot, value: v } => assert!(slot == "b" && v == value),
+            other => panic!("unexpected {other:?}"),
+        }
+        assert_eq!(slot_of(third), "c");
     }
 
     #[test]
