@@ -37,11 +37,20 @@
 //! where JSON says nothing: an object's keys stay in the order they were written (a tree
 //! sorted them), and strings and numbers keep the escapes and form they were written with
 //! (`1e-05`, `"\u00e9"`). Every reader of the value parses it, and gets the same value.
+//!
+//! A handler's error `message` and `traceback` are cut here too (see [`MAX_MESSAGE`]).
 
 use std::cmp::Ordering;
 use std::fmt;
 
 use proto::json::MAX_DEPTH;
+
+/// The most of a handler's error message the launcher passes on, in bytes: a longer one
+/// keeps its beginning and says how much was cut (`… (N more bytes cut)`).
+pub(crate) const MAX_MESSAGE: usize = 64 * 1024;
+/// The most of a handler's traceback the launcher passes on, in bytes: a longer one keeps
+/// its end, where the exception is, and says how much was cut before it.
+pub(crate) const MAX_TRACEBACK: usize = 1024 * 1024;
 
 /// One line of a request process, as the launcher passes it on.
 #[derive(Debug, PartialEq)]
@@ -54,6 +63,7 @@ pub(crate) enum ChildMsg {
     Result {
         value: String,
     },
+    /// Cut to [`MAX_MESSAGE`] and [`MAX_TRACEBACK`].
     Error {
         message: String,
         traceback: String,
@@ -187,7 +197,10 @@ fn read(mut line: Vec<u8>) -> Result<ChildMsg, Bad> {
         "error" => {
             let message = string_field(&line, fields.message, "message")?;
             let traceback = string_field(&line, fields.traceback, "traceback")?;
-            Ok(ChildMsg::Error { message, traceback })
+            Ok(ChildMsg::Error {
+                message: cut_message(message),
+                traceback: cut_traceback(traceback),
+            })
         }
         _ => {
             let Some(v) = fields.value else {
@@ -218,6 +231,35 @@ fn string_field(line: &[u8], span: Option<Span>, name: &str) -> Result<String, B
             s.start + e.utf8_error().valid_up_to(),
         )
     })
+}
+
+/// A handler's error message, at most [`MAX_MESSAGE`] bytes of it and a note of the rest.
+pub(crate) fn cut_message(mut message: String) -> String {
+    if message.len() <= MAX_MESSAGE {
+        return message;
+    }
+    let mut at = MAX_MESSAGE;
+    while !message.is_char_boundary(at) {
+        at -= 1;
+    }
+    let cut = message.len() - at;
+    message.truncate(at);
+    message.push_str(&format!(" … ({cut} more bytes cut)"));
+    message.shrink_to_fit();
+    message
+}
+
+/// A handler's traceback, at most the last [`MAX_TRACEBACK`] bytes of it, after a note of
+/// what was cut before them.
+pub(crate) fn cut_traceback(traceback: String) -> String {
+    if traceback.len() <= MAX_TRACEBACK {
+        return traceback;
+    }
+    let mut at = traceback.len() - MAX_TRACEBACK;
+    while !traceback.is_char_boundary(at) {
+        at += 1;
+    }
+    format!("({at} earlier bytes cut) …\n{}", &traceback[at..])
 }
 
 /// Move the value at `span` to the front of `line` without the whitespace between its
@@ -914,7 +956,7 @@ mod tests {
                     message: m2,
                     traceback: t2,
                 }),
-            ) => assert_eq!((m1, t1), (m2, t2), "{shown}"),
+            ) => assert_eq!((cut_message(m1), cut_traceback(t1)), (m2, t2), "{shown}"),
             (Ok(o), Ok(n)) => panic!("{shown}: taken as {n:?}, was {o:?}"),
         }
     }
@@ -1254,5 +1296,44 @@ mod tests {
             };
             assert_eq!(text, value);
         }
+    }
+
+    #[test]
+    fn a_long_error_is_cut_and_says_so() {
+        let message = format!("ValueError: {}", "é".repeat(MAX_MESSAGE));
+        let traceback = format!(
+            "Traceback (most recent call last):\n{}end\n",
+            "x".repeat(3 << 20)
+        );
+        let line = json!({"kind": "error", "message": message, "traceback": traceback});
+        let ChildMsg::Error {
+            message: m,
+            traceback: t,
+        } = ok(&line.to_string())
+        else {
+            panic!("not an error");
+        };
+        assert!(m.starts_with("ValueError: éé"), "{}", &m[..40]);
+        let kept = m.find(" … (").unwrap_or(usize::MAX);
+        assert!(kept <= MAX_MESSAGE && kept > MAX_MESSAGE - 4, "{kept}");
+        assert!(
+            m.ends_with(&format!(" … ({} more bytes cut)", message.len() - kept)),
+            "{}",
+            &m[kept..]
+        );
+        let cut = traceback.len() - MAX_TRACEBACK;
+        assert_eq!(
+            t,
+            format!("({cut} earlier bytes cut) …\n{}", &traceback[cut..])
+        );
+        assert!(t.ends_with("xxxend\n"));
+        // Short ones are left alone.
+        assert_eq!(
+            ok(r#"{"kind":"error","message":"m","traceback":"t"}"#),
+            ChildMsg::Error {
+                message: "m".into(),
+                traceback: "t".into()
+            }
+        );
     }
 }

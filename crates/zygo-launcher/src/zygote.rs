@@ -1038,7 +1038,10 @@ pub fn serve(
                         FromLauncher::Ready
                     }
                     AgentMsg::ImportError { message, traceback } if !ready => {
-                        FromLauncher::ImportError { message, traceback }
+                        FromLauncher::ImportError {
+                            message: crate::child_line::cut_message(message),
+                            traceback: crate::child_line::cut_traceback(traceback),
+                        }
                     }
                     AgentMsg::Heartbeat if ready => FromLauncher::Heartbeat,
                     AgentMsg::ParkFailed { slot, message } if ready && valid_slot(&slot) => {
