@@ -15,9 +15,9 @@
 //! whitespace between its tokens taken out, moved to the front of the line's own buffer:
 //! the launcher holds the line once, and the frame that carries it on once.
 //!
-//! The check is exactly as strict as parsing the line into the closed enum it replaced
-//! (`proto::json::from_slice_strict`, serde_json and serde's derive), with the two
-//! exceptions below:
+//! It refuses all that parsing the line into the closed enum it replaced refused
+//! (`proto::json::from_slice_strict`: serde_json and serde's derive), and takes what that
+//! took, but for two shapes (below). A line must keep to:
 //! - serde_json's grammar: its whitespace, its literals, its refusal of a trailing comma
 //!   and of anything after the object; strings of valid UTF-8 with no control character,
 //!   its escapes, `\u` surrogates in pairs; numbers of its grammar, and out of its range
@@ -29,9 +29,9 @@
 //!   (`progress`: `text`, a string; `heartbeat`: none; `result`: `value`, any JSON;
 //!   `error`: `message` and `traceback`, strings), in any order.
 //!
-//! The exceptions make it stricter, as the protocol always said: serde also took a line
-//! that is an array (`["error","m","t"]`, the kind first, then the fields in order), and
-//! a `heartbeat` with fields of any name. No agent writes either.
+//! The two shapes serde also took, and the protocol never had, are refused: a line that is
+//! an array (`["error","m","t"]`, the kind first, then the fields in order), and a
+//! `heartbeat` with fields of any name. No agent writes either.
 //!
 //! What a value is passed on as differs from serde_json's re-serialisation of its tree only
 //! where JSON says nothing: an object's keys stay in the order they were written (a tree
@@ -140,7 +140,7 @@ fn read(mut line: Vec<u8>) -> Result<ChildMsg, Bad> {
     if line.len() > u32::MAX as usize / 2 {
         return bad(format!("a line of {} bytes", line.len()), 0);
     }
-    let fields = Scan::new(&line).line()?;
+    let mut fields = Scan::new(&line).line()?;
     let end = line.len();
     let kind = match fields.kind {
         Some(k) => k,
@@ -167,7 +167,6 @@ fn read(mut line: Vec<u8>) -> Result<ChildMsg, Bad> {
             kind.start,
         );
     };
-    let mut fields = fields;
     for field in &FIELD_NAMES[1..] {
         let present = fields.slot(field).is_some();
         if present && !wanted.contains(field) {
