@@ -3,6 +3,7 @@
 //! alone keeps the last of two equal keys, so `{"id":12,"id":13}` was read as 13; each test
 //! here was answered (as the last duplicate) before `proto::json` refused them.
 
+use std::fs;
 use std::io::{BufRead, BufReader, Write};
 use std::process::{Command, Stdio};
 use std::sync::mpsc;
@@ -16,6 +17,7 @@ use zygo_tests::*;
 /// waits; `echo` returns its event.
 const HANDLERS: &str = r#"
 import os
+import signal
 import socket
 import stat
 import time
@@ -48,6 +50,18 @@ def forge(event):
 
 def echo(event):
     return event
+
+
+def forge_big(event):
+    """A terminal line of `bytes` bytes (newline included), written by the handler itself:
+    `{"kind":"result","value":[0,0,...,0]}`, the shape that costs a parser building a
+    tree the most per byte. The agent's heartbeat timer is stopped first: its line would
+    land in the middle of this one."""
+    signal.setitimer(signal.ITIMER_REAL, 0, 0)
+    head, tail = b'{"kind":"result","value":[', b'0]}\n'
+    line = head + b"0," * ((event["bytes"] - len(head) - len(tail)) // 2) + tail
+    _request_channel().sendall(line)
+    os._exit(0)
 "#;
 
 static SUITE: Suite = Suite {
@@ -60,6 +74,7 @@ static SUITE: Suite = Suite {
 root_and_rootless!(
     a_result_line_with_a_duplicate_key_fails_the_call_with_a_protocol_error,
     an_event_with_a_duplicate_key_is_refused_before_anything_runs,
+    a_huge_result_line_costs_the_launcher_little_more_than_its_size,
 );
 
 /// A handler writes a terminal line whose only fault is a key named twice inside its value
@@ -111,6 +126,97 @@ fn a_result_line_with_a_duplicate_key_fails_the_call_with_a_protocol_error(who: 
     assert_eq!(
         s.call_ok(echo, r#"{"still":"serving"}"#)["still"],
         "serving"
+    );
+    s.shutdown();
+}
+
+/// The launcher of a function's (one) zygote: the parent of the sandbox's init, which is
+/// the process in the zygote's cgroup whose parent is not.
+fn launcher_pid(name: &str) -> Option<i32> {
+    for z in fn_subgroups(name, "z-") {
+        let procs: Vec<i32> = fs::read_to_string(z.join("cgroup.procs"))
+            .unwrap_or_default()
+            .lines()
+            .filter_map(|l| l.trim().parse().ok())
+            .collect();
+        for p in &procs {
+            let Some(pp) = ppid(*p).filter(|pp| !procs.contains(pp)) else {
+                continue;
+            };
+            let cmd = fs::read(format!("/proc/{pp}/cmdline")).unwrap_or_default();
+            if contains(&cmd, b"__launcher") {
+                return Some(pp);
+            }
+        }
+    }
+    None
+}
+
+/// A process's peak resident memory so far (`VmHWM`), in bytes.
+fn peak_rss(pid: i32) -> u64 {
+    let status = fs::read_to_string(format!("/proc/{pid}/status"))
+        .unwrap_or_else(|e| panic!("read /proc/{pid}/status: {e}"));
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmHWM:"))
+        .and_then(|v| v.trim().strip_suffix("kB"))
+        .and_then(|v| v.trim().parse::<u64>().ok())
+        .map(|kib| kib * 1024)
+        .unwrap_or_else(|| panic!("no VmHWM in /proc/{pid}/status: {status}"))
+}
+
+/// The forged line: 20 000 000 bytes, just under the 20 MiB a line may have.
+const HUGE_LINE: u64 = 20_000_000;
+
+/// A handler writes its own terminal line of 20 MB (an array of ten million zeros) straight
+/// to its request channel. The launcher, which runs outside every cgroup of the sandbox,
+/// checks it and relays it without building a tree of it: its peak resident memory grows
+/// by less than twice and a half the line (the line itself and the frame that carries the
+/// value on), where parsing it into a JSON tree cost it about 35 times the line. The call
+/// is answered with the value, and the zygote keeps serving.
+fn a_huge_result_line_costs_the_launcher_little_more_than_its_size(who: Who) {
+    let mut s = SUITE.sup(who, "huge");
+    let n = s.up(&[(
+        "big",
+        "forge_big",
+        "mem = \"256M\"\ntimeout = \"30s\"\nmax_warm = 1",
+    )]);
+    let big = &n[0];
+    // A small forged line first: the way in works, and the launcher has relayed a call.
+    assert_eq!(s.call_ok(big, r#"{"bytes": 100}"#), json!(vec![0; 36]));
+    let launcher = launcher_pid(big).expect("the zygote's launcher");
+    let before = peak_rss(launcher);
+
+    let (v, f) = s.exec(big, Some(&format!(r#"{{"bytes": {HUGE_LINE}}}"#)), &[]);
+    s.assert_ok(&v, &f, "a 20 MB result line");
+    let zeros = v["result"].as_array().map(Vec::len).unwrap_or(0) as u64;
+    assert_eq!(zeros, (HUGE_LINE - 30) / 2 + 1, "the value came whole");
+    assert_eq!(
+        launcher_pid(big),
+        Some(launcher),
+        "the same launcher served both calls"
+    );
+    let after = peak_rss(launcher);
+    let grew = after.saturating_sub(before);
+    eprintln!(
+        "[{}] launcher peak RSS: {} MiB before, {} MiB after a {} MB line (+{:.2}x the line)",
+        who.name(),
+        before >> 20,
+        after >> 20,
+        HUGE_LINE / 1_000_000,
+        grew as f64 / HUGE_LINE as f64
+    );
+    assert!(
+        grew < HUGE_LINE * 5 / 2,
+        "[{}] the launcher's peak RSS grew by {} MiB (from {} MiB) for a {} MB line",
+        who.name(),
+        grew >> 20,
+        before >> 20,
+        HUGE_LINE / 1_000_000
+    );
+    assert_eq!(
+        s.call_ok(big, r#"{"bytes": 40}"#),
+        json!([0, 0, 0, 0, 0, 0])
     );
     s.shutdown();
 }

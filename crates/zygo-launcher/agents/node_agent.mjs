@@ -17,6 +17,10 @@ import { pathToFileURL } from "node:url";
 
 const MAX_REQUEST_LINE = 20 << 20;
 const MAX_PROGRESS = 64 << 10;
+// What of an error is sent, in characters, as the Python agent: the message's beginning, the
+// stack's end (where the error is). The launcher cuts again, in bytes, whatever a line says.
+const MAX_MESSAGE = 64 << 10;
+const MAX_TRACEBACK = 1 << 20;
 
 async function load(entry, funcName) {
   const mod = await import(pathToFileURL(entry).href);
@@ -33,9 +37,50 @@ async function load(entry, funcName) {
   return fn;
 }
 
+// Text that UTF-8 can carry: a lone surrogate becomes "?" (as the Python agent's encoding
+// makes it), or the launcher would refuse the line its escape is written in.
+function wellFormed(s) {
+  return s.replace(/[\ud800-\udbff](?![\udc00-\udfff])|(?<![\ud800-\udbff])[\udc00-\udfff]/g, "?");
+}
+
+// The first `n` characters of `s` (a surrogate pair is one, never split).
+function head(s, n) {
+  let i = 0;
+  for (let count = 0; count < n && i < s.length; count++) {
+    i += s.codePointAt(i) > 0xffff ? 2 : 1;
+  }
+  return wellFormed(s.slice(0, i));
+}
+
+// The last `n` characters of `s`.
+function tail(s, n) {
+  let j = s.length;
+  for (let count = 0; count < n && j > 0; count++) {
+    const low = s.charCodeAt(j - 1);
+    const pair = low >= 0xdc00 && low <= 0xdfff && j >= 2 && (s.charCodeAt(j - 2) & 0xfc00) === 0xd800;
+    j -= pair ? 2 : 1;
+  }
+  return wellFormed(s.slice(j));
+}
+
+// What was thrown, in one line's worth: never throws itself (a getter of the thrown value
+// may).
 function describe(e) {
-  if (e instanceof Error) return `${e.name}: ${e.message}`;
-  return String(e);
+  let text;
+  try {
+    text = e instanceof Error ? `${e.name}: ${e.message}` : String(e);
+  } catch {
+    text = "<unprintable>";
+  }
+  return head(text, MAX_MESSAGE);
+}
+
+function stackOf(e) {
+  try {
+    return tail(String(e?.stack ?? ""), MAX_TRACEBACK);
+  } catch {
+    return "";
+  }
 }
 
 if (process.argv[2] === "--check") {
@@ -43,7 +88,8 @@ if (process.argv[2] === "--check") {
     await load(process.argv[3], process.argv[4]);
     process.exit(0);
   } catch (e) {
-    fs.writeSync(2, JSON.stringify({ message: `cannot import ${process.argv[3]}: ${describe(e)}`, traceback: String(e?.stack ?? "") }) + "\n");
+    const message = head(`cannot import ${process.argv[3]}: ${describe(e)}`, MAX_MESSAGE);
+    fs.writeSync(2, JSON.stringify({ message, traceback: stackOf(e) }) + "\n");
     process.exit(1);
   }
 }
@@ -106,7 +152,7 @@ async function run(line) {
     if (event !== null && typeof event === "object" && !Array.isArray(event)) {
       Object.defineProperty(event, "progress", {
         enumerable: false,
-        value: (text) => send({ kind: "progress", text: String(text).slice(0, MAX_PROGRESS) }),
+        value: (text) => send({ kind: "progress", text: head(String(text), MAX_PROGRESS) }),
       });
     }
     const value = await handler(event);
@@ -115,11 +161,11 @@ async function run(line) {
       text = JSON.stringify(value === undefined ? null : value);
       if (text === undefined) throw new Error(`a ${typeof value} is not JSON`);
     } catch (e) {
-      terminal = { kind: "error", message: `result is not JSON-serialisable: ${describe(e)}`, traceback: "" };
+      terminal = { kind: "error", message: head(`result is not JSON-serialisable: ${describe(e)}`, MAX_MESSAGE), traceback: "" };
     }
     terminal ??= { kind: "result", value: JSON.parse(text) };
   } catch (e) {
-    terminal = { kind: "error", message: describe(e), traceback: String(e?.stack ?? "") };
+    terminal = { kind: "error", message: describe(e), traceback: stackOf(e) };
   }
   clearInterval(beat);
   // Writes to a pipe are synchronous in Node: what the handler printed is already there.

@@ -833,7 +833,8 @@ def check_node(entry, name):
         lines = r.stderr.decode("utf-8", "replace").strip().splitlines()
         try:
             why = loads(lines[-1])
-            message, tb = str(why["message"]), str(why.get("traceback", ""))
+            message = str(why["message"])[:MAX_MESSAGE]
+            tb = str(why.get("traceback", ""))[-MAX_TRACEBACK:]
         except (ValueError, RecursionError, Violation, KeyError, IndexError, TypeError):
             message, tb = f"cannot import {entry}: node exited with status {r.returncode}", "\n".join(lines[-50:])
     except (OSError, subprocess.SubprocessError) as e:

@@ -885,9 +885,11 @@ class NodeCheck(unittest.TestCase):
 
     def check(self, last_line):
         with tempfile.TemporaryDirectory() as d:
-            fake = os.path.join(d, "fake_node.sh")
+            fake, last = os.path.join(d, "fake_node.sh"), os.path.join(d, "last_line")
+            with open(last, "w") as f:
+                f.write(last_line + "\n")
             with open(fake, "w") as f:
-                f.write("echo 'some output' >&2\nprintf '%s\\n' \"$LAST\" >&2\nexit 1\n")
+                f.write(f"echo 'some output' >&2\ncat {last} >&2\nexit 1\n")
             r, w = os.pipe()
             # The agent's control channel (where import_error goes) is the pipe's write end.
             prog = textwrap.dedent(f"""
@@ -900,7 +902,7 @@ class NodeCheck(unittest.TestCase):
             """)
             with tempfile.TemporaryFile() as err:
                 try:
-                    p = subprocess.Popen([PYTHON, "-I", "-c", prog], env={"LAST": last_line},
+                    p = subprocess.Popen([PYTHON, "-I", "-c", prog], env={},
                                          pass_fds=(w,), stdout=subprocess.DEVNULL, stderr=err)
                 finally:
                     os.close(w)
@@ -923,3 +925,62 @@ class NodeCheck(unittest.TestCase):
         code, told, _ = self.check('{"message": "cannot import x: boom", "traceback": "tb"}')
         self.assertEqual(code, 1)
         self.assertEqual((told["message"], told["traceback"]), ("cannot import x: boom", "tb"))
+
+    def test_a_long_message_and_traceback_are_cut(self):
+        a = agent_module()
+        line = json.dumps({"message": "m" * (a.MAX_MESSAGE + 10),
+                           "traceback": "t" * a.MAX_TRACEBACK + "end"})
+        code, told, _ = self.check(line)
+        self.assertEqual(code, 1)
+        self.assertEqual(told["message"], "m" * a.MAX_MESSAGE)
+        self.assertEqual(len(told["traceback"]), a.MAX_TRACEBACK)
+        self.assertTrue(told["traceback"].endswith("tttend"))
+
+
+NODE = "/usr/bin/node"
+NODE_AGENT = os.path.join(HERE, "node_agent.mjs")
+
+
+@unittest.skipUnless(os.access(NODE, os.X_OK), "no /usr/bin/node")
+class NodeErrors(unittest.TestCase):
+    """What the Node agent writes of an error: at most as much of the message (its start) and
+    of the stack (its end) as the Python agent, in characters, a surrogate pair never split,
+    a lone surrogate written as "?": text the launcher takes."""
+
+    def check(self, throw):
+        with tempfile.TemporaryDirectory() as d:
+            entry = os.path.join(d, "handler.mjs")
+            with open(entry, "w") as f:
+                f.write(throw + "\nexport default () => 0;\n")
+            r = subprocess.run([NODE, NODE_AGENT, "--check", entry, ""], capture_output=True,
+                               timeout=60)
+            self.assertEqual(r.returncode, 1, r.stderr[-2000:])
+            line = r.stderr.decode("utf-8").strip().splitlines()[-1]
+            self.assertNotIn("\\ud", line.lower(), "a surrogate escaped")
+            return json.loads(line)
+
+    def test_a_long_message_keeps_its_start(self):
+        a = agent_module()
+        told = self.check('throw new Error("\\u{1F600}" + "é".repeat(70000) + "x".repeat(70000));')
+        want = "cannot import "
+        self.assertTrue(told["message"].startswith(want), told["message"][:100])
+        self.assertEqual(len(told["message"]), a.MAX_MESSAGE)
+        self.assertIn("Error: \U0001f600éé", told["message"])
+
+    def test_a_long_stack_keeps_its_end(self):
+        a = agent_module()
+        told = self.check("const e = new Error('boom'); e.stack = 'top\\n' + 'f'.repeat(1 << 21) + "
+                          "'\\u{1F600}' + 'last frame'; throw e;")
+        self.assertEqual(len(told["traceback"]), a.MAX_TRACEBACK)
+        self.assertTrue(told["traceback"].endswith("f\U0001f600last frame"))
+        # Cut inside a surrogate pair: its other half is not left alone.
+        told = self.check("const e = new Error('boom'); e.stack = '\\u{1F600}'.repeat(1 << 20) + 'x'; "
+                          "throw e;")
+        self.assertEqual(told["traceback"], "\U0001f600" * ((1 << 20) - 1) + "x")
+
+    def test_lone_surrogates_and_unprintable_errors(self):
+        told = self.check('throw new Error("a\\ud800b\\udc00c");')
+        self.assertIn("Error: a?b?c", told["message"])
+        told = self.check("throw { toString() { throw new Error('no'); } };")
+        self.assertTrue(told["message"].endswith(": <unprintable>"), told["message"])
+

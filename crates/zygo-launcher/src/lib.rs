@@ -9,6 +9,7 @@
 
 mod agent_log;
 mod agents;
+mod child_line;
 pub mod harden;
 mod ids;
 mod rootfs;

@@ -3,9 +3,10 @@
 //! `docs/agent-protocol.md`).
 //!
 //! Everything read from the sandbox is hostile. Lines are capped and parsed into closed
-//! enums that reject unknown kinds and fields; a child that breaks the protocol is disowned
-//! (its channel closed, the monitor told, its cgroup killed by the monitor); an agent that
-//! breaks it ends the zygote. Registrations carry the kernel-checked pid of the sender
+//! enums that reject unknown kinds and fields (a request process's, which a handler can
+//! write itself, in one pass that builds nothing: `child_line`); a child that breaks the
+//! protocol is disowned (its channel closed, the monitor told, its cgroup killed by the
+//! monitor); an agent that breaks it ends the zygote. Registrations carry the kernel-checked pid of the sender
 //! (`SCM_CREDENTIALS`, translated into our pid namespace), which is how the monitor can
 //! place exactly that process in its request's cgroup.
 
@@ -20,6 +21,7 @@ use proto::read_frame;
 use proto::readbuf::read_append;
 use serde::Deserialize;
 
+use crate::child_line::ChildMsg;
 use crate::sandbox::LaunchError;
 use crate::sys;
 
@@ -131,15 +133,6 @@ enum Registration {
     Register { slot: String },
 }
 
-#[derive(Debug, Deserialize)]
-#[serde(tag = "kind", rename_all = "snake_case", deny_unknown_fields)]
-enum ChildMsg {
-    Progress { text: String },
-    Heartbeat,
-    Result { value: serde_json::Value },
-    Error { message: String, traceback: String },
-}
-
 /// A slot name the monitor chose; anything else from the sandbox is refused.
 fn valid_slot(s: &str) -> bool {
     !s.is_empty()
@@ -153,6 +146,12 @@ fn valid_slot(s: &str) -> bool {
 /// Bytes read so far on a line-oriented channel.
 struct Lines {
     buf: Vec<u8>,
+    /// Where the next line starts in `buf`: the lines before it have been taken, and are
+    /// dropped before the next read.
+    start: usize,
+    /// How much of the next line has been searched for its end: each byte is looked at
+    /// once, however many reads a long line takes.
+    searched: usize,
     max: usize,
 }
 
@@ -161,15 +160,25 @@ enum Read_ {
     Eof,
 }
 
+/// A line longer than this is taken with the buffer it was read into rather than copied
+/// out of it (what was read after it is copied instead: less than one read).
+const TAKE_WHOLE: usize = 64 * 1024;
+
 impl Lines {
     fn new(max: usize) -> Lines {
         Lines {
             buf: Vec::new(),
+            start: 0,
+            searched: 0,
             max,
         }
     }
 
     fn fill(&mut self, fd: RawFd) -> Result<Read_, String> {
+        if self.start > 0 {
+            self.buf.drain(..self.start);
+            self.start = 0;
+        }
         let n = read_append(fd, &mut self.buf, CHUNK).map_err(|e| e.to_string())?;
         if n == 0 {
             if !self.buf.is_empty() {
@@ -182,16 +191,32 @@ impl Lines {
 
     /// The next whole line, if any. A line over the cap is an error.
     fn next_line(&mut self) -> Result<Option<Vec<u8>>, String> {
-        match self.buf.iter().position(|&b| b == b'\n') {
-            Some(i) if i <= self.max => {
-                let mut line: Vec<u8> = self.buf.drain(..=i).collect();
-                line.pop();
-                Ok(Some(line))
+        let from = self.start + self.searched;
+        let Some(nl) = self.buf[from..]
+            .iter()
+            .position(|&b| b == b'\n')
+            .map(|i| from + i)
+        else {
+            self.searched = self.buf.len() - self.start;
+            if self.searched > self.max {
+                return Err(format!("a line over {} bytes", self.max));
             }
-            Some(_) => Err(format!("a line over {} bytes", self.max)),
-            None if self.buf.len() > self.max => Err(format!("a line over {} bytes", self.max)),
-            None => Ok(None),
+            return Ok(None);
+        };
+        let len = nl - self.start;
+        if len > self.max {
+            return Err(format!("a line over {} bytes", self.max));
         }
+        self.searched = 0;
+        if self.start == 0 && len > TAKE_WHOLE {
+            let rest = self.buf.split_off(nl + 1);
+            let mut line = std::mem::replace(&mut self.buf, rest);
+            line.truncate(len);
+            return Ok(Some(line));
+        }
+        let line = self.buf[self.start..nl].to_vec();
+        self.start = nl + 1;
+        Ok(Some(line))
     }
 }
 
@@ -564,6 +589,10 @@ fn receive_script_dir(reg: RawFd, init_pid: libc::pid_t) -> Result<OwnedFd, Stri
 /// the monitor once more per request.
 const HOLD: Duration = Duration::from_millis(2);
 
+/// A frame's payload up to this size is copied behind its length (and what is held) to
+/// go in one write.
+const COPIED_FRAME: usize = 64 * 1024;
+
 /// The frames going up to the monitor, in order; some are held back up to [`HOLD`].
 struct Up {
     sock: UnixStream,
@@ -572,13 +601,25 @@ struct Up {
 }
 
 impl Up {
-    /// Send `msg` now, after whatever is held, in one write.
+    /// Send `msg` now, after whatever is held, in one write; a large frame (a handler's
+    /// value) in two more, so that it is never copied: its payload is written as it was
+    /// encoded, after its length.
     fn send(&mut self, msg: &FromLauncher) -> Result<(), LaunchError> {
-        let frame = proto::encode_frame(msg).map_err(LaunchError::Channel)?;
-        if self.held.is_empty() {
-            return self.write(&frame);
+        let payload = proto::codec::encode(msg).map_err(LaunchError::Channel)?;
+        if payload.len() > proto::frame::MAX_FRAME {
+            return Err(LaunchError::Channel(proto::ProtoError::TooLarge {
+                len: payload.len(),
+                max: proto::frame::MAX_FRAME,
+            }));
         }
-        self.held.extend_from_slice(&frame);
+        let len = (payload.len() as u32).to_le_bytes();
+        if payload.len() > COPIED_FRAME {
+            self.flush()?;
+            self.write(&len)?;
+            return self.write(&payload);
+        }
+        self.held.extend_from_slice(&len);
+        self.held.extend_from_slice(&payload);
         self.flush()
     }
 
@@ -997,7 +1038,10 @@ pub fn serve(
                         FromLauncher::Ready
                     }
                     AgentMsg::ImportError { message, traceback } if !ready => {
-                        FromLauncher::ImportError { message, traceback }
+                        FromLauncher::ImportError {
+                            message: crate::child_line::cut_message(message),
+                            traceback: crate::child_line::cut_traceback(traceback),
+                        }
                     }
                     AgentMsg::Heartbeat if ready => FromLauncher::Heartbeat,
                     AgentMsg::ParkFailed { slot, message } if ready && valid_slot(&slot) => {
@@ -1177,7 +1221,7 @@ pub fn serve(
                         break;
                     }
                 };
-                let msg = match parse::<ChildMsg>(&line) {
+                let msg = match crate::child_line::parse(line) {
                     Ok(m) => m,
                     Err(e) => {
                         violation = Some(e);
@@ -1332,6 +1376,83 @@ mod tests {
         };
         // SAFETY: one valid pollfd.
         unsafe { libc::poll(&mut p, 1, 0) == 1 }
+    }
+
+    /// Every line a channel carries, read through `Lines` from a socket `chunks` at a time.
+    fn lines_of(chunks: &[&[u8]], max: usize) -> Result<Vec<Vec<u8>>, String> {
+        let (mut ours, theirs) = UnixStream::pair().expect("socketpair");
+        let mut lines = Lines::new(max);
+        let mut out = Vec::new();
+        for chunk in chunks {
+            ours.write_all(chunk).expect("write");
+            // A chunk larger than a read is read in several.
+            let mut left = chunk.len();
+            while left > 0 {
+                let before = lines.buf.len() - lines.start;
+                lines.fill(theirs.as_raw_fd())?;
+                left -= lines.buf.len() - before;
+                while let Some(l) = lines.next_line()? {
+                    out.push(l);
+                }
+            }
+        }
+        drop(ours);
+        match lines.fill(theirs.as_raw_fd())? {
+            Read_::Eof => Ok(out),
+            Read_::Data => Err("more data than was written".into()),
+        }
+    }
+
+    #[test]
+    fn lines_are_cut_at_newlines_however_they_arrive() {
+        let got = lines_of(&[b"a\nbb\ncc", b"c\n\nd", b"dd\n"], 100).expect("lines");
+        assert_eq!(got, [&b"a"[..], b"bb", b"ccc", b"", b"ddd"]);
+        // A line longer than a read, taken with the buffer it was read into, and what
+        // followed it in the same read.
+        let long = vec![b'x'; 3 * CHUNK + 17];
+        let mut first = long.clone();
+        first.extend_from_slice(b"\nnext");
+        let got = lines_of(&[&first, b"\nlast\n"], 4 * CHUNK).expect("lines");
+        assert_eq!(got, [long, b"next".to_vec(), b"last".to_vec()]);
+        // Exactly at the cap is a line; one byte more is not, with or without its newline.
+        assert_eq!(lines_of(&[b"12345\n"], 5).expect("lines"), [b"12345"]);
+        for text in [&b"123456\n"[..], b"123456"] {
+            let e = lines_of(&[text], 5).expect_err("over the cap");
+            assert_eq!(e, "a line over 5 bytes");
+        }
+        let e = lines_of(&[b"ok\npart"], 100).expect_err("a partial line");
+        assert_eq!(e, "the channel closed in the middle of a line");
+    }
+
+    #[test]
+    fn a_large_frame_leaves_whole_after_what_is_held() {
+        let (ours, mut theirs) = UnixStream::pair().expect("socketpair");
+        let mut up = Up {
+            sock: ours,
+            held: Vec::new(),
+            since: None,
+        };
+        up.hold(&closed("a")).expect("hold");
+        let value = format!("[{}0]", "0,".repeat(4 << 20));
+        let reader = std::thread::spawn(move || {
+            let first: FromLauncher = read_frame(&mut theirs, MAX_LAUNCH_FRAME).expect("frame");
+            let second: FromLauncher = read_frame(&mut theirs, MAX_LAUNCH_FRAME).expect("frame");
+            let third: FromLauncher = read_frame(&mut theirs, MAX_LAUNCH_FRAME).expect("frame");
+            (first, second, third)
+        });
+        up.send(&FromLauncher::Returned {
+            slot: "b".into(),
+            value: value.clone(),
+        })
+        .expect("send");
+        up.send(&closed("c")).expect("send");
+        let (first, second, third) = reader.join().expect("reader");
+        assert_eq!(slot_of(first), "a");
+        match second {
+            FromLauncher::Returned { slot, value: v } => assert!(slot == "b" && v == value),
+            other => panic!("unexpected {other:?}"),
+        }
+        assert_eq!(slot_of(third), "c");
     }
 
     #[test]

@@ -1,0 +1,1338 @@
+//! A request process's lines on its request channel (`docs/agent-protocol.md`), checked
+//! without building them.
+//!
+//! Trust: none. The handler runs in the process that writes these lines, and can write
+//! one of its own, of any shape, up to the 20 MiB a line may have. The launcher that reads
+//! it runs as root in the host's namespaces, outside every cgroup of the sandbox: no limit
+//! counts what it spends on a line, so what it spends must not follow what the line says.
+//! Parsed into a JSON tree, a 20 MB `result` line of small values cost it about 35 times
+//! the line (650 MiB).
+//!
+//! So a line is read in one pass over its bytes that builds nothing. The only memory that
+//! grows with the line is, while an object is open, one `u32` per key it has so far (the
+//! offset of the key in the line), to refuse a key named twice; every scalar is checked in
+//! place. A `result`'s value is then passed on as the bytes it was written as, with the
+//! whitespace between its tokens taken out, moved to the front of the line's own buffer:
+//! the launcher holds the line once, and the frame that carries it on once.
+//!
+//! It refuses all that parsing the line into the closed enum it replaced refused
+//! (`proto::json::from_slice_strict`: serde_json and serde's derive), and takes what that
+//! took, but for two shapes (below). A line must keep to:
+//! - serde_json's grammar: its whitespace, its literals, its refusal of a trailing comma
+//!   and of anything after the object; strings of valid UTF-8 with no control character,
+//!   its escapes, `\u` surrogates in pairs; numbers of its grammar, and out of its range
+//!   (`1e400`) refused by serde_json itself;
+//! - nesting at most [`MAX_DEPTH`] deep, the line's own object included;
+//! - a key named twice in any object of the line, compared as decoded (`"a"` and
+//!   `"\u0061"` are one key), refused;
+//! - a `kind` that is a string naming one of the four kinds, each with exactly its fields
+//!   (`progress`: `text`, a string; `heartbeat`: none; `result`: `value`, any JSON;
+//!   `error`: `message` and `traceback`, strings), in any order.
+//!
+//! The two shapes serde also took, and the protocol never had, are refused: a line that is
+//! an array (`["error","m","t"]`, the kind first, then the fields in order), and a
+//! `heartbeat` with fields of any name. No agent writes either.
+//!
+//! What a value is passed on as differs from serde_json's re-serialisation of its tree only
+//! where JSON says nothing: an object's keys stay in the order they were written (a tree
+//! sorted them), and strings and numbers keep the escapes and form they were written with
+//! (`1e-05`, `"\u00e9"`). Every reader of the value parses it, and gets the same value.
+//!
+//! A handler's error `message` and `traceback` are cut here too (see [`MAX_MESSAGE`]).
+
+use std::cmp::Ordering;
+use std::fmt;
+
+use proto::json::MAX_DEPTH;
+
+/// The most of a handler's error message the launcher passes on, in bytes: a longer one
+/// keeps its beginning and says how much was cut (`… (N more bytes cut)`).
+pub(crate) const MAX_MESSAGE: usize = 64 * 1024;
+/// The most of a handler's traceback the launcher passes on, in bytes: a longer one keeps
+/// its end, where the exception is, and says how much was cut before it.
+pub(crate) const MAX_TRACEBACK: usize = 1024 * 1024;
+
+/// One line of a request process, as the launcher passes it on.
+#[derive(Debug, PartialEq)]
+pub(crate) enum ChildMsg {
+    Progress {
+        text: String,
+    },
+    Heartbeat,
+    /// The value's JSON text: as written, without whitespace between its tokens.
+    Result {
+        value: String,
+    },
+    /// Cut to [`MAX_MESSAGE`] and [`MAX_TRACEBACK`].
+    Error {
+        message: String,
+        traceback: String,
+    },
+}
+
+/// Check one line (without its newline) and take what it says. A result's value is moved
+/// to the front of `line`'s own buffer, which becomes the value's text.
+pub(crate) fn parse(line: Vec<u8>) -> Result<ChildMsg, String> {
+    read(line).map_err(|e| format!("bad line: {e}"))
+}
+
+/// How many of an object's keys are compared with each other as they come; past these,
+/// its keys are sorted when it closes and neighbours compared.
+const FEW_KEYS: usize = 16;
+/// The most characters of a key quoted in an error.
+const KEY_IN_ERROR: usize = 64;
+
+/// Why a line was refused, and where (a byte offset in the line).
+#[derive(Debug)]
+struct Bad {
+    what: String,
+    at: usize,
+}
+
+impl fmt::Display for Bad {
+    fn fmt(&self, f: &mut fmt::Formatter) -> fmt::Result {
+        // A line has no newline in it: serde_json's "line 1", and its column, which counts
+        // the bytes up to and including the one at fault.
+        write!(f, "{} at line 1 column {}", self.what, self.at + 1)
+    }
+}
+
+fn bad<T>(what: impl Into<String>, at: usize) -> Result<T, Bad> {
+    Err(Bad {
+        what: what.into(),
+        at,
+    })
+}
+
+/// The fields a line may have, each the span of its value in the line.
+#[derive(Default)]
+struct Fields {
+    kind: Option<Span>,
+    text: Option<Span>,
+    value: Option<Span>,
+    message: Option<Span>,
+    traceback: Option<Span>,
+}
+
+/// Where a value is in the line: `start..end`.
+#[derive(Clone, Copy)]
+struct Span {
+    start: usize,
+    end: usize,
+}
+
+const FIELD_NAMES: [&str; 5] = ["kind", "text", "value", "message", "traceback"];
+
+impl Fields {
+    fn slot(&mut self, name: &str) -> &mut Option<Span> {
+        match name {
+            "kind" => &mut self.kind,
+            "text" => &mut self.text,
+            "value" => &mut self.value,
+            "message" => &mut self.message,
+            _ => &mut self.traceback,
+        }
+    }
+}
+
+fn read(mut line: Vec<u8>) -> Result<ChildMsg, Bad> {
+    // Offsets are kept as u32 (see `Scan::keys`); the reader caps a line far below this.
+    if line.len() > u32::MAX as usize / 2 {
+        return bad(format!("a line of {} bytes", line.len()), 0);
+    }
+    let mut fields = Scan::new(&line).line()?;
+    let end = line.len();
+    let kind = match fields.kind {
+        Some(k) => k,
+        None => return bad("missing field `kind`", end),
+    };
+    if line.get(kind.start) != Some(&b'"') {
+        return bad("`kind` is not a string", kind.start);
+    }
+    let kind_is = |name: &str| KeyBytes::new(&line, kind.start + 1).eq(name.bytes());
+    let (name, wanted): (&str, &[&str]) = if kind_is("progress") {
+        ("progress", &["text"])
+    } else if kind_is("heartbeat") {
+        ("heartbeat", &[])
+    } else if kind_is("result") {
+        ("result", &["value"])
+    } else if kind_is("error") {
+        ("error", &["message", "traceback"])
+    } else {
+        return bad(
+            format!(
+                "unknown kind {}, expected one of `progress`, `heartbeat`, `result`, `error`",
+                quoted(&line, kind.start + 1)
+            ),
+            kind.start,
+        );
+    };
+    for field in &FIELD_NAMES[1..] {
+        let present = fields.slot(field).is_some();
+        if present && !wanted.contains(field) {
+            let at = fields.slot(field).map_or(end, |s| s.start);
+            let expected = match wanted {
+                [] => "none".to_string(),
+                w => w
+                    .iter()
+                    .map(|f| format!("`{f}`"))
+                    .collect::<Vec<_>>()
+                    .join(", "),
+            };
+            return bad(
+                format!("unknown field `{field}` in a {name} line, expected {expected}"),
+                at,
+            );
+        }
+        if !present && wanted.contains(field) {
+            return bad(format!("missing field `{field}`"), end);
+        }
+    }
+    match name {
+        "heartbeat" => Ok(ChildMsg::Heartbeat),
+        "progress" => Ok(ChildMsg::Progress {
+            text: string_field(&line, fields.text, "text")?,
+        }),
+        "error" => {
+            let message = string_field(&line, fields.message, "message")?;
+            let traceback = string_field(&line, fields.traceback, "traceback")?;
+            Ok(ChildMsg::Error {
+                message: cut_message(message),
+                traceback: cut_traceback(traceback),
+            })
+        }
+        _ => {
+            let Some(v) = fields.value else {
+                return bad("missing field `value`", end);
+            };
+            compact_to_front(&mut line, v);
+            match String::from_utf8(line) {
+                Ok(value) => Ok(ChildMsg::Result { value }),
+                Err(e) => bad("a value that is not UTF-8", e.utf8_error().valid_up_to()),
+            }
+        }
+    }
+}
+
+/// A field that must be a string, decoded.
+fn string_field(line: &[u8], span: Option<Span>, name: &str) -> Result<String, Bad> {
+    let Some(s) = span else {
+        return bad(format!("missing field `{name}`"), line.len());
+    };
+    if line.get(s.start) != Some(&b'"') {
+        return bad(format!("`{name}` is not a string"), s.start);
+    }
+    let mut out = Vec::with_capacity(s.end.saturating_sub(s.start + 2));
+    out.extend(KeyBytes::new(line, s.start + 1));
+    String::from_utf8(out).or_else(|e| {
+        bad(
+            "a string that is not UTF-8",
+            s.start + e.utf8_error().valid_up_to(),
+        )
+    })
+}
+
+/// A handler's error message, at most [`MAX_MESSAGE`] bytes of it and a note of the rest.
+pub(crate) fn cut_message(mut message: String) -> String {
+    if message.len() <= MAX_MESSAGE {
+        return message;
+    }
+    let mut at = MAX_MESSAGE;
+    while !message.is_char_boundary(at) {
+        at -= 1;
+    }
+    let cut = message.len() - at;
+    message.truncate(at);
+    message.push_str(&format!(" … ({cut} more bytes cut)"));
+    message.shrink_to_fit();
+    message
+}
+
+/// A handler's traceback, at most the last [`MAX_TRACEBACK`] bytes of it, after a note of
+/// what was cut before them.
+pub(crate) fn cut_traceback(traceback: String) -> String {
+    if traceback.len() <= MAX_TRACEBACK {
+        return traceback;
+    }
+    let mut at = traceback.len() - MAX_TRACEBACK;
+    while !traceback.is_char_boundary(at) {
+        at += 1;
+    }
+    format!("({at} earlier bytes cut) …\n{}", &traceback[at..])
+}
+
+/// Move the value at `span` to the front of `line` without the whitespace between its
+/// tokens, and cut the line there. The span was checked: its strings are closed, and every
+/// backslash in them starts an escape. Nothing written is longer than what was read, so
+/// the value is compacted in place.
+fn compact_to_front(line: &mut Vec<u8>, span: Span) {
+    let mut w = 0;
+    let mut r = span.start;
+    let mut in_string = false;
+    while r < span.end {
+        let c = line[r];
+        r += 1;
+        if in_string {
+            line[w] = c;
+            w += 1;
+            if c == b'\\' && r < span.end {
+                // The escaped character, a quote or a backslash among them, is copied as is.
+                line[w] = line[r];
+                w += 1;
+                r += 1;
+            } else if c == b'"' {
+                in_string = false;
+            }
+        } else if !is_space(c) {
+            in_string = c == b'"';
+            line[w] = c;
+            w += 1;
+        }
+    }
+    line.truncate(w);
+}
+
+/// serde_json's whitespace.
+fn is_space(c: u8) -> bool {
+    matches!(c, b' ' | b'\t' | b'\n' | b'\r')
+}
+
+// --- The scan ------------------------------------------------------------------------------
+
+struct Scan<'a> {
+    b: &'a [u8],
+    i: usize,
+    /// Arrays and objects open now.
+    depth: usize,
+    /// The keys of the objects open now, each the offset of its first byte after the
+    /// opening quote; an object's keys are the end of the list while it is open, and are
+    /// taken off it when it closes.
+    keys: Vec<u32>,
+}
+
+impl<'a> Scan<'a> {
+    fn new(b: &'a [u8]) -> Scan<'a> {
+        Scan {
+            b,
+            i: 0,
+            depth: 0,
+            keys: Vec::new(),
+        }
+    }
+
+    fn peek(&self) -> Option<u8> {
+        self.b.get(self.i).copied()
+    }
+
+    fn skip_space(&mut self) {
+        while self.peek().is_some_and(is_space) {
+            self.i += 1;
+        }
+    }
+
+    fn enter(&mut self) -> Result<(), Bad> {
+        self.depth += 1;
+        if self.depth > MAX_DEPTH {
+            return bad("recursion limit exceeded", self.i);
+        }
+        self.i += 1;
+        Ok(())
+    }
+
+    /// The line: one object whose known fields are recorded; anything after it but
+    /// whitespace is an error.
+    fn line(mut self) -> Result<Fields, Bad> {
+        self.skip_space();
+        match self.peek() {
+            Some(b'{') => {}
+            None => return bad("EOF while parsing a value", self.i),
+            Some(_) => return bad("a line is a JSON object with a `kind`", self.i),
+        }
+        self.enter()?;
+        let mut fields = Fields::default();
+        self.skip_space();
+        if self.peek() == Some(b'}') {
+            self.i += 1;
+        } else {
+            loop {
+                let key = self.key()?;
+                let name = FIELD_NAMES
+                    .iter()
+                    .find(|f| KeyBytes::new(self.b, key).eq(f.bytes()));
+                let Some(name) = name else {
+                    return bad(format!("unknown field {}", quoted(self.b, key)), key);
+                };
+                if fields.slot(name).is_some() {
+                    return bad(format!("duplicate key \"{name}\""), self.i - 1);
+                }
+                self.colon()?;
+                let start = self.i;
+                self.value()?;
+                *fields.slot(name) = Some(Span { start, end: self.i });
+                if !self.next_member()? {
+                    break;
+                }
+            }
+        }
+        self.skip_space();
+        if self.i < self.b.len() {
+            return bad("trailing characters", self.i);
+        }
+        Ok(fields)
+    }
+
+    /// An object member's key, at the next non-space byte: its offset (after the quote).
+    fn key(&mut self) -> Result<usize, Bad> {
+        self.skip_space();
+        match self.peek() {
+            Some(b'"') => {
+                let at = self.i + 1;
+                self.string()?;
+                Ok(at)
+            }
+            None => bad("EOF while parsing an object", self.i),
+            Some(_) => bad("key must be a string", self.i),
+        }
+    }
+
+    fn colon(&mut self) -> Result<(), Bad> {
+        self.skip_space();
+        match self.peek() {
+            Some(b':') => {
+                self.i += 1;
+                self.skip_space();
+                Ok(())
+            }
+            None => bad("EOF while parsing an object", self.i),
+            Some(_) => bad("expected `:`", self.i),
+        }
+    }
+
+    /// After an object's member: true if another follows.
+    fn next_member(&mut self) -> Result<bool, Bad> {
+        self.skip_space();
+        match self.peek() {
+            Some(b',') => {
+                self.i += 1;
+                self.skip_space();
+                if self.peek() == Some(b'}') {
+                    return bad("trailing comma", self.i);
+                }
+                Ok(true)
+            }
+            Some(b'}') => {
+                self.i += 1;
+                self.depth -= 1;
+                Ok(false)
+            }
+            None => bad("EOF while parsing an object", self.i),
+            Some(_) => bad("expected `,` or `}`", self.i),
+        }
+    }
+
+    /// Any JSON value, at the current byte.
+    fn value(&mut self) -> Result<(), Bad> {
+        match self.peek() {
+            None => bad("EOF while parsing a value", self.i),
+            Some(b'{') => self.object(),
+            Some(b'[') => self.array(),
+            Some(b'"') => self.string(),
+            Some(b'-' | b'0'..=b'9') => self.number(),
+            Some(b't') => self.literal(b"true"),
+            Some(b'f') => self.literal(b"false"),
+            Some(b'n') => self.literal(b"null"),
+            Some(_) => bad("expected value", self.i),
+        }
+    }
+
+    fn literal(&mut self, word: &[u8]) -> Result<(), Bad> {
+        let rest = &self.b[self.i..];
+        if rest.starts_with(word) {
+            self.i += word.len();
+            return Ok(());
+        }
+        if word.starts_with(rest) {
+            return bad("EOF while parsing a value", self.b.len());
+        }
+        bad("expected ident", self.i)
+    }
+
+    fn array(&mut self) -> Result<(), Bad> {
+        self.enter()?;
+        self.skip_space();
+        if self.peek() == Some(b']') {
+            self.i += 1;
+            self.depth -= 1;
+            return Ok(());
+        }
+        loop {
+            self.value()?;
+            self.skip_space();
+            match self.peek() {
+                Some(b',') => {
+                    self.i += 1;
+                    self.skip_space();
+                    if self.peek() == Some(b']') {
+                        return bad("trailing comma", self.i);
+                    }
+                }
+                Some(b']') => {
+                    self.i += 1;
+                    self.depth -= 1;
+                    return Ok(());
+                }
+                None => return bad("EOF while parsing a list", self.i),
+                Some(_) => return bad("expected `,` or `]`", self.i),
+            }
+        }
+    }
+
+    fn object(&mut self) -> Result<(), Bad> {
+        self.enter()?;
+        let base = self.keys.len();
+        self.skip_space();
+        if self.peek() == Some(b'}') {
+            self.i += 1;
+            self.depth -= 1;
+            return Ok(());
+        }
+        loop {
+            let key = self.key()?;
+            // The first few keys are compared as they come, and a duplicate is named where
+            // it is; a larger object's are sorted when it closes.
+            if self.keys.len() - base < FEW_KEYS {
+                let seen = self.keys[base..]
+                    .iter()
+                    .any(|&k| KeyBytes::new(self.b, k as usize).eq(KeyBytes::new(self.b, key)));
+                if seen {
+                    return bad(format!("duplicate key {}", quoted(self.b, key)), self.i - 1);
+                }
+            }
+            self.keys.push(key as u32);
+            self.colon()?;
+            self.value()?;
+            if !self.next_member()? {
+                break;
+            }
+        }
+        if self.keys.len() - base > FEW_KEYS {
+            self.sorted_keys_differ(base)?;
+        }
+        self.keys.truncate(base);
+        Ok(())
+    }
+
+    /// The keys of the object that just closed (from `base` on): sorted as decoded, no two
+    /// neighbours equal. A duplicate is named at its second place in the line.
+    fn sorted_keys_differ(&mut self, base: usize) -> Result<(), Bad> {
+        let b = self.b;
+        let keys = &mut self.keys[base..];
+        keys.sort_unstable_by(|&x, &y| {
+            KeyBytes::new(b, x as usize).cmp(KeyBytes::new(b, y as usize))
+        });
+        let mut second: Option<usize> = None;
+        for pair in keys.windows(2) {
+            let (x, y) = (pair[0] as usize, pair[1] as usize);
+            if KeyBytes::new(b, x).cmp(KeyBytes::new(b, y)) == Ordering::Equal {
+                let later = x.max(y);
+                second = Some(second.map_or(later, |s| s.min(later)));
+            }
+        }
+        match second {
+            Some(at) => bad(
+                format!("duplicate key {}", quoted(b, at)),
+                string_end(b, at).saturating_sub(1),
+            ),
+            None => Ok(()),
+        }
+    }
+
+    /// A string, at its opening quote: valid UTF-8, no control character, serde_json's
+    /// escapes with `\u` surrogates in pairs. Ends after the closing quote.
+    fn string(&mut self) -> Result<(), Bad> {
+        self.i += 1;
+        let mut run = self.i;
+        loop {
+            while self
+                .peek()
+                .is_some_and(|c| c != b'"' && c != b'\\' && c >= 0x20)
+            {
+                self.i += 1;
+            }
+            if let Err(e) = std::str::from_utf8(&self.b[run..self.i]) {
+                return bad("invalid unicode code point", run + e.valid_up_to());
+            }
+            match self.peek() {
+                None => return bad("EOF while parsing a string", self.i),
+                Some(b'"') => {
+                    self.i += 1;
+                    return Ok(());
+                }
+                Some(b'\\') => {
+                    self.i += 1;
+                    self.escape()?;
+                    run = self.i;
+                }
+                Some(_) => {
+                    return bad(
+                        "control character (\\u0000-\\u001F) found while parsing a string",
+                        self.i,
+                    )
+                }
+            }
+        }
+    }
+
+    /// After a backslash.
+    fn escape(&mut self) -> Result<(), Bad> {
+        let Some(c) = self.peek() else {
+            return bad("EOF while parsing a string", self.i);
+        };
+        self.i += 1;
+        match c {
+            b'"' | b'\\' | b'/' | b'b' | b'f' | b'n' | b'r' | b't' => Ok(()),
+            b'u' => {
+                let n = self.hex4()?;
+                if (0xDC00..=0xDFFF).contains(&n) {
+                    return bad("lone leading surrogate in hex escape", self.i - 1);
+                }
+                if !(0xD800..=0xDBFF).contains(&n) {
+                    return Ok(());
+                }
+                // A leading surrogate: its trailing one must follow, escaped.
+                for want in [b'\\', b'u'] {
+                    match self.peek() {
+                        None => return bad("EOF while parsing a string", self.i),
+                        Some(c) if c == want => self.i += 1,
+                        Some(_) => return bad("unexpected end of hex escape", self.i),
+                    }
+                }
+                let n2 = self.hex4()?;
+                if !(0xDC00..=0xDFFF).contains(&n2) {
+                    return bad("lone leading surrogate in hex escape", self.i - 1);
+                }
+                Ok(())
+            }
+            _ => bad("invalid escape", self.i - 1),
+        }
+    }
+
+    fn hex4(&mut self) -> Result<u16, Bad> {
+        let Some(digits) = self.b.get(self.i..self.i + 4) else {
+            return bad("EOF while parsing a string", self.b.len());
+        };
+        self.i += 4;
+        hex4(digits).map_or_else(|| bad("invalid escape", self.i - 1), Ok)
+    }
+
+    /// A number of serde_json's grammar; one that serde_json itself may refuse (past the
+    /// range of an f64) is handed to it.
+    fn number(&mut self) -> Result<(), Bad> {
+        let start = self.i;
+        if self.peek() == Some(b'-') {
+            self.i += 1;
+        }
+        match self.peek() {
+            Some(b'0') => self.i += 1,
+            Some(b'1'..=b'9') => self.digits(),
+            None => return bad("EOF while parsing a value", self.i),
+            Some(_) => return bad("invalid number", self.i),
+        }
+        let mut plain = self.i - start <= 18;
+        if self.peek() == Some(b'.') {
+            self.i += 1;
+            self.at_least_one_digit()?;
+            plain = false;
+        }
+        if matches!(self.peek(), Some(b'e' | b'E')) {
+            self.i += 1;
+            if matches!(self.peek(), Some(b'+' | b'-')) {
+                self.i += 1;
+            }
+            self.at_least_one_digit()?;
+            plain = false;
+        }
+        // An integer of at most 18 digits is always in range.
+        if plain {
+            return Ok(());
+        }
+        match serde_json::from_slice::<serde_json::Number>(&self.b[start..self.i]) {
+            Ok(_) => Ok(()),
+            Err(e) => {
+                let text = e.to_string();
+                let what = text.split(" at line ").next().unwrap_or("invalid number");
+                bad(what, start + e.column().saturating_sub(1))
+            }
+        }
+    }
+
+    fn digits(&mut self) {
+        while self.peek().is_some_and(|c| c.is_ascii_digit()) {
+            self.i += 1;
+        }
+    }
+
+    fn at_least_one_digit(&mut self) -> Result<(), Bad> {
+        match self.peek() {
+            Some(c) if c.is_ascii_digit() => {
+                self.digits();
+                Ok(())
+            }
+            None => bad("EOF while parsing a value", self.i),
+            Some(_) => bad("invalid number", self.i),
+        }
+    }
+}
+
+fn hex4(digits: &[u8]) -> Option<u16> {
+    digits.iter().try_fold(0u16, |n, &d| {
+        let v = (d as char).to_digit(16)?;
+        Some(n << 4 | v as u16)
+    })
+}
+
+/// Where the string whose content starts at `at` ends: after its closing quote.
+fn string_end(b: &[u8], at: usize) -> usize {
+    let mut i = at;
+    while let Some(&c) = b.get(i) {
+        match c {
+            b'"' => return i + 1,
+            b'\\' => i += 2,
+            _ => i += 1,
+        }
+    }
+    b.len()
+}
+
+/// A key or string quoted for an error: escaped (no control character reaches a log or a
+/// terminal) and cut short if long.
+fn quoted(b: &[u8], at: usize) -> String {
+    let mut head = Vec::new();
+    let mut total = 0usize;
+    for byte in KeyBytes::new(b, at) {
+        if head.len() < 4 * KEY_IN_ERROR {
+            head.push(byte);
+        }
+        total += 1;
+    }
+    let text = String::from_utf8_lossy(&head);
+    let mut chars = text.chars();
+    let shown: String = chars.by_ref().take(KEY_IN_ERROR).collect();
+    let mut out = format!("{shown:?}");
+    if chars.next().is_some() || total > head.len() {
+        out.push_str(&format!("… ({total} bytes)"));
+    }
+    out
+}
+
+/// The bytes of a checked string, decoded, from the first byte after its opening quote to
+/// its closing quote. Its escapes were checked; should one not be, it ends there.
+struct KeyBytes<'a> {
+    b: &'a [u8],
+    i: usize,
+    /// What an escape decoded to and is not handed out yet.
+    pending: [u8; 4],
+    from: usize,
+    to: usize,
+}
+
+impl<'a> KeyBytes<'a> {
+    fn new(b: &'a [u8], at: usize) -> KeyBytes<'a> {
+        KeyBytes {
+            b,
+            i: at,
+            pending: [0; 4],
+            from: 0,
+            to: 0,
+        }
+    }
+
+    /// The escape after the backslash at `self.i`, into `pending`; false if it is not one.
+    fn unescape(&mut self) -> bool {
+        let Some(&c) = self.b.get(self.i + 1) else {
+            return false;
+        };
+        let single = match c {
+            b'"' => b'"',
+            b'\\' => b'\\',
+            b'/' => b'/',
+            b'b' => 0x08,
+            b'f' => 0x0c,
+            b'n' => b'\n',
+            b'r' => b'\r',
+            b't' => b'\t',
+            b'u' => return self.unicode(),
+            _ => return false,
+        };
+        self.i += 2;
+        self.pending[0] = single;
+        self.from = 0;
+        self.to = 1;
+        true
+    }
+
+    fn unicode(&mut self) -> bool {
+        let Some(n) = self.b.get(self.i + 2..self.i + 6).and_then(hex4) else {
+            return false;
+        };
+        let mut code = n as u32;
+        let mut len = 6;
+        if (0xD800..=0xDBFF).contains(&n) {
+            let Some(n2) = self
+                .b
+                .get(self.i + 8..self.i + 12)
+                .and_then(hex4)
+                .filter(|n2| (0xDC00..=0xDFFF).contains(n2))
+            else {
+                return false;
+            };
+            code = 0x10000 + ((n as u32 - 0xD800) << 10) + (n2 as u32 - 0xDC00);
+            len = 12;
+        }
+        let Some(ch) = char::from_u32(code) else {
+            return false;
+        };
+        self.i += len;
+        self.from = 0;
+        self.to = ch.encode_utf8(&mut self.pending).len();
+        true
+    }
+}
+
+impl Iterator for KeyBytes<'_> {
+    type Item = u8;
+
+    fn next(&mut self) -> Option<u8> {
+        if self.from < self.to {
+            self.from += 1;
+            return Some(self.pending[self.from - 1]);
+        }
+        match *self.b.get(self.i)? {
+            b'"' => None,
+            b'\\' => {
+                if !self.unescape() {
+                    return None;
+                }
+                self.from = 1;
+                Some(self.pending[0])
+            }
+            c => {
+                self.i += 1;
+                Some(c)
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::alloc::{GlobalAlloc, Layout, System};
+    use std::cell::Cell;
+
+    use serde::Deserialize;
+    use serde_json::{json, Value};
+
+    use super::*;
+
+    // --- Memory: what this thread has allocated ------------------------------------------
+
+    /// The system allocator, counting what each thread holds and the most it held: a
+    /// test measures its own thread, whatever the tests beside it do.
+    struct Counting;
+
+    thread_local! {
+        static HELD: Cell<usize> = const { Cell::new(0) };
+        static PEAK: Cell<usize> = const { Cell::new(0) };
+    }
+
+    fn count(grow: usize, shrink: usize) {
+        let _ = HELD.try_with(|h| {
+            let now = (h.get() + grow).saturating_sub(shrink);
+            h.set(now);
+            let _ = PEAK.try_with(|p| p.set(p.get().max(now)));
+        });
+    }
+
+    // SAFETY: every call is passed to the system allocator as it came; the counting
+    // around it allocates nothing.
+    unsafe impl GlobalAlloc for Counting {
+        unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+            count(layout.size(), 0);
+            // SAFETY: the caller's layout, passed on.
+            unsafe { System.alloc(layout) }
+        }
+
+        unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
+            count(layout.size(), 0);
+            // SAFETY: the caller's layout, passed on.
+            unsafe { System.alloc_zeroed(layout) }
+        }
+
+        unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
+            count(0, layout.size());
+            // SAFETY: the caller's pointer and layout, passed on.
+            unsafe { System.dealloc(ptr, layout) }
+        }
+
+        unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
+            count(new_size, layout.size());
+            // SAFETY: the caller's pointer, layout and size, passed on.
+            unsafe { System.realloc(ptr, layout, new_size) }
+        }
+    }
+
+    #[global_allocator]
+    static ALLOCATOR: Counting = Counting;
+
+    /// `f()`, and the most this thread held meanwhile beyond what it held before.
+    fn peak_during<T>(f: impl FnOnce() -> T) -> (T, usize) {
+        let before = HELD.with(Cell::get);
+        PEAK.with(|p| p.set(before));
+        let out = f();
+        (out, PEAK.with(Cell::get) - before)
+    }
+
+    // --- The reference: what the launcher parsed lines with before ------------------------
+
+    #[derive(Debug, Deserialize)]
+    #[serde(tag = "kind", rename_all = "snake_case", deny_unknown_fields)]
+    enum Tree {
+        Progress { text: String },
+        Heartbeat,
+        Result { value: Value },
+        Error { message: String, traceback: String },
+    }
+
+    fn ok(line: &str) -> ChildMsg {
+        parse(line.as_bytes().to_vec()).unwrap_or_else(|e| panic!("{line}: refused: {e}"))
+    }
+
+    fn refused(line: &[u8]) -> String {
+        match parse(line.to_vec()) {
+            Ok(m) => panic!("{}: accepted as {m:?}", String::from_utf8_lossy(line)),
+            Err(e) => e,
+        }
+    }
+
+    /// The shapes serde accepted and the protocol never had: a line that is an array, and
+    /// a heartbeat with fields.
+    fn serde_only(line: &[u8]) -> bool {
+        let text = String::from_utf8_lossy(line);
+        let t = text.trim_start_matches([' ', '\t', '\r']);
+        t.starts_with('[')
+            || matches!(
+                proto::json::from_slice_strict::<Value>(line),
+                Ok(Value::Object(o)) if o.get("kind") == Some(&json!("heartbeat")) && o.len() > 1
+            )
+    }
+
+    /// Both readers agree on `line`: both refuse it, or both take it and say the same.
+    fn agree(line: &[u8]) {
+        let shown = String::from_utf8_lossy(line);
+        let old = proto::json::from_slice_strict::<Tree>(line);
+        let new = parse(line.to_vec());
+        match (old, new) {
+            (Err(_), Err(_)) => {}
+            (Ok(_), Err(e)) if serde_only(line) => assert!(e.starts_with("bad line: "), "{e}"),
+            (Ok(o), Err(e)) => panic!("{shown}: refused ({e}), was taken as {o:?}"),
+            (Err(o), Ok(n)) => panic!("{shown}: taken as {n:?}, was refused ({o})"),
+            (Ok(Tree::Result { value }), Ok(ChildMsg::Result { value: text })) => {
+                let again: Value = serde_json::from_str(&text)
+                    .unwrap_or_else(|e| panic!("{shown}: the value passed on is not JSON: {e}"));
+                assert_eq!(again, value, "{shown}: {text}");
+                assert_eq!(text, compact(&text), "{shown}: whitespace left in {text}");
+            }
+            (Ok(Tree::Progress { text: a }), Ok(ChildMsg::Progress { text: b })) => {
+                assert_eq!(a, b, "{shown}")
+            }
+            (Ok(Tree::Heartbeat), Ok(ChildMsg::Heartbeat)) => {}
+            (
+                Ok(Tree::Error {
+                    message: m1,
+                    traceback: t1,
+                }),
+                Ok(ChildMsg::Error {
+                    message: m2,
+                    traceback: t2,
+                }),
+            ) => assert_eq!((cut_message(m1), cut_traceback(t1)), (m2, t2), "{shown}"),
+            (Ok(o), Ok(n)) => panic!("{shown}: taken as {n:?}, was {o:?}"),
+        }
+    }
+
+    /// JSON text without the whitespace between its tokens (a plain reference version).
+    fn compact(text: &str) -> String {
+        let mut out = String::new();
+        let (mut in_string, mut escaped) = (false, false);
+        for c in text.chars() {
+            if in_string {
+                out.push(c);
+                if escaped {
+                    escaped = false;
+                } else if c == '\\' {
+                    escaped = true;
+                } else if c == '"' {
+                    in_string = false;
+                }
+            } else if !matches!(c, ' ' | '\t' | '\n' | '\r') {
+                in_string = c == '"';
+                out.push(c);
+            }
+        }
+        out
+    }
+
+    /// Lines that each probe one rule, taken and refused.
+    const LINES: &[&str] = &[
+        r#"{"kind":"heartbeat"}"#,
+        r#" {"kind" : "heartbeat" } "#,
+        "\t{\"kind\":\"heartbeat\"}\r",
+        r#"{"kind":"progress","text":"step 1"}"#,
+        r#"{"text":"first","kind":"progress"}"#,
+        r#"{"kind":"progress","text":"\u00e9\n\t\"\\ \/ \b\f\r \ud83d\ude00 é"}"#,
+        r#"{"kind":"result","value":null}"#,
+        r#"{"kind":"result","value":{"b":1,"a":[1,2,{"c":"d"}],"e":{}}}"#,
+        r#"{"kind": "result", "value": {"b": 1, "a": [1, 2.5, -0, 1e-05, 1E+2]}}"#,
+        r#"{"value":[true,false,null,"x"],"kind":"result"}"#,
+        r#"{"kind":"result","value":18446744073709551616}"#,
+        r#"{"kind":"result","value":-9223372036854775809}"#,
+        r#"{"kind":"result","value":123456789012345678}"#,
+        r#"{"kind":"result","value":1.0e-400}"#,
+        r#"{"kind":"result","value":0e999999999999}"#,
+        r#"{"kind":"result","value":"\u0000\u001f\u007f\ud800\udc00"}"#,
+        r#"{"kind":"error","message":"ValueError: x","traceback":"Traceback ...\n"}"#,
+        r#"{"traceback":"","message":"","kind":"error"}"#,
+        r#"{"k\u0069nd":"\u0068eartbeat"}"#,
+        r#"{"kind":"progress","t\u0065xt":"a"}"#,
+        // Refused.
+        "",
+        "   ",
+        "null",
+        "\"heartbeat\"",
+        "{}",
+        "[]",
+        r#"["heartbeat"]"#,
+        r#"["progress","x"]"#,
+        r#"["result",{"a":1}]"#,
+        r#"["error","m","t"]"#,
+        r#"{"kind":"heartbeat","x":1}"#,
+        r#"{"kind":"heartbeat","":null}"#,
+        r#"{"kind":"heartbeat","kind":"heartbeat"}"#,
+        r#"{"kind":"heartbeat"}x"#,
+        r#"{"kind":"heartbeat"}{}"#,
+        r#"{"kind":"heartbeat",}"#,
+        r#"{"kind":1}"#,
+        r#"{"kind":null}"#,
+        r#"{"kind":"Result","value":1}"#,
+        r#"{"kind":"result"}"#,
+        r#"{"kind":"result","value":1,"text":"x"}"#,
+        r#"{"kind":"result","value":1,"kind":"result"}"#,
+        r#"{"kind":"result","value":1,"value":2}"#,
+        r#"{"kind":"result","value":[1,]}"#,
+        r#"{"kind":"result","value":[,1]}"#,
+        r#"{"kind":"result","value":{"a":1,}}"#,
+        r#"{"kind":"result","value":{,}}"#,
+        r#"{"kind":"result","value":{"a" 1}}"#,
+        r#"{"kind":"result","value":{1:2}}"#,
+        r#"{"kind":"result","value":[1 2]}"#,
+        r#"{"kind":"result","value":01}"#,
+        r#"{"kind":"result","value":-}"#,
+        r#"{"kind":"result","value":1.}"#,
+        r#"{"kind":"result","value":.5}"#,
+        r#"{"kind":"result","value":1e}"#,
+        r#"{"kind":"result","value":1e+}"#,
+        r#"{"kind":"result","value":+1}"#,
+        r#"{"kind":"result","value":1e400}"#,
+        r#"{"kind":"result","value":-1e400}"#,
+        r#"{"kind":"result","value":NaN}"#,
+        r#"{"kind":"result","value":Infinity}"#,
+        r#"{"kind":"result","value":tru}"#,
+        r#"{"kind":"result","value":nul"#,
+        r#"{"kind":"result","value":truex}"#,
+        r#"{"kind":"result","value":"\ud800"}"#,
+        r#"{"kind":"result","value":"\udc00"}"#,
+        r#"{"kind":"result","value":"\ud800\u0041"}"#,
+        r#"{"kind":"result","value":"\ud800\n"}"#,
+        r#"{"kind":"result","value":"\x"}"#,
+        r#"{"kind":"result","value":"\u12"}"#,
+        r#"{"kind":"result","value":"\u12g4"}"#,
+        r#"{"kind":"result","value":"abc"#,
+        r#"{"kind":"result","value":{"a":1,"\u0061":2}}"#,
+        r#"{"kind":"result","value":[{"x":[{"y":1,"y":2}]}]}"#,
+        r#"{"kind":"progress","text":null}"#,
+        r#"{"kind":"progress","text":1}"#,
+        r#"{"kind":"progress","text":["a"]}"#,
+        r#"{"kind":"progress","text":"a","t\u0065xt":"b"}"#,
+        r#"{"kind":"progress","text":"x","value":1}"#,
+        r#"{"kind":"error","message":"m"}"#,
+        r#"{"kind":"error","message":"m","traceback":"t","traceback":"u"}"#,
+        r#"{"kind":"error","message":"m","traceback":1}"#,
+        r#"{"kind":"progress""text":"x"}"#,
+        r#"{"kind":"progress","text":"x""#,
+        r#"{"kind""#,
+        r#"{"#,
+    ];
+
+    #[test]
+    fn every_line_is_read_as_the_tree_parser_read_it() {
+        for line in LINES {
+            agree(line.as_bytes());
+        }
+        // Bytes no string may hold, and the UTF-8 no string may have.
+        for bad in [
+            &b"{\"kind\":\"progress\",\"text\":\"a\x01b\"}"[..],
+            b"{\"kind\":\"progress\",\"text\":\"a\tb\"}",
+            b"{\"kind\":\"progress\",\"text\":\"\xff\"}",
+            b"{\"kind\":\"progress\",\"text\":\"\xc3\"}",
+            b"{\"kind\":\"progress\",\"text\":\"\xc3\\n\"}",
+            b"{\"kind\":\"progress\",\"text\":\"\xed\xa0\x80\"}",
+            b"{\"kind\":\"progress\",\"text\":\"\xf4\x90\x80\x80\"}",
+            b"{\"k\xc3\xa9\":1}",
+            b"{\"kind\":\"heartbeat\"}\x00",
+            b"\xef\xbb\xbf{\"kind\":\"heartbeat\"}",
+        ] {
+            agree(bad);
+            refused(bad);
+        }
+        agree("{\"kind\":\"progress\",\"text\":\"\u{7f}\u{80}\u{10ffff}\"}".as_bytes());
+    }
+
+    #[test]
+    fn mutated_lines_are_read_as_the_tree_parser_read_them() {
+        // Small, hand-picked lines, each changed at random a byte or a few at a time, and
+        // the changed lines that are taken changed again: what either reader takes, the
+        // other takes and reads the same. (Run for 4 million lines once, of which 650 000
+        // were taken.)
+        let mut seeds: Vec<Vec<u8>> = LINES.iter().map(|l| l.as_bytes().to_vec()).collect();
+        let alphabet: &[u8] =
+            b"{}[]\":,\\ \t/u0123456789abcdefABCDEF.eE+-tnlrsukidvxmgp\x00\x1f\x7f\x80\xc3\xa9\xed\xf0\xff";
+        let mut state = 0x9e37_79b9_7f4a_7c15_u64;
+        let mut next = move |n: usize| {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            (state % n as u64) as usize
+        };
+        for _ in 0..100_000 {
+            let mut line = seeds[next(seeds.len())].clone();
+            for _ in 0..1 + next(3) {
+                let at = next(line.len() + 1);
+                let byte = alphabet[next(alphabet.len())];
+                match next(3) {
+                    0 if at < line.len() => line[at] = byte,
+                    1 if at < line.len() => {
+                        line.remove(at);
+                    }
+                    _ => line.insert(at, byte),
+                }
+            }
+            agree(&line);
+            if seeds.len() < 5000 && line.len() < 300 && parse(line.clone()).is_ok() {
+                seeds.push(line);
+            }
+        }
+    }
+
+    #[test]
+    fn a_duplicate_key_deep_inside_a_value_is_refused_and_named() {
+        let deep = format!(
+            r#"{{"kind":"result","value":{}{{"k":1,"other":2,"\u006b":3}}{}}}"#,
+            r#"{"a":["#.repeat(40),
+            "]}".repeat(40)
+        );
+        let e = refused(deep.as_bytes());
+        assert!(
+            e.starts_with(r#"bad line: duplicate key "k" at line 1 column "#),
+            "{e}"
+        );
+        agree(deep.as_bytes());
+        // In a large object too, where keys are sorted when it closes: named at its second
+        // place, wherever the first one is.
+        for (first, second) in [(0, 999), (500, 501), (998, 999), (17, 3)] {
+            let mut keys: Vec<String> = (0..1000).map(|i| format!(r#""key{i}":{i}"#)).collect();
+            keys[second] = format!(r#""key{first}":0"#);
+            let line = format!(
+                r#"{{"kind":"result","value":[{{"x":{{{}}}}}]}}"#,
+                keys.join(",")
+            );
+            let e = refused(line.as_bytes());
+            // The column of its closing quote.
+            let quote = line
+                .rfind(&format!(r#""key{first}""#))
+                .map(|i| i + 4 + first.to_string().len());
+            let want = format!(
+                r#"bad line: duplicate key "key{first}" at line 1 column {}"#,
+                quote.unwrap_or(0) + 1
+            );
+            assert_eq!(e, want, "{first} {second}");
+            agree(line.as_bytes());
+        }
+        // A key too long to quote whole.
+        let long = "k".repeat(1000);
+        let e =
+            refused(format!(r#"{{"kind":"result","value":{{"{long}":1,"{long}":2}}}}"#).as_bytes());
+        assert!(
+            e.starts_with(&format!(
+                r#"bad line: duplicate key "{}"… (1000 bytes)"#,
+                "k".repeat(64)
+            )),
+            "{e}"
+        );
+    }
+
+    /// `[` or `{"k":` repeated `n` times, then the closing brackets.
+    fn nested(n: usize, object: bool) -> String {
+        let (open, close) = if object {
+            (r#"{"k":"#, "}")
+        } else {
+            ("[", "]")
+        };
+        format!("{}0{}", open.repeat(n), close.repeat(n))
+    }
+
+    #[test]
+    fn nesting_past_the_limit_is_refused() {
+        // The line's own object is one level: its value may nest one less than the limit.
+        for object in [false, true] {
+            let at = format!(
+                r#"{{"kind":"result","value":{}}}"#,
+                nested(MAX_DEPTH - 1, object)
+            );
+            assert!(matches!(ok(&at), ChildMsg::Result { .. }));
+            agree(at.as_bytes());
+            for n in [MAX_DEPTH, 100_000] {
+                let line = format!(r#"{{"kind":"result","value":{}}}"#, nested(n, object));
+                let e = refused(line.as_bytes());
+                assert!(
+                    e.starts_with("bad line: recursion limit exceeded"),
+                    "{n}: {e}"
+                );
+                agree(line.as_bytes());
+            }
+        }
+    }
+
+    #[test]
+    fn a_huge_string_value_is_taken_in_place() {
+        let big = "é".repeat(8 << 20);
+        let line = format!(r#"{{"kind":"result","value":"{big}"}}"#).into_bytes();
+        let len = line.len();
+        let (msg, extra) = peak_during(move || parse(line));
+        match msg {
+            Ok(ChildMsg::Result { value }) => {
+                assert_eq!(value.len(), big.len() + 2);
+                assert!(value.starts_with("\"éé") && value.ends_with("éé\""));
+            }
+            other => panic!("{other:?}"),
+        }
+        assert!(
+            extra < 4096,
+            "{extra} bytes allocated for a {len}-byte line"
+        );
+    }
+
+    #[test]
+    fn what_a_large_line_allocates_does_not_follow_its_size() {
+        // Ten million small values, the shape a tree costs most for; a million keys in one
+        // object; each at 16 MB or so.
+        let zeros = format!(r#"{{"kind":"result","value":[{}0]}}"#, "0,".repeat(8 << 20));
+        let (msg, extra) = peak_during(move || parse(zeros.into_bytes()));
+        assert!(matches!(msg, Ok(ChildMsg::Result { .. })), "{msg:?}");
+        assert!(
+            extra < 4096,
+            "{extra} bytes allocated for ten million zeros"
+        );
+
+        let keys: Vec<String> = (0..1_000_000).map(|i| format!(r#""{i:x}":[]"#)).collect();
+        let object = format!(
+            r#"{{"value" : {{ {} }}, "kind":"result"}}"#,
+            keys.join(", ")
+        );
+        let len = object.len();
+        let (msg, extra) = peak_during(move || parse(object.into_bytes()));
+        assert!(matches!(msg, Ok(ChildMsg::Result { .. })), "{msg:?}");
+        // One u32 per key of the open object (and the list's growth): well under the line.
+        assert!(
+            extra <= 8 * 1_000_000 + 4096,
+            "{extra} bytes allocated for a {len}-byte object of a million keys"
+        );
+    }
+
+    #[test]
+    fn a_value_is_passed_on_as_written_without_its_whitespace() {
+        let value = r#"{ "b" : [ 1 , 2.50 , -0 , 1e-05 , 18446744073709551616 ] ,
+            "a" : "x \" y \\ z \u00e9 \ud83d\ude00 é \/ \n" , "c" : { } , "d" : [ ] ,
+            "e" : true , "f" : null }"#
+            .replace('\n', " ");
+        let ChildMsg::Result { value: text } =
+            ok(&format!(r#"{{"kind" : "result" , "value" : {value} }}"#))
+        else {
+            panic!("not a result");
+        };
+        assert_eq!(
+            text,
+            r#"{"b":[1,2.50,-0,1e-05,18446744073709551616],"a":"x \" y \\ z \u00e9 \ud83d\ude00 é \/ \n","c":{},"d":[],"e":true,"f":null}"#
+        );
+        // The same value, to every reader that parses it.
+        assert_eq!(
+            serde_json::from_str::<Value>(&text).ok(),
+            serde_json::from_str::<Value>(&value).ok()
+        );
+        // Text that is already compact comes back byte for byte, whatever its size.
+        for value in [
+            "0".to_string(),
+            r#""""#.to_string(),
+            format!(
+                r#"{{"k":"{}","l":[{}1]}}"#,
+                "\\\"".repeat(1000),
+                "[],".repeat(1000)
+            ),
+        ] {
+            let ChildMsg::Result { value: text } =
+                ok(&format!(r#"{{"kind":"result","value":{value}}}"#))
+            else {
+                panic!("not a result");
+            };
+            assert_eq!(text, value);
+        }
+    }
+
+    #[test]
+    fn a_long_error_is_cut_and_says_so() {
+        let message = format!("ValueError: {}", "é".repeat(MAX_MESSAGE));
+        let traceback = format!(
+            "Traceback (most recent call last):\n{}end\n",
+            "x".repeat(3 << 20)
+        );
+        let line = json!({"kind": "error", "message": message, "traceback": traceback});
+        let ChildMsg::Error {
+            message: m,
+            traceback: t,
+        } = ok(&line.to_string())
+        else {
+            panic!("not an error");
+        };
+        assert!(m.starts_with("ValueError: éé"), "{}", &m[..40]);
+        let kept = m.find(" … (").unwrap_or(usize::MAX);
+        assert!(kept <= MAX_MESSAGE && kept > MAX_MESSAGE - 4, "{kept}");
+        assert!(
+            m.ends_with(&format!(" … ({} more bytes cut)", message.len() - kept)),
+            "{}",
+            &m[kept..]
+        );
+        let cut = traceback.len() - MAX_TRACEBACK;
+        assert_eq!(
+            t,
+            format!("({cut} earlier bytes cut) …\n{}", &traceback[cut..])
+        );
+        assert!(t.ends_with("xxxend\n"));
+        // Short ones are left alone.
+        assert_eq!(
+            ok(r#"{"kind":"error","message":"m","traceback":"t"}"#),
+            ChildMsg::Error {
+                message: "m".into(),
+                traceback: "t".into()
+            }
+        );
+    }
+}
