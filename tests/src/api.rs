@@ -87,6 +87,12 @@ pub fn mint(s: &Sup, tenant: Option<&str>) -> (String, String) {
     )
 }
 
+/// A `POST /run` body, from its JSON as the HTTP front parses it.
+pub fn run_body(spec: &serde_json::Value) -> proto::api::RunBody {
+    zygo_front::http::bodies::run::parse(spec.to_string().as_bytes())
+        .unwrap_or_else(|e| panic!("the run's body {spec}: {e}"))
+}
+
 /// A tenant id no other test (or run) has: `tag` and a number.
 pub fn tenant_id(tag: &str) -> String {
     format!("{tag}{:x}", crate::unique() & 0xff_ffff_ffff)

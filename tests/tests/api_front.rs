@@ -177,7 +177,7 @@ fn replies(token: &Option<String>, req: &Request) -> Vec<Reply> {
             v
         }
         Request::Run { spec } => {
-            if spec.contains("sleep") {
+            if spec.cmd.iter().any(|a| a.contains("sleep")) {
                 std::thread::sleep(Duration::from_secs(3));
             }
             one(Reply::RunAnswer(RunAnswer {
@@ -1144,10 +1144,7 @@ fn run_answers_408_when_the_callers_deadline_fires_first_and_cancels_it() {
         )
     });
     let spec_key = api.fake.requests().iter().find_map(|(_, _, r)| match r {
-        Request::Run { spec } if spec.contains("sleep") => serde_json::from_str::<Value>(spec)
-            .ok()?["key"]
-            .as_str()
-            .map(str::to_string),
+        Request::Run { spec } if spec.cmd.iter().any(|a| a.contains("sleep")) => spec.key.clone(),
         _ => None,
     });
     assert!(spec_key.is_some_and(|k| k.starts_with("zygo-api-req-")));

@@ -23,7 +23,7 @@ use std::io::Write;
 use std::os::unix::net::UnixStream;
 use std::time::Duration;
 
-use proto::api::{Credentials, FrontFlags, ServeKind, TenantInfo};
+use proto::api::{Credentials, FrontFlags, LimitsPatch, ServeKind, TenantInfo};
 use proto::front::{
     ErrorCode, ExecRequest, Hello, HelloReply, Outcome, Reply, Request, Role, ScriptRef,
     FRONT_PROTOCOL, MAX_FRONT_FRAME,
@@ -363,7 +363,7 @@ fn every_gate_row_for_every_caller() {
         ),
         (
             Request::Run {
-                spec: "{\"cmd\":[\"true\"]}".into(),
+                spec: zygo_tests::api::run_body(&serde_json::json!({"cmd": ["true"]})),
             },
             [true, true, false, false],
         ),
@@ -382,7 +382,7 @@ fn every_gate_row_for_every_caller() {
         (
             Request::SetLimits {
                 id: "nosuch".into(),
-                limits: "{}".into(),
+                limits: LimitsPatch::default(),
             },
             [true, true, false, false],
         ),
@@ -995,7 +995,14 @@ fn delete_tenant_answers_what_it_took() {
         let _: HelloReply = read_frame(&mut c, MAX_FRONT_FRAME).expect("welcome");
         let mut api = Api { s: c };
         let spec = "{\"cmd\": [\"sleep\", \"60\"], \"timeout\": \"90s\"}";
-        api.ask(tok_for(&op2, &t2), Request::Run { spec: spec.into() })
+        api.ask(
+            tok_for(&op2, &t2),
+            Request::Run {
+                spec: zygo_tests::api::run_body(
+                    &serde_json::from_str(spec).expect("the spec is JSON"),
+                ),
+            },
+        )
     });
     wait_for(Duration::from_secs(10), "the run to start", || {
         tenant_cgroups(&t, "_run")
@@ -1058,7 +1065,10 @@ fn tenant_held_to_64m_in_a_512m_pool(who: Who) {
         tok(&op),
         Request::SetLimits {
             id: t.clone(),
-            limits: "{\"mem\":\"1G\"}".into(),
+            limits: LimitsPatch {
+                mem_bytes: Some(Some(1 << 30)),
+                ..LimitsPatch::default()
+            },
         },
     );
     expect_code(&r, ErrorCode::AboveCeiling, "mem above every ceiling");
@@ -1067,7 +1077,10 @@ fn tenant_held_to_64m_in_a_512m_pool(who: Who) {
         tok(&op),
         Request::SetLimits {
             id: t.clone(),
-            limits: "{\"pids\":100000}".into(),
+            limits: LimitsPatch {
+                pids: Some(Some(100_000)),
+                ..LimitsPatch::default()
+            },
         },
     );
     assert!(
@@ -1083,11 +1096,14 @@ fn tenant_held_to_64m_in_a_512m_pool(who: Who) {
             tok(&op),
             Request::SetLimits {
                 id: t.clone(),
-                limits: "{\"mem\":\"unlimited\"}".into(),
+                limits: LimitsPatch {
+                    mem_bytes: Some(Some(0)),
+                    ..LimitsPatch::default()
+                },
             },
         ),
         ErrorCode::BadSpec,
-        "unlimited",
+        "a zero limit",
     );
     // A tenant token may not set limits at all.
     expect_code(
@@ -1095,7 +1111,10 @@ fn tenant_held_to_64m_in_a_512m_pool(who: Who) {
             tok(&tt),
             Request::SetLimits {
                 id: t.clone(),
-                limits: "{\"mem\":\"64M\"}".into(),
+                limits: LimitsPatch {
+                    mem_bytes: Some(Some(64 << 20)),
+                    ..LimitsPatch::default()
+                },
             },
         ),
         ErrorCode::Forbidden,
@@ -1105,7 +1124,10 @@ fn tenant_held_to_64m_in_a_512m_pool(who: Who) {
         tok(&op),
         Request::SetLimits {
             id: t.clone(),
-            limits: "{\"mem\":\"64M\"}".into(),
+            limits: LimitsPatch {
+                mem_bytes: Some(Some(64 << 20)),
+                ..LimitsPatch::default()
+            },
         },
     ) {
         Reply::Tenant { tenant, .. } => assert_eq!(tenant.limits.mem_bytes, Some(64 << 20)),
@@ -1202,7 +1224,10 @@ fn records_survive_kill_9_in_a_burst() {
                 _ => break,
             }
             let pids = i % 50 + 1;
-            let limits = format!("{{\"pids\": {pids}}}");
+            let limits = LimitsPatch {
+                pids: Some(Some(pids)),
+                ..LimitsPatch::default()
+            };
             let req = envelope(
                 tok(&op2),
                 Request::SetLimits {
@@ -1214,7 +1239,7 @@ fn records_survive_kill_9_in_a_burst() {
                 break;
             }
             match read_frame::<_, Reply>(&mut c, MAX_FRONT_FRAME) {
-                Ok(Reply::Tenant { .. }) => acked_limits.push((id.clone(), pids as u64)),
+                Ok(Reply::Tenant { .. }) => acked_limits.push((id.clone(), pids)),
                 _ => break,
             }
             let req = envelope(tok(&op2), Request::MintToken { tenant: Some(id) });
@@ -1392,7 +1417,7 @@ fn hostile_envelopes_are_refused_and_the_connection_serves() {
             (
                 Request::SetLimits {
                     id: o.clone(),
-                    limits: "{}".into(),
+                    limits: LimitsPatch::default(),
                 },
                 vec![ErrorCode::NotFound],
             ),
@@ -1561,12 +1586,20 @@ fn a_run_for_a_tenant_is_held_to_its_limits() {
         tok(&op),
         Request::SetLimits {
             id: t.clone(),
-            limits: "{\"mem\":\"64M\"}".into(),
+            limits: LimitsPatch {
+                mem_bytes: Some(Some(64 << 20)),
+                ..LimitsPatch::default()
+            },
         },
     );
     expect_ok(&r, "set 64M");
     let spec = "{\"cmd\": [\"python3\", \"-c\", \"b = b'x' * (200 << 20); print(len(b))\"], \"mem\": \"512M\", \"timeout\": \"20s\"}";
-    let run = |api: &mut Api, who: As| match api.ask(who, Request::Run { spec: spec.into() }) {
+    let run = |api: &mut Api, who: As| match api.ask(
+        who,
+        Request::Run {
+            spec: zygo_tests::api::run_body(&serde_json::from_str(spec).expect("the spec is JSON")),
+        },
+    ) {
         Reply::RunAnswer(a) => a,
         other => panic!("run: {other:?}\n{}", s.log()),
     };
@@ -1691,7 +1724,10 @@ fn tenant_scratch_is_narrowed(who: Who) {
         tok(&op),
         Request::SetLimits {
             id: t.clone(),
-            limits: "{\"scratch\":\"1M\"}".into(),
+            limits: LimitsPatch {
+                scratch_bytes: Some(Some(1 << 20)),
+                ..LimitsPatch::default()
+            },
         },
     );
     expect_ok(&r, "scratch 1M");
@@ -1760,7 +1796,10 @@ fn a_tenants_workspace_goes_into_its_narrowed_scratch(who: Who) {
         tok(&op),
         Request::SetLimits {
             id: t.clone(),
-            limits: "{\"scratch\":\"1M\"}".into(),
+            limits: LimitsPatch {
+                scratch_bytes: Some(Some(1 << 20)),
+                ..LimitsPatch::default()
+            },
         },
     );
     expect_ok(&r, "scratch 1M");

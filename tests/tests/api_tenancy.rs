@@ -205,7 +205,9 @@ fn set_limits(api: &mut Api, op: &str, id: &str, limits: &str) {
         tok(op),
         Request::SetLimits {
             id: id.into(),
-            limits: limits.into(),
+            // The body as the HTTP front parses it.
+            limits: zygo_front::http::bodies::limits::parse(limits.as_bytes())
+                .unwrap_or_else(|e| panic!("limits {limits}: {}", e.message)),
         },
     );
     assert!(

@@ -730,8 +730,8 @@ fn a_run_over_the_api_reaches_its_allowed_host(who: Who) {
         "network": "egress",
         "allow": [format!("{}:{ALLOWED}", h.host)],
         "timeout": "30s",
-    })
-    .to_string();
+    });
+    let spec = zygo_tests::api::run_body(&spec);
     let run = |flags: FrontFlags, tenant: Option<&str>| {
         ApiConn::open(&s, flags).ask(BOOT, tenant, Request::Run { spec: spec.clone() })
     };
@@ -788,7 +788,10 @@ fn a_run_over_the_api_reaches_its_allowed_host(who: Who) {
     ));
     let limits = Request::SetLimits {
         id: t.clone(),
-        limits: r#"{"network": "none"}"#.into(),
+        limits: proto::api::LimitsPatch {
+            network: Some(Some("none".into())),
+            ..proto::api::LimitsPatch::default()
+        },
     };
     let r = api.ask(BOOT, None, limits);
     assert!(matches!(r, Reply::Tenant { .. }), "patch limits: {r:?}");

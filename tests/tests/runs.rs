@@ -93,7 +93,7 @@ fn run_reply(s: &Sup, spec: &serde_json::Value) -> Reply {
     ask(
         s,
         &Request::Run {
-            spec: spec.to_string(),
+            spec: zygo_tests::api::run_body(spec),
         },
     )
 }
@@ -111,15 +111,16 @@ fn run(s: &Sup, spec: serde_json::Value) -> RunAnswer {
     }
 }
 
-/// A run that must be refused as a bad spec: the message.
+/// A run that must be refused as a bad spec: the message. A body the HTTP front cannot
+/// parse is refused there (its message is the answer, `bad_spec`); one it parses is sent to
+/// the supervisor, which must refuse it.
 #[track_caller]
 fn refused(s: &Sup, spec: &str) -> String {
-    match ask(
-        s,
-        &Request::Run {
-            spec: spec.to_string(),
-        },
-    ) {
+    let body = match zygo_front::http::bodies::run::parse(spec.as_bytes()) {
+        Ok(b) => b,
+        Err(message) => return message,
+    };
+    match ask(s, &Request::Run { spec: body }) {
         Reply::Error {
             code: ErrorCode::BadSpec,
             message,
@@ -404,7 +405,7 @@ fn a_cancel_under_its_key_ends_it(who: Who) {
     send(
         &mut c,
         &Request::Run {
-            spec: spec.to_string(),
+            spec: zygo_tests::api::run_body(&spec),
         },
     );
     // Let it start, then cancel it from another connection.
@@ -434,7 +435,7 @@ fn a_cancel_under_its_key_ends_it(who: Who) {
     send(
         &mut c,
         &Request::Run {
-            spec: json!({"cmd": ["sleep", "60"], "timeout": "60s"}).to_string(),
+            spec: zygo_tests::api::run_body(&json!({"cmd": ["sleep", "60"], "timeout": "60s"})),
         },
     );
     wait_for(Duration::from_secs(10), "the run's cgroup", || {
@@ -455,7 +456,7 @@ fn many_runs_at_once_do_not_hold_up_other_requests(who: Who) {
         send(
             &mut c,
             &Request::Run {
-                spec: spec.to_string(),
+                spec: zygo_tests::api::run_body(&spec),
             },
         );
         conns.push(c);
@@ -496,7 +497,7 @@ fn a_drain_ends_the_runs_it_cuts_off(who: Who) {
     send(
         &mut c,
         &Request::Run {
-            spec: json!({"cmd": ["sleep", "60"], "timeout": "60s"}).to_string(),
+            spec: zygo_tests::api::run_body(&json!({"cmd": ["sleep", "60"], "timeout": "60s"})),
         },
     );
     wait_for(Duration::from_secs(10), "the run's cgroup", || {
@@ -561,7 +562,7 @@ fn past_the_most_runs_at_once_one_more_is_busy(who: Who) {
         send(
             &mut c,
             &Request::Run {
-                spec: json!({"cmd": ["sleep", "2"], "timeout": "30s"}).to_string(),
+                spec: zygo_tests::api::run_body(&json!({"cmd": ["sleep", "2"], "timeout": "30s"})),
             },
         );
         going.push(c);

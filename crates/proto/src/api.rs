@@ -75,6 +75,71 @@ pub struct TenantLimits {
     pub allow: Option<Vec<String>>,
 }
 
+/// `PATCH /tenants/{id}/limits`, parsed by the front: each key absent (`None`), cleared
+/// (`Some(None)`) or set, in the units of [`TenantLimits`]. The supervisor checks every
+/// value again (it never trusts a front) and judges what needs the caller's rights
+/// (private addresses in `allow`) and the ceilings.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LimitsPatch {
+    pub mem_bytes: Option<Option<u64>>,
+    pub cpu_millis: Option<Option<u64>>,
+    pub pids: Option<Option<u64>>,
+    pub timeout_ms: Option<Option<u64>>,
+    pub scratch_bytes: Option<Option<u64>>,
+    /// "none" or "egress".
+    pub network: Option<Option<String>>,
+    /// Each rule as `policy` writes it (`host:port`, `addr/len:port`, ...).
+    pub allow: Option<Option<Vec<String>>>,
+}
+
+impl LimitsPatch {
+    /// Whether it changes nothing.
+    pub fn is_empty(&self) -> bool {
+        *self == LimitsPatch::default()
+    }
+}
+
+/// `POST /run`, parsed by the front: the fields a run takes, each as `zygo run`'s flag of
+/// the same name takes it (a size `"256M"`, a duration `"30s"`, `cpu` `"0.5"`). The
+/// supervisor checks every value again, and what needs the caller's rights (private
+/// addresses, a tenant's limits), before it plans the sandbox.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RunBody {
+    /// The program and its arguments (not empty).
+    pub cmd: Vec<String>,
+    pub image: Option<String>,
+    pub mem: Option<String>,
+    pub cpu: Option<String>,
+    pub pids: Option<String>,
+    pub timeout: Option<String>,
+    pub scratch: Option<String>,
+    pub network: Option<String>,
+    pub allow: Vec<String>,
+    /// `NAME=VALUE`-free: each name and its value.
+    pub env: Vec<(String, String)>,
+    /// `None`: the program reads end of file.
+    pub stdin: Option<crate::bytes::Bytes>,
+    /// The key a cancel names.
+    pub key: Option<String>,
+}
+
+/// Caps of a [`RunBody`], checked by the front that parses it and again by the supervisor.
+pub mod run_caps {
+    /// The largest body text taken (a 1 MiB stdin written with `\u` escapes, and the rest).
+    pub const MAX_SPEC: usize = 8 * 1024 * 1024;
+    /// The most bytes of stdin.
+    pub const MAX_STDIN: usize = 1024 * 1024;
+    /// The most arguments in `cmd`, and variables in `env`.
+    pub const MAX_ARGS: usize = 1024;
+    pub const MAX_ENV: usize = 1024;
+    /// The most bytes of `cmd` and `env` together (keys, values and arguments).
+    pub const MAX_ARGV_ENV_BYTES: usize = 1024 * 1024;
+    /// The longest single argument or variable (the kernel's `MAX_ARG_STRLEN`, less its NUL).
+    pub const MAX_ARG: usize = 128 * 1024 - 1;
+    /// The longest request key.
+    pub const MAX_KEY: usize = 256;
+}
+
 /// A tenant's record (`GET /tenants/{id}`).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct TenantInfo {

@@ -112,10 +112,9 @@ pub enum Request {
         layer: String,
         base_dir: Option<String>,
     },
-    /// A one-shot run (`POST /run`): `spec` is JSON text (`cmd`, `image`, limits, `env`,
-    /// `stdin`), parsed by the monitor.
+    /// A one-shot run (`POST /run`).
     Run {
-        spec: String,
+        spec: crate::api::RunBody,
     },
     /// Whether the store holds a script (lowercase hex), and its size. Never its bytes.
     ScriptInfo {
@@ -138,11 +137,10 @@ pub enum Request {
     DeleteTenant {
         id: String,
     },
-    /// Set some of a tenant's limits: JSON text of an object with any of `mem`, `cpu`,
-    /// `pids`, `timeout`, `scratch`, `network`, `allow` (a `null` clears one).
+    /// Set some of a tenant's limits (`null` in the body clears one).
     SetLimits {
         id: String,
-        limits: String,
+        limits: crate::api::LimitsPatch,
     },
     /// Mint a token: an operator token, or one tenant's.
     MintToken {

@@ -9,6 +9,7 @@
 //! `X-Zygo-Request-Id` on every response, streaming as NDJSON.
 
 pub mod base64;
+pub mod bodies;
 pub mod body;
 pub mod channel;
 pub mod fair;

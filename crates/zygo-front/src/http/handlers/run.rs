@@ -3,65 +3,32 @@
 //! first, and then the run is cancelled (its channel is closed, which the supervisor takes
 //! as the end of everything the channel started).
 
-use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
-use proto::front::{Reply, Request};
-use serde::{Deserialize, Serialize};
-use serde_json::{json, Value};
+use proto::front::{ErrorCode, Reply, Request};
+use serde_json::json;
 
 use super::unexpected;
 use crate::http::channel::ChanError;
-use crate::http::{body, ok, Call, Front, HttpError, Out};
-
-/// The fields a run takes (as sandbox.toml names them; no mounts over HTTP). Their values
-/// are the supervisor's to judge; the front only refuses fields it does not know.
-#[derive(Deserialize, Serialize)]
-#[serde(deny_unknown_fields)]
-struct RunBody {
-    cmd: Vec<String>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    image: Option<Value>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    mem: Option<Value>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    cpu: Option<Value>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pids: Option<Value>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    timeout: Option<Value>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    scratch: Option<Value>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    network: Option<Value>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    allow: Option<Value>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    env: Option<BTreeMap<String, String>>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    stdin: Option<String>,
-    /// Not a body field: `X-Zygo-Request-Key`, so `DELETE /requests/{key}` reaches the run.
-    #[serde(skip_deserializing, skip_serializing_if = "Option::is_none")]
-    key: Option<String>,
-}
+use crate::http::{ok, Call, Front, HttpError, Out};
 
 pub fn run(front: &Front, call: &mut Call) -> Out {
-    let parsed = (|| {
+    let parsed = (|| -> Result<_, HttpError> {
         call.only_query(&[])?;
-        let mut b: RunBody = body::json(&call.body()?)?;
-        // A key the run can be cancelled by when the caller's deadline passes: the
-        // caller's own, or one made for it.
-        b.key = Some(match &call.key {
-            Some(k) => k.clone(),
-            None => format!("zygo-api-{}", crate::http::new_request_id()),
-        });
-        if b.cmd.is_empty() {
+        let mut spec = crate::http::bodies::run::parse(&call.body()?)
+            .map_err(|m| HttpError::from_code(ErrorCode::BadSpec, m, None))?;
+        if spec.key.is_some() {
             return Err(HttpError::bad_request(
-                "cmd names the program to run: a non-empty list",
+                "key is not a field of the body: send X-Zygo-Request-Key",
             ));
         }
-        let key = b.key.clone().unwrap_or_default();
-        let spec = serde_json::to_string(&b).map_err(|e| HttpError::bad_request(e.to_string()))?;
+        // A key the run can be cancelled by when the caller's deadline passes: the
+        // caller's own, or one made for it.
+        let key = match &call.key {
+            Some(k) => k.clone(),
+            None => format!("zygo-api-{}", crate::http::new_request_id()),
+        };
+        spec.key = Some(key.clone());
         Ok((spec, key))
     })();
     let (spec, key) = match parsed {

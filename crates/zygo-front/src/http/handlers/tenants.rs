@@ -2,7 +2,7 @@
 
 use proto::front::{Reply, Request};
 use serde::Deserialize;
-use serde_json::{json, Value};
+use serde_json::json;
 
 use super::{ask, sha, tenant_id, tenant_json, unexpected};
 use crate::http::{body, ok, Call, Front, HttpError, Out};
@@ -80,30 +80,12 @@ pub fn delete(front: &Front, call: &mut Call) -> Out {
     }
 }
 
-/// The keys `PATCH /tenants/{id}/limits` takes; each value (or `null`, clearing it) is the
-/// supervisor's to judge.
-pub const LIMIT_KEYS: &[&str] = &[
-    "mem", "cpu", "pids", "timeout", "scratch", "network", "allow",
-];
-
 pub fn limits(front: &Front, call: &mut Call) -> Out {
-    let parsed = (|| {
+    let parsed = (|| -> Result<_, HttpError> {
         call.only_query(&[])?;
         let id = tenant_id(call, 0)?;
-        let b: serde_json::Map<String, Value> = body::json(&call.body()?)?;
-        if let Some(k) = b.keys().find(|k| !LIMIT_KEYS.contains(&k.as_str())) {
-            return Err(HttpError::bad_request(format!(
-                "unknown limit {k:?}; the limits are {}",
-                LIMIT_KEYS.join(", ")
-            )));
-        }
-        if b.is_empty() {
-            return Err(HttpError::bad_request(format!(
-                "name at least one limit: {}",
-                LIMIT_KEYS.join(", ")
-            )));
-        }
-        Ok((id, Value::Object(b).to_string()))
+        let limits = crate::http::bodies::limits::parse(&call.body()?)?;
+        Ok((id, limits))
     })();
     let (id, limits) = match parsed {
         Ok(x) => x,

@@ -21,10 +21,11 @@ pub mod store;
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 
 use proto::api::{
-    is_tenant_id, Credentials, FrontFlags, TenantLimits, TokenInfo, TokenMinted, MAX_TOKEN_LEN,
+    is_tenant_id, Credentials, FrontFlags, LimitsPatch, TenantLimits, TokenInfo, TokenMinted,
+    MAX_TOKEN_LEN,
 };
 use proto::front::{ErrorCode, Reply};
-use serde_json::Value;
+
 use sha2::{Digest, Sha256};
 
 use super::functions::now_ms;
@@ -792,192 +793,75 @@ impl Api {
     }
 }
 
-/// A parsed `PATCH /tenants/{id}/limits`: each key absent (`None`), cleared
-/// (`Some(None)`) or set.
-#[derive(Debug, Default, PartialEq, Eq)]
-pub struct LimitsPatch {
-    pub mem_bytes: Option<Option<u64>>,
-    pub cpu_millis: Option<Option<u64>>,
-    pub pids: Option<Option<u64>>,
-    pub timeout_ms: Option<Option<u64>>,
-    pub scratch_bytes: Option<Option<u64>>,
-    pub network: Option<Option<String>>,
-    pub allow: Option<Option<Vec<String>>>,
-}
-
-/// The largest limits body read.
-const MAX_LIMITS_BODY: usize = 64 * 1024;
-
-/// Parse a limits body strictly: a JSON object of the seven keys, `null` clearing one.
-/// `unlimited` and `network: "host"` are refused (never over HTTP), and so are private
-/// addresses in `allow` unless `private_ok`.
-pub fn parse_limits(text: &str, private_ok: bool) -> Result<LimitsPatch, Refusal> {
-    use policy::limits::Source;
-    let bad = |m: String| no(ErrorCode::BadRequest, m);
-    let spec = |e: policy::PolicyError| no(ErrorCode::BadSpec, e.to_string());
-    if text.len() > MAX_LIMITS_BODY {
-        return Err(no(ErrorCode::TooLarge, "the limits body is over 64 KiB"));
-    }
-    let v: Value = proto::json::from_str_strict(text)
-        .map_err(|e| bad(format!("the limits are not JSON: {e}")))?;
-    let Value::Object(map) = v else {
-        return Err(bad(
-            "the limits are a JSON object with any of mem, cpu, pids, timeout, scratch, network, allow".into(),
-        ));
+/// Check a `PATCH /tenants/{id}/limits` the front parsed, as if the front were hostile:
+/// every number in range, `network` only `none` or `egress`, every `allow` rule one that
+/// `policy` reads, and no private address unless `private_ok` (the caller's rights, which
+/// only the supervisor knows).
+pub fn check_limits(p: &LimitsPatch, private_ok: bool) -> Result<(), Refusal> {
+    let spec = |m: String| no(ErrorCode::BadSpec, m);
+    let positive = |key: &str, v: &Option<Option<u64>>| match v {
+        Some(Some(0)) => Err(spec(format!("{key}: must be above 0"))),
+        _ => Ok(()),
     };
-    let mut p = LimitsPatch::default();
-    // A size: "256M" or a number of bytes.
-    let size = |key: &str, v: &Value| -> Result<u64, Refusal> {
-        match v {
-            Value::String(s) => match policy::limits::Mem::parse(key, s, Source::Http) {
-                Ok(policy::limits::Mem::Limited(b)) => Ok(b.0),
-                Ok(policy::limits::Mem::Unlimited) => Err(no(
-                    ErrorCode::BadSpec,
-                    format!("{key}: unlimited is never accepted over HTTP"),
-                )),
-                Err(e) => Err(spec(e)),
-            },
-            Value::Number(n) => match n.as_u64() {
-                Some(b) if b > 0 => Ok(b),
-                _ => Err(bad(format!(
-                    "{key}: a number of bytes must be a whole number above 0"
-                ))),
-            },
-            _ => Err(bad(format!(
-                "{key} must be a size such as \"256M\", or a number of bytes"
-            ))),
-        }
-    };
-    for (key, v) in &map {
-        let clear = v.is_null();
-        match key.as_str() {
-            "mem" => p.mem_bytes = Some(if clear { None } else { Some(size("mem", v)?) }),
-            "scratch" => {
-                p.scratch_bytes = Some(if clear {
-                    None
-                } else {
-                    let b = size("scratch", v)?;
-                    policy::limits::parse_size("scratch", &b.to_string()).map_err(spec)?;
-                    Some(b)
-                })
-            }
-            "cpu" => {
-                p.cpu_millis = Some(if clear {
-                    None
-                } else {
-                    let text = match v {
-                        Value::Number(n) => n.to_string(),
-                        Value::String(s) => s.clone(),
-                        _ => return Err(bad("cpu must be a number such as 0.5".into())),
-                    };
-                    Some(u64::from(
-                        policy::limits::Cpus::parse("cpu", &text).map_err(spec)?.millis(),
-                    ))
-                })
-            }
-            "pids" => {
-                p.pids = Some(if clear {
-                    None
-                } else {
-                    let Some(n) = v.as_u64() else {
-                        return Err(bad("pids must be a whole number such as 64".into()));
-                    };
-                    Some(u64::from(
-                        policy::limits::parse_pids("pids", &n.to_string()).map_err(spec)?,
-                    ))
-                })
-            }
-            "timeout" => {
-                p.timeout_ms = Some(if clear {
-                    None
-                } else {
-                    let d = match v {
-                        Value::String(s) => policy::limits::parse_duration("timeout", s).map_err(spec)?,
-                        Value::Number(n) => match n.as_u64() {
-                            Some(ms) if ms > 0 => std::time::Duration::from_millis(ms),
-                            _ => return Err(bad("timeout: a number of milliseconds must be a whole number above 0".into())),
-                        },
-                        _ => return Err(bad("timeout must be a duration such as \"30s\", or milliseconds".into())),
-                    };
-                    if d > policy::limits::MAX_DURATION {
-                        return Err(no(ErrorCode::BadSpec, "timeout: at most 24h"));
-                    }
-                    Some(d.as_millis() as u64)
-                })
-            }
-            "network" => {
-                p.network = Some(if clear {
-                    None
-                } else {
-                    match v.as_str() {
-                        Some(n @ ("none" | "egress")) => Some(n.to_string()),
-                        Some("host") => {
-                            return Err(no(
-                                ErrorCode::BadSpec,
-                                "network: host is never accepted over HTTP; it can only be declared in sandbox.toml",
-                            ))
-                        }
-                        _ => return Err(bad("network must be \"none\" or \"egress\"".into())),
-                    }
-                })
-            }
-            "allow" => {
-                p.allow = Some(if clear {
-                    None
-                } else {
-                    let Some(items) = v.as_array() else {
-                        return Err(bad("allow must be a list of \"host:port\" strings".into()));
-                    };
-                    if items.len() > 256 {
-                        return Err(bad("allow: at most 256 rules".into()));
-                    }
-                    let mut rules = Vec::new();
-                    for it in items {
-                        let Some(s) = it.as_str() else {
-                            return Err(bad("allow must be a list of \"host:port\" strings".into()));
-                        };
-                        rules.push(policy::file::AllowRule::parse("allow", s).map_err(spec)?);
-                    }
-                    if let Some(r) = policy::gate::private_target(&rules, private_ok) {
-                        return Err(no(
-                            ErrorCode::BadSpec,
-                            format!(
-                                "allow: {r} targets a private, loopback or link-local address; only a deploy caller of an API started with --allow-deploy --allow-private-net may name one"
-                            ),
-                        ));
-                    }
-                    Some(rules.iter().map(|r| r.to_string()).collect())
-                })
-            }
-            other => {
-                return Err(bad(format!(
-                    "unknown limit {:?}; the keys are mem, cpu, pids, timeout, scratch, network and allow",
-                    policy::Shown::new(other).to_string()
-                )))
-            }
+    positive("mem", &p.mem_bytes)?;
+    positive("cpu", &p.cpu_millis)?;
+    positive("pids", &p.pids)?;
+    positive("timeout", &p.timeout_ms)?;
+    positive("scratch", &p.scratch_bytes)?;
+    if let Some(Some(ms)) = p.timeout_ms {
+        if u128::from(ms) > policy::limits::MAX_DURATION.as_millis() {
+            return Err(spec("timeout: at most 24h".into()));
         }
     }
-    Ok(p)
+    if let Some(Some(m)) = p.cpu_millis {
+        policy::limits::Cpus::parse("cpu", &format!("{}.{:03}", m / 1000, m % 1000))
+            .map_err(|e| spec(e.to_string()))?;
+    }
+    if let Some(Some(n)) = p.pids {
+        policy::limits::parse_pids("pids", &n.to_string()).map_err(|e| spec(e.to_string()))?;
+    }
+    if let Some(Some(n)) = &p.network {
+        if n != "none" && n != "egress" {
+            return Err(spec(
+                "network: only \"none\" or \"egress\"; host is never accepted over HTTP".into(),
+            ));
+        }
+    }
+    if let Some(Some(items)) = &p.allow {
+        if items.len() > 256 {
+            return Err(no(ErrorCode::BadRequest, "allow: at most 256 rules"));
+        }
+        let rules = items
+            .iter()
+            .map(|s| policy::file::AllowRule::parse("allow", s))
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(|e| spec(e.to_string()))?;
+        if let Some(r) = policy::gate::private_target(&rules, private_ok) {
+            return Err(spec(format!(
+                "allow: {r} targets a private, loopback or link-local address; only a deploy \
+                 caller of an API started with --allow-deploy --allow-private-net may name one"
+            )));
+        }
+    }
+    Ok(())
 }
 
-impl LimitsPatch {
-    /// These changes over `old`.
-    pub fn apply(&self, old: &LimitsRecord) -> LimitsRecord {
-        fn pick<T: Clone>(p: &Option<Option<T>>, o: &Option<T>) -> Option<T> {
-            match p {
-                Some(v) => v.clone(),
-                None => o.clone(),
-            }
+/// A patch's changes over `old`.
+pub fn apply_limits(p: &LimitsPatch, old: &LimitsRecord) -> LimitsRecord {
+    fn pick<T: Clone>(p: &Option<Option<T>>, o: &Option<T>) -> Option<T> {
+        match p {
+            Some(v) => v.clone(),
+            None => o.clone(),
         }
-        LimitsRecord {
-            mem_bytes: pick(&self.mem_bytes, &old.mem_bytes),
-            cpu_millis: pick(&self.cpu_millis, &old.cpu_millis),
-            pids: pick(&self.pids, &old.pids),
-            timeout_ms: pick(&self.timeout_ms, &old.timeout_ms),
-            scratch_bytes: pick(&self.scratch_bytes, &old.scratch_bytes),
-            network: pick(&self.network, &old.network),
-            allow: pick(&self.allow, &old.allow),
-        }
+    }
+    LimitsRecord {
+        mem_bytes: pick(&p.mem_bytes, &old.mem_bytes),
+        cpu_millis: pick(&p.cpu_millis, &old.cpu_millis),
+        pids: pick(&p.pids, &old.pids),
+        timeout_ms: pick(&p.timeout_ms, &old.timeout_ms),
+        scratch_bytes: pick(&p.scratch_bytes, &old.scratch_bytes),
+        network: pick(&p.network, &old.network),
+        allow: pick(&p.allow, &old.allow),
     }
 }
 
@@ -1037,39 +921,46 @@ mod tests {
     }
 
     #[test]
-    fn limits_parse_strictly_and_null_clears() {
-        let p = parse_limits(
-            r#"{"mem":"64M","cpu":0.5,"pids":32,"timeout":"30s","scratch":1048576,"network":"egress","allow":["api.example.com:443"]}"#,
-            false,
-        )
-        .expect("parse");
-        assert_eq!(p.mem_bytes, Some(Some(64 << 20)));
-        assert_eq!(p.cpu_millis, Some(Some(500)));
-        assert_eq!(p.pids, Some(Some(32)));
-        assert_eq!(p.timeout_ms, Some(Some(30_000)));
-        assert_eq!(p.scratch_bytes, Some(Some(1 << 20)));
-        assert_eq!(p.network, Some(Some("egress".into())));
-        let p = parse_limits(r#"{"mem":null}"#, false).expect("parse");
-        assert_eq!(p.mem_bytes, Some(None));
-        assert_eq!(p.cpu_millis, None);
-        let code = |text: &str| match parse_limits(text, false) {
-            Err(Refusal { code, .. }) => Some(code),
-            _ => None,
+    fn a_limits_patch_is_checked_again() {
+        let ok = LimitsPatch {
+            mem_bytes: Some(Some(64 << 20)),
+            cpu_millis: Some(Some(500)),
+            allow: Some(Some(vec!["api.example.com:443".into()])),
+            network: Some(None),
+            ..LimitsPatch::default()
         };
-        assert_eq!(code(r#"{"mem":"unlimited"}"#), Some(ErrorCode::BadSpec));
-        assert_eq!(code(r#"{"network":"host"}"#), Some(ErrorCode::BadSpec));
-        assert_eq!(
-            code(r#"{"allow":["10.0.0.5:4010"]}"#),
-            Some(ErrorCode::BadSpec)
-        );
-        assert_eq!(code(r#"{"bogus":1}"#), Some(ErrorCode::BadRequest));
-        assert_eq!(
-            code(r#"{"mem":"1M","mem":"2M"}"#),
-            Some(ErrorCode::BadRequest)
-        );
-        assert_eq!(code(r#"[1]"#), Some(ErrorCode::BadRequest));
-        assert_eq!(code(r#"{"pids":-1}"#), Some(ErrorCode::BadRequest));
-        assert_eq!(code(r#"{"cpu":"NaN"}"#), Some(ErrorCode::BadSpec));
-        assert!(parse_limits(r#"{"allow":["10.0.0.5:4010"]}"#, true).is_ok());
+        assert_eq!(check_limits(&ok, false), Ok(()));
+        let code =
+            |p: LimitsPatch, private_ok: bool| check_limits(&p, private_ok).err().map(|r| r.code);
+        let private = LimitsPatch {
+            allow: Some(Some(vec!["10.0.0.5:4010".into()])),
+            ..LimitsPatch::default()
+        };
+        assert_eq!(code(private.clone(), false), Some(ErrorCode::BadSpec));
+        assert_eq!(code(private, true), None);
+        for bad in [
+            LimitsPatch {
+                mem_bytes: Some(Some(0)),
+                ..LimitsPatch::default()
+            },
+            LimitsPatch {
+                network: Some(Some("host".into())),
+                ..LimitsPatch::default()
+            },
+            LimitsPatch {
+                timeout_ms: Some(Some(u64::MAX)),
+                ..LimitsPatch::default()
+            },
+            LimitsPatch {
+                allow: Some(Some(vec!["no port".into()])),
+                ..LimitsPatch::default()
+            },
+            LimitsPatch {
+                cpu_millis: Some(Some(u64::MAX)),
+                ..LimitsPatch::default()
+            },
+        ] {
+            assert_eq!(code(bad.clone(), true), Some(ErrorCode::BadSpec), "{bad:?}");
+        }
     }
 }

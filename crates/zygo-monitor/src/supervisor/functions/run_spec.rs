@@ -1,29 +1,17 @@
-//! The spec of a one-shot run sent to the supervisor (`Request::Run`, `POST /run`): JSON
-//! text, parsed strictly here, into the same plan `zygo run` builds from its flags.
+//! The spec of a one-shot run sent to the supervisor (`Request::Run`, `POST /run`): a
+//! [`RunBody`] the front parsed from the caller's JSON (`zygo_front::http::bodies::run`),
+//! checked again here as if the front were hostile, then planned with the same code that
+//! plans `zygo run` from its flags.
 //!
-//! Trust: none. The text comes from any HTTP caller through `zygo api`, or from the CLI.
-//!
-//! ```text
-//! {"cmd": ["python3", "-c", "print(1)"],   required: a non-empty array of strings
-//!  "image": "host" | "dir:/abs/rootfs",
-//!  "mem": "256M", "cpu": 0.5, "pids": 64, "timeout": "30s", "scratch": "64M",
-//!  "network": "none" | "egress",
-//!  "allow": ["host:port", "ip:port", "cidr:port"],   with "egress" only
-//!  "env": {"NAME": "value"},
-//!  "stdin": "text",                        at most MAX_STDIN bytes
-//!  "key": "..."}                           the request key a cancel names (1–256 bytes)
-//! ```
+//! Trust: none. The body comes from any HTTP caller through `zygo api`.
 //!
 //! Each limit means what the flag of the same name means to `zygo run` and is parsed by
-//! the same code: a size is `"256M"` (or a whole number of bytes), a duration `"30s"` (a
-//! unit is required), `cpu` a number or a string such as `"0.5"`, `pids` a whole number.
-//! Unset limits take `zygo run`'s defaults. What only the host's operator may ask for —
-//! `"unlimited"` for any limit, `network = "host"` — is refused. `"egress"` opens exactly
-//! the `allow` rules, as `zygo run --net egress --allow` does; a rule naming a private,
-//! loopback or link-local address is refused unless the caller may name one (a deploy
-//! caller of an API started with `--allow-deploy --allow-private-net`, or the host's own
-//! CLI). There are no mounts. `null` for an optional key is the same as leaving it out. Any other key is
-//! refused, naming it; a duplicate key anywhere is refused (`proto::json::from_str_strict`).
+//! the same code. Unset limits take `zygo run`'s defaults. What only the host's operator
+//! may ask for — `"unlimited"` for any limit, `network = "host"` — is refused. `"egress"`
+//! opens exactly the `allow` rules, as `zygo run --net egress --allow` does; a rule naming
+//! a private, loopback or link-local address is refused unless the caller may name one (a
+//! deploy caller of an API started with `--allow-deploy --allow-private-net`). There are no
+//! mounts.
 //!
 //! The caller's tenant limits, if any, then narrow what was asked: each limit is the
 //! smaller of the two. A tenant held to `network = "none"` may not ask for egress, and one
@@ -35,24 +23,8 @@ use std::time::Duration;
 use policy::egress::PrivateNet;
 use policy::file::AllowRule;
 use policy::{Bytes, Cpus, Mem, Network, OneShotArgs, OneShotPlan, Shown, Source};
-use proto::api::TenantLimits;
-use serde_json::Value;
-
-/// The largest spec text taken (a 1 MiB stdin written with `\u` escapes, and the rest).
-pub const MAX_SPEC: usize = 8 * 1024 * 1024;
-/// The most bytes of stdin a spec may carry.
-pub const MAX_STDIN: usize = 1024 * 1024;
-/// The most arguments in `cmd`, and variables in `env`.
-pub const MAX_ARGS: usize = 1024;
-pub const MAX_ENV: usize = 1024;
-/// The most bytes of `cmd` and `env` together (keys, values and arguments).
-pub const MAX_ARGV_ENV_BYTES: usize = 1024 * 1024;
-/// The longest single argument or variable (the kernel's `MAX_ARG_STRLEN`, less its NUL).
-pub const MAX_ARG: usize = 128 * 1024 - 1;
-/// The longest request key.
-pub const MAX_KEY: usize = 256;
-
-const KNOWN: &str = "cmd, image, mem, cpu, pids, timeout, scratch, network, allow, env, stdin, key";
+use proto::api::run_caps::{MAX_ARG, MAX_ARGS, MAX_ARGV_ENV_BYTES, MAX_ENV, MAX_KEY, MAX_STDIN};
+use proto::api::{RunBody, TenantLimits};
 
 /// A run, checked and complete.
 #[derive(Debug)]
@@ -63,167 +35,54 @@ pub struct RunSpec {
     pub key: Option<String>,
 }
 
-/// Parse `text` and narrow its limits by `tenant`'s; `private_ok`: whether the caller may
+/// Check `body` and narrow its limits by `tenant`'s; `private_ok`: whether the caller may
 /// name private addresses in `allow`. The error is a message for the caller (`bad_spec`),
 /// naming the key at fault.
-pub fn parse(
-    text: &str,
+pub fn plan(
+    body: &RunBody,
     tenant: Option<&TenantLimits>,
     private_ok: bool,
 ) -> Result<RunSpec, String> {
-    if text.len() > MAX_SPEC {
+    if body.cmd.is_empty() || body.cmd[0].is_empty() {
+        return Err("cmd is empty; give the program to run and its arguments".into());
+    }
+    if body.cmd.len() > MAX_ARGS {
         return Err(format!(
-            "the run's spec is {} bytes, over the limit of {} MiB",
-            text.len(),
-            MAX_SPEC >> 20
+            "cmd has {} arguments, over the limit of {MAX_ARGS}",
+            body.cmd.len()
         ));
     }
-    let value: Value = proto::json::from_str_strict(text)
-        .map_err(|e| format!("the run's spec is not valid JSON: {e}"))?;
-    let Value::Object(map) = value else {
+    if body.env.len() > MAX_ENV {
         return Err(format!(
-            "the run's spec must be a JSON object with at least \"cmd\", not {}",
-            type_name(&value)
+            "env has {} variables, over the limit of {MAX_ENV}",
+            body.env.len()
         ));
-    };
-    let mut args = OneShotArgs::default();
-    let mut stdin = None;
-    let mut key = None;
+    }
+    if body.allow.len() > proto::launch::MAX_EGRESS_RULES {
+        return Err(format!(
+            "allow has {} rules, over the limit of {}",
+            body.allow.len(),
+            proto::launch::MAX_EGRESS_RULES
+        ));
+    }
     let mut argv_env_bytes = 0usize;
-    let mut have_cmd = false;
-    for (k, v) in &map {
-        if v.is_null() && k != "cmd" && KNOWN.split(", ").any(|known| known == k) {
-            continue;
-        }
-        match k.as_str() {
-            "cmd" => {
-                let Value::Array(items) = v else {
-                    return Err(wrong_type(k, "a non-empty array of strings", v));
-                };
-                if items.is_empty() {
-                    return Err("cmd is empty; give the program to run and its arguments".into());
-                }
-                if items.len() > MAX_ARGS {
-                    return Err(format!(
-                        "cmd has {} arguments, over the limit of {MAX_ARGS}",
-                        items.len()
-                    ));
-                }
-                for (i, item) in items.iter().enumerate() {
-                    let Value::String(s) = item else {
-                        return Err(wrong_type(&format!("cmd[{i}]"), "a string", item));
-                    };
-                    check_string(&format!("cmd[{i}]"), s)?;
-                    argv_env_bytes += s.len() + 1;
-                    args.argv.push(s.clone());
-                }
-                if args.argv[0].is_empty() {
-                    return Err("cmd[0] is empty; give the program to run".into());
-                }
-                have_cmd = true;
-            }
-            "image" => args.image = Some(string(k, v, "a string: \"host\" or \"dir:/abs/path\"")?),
-            "mem" => args.mem = Some(size_text(k, v)?),
-            "scratch" => args.scratch = Some(size_text(k, v)?),
-            "cpu" => {
-                args.cpu = Some(match v {
-                    Value::Number(n) => n.to_string(),
-                    Value::String(s) => s.clone(),
-                    _ => return Err(wrong_type(k, "a number such as 1 or 0.5", v)),
-                })
-            }
-            "pids" => {
-                args.pids = Some(match v {
-                    Value::Number(n) => n.to_string(),
-                    Value::String(s) => s.clone(),
-                    _ => return Err(wrong_type(k, "a whole number such as 64", v)),
-                })
-            }
-            "timeout" => args.timeout = Some(string(k, v, "a string such as \"30s\"")?),
-            "network" => args.net = Some(string(k, v, "the string \"none\" or \"egress\"")?),
-            "allow" => {
-                let Value::Array(items) = v else {
-                    return Err(wrong_type(k, "an array of \"host:port\" strings", v));
-                };
-                if items.len() > proto::launch::MAX_EGRESS_RULES {
-                    return Err(format!(
-                        "allow has {} rules, over the limit of {}",
-                        items.len(),
-                        proto::launch::MAX_EGRESS_RULES
-                    ));
-                }
-                for (i, item) in items.iter().enumerate() {
-                    let Value::String(rule) = item else {
-                        return Err(wrong_type(&format!("allow[{i}]"), "a string", item));
-                    };
-                    check_string(&format!("allow[{i}]"), rule)?;
-                    args.allow.push(rule.clone());
-                }
-            }
-            "env" => {
-                let Value::Object(vars) = v else {
-                    return Err(wrong_type(k, "an object of string values", v));
-                };
-                if vars.len() > MAX_ENV {
-                    return Err(format!(
-                        "env has {} variables, over the limit of {MAX_ENV}",
-                        vars.len()
-                    ));
-                }
-                for (name, val) in vars {
-                    let Value::String(val) = val else {
-                        return Err(wrong_type(&format!("env.{name}"), "a string", val));
-                    };
-                    // A name with `=` would be split at it: refused here, before the `K=V`
-                    // form below is made.
-                    if name.is_empty() || name.contains('=') {
-                        return Err(format!(
-                            "env: {} is not a variable name; use letters, digits and _, not \
-                             starting with a digit",
-                            Shown::new(name)
-                        ));
-                    }
-                    check_string(&format!("env.{name}"), val)?;
-                    argv_env_bytes += name.len() + val.len() + 2;
-                    args.env.push(format!("{name}={val}"));
-                }
-            }
-            "stdin" => {
-                let s = string(k, v, "a string")?;
-                if s.len() > MAX_STDIN {
-                    return Err(format!(
-                        "stdin is {} bytes, over the limit of {} MiB",
-                        s.len(),
-                        MAX_STDIN >> 20
-                    ));
-                }
-                stdin = Some(s.into_bytes());
-            }
-            "key" => {
-                let s = string(k, v, "a string")?;
-                if s.is_empty() || s.len() > MAX_KEY || s.chars().any(char::is_control) {
-                    return Err(format!(
-                        "key must be 1 to {MAX_KEY} bytes without control characters"
-                    ));
-                }
-                key = Some(s);
-            }
-            "mount" | "mounts" => {
-                return Err(format!(
-                    "{k}: mounts are not accepted for a run in this version; a run sees only \
-                     its image, its /work and its /tmp"
-                ))
-            }
-            _ => {
-                return Err(format!(
-                    "unknown key {} in the run's spec; known keys: {KNOWN}",
-                    Shown::new(k)
-                ))
-            }
-        }
+    for (i, arg) in body.cmd.iter().enumerate() {
+        check_string(&format!("cmd[{i}]"), arg)?;
+        argv_env_bytes += arg.len() + 1;
     }
-    if !have_cmd {
-        return Err("the run's spec has no cmd: give the program to run and its arguments, e.g. \"cmd\": [\"python3\", \"-c\", \"print(1)\"]".into());
+    let mut env = Vec::with_capacity(body.env.len());
+    for (name, val) in &body.env {
+        // A name with `=` would be split at it: refused before the `K=V` form is made.
+        if name.is_empty() || name.contains('=') {
+            return Err(format!(
+                "env: {} is not a variable name; use letters, digits and _, not starting \
+                 with a digit",
+                Shown::new(name)
+            ));
+        }
+        check_string(&format!("env.{name}"), val)?;
+        argv_env_bytes += name.len() + val.len() + 2;
+        env.push(format!("{name}={val}"));
     }
     if argv_env_bytes > MAX_ARGV_ENV_BYTES {
         return Err(format!(
@@ -231,6 +90,38 @@ pub fn parse(
             MAX_ARGV_ENV_BYTES >> 20
         ));
     }
+    for (i, rule) in body.allow.iter().enumerate() {
+        check_string(&format!("allow[{i}]"), rule)?;
+    }
+    if let Some(s) = &body.stdin {
+        if s.0.len() > MAX_STDIN {
+            return Err(format!(
+                "stdin is {} bytes, over the limit of {} MiB",
+                s.0.len(),
+                MAX_STDIN >> 20
+            ));
+        }
+    }
+    if let Some(k) = &body.key {
+        if k.is_empty() || k.len() > MAX_KEY || k.chars().any(char::is_control) {
+            return Err(format!(
+                "key must be 1 to {MAX_KEY} bytes without control characters"
+            ));
+        }
+    }
+    let mut args = OneShotArgs {
+        argv: body.cmd.clone(),
+        image: body.image.clone(),
+        mem: body.mem.clone(),
+        cpu: body.cpu.clone(),
+        pids: body.pids.clone(),
+        timeout: body.timeout.clone(),
+        scratch: body.scratch.clone(),
+        net: body.network.clone(),
+        allow: body.allow.clone(),
+        env,
+        ..OneShotArgs::default()
+    };
     check_limits(&args)?;
     // "none" and "egress" pass; "host" is refused with the reason that applies to a caller
     // here.
@@ -249,7 +140,11 @@ pub fn parse(
     if let Some(t) = tenant {
         plan.limits = narrow(plan.limits, t);
     }
-    Ok(RunSpec { plan, stdin, key })
+    Ok(RunSpec {
+        plan,
+        stdin: body.stdin.as_ref().map(|s| s.0.clone()),
+        key: body.key.clone(),
+    })
 }
 
 /// The egress rules asked for, checked against who asks: each parses; a private target
@@ -354,26 +249,6 @@ pub fn narrow(mut l: policy::ResolvedLimits, t: &TenantLimits) -> policy::Resolv
     l
 }
 
-/// A size: a string as the flag takes it, or a whole number of bytes.
-fn size_text(key: &str, v: &Value) -> Result<String, String> {
-    match v {
-        Value::String(s) => Ok(s.clone()),
-        Value::Number(n) if n.is_u64() => Ok(n.to_string()),
-        _ => Err(wrong_type(
-            key,
-            "a string such as \"256M\" or a whole number of bytes",
-            v,
-        )),
-    }
-}
-
-fn string(key: &str, v: &Value, expected: &str) -> Result<String, String> {
-    match v {
-        Value::String(s) => Ok(s.clone()),
-        _ => Err(wrong_type(key, expected, v)),
-    }
-}
-
 /// An argument or variable: no NUL (the kernel would cut it there), not over the kernel's
 /// length for one.
 fn check_string(what: &str, s: &str) -> Result<(), String> {
@@ -389,24 +264,19 @@ fn check_string(what: &str, s: &str) -> Result<(), String> {
     Ok(())
 }
 
-fn wrong_type(key: &str, expected: &str, v: &Value) -> String {
-    format!("{key} must be {expected}, not {}", type_name(v))
-}
-
-fn type_name(v: &Value) -> &'static str {
-    match v {
-        Value::Null => "null",
-        Value::Bool(_) => "a boolean",
-        Value::Number(_) => "a number",
-        Value::String(_) => "a string",
-        Value::Array(_) => "an array",
-        Value::Object(_) => "an object",
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The body as the HTTP front parses it, then planned here.
+    fn parse(
+        text: &str,
+        tenant: Option<&TenantLimits>,
+        private_ok: bool,
+    ) -> Result<RunSpec, String> {
+        let body = zygo_front::http::bodies::run::parse(text.as_bytes())?;
+        plan(&body, tenant, private_ok)
+    }
 
     fn ok(text: &str) -> RunSpec {
         parse(text, None, false).unwrap_or_else(|e| panic!("{text}: {e}"))
@@ -662,7 +532,10 @@ mod tests {
         );
         assert!(parse(&deep, None, false).is_err());
         // Oversize input is refused before it is parsed.
-        let big = format!("{{\"cmd\": [\"{}\"]}}", "a".repeat(MAX_SPEC));
+        let big = format!(
+            "{{\"cmd\": [\"{}\"]}}",
+            "a".repeat(proto::api::run_caps::MAX_SPEC)
+        );
         refused(&big, "over the limit of 8 MiB");
     }
 

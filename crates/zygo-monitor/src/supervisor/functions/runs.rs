@@ -326,7 +326,7 @@ impl Functions {
     pub fn start_run(
         &mut self,
         client: Token,
-        spec: &str,
+        spec: &proto::api::RunBody,
         tenant: Option<&str>,
         narrow: Option<&TenantLimits>,
         private_ok: bool,
@@ -335,7 +335,7 @@ impl Functions {
         if tenant.is_some_and(|t| !proto::api::is_tenant_id(t)) {
             return Some(fail(ErrorCode::BadRequest, "not a tenant id"));
         }
-        let spec = match run_spec::parse(spec, narrow, private_ok) {
+        let spec = match run_spec::plan(spec, narrow, private_ok) {
             Ok(s) => s,
             Err(why) => return Some(fail(ErrorCode::BadSpec, why)),
         };

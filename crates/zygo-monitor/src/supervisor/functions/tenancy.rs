@@ -21,7 +21,7 @@ use super::registry::{is_pool, FnState};
 use super::requests::script_in_flight;
 use super::zygotes::ZState;
 use super::{fail, Ctx, Functions};
-use crate::supervisor::api::{no, parse_limits, Acting, Refusal, Who};
+use crate::supervisor::api::{apply_limits, check_limits, no, Acting, Refusal, Who};
 
 /// One key of a limits patch against the largest ceiling the tenant can reach: (key,
 /// what the patch does to it, the ceiling, how a value is written).
@@ -505,17 +505,21 @@ impl Functions {
         })
     }
 
-    /// `PATCH /tenants/{id}/limits`: parsed strictly, refused (`above_ceiling`, naming the
-    /// key) where a value is above every ceiling the tenant can reach, stored.
-    pub(super) fn set_limits(&mut self, id: &str, text: &str, who: &Acting) -> Reply {
+    /// `PATCH /tenants/{id}/limits` (parsed by the front, checked again here): refused
+    /// (`above_ceiling`, naming the key) where a value is above every ceiling the tenant can reach, stored.
+    pub(super) fn set_limits(
+        &mut self,
+        id: &str,
+        patch: &proto::api::LimitsPatch,
+        who: &Acting,
+    ) -> Reply {
         let Some(rec) = self.api.tenants.get(id) else {
             return fail(ErrorCode::NotFound, format!("no tenant {id:?}"));
         };
-        let patch = match parse_limits(text, who.private_net()) {
-            Ok(p) => p,
-            Err(r) => return r.into(),
-        };
-        let new = patch.apply(&rec.limits);
+        if let Err(r) = check_limits(patch, who.private_net()) {
+            return r.into();
+        }
+        let new = apply_limits(patch, &rec.limits);
         // The largest ceiling of each key among the functions and pools the tenant can
         // reach: its own, and every host one. `None`: unlimited somewhere (or nothing
         // served yet), so no value is above all of them.
