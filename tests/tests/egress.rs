@@ -86,6 +86,21 @@ def silent_server():
     while True:
         held.append(s.accept()[0])
 threading.Thread(target=silent_server, daemon=True).start()
+def flood_server():
+    # Sends as fast as it can on every connection; never reads.
+    s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    s.bind((sys.argv[1], 8084)); s.listen(128)
+    block = b"z" * (1 << 20)
+    def flood(c):
+        try:
+            while True:
+                c.sendall(block)
+        except OSError:
+            pass
+    while True:
+        c, _ = s.accept()
+        threading.Thread(target=flood, args=(c,), daemon=True).start()
+threading.Thread(target=flood_server, daemon=True).start()
 for p in (8080, 8081):
     threading.Thread(target=tcp, args=(p,), daemon=True).start()
 for p in (53, 9053):
@@ -809,7 +824,199 @@ fn a_run_over_the_api_reaches_its_allowed_host(who: Who) {
     s.shutdown();
 }
 
+/// The egress filter of this zygo run (a descendant of `zygo_pid`), once it has started.
+fn filter_of(zygo_pid: i32) -> Option<i32> {
+    let mut pids = host_pids_starting_with(b"/proc/self/exe\0__egress-filter");
+    pids.retain(|p| descends_from(*p, zygo_pid));
+    pids.first().copied()
+}
+
+/// The kernel's memory for the TCP sockets `owner` holds in the network namespace of
+/// `netns_of` (a process in it; `None`: this one), as `ss` shows it: the bytes queued to
+/// receive and to send and those reserved ahead (`skmem`'s r, w and f), and how many
+/// sockets.
+fn tcp_memory(owner: i32, netns_of: Option<i32>) -> (u64, usize) {
+    let mut c = match netns_of {
+        Some(pid) => {
+            let mut c = Command::new("nsenter");
+            c.arg(format!("--net=/proc/{pid}/ns/net"))
+                .arg("--")
+                .arg("ss");
+            c
+        }
+        None => Command::new("ss"),
+    };
+    let out = c.args(["-tmnpH"]).output().expect("run ss (iproute2)");
+    assert!(
+        out.status.success(),
+        "ss: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    // Each socket is a line, its skmem on a continuation line that starts with a tab.
+    let text = String::from_utf8_lossy(&out.stdout).replace("\n\t", " ");
+    let mine = format!("pid={owner},");
+    let (mut bytes, mut sockets) = (0, 0);
+    for line in text.lines().filter(|l| l.contains(&mine)) {
+        let Some(mem) = line
+            .split("skmem:(")
+            .nth(1)
+            .and_then(|m| m.split(')').next())
+        else {
+            continue;
+        };
+        sockets += 1;
+        for field in mem.split(',') {
+            let digits = field.trim_start_matches(|c: char| c.is_ascii_alphabetic());
+            let key = &field[..field.len() - digits.len()];
+            if matches!(key, "r" | "w" | "f") {
+                bytes += digits.parse::<u64>().unwrap_or(0);
+            }
+        }
+    }
+    (bytes, sockets)
+}
+
+/// The program of [`the_filters_buffers_stay_within_a_share_of_the_sandboxs_memory`]:
+/// downloads it never reads from a server that sends as fast as it can, and uploads to a
+/// server that never reads, as many of each as it can open, each pushed for as long as
+/// the run lasts.
+const HOARDER: &str = r#"
+import socket, sys, time
+host = sys.argv[1]
+downs, ups, failed = [], [], 0
+for i in range(12):
+    for port, held in ((8084, downs), (8083, ups)):
+        try:
+            held.append(socket.create_connection((host, port), timeout=5))
+        except OSError:
+            failed += 1
+for s in ups:
+    s.setblocking(False)
+print("opened", len(downs), len(ups), failed, flush=True)
+block = b"u" * 65536
+while True:
+    for s in list(ups):
+        try:
+            while True:
+                s.send(block)
+        except BlockingIOError:
+            pass
+        except OSError:
+            ups.remove(s)
+    time.sleep(0.05)
+"#;
+
+/// The egress filter's socket buffers count against the sandbox: whatever its program
+/// leaves unread (downloads from a server that sends as fast as it can) or unsent (uploads
+/// to a server that never reads), the kernel memory of the filter's sockets, inside the
+/// sandbox's network namespace and outside it, stays within a quarter of the sandbox's
+/// `--mem`. Without the bound, each unread download held tens of MiB.
+fn the_filters_buffers_stay_within_a_share_of_the_sandboxs_memory(who: Who) {
+    if !root_only() {
+        return;
+    }
+    const MEM_MIB: u64 = 64;
+    // docs/egress.md: the filter holds at most a quarter of the sandbox's --mem.
+    let bound = (MEM_MIB << 20) / 4;
+    let h = test_host();
+    let mut c = zygo(who);
+    c.args(["run", "--mem", &format!("{MEM_MIB}M"), "--timeout", "300s"])
+        .args(["--net", "egress"])
+        .args(["--allow", &format!("{}:8084", h.host)])
+        .args(["--allow", &format!("{}:8083", h.host)])
+        .args(["--", "python3", "-c", HOARDER, &h.host])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    let mut child = c.spawn().expect("start zygo run");
+    let zygo_pid = child.id() as i32;
+    // Ended (and its sandbox with it) however the test ends.
+    struct Kill(Child);
+    impl Drop for Kill {
+        fn drop(&mut self) {
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+        }
+    }
+    let stdout = child.stdout.take().expect("its stdout");
+    let mut run = Kill(child);
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stdout).lines() {
+            let Ok(line) = line else { break };
+            if tx.send(line).is_err() {
+                break;
+            }
+        }
+    });
+    let opened = rx.recv_timeout(slow(Duration::from_secs(60)));
+    let opened = match opened {
+        Ok(l) if l.starts_with("opened ") => l,
+        other => {
+            let _ = run.0.kill();
+            let mut err = String::new();
+            if let Some(mut e) = run.0.stderr.take() {
+                let _ = std::io::Read::read_to_string(&mut e, &mut err);
+            }
+            panic!(
+                "[{}] the program did not start: {other:?}\n{err}",
+                who.name()
+            );
+        }
+    };
+    let filter = filter_of(zygo_pid).expect("the run's egress filter");
+    // The sandbox's program (`zygo run`'s own command line names the code too).
+    let program = host_processes()
+        .into_iter()
+        .find(|(p, cmd)| {
+            cmd.starts_with(b"python3\0")
+                && contains(cmd, b"downs, ups, failed")
+                && descends_from(*p, zygo_pid)
+        })
+        .map(|(p, _)| p)
+        .expect("the sandbox's program");
+    // Sample until the sum has not moved for 3 s (the queues are full), within a deadline
+    // far beyond what filling them takes; every sample must be within the bound.
+    let deadline = Instant::now() + slow(Duration::from_secs(90));
+    let mut samples: Vec<(u64, usize)> = Vec::new();
+    loop {
+        std::thread::sleep(Duration::from_millis(500));
+        let (outside, n_out) = tcp_memory(filter, None);
+        let (inside, n_in) = tcp_memory(filter, Some(program));
+        let total = outside + inside;
+        assert!(
+            total <= bound,
+            "[{}] the filter's sockets hold {} KiB, past a quarter of --mem {MEM_MIB}M ({} \
+             KiB): {n_out} outside ({} KiB), {n_in} inside ({} KiB); the program {opened}",
+            who.name(),
+            total >> 10,
+            bound >> 10,
+            outside >> 10,
+            inside >> 10
+        );
+        samples.push((total, n_out));
+        let last = &samples[samples.len().saturating_sub(6)..];
+        let (lo, hi) = last
+            .iter()
+            .fold((u64::MAX, 0), |(lo, hi), (t, _)| (lo.min(*t), hi.max(*t)));
+        if last.len() == 6 && hi - lo <= hi / 50 {
+            break;
+        }
+        if Instant::now() > deadline {
+            break;
+        }
+    }
+    let (total, relays) = samples.last().copied().unwrap_or((0, 0));
+    // Not vacuous: the relays were running, and their queues had filled.
+    assert!(
+        relays >= 8 && total >= 1 << 20,
+        "[{}] {relays} relays holding {} KiB; the program {opened}",
+        who.name(),
+        total >> 10
+    );
+}
+
 root_and_rootless!(
+    the_filters_buffers_stay_within_a_share_of_the_sandboxs_memory,
     a_run_over_the_api_reaches_its_allowed_host,
     large_transfers_arrive_intact,
     allowed_connects_and_the_rest_is_refused,

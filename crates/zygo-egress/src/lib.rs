@@ -33,7 +33,15 @@
 //! installs its own seccomp table ([`confine`]): it can accept on the descriptors it holds,
 //! open IPv4 TCP sockets and connect them, move bytes, and run threads. No `open`, no
 //! `exec`, no other socket family.
+//!
+//! # What it holds for the sandbox
+//!
+//! Its buffers are not in the sandbox's memory cgroup, so they are kept within a share of
+//! the sandbox's memory limit by the filter itself ([`budget`]): every socket's buffers are
+//! set explicitly, and a connection is relayed only while the sum of what the relays can
+//! hold stays within that share.
 
+pub mod budget;
 pub mod confine;
 pub mod dns;
 pub mod guard;
@@ -42,7 +50,6 @@ pub mod sniff;
 use std::io::{Read, Write};
 use std::net::{Ipv4Addr, SocketAddrV4, TcpStream};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -60,25 +67,27 @@ pub const MAX_LISTENERS: usize = 65;
 const MAX_ADDRS_PER_NAME: usize = 64;
 /// How long the filter waits for a connection's first bytes when a name rule needs them.
 const SNIFF_WAIT: Duration = Duration::from_secs(5);
-/// The most connections relayed at once; more are refused (reset) and logged. The filter
-/// is not in the sandbox's cgroup, so this is what bounds the memory a sandbox can make it
-/// hold (buffers and pipes per connection).
-const MAX_CONNS: usize = 64;
+/// How long a connection accepted while every place is taken waits for one that was
+/// ended to make room (see [`Shared::evict_half_closed`]) to give its buffers back.
+const GRANT_WAIT: Duration = Duration::from_secs(5);
 /// How long an upstream answer is reused before the host's DNS servers are asked again, so
 /// that a sandbox repeating a query does not repeat it upstream.
 const DNS_REUSE: Duration = Duration::from_secs(10);
 /// How long the filter waits for the destination to accept a connection.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 /// How long a relayed connection may sit with nothing moving in a direction before that
-/// direction is ended: a connection nobody uses does not hold one of the filter's
-/// [`MAX_CONNS`] places for ever.
+/// direction is ended: a connection nobody uses does not hold one of the filter's places
+/// ([`budget::Pool::places`]) for ever.
 const RELAY_IDLE: Duration = Duration::from_secs(600);
 /// Once one direction has ended, how long the other may sit idle.
 const HALF_CLOSED_IDLE: Duration = Duration::from_secs(60);
-/// Each relay thread's buffer (or the most one splice moves).
-const BUF: usize = 1024 * 1024;
-/// The pipe a relay splices through.
-const PIPE_SIZE: libc::c_int = 1024 * 1024;
+/// The pipe a relay splices through, the most one splice moves, and the buffer of a relay
+/// that copies instead: within [`budget::HOLD`].
+const PIPE_SIZE: usize = 64 * 1024;
+/// The buffer a cleartext HTTP connection's requests are read into; with what it passes on
+/// and the head the guard holds back (at most [`sniff::MAX_PEEK`]), within
+/// [`budget::HOLD`].
+const CHECKED_BUF: usize = 32 * 1024;
 
 /// What the launcher tells the filter at start.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -87,6 +96,9 @@ pub struct Start {
     pub ids: Option<(u32, u32)>,
     /// How log lines name the sandbox.
     pub label: String,
+    /// The sandbox's memory limit in bytes (`None`: unlimited), of which the filter's
+    /// buffers take at most a share ([`budget`]).
+    pub mem: Option<u64>,
     pub rules: Vec<Rule>,
     pub names: Vec<NameRule>,
     pub resolvers: Vec<Ipv4Addr>,
@@ -95,7 +107,7 @@ pub struct Start {
 impl Start {
     /// The message's text (the listening sockets travel beside it).
     pub fn encode(&self) -> String {
-        let mut s = String::from("zygo-egress 1\n");
+        let mut s = String::from("zygo-egress 2\n");
         match self.ids {
             Some((u, g)) => s.push_str(&format!("ids {u} {g}\n")),
             None => s.push_str("ids -\n"),
@@ -107,6 +119,10 @@ impl Start {
             .take(128)
             .collect();
         s.push_str(&format!("label {label}\n"));
+        match self.mem {
+            Some(m) => s.push_str(&format!("mem {m}\n")),
+            None => s.push_str("mem -\n"),
+        }
         for r in &self.rules {
             s.push_str(&format!("rule {r}\n"));
         }
@@ -122,7 +138,7 @@ impl Start {
     /// Parse what [`Start::encode`] wrote; `None` for anything else.
     pub fn decode(text: &str) -> Option<Start> {
         let mut lines = text.lines();
-        if lines.next()? != "zygo-egress 1" {
+        if lines.next()? != "zygo-egress 2" {
             return None;
         }
         let ids = match lines.next()?.strip_prefix("ids ")? {
@@ -133,6 +149,10 @@ impl Start {
             }
         };
         let label = lines.next()?.strip_prefix("label ")?.to_string();
+        let mem = match lines.next()?.strip_prefix("mem ")? {
+            "-" => None,
+            m => Some(m.parse().ok()?),
+        };
         let (mut rules, mut names, mut resolvers) = (Vec::new(), Vec::new(), Vec::new());
         for l in lines {
             match l.split_once(' ')? {
@@ -146,6 +166,7 @@ impl Start {
             Start {
                 ids,
                 label,
+                mem,
                 rules,
                 names,
                 resolvers,
@@ -190,6 +211,9 @@ fn run() -> Result<(), String> {
     for fd in &tcp {
         set_nonblocking(fd.as_raw_fd(), true)
             .map_err(|e| format!("make a listener non-blocking: {e}"))?;
+        // Connections accepted from it inherit these, from their first packet on.
+        set_buffers(fd.as_raw_fd(), budget::INSIDE_BUF)
+            .map_err(|e| format!("size a listener's buffers: {e}"))?;
     }
     confine::drop_ids(start.ids).map_err(|e| format!("drop to the sandbox owner's ids: {e}"))?;
     let ports: Vec<u16> = start
@@ -200,7 +224,15 @@ fn run() -> Result<(), String> {
         .collect();
     confine::landlock(&ports).map_err(|e| format!("Landlock: {e}"))?;
     confine::confine().map_err(|e| e.to_string())?;
+    let pool = budget::Pool::new(start.mem);
+    log::info!(
+        "egress[{}]: buffers for {} connections at once, within {} KiB",
+        start.label,
+        pool.places(),
+        pool.total() / 1024
+    );
     let shared = Arc::new(Shared {
+        pool,
         start,
         resolved: Mutex::new(HashMap::new()),
         recent: Mutex::new(HashMap::new()),
@@ -224,6 +256,8 @@ fn run() -> Result<(), String> {
 /// What every thread of the filter shares.
 struct Shared {
     start: Start,
+    /// The buffers the sandbox's connections may hold.
+    pool: Arc<budget::Pool>,
     /// name → the addresses the resolver gave the sandbox for it.
     resolved: Mutex<HashMap<String, Vec<Ipv4Addr>>>,
     /// name → the last upstream answer and when it came.
@@ -450,7 +484,6 @@ fn set_nonblocking(fd: RawFd, on: bool) -> std::io::Result<()> {
 /// Accept on every listener until the sandbox is gone (the launcher's end kills this
 /// process), one thread per connection.
 fn serve(start: Arc<Shared>, listeners: Vec<OwnedFd>) -> Result<(), String> {
-    let active = Arc::new(AtomicUsize::new(0));
     let mut polls: Vec<libc::pollfd> = listeners
         .iter()
         .map(|l| libc::pollfd {
@@ -489,14 +522,6 @@ fn serve(start: Arc<Shared>, listeners: Vec<OwnedFd>) -> Result<(), String> {
                 }
                 // SAFETY: accept4 just returned this descriptor to us.
                 let conn = unsafe { OwnedFd::from_raw_fd(c) };
-                if active.load(Ordering::Acquire) >= MAX_CONNS && !start.evict_half_closed() {
-                    start.refusal(format_args!(
-                        "egress[{}]: refused a connection: {MAX_CONNS} are open already",
-                        start.start.label
-                    ));
-                    reset(conn);
-                    continue;
-                }
                 // Refused by address alone: answered here, without a thread of its own.
                 if let Some(dst) = local_v4(conn.as_raw_fd()) {
                     let names_port = start.start.names.iter().any(|n| n.port == dst.port());
@@ -509,16 +534,44 @@ fn serve(start: Arc<Shared>, listeners: Vec<OwnedFd>) -> Result<(), String> {
                         continue;
                     }
                 }
-                active.fetch_add(1, Ordering::AcqRel);
-                let (st, count) = (Arc::clone(&start), Arc::clone(&active));
+                // A place and its buffers now, or, once a relay was ended to make room,
+                // when that relay has given them back (the place is kept for this
+                // connection). Only a connection that made room waits, so the threads stay
+                // bounded by the places.
+                let grant = match start.pool.grant_now() {
+                    Some(g) => Ok(g),
+                    None if start.evict_half_closed() => Err(start.pool.queue()),
+                    None => {
+                        start.refusal(format_args!(
+                            "egress[{}]: refused a connection: all {} places are taken (the \
+                             filter keeps the buffers of this sandbox's connections within a \
+                             quarter of its memory limit; a larger --mem gives more places)",
+                            start.start.label,
+                            start.pool.places()
+                        ));
+                        reset(conn);
+                        continue;
+                    }
+                };
+                let st = Arc::clone(&start);
                 let spawned = std::thread::Builder::new()
                     .stack_size(256 * 1024)
                     .spawn(move || {
-                        handle(&st, conn);
-                        count.fetch_sub(1, Ordering::AcqRel);
+                        let grant = match grant.map_or_else(|t| t.wait(GRANT_WAIT), Some) {
+                            Some(g) => g,
+                            None => {
+                                st.refusal(format_args!(
+                                    "egress[{}]: refused a connection: the connection ended \
+                                     to make room did not give its place back within {} s",
+                                    st.start.label,
+                                    GRANT_WAIT.as_secs()
+                                ));
+                                return reset(conn);
+                            }
+                        };
+                        handle(&st, conn, grant);
                     });
                 if let Err(e) = spawned {
-                    active.fetch_sub(1, Ordering::AcqRel);
                     start.refusal(format_args!(
                         "egress[{}]: refused a connection: start a relay: {e}",
                         start.start.label
@@ -633,6 +686,52 @@ fn reset(conn: OwnedFd) {
     drop(conn);
 }
 
+/// Set a socket's `SO_RCVBUF` and `SO_SNDBUF` to `size` each (the kernel doubles it, and
+/// turns autotuning off for the socket). Set on a listener, they are the sizes of the
+/// connections accepted from it.
+fn set_buffers(fd: RawFd, size: u64) -> std::io::Result<()> {
+    let v = libc::c_int::try_from(size).unwrap_or(libc::c_int::MAX);
+    for opt in [libc::SO_RCVBUF, libc::SO_SNDBUF] {
+        // SAFETY: setsockopt with a valid int of the size passed.
+        let r = unsafe {
+            libc::setsockopt(
+                fd,
+                libc::SOL_SOCKET,
+                opt,
+                (&v as *const libc::c_int).cast(),
+                std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+            )
+        };
+        if r != 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+    }
+    Ok(())
+}
+
+/// A socket's receive and send buffer sizes as the kernel holds them (twice what was set).
+fn buffer_sizes(fd: RawFd) -> std::io::Result<(u64, u64)> {
+    let get = |opt: libc::c_int| {
+        let mut v: libc::c_int = 0;
+        let mut len = std::mem::size_of::<libc::c_int>() as libc::socklen_t;
+        // SAFETY: v and len are valid for getsockopt to fill in.
+        let r = unsafe {
+            libc::getsockopt(
+                fd,
+                libc::SOL_SOCKET,
+                opt,
+                (&mut v as *mut libc::c_int).cast(),
+                &mut len,
+            )
+        };
+        if r != 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        Ok(u64::try_from(v).unwrap_or(0))
+    };
+    Ok((get(libc::SO_RCVBUF)?, get(libc::SO_SNDBUF)?))
+}
+
 /// Make the socket's close a reset (`SO_LINGER` 0) rather than an orderly end.
 fn close_with_reset(fd: RawFd) {
     let lin = libc::linger {
@@ -651,8 +750,19 @@ fn close_with_reset(fd: RawFd) {
     };
 }
 
-fn handle(sh: &Arc<Shared>, conn: OwnedFd) {
+/// Decide on one accepted connection and relay it. `grant` (its place and buffers) goes
+/// back to the pool when this returns, after both sockets are closed.
+fn handle(sh: &Arc<Shared>, conn: OwnedFd, mut grant: budget::Grant) {
     let start = &sh.start;
+    // Accepted connections have the listener's sizes already; one made before the filter
+    // sized its listener is held to them from here on.
+    if let Err(e) = set_buffers(conn.as_raw_fd(), budget::INSIDE_BUF) {
+        sh.refusal(format_args!(
+            "egress[{}]: refused a connection: size its buffers: {e}",
+            start.label
+        ));
+        return reset(conn);
+    }
     let mut guard: Option<guard::Requests> = None;
     let Some(dst) = local_v4(conn.as_raw_fd()) else {
         sh.refusal(format_args!(
@@ -703,7 +813,7 @@ fn handle(sh: &Arc<Shared>, conn: OwnedFd) {
         ));
         return reset(conn);
     }
-    let out = match connect(dst) {
+    let out = match connect(dst, &mut grant) {
         Ok(s) => s,
         Err(e) => {
             sh.refusal(format_args!("egress[{}]: {dst}: {e}", start.label));
@@ -767,7 +877,7 @@ fn first_byte(fd: RawFd) -> Option<u8> {
 /// they pass: when a request is one the filter may not relay (another host, framing it
 /// cannot follow), the connection ends with a reset both ways and the refusal is logged.
 fn copy_checked(from: &TcpStream, to: &TcpStream, mut guard: guard::Requests, sh: &Shared) {
-    let mut buf = vec![0u8; 64 * 1024];
+    let mut buf = vec![0u8; CHECKED_BUF];
     let mut pass = Vec::with_capacity(buf.len());
     let mut r = from;
     let mut w = to;
@@ -807,12 +917,13 @@ fn copy_checked(from: &TcpStream, to: &TcpStream, mut guard: guard::Requests, sh
 /// cannot be had.
 fn copy(from: &TcpStream, to: &TcpStream) {
     if let Ok((r, w)) = plumbing::pipes::pipe() {
-        // A larger pipe moves more per call; the default (64 KiB) if the kernel says no.
+        // The pipe holds at most what one splice moves; its size is set so that the
+        // kernel's default cannot make it larger.
         // SAFETY: F_SETPIPE_SZ on a pipe this thread holds.
-        unsafe { libc::fcntl(w.as_raw_fd(), libc::F_SETPIPE_SZ, PIPE_SIZE) };
+        unsafe { libc::fcntl(w.as_raw_fd(), libc::F_SETPIPE_SZ, PIPE_SIZE as libc::c_int) };
         splice_all(from, to, r.as_raw_fd(), w.as_raw_fd());
     } else {
-        let mut buf = vec![0u8; BUF];
+        let mut buf = vec![0u8; PIPE_SIZE];
         let mut r = from;
         let mut w = to;
         loop {
@@ -844,7 +955,7 @@ fn splice_all(from: &TcpStream, to: &TcpStream, pipe_r: RawFd, pipe_w: RawFd) {
                 std::ptr::null_mut(),
                 pipe_w,
                 std::ptr::null_mut(),
-                BUF,
+                PIPE_SIZE,
                 flags,
             )
         };
@@ -884,8 +995,10 @@ fn splice_all(from: &TcpStream, to: &TcpStream, pipe_r: RawFd, pipe_w: RawFd) {
     }
 }
 
-/// Connect to `dst` from the host's network namespace, within [`CONNECT_TIMEOUT`].
-fn connect(dst: SocketAddrV4) -> Result<TcpStream, String> {
+/// Connect to `dst` from the host's network namespace, within [`CONNECT_TIMEOUT`], with
+/// the buffers `grant` gives (set before the connection opens, so that its window never
+/// offers more), and settle the grant for what the kernel gave.
+fn connect(dst: SocketAddrV4, grant: &mut budget::Grant) -> Result<TcpStream, String> {
     // SAFETY: plain socket creation.
     let fd = unsafe {
         libc::socket(
@@ -902,6 +1015,10 @@ fn connect(dst: SocketAddrV4) -> Result<TcpStream, String> {
     }
     // SAFETY: the socket was just created by this process.
     let sock = unsafe { OwnedFd::from_raw_fd(fd) };
+    set_buffers(fd, grant.buf()).map_err(|e| format!("size the socket's buffers: {e}"))?;
+    if let Ok((rcv, snd)) = buffer_sizes(fd) {
+        grant.settle(rcv, snd);
+    }
     let sa = libc::sockaddr_in {
         sin_family: libc::AF_INET as libc::sa_family_t,
         sin_port: dst.port().to_be(),
@@ -981,6 +1098,7 @@ mod tests {
         let s = Start {
             ids: Some((100000, 100000)),
             label: "run 42\nfake".into(),
+            mem: Some(64 << 20),
             rules: vec![Rule::parse_exact("10.0.0.0/8:80").unwrap()],
             names: vec![NameRule::decode("pypi.org 443 0").unwrap()],
             resolvers: vec![Ipv4Addr::new(10, 0, 0, 53)],
@@ -991,8 +1109,15 @@ mod tests {
         assert_eq!(d.resolvers, s.resolvers);
         assert_eq!(d.ids, s.ids);
         assert_eq!(d.label, "run 42fake");
+        assert_eq!(d.mem, Some(64 << 20));
+        let unlimited = Start { mem: None, ..s };
+        assert_eq!(Start::decode(&unlimited.encode()).unwrap().mem, None);
+        assert!(Start::decode("zygo-egress 1\nids -\nlabel x\nmem -\n").is_none());
         assert!(Start::decode("zygo-egress 2\nids -\nlabel x\n").is_none());
-        assert!(Start::decode("zygo-egress 1\nids -\nlabel x\nrule 10.0.0.1/8:80\n").is_none());
-        assert!(Start::decode("zygo-egress 1\nids -\nlabel x\nbogus\n").is_none());
+        assert!(Start::decode("zygo-egress 2\nids -\nlabel x\nmem 1k\n").is_none());
+        assert!(
+            Start::decode("zygo-egress 2\nids -\nlabel x\nmem -\nrule 10.0.0.1/8:80\n").is_none()
+        );
+        assert!(Start::decode("zygo-egress 2\nids -\nlabel x\nmem -\nbogus\n").is_none());
     }
 }
