@@ -17,9 +17,11 @@ use zygo_tests::*;
 
 /// The test host: serves TCP on [`ALLOWED`] and [`OTHER`] (each connection answered with
 /// `port:what it read`) and listens for UDP on 53 and [`UDP`]; writes one line per event
-/// to stdout, which the test reads back.
+/// to stdout, which the test reads back. Its DNS server answers names under `zygo.test`
+/// with its own address, or with the address given after it.
 const SERVER: &str = r#"
 import socket, sys, threading
+ANSWER = sys.argv[2] if len(sys.argv) > 2 else sys.argv[1]
 def tcp(port):
     s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     s.bind((sys.argv[1], port)); s.listen(16)
@@ -40,7 +42,7 @@ def dns_answer(q):
     end = i + 5
     name = ".".join(labels).lower()
     if name.endswith(".zygo.test") and q[end - 4:end - 2] == b"\x00\x01":
-        ip = bytes(int(x) for x in sys.argv[1].split("."))
+        ip = bytes(int(x) for x in ANSWER.split("."))
         return (q[:2] + b"\x81\x80\x00\x01\x00\x01\x00\x00\x00\x00" + q[12:end]
                 + b"\xc0\x0c\x00\x01\x00\x01\x00\x00\x00\x3c\x00\x04" + ip)
     return q[:2] + b"\x81\x83\x00\x01\x00\x00\x00\x00\x00\x00" + q[12:end]
@@ -1015,8 +1017,133 @@ fn the_filters_buffers_stay_within_a_share_of_the_sandboxs_memory(who: Who) {
     );
 }
 
+/// A listener of the test's own on a loopback address of this host (in this network
+/// namespace): answers every connection with `loopback:` and what it read, and counts
+/// them.
+fn loopback_listener(ip: &str) -> (u16, std::sync::Arc<std::sync::atomic::AtomicUsize>) {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    let l = std::net::TcpListener::bind((ip, 0)).expect("listen on a loopback address");
+    let port = l.local_addr().expect("its port").port();
+    let seen = std::sync::Arc::new(AtomicUsize::new(0));
+    let count = std::sync::Arc::clone(&seen);
+    std::thread::spawn(move || {
+        for c in l.incoming() {
+            let Ok(mut c) = c else { continue };
+            count.fetch_add(1, Ordering::SeqCst);
+            use std::io::{Read, Write};
+            let _ = c.set_read_timeout(Some(Duration::from_secs(5)));
+            let mut buf = [0u8; 100];
+            let n = c.read(&mut buf).unwrap_or(0);
+            let _ = c.write_all(b"loopback:");
+            let _ = c.write_all(&buf[..n]);
+        }
+    });
+    (port, seen)
+}
+
+/// The probe of [`loopback_beyond_127_0_0_1_opens_only_when_named`]: a connection to
+/// 127.0.0.2 on the port of a rule for all of 127/8, Zygo's resolver's answer for a name
+/// the test host's DNS says is 127.0.0.2, and a connection there naming that name.
+const LOOPBACK_PROBE: &str = r#"
+import socket, struct
+WIDE, NAMED = PORTS
+def dns(name):
+    q = b"\x12\x34\x01\x00\x00\x01\x00\x00\x00\x00\x00\x00"
+    for label in name.split("."):
+        q += bytes([len(label)]) + label.encode()
+    q += b"\x00" + struct.pack(">HH", 1, 1)
+    s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    s.settimeout(3)
+    try:
+        s.sendto(q, ("192.0.2.53", 53))
+        a = s.recv(1500)
+    except OSError as e:
+        return ename(e.errno) if e.errno else "TIMEOUT"
+    count = struct.unpack(">H", a[6:8])[0]
+    return " ".join(".".join(str(b) for b in a[i - 4:i]) for i in range(len(a), len(a) - 16 * count, -16))
+def tcp(addr, port, first):
+    s = socket.socket()
+    s.settimeout(3)
+    try:
+        s.connect((addr, port))
+        s.sendall(first)
+        got = s.recv(100)
+        return ("OK " + got[:16].decode(errors="replace")) if got else "EOF"
+    except socket.timeout:
+        return "TIMEOUT"
+    except OSError as e:
+        return ename(e.errno)
+    finally:
+        s.close()
+done(wide=tcp("127.0.0.2", WIDE, b"hi"), dns=dns("loop.zygo.test"),
+     named=tcp("127.0.0.2", NAMED, b"GET / HTTP/1.1\r\nHost: loop.zygo.test\r\n\r\n"))
+"#;
+
+/// All of 127.0.0.0/8 is the host's own: a rule for the whole block, or a name whose DNS
+/// answer is 127.0.0.2, does not reach a service listening on the host's 127.0.0.2; a rule
+/// naming 127.0.0.2 and the port exactly does.
+fn loopback_beyond_127_0_0_1_opens_only_when_named(who: Who) {
+    use std::sync::atomic::Ordering;
+    if !root_only() {
+        return;
+    }
+    let (wide_port, wide_seen) = loopback_listener("127.0.0.2");
+    let (named_port, named_seen) = loopback_listener("127.0.0.2");
+    // The test host's DNS server answers names under zygo.test with 127.0.0.2.
+    let h = TestHost::start(&LAYOUT, SERVER, &["127.0.0.2"]);
+    let dir = TempDir::new(0o755);
+    let conf = dir.file("resolv.conf", format!("nameserver {}\n", h.host).as_bytes());
+    let code = LOOPBACK_PROBE.replace("PORTS", &format!("{wide_port}, {named_port}"));
+    let g = guard_flags();
+    let mut c = zygo(who);
+    c.env("ZYGO_RESOLV_CONF", &conf)
+        .args(["run", "--json"])
+        .args(&g)
+        .args(["--net", "egress"])
+        .args(["--allow", &format!("127.0.0.0/8:{wide_port}")])
+        .args(["--allow", &format!("loop.zygo.test:{named_port}")])
+        .args(["--", "python3", "-c"])
+        .arg(probe_script(&code));
+    let f = finish(c);
+    let v = f.last_json();
+    assert_not_refused(who, &v, f.code);
+    assert_ok(who, &v, f.code);
+    let last = s(&v, "stdout").lines().last().unwrap_or("").to_string();
+    let r: Value = serde_json::from_str(&last).expect("the probe's JSON line");
+    assert_result(who, &r, "dns", &["127.0.0.2"]);
+    assert_result(who, &r, "wide", &["ECONNRESET", "EOF"]);
+    assert_result(who, &r, "named", &["ECONNRESET", "EOF"]);
+    let log = f.stderr_text();
+    assert!(
+        log.contains(&format!(
+            "refused 127.0.0.2:{wide_port}: an address of this host"
+        )) && log.contains(&format!(
+            "refused 127.0.0.2:{named_port}: an address of this host"
+        )),
+        "[{}] {log}",
+        who.name()
+    );
+    assert_eq!(wide_seen.load(Ordering::SeqCst), 0, "[{}] {r}", who.name());
+    assert_eq!(named_seen.load(Ordering::SeqCst), 0, "[{}] {r}", who.name());
+    // Named exactly, it opens: the listener answers.
+    let exact = format!("127.0.0.2:{wide_port}");
+    let r = probe(
+        who,
+        &["--net", "egress", "--allow", &exact],
+        &format!(
+            "import socket\n\
+             s = socket.create_connection(('127.0.0.2', {wide_port}), timeout=3)\n\
+             s.sendall(b'hi')\n\
+             done(exact=s.recv(100).decode())\n"
+        ),
+    );
+    assert_result(who, &r, "exact", &["loopback:hi"]);
+    assert_eq!(wide_seen.load(Ordering::SeqCst), 1, "[{}] {r}", who.name());
+}
+
 root_and_rootless!(
     the_filters_buffers_stay_within_a_share_of_the_sandboxs_memory,
+    loopback_beyond_127_0_0_1_opens_only_when_named,
     a_run_over_the_api_reaches_its_allowed_host,
     large_transfers_arrive_intact,
     allowed_connects_and_the_rest_is_refused,

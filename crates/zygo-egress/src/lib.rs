@@ -582,11 +582,17 @@ fn serve(start: Arc<Shared>, listeners: Vec<OwnedFd>) -> Result<(), String> {
     }
 }
 
-/// Whether `ip` is an address of this host: a UDP socket connected to it (which sends
-/// nothing) is given it as its own source address only then. No socket: yes (the careful
-/// side). No route to it: no (the relay's own connect fails there too). A local route an
-/// administrator gave another source address is not recognised.
+/// Whether `ip` is an address of this host, which a connection from the filter would reach
+/// over the host's own loopback: all of `127.0.0.0/8` and `0.0.0.0` (which the kernel
+/// connects to the host itself), and every address of the host's interfaces, as the
+/// kernel says at the moment of asking: a UDP socket connected to one (which sends
+/// nothing) is given it as its own source address. No socket: yes (the careful side). No
+/// route to it: no (the relay's own connect fails there too). The filter relays IPv4 only
+/// (its seccomp table opens no other family), so `::1` never arises.
 fn is_host_address(ip: Ipv4Addr) -> bool {
+    if ip.is_loopback() || ip.is_unspecified() {
+        return true;
+    }
     // SAFETY: plain socket creation.
     let fd = unsafe { libc::socket(libc::AF_INET, libc::SOCK_DGRAM | libc::SOCK_CLOEXEC, 0) };
     if fd < 0 {
@@ -1119,5 +1125,20 @@ mod tests {
             Start::decode("zygo-egress 2\nids -\nlabel x\nmem -\nrule 10.0.0.1/8:80\n").is_none()
         );
         assert!(Start::decode("zygo-egress 2\nids -\nlabel x\nmem -\nbogus\n").is_none());
+    }
+
+    #[test]
+    fn all_of_loopback_is_the_hosts_own() {
+        for ip in [
+            "127.0.0.1",
+            "127.0.0.2",
+            "127.1.2.3",
+            "127.255.255.254",
+            "0.0.0.0",
+        ] {
+            assert!(is_host_address(ip.parse().unwrap()), "{ip}");
+        }
+        // Never routed: not this host's (a UDP connect sends nothing).
+        assert!(!is_host_address(Ipv4Addr::new(192, 0, 2, 1)));
     }
 }
