@@ -31,7 +31,9 @@ def tcp(port):
         try:
             c.settimeout(5)
             data = c.recv(100)
-            c.sendall(b"%d:" % port + data)
+            # To a ClientHello, the start of a ServerHello first, as a TLS server would.
+            hello = b"\x16\x03\x03\x00\x04\x02\x00\x00\x00" if data[:1] == b"\x16" else b""
+            c.sendall(hello + b"%d:" % port + data)
         except OSError:
             pass
         c.close()
@@ -103,6 +105,38 @@ def flood_server():
         c, _ = s.accept()
         threading.Thread(target=flood, args=(c,), daemon=True).start()
 threading.Thread(target=flood_server, daemon=True).start()
+def lenient(c):
+    # Goes on after an unreadable first line: answers it 400, then reads on for a
+    # request, and answers with the Host it names.
+    try:
+        c.settimeout(5)
+        data, answered = b"", False
+        while True:
+            d = c.recv(65536)
+            if not d:
+                break
+            data += d
+            if not answered:
+                c.sendall(b"HTTP/1.1 400 Bad Request\r\nContent-Length: 0\r\n\r\n")
+                answered = True
+            i = data.find(b"GET /")
+            if i >= 0 and b"\r\n\r\n" in data[i:]:
+                for line in data[i:].split(b"\r\n\r\n")[0].split(b"\r\n"):
+                    if line.lower().startswith(b"host:"):
+                        host = line[5:].strip()
+                        print("lenient host", host.decode(), flush=True)
+                        c.sendall(b"host:" + host)
+                break
+    except OSError:
+        pass
+    c.close()
+def lenient_server():
+    s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    s.bind((sys.argv[1], 8085)); s.listen(16)
+    while True:
+        c, _ = s.accept()
+        threading.Thread(target=lenient, args=(c,), daemon=True).start()
+threading.Thread(target=lenient_server, daemon=True).start()
 for p in (8080, 8081):
     threading.Thread(target=tcp, args=(p,), daemon=True).start()
 for p in (53, 9053):
@@ -460,10 +494,10 @@ fn a_function_reaches_its_allowed_host(who: Who) {
     s.shutdown();
 }
 
-/// The probe of [`name_rules_are_exact_by_name`]: DNS through Zygo's resolver, then
-/// connections that name a host by HTTP `Host` or TLS SNI.
-const NAME_PROBE: &str = r#"
-import socket, struct
+/// What the probes of name rules share: DNS through Zygo's resolver, a TLS ClientHello and
+/// an HTTP request naming a host, a connection that sends bytes and reads the answer.
+const NAME_HELPERS: &str = r#"
+import socket, struct, time
 HOST, ALLOWED, OTHER = HOST_ARGS
 def dns(name, qtype=1):
     q = b"\x12\x34\x01\x00\x00\x01\x00\x00\x00\x00\x00\x00"
@@ -506,6 +540,11 @@ def tcp(port, first):
         s.close()
 def http(host):
     return ("GET / HTTP/1.1\r\nHost: %s\r\n\r\n" % host).encode()
+"#;
+
+/// The probe of [`name_rules_are_exact_by_name`] (after [`NAME_HELPERS`]): connections that
+/// name a host by HTTP `Host` or TLS SNI.
+const NAME_PROBE: &str = r#"
 r = {}
 r["dns_allowed"] = dns("allowed.zygo.test")
 r["dns_other"] = dns("other.zygo.test")
@@ -534,7 +573,8 @@ fn name_rules_are_exact_by_name(who: Who) {
     let dir = TempDir::new(0o755);
     let conf = dir.file("resolv.conf", format!("nameserver {}\n", h.host).as_bytes());
     let rule = format!("allowed.zygo.test:{ALLOWED}");
-    let code = NAME_PROBE.replace("HOST_ARGS", &format!("{:?}, {ALLOWED}, {OTHER}", h.host));
+    let code = format!("{NAME_HELPERS}{NAME_PROBE}")
+        .replace("HOST_ARGS", &format!("{:?}, {ALLOWED}, {OTHER}", h.host));
     let g = guard_flags();
     let mut c = zygo(who);
     c.env("ZYGO_RESOLV_CONF", &conf)
@@ -553,8 +593,13 @@ fn name_rules_are_exact_by_name(who: Who) {
     assert_result(who, &r, "dns_other", &["rcode 5 []"]);
     assert_result(who, &r, "dns_aaaa", &["rcode 0 []"]);
     assert_result(who, &r, "http_allowed", &["OK 8080:GET / HTTP/1.1\r\nHos"]);
+    // The test host answers a ClientHello with the start of a ServerHello.
     let tls = r["tls_allowed"].as_str().unwrap_or("");
-    assert!(tls.starts_with("OK 8080:"), "[{}] {r}", who.name());
+    assert!(
+        tls.starts_with("OK \u{16}\u{3}\u{3}\u{0}\u{4}\u{2}\u{0}\u{0}\u{0}8080:"),
+        "[{}] {r}",
+        who.name()
+    );
     // A later request on an allowed connection naming another host ends it; so does the
     // absolute form, whose URL names the host servers must prefer to Host.
     for key in [
@@ -588,6 +633,91 @@ fn name_rules_are_exact_by_name(who: Who) {
         events,
         vec!["tcp 8080", "tcp 8080", "tcp 8080", "tcp 8080", "udp 53"],
         "[{}] what reached the test host",
+        who.name()
+    );
+}
+
+/// The probe of [`a_client_hello_opens_nothing_for_a_cleartext_server`] (after
+/// [`NAME_HELPERS`]): a ClientHello naming the allowed host followed, at once or a moment
+/// later, by a cleartext request naming another host, to a server that answers the hello
+/// 400 and goes on reading.
+const HELLO_THEN_CLEARTEXT_PROBE: &str = r#"
+def hello_then(later):
+    s = socket.socket()
+    s.settimeout(3)
+    got = b""
+    try:
+        s.connect((HOST, 8085))
+        if later:
+            s.sendall(hello("allowed.zygo.test"))
+            time.sleep(0.5)
+            s.sendall(http("other.zygo.test"))
+        else:
+            s.sendall(hello("allowed.zygo.test") + http("other.zygo.test"))
+        while True:
+            d = s.recv(4096)
+            if not d:
+                end = "EOF"
+                break
+            got += d
+    except socket.timeout:
+        end = "TIMEOUT"
+    except OSError as e:
+        end = ename(e.errno)
+    finally:
+        s.close()
+    return ("other" if b"host:other" in got else "nothing") + " " + end
+done(dns=dns("allowed.zygo.test"), at_once=hello_then(False), later=hello_then(True))
+"#;
+
+/// A connection a name rule opened by the server name of its TLS ClientHello goes on only
+/// once the server has answered as a TLS server does: a cleartext server that answers the
+/// hello as a bad request and goes on reading (a virtual host other than the allowed name
+/// behind it) is never sent the program's next bytes, sent with the hello or later.
+fn a_client_hello_opens_nothing_for_a_cleartext_server(who: Who) {
+    if !root_only() {
+        return;
+    }
+    let h = test_host();
+    let dir = TempDir::new(0o755);
+    let conf = dir.file("resolv.conf", format!("nameserver {}\n", h.host).as_bytes());
+    let code = format!("{NAME_HELPERS}{HELLO_THEN_CLEARTEXT_PROBE}")
+        .replace("HOST_ARGS", &format!("{:?}, {ALLOWED}, {OTHER}", h.host));
+    let g = guard_flags();
+    let mut c = zygo(who);
+    c.env("ZYGO_RESOLV_CONF", &conf)
+        .args(["run", "--json"])
+        .args(&g)
+        .args(["--net", "egress", "--allow", "allowed.zygo.test:8085"])
+        .args(["--", "python3", "-c"])
+        .arg(probe_script(&code));
+    let f = finish(c);
+    let v = f.last_json();
+    assert_not_refused(who, &v, f.code);
+    assert_ok(who, &v, f.code);
+    let last = s(&v, "stdout").lines().last().unwrap_or("").to_string();
+    let r: Value = serde_json::from_str(&last).expect("the probe's JSON line");
+    let want = format!("rcode 0 ['{}']", h.host);
+    assert_result(who, &r, "dns", &[want.as_str()]);
+    for key in ["at_once", "later"] {
+        // Ended by the filter: seen when reading, or (later) when sending the request.
+        assert_result(
+            who,
+            &r,
+            key,
+            &["nothing ECONNRESET", "nothing EOF", "nothing EPIPE"],
+        );
+    }
+    let log = f.stderr_text();
+    assert!(
+        log.contains("did not answer its TLS ClientHello as a TLS server does"),
+        "[{}] {log}",
+        who.name()
+    );
+    let events = h.events();
+    assert!(
+        !events.iter().any(|e| e.starts_with("lenient host")),
+        "[{}] the server read a request after the hello: {events:?}",
         who.name()
     );
 }
@@ -1144,6 +1274,7 @@ fn loopback_beyond_127_0_0_1_opens_only_when_named(who: Who) {
 root_and_rootless!(
     the_filters_buffers_stay_within_a_share_of_the_sandboxs_memory,
     loopback_beyond_127_0_0_1_opens_only_when_named,
+    a_client_hello_opens_nothing_for_a_cleartext_server,
     a_run_over_the_api_reaches_its_allowed_host,
     large_transfers_arrive_intact,
     allowed_connects_and_the_rest_is_refused,

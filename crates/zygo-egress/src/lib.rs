@@ -769,7 +769,7 @@ fn handle(sh: &Arc<Shared>, conn: OwnedFd, mut grant: budget::Grant) {
         ));
         return reset(conn);
     }
-    let mut guard: Option<guard::Requests> = None;
+    let mut upstream = ToServer::Plain;
     let Some(dst) = local_v4(conn.as_raw_fd()) else {
         sh.refusal(format_args!(
             "egress[{}]: refused a connection whose destination is not IPv4",
@@ -790,9 +790,21 @@ fn handle(sh: &Arc<Shared>, conn: OwnedFd, mut grant: budget::Grant) {
             sniff::Sniff::Host(h) => Some(h),
             _ => None,
         };
-        // Cleartext HTTP: every later request on the connection must name the same host.
-        if first_byte(conn.as_raw_fd()).is_some_and(|b| b != 0x16) {
-            guard = host.as_deref().map(guard::Requests::new);
+        match (first_byte(conn.as_raw_fd()), host.as_deref()) {
+            // TLS: the ClientHello, then nothing until the server answers as TLS does.
+            (Some(0x16), Some(_)) => match tls_record_len(conn.as_raw_fd()) {
+                Some(len) => upstream = ToServer::AfterHello(len),
+                None => {
+                    sh.refusal(format_args!(
+                        "egress[{}]: refused {dst}: its ClientHello could not be read again",
+                        start.label
+                    ));
+                    return reset(conn);
+                }
+            },
+            // Cleartext HTTP: every later request on the connection must name the same host.
+            (Some(_), Some(h)) => upstream = ToServer::Checked(guard::Requests::new(h)),
+            _ => {}
         }
         let resolved = |name: &str| {
             sh.resolved
@@ -836,12 +848,15 @@ fn handle(sh: &Arc<Shared>, conn: OwnedFd, mut grant: budget::Grant) {
     let outside = Arc::new(out);
     let (i2, o2) = (Arc::clone(&inside), Arc::clone(&outside));
     let sh2 = Arc::clone(sh);
+    let gate = matches!(upstream, ToServer::AfterHello(_)).then(|| Arc::new(Gate::default()));
+    let gate2 = gate.clone();
     let up = std::thread::Builder::new()
         .stack_size(256 * 1024)
         .spawn(move || {
-            match guard {
-                Some(g) => copy_checked(&i2, &o2, g, &sh2),
-                None => copy(&i2, &o2),
+            match (upstream, gate2) {
+                (ToServer::Checked(g), _) => copy_checked(&i2, &o2, g, &sh2),
+                (ToServer::AfterHello(len), Some(gate)) => copy_after_hello(&i2, &o2, len, &gate),
+                _ => copy(&i2, &o2),
             }
             // The program has sent all it will: this relay may make room for a new one.
             if let Ok(mut list) = sh2.half_closed.lock() {
@@ -852,7 +867,27 @@ fn handle(sh: &Arc<Shared>, conn: OwnedFd, mut grant: budget::Grant) {
                 });
             }
         });
-    copy(&outside, &inside);
+    // A connection opened by a ClientHello goes on only once the server has answered it
+    // as a TLS server does: a server that read it as a cleartext request it could not read
+    // (and might go on reading) is never sent the program's next bytes.
+    let answered = gate.as_ref().is_none_or(|g| {
+        // Without the thread that sends the hello there is nothing to wait for.
+        let tls = up.is_ok() && server_answers_tls(outside.as_raw_fd());
+        g.set(tls);
+        tls
+    });
+    if answered {
+        copy(&outside, &inside);
+    } else {
+        sh.refusal(format_args!(
+            "egress[{}]: ended the connection to {dst}: the server did not answer its TLS \
+             ClientHello as a TLS server does, so nothing more of it is sent there",
+            start.label
+        ));
+        close_with_reset(inside.as_raw_fd());
+        let _ = inside.shutdown(std::net::Shutdown::Both);
+        let _ = outside.shutdown(std::net::Shutdown::Both);
+    }
     match up {
         Ok(t) => {
             let _ = t.join();
@@ -861,6 +896,153 @@ fn handle(sh: &Arc<Shared>, conn: OwnedFd, mut grant: budget::Grant) {
             "egress[{}]: {dst}: start a relay: {e}",
             start.label
         )),
+    }
+}
+
+/// How a relay passes the program's bytes on to the server.
+enum ToServer {
+    /// As they come.
+    Plain,
+    /// Read as they pass: a cleartext HTTP connection opened by a name rule
+    /// ([`copy_checked`]).
+    Checked(guard::Requests),
+    /// A connection a name rule opened by the server name of its TLS ClientHello: that
+    /// first record (this many bytes), then nothing until the server has answered as a TLS
+    /// server does ([`copy_after_hello`]).
+    AfterHello(usize),
+}
+
+/// Whether the server answered a ClientHello as a TLS server: set once by the relay's
+/// server side, waited for by the program side.
+#[derive(Default)]
+struct Gate {
+    answer: Mutex<Option<bool>>,
+    set: std::sync::Condvar,
+}
+
+impl Gate {
+    fn set(&self, tls: bool) {
+        if let Ok(mut a) = self.answer.lock() {
+            *a = Some(tls);
+        }
+        self.set.notify_all();
+    }
+
+    /// The answer, once there is one; `false` if none came within `limit`.
+    fn wait(&self, limit: Duration) -> bool {
+        let deadline = std::time::Instant::now() + limit;
+        let Ok(mut a) = self.answer.lock() else {
+            return false;
+        };
+        loop {
+            if let Some(tls) = *a {
+                return tls;
+            }
+            let left = deadline.saturating_duration_since(std::time::Instant::now());
+            if left.is_zero() {
+                return false;
+            }
+            a = match self.set.wait_timeout(a, left) {
+                Ok((a, _)) => a,
+                Err(_) => return false,
+            };
+        }
+    }
+}
+
+/// The length, header included, of the TLS record waiting first on a connection (the
+/// ClientHello [`sniff`] read the server name from), without taking it.
+fn tls_record_len(fd: RawFd) -> Option<usize> {
+    let mut h = [0u8; 5];
+    // SAFETY: a five-byte buffer we own.
+    let n = unsafe {
+        libc::recv(
+            fd,
+            h.as_mut_ptr().cast(),
+            h.len(),
+            libc::MSG_PEEK | libc::MSG_DONTWAIT,
+        )
+    };
+    (n == 5 && h[0] == 0x16).then(|| 5 + usize::from(u16::from_be_bytes([h[3], h[4]])))
+}
+
+/// What a server's first bytes say about whether it answered a ClientHello as a TLS server
+/// does: a handshake record whose first message is a ServerHello (a HelloRetryRequest is
+/// one too), or an alert. `None`: not enough bytes yet.
+fn tls_answer(b: &[u8]) -> Option<bool> {
+    match b {
+        [] | [0x15] | [0x16] => None,
+        [0x15, major, ..] => Some(*major == 3),
+        [0x16, major, ..] if *major != 3 => Some(false),
+        [0x16, _, _, _, _, kind, ..] => Some(*kind == 2),
+        [0x16, ..] => None,
+        _ => Some(false),
+    }
+}
+
+/// Wait (up to [`RELAY_IDLE`]) for the server's first bytes, without taking them, and say
+/// whether they answer a ClientHello as a TLS server does ([`tls_answer`]). The server
+/// ending the connection, or saying nothing in time: no.
+fn server_answers_tls(fd: RawFd) -> bool {
+    let deadline = std::time::Instant::now() + RELAY_IDLE;
+    let mut buf = [0u8; 6];
+    let mut seen = 0;
+    loop {
+        let left = deadline.saturating_duration_since(std::time::Instant::now());
+        if left.is_zero() {
+            return false;
+        }
+        let mut p = libc::pollfd {
+            fd,
+            events: libc::POLLIN,
+            revents: 0,
+        };
+        let ms = libc::c_int::try_from(left.as_millis()).unwrap_or(libc::c_int::MAX);
+        // SAFETY: one valid pollfd.
+        if unsafe { libc::poll(&mut p, 1, ms) } <= 0 {
+            continue;
+        }
+        // SAFETY: buf is valid for its length.
+        let n = unsafe {
+            libc::recv(
+                fd,
+                buf.as_mut_ptr().cast(),
+                buf.len(),
+                libc::MSG_PEEK | libc::MSG_DONTWAIT,
+            )
+        };
+        if n <= 0 {
+            return false; // ended, or an error
+        }
+        let n = n as usize;
+        match tls_answer(&buf[..n]) {
+            Some(tls) => return tls,
+            None => {
+                if n == seen {
+                    // Nothing new yet: wait a little rather than spin on the same bytes.
+                    std::thread::sleep(Duration::from_millis(5));
+                }
+                seen = n;
+            }
+        }
+    }
+}
+
+/// Pass the program's ClientHello (`hello` bytes, already read ahead) to the server, wait
+/// until the server's answer has been judged ([`Gate`]), then, if it answered as a TLS
+/// server does, relay the rest as [`copy`] does. Otherwise the server side ends both
+/// sockets, and nothing past the ClientHello was sent.
+fn copy_after_hello(from: &TcpStream, to: &TcpStream, hello: usize, gate: &Gate) {
+    let mut buf = vec![0u8; hello];
+    let mut r = from;
+    let mut w = to;
+    if r.read_exact(&mut buf).is_err() || w.write_all(&buf).is_err() {
+        let _ = to.shutdown(std::net::Shutdown::Write);
+        return;
+    }
+    drop(buf);
+    if gate.wait(RELAY_IDLE) {
+        copy(from, to);
     }
 }
 
@@ -1125,6 +1307,22 @@ mod tests {
             Start::decode("zygo-egress 2\nids -\nlabel x\nmem -\nrule 10.0.0.1/8:80\n").is_none()
         );
         assert!(Start::decode("zygo-egress 2\nids -\nlabel x\nmem -\nbogus\n").is_none());
+    }
+
+    #[test]
+    fn only_a_tls_servers_answer_to_a_client_hello_opens_the_rest() {
+        // A ServerHello (or HelloRetryRequest) record, or an alert.
+        assert_eq!(tls_answer(b"\x16\x03\x03\x00\x7a\x02\x00"), Some(true));
+        assert_eq!(tls_answer(b"\x15\x03\x03\x00\x02\x02\x28"), Some(true));
+        // Not yet enough to tell.
+        for partial in [&b""[..], b"\x16", b"\x16\x03\x03\x00", b"\x15"] {
+            assert_eq!(tls_answer(partial), None, "{partial:?}");
+        }
+        // A cleartext answer, the ClientHello echoed back, another record version.
+        assert_eq!(tls_answer(b"HTTP/1.1 400 Bad Request\r\n"), Some(false));
+        assert_eq!(tls_answer(b"\x16\x03\x01\x02\x00\x01\x00"), Some(false));
+        assert_eq!(tls_answer(b"\x16\x02"), Some(false));
+        assert_eq!(tls_answer(b"\x17\x03\x03\x00\x10"), Some(false));
     }
 
     #[test]
