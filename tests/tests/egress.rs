@@ -1306,10 +1306,10 @@ both_tests! {
 
 /// A network namespace standing in for a host with a public address of its own: an
 /// interface holding [`OWN`], and the test host's server listening on it. Removed, with
-/// its server, when dropped.
+/// its servers, when dropped.
 struct OwnAddressHost {
     ns: String,
-    server: Option<Child>,
+    servers: Vec<Child>,
 }
 
 /// A public address (not in any special range) that the namespace owns.
@@ -1322,7 +1322,7 @@ impl OwnAddressHost {
         // Removed when dropped, from here on, whatever fails below.
         let mut h = OwnAddressHost {
             ns: ns.clone(),
-            server: None,
+            servers: Vec::new(),
         };
         ip(&["-n", &ns, "link", "set", "lo", "up"]);
         // A veth pair with both ends inside (this kernel has no dummy interfaces).
@@ -1340,22 +1340,29 @@ impl OwnAddressHost {
         ]);
         ip(&["-n", &ns, "link", "set", "zown0", "up"]);
         ip(&["-n", &ns, "link", "set", "zown1", "up"]);
-        let server = h.server.insert(
-            Command::new("ip")
-                .args(["netns", "exec", &ns, "python3", "-c", SERVER, OWN])
-                .stdin(Stdio::piped())
-                .stdout(Stdio::piped())
-                .stderr(Stdio::inherit())
-                .spawn()
-                .expect("start the server"),
-        );
+        h.serve_on(OWN);
+        h
+    }
+
+    /// Start the test host's server on `addr`, an address of the namespace.
+    fn serve_on(&mut self, addr: &str) {
+        let server = Command::new("ip")
+            .args(["netns", "exec", &self.ns, "python3", "-c", SERVER, addr])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .expect("start the server");
+        let server = {
+            self.servers.push(server);
+            self.servers.last_mut().expect("the server just started")
+        };
         let mut out = BufReader::new(server.stdout.take().expect("its stdout"));
         let mut first = String::new();
         out.read_line(&mut first).expect("the server started");
         assert_eq!(first.trim(), "ready");
         // The server logs a line per connection: keep reading them, or it dies writing one.
         std::thread::spawn(move || for _ in out.lines() {});
-        h
     }
 
     /// `zygo run --json` with `flags` and `cmd`, started inside the namespace (only its
@@ -1380,7 +1387,7 @@ impl OwnAddressHost {
 
 impl Drop for OwnAddressHost {
     fn drop(&mut self) {
-        if let Some(mut server) = self.server.take() {
+        for server in &mut self.servers {
             drop(server.stdin.take());
             let _ = server.kill();
             let _ = server.wait();
@@ -1427,6 +1434,61 @@ fn the_hosts_own_addresses_open_only_when_named() {
         f.stderr_text()
     );
     let exact = format!("{OWN}:{ALLOWED}");
+    let f = h.zygo_run(
+        &["--net", "egress", "--allow", &exact],
+        &["python3", "-c", &code],
+    );
+    let v = f.last_json();
+    assert_eq!(
+        s(&v, "stdout").trim(),
+        "\"OK 8080:hi\"",
+        "{v}\n{}",
+        f.stderr_text()
+    );
+}
+
+/// A range the host's `local` routing table delivers to the host itself is the host's own
+/// too, though no interface holds its addresses: an address given to `lo` with a prefix
+/// makes its whole block local, and a server on another address of the block is reached
+/// over loopback. A wide rule does not open it; a rule naming the address does.
+#[test]
+fn a_range_routed_to_the_host_itself_opens_only_when_named() {
+    if !root_only() {
+        return;
+    }
+    let mut h = OwnAddressHost::new();
+    // 11.22.55.0/24 is local in the namespace; nothing holds 11.22.55.7 but the route.
+    ip(&["-n", &h.ns, "addr", "add", "11.22.55.1/24", "dev", "lo"]);
+    h.serve_on("11.22.55.7");
+    let code = format!(
+        "import socket, json\n\
+         s = socket.socket(); s.settimeout(3)\n\
+         try:\n\
+         \x20   s.connect(('11.22.55.7', {ALLOWED})); s.sendall(b'hi'); r = s.recv(100)\n\
+         \x20   print(json.dumps('OK ' + r.decode() if r else 'EOF'))\n\
+         except OSError as e:\n\
+         \x20   print(json.dumps(type(e).__name__))\n"
+    );
+    let wide = format!("0.0.0.0/0:{ALLOWED}");
+    let f = h.zygo_run(
+        &["--net", "egress", "--allow", &wide],
+        &["python3", "-c", &code],
+    );
+    let v = f.last_json();
+    assert_eq!(v["exit_code"], 0, "{v}\n{}", f.stderr_text());
+    let got = s(&v, "stdout").trim().to_string();
+    assert!(
+        got == "\"ConnectionResetError\"" || got == "\"EOF\"",
+        "a wide rule reached the host's local range: {got}\n{}",
+        f.stderr_text()
+    );
+    assert!(
+        f.stderr_text()
+            .contains("refused 11.22.55.7:8080: an address of this host"),
+        "{}",
+        f.stderr_text()
+    );
+    let exact = format!("11.22.55.7:{ALLOWED}");
     let f = h.zygo_run(
         &["--net", "egress", "--allow", &exact],
         &["python3", "-c", &code],

@@ -27,12 +27,13 @@
 //!
 //! # How the filter confines itself
 //!
-//! Before it accepts anything it drops to the sandbox owner's host ids (when started as
-//! root), becomes non-dumpable, sets `no_new_privs`, restricts itself with Landlock (no
-//! filesystem access at all; TCP `connect` only to the rules' ports, no `bind`), and
-//! installs its own seccomp table ([`confine`]): it can accept on the descriptors it holds,
-//! open IPv4 TCP sockets and connect them, move bytes, and run threads. No `open`, no
-//! `exec`, no other socket family.
+//! Before it accepts anything it reads which ranges the host's routing delivers to the host
+//! itself ([`host`]), drops to the sandbox owner's host ids (when started as root), becomes
+//! non-dumpable, sets `no_new_privs`, restricts itself with Landlock (no filesystem access
+//! at all; TCP `connect` only to the rules' ports, no `bind`), and installs its own seccomp
+//! table ([`confine`]): it can accept on the descriptors it holds, open IPv4 TCP sockets
+//! and connect them, move bytes, and run threads. No `open`, no `exec`, no other socket
+//! family.
 //!
 //! # What it holds for the sandbox
 //!
@@ -45,6 +46,7 @@ pub mod budget;
 pub mod confine;
 pub mod dns;
 pub mod guard;
+pub mod host;
 pub mod sniff;
 
 use std::io::{Read, Write};
@@ -215,6 +217,15 @@ fn run() -> Result<(), String> {
         set_buffers(fd.as_raw_fd(), budget::INSIDE_BUF)
             .map_err(|e| format!("size a listener's buffers: {e}"))?;
     }
+    // The host's own ranges, while a netlink socket may still be opened.
+    let local = host::LocalRanges::read().unwrap_or_else(|e| {
+        log::warn!(
+            "egress[{}]: read the host's local routes: {e}; its own addresses are known by \
+             loopback and its interfaces' addresses only",
+            start.label
+        );
+        host::LocalRanges::default()
+    });
     confine::drop_ids(start.ids).map_err(|e| format!("drop to the sandbox owner's ids: {e}"))?;
     let ports: Vec<u16> = start
         .rules
@@ -232,6 +243,7 @@ fn run() -> Result<(), String> {
         pool.total() / 1024
     );
     let shared = Arc::new(Shared {
+        local,
         pool,
         start,
         resolved: Mutex::new(HashMap::new()),
@@ -258,6 +270,8 @@ struct Shared {
     start: Start,
     /// The buffers the sandbox's connections may hold.
     pool: Arc<budget::Pool>,
+    /// The host's own ranges when the filter started ([`host`]).
+    local: host::LocalRanges,
     /// name → the addresses the resolver gave the sandbox for it.
     resolved: Mutex<HashMap<String, Vec<Ipv4Addr>>>,
     /// name → the last upstream answer and when it came.
@@ -582,47 +596,6 @@ fn serve(start: Arc<Shared>, listeners: Vec<OwnedFd>) -> Result<(), String> {
     }
 }
 
-/// Whether `ip` is an address of this host, which a connection from the filter would reach
-/// over the host's own loopback: all of `127.0.0.0/8` and `0.0.0.0` (which the kernel
-/// connects to the host itself), and every address of the host's interfaces, as the
-/// kernel says at the moment of asking: a UDP socket connected to one (which sends
-/// nothing) is given it as its own source address. No socket: yes (the careful side). No
-/// route to it: no (the relay's own connect fails there too). The filter relays IPv4 only
-/// (its seccomp table opens no other family), so `::1` never arises.
-fn is_host_address(ip: Ipv4Addr) -> bool {
-    if ip.is_loopback() || ip.is_unspecified() {
-        return true;
-    }
-    // SAFETY: plain socket creation.
-    let fd = unsafe { libc::socket(libc::AF_INET, libc::SOCK_DGRAM | libc::SOCK_CLOEXEC, 0) };
-    if fd < 0 {
-        return true;
-    }
-    // SAFETY: the socket was just created by this process.
-    let sock = unsafe { OwnedFd::from_raw_fd(fd) };
-    let sa = libc::sockaddr_in {
-        sin_family: libc::AF_INET as libc::sa_family_t,
-        sin_port: 9u16.to_be(),
-        sin_addr: libc::in_addr {
-            s_addr: u32::from(ip).to_be(),
-        },
-        sin_zero: [0; 8],
-    };
-    // SAFETY: sa is a valid sockaddr_in of the size passed.
-    let r = unsafe {
-        libc::connect(
-            sock.as_raw_fd(),
-            (&sa as *const libc::sockaddr_in).cast(),
-            std::mem::size_of::<libc::sockaddr_in>() as libc::socklen_t,
-        )
-    };
-    if r != 0 {
-        // No route at all: not reachable as the host's own either.
-        return false;
-    }
-    local_v4(sock.as_raw_fd()).is_none_or(|own| *own.ip() == ip)
-}
-
 /// The address a connection was made to: the accepted socket's own local address.
 fn local_v4(fd: RawFd) -> Option<SocketAddrV4> {
     // SAFETY: sockaddr_in is plain data.
@@ -823,7 +796,9 @@ fn handle(sh: &Arc<Shared>, conn: OwnedFd, mut grant: budget::Grant) {
     // The host's own addresses (a public address on one of its interfaces, say) are
     // reached over its loopback, past its firewall: only a rule naming the address opens
     // one.
-    if is_host_address(*dst.ip()) && !policy::egress::named_exactly(&start.rules, dst) {
+    if host::is_host_address(*dst.ip(), &sh.local)
+        && !policy::egress::named_exactly(&start.rules, dst)
+    {
         sh.refusal(format_args!(
             "egress[{}]: refused {dst}: an address of this host; only a rule naming it \
              exactly opens it",
@@ -1323,20 +1298,5 @@ mod tests {
         assert_eq!(tls_answer(b"\x16\x03\x01\x02\x00\x01\x00"), Some(false));
         assert_eq!(tls_answer(b"\x16\x02"), Some(false));
         assert_eq!(tls_answer(b"\x17\x03\x03\x00\x10"), Some(false));
-    }
-
-    #[test]
-    fn all_of_loopback_is_the_hosts_own() {
-        for ip in [
-            "127.0.0.1",
-            "127.0.0.2",
-            "127.1.2.3",
-            "127.255.255.254",
-            "0.0.0.0",
-        ] {
-            assert!(is_host_address(ip.parse().unwrap()), "{ip}");
-        }
-        // Never routed: not this host's (a UDP connect sends nothing).
-        assert!(!is_host_address(Ipv4Addr::new(192, 0, 2, 1)));
     }
 }
