@@ -16,6 +16,9 @@ the end whatever happens. Needs root (to make the namespace) and python3.
     CPUs are the limit, and the relay's extra hop and its start show in full), then with
     the test host's end of the link shaped to --rate (default 1gbit, `tc tbf`), as a fast
     uplink would be.
+  - --mem M runs the egress sandbox with `--mem M` (default: zygo's own, 256M): the egress
+    filter gives a sandbox's connections socket buffers from a quarter of its memory
+    limit, so a small sandbox's download gets a smaller window (docs/egress.md).
 
 Figures only: the exit status is 0 when everything ran, 1 otherwise, whatever the times.
 Build first: cargo build --release (or pass --zygo PATH).
@@ -82,6 +85,8 @@ def main():
     ap.add_argument("--reps", type=int, default=200)
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--mb", type=int, default=50)
+    ap.add_argument("--mem", default="",
+                    help="the egress sandbox's --mem (default: zygo's own)")
     ap.add_argument("--rate", default="1gbit",
                     help="the shaped link's rate for the second throughput figure (tc "
                          "tbf syntax; empty: none)")
@@ -108,7 +113,8 @@ def main():
             stdout=subprocess.PIPE, stdin=subprocess.DEVNULL)
         assert server.stdout.readline().strip() == b"ready"
         rule = f"{HOST}:{PORT}"
-        egress = [a.zygo, "run", "--net", "egress", "--allow", rule, "--"]
+        mem = ["--mem", a.mem] if a.mem else []
+        egress = [a.zygo, "run", *mem, "--net", "egress", "--allow", rule, "--"]
         none = [a.zygo, "run", "--"]
 
         # Start-up.

@@ -17,9 +17,11 @@ use zygo_tests::*;
 
 /// The test host: serves TCP on [`ALLOWED`] and [`OTHER`] (each connection answered with
 /// `port:what it read`) and listens for UDP on 53 and [`UDP`]; writes one line per event
-/// to stdout, which the test reads back.
+/// to stdout, which the test reads back. Its DNS server answers names under `zygo.test`
+/// with its own address, or with the address given after it.
 const SERVER: &str = r#"
 import socket, sys, threading
+ANSWER = sys.argv[2] if len(sys.argv) > 2 else sys.argv[1]
 def tcp(port):
     s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     s.bind((sys.argv[1], port)); s.listen(16)
@@ -29,7 +31,9 @@ def tcp(port):
         try:
             c.settimeout(5)
             data = c.recv(100)
-            c.sendall(b"%d:" % port + data)
+            # To a ClientHello, the start of a ServerHello first, as a TLS server would.
+            hello = b"\x16\x03\x03\x00\x04\x02\x00\x00\x00" if data[:1] == b"\x16" else b""
+            c.sendall(hello + b"%d:" % port + data)
         except OSError:
             pass
         c.close()
@@ -40,7 +44,7 @@ def dns_answer(q):
     end = i + 5
     name = ".".join(labels).lower()
     if name.endswith(".zygo.test") and q[end - 4:end - 2] == b"\x00\x01":
-        ip = bytes(int(x) for x in sys.argv[1].split("."))
+        ip = bytes(int(x) for x in ANSWER.split("."))
         return (q[:2] + b"\x81\x80\x00\x01\x00\x01\x00\x00\x00\x00" + q[12:end]
                 + b"\xc0\x0c\x00\x01\x00\x01\x00\x00\x00\x3c\x00\x04" + ip)
     return q[:2] + b"\x81\x83\x00\x01\x00\x00\x00\x00\x00\x00" + q[12:end]
@@ -86,6 +90,53 @@ def silent_server():
     while True:
         held.append(s.accept()[0])
 threading.Thread(target=silent_server, daemon=True).start()
+def flood_server():
+    # Sends as fast as it can on every connection; never reads.
+    s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    s.bind((sys.argv[1], 8084)); s.listen(128)
+    block = b"z" * (1 << 20)
+    def flood(c):
+        try:
+            while True:
+                c.sendall(block)
+        except OSError:
+            pass
+    while True:
+        c, _ = s.accept()
+        threading.Thread(target=flood, args=(c,), daemon=True).start()
+threading.Thread(target=flood_server, daemon=True).start()
+def lenient(c):
+    # Goes on after an unreadable first line: answers it 400, then reads on for a
+    # request, and answers with the Host it names.
+    try:
+        c.settimeout(5)
+        data, answered = b"", False
+        while True:
+            d = c.recv(65536)
+            if not d:
+                break
+            data += d
+            if not answered:
+                c.sendall(b"HTTP/1.1 400 Bad Request\r\nContent-Length: 0\r\n\r\n")
+                answered = True
+            i = data.find(b"GET /")
+            if i >= 0 and b"\r\n\r\n" in data[i:]:
+                for line in data[i:].split(b"\r\n\r\n")[0].split(b"\r\n"):
+                    if line.lower().startswith(b"host:"):
+                        host = line[5:].strip()
+                        print("lenient host", host.decode(), flush=True)
+                        c.sendall(b"host:" + host)
+                break
+    except OSError:
+        pass
+    c.close()
+def lenient_server():
+    s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    s.bind((sys.argv[1], 8085)); s.listen(16)
+    while True:
+        c, _ = s.accept()
+        threading.Thread(target=lenient, args=(c,), daemon=True).start()
+threading.Thread(target=lenient_server, daemon=True).start()
 for p in (8080, 8081):
     threading.Thread(target=tcp, args=(p,), daemon=True).start()
 for p in (53, 9053):
@@ -443,10 +494,10 @@ fn a_function_reaches_its_allowed_host(who: Who) {
     s.shutdown();
 }
 
-/// The probe of [`name_rules_are_exact_by_name`]: DNS through Zygo's resolver, then
-/// connections that name a host by HTTP `Host` or TLS SNI.
-const NAME_PROBE: &str = r#"
-import socket, struct
+/// What the probes of name rules share: DNS through Zygo's resolver, a TLS ClientHello and
+/// an HTTP request naming a host, a connection that sends bytes and reads the answer.
+const NAME_HELPERS: &str = r#"
+import socket, struct, time
 HOST, ALLOWED, OTHER = HOST_ARGS
 def dns(name, qtype=1):
     q = b"\x12\x34\x01\x00\x00\x01\x00\x00\x00\x00\x00\x00"
@@ -489,6 +540,11 @@ def tcp(port, first):
         s.close()
 def http(host):
     return ("GET / HTTP/1.1\r\nHost: %s\r\n\r\n" % host).encode()
+"#;
+
+/// The probe of [`name_rules_are_exact_by_name`] (after [`NAME_HELPERS`]): connections that
+/// name a host by HTTP `Host` or TLS SNI.
+const NAME_PROBE: &str = r#"
 r = {}
 r["dns_allowed"] = dns("allowed.zygo.test")
 r["dns_other"] = dns("other.zygo.test")
@@ -517,7 +573,8 @@ fn name_rules_are_exact_by_name(who: Who) {
     let dir = TempDir::new(0o755);
     let conf = dir.file("resolv.conf", format!("nameserver {}\n", h.host).as_bytes());
     let rule = format!("allowed.zygo.test:{ALLOWED}");
-    let code = NAME_PROBE.replace("HOST_ARGS", &format!("{:?}, {ALLOWED}, {OTHER}", h.host));
+    let code = format!("{NAME_HELPERS}{NAME_PROBE}")
+        .replace("HOST_ARGS", &format!("{:?}, {ALLOWED}, {OTHER}", h.host));
     let g = guard_flags();
     let mut c = zygo(who);
     c.env("ZYGO_RESOLV_CONF", &conf)
@@ -536,8 +593,13 @@ fn name_rules_are_exact_by_name(who: Who) {
     assert_result(who, &r, "dns_other", &["rcode 5 []"]);
     assert_result(who, &r, "dns_aaaa", &["rcode 0 []"]);
     assert_result(who, &r, "http_allowed", &["OK 8080:GET / HTTP/1.1\r\nHos"]);
+    // The test host answers a ClientHello with the start of a ServerHello.
     let tls = r["tls_allowed"].as_str().unwrap_or("");
-    assert!(tls.starts_with("OK 8080:"), "[{}] {r}", who.name());
+    assert!(
+        tls.starts_with("OK \u{16}\u{3}\u{3}\u{0}\u{4}\u{2}\u{0}\u{0}\u{0}8080:"),
+        "[{}] {r}",
+        who.name()
+    );
     // A later request on an allowed connection naming another host ends it; so does the
     // absolute form, whose URL names the host servers must prefer to Host.
     for key in [
@@ -571,6 +633,91 @@ fn name_rules_are_exact_by_name(who: Who) {
         events,
         vec!["tcp 8080", "tcp 8080", "tcp 8080", "tcp 8080", "udp 53"],
         "[{}] what reached the test host",
+        who.name()
+    );
+}
+
+/// The probe of [`a_client_hello_opens_nothing_for_a_cleartext_server`] (after
+/// [`NAME_HELPERS`]): a ClientHello naming the allowed host followed, at once or a moment
+/// later, by a cleartext request naming another host, to a server that answers the hello
+/// 400 and goes on reading.
+const HELLO_THEN_CLEARTEXT_PROBE: &str = r#"
+def hello_then(later):
+    s = socket.socket()
+    s.settimeout(3)
+    got = b""
+    try:
+        s.connect((HOST, 8085))
+        if later:
+            s.sendall(hello("allowed.zygo.test"))
+            time.sleep(0.5)
+            s.sendall(http("other.zygo.test"))
+        else:
+            s.sendall(hello("allowed.zygo.test") + http("other.zygo.test"))
+        while True:
+            d = s.recv(4096)
+            if not d:
+                end = "EOF"
+                break
+            got += d
+    except socket.timeout:
+        end = "TIMEOUT"
+    except OSError as e:
+        end = ename(e.errno)
+    finally:
+        s.close()
+    return ("other" if b"host:other" in got else "nothing") + " " + end
+done(dns=dns("allowed.zygo.test"), at_once=hello_then(False), later=hello_then(True))
+"#;
+
+/// A connection a name rule opened by the server name of its TLS ClientHello goes on only
+/// once the server has answered as a TLS server does: a cleartext server that answers the
+/// hello as a bad request and goes on reading (a virtual host other than the allowed name
+/// behind it) is never sent the program's next bytes, sent with the hello or later.
+fn a_client_hello_opens_nothing_for_a_cleartext_server(who: Who) {
+    if !root_only() {
+        return;
+    }
+    let h = test_host();
+    let dir = TempDir::new(0o755);
+    let conf = dir.file("resolv.conf", format!("nameserver {}\n", h.host).as_bytes());
+    let code = format!("{NAME_HELPERS}{HELLO_THEN_CLEARTEXT_PROBE}")
+        .replace("HOST_ARGS", &format!("{:?}, {ALLOWED}, {OTHER}", h.host));
+    let g = guard_flags();
+    let mut c = zygo(who);
+    c.env("ZYGO_RESOLV_CONF", &conf)
+        .args(["run", "--json"])
+        .args(&g)
+        .args(["--net", "egress", "--allow", "allowed.zygo.test:8085"])
+        .args(["--", "python3", "-c"])
+        .arg(probe_script(&code));
+    let f = finish(c);
+    let v = f.last_json();
+    assert_not_refused(who, &v, f.code);
+    assert_ok(who, &v, f.code);
+    let last = s(&v, "stdout").lines().last().unwrap_or("").to_string();
+    let r: Value = serde_json::from_str(&last).expect("the probe's JSON line");
+    let want = format!("rcode 0 ['{}']", h.host);
+    assert_result(who, &r, "dns", &[want.as_str()]);
+    for key in ["at_once", "later"] {
+        // Ended by the filter: seen when reading, or (later) when sending the request.
+        assert_result(
+            who,
+            &r,
+            key,
+            &["nothing ECONNRESET", "nothing EOF", "nothing EPIPE"],
+        );
+    }
+    let log = f.stderr_text();
+    assert!(
+        log.contains("did not answer its TLS ClientHello as a TLS server does"),
+        "[{}] {log}",
+        who.name()
+    );
+    let events = h.events();
+    assert!(
+        !events.iter().any(|e| e.starts_with("lenient host")),
+        "[{}] the server read a request after the hello: {events:?}",
         who.name()
     );
 }
@@ -812,7 +959,325 @@ fn a_run_over_the_api_reaches_its_allowed_host(who: Who) {
     s.shutdown();
 }
 
+/// The egress filter of this zygo run (a descendant of `zygo_pid`), once it has started.
+fn filter_of(zygo_pid: i32) -> Option<i32> {
+    let mut pids = host_pids_starting_with(b"/proc/self/exe\0__egress-filter");
+    pids.retain(|p| descends_from(*p, zygo_pid));
+    pids.first().copied()
+}
+
+/// The kernel's memory for the TCP sockets `owner` holds in the network namespace of
+/// `netns_of` (a process in it; `None`: this one), as `ss` shows it: the bytes queued to
+/// receive and to send and those reserved ahead (`skmem`'s r, w and f), and how many
+/// sockets.
+fn tcp_memory(owner: i32, netns_of: Option<i32>) -> (u64, usize) {
+    let mut c = match netns_of {
+        Some(pid) => {
+            let mut c = Command::new("nsenter");
+            c.arg(format!("--net=/proc/{pid}/ns/net"))
+                .arg("--")
+                .arg("ss");
+            c
+        }
+        None => Command::new("ss"),
+    };
+    let out = c.args(["-tmnpH"]).output().expect("run ss (iproute2)");
+    assert!(
+        out.status.success(),
+        "ss: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    // Each socket is a line, its skmem on a continuation line that starts with a tab.
+    let text = String::from_utf8_lossy(&out.stdout).replace("\n\t", " ");
+    let mine = format!("pid={owner},");
+    let (mut bytes, mut sockets) = (0, 0);
+    for line in text.lines().filter(|l| l.contains(&mine)) {
+        let Some(mem) = line
+            .split("skmem:(")
+            .nth(1)
+            .and_then(|m| m.split(')').next())
+        else {
+            continue;
+        };
+        sockets += 1;
+        for field in mem.split(',') {
+            let digits = field.trim_start_matches(|c: char| c.is_ascii_alphabetic());
+            let key = &field[..field.len() - digits.len()];
+            if matches!(key, "r" | "w" | "f") {
+                bytes += digits.parse::<u64>().unwrap_or(0);
+            }
+        }
+    }
+    (bytes, sockets)
+}
+
+/// The program of [`the_filters_buffers_stay_within_a_share_of_the_sandboxs_memory`]:
+/// downloads it never reads from a server that sends as fast as it can, and uploads to a
+/// server that never reads, as many of each as it can open, each pushed for as long as
+/// the run lasts.
+const HOARDER: &str = r#"
+import socket, sys, time
+host = sys.argv[1]
+downs, ups, failed = [], [], 0
+for i in range(12):
+    for port, held in ((8084, downs), (8083, ups)):
+        try:
+            held.append(socket.create_connection((host, port), timeout=5))
+        except OSError:
+            failed += 1
+for s in ups:
+    s.setblocking(False)
+print("opened", len(downs), len(ups), failed, flush=True)
+block = b"u" * 65536
+while True:
+    for s in list(ups):
+        try:
+            while True:
+                s.send(block)
+        except BlockingIOError:
+            pass
+        except OSError:
+            ups.remove(s)
+    time.sleep(0.05)
+"#;
+
+/// The egress filter's socket buffers count against the sandbox: whatever its program
+/// leaves unread (downloads from a server that sends as fast as it can) or unsent (uploads
+/// to a server that never reads), the kernel memory of the filter's sockets, inside the
+/// sandbox's network namespace and outside it, stays within a quarter of the sandbox's
+/// `--mem`. Without the bound, each unread download held tens of MiB.
+fn the_filters_buffers_stay_within_a_share_of_the_sandboxs_memory(who: Who) {
+    if !root_only() {
+        return;
+    }
+    const MEM_MIB: u64 = 64;
+    // docs/egress.md: the filter holds at most a quarter of the sandbox's --mem.
+    let bound = (MEM_MIB << 20) / 4;
+    let h = test_host();
+    let mut c = zygo(who);
+    c.args(["run", "--mem", &format!("{MEM_MIB}M"), "--timeout", "300s"])
+        .args(["--net", "egress"])
+        .args(["--allow", &format!("{}:8084", h.host)])
+        .args(["--allow", &format!("{}:8083", h.host)])
+        .args(["--", "python3", "-c", HOARDER, &h.host])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    let mut child = c.spawn().expect("start zygo run");
+    let zygo_pid = child.id() as i32;
+    // Ended (and its sandbox with it) however the test ends.
+    struct Kill(Child);
+    impl Drop for Kill {
+        fn drop(&mut self) {
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+        }
+    }
+    let stdout = child.stdout.take().expect("its stdout");
+    let mut run = Kill(child);
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stdout).lines() {
+            let Ok(line) = line else { break };
+            if tx.send(line).is_err() {
+                break;
+            }
+        }
+    });
+    let opened = rx.recv_timeout(slow(Duration::from_secs(60)));
+    let opened = match opened {
+        Ok(l) if l.starts_with("opened ") => l,
+        other => {
+            let _ = run.0.kill();
+            let mut err = String::new();
+            if let Some(mut e) = run.0.stderr.take() {
+                let _ = std::io::Read::read_to_string(&mut e, &mut err);
+            }
+            panic!(
+                "[{}] the program did not start: {other:?}\n{err}",
+                who.name()
+            );
+        }
+    };
+    let filter = filter_of(zygo_pid).expect("the run's egress filter");
+    // The sandbox's program (`zygo run`'s own command line names the code too).
+    let program = host_processes()
+        .into_iter()
+        .find(|(p, cmd)| {
+            cmd.starts_with(b"python3\0")
+                && contains(cmd, b"downs, ups, failed")
+                && descends_from(*p, zygo_pid)
+        })
+        .map(|(p, _)| p)
+        .expect("the sandbox's program");
+    // Sample until the sum has not moved for 3 s (the queues are full), within a deadline
+    // far beyond what filling them takes; every sample must be within the bound.
+    let deadline = Instant::now() + slow(Duration::from_secs(90));
+    let mut samples: Vec<(u64, usize)> = Vec::new();
+    loop {
+        std::thread::sleep(Duration::from_millis(500));
+        let (outside, n_out) = tcp_memory(filter, None);
+        let (inside, n_in) = tcp_memory(filter, Some(program));
+        let total = outside + inside;
+        assert!(
+            total <= bound,
+            "[{}] the filter's sockets hold {} KiB, past a quarter of --mem {MEM_MIB}M ({} \
+             KiB): {n_out} outside ({} KiB), {n_in} inside ({} KiB); the program {opened}",
+            who.name(),
+            total >> 10,
+            bound >> 10,
+            outside >> 10,
+            inside >> 10
+        );
+        samples.push((total, n_out));
+        let last = &samples[samples.len().saturating_sub(6)..];
+        let (lo, hi) = last
+            .iter()
+            .fold((u64::MAX, 0), |(lo, hi), (t, _)| (lo.min(*t), hi.max(*t)));
+        if last.len() == 6 && hi - lo <= hi / 50 {
+            break;
+        }
+        if Instant::now() > deadline {
+            break;
+        }
+    }
+    let (total, relays) = samples.last().copied().unwrap_or((0, 0));
+    // Not vacuous: the relays were running, and their queues had filled.
+    assert!(
+        relays >= 8 && total >= 1 << 20,
+        "[{}] {relays} relays holding {} KiB; the program {opened}",
+        who.name(),
+        total >> 10
+    );
+}
+
+/// A listener of the test's own on a loopback address of this host (in this network
+/// namespace): answers every connection with `loopback:` and what it read, and counts
+/// them.
+fn loopback_listener(ip: &str) -> (u16, std::sync::Arc<std::sync::atomic::AtomicUsize>) {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    let l = std::net::TcpListener::bind((ip, 0)).expect("listen on a loopback address");
+    let port = l.local_addr().expect("its port").port();
+    let seen = std::sync::Arc::new(AtomicUsize::new(0));
+    let count = std::sync::Arc::clone(&seen);
+    std::thread::spawn(move || {
+        for c in l.incoming() {
+            let Ok(mut c) = c else { continue };
+            count.fetch_add(1, Ordering::SeqCst);
+            use std::io::{Read, Write};
+            let _ = c.set_read_timeout(Some(Duration::from_secs(5)));
+            let mut buf = [0u8; 100];
+            let n = c.read(&mut buf).unwrap_or(0);
+            let _ = c.write_all(b"loopback:");
+            let _ = c.write_all(&buf[..n]);
+        }
+    });
+    (port, seen)
+}
+
+/// The probe of [`loopback_beyond_127_0_0_1_opens_only_when_named`]: a connection to
+/// 127.0.0.2 on the port of a rule for all of 127/8, Zygo's resolver's answer for a name
+/// the test host's DNS says is 127.0.0.2, and a connection there naming that name.
+const LOOPBACK_PROBE: &str = r#"
+import socket, struct
+WIDE, NAMED = PORTS
+def dns(name):
+    q = b"\x12\x34\x01\x00\x00\x01\x00\x00\x00\x00\x00\x00"
+    for label in name.split("."):
+        q += bytes([len(label)]) + label.encode()
+    q += b"\x00" + struct.pack(">HH", 1, 1)
+    s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    s.settimeout(3)
+    try:
+        s.sendto(q, ("192.0.2.53", 53))
+        a = s.recv(1500)
+    except OSError as e:
+        return ename(e.errno) if e.errno else "TIMEOUT"
+    count = struct.unpack(">H", a[6:8])[0]
+    return " ".join(".".join(str(b) for b in a[i - 4:i]) for i in range(len(a), len(a) - 16 * count, -16))
+def tcp(addr, port, first):
+    s = socket.socket()
+    s.settimeout(3)
+    try:
+        s.connect((addr, port))
+        s.sendall(first)
+        got = s.recv(100)
+        return ("OK " + got[:16].decode(errors="replace")) if got else "EOF"
+    except socket.timeout:
+        return "TIMEOUT"
+    except OSError as e:
+        return ename(e.errno)
+    finally:
+        s.close()
+done(wide=tcp("127.0.0.2", WIDE, b"hi"), dns=dns("loop.zygo.test"),
+     named=tcp("127.0.0.2", NAMED, b"GET / HTTP/1.1\r\nHost: loop.zygo.test\r\n\r\n"))
+"#;
+
+/// All of 127.0.0.0/8 is the host's own: a rule for the whole block, or a name whose DNS
+/// answer is 127.0.0.2, does not reach a service listening on the host's 127.0.0.2; a rule
+/// naming 127.0.0.2 and the port exactly does.
+fn loopback_beyond_127_0_0_1_opens_only_when_named(who: Who) {
+    use std::sync::atomic::Ordering;
+    if !root_only() {
+        return;
+    }
+    let (wide_port, wide_seen) = loopback_listener("127.0.0.2");
+    let (named_port, named_seen) = loopback_listener("127.0.0.2");
+    // The test host's DNS server answers names under zygo.test with 127.0.0.2.
+    let h = TestHost::start(&LAYOUT, SERVER, &["127.0.0.2"]);
+    let dir = TempDir::new(0o755);
+    let conf = dir.file("resolv.conf", format!("nameserver {}\n", h.host).as_bytes());
+    let code = LOOPBACK_PROBE.replace("PORTS", &format!("{wide_port}, {named_port}"));
+    let g = guard_flags();
+    let mut c = zygo(who);
+    c.env("ZYGO_RESOLV_CONF", &conf)
+        .args(["run", "--json"])
+        .args(&g)
+        .args(["--net", "egress"])
+        .args(["--allow", &format!("127.0.0.0/8:{wide_port}")])
+        .args(["--allow", &format!("loop.zygo.test:{named_port}")])
+        .args(["--", "python3", "-c"])
+        .arg(probe_script(&code));
+    let f = finish(c);
+    let v = f.last_json();
+    assert_not_refused(who, &v, f.code);
+    assert_ok(who, &v, f.code);
+    let last = s(&v, "stdout").lines().last().unwrap_or("").to_string();
+    let r: Value = serde_json::from_str(&last).expect("the probe's JSON line");
+    assert_result(who, &r, "dns", &["127.0.0.2"]);
+    assert_result(who, &r, "wide", &["ECONNRESET", "EOF"]);
+    assert_result(who, &r, "named", &["ECONNRESET", "EOF"]);
+    let log = f.stderr_text();
+    assert!(
+        log.contains(&format!(
+            "refused 127.0.0.2:{wide_port}: an address of this host"
+        )) && log.contains(&format!(
+            "refused 127.0.0.2:{named_port}: an address of this host"
+        )),
+        "[{}] {log}",
+        who.name()
+    );
+    assert_eq!(wide_seen.load(Ordering::SeqCst), 0, "[{}] {r}", who.name());
+    assert_eq!(named_seen.load(Ordering::SeqCst), 0, "[{}] {r}", who.name());
+    // Named exactly, it opens: the listener answers.
+    let exact = format!("127.0.0.2:{wide_port}");
+    let r = probe(
+        who,
+        &["--net", "egress", "--allow", &exact],
+        &format!(
+            "import socket\n\
+             s = socket.create_connection(('127.0.0.2', {wide_port}), timeout=3)\n\
+             s.sendall(b'hi')\n\
+             done(exact=s.recv(100).decode())\n"
+        ),
+    );
+    assert_result(who, &r, "exact", &["loopback:hi"]);
+    assert_eq!(wide_seen.load(Ordering::SeqCst), 1, "[{}] {r}", who.name());
+}
+
 root_and_rootless!(
+    the_filters_buffers_stay_within_a_share_of_the_sandboxs_memory,
+    loopback_beyond_127_0_0_1_opens_only_when_named,
+    a_client_hello_opens_nothing_for_a_cleartext_server,
     a_run_over_the_api_reaches_its_allowed_host,
     large_transfers_arrive_intact,
     allowed_connects_and_the_rest_is_refused,
@@ -844,10 +1309,10 @@ both_tests! {
 
 /// A network namespace standing in for a host with a public address of its own: an
 /// interface holding [`OWN`], and the test host's server listening on it. Removed, with
-/// its server, when dropped.
+/// its servers, when dropped.
 struct OwnAddressHost {
     ns: String,
-    server: Option<Child>,
+    servers: Vec<Child>,
 }
 
 /// A public address (not in any special range) that the namespace owns.
@@ -860,7 +1325,7 @@ impl OwnAddressHost {
         // Removed when dropped, from here on, whatever fails below.
         let mut h = OwnAddressHost {
             ns: ns.clone(),
-            server: None,
+            servers: Vec::new(),
         };
         ip(&["-n", &ns, "link", "set", "lo", "up"]);
         // A veth pair with both ends inside (this kernel has no dummy interfaces).
@@ -878,22 +1343,29 @@ impl OwnAddressHost {
         ]);
         ip(&["-n", &ns, "link", "set", "zown0", "up"]);
         ip(&["-n", &ns, "link", "set", "zown1", "up"]);
-        let server = h.server.insert(
-            Command::new("ip")
-                .args(["netns", "exec", &ns, "python3", "-c", SERVER, OWN])
-                .stdin(Stdio::piped())
-                .stdout(Stdio::piped())
-                .stderr(Stdio::inherit())
-                .spawn()
-                .expect("start the server"),
-        );
+        h.serve_on(OWN);
+        h
+    }
+
+    /// Start the test host's server on `addr`, an address of the namespace.
+    fn serve_on(&mut self, addr: &str) {
+        let server = Command::new("ip")
+            .args(["netns", "exec", &self.ns, "python3", "-c", SERVER, addr])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .expect("start the server");
+        let server = {
+            self.servers.push(server);
+            self.servers.last_mut().expect("the server just started")
+        };
         let mut out = BufReader::new(server.stdout.take().expect("its stdout"));
         let mut first = String::new();
         out.read_line(&mut first).expect("the server started");
         assert_eq!(first.trim(), "ready");
         // The server logs a line per connection: keep reading them, or it dies writing one.
         std::thread::spawn(move || for _ in out.lines() {});
-        h
     }
 
     /// `zygo run --json` with `flags` and `cmd`, started inside the namespace (only its
@@ -918,7 +1390,7 @@ impl OwnAddressHost {
 
 impl Drop for OwnAddressHost {
     fn drop(&mut self) {
-        if let Some(mut server) = self.server.take() {
+        for server in &mut self.servers {
             drop(server.stdin.take());
             let _ = server.kill();
             let _ = server.wait();
@@ -965,6 +1437,61 @@ fn the_hosts_own_addresses_open_only_when_named() {
         f.stderr_text()
     );
     let exact = format!("{OWN}:{ALLOWED}");
+    let f = h.zygo_run(
+        &["--net", "egress", "--allow", &exact],
+        &["python3", "-c", &code],
+    );
+    let v = f.last_json();
+    assert_eq!(
+        s(&v, "stdout").trim(),
+        "\"OK 8080:hi\"",
+        "{v}\n{}",
+        f.stderr_text()
+    );
+}
+
+/// A range the host's `local` routing table delivers to the host itself is the host's own
+/// too, though no interface holds its addresses: an address given to `lo` with a prefix
+/// makes its whole block local, and a server on another address of the block is reached
+/// over loopback. A wide rule does not open it; a rule naming the address does.
+#[test]
+fn a_range_routed_to_the_host_itself_opens_only_when_named() {
+    if !root_only() {
+        return;
+    }
+    let mut h = OwnAddressHost::new();
+    // 11.22.55.0/24 is local in the namespace; nothing holds 11.22.55.7 but the route.
+    ip(&["-n", &h.ns, "addr", "add", "11.22.55.1/24", "dev", "lo"]);
+    h.serve_on("11.22.55.7");
+    let code = format!(
+        "import socket, json\n\
+         s = socket.socket(); s.settimeout(3)\n\
+         try:\n\
+         \x20   s.connect(('11.22.55.7', {ALLOWED})); s.sendall(b'hi'); r = s.recv(100)\n\
+         \x20   print(json.dumps('OK ' + r.decode() if r else 'EOF'))\n\
+         except OSError as e:\n\
+         \x20   print(json.dumps(type(e).__name__))\n"
+    );
+    let wide = format!("0.0.0.0/0:{ALLOWED}");
+    let f = h.zygo_run(
+        &["--net", "egress", "--allow", &wide],
+        &["python3", "-c", &code],
+    );
+    let v = f.last_json();
+    assert_eq!(v["exit_code"], 0, "{v}\n{}", f.stderr_text());
+    let got = s(&v, "stdout").trim().to_string();
+    assert!(
+        got == "\"ConnectionResetError\"" || got == "\"EOF\"",
+        "a wide rule reached the host's local range: {got}\n{}",
+        f.stderr_text()
+    );
+    assert!(
+        f.stderr_text()
+            .contains("refused 11.22.55.7:8080: an address of this host"),
+        "{}",
+        f.stderr_text()
+    );
+    let exact = format!("11.22.55.7:{ALLOWED}");
     let f = h.zygo_run(
         &["--net", "egress", "--allow", &exact],
         &["python3", "-c", &code],

@@ -171,6 +171,10 @@ pub struct Egress {
     pub names: Vec<EgressName>,
     /// The host's DNS servers (IPv4, port 53) the egress filter asks for `names`.
     pub resolvers: Vec<[u8; 4]>,
+    /// The sandbox's memory limit in bytes (`None`: unlimited). The egress filter is not in
+    /// the sandbox's cgroup: it keeps the buffers of the sandbox's connections within a
+    /// share of this limit itself.
+    pub mem_bytes: Option<u64>,
 }
 
 /// One name rule: TCP to `port` at an address the filter resolved for `name`, with that

@@ -27,22 +27,31 @@
 //!
 //! # How the filter confines itself
 //!
-//! Before it accepts anything it drops to the sandbox owner's host ids (when started as
-//! root), becomes non-dumpable, sets `no_new_privs`, restricts itself with Landlock (no
-//! filesystem access at all; TCP `connect` only to the rules' ports, no `bind`), and
-//! installs its own seccomp table ([`confine`]): it can accept on the descriptors it holds,
-//! open IPv4 TCP sockets and connect them, move bytes, and run threads. No `open`, no
-//! `exec`, no other socket family.
+//! Before it accepts anything it reads which ranges the host's routing delivers to the host
+//! itself ([`host`]), drops to the sandbox owner's host ids (when started as root), becomes
+//! non-dumpable, sets `no_new_privs`, restricts itself with Landlock (no filesystem access
+//! at all; TCP `connect` only to the rules' ports, no `bind`), and installs its own seccomp
+//! table ([`confine`]): it can accept on the descriptors it holds, open IPv4 TCP sockets
+//! and connect them, move bytes, and run threads. No `open`, no `exec`, no other socket
+//! family.
+//!
+//! # What it holds for the sandbox
+//!
+//! Its buffers are not in the sandbox's memory cgroup, so they are kept within a share of
+//! the sandbox's memory limit by the filter itself ([`budget`]): every socket's buffers are
+//! set explicitly, and a connection is relayed only while the sum of what the relays can
+//! hold stays within that share.
 
+pub mod budget;
 pub mod confine;
 pub mod dns;
 pub mod guard;
+pub mod host;
 pub mod sniff;
 
 use std::io::{Read, Write};
 use std::net::{Ipv4Addr, SocketAddrV4, TcpStream};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -60,25 +69,27 @@ pub const MAX_LISTENERS: usize = 65;
 const MAX_ADDRS_PER_NAME: usize = 64;
 /// How long the filter waits for a connection's first bytes when a name rule needs them.
 const SNIFF_WAIT: Duration = Duration::from_secs(5);
-/// The most connections relayed at once; more are refused (reset) and logged. The filter
-/// is not in the sandbox's cgroup, so this is what bounds the memory a sandbox can make it
-/// hold (buffers and pipes per connection).
-const MAX_CONNS: usize = 64;
+/// How long a connection accepted while every place is taken waits for one that was
+/// ended to make room (see [`Shared::evict_half_closed`]) to give its buffers back.
+const GRANT_WAIT: Duration = Duration::from_secs(5);
 /// How long an upstream answer is reused before the host's DNS servers are asked again, so
 /// that a sandbox repeating a query does not repeat it upstream.
 const DNS_REUSE: Duration = Duration::from_secs(10);
 /// How long the filter waits for the destination to accept a connection.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 /// How long a relayed connection may sit with nothing moving in a direction before that
-/// direction is ended: a connection nobody uses does not hold one of the filter's
-/// [`MAX_CONNS`] places for ever.
+/// direction is ended: a connection nobody uses does not hold one of the filter's places
+/// ([`budget::Pool::places`]) for ever.
 const RELAY_IDLE: Duration = Duration::from_secs(600);
 /// Once one direction has ended, how long the other may sit idle.
 const HALF_CLOSED_IDLE: Duration = Duration::from_secs(60);
-/// Each relay thread's buffer (or the most one splice moves).
-const BUF: usize = 1024 * 1024;
-/// The pipe a relay splices through.
-const PIPE_SIZE: libc::c_int = 1024 * 1024;
+/// The pipe a relay splices through, the most one splice moves, and the buffer of a relay
+/// that copies instead: within [`budget::HOLD`].
+const PIPE_SIZE: usize = 64 * 1024;
+/// The buffer a cleartext HTTP connection's requests are read into; with what it passes on
+/// and the head the guard holds back (at most [`sniff::MAX_PEEK`]), within
+/// [`budget::HOLD`].
+const CHECKED_BUF: usize = 32 * 1024;
 
 /// What the launcher tells the filter at start.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -87,6 +98,9 @@ pub struct Start {
     pub ids: Option<(u32, u32)>,
     /// How log lines name the sandbox.
     pub label: String,
+    /// The sandbox's memory limit in bytes (`None`: unlimited), of which the filter's
+    /// buffers take at most a share ([`budget`]).
+    pub mem: Option<u64>,
     pub rules: Vec<Rule>,
     pub names: Vec<NameRule>,
     pub resolvers: Vec<Ipv4Addr>,
@@ -95,7 +109,7 @@ pub struct Start {
 impl Start {
     /// The message's text (the listening sockets travel beside it).
     pub fn encode(&self) -> String {
-        let mut s = String::from("zygo-egress 1\n");
+        let mut s = String::from("zygo-egress 2\n");
         match self.ids {
             Some((u, g)) => s.push_str(&format!("ids {u} {g}\n")),
             None => s.push_str("ids -\n"),
@@ -107,6 +121,10 @@ impl Start {
             .take(128)
             .collect();
         s.push_str(&format!("label {label}\n"));
+        match self.mem {
+            Some(m) => s.push_str(&format!("mem {m}\n")),
+            None => s.push_str("mem -\n"),
+        }
         for r in &self.rules {
             s.push_str(&format!("rule {r}\n"));
         }
@@ -122,7 +140,7 @@ impl Start {
     /// Parse what [`Start::encode`] wrote; `None` for anything else.
     pub fn decode(text: &str) -> Option<Start> {
         let mut lines = text.lines();
-        if lines.next()? != "zygo-egress 1" {
+        if lines.next()? != "zygo-egress 2" {
             return None;
         }
         let ids = match lines.next()?.strip_prefix("ids ")? {
@@ -133,6 +151,10 @@ impl Start {
             }
         };
         let label = lines.next()?.strip_prefix("label ")?.to_string();
+        let mem = match lines.next()?.strip_prefix("mem ")? {
+            "-" => None,
+            m => Some(m.parse().ok()?),
+        };
         let (mut rules, mut names, mut resolvers) = (Vec::new(), Vec::new(), Vec::new());
         for l in lines {
             match l.split_once(' ')? {
@@ -146,6 +168,7 @@ impl Start {
             Start {
                 ids,
                 label,
+                mem,
                 rules,
                 names,
                 resolvers,
@@ -190,7 +213,19 @@ fn run() -> Result<(), String> {
     for fd in &tcp {
         set_nonblocking(fd.as_raw_fd(), true)
             .map_err(|e| format!("make a listener non-blocking: {e}"))?;
+        // Connections accepted from it inherit these, from their first packet on.
+        set_buffers(fd.as_raw_fd(), budget::INSIDE_BUF)
+            .map_err(|e| format!("size a listener's buffers: {e}"))?;
     }
+    // The host's own ranges, while a netlink socket may still be opened.
+    let local = host::LocalRanges::read().unwrap_or_else(|e| {
+        log::warn!(
+            "egress[{}]: read the host's local routes: {e}; its own addresses are known by \
+             loopback and its interfaces' addresses only",
+            start.label
+        );
+        host::LocalRanges::default()
+    });
     confine::drop_ids(start.ids).map_err(|e| format!("drop to the sandbox owner's ids: {e}"))?;
     let ports: Vec<u16> = start
         .rules
@@ -200,7 +235,16 @@ fn run() -> Result<(), String> {
         .collect();
     confine::landlock(&ports).map_err(|e| format!("Landlock: {e}"))?;
     confine::confine().map_err(|e| e.to_string())?;
+    let pool = budget::Pool::new(start.mem);
+    log::info!(
+        "egress[{}]: buffers for {} connections at once, within {} KiB",
+        start.label,
+        pool.places(),
+        pool.total() / 1024
+    );
     let shared = Arc::new(Shared {
+        local,
+        pool,
         start,
         resolved: Mutex::new(HashMap::new()),
         recent: Mutex::new(HashMap::new()),
@@ -224,6 +268,10 @@ fn run() -> Result<(), String> {
 /// What every thread of the filter shares.
 struct Shared {
     start: Start,
+    /// The buffers the sandbox's connections may hold.
+    pool: Arc<budget::Pool>,
+    /// The host's own ranges when the filter started ([`host`]).
+    local: host::LocalRanges,
     /// name → the addresses the resolver gave the sandbox for it.
     resolved: Mutex<HashMap<String, Vec<Ipv4Addr>>>,
     /// name → the last upstream answer and when it came.
@@ -450,7 +498,6 @@ fn set_nonblocking(fd: RawFd, on: bool) -> std::io::Result<()> {
 /// Accept on every listener until the sandbox is gone (the launcher's end kills this
 /// process), one thread per connection.
 fn serve(start: Arc<Shared>, listeners: Vec<OwnedFd>) -> Result<(), String> {
-    let active = Arc::new(AtomicUsize::new(0));
     let mut polls: Vec<libc::pollfd> = listeners
         .iter()
         .map(|l| libc::pollfd {
@@ -489,14 +536,6 @@ fn serve(start: Arc<Shared>, listeners: Vec<OwnedFd>) -> Result<(), String> {
                 }
                 // SAFETY: accept4 just returned this descriptor to us.
                 let conn = unsafe { OwnedFd::from_raw_fd(c) };
-                if active.load(Ordering::Acquire) >= MAX_CONNS && !start.evict_half_closed() {
-                    start.refusal(format_args!(
-                        "egress[{}]: refused a connection: {MAX_CONNS} are open already",
-                        start.start.label
-                    ));
-                    reset(conn);
-                    continue;
-                }
                 // Refused by address alone: answered here, without a thread of its own.
                 if let Some(dst) = local_v4(conn.as_raw_fd()) {
                     let names_port = start.start.names.iter().any(|n| n.port == dst.port());
@@ -509,16 +548,44 @@ fn serve(start: Arc<Shared>, listeners: Vec<OwnedFd>) -> Result<(), String> {
                         continue;
                     }
                 }
-                active.fetch_add(1, Ordering::AcqRel);
-                let (st, count) = (Arc::clone(&start), Arc::clone(&active));
+                // A place and its buffers now, or, once a relay was ended to make room,
+                // when that relay has given them back (the place is kept for this
+                // connection). Only a connection that made room waits, so the threads stay
+                // bounded by the places.
+                let grant = match start.pool.grant_now() {
+                    Some(g) => Ok(g),
+                    None if start.evict_half_closed() => Err(start.pool.queue()),
+                    None => {
+                        start.refusal(format_args!(
+                            "egress[{}]: refused a connection: all {} places are taken (the \
+                             filter keeps the buffers of this sandbox's connections within a \
+                             quarter of its memory limit; a larger --mem gives more places)",
+                            start.start.label,
+                            start.pool.places()
+                        ));
+                        reset(conn);
+                        continue;
+                    }
+                };
+                let st = Arc::clone(&start);
                 let spawned = std::thread::Builder::new()
                     .stack_size(256 * 1024)
                     .spawn(move || {
-                        handle(&st, conn);
-                        count.fetch_sub(1, Ordering::AcqRel);
+                        let grant = match grant.map_or_else(|t| t.wait(GRANT_WAIT), Some) {
+                            Some(g) => g,
+                            None => {
+                                st.refusal(format_args!(
+                                    "egress[{}]: refused a connection: the connection ended \
+                                     to make room did not give its place back within {} s",
+                                    st.start.label,
+                                    GRANT_WAIT.as_secs()
+                                ));
+                                return reset(conn);
+                            }
+                        };
+                        handle(&st, conn, grant);
                     });
                 if let Err(e) = spawned {
-                    active.fetch_sub(1, Ordering::AcqRel);
                     start.refusal(format_args!(
                         "egress[{}]: refused a connection: start a relay: {e}",
                         start.start.label
@@ -527,41 +594,6 @@ fn serve(start: Arc<Shared>, listeners: Vec<OwnedFd>) -> Result<(), String> {
             }
         }
     }
-}
-
-/// Whether `ip` is an address of this host: a UDP socket connected to it (which sends
-/// nothing) is given it as its own source address only then. No socket: yes (the careful
-/// side). No route to it: no (the relay's own connect fails there too). A local route an
-/// administrator gave another source address is not recognised.
-fn is_host_address(ip: Ipv4Addr) -> bool {
-    // SAFETY: plain socket creation.
-    let fd = unsafe { libc::socket(libc::AF_INET, libc::SOCK_DGRAM | libc::SOCK_CLOEXEC, 0) };
-    if fd < 0 {
-        return true;
-    }
-    // SAFETY: the socket was just created by this process.
-    let sock = unsafe { OwnedFd::from_raw_fd(fd) };
-    let sa = libc::sockaddr_in {
-        sin_family: libc::AF_INET as libc::sa_family_t,
-        sin_port: 9u16.to_be(),
-        sin_addr: libc::in_addr {
-            s_addr: u32::from(ip).to_be(),
-        },
-        sin_zero: [0; 8],
-    };
-    // SAFETY: sa is a valid sockaddr_in of the size passed.
-    let r = unsafe {
-        libc::connect(
-            sock.as_raw_fd(),
-            (&sa as *const libc::sockaddr_in).cast(),
-            std::mem::size_of::<libc::sockaddr_in>() as libc::socklen_t,
-        )
-    };
-    if r != 0 {
-        // No route at all: not reachable as the host's own either.
-        return false;
-    }
-    local_v4(sock.as_raw_fd()).is_none_or(|own| *own.ip() == ip)
 }
 
 /// The address a connection was made to: the accepted socket's own local address.
@@ -633,6 +665,52 @@ fn reset(conn: OwnedFd) {
     drop(conn);
 }
 
+/// Set a socket's `SO_RCVBUF` and `SO_SNDBUF` to `size` each (the kernel doubles it, and
+/// turns autotuning off for the socket). Set on a listener, they are the sizes of the
+/// connections accepted from it.
+fn set_buffers(fd: RawFd, size: u64) -> std::io::Result<()> {
+    let v = libc::c_int::try_from(size).unwrap_or(libc::c_int::MAX);
+    for opt in [libc::SO_RCVBUF, libc::SO_SNDBUF] {
+        // SAFETY: setsockopt with a valid int of the size passed.
+        let r = unsafe {
+            libc::setsockopt(
+                fd,
+                libc::SOL_SOCKET,
+                opt,
+                (&v as *const libc::c_int).cast(),
+                std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+            )
+        };
+        if r != 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+    }
+    Ok(())
+}
+
+/// A socket's receive and send buffer sizes as the kernel holds them (twice what was set).
+fn buffer_sizes(fd: RawFd) -> std::io::Result<(u64, u64)> {
+    let get = |opt: libc::c_int| {
+        let mut v: libc::c_int = 0;
+        let mut len = std::mem::size_of::<libc::c_int>() as libc::socklen_t;
+        // SAFETY: v and len are valid for getsockopt to fill in.
+        let r = unsafe {
+            libc::getsockopt(
+                fd,
+                libc::SOL_SOCKET,
+                opt,
+                (&mut v as *mut libc::c_int).cast(),
+                &mut len,
+            )
+        };
+        if r != 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        Ok(u64::try_from(v).unwrap_or(0))
+    };
+    Ok((get(libc::SO_RCVBUF)?, get(libc::SO_SNDBUF)?))
+}
+
 /// Make the socket's close a reset (`SO_LINGER` 0) rather than an orderly end.
 fn close_with_reset(fd: RawFd) {
     let lin = libc::linger {
@@ -651,9 +729,20 @@ fn close_with_reset(fd: RawFd) {
     };
 }
 
-fn handle(sh: &Arc<Shared>, conn: OwnedFd) {
+/// Decide on one accepted connection and relay it. `grant` (its place and buffers) goes
+/// back to the pool when this returns, after both sockets are closed.
+fn handle(sh: &Arc<Shared>, conn: OwnedFd, mut grant: budget::Grant) {
     let start = &sh.start;
-    let mut guard: Option<guard::Requests> = None;
+    // Accepted connections have the listener's sizes already; one made before the filter
+    // sized its listener is held to them from here on.
+    if let Err(e) = set_buffers(conn.as_raw_fd(), budget::INSIDE_BUF) {
+        sh.refusal(format_args!(
+            "egress[{}]: refused a connection: size its buffers: {e}",
+            start.label
+        ));
+        return reset(conn);
+    }
+    let mut upstream = ToServer::Plain;
     let Some(dst) = local_v4(conn.as_raw_fd()) else {
         sh.refusal(format_args!(
             "egress[{}]: refused a connection whose destination is not IPv4",
@@ -674,9 +763,21 @@ fn handle(sh: &Arc<Shared>, conn: OwnedFd) {
             sniff::Sniff::Host(h) => Some(h),
             _ => None,
         };
-        // Cleartext HTTP: every later request on the connection must name the same host.
-        if first_byte(conn.as_raw_fd()).is_some_and(|b| b != 0x16) {
-            guard = host.as_deref().map(guard::Requests::new);
+        match (first_byte(conn.as_raw_fd()), host.as_deref()) {
+            // TLS: the ClientHello, then nothing until the server answers as TLS does.
+            (Some(0x16), Some(_)) => match tls_record_len(conn.as_raw_fd()) {
+                Some(len) => upstream = ToServer::AfterHello(len),
+                None => {
+                    sh.refusal(format_args!(
+                        "egress[{}]: refused {dst}: its ClientHello could not be read again",
+                        start.label
+                    ));
+                    return reset(conn);
+                }
+            },
+            // Cleartext HTTP: every later request on the connection must name the same host.
+            (Some(_), Some(h)) => upstream = ToServer::Checked(guard::Requests::new(h)),
+            _ => {}
         }
         let resolved = |name: &str| {
             sh.resolved
@@ -695,7 +796,9 @@ fn handle(sh: &Arc<Shared>, conn: OwnedFd) {
     // The host's own addresses (a public address on one of its interfaces, say) are
     // reached over its loopback, past its firewall: only a rule naming the address opens
     // one.
-    if is_host_address(*dst.ip()) && !policy::egress::named_exactly(&start.rules, dst) {
+    if host::is_host_address(*dst.ip(), &sh.local)
+        && !policy::egress::named_exactly(&start.rules, dst)
+    {
         sh.refusal(format_args!(
             "egress[{}]: refused {dst}: an address of this host; only a rule naming it \
              exactly opens it",
@@ -703,7 +806,7 @@ fn handle(sh: &Arc<Shared>, conn: OwnedFd) {
         ));
         return reset(conn);
     }
-    let out = match connect(dst) {
+    let out = match connect(dst, &mut grant) {
         Ok(s) => s,
         Err(e) => {
             sh.refusal(format_args!("egress[{}]: {dst}: {e}", start.label));
@@ -720,12 +823,15 @@ fn handle(sh: &Arc<Shared>, conn: OwnedFd) {
     let outside = Arc::new(out);
     let (i2, o2) = (Arc::clone(&inside), Arc::clone(&outside));
     let sh2 = Arc::clone(sh);
+    let gate = matches!(upstream, ToServer::AfterHello(_)).then(|| Arc::new(Gate::default()));
+    let gate2 = gate.clone();
     let up = std::thread::Builder::new()
         .stack_size(256 * 1024)
         .spawn(move || {
-            match guard {
-                Some(g) => copy_checked(&i2, &o2, g, &sh2),
-                None => copy(&i2, &o2),
+            match (upstream, gate2) {
+                (ToServer::Checked(g), _) => copy_checked(&i2, &o2, g, &sh2),
+                (ToServer::AfterHello(len), Some(gate)) => copy_after_hello(&i2, &o2, len, &gate),
+                _ => copy(&i2, &o2),
             }
             // The program has sent all it will: this relay may make room for a new one.
             if let Ok(mut list) = sh2.half_closed.lock() {
@@ -736,7 +842,27 @@ fn handle(sh: &Arc<Shared>, conn: OwnedFd) {
                 });
             }
         });
-    copy(&outside, &inside);
+    // A connection opened by a ClientHello goes on only once the server has answered it
+    // as a TLS server does: a server that read it as a cleartext request it could not read
+    // (and might go on reading) is never sent the program's next bytes.
+    let answered = gate.as_ref().is_none_or(|g| {
+        // Without the thread that sends the hello there is nothing to wait for.
+        let tls = up.is_ok() && server_answers_tls(outside.as_raw_fd());
+        g.set(tls);
+        tls
+    });
+    if answered {
+        copy(&outside, &inside);
+    } else {
+        sh.refusal(format_args!(
+            "egress[{}]: ended the connection to {dst}: the server did not answer its TLS \
+             ClientHello as a TLS server does, so nothing more of it is sent there",
+            start.label
+        ));
+        close_with_reset(inside.as_raw_fd());
+        let _ = inside.shutdown(std::net::Shutdown::Both);
+        let _ = outside.shutdown(std::net::Shutdown::Both);
+    }
     match up {
         Ok(t) => {
             let _ = t.join();
@@ -745,6 +871,153 @@ fn handle(sh: &Arc<Shared>, conn: OwnedFd) {
             "egress[{}]: {dst}: start a relay: {e}",
             start.label
         )),
+    }
+}
+
+/// How a relay passes the program's bytes on to the server.
+enum ToServer {
+    /// As they come.
+    Plain,
+    /// Read as they pass: a cleartext HTTP connection opened by a name rule
+    /// ([`copy_checked`]).
+    Checked(guard::Requests),
+    /// A connection a name rule opened by the server name of its TLS ClientHello: that
+    /// first record (this many bytes), then nothing until the server has answered as a TLS
+    /// server does ([`copy_after_hello`]).
+    AfterHello(usize),
+}
+
+/// Whether the server answered a ClientHello as a TLS server: set once by the relay's
+/// server side, waited for by the program side.
+#[derive(Default)]
+struct Gate {
+    answer: Mutex<Option<bool>>,
+    set: std::sync::Condvar,
+}
+
+impl Gate {
+    fn set(&self, tls: bool) {
+        if let Ok(mut a) = self.answer.lock() {
+            *a = Some(tls);
+        }
+        self.set.notify_all();
+    }
+
+    /// The answer, once there is one; `false` if none came within `limit`.
+    fn wait(&self, limit: Duration) -> bool {
+        let deadline = std::time::Instant::now() + limit;
+        let Ok(mut a) = self.answer.lock() else {
+            return false;
+        };
+        loop {
+            if let Some(tls) = *a {
+                return tls;
+            }
+            let left = deadline.saturating_duration_since(std::time::Instant::now());
+            if left.is_zero() {
+                return false;
+            }
+            a = match self.set.wait_timeout(a, left) {
+                Ok((a, _)) => a,
+                Err(_) => return false,
+            };
+        }
+    }
+}
+
+/// The length, header included, of the TLS record waiting first on a connection (the
+/// ClientHello [`sniff`] read the server name from), without taking it.
+fn tls_record_len(fd: RawFd) -> Option<usize> {
+    let mut h = [0u8; 5];
+    // SAFETY: a five-byte buffer we own.
+    let n = unsafe {
+        libc::recv(
+            fd,
+            h.as_mut_ptr().cast(),
+            h.len(),
+            libc::MSG_PEEK | libc::MSG_DONTWAIT,
+        )
+    };
+    (n == 5 && h[0] == 0x16).then(|| 5 + usize::from(u16::from_be_bytes([h[3], h[4]])))
+}
+
+/// What a server's first bytes say about whether it answered a ClientHello as a TLS server
+/// does: a handshake record whose first message is a ServerHello (a HelloRetryRequest is
+/// one too), or an alert. `None`: not enough bytes yet.
+fn tls_answer(b: &[u8]) -> Option<bool> {
+    match b {
+        [] | [0x15] | [0x16] => None,
+        [0x15, major, ..] => Some(*major == 3),
+        [0x16, major, ..] if *major != 3 => Some(false),
+        [0x16, _, _, _, _, kind, ..] => Some(*kind == 2),
+        [0x16, ..] => None,
+        _ => Some(false),
+    }
+}
+
+/// Wait (up to [`RELAY_IDLE`]) for the server's first bytes, without taking them, and say
+/// whether they answer a ClientHello as a TLS server does ([`tls_answer`]). The server
+/// ending the connection, or saying nothing in time: no.
+fn server_answers_tls(fd: RawFd) -> bool {
+    let deadline = std::time::Instant::now() + RELAY_IDLE;
+    let mut buf = [0u8; 6];
+    let mut seen = 0;
+    loop {
+        let left = deadline.saturating_duration_since(std::time::Instant::now());
+        if left.is_zero() {
+            return false;
+        }
+        let mut p = libc::pollfd {
+            fd,
+            events: libc::POLLIN,
+            revents: 0,
+        };
+        let ms = libc::c_int::try_from(left.as_millis()).unwrap_or(libc::c_int::MAX);
+        // SAFETY: one valid pollfd.
+        if unsafe { libc::poll(&mut p, 1, ms) } <= 0 {
+            continue;
+        }
+        // SAFETY: buf is valid for its length.
+        let n = unsafe {
+            libc::recv(
+                fd,
+                buf.as_mut_ptr().cast(),
+                buf.len(),
+                libc::MSG_PEEK | libc::MSG_DONTWAIT,
+            )
+        };
+        if n <= 0 {
+            return false; // ended, or an error
+        }
+        let n = n as usize;
+        match tls_answer(&buf[..n]) {
+            Some(tls) => return tls,
+            None => {
+                if n == seen {
+                    // Nothing new yet: wait a little rather than spin on the same bytes.
+                    std::thread::sleep(Duration::from_millis(5));
+                }
+                seen = n;
+            }
+        }
+    }
+}
+
+/// Pass the program's ClientHello (`hello` bytes, already read ahead) to the server, wait
+/// until the server's answer has been judged ([`Gate`]), then, if it answered as a TLS
+/// server does, relay the rest as [`copy`] does. Otherwise the server side ends both
+/// sockets, and nothing past the ClientHello was sent.
+fn copy_after_hello(from: &TcpStream, to: &TcpStream, hello: usize, gate: &Gate) {
+    let mut buf = vec![0u8; hello];
+    let mut r = from;
+    let mut w = to;
+    if r.read_exact(&mut buf).is_err() || w.write_all(&buf).is_err() {
+        let _ = to.shutdown(std::net::Shutdown::Write);
+        return;
+    }
+    drop(buf);
+    if gate.wait(RELAY_IDLE) {
+        copy(from, to);
     }
 }
 
@@ -767,7 +1040,7 @@ fn first_byte(fd: RawFd) -> Option<u8> {
 /// they pass: when a request is one the filter may not relay (another host, framing it
 /// cannot follow), the connection ends with a reset both ways and the refusal is logged.
 fn copy_checked(from: &TcpStream, to: &TcpStream, mut guard: guard::Requests, sh: &Shared) {
-    let mut buf = vec![0u8; 64 * 1024];
+    let mut buf = vec![0u8; CHECKED_BUF];
     let mut pass = Vec::with_capacity(buf.len());
     let mut r = from;
     let mut w = to;
@@ -807,12 +1080,13 @@ fn copy_checked(from: &TcpStream, to: &TcpStream, mut guard: guard::Requests, sh
 /// cannot be had.
 fn copy(from: &TcpStream, to: &TcpStream) {
     if let Ok((r, w)) = plumbing::pipes::pipe() {
-        // A larger pipe moves more per call; the default (64 KiB) if the kernel says no.
+        // The pipe holds at most what one splice moves; its size is set so that the
+        // kernel's default cannot make it larger.
         // SAFETY: F_SETPIPE_SZ on a pipe this thread holds.
-        unsafe { libc::fcntl(w.as_raw_fd(), libc::F_SETPIPE_SZ, PIPE_SIZE) };
+        unsafe { libc::fcntl(w.as_raw_fd(), libc::F_SETPIPE_SZ, PIPE_SIZE as libc::c_int) };
         splice_all(from, to, r.as_raw_fd(), w.as_raw_fd());
     } else {
-        let mut buf = vec![0u8; BUF];
+        let mut buf = vec![0u8; PIPE_SIZE];
         let mut r = from;
         let mut w = to;
         loop {
@@ -844,7 +1118,7 @@ fn splice_all(from: &TcpStream, to: &TcpStream, pipe_r: RawFd, pipe_w: RawFd) {
                 std::ptr::null_mut(),
                 pipe_w,
                 std::ptr::null_mut(),
-                BUF,
+                PIPE_SIZE,
                 flags,
             )
         };
@@ -884,8 +1158,10 @@ fn splice_all(from: &TcpStream, to: &TcpStream, pipe_r: RawFd, pipe_w: RawFd) {
     }
 }
 
-/// Connect to `dst` from the host's network namespace, within [`CONNECT_TIMEOUT`].
-fn connect(dst: SocketAddrV4) -> Result<TcpStream, String> {
+/// Connect to `dst` from the host's network namespace, within [`CONNECT_TIMEOUT`], with
+/// the buffers `grant` gives (set before the connection opens, so that its window never
+/// offers more), and settle the grant for what the kernel gave.
+fn connect(dst: SocketAddrV4, grant: &mut budget::Grant) -> Result<TcpStream, String> {
     // SAFETY: plain socket creation.
     let fd = unsafe {
         libc::socket(
@@ -902,6 +1178,10 @@ fn connect(dst: SocketAddrV4) -> Result<TcpStream, String> {
     }
     // SAFETY: the socket was just created by this process.
     let sock = unsafe { OwnedFd::from_raw_fd(fd) };
+    set_buffers(fd, grant.buf()).map_err(|e| format!("size the socket's buffers: {e}"))?;
+    if let Ok((rcv, snd)) = buffer_sizes(fd) {
+        grant.settle(rcv, snd);
+    }
     let sa = libc::sockaddr_in {
         sin_family: libc::AF_INET as libc::sa_family_t,
         sin_port: dst.port().to_be(),
@@ -981,6 +1261,7 @@ mod tests {
         let s = Start {
             ids: Some((100000, 100000)),
             label: "run 42\nfake".into(),
+            mem: Some(64 << 20),
             rules: vec![Rule::parse_exact("10.0.0.0/8:80").unwrap()],
             names: vec![NameRule::decode("pypi.org 443 0").unwrap()],
             resolvers: vec![Ipv4Addr::new(10, 0, 0, 53)],
@@ -991,8 +1272,31 @@ mod tests {
         assert_eq!(d.resolvers, s.resolvers);
         assert_eq!(d.ids, s.ids);
         assert_eq!(d.label, "run 42fake");
+        assert_eq!(d.mem, Some(64 << 20));
+        let unlimited = Start { mem: None, ..s };
+        assert_eq!(Start::decode(&unlimited.encode()).unwrap().mem, None);
+        assert!(Start::decode("zygo-egress 1\nids -\nlabel x\nmem -\n").is_none());
         assert!(Start::decode("zygo-egress 2\nids -\nlabel x\n").is_none());
-        assert!(Start::decode("zygo-egress 1\nids -\nlabel x\nrule 10.0.0.1/8:80\n").is_none());
-        assert!(Start::decode("zygo-egress 1\nids -\nlabel x\nbogus\n").is_none());
+        assert!(Start::decode("zygo-egress 2\nids -\nlabel x\nmem 1k\n").is_none());
+        assert!(
+            Start::decode("zygo-egress 2\nids -\nlabel x\nmem -\nrule 10.0.0.1/8:80\n").is_none()
+        );
+        assert!(Start::decode("zygo-egress 2\nids -\nlabel x\nmem -\nbogus\n").is_none());
+    }
+
+    #[test]
+    fn only_a_tls_servers_answer_to_a_client_hello_opens_the_rest() {
+        // A ServerHello (or HelloRetryRequest) record, or an alert.
+        assert_eq!(tls_answer(b"\x16\x03\x03\x00\x7a\x02\x00"), Some(true));
+        assert_eq!(tls_answer(b"\x15\x03\x03\x00\x02\x02\x28"), Some(true));
+        // Not yet enough to tell.
+        for partial in [&b""[..], b"\x16", b"\x16\x03\x03\x00", b"\x15"] {
+            assert_eq!(tls_answer(partial), None, "{partial:?}");
+        }
+        // A cleartext answer, the ClientHello echoed back, another record version.
+        assert_eq!(tls_answer(b"HTTP/1.1 400 Bad Request\r\n"), Some(false));
+        assert_eq!(tls_answer(b"\x16\x03\x01\x02\x00\x01\x00"), Some(false));
+        assert_eq!(tls_answer(b"\x16\x02"), Some(false));
+        assert_eq!(tls_answer(b"\x17\x03\x03\x00\x10"), Some(false));
     }
 }

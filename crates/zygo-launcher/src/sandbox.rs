@@ -405,7 +405,7 @@ fn zygo_egress_start(
     init_pid: libc::pid_t,
     egress: &proto::launch::Egress,
 ) -> String {
-    let mut s = String::from("zygo-egress 1\n");
+    let mut s = String::from("zygo-egress 2\n");
     match ids {
         Some((u, g)) => s.push_str(&format!("ids {u} {g}\n")),
         None => s.push_str("ids -\n"),
@@ -414,6 +414,10 @@ fn zygo_egress_start(
         "label sandbox {init_pid} (launcher {})\n",
         std::process::id()
     ));
+    match egress.mem_bytes {
+        Some(m) => s.push_str(&format!("mem {m}\n")),
+        None => s.push_str("mem -\n"),
+    }
     for r in &egress.rules {
         let [a, b, c, d] = r.addr;
         s.push_str(&format!("rule {a}.{b}.{c}.{d}/{}:{}\n", r.prefix, r.port));

@@ -1079,7 +1079,10 @@ pub fn launch_plan(plan: &policy::plan::OneShotPlan) -> Result<(LaunchPlan, Limi
     use policy::plan::{Image, Network};
     let egress = match plan.network {
         Network::None => None,
-        Network::Egress => Some(egress_rules(&plan.allow)?),
+        Network::Egress => Some(egress_rules(
+            &plan.allow,
+            Limits::from_policy(&plan.limits).mem_bytes,
+        )?),
         Network::Host => {
             return Err(
                 "network host is not available for one-shot sandboxes; use --net none or \
@@ -1149,8 +1152,12 @@ pub fn launch_plan(plan: &policy::plan::OneShotPlan) -> Result<(LaunchPlan, Limi
 }
 
 /// The launcher's form of egress rules the policy has checked, with the host's DNS
-/// servers when there are name rules.
-pub fn egress_rules(rules: &policy::egress::Rules) -> Result<proto::launch::Egress, String> {
+/// servers when there are name rules, and the sandbox's memory limit (which bounds what
+/// its egress filter holds for it).
+pub fn egress_rules(
+    rules: &policy::egress::Rules,
+    mem_bytes: Option<u64>,
+) -> Result<proto::launch::Egress, String> {
     let resolvers = if rules.names.is_empty() {
         Vec::new()
     } else {
@@ -1189,6 +1196,7 @@ pub fn egress_rules(rules: &policy::egress::Rules) -> Result<proto::launch::Egre
             })
             .collect(),
         resolvers,
+        mem_bytes,
     })
 }
 

@@ -288,6 +288,9 @@ fn plan(spec: &FnSpec, identity: &Identity) -> Result<Planned, String> {
                 },
             )
             .map_err(|e| e.to_string())?,
+            // One request's limit: the filter serves the zygote's requests with buffers
+            // within a share of it.
+            Limits::from_policy(&spec.limits).mem_bytes,
         )?),
         policy::plan::Network::Host => {
             return Err(
