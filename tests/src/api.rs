@@ -93,6 +93,15 @@ pub fn run_body(spec: &serde_json::Value) -> proto::api::RunBody {
         .unwrap_or_else(|e| panic!("the run's body {spec}: {e}"))
 }
 
+/// A layer (`PUT /fn/{name}`, `POST /runtimes`), from its JSON text as the HTTP front
+/// parses it.
+pub fn layer(text: &str) -> Box<proto::api::LayerBody> {
+    Box::new(
+        zygo_front::http::bodies::layer::parse(text.as_bytes())
+            .unwrap_or_else(|e| panic!("the layer {text}: {e}")),
+    )
+}
+
 /// A tenant id no other test (or run) has: `tag` and a number.
 pub fn tenant_id(tag: &str) -> String {
     format!("{tag}{:x}", crate::unique() & 0xff_ffff_ffff)

@@ -229,7 +229,7 @@ fn serve_for(
         Request::ServeLayer {
             name: name.into(),
             kind,
-            layer: layer.into(),
+            layer: zygo_tests::api::layer(layer),
             base_dir: base.map(str::to_string),
         },
     );
@@ -350,7 +350,7 @@ fn every_gate_row_for_every_caller() {
             Request::ServeLayer {
                 name: "gated".into(),
                 kind: ServeKind::Function,
-                layer: "{}".into(),
+                layer: Box::default(),
                 base_dir: None,
             },
             [true, true, false, false],
@@ -460,7 +460,7 @@ fn what_stays_off_for_everybody() {
     start::<(&str, &str)>(&mut s, &[]);
     let (_, op) = mint(&s, None);
     let mut api = Api::plain(&s);
-    let layer = |extra: &str| format!("{{\"agent\":\"python\",{extra}}}");
+    let layer = |extra: &str| zygo_tests::api::layer(&format!("{{\"agent\":\"python\",{extra}}}"));
     for extra in [
         "\"network\":\"host\"",
         "\"mem\":\"unlimited\"",
@@ -1459,7 +1459,7 @@ fn hostile_envelopes_are_refused_and_the_connection_serves() {
                 Request::ServeLayer {
                     name: o.clone(),
                     kind: ServeKind::Pool,
-                    layer: "{\"agent\":\"python\"}".into(),
+                    layer: zygo_tests::api::layer("{\"agent\":\"python\"}"),
                     base_dir: None,
                 },
                 vec![ErrorCode::BadRequest],
@@ -1633,7 +1633,7 @@ fn layers_served_over_the_api() {
             Request::ServeLayer {
                 name: name.clone(),
                 kind,
-                layer: layer.into(),
+                layer: zygo_tests::api::layer(layer),
                 base_dir: Some(base.clone()),
             },
         )

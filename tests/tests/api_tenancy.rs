@@ -880,7 +880,7 @@ fn what_a_tenant_reads_about_host_functions() {
         Request::ServeLayer {
             name: "mine".into(),
             kind: ServeKind::Function,
-            layer: "{\"agent\":\"python\",\"entry\":\"handlers.py:echo\"}".into(),
+            layer: zygo_tests::api::layer("{\"agent\":\"python\",\"entry\":\"handlers.py:echo\"}"),
             base_dir: Some(s.dir.path.join("fn").to_str().expect("UTF-8").into()),
         },
     );

@@ -628,9 +628,9 @@ fn two_tenants_share_a_pool_and_read_their_own(who: Who) {
             Request::ServeLayer {
                 name: n.clone(),
                 kind: ServeKind::Pool,
-                layer: format!(
+                layer: zygo_tests::api::layer(&format!(
                     r#"{{"agent":"python","mem":"64M","secrets":["API_KEY"],"max_warm":{max},"min_warm":1}}"#
-                ),
+                )),
                 base_dir: None,
             },
         );
@@ -759,9 +759,9 @@ fn a_call_with_secrets_is_alone_until_what_it_left_has_gone(who: Who) {
         Request::ServeLayer {
             name: pool.clone(),
             kind: ServeKind::Pool,
-            layer:
-                r#"{"agent":"python","mem":"64M","secrets":["API_KEY"],"max_warm":1,"min_warm":1}"#
-                    .into(),
+            layer: zygo_tests::api::layer(
+                r#"{"agent":"python","mem":"64M","secrets":["API_KEY"],"max_warm":1,"min_warm":1}"#,
+            ),
             base_dir: None,
         },
     );
@@ -826,7 +826,9 @@ fn a_pool_with_secrets_on_a_keyless_host_is_refused() {
         Request::ServeLayer {
             name: "kp".into(),
             kind: ServeKind::Pool,
-            layer: r#"{"agent":"python","mem":"64M","secrets":["API_KEY"]}"#.into(),
+            layer: zygo_tests::api::layer(
+                r#"{"agent":"python","mem":"64M","secrets":["API_KEY"]}"#,
+            ),
             base_dir: None,
         },
     );
@@ -842,7 +844,7 @@ fn a_pool_with_secrets_on_a_keyless_host_is_refused() {
         Request::ServeLayer {
             name: "kp".into(),
             kind: ServeKind::Pool,
-            layer: r#"{"agent":"python","mem":"64M"}"#.into(),
+            layer: zygo_tests::api::layer(r#"{"agent":"python","mem":"64M"}"#),
             base_dir: None,
         },
     );

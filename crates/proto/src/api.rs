@@ -140,6 +140,48 @@ pub mod run_caps {
     pub const MAX_KEY: usize = 256;
 }
 
+/// A layer (`PUT /fn/{name}`, `POST /runtimes`), parsed by the front: the fields a
+/// `[fn.NAME]` table of sandbox.toml takes, each optional, in the form sandbox.toml writes
+/// it (a size `"256M"`, a duration `"30s"`, `cpu` `"0.5"`). The supervisor checks every
+/// value with the same rules as sandbox.toml's (for a caller over HTTP), merges it over
+/// the defaults, and judges what needs the caller's rights.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LayerBody {
+    pub image: Option<String>,
+    pub mem: Option<String>,
+    pub cpu: Option<String>,
+    pub pids: Option<i64>,
+    pub timeout: Option<String>,
+    pub scratch: Option<String>,
+    pub io_bps: Option<String>,
+    pub io_iops: Option<i64>,
+    pub network: Option<String>,
+    pub allow: Option<Vec<String>>,
+    pub idle_timeout: Option<String>,
+    pub min_warm: Option<i64>,
+    pub max_warm: Option<i64>,
+    pub agent: Option<String>,
+    pub entry: Option<String>,
+    pub cmd: Option<Vec<String>>,
+    pub requirements: Option<String>,
+    pub deps: Option<String>,
+    pub mounts: Option<Vec<MountBody>>,
+    pub inotify: Option<bool>,
+    pub secrets: Option<Vec<String>>,
+    pub env: Option<Vec<(String, String)>>,
+}
+
+/// One of a layer's `mounts`.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MountBody {
+    pub src: String,
+    pub dst: String,
+    pub rw: bool,
+}
+
+/// The largest layer body the front reads.
+pub const MAX_LAYER: usize = 1024 * 1024;
+
 /// A tenant's record (`GET /tenants/{id}`).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct TenantInfo {

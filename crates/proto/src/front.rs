@@ -103,13 +103,13 @@ pub enum Request {
         #[serde(deserialize_with = "api_inner")]
         request: Box<Request>,
     },
-    /// Serve one function or pool from a layer: JSON text of the fields a `[fn.NAME]` table
-    /// takes, every one optional, merged over the defaults. `base_dir` is the host folder
-    /// its relative paths are relative to.
+    /// Serve one function or pool from a layer: the fields a `[fn.NAME]` table takes,
+    /// every one optional, merged over the defaults. `base_dir` is the host folder its
+    /// relative paths are relative to.
     ServeLayer {
         name: String,
         kind: crate::api::ServeKind,
-        layer: String,
+        layer: Box<crate::api::LayerBody>,
         base_dir: Option<String>,
     },
     /// A one-shot run (`POST /run`).

@@ -4,5 +4,6 @@
 //! supervisor checks every value it receives again, and judges what needs the caller's
 //! rights (deploy, private addresses) and the ceilings.
 
+pub mod layer;
 pub mod limits;
 pub mod run;

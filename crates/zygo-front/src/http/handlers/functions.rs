@@ -8,7 +8,7 @@ use std::sync::Mutex;
 use std::time::Instant;
 
 use proto::api::{Credentials, ServeKind};
-use proto::front::{ExecEvent, ExecRequest, Reply, Request};
+use proto::front::{ErrorCode, ExecEvent, ExecRequest, Reply, Request};
 use serde::Deserialize;
 use serde_json::{json, Value};
 
@@ -66,10 +66,14 @@ pub fn serve_layer(
             return HttpError::bad_request("base_dir must be an absolute path").into();
         }
     }
+    let layer = match crate::http::bodies::layer::from_map(&layer) {
+        Ok(l) => Box::new(l),
+        Err(m) => return HttpError::from_code(ErrorCode::BadSpec, m, None).into(),
+    };
     let req = Request::ServeLayer {
         name,
         kind,
-        layer: Value::Object(layer).to_string(),
+        layer,
         base_dir,
     };
     match ask(front, call, req) {

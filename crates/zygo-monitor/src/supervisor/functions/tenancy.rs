@@ -15,7 +15,6 @@ use policy::file::Layer;
 use policy::limits::Source;
 use proto::api::{ServeKind, TenantDeleted, TenantInfo, TenantLimits, VersionInfo};
 use proto::front::{ErrorCode, ExecRequest, Health, Outcome, Reply, ScriptRef};
-use serde_json::Value;
 
 use super::registry::{is_pool, FnState};
 use super::requests::script_in_flight;
@@ -31,9 +30,6 @@ type CeilingCheck = (
     Option<u64>,
     fn(u64) -> String,
 );
-
-/// The largest layer accepted (as JSON text).
-const MAX_LAYER: usize = 1 << 20;
 
 impl Functions {
     /// The key a caller's name resolves to: over the API the acting tenant's own function
@@ -245,7 +241,7 @@ impl Functions {
         client: Token,
         name: &str,
         kind: ServeKind,
-        layer: &str,
+        layer: &proto::api::LayerBody,
         base_dir: Option<&str>,
         who: &Acting,
         cx: &mut Ctx,
@@ -604,7 +600,7 @@ impl Functions {
 fn parse_layer(
     name: &str,
     kind: ServeKind,
-    text: &str,
+    body: &proto::api::LayerBody,
     base_dir: Option<&str>,
     defaults: &Layer,
     private_ok: bool,
@@ -616,22 +612,7 @@ fn parse_layer(
             "a name is 1 to 63 characters of a-z, 0-9, _ and -, starting with a letter or digit",
         ));
     }
-    if text.len() > MAX_LAYER {
-        return Err(no(ErrorCode::TooLarge, "the layer is over 1 MiB"));
-    }
-    let v: Value = proto::json::from_str_strict(text)
-        .map_err(|e| no(ErrorCode::BadRequest, format!("the layer is not JSON: {e}")))?;
-    let Value::Object(map) = v else {
-        return Err(no(
-            ErrorCode::BadRequest,
-            "the layer is a JSON object of the fields a [fn.NAME] table takes",
-        ));
-    };
-    let mut table = toml::Table::new();
-    for (k, v) in map {
-        let tv = json_to_toml(&k, v).map_err(spec_err)?;
-        table.insert(k, tv);
-    }
+    let table = layer_table(body);
     let base = match base_dir {
         Some(b) => {
             let p = std::path::Path::new(b);
@@ -697,39 +678,97 @@ fn parse_layer(
 
 /// A JSON value as the TOML value sandbox.toml would have held. `null` has no TOML form:
 /// a key is left out instead.
-fn json_to_toml(key: &str, v: Value) -> Result<toml::Value, String> {
-    Ok(match v {
-        Value::Null => {
-            return Err(format!(
-                "{key}: null is not a value in a layer; leave the key out"
-            ))
+/// The layer's fields as the table `policy` reads a `[fn.NAME]` from: typed values the
+/// front parsed, put where sandbox.toml's would be (no text is parsed here), so that every
+/// value is checked by sandbox.toml's own rules.
+fn layer_table(b: &proto::api::LayerBody) -> toml::Table {
+    use toml::Value as V;
+    let mut t = toml::Table::new();
+    let mut put = |k: &str, v: Option<V>| {
+        if let Some(v) = v {
+            t.insert(k.to_string(), v);
         }
-        Value::Bool(b) => toml::Value::Boolean(b),
-        Value::Number(n) => match (n.as_i64(), n.as_f64()) {
-            (Some(i), _) => toml::Value::Integer(i),
-            (None, Some(f)) if f.is_finite() => toml::Value::Float(f),
-            _ => return Err(format!("{key}: {n} is not a number a layer takes")),
-        },
-        Value::String(s) => toml::Value::String(s),
-        Value::Array(a) => toml::Value::Array(
-            a.into_iter()
-                .map(|x| json_to_toml(key, x))
-                .collect::<Result<_, _>>()?,
-        ),
-        Value::Object(o) => {
-            let mut t = toml::Table::new();
-            for (k, x) in o {
-                let tv = json_to_toml(&format!("{key}.{k}"), x)?;
-                t.insert(k, tv);
-            }
-            toml::Value::Table(t)
-        }
-    })
+    };
+    let text = |s: &Option<String>| s.clone().map(V::String);
+    let int = |i: &Option<i64>| i.map(V::Integer);
+    let list = |l: &Option<Vec<String>>| {
+        l.as_ref()
+            .map(|l| V::Array(l.iter().cloned().map(V::String).collect()))
+    };
+    put("image", text(&b.image));
+    put("mem", text(&b.mem));
+    put("cpu", text(&b.cpu));
+    put("pids", int(&b.pids));
+    put("timeout", text(&b.timeout));
+    put("scratch", text(&b.scratch));
+    put("io_bps", text(&b.io_bps));
+    put("io_iops", int(&b.io_iops));
+    put("network", text(&b.network));
+    put("allow", list(&b.allow));
+    put("idle_timeout", text(&b.idle_timeout));
+    put("min_warm", int(&b.min_warm));
+    put("max_warm", int(&b.max_warm));
+    put("agent", text(&b.agent));
+    put("entry", text(&b.entry));
+    put("cmd", list(&b.cmd));
+    put("requirements", text(&b.requirements));
+    put("deps", text(&b.deps));
+    put(
+        "mounts",
+        b.mounts.as_ref().map(|ms| {
+            V::Array(
+                ms.iter()
+                    .map(|m| {
+                        let mut mt = toml::Table::new();
+                        mt.insert("src".into(), V::String(m.src.clone()));
+                        mt.insert("dst".into(), V::String(m.dst.clone()));
+                        mt.insert("rw".into(), V::Boolean(m.rw));
+                        V::Table(mt)
+                    })
+                    .collect(),
+            )
+        }),
+    );
+    put("inotify", b.inotify.map(V::Boolean));
+    put("secrets", list(&b.secrets));
+    put(
+        "env",
+        b.env.as_ref().map(|vars| {
+            V::Table(
+                vars.iter()
+                    .map(|(k, v)| (k.clone(), V::String(v.clone())))
+                    .collect(),
+            )
+        }),
+    );
+    t
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A layer's JSON as the HTTP front parses it, then parsed here; the front's refusal
+    /// is a `bad_spec` as the front sends it.
+    fn parse_layer(
+        name: &str,
+        kind: ServeKind,
+        text: &str,
+        base_dir: Option<&str>,
+        defaults: &Layer,
+        private_ok: bool,
+    ) -> Result<policy::FnSpec, Refusal> {
+        let body = zygo_front::http::bodies::layer::parse(text.as_bytes()).map_err(|m| {
+            // Text that is no JSON object is the body's fault, not the layer's.
+            let code = if m.starts_with("the layer is") {
+                ErrorCode::BadRequest
+            } else {
+                ErrorCode::BadSpec
+            };
+            no(code, m)
+        })?;
+        super::parse_layer(name, kind, &body, base_dir, defaults, private_ok)
+    }
 
     fn code(r: Result<policy::FnSpec, Refusal>) -> Option<ErrorCode> {
         match r {
