@@ -407,7 +407,7 @@ fn the_filter_is_confined(who: Who) {
     let t0 = Instant::now();
     while pids.is_empty() && t0.elapsed() < Duration::from_secs(20) {
         std::thread::sleep(Duration::from_millis(50));
-        pids = host_pids_starting_with(b"/proc/self/exe\0__egress-filter");
+        pids = host_pids_starting_with(b"zygo\0__egress-filter");
         if pids.is_empty() {
             pids = host_pids_with(b"__egress-filter");
         }
@@ -961,7 +961,7 @@ fn a_run_over_the_api_reaches_its_allowed_host(who: Who) {
 
 /// The egress filter of this zygo run (a descendant of `zygo_pid`), once it has started.
 fn filter_of(zygo_pid: i32) -> Option<i32> {
-    let mut pids = host_pids_starting_with(b"/proc/self/exe\0__egress-filter");
+    let mut pids = host_pids_starting_with(b"zygo\0__egress-filter");
     pids.retain(|p| descends_from(*p, zygo_pid));
     pids.first().copied()
 }

@@ -424,6 +424,24 @@ done(**{p.replace("/", "_"): read(p) for p in
         }
     }
 
+    /// Nothing in /proc names the host's paths or its kernel's command line: the sandbox's
+    /// init (Zygo's own binary) shows only its name, and /proc/cmdline is empty.
+    fn proc_names_no_host_path(who) {
+        let host_path = zygo_bin().display().to_string();
+        let r = probe(who, &[], r#"
+def read(p):
+    try:
+        with open(p, "rb") as f:
+            return f.read(65536).decode("utf-8", "replace")
+    except OSError as e:
+        return ename(e.errno)
+done(init=read("/proc/1/cmdline"), cmdline=read("/proc/cmdline"))"#);
+        let init = r["init"].as_str().unwrap_or("");
+        assert!(!init.contains(&host_path), "[{}] {r}", who.name());
+        assert!(init.starts_with("zygo\u{0}"), "[{}] {r}", who.name());
+        assert_eq!(r["cmdline"], "", "[{}] {r}", who.name());
+    }
+
     /// The program cannot open its own executable (the host's binary) for writing.
     fn proc_self_exe_is_not_writable(who) {
         let r = probe(who, &[], r#"

@@ -267,7 +267,13 @@ pub fn spawn(exe: &Path, role: Role, fds: RoleFds<'_>) -> io::Result<Child> {
         ));
     }
     let path = cstring(exe.as_os_str())?;
-    let argv_c = [path.clone(), cstring(OsStr::new(role.arg()))?];
+    // argv[0] is the program's name, not its path: a sandbox's init is this binary, and
+    // its command line is readable inside the sandbox (/proc/1/cmdline), which has no need
+    // to learn the host's paths.
+    let argv_c = [
+        cstring(OsStr::new("zygo"))?,
+        cstring(OsStr::new(role.arg()))?,
+    ];
     let mut env_c: Vec<CString> = Vec::new();
     for key in PASSED_ENV {
         if let Some(v) = std::env::var_os(key) {

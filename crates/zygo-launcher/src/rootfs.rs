@@ -33,8 +33,9 @@ const MS_NOEXEC: libc::c_ulong = libc::MS_NOEXEC;
 const HOST_TOP: &[&str] = &["usr", "bin", "sbin", "lib", "lib32", "lib64", "libx32"];
 
 /// Paths in `/proc` replaced by an empty read-only file: they leak kernel memory, keys,
-/// timers, or let a process poke the kernel (sysrq).
+/// timers, the host's boot command line, or let a process poke the kernel (sysrq).
 const PROC_MASK_FILES: &[&str] = &[
+    "cmdline",
     "kcore",
     "kmsg",
     "keys",
