@@ -21,6 +21,7 @@ pub mod codec;
 pub mod frame;
 pub mod front;
 pub mod json;
+pub mod json_scan;
 pub mod launch;
 pub mod mcp;
 pub mod readbuf;
