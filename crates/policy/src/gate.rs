@@ -366,6 +366,109 @@ pub fn private_target(allow: &[AllowRule], private_allowed: bool) -> Option<&All
     allow.iter().find(|r| is_private_host(&r.host))
 }
 
+/// The refusal a private target in `allow` gets (see [`private_target`]).
+pub fn private_target_refusal(rule: &AllowRule) -> String {
+    format!(
+        "allow: {rule} targets a private, loopback or link-local address; only a deploy caller \
+         of an API started with --allow-deploy --allow-private-net may name one"
+    )
+}
+
+/// Whether a function or pool of this spec is a runtime pool: an agent with no handler,
+/// or a command.
+pub fn is_pool(spec: &crate::FnSpec) -> bool {
+    matches!(
+        spec.kind,
+        crate::FnKind::Agent { entry: None, .. } | crate::FnKind::Cmd(_)
+    )
+}
+
+/// What a layer served over HTTP may not be, once merged over the defaults: what only
+/// sandbox.toml may say (host networking, unlimited memory, which the defaults may give),
+/// a private target unless `private_ok`, and a pool asked for as a function or the other
+/// way round (`want_pool`).
+pub fn http_layer_refusal(
+    spec: &crate::FnSpec,
+    want_pool: bool,
+    private_ok: bool,
+) -> Result<(), String> {
+    let name = &spec.name;
+    if spec.network == crate::Network::Host {
+        return Err(
+            "the defaults give network = \"host\", which a sandbox served over HTTP never has; \
+             set network in the layer"
+                .into(),
+        );
+    }
+    if spec.limits.mem == crate::Mem::Unlimited {
+        return Err(
+            "the defaults give mem = \"unlimited\", which a sandbox served over HTTP never has; \
+             set mem in the layer"
+                .into(),
+        );
+    }
+    if let Some(r) = private_target(&spec.allow, private_ok) {
+        return Err(private_target_refusal(r));
+    }
+    match (want_pool, is_pool(spec)) {
+        (false, true) => Err(format!(
+            "{name}: a function's layer names its handler (agent and entry); one without is a \
+             runtime pool, served with POST /runtimes"
+        )),
+        (true, false) => Err(format!(
+            "{name}: a runtime pool's layer names an agent and no entry (or a cmd); one with an \
+             entry is a function, served with PUT /fn/{name}"
+        )),
+        _ => Ok(()),
+    }
+}
+
+#[cfg(test)]
+mod http_layer_tests {
+    use super::*;
+    use crate::file::Layer;
+
+    fn spec(toml_text: &str) -> crate::FnSpec {
+        let table: toml::Table = toml::from_str(toml_text).expect("toml");
+        Layer::from_toml(
+            "fn.x",
+            &table,
+            std::path::Path::new("/srv"),
+            crate::Source::File,
+        )
+        .expect("a layer")
+        .resolve("x")
+        .expect("a spec")
+    }
+
+    #[test]
+    fn what_only_sandbox_toml_may_say_is_refused_over_http() {
+        let pool = spec("agent = \"python\"");
+        let function = spec("agent = \"python\"\nentry = \"h.py:f\"");
+        assert_eq!(http_layer_refusal(&pool, true, false), Ok(()));
+        assert_eq!(http_layer_refusal(&function, false, false), Ok(()));
+        assert!(http_layer_refusal(&pool, false, false)
+            .expect_err("a pool as a function")
+            .contains("POST /runtimes"));
+        assert!(http_layer_refusal(&function, true, false)
+            .expect_err("a function as a pool")
+            .contains("PUT /fn/x"));
+        let host = spec("agent = \"python\"\nnetwork = \"host\"");
+        assert!(http_layer_refusal(&host, true, true)
+            .expect_err("host networking")
+            .contains("network = \"host\""));
+        let unlimited = spec("agent = \"python\"\nmem = \"unlimited\"");
+        assert!(http_layer_refusal(&unlimited, true, true)
+            .expect_err("unlimited")
+            .contains("unlimited"));
+        let private = spec("agent = \"python\"\nnetwork = \"egress\"\nallow = [\"10.0.0.5:80\"]");
+        assert!(http_layer_refusal(&private, true, false)
+            .expect_err("a private target")
+            .contains("--allow-private-net"));
+        assert_eq!(http_layer_refusal(&private, true, true), Ok(()));
+    }
+}
+
 #[cfg(test)]
 mod egress_limit_tests {
     use super::*;

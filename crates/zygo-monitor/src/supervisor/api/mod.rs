@@ -837,10 +837,7 @@ pub fn check_limits(p: &LimitsPatch, private_ok: bool) -> Result<(), Refusal> {
             .collect::<Result<Vec<_>, _>>()
             .map_err(|e| spec(e.to_string()))?;
         if let Some(r) = policy::gate::private_target(&rules, private_ok) {
-            return Err(spec(format!(
-                "allow: {r} targets a private, loopback or link-local address; only a deploy \
-                 caller of an API started with --allow-deploy --allow-private-net may name one"
-            )));
+            return Err(spec(policy::gate::private_target_refusal(r)));
         }
     }
     Ok(())

@@ -7,7 +7,7 @@ use std::path::Path;
 use std::time::Instant;
 
 use mio::Token;
-use policy::file::{FnKind, FnSpec};
+use policy::file::FnSpec;
 use proto::front::{ErrorCode, LogEntry, Outcome, Reply};
 use proto::launch::{BindMount, Image, LaunchPlan, Mode};
 
@@ -544,8 +544,5 @@ fn read_capped(path: &Path, max: u64) -> std::io::Result<String> {
 /// A runtime pool: an agent without a handler, or a command (warm-exec); each call names
 /// a script.
 pub(super) fn is_pool(spec: &FnSpec) -> bool {
-    matches!(
-        spec.kind,
-        FnKind::Agent { entry: None, .. } | FnKind::Cmd(_)
-    )
+    policy::gate::is_pool(spec)
 }

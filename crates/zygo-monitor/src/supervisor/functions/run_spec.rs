@@ -161,10 +161,7 @@ fn check_allow(
         .map(|r| AllowRule::parse("allow", r).map_err(|e| e.to_string()))
         .collect::<Result<Vec<_>, _>>()?;
     if let Some(r) = policy::gate::private_target(&rules, private_ok) {
-        return Err(format!(
-            "allow: {r} targets a private, loopback or link-local address; only a deploy \
-             caller of an API started with --allow-deploy --allow-private-net may name one"
-        ));
+        return Err(policy::gate::private_target_refusal(r));
     }
     // The other special ranges (documentation, multicast, reserved, ...), by the same rule.
     let private = if private_ok {

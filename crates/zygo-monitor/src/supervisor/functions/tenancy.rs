@@ -649,35 +649,12 @@ fn parse_layer(
     // What this caller's allow rules may open: also what their names may resolve to.
     spec.private_net = private_ok;
     // What only sandbox.toml may say, a layer served over HTTP may not get from the
-    // defaults either.
-    if spec.network == policy::Network::Host {
-        return Err(spec_err(
-            "the defaults give network = \"host\", which a sandbox served over HTTP never has; set network in the layer".into(),
-        ));
-    }
-    if spec.limits.mem == policy::Mem::Unlimited {
-        return Err(spec_err(
-            "the defaults give mem = \"unlimited\", which a sandbox served over HTTP never has; set mem in the layer".into(),
-        ));
-    }
-    if let Some(r) = policy::gate::private_target(&spec.allow, private_ok) {
-        return Err(spec_err(format!(
-            "allow: {r} targets a private, loopback or link-local address; only a deploy caller of an API started with --allow-deploy --allow-private-net may name one"
-        )));
-    }
-    match (kind, is_pool(&spec)) {
-        (ServeKind::Function, true) => Err(spec_err(format!(
-            "{name}: a function's layer names its handler (agent and entry); one without is a runtime pool, served with POST /runtimes"
-        ))),
-        (ServeKind::Pool, false) => Err(spec_err(format!(
-            "{name}: a runtime pool's layer names an agent and no entry (or a cmd); one with an entry is a function, served with PUT /fn/{name}"
-        ))),
-        _ => Ok(spec),
-    }
+    // defaults either; and the kind asked for must be the layer's.
+    policy::gate::http_layer_refusal(&spec, kind == ServeKind::Pool, private_ok)
+        .map_err(spec_err)?;
+    Ok(spec)
 }
 
-/// A JSON value as the TOML value sandbox.toml would have held. `null` has no TOML form:
-/// a key is left out instead.
 /// The layer's fields as the table `policy` reads a `[fn.NAME]` from: typed values the
 /// front parsed, put where sandbox.toml's would be (no text is parsed here), so that every
 /// value is checked by sandbox.toml's own rules.
