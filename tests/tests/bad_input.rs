@@ -5,10 +5,11 @@
 use std::collections::BTreeSet;
 use std::fs;
 use std::os::unix::fs::MetadataExt;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
+use std::process::Command;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Mutex;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use serde_json::Value;
 use zygo_tests::*;
@@ -470,12 +471,18 @@ fn stale_run_cgroups_are_swept() {
     if !root_only() {
         return;
     }
-    // Root's own trees (not the rootless user's).
+    // Root's own trees (not the rootless user's). A root no Zygo process uses now is gone
+    // (each removes it as it leaves when it is empty): the leftovers are planted in one
+    // made here, as a killed monitor would have left it.
     let roots: Vec<PathBuf> = zygo_cgroup_roots()
         .into_iter()
-        .filter(|r| r.is_dir() && !r.to_string_lossy().contains("rootless"))
+        .filter(|r| !r.to_string_lossy().contains("rootless"))
+        .filter(|r| r.parent().is_some_and(Path::is_dir))
         .collect();
     assert!(!roots.is_empty(), "no zygo cgroup roots found");
+    for root in &roots {
+        let _ = fs::create_dir(root);
+    }
     // A pid that cannot exist (above pid_max), and one that does (ours).
     let stale = format!(
         "run-{}-0-sweeptest{:x}",
@@ -508,6 +515,117 @@ fn stale_run_cgroups_are_swept() {
     for root in roots.iter().rev() {
         let _ = fs::remove_dir(root.join(&alive));
     }
+}
+
+/// Zygo's cgroup root (`<base>/zygo` in each hierarchy) is there only while a Zygo process
+/// uses it: the last one to leave it empty removes it, and one that finds it gone makes it
+/// again with the tree's CPU weight. (Every `zygo` invocation used to leave an empty root
+/// behind.) Run in a base cgroup of the test's own (`$ZYGO_CGROUP`), so no other test's
+/// sandboxes share the root.
+#[test]
+fn the_cgroup_root_is_there_only_while_zygo_uses_it() {
+    if !root_only() {
+        return;
+    }
+    let tag = format!("zygo-roottest-{:x}", unique() & 0xff_ffff);
+    // The base in each hierarchy, and what $ZYGO_CGROUP says for it.
+    let (bases, env): (Vec<PathBuf>, String) = if is_cgroup_v2_host() {
+        let point = cgroup_mounts()
+            .into_iter()
+            .find(|(_, v2, _)| *v2)
+            .map(|(p, _, _)| p)
+            .expect("a cgroup2 mount");
+        let base = v2_base_dir().join(&tag);
+        let rel = base
+            .strip_prefix(&point)
+            .expect("the base is under the cgroup2 mount")
+            .display()
+            .to_string();
+        (vec![base], format!("/{rel}"))
+    } else {
+        let bases = V1_CONTROLLERS
+            .into_iter()
+            .chain([V1_IO_CONTROLLER])
+            .filter_map(v1_own_dir)
+            .map(|d| d.join(&tag))
+            .collect();
+        (bases, tag.clone())
+    };
+    for b in &bases {
+        fs::create_dir(b).unwrap_or_else(|e| panic!("create {}: {e}", b.display()));
+    }
+    let roots: Vec<PathBuf> = bases.iter().map(|b| b.join("zygo")).collect();
+    let run = |secs: &str| {
+        let mut c = zygo(Who::Root);
+        c.env("ZYGO_CGROUP", &env)
+            .args(["run", "--json", "--", "sleep", secs]);
+        c
+    };
+    let left = || {
+        roots
+            .iter()
+            .filter(|r| r.exists())
+            .cloned()
+            .collect::<Vec<_>>()
+    };
+    let cleanup = || {
+        for b in &bases {
+            let _ = Command::new("find")
+                .args([
+                    b.to_str().unwrap_or(""),
+                    "-depth",
+                    "-type",
+                    "d",
+                    "-exec",
+                    "rmdir",
+                    "{}",
+                    "+",
+                ])
+                .status();
+        }
+    };
+    let f = finish(run("0"));
+    let leftover = left();
+    if f.code != 0 || !leftover.is_empty() {
+        cleanup();
+    }
+    assert_eq!(f.code, 0, "{}", f.stderr_text());
+    assert!(leftover.is_empty(), "an empty root is left: {leftover:?}");
+    // While a sandbox runs its root is there, made again with the tree's weight; another
+    // run that ends meanwhile leaves it; the last one out removes it.
+    let mut long = run("3");
+    long.stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null());
+    let mut long = long.spawn().expect("start a long run");
+    let there = wait_for_quietly(Duration::from_secs(20), || {
+        roots.iter().all(|r| r.join("cgroup.procs").exists())
+    });
+    let weight = if is_cgroup_v2_host() {
+        fs::read_to_string(roots[0].join("cpu.weight")).unwrap_or_default()
+    } else {
+        roots
+            .iter()
+            .find_map(|r| fs::read_to_string(r.join("cpu.shares")).ok())
+            .unwrap_or_default()
+    };
+    let short = finish(run("0"));
+    let during = left().len();
+    let status = long.wait().expect("wait for the long run");
+    let after = left();
+    cleanup();
+    assert!(there, "the root was not made while a sandbox ran");
+    assert!(
+        matches!(weight.trim(), "25" | "256"),
+        "the root was made without the tree's weight: {weight:?}"
+    );
+    assert_eq!(short.code, 0, "{}", short.stderr_text());
+    assert_eq!(
+        during,
+        roots.len(),
+        "a run that ended removed a root in use"
+    );
+    assert!(status.success(), "the long run: {status:?}");
+    assert!(after.is_empty(), "the last run out left {after:?}");
 }
 
 /// The host image's /etc is prepared once per user in the runtime directory; where that

@@ -91,7 +91,7 @@ fn build(json: bool, state_dir: &Path, rest: &[String]) -> i32 {
             if !json {
                 eprintln!("zygo: building {} ...", inputs.id());
             }
-            deps::build(
+            let rec = deps::build(
                 state_dir,
                 &inputs,
                 lock,
@@ -99,7 +99,9 @@ fn build(json: bool, state_dir: &Path, rest: &[String]) -> i32 {
                 &backend,
                 None,
                 &deps::Narrowing::default(),
-            )
+            );
+            backend.release_root();
+            rec
         }
         Ok(Claim::Exists(rec)) if rec.state == State::Building => {
             // Another process builds it: its outcome is this one's.

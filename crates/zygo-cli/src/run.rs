@@ -155,7 +155,9 @@ pub fn main(raw: Vec<OsString>) -> i32 {
     };
     // Cgroups left by killed monitors are swept while the program runs.
     let out = started.finish(&backend, || backend.sweep_stale_runs());
-    report(&out, opts.json, &mem_text, &timeout_text)
+    let code = report(&out, opts.json, &mem_text, &timeout_text);
+    backend.release_root();
+    code
 }
 
 /// A usage error, answered as `--json` asked: with it, the object every `zygo run --json`

@@ -24,7 +24,10 @@ pub fn main(args: Vec<OsString>) -> i32 {
         }
     }
     let (cgroup, cgroup_root, cgroup_error) = match zygo_monitor::cgroup::Backend::detect() {
-        Ok(b) => (Some(b.name()), Some(b.root()), None),
+        Ok(b) => {
+            b.release_root();
+            (Some(b.name()), Some(b.root()), None)
+        }
         Err(e) => (None, None, Some(e.to_string())),
     };
     let abi = zygo_launcher::harden::landlock_abi();

@@ -509,6 +509,7 @@ pub fn serve(opts: Options) -> i32 {
         }
     };
     shared.opts.workspace.remove();
+    shared.opts.backend.release_root();
     if stopped_by.load(Ordering::SeqCst) != 0 {
         return 0;
     }

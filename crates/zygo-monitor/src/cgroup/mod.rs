@@ -412,6 +412,15 @@ impl Backend {
         }
     }
 
+    /// Remove Zygo's root in each hierarchy if it is empty, as a Zygo process leaves: the
+    /// kernel refuses while another Zygo process has cgroups there (nothing is removed
+    /// then), and whoever next needs the root makes it again, with the tree's weight.
+    pub fn release_root(&self) {
+        for r in self.roots() {
+            let _ = std::fs::remove_dir(r);
+        }
+    }
+
     /// The root directory of Zygo's tree in each hierarchy.
     fn roots(&self) -> Vec<&Path> {
         match self {

@@ -148,9 +148,17 @@ impl V1 {
     /// See `Backend::set_ceiling`. The folder is made in every hierarchy (as `create` makes
     /// parents), the ceiling written in the memory one.
     pub fn set_ceiling(&self, rel: &str, mem_bytes: Option<u64>) -> Result<(), CgroupError> {
+        // Zygo's root may be gone (see `Backend::release_root`): made again with its weight.
+        let root_gone = !self.roots[CPU].is_dir();
         for r in &self.roots {
             let d = r.join(rel);
             std::fs::create_dir_all(&d).map_err(|e| io_err("create cgroup", &d, e))?;
+        }
+        if root_gone {
+            super::ensure_tree_weight(
+                &self.roots[CPU].join("cpu.shares"),
+                DEFAULT_SHARES * super::TREE_WEIGHT_QUARTERS / 4,
+            );
         }
         if let Some(b) = &self.blkio {
             // Where the function's cgroups go; without it they get no I/O limits.
@@ -179,10 +187,13 @@ impl V1 {
     pub fn create(&self, name: &str) -> Result<V1Cgroup, CgroupError> {
         let dirs: Vec<PathBuf> = self.roots.iter().map(|r| r.join(name)).collect();
         let mut made: Vec<PathBuf> = Vec::new();
-        for d in &dirs {
+        for (i, d) in dirs.iter().enumerate() {
             // Parents are made only when missing: most cgroups go straight under one.
             let mut made_dir = std::fs::create_dir(d);
             if matches!(&made_dir, Err(e) if e.kind() == std::io::ErrorKind::NotFound) {
+                // Zygo's root itself may be gone (the last Zygo process that used it removed
+                // it as it left): made again, with the tree's weight.
+                let root_gone = !self.roots[i].is_dir();
                 if let Some(parent) = d.parent() {
                     if let Err(e) = std::fs::create_dir_all(parent) {
                         for m in made.iter().rev() {
@@ -190,6 +201,12 @@ impl V1 {
                         }
                         return Err(io_err("create cgroup", parent, e));
                     }
+                }
+                if root_gone && i == CPU {
+                    super::ensure_tree_weight(
+                        &self.roots[CPU].join("cpu.shares"),
+                        DEFAULT_SHARES * super::TREE_WEIGHT_QUARTERS / 4,
+                    );
                 }
                 made_dir = std::fs::create_dir(d);
             }
@@ -290,6 +307,9 @@ pub struct V1Cgroup {
     shares: Cell<u64>,
     /// Its directory in the blkio hierarchy, if I/O limits are used.
     blkio: Option<PathBuf>,
+    /// That directory, held (`O_PATH`) from the cgroup's creation: its `tasks` is opened
+    /// relative to it, never by its path again.
+    blkio_dirfd: Option<OwnedFd>,
     /// That directory's `tasks`, opened on first use and held, as `HELD` files are: a
     /// reused cgroup takes every request's process into it.
     blkio_tasks: OnceCell<File>,
@@ -343,6 +363,16 @@ impl V1Cgroup {
         let dirfds: [OwnedFd; 5] = fds
             .try_into()
             .map_err(|_| CgroupError::Unavailable("v1 controllers missing".into()))?;
+        let blkio_dirfd = match &blkio {
+            Some(d) => Some(OwnedFd::from(
+                std::fs::OpenOptions::new()
+                    .read(true)
+                    .custom_flags(libc::O_PATH | libc::O_DIRECTORY | libc::O_CLOEXEC)
+                    .open(d)
+                    .map_err(|e| io_err("open", d, e))?,
+            )),
+            None => None,
+        };
         Ok(V1Cgroup {
             dirs,
             dirfds,
@@ -352,6 +382,7 @@ impl V1Cgroup {
             quota_lifted: Cell::new(false),
             shares: Cell::new(DEFAULT_SHARES),
             blkio,
+            blkio_dirfd,
             blkio_tasks: OnceCell::new(),
         })
     }
@@ -364,7 +395,26 @@ impl V1Cgroup {
         let file = match self.blkio_tasks.get() {
             Some(f) => f,
             None => {
-                let f = File::from(super::open_write(&path)?);
+                let Some(held) = &self.blkio_dirfd else {
+                    return Err(io_err(
+                        "open",
+                        &path,
+                        std::io::Error::from_raw_os_error(libc::EBADF),
+                    ));
+                };
+                // SAFETY: openat on a directory descriptor we own, with a NUL-terminated name.
+                let fd = unsafe {
+                    libc::openat(
+                        held.as_raw_fd(),
+                        c"tasks".as_ptr(),
+                        libc::O_WRONLY | libc::O_CLOEXEC,
+                    )
+                };
+                if fd < 0 {
+                    return Err(io_err("open", &path, std::io::Error::last_os_error()));
+                }
+                // SAFETY: the kernel just gave us this descriptor; nothing else owns it.
+                let f = File::from(unsafe { OwnedFd::from_raw_fd(fd) });
                 self.blkio_tasks.get_or_init(|| f)
             }
         };

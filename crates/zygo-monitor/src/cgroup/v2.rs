@@ -200,16 +200,8 @@ impl V2 {
             }
         }
         let root = base_dir.join("zygo");
-        ensure_dir(&root)?;
-        if !has_all(&read_file(&root.join("cgroup.subtree_control")).unwrap_or_default()) {
-            write_file(&root.join("cgroup.subtree_control"), "+memory +pids +cpu")?;
-        }
         enable_io(&base_dir);
-        enable_io(&root);
-        super::ensure_tree_weight(
-            &root.join("cpu.weight"),
-            100 * super::TREE_WEIGHT_QUARTERS / 4,
-        );
+        make_root(&root)?;
         Ok(Some(V2 { root }))
     }
 
@@ -241,6 +233,9 @@ impl V2 {
 
     /// See `Backend::set_ceiling`.
     pub fn set_ceiling(&self, rel: &str, mem_bytes: Option<u64>) -> Result<(), CgroupError> {
+        if !self.root.is_dir() {
+            make_root(&self.root)?;
+        }
         let mut level = self.root.clone();
         for part in Path::new(rel).components() {
             level = level.join(part);
@@ -256,6 +251,11 @@ impl V2 {
     }
 
     pub fn create(&self, name: &str) -> Result<V2Cgroup, CgroupError> {
+        // Zygo's root may be gone (the last Zygo process that used it removed it as it
+        // left): made again, with its controllers and the tree's weight.
+        if !self.root.is_dir() {
+            make_root(&self.root)?;
+        }
         let dir = self.root.join(name);
         // Intermediate levels need the controllers enabled for their children.
         let mut level = self.root.clone();
@@ -273,6 +273,21 @@ impl V2 {
         std::fs::create_dir(&dir).map_err(|e| super::io_err("create cgroup", &dir, e))?;
         Ok(V2Cgroup::new(dir))
     }
+}
+
+/// Make Zygo's root (if missing) with the controllers enabled for its children and the
+/// tree's CPU weight.
+fn make_root(root: &Path) -> Result<(), CgroupError> {
+    ensure_dir(root)?;
+    if !has_all(&read_file(&root.join("cgroup.subtree_control")).unwrap_or_default()) {
+        write_file(&root.join("cgroup.subtree_control"), "+memory +pids +cpu")?;
+    }
+    enable_io(root);
+    super::ensure_tree_weight(
+        &root.join("cpu.weight"),
+        100 * super::TREE_WEIGHT_QUARTERS / 4,
+    );
+    Ok(())
 }
 
 /// Enable the io controller for `dir`'s children where it is available: best effort, as

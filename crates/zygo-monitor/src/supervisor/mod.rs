@@ -604,6 +604,7 @@ impl Supervisor {
             std::thread::sleep(Duration::from_millis(5));
         }
         let _ = std::fs::remove_file(&self.socket);
+        self.fns.release_cgroup_root();
         Ok(())
     }
 

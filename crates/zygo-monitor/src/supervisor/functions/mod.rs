@@ -286,6 +286,12 @@ impl Functions {
         }
     }
 
+    /// Remove Zygo's cgroup root if this supervisor leaves it empty (see
+    /// `Backend::release_root`).
+    pub fn release_cgroup_root(&self) {
+        self.backend.release_root();
+    }
+
     pub fn backend_root(&self) -> String {
         format!("{} {}", self.backend.name(), self.backend.root())
     }

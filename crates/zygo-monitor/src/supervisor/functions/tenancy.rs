@@ -161,7 +161,8 @@ impl Functions {
                 return fail(
                     ErrorCode::Forbidden,
                     format!(
-                        "{name} is the host's: a tenant token is for calling it, and how many                          of its sandboxes are kept warm is the operator's to set"
+                        "{name} is the host's: a tenant token is for calling it, and how many of its \
+                         sandboxes are kept warm is the operator's to set"
                     ),
                 );
             }
