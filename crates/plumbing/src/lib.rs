@@ -9,7 +9,8 @@
 //! - [`pipes`]: pipes, socket pairs, close-on-exec;
 //! - [`resolve`]: host paths opened without following a link in any component;
 //! - [`signals`], [`random`]: blocking the signals a process reads itself; random names;
-//! - [`seccomp`]: the one table type for every seccomp filter Zygo installs.
+//! - [`seccomp`]: the one table type for every seccomp filter Zygo installs;
+//! - [`sys`]: pidfds, `open_tree` and `mount_setattr`, each wrapped once.
 //!
 //! Imports nothing of Zygo's but `proto`.
 
@@ -22,6 +23,7 @@ pub mod resolve;
 pub mod role;
 pub mod seccomp;
 pub mod signals;
+pub mod sys;
 pub mod vfork;
 
 pub use random::random_hex;

@@ -25,17 +25,7 @@
 use std::io;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 
-/// `MOUNT_ATTR_IDMAP` of `mount_setattr(2)`.
-const MOUNT_ATTR_IDMAP: u64 = 0x0010_0000;
-
-/// The `mount_attr` of `mount_setattr(2)`.
-#[repr(C)]
-struct MountAttr {
-    attr_set: u64,
-    attr_clr: u64,
-    propagation: u64,
-    userns_fd: u64,
-}
+use plumbing::sys::{MountAttr, MOUNT_ATTR_IDMAP};
 
 /// A child of this process, killed already, reaped when this is dropped: waiting for it to
 /// exit would put a trip through the scheduler on the sandbox's start.
@@ -73,19 +63,14 @@ pub fn idmap_trees<'a>(
             propagation: libc::MS_PRIVATE,
             userns_fd: 0,
         };
-        // SAFETY: as below.
-        let r = unsafe {
-            libc::syscall(
-                libc::SYS_mount_setattr,
-                tree.as_raw_fd(),
-                c"".as_ptr(),
-                (libc::AT_EMPTY_PATH | libc::AT_RECURSIVE) as libc::c_uint,
-                &private as *const MountAttr,
-                std::mem::size_of::<MountAttr>(),
-            )
-        };
-        if r < 0 {
-            done.push(Err(io::Error::last_os_error()));
+        let r = plumbing::sys::mount_setattr(
+            tree.as_raw_fd(),
+            c"",
+            (libc::AT_EMPTY_PATH | libc::AT_RECURSIVE) as libc::c_uint,
+            &private,
+        );
+        if let Err(e) = r {
+            done.push(Err(e));
             continue;
         }
         let attr = MountAttr {
@@ -94,23 +79,12 @@ pub fn idmap_trees<'a>(
             propagation: 0,
             userns_fd: userns.as_raw_fd() as u64,
         };
-        // SAFETY: a valid descriptor, an empty path with AT_EMPTY_PATH, and a properly
-        // sized mount_attr.
-        let r = unsafe {
-            libc::syscall(
-                libc::SYS_mount_setattr,
-                tree.as_raw_fd(),
-                c"".as_ptr(),
-                (libc::AT_EMPTY_PATH | libc::AT_RECURSIVE) as libc::c_uint,
-                &attr as *const MountAttr,
-                std::mem::size_of::<MountAttr>(),
-            )
-        };
-        done.push(if r < 0 {
-            Err(io::Error::last_os_error())
-        } else {
-            Ok(())
-        });
+        done.push(plumbing::sys::mount_setattr(
+            tree.as_raw_fd(),
+            c"",
+            (libc::AT_EMPTY_PATH | libc::AT_RECURSIVE) as libc::c_uint,
+            &attr,
+        ));
     }
     Ok((Some(child), done))
 }

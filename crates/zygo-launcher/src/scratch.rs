@@ -61,16 +61,7 @@ fn inode(fd: &OwnedFd) -> Option<(u64, u64)> {
 /// Whether the process behind `pidfd` is still alive: then a `/proc/<pid>` opened since
 /// `pidfd` was made was that process's (its pid cannot have been reused meanwhile).
 fn alive(pidfd: &OwnedFd) -> bool {
-    // SAFETY: pidfd_send_signal with signal 0 only checks; no siginfo, no flags.
-    unsafe {
-        libc::syscall(
-            libc::SYS_pidfd_send_signal,
-            pidfd.as_raw_fd(),
-            0,
-            std::ptr::null::<libc::siginfo_t>(),
-            0,
-        ) == 0
-    }
+    plumbing::sys::pidfd_alive(pidfd)
 }
 
 /// The mounter of one zygote (see the module's notes): a helper process, and the

@@ -79,18 +79,9 @@ pub fn mount(
     Ok(())
 }
 
-#[repr(C)]
-struct MountAttr {
-    attr_set: u64,
-    attr_clr: u64,
-    propagation: u64,
-    userns_fd: u64,
-}
-
-pub const MOUNT_ATTR_RDONLY: u64 = 0x1;
-pub const MOUNT_ATTR_NOSUID: u64 = 0x2;
-pub const MOUNT_ATTR_NODEV: u64 = 0x4;
-pub const MOUNT_ATTR_NOEXEC: u64 = 0x8;
+pub use plumbing::sys::{
+    MOUNT_ATTR_NODEV, MOUNT_ATTR_NOEXEC, MOUNT_ATTR_NOSUID, MOUNT_ATTR_RDONLY,
+};
 
 /// Set and clear mount attributes on `path` and every mount below it (mount_setattr,
 /// AT_RECURSIVE). Unlike a remount, this reaches submounts of a recursive bind.
@@ -124,70 +115,33 @@ fn setattr(
     flags: libc::c_uint,
 ) -> io::Result<()> {
     let p = cstr(path)?;
-    let attr = MountAttr {
+    let attr = plumbing::sys::MountAttr {
         attr_set: set,
         attr_clr: clear,
         propagation,
         userns_fd: 0,
     };
-    // SAFETY: `p` is a valid C string and `attr` a properly sized mount_attr for the call.
-    check_long(unsafe {
-        libc::syscall(
-            libc::SYS_mount_setattr,
-            libc::AT_FDCWD,
-            p.as_ptr(),
-            flags,
-            &attr as *const MountAttr,
-            std::mem::size_of::<MountAttr>(),
-        )
-    })?;
-    Ok(())
+    plumbing::sys::mount_setattr(libc::AT_FDCWD, &p, flags, &attr)
 }
 
 /// A detached copy of the mount at `path` (`open_tree(OPEN_TREE_CLONE)`): a descriptor to
 /// its root through which it can be used whatever later happens to `path`'s own mount.
 pub fn open_tree_clone(path: &Path) -> io::Result<OwnedFd> {
-    const OPEN_TREE_CLONE: libc::c_uint = 1;
     let p = cstr(path)?;
-    // SAFETY: `p` is a valid C string; open_tree returns a new descriptor or -1.
-    let fd = unsafe {
-        libc::syscall(
-            libc::SYS_open_tree,
-            libc::AT_FDCWD,
-            p.as_ptr(),
-            OPEN_TREE_CLONE | libc::O_CLOEXEC as libc::c_uint,
-        )
-    };
-    if fd < 0 {
-        return Err(io::Error::last_os_error());
-    }
-    // SAFETY: a fresh descriptor that nothing else owns.
-    Ok(unsafe { OwnedFd::from_raw_fd(fd as RawFd) })
+    plumbing::sys::open_tree(libc::AT_FDCWD, &p, plumbing::sys::OPEN_TREE_CLONE)
 }
 
 /// A detached copy of the mount tree at a held path (`O_PATH` descriptor), submounts
 /// included (`open_tree(OPEN_TREE_CLONE | AT_RECURSIVE)`): what a recursive bind of it
 /// would mount, with its flags.
 pub fn open_tree_clone_recursive(held: &OwnedFd) -> io::Result<OwnedFd> {
-    const OPEN_TREE_CLONE: libc::c_uint = 1;
-    // SAFETY: open_tree on a descriptor we hold ("" with AT_EMPTY_PATH); it returns a new
-    // descriptor or -1.
-    let fd = unsafe {
-        libc::syscall(
-            libc::SYS_open_tree,
-            held.as_raw_fd(),
-            c"".as_ptr(),
-            OPEN_TREE_CLONE
-                | libc::AT_EMPTY_PATH as libc::c_uint
-                | libc::AT_RECURSIVE as libc::c_uint
-                | libc::O_CLOEXEC as libc::c_uint,
-        )
-    };
-    if fd < 0 {
-        return Err(io::Error::last_os_error());
-    }
-    // SAFETY: a fresh descriptor that nothing else owns.
-    Ok(unsafe { OwnedFd::from_raw_fd(fd as RawFd) })
+    plumbing::sys::open_tree(
+        held.as_raw_fd(),
+        c"",
+        plumbing::sys::OPEN_TREE_CLONE
+            | libc::AT_EMPTY_PATH as libc::c_uint
+            | libc::AT_RECURSIVE as libc::c_uint,
+    )
 }
 
 /// Attach the detached mount tree `tree` (from `open_tree(OPEN_TREE_CLONE)`) at `dst`.
@@ -270,13 +224,7 @@ pub fn close(fd: RawFd) {
 /// A descriptor for the process `pid` (host pid), which stays with that process even if the
 /// number is reused.
 pub fn pidfd_open(pid: libc::pid_t) -> io::Result<OwnedFd> {
-    // SAFETY: pidfd_open(2) with no flags returns a new descriptor or -1.
-    let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid, 0) };
-    if fd < 0 {
-        return Err(io::Error::last_os_error());
-    }
-    // SAFETY: a fresh descriptor that nothing else owns.
-    Ok(unsafe { OwnedFd::from_raw_fd(fd as RawFd) })
+    plumbing::sys::pidfd_open(pid)
 }
 
 /// Close every descriptor from `from` up, except those in `keep`.

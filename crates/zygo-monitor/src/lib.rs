@@ -5,7 +5,23 @@
 //! launcher or a front: every message is checked against what the monitor itself granted.
 //! One-shot commands (`zygo run`) embed it; the supervisor runs it as a daemon.
 
-pub mod cgroup;
+/// The cgroup backends (their own crate, `zygo-cgroup`), under the name the monitor has
+/// always used.
+pub use zygo_cgroup as cgroup;
+
+/// The cgroup limits of a policy decision.
+pub fn cgroup_limits(l: &policy::limits::ResolvedLimits) -> cgroup::Limits {
+    cgroup::Limits {
+        mem_bytes: match l.mem {
+            policy::limits::Mem::Limited(b) => Some(b.0),
+            policy::limits::Mem::Unlimited => None,
+        },
+        cpu_millis: l.cpu.millis(),
+        pids: l.pids,
+        io_bps: l.io_bps.0,
+        io_iops: l.io_iops,
+    }
+}
 pub mod client;
 pub mod deps;
 pub mod etc_cache;

@@ -20,36 +20,14 @@ use std::path::Path;
 
 use proto::launch::{Image, LaunchPlan, ToLauncher, MAX_HANDED_MOUNTS};
 
-const OPEN_TREE_CLONE: libc::c_uint = 1;
-const MOUNT_ATTR_RDONLY: u64 = 0x1;
-const MOUNT_ATTR_NOSUID: u64 = 0x2;
-const MOUNT_ATTR_NODEV: u64 = 0x4;
-
-/// `struct mount_attr` (include/uapi/linux/mount.h).
-#[repr(C)]
-struct MountAttr {
-    attr_set: u64,
-    attr_clr: u64,
-    propagation: u64,
-    userns_fd: u64,
-}
+use plumbing::sys::{
+    MountAttr, MOUNT_ATTR_NODEV, MOUNT_ATTR_NOSUID, MOUNT_ATTR_RDONLY, OPEN_TREE_CLONE,
+};
 
 /// Whether this process may hand mounts over (it runs as root).
 pub fn can_hand_over() -> bool {
     // SAFETY: geteuid cannot fail.
     unsafe { libc::geteuid() == 0 }
-}
-
-fn open_tree(dirfd: RawFd, path: &[u8], flags: libc::c_uint) -> io::Result<OwnedFd> {
-    let p = std::ffi::CString::new(path)
-        .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "a path with a NUL byte"))?;
-    // SAFETY: open_tree with a valid C string; it returns a new descriptor or -1.
-    let fd = unsafe { libc::syscall(libc::SYS_open_tree, dirfd, p.as_ptr(), flags) };
-    if fd < 0 {
-        return Err(io::Error::last_os_error());
-    }
-    // SAFETY: a fresh descriptor that nothing else owns.
-    Ok(unsafe { OwnedFd::from_raw_fd(fd as RawFd) })
 }
 
 /// A host path handed over to every sandbox of a function: the detached tree made when
@@ -87,13 +65,10 @@ pub fn detach(src: &Path, rw: bool) -> io::Result<Handed> {
 
 /// A detached copy of the mount tree at a held path, with the flags of [`detach`].
 fn detach_from(source: &OwnedFd, rw: bool) -> io::Result<OwnedFd> {
-    let fd = open_tree(
+    let fd = plumbing::sys::open_tree(
         source.as_raw_fd(),
-        b"",
-        OPEN_TREE_CLONE
-            | libc::AT_RECURSIVE as libc::c_uint
-            | libc::AT_EMPTY_PATH as libc::c_uint
-            | libc::O_CLOEXEC as libc::c_uint,
+        c"",
+        OPEN_TREE_CLONE | libc::AT_RECURSIVE as libc::c_uint | libc::AT_EMPTY_PATH as libc::c_uint,
     )?;
     let attr = MountAttr {
         attr_set: MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV | if rw { 0 } else { MOUNT_ATTR_RDONLY },
@@ -101,34 +76,22 @@ fn detach_from(source: &OwnedFd, rw: bool) -> io::Result<OwnedFd> {
         propagation: 0,
         userns_fd: 0,
     };
-    // SAFETY: mount_setattr on our detached tree ("" with AT_EMPTY_PATH), with a properly
-    // sized mount_attr.
-    let r = unsafe {
-        libc::syscall(
-            libc::SYS_mount_setattr,
-            fd.as_raw_fd(),
-            c"".as_ptr(),
-            (libc::AT_EMPTY_PATH | libc::AT_RECURSIVE) as libc::c_uint,
-            &attr as *const MountAttr,
-            std::mem::size_of::<MountAttr>(),
-        )
-    };
-    if r < 0 {
-        return Err(io::Error::last_os_error());
-    }
+    plumbing::sys::mount_setattr(
+        fd.as_raw_fd(),
+        c"",
+        (libc::AT_EMPTY_PATH | libc::AT_RECURSIVE) as libc::c_uint,
+        &attr,
+    )?;
     Ok(fd)
 }
 
 /// Another detached copy of a tree [`detach`] made (each sandbox gets its own; the flags
 /// come along).
 pub fn copy(handed: &Handed) -> io::Result<OwnedFd> {
-    match open_tree(
+    match plumbing::sys::open_tree(
         handed.tree.as_raw_fd(),
-        b"",
-        OPEN_TREE_CLONE
-            | libc::AT_RECURSIVE as libc::c_uint
-            | libc::AT_EMPTY_PATH as libc::c_uint
-            | libc::O_CLOEXEC as libc::c_uint,
+        c"",
+        OPEN_TREE_CLONE | libc::AT_RECURSIVE as libc::c_uint | libc::AT_EMPTY_PATH as libc::c_uint,
     ) {
         Err(e) if e.raw_os_error() == Some(libc::EINVAL) => detach_from(&handed.source, handed.rw),
         other => other,

@@ -1081,7 +1081,7 @@ pub fn launch_plan(plan: &policy::plan::OneShotPlan) -> Result<(LaunchPlan, Limi
         Network::None => None,
         Network::Egress => Some(egress_rules(
             &plan.allow,
-            Limits::from_policy(&plan.limits).mem_bytes,
+            crate::cgroup_limits(&plan.limits).mem_bytes,
         )?),
         Network::Host => {
             return Err(
@@ -1122,7 +1122,7 @@ pub fn launch_plan(plan: &policy::plan::OneShotPlan) -> Result<(LaunchPlan, Limi
     }
     let ids = crate::identity::id_map().map_err(|e| e.to_string())?;
     let l = &plan.limits;
-    let limits = Limits::from_policy(l);
+    let limits = crate::cgroup_limits(l);
     let launch = LaunchPlan {
         mode: proto::launch::Mode::OneShot,
         files: Vec::new(),

@@ -3,7 +3,7 @@
 //! process even after its pid is reused.
 
 use std::io;
-use std::os::fd::{AsFd, OwnedFd, RawFd};
+use std::os::fd::{AsFd, OwnedFd};
 use std::path::Path;
 
 use plumbing::role::{self, Role, RoleFds, Stdio};
@@ -39,23 +39,10 @@ pub fn spawn_launcher(exe: &Path, fds: LauncherFds<'_>) -> io::Result<Launcher> 
 /// A pidfd for `pid` (pidfd_open(2)), or `None` if the process is gone or the kernel has
 /// no pidfds. It refers to that process even if the pid is later reused.
 pub(crate) fn pidfd_open(pid: i32) -> Option<OwnedFd> {
-    // SAFETY: pidfd_open(2) with a plain pid and no flags.
-    let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid, 0) };
-    // SAFETY: on success the kernel just gave us this descriptor; nothing else owns it.
-    (fd >= 0).then(|| unsafe { std::os::fd::FromRawFd::from_raw_fd(fd as RawFd) })
+    plumbing::sys::pidfd_open(pid).ok()
 }
 
 /// Whether the process behind `pidfd` has not exited: then its pid still names it.
 pub(crate) fn pidfd_alive(pidfd: &OwnedFd) -> bool {
-    use std::os::fd::AsRawFd;
-    // SAFETY: pidfd_send_signal with signal 0 only checks; no siginfo, no flags.
-    unsafe {
-        libc::syscall(
-            libc::SYS_pidfd_send_signal,
-            pidfd.as_raw_fd(),
-            0,
-            std::ptr::null::<libc::siginfo_t>(),
-            0,
-        ) == 0
-    }
+    plumbing::sys::pidfd_alive(pidfd)
 }

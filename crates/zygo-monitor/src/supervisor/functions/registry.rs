@@ -290,7 +290,7 @@ fn plan(spec: &FnSpec, identity: &Identity) -> Result<Planned, String> {
             .map_err(|e| e.to_string())?,
             // One request's limit: the filter serves the zygote's requests with buffers
             // within a share of it.
-            Limits::from_policy(&spec.limits).mem_bytes,
+            crate::cgroup_limits(&spec.limits).mem_bytes,
         )?),
         policy::plan::Network::Host => {
             return Err(
@@ -347,7 +347,7 @@ fn plan(spec: &FnSpec, identity: &Identity) -> Result<Planned, String> {
         mounts.push(m);
     }
     let l = &spec.limits;
-    let limits = Limits::from_policy(l);
+    let limits = crate::cgroup_limits(l);
     let mem_text = l.mem.to_string();
     // The function's folder of cgroups gets a memory ceiling as well: at most max_warm
     // zygotes and SLOTS requests each, all at the function's limit. Whatever a request

@@ -1,4 +1,5 @@
-//! The cgroup tree: one interface, two kernels' worth of implementation.
+//! The cgroup tree: one interface, two kernels' worth of implementation, and a recording
+//! fake for tests (feature `fake`).
 //!
 //! Zygo builds its tree under the cgroup it was started in (or under `$ZYGO_CGROUP`, a
 //! subtree delegated to the user running it), never anywhere else. Every sandbox gets its
@@ -10,8 +11,8 @@
 //! enforce limits, sandboxes are refused with the steps to fix it.
 
 pub mod disks;
-#[cfg(test)]
-pub(crate) mod fake;
+#[cfg(any(test, feature = "fake"))]
+pub mod fake;
 mod v1;
 mod v2;
 
@@ -43,22 +44,6 @@ pub struct Limits {
     pub io_bps: u64,
     /// Operations a second on each disk, reads and writes each.
     pub io_iops: u32,
-}
-
-impl Limits {
-    /// The cgroup limits of a policy decision.
-    pub fn from_policy(l: &policy::limits::ResolvedLimits) -> Limits {
-        Limits {
-            mem_bytes: match l.mem {
-                policy::limits::Mem::Limited(b) => Some(b.0),
-                policy::limits::Mem::Unlimited => None,
-            },
-            cpu_millis: l.cpu.millis(),
-            pids: l.pids,
-            io_bps: l.io_bps.0,
-            io_iops: l.io_iops,
-        }
-    }
 }
 
 impl Limits {
@@ -738,7 +723,7 @@ pub(crate) fn kill_listed(
 ) -> Result<(), CgroupError> {
     let mut held: Vec<(i32, std::os::fd::OwnedFd)> = Vec::new();
     for pid in listed()? {
-        if let Some(fd) = crate::spawn::pidfd_open(pid) {
+        if let Ok(fd) = plumbing::sys::pidfd_open(pid) {
             held.push((pid, fd));
         }
     }
