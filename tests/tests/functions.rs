@@ -1644,3 +1644,81 @@ fn requirements_naming_no_file_are_refused_when_served() {
     assert!(!s.st.join("deps").exists(), "a set was started");
     s.shutdown();
 }
+
+const NODE_ECHO: &str = "export default async function (event) {\n  return { node: event };\n}\n";
+
+both_tests! {
+    /// A tenant's calls of the host's Node and Python functions and pools are all served,
+    /// each in a request cgroup of the tenant's: a call's process is moved there whole,
+    /// every thread of it. (On cgroup v1 a parked Node process, which has threads, was moved
+    /// one thread at a time, and the threads left behind were killed: every tenant call of a
+    /// Node function or pool failed, while the host's own calls, which need no move,
+    /// worked.) Through the API role, as `zygo api` would ask.
+    fn a_tenants_calls_of_node_and_python_are_served(who) {
+        use proto::front::{ExecRequest, Reply, Request, ScriptRef};
+        use zygo_tests::api::{mint, tenant_id, ApiConn};
+        if !Path::new("/usr/bin/node").exists() {
+            skip("no /usr/bin/node on this machine (.ci/run installs it)");
+            return;
+        }
+        const BOOT: &str = "bootstrap-secret-for-language-tests";
+        let mut s = SUITE.sup(who, "langs");
+        s.env("ZYGO_API_TOKEN", BOOT);
+        s.fn_file("echo.mjs", NODE_ECHO);
+        let n = s.up(&[
+            ("nf", "agent = \"node\"\nentry = \"fn/echo.mjs\""),
+            ("np", "agent = \"node\""),
+            ("pf", "agent = \"python\"\nentry = \"fn/handlers.py:hello\""),
+            ("pp", "agent = \"python\""),
+        ]);
+        let (node_fn, node_pool, py_fn, py_pool) = (&n[0], &n[1], &n[2], &n[3]);
+        let mut api = ApiConn::open(&s, proto::api::FrontFlags::default());
+        let t = tenant_id("langs");
+        let r = api.ask(BOOT, None, Request::CreateTenant { id: t.clone() });
+        assert!(matches!(r, Reply::Tenant { .. }), "create {t}: {r:?}");
+        let (_, tok) = mint(&s, Some(&t));
+        let mut put = |src: &str| match api.ask(&tok, None, Request::PutScript {
+            source: src.as_bytes().to_vec(),
+        }) {
+            Reply::ScriptStored { digest, .. } => digest,
+            other => panic!("put a script: {other:?}"),
+        };
+        let js = put("module.exports.handler = async (e) => ({ pool: e });\n");
+        let py = put("def handler(event):\n    return {\"pool\": event}\n");
+        let call = |name: &str, script: Option<&str>, i: u32| {
+            Request::Exec(ExecRequest {
+                name: name.to_string(),
+                event: i.to_string(),
+                key: None,
+                timeout_ms: None,
+                stream: false,
+                script: script.map(|d| ScriptRef::Digest(d.to_string())),
+                workspace: None,
+                workspace_blob: None,
+                out: false,
+            })
+        };
+        for i in 0..8u32 {
+            for (what, req, want) in [
+                ("the Node function", call(node_fn, None, i), json!({ "node": i })),
+                ("the Node pool", call(node_pool, Some(&js), i), json!({ "pool": i })),
+                ("the Python function", call(py_fn, None, i), json!(i)),
+                ("the Python pool", call(py_pool, Some(&py), i), json!({ "pool": i })),
+            ] {
+                match api.ask(&tok, None, req) {
+                    Reply::Answer(a) => {
+                        let mut got: Value =
+                            serde_json::from_str(a.result.as_deref().unwrap_or("null"))
+                                .unwrap_or(Value::Null);
+                        if what == "the Python function" {
+                            got = got["echo"].clone();
+                        }
+                        assert_eq!(got, want, "[{}] call {i} of {what}: {a:?}\n{}", who.name(), s.log());
+                    }
+                    other => panic!("[{}] call {i} of {what}: {other:?}\n{}", who.name(), s.log()),
+                }
+            }
+        }
+        s.shutdown();
+    }
+}

@@ -247,9 +247,10 @@ pub trait Cgroup: Send {
     fn set_limits(&self, limits: &Limits) -> Result<(), CgroupError>;
     /// Move a process (host pid) into this cgroup.
     fn add_pid(&self, pid: i32) -> Result<(), CgroupError>;
-    /// Move a single-threaded process (host pid) into this cgroup. On v1 this writes its
-    /// thread to `tasks`, which does not wait on the global threadgroup lock (and its RCU
-    /// grace period) that `cgroup.procs` does.
+    /// Move a process that is most likely single-threaded (host pid) into this cgroup. On
+    /// v1 a process with one thread has it written to `tasks`, which does not wait on the
+    /// global threadgroup lock (and its RCU grace period) that `cgroup.procs` does; one
+    /// with more is moved whole through `cgroup.procs`.
     fn add_single_threaded(&self, pid: i32) -> Result<(), CgroupError> {
         self.add_pid(pid)
     }
@@ -457,6 +458,15 @@ impl Backend {
             Backend::V2(b) => b.set_ceiling(dir, mem_bytes),
         }
     }
+}
+
+/// How many threads a process has, from `/proc/<pid>/task`'s link count (procfs keeps it
+/// at two plus the threads); `None` when it cannot be read (the process is gone).
+pub fn thread_count(pid: i32) -> Option<u64> {
+    use std::os::unix::fs::MetadataExt;
+    std::fs::metadata(format!("/proc/{pid}/task"))
+        .ok()
+        .map(|m| m.nlink().saturating_sub(2))
 }
 
 /// Whether a process (in our pid namespace) exists and has not exited: a zombie waiting

@@ -698,6 +698,12 @@ impl Cgroup for V1Cgroup {
     }
 
     fn add_single_threaded(&self, pid: i32) -> Result<(), CgroupError> {
+        // `tasks` moves one thread. A process that has more (a Node process: V8's and
+        // libuv's threads) is moved whole, through `cgroup.procs`; left behind, its other
+        // threads would stay in the zygote's cgroup and die with what is killed there.
+        if super::thread_count(pid) != Some(1) {
+            return self.add_pid(pid);
+        }
         let pid = pid.to_string();
         for h in 0..5 {
             self.write_in(h, "tasks", &pid)?;
