@@ -1354,10 +1354,16 @@ fn a_tenants_build_never_reads_the_host_and_keeps_to_its_limits() {
     let (st, _, v) = post("host", req("zygoslow==1.0\n"));
     assert_eq!(st, 202, "{v}");
     let slow = s(&v, "id").to_string();
+    // While it builds, its log grows: the resolver's words so far are in the answer.
+    let mut seen_live = false;
     wait_for(Duration::from_secs(120), "the slow set ends", || {
         let (_, _, v) = http(a, "GET", &format!("/deps/{slow}"), &tok, "");
+        if s(&v, "state") == "building" && text(&v, "log").contains("zygoslow") {
+            seen_live = true;
+        }
         s(&v, "state") != "building"
     });
+    assert!(seen_live, "no log while the set was building");
     let (_, _, v) = http(a, "GET", &format!("/deps/{slow}"), &tok, "");
     assert_eq!(s(&v, "state"), "failed", "{v}");
     assert!(s(&v, "error").contains("time limit (5s)"), "{v}");

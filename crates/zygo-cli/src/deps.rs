@@ -91,6 +91,8 @@ fn build(json: bool, state_dir: &Path, rest: &[String]) -> i32 {
             if !json {
                 eprintln!("zygo: building {} ...", inputs.id());
             }
+            let follower =
+                (!json).then(|| follow_log(deps::dir(state_dir, &inputs.id()).join("build.log")));
             let rec = deps::build(
                 state_dir,
                 &inputs,
@@ -101,23 +103,86 @@ fn build(json: bool, state_dir: &Path, rest: &[String]) -> i32 {
                 &deps::Narrowing::default(),
             );
             backend.release_root();
-            rec
+            if let Some(f) = follower {
+                f.finish();
+            }
+            return report(json, state_dir, &rec, !json);
         }
         Ok(Claim::Exists(rec)) if rec.state == State::Building => {
             // Another process builds it: its outcome is this one's.
-            if let Err(e) = deps::Lock::wait_for(&deps::dir(state_dir, &rec.id)) {
+            if !json {
+                eprintln!(
+                    "zygo: {} is being built by another process; its log:",
+                    rec.id
+                );
+            }
+            let follower =
+                (!json).then(|| follow_log(deps::dir(state_dir, &rec.id).join("build.log")));
+            let waited = deps::Lock::wait_for(&deps::dir(state_dir, &rec.id));
+            if let Some(f) = follower {
+                f.finish();
+            }
+            if let Err(e) = waited {
                 return refused(json, &e);
             }
-            match deps::status(state_dir, &rec.id) {
+            let rec = match deps::status(state_dir, &rec.id) {
                 Ok(Some(r)) => r,
                 Ok(None) => return refused(json, "the set disappeared while it was built"),
                 Err(e) => return refused(json, &e),
-            }
+            };
+            return report(json, state_dir, &rec, !json);
         }
         Ok(Claim::Exists(rec)) => rec,
         Err(e) => return refused(json, &e),
     };
-    report(json, state_dir, &rec)
+    report(json, state_dir, &rec, false)
+}
+
+/// A thread printing a build's log on stderr as it grows (terminal escapes shown
+/// escaped), until [`Follower::finish`] prints what is left and stops it.
+struct Follower {
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    thread: std::thread::JoinHandle<()>,
+}
+
+impl Follower {
+    fn finish(self) {
+        self.stop.store(true, std::sync::atomic::Ordering::SeqCst);
+        let _ = self.thread.join();
+    }
+}
+
+/// Follow `path` by name from its start: the log is replaced at the end of the build by
+/// the whole of it, with the same beginning and Zygo's last lines after it.
+fn follow_log(path: std::path::PathBuf) -> Follower {
+    use std::io::{Read, Seek, SeekFrom};
+    use std::sync::atomic::Ordering;
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let flag = std::sync::Arc::clone(&stop);
+    let thread = std::thread::spawn(move || {
+        let mut shown: u64 = 0;
+        let mut buf = vec![0u8; 64 * 1024];
+        loop {
+            // The last pass runs after the build has ended, so what it wrote last is shown.
+            let last = flag.load(Ordering::SeqCst);
+            if let Ok(mut f) = std::fs::File::open(&path) {
+                if f.seek(SeekFrom::Start(shown)).is_ok() {
+                    while let Ok(n) = f.read(&mut buf) {
+                        if n == 0 {
+                            break;
+                        }
+                        shown += n as u64;
+                        eprint!("{}", clean(&String::from_utf8_lossy(&buf[..n])));
+                    }
+                }
+            }
+            if last {
+                break;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(200));
+        }
+    });
+    Follower { stop, thread }
 }
 
 fn show(json: bool, state_dir: &Path, id: &str) -> i32 {
@@ -129,7 +194,7 @@ fn show(json: bool, state_dir: &Path, id: &str) -> i32 {
         );
     }
     match deps::status(state_dir, id) {
-        Ok(Some(rec)) => report(json, state_dir, &rec),
+        Ok(Some(rec)) => report(json, state_dir, &rec, false),
         Ok(None) => {
             let msg = format!("no dependency set {id} on this host");
             if json {
@@ -181,31 +246,39 @@ fn record_json(r: &Record) -> serde_json::Value {
     })
 }
 
-/// A set's state: its id on stdout (and, failed, its reason and log on stderr); exit 0
-/// unless it failed.
-fn report(json: bool, state_dir: &Path, rec: &Record) -> i32 {
-    let log = if rec.state == State::Failed {
+/// A set's state: its id on stdout (and, failed, its reason and log on stderr; building,
+/// its log so far); exit 0 unless it failed. `log_shown`: the log was printed as it grew.
+fn report(json: bool, state_dir: &Path, rec: &Record, log_shown: bool) -> i32 {
+    let log = if rec.state != State::Ready {
         deps::read_log(state_dir, &rec.id)
     } else {
         String::new()
     };
     if json {
         let mut v = record_json(rec);
-        if rec.state == State::Failed {
+        if rec.state != State::Ready {
             v["log"] = json!(log);
         }
         say!("{}", crate::output::json(&v));
     } else {
         match rec.state {
             State::Failed => {
-                eprint!("{}", clean(&log));
+                if !log_shown {
+                    eprint!("{}", clean(&log));
+                }
                 eprintln!(
                     "zygo: the dependency set {} failed: {}",
                     rec.id,
                     clean(rec.error.as_deref().unwrap_or("no reason recorded"))
                 );
             }
-            State::Building => eprintln!("zygo: {} is still building", rec.id),
+            State::Building => {
+                eprint!("{}", clean(&log));
+                eprintln!(
+                    "zygo: {} is still building (its log so far is above)",
+                    rec.id
+                )
+            }
             State::Ready => {}
         }
         say!("{}", rec.id);

@@ -125,6 +125,7 @@ pub fn main(raw: Vec<OsString>) -> i32 {
         launcher,
         cancel: None,
         fresh: Vec::new(),
+        tee: None,
     };
     // Where cgroup v2 may hold Zygo's tree, Zygo enters it before it starts any process: it
     // may have to move itself into a leaf first, which only works while it is alone. A v1

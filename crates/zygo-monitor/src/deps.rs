@@ -794,6 +794,20 @@ fn run_build(
     let held = venv
         .try_clone()
         .map_err(|e| format!("keep the build's {MOUNT}: {e}"))?;
+    // The resolver's output goes to the log as it comes (a build in progress shows how
+    // far it is); the log is written whole, with Zygo's last line, when the build ends.
+    let live = std::fs::OpenOptions::new()
+        .create(true)
+        .write(true)
+        .truncate(true)
+        .open(&log_path)
+        .map_err(|e| {
+            log::warn!(
+                "deps: open {} for the build's output: {e}",
+                log_path.display()
+            )
+        })
+        .ok();
     let out = oneshot::run(
         backend,
         Request {
@@ -804,6 +818,7 @@ fn run_build(
             launcher,
             cancel,
             fresh: vec![venv],
+            tee: live,
         },
     );
     let mut verdict = if stopped.as_ref().is_some_and(was_cancelled) {

@@ -715,6 +715,7 @@ fn run_code(
         launcher: sh.opts.exe.clone(),
         cancel: Some(cancel_r),
         fresh: Vec::new(),
+        tee: None,
     };
     let out = oneshot::run(&sh.opts.backend, req);
     drop(done_tx);

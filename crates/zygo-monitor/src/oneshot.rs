@@ -145,6 +145,9 @@ pub struct Request {
     pub cancel: Option<OwnedFd>,
     /// The descriptors of the plan's `fresh` mounts (its last ones), in their order.
     pub fresh: Vec<OwnedFd>,
+    /// Capturing: a file every byte kept of stdout and stderr is also written to as it
+    /// arrives (a dependency build's growing log).
+    pub tee: Option<File>,
 }
 
 /// What happened, in the words `zygo run --json` prints.
@@ -211,6 +214,7 @@ pub struct Started {
     limits: Limits,
     output: Output,
     cancel: Option<OwnedFd>,
+    tee: Option<File>,
 }
 
 /// Where the program's stdin pipe (the write end, here) is fed from.
@@ -327,6 +331,7 @@ pub fn start(req: Request) -> Result<Started, Box<Outcome>> {
         limits: req.limits,
         output: req.output,
         cancel: req.cancel,
+        tee: req.tee,
     })
 }
 
@@ -564,7 +569,7 @@ impl Stream {
     /// CPU a relay spends is charged to the caller, not to the sandbox, and a program
     /// writing as fast as its CPU quota allows would otherwise have its caller spend as
     /// much again copying it.
-    fn pump(&mut self, mode: Output, to_stderr: bool) {
+    fn pump(&mut self, mode: Output, to_stderr: bool, tee: Option<&File>) {
         let Some(f) = self.fd.as_ref() else { return };
         let fd = f.as_raw_fd();
         let room = OUTPUT_CAP - self.kept.len();
@@ -603,8 +608,15 @@ impl Stream {
                 }
             }
         }
+        let before = self.kept.len();
         let read = if mode == Output::Capture && room > 0 {
-            read_append(fd, &mut self.kept, room.min(CHUNK))
+            let read = read_append(fd, &mut self.kept, room.min(CHUNK));
+            if let (Some(mut t), Some(new)) = (tee, self.kept.get(before..)) {
+                if !new.is_empty() {
+                    let _ = t.write_all(new);
+                }
+            }
+            read
         } else {
             self.scratch.clear();
             read_append(fd, &mut self.scratch, CHUNK)
@@ -707,6 +719,7 @@ fn drive(ending: &mut Ending, st: Started, meanwhile: impl FnOnce()) -> (Outcome
         timeout_ms,
         output,
         cancel,
+        tee,
         ..
     } = st;
     let mut out = Outcome {
@@ -841,10 +854,10 @@ fn drive(ending: &mut Ending, st: Started, meanwhile: impl FnOnce()) -> (Outcome
             let _ = sock.set_nonblocking(true);
         }
         if fds[1].revents != 0 {
-            stdout.pump(output, false);
+            stdout.pump(output, false, tee.as_ref());
         }
         if fds[2].revents != 0 {
-            stderr.pump(output, true);
+            stderr.pump(output, true, tee.as_ref());
         }
         if fds[0].revents != 0 {
             let mut buf = [0u8; 4096];

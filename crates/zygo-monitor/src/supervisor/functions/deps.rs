@@ -381,10 +381,10 @@ pub(super) fn visible(state_dir: &Path, id: &str, who: &Acting) -> bool {
     }
 }
 
-/// The answer's form of a set's record (the log only for a failed build, and only when
-/// asked for).
+/// The answer's form of a set's record (the log of a build that failed or is under way,
+/// only when asked for).
 fn info(state_dir: &Path, rec: &Record, with_log: bool) -> DepsInfo {
-    let log = (with_log && rec.state == State::Failed).then(|| {
+    let log = (with_log && rec.state != State::Ready).then(|| {
         let log = deps::read_log(state_dir, &rec.id);
         let mut start = log.len().saturating_sub(MAX_DEPS_LOG);
         while !log.is_char_boundary(start) {
