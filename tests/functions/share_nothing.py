@@ -102,8 +102,11 @@ def tmp(event):
         "tmp_before": sorted(os.listdir("/tmp")),
         "work_before": sorted(os.listdir("/work")),
         "tmp_mode": oct(stat.S_IMODE(os.stat("/tmp").st_mode)),
+        "shm_before": sorted(os.listdir("/dev/shm")),
     }
     with open("/tmp/result.txt", "w") as f:
+        f.write(event.get("token", ""))
+    with open("/dev/shm/zygo-shared-segment", "w") as f:
         f.write(event.get("token", ""))
     r["file_mode"] = oct(stat.S_IMODE(os.stat("/tmp/result.txt").st_mode))
     os.symlink("/etc/passwd", "/tmp/planted")

@@ -641,8 +641,8 @@ done(
     }
 
     /// Every mount is nosuid; every one but the device nodes is nodev; everything is
-    /// read-only except /tmp, /work and /proc itself; the /proc masks and read-only /proc
-    /// folders are also noexec.
+    /// read-only except /tmp, /work, /dev/shm and /proc itself; the /proc masks, the
+    /// read-only /proc folders and everything in /dev are also noexec.
     fn mount_flags(who) {
         let r = probe(who, &[], r#"
 mounts = {}
@@ -659,7 +659,7 @@ done(**mounts)"#);
         }
         for (path, _) in mounts {
             let device = path.starts_with("/dev/");
-            let writable = ["/tmp", "/work", "/proc"].contains(&path.as_str());
+            let writable = ["/tmp", "/work", "/proc", "/dev/shm"].contains(&path.as_str());
             assert!(has(path, "nosuid"), "[{}] {path} is not nosuid: {r}", who.name());
             assert!(device || has(path, "nodev"), "[{}] {path} is not nodev: {r}", who.name());
             assert_eq!(has(path, "ro"), !writable, "[{}] {path}: {r}", who.name());
@@ -669,8 +669,9 @@ done(**mounts)"#);
         }
     }
 
-    /// /dev holds only null, zero, full, random, urandom (character devices) and the
-    /// fd/stdin/stdout/stderr links: no tty, no block device.
+    /// /dev holds only null, zero, full, random, urandom (character devices), the
+    /// fd/stdin/stdout/stderr links and shm (a folder for POSIX shared memory): no tty, no
+    /// block device.
     fn dev_is_minimal(who) {
         let r = probe(who, &[], r#"
 import stat
@@ -682,6 +683,7 @@ done(**kinds)"#);
         let expected = serde_json::json!({
             "null": "chr", "zero": "chr", "full": "chr", "random": "chr", "urandom": "chr",
             "fd": "link", "stdin": "link", "stdout": "link", "stderr": "link",
+            "shm": "other",
         });
         assert_eq!(r, expected, "[{}] /dev", who.name());
     }

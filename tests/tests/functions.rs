@@ -1579,7 +1579,8 @@ fn killed_supervisor_leftovers_are_swept() {
     let partial = fn_cgroups(hello)[0].join(format!("r-{old}-partial"));
     fs::create_dir(&partial).expect("create a partly made cgroup");
     // Beside it, the empty folder a live supervisor has just made for a function of its
-    // own (about to write its memory ceiling there): not the sweep's to remove.
+    // own (about to write its memory ceiling there): not the sweep's to remove, nor, later,
+    // this supervisor's as it stops.
     let live: Vec<PathBuf> = fn_cgroups(&format!("live-{:x}", unique()))
         .into_iter()
         .filter(|d| d.parent().is_some_and(Path::is_dir))
@@ -1612,7 +1613,19 @@ fn killed_supervisor_leftovers_are_swept() {
         s.log()
     );
     assert_eq!(s.call_ok(hello, "{}")["echo"], json!({}));
+    // A supervisor that stops removes its own functions' folders, never another's.
+    for d in &live {
+        fs::create_dir(d).expect("create another supervisor's function folder");
+    }
     s.shutdown();
+    let gone: Vec<&PathBuf> = live.iter().filter(|d| !d.is_dir()).collect();
+    for d in &live {
+        let _ = fs::remove_dir(d);
+    }
+    assert!(
+        gone.is_empty(),
+        "a supervisor that stopped removed another's function folders: {gone:?}"
+    );
 }
 
 /// `requirements` naming a file that is not there is refused when the function is served,

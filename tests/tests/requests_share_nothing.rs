@@ -123,7 +123,8 @@ both_tests! {
         s.shutdown();
     }
 
-    /// Item 3: each request has a /tmp (and a /work) of its own, gone when it ends: a file
+    /// Item 3: each request has a /tmp (and a /work and a /dev/shm) of its own, gone when it
+    /// ends: a file
     /// one leaves is not there for the next, a /tmp filled to ENOSPC does not carry over, a
     /// unix socket one listens on cannot be reached by another running beside it, files
     /// are created 0600 (umask 077). As root, each request runs as a uid of its own, above
@@ -136,8 +137,10 @@ both_tests! {
         assert_eq!(a["fill"], "ENOSPC", "{a}");
         assert_eq!(a["file_mode"], "0o600", "umask: {a}");
         assert_eq!(a["tmp_before"], json!([]), "{a}");
+        assert_eq!(a["shm_before"], json!([]), "{a}");
         let b = s.call_ok(f, r#"{"token": "second"}"#);
         assert_eq!(b["tmp_before"], json!([]), "the next request found the last one's /tmp: {b}");
+        assert_eq!(b["shm_before"], json!([]), "the next request found the last one's /dev/shm: {b}");
         assert_eq!(b["work_before"].as_array().map(Vec::len), Some(1), "its /work holds only its own folder: {b}");
         let holder = s.exec_in_flight(f, r#"{"hold": 3}"#, &[]);
         std::thread::sleep(Duration::from_millis(500));

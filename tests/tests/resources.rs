@@ -61,6 +61,25 @@ fn assert_gone(who: Who, prefix: &str) {
 }
 
 both_tests! {
+    /// POSIX shared memory works (`multiprocessing.Pool`, which needs /dev/shm), and what a
+    /// program puts in /dev/shm counts in its memory limit: filling it past --mem is an OOM
+    /// kill, not memory the host pays for.
+    fn shared_memory_works_and_counts_in_mem(who) {
+        let pool = "import multiprocessing as mp\n\
+                    def sq(x):\n    return x * x\n\
+                    if __name__ == '__main__':\n    \
+                    with mp.Pool(2) as p:\n        print(sum(p.map(sq, range(10))))";
+        let (v, code) = py(who, &["--mem", "256M", "--pids", "32"], pool);
+        assert_ok(who, &v, code);
+        assert_eq!(s(&v, "stdout").trim(), "285", "[{}] {v}", who.name());
+        let fill = "f = open('/dev/shm/big', 'wb')\n\
+                    for _ in range(200):\n    f.write(b'x' * (1 << 20))\n    f.flush()\n\
+                    print('wrote 200 MiB')";
+        let (v, code) = py(who, &["--mem", "64M", "--scratch", "1G"], fill);
+        assert_eq!(v["oom_killed"], true, "[{}] /dev/shm past --mem: {v}", who.name());
+        assert_eq!(code, 137, "[{}] {v}", who.name());
+    }
+
     /// Allocating 1 GiB under --mem 64M: the kernel's OOM killer ends it, and zygo says so.
     fn oom_is_reported(who) {
         let (v, code) = py(who, &["--mem", "64M"], "b = b'x' * (1 << 30)\nprint(len(b))");

@@ -258,7 +258,7 @@ pub fn landlock(writes: Writes<'_>) -> Result<bool> {
         let status = ruleset.restrict_self().map_err(io)?;
         return Ok(status.ruleset != RulesetStatus::NotEnforced);
     }
-    for w in ["/tmp", "/work"].iter().chain(writable.iter()) {
+    for w in ["/tmp", "/work", "/dev/shm"].iter().chain(writable.iter()) {
         ruleset = ruleset
             .add_rule(PathBeneath::new(path(w)?, handled))
             .map_err(io)?;

@@ -516,6 +516,15 @@ fn assemble(plan: &LaunchPlan, handed: &[std::os::fd::OwnedFd]) -> Result<OwnedF
     let tmp = new.join("tmp");
     mkdir(&tmp, 0o1777)?;
     tmpfs(&tmp, &format!("mode=1777,{scratch}"), MS_NOSUID | MS_NODEV)?;
+    // POSIX shared memory (multiprocessing, joblib): a tmpfs like /tmp, no executables;
+    // its pages are charged to the sandbox's memory as any tmpfs page is.
+    let shm = new.join("dev/shm");
+    mkdir(&shm, 0o1777)?;
+    tmpfs(
+        &shm,
+        &format!("mode=1777,{scratch}"),
+        MS_NOSUID | MS_NODEV | libc::MS_NOEXEC,
+    )?;
     // No set-id bits, whatever the plan says.
     let work_mode = plan.work_mode & 0o1777;
     let work = new.join("work");

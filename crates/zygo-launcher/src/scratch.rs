@@ -341,16 +341,16 @@ fn last_errno() -> i32 {
     std::io::Error::last_os_error().raw_os_error().unwrap_or(0)
 }
 
-/// A request's `/tmp` and `/work` (in the request's mount namespace).
+/// A request's `/tmp`, `/work` and `/dev/shm` (in the request's mount namespace).
 fn mount_scratch(fstype: &std::ffi::CStr, opts: &CString) -> Result<(), (u8, i32)> {
-    for target in [c"/tmp", c"/work"] {
+    for (target, noexec) in [(c"/tmp", 0), (c"/work", 0), (c"/dev/shm", libc::MS_NOEXEC)] {
         // SAFETY: mount with valid C strings.
         let done = unsafe {
             libc::mount(
                 fstype.as_ptr(),
                 target.as_ptr(),
                 fstype.as_ptr(),
-                libc::MS_NOSUID | libc::MS_NODEV,
+                libc::MS_NOSUID | libc::MS_NODEV | noexec,
                 opts.as_ptr().cast(),
             )
         };
@@ -446,7 +446,7 @@ fn parse_prepare(m: &[u8]) -> Option<Prepare> {
 fn prepare_request(fstype: &std::ffi::CStr, p: &Prepare) -> Result<(), (u8, i32)> {
     if p.shrink > 0 {
         let size = CString::new(format!("size={}", p.shrink)).map_err(|_| (14, libc::EINVAL))?;
-        for target in [c"/tmp", c"/work"] {
+        for (target, noexec) in [(c"/tmp", 0), (c"/work", 0), (c"/dev/shm", libc::MS_NOEXEC)] {
             // The same flags again (a remount may not drop them), a smaller size: tmpfs
             // refuses one below what is in use (nothing, here).
             // SAFETY: mount with valid C strings.
@@ -455,7 +455,7 @@ fn prepare_request(fstype: &std::ffi::CStr, p: &Prepare) -> Result<(), (u8, i32)
                     std::ptr::null(),
                     target.as_ptr(),
                     std::ptr::null(),
-                    libc::MS_REMOUNT | libc::MS_NOSUID | libc::MS_NODEV,
+                    libc::MS_REMOUNT | libc::MS_NOSUID | libc::MS_NODEV | noexec,
                     size.as_ptr().cast(),
                 )
             };

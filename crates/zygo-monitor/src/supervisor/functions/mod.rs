@@ -445,14 +445,30 @@ impl Functions {
         for key in self.fns.keys() {
             self.backend.prune(&cg_folder(key));
         }
-        // Tenants' folders, for their own functions and for their calls of the host's.
+        // Tenants' folders, for their own functions and for their calls of the host's: only
+        // those of this supervisor's functions. An empty folder of another name may be
+        // another live supervisor's, just made and about to get its memory ceiling.
+        let ours: std::collections::HashSet<&str> = self
+            .fns
+            .keys()
+            .map(|k| k.rsplit('/').next().unwrap_or(k))
+            .collect();
+        let mut pruned = false;
         for owner in self.backend.child_names_of("tenants") {
             let top = format!("tenants/{owner}");
+            let mut pruned_here = false;
             for func in self.backend.child_names_of(&top) {
-                self.backend.prune(&format!("{top}/{func}"));
+                if ours.contains(func.as_str()) {
+                    pruned_here |= self.backend.prune(&format!("{top}/{func}"));
+                }
             }
-            self.backend.prune(&top);
+            if pruned_here {
+                self.backend.prune(&top);
+            }
+            pruned |= pruned_here;
         }
-        self.backend.prune("tenants");
+        if pruned {
+            self.backend.prune("tenants");
+        }
     }
 }
