@@ -1022,7 +1022,13 @@ fn drain_in_flight() {
     s.wait_gone();
     let f = s.run(&["ls"]);
     assert_eq!(f.code, 1);
-    assert_eq!(f.stderr_text().trim_end(), NO_SUPERVISOR);
+    assert_eq!(
+        f.stderr_text().trim_end(),
+        format!(
+            "{NO_SUPERVISOR} (no supervisor listens at {})",
+            s.socket().display()
+        )
+    );
 }
 
 // ---------------------------------------------------------------------------------------
@@ -1125,9 +1131,13 @@ fn no_supervisor() {
     ] {
         let f = s.run(args);
         assert_eq!(f.code, 1, "zygo {args:?}: {}", f.stderr_text());
+        // One line, naming the socket it looked for.
         assert_eq!(
             f.stderr_text(),
-            format!("{NO_SUPERVISOR}\n"),
+            format!(
+                "{NO_SUPERVISOR} (no supervisor listens at {})\n",
+                s.socket().display()
+            ),
             "zygo {args:?}"
         );
         assert!(f.stdout.is_empty(), "zygo {args:?}: {}", f.stdout_text());

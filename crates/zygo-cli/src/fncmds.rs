@@ -313,7 +313,7 @@ pub fn up(raw: Vec<OsString>) -> i32 {
                 say!("a supervisor is already running");
             }
         }
-        Err(ConnectError::NotRunning) => match start_supervisor() {
+        Err(ConnectError::NotRunning(_)) => match start_supervisor() {
             Ok(log) => {
                 if !a.json {
                     say!("supervisor started; its log is {}", log.display());

@@ -318,11 +318,16 @@ zygo mcp — an MCP server on stdin/stdout for agent hosts (Claude Code, Codex, 
 
 Usage: zygo mcp [LIMITS] [--image IMG] [--workspace DIR] [--net MODE] [--allow HOST:PORT]... [-f sandbox.toml]
 
-Speaks JSON-RPC 2.0, one message per line: MCP revisions 2025-06-18 (preferred),
-2025-03-26, 2024-11-05 and 2025-11-25 through initialize, and the stateless 2026-07-28.
-Tools: run_code (python, javascript or sh in a fresh one-shot sandbox), list_functions,
-call_function and function_logs (warm functions of a supervisor already running; none is
-started). Standard output carries only the protocol; everything else goes to stderr.
+Speaks JSON-RPC 2.0, one message per line: MCP revisions 2025-06-18 (preferred; the
+answer to an initialize asking for any other), 2025-03-26, 2024-11-05 and 2025-11-25
+through initialize, and the stateless 2026-07-28. Tools: run_code (python, javascript or
+sh in a fresh one-shot sandbox), list_functions, call_function (a runtime pool with its
+script as code) and function_logs: warm functions of a supervisor already running, none
+is started, found where zygo looks for one ($ZYGO_RUNTIME_DIR, else $XDG_RUNTIME_DIR/zygo;
+with neither set, as under an MCP host that passes little of the environment, also
+/run/user/UID/zygo). Standard output carries only the protocol; everything else goes to
+stderr. A run_code's usage record goes to the supervisor's usage log, or with none
+running to usage.log in the state directory (made if missing).
 
 The flags are the ceiling the model works under; no tool argument can change them.
 

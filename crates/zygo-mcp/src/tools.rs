@@ -3,7 +3,7 @@
 //! reply becomes a tool result.
 //!
 //! The boundary is the type: a tool's arguments are parsed into [`Call`], whose variants
-//! carry only code, stdin, a function name, an event and a log count. There is nowhere to
+//! carry only code, stdin, a function name, an event, a pool's script and a log count. There is nowhere to
 //! put an image, a mount, a network mode, a limit or a path, and unknown argument names are
 //! refused, so a model that asks for more is told the ceiling is not its to change.
 
@@ -85,7 +85,11 @@ impl Tool {
             Tool::CallFunction => {
                 "Call a warm function served by the running Zygo supervisor with a JSON event \
                  object, and get the handler's return value (result), its stdout and stderr, \
-                 or the error and traceback when it failed. Use list_functions to see names."
+                 or the error and traceback when it failed. Use list_functions to see names. \
+                 A runtime pool (kind \"pool\" in list_functions) has no handler of its own: \
+                 give the script it runs as code, in the pool's language (a Python pool's \
+                 script defines handler(event); a Node pool's exports it as default; a pool \
+                 with a command runs it with the event on stdin)."
             }
             Tool::FunctionLogs => {
                 "The most recent finished requests of a warm function, newest last: outcome, \
@@ -126,7 +130,8 @@ impl Tool {
                 "type": "object",
                 "properties": {
                     "name": {"type": "string", "description": "the function's name, as list_functions shows it"},
-                    "event": {"type": "object", "description": "the JSON event handed to the handler"}
+                    "event": {"type": "object", "description": "the JSON event handed to the handler"},
+                    "code": {"type": "string", "description": "for a runtime pool only: the script the pool runs for this call"}
                 },
                 "required": ["name", "event"],
                 "additionalProperties": false
@@ -297,6 +302,8 @@ pub enum Call {
     CallFunction {
         name: String,
         event: String,
+        /// A runtime pool's script for this call.
+        code: Option<String>,
     },
     FunctionLogs {
         name: String,
@@ -319,7 +326,12 @@ impl Call {
                 stdin,
             },
             Call::ListFunctions => McpRequest::ListFunctions { call },
-            Call::CallFunction { name, event } => McpRequest::CallFunction { call, name, event },
+            Call::CallFunction { name, event, code } => McpRequest::CallFunction {
+                call,
+                name,
+                event,
+                code,
+            },
             Call::FunctionLogs { name, limit } => McpRequest::FunctionLogs { call, name, limit },
         }
     }
@@ -329,7 +341,7 @@ fn fixed_by_operator(tool: Tool, key: &str) -> String {
     let takes = match tool {
         Tool::RunCode => "language, code and stdin",
         Tool::ListFunctions => "no arguments",
-        Tool::CallFunction => "name and event",
+        Tool::CallFunction => "name, event and (for a runtime pool) code",
         Tool::FunctionLogs => "name and limit",
     };
     format!(
@@ -362,7 +374,7 @@ pub fn parse_arguments(tool: Tool, args: &Map<String, Value>) -> Result<Call, St
     let known: &[&str] = match tool {
         Tool::RunCode => &["language", "code", "stdin"],
         Tool::ListFunctions => &[],
-        Tool::CallFunction => &["name", "event"],
+        Tool::CallFunction => &["name", "event", "code"],
         Tool::FunctionLogs => &["name", "limit"],
     };
     if let Some(k) = args.keys().find(|k| !known.contains(&k.as_str())) {
@@ -414,13 +426,14 @@ pub fn parse_arguments(tool: Tool, args: &Map<String, Value>) -> Result<Call, St
                     ))
                 }
             };
-            if event.len() > MAX_PAYLOAD {
+            let code = string_arg(tool, args, "code")?;
+            let size = event.len() + code.as_ref().map_or(0, String::len);
+            if size > MAX_PAYLOAD {
                 return Err(format!(
-                    "call_function: the event is {} bytes, over the 16 MiB a call may carry",
-                    event.len()
+                    "call_function: the event and code together are {size} bytes, over the 16 MiB a call may carry"
                 ));
             }
-            Ok(Call::CallFunction { name, event })
+            Ok(Call::CallFunction { name, event, code })
         }
         Tool::FunctionLogs => {
             let name = required(tool, string_arg(tool, args, "name")?, "name")?;
@@ -798,9 +811,31 @@ mod tests {
             c,
             Call::CallFunction {
                 name: "f".into(),
-                event: r#"{"a":[1,2]}"#.into()
+                event: r#"{"a":[1,2]}"#.into(),
+                code: None,
             }
         );
+        // A runtime pool's script comes as `code`, a string.
+        let c = parse_arguments(
+            Tool::CallFunction,
+            &args(json!({"name": "py", "event": {}, "code": "def handler(e):\n    return 1\n"})),
+        )
+        .unwrap();
+        assert_eq!(
+            c.request(7),
+            McpRequest::CallFunction {
+                call: 7,
+                name: "py".into(),
+                event: "{}".into(),
+                code: Some("def handler(e):\n    return 1\n".into()),
+            }
+        );
+        assert!(parse_arguments(
+            Tool::CallFunction,
+            &args(json!({"name": "py", "event": {}, "code": 5}))
+        )
+        .unwrap_err()
+        .contains("code must be a string"));
         assert!(parse_arguments(
             Tool::CallFunction,
             &args(json!({"name": "f", "event": "x"}))

@@ -526,7 +526,7 @@ impl Functions {
                 return Some(fail(
                     ErrorCode::BadRequest,
                     format!(
-                    "{} is a runtime pool: name a script to run (--script FILE or --digest SHA256)",
+                    "{} is a runtime pool: a call to it names the script to run (zygo exec --script FILE or --digest SHA256; POST /runtimes/NAME/call with script or source; MCP call_function with code)",
                     e.name
                 ),
                 ))
