@@ -1539,6 +1539,77 @@ both_tests! {
     }
 }
 
+/// `event.progress` is there whatever the event's JSON type, in a Python and a Node
+/// handler, and the event is still exactly what was sent (the same JSON comes back). The
+/// values a language cannot give a method (null; in Python true and false too) come as they
+/// are; a Node object event with a "progress" key keeps it.
+#[test]
+fn event_progress_whatever_the_events_type() {
+    let Some(mut s) = SUITE.root("anyprogress") else {
+        return;
+    };
+    s.fn_file(
+        "any.py",
+        "def handler(event):\n    if hasattr(event, 'progress'):\n        event.progress('p ' + type(event).__mro__[-2].__name__)\n    return {'event': event}\n",
+    );
+    s.fn_file(
+        "any.mjs",
+        "export default function (event) {\n  if (event !== null && typeof event.progress === 'function') event.progress('p ' + (Array.isArray(event) ? 'array' : typeof event));\n  return { event, keys: event !== null && typeof event === 'object' ? Object.keys(event) : null };\n}\n",
+    );
+    let n = s.up(&[
+        (
+            "py",
+            "",
+            "agent = \"python\"\nentry = \"fn/any.py:handler\"",
+        ),
+        (
+            "js",
+            "",
+            "agent = \"node\"\nentry = \"fn/any.mjs\"\ntimeout = \"20s\"",
+        ),
+    ]);
+    let (py, js) = (&n[0], &n[1]);
+    let cases: [(&str, Option<&str>, Option<&str>); 8] = [
+        (r#"{"a": 1}"#, Some("p dict"), Some("p object")),
+        ("[1, 2]", Some("p list"), Some("p array")),
+        (r#""text""#, Some("p str"), Some("p string")),
+        ("7", Some("p int"), Some("p number")),
+        ("1.5", Some("p float"), Some("p number")),
+        ("true", None, Some("p boolean")),
+        ("null", None, None),
+        (r#"{"progress": 5}"#, Some("p dict"), None),
+    ];
+    for (event, py_says, js_says) in cases {
+        for (f, says) in [(py, py_says), (js, js_says)] {
+            let (v, fin) = s.exec(f, Some(event), &["--stream"]);
+            let lines = fin.json_lines();
+            let (answer, events) = lines.split_last().expect("the answer");
+            assert_eq!(
+                answer["outcome"],
+                "ok",
+                "{f} {event}: {answer}\n{}",
+                s.log()
+            );
+            let sent: Value = serde_json::from_str(event).expect("JSON");
+            assert_eq!(answer["result"]["event"], sent, "{f} {event}: {v}");
+            let progress: Vec<&str> = events
+                .iter()
+                .filter(|e| e["event"] == "progress")
+                .filter_map(|e| e["data"].as_str())
+                .collect();
+            assert_eq!(
+                progress,
+                says.into_iter().collect::<Vec<_>>(),
+                "{f} {event}: {lines:?}"
+            );
+        }
+    }
+    // The Node object event kept its own "progress" key, and it is still enumerable.
+    let (v, _) = s.exec(js, Some(r#"{"progress": 5}"#), &[]);
+    assert_eq!(v["result"]["keys"], json!(["progress"]), "{v}");
+    s.shutdown();
+}
+
 /// A Node handler that fails to import: `zygo up` prints why and the function is failed.
 #[test]
 fn node_import_failure() {

@@ -148,12 +148,23 @@ async function run(line) {
     process.env.ZYGO_WORKSPACE = `/work/${workdir}`;
     if (pool) handler = await load(request.script, "");
     if (importError) throw importError;
-    let event = request.event;
-    if (event !== null && typeof event === "object" && !Array.isArray(event)) {
-      Object.defineProperty(event, "progress", {
-        enumerable: false,
-        value: (text) => send({ kind: "progress", text: head(String(text), MAX_PROGRESS) }),
-      });
+    const event = request.event;
+    // event.progress(text), whatever the event's JSON type. An object or an array gets
+    // it as a property of its own that JSON.stringify does not see (unless the event has
+    // a "progress" key, which stays the caller's); a string, a number or a boolean finds it
+    // on its type's prototype (this process serves this one request and then exits). null
+    // has no properties in JavaScript: that event comes as it is.
+    const progress = {
+      enumerable: false,
+      configurable: true,
+      writable: true,
+      value: (text) => send({ kind: "progress", text: head(String(text), MAX_PROGRESS) }),
+    };
+    if (event !== null && typeof event === "object") {
+      if (!Object.hasOwn(event, "progress")) Object.defineProperty(event, "progress", progress);
+    } else if (typeof event === "string" || typeof event === "number" || typeof event === "boolean") {
+      const proto = Object.getPrototypeOf(event);
+      if (!Object.hasOwn(proto, "progress")) Object.defineProperty(proto, "progress", progress);
     }
     const value = await handler(event);
     let text;

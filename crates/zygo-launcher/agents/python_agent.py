@@ -692,12 +692,46 @@ class Channel:
 _channel = None
 
 
-class Event(dict):
-    """The request's event, when it is a JSON object."""
+class _Progress:
+    """`event.progress(text)`, whatever the event's JSON type: mixed into a subclass of the
+    type the event was parsed as, which behaves as that type in every other way (equality,
+    isinstance, JSON). null, true and false are None, True and False, which Python gives
+    no subclass and no attribute: those events come as they are."""
+
+    __slots__ = ()
 
     def progress(self, text):
         """Tell the caller how the request is going."""
         _channel.send({"kind": "progress", "text": str(text)[:MAX_PROGRESS]})
+
+
+class Event(_Progress, dict):
+    """The request's event, when it is a JSON object."""
+
+
+class EventList(_Progress, list):
+    """The request's event, when it is a JSON array."""
+
+
+class EventStr(_Progress, str):
+    """The request's event, when it is a JSON string."""
+
+
+class EventInt(_Progress, int):
+    """The request's event, when it is a JSON integer."""
+
+
+class EventFloat(_Progress, float):
+    """The request's event, when it is a JSON number with a fraction or an exponent."""
+
+
+EVENT_TYPES = {dict: Event, list: EventList, str: EventStr, int: EventInt, float: EventFloat}
+
+
+def as_event(value):
+    """The event as the handler gets it: with `progress`, where its type can carry one."""
+    cls = EVENT_TYPES.get(type(value))
+    return value if cls is None else cls(value)
 
 
 class Prepared:
@@ -742,7 +776,7 @@ def run(p, request, func):
     # A heartbeat every second while the handler runs, from a timer: a process that is
     # stopped, or stuck where Python cannot run, stops sending them.
     _signal.setitimer(_signal.ITIMER_REAL, 1.0, 1.0)
-    event = Event(request["event"]) if type(request["event"]) is dict else request["event"]
+    event = as_event(request["event"])
     try:
         if isinstance(func, (Pool, ExecPool)) != ("script" in request):
             raise RuntimeError("a pool's request names a script; a function's does not")

@@ -42,7 +42,7 @@ WRAP = textwrap.dedent("""
 """)
 
 HANDLER = textwrap.dedent("""
-    import os, random, subprocess, sys, time
+    import json, os, random, subprocess, sys, time
 
     # What a program started at import time can see: fd 3 and fd 4 must not be there.
     LIST_FDS = ["/usr/bin/python3", "-c", "import os; print(sorted(os.listdir('/proc/self/fd')))"]
@@ -51,7 +51,10 @@ HANDLER = textwrap.dedent("""
     def handler(event):
         case = event["case"] if isinstance(event, dict) else "echo"
         if case == "echo":
-            return {"event": event, "type": type(event).__name__, "isdict": isinstance(event, dict)}
+            if not isinstance(event, dict) and hasattr(event, "progress"):
+                event.progress(type(event).__mro__[-2].__name__)
+            return {"event": event, "type": type(event).__name__, "isdict": isinstance(event, dict),
+                    "same": event == json.loads(json.dumps(event))}
         if case == "output":
             print("hello")
             os.system("echo hi")
@@ -467,10 +470,19 @@ class Requests(unittest.TestCase):
     def test_result(self):
         lines = self.call({"case": "echo", "x": [1, "é"]})
         self.assertEqual(lines, [{"kind": "result", "value": {
-            "event": {"case": "echo", "x": [1, "é"]}, "type": "Event", "isdict": True}}])
-        for event, name in (([1, 2], "list"), ("s", "str"), (None, "NoneType"), (1.5, "float")):
+            "event": {"case": "echo", "x": [1, "é"]}, "type": "Event", "isdict": True, "same": True}}])
+        # Every event that Python can give a method to has event.progress, and is still
+        # the value sent (equal to it, the same JSON back); None, True and False come as
+        # they are.
+        for event, name, progress in (
+                ([1, 2], "EventList", "list"), ("s", "EventStr", "str"), (7, "EventInt", "int"),
+                (1.5, "EventFloat", "float"), ([], "EventList", "list"), ("", "EventStr", "str"),
+                (None, "NoneType", None), (True, "bool", None), (False, "bool", None)):
             lines = self.call(event)
-            self.assertEqual(lines[-1]["value"], {"event": event, "type": name, "isdict": False})
+            self.assertEqual(lines[-1]["value"],
+                             {"event": event, "type": name, "isdict": False, "same": True}, event)
+            said = [m["text"] for m in lines if m["kind"] == "progress"]
+            self.assertEqual(said, [progress] if progress else [], event)
 
     def test_output(self):
         lines = self.call({"case": "output"})
