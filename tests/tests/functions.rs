@@ -1146,6 +1146,59 @@ fn no_supervisor() {
     s.never_started();
 }
 
+/// `zygo logs NAME -n 1 -f`: the last request, then each one as it finishes; never the
+/// history before the last N again.
+#[test]
+fn logs_follow_shows_the_last_n_then_what_comes() {
+    let Some(mut s) = SUITE.root("logsf") else {
+        return;
+    };
+    let n = s.up(&[("hello", "hello", "")]);
+    let hello = &n[0];
+    let call = |i: u32| {
+        let (v, f) = s.exec(hello, Some(&json!({"i": i}).to_string()), &[]);
+        assert_eq!(f.code, 0, "{v}");
+        text(&v, "request_id").to_string()
+    };
+    let before: Vec<String> = (0..3).map(call).collect();
+    let mut follow = s.cmd(&["logs", hello, "-n", "1", "-f", "--json"]);
+    follow.stdout(Stdio::piped()).stderr(Stdio::null());
+    let mut child = follow.spawn().expect("start zygo logs -f");
+    let out = child.stdout.take().expect("piped");
+    let (tx, rx) = std::sync::mpsc::channel::<String>();
+    std::thread::spawn(move || {
+        for l in std::io::BufRead::lines(std::io::BufReader::new(out)).map_while(Result::ok) {
+            if tx.send(l).is_err() {
+                return;
+            }
+        }
+    });
+    let id_of = |l: &str| -> String {
+        let v: Value = serde_json::from_str(l).unwrap_or_else(|e| panic!("not JSON ({e}): {l}"));
+        text(&v, "request_id").to_string()
+    };
+    let mut got = vec![id_of(
+        &rx.recv_timeout(Duration::from_secs(20))
+            .expect("the first line"),
+    )];
+    // Two polls pass (one a second): the history before the last one must not come back.
+    std::thread::sleep(Duration::from_millis(2500));
+    got.extend(rx.try_iter().map(|l| id_of(&l)));
+    let after = call(3);
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while !got.contains(&after) && Instant::now() < deadline {
+        if let Ok(l) = rx.recv_timeout(Duration::from_millis(200)) {
+            got.push(id_of(&l));
+        }
+    }
+    std::thread::sleep(Duration::from_millis(1500));
+    got.extend(rx.try_iter().map(|l| id_of(&l)));
+    let _ = child.kill();
+    let _ = child.wait();
+    assert_eq!(got, [before[2].clone(), after], "before: {before:?}");
+    s.shutdown();
+}
+
 /// `zygo logs`, `stats`, `warm`, `ls`, `stop`, and an unknown function.
 #[test]
 fn admin_commands() {

@@ -820,6 +820,9 @@ pub fn ls(raw: Vec<OsString>) -> i32 {
     0
 }
 
+/// How many finished requests of a function the supervisor keeps (and answers at most).
+const LOGS_KEPT: u32 = 1000;
+
 pub fn logs(raw: Vec<OsString>) -> i32 {
     let a = match parse("logs", raw, &["n"], &["f", "follow"]) {
         Ok(Some(a)) => a,
@@ -838,6 +841,7 @@ pub fn logs(raw: Vec<OsString>) -> i32 {
         _ => return usage_refusal(a.json, "logs", "-n takes a positive number"),
     };
     let follow = a.has("f") || a.has("follow");
+    // What was there before is seen, shown or not: following prints only what comes.
     let mut seen: std::collections::HashSet<String> = Default::default();
     let mut first = true;
     loop {
@@ -845,16 +849,23 @@ pub fn logs(raw: Vec<OsString>) -> i32 {
             a.json,
             &Request::Logs {
                 name: name.clone(),
-                n: if first { n } else { 1000 },
+                // Following asks for all the supervisor keeps each time, so that every
+                // request it holds is known (the first time) and none new is missed.
+                n: if follow { LOGS_KEPT } else { n },
             },
         ) {
             Ok(Reply::Logs(e)) => e,
             Ok(_) => return refused(a.json, "internal", "unexpected reply"),
             Err(c) => return c,
         };
+        let shown_from = if first {
+            entries.len().saturating_sub(n as usize)
+        } else {
+            0
+        };
         first = false;
-        for e in entries {
-            if !seen.insert(e.request_id.clone()) {
+        for (i, e) in entries.into_iter().enumerate() {
+            if !seen.insert(e.request_id.clone()) || i < shown_from {
                 continue;
             }
             if a.json {

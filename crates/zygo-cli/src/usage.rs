@@ -240,6 +240,9 @@ zygo logs — the last finished requests of a function
 
 Usage: zygo logs NAME [-n N] [-f] [--json]
 
+Prints the last N finished requests (default 20), oldest first; with -f it then prints
+each request as it finishes, until interrupted.
+
 Human output shows control characters in the requests' output and errors as escapes
 (\\x1b, \\r, ...; see `zygo --help`); --json prints one object per request, exact text.
 ";
