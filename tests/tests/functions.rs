@@ -104,15 +104,16 @@ both_tests! {
         let f = finish(c);
         assert_eq!(f.last_json()["result"]["echo"], json!({"from": "file"}), "stdin: {}", f.stdout_text());
 
-        // Human output: the handler's stdout, then the result; its stderr on stderr.
+        // Human output: the result alone on stdout (`| jq` reads it); the handler's
+        // output, its stdout then its stderr, on stderr.
         let f = s.run(&["exec", hello, r#"{"x":1}"#]);
         assert_eq!(f.code, 0, "{}", f.stderr_text());
         let out = f.stdout_text();
-        let (first, rest) = out.split_once('\n').unwrap_or(("", ""));
-        assert_eq!(first, "hello on stdout", "human stdout: {out:?}");
-        let r: Value = serde_json::from_str(rest.trim()).expect("the result line is JSON");
+        let r: Value = serde_json::from_str(&out).expect("stdout is the result alone, as JSON");
         assert_eq!(r["echo"], json!({"x": 1}), "human result: {out:?}");
-        assert!(f.stderr_text().contains("hello on stderr"), "{}", f.stderr_text());
+        let err = f.stderr_text();
+        let (o, e) = (err.find("hello on stdout"), err.find("hello on stderr"));
+        assert!(o.is_some() && e.is_some() && o < e, "human stderr: {err:?}");
 
         // --stream --json: event lines, then the answer.
         let (_, f) = s.exec(stream, None, &["--stream"]);
@@ -131,10 +132,14 @@ both_tests! {
         assert_eq!(joined("stdout").concat(), "out 0\nout 1\nout 2\n", "{lines:?}");
         assert_eq!(joined("progress"), ["step 0", "step 1", "step 2"], "{lines:?}");
 
-        // --stream, human: output as it comes, then the result; progress on stderr.
+        // --stream, human: output (on stderr) and progress as they come, then the result,
+        // alone on stdout.
         let f = s.run(&["exec", stream, "--stream"]);
         assert_eq!(f.code, 0, "{}", f.stderr_text());
-        assert_eq!(f.stdout_text(), "out 0\nout 1\nout 2\n{\"steps\":3}\n");
+        assert_eq!(f.stdout_text(), "{\"steps\":3}\n");
+        let err = f.stderr_text();
+        let at: Vec<Option<usize>> = (0..3).map(|i| err.find(&format!("out {i}\n"))).collect();
+        assert!(at.iter().all(Option::is_some) && at.is_sorted(), "{err}");
         for i in 0..3 {
             assert!(f.stderr_text().contains(&format!("progress: step {i}")), "{}", f.stderr_text());
         }

@@ -597,12 +597,10 @@ pub fn exec(raw: Vec<OsString>) -> i32 {
             };
             say!("{}", json_text(&json!({"event": k, "data": d})));
         } else {
+            // The handler's output, both streams, goes to stderr: stdout carries only the
+            // result, so that `zygo exec … | jq` reads the value alone.
             match ev {
-                ExecEvent::Stdout(d) => {
-                    say_raw!("{}", clean(d));
-                    let _ = std::io::stdout().flush();
-                }
-                ExecEvent::Stderr(d) => eprint!("{}", clean(d)),
+                ExecEvent::Stdout(d) | ExecEvent::Stderr(d) => eprint!("{}", clean(d)),
                 ExecEvent::Progress(d) => eprintln!("progress: {}", clean(d)),
             }
         }
@@ -656,13 +654,14 @@ pub fn exec(raw: Vec<OsString>) -> i32 {
         }
         say!("{}", json_text(&v));
     } else {
+        // The handler's output on stderr (its stdout first), the result alone on stdout.
         if !stream {
-            say_raw!("{}", clean(&ans.stdout));
+            eprint!("{}", clean(&ans.stdout));
             eprint!("{}", clean(&ans.stderr));
         }
         if ans.stream_truncated {
             let rest = |text: &str, shown: usize| text.get(shown..).unwrap_or("").to_string();
-            say_raw!("{}", clean(&rest(&ans.stdout, shown_out)));
+            eprint!("{}", clean(&rest(&ans.stdout, shown_out)));
             eprint!("{}", clean(&rest(&ans.stderr, shown_err)));
             eprintln!(
                 "zygo: the output was read too slowly to be streamed whole; what was kept of it (the first MiB of each stream) was shown in full, its end after the stream was cut"

@@ -167,6 +167,8 @@ Usage: zygo exec NAME [EVENT|-|FILE] [--stream] [--timeout DUR] [--key K] [--jso
        zygo exec POOL [EVENT|-|FILE] (--script FILE | --digest SHA256) [...]
 
 EVENT is JSON text; `-` reads it from stdin; otherwise a file holding it. Default: {}.
+Prints the handler's value on stdout, alone (`zygo exec f | jq` reads it), and what the
+handler wrote (its stdout, then its stderr), its progress and any error on stderr.
   --stream       print the handler's output and progress as they happen
   --timeout DUR  narrow the function's timeout for this call (never widens it)
   --key K        a name for this call, for `zygo cancel K`
