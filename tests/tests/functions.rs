@@ -1151,6 +1151,87 @@ fn no_supervisor() {
     s.never_started();
 }
 
+/// `zygo up` against a supervisor already running says what it cannot make take effect,
+/// and how to restart, with a non-zero exit: a ZYGO_API_TOKEN the supervisor was not
+/// started with (nothing is changed), a function whose table changed (it is left as it is).
+/// The README's order (drain, then `zygo up` with the token exported) then works.
+#[test]
+fn up_against_a_running_supervisor_says_what_cannot_take_effect() {
+    let Some(mut s) = SUITE.root("upagain") else {
+        return;
+    };
+    let n = s.up(&[("hello", "hello", "")]);
+    let hello = &n[0];
+    let file = s.dir.path.join("sandbox.toml").display().to_string();
+    let token = format!("test-token-{:x}", unique());
+    let up_with_token = |s: &Sup, json: bool| {
+        let mut args = vec!["up", "-f", file.as_str()];
+        if json {
+            args.push("--json");
+        }
+        let mut c = s.cmd(&args);
+        c.env("ZYGO_API_TOKEN", &token);
+        finish(c)
+    };
+
+    // A token it was not started with: refused, saying why and how to restart.
+    let f = up_with_token(&s, false);
+    assert_eq!(f.code, 1, "{}", f.stderr_text());
+    let err = f.stderr_text();
+    for says in [
+        "ZYGO_API_TOKEN",
+        "Nothing was changed",
+        "zygo drain",
+        "zygo up -f",
+    ] {
+        assert!(err.contains(says), "{says:?} not said: {err}");
+    }
+    assert!(
+        !err.contains(&token),
+        "the token itself is never printed: {err}"
+    );
+    let f = up_with_token(&s, true);
+    assert_eq!(f.code, 1);
+    assert_eq!(f.last_json()["code"], "conflict", "{}", f.stdout_text());
+
+    // The same file again: nothing differs.
+    let f = s.run(&["up", "-f", &file]);
+    assert_eq!(f.code, 0, "{}", f.stderr_text());
+    assert!(
+        f.stdout_text().contains(&format!("serving {hello}")),
+        "{}",
+        f.stdout_text()
+    );
+
+    // The file edited: the function is left as it is, and that is said.
+    s.write_toml(&[("hello", "hello", "mem = \"128M\"\ntimeout = \"9s\"")]);
+    let f = s.run(&["up", "-f", &file]);
+    assert_eq!(f.code, 1, "{}", f.stdout_text());
+    let err = f.stderr_text();
+    assert!(
+        err.contains("served already with other settings (mem, timeout differ")
+            && err.contains(&format!("zygo stop {hello}")),
+        "{err}"
+    );
+
+    // The README's order: drain, then up with the token exported: a new supervisor that
+    // takes the token, and the file as it is now.
+    let f = s.run(&["drain", "--grace", "1s"]);
+    assert_eq!(f.code, 0, "{}", f.stderr_text());
+    let f = up_with_token(&s, false);
+    assert_eq!(f.code, 0, "{}\n{}", f.stderr_text(), s.log());
+    assert!(
+        f.stdout_text().contains("supervisor started"),
+        "{}",
+        f.stdout_text()
+    );
+    s.supervisor = None;
+    s.find_supervisor();
+    let f = up_with_token(&s, false);
+    assert_eq!(f.code, 0, "the token is known now: {}", f.stderr_text());
+    s.shutdown();
+}
+
 /// `zygo logs NAME -n 1 -f`: the last request, then each one as it finishes; never the
 /// history before the last N again.
 #[test]

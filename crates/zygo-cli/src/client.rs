@@ -100,6 +100,35 @@ impl Client {
         })
     }
 
+    /// Wait, at most `limit`, for the supervisor to close this connection, which it does
+    /// when it exits: whether it did.
+    pub fn wait_closed(&mut self, limit: std::time::Duration) -> bool {
+        use std::io::Read;
+        let deadline = std::time::Instant::now() + limit;
+        let mut buf = [0u8; 512];
+        loop {
+            let left = deadline.saturating_duration_since(std::time::Instant::now());
+            if left.is_zero() || self.sock.set_read_timeout(Some(left)).is_err() {
+                return false;
+            }
+            match self.sock.read(&mut buf) {
+                Ok(0) => return true,
+                Ok(_) => continue,
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+                Err(e)
+                    if matches!(
+                        e.kind(),
+                        std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+                    ) =>
+                {
+                    return false
+                }
+                // Reset: it is gone too.
+                Err(_) => return true,
+            }
+        }
+    }
+
     /// One request, one final reply (events are passed to `on_event`).
     pub fn call(
         &mut self,

@@ -294,6 +294,41 @@ fn print_served(json: bool, r: Reply) -> i32 {
     }
 }
 
+/// The bootstrap token is read by the supervisor when it starts. With `ZYGO_API_TOKEN` set
+/// here and a supervisor already running, ask it (as the API front would, with this token)
+/// whether it knows the token: `Some(what to do)` when it does not, `None` when it does, or
+/// when it cannot tell.
+fn token_not_taken(file: Option<&Path>) -> Option<String> {
+    let token = std::env::var("ZYGO_API_TOKEN")
+        .ok()
+        .filter(|t| !t.is_empty())?;
+    let mut sock = zygo_monitor::client::connect().ok()?;
+    plumbing::hello::say(&mut sock, proto::front::Role::Api, Default::default()).ok()?;
+    let probe = Request::Api {
+        who: proto::api::Credentials {
+            token: Some(token),
+            tenant: None,
+        },
+        request: Box::new(Request::Version),
+    };
+    proto::write_frame(&mut sock, &probe).ok()?;
+    let reply = proto::read_frame::<_, Reply>(&mut sock, proto::front::MAX_FRONT_FRAME).ok()?;
+    let Reply::Error {
+        code: proto::front::ErrorCode::Unauthorized,
+        ..
+    } = reply
+    else {
+        return None;
+    };
+    let again = match file {
+        Some(f) => format!("zygo up -f {}", f.display()),
+        None => "zygo up".to_string(),
+    };
+    Some(format!(
+        "a supervisor is already running, started without this ZYGO_API_TOKEN (with another, or none), and it reads the token only when it starts: `zygo api` in front of it would answer 401 to this one. Nothing was changed. To use this token, restart the supervisor with it exported: `zygo drain`, then `{again}` (tokens minted with `zygo token mint`, tenants, secrets and scripts are kept; functions are served again by `zygo up -f`); or unset ZYGO_API_TOKEN to keep the supervisor as it is"
+    ))
+}
+
 pub fn up(raw: Vec<OsString>) -> i32 {
     let a = match parse("up", raw, &["f", "file"], &[]) {
         Ok(Some(a)) => a,
@@ -309,6 +344,11 @@ pub fn up(raw: Vec<OsString>) -> i32 {
     };
     match Client::connect() {
         Ok(_) => {
+            // What this `zygo up` was asked to bring that a running supervisor cannot take
+            // on: said, with how to restart it, and nothing is changed.
+            if let Some(why) = token_not_taken(file.as_deref()) {
+                return refused(a.json, "conflict", &why);
+            }
             if !a.json {
                 say!("a supervisor is already running");
             }
@@ -1032,12 +1072,30 @@ pub fn drain(raw: Vec<OsString>) -> i32 {
         },
         None => Duration::from_secs(30),
     };
-    match call(
-        a.json,
+    let mut c = match connect(a.json) {
+        Ok(c) => c,
+        Err(code) => return code,
+    };
+    let reply = match c.call(
         &Request::Drain {
             grace_ms: grace.as_millis() as u64,
         },
+        |_| {},
     ) {
+        Ok(Reply::Error {
+            code,
+            message,
+            retry_after,
+        }) => Err(refused_retry(a.json, code.as_str(), &message, retry_after)),
+        Ok(r) => Ok(r),
+        Err(e) => Err(refused(a.json, "internal", &e)),
+    };
+    // The answer comes just before the supervisor exits: wait until it has, so that a
+    // `zygo up` right after starts a new one rather than finding this one still there.
+    if matches!(reply, Ok(Reply::Drained { .. })) && !c.wait_closed(Duration::from_secs(20)) {
+        eprintln!("zygo: warning: the supervisor answered the drain but had not exited 20s later");
+    }
+    match reply {
         Ok(Reply::Drained { finished, cut_off }) => {
             if a.json {
                 say!(

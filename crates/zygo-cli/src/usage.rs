@@ -139,6 +139,12 @@ Usage: zygo up [-f sandbox.toml] [--json]
 Without -f, ./sandbox.toml is served if it exists. The supervisor runs detached and logs
 to supervisor.log in the state directory. Waits until each function has a ready zygote or
 has failed (an import error is printed).
+
+The supervisor reads ZYGO_API_TOKEN and ZYGO_SECRETS_KEY only when it starts. Against one
+already running, zygo up serves what the file adds, and exits 1 saying what it cannot
+change: a ZYGO_API_TOKEN the supervisor was not started with (then nothing is changed), or
+a function served already whose table now differs (it is left as it is; zygo stop NAME,
+then zygo up again). `zygo drain` stops the supervisor, to start it again.
 ";
 
 pub const SERVE: &str = "\
