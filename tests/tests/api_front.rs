@@ -91,8 +91,8 @@ fn answer(id: &str, result: &str) -> ExecAnswer {
         stderr: String::new(),
         stderr_truncated: false,
         metrics: Metrics {
-            wall_ms: 1,
-            cpu_ms: 1,
+            wall_us: 1_250,
+            cpu_us: 750,
             peak_rss_kb: 1000,
         },
         usage: None,
@@ -190,7 +190,7 @@ fn replies(token: &Option<String>, req: &Request) -> Vec<Reply> {
                 timed_out: false,
                 oom_killed: false,
                 wall_us: 1500,
-                cpu_ms: 1,
+                cpu_us: 1_000,
                 peak_rss_kb: 100,
                 stdout: "hi\n".into(),
                 stdout_truncated: false,
@@ -509,6 +509,9 @@ fn healthz_needs_no_token_and_every_answer_carries_a_request_id() {
     assert_eq!(v["result"], json!({"a": 1}));
     assert_eq!(r.header("x-zygo-request-id"), Some("req-1"));
     assert_eq!(v["metrics"]["peak_rss_kb"], json!(1000));
+    // Times in fractional milliseconds, as the supervisor measured them in microseconds.
+    assert_eq!(v["metrics"]["wall_ms"], json!(1.25));
+    assert_eq!(v["metrics"]["cpu_ms"], json!(0.75));
     // The token went to the supervisor as it came; the timeout as the default.
     let reqs = api.fake.requests();
     let (tok, _, last) = reqs.last().unwrap();
@@ -1125,6 +1128,7 @@ fn run_answers_408_when_the_callers_deadline_fires_first_and_cancels_it() {
     let v = r.json();
     assert_eq!(v["exit_code"], 0);
     assert_eq!(v["wall_ms"], 1.5);
+    assert_eq!(v["cpu_ms"], 1.0);
     assert_eq!(v["phase"], "run");
     assert_eq!(r.header("x-zygo-request-id"), Some("req-run"));
     let t0 = Instant::now();

@@ -69,7 +69,7 @@ pub struct RunCodeResult {
     pub stdout_truncated: bool,
     pub stderr: String,
     pub stderr_truncated: bool,
-    pub wall_ms: u64,
+    pub wall_us: u64,
     /// Why it failed, in words a model can act on ("ran out of memory (limit 512M)",
     /// "exceeded its 60s time limit", "the sandbox could not start: ..."); None when the
     /// program ran and exited by itself.

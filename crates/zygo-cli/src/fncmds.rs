@@ -516,7 +516,7 @@ fn read_event(arg: Option<&str>) -> Result<String, String> {
 }
 
 fn answer_json(a: &ExecAnswer) -> serde_json::Value {
-    let metrics = json!({"wall_ms": a.metrics.wall_ms, "cpu_ms": a.metrics.cpu_ms, "peak_rss_kb": a.metrics.peak_rss_kb});
+    let metrics = json!({"wall_ms": proto::front::ms(a.metrics.wall_us), "cpu_ms": proto::front::ms(a.metrics.cpu_us), "peak_rss_kb": a.metrics.peak_rss_kb});
     let result: serde_json::Value = a
         .result
         .as_deref()
@@ -909,15 +909,15 @@ pub fn logs(raw: Vec<OsString>) -> i32 {
             }
             if a.json {
                 let v = json!({"request_id": e.request_id, "finished_ms": e.finished_ms,
-                    "outcome": e.outcome.as_str(), "wall_ms": e.wall_ms, "error": e.error,
+                    "outcome": e.outcome.as_str(), "wall_ms": proto::front::ms(e.wall_us), "error": e.error,
                     "stdout": e.stdout, "stderr": e.stderr});
                 say!("{}", json_text(&v));
             } else {
                 say!(
-                    "{} {:<9} {:>6} ms  {}",
+                    "{} {:<9} {:>9.3} ms  {}",
                     clean(&e.request_id),
                     e.outcome.as_str(),
-                    e.wall_ms,
+                    proto::front::ms(e.wall_us),
                     clean(e.error.as_deref().unwrap_or(""))
                 );
                 for line in e.stdout.lines() {

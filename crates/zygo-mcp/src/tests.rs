@@ -31,7 +31,7 @@ fn run_result(stdout: &str, exit: i32, cancelled: bool) -> RunCodeResult {
         stdout_truncated: false,
         stderr: String::new(),
         stderr_truncated: false,
-        wall_ms: 3,
+        wall_us: 3_250,
         error: cancelled.then(|| "cancelled".to_string()),
     }
 }
@@ -98,8 +98,8 @@ fn fake_monitor(mut sock: UnixStream, seen: Seen) {
                     stderr: String::new(),
                     stderr_truncated: false,
                     metrics: Metrics {
-                        wall_ms: 2,
-                        cpu_ms: 1,
+                        wall_us: 2_000,
+                        cpu_us: 1_000,
                         peak_rss_kb: 10,
                     },
                     usage: None,
@@ -114,7 +114,7 @@ fn fake_monitor(mut sock: UnixStream, seen: Seen) {
                     request_id: format!("limit={limit}"),
                     finished_ms: 1,
                     outcome: Outcome::Ok,
-                    wall_ms: 2,
+                    wall_us: 2_000,
                     error: None,
                     stdout: String::new(),
                     stderr: String::new(),

@@ -162,7 +162,7 @@ impl Tool {
                     "stdout_truncated": {"type": "boolean", "description": "stdout was longer than 1 MiB and was cut"},
                     "stderr": {"type": "string"},
                     "stderr_truncated": {"type": "boolean"},
-                    "wall_ms": {"type": "integer"},
+                    "wall_ms": {"type": "number", "description": "milliseconds, fractional"},
                     "error": {"type": ["string", "null"], "description": "why it failed, in words; null when the program ran and exited by itself"}
                 },
                 "required": ["exit_code", "timed_out", "oom_killed", "cancelled", "stdout",
@@ -213,7 +213,7 @@ impl Tool {
                     "stderr": {"type": "string"},
                     "stderr_truncated": {"type": "boolean"},
                     "request_id": {"type": ["string", "null"]},
-                    "wall_ms": {"type": "integer"}
+                    "wall_ms": {"type": "number", "description": "milliseconds, fractional"}
                 },
                 "required": ["name", "outcome", "result", "error", "traceback", "oom_killed",
                              "stdout", "stdout_truncated", "stderr", "stderr_truncated",
@@ -232,7 +232,7 @@ impl Tool {
                                 "request_id": {"type": "string"},
                                 "finished_ms": {"type": "integer", "description": "milliseconds since the Unix epoch"},
                                 "outcome": {"type": "string"},
-                                "wall_ms": {"type": "integer"},
+                                "wall_ms": {"type": "number", "description": "milliseconds, fractional"},
                                 "error": nullable_string,
                                 "stdout": {"type": "string"},
                                 "stderr": {"type": "string"}
@@ -492,13 +492,13 @@ pub fn failure(tool: Tool, name: Option<&str>, message: &str) -> ToolResult {
         Tool::RunCode => json!({
             "exit_code": null, "timed_out": false, "oom_killed": false, "cancelled": false,
             "stdout": "", "stdout_truncated": false, "stderr": "", "stderr_truncated": false,
-            "wall_ms": 0, "error": message,
+            "wall_ms": 0.0, "error": message,
         }),
         Tool::ListFunctions => json!({"functions": [], "error": message}),
         Tool::CallFunction => json!({
             "name": name.unwrap_or(""), "outcome": "refused", "result": null, "error": message,
             "traceback": null, "oom_killed": false, "stdout": "", "stdout_truncated": false,
-            "stderr": "", "stderr_truncated": false, "request_id": null, "wall_ms": 0,
+            "stderr": "", "stderr_truncated": false, "request_id": null, "wall_ms": 0.0,
         }),
         Tool::FunctionLogs => json!({"name": name.unwrap_or(""), "entries": [], "error": message}),
     };
@@ -518,7 +518,7 @@ fn run_code_result(r: &RunCodeResult) -> ToolResult {
         "stdout_truncated": r.stdout_truncated,
         "stderr": r.stderr,
         "stderr_truncated": r.stderr_truncated,
-        "wall_ms": r.wall_ms,
+        "wall_ms": proto::front::ms(r.wall_us),
         "error": r.error,
     });
     ToolResult {
@@ -571,7 +571,7 @@ fn answer_result(name: &str, a: &ExecAnswer) -> ToolResult {
         "stderr": a.stderr,
         "stderr_truncated": a.stderr_truncated,
         "request_id": a.request_id,
-        "wall_ms": a.metrics.wall_ms,
+        "wall_ms": proto::front::ms(a.metrics.wall_us),
     });
     ToolResult {
         structured,
@@ -584,7 +584,7 @@ fn log_json(e: &LogEntry) -> Value {
         "request_id": e.request_id,
         "finished_ms": e.finished_ms,
         "outcome": e.outcome.as_str(),
-        "wall_ms": e.wall_ms,
+        "wall_ms": proto::front::ms(e.wall_us),
         "error": e.error,
         "stdout": e.stdout,
         "stderr": e.stderr,

@@ -663,7 +663,7 @@ fn run_code(
         stdout_truncated: false,
         stderr: String::new(),
         stderr_truncated: false,
-        wall_ms: 0,
+        wall_us: 0,
         error: Some(why),
     };
     let (file, argv): (&str, &[&str]) = match language {
@@ -766,7 +766,7 @@ fn run_code(
         stdout_truncated: out.stdout_truncated,
         stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
         stderr_truncated: out.stderr_truncated,
-        wall_ms: out.wall_ms,
+        wall_us: out.wall_us,
         error,
     }
 }
@@ -789,8 +789,8 @@ fn record_usage(out: &oneshot::Outcome) {
         function: MCP_RUN_CODE.into(),
         script: None,
         request_id: format!("mcp-{}", random_hex(8).unwrap_or_else(|_| "unnamed".into())),
-        wall_ms: out.wall_ms,
-        cpu_ms: out.cpu_ms,
+        wall_us: out.wall_us,
+        cpu_us: out.cpu_us,
         peak_rss_kb: out.peak_rss_kb,
         outcome: outcome.into(),
         finished_ms: std::time::SystemTime::now()

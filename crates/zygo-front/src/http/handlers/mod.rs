@@ -211,8 +211,8 @@ pub fn function_info(f: &FunctionInfo) -> Value {
 /// The status and body of a call's answer (the contract's "A call's answer").
 pub fn exec_answer(a: &ExecAnswer) -> (u16, Value) {
     let metrics = json!({
-        "wall_ms": a.metrics.wall_ms as f64,
-        "cpu_ms": a.metrics.cpu_ms as f64,
+        "wall_ms": proto::front::ms(a.metrics.wall_us),
+        "cpu_ms": proto::front::ms(a.metrics.cpu_us),
         "peak_rss_kb": a.metrics.peak_rss_kb,
     });
     let mut body = json!({

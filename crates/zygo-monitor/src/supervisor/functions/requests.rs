@@ -297,8 +297,8 @@ fn decide(e: Ending, timeout: Duration, stuck: Duration, mem: &str) -> Verdict {
 /// read).
 fn metrics(wall: Duration, usage: Option<Usage>) -> Metrics {
     Metrics {
-        wall_ms: wall.as_millis() as u64,
-        cpu_ms: usage.map_or(0, |u| u.cpu_usec / 1000),
+        wall_us: wall.as_micros().min(u64::MAX as u128) as u64,
+        cpu_us: usage.map_or(0, |u| u.cpu_usec),
         peak_rss_kb: usage.map_or(0, |u| u.peak_bytes / 1024),
     }
 }
@@ -1442,13 +1442,16 @@ mod tests {
         assert_eq!(
             m,
             Metrics {
-                wall_ms: 1500,
-                cpu_ms: 12,
+                wall_us: 1_500_700,
+                cpu_us: 12_345,
                 peak_rss_kb: 10 * 1024,
             }
         );
+        // Fractional milliseconds where they are shown: a fast call is not 0.
+        assert_eq!(proto::front::ms(m.wall_us), 1500.7);
+        assert_eq!(proto::front::ms(m.cpu_us), 12.345);
         let unread = metrics(Duration::from_millis(3), None);
-        assert_eq!((unread.cpu_ms, unread.peak_rss_kb), (0, 0));
+        assert_eq!((unread.cpu_us, unread.peak_rss_kb), (0, 0));
     }
 
     #[test]
