@@ -84,6 +84,7 @@ fn answer(id: &str, result: &str) -> ExecAnswer {
         result: Some(result.into()),
         error: None,
         traceback: None,
+        exit_code: None,
         started: true,
         oom_killed: false,
         stdout: String::new(),

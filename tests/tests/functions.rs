@@ -1757,6 +1757,57 @@ fn event_progress_whatever_the_events_type() {
     s.shutdown();
 }
 
+/// A handler error says the code its process exited with when it exited — Python's
+/// `sys.exit(3)`, Node's `process.exit(4)`, a warm-exec command's `exit 5` — and null when
+/// it raised.
+#[test]
+fn a_handler_that_exited_says_its_exit_code() {
+    let Some(mut s) = SUITE.root("exitcode") else {
+        return;
+    };
+    s.fn_file(
+        "exits.py",
+        "import sys\ndef handler(event):\n    print('before')\n    if event.get('raise'):\n        raise ValueError('no')\n    sys.exit(event['code'])\n",
+    );
+    s.fn_file(
+        "exits.mjs",
+        "export default function (event) {\n  console.log('before');\n  process.exit(event.code);\n}\n",
+    );
+    let n = s.up(&[
+        ("py", "agent = \"python\"\nentry = \"fn/exits.py:handler\""),
+        (
+            "js",
+            "agent = \"node\"\nentry = \"fn/exits.mjs\"\ntimeout = \"20s\"",
+        ),
+        ("sh", "cmd = [\"/bin/sh\"]"),
+    ]);
+    let (py, js, sh) = (&n[0], &n[1], &n[2]);
+    let script = s.file("exit5.sh", b"echo before\nexit 5\n");
+    for (f, event, flags, code) in [
+        (py, r#"{"code": 3}"#, &[][..], 3),
+        (js, r#"{"code": 4}"#, &[][..], 4),
+        (sh, "{}", &["--script", script.as_str()][..], 5),
+    ] {
+        let (v, fin) = s.exec(f, Some(event), flags);
+        assert_eq!(fin.code, 1, "{f}: {v}\n{}", s.log());
+        assert_eq!(v["code"], "handler", "{f}: {v}");
+        assert_eq!(v["exit_code"], code, "{f}: {v}");
+        assert_eq!(v["stdout"], "before\n", "{f}: {v}");
+    }
+    // Exiting with 0 is answering nothing.
+    let (v, _) = s.exec(js, Some(r#"{"code": 0}"#), &[]);
+    assert_eq!(
+        (v["outcome"].clone(), v["result"].clone()),
+        (json!("ok"), Value::Null),
+        "{v}"
+    );
+    // Raised: no exit code.
+    let (v, _) = s.exec(py, Some(r#"{"raise": true}"#), &[]);
+    assert_eq!(v["code"], "handler", "{v}");
+    assert_eq!(v["exit_code"], Value::Null, "{v}");
+    s.shutdown();
+}
+
 /// A Node handler that fails to import: `zygo up` prints why and the function is failed.
 #[test]
 fn node_import_failure() {

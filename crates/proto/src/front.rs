@@ -398,6 +398,10 @@ pub struct ExecAnswer {
     /// What went wrong, in words a caller (or a model) can act on.
     pub error: Option<String>,
     pub traceback: Option<String>,
+    /// The code the handler's process exited with, when the error was its exiting
+    /// (`sys.exit(3)`, `process.exit(3)`, a warm-exec command's status); None when it
+    /// raised, returned, or was killed.
+    pub exit_code: Option<i32>,
     /// False when the request was refused or cancelled before its child was let go.
     pub started: bool,
     pub oom_killed: bool,

@@ -541,6 +541,7 @@ fn answer_json(a: &ExecAnswer) -> serde_json::Value {
             _ => "handler",
         });
         v["traceback"] = json!(a.traceback);
+        v["exit_code"] = json!(a.exit_code);
         v["oom_killed"] = json!(a.oom_killed);
         v["started"] = json!(a.started);
     }

@@ -186,7 +186,7 @@ handler wrote (its stdout, then its stderr), its progress and any error on stder
   --out F        write the request's directory, as the handler left it, to F as a tar
                  (at most 8 MiB; links, fifos and sockets are left out)
   --json         print {result, request_id, stdout, stderr, metrics} (and, on failure,
-                 error, code, traceback, oom_killed; with --out, workspace_out: {file,
+                 error, code, traceback, exit_code, oom_killed; with --out, workspace_out: {file,
                  bytes, truncated} or null); with --stream, one line per event before it.
                  A refusal is {code, error}
 Human output shows control characters in the handler's text as escapes (\\x1b, \\r, ...;

@@ -140,6 +140,23 @@ async function run(line) {
     process.exit(2);
   }
   const beat = setInterval(() => send({ kind: "heartbeat" }), 1000);
+  // process.exit() while the handler runs: its answer, written before the process goes
+  // (synchronously: nothing queued is written once 'exit' is emitted). 0 is a return of
+  // nothing, as Python's sys.exit(0); any other code an error that carries it.
+  process.on("exit", (code) => {
+    if (closed) return;
+    closed = true;
+    // The status the process exits with, as the system has it.
+    const status = Number(code) & 0xff;
+    const line = status === 0
+      ? { kind: "result", value: null }
+      : { kind: "error", message: `the handler called process.exit(${status})`, traceback: "", exit_code: status };
+    try {
+      fs.writeSync(3, JSON.stringify(line) + "\n");
+    } catch {
+      // The channel is gone: the launcher sees the child end without an answer.
+    }
+  });
   let terminal;
   try {
     // The request's own directory, made by the launcher (and the workspace, if the call

@@ -791,7 +791,10 @@ def run(p, request, func):
     except ScriptError as e:
         terminal = error(e.message, e.tb)
     except SystemExit as e:
-        terminal = result(None) if e.code in (None, 0) else error(describe(e), format_tb(e))
+        # sys.exit(n): the status the process would have exited with (a message: 1).
+        code = e.code & 0xFF if isinstance(e.code, int) else 1
+        terminal = (result(None) if e.code in (None, 0)
+                    else error(describe(e), format_tb(e), exit_code=code))
     except BaseException as e:
         terminal = error(describe(e), format_tb(e))
     # What the handler wrote is in the pipes, ahead of the terminal line.
@@ -824,7 +827,8 @@ def exec_script(pool, script, event):
         return result({"exit_code": 0})
     how = (f"was killed by signal {-done.returncode}" if done.returncode < 0
            else f"exited with status {done.returncode}")
-    return error(f"{pool.argv[0]} {how}", "")
+    code = 128 - done.returncode if done.returncode < 0 else done.returncode
+    return error(f"{pool.argv[0]} {how}", "", exit_code=code)
 
 
 def result(value):
@@ -838,8 +842,12 @@ def result(value):
     return data
 
 
-def error(message, tb):
-    return encode({"kind": "error", "message": message, "traceback": tb})
+def error(message, tb, exit_code=None):
+    """The terminal line for an error; `exit_code` when the handler's process exited."""
+    line = {"kind": "error", "message": message, "traceback": tb}
+    if exit_code is not None:
+        line["exit_code"] = exit_code
+    return encode(line)
 
 
 NODE, NODE_AGENT = "/usr/bin/node", "/run/zygo/node_agent.mjs"

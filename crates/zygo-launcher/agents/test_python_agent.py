@@ -254,7 +254,7 @@ class Agent:
 AGENT_SAYS = {"ready": {"pid": int}, "import_error": {"message": str, "traceback": str},
               "heartbeat": {}, "park_failed": {"slot": str, "message": str}}
 CHILD_SAYS = {"progress": {"text": str}, "heartbeat": {}, "result": {"value": object},
-              "error": {"message": str, "traceback": str}}
+              "error": {"message": str, "traceback": str, "exit_code": int}}
 
 def mounted(workdir):
     return b'{"kind":"mounted","workdir":"' + workdir.encode() + b'"}\n'
@@ -304,11 +304,18 @@ class Relay:
                 return
 
 
+# Fields a line may leave out.
+CHILD_MAY_OMIT = {"error": {"exit_code"}}
+
+
 def parse(raw, schema):
     """One line as strictly as the launcher parses it."""
     assert len(raw) < 20 << 20, "a line over 20 MiB"
     msg = json.loads(raw.decode("utf-8"), parse_constant=lambda c: 1 / 0)
-    fields = schema[msg["kind"]]
+    fields = dict(schema[msg["kind"]])
+    for name in CHILD_MAY_OMIT.get(msg["kind"], ()) if schema is CHILD_SAYS else ():
+        if name not in msg:
+            del fields[name]
     assert set(msg) == {"kind", *fields}, msg
     for name, kind in fields.items():
         assert isinstance(msg[name], kind), msg
@@ -519,10 +526,18 @@ class Requests(unittest.TestCase):
         self.assertEqual(lines, [{"kind": "result", "value": None}])
         lines = self.call({"case": "exit", "code": None})
         self.assertEqual(lines, [{"kind": "result", "value": None}])
+        # Exited: the code the process would have exited with, on the error line.
         lines = self.call({"case": "exit", "code": 3})
         self.assertEqual(lines[-1]["message"], "SystemExit: 3")
+        self.assertEqual(lines[-1]["exit_code"], 3)
+        lines = self.call({"case": "exit", "code": "a message"})
+        self.assertEqual(lines[-1]["exit_code"], 1)
+        lines = self.call({"case": "exit", "code": -1})
+        self.assertEqual(lines[-1]["exit_code"], 255)
         lines = self.call({"case": "interrupt"})
         self.assertEqual(lines[-1]["message"], "KeyboardInterrupt")
+        # Raised, not exited: no exit_code.
+        self.assertNotIn("exit_code", self.call({"case": "raise"})[-1])
 
     def test_not_serialisable(self):
         lines = self.call({"case": "set"})

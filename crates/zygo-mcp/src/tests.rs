@@ -91,6 +91,7 @@ fn fake_monitor(mut sock: UnixStream, seen: Seen) {
                     result: Some(format!("{{\"echo\":{event}}}")),
                     error: None,
                     traceback: None,
+                    exit_code: None,
                     started: true,
                     oom_killed: false,
                     stdout: "out".into(),

@@ -61,6 +61,11 @@ class LiveTest(unittest.TestCase):
             self.c.call("echo", {"fail": True})
         self.assertIn("asked to fail", str(cm.exception) + cm.exception.stderr + (cm.exception.traceback or ""))
         self.assertIn("hello from echo", cm.exception.stdout)
+        self.assertIsNone(cm.exception.exit_code)  # it raised; it did not exit
+        # A handler whose process exited: the code it exited with.
+        with self.assertRaises(zygo.HandlerError) as cm:
+            self.c.call("echo", {"exit": 3})
+        self.assertEqual(cm.exception.exit_code, 3)
         it = iter(self.c.stream("echo", {"fail": True}))
         with self.assertRaises(zygo.HandlerError):
             for _ in it:
