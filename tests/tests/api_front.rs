@@ -84,6 +84,7 @@ fn answer(id: &str, result: &str) -> ExecAnswer {
         result: Some(result.into()),
         error: None,
         traceback: None,
+        exit_code: None,
         started: true,
         oom_killed: false,
         stdout: String::new(),
@@ -91,8 +92,8 @@ fn answer(id: &str, result: &str) -> ExecAnswer {
         stderr: String::new(),
         stderr_truncated: false,
         metrics: Metrics {
-            wall_ms: 1,
-            cpu_ms: 1,
+            wall_us: 1_250,
+            cpu_us: 750,
             peak_rss_kb: 1000,
         },
         usage: None,
@@ -190,7 +191,7 @@ fn replies(token: &Option<String>, req: &Request) -> Vec<Reply> {
                 timed_out: false,
                 oom_killed: false,
                 wall_us: 1500,
-                cpu_ms: 1,
+                cpu_us: 1_000,
                 peak_rss_kb: 100,
                 stdout: "hi\n".into(),
                 stdout_truncated: false,
@@ -509,6 +510,9 @@ fn healthz_needs_no_token_and_every_answer_carries_a_request_id() {
     assert_eq!(v["result"], json!({"a": 1}));
     assert_eq!(r.header("x-zygo-request-id"), Some("req-1"));
     assert_eq!(v["metrics"]["peak_rss_kb"], json!(1000));
+    // Times in fractional milliseconds, as the supervisor measured them in microseconds.
+    assert_eq!(v["metrics"]["wall_ms"], json!(1.25));
+    assert_eq!(v["metrics"]["cpu_ms"], json!(0.75));
     // The token went to the supervisor as it came; the timeout as the default.
     let reqs = api.fake.requests();
     let (tok, _, last) = reqs.last().unwrap();
@@ -1125,6 +1129,7 @@ fn run_answers_408_when_the_callers_deadline_fires_first_and_cancels_it() {
     let v = r.json();
     assert_eq!(v["exit_code"], 0);
     assert_eq!(v["wall_ms"], 1.5);
+    assert_eq!(v["cpu_ms"], 1.0);
     assert_eq!(v["phase"], "run");
     assert_eq!(r.header("x-zygo-request-id"), Some("req-run"));
     let t0 = Instant::now();
@@ -1282,28 +1287,88 @@ fn a_unix_socket_listener_is_created_0600_and_no_auth_is_allowed_there() {
     use std::os::unix::fs::PermissionsExt;
     let fake = Fake::start();
     let sock = fake.dir.path.join("api.sock");
+    let log = TempDir::new(0o700);
+    let log_file = log.path.join("stderr");
     let mut child = Command::new(zygo_bin())
         .args(["api", "--no-auth", "--listen"])
         .arg(format!("unix://{}", sock.display()))
         .env_clear()
         .env("ZYGO_RUNTIME_DIR", &fake.dir.path)
-        .stderr(Stdio::null())
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(&log_file).unwrap())
         .spawn()
         .unwrap();
-    wait_for(Duration::from_secs(10), "the socket", || sock.exists());
+    let said = || std::fs::read_to_string(&log_file).unwrap_or_default();
+    // The path appears only once something listens on it: the first connect after it
+    // exists is accepted, never refused.
+    wait_for(Duration::from_secs(10), "the socket", || {
+        if let Ok(Some(st)) = child.try_wait() {
+            panic!(
+                "zygo api exited ({st}) before its socket appeared: {}",
+                said()
+            );
+        }
+        sock.exists()
+    });
     let mode = std::fs::metadata(&sock).unwrap().permissions().mode() & 0o777;
-    let mut c = UnixStream::connect(&sock).unwrap();
+    let mut c = UnixStream::connect(&sock).unwrap_or_else(|e| {
+        panic!(
+            "connect to {}: {e}; zygo api said: {}",
+            sock.display(),
+            said()
+        )
+    });
     c.write_all(b"GET /fn HTTP/1.1\r\nHost: x\r\n\r\n").unwrap();
-    let r = read_resp(&mut BufReader::new(c)).unwrap();
+    let r = read_resp(&mut BufReader::new(c))
+        .unwrap_or_else(|e| panic!("no answer: {e}; zygo api said: {}", said()));
     let _ = child.kill();
     let _ = child.wait();
-    assert_eq!(mode, 0o600);
+    assert_eq!(mode, 0o600, "zygo api said: {}", said());
     // No token was sent; the flag went with the hello (the fake refuses tokenless calls,
     // the real supervisor treats them as the bootstrap operator under --no-auth).
-    assert_eq!(r.status, 401);
+    assert_eq!(r.status, 401, "zygo api said: {}", said());
     let hellos = fake.seen.lock().unwrap().hellos.clone();
     assert!(hellos.iter().all(|(_, f)| f.no_auth));
+    // Nothing but the socket (and the fake's own) was left in the folder: the temporary
+    // name it was bound to became the socket's path.
+    let names: Vec<String> = std::fs::read_dir(&fake.dir.path)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .filter(|n| n.starts_with('.'))
+        .collect();
+    assert!(names.is_empty(), "left behind: {names:?}");
     let _ = AtomicUsize::new(0).load(Ordering::Relaxed);
+}
+
+/// A front that cannot serve (no supervisor to reach) never puts a socket at its path: a
+/// caller finds no socket rather than one that refuses it, and no temporary name is left.
+#[test]
+fn a_unix_socket_path_never_names_a_socket_nothing_listens_on() {
+    if skip_without_binary() {
+        return;
+    }
+    let dir = TempDir::new(0o700);
+    let sock = dir.path.join("api.sock");
+    let out = Command::new(zygo_bin())
+        .args(["api", "--no-auth", "--listen"])
+        .arg(format!("unix://{}", sock.display()))
+        .env_clear()
+        .env("ZYGO_RUNTIME_DIR", &dir.path)
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    let said = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "zygo api said: {said}");
+    assert!(said.contains("supervisor"), "zygo api said: {said}");
+    let left: Vec<String> = std::fs::read_dir(&dir.path)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    assert!(
+        left.is_empty(),
+        "left behind: {left:?}; zygo api said: {said}"
+    );
 }
 
 #[test]

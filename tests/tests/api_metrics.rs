@@ -396,7 +396,7 @@ fn mcp_run_code_writes_one_usage_record() {
     assert_eq!(r["outcome"], "ok", "{r}");
     assert!(r["request_id"].as_str().unwrap().starts_with("mcp-"), "{r}");
     assert!(
-        r["wall_ms"].as_u64().is_some() && r["finished_ms"].as_u64().unwrap() > 0,
+        r["wall_ms"].as_f64().is_some_and(|w| w > 0.0) && r["finished_ms"].as_u64().unwrap() > 0,
         "{r}"
     );
     s.shutdown();
@@ -622,7 +622,7 @@ fn the_webhook_delivers_everything_in_order_through_failures_and_otlp_has_the_sh
     ] {
         find(n);
     }
-    let point = |n: &str, attrs: &[(&str, &str)]| -> u64 {
+    let point = |n: &str, attrs: &[(&str, &str)]| -> f64 {
         let m = find(n);
         let pts = m["sum"]["dataPoints"]
             .as_array()
@@ -640,24 +640,29 @@ fn the_webhook_delivers_everything_in_order_through_failures_and_otlp_has_the_sh
                 })
             })
             .unwrap_or_else(|| panic!("{n} {attrs:?}: {m}"));
-        p["asInt"].as_str().unwrap().parse().unwrap()
+        // Counts are integers (as text, OTLP's JSON for an int64); times fractional
+        // milliseconds.
+        match p["asInt"].as_str() {
+            Some(i) => i.parse::<u64>().unwrap() as f64,
+            None => p["asDouble"].as_f64().unwrap_or_else(|| panic!("{n}: {p}")),
+        }
     };
-    assert_eq!(point("zygo_tenant_requests_total", &[("tenant", &t)]), 30);
+    assert_eq!(point("zygo_tenant_requests_total", &[("tenant", &t)]), 30.0);
     assert_eq!(
         point(
             "zygo_tenant_outcomes_total",
             &[("tenant", &t), ("outcome", "error")]
         ),
-        3
+        3.0
     );
     assert_eq!(
         point(
             "zygo_tenant_outcomes_total",
             &[("tenant", &t), ("outcome", "ok")]
         ),
-        27
+        27.0
     );
-    assert!(point("zygo_tenant_wall_ms_total", &[("tenant", &t)]) > 0);
+    assert!(point("zygo_tenant_wall_ms_total", &[("tenant", &t)]) > 0.0);
     point("zygo_tenant_cpu_ms_total", &[("tenant", &t)]);
     assert_eq!(
         find("zygo_tenant_requests_total")["sum"]["aggregationTemporality"],
@@ -735,8 +740,8 @@ fn a_usage_record_from_outside_is_the_mcp_roles_and_shape_checked() {
         function: "mcp:run_code".into(),
         script: None,
         request_id: format!("mcp-test-{:x}", unique()),
-        wall_ms: 1,
-        cpu_ms: 1,
+        wall_us: 1_500,
+        cpu_us: 1_000,
         peak_rss_kb: 1,
         outcome: "ok".into(),
         finished_ms: 1,

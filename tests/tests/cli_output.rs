@@ -410,8 +410,10 @@ both_tests! {
         let f = s.run(&["exec", noisy]);
         assert_eq!(f.code, 0, "[{w}] {}\n{}", f.stderr_text(), s.log());
         assert_no_controls(who, "zygo exec", &f);
-        assert!(f.stdout_text().contains(&format!("out {NASTY_SHOWN}\n")), "[{w}] {}", f.stdout_text());
+        // The handler's output is on stderr (stdout has the result alone).
+        assert!(f.stderr_text().contains(&format!("out {NASTY_SHOWN}\n")), "[{w}] {}", f.stderr_text());
         assert!(f.stderr_text().contains(&format!("err {NASTY_SHOWN}\n")), "[{w}] {}", f.stderr_text());
+        assert!(!f.stdout_text().contains("out "), "[{w}] {}", f.stdout_text());
 
         let f = s.run(&["exec", noisy, "--stream"]);
         assert_eq!(f.code, 0, "[{w}] {}", f.stderr_text());

@@ -86,11 +86,15 @@ both_tests! {
         assert!(is_hex(text(&v, "request_id"), 32), "request_id: {v}");
         assert_eq!(v["stdout"], "hello on stdout\n", "{v}");
         assert_eq!(v["stderr"], "hello on stderr\n", "{v}");
-        for k in ["wall_ms", "cpu_ms", "peak_rss_kb"] {
-            assert!(v["metrics"][k].is_u64(), "metrics.{k} is a number: {v}");
+        // Times are fractional milliseconds (a fast call's wall time is not 0); the peak
+        // is whole kilobytes.
+        for k in ["wall_ms", "cpu_ms"] {
+            assert!(v["metrics"][k].is_f64(), "metrics.{k} is a fractional number: {v}");
         }
+        assert!(v["metrics"]["peak_rss_kb"].is_u64(), "{v}");
         assert!(v["metrics"]["peak_rss_kb"].as_u64() > Some(0), "peak RSS: {v}");
-        assert!(v["metrics"]["wall_ms"].as_u64() < Some(2000), "wall: {v}");
+        let wall = v["metrics"]["wall_ms"].as_f64().unwrap_or(0.0);
+        assert!(wall > 0.0 && wall < 2000.0, "wall: {v}");
 
         // Default event {}, a file, and stdin.
         assert_eq!(s.call_ok(hello, "{}")["echo"], json!({}));
@@ -104,15 +108,16 @@ both_tests! {
         let f = finish(c);
         assert_eq!(f.last_json()["result"]["echo"], json!({"from": "file"}), "stdin: {}", f.stdout_text());
 
-        // Human output: the handler's stdout, then the result; its stderr on stderr.
+        // Human output: the result alone on stdout (`| jq` reads it); the handler's
+        // output, its stdout then its stderr, on stderr.
         let f = s.run(&["exec", hello, r#"{"x":1}"#]);
         assert_eq!(f.code, 0, "{}", f.stderr_text());
         let out = f.stdout_text();
-        let (first, rest) = out.split_once('\n').unwrap_or(("", ""));
-        assert_eq!(first, "hello on stdout", "human stdout: {out:?}");
-        let r: Value = serde_json::from_str(rest.trim()).expect("the result line is JSON");
+        let r: Value = serde_json::from_str(&out).expect("stdout is the result alone, as JSON");
         assert_eq!(r["echo"], json!({"x": 1}), "human result: {out:?}");
-        assert!(f.stderr_text().contains("hello on stderr"), "{}", f.stderr_text());
+        let err = f.stderr_text();
+        let (o, e) = (err.find("hello on stdout"), err.find("hello on stderr"));
+        assert!(o.is_some() && e.is_some() && o < e, "human stderr: {err:?}");
 
         // --stream --json: event lines, then the answer.
         let (_, f) = s.exec(stream, None, &["--stream"]);
@@ -131,10 +136,14 @@ both_tests! {
         assert_eq!(joined("stdout").concat(), "out 0\nout 1\nout 2\n", "{lines:?}");
         assert_eq!(joined("progress"), ["step 0", "step 1", "step 2"], "{lines:?}");
 
-        // --stream, human: output as it comes, then the result; progress on stderr.
+        // --stream, human: output (on stderr) and progress as they come, then the result,
+        // alone on stdout.
         let f = s.run(&["exec", stream, "--stream"]);
         assert_eq!(f.code, 0, "{}", f.stderr_text());
-        assert_eq!(f.stdout_text(), "out 0\nout 1\nout 2\n{\"steps\":3}\n");
+        assert_eq!(f.stdout_text(), "{\"steps\":3}\n");
+        let err = f.stderr_text();
+        let at: Vec<Option<usize>> = (0..3).map(|i| err.find(&format!("out {i}\n"))).collect();
+        assert!(at.iter().all(Option::is_some) && at.is_sorted(), "{err}");
         for i in 0..3 {
             assert!(f.stderr_text().contains(&format!("progress: step {i}")), "{}", f.stderr_text());
         }
@@ -661,7 +670,7 @@ fn unruly_handlers() {
         f.elapsed
     );
     assert!(
-        v["metrics"]["wall_ms"].as_u64() < Some(4000),
+        v["metrics"]["wall_ms"].as_f64() < Some(4000.0),
         "the daemon held the call: {v}"
     );
     let gone = wait_for_quietly(Duration::from_secs(3), || {
@@ -1022,7 +1031,13 @@ fn drain_in_flight() {
     s.wait_gone();
     let f = s.run(&["ls"]);
     assert_eq!(f.code, 1);
-    assert_eq!(f.stderr_text().trim_end(), NO_SUPERVISOR);
+    assert_eq!(
+        f.stderr_text().trim_end(),
+        format!(
+            "{NO_SUPERVISOR} (no supervisor listens at {})",
+            s.socket().display()
+        )
+    );
 }
 
 // ---------------------------------------------------------------------------------------
@@ -1090,9 +1105,10 @@ fn usage_log() {
         assert_eq!(line["request_id"], ans["request_id"], "{line} vs {ans}");
         assert_eq!(line["outcome"], ans["outcome"], "{line} vs {ans}");
         for k in ["wall_ms", "cpu_ms", "peak_rss_kb"] {
-            assert!(line[k].is_u64(), "{k}: {line}");
+            assert!(line[k].is_number(), "{k}: {line}");
             assert_eq!(line[k], ans["metrics"][k], "{k}: {line} vs {ans}");
         }
+        assert!(line["wall_ms"].as_f64() > Some(0.0), "{line}");
         let fin = line["finished_ms"].as_u64().unwrap_or(0);
         assert!(
             fin >= t0 && fin <= t1,
@@ -1125,15 +1141,153 @@ fn no_supervisor() {
     ] {
         let f = s.run(args);
         assert_eq!(f.code, 1, "zygo {args:?}: {}", f.stderr_text());
+        // One line, naming the socket it looked for.
         assert_eq!(
             f.stderr_text(),
-            format!("{NO_SUPERVISOR}\n"),
+            format!(
+                "{NO_SUPERVISOR} (no supervisor listens at {})\n",
+                s.socket().display()
+            ),
             "zygo {args:?}"
         );
         assert!(f.stdout.is_empty(), "zygo {args:?}: {}", f.stdout_text());
     }
     assert!(!s.socket().exists());
     s.never_started();
+}
+
+/// `zygo up` against a supervisor already running says what it cannot make take effect,
+/// and how to restart, with a non-zero exit: a ZYGO_API_TOKEN the supervisor was not
+/// started with (nothing is changed), a function whose table changed (it is left as it is).
+/// The README's order (drain, then `zygo up` with the token exported) then works.
+#[test]
+fn up_against_a_running_supervisor_says_what_cannot_take_effect() {
+    let Some(mut s) = SUITE.root("upagain") else {
+        return;
+    };
+    let n = s.up(&[("hello", "hello", "")]);
+    let hello = &n[0];
+    let file = s.dir.path.join("sandbox.toml").display().to_string();
+    let token = format!("test-token-{:x}", unique());
+    let up_with_token = |s: &Sup, json: bool| {
+        let mut args = vec!["up", "-f", file.as_str()];
+        if json {
+            args.push("--json");
+        }
+        let mut c = s.cmd(&args);
+        c.env("ZYGO_API_TOKEN", &token);
+        finish(c)
+    };
+
+    // A token it was not started with: refused, saying why and how to restart.
+    let f = up_with_token(&s, false);
+    assert_eq!(f.code, 1, "{}", f.stderr_text());
+    let err = f.stderr_text();
+    for says in [
+        "ZYGO_API_TOKEN",
+        "Nothing was changed",
+        "zygo drain",
+        "zygo up -f",
+    ] {
+        assert!(err.contains(says), "{says:?} not said: {err}");
+    }
+    assert!(
+        !err.contains(&token),
+        "the token itself is never printed: {err}"
+    );
+    let f = up_with_token(&s, true);
+    assert_eq!(f.code, 1);
+    assert_eq!(f.last_json()["code"], "conflict", "{}", f.stdout_text());
+
+    // The same file again: nothing differs.
+    let f = s.run(&["up", "-f", &file]);
+    assert_eq!(f.code, 0, "{}", f.stderr_text());
+    assert!(
+        f.stdout_text().contains(&format!("serving {hello}")),
+        "{}",
+        f.stdout_text()
+    );
+
+    // The file edited: the function is left as it is, and that is said.
+    s.write_toml(&[("hello", "hello", "mem = \"128M\"\ntimeout = \"9s\"")]);
+    let f = s.run(&["up", "-f", &file]);
+    assert_eq!(f.code, 1, "{}", f.stdout_text());
+    let err = f.stderr_text();
+    assert!(
+        err.contains("served already with other settings (mem, timeout differ")
+            && err.contains(&format!("zygo stop {hello}")),
+        "{err}"
+    );
+
+    // The README's order: drain, then up with the token exported: a new supervisor that
+    // takes the token, and the file as it is now.
+    let f = s.run(&["drain", "--grace", "1s"]);
+    assert_eq!(f.code, 0, "{}", f.stderr_text());
+    let f = up_with_token(&s, false);
+    assert_eq!(f.code, 0, "{}\n{}", f.stderr_text(), s.log());
+    assert!(
+        f.stdout_text().contains("supervisor started"),
+        "{}",
+        f.stdout_text()
+    );
+    s.supervisor = None;
+    s.find_supervisor();
+    let f = up_with_token(&s, false);
+    assert_eq!(f.code, 0, "the token is known now: {}", f.stderr_text());
+    s.shutdown();
+}
+
+/// `zygo logs NAME -n 1 -f`: the last request, then each one as it finishes; never the
+/// history before the last N again.
+#[test]
+fn logs_follow_shows_the_last_n_then_what_comes() {
+    let Some(mut s) = SUITE.root("logsf") else {
+        return;
+    };
+    let n = s.up(&[("hello", "hello", "")]);
+    let hello = &n[0];
+    let call = |i: u32| {
+        let (v, f) = s.exec(hello, Some(&json!({"i": i}).to_string()), &[]);
+        assert_eq!(f.code, 0, "{v}");
+        text(&v, "request_id").to_string()
+    };
+    let before: Vec<String> = (0..3).map(call).collect();
+    let mut follow = s.cmd(&["logs", hello, "-n", "1", "-f", "--json"]);
+    follow.stdout(Stdio::piped()).stderr(Stdio::null());
+    let mut child = follow.spawn().expect("start zygo logs -f");
+    let out = child.stdout.take().expect("piped");
+    let (tx, rx) = std::sync::mpsc::channel::<String>();
+    std::thread::spawn(move || {
+        for l in std::io::BufRead::lines(std::io::BufReader::new(out)).map_while(Result::ok) {
+            if tx.send(l).is_err() {
+                return;
+            }
+        }
+    });
+    let id_of = |l: &str| -> String {
+        let v: Value = serde_json::from_str(l).unwrap_or_else(|e| panic!("not JSON ({e}): {l}"));
+        text(&v, "request_id").to_string()
+    };
+    let mut got = vec![id_of(
+        &rx.recv_timeout(Duration::from_secs(20))
+            .expect("the first line"),
+    )];
+    // Two polls pass (one a second): the history before the last one must not come back.
+    std::thread::sleep(Duration::from_millis(2500));
+    got.extend(rx.try_iter().map(|l| id_of(&l)));
+    let after = call(3);
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while !got.contains(&after) && Instant::now() < deadline {
+        if let Ok(l) = rx.recv_timeout(Duration::from_millis(200)) {
+            got.push(id_of(&l));
+        }
+    }
+    std::thread::sleep(Duration::from_millis(1500));
+    got.extend(rx.try_iter().map(|l| id_of(&l)));
+    let _ = child.kill();
+    let _ = child.wait();
+    assert_eq!(got, [before[2].clone(), after], "before: {before:?}");
+    s.shutdown();
 }
 
 /// `zygo logs`, `stats`, `warm`, `ls`, `stop`, and an unknown function.
@@ -1163,7 +1317,10 @@ fn admin_commands() {
     for l in &lines {
         assert_eq!(l["outcome"], "ok", "{l}");
         assert!(text(l, "stdout").contains("hello on stdout"), "{l}");
-        assert!(l["wall_ms"].is_u64() && l["finished_ms"].is_u64(), "{l}");
+        assert!(
+            l["wall_ms"].as_f64() > Some(0.0) && l["finished_ms"].is_u64(),
+            "{l}"
+        );
     }
     let f = s.run(&["logs", hello]);
     assert_eq!(f.code, 0);
@@ -1527,6 +1684,128 @@ both_tests! {
         assert!(text(&v, "error").contains("not JSON-serialisable"), "{v}");
         s.shutdown();
     }
+}
+
+/// `event.progress` is there whatever the event's JSON type, in a Python and a Node
+/// handler, and the event is still exactly what was sent (the same JSON comes back). The
+/// values a language cannot give a method (null; in Python true and false too) come as they
+/// are; a Node object event with a "progress" key keeps it.
+#[test]
+fn event_progress_whatever_the_events_type() {
+    let Some(mut s) = SUITE.root("anyprogress") else {
+        return;
+    };
+    s.fn_file(
+        "any.py",
+        "def handler(event):\n    if hasattr(event, 'progress'):\n        event.progress('p ' + type(event).__mro__[-2].__name__)\n    return {'event': event}\n",
+    );
+    s.fn_file(
+        "any.mjs",
+        "export default function (event) {\n  if (event !== null && typeof event.progress === 'function') event.progress('p ' + (Array.isArray(event) ? 'array' : typeof event));\n  return { event, keys: event !== null && typeof event === 'object' ? Object.keys(event) : null };\n}\n",
+    );
+    let n = s.up(&[
+        (
+            "py",
+            "",
+            "agent = \"python\"\nentry = \"fn/any.py:handler\"",
+        ),
+        (
+            "js",
+            "",
+            "agent = \"node\"\nentry = \"fn/any.mjs\"\ntimeout = \"20s\"",
+        ),
+    ]);
+    let (py, js) = (&n[0], &n[1]);
+    let cases: [(&str, Option<&str>, Option<&str>); 8] = [
+        (r#"{"a": 1}"#, Some("p dict"), Some("p object")),
+        ("[1, 2]", Some("p list"), Some("p array")),
+        (r#""text""#, Some("p str"), Some("p string")),
+        ("7", Some("p int"), Some("p number")),
+        ("1.5", Some("p float"), Some("p number")),
+        ("true", None, Some("p boolean")),
+        ("null", None, None),
+        (r#"{"progress": 5}"#, Some("p dict"), None),
+    ];
+    for (event, py_says, js_says) in cases {
+        for (f, says) in [(py, py_says), (js, js_says)] {
+            let (v, fin) = s.exec(f, Some(event), &["--stream"]);
+            let lines = fin.json_lines();
+            let (answer, events) = lines.split_last().expect("the answer");
+            assert_eq!(
+                answer["outcome"],
+                "ok",
+                "{f} {event}: {answer}\n{}",
+                s.log()
+            );
+            let sent: Value = serde_json::from_str(event).expect("JSON");
+            assert_eq!(answer["result"]["event"], sent, "{f} {event}: {v}");
+            let progress: Vec<&str> = events
+                .iter()
+                .filter(|e| e["event"] == "progress")
+                .filter_map(|e| e["data"].as_str())
+                .collect();
+            assert_eq!(
+                progress,
+                says.into_iter().collect::<Vec<_>>(),
+                "{f} {event}: {lines:?}"
+            );
+        }
+    }
+    // The Node object event kept its own "progress" key, and it is still enumerable.
+    let (v, _) = s.exec(js, Some(r#"{"progress": 5}"#), &[]);
+    assert_eq!(v["result"]["keys"], json!(["progress"]), "{v}");
+    s.shutdown();
+}
+
+/// A handler error says the code its process exited with when it exited — Python's
+/// `sys.exit(3)`, Node's `process.exit(4)`, a warm-exec command's `exit 5` — and null when
+/// it raised.
+#[test]
+fn a_handler_that_exited_says_its_exit_code() {
+    let Some(mut s) = SUITE.root("exitcode") else {
+        return;
+    };
+    s.fn_file(
+        "exits.py",
+        "import sys\ndef handler(event):\n    print('before')\n    if event.get('raise'):\n        raise ValueError('no')\n    sys.exit(event['code'])\n",
+    );
+    s.fn_file(
+        "exits.mjs",
+        "export default function (event) {\n  console.log('before');\n  process.exit(event.code);\n}\n",
+    );
+    let n = s.up(&[
+        ("py", "agent = \"python\"\nentry = \"fn/exits.py:handler\""),
+        (
+            "js",
+            "agent = \"node\"\nentry = \"fn/exits.mjs\"\ntimeout = \"20s\"",
+        ),
+        ("sh", "cmd = [\"/bin/sh\"]"),
+    ]);
+    let (py, js, sh) = (&n[0], &n[1], &n[2]);
+    let script = s.file("exit5.sh", b"echo before\nexit 5\n");
+    for (f, event, flags, code) in [
+        (py, r#"{"code": 3}"#, &[][..], 3),
+        (js, r#"{"code": 4}"#, &[][..], 4),
+        (sh, "{}", &["--script", script.as_str()][..], 5),
+    ] {
+        let (v, fin) = s.exec(f, Some(event), flags);
+        assert_eq!(fin.code, 1, "{f}: {v}\n{}", s.log());
+        assert_eq!(v["code"], "handler", "{f}: {v}");
+        assert_eq!(v["exit_code"], code, "{f}: {v}");
+        assert_eq!(v["stdout"], "before\n", "{f}: {v}");
+    }
+    // Exiting with 0 is answering nothing.
+    let (v, _) = s.exec(js, Some(r#"{"code": 0}"#), &[]);
+    assert_eq!(
+        (v["outcome"].clone(), v["result"].clone()),
+        (json!("ok"), Value::Null),
+        "{v}"
+    );
+    // Raised: no exit code.
+    let (v, _) = s.exec(py, Some(r#"{"raise": true}"#), &[]);
+    assert_eq!(v["code"], "handler", "{v}");
+    assert_eq!(v["exit_code"], Value::Null, "{v}");
+    s.shutdown();
 }
 
 /// A Node handler that fails to import: `zygo up` prints why and the function is failed.

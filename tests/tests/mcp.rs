@@ -408,7 +408,14 @@ struct Server {
 impl Server {
     fn start(args: &[&str]) -> Server {
         let dirs = Dirs::new();
-        let mut c = clean(&zygo_bin(), &dirs.env());
+        let env = dirs.env();
+        Server::start_env(args, &env, dirs)
+    }
+
+    /// With exactly this environment (besides `clean`'s PATH and HOME); `dirs` are kept
+    /// as long as the server.
+    fn start_env(args: &[&str], env: &[(String, String)], dirs: Dirs) -> Server {
+        let mut c = clean(&zygo_bin(), env);
         c.arg("mcp")
             .args(args)
             .stdin(Stdio::piped())
@@ -888,4 +895,260 @@ fn ceiling_flags_and_refusals() {
     );
     s.close_stdin();
     assert_eq!(s.wait(Duration::from_secs(20)), 0);
+}
+
+// ---------------------------------------------------------------------------------------
+// A new user's first hour.
+
+fn call_function(id: i64, args: Value) -> Value {
+    json!({"jsonrpc": "2.0", "id": id, "method": "tools/call",
+           "params": {"name": "call_function", "arguments": args}})
+}
+
+/// On a machine where no supervisor ever ran, the state directory does not exist yet: a
+/// `run_code`'s usage record makes it (0700) and lands in its `usage.log`, and nothing is
+/// logged about a record it could not write.
+#[test]
+fn a_run_code_usage_record_has_a_home_on_a_fresh_machine() {
+    let dirs = Dirs::new();
+    let state = dirs.state.path.join("fresh/zygo");
+    let env = vec![
+        (
+            "ZYGO_RUNTIME_DIR".to_string(),
+            dirs.runtime.str().to_string(),
+        ),
+        ("ZYGO_STATE_DIR".to_string(), state.display().to_string()),
+    ];
+    let mut s = Server::start_env(&[], &env, dirs);
+    s.init("2025-06-18");
+    let r = s.ask(run_code(1, "sh", "echo counted"));
+    assert_eq!(
+        r["result"]["structuredContent"]["stdout"], "counted\n",
+        "{r}"
+    );
+    s.close_stdin();
+    assert_eq!(s.wait(Duration::from_secs(20)), 0, "{}", s.stderr());
+    let said = s.stderr();
+    assert!(
+        !said.contains("usage record"),
+        "zygo mcp complained about its usage record: {said}"
+    );
+    let log = std::fs::read_to_string(state.join("usage.log"))
+        .unwrap_or_else(|e| panic!("no usage.log in {} ({e}); stderr: {said}", state.display()));
+    let records: Vec<Value> = log
+        .lines()
+        .map(|l| serde_json::from_str(l).expect("a usage line is JSON"))
+        .collect();
+    assert_eq!(records.len(), 1, "{log}");
+    assert_eq!(records[0]["function"], "mcp:run_code", "{log}");
+    assert_eq!(records[0]["outcome"], "ok", "{log}");
+    use std::os::unix::fs::PermissionsExt;
+    let mode = std::fs::metadata(&state)
+        .expect("the state dir")
+        .permissions()
+        .mode();
+    assert_eq!(mode & 0o777, 0o700, "the state directory's mode");
+}
+
+/// A stand-in supervisor at `path`: welcomes an MCP front's hello and answers `List` with
+/// one function named `found-me`. Dropped, it removes the socket and the folders it made.
+struct FakeSupervisor {
+    path: PathBuf,
+    made: Vec<PathBuf>,
+}
+
+impl FakeSupervisor {
+    fn start(path: PathBuf) -> FakeSupervisor {
+        use proto::front::{FunctionInfo, Hello, HelloReply, Reply, Request, ZygoteCounts};
+        use proto::{read_frame, write_frame};
+        let mut made = Vec::new();
+        let mut missing = Vec::new();
+        let mut d = path
+            .parent()
+            .expect("a socket path has a folder")
+            .to_path_buf();
+        while !d.exists() {
+            missing.push(d.clone());
+            d = d.parent().expect("the root exists").to_path_buf();
+        }
+        for d in missing.into_iter().rev() {
+            std::fs::create_dir(&d).expect("make the fake supervisor's folder");
+            made.push(d);
+        }
+        let listener =
+            std::os::unix::net::UnixListener::bind(&path).expect("bind the fake supervisor");
+        std::thread::spawn(move || {
+            for mut c in listener.incoming().flatten() {
+                std::thread::spawn(move || {
+                    let Ok(_hello) = read_frame::<_, Hello>(&mut c, 4096) else {
+                        return;
+                    };
+                    let _ = write_frame(
+                        &mut c,
+                        &HelloReply::Welcome {
+                            version: "0.1.0".into(),
+                        },
+                    );
+                    while let Ok(req) = read_frame::<_, Request>(&mut c, 1 << 20) {
+                        let reply = match req {
+                            Request::List => Reply::Functions(vec![FunctionInfo {
+                                name: "found-me".into(),
+                                tenant: None,
+                                kind: "function".into(),
+                                state: "serving".into(),
+                                error: None,
+                                zygotes: ZygoteCounts {
+                                    ready: 1,
+                                    busy: 0,
+                                    frozen: 0,
+                                    starting: 0,
+                                },
+                                in_flight: 0,
+                                min_warm: 1,
+                                max_warm: 1,
+                            }]),
+                            _ => Reply::UsageRecorded,
+                        };
+                        if write_frame(&mut c, &reply).is_err() {
+                            return;
+                        }
+                    }
+                });
+            }
+        });
+        FakeSupervisor { path, made }
+    }
+}
+
+impl Drop for FakeSupervisor {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.path);
+        for d in self.made.iter().rev() {
+            let _ = std::fs::remove_dir(d);
+        }
+    }
+}
+
+/// An MCP host that starts the server with a reduced environment (the TypeScript SDK's
+/// stdio transport passes HOME, LOGNAME, PATH, SHELL, TERM and USER only) leaves out
+/// `XDG_RUNTIME_DIR`: the server still finds a supervisor started in a login session's
+/// runtime directory (`/run/user/<uid>/zygo`), and, when it finds none, names every socket
+/// it tried and says how to point it at another.
+#[test]
+fn with_a_reduced_environment_the_server_finds_the_supervisor_or_names_where_it_looked() {
+    // SAFETY: getuid cannot fail.
+    let uid = unsafe { libc::getuid() };
+    let session = PathBuf::from(format!("/run/user/{uid}/zygo/zygo.sock"));
+    let system = if am_root() {
+        PathBuf::from("/run/zygo/zygo.sock")
+    } else {
+        PathBuf::from(format!("/tmp/zygo-{uid}/zygo.sock"))
+    };
+    // The places the server looks are the host's own: a supervisor of the host's, or
+    // anything at those paths already, is not this test's to use or remove.
+    for p in [&session, &system] {
+        if p.exists() {
+            skip(&format!(
+                "{} exists on this host: this test needs the places a reduced environment looks to be free",
+                p.display()
+            ));
+            return;
+        }
+    }
+    let reduced = |dirs: &Dirs| {
+        // The state directory too is the test's own, so a record goes nowhere else.
+        vec![
+            ("ZYGO_STATE_DIR".to_string(), dirs.state.str().to_string()),
+            ("LOGNAME".to_string(), "root".to_string()),
+            ("USER".to_string(), "root".to_string()),
+            ("SHELL".to_string(), "/bin/sh".to_string()),
+            ("TERM".to_string(), "dumb".to_string()),
+        ]
+    };
+    // None running: every place tried is named, and the way to point it elsewhere.
+    let dirs = Dirs::new();
+    let env = reduced(&dirs);
+    let mut s = Server::start_env(&[], &env, dirs);
+    s.init("2025-06-18");
+    let r = s.ask(json!({"jsonrpc": "2.0", "id": 1, "method": "tools/call",
+                         "params": {"name": "list_functions", "arguments": {}}}));
+    let err = r["result"]["structuredContent"]["error"]
+        .as_str()
+        .unwrap_or_else(|| panic!("no error: {r}"))
+        .to_string();
+    assert!(err.starts_with("no supervisor is running"), "{err}");
+    for p in [&session, &system] {
+        assert!(
+            err.contains(&p.display().to_string()),
+            "{p:?} not named: {err}"
+        );
+    }
+    assert!(err.contains("ZYGO_RUNTIME_DIR"), "{err}");
+    s.close_stdin();
+    assert_eq!(s.wait(Duration::from_secs(20)), 0, "{}", s.stderr());
+
+    // One listening in the session's runtime directory is found.
+    let _fake = FakeSupervisor::start(session.clone());
+    let dirs = Dirs::new();
+    let env = reduced(&dirs);
+    let mut s = Server::start_env(&[], &env, dirs);
+    s.init("2025-06-18");
+    let r = s.ask(json!({"jsonrpc": "2.0", "id": 1, "method": "tools/call",
+                         "params": {"name": "list_functions", "arguments": {}}}));
+    assert_eq!(
+        r["result"]["structuredContent"]["functions"][0]["name"],
+        "found-me",
+        "{r}\n{}",
+        s.stderr()
+    );
+    s.close_stdin();
+    assert_eq!(s.wait(Duration::from_secs(20)), 0, "{}", s.stderr());
+}
+
+/// A runtime pool is called from MCP with its script as `code`; called without one, the
+/// refusal says how (in words an MCP caller can follow).
+#[test]
+fn a_runtime_pool_is_called_with_its_code() {
+    let d = Dirs::new();
+    let app = TempDir::new(0o755);
+    app.file(
+        "sandbox.toml",
+        b"[defaults]\nmem = \"256M\"\n\n[fn.py]\nagent = \"python\"\n",
+    );
+    let env = d.env();
+    let mut up = clean(&zygo_bin(), &env);
+    up.args(["up", "-f"]).arg(app.path.join("sandbox.toml"));
+    let f = finish(up);
+    let _guard = Supervisor {
+        env: env.clone(),
+        log: d.state.path.join("supervisor.log"),
+    };
+    assert_eq!(f.code, 0, "zygo up: {}", f.stderr_text());
+    let runtime = d.runtime.str().to_string();
+    let state = d.state.str().to_string();
+    let mut s = Server::start_env(
+        &[],
+        &[
+            ("ZYGO_RUNTIME_DIR".into(), runtime),
+            ("ZYGO_STATE_DIR".into(), state),
+        ],
+        Dirs::new(),
+    );
+    s.init("2025-06-18");
+    let r = s.ask(call_function(
+        1,
+        json!({"name": "py", "event": {"x": 2},
+               "code": "def handler(event):\n    print('tripling')\n    return event['x'] * 3\n"}),
+    ));
+    let v = &r["result"]["structuredContent"];
+    assert_eq!(v["outcome"], "ok", "{r}");
+    assert_eq!(v["result"], 6, "{r}");
+    assert_eq!(v["stdout"], "tripling\n", "{r}");
+    let r = s.ask(call_function(2, json!({"name": "py", "event": {}})));
+    let v = &r["result"]["structuredContent"];
+    assert_eq!(r["result"]["isError"], true, "{r}");
+    let err = v["error"].as_str().unwrap_or_default();
+    assert!(err.contains("call_function with code"), "{err}");
+    s.close_stdin();
+    assert_eq!(s.wait(Duration::from_secs(20)), 0, "{}", s.stderr());
 }

@@ -684,8 +684,9 @@ fn refusals() {
 // ---------------------------------------------------------------------------------------
 // Usage events (rootful).
 
-/// Every pool call writes a usage line whose `function` is the pool's name and whose
-/// `script` is the digest of the script the call ran.
+/// Every pool call writes a usage line whose `function` is the pool's name, whose
+/// `script` is `sha256:` and the digest of the script the call ran, and whose times are the
+/// answer's, in fractional milliseconds.
 #[test]
 fn usage_log_names_the_pool() {
     let Some(mut s) = SUITE.root("usage") else {
@@ -716,11 +717,19 @@ fn usage_log_names_the_pool() {
         assert_eq!(line["tenant"], "_host", "{line}");
         assert_eq!(line["request_id"], ans["request_id"], "{line} vs {ans}");
         assert_eq!(line["outcome"], ans["outcome"], "{line} vs {ans}");
+        // The script as the user's document shows it: `sha256:` and the digest.
         assert_eq!(
             text(line, "script"),
-            digest.as_str(),
+            format!("sha256:{digest}"),
             "the script's digest: {line}"
         );
+        // Times in fractional milliseconds, the answer's own; a fast call's is not 0.
+        assert_eq!(
+            line["wall_ms"], ans["metrics"]["wall_ms"],
+            "{line} vs {ans}"
+        );
+        assert_eq!(line["cpu_ms"], ans["metrics"]["cpu_ms"], "{line} vs {ans}");
+        assert!(line["wall_ms"].as_f64() > Some(0.0), "{line}");
     }
     let outcomes: Vec<&str> = lines.iter().map(|l| text(l, "outcome")).collect();
     assert_eq!(outcomes, ["ok", "error", "ok"]);

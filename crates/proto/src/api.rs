@@ -290,7 +290,7 @@ pub struct RunAnswer {
     pub timed_out: bool,
     pub oom_killed: bool,
     pub wall_us: u64,
-    pub cpu_ms: u64,
+    pub cpu_us: u64,
     pub peak_rss_kb: u64,
     pub stdout: String,
     pub stdout_truncated: bool,
@@ -304,9 +304,10 @@ pub struct RunAnswer {
 /// The function name of an MCP `run_code`'s usage record.
 pub const MCP_RUN_CODE: &str = "mcp:run_code";
 
-/// One finished request, as the usage log (`usage.log`, one JSON object a line) and the
-/// usage webhook carry it. The supervisor makes it when the request ends, whoever asked
+/// One finished request. The supervisor makes it when the request ends, whoever asked
 /// (the API, the CLI, an MCP tool); a call's answer carries its record back to the front.
+/// The usage log (`usage.log`, one JSON object a line) and the usage webhook carry it as a
+/// [`UsageEvent`].
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct UsageRecord {
     /// The tenant it ran for; `_host` for the host's own callers.
@@ -316,8 +317,8 @@ pub struct UsageRecord {
     /// The script a pool ran (lowercase hex SHA-256), if any.
     pub script: Option<String>,
     pub request_id: String,
-    pub wall_ms: u64,
-    pub cpu_ms: u64,
+    pub wall_us: u64,
+    pub cpu_us: u64,
     pub peak_rss_kb: u64,
     /// `ok`, `error`, `timeout`, `cancelled` or `stuck`.
     pub outcome: String,
@@ -325,19 +326,80 @@ pub struct UsageRecord {
     pub finished_ms: u64,
 }
 
+/// A usage record in its JSON shape (the usage log's lines, the webhook's events): times
+/// in fractional milliseconds, the script as `sha256:<hex>`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct UsageEvent {
+    pub tenant: String,
+    pub function: String,
+    pub script: Option<String>,
+    pub request_id: String,
+    pub wall_ms: f64,
+    pub cpu_ms: f64,
+    pub peak_rss_kb: u64,
+    pub outcome: String,
+    pub finished_ms: u64,
+}
+
+/// Fractional milliseconds back to whole microseconds (negative, not finite or too large:
+/// 0, or the most a u64 holds).
+fn us_of_ms(ms: f64) -> u64 {
+    if ms.is_finite() && ms > 0.0 {
+        // `as` saturates at u64::MAX.
+        (ms * 1000.0).round() as u64
+    } else {
+        0
+    }
+}
+
+impl UsageEvent {
+    /// The record this event says (its script's `sha256:` taken off; one without it, kept).
+    pub fn record(self) -> UsageRecord {
+        UsageRecord {
+            tenant: self.tenant,
+            function: self.function,
+            script: self
+                .script
+                .map(|s| s.strip_prefix("sha256:").map(str::to_string).unwrap_or(s)),
+            request_id: self.request_id,
+            wall_us: us_of_ms(self.wall_ms),
+            cpu_us: us_of_ms(self.cpu_ms),
+            peak_rss_kb: self.peak_rss_kb,
+            outcome: self.outcome,
+            finished_ms: self.finished_ms,
+        }
+    }
+}
+
 impl UsageRecord {
     /// The tenant name of a record made for the host's own callers.
     pub const HOST: &'static str = "_host";
 
-    /// Its JSON object, on one line (no newline).
+    /// Its JSON shape.
+    pub fn event(&self) -> UsageEvent {
+        UsageEvent {
+            tenant: self.tenant.clone(),
+            function: self.function.clone(),
+            script: self.script.as_ref().map(|s| format!("sha256:{s}")),
+            request_id: self.request_id.clone(),
+            wall_ms: crate::front::ms(self.wall_us),
+            cpu_ms: crate::front::ms(self.cpu_us),
+            peak_rss_kb: self.peak_rss_kb,
+            outcome: self.outcome.clone(),
+            finished_ms: self.finished_ms,
+        }
+    }
+
+    /// Its JSON object ([`UsageEvent`]), on one line (no newline).
     pub fn json_line(&self) -> String {
         serde_json::json!({
             "tenant": self.tenant,
             "function": self.function,
-            "script": self.script,
+            "script": self.script.as_ref().map(|s| format!("sha256:{s}")),
             "request_id": self.request_id,
-            "wall_ms": self.wall_ms,
-            "cpu_ms": self.cpu_ms,
+            "wall_ms": crate::front::ms(self.wall_us),
+            "cpu_ms": crate::front::ms(self.cpu_us),
             "peak_rss_kb": self.peak_rss_kb,
             "outcome": self.outcome,
             "finished_ms": self.finished_ms,

@@ -372,11 +372,18 @@ impl Outcome {
     }
 }
 
+/// A call's numbers. Times are kept in microseconds and shown as fractional milliseconds
+/// (`wall_ms: 0.412`): a fast call is not 0.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Metrics {
-    pub wall_ms: u64,
-    pub cpu_ms: u64,
+    pub wall_us: u64,
+    pub cpu_us: u64,
     pub peak_rss_kb: u64,
+}
+
+/// Microseconds as the fractional milliseconds every answer shows (`412` → `0.412`).
+pub fn ms(us: u64) -> f64 {
+    us as f64 / 1000.0
 }
 
 /// The answer to one call.
@@ -389,6 +396,10 @@ pub struct ExecAnswer {
     /// What went wrong, in words a caller (or a model) can act on.
     pub error: Option<String>,
     pub traceback: Option<String>,
+    /// The code the handler's process exited with, when the error was its exiting
+    /// (`sys.exit(3)`, `process.exit(3)`, a warm-exec command's status); None when it
+    /// raised, returned, or was killed.
+    pub exit_code: Option<i32>,
     /// False when the request was refused or cancelled before its child was let go.
     pub started: bool,
     pub oom_killed: bool,
@@ -452,7 +463,7 @@ pub struct LogEntry {
     pub request_id: String,
     pub finished_ms: u64,
     pub outcome: Outcome,
-    pub wall_ms: u64,
+    pub wall_us: u64,
     pub error: Option<String>,
     pub stdout: String,
     pub stderr: String,

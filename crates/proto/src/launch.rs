@@ -419,11 +419,13 @@ pub enum FromLauncher {
     ChildHeartbeat { slot: String },
     /// Zygote: the handler returned this JSON value (text).
     Returned { slot: String, value: String },
-    /// Zygote: the handler raised, or its value could not be serialised.
+    /// Zygote: the handler raised, or its value could not be serialised; `exit_code` when
+    /// its process ended by exiting with that code (`sys.exit(3)`, a warm-exec command).
     Raised {
         slot: String,
         message: String,
         traceback: String,
+        exit_code: Option<i32>,
     },
     /// Zygote: the slot's channel closed. `violation` says why when the child broke the
     /// protocol (it has been disowned; the monitor kills its cgroup).

@@ -32,11 +32,13 @@ pub enum McpRequest {
     },
     /// The warm functions of the running supervisor.
     ListFunctions { call: u64 },
-    /// Call a warm function with a JSON event (text).
+    /// Call a warm function with a JSON event (text); a runtime pool with the script it
+    /// runs for this call (`code`).
     CallFunction {
         call: u64,
         name: String,
         event: String,
+        code: Option<String>,
     },
     /// A function's last finished requests (limit 1..=200; the monitor side clamps).
     FunctionLogs { call: u64, name: String, limit: u32 },
@@ -67,7 +69,7 @@ pub struct RunCodeResult {
     pub stdout_truncated: bool,
     pub stderr: String,
     pub stderr_truncated: bool,
-    pub wall_ms: u64,
+    pub wall_us: u64,
     /// Why it failed, in words a model can act on ("ran out of memory (limit 512M)",
     /// "exceeded its 60s time limit", "the sandbox could not start: ..."); None when the
     /// program ran and exited by itself.

@@ -126,9 +126,49 @@ fn channel_count() -> usize {
     (cpus * 4).clamp(16, 32)
 }
 
-/// Bind a unix socket, created 0600. A socket file left by an earlier `zygo api` that
-/// nothing listens on any more is replaced; anything else there is an error.
-fn bind_unix(path: &PathBuf) -> Result<UnixListener, String> {
+/// A unix socket listening under a temporary name beside the path it is for, created
+/// 0600. [`PendingUnix::publish`] renames it into place once the front can serve, so the
+/// path never names a socket that nothing listens on: a connect to it is accepted (held in
+/// the backlog until the front takes it) from the moment it exists. Dropped unpublished (the
+/// front could not start), the temporary name is removed.
+struct PendingUnix {
+    tmp: PathBuf,
+    path: PathBuf,
+    published: bool,
+}
+
+impl PendingUnix {
+    /// Move the listening socket to its path, replacing a stale socket file there.
+    fn publish(&mut self) -> Result<(), String> {
+        std::fs::rename(&self.tmp, &self.path).map_err(|e| {
+            format!(
+                "move the listening socket {} to {}: {e}",
+                self.tmp.display(),
+                self.path.display()
+            )
+        })?;
+        self.published = true;
+        Ok(())
+    }
+}
+
+impl Drop for PendingUnix {
+    fn drop(&mut self) {
+        if !self.published {
+            let _ = std::fs::remove_file(&self.tmp);
+        }
+    }
+}
+
+/// The longest path a unix socket's address holds (`sun_path`, less its NUL).
+const SUN_PATH_MAX: usize = 107;
+
+/// Bind and listen on a unix socket under a temporary name in `path`'s folder (see
+/// [`PendingUnix`]). A socket file left at `path` by an earlier `zygo api` that nothing
+/// listens on any more is replaced when the socket is published; anything else there is an
+/// error.
+fn bind_unix(path: &PathBuf) -> Result<(UnixListener, PendingUnix), String> {
+    use std::os::unix::ffi::OsStrExt;
     use std::os::unix::fs::FileTypeExt;
     if let Ok(meta) = std::fs::symlink_metadata(path) {
         if !meta.file_type().is_socket() {
@@ -140,15 +180,46 @@ fn bind_unix(path: &PathBuf) -> Result<UnixListener, String> {
                 path.display()
             ));
         }
-        std::fs::remove_file(path)
-            .map_err(|e| format!("remove the stale socket {}: {e}", path.display()))?;
+    }
+    let (Some(dir), Some(name)) = (path.parent(), path.file_name()) else {
+        return Err(format!("{} does not name a file", path.display()));
+    };
+    if path.as_os_str().len() > SUN_PATH_MAX {
+        return Err(format!(
+            "{} is longer than a unix socket's address holds ({SUN_PATH_MAX} bytes)",
+            path.display()
+        ));
+    }
+    let suffix = plumbing::random_hex(4).map_err(|e| format!("random bytes: {e}"))?;
+    // `.NAME.XXXXXXXX`, or `.XXXXXXXX` where that would not fit in an address.
+    let mut tmp = dir.join(format!(
+        ".{}.{suffix}",
+        String::from_utf8_lossy(name.as_bytes())
+    ));
+    if tmp.as_os_str().len() > SUN_PATH_MAX {
+        tmp = dir.join(format!(".{suffix}"));
+    }
+    if tmp.as_os_str().len() > SUN_PATH_MAX {
+        return Err(format!(
+            "{}: its folder leaves no room in a unix socket's address ({SUN_PATH_MAX} bytes) for the temporary name the socket is bound to first; use a shorter path",
+            path.display()
+        ));
     }
     // SAFETY: umask only changes this process's file-creation mask; restored below.
     let old = unsafe { libc::umask(0o177) };
-    let r = UnixListener::bind(path);
+    // Bind and listen (std does both) before the socket has its name.
+    let r = UnixListener::bind(&tmp);
     // SAFETY: as above.
     unsafe { libc::umask(old) };
-    r.map_err(|e| format!("listen on {}: {e}", path.display()))
+    let l = r.map_err(|e| format!("listen on {}: {e}", tmp.display()))?;
+    Ok((
+        l,
+        PendingUnix {
+            tmp,
+            path: path.clone(),
+            published: false,
+        },
+    ))
 }
 
 /// Fork `zygo-delivery` with the read end of a pipe; keep the write end, non-blocking,
@@ -218,6 +289,7 @@ pub fn main(raw: Vec<OsString>) -> i32 {
         return 0;
     }
     // The listener first: an address in use is reported before anything else happens.
+    let mut pending: Option<PendingUnix> = None;
     let (listener, listen_fd, shown): (tiny_http::Listener, i32, String) = match &opts.listen {
         Listen::Tcp(a) => match TcpListener::bind(a) {
             Ok(l) => {
@@ -241,8 +313,9 @@ pub fn main(raw: Vec<OsString>) -> i32 {
             Err(e) => return refuse(format!("listen on {a}: {e}")),
         },
         Listen::Unix(p) => match bind_unix(p) {
-            Ok(l) => {
+            Ok((l, p2)) => {
                 let fd = l.as_raw_fd();
+                pending = Some(p2);
                 (l.into(), fd, format!("unix://{}", p.display()))
             }
             Err(e) => return refuse(e),
@@ -265,6 +338,13 @@ pub fn main(raw: Vec<OsString>) -> i32 {
     if opts.webhook.is_some() || opts.otlp.is_some() {
         if let Err(e) = start_delivery(opts.webhook.clone(), opts.otlp.clone()) {
             return refuse(format!("start zygo-delivery: {e}"));
+        }
+    }
+    // The socket gets its name now that the front can serve (and before it confines
+    // itself, which takes the filesystem away).
+    if let Some(p) = pending.as_mut() {
+        if let Err(e) = p.publish() {
+            return refuse(e);
         }
     }
     if let Err(e) = http::block_stop_signals() {

@@ -13,8 +13,8 @@ pub struct Client {
 
 /// Why the CLI could not talk to a supervisor.
 pub enum ConnectError {
-    /// No socket, or nothing listening on it.
-    NotRunning,
+    /// No socket, or nothing listening on it, at any of these places.
+    NotRunning(Vec<std::path::PathBuf>),
     /// The socket could not be reached (e.g. no permission).
     Unreachable(String),
     /// The supervisor refused the hello.
@@ -30,7 +30,7 @@ impl ConnectError {
     /// The word a `--json` refusal carries in `code`.
     pub fn code(&self) -> &'static str {
         match self {
-            ConnectError::NotRunning | ConnectError::Unreachable(_) | ConnectError::Gone(_) => {
+            ConnectError::NotRunning(_) | ConnectError::Unreachable(_) | ConnectError::Gone(_) => {
                 "unavailable"
             }
             ConnectError::Refused(_) => "forbidden",
@@ -42,7 +42,13 @@ impl ConnectError {
 impl std::fmt::Display for ConnectError {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
-            ConnectError::NotRunning => f.write_str(supervisor::NO_SUPERVISOR),
+            ConnectError::NotRunning(tried) => write!(
+                f,
+                "{}",
+                supervisor::ReachError::NotRunning {
+                    tried: tried.clone()
+                }
+            ),
             ConnectError::Unreachable(e) => f.write_str(e),
             ConnectError::Refused(reason) => write!(f, "the supervisor refused: {reason}"),
             ConnectError::Broken(e) => write!(f, "talk to the supervisor: {e}"),
@@ -69,7 +75,7 @@ fn ended(e: &proto::ProtoError) -> bool {
 impl Client {
     pub fn connect() -> Result<Client, ConnectError> {
         let mut sock = supervisor::connect().map_err(|e| match e {
-            supervisor::ReachError::NotRunning => ConnectError::NotRunning,
+            supervisor::ReachError::NotRunning { tried } => ConnectError::NotRunning(tried),
             supervisor::ReachError::Unreachable(e) => ConnectError::Unreachable(e),
         })?;
         match supervisor::hello(&mut sock, Role::Cli) {
@@ -92,6 +98,35 @@ impl Client {
             proto::ProtoError::Closed => "the supervisor closed the connection".to_string(),
             e => format!("read from the supervisor: {e}"),
         })
+    }
+
+    /// Wait, at most `limit`, for the supervisor to close this connection, which it does
+    /// when it exits: whether it did.
+    pub fn wait_closed(&mut self, limit: std::time::Duration) -> bool {
+        use std::io::Read;
+        let deadline = std::time::Instant::now() + limit;
+        let mut buf = [0u8; 512];
+        loop {
+            let left = deadline.saturating_duration_since(std::time::Instant::now());
+            if left.is_zero() || self.sock.set_read_timeout(Some(left)).is_err() {
+                return false;
+            }
+            match self.sock.read(&mut buf) {
+                Ok(0) => return true,
+                Ok(_) => continue,
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+                Err(e)
+                    if matches!(
+                        e.kind(),
+                        std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+                    ) =>
+                {
+                    return false
+                }
+                // Reset: it is gone too.
+                Err(_) => return true,
+            }
+        }
     }
 
     /// One request, one final reply (events are passed to `on_event`).

@@ -294,6 +294,41 @@ fn print_served(json: bool, r: Reply) -> i32 {
     }
 }
 
+/// The bootstrap token is read by the supervisor when it starts. With `ZYGO_API_TOKEN` set
+/// here and a supervisor already running, ask it (as the API front would, with this token)
+/// whether it knows the token: `Some(what to do)` when it does not, `None` when it does, or
+/// when it cannot tell.
+fn token_not_taken(file: Option<&Path>) -> Option<String> {
+    let token = std::env::var("ZYGO_API_TOKEN")
+        .ok()
+        .filter(|t| !t.is_empty())?;
+    let mut sock = zygo_monitor::client::connect().ok()?;
+    plumbing::hello::say(&mut sock, proto::front::Role::Api, Default::default()).ok()?;
+    let probe = Request::Api {
+        who: proto::api::Credentials {
+            token: Some(token),
+            tenant: None,
+        },
+        request: Box::new(Request::Version),
+    };
+    proto::write_frame(&mut sock, &probe).ok()?;
+    let reply = proto::read_frame::<_, Reply>(&mut sock, proto::front::MAX_FRONT_FRAME).ok()?;
+    let Reply::Error {
+        code: proto::front::ErrorCode::Unauthorized,
+        ..
+    } = reply
+    else {
+        return None;
+    };
+    let again = match file {
+        Some(f) => format!("zygo up -f {}", f.display()),
+        None => "zygo up".to_string(),
+    };
+    Some(format!(
+        "a supervisor is already running, started without this ZYGO_API_TOKEN (with another, or none), and it reads the token only when it starts: `zygo api` in front of it would answer 401 to this one. Nothing was changed. To use this token, restart the supervisor with it exported: `zygo drain`, then `{again}` (tokens minted with `zygo token mint`, tenants, secrets and scripts are kept; functions are served again by `zygo up -f`); or unset ZYGO_API_TOKEN to keep the supervisor as it is"
+    ))
+}
+
 pub fn up(raw: Vec<OsString>) -> i32 {
     let a = match parse("up", raw, &["f", "file"], &[]) {
         Ok(Some(a)) => a,
@@ -309,11 +344,16 @@ pub fn up(raw: Vec<OsString>) -> i32 {
     };
     match Client::connect() {
         Ok(_) => {
+            // What this `zygo up` was asked to bring that a running supervisor cannot take
+            // on: said, with how to restart it, and nothing is changed.
+            if let Some(why) = token_not_taken(file.as_deref()) {
+                return refused(a.json, "conflict", &why);
+            }
             if !a.json {
                 say!("a supervisor is already running");
             }
         }
-        Err(ConnectError::NotRunning) => match start_supervisor() {
+        Err(ConnectError::NotRunning(_)) => match start_supervisor() {
             Ok(log) => {
                 if !a.json {
                     say!("supervisor started; its log is {}", log.display());
@@ -476,7 +516,7 @@ fn read_event(arg: Option<&str>) -> Result<String, String> {
 }
 
 fn answer_json(a: &ExecAnswer) -> serde_json::Value {
-    let metrics = json!({"wall_ms": a.metrics.wall_ms, "cpu_ms": a.metrics.cpu_ms, "peak_rss_kb": a.metrics.peak_rss_kb});
+    let metrics = json!({"wall_ms": proto::front::ms(a.metrics.wall_us), "cpu_ms": proto::front::ms(a.metrics.cpu_us), "peak_rss_kb": a.metrics.peak_rss_kb});
     let result: serde_json::Value = a
         .result
         .as_deref()
@@ -501,6 +541,7 @@ fn answer_json(a: &ExecAnswer) -> serde_json::Value {
             _ => "handler",
         });
         v["traceback"] = json!(a.traceback);
+        v["exit_code"] = json!(a.exit_code);
         v["oom_killed"] = json!(a.oom_killed);
         v["started"] = json!(a.started);
     }
@@ -597,12 +638,10 @@ pub fn exec(raw: Vec<OsString>) -> i32 {
             };
             say!("{}", json_text(&json!({"event": k, "data": d})));
         } else {
+            // The handler's output, both streams, goes to stderr: stdout carries only the
+            // result, so that `zygo exec … | jq` reads the value alone.
             match ev {
-                ExecEvent::Stdout(d) => {
-                    say_raw!("{}", clean(d));
-                    let _ = std::io::stdout().flush();
-                }
-                ExecEvent::Stderr(d) => eprint!("{}", clean(d)),
+                ExecEvent::Stdout(d) | ExecEvent::Stderr(d) => eprint!("{}", clean(d)),
                 ExecEvent::Progress(d) => eprintln!("progress: {}", clean(d)),
             }
         }
@@ -656,13 +695,14 @@ pub fn exec(raw: Vec<OsString>) -> i32 {
         }
         say!("{}", json_text(&v));
     } else {
+        // The handler's output on stderr (its stdout first), the result alone on stdout.
         if !stream {
-            say_raw!("{}", clean(&ans.stdout));
+            eprint!("{}", clean(&ans.stdout));
             eprint!("{}", clean(&ans.stderr));
         }
         if ans.stream_truncated {
             let rest = |text: &str, shown: usize| text.get(shown..).unwrap_or("").to_string();
-            say_raw!("{}", clean(&rest(&ans.stdout, shown_out)));
+            eprint!("{}", clean(&rest(&ans.stdout, shown_out)));
             eprint!("{}", clean(&rest(&ans.stderr, shown_err)));
             eprintln!(
                 "zygo: the output was read too slowly to be streamed whole; what was kept of it (the first MiB of each stream) was shown in full, its end after the stream was cut"
@@ -820,6 +860,9 @@ pub fn ls(raw: Vec<OsString>) -> i32 {
     0
 }
 
+/// How many finished requests of a function the supervisor keeps (and answers at most).
+const LOGS_KEPT: u32 = 1000;
+
 pub fn logs(raw: Vec<OsString>) -> i32 {
     let a = match parse("logs", raw, &["n"], &["f", "follow"]) {
         Ok(Some(a)) => a,
@@ -838,6 +881,7 @@ pub fn logs(raw: Vec<OsString>) -> i32 {
         _ => return usage_refusal(a.json, "logs", "-n takes a positive number"),
     };
     let follow = a.has("f") || a.has("follow");
+    // What was there before is seen, shown or not: following prints only what comes.
     let mut seen: std::collections::HashSet<String> = Default::default();
     let mut first = true;
     loop {
@@ -845,29 +889,36 @@ pub fn logs(raw: Vec<OsString>) -> i32 {
             a.json,
             &Request::Logs {
                 name: name.clone(),
-                n: if first { n } else { 1000 },
+                // Following asks for all the supervisor keeps each time, so that every
+                // request it holds is known (the first time) and none new is missed.
+                n: if follow { LOGS_KEPT } else { n },
             },
         ) {
             Ok(Reply::Logs(e)) => e,
             Ok(_) => return refused(a.json, "internal", "unexpected reply"),
             Err(c) => return c,
         };
+        let shown_from = if first {
+            entries.len().saturating_sub(n as usize)
+        } else {
+            0
+        };
         first = false;
-        for e in entries {
-            if !seen.insert(e.request_id.clone()) {
+        for (i, e) in entries.into_iter().enumerate() {
+            if !seen.insert(e.request_id.clone()) || i < shown_from {
                 continue;
             }
             if a.json {
                 let v = json!({"request_id": e.request_id, "finished_ms": e.finished_ms,
-                    "outcome": e.outcome.as_str(), "wall_ms": e.wall_ms, "error": e.error,
+                    "outcome": e.outcome.as_str(), "wall_ms": proto::front::ms(e.wall_us), "error": e.error,
                     "stdout": e.stdout, "stderr": e.stderr});
                 say!("{}", json_text(&v));
             } else {
                 say!(
-                    "{} {:<9} {:>6} ms  {}",
+                    "{} {:<9} {:>9.3} ms  {}",
                     clean(&e.request_id),
                     e.outcome.as_str(),
-                    e.wall_ms,
+                    proto::front::ms(e.wall_us),
                     clean(e.error.as_deref().unwrap_or(""))
                 );
                 for line in e.stdout.lines() {
@@ -1022,12 +1073,30 @@ pub fn drain(raw: Vec<OsString>) -> i32 {
         },
         None => Duration::from_secs(30),
     };
-    match call(
-        a.json,
+    let mut c = match connect(a.json) {
+        Ok(c) => c,
+        Err(code) => return code,
+    };
+    let reply = match c.call(
         &Request::Drain {
             grace_ms: grace.as_millis() as u64,
         },
+        |_| {},
     ) {
+        Ok(Reply::Error {
+            code,
+            message,
+            retry_after,
+        }) => Err(refused_retry(a.json, code.as_str(), &message, retry_after)),
+        Ok(r) => Ok(r),
+        Err(e) => Err(refused(a.json, "internal", &e)),
+    };
+    // The answer comes just before the supervisor exits: wait until it has, so that a
+    // `zygo up` right after starts a new one rather than finding this one still there.
+    if matches!(reply, Ok(Reply::Drained { .. })) && !c.wait_closed(Duration::from_secs(20)) {
+        eprintln!("zygo: warning: the supervisor answered the drain but had not exited 20s later");
+    }
+    match reply {
         Ok(Reply::Drained { finished, cut_off }) => {
             if a.json {
                 say!(

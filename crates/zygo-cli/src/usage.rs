@@ -139,6 +139,12 @@ Usage: zygo up [-f sandbox.toml] [--json]
 Without -f, ./sandbox.toml is served if it exists. The supervisor runs detached and logs
 to supervisor.log in the state directory. Waits until each function has a ready zygote or
 has failed (an import error is printed).
+
+The supervisor reads ZYGO_API_TOKEN and ZYGO_SECRETS_KEY only when it starts. Against one
+already running, zygo up serves what the file adds, and exits 1 saying what it cannot
+change: a ZYGO_API_TOKEN the supervisor was not started with (then nothing is changed), or
+a function served already whose table now differs (it is left as it is; zygo stop NAME,
+then zygo up again). `zygo drain` stops the supervisor, to start it again.
 ";
 
 pub const SERVE: &str = "\
@@ -167,6 +173,8 @@ Usage: zygo exec NAME [EVENT|-|FILE] [--stream] [--timeout DUR] [--key K] [--jso
        zygo exec POOL [EVENT|-|FILE] (--script FILE | --digest SHA256) [...]
 
 EVENT is JSON text; `-` reads it from stdin; otherwise a file holding it. Default: {}.
+Prints the handler's value on stdout, alone (`zygo exec f | jq` reads it), and what the
+handler wrote (its stdout, then its stderr), its progress and any error on stderr.
   --stream       print the handler's output and progress as they happen
   --timeout DUR  narrow the function's timeout for this call (never widens it)
   --key K        a name for this call, for `zygo cancel K`
@@ -178,7 +186,7 @@ EVENT is JSON text; `-` reads it from stdin; otherwise a file holding it. Defaul
   --out F        write the request's directory, as the handler left it, to F as a tar
                  (at most 8 MiB; links, fifos and sockets are left out)
   --json         print {result, request_id, stdout, stderr, metrics} (and, on failure,
-                 error, code, traceback, oom_killed; with --out, workspace_out: {file,
+                 error, code, traceback, exit_code, oom_killed; with --out, workspace_out: {file,
                  bytes, truncated} or null); with --stream, one line per event before it.
                  A refusal is {code, error}
 Human output shows control characters in the handler's text as escapes (\\x1b, \\r, ...;
@@ -239,6 +247,9 @@ pub const LOGS: &str = "\
 zygo logs — the last finished requests of a function
 
 Usage: zygo logs NAME [-n N] [-f] [--json]
+
+Prints the last N finished requests (default 20), oldest first; with -f it then prints
+each request as it finishes, until interrupted.
 
 Human output shows control characters in the requests' output and errors as escapes
 (\\x1b, \\r, ...; see `zygo --help`); --json prints one object per request, exact text.
@@ -318,11 +329,16 @@ zygo mcp — an MCP server on stdin/stdout for agent hosts (Claude Code, Codex, 
 
 Usage: zygo mcp [LIMITS] [--image IMG] [--workspace DIR] [--net MODE] [--allow HOST:PORT]... [-f sandbox.toml]
 
-Speaks JSON-RPC 2.0, one message per line: MCP revisions 2025-06-18 (preferred),
-2025-03-26, 2024-11-05 and 2025-11-25 through initialize, and the stateless 2026-07-28.
-Tools: run_code (python, javascript or sh in a fresh one-shot sandbox), list_functions,
-call_function and function_logs (warm functions of a supervisor already running; none is
-started). Standard output carries only the protocol; everything else goes to stderr.
+Speaks JSON-RPC 2.0, one message per line: MCP revisions 2025-06-18 (preferred; the
+answer to an initialize asking for any other), 2025-03-26, 2024-11-05 and 2025-11-25
+through initialize, and the stateless 2026-07-28. Tools: run_code (python, javascript or
+sh in a fresh one-shot sandbox), list_functions, call_function (a runtime pool with its
+script as code) and function_logs: warm functions of a supervisor already running, none
+is started, found where zygo looks for one ($ZYGO_RUNTIME_DIR, else $XDG_RUNTIME_DIR/zygo;
+with neither set, as under an MCP host that passes little of the environment, also
+/run/user/UID/zygo). Standard output carries only the protocol; everything else goes to
+stderr. A run_code's usage record goes to the supervisor's usage log, or with none
+running to usage.log in the state directory (made if missing).
 
 The flags are the ceiling the model works under; no tool argument can change them.
 

@@ -140,6 +140,23 @@ async function run(line) {
     process.exit(2);
   }
   const beat = setInterval(() => send({ kind: "heartbeat" }), 1000);
+  // process.exit() while the handler runs: its answer, written before the process goes
+  // (synchronously: nothing queued is written once 'exit' is emitted). 0 is a return of
+  // nothing, as Python's sys.exit(0); any other code an error that carries it.
+  process.on("exit", (code) => {
+    if (closed) return;
+    closed = true;
+    // The status the process exits with, as the system has it.
+    const status = Number(code) & 0xff;
+    const line = status === 0
+      ? { kind: "result", value: null }
+      : { kind: "error", message: `the handler called process.exit(${status})`, traceback: "", exit_code: status };
+    try {
+      fs.writeSync(3, JSON.stringify(line) + "\n");
+    } catch {
+      // The channel is gone: the launcher sees the child end without an answer.
+    }
+  });
   let terminal;
   try {
     // The request's own directory, made by the launcher (and the workspace, if the call
@@ -148,12 +165,23 @@ async function run(line) {
     process.env.ZYGO_WORKSPACE = `/work/${workdir}`;
     if (pool) handler = await load(request.script, "");
     if (importError) throw importError;
-    let event = request.event;
-    if (event !== null && typeof event === "object" && !Array.isArray(event)) {
-      Object.defineProperty(event, "progress", {
-        enumerable: false,
-        value: (text) => send({ kind: "progress", text: head(String(text), MAX_PROGRESS) }),
-      });
+    const event = request.event;
+    // event.progress(text), whatever the event's JSON type. An object or an array gets
+    // it as a property of its own that JSON.stringify does not see (unless the event has
+    // a "progress" key, which stays the caller's); a string, a number or a boolean finds it
+    // on its type's prototype (this process serves this one request and then exits). null
+    // has no properties in JavaScript: that event comes as it is.
+    const progress = {
+      enumerable: false,
+      configurable: true,
+      writable: true,
+      value: (text) => send({ kind: "progress", text: head(String(text), MAX_PROGRESS) }),
+    };
+    if (event !== null && typeof event === "object") {
+      if (!Object.hasOwn(event, "progress")) Object.defineProperty(event, "progress", progress);
+    } else if (typeof event === "string" || typeof event === "number" || typeof event === "boolean") {
+      const proto = Object.getPrototypeOf(event);
+      if (!Object.hasOwn(proto, "progress")) Object.defineProperty(proto, "progress", progress);
     }
     const value = await handler(event);
     let text;

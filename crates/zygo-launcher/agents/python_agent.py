@@ -692,12 +692,46 @@ class Channel:
 _channel = None
 
 
-class Event(dict):
-    """The request's event, when it is a JSON object."""
+class _Progress:
+    """`event.progress(text)`, whatever the event's JSON type: mixed into a subclass of the
+    type the event was parsed as, which behaves as that type in every other way (equality,
+    isinstance, JSON). null, true and false are None, True and False, which Python gives
+    no subclass and no attribute: those events come as they are."""
+
+    __slots__ = ()
 
     def progress(self, text):
         """Tell the caller how the request is going."""
         _channel.send({"kind": "progress", "text": str(text)[:MAX_PROGRESS]})
+
+
+class Event(_Progress, dict):
+    """The request's event, when it is a JSON object."""
+
+
+class EventList(_Progress, list):
+    """The request's event, when it is a JSON array."""
+
+
+class EventStr(_Progress, str):
+    """The request's event, when it is a JSON string."""
+
+
+class EventInt(_Progress, int):
+    """The request's event, when it is a JSON integer."""
+
+
+class EventFloat(_Progress, float):
+    """The request's event, when it is a JSON number with a fraction or an exponent."""
+
+
+EVENT_TYPES = {dict: Event, list: EventList, str: EventStr, int: EventInt, float: EventFloat}
+
+
+def as_event(value):
+    """The event as the handler gets it: with `progress`, where its type can carry one."""
+    cls = EVENT_TYPES.get(type(value))
+    return value if cls is None else cls(value)
 
 
 class Prepared:
@@ -742,7 +776,7 @@ def run(p, request, func):
     # A heartbeat every second while the handler runs, from a timer: a process that is
     # stopped, or stuck where Python cannot run, stops sending them.
     _signal.setitimer(_signal.ITIMER_REAL, 1.0, 1.0)
-    event = Event(request["event"]) if type(request["event"]) is dict else request["event"]
+    event = as_event(request["event"])
     try:
         if isinstance(func, (Pool, ExecPool)) != ("script" in request):
             raise RuntimeError("a pool's request names a script; a function's does not")
@@ -757,7 +791,10 @@ def run(p, request, func):
     except ScriptError as e:
         terminal = error(e.message, e.tb)
     except SystemExit as e:
-        terminal = result(None) if e.code in (None, 0) else error(describe(e), format_tb(e))
+        # sys.exit(n): the status the process would have exited with (a message: 1).
+        code = e.code & 0xFF if isinstance(e.code, int) else 1
+        terminal = (result(None) if e.code in (None, 0)
+                    else error(describe(e), format_tb(e), exit_code=code))
     except BaseException as e:
         terminal = error(describe(e), format_tb(e))
     # What the handler wrote is in the pipes, ahead of the terminal line.
@@ -790,7 +827,8 @@ def exec_script(pool, script, event):
         return result({"exit_code": 0})
     how = (f"was killed by signal {-done.returncode}" if done.returncode < 0
            else f"exited with status {done.returncode}")
-    return error(f"{pool.argv[0]} {how}", "")
+    code = 128 - done.returncode if done.returncode < 0 else done.returncode
+    return error(f"{pool.argv[0]} {how}", "", exit_code=code)
 
 
 def result(value):
@@ -804,8 +842,12 @@ def result(value):
     return data
 
 
-def error(message, tb):
-    return encode({"kind": "error", "message": message, "traceback": tb})
+def error(message, tb, exit_code=None):
+    """The terminal line for an error; `exit_code` when the handler's process exited."""
+    line = {"kind": "error", "message": message, "traceback": tb}
+    if exit_code is not None:
+        line["exit_code"] = exit_code
+    return encode(line)
 
 
 NODE, NODE_AGENT = "/usr/bin/node", "/run/zygo/node_agent.mjs"

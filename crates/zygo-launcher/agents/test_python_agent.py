@@ -42,7 +42,7 @@ WRAP = textwrap.dedent("""
 """)
 
 HANDLER = textwrap.dedent("""
-    import os, random, subprocess, sys, time
+    import json, os, random, subprocess, sys, time
 
     # What a program started at import time can see: fd 3 and fd 4 must not be there.
     LIST_FDS = ["/usr/bin/python3", "-c", "import os; print(sorted(os.listdir('/proc/self/fd')))"]
@@ -51,7 +51,10 @@ HANDLER = textwrap.dedent("""
     def handler(event):
         case = event["case"] if isinstance(event, dict) else "echo"
         if case == "echo":
-            return {"event": event, "type": type(event).__name__, "isdict": isinstance(event, dict)}
+            if not isinstance(event, dict) and hasattr(event, "progress"):
+                event.progress(type(event).__mro__[-2].__name__)
+            return {"event": event, "type": type(event).__name__, "isdict": isinstance(event, dict),
+                    "same": event == json.loads(json.dumps(event))}
         if case == "output":
             print("hello")
             os.system("echo hi")
@@ -251,7 +254,7 @@ class Agent:
 AGENT_SAYS = {"ready": {"pid": int}, "import_error": {"message": str, "traceback": str},
               "heartbeat": {}, "park_failed": {"slot": str, "message": str}}
 CHILD_SAYS = {"progress": {"text": str}, "heartbeat": {}, "result": {"value": object},
-              "error": {"message": str, "traceback": str}}
+              "error": {"message": str, "traceback": str, "exit_code": int}}
 
 def mounted(workdir):
     return b'{"kind":"mounted","workdir":"' + workdir.encode() + b'"}\n'
@@ -301,11 +304,18 @@ class Relay:
                 return
 
 
+# Fields a line may leave out.
+CHILD_MAY_OMIT = {"error": {"exit_code"}}
+
+
 def parse(raw, schema):
     """One line as strictly as the launcher parses it."""
     assert len(raw) < 20 << 20, "a line over 20 MiB"
     msg = json.loads(raw.decode("utf-8"), parse_constant=lambda c: 1 / 0)
-    fields = schema[msg["kind"]]
+    fields = dict(schema[msg["kind"]])
+    for name in CHILD_MAY_OMIT.get(msg["kind"], ()) if schema is CHILD_SAYS else ():
+        if name not in msg:
+            del fields[name]
     assert set(msg) == {"kind", *fields}, msg
     for name, kind in fields.items():
         assert isinstance(msg[name], kind), msg
@@ -467,10 +477,19 @@ class Requests(unittest.TestCase):
     def test_result(self):
         lines = self.call({"case": "echo", "x": [1, "é"]})
         self.assertEqual(lines, [{"kind": "result", "value": {
-            "event": {"case": "echo", "x": [1, "é"]}, "type": "Event", "isdict": True}}])
-        for event, name in (([1, 2], "list"), ("s", "str"), (None, "NoneType"), (1.5, "float")):
+            "event": {"case": "echo", "x": [1, "é"]}, "type": "Event", "isdict": True, "same": True}}])
+        # Every event that Python can give a method to has event.progress, and is still
+        # the value sent (equal to it, the same JSON back); None, True and False come as
+        # they are.
+        for event, name, progress in (
+                ([1, 2], "EventList", "list"), ("s", "EventStr", "str"), (7, "EventInt", "int"),
+                (1.5, "EventFloat", "float"), ([], "EventList", "list"), ("", "EventStr", "str"),
+                (None, "NoneType", None), (True, "bool", None), (False, "bool", None)):
             lines = self.call(event)
-            self.assertEqual(lines[-1]["value"], {"event": event, "type": name, "isdict": False})
+            self.assertEqual(lines[-1]["value"],
+                             {"event": event, "type": name, "isdict": False, "same": True}, event)
+            said = [m["text"] for m in lines if m["kind"] == "progress"]
+            self.assertEqual(said, [progress] if progress else [], event)
 
     def test_output(self):
         lines = self.call({"case": "output"})
@@ -507,10 +526,18 @@ class Requests(unittest.TestCase):
         self.assertEqual(lines, [{"kind": "result", "value": None}])
         lines = self.call({"case": "exit", "code": None})
         self.assertEqual(lines, [{"kind": "result", "value": None}])
+        # Exited: the code the process would have exited with, on the error line.
         lines = self.call({"case": "exit", "code": 3})
         self.assertEqual(lines[-1]["message"], "SystemExit: 3")
+        self.assertEqual(lines[-1]["exit_code"], 3)
+        lines = self.call({"case": "exit", "code": "a message"})
+        self.assertEqual(lines[-1]["exit_code"], 1)
+        lines = self.call({"case": "exit", "code": -1})
+        self.assertEqual(lines[-1]["exit_code"], 255)
         lines = self.call({"case": "interrupt"})
         self.assertEqual(lines[-1]["message"], "KeyboardInterrupt")
+        # Raised, not exited: no exit_code.
+        self.assertNotIn("exit_code", self.call({"case": "raise"})[-1])
 
     def test_not_serialisable(self):
         lines = self.call({"case": "set"})

@@ -27,7 +27,8 @@
 //!   `"\u0061"` are one key), refused;
 //! - a `kind` that is a string naming one of the four kinds, each with exactly its fields
 //!   (`progress`: `text`, a string; `heartbeat`: none; `result`: `value`, any JSON;
-//!   `error`: `message` and `traceback`, strings), in any order.
+//!   `error`: `message` and `traceback`, strings, and optionally `exit_code`, an integer
+//!   that fits an `i32`, or null), in any order.
 //!
 //! The two shapes serde also took, and the protocol never had, are refused: a line that is
 //! an array (`["error","m","t"]`, the kind first, then the fields in order), and a
@@ -60,10 +61,13 @@ pub(crate) enum ChildMsg {
     Result {
         value: String,
     },
-    /// Cut to [`MAX_MESSAGE`] and [`MAX_TRACEBACK`].
+    /// Cut to [`MAX_MESSAGE`] and [`MAX_TRACEBACK`]. `exit_code`: the code the handler's
+    /// process exited with, when it ended by exiting (`sys.exit(3)`, `process.exit(3)`, a
+    /// warm-exec command's status).
     Error {
         message: String,
         traceback: String,
+        exit_code: Option<i32>,
     },
 }
 
@@ -81,9 +85,10 @@ struct Fields {
     value: Option<Span>,
     message: Option<Span>,
     traceback: Option<Span>,
+    exit_code: Option<Span>,
 }
 
-const FIELD_NAMES: [&str; 5] = ["kind", "text", "value", "message", "traceback"];
+const FIELD_NAMES: [&str; 6] = ["kind", "text", "value", "message", "traceback", "exit_code"];
 
 impl Fields {
     fn slot(&mut self, name: &str) -> &mut Option<Span> {
@@ -92,7 +97,8 @@ impl Fields {
             "text" => &mut self.text,
             "value" => &mut self.value,
             "message" => &mut self.message,
-            _ => &mut self.traceback,
+            "traceback" => &mut self.traceback,
+            _ => &mut self.exit_code,
         }
     }
 }
@@ -112,14 +118,19 @@ fn read(mut line: Vec<u8>) -> Result<ChildMsg, Bad> {
         return bad("`kind` is not a string", kind.start);
     }
     let kind_is = |name: &str| KeyBytes::new(&line, kind.start + 1).eq(name.bytes());
-    let (name, wanted): (&str, &[&str]) = if kind_is("progress") {
-        ("progress", &["text"])
+    // Each kind's fields, and those of them it may leave out.
+    let (name, wanted, optional): (&str, &[&str], &[&str]) = if kind_is("progress") {
+        ("progress", &["text"], &[])
     } else if kind_is("heartbeat") {
-        ("heartbeat", &[])
+        ("heartbeat", &[], &[])
     } else if kind_is("result") {
-        ("result", &["value"])
+        ("result", &["value"], &[])
     } else if kind_is("error") {
-        ("error", &["message", "traceback"])
+        (
+            "error",
+            &["message", "traceback", "exit_code"],
+            &["exit_code"],
+        )
     } else {
         return bad(
             format!(
@@ -146,7 +157,7 @@ fn read(mut line: Vec<u8>) -> Result<ChildMsg, Bad> {
                 at,
             );
         }
-        if !present && wanted.contains(field) {
+        if !present && wanted.contains(field) && !optional.contains(field) {
             return bad(format!("missing field `{field}`"), end);
         }
     }
@@ -158,9 +169,11 @@ fn read(mut line: Vec<u8>) -> Result<ChildMsg, Bad> {
         "error" => {
             let message = string_field(&line, fields.message, "message")?;
             let traceback = string_field(&line, fields.traceback, "traceback")?;
+            let exit_code = i32_field(&line, fields.exit_code, "exit_code")?;
             Ok(ChildMsg::Error {
                 message: cut_message(message),
                 traceback: cut_traceback(traceback),
+                exit_code,
             })
         }
         _ => {
@@ -173,6 +186,26 @@ fn read(mut line: Vec<u8>) -> Result<ChildMsg, Bad> {
                 Err(e) => bad("a value that is not UTF-8", e.utf8_error().valid_up_to()),
             }
         }
+    }
+}
+
+/// An optional field that is an integer an `i32` holds, or null (as serde reads an
+/// `Option<i32>`: no fraction, no exponent).
+fn i32_field(line: &[u8], span: Option<Span>, name: &str) -> Result<Option<i32>, Bad> {
+    let Some(s) = span else {
+        return Ok(None);
+    };
+    let text = &line[s.start..s.end];
+    if text == b"null" {
+        return Ok(None);
+    }
+    // serde_json reads `-0` as a float, which an i32 does not take.
+    match std::str::from_utf8(text).ok().map(str::parse::<i32>) {
+        Some(Ok(n)) if text != b"-0" => Ok(Some(n)),
+        _ => bad(
+            format!("`{name}` is not an integer from -2147483648 to 2147483647"),
+            s.start,
+        ),
     }
 }
 
@@ -339,10 +372,19 @@ mod tests {
     #[derive(Debug, Deserialize)]
     #[serde(tag = "kind", rename_all = "snake_case", deny_unknown_fields)]
     enum Tree {
-        Progress { text: String },
+        Progress {
+            text: String,
+        },
         Heartbeat,
-        Result { value: Value },
-        Error { message: String, traceback: String },
+        Result {
+            value: Value,
+        },
+        Error {
+            message: String,
+            traceback: String,
+            #[serde(default)]
+            exit_code: Option<i32>,
+        },
     }
 
     fn ok(line: &str) -> ChildMsg {
@@ -392,12 +434,18 @@ mod tests {
                 Ok(Tree::Error {
                     message: m1,
                     traceback: t1,
+                    exit_code: e1,
                 }),
                 Ok(ChildMsg::Error {
                     message: m2,
                     traceback: t2,
+                    exit_code: e2,
                 }),
-            ) => assert_eq!((cut_message(m1), cut_traceback(t1)), (m2, t2), "{shown}"),
+            ) => assert_eq!(
+                (cut_message(m1), cut_traceback(t1), e1),
+                (m2, t2, e2),
+                "{shown}"
+            ),
             (Ok(o), Ok(n)) => panic!("{shown}: taken as {n:?}, was {o:?}"),
         }
     }
@@ -444,6 +492,11 @@ mod tests {
         r#"{"kind":"result","value":"\u0000\u001f\u007f\ud800\udc00"}"#,
         r#"{"kind":"error","message":"ValueError: x","traceback":"Traceback ...\n"}"#,
         r#"{"traceback":"","message":"","kind":"error"}"#,
+        r#"{"kind":"error","message":"SystemExit: 3","traceback":"","exit_code":3}"#,
+        r#"{"exit_code":-1,"kind":"error","message":"m","traceback":"t"}"#,
+        r#"{"kind":"error","message":"m","traceback":"t","exit_code":null}"#,
+        r#"{"kind":"error","message":"m","traceback":"t","exit_code":2147483647}"#,
+        r#"{"kind":"error","message":"m","traceback":"t","exit_code":-2147483648}"#,
         r#"{"k\u0069nd":"\u0068eartbeat"}"#,
         r#"{"kind":"progress","t\u0065xt":"a"}"#,
         // Refused.
@@ -509,6 +562,16 @@ mod tests {
         r#"{"kind":"error","message":"m"}"#,
         r#"{"kind":"error","message":"m","traceback":"t","traceback":"u"}"#,
         r#"{"kind":"error","message":"m","traceback":1}"#,
+        r#"{"kind":"error","message":"m","traceback":"t","exit_code":2147483648}"#,
+        r#"{"kind":"error","message":"m","traceback":"t","exit_code":3.0}"#,
+        r#"{"kind":"error","message":"m","traceback":"t","exit_code":-0}"#,
+        r#"{"kind":"error","message":"m","traceback":"t","exit_code":1e1}"#,
+        r#"{"kind":"error","message":"m","traceback":"t","exit_code":"3"}"#,
+        r#"{"kind":"error","message":"m","traceback":"t","exit_code":true}"#,
+        r#"{"kind":"error","message":"m","traceback":"t","exit_code":[3]}"#,
+        r#"{"kind":"error","message":"m","traceback":"t","exit_code":3,"exit_code":4}"#,
+        r#"{"kind":"result","value":1,"exit_code":3}"#,
+        r#"{"kind":"progress","text":"x","exit_code":3}"#,
         r#"{"kind":"progress""text":"x"}"#,
         r#"{"kind":"progress","text":"x""#,
         r#"{"kind""#,
@@ -750,6 +813,7 @@ mod tests {
         let ChildMsg::Error {
             message: m,
             traceback: t,
+            ..
         } = ok(&line.to_string())
         else {
             panic!("not an error");
@@ -773,7 +837,16 @@ mod tests {
             ok(r#"{"kind":"error","message":"m","traceback":"t"}"#),
             ChildMsg::Error {
                 message: "m".into(),
-                traceback: "t".into()
+                traceback: "t".into(),
+                exit_code: None,
+            }
+        );
+        assert_eq!(
+            ok(r#"{"kind":"error","message":"m","traceback":"t","exit_code":3}"#),
+            ChildMsg::Error {
+                message: "m".into(),
+                traceback: "t".into(),
+                exit_code: Some(3),
             }
         );
     }

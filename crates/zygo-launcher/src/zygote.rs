@@ -1264,12 +1264,17 @@ pub fn serve(
                             value: value.to_string(),
                         }
                     }
-                    ChildMsg::Error { message, traceback } => {
+                    ChildMsg::Error {
+                        message,
+                        traceback,
+                        exit_code,
+                    } => {
                         c.done = true;
                         FromLauncher::Raised {
                             slot: s,
                             message,
                             traceback,
+                            exit_code,
                         }
                     }
                 };

@@ -3,8 +3,10 @@
 //! Two eras:
 //! - **handshake** (2024-11-05, 2025-03-26, 2025-06-18, 2025-11-25): the client opens with
 //!   `initialize`; the revision it names is answered as is when this server speaks it, else
-//!   with the preferred one (2025-06-18), never with one newer than the client asked for;
-//!   every later request without a revision of its own is served under that answer.
+//!   with the preferred one (2025-06-18), whatever was asked (older, newer, between two of
+//!   ours, or not a date): the MCP spec's rule, under which the client, not the server,
+//!   decides whether it can speak the answer; every later request without a revision of
+//!   its own is served under that answer.
 //! - **stateless** (2026-07-28): no handshake; every request names its revision and the
 //!   client's capabilities in `params._meta`, and `server/discover` describes the server.
 //!
@@ -94,36 +96,18 @@ impl fmt::Display for Rev {
     }
 }
 
-/// `YYYY-MM-DD`, the shape every revision so far has had (compared as text).
-fn is_date(s: &str) -> bool {
-    let b = s.as_bytes();
-    b.len() == 10
-        && b.iter().enumerate().all(|(i, c)| match i {
-            4 | 7 => *c == b'-',
-            _ => c.is_ascii_digit(),
-        })
-}
-
-/// The revision to answer an `initialize` that asked for `requested`, or None when every
-/// revision this server speaks is newer than the one asked for.
-///
-/// - a handshake revision this server speaks: that one;
-/// - a later one (or one not shaped like a date): the preferred 2025-06-18, which is older
-///   than what was asked;
-/// - one between two of ours: the newest of ours that is not newer than it;
-/// - one older than all of ours: none (the caller refuses with the list).
-pub fn negotiate(requested: &str) -> Option<Rev> {
-    if let Some(r) = HANDSHAKE.iter().copied().find(|r| r.as_str() == requested) {
-        return Some(r);
-    }
-    if !is_date(requested) || requested > PREFERRED.as_str() {
-        return Some(PREFERRED);
-    }
+/// The revision to answer an `initialize` that asked for `requested`: that one when this
+/// server speaks it through a handshake, else the preferred one. The MCP spec: "If the
+/// server supports the requested protocol version, it MUST respond with the same version.
+/// Otherwise, the server MUST respond with another protocol version it supports. This
+/// SHOULD be the latest version supported by the server" — here the preferred, which every
+/// client SDK of its time speaks; a client that cannot speak it disconnects.
+pub fn negotiate(requested: &str) -> Rev {
     HANDSHAKE
         .iter()
-        .rev()
         .copied()
-        .find(|r| r.as_str() <= requested)
+        .find(|r| r.as_str() == requested)
+        .unwrap_or(PREFERRED)
 }
 
 #[cfg(test)]
@@ -133,26 +117,22 @@ mod tests {
     #[test]
     fn negotiation() {
         for r in HANDSHAKE {
-            assert_eq!(negotiate(r.as_str()), Some(r));
+            assert_eq!(negotiate(r.as_str()), r);
         }
-        // Newer than ours, or the stateless revision through a handshake: the preferred one.
-        assert_eq!(negotiate("2026-07-28"), Some(Rev::V2025_06_18));
-        assert_eq!(negotiate("2099-01-01"), Some(Rev::V2025_06_18));
-        assert_eq!(negotiate("draft"), Some(Rev::V2025_06_18));
-        // Between two of ours: never answer newer than asked.
-        assert_eq!(negotiate("2025-05-01"), Some(Rev::V2025_03_26));
-        assert_eq!(negotiate("2025-01-01"), Some(Rev::V2024_11_05));
-        // Older than all of ours.
-        assert_eq!(negotiate("2024-10-07"), None);
+        // Anything else, older, newer, between two of ours, the stateless revision through
+        // a handshake, or not a date at all: the preferred one.
         for asked in [
-            "2024-11-05",
+            "2026-07-28",
+            "2099-01-01",
+            "draft",
+            "",
             "2025-05-01",
             "2025-09-09",
-            "2026-07-28",
-            "2030-01-01",
+            "2025-01-01",
+            "2024-10-07",
+            "1999-01-01",
         ] {
-            let got = negotiate(asked).map(Rev::as_str).unwrap_or("");
-            assert!(got <= asked, "answered {got} to {asked}");
+            assert_eq!(negotiate(asked), PREFERRED, "asked {asked:?}");
         }
     }
 

@@ -39,7 +39,7 @@ use crate::jsonrpc::{
     INVALID_REQUEST, MAX_LINE, METHOD_NOT_FOUND, PARSE_ERROR, UNSUPPORTED_PROTOCOL_VERSION,
 };
 use crate::link::{lock, Link, LinkError};
-use crate::revision::{self, Rev, HANDSHAKE, PREFERRED, STATELESS};
+use crate::revision::{self, Rev, PREFERRED, STATELESS};
 use crate::tools::{self, parse_arguments, render, Call, Tool};
 
 const META_PROTOCOL_VERSION: &str = "io.modelcontextprotocol/protocolVersion";
@@ -711,17 +711,7 @@ impl Server {
                 }
             }
         }
-        let Some(rev) = revision::negotiate(requested) else {
-            return Err((
-                INVALID_PARAMS,
-                format!(
-                    "Unsupported protocol version {}: the oldest revision this server speaks \
-                     is 2024-11-05",
-                    excerpt(requested)
-                ),
-                Some(json!({"supported": versions(&HANDSHAKE), "requested": requested})),
-            ));
-        };
+        let rev = revision::negotiate(requested);
         let client = p
             .get("clientInfo")
             .and_then(|c| c.get("name"))

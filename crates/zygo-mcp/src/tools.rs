@@ -3,7 +3,7 @@
 //! reply becomes a tool result.
 //!
 //! The boundary is the type: a tool's arguments are parsed into [`Call`], whose variants
-//! carry only code, stdin, a function name, an event and a log count. There is nowhere to
+//! carry only code, stdin, a function name, an event, a pool's script and a log count. There is nowhere to
 //! put an image, a mount, a network mode, a limit or a path, and unknown argument names are
 //! refused, so a model that asks for more is told the ceiling is not its to change.
 
@@ -85,7 +85,11 @@ impl Tool {
             Tool::CallFunction => {
                 "Call a warm function served by the running Zygo supervisor with a JSON event \
                  object, and get the handler's return value (result), its stdout and stderr, \
-                 or the error and traceback when it failed. Use list_functions to see names."
+                 or the error and traceback when it failed. Use list_functions to see names. \
+                 A runtime pool (kind \"pool\" in list_functions) has no handler of its own: \
+                 give the script it runs as code, in the pool's language (a Python pool's \
+                 script defines handler(event); a Node pool's exports it as default; a pool \
+                 with a command runs it with the event on stdin)."
             }
             Tool::FunctionLogs => {
                 "The most recent finished requests of a warm function, newest last: outcome, \
@@ -126,7 +130,8 @@ impl Tool {
                 "type": "object",
                 "properties": {
                     "name": {"type": "string", "description": "the function's name, as list_functions shows it"},
-                    "event": {"type": "object", "description": "the JSON event handed to the handler"}
+                    "event": {"type": "object", "description": "the JSON event handed to the handler"},
+                    "code": {"type": "string", "description": "for a runtime pool only: the script the pool runs for this call"}
                 },
                 "required": ["name", "event"],
                 "additionalProperties": false
@@ -157,7 +162,7 @@ impl Tool {
                     "stdout_truncated": {"type": "boolean", "description": "stdout was longer than 1 MiB and was cut"},
                     "stderr": {"type": "string"},
                     "stderr_truncated": {"type": "boolean"},
-                    "wall_ms": {"type": "integer"},
+                    "wall_ms": {"type": "number", "description": "milliseconds, fractional"},
                     "error": {"type": ["string", "null"], "description": "why it failed, in words; null when the program ran and exited by itself"}
                 },
                 "required": ["exit_code", "timed_out", "oom_killed", "cancelled", "stdout",
@@ -208,7 +213,7 @@ impl Tool {
                     "stderr": {"type": "string"},
                     "stderr_truncated": {"type": "boolean"},
                     "request_id": {"type": ["string", "null"]},
-                    "wall_ms": {"type": "integer"}
+                    "wall_ms": {"type": "number", "description": "milliseconds, fractional"}
                 },
                 "required": ["name", "outcome", "result", "error", "traceback", "oom_killed",
                              "stdout", "stdout_truncated", "stderr", "stderr_truncated",
@@ -227,7 +232,7 @@ impl Tool {
                                 "request_id": {"type": "string"},
                                 "finished_ms": {"type": "integer", "description": "milliseconds since the Unix epoch"},
                                 "outcome": {"type": "string"},
-                                "wall_ms": {"type": "integer"},
+                                "wall_ms": {"type": "number", "description": "milliseconds, fractional"},
                                 "error": nullable_string,
                                 "stdout": {"type": "string"},
                                 "stderr": {"type": "string"}
@@ -297,6 +302,8 @@ pub enum Call {
     CallFunction {
         name: String,
         event: String,
+        /// A runtime pool's script for this call.
+        code: Option<String>,
     },
     FunctionLogs {
         name: String,
@@ -319,7 +326,12 @@ impl Call {
                 stdin,
             },
             Call::ListFunctions => McpRequest::ListFunctions { call },
-            Call::CallFunction { name, event } => McpRequest::CallFunction { call, name, event },
+            Call::CallFunction { name, event, code } => McpRequest::CallFunction {
+                call,
+                name,
+                event,
+                code,
+            },
             Call::FunctionLogs { name, limit } => McpRequest::FunctionLogs { call, name, limit },
         }
     }
@@ -329,7 +341,7 @@ fn fixed_by_operator(tool: Tool, key: &str) -> String {
     let takes = match tool {
         Tool::RunCode => "language, code and stdin",
         Tool::ListFunctions => "no arguments",
-        Tool::CallFunction => "name and event",
+        Tool::CallFunction => "name, event and (for a runtime pool) code",
         Tool::FunctionLogs => "name and limit",
     };
     format!(
@@ -362,7 +374,7 @@ pub fn parse_arguments(tool: Tool, args: &Map<String, Value>) -> Result<Call, St
     let known: &[&str] = match tool {
         Tool::RunCode => &["language", "code", "stdin"],
         Tool::ListFunctions => &[],
-        Tool::CallFunction => &["name", "event"],
+        Tool::CallFunction => &["name", "event", "code"],
         Tool::FunctionLogs => &["name", "limit"],
     };
     if let Some(k) = args.keys().find(|k| !known.contains(&k.as_str())) {
@@ -414,13 +426,14 @@ pub fn parse_arguments(tool: Tool, args: &Map<String, Value>) -> Result<Call, St
                     ))
                 }
             };
-            if event.len() > MAX_PAYLOAD {
+            let code = string_arg(tool, args, "code")?;
+            let size = event.len() + code.as_ref().map_or(0, String::len);
+            if size > MAX_PAYLOAD {
                 return Err(format!(
-                    "call_function: the event is {} bytes, over the 16 MiB a call may carry",
-                    event.len()
+                    "call_function: the event and code together are {size} bytes, over the 16 MiB a call may carry"
                 ));
             }
-            Ok(Call::CallFunction { name, event })
+            Ok(Call::CallFunction { name, event, code })
         }
         Tool::FunctionLogs => {
             let name = required(tool, string_arg(tool, args, "name")?, "name")?;
@@ -479,13 +492,13 @@ pub fn failure(tool: Tool, name: Option<&str>, message: &str) -> ToolResult {
         Tool::RunCode => json!({
             "exit_code": null, "timed_out": false, "oom_killed": false, "cancelled": false,
             "stdout": "", "stdout_truncated": false, "stderr": "", "stderr_truncated": false,
-            "wall_ms": 0, "error": message,
+            "wall_ms": 0.0, "error": message,
         }),
         Tool::ListFunctions => json!({"functions": [], "error": message}),
         Tool::CallFunction => json!({
             "name": name.unwrap_or(""), "outcome": "refused", "result": null, "error": message,
             "traceback": null, "oom_killed": false, "stdout": "", "stdout_truncated": false,
-            "stderr": "", "stderr_truncated": false, "request_id": null, "wall_ms": 0,
+            "stderr": "", "stderr_truncated": false, "request_id": null, "wall_ms": 0.0,
         }),
         Tool::FunctionLogs => json!({"name": name.unwrap_or(""), "entries": [], "error": message}),
     };
@@ -505,7 +518,7 @@ fn run_code_result(r: &RunCodeResult) -> ToolResult {
         "stdout_truncated": r.stdout_truncated,
         "stderr": r.stderr,
         "stderr_truncated": r.stderr_truncated,
-        "wall_ms": r.wall_ms,
+        "wall_ms": proto::front::ms(r.wall_us),
         "error": r.error,
     });
     ToolResult {
@@ -558,7 +571,7 @@ fn answer_result(name: &str, a: &ExecAnswer) -> ToolResult {
         "stderr": a.stderr,
         "stderr_truncated": a.stderr_truncated,
         "request_id": a.request_id,
-        "wall_ms": a.metrics.wall_ms,
+        "wall_ms": proto::front::ms(a.metrics.wall_us),
     });
     ToolResult {
         structured,
@@ -571,7 +584,7 @@ fn log_json(e: &LogEntry) -> Value {
         "request_id": e.request_id,
         "finished_ms": e.finished_ms,
         "outcome": e.outcome.as_str(),
-        "wall_ms": e.wall_ms,
+        "wall_ms": proto::front::ms(e.wall_us),
         "error": e.error,
         "stdout": e.stdout,
         "stderr": e.stderr,
@@ -798,9 +811,31 @@ mod tests {
             c,
             Call::CallFunction {
                 name: "f".into(),
-                event: r#"{"a":[1,2]}"#.into()
+                event: r#"{"a":[1,2]}"#.into(),
+                code: None,
             }
         );
+        // A runtime pool's script comes as `code`, a string.
+        let c = parse_arguments(
+            Tool::CallFunction,
+            &args(json!({"name": "py", "event": {}, "code": "def handler(e):\n    return 1\n"})),
+        )
+        .unwrap();
+        assert_eq!(
+            c.request(7),
+            McpRequest::CallFunction {
+                call: 7,
+                name: "py".into(),
+                event: "{}".into(),
+                code: Some("def handler(e):\n    return 1\n".into()),
+            }
+        );
+        assert!(parse_arguments(
+            Tool::CallFunction,
+            &args(json!({"name": "py", "event": {}, "code": 5}))
+        )
+        .unwrap_err()
+        .contains("code must be a string"));
         assert!(parse_arguments(
             Tool::CallFunction,
             &args(json!({"name": "f", "event": "x"}))

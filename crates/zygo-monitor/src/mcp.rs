@@ -540,7 +540,12 @@ fn handle(sh: &Shared, req: McpRequest, stopper: &Arc<Stopper>) -> McpReply {
             Ok(other) => tool_error(call, other),
             Err(message) => McpReply::ToolError { call, message },
         },
-        McpRequest::CallFunction { call, name, event } => {
+        McpRequest::CallFunction {
+            call,
+            name,
+            event,
+            code,
+        } => {
             if let Err(e) = policy::check_fn_name(&name, None) {
                 return McpReply::ToolError {
                     call,
@@ -553,7 +558,8 @@ fn handle(sh: &Shared, req: McpRequest, stopper: &Arc<Stopper>) -> McpReply {
                 key: None,
                 timeout_ms: None,
                 stream: false,
-                script: None,
+                // A pool's script, sent with the call (stored by digest, as every script).
+                script: code.map(|c| front::ScriptRef::Source(c.into_bytes())),
                 workspace: None,
                 workspace_blob: None,
                 out: false,
@@ -600,7 +606,15 @@ fn tool_error(call: u64, reply: Reply) -> McpReply {
 
 /// One request to the running supervisor on a connection of its own, as an `Mcp` front.
 fn supervisor(req: Request, stopper: &Stopper) -> Result<Reply, String> {
-    let mut sock = crate::client::connect().map_err(|e| e.to_string())?;
+    let mut sock = crate::client::connect().map_err(|e| match e {
+        // An MCP host may start this server with little of the user's environment: say
+        // where it looked, and how to point it at a supervisor elsewhere.
+        crate::client::ReachError::NotRunning { tried } => format!(
+            "{NO_SUPERVISOR} ({}; a supervisor started with ZYGO_RUNTIME_DIR set is found when the MCP host passes this server the same ZYGO_RUNTIME_DIR in its env settings)",
+            crate::client::ReachError::tried_text(&tried)
+        ),
+        e => e.to_string(),
+    })?;
     {
         let mut slot = lock(&stopper.sock);
         if stopper.cancelled() {
@@ -650,7 +664,7 @@ fn run_code(
         stdout_truncated: false,
         stderr: String::new(),
         stderr_truncated: false,
-        wall_ms: 0,
+        wall_us: 0,
         error: Some(why),
     };
     let (file, argv): (&str, &[&str]) = match language {
@@ -754,7 +768,7 @@ fn run_code(
         stdout_truncated: out.stdout_truncated,
         stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
         stderr_truncated: out.stderr_truncated,
-        wall_ms: out.wall_ms,
+        wall_us: out.wall_us,
         error,
     }
 }
@@ -777,8 +791,8 @@ fn record_usage(out: &oneshot::Outcome) {
         function: MCP_RUN_CODE.into(),
         script: None,
         request_id: format!("mcp-{}", random_hex(8).unwrap_or_else(|_| "unnamed".into())),
-        wall_ms: out.wall_ms,
-        cpu_ms: out.cpu_ms,
+        wall_us: out.wall_us,
+        cpu_us: out.cpu_us,
         peak_rss_kb: out.peak_rss_kb,
         outcome: outcome.into(),
         finished_ms: std::time::SystemTime::now()
@@ -800,14 +814,19 @@ fn record_usage(out: &oneshot::Outcome) {
             "no supervisor took the run_code usage record ({e}); appending it to the log"
         ),
     }
-    let path = crate::paths::state_dir().join("usage.log");
+    let state = crate::paths::state_dir();
+    let path = state.join("usage.log");
     let mut line = rec.json_line();
     line.push('\n');
-    let wrote = std::fs::OpenOptions::new()
-        .create(true)
-        .append(true)
-        .open(&path)
-        .and_then(|mut f| std::io::Write::write_all(&mut f, line.as_bytes()));
+    // On a machine where no supervisor ever ran, the state directory is made here, as
+    // `zygo up` makes it (0700), so the record has somewhere to go.
+    let wrote = crate::paths::make_private_dir_if_missing(&state).and_then(|()| {
+        std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&path)
+            .and_then(|mut f| std::io::Write::write_all(&mut f, line.as_bytes()))
+    });
     if let Err(e) = wrote {
         log::error!(
             "could not write a run_code usage record to {}: {e}; the record: {}",

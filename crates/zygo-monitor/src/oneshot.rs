@@ -162,8 +162,9 @@ pub struct Outcome {
     pub oom_killed: bool,
     pub cancelled: bool,
     pub peak_rss_kb: u64,
-    pub wall_ms: u64,
-    pub cpu_ms: u64,
+    /// Microseconds (shown as fractional milliseconds).
+    pub wall_us: u64,
+    pub cpu_us: u64,
     pub stdout: Vec<u8>,
     pub stdout_truncated: bool,
     pub stderr: Vec<u8>,
@@ -408,7 +409,7 @@ impl Started {
             Some(Ok(u)) => {
                 out.oom_killed = u.oom_kills > 0;
                 out.peak_rss_kb = u.peak_bytes / 1024;
-                out.cpu_ms = u.cpu_usec / 1000;
+                out.cpu_us = u.cpu_usec;
             }
             Some(Err(e)) => log::warn!("read the sandbox's usage: {e}"),
             None => {}
@@ -1009,7 +1010,7 @@ fn handle(
             out.exit_code = Some(code.unwrap_or_else(|| 128 + signal.unwrap_or(libc::SIGKILL)));
             out.signal = signal;
             out.timed_out = timed_out;
-            out.wall_ms = wall_us / 1000;
+            out.wall_us = wall_us;
             true
         }
         FromLauncher::Failed { phase, reason } if !*finished => {

@@ -53,6 +53,44 @@ pub fn socket_path() -> PathBuf {
     runtime_dir().join("zygo.sock")
 }
 
+/// Where a client looks for the supervisor's socket, in order. `$ZYGO_RUNTIME_DIR`, when
+/// set, is the only place. Otherwise [`socket_path`] comes first, then the other places
+/// this user's supervisor starts in under another environment: `/run/user/<uid>/zygo` (a
+/// login session's `$XDG_RUNTIME_DIR`, which an MCP host's reduced environment leaves out),
+/// then `/run/zygo` as root, or `/tmp/zygo-<uid>` otherwise.
+pub fn socket_candidates() -> Vec<PathBuf> {
+    let first = socket_path();
+    if env_dir("ZYGO_RUNTIME_DIR").is_some() {
+        return vec![first];
+    }
+    // SAFETY: getuid cannot fail.
+    let uid = unsafe { libc::getuid() };
+    let mut all = vec![first];
+    for dir in [
+        PathBuf::from(format!("/run/user/{uid}/zygo")),
+        if is_root() {
+            PathBuf::from("/run/zygo")
+        } else {
+            PathBuf::from(format!("/tmp/zygo-{uid}"))
+        },
+    ] {
+        let p = dir.join("zygo.sock");
+        if !all.contains(&p) {
+            all.push(p);
+        }
+    }
+    all
+}
+
+/// Create a private directory (0700) and its parents, unless it is there already (then
+/// its mode is left as it is).
+pub fn make_private_dir_if_missing(p: &std::path::Path) -> std::io::Result<()> {
+    if p.is_dir() {
+        return Ok(());
+    }
+    make_private_dir(p)
+}
+
 /// Create a private directory (0700) and its parents.
 pub fn make_private_dir(p: &std::path::Path) -> std::io::Result<()> {
     use std::os::unix::fs::{DirBuilderExt, PermissionsExt};

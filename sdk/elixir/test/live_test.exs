@@ -32,8 +32,8 @@ defmodule Zygo.LiveTest do
   test "call, stream, batch and the errors", %{c: c, uniq: uniq} do
     assert {:ok, %Zygo.Result{result: %{"n" => 1}} = r} = Zygo.call(c, "echo", %{"n" => 1}, timeout: 20_000)
     assert r.stdout =~ "hello from echo"
-    # whole milliseconds: a fast call on a quiet host is 0
-    assert is_number(r.metrics.wall_ms) and r.metrics.wall_ms >= 0
+    # fractional milliseconds: a fast call's wall time is still more than 0
+    assert is_number(r.metrics.wall_ms) and r.metrics.wall_ms > 0
 
     items = Enum.to_list(Zygo.stream(c, "echo", %{"progress" => true}))
     assert {:result, %Zygo.Result{result: %{"progress" => true}}} = List.last(items)

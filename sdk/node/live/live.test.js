@@ -37,7 +37,8 @@ test('call, stream, batch, and the errors', opts, async () => {
   assert.deepEqual(r.result, { n: 1 });
   assert.match(r.stdout, /hello from echo/);
   assert.ok(r.requestId);
-  assert.ok(r.metrics.wallMs > 0);
+  // Fractional milliseconds: a fast call's wall time is more than 0 (it was whole ms, 0).
+  assert.ok(r.metrics.wallMs > 0, `wallMs ${r.metrics.wallMs}`);
   assert.deepEqual((await c.fn('echo')([1, 2])).result, [1, 2]);
   const items = [];
   for await (const ev of c.stream('echo', { progress: true })) items.push(ev);
@@ -45,7 +46,9 @@ test('call, stream, batch, and the errors', opts, async () => {
   assert.deepEqual(items.at(-1).result.result, { progress: true });
   assert.ok(items.some((e) => e.kind === 'progress' && e.data === 'half way'));
   assert.deepEqual((await c.batch('echo', [1, 2, 3])).map((x) => x.result), [1, 2, 3]);
-  await assert.rejects(c.call('echo', { fail: true }), (e) => e instanceof HandlerError && /hello from echo/.test(e.stdout));
+  await assert.rejects(c.call('echo', { fail: true }), (e) => e instanceof HandlerError && /hello from echo/.test(e.stdout) && e.exitCode === null);
+  // A handler whose process exited: the code it exited with.
+  await assert.rejects(c.call('echo', { exit: 3 }), (e) => e instanceof HandlerError && e.exitCode === 3);
   await assert.rejects(c.call(`no-such-function-${uniq}`), NotFound);
   await assert.rejects(connect(undefined, { token: 'zygo_' + '0'.repeat(64) }).functions(), AuthError);
   c.close();

@@ -44,8 +44,9 @@ class LiveTest(unittest.TestCase):
         self.assertIn("hello from echo", r.stdout)
         self.assertTrue(r.request_id)
         self.assertTrue(r.started)
-        # Whole milliseconds: a fast call on a quiet host is 0.
-        self.assertGreaterEqual(r.metrics.wall_ms, 0)
+        # Fractional milliseconds: a fast call's wall time is still more than 0.
+        self.assertIsInstance(r.metrics.wall_ms, float)
+        self.assertGreater(r.metrics.wall_ms, 0)
         self.assertEqual(self.c.fn("echo")([1, 2]).result, [1, 2])
 
         items = list(self.c.stream("echo", {"progress": True}))
@@ -60,6 +61,11 @@ class LiveTest(unittest.TestCase):
             self.c.call("echo", {"fail": True})
         self.assertIn("asked to fail", str(cm.exception) + cm.exception.stderr + (cm.exception.traceback or ""))
         self.assertIn("hello from echo", cm.exception.stdout)
+        self.assertIsNone(cm.exception.exit_code)  # it raised; it did not exit
+        # A handler whose process exited: the code it exited with.
+        with self.assertRaises(zygo.HandlerError) as cm:
+            self.c.call("echo", {"exit": 3})
+        self.assertEqual(cm.exception.exit_code, 3)
         it = iter(self.c.stream("echo", {"fail": True}))
         with self.assertRaises(zygo.HandlerError):
             for _ in it:

@@ -20,8 +20,9 @@ struct Fn {
 struct Tenant {
     requests: u64,
     outcomes: BTreeMap<String, u64>,
-    cpu_ms: u64,
-    wall_ms: u64,
+    /// Microseconds; pushed as fractional milliseconds.
+    cpu_us: u64,
+    wall_us: u64,
 }
 
 /// What this process has counted since it started.
@@ -53,8 +54,8 @@ impl Numbers {
         let t = self.tenants.entry(r.tenant.clone()).or_default();
         t.requests += 1;
         *t.outcomes.entry(r.outcome.clone()).or_default() += 1;
-        t.cpu_ms += r.cpu_ms;
-        t.wall_ms += r.wall_ms;
+        t.cpu_us = t.cpu_us.saturating_add(r.cpu_us);
+        t.wall_us = t.wall_us.saturating_add(r.wall_us);
     }
 
     /// The OTLP/HTTP JSON body for now (`now_ms`).
@@ -82,6 +83,17 @@ impl Numbers {
             self.tenants
                 .iter()
                 .map(|(n, x)| point(attrs(&[("tenant", n)]), f(x)))
+                .collect()
+        };
+        // Times: microseconds counted, fractional milliseconds pushed (as every answer
+        // shows them).
+        let ms_by_tenant = |f: fn(&Tenant) -> u64| -> Vec<Value> {
+            self.tenants
+                .iter()
+                .map(|(n, x)| {
+                    json!({"attributes": attrs(&[("tenant", n)]), "startTimeUnixNano": start,
+                           "timeUnixNano": now, "asDouble": proto::front::ms(f(x))})
+                })
                 .collect()
         };
         let outcomes: Vec<Value> = self
@@ -141,13 +153,13 @@ impl Numbers {
                 "zygo_tenant_cpu_ms_total",
                 "ms",
                 "CPU time of finished calls, by tenant.",
-                by_tenant(|t| t.cpu_ms),
+                ms_by_tenant(|t| t.cpu_us),
             ),
             sum(
                 "zygo_tenant_wall_ms_total",
                 "ms",
                 "Wall time of finished calls, by tenant.",
-                by_tenant(|t| t.wall_ms),
+                ms_by_tenant(|t| t.wall_us),
             ),
         ];
         json!({"resourceMetrics": [{
@@ -171,8 +183,8 @@ mod tests {
                 function: "f".into(),
                 script: None,
                 request_id: "r".into(),
-                wall_ms: 10,
-                cpu_ms: 3,
+                wall_us: 10_000,
+                cpu_us: 3_250,
                 peak_rss_kb: 5,
                 outcome: o.into(),
                 finished_ms: 1,
@@ -193,8 +205,8 @@ mod tests {
             "1"
         );
         assert_eq!(
-            find("zygo_tenant_cpu_ms_total")["sum"]["dataPoints"][0]["asInt"],
-            "6"
+            find("zygo_tenant_cpu_ms_total")["sum"]["dataPoints"][0]["asDouble"],
+            6.5
         );
         assert_eq!(
             find("zygo_tenant_outcomes_total")["sum"]["dataPoints"]

@@ -503,7 +503,7 @@ pub fn logs(front: &Front, call: &mut Call) -> Out {
                 "request_id": l.request_id,
                 "finished_ms": l.finished_ms,
                 "outcome": l.outcome.as_str(),
-                "wall_ms": l.wall_ms as f64,
+                "wall_ms": proto::front::ms(l.wall_us),
                 "error": l.error,
                 "stdout": l.stdout,
                 "stderr": l.stderr,

@@ -211,8 +211,8 @@ pub fn function_info(f: &FunctionInfo) -> Value {
 /// The status and body of a call's answer (the contract's "A call's answer").
 pub fn exec_answer(a: &ExecAnswer) -> (u16, Value) {
     let metrics = json!({
-        "wall_ms": a.metrics.wall_ms as f64,
-        "cpu_ms": a.metrics.cpu_ms as f64,
+        "wall_ms": proto::front::ms(a.metrics.wall_us),
+        "cpu_ms": proto::front::ms(a.metrics.cpu_us),
         "peak_rss_kb": a.metrics.peak_rss_kb,
     });
     let mut body = json!({
@@ -241,7 +241,9 @@ pub fn exec_answer(a: &ExecAnswer) -> (u16, Value) {
                 .unwrap_or_else(|| "the handler failed".into()));
             body["code"] = json!("handler");
             body["traceback"] = json!(a.traceback);
-            body["exit_code"] = Value::Null;
+            // Set when the handler's process exited (sys.exit(3), a command's status);
+            // null when it raised.
+            body["exit_code"] = json!(a.exit_code);
             body["oom_killed"] = json!(a.oom_killed);
             500
         }
@@ -334,6 +336,7 @@ mod tests {
             result: Some("{\"a\":1}".into()),
             error: None,
             traceback: None,
+            exit_code: None,
             started: true,
             oom_killed: false,
             stdout: String::new(),
@@ -363,6 +366,16 @@ mod tests {
             assert_eq!(st, status, "{outcome:?}");
             assert_eq!(v["code"], code);
             assert!(v["error"].is_string() && v.get("oom_killed").is_some());
+        }
+        // A handler error: exit_code is the process's code when it exited, else null.
+        for (exit_code, shown) in [(Some(3), serde_json::json!(3)), (None, Value::Null)] {
+            let a = ExecAnswer {
+                outcome: Outcome::Error,
+                result: None,
+                exit_code,
+                ..base.clone()
+            };
+            assert_eq!(exec_answer(&a).1["exit_code"], shown);
         }
     }
 

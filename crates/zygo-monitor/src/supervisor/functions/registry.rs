@@ -165,6 +165,25 @@ impl Functions {
             let Some(spec) = parsed.functions.get(name) else {
                 continue;
             };
+            // One served already with other settings is left as it is (serving again
+            // changes nothing): said, so that an edited file is not taken as served.
+            if let Some(f) = self
+                .fns
+                .get(name)
+                .filter(|f| !matches!(f.state, FnState::Failed(_)))
+            {
+                let changed = changed_settings(&f.spec, spec);
+                if !changed.is_empty() {
+                    failed.push((
+                        name.clone(),
+                        format!(
+                            "served already with other settings ({} differ from {file}), and left as it is; to serve it as the file says: zygo stop {name}, then zygo up -f {file}",
+                            changed.join(", ")
+                        ),
+                    ));
+                    continue;
+                }
+            }
             match self.serve_one(name.clone(), spec.clone(), shell.clone(), cx) {
                 Ok(()) => {
                     if self
@@ -267,6 +286,51 @@ impl Functions {
         log::info!("serving {name} ({} zygote(s) starting)", min_warm);
         Ok(())
     }
+}
+
+/// The settings (as sandbox.toml names them) in which two specs of one function differ.
+fn changed_settings(old: &FnSpec, new: &FnSpec) -> Vec<&'static str> {
+    let (a, b) = (&old.limits, &new.limits);
+    let kind = |s: &FnSpec| match &s.kind {
+        policy::file::FnKind::Agent { agent, .. } => Some(*agent),
+        policy::file::FnKind::Cmd(_) => None,
+    };
+    let entry = |s: &FnSpec| match &s.kind {
+        policy::file::FnKind::Agent { entry, .. } => entry.clone(),
+        policy::file::FnKind::Cmd(_) => None,
+    };
+    let cmd = |s: &FnSpec| match &s.kind {
+        policy::file::FnKind::Cmd(c) => Some(c.clone()),
+        policy::file::FnKind::Agent { .. } => None,
+    };
+    [
+        ("agent", kind(old) != kind(new)),
+        ("entry", entry(old) != entry(new)),
+        ("cmd", cmd(old) != cmd(new)),
+        ("image", old.image != new.image),
+        ("mem", a.mem != b.mem),
+        ("cpu", a.cpu != b.cpu),
+        ("pids", a.pids != b.pids),
+        ("timeout", a.timeout != b.timeout),
+        ("scratch", a.scratch != b.scratch),
+        ("io_bps", a.io_bps != b.io_bps),
+        ("io_iops", a.io_iops != b.io_iops),
+        ("network", old.network != new.network),
+        ("allow", old.allow != new.allow),
+        ("idle_timeout", old.idle_timeout != new.idle_timeout),
+        ("min_warm", old.min_warm != new.min_warm),
+        ("max_warm", old.max_warm != new.max_warm),
+        ("requirements", old.requirements != new.requirements),
+        ("deps", old.deps != new.deps),
+        ("mounts", old.mounts != new.mounts),
+        ("secrets", old.secrets != new.secrets),
+        ("env", old.env != new.env),
+        ("inotify", old.inotify != new.inotify),
+        ("private_net", old.private_net != new.private_net),
+    ]
+    .into_iter()
+    .filter_map(|(k, differs)| differs.then_some(k))
+    .collect()
 }
 
 /// A function's launch plan, from its spec: keys this version cannot honour refused, its

@@ -35,7 +35,12 @@ const OUTPUT_CAP: usize = 1024 * 1024;
 /// A handler's answer: the last line its child sends for a request.
 pub(super) enum Terminal {
     Returned(String),
-    Raised { message: String, traceback: String },
+    /// `exit_code`: the handler's process ended by exiting with it.
+    Raised {
+        message: String,
+        traceback: String,
+        exit_code: Option<i32>,
+    },
 }
 
 /// What a zygote's death tells the calls it was serving.
@@ -43,6 +48,7 @@ pub(super) fn zygote_died() -> Terminal {
     Terminal::Raised {
         message: "the zygote serving this request died".into(),
         traceback: String::new(),
+        exit_code: None,
     }
 }
 
@@ -227,6 +233,8 @@ pub(super) struct Verdict {
     /// Its cgroup counted an OOM kill (whatever the outcome: a handler whose helper
     /// process was killed may still have answered).
     oom_killed: bool,
+    /// The code the handler's process exited with, when an error was its exiting.
+    exit_code: Option<i32>,
 }
 
 /// A call's outcome word and message, from what happened to it. A reason from outside
@@ -236,6 +244,10 @@ pub(super) struct Verdict {
 /// messages.
 fn decide(e: Ending, timeout: Duration, stuck: Duration, mem: &str) -> Verdict {
     let oom_killed = e.usage.is_some_and(|u| u.oom_kills > 0);
+    let exit_code = match (&e.forced, &e.terminal) {
+        (None, Some(Terminal::Raised { exit_code, .. })) => *exit_code,
+        _ => None,
+    };
     let (outcome, result, error, traceback) = match (e.forced, e.terminal) {
         (Some(Outcome::Timeout), _) => (
             Outcome::Timeout,
@@ -262,7 +274,12 @@ fn decide(e: Ending, timeout: Duration, stuck: Duration, mem: &str) -> Verdict {
             None,
         ),
         (_, Some(Terminal::Returned(v))) => (Outcome::Ok, Some(v), None, None),
-        (_, Some(Terminal::Raised { message, traceback })) => (
+        (
+            _,
+            Some(Terminal::Raised {
+                message, traceback, ..
+            }),
+        ) => (
             Outcome::Error,
             None,
             Some(message),
@@ -290,6 +307,7 @@ fn decide(e: Ending, timeout: Duration, stuck: Duration, mem: &str) -> Verdict {
         error,
         traceback,
         oom_killed,
+        exit_code,
     }
 }
 
@@ -297,8 +315,8 @@ fn decide(e: Ending, timeout: Duration, stuck: Duration, mem: &str) -> Verdict {
 /// read).
 fn metrics(wall: Duration, usage: Option<Usage>) -> Metrics {
     Metrics {
-        wall_ms: wall.as_millis() as u64,
-        cpu_ms: usage.map_or(0, |u| u.cpu_usec / 1000),
+        wall_us: wall.as_micros().min(u64::MAX as u128) as u64,
+        cpu_us: usage.map_or(0, |u| u.cpu_usec),
         peak_rss_kb: usage.map_or(0, |u| u.peak_bytes / 1024),
     }
 }
@@ -531,7 +549,7 @@ impl Functions {
                 return Some(fail(
                     ErrorCode::BadRequest,
                     format!(
-                    "{} is a runtime pool: name a script to run (--script FILE or --digest SHA256)",
+                    "{} is a runtime pool: a call to it names the script to run (zygo exec --script FILE or --digest SHA256; POST /runtimes/NAME/call with script or source; MCP call_function with code)",
                     e.name
                 ),
                 ))
@@ -1250,6 +1268,7 @@ impl Functions {
             result: v.result,
             error: v.error,
             traceback: v.traceback,
+            exit_code: v.exit_code,
             started: c.started.is_some(),
             oom_killed: v.oom_killed,
             stdout: c.stdout.text.clone(),
@@ -1310,6 +1329,7 @@ mod tests {
         Some(Terminal::Raised {
             message: message.into(),
             traceback: traceback.into(),
+            exit_code: None,
         })
     }
 
@@ -1324,8 +1344,29 @@ mod tests {
                 error: None,
                 traceback: None,
                 oom_killed: false,
+                exit_code: None,
             }
         );
+    }
+
+    #[test]
+    fn a_handler_that_exited_has_its_exit_code_and_nothing_forced_does() {
+        let exited = || {
+            Some(Terminal::Raised {
+                message: "SystemExit: 3".into(),
+                traceback: String::new(),
+                exit_code: Some(3),
+            })
+        };
+        let v = told(None, exited(), &Fake::new(), None);
+        assert_eq!((v.outcome, v.exit_code), (Outcome::Error, Some(3)));
+        assert_eq!(v.error.as_deref(), Some("SystemExit: 3"));
+        // Raised without exiting: none.
+        let v = told(None, raised("ValueError: x", ""), &Fake::new(), None);
+        assert_eq!(v.exit_code, None);
+        // A reason from outside stands over it: the code is not the call's answer.
+        let v = told(Some(Outcome::Timeout), exited(), &Fake::new(), None);
+        assert_eq!((v.outcome, v.exit_code), (Outcome::Timeout, None));
     }
 
     #[test]
@@ -1447,13 +1488,16 @@ mod tests {
         assert_eq!(
             m,
             Metrics {
-                wall_ms: 1500,
-                cpu_ms: 12,
+                wall_us: 1_500_700,
+                cpu_us: 12_345,
                 peak_rss_kb: 10 * 1024,
             }
         );
+        // Fractional milliseconds where they are shown: a fast call is not 0.
+        assert_eq!(proto::front::ms(m.wall_us), 1500.7);
+        assert_eq!(proto::front::ms(m.cpu_us), 12.345);
         let unread = metrics(Duration::from_millis(3), None);
-        assert_eq!((unread.cpu_ms, unread.peak_rss_kb), (0, 0));
+        assert_eq!((unread.cpu_us, unread.peak_rss_kb), (0, 0));
     }
 
     #[test]

@@ -290,7 +290,7 @@ fn refused_answer(id: &str, phase: Phase, error: String) -> RunAnswer {
         timed_out: false,
         oom_killed: false,
         wall_us: 0,
-        cpu_ms: 0,
+        cpu_us: 0,
         peak_rss_kb: 0,
         stdout: String::new(),
         stdout_truncated: false,
@@ -738,7 +738,7 @@ impl Functions {
             wall_us: run
                 .exit
                 .map_or(wall.as_micros().min(u64::MAX as u128) as u64, |e| e.wall_us),
-            cpu_ms: run.usage.map_or(0, |u| u.cpu_usec / 1000),
+            cpu_us: run.usage.map_or(0, |u| u.cpu_usec),
             peak_rss_kb: run.usage.map_or(0, |u| u.peak_bytes / 1024),
             stdout: run.stdout.text(),
             stdout_truncated: run.stdout.truncated,
@@ -772,8 +772,8 @@ impl Functions {
             function: USAGE_NAME.to_string(),
             script: None,
             request_id: a.request_id.clone(),
-            wall_ms: wall.as_millis() as u64,
-            cpu_ms: a.cpu_ms,
+            wall_us: wall.as_micros().min(u64::MAX as u128) as u64,
+            cpu_us: a.cpu_us,
             peak_rss_kb: a.peak_rss_kb,
             outcome: outcome(a).as_str().to_string(),
             finished_ms: now_ms(),

@@ -564,8 +564,17 @@ impl Functions {
                 slot,
                 message,
                 traceback,
+                exit_code,
             } => {
-                self.answer_now(zt, &slot, Terminal::Raised { message, traceback });
+                self.answer_now(
+                    zt,
+                    &slot,
+                    Terminal::Raised {
+                        message,
+                        traceback,
+                        exit_code,
+                    },
+                );
             }
             FromLauncher::SlotClosed { slot, violation } => {
                 let zygote_dead = z.state == ZState::Dead;
