@@ -34,7 +34,7 @@ use zygo_tests::*;
 
 static SUITE: Suite = Suite {
     prefix: "apit-",
-    handlers: "import time\n\n\ndef echo(event):\n    return {\"echo\": event}\n\n\ndef slow(event):\n    time.sleep(event[\"s\"])\n    return \"slept\"\n",
+    handlers: "import time\n\n\ndef echo(event):\n    return {\"echo\": event}\n\n\ndef slow(event):\n    time.sleep(event[\"s\"])\n    return \"slept\"\n\n\ndef hog(event):\n    return len(bytearray(event[\"bytes\"]))\n",
     defaults: "timeout = \"30s\"\nmem = \"64M\"\nidle_timeout = \"60s\"\n",
     agents: false,
 };
@@ -1002,5 +1002,42 @@ fn what_a_tenant_reads_about_host_functions() {
         other => panic!("health: {other:?}"),
     }
     drop(api);
+    s.shutdown();
+}
+
+/// A call that runs out of memory is told the limit that applied: a tenant held to 64M
+/// calling a 256M function hears "limit 64M" (it heard the function's 256M, while its
+/// peak said 64M).
+#[test]
+fn an_oom_names_the_limit_that_applied() {
+    let Some(mut s) = SUITE.root("oomlimit") else {
+        return;
+    };
+    let n = start(&mut s, &[("big", function("hog", "mem = \"256M\""))], false);
+    let op = api::mint(&s, None).1;
+    let mut api = Api::open(&s);
+    let (t, tt) = tenant(&s, &mut api, "oom");
+    set_limits(&mut api, &op, &t, r#"{"mem": "64M"}"#);
+    let a = answer(
+        api.ask(tok(&tt), exec(&n[0], r#"{"bytes": 268435456}"#)),
+        "a tenant's call past its memory",
+    );
+    assert!(a.oom_killed, "{a:?}");
+    assert_eq!(
+        a.error.as_deref(),
+        Some("ran out of memory (limit 64M)"),
+        "{a:?}"
+    );
+    // The host's own call of the same function is told the function's limit.
+    let a = answer(
+        api.ask(tok(&op), exec(&n[0], r#"{"bytes": 536870912}"#)),
+        "the host's call past the function's memory",
+    );
+    assert!(a.oom_killed, "{a:?}");
+    assert_eq!(
+        a.error.as_deref(),
+        Some("ran out of memory (limit 256M)"),
+        "{a:?}"
+    );
     s.shutdown();
 }

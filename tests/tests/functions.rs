@@ -2014,3 +2014,42 @@ both_tests! {
         s.shutdown();
     }
 }
+
+/// The examples run as their READMEs say: `examples/warm-function` (a Python and a Node
+/// function, served from the example's own sandbox.toml) and `examples/warm-exec` (a
+/// warm-exec pool running a script sent with the call).
+#[test]
+fn the_examples_run_as_their_readmes_say() {
+    let Some(s) = SUITE.root("examples") else {
+        return;
+    };
+    if !Path::new("/usr/bin/node").exists() {
+        skip("no /usr/bin/node on this machine (.ci/run installs it)");
+        return;
+    }
+    let examples = Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples");
+    let file = |p: &str| examples.join(p).to_str().expect("UTF-8").to_string();
+    let f = s.run(&["up", "-f", &file("warm-function/sandbox.toml")]);
+    assert_eq!(f.code, 0, "{}\n{}", f.stderr_text(), s.log());
+    let (v, f) = s.exec("greet", Some(r#"{"name": "ada"}"#), &[]);
+    assert_eq!(f.code, 0, "{v}\n{}", s.log());
+    assert_eq!(v["result"]["message"], "hello, ada", "{v}");
+    assert_eq!(v["stdout"], "greeting ada\n", "{v}");
+    let (v, f) = s.exec("shout", Some(r#"{"text": "warm"}"#), &[]);
+    assert_eq!(f.code, 0, "{v}\n{}", s.log());
+    assert_eq!(v["result"], json!({"shout": "WARM!"}), "{v}");
+    let f = s.run(&["up", "-f", &file("warm-exec/sandbox.toml")]);
+    assert_eq!(f.code, 0, "{}\n{}", f.stderr_text(), s.log());
+    let (v, f) = s.exec(
+        "sh",
+        Some(r#"{"text": "one two three"}"#),
+        &["--script", &file("warm-exec/count.sh")],
+    );
+    assert_eq!(f.code, 0, "{v}\n{}", s.log());
+    assert_eq!(v["result"], json!({"exit_code": 0}), "{v}");
+    assert_eq!(v["stdout"], "3 words\n", "{v}");
+    for name in ["greet", "shout", "sh"] {
+        let _ = s.run(&["stop", name]);
+    }
+    s.shutdown();
+}

@@ -890,6 +890,34 @@ impl fmt::Display for Agent {
 }
 
 #[cfg(test)]
+mod doc_tests {
+    /// docs/sandbox-toml.md names every key a `[fn.NAME]` table takes, each in a row of
+    /// its own, and no key the parser does not take.
+    #[test]
+    fn the_reference_page_names_every_key() {
+        let page = include_str!("../../../docs/sandbox-toml.md");
+        let documented: Vec<&str> = page
+            .lines()
+            .filter_map(|l| l.strip_prefix("| `"))
+            .filter_map(|l| l.split('`').next())
+            .collect();
+        let known: Vec<&str> = super::KNOWN_KEYS.split(", ").map(str::trim).collect();
+        for k in &known {
+            assert!(
+                documented.contains(k),
+                "docs/sandbox-toml.md has no row for `{k}`"
+            );
+        }
+        for d in &documented {
+            assert!(
+                known.contains(d),
+                "docs/sandbox-toml.md documents `{d}`, which the parser does not take"
+            );
+        }
+    }
+}
+
+#[cfg(test)]
 #[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;

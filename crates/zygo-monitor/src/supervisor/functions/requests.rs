@@ -1248,10 +1248,14 @@ impl Functions {
         let Some(mut c) = self.calls.remove(id) else {
             return;
         };
-        let mem = self
-            .fns
-            .get(&c.func)
-            .map_or(String::new(), |f| f.mem_text.clone());
+        // The limit that applied: the caller's tenant's, where it narrowed the function's.
+        let mem = match c.narrow.and_then(|l| l.mem_bytes) {
+            Some(b) => policy::Bytes(b).to_string(),
+            None => self
+                .fns
+                .get(&c.func)
+                .map_or(String::new(), |f| f.mem_text.clone()),
+        };
         let ending = Ending {
             forced: c.forced,
             terminal: c.terminal.take(),
