@@ -1237,14 +1237,20 @@ fn the_command_line_refuses_what_it_must() {
         "{err}"
     );
     assert_eq!(err.lines().count(), 1, "{err}");
+    // --allow-private-net without --allow-deploy does nothing, and says so; it is not a
+    // reason to refuse (here the only one is that no supervisor runs).
+    let (code, err) = run(&["--allow-private-net", "--listen", "127.0.0.1:0"]);
+    assert_eq!(code, Some(1), "{err}");
+    assert!(
+        err.contains("--allow-private-net does nothing without --allow-deploy")
+            && err.contains("it is ignored")
+            && err.contains("no supervisor is running"),
+        "{err}"
+    );
     for (args, needle) in [
         (
             &["--no-auth", "--listen", "0.0.0.0:0"][..],
             "--no-auth is refused",
-        ),
-        (
-            &["--allow-private-net"][..],
-            "--allow-private-net does nothing without --allow-deploy",
         ),
         (
             &["--otlp-endpoint", "http://x"][..],

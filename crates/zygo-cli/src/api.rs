@@ -91,10 +91,13 @@ fn parse(raw: Vec<OsString>) -> Result<Option<Opts>, String> {
     }
     let listen = parse_listen(listen.as_deref().unwrap_or(DEFAULT_LISTEN))?;
     if flags.allow_private_net && !flags.allow_deploy {
-        return Err(
-            "--allow-private-net does nothing without --allow-deploy (only deploy callers declare sandboxes); add --allow-deploy or leave it out"
-                .into(),
+        // As the user's document says: it does nothing then, since only a deploy call
+        // declares a sandbox. Said, not refused.
+        eprintln!(
+            "zygo api: --allow-private-net does nothing without --allow-deploy (only deploy \
+             callers declare sandboxes); it is ignored"
         );
+        flags.allow_private_net = false;
     }
     if flags.no_auth {
         if let Listen::Tcp(a) = &listen {
