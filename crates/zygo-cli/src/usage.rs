@@ -388,7 +388,7 @@ Options:
                        pools, run one-shot sandboxes, and use the other deploy routes
                        (minted operator tokens always may; tenant tokens never)
   --allow-private-net  with --allow-deploy: deploy callers may name private and
-                       link-local addresses in `allow`
+                       link-local addresses in `allow` (without it: does nothing)
   --no-auth            a request without a token acts as the bootstrap operator; only on
                        a unix socket or a loopback address
   --usage-webhook URL  POST every call's usage record, in JSON arrays, to URL: at least
