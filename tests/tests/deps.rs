@@ -697,11 +697,13 @@ fn requirements_build_in_the_supervisor_and_unready_sets_are_refused() {
     assert!(text.contains("no dependency set"), "{text}");
 
     std::fs::create_dir_all(sup.dir.path.join("req")).expect("mkdir");
+    std::fs::create_dir_all(sup.dir.path.join("req2")).expect("mkdir");
     sup.file("req/requirements.txt", b"zygodemo==1.0\n");
     let (file, names) =
         sup.write_toml(&[("req", "value", "requirements = \"req/requirements.txt\"")]);
     let file = file.to_str().expect("UTF-8").to_string();
-    let f = sup.run(&["up", "-f", &file, "--json"]);
+    // With --no-wait, zygo up returns at once and says the set is still building.
+    let f = sup.run(&["up", "-f", &file, "--no-wait", "--json"]);
     let text = format!("{} {}", f.stdout_text(), f.stderr_text());
     assert_ne!(f.code, 0, "served before its set was built: {text}");
     assert!(text.contains("is still building"), "{text}");
@@ -711,13 +713,26 @@ fn requirements_build_in_the_supervisor_and_unready_sets_are_refused() {
         .and_then(|r| r.split_whitespace().next())
         .expect("the set's id in the refusal")
         .to_string();
-    wait_for(Duration::from_secs(120), "the set is built", || {
-        let v = sup.run(&["deps", "show", &id, "--json"]).last_json();
-        s(&v, "state") == "ready"
-    });
+    // Without it, zygo up waits for the set (saying so while it does) and serves it.
     let f = sup.run(&["up", "-f", &file]);
     assert_eq!(f.code, 0, "{} {}", f.stderr_text(), sup.log());
+    let v = sup.run(&["deps", "show", &id, "--json"]).last_json();
+    assert_eq!(s(&v, "state"), "ready", "{v}");
     let got = sup.call_ok(&names[0], "{}");
+    assert_eq!(got["value"], "zygodemo 1.0", "{got}");
+    // A new set in a file: zygo up waits for its build, then serves it.
+    sup.file("req2/requirements.txt", b"zygodemo==1.0\n# a second set\n");
+    let (file2, names2) =
+        sup.write_toml(&[("req2", "value", "requirements = \"req2/requirements.txt\"")]);
+    let f = sup.run(&["up", "-f", file2.to_str().expect("UTF-8")]);
+    assert_eq!(f.code, 0, "{} {}", f.stderr_text(), sup.log());
+    assert!(
+        f.stderr_text()
+            .contains("waiting for its dependency set to build"),
+        "{}",
+        f.stderr_text()
+    );
+    let got = sup.call_ok(&names2[0], "{}");
     assert_eq!(got["value"], "zygodemo 1.0", "{got}");
 
     // A failed set is refused with the build's reason.

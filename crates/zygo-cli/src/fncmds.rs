@@ -329,8 +329,18 @@ fn token_not_taken(file: Option<&Path>) -> Option<String> {
     ))
 }
 
+/// The most `zygo up` waits for dependency sets to build (a build's own limit is 15
+/// minutes).
+const UP_WAITS_FOR_SETS: Duration = Duration::from_secs(20 * 60);
+
+/// Whether a function failed to serve only because its dependency set is still building
+/// (the supervisor's refusal says so, and is retried once the set is ready).
+fn waits_for_a_set(error: &str) -> bool {
+    error.contains("is still building; serve this again once it is ready")
+}
+
 pub fn up(raw: Vec<OsString>) -> i32 {
-    let a = match parse("up", raw, &["f", "file"], &[]) {
+    let a = match parse("up", raw, &["f", "file"], &["no-wait"]) {
         Ok(Some(a)) => a,
         Ok(None) => {
             say_raw!("{}", usage::UP);
@@ -369,14 +379,43 @@ pub fn up(raw: Vec<OsString>) -> i32 {
         }
         return 0;
     };
-    match call(
-        a.json,
-        &Request::ServeAll {
-            file: file.display().to_string(),
-        },
-    ) {
-        Ok(r) => print_served(a.json, r),
-        Err(c) => c,
+    let serve_all = Request::ServeAll {
+        file: file.display().to_string(),
+    };
+    let no_wait = a.switches.iter().any(|s| s == "no-wait");
+    let t0 = Instant::now();
+    loop {
+        let r = match call(a.json, &serve_all) {
+            Ok(r) => r,
+            Err(c) => return c,
+        };
+        // A function whose dependency set is still building is served again once the set
+        // is ready (the build runs in the supervisor): waited for, unless --no-wait.
+        let building: Vec<String> = match &r {
+            Reply::Served { failed, .. } => failed
+                .iter()
+                .filter(|(_, e)| waits_for_a_set(e))
+                .map(|(n, _)| n.clone())
+                .collect(),
+            _ => Vec::new(),
+        };
+        if building.is_empty() || no_wait || t0.elapsed() > UP_WAITS_FOR_SETS {
+            return print_served(a.json, r);
+        }
+        if !a.json {
+            eprintln!(
+                "zygo up: {} waiting for {} dependency set to build ({}s so far; \
+                 `zygo deps show ID` shows its log; --no-wait returns at once)",
+                building
+                    .iter()
+                    .map(|n| clean(n))
+                    .collect::<Vec<_>>()
+                    .join(", "),
+                if building.len() == 1 { "its" } else { "their" },
+                t0.elapsed().as_secs()
+            );
+        }
+        std::thread::sleep(Duration::from_secs(2));
     }
 }
 

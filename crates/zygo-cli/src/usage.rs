@@ -134,11 +134,14 @@ flight was given.
 pub const UP: &str = "\
 zygo up — start the supervisor if none runs, and serve every [fn.*] of a sandbox.toml
 
-Usage: zygo up [-f sandbox.toml] [--json]
+Usage: zygo up [-f sandbox.toml] [--no-wait] [--json]
 
 Without -f, ./sandbox.toml is served if it exists. The supervisor runs detached and logs
 to supervisor.log in the state directory. Waits until each function has a ready zygote or
-has failed (an import error is printed).
+has failed (an import error is printed). A function whose dependency set (`requirements`)
+is still building is waited for, with a line on stderr every 2 s, and served once the set
+is ready (at most 20 minutes); with --no-wait, zygo up returns at once and says which are
+still building (serve them again later).
 
 The supervisor reads ZYGO_API_TOKEN and ZYGO_SECRETS_KEY only when it starts. Against one
 already running, zygo up serves what the file adds, and exits 1 saying what it cannot
