@@ -337,6 +337,7 @@ pub fn serve(
         stopping: AtomicBool::new(false),
         in_flight: AtomicUsize::new(0),
     });
+    front.chans.watch()?;
     let server = tiny_http::Server::from_listener_limited(listener, None, limits())
         .map_err(|e| format!("start the HTTP server: {e}"))?;
     let server = Arc::new(server);
