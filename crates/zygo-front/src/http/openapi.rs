@@ -390,11 +390,11 @@ fn error_text(status: u16) -> &'static str {
         409 => "The name is taken by the other kind, or (DELETE /deps/{id}) the set is in use or building (conflict).",
         413 => "The body is over 16 MiB (too_large).",
         422 => "A limit above every ceiling the tenant can reach (above_ceiling).",
-        429 => "Refused before anything ran (busy): every channel to the supervisor is in use, the caller holds its share of them (a quarter), or 16 bodies are being read from its address; retry after Retry-After seconds.",
+        429 => "Refused before anything ran (busy): every channel to the supervisor is in use, the caller holds its share of them (a quarter), or the caller or its address has its share of the front's workers (a quarter: 16 requests being served); retry after Retry-After seconds.",
         431 => "A header line over 8 KiB, or more than 100 headers.",
         499 => "Cancelled (cancelled).",
         500 => "The handler failed (handler), or Zygo did (internal).",
-        503 => "Unavailable: starting, draining, stopping, or a dependency set the layer names is still building; retry after Retry-After seconds (unavailable).",
+        503 => "Unavailable: starting, draining, stopping, the front serving its most requests at once (three quarters of its workers), or a dependency set the layer names is still building; retry after Retry-After seconds (unavailable).",
         504 => "Past its deadline (timeout) or no heartbeat (stuck).",
         _ => "Error.",
     }

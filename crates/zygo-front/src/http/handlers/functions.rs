@@ -4,7 +4,7 @@
 use std::collections::BTreeMap;
 use std::io::Write;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Instant;
 
 use proto::api::{Credentials, ServeKind};
@@ -13,8 +13,10 @@ use serde::Deserialize;
 use serde_json::{json, Value};
 
 use super::{
-    ask, ask_until, ask_with, call_deadline, exec_answer, function_info, ms_left, name, unexpected,
+    ask, ask_until, ask_with, call_deadline, encode_object, exec_answer, function_info, joined,
+    ms_left, name, unexpected,
 };
+use crate::http::answer::Paced;
 use crate::http::{body, ok, Call, Front, HttpError, Out};
 
 /// Events in one batch, at most.
@@ -191,8 +193,9 @@ pub fn exec(front: &Front, call: &mut Call, req: ExecRequest) -> Out {
         |_| {},
     ) {
         Ok(Reply::Answer(a)) => {
-            let (status, body) = exec_answer(&a);
-            Out::Json(status, body, None)
+            let id = a.request_id.clone();
+            let (status, body, raw) = exec_answer(a);
+            Out::Bytes(status, encode_object(raw, &body), Some(id))
         }
         Ok(r) => unexpected(&r).into(),
         Err(e) => e.into(),
@@ -211,13 +214,16 @@ pub const STREAM_QUEUE_BYTES: usize = 1024 * 1024;
 ///
 /// The channel is read on this thread and the HTTP client written on another, through a
 /// bounded queue: the supervisor's events are taken as they come however slowly the
-/// client reads, and what does not fit in the queue is dropped, never waited for.
+/// client reads, and what does not fit in the queue is dropped, never waited for. Once
+/// the call has answered, what is still queued must be taken at the pace of any answer
+/// (see [`crate::http::answer`]), or the connection is reset.
 fn exec_stream(front: &Front, call: &mut Call, req: ExecRequest) -> Out {
     let Some(rq) = call.rq.take() else {
         return Out::Done;
     };
     let chunked = *rq.http_version() >= (1, 1);
-    let mut w = rq.into_writer();
+    let answered = Arc::new(OnceLock::new());
+    let mut w = Paced::from_when(rq, answered.clone());
     let head = format!(
         "HTTP/1.1 200 OK\r\nContent-Type: application/x-ndjson\r\nX-Zygo-Request-Id: {}\r\nCache-Control: no-store\r\n{}\r\n",
         call.id,
@@ -229,13 +235,15 @@ fn exec_stream(front: &Front, call: &mut Call, req: ExecRequest) -> Out {
     );
     let (tx, rx) = std::sync::mpsc::sync_channel::<Vec<u8>>(STREAM_QUEUE_LINES);
     let queued = AtomicUsize::new(0);
-    let frame = |v: &Value| {
-        let mut text = v.to_string();
-        text.push('\n');
+    let frame = |mut text: Vec<u8>| {
+        text.push(b'\n');
         if chunked {
-            format!("{:x}\r\n{text}\r\n", text.len()).into_bytes()
+            let mut framed = format!("{:x}\r\n", text.len()).into_bytes();
+            framed.extend_from_slice(&text);
+            framed.extend_from_slice(b"\r\n");
+            framed
         } else {
-            text.into_bytes()
+            text
         }
     };
     std::thread::scope(|s| {
@@ -250,6 +258,7 @@ fn exec_stream(front: &Front, call: &mut Call, req: ExecRequest) -> Out {
             for bytes in rx {
                 if !gone && w.write_all(&bytes).and_then(|()| w.flush()).is_err() {
                     gone = true;
+                    crate::http::answer::log_stop(w.stopped(), queued.load(Ordering::Acquire));
                 }
                 queued.fetch_sub(bytes.len(), Ordering::AcqRel);
             }
@@ -272,7 +281,11 @@ fn exec_stream(front: &Front, call: &mut Call, req: ExecRequest) -> Out {
                     ExecEvent::Stderr(d) => ("stderr", d),
                     ExecEvent::Progress(d) => ("progress", d),
                 };
-                let bytes = frame(&json!({"stream": stream, "data": data}));
+                let bytes = frame(
+                    json!({"stream": stream, "data": data})
+                        .to_string()
+                        .into_bytes(),
+                );
                 let n = bytes.len();
                 let q = queued.load(Ordering::Acquire);
                 if q > 0 && q + n > STREAM_QUEUE_BYTES {
@@ -286,24 +299,30 @@ fn exec_stream(front: &Front, call: &mut Call, req: ExecRequest) -> Out {
                 }
             },
         );
-        let last = match result {
+        let (status, last) = match result {
             Ok(Reply::Answer(a)) => {
-                let (status, mut body) = exec_answer(&a);
+                let (status, mut body, raw) = exec_answer(a);
                 body["status"] = json!(status);
                 if cut {
                     body["stream_truncated"] = json!(true);
                 }
-                body
+                (status, joined(encode_object(raw, &body)))
             }
             Ok(r) => {
                 let e = unexpected(&r);
-                json!({"status": e.status, "error": e.message, "code": e.code})
+                let v = json!({"status": e.status, "error": e.message, "code": e.code});
+                (e.status, v.to_string().into_bytes())
             }
-            Err(e) => json!({"status": e.status, "error": e.message, "code": e.code}),
+            Err(e) => {
+                let v = json!({"status": e.status, "error": e.message, "code": e.code});
+                (e.status, v.to_string().into_bytes())
+            }
         };
-        crate::http::metrics::count(last["status"].as_u64().unwrap_or(200) as u16);
-        let bytes = frame(&last);
+        crate::http::metrics::count(status);
+        let bytes = frame(last);
         queued.fetch_add(bytes.len(), Ordering::AcqRel);
+        // From now on the client must take what is queued at an answer's pace.
+        let _ = answered.set(Instant::now());
         // The writer always takes what is queued (writing or dropping it), so this waits
         // at most for the lines ahead of it to be written or given up on.
         let _ = tx.send(bytes);
@@ -461,9 +480,10 @@ fn batch_one(
         |_| {},
     ) {
         Ok(Reply::Answer(a)) => {
-            let (status, mut body) = exec_answer(&a);
+            let (status, mut body, raw) = exec_answer(a);
             body["status"] = json!(status);
-            body
+            let text = joined(encode_object(raw, &body));
+            serde_json::from_slice(&text).unwrap_or(body)
         }
         Ok(r) => {
             let e = unexpected(&r);
