@@ -422,6 +422,7 @@ pub fn serve(
     flags: FrontFlags,
     listen_fd: i32,
 ) -> Result<(), String> {
+    hand_back_large_buffers();
     // More workers than channels: a worker reading a slow client's body holds no channel,
     // so a few slow uploads cannot leave the channels idle and everyone else waiting.
     let workers = (chans.len() * 4).max(WORKERS_MIN);
@@ -477,6 +478,20 @@ pub fn serve(
         log::warn!("{left} requests still in flight after the grace; stopping anyway");
     }
     Ok(())
+}
+
+/// Allocations of this size and more are mapped on their own and unmapped when freed.
+pub const LARGE_BUFFER: usize = 256 * 1024;
+
+/// The front's large buffers (replies read from the supervisor, answers being written) go
+/// back to the kernel as soon as they are freed. By default glibc raises its threshold for
+/// that to the largest block freed so far (up to 32 MiB), after which such blocks are kept
+/// in the arena of whichever of the 64 threads freed them: the front's resident memory
+/// then stays at its peak of answers long after they were written.
+fn hand_back_large_buffers() {
+    // SAFETY: mallopt only sets allocator parameters (glibc itself changes this one,
+    // unlocked, in free()).
+    unsafe { libc::mallopt(libc::M_MMAP_THRESHOLD, LARGE_BUFFER as libc::c_int) };
 }
 
 /// The signals that stop the front; block them in the calling thread (before any other
