@@ -7,6 +7,7 @@
 //! - answers nobody reads, or reads a little at a time, hold at most that caller's share
 //!   of the workers and little memory, and an answer taken too slowly has its connection
 //!   closed;
+//! - a batch's answer holds no more memory than its budget, whatever its events parse into;
 //! - `zygo api` exits, saying why, once its supervisor is gone.
 
 // A test that fails on an unexpected error says where; that is all an unwrap does here.
@@ -18,12 +19,12 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use serde_json::json;
+use serde_json::{json, Value};
 use zygo_tests::*;
 
 static SUITE: Suite = Suite {
     prefix: "apihold-",
-    handlers: "def echo(event):\n    return {\"echo\": event}\n\n\ndef big(event):\n    return \"x\" * event[\"n\"]\n",
+    handlers: "def echo(event):\n    return {\"echo\": event}\n\n\ndef big(event):\n    return \"x\" * event[\"n\"]\n\n\ndef zeros(event):\n    return [0] * event[\"n\"]\n",
     defaults: "timeout = \"20s\"\nmem = \"256M\"\nidle_timeout = \"300s\"\n",
     agents: false,
 };
@@ -377,6 +378,122 @@ fn an_answer_taken_too_slowly_has_its_connection_closed() {
     assert!(
         f.log().contains("slower than"),
         "the front did not say why it dropped them\n{}",
+        f.log()
+    );
+    drop(f);
+    s.shutdown();
+}
+
+/// Batches whose events, or results, are small JSON texts that parse into large trees
+/// (long arrays of small numbers, objects of many keys): the front's peak memory grows by
+/// no more than the batch's body and its answer's budget (64 MiB), with what is in
+/// flight; past the budget, elements are cut (413 `too_large`).
+#[test]
+fn a_batch_of_small_texts_that_parse_large_holds_its_budget() {
+    if !root_only() {
+        return;
+    }
+    let mut s = SUITE.sup(Who::Root, "batchmem");
+    s.env("ZYGO_API_TOKEN", BOOT);
+    let names = s.up(&[
+        ("echo", "echo", "max_warm = 4"),
+        ("zeros", "zeros", "max_warm = 4"),
+    ]);
+    let (echo, zeros) = (&names[0], &names[1]);
+    let f = start_http_front(&s, &[]);
+    let before = front_kib(&f, "VmHWM");
+    let grew = |f: &Front| front_kib(f, "VmHWM").saturating_sub(before) / 1024;
+    // Events of about 60 KB each, echoed: 30 000 zeros, or 6 000 keys.
+    let zero_list = format!("[{}0]", "0,".repeat(29_999));
+    let keys = format!(
+        "{{{}}}",
+        (0..6000)
+            .map(|i| format!("\"{i:x}\":0"))
+            .collect::<Vec<_>>()
+            .join(",")
+    );
+    let events: Vec<&str> = (0..200)
+        .map(|i| if i % 2 == 0 { &zero_list } else { &keys }.as_str())
+        .collect();
+    let body = format!("{{\"events\":[{}]}}", events.join(","));
+    assert!(body.len() < 16 * MIB, "{}", body.len());
+    let r = req_within(
+        &f.addr,
+        "POST",
+        &format!("/fn/{echo}/batch"),
+        Some(BOOT),
+        &[("X-Zygo-Timeout-Ms", "120000")],
+        &body,
+        150,
+    );
+    let echoed = grew(&f);
+    eprintln!(
+        "echo: a batch of {} bytes: status {}, {} bytes answered; the front's VmHWM +{echoed} MiB",
+        body.len(),
+        r.status,
+        r.body.len()
+    );
+    assert_eq!(r.status, 200, "{}", &r.text()[..r.text().len().min(2000)]);
+    let v: Value = r.json();
+    let results = v["results"].as_array().unwrap();
+    assert_eq!(results.len(), 200);
+    for (i, e) in results.iter().enumerate() {
+        assert_eq!(e["status"], 200, "element {i}: {}", e["error"]);
+        let back = &e["result"]["echo"];
+        assert!(back.is_array() || back.is_object(), "element {i}: {e}");
+    }
+    drop(v);
+    // The body (11 MB) and the results (as much again), and no trees.
+    assert!(
+        echoed <= 64,
+        "the front's peak memory grew by {echoed} MiB for one batch\n{}",
+        f.log()
+    );
+    // 100 events of 12 bytes, each answered by 2 MB of zeros: 200 MB of results, past
+    // the budget.
+    let events: Vec<Value> = (0..100).map(|_| json!({"n": 1_000_000})).collect();
+    let r = req_within(
+        &f.addr,
+        "POST",
+        &format!("/fn/{zeros}/batch"),
+        Some(BOOT),
+        &[("X-Zygo-Timeout-Ms", "120000")],
+        &json!({ "events": events }).to_string(),
+        150,
+    );
+    let widened = grew(&f);
+    eprintln!(
+        "zeros: status {}, {} bytes answered; the front's VmHWM +{widened} MiB",
+        r.status,
+        r.body.len()
+    );
+    assert_eq!(r.status, 200, "{}", &r.text()[..r.text().len().min(2000)]);
+    assert!(r.body.len() <= 64 * MIB, "{} bytes answered", r.body.len());
+    let v: Value = r.json();
+    let results = v["results"].as_array().unwrap();
+    assert_eq!(results.len(), 100);
+    let (mut whole, mut cut) = (0, 0);
+    for (i, e) in results.iter().enumerate() {
+        match e["status"].as_u64() {
+            Some(200) => {
+                assert_eq!(e["result"].as_array().map(Vec::len), Some(1_000_000), "{i}");
+                whole += 1;
+            }
+            Some(413) => {
+                assert_eq!(e["code"], "too_large", "element {i}");
+                cut += 1;
+            }
+            _ => panic!("element {i}: {e}"),
+        }
+    }
+    eprintln!("zeros: {whole} elements whole, {cut} left out");
+    assert!(whole >= 25 && cut >= 50, "{whole} whole, {cut} cut");
+    drop(v);
+    // The budget (64 MiB) and the replies in flight (the caller's share of the channels,
+    // 4 here, each 2 MB as it came and 2 MB decoded), and no trees.
+    assert!(
+        widened <= 96,
+        "the front's peak memory grew by {widened} MiB for one batch\n{}",
         f.log()
     );
     drop(f);

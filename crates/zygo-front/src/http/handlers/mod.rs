@@ -303,6 +303,22 @@ pub fn encode_object(raw: RawFields, rest: &Value) -> Vec<Vec<u8>> {
     pieces
 }
 
+/// How many bytes [`encode_object`] makes of `raw` and `rest`, without making them.
+pub fn encoded_len(raw: &RawFields, rest: &Value) -> usize {
+    let fields: usize = raw
+        .iter()
+        .map(|(key, value)| {
+            1 + Value::from(*key).to_string().len() + 1 + value.iter().map(Vec::len).sum::<usize>()
+        })
+        .sum();
+    let tail = rest.to_string().len();
+    if raw.is_empty() || tail > 2 {
+        fields + tail
+    } else {
+        fields + 1
+    }
+}
+
 /// The pieces' bytes in one.
 pub fn joined(pieces: Vec<Vec<u8>>) -> Vec<u8> {
     let mut out = Vec::with_capacity(pieces.iter().map(Vec::len).sum());
@@ -395,6 +411,14 @@ mod tests {
             let v: Value = serde_json::from_slice(&joined(encode_object(raw, &body))).unwrap();
             (st, v)
         };
+        let (_, body, raw) = exec_answer(base.clone());
+        let len = encoded_len(&raw, &body);
+        assert_eq!(len, joined(encode_object(raw, &body)).len());
+        let raw = vec![("a", vec![b"1".to_vec()])];
+        assert_eq!(
+            encoded_len(&raw, &json!({})),
+            joined(encode_object(raw, &json!({}))).len()
+        );
         let (st, v) = encoded(base.clone());
         assert_eq!((st, v["result"]["a"].as_i64()), (200, Some(1)));
         assert_eq!(v["request_id"], "r");
