@@ -225,6 +225,33 @@ impl Drop for Place {
     }
 }
 
+/// Refusals for want of a place are logged at most this often.
+pub const REFUSAL_LOG_EVERY: Duration = Duration::from_secs(1);
+
+/// Refusals, logged at most once every [`REFUSAL_LOG_EVERY`], each line saying how many
+/// there were since the last: a caller refused in a loop cannot make the front spend its
+/// time (or its log's room) on lines about it.
+#[derive(Default)]
+pub struct RefusalLog {
+    state: Mutex<(Option<Instant>, usize)>,
+}
+
+impl RefusalLog {
+    /// One more refusal; `line` makes the log line, given how many refusals it tells of.
+    pub fn note(&self, line: impl FnOnce(usize) -> String) {
+        let mut st = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        st.1 += 1;
+        if st.0.is_some_and(|at| at.elapsed() < REFUSAL_LOG_EVERY) {
+            return;
+        }
+        let n = std::mem::take(&mut st.1);
+        st.0 = Some(Instant::now());
+        drop(st);
+        let text = line(n);
+        log::warn!("{text}");
+    }
+}
+
 /// How long the supervisor's "I know this caller" is taken as still true for reading a
 /// body (never for deciding anything: every request is judged again by the supervisor).
 pub const AUTH_FRESH: Duration = Duration::from_secs(5);
@@ -322,6 +349,25 @@ mod tests {
         assert_eq!(p.held.lock().unwrap().all, 5);
         let (st, code, _) = Full::All(5).refusal();
         assert_eq!((st, code), (503, "unavailable"));
+    }
+
+    #[test]
+    fn refusals_are_logged_at_most_once_a_second_with_their_count() {
+        let log = RefusalLog::default();
+        let mut lines = Vec::new();
+        for _ in 0..3 {
+            log.note(|n| {
+                lines.push(n);
+                String::new()
+            });
+        }
+        assert_eq!(lines, [1]);
+        log.state.lock().unwrap().0 = Some(Instant::now() - REFUSAL_LOG_EVERY);
+        log.note(|n| {
+            lines.push(n);
+            String::new()
+        });
+        assert_eq!(lines, [1, 3]);
     }
 
     #[test]

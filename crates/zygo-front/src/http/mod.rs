@@ -72,6 +72,8 @@ pub struct Front {
     pub shares: fair::Shares,
     /// Requests being served per caller, per address and in all.
     pub places: Arc<fair::Places>,
+    /// Refusals for want of a place, logged at most once a second.
+    pub refusals: fair::RefusalLog,
     /// Credentials the supervisor recently said it knows.
     pub auth: fair::AuthCache,
     pub flags: FrontFlags,
@@ -434,6 +436,7 @@ pub fn serve(
             workers / PLACES_PER_CALLER_DIV,
             workers * PLACES_ALL_NUM / 4,
         )),
+        refusals: fair::RefusalLog::default(),
         auth: fair::AuthCache::default(),
         chans: channel::Pool::new(chans),
         flags,
@@ -716,10 +719,10 @@ pub fn serve_one(front: &Front, rq: tiny_http::Request) {
         Ok(p) => p,
         Err(full) => {
             let (status, code, message) = full.refusal();
-            log::warn!(
-                "refused a request from {}: {message}",
-                ip.map_or_else(|| "a unix socket peer".to_string(), |ip| ip.to_string())
-            );
+            front.refusals.note(|n| {
+                let from = ip.map_or_else(|| "a unix socket peer".to_string(), |ip| ip.to_string());
+                format!("refused a request from {from}: {message} ({n} refused since the last such line)")
+            });
             let e = HttpError::new(status, code, message);
             return respond_error(rq, &e, &id, &[], true, Pace::Refusal);
         }
