@@ -128,8 +128,12 @@ impl HttpFront {
 
 impl Drop for HttpFront {
     fn drop(&mut self) {
-        // SAFETY: signalling the child this test started.
-        unsafe { libc::kill(self.child.id() as i32, libc::SIGTERM) };
+        // One that exited on its own (and was reaped) is not signalled: its pid may be
+        // another process's by now.
+        if let Ok(None) = self.child.try_wait() {
+            // SAFETY: signalling the child this test started, which has not been reaped.
+            unsafe { libc::kill(self.child.id() as i32, libc::SIGTERM) };
+        }
         let _ = self.child.wait();
     }
 }

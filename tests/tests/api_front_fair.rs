@@ -196,6 +196,7 @@ fn unknown_tokens_and_slow_bodies_hold_no_worker() {
     let echo = &names[0];
     let f = start_api(&s);
     let good = tenant(&s, &f, "good");
+    let other = tenant(&s, &f, "other");
     let path = format!("/fn/{echo}");
     // A 16 MiB body announced with an unknown token, and with none: 401 with not a byte
     // of the body sent.
@@ -230,11 +231,12 @@ fn unknown_tokens_and_slow_bodies_hold_no_worker() {
         c.write_all(b"{").unwrap();
         attackers.push(c);
     }
-    // Meanwhile: /healthz, and a known caller's call, answered.
+    // Meanwhile: /healthz, and another known caller's call, answered (the trickling one
+    // holds its share of the workers, and is refused one more).
     for _ in 0..3 {
         let r = req(&f.addr, "GET", "/healthz", None, &[], "");
         assert_eq!(r.status, 200, "{}", r.text());
-        let r = req(&f.addr, "POST", &path, Some(&good), &[], r#"{"a": 1}"#);
+        let r = req(&f.addr, "POST", &path, Some(&other), &[], r#"{"a": 1}"#);
         assert_eq!(r.status, 200, "{}", r.text());
         assert_eq!(r.json()["result"], json!({"echo": {"a": 1}}));
     }

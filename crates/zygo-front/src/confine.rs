@@ -126,7 +126,7 @@ pub fn allowlist(role: FrontRole, pid: u32) -> Vec<Allowed> {
         v.extend([
             allow!(SYS_accept4, "taking a connection on the listener it bound before confining itself"),
             allow!(SYS_setsockopt, When::Equals { arg: 1, value: SOL_SOCKET as u64 },
-                   "read and write timeouts on its connections and channels (SO_RCVTIMEO, SO_SNDTIMEO)"),
+                   "read and write timeouts on its connections and channels (SO_RCVTIMEO, SO_SNDTIMEO), and SO_LINGER 0 to reset a connection whose client does not take its answer"),
             allow!(SYS_getsockname, "the listener's own address, which the HTTP server asks for once"),
             allow!(SYS_getpeername, "a connection's peer address, kept with its requests"),
             allow!(SYS_fcntl, When::Equals { arg: 1, value: F_DUPFD_CLOEXEC as u64 },

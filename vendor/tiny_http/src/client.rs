@@ -44,6 +44,10 @@ pub struct ClientConnection {
     // connection after it.
     limits: Arc<Limits>,
     poisoned: Arc<AtomicBool>,
+
+    // Zygo patch: the descriptor of the socket's write half, given to each request.
+    #[cfg(unix)]
+    write_fd: Option<std::os::unix::io::RawFd>,
 }
 
 /// Error that can happen when reading a request.
@@ -81,6 +85,8 @@ impl ClientConnection {
             poisoned: poisoned.clone(),
         });
         let first_header = source.next().unwrap();
+        #[cfg(unix)]
+        let write_fd = write_socket.raw_fd();
 
         ClientConnection {
             source,
@@ -91,6 +97,8 @@ impl ClientConnection {
             secure,
             limits,
             poisoned,
+            #[cfg(unix)]
+            write_fd,
         }
     }
 
@@ -233,6 +241,8 @@ impl ClientConnection {
                 request::RequestCreationError::BadFraming(why) => ReadError::BadFraming(why),
             }
         })?;
+        #[cfg(unix)]
+        let request = request.with_connection_fd(self.write_fd);
 
         // return the request
         Ok(request)

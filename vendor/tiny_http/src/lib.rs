@@ -348,18 +348,17 @@ impl Server {
                             let _guard = &guard;
                             let _peer_guard = &peer_guard;
                             if let Some(client) = client.take() {
-                                // Synchronization is needed for HTTPS requests to avoid a deadlock
-                                if client.secure() {
-                                    let (sender, receiver) = mpsc::channel();
-                                    for rq in client {
-                                        messages.push(rq.with_notify_sender(sender.clone()).into());
-                                        if receiver.recv().is_err() {
-                                            break;
-                                        }
-                                    }
-                                } else {
-                                    for rq in client {
-                                        messages.push(rq.into());
+                                // Zygo patch: a connection's next request is read only once
+                                // the previous one was answered (upstream did this for HTTPS
+                                // only). Pipelined requests wait in the socket, not in a
+                                // worker: one connection is one request in the handler's
+                                // hands at a time, and no answer waits inside a worker for
+                                // another's to be written first.
+                                let (sender, receiver) = mpsc::channel();
+                                for rq in client {
+                                    messages.push(rq.with_notify_sender(sender.clone()).into());
+                                    if receiver.recv().is_err() {
+                                        break;
                                     }
                                 }
                             }

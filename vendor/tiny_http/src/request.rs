@@ -85,6 +85,10 @@ pub struct Request {
 
     // Zygo patch: set by `leave_body_unread`; the body guard then drains nothing.
     body_unwanted: Arc<AtomicBool>,
+
+    // Zygo patch: the descriptor of the connection's socket (see `connection_fd`).
+    #[cfg(unix)]
+    connection_fd: Option<std::os::unix::io::RawFd>,
 }
 
 /// Zygo patch: how a request's body is bounded once the handler is done with it.
@@ -296,6 +300,8 @@ where
         notify_when_responded: None,
         own_headers: body_limits.own_headers,
         body_unwanted,
+        #[cfg(unix)]
+        connection_fd: None,
     })
 }
 
@@ -307,6 +313,23 @@ impl Request {
     pub fn leave_body_unread(&self) {
         self.body_unwanted
             .store(true, std::sync::atomic::Ordering::Release);
+    }
+
+    /// Zygo patch: the descriptor of the socket this request came on, for socket options
+    /// (a write timeout, lingering) and `shutdown` while its answer is written. It stays
+    /// open as long as this request, or the writer `into_writer` made of it, is alive, and
+    /// must not be used after both are gone (nor closed: the connection owns it). Only this
+    /// request's handler uses the socket meanwhile: a connection's next request is not read
+    /// before this one is answered. `None` for a request made any other way.
+    #[cfg(unix)]
+    pub fn connection_fd(&self) -> Option<std::os::unix::io::RawFd> {
+        self.connection_fd
+    }
+
+    #[cfg(unix)]
+    pub(crate) fn with_connection_fd(mut self, fd: Option<std::os::unix::io::RawFd>) -> Self {
+        self.connection_fd = fd;
+        self
     }
 
     /// Returns true if the request was made through HTTPS.

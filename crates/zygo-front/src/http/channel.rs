@@ -6,7 +6,12 @@
 //! A channel whose exchange broke (the supervisor closed it, a frame was malformed, the
 //! front gave up waiting) is shut and not lent again: closing it is also how the front
 //! cancels what it started there. The confined front cannot open another, so when the last
-//! one goes the front exits (a service manager restarts it against the new supervisor).
+//! one goes the front exits 1, saying why (a service manager restarts it against the new
+//! supervisor). Idle channels are looked at every [`WATCH_EVERY`] ([`Pool::watch`]): the
+//! supervisor never writes on one unasked, so one that is readable was closed by it (it
+//! drained and exited, or it died) and is lost too. Without that, a supervisor gone while
+//! nobody called would leave the front answering 503 to every request until each of its
+//! channels had been tried.
 
 use std::os::fd::AsRawFd;
 use std::os::unix::net::UnixStream;
@@ -48,6 +53,8 @@ pub enum ChanError {
 const RECOVER_FOR: Duration = Duration::from_secs(24 * 3600 + 300);
 /// Once a frame has begun to arrive, the most its remaining bytes may take.
 const FRAME_TIME: Duration = Duration::from_secs(30);
+/// How often the idle channels are looked at for a supervisor that closed them.
+pub const WATCH_EVERY: Duration = Duration::from_millis(250);
 
 pub struct Pool {
     free: Mutex<Vec<UnixStream>>,
@@ -99,18 +106,63 @@ impl Pool {
         self.cv.notify_one();
     }
 
-    fn lose(&self, sock: UnixStream) {
+    fn lose(&self, sock: UnixStream, why: &str) {
         let _ = sock.shutdown(std::net::Shutdown::Both);
         let left = self.live.fetch_sub(1, Ordering::AcqRel) - 1;
-        log::warn!("a channel to the supervisor was closed; {left} left");
+        log::warn!("a channel to the supervisor was closed ({why}); {left} left");
         self.cv.notify_all();
         if left == 0 {
             log::error!(
-                "zygo api has no channel to the supervisor left (did it stop?); exiting so it can be started again"
+                "zygo api has no channel to the supervisor left: the supervisor stopped or closed them all; exiting (status 1) so that a service manager starts zygo api again once a supervisor runs"
             );
             std::process::exit(1);
         }
     }
+
+    /// Look at the idle channels every [`WATCH_EVERY`], on a thread of its own, and lose
+    /// each the supervisor closed (or wrote to unasked): the front exits once none is left,
+    /// whether or not anyone calls.
+    pub fn watch(self: &Arc<Self>) -> Result<(), String> {
+        let pool = self.clone();
+        std::thread::Builder::new()
+            .name("chan-watch".into())
+            .spawn(move || loop {
+                std::thread::sleep(WATCH_EVERY);
+                pool.sweep();
+            })
+            .map(|_| ())
+            .map_err(|e| format!("start the thread that watches the supervisor's channels: {e}"))
+    }
+
+    fn sweep(&self) {
+        let mut free = self.free.lock().unwrap_or_else(|p| p.into_inner());
+        let mut closed = Vec::new();
+        let mut i = 0;
+        while i < free.len() {
+            if stirred(&free[i]) {
+                closed.push(free.swap_remove(i));
+            } else {
+                i += 1;
+            }
+        }
+        drop(free);
+        for sock in closed {
+            self.lose(sock, "the supervisor closed it while it was idle");
+        }
+    }
+}
+
+/// Whether an idle channel is readable or hung up: its peer closed it, or wrote to it
+/// unasked (which leaves it out of step just the same).
+fn stirred(sock: &UnixStream) -> bool {
+    let mut p = libc::pollfd {
+        fd: sock.as_raw_fd(),
+        events: libc::POLLIN | libc::POLLRDHUP,
+        revents: 0,
+    };
+    // SAFETY: poll on one valid pollfd of a descriptor we hold, without waiting.
+    let r = unsafe { libc::poll(&mut p, 1, 0) };
+    r > 0 && p.revents != 0
 }
 
 /// Wait until `sock` has bytes to read (or its peer closed), at most until `deadline`.
@@ -170,10 +222,10 @@ impl Lease {
         mut on_event: impl FnMut(ExecEvent),
     ) -> Result<Reply, ChanError> {
         let r = self.exchange(req, deadline, &mut on_event);
-        if let Err(ChanError::Broken(_)) = r {
+        if let Err(ChanError::Broken(why)) = &r {
             self.pending = false;
             if let Some(sock) = self.sock.take() {
-                self.pool.lose(sock);
+                self.pool.lose(sock, why);
             }
         }
         r
@@ -230,9 +282,12 @@ impl Drop for Lease {
                         Ok(true) => match read_reply(&mut sock) {
                             Ok(Reply::Event(_)) => continue,
                             Ok(_) => return pool.give_back(sock),
-                            Err(_) => return pool.lose(sock),
+                            Err(_) => return pool.lose(sock, "an abandoned reply broke"),
                         },
-                        _ => return pool.lose(sock),
+                        Ok(false) => {
+                            return pool.lose(sock, "an abandoned reply did not come in time")
+                        }
+                        Err(_) => return pool.lose(sock, "an abandoned reply broke"),
                     }
                 }
             });

@@ -3,7 +3,11 @@
 //!
 //! - [`Shares`]: the channels to the supervisor one credential may hold at once (a token,
 //!   with the tenant it acts for). Past its share a caller is answered 429 at once.
-//! - [`Readers`]: the request bodies being read at once from one peer address.
+//! - [`Places`]: the requests being served at once (from the head's arrival until the
+//!   answer is written: reading the body, waiting on the supervisor, writing the answer),
+//!   per caller, per peer address, and in all. Past a share a request is refused at once
+//!   (429; 503 past the total), so a caller that trickles bodies or does not read its
+//!   answers holds at most its share of the workers and another caller always finds one.
 //! - [`AuthCache`]: which credentials the supervisor recently said it knows, so that a
 //!   body is read only for a caller the supervisor knows (and the check costs a channel
 //!   round trip at most once every few seconds per credential). The supervisor still
@@ -92,54 +96,159 @@ impl Drop for Share<'_> {
     }
 }
 
-/// Bodies being read per peer address.
-pub struct Readers {
-    open: Mutex<HashMap<IpAddr, usize>>,
-    per: usize,
+/// Requests being served per caller, per peer address, and in all.
+pub struct Places {
+    held: Mutex<Held>,
+    per_caller: usize,
+    per_address: usize,
+    all: usize,
 }
 
-/// One body being read; given back when dropped.
-pub struct Reading {
-    readers: std::sync::Arc<Readers>,
-    ip: IpAddr,
+#[derive(Default)]
+struct Held {
+    callers: HashMap<Key, usize>,
+    addresses: HashMap<IpAddr, usize>,
+    all: usize,
 }
 
-impl Readers {
-    pub fn new(per: usize) -> Readers {
-        Readers {
-            open: Mutex::new(HashMap::new()),
-            per: per.max(1),
+/// One request's place; given back when dropped.
+pub struct Place {
+    places: std::sync::Arc<Places>,
+    caller: Option<Key>,
+    ip: Option<IpAddr>,
+}
+
+/// Which share a request found full.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Full {
+    /// Its caller (token and tenant) has this many requests being served.
+    Caller(usize),
+    /// Its peer address has this many.
+    Address(usize),
+    /// The front serves this many, its most.
+    All(usize),
+}
+
+impl Full {
+    /// The status and words of the refusal.
+    pub fn refusal(self) -> (u16, &'static str, String) {
+        match self {
+            Full::Caller(n) => (
+                429,
+                "busy",
+                format!("this caller has {n} requests being served by zygo api already (its share of the front's workers); retry when one is done"),
+            ),
+            Full::Address(n) => (
+                429,
+                "busy",
+                format!("{n} requests from this address are being served by zygo api already (its share of the front's workers); retry when one is done"),
+            ),
+            Full::All(n) => (
+                503,
+                "unavailable",
+                format!("zygo api is serving {n} requests, its most; retry in a moment"),
+            ),
+        }
+    }
+}
+
+impl Places {
+    /// `per_caller`, `per_address`, `all`: the most requests served at once for one
+    /// caller, from one address, and in all (each at least 1).
+    pub fn new(per_caller: usize, per_address: usize, all: usize) -> Places {
+        Places {
+            held: Mutex::new(Held::default()),
+            per_caller: per_caller.max(1),
+            per_address: per_address.max(1),
+            all: all.max(1),
         }
     }
 
-    pub fn per(&self) -> usize {
-        self.per
-    }
-
-    /// A place to read one more body from `ip`, unless `per` are being read from there.
-    pub fn take(this: &std::sync::Arc<Readers>, ip: IpAddr) -> Option<Reading> {
-        let mut open = this.open.lock().unwrap_or_else(|p| p.into_inner());
-        let n = open.entry(ip).or_insert(0);
-        if *n >= this.per {
-            return None;
+    /// A place for one request of `who` from `ip`. A request without a token is counted
+    /// only by its address (and in all): every token-less request would otherwise share
+    /// one caller's share. Unix socket peers have no address.
+    pub fn take(
+        this: &std::sync::Arc<Places>,
+        who: &Credentials,
+        ip: Option<IpAddr>,
+    ) -> Result<Place, Full> {
+        let caller = who.token.is_some().then(|| key(who));
+        let mut held = this.held.lock().unwrap_or_else(|p| p.into_inner());
+        if held.all >= this.all {
+            return Err(Full::All(this.all));
         }
-        *n += 1;
-        Some(Reading {
-            readers: this.clone(),
+        if let Some(k) = &caller {
+            if held.callers.get(k).copied().unwrap_or(0) >= this.per_caller {
+                return Err(Full::Caller(this.per_caller));
+            }
+        }
+        if let Some(ip) = ip {
+            if held.addresses.get(&ip).copied().unwrap_or(0) >= this.per_address {
+                return Err(Full::Address(this.per_address));
+            }
+        }
+        held.all += 1;
+        if let Some(k) = &caller {
+            *held.callers.entry(k.clone()).or_insert(0) += 1;
+        }
+        if let Some(ip) = ip {
+            *held.addresses.entry(ip).or_insert(0) += 1;
+        }
+        Ok(Place {
+            places: this.clone(),
+            caller,
             ip,
         })
     }
 }
 
-impl Drop for Reading {
+impl Drop for Place {
     fn drop(&mut self) {
-        let mut open = self.readers.open.lock().unwrap_or_else(|p| p.into_inner());
-        if let Some(n) = open.get_mut(&self.ip) {
-            *n = n.saturating_sub(1);
-            if *n == 0 {
-                open.remove(&self.ip);
+        let mut held = self.places.held.lock().unwrap_or_else(|p| p.into_inner());
+        held.all = held.all.saturating_sub(1);
+        if let Some(k) = self.caller.take() {
+            if let Some(n) = held.callers.get_mut(&k) {
+                *n = n.saturating_sub(1);
+                if *n == 0 {
+                    held.callers.remove(&k);
+                }
             }
         }
+        if let Some(ip) = self.ip {
+            if let Some(n) = held.addresses.get_mut(&ip) {
+                *n = n.saturating_sub(1);
+                if *n == 0 {
+                    held.addresses.remove(&ip);
+                }
+            }
+        }
+    }
+}
+
+/// Refusals for want of a place are logged at most this often.
+pub const REFUSAL_LOG_EVERY: Duration = Duration::from_secs(1);
+
+/// Refusals, logged at most once every [`REFUSAL_LOG_EVERY`], each line saying how many
+/// there were since the last: a caller refused in a loop cannot make the front spend its
+/// time (or its log's room) on lines about it.
+#[derive(Default)]
+pub struct RefusalLog {
+    state: Mutex<(Option<Instant>, usize)>,
+}
+
+impl RefusalLog {
+    /// One more refusal; `line` makes the log line, given how many refusals it tells of.
+    pub fn note(&self, line: impl FnOnce(usize) -> String) {
+        let mut st = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        st.1 += 1;
+        if st.0.is_some_and(|at| at.elapsed() < REFUSAL_LOG_EVERY) {
+            return;
+        }
+        let n = std::mem::take(&mut st.1);
+        st.0 = Some(Instant::now());
+        drop(st);
+        let text = line(n);
+        log::warn!("{text}");
     }
 }
 
@@ -206,14 +315,59 @@ mod tests {
     }
 
     #[test]
-    fn bodies_read_per_peer_are_capped_and_given_back() {
-        let r = std::sync::Arc::new(Readers::new(1));
-        let ip: IpAddr = [127, 0, 0, 2].into();
-        let g = Readers::take(&r, ip).unwrap();
-        assert!(Readers::take(&r, ip).is_none());
-        assert!(Readers::take(&r, [127, 0, 0, 1].into()).is_some());
-        drop(g);
-        assert!(Readers::take(&r, ip).is_some());
+    fn places_are_capped_per_caller_per_address_and_in_all_and_given_back() {
+        let p = std::sync::Arc::new(Places::new(2, 3, 5));
+        let (ip1, ip2, ip3): (IpAddr, IpAddr, IpAddr) = (
+            [127, 0, 0, 1].into(),
+            [127, 0, 0, 2].into(),
+            [127, 0, 0, 3].into(),
+        );
+        // One caller from two addresses: its share, whichever address.
+        let a1 = Places::take(&p, &who("a"), Some(ip1)).unwrap();
+        let _a2 = Places::take(&p, &who("a"), Some(ip2)).unwrap();
+        assert_eq!(
+            Places::take(&p, &who("a"), Some(ip3)).err(),
+            Some(Full::Caller(2))
+        );
+        // One address, many callers (or none): its share.
+        let _b = Places::take(&p, &who("b"), Some(ip1)).unwrap();
+        let anon = Credentials {
+            token: None,
+            tenant: None,
+        };
+        let _n = Places::take(&p, &anon, Some(ip1)).unwrap();
+        assert_eq!(
+            Places::take(&p, &who("c"), Some(ip1)).err(),
+            Some(Full::Address(3))
+        );
+        // In all.
+        let _u = Places::take(&p, &anon, None).unwrap();
+        assert_eq!(Places::take(&p, &who("d"), None).err(), Some(Full::All(5)));
+        // Given back.
+        drop(a1);
+        let _a3 = Places::take(&p, &who("a"), Some(ip3)).unwrap();
+        assert_eq!(p.held.lock().unwrap().all, 5);
+        let (st, code, _) = Full::All(5).refusal();
+        assert_eq!((st, code), (503, "unavailable"));
+    }
+
+    #[test]
+    fn refusals_are_logged_at_most_once_a_second_with_their_count() {
+        let log = RefusalLog::default();
+        let mut lines = Vec::new();
+        for _ in 0..3 {
+            log.note(|n| {
+                lines.push(n);
+                String::new()
+            });
+        }
+        assert_eq!(lines, [1]);
+        log.state.lock().unwrap().0 = Some(Instant::now() - REFUSAL_LOG_EVERY);
+        log.note(|n| {
+            lines.push(n);
+            String::new()
+        });
+        assert_eq!(lines, [1, 3]);
     }
 
     #[test]

@@ -8,6 +8,7 @@
 //! (an unknown field or a key named twice is 400), the status codes and error bodies, the
 //! `X-Zygo-Request-Id` on every response, streaming as NDJSON.
 
+pub mod answer;
 pub mod base64;
 pub mod bodies;
 pub mod body;
@@ -47,8 +48,12 @@ pub const WORKERS_MIN: usize = 64;
 pub const MAX_CONNECTIONS: usize = 512;
 /// Connections served at once from one peer address.
 pub const MAX_CONNECTIONS_PER_PEER: usize = MAX_CONNECTIONS / 4;
-/// Request bodies read at once from one peer address.
-pub const MAX_BODY_READERS_PER_PEER: usize = WORKERS_MIN / 4;
+/// Of the workers, the share one caller's requests may hold at once (from the head's
+/// arrival until the answer is written), and one peer address's: a quarter each.
+pub const PLACES_PER_CALLER_DIV: usize = 4;
+/// Of the workers, the share all requests together may hold (three quarters): the rest
+/// answer refusals at once, so a refusal never waits for a worker.
+pub const PLACES_ALL_NUM: usize = 3;
 /// After its first second, a body must keep arriving at this many bytes a second on
 /// average (counted from that first second), or it is dropped with 408.
 pub const MIN_BODY_RATE: usize = 64 * 1024;
@@ -66,8 +71,10 @@ pub struct Front {
     pub chans: std::sync::Arc<channel::Pool>,
     /// Channels one credential may hold at once: a quarter of them.
     pub shares: fair::Shares,
-    /// Bodies being read per peer address.
-    pub readers: Arc<fair::Readers>,
+    /// Requests being served per caller, per address and in all.
+    pub places: Arc<fair::Places>,
+    /// Refusals for want of a place, logged at most once a second.
+    pub refusals: fair::RefusalLog,
     /// Credentials the supervisor recently said it knows.
     pub auth: fair::AuthCache,
     pub flags: FrontFlags,
@@ -140,6 +147,9 @@ pub fn status_of(code: ErrorCode) -> u16 {
 pub enum Out {
     /// A JSON body with this status (and `Retry-After` when set).
     Json(u16, Value, Option<u32>),
+    /// A JSON body already encoded, in pieces written one after another, and the request
+    /// id for `X-Zygo-Request-Id` when the answer has its own.
+    Bytes(u16, Vec<Vec<u8>>, Option<String>),
     Err(HttpError),
     /// The handler wrote the response itself (a stream).
     Done,
@@ -170,8 +180,6 @@ pub struct Call {
     pub timeout_ms: u64,
     pub key: Option<String>,
     pub who: Credentials,
-    /// The place this request's body holds among its peer's readers, until it was read.
-    pub reading: Option<fair::Reading>,
     /// Whether the handler read the body (otherwise the answer closes the connection).
     pub body_read: bool,
 }
@@ -222,7 +230,6 @@ impl Call {
             Some(rq) => body::read(rq),
             None => Ok(Vec::new()),
         };
-        self.reading = None;
         self.body_read = true;
         r
     }
@@ -271,7 +278,8 @@ pub fn limits() -> tiny_http::Limits {
         max_per_peer: MAX_CONNECTIONS_PER_PEER,
         idle_timeout: IDLE_TIMEOUT,
         head_timeout: Duration::from_secs(30),
-        write_timeout: Duration::from_secs(30),
+        // Each write waits at most this; an answer's whole time is [`answer`]'s pace.
+        write_timeout: answer::WRITE_STEP,
         max_line: 8 * 1024,
         max_headers: 100,
         max_drain: 64 * 1024,
@@ -279,7 +287,9 @@ pub fn limits() -> tiny_http::Limits {
     }
 }
 
-/// Write a JSON answer. `close`: ask the client to close the connection.
+/// Write a JSON answer to a request that holds a place (see [`answer`]); the value is
+/// encoded first. `close`: the request's body, if any, stays unread and the connection is
+/// closed after the answer.
 pub fn respond_json(
     rq: tiny_http::Request,
     status: u16,
@@ -289,11 +299,86 @@ pub fn respond_json(
     extra: &[(&str, &str)],
     close: bool,
 ) {
-    metrics::count(status);
+    respond_json_at(
+        rq,
+        status,
+        body,
+        id,
+        retry_after,
+        extra,
+        close,
+        answer::Pace::Answer,
+    );
+}
+
+/// [`respond_json`] at `pace`.
+#[allow(clippy::too_many_arguments)]
+pub fn respond_json_at(
+    rq: tiny_http::Request,
+    status: u16,
+    body: &Value,
+    id: &str,
+    retry_after: Option<u32>,
+    extra: &[(&str, &str)],
+    close: bool,
+    pace: answer::Pace,
+) {
     let text = body.to_string().into_bytes();
-    let mut r = tiny_http::Response::from_data(text).with_status_code(status);
+    respond_bytes(
+        rq,
+        status,
+        "application/json",
+        vec![text],
+        id,
+        retry_after,
+        extra,
+        close,
+        pace,
+    );
+}
+
+/// Write an answer already encoded (in pieces, written one after another) at `pace`.
+#[allow(clippy::too_many_arguments)]
+pub fn respond_bytes(
+    rq: tiny_http::Request,
+    status: u16,
+    content_type: &str,
+    body: Vec<Vec<u8>>,
+    id: &str,
+    retry_after: Option<u32>,
+    extra: &[(&str, &str)],
+    close: bool,
+    pace: answer::Pace,
+) {
+    metrics::count(status);
+    write_answer(
+        rq,
+        status,
+        content_type,
+        body,
+        id,
+        retry_after,
+        extra,
+        close,
+        pace,
+    );
+}
+
+/// [`respond_bytes`] without counting the answer in `/metrics` (which counts itself).
+#[allow(clippy::too_many_arguments)]
+pub fn write_answer(
+    rq: tiny_http::Request,
+    status: u16,
+    content_type: &str,
+    body: Vec<Vec<u8>>,
+    id: &str,
+    retry_after: Option<u32>,
+    extra: &[(&str, &str)],
+    close: bool,
+    pace: answer::Pace,
+) {
     let mut hs = vec![
-        header("Content-Type", "application/json"),
+        header("Content-Type", content_type),
         header("X-Zygo-Request-Id", id),
     ];
     if let Some(s) = retry_after {
@@ -303,17 +388,32 @@ pub fn respond_json(
         hs.push(header(k, v));
     }
     if close {
-        hs.push(header("Connection", "close"));
         // Whatever of the body is unread stays unread: the connection is closed, so a
         // client trickling the body it announced holds no worker past its answer.
         rq.leave_body_unread();
     }
-    for h in hs.into_iter().flatten() {
-        r.add_header(h);
-    }
-    if let Err(e) = rq.respond(r) {
-        log::debug!("write an answer: {e}");
-    }
+    answer::send(rq, status, hs.into_iter().flatten().collect(), body, pace);
+}
+
+/// An error answer at `pace`.
+fn respond_error(
+    rq: tiny_http::Request,
+    e: &HttpError,
+    id: &str,
+    extra: &[(&str, &str)],
+    close: bool,
+    pace: answer::Pace,
+) {
+    respond_json_at(
+        rq,
+        e.status,
+        &e.body(),
+        id,
+        e.retry_after,
+        extra,
+        close,
+        pace,
+    );
 }
 
 /// Serve until SIGTERM or SIGINT (which the caller blocked in every thread before it
@@ -325,19 +425,26 @@ pub fn serve(
     flags: FrontFlags,
     listen_fd: i32,
 ) -> Result<(), String> {
+    hand_back_large_buffers();
     // More workers than channels: a worker reading a slow client's body holds no channel,
     // so a few slow uploads cannot leave the channels idle and everyone else waiting.
     let workers = (chans.len() * 4).max(WORKERS_MIN);
     let share = (chans.len() / 4).max(1);
     let front = Arc::new(Front {
         shares: fair::Shares::new(share),
-        readers: Arc::new(fair::Readers::new(MAX_BODY_READERS_PER_PEER)),
+        places: Arc::new(fair::Places::new(
+            workers / PLACES_PER_CALLER_DIV,
+            workers / PLACES_PER_CALLER_DIV,
+            workers * PLACES_ALL_NUM / 4,
+        )),
+        refusals: fair::RefusalLog::default(),
         auth: fair::AuthCache::default(),
         chans: channel::Pool::new(chans),
         flags,
         stopping: AtomicBool::new(false),
         in_flight: AtomicUsize::new(0),
     });
+    front.chans.watch()?;
     let server = tiny_http::Server::from_listener_limited(listener, None, limits())
         .map_err(|e| format!("start the HTTP server: {e}"))?;
     let server = Arc::new(server);
@@ -375,6 +482,20 @@ pub fn serve(
         log::warn!("{left} requests still in flight after the grace; stopping anyway");
     }
     Ok(())
+}
+
+/// Allocations of this size and more are mapped on their own and unmapped when freed.
+pub const LARGE_BUFFER: usize = 256 * 1024;
+
+/// The front's large buffers (replies read from the supervisor, answers being written) go
+/// back to the kernel as soon as they are freed. By default glibc raises its threshold for
+/// that to the largest block freed so far (up to 32 MiB), after which such blocks are kept
+/// in the arena of whichever of the 64 threads freed them: the front's resident memory
+/// then stays at its peak of answers long after they were written.
+fn hand_back_large_buffers() {
+    // SAFETY: mallopt only sets allocator parameters (glibc itself changes this one,
+    // unlocked, in free()).
+    unsafe { libc::mallopt(libc::M_MMAP_THRESHOLD, LARGE_BUFFER as libc::c_int) };
 }
 
 /// The signals that stop the front; block them in the calling thread (before any other
@@ -513,9 +634,12 @@ fn method_name(m: &Method) -> &'static str {
     }
 }
 
-/// Serve one request: find its route, check the shape of its headers, run its handler,
-/// write the answer.
+/// Serve one request: find its route, check the shape of its headers, give it a place
+/// among its caller's and its address's ([`fair::Places`]), run its handler, write the
+/// answer. What is answered before the request has a place is small and gets
+/// [`answer::REFUSAL_WRITE`]; everything after is written at [`answer::Pace::Answer`].
 pub fn serve_one(front: &Front, rq: tiny_http::Request) {
+    use answer::Pace;
     front.in_flight.fetch_add(1, Ordering::AcqRel);
     let _guard = InFlight(&front.in_flight);
     let id = new_request_id();
@@ -526,7 +650,7 @@ pub fn serve_one(front: &Front, rq: tiny_http::Request) {
         } else {
             HttpError::unavailable("zygo api is stopping").body()
         };
-        respond_json(rq, 503, &body, &id, Some(5), &[], true);
+        respond_json_at(rq, 503, &body, &id, Some(5), &[], true, Pace::Refusal);
         return;
     }
     // A refusal before its body was read closes the connection instead of draining it
@@ -534,22 +658,17 @@ pub fn serve_one(front: &Front, rq: tiny_http::Request) {
     let body_coming = has_body(&rq) && rq.body_length().is_none_or(|n| n > 1024);
     let (path, query) = match routes::split_url(rq.url()) {
         Ok(x) => x,
-        Err(e) => {
-            respond_json(rq, e.status, &e.body(), &id, None, &[], body_coming);
-            return;
-        }
+        Err(e) => return respond_error(rq, &e, &id, &[], body_coming, Pace::Refusal),
     };
     let method = method_name(rq.method());
     let (route, params) = match routes::find(method, &path) {
         routes::Found::Route(r, p) => (r, p),
         routes::Found::Bad(e) => {
-            respond_json(rq, e.status, &e.body(), &id, None, &[], body_coming);
-            return;
+            return respond_error(rq, &e, &id, &[], body_coming, Pace::Refusal);
         }
         routes::Found::NotFound(msg) => {
             let e = HttpError::not_found(msg);
-            respond_json(rq, 404, &e.body(), &id, None, &[], body_coming);
-            return;
+            return respond_error(rq, &e, &id, &[], body_coming, Pace::Refusal);
         }
         routes::Found::WrongMethod(allow) => {
             let e = HttpError::new(
@@ -557,9 +676,8 @@ pub fn serve_one(front: &Front, rq: tiny_http::Request) {
                 "bad_request",
                 format!("{method} is not served on {path}; it takes {allow}"),
             );
-            let close = body_coming;
-            respond_json(rq, 405, &e.body(), &id, None, &[("Allow", &allow)], close);
-            return;
+            let extra = [("Allow", allow.as_str())];
+            return respond_error(rq, &e, &id, &extra, body_coming, Pace::Refusal);
         }
     };
     let mut call = Call {
@@ -574,7 +692,6 @@ pub fn serve_one(front: &Front, rq: tiny_http::Request) {
             token: None,
             tenant: None,
         },
-        reading: None,
         body_read: false,
     };
     let checked = read_headers(&rq, &mut call).and_then(|()| {
@@ -586,49 +703,31 @@ pub fn serve_one(front: &Front, rq: tiny_http::Request) {
     });
     match checked {
         Ok(token) => call.who.token = token,
-        Err(e) => {
-            respond_json(
-                rq,
-                e.status,
-                &e.body(),
-                &id,
-                e.retry_after,
-                &[],
-                body_coming,
-            );
-            return;
-        }
+        Err(e) => return respond_error(rq, &e, &id, &[], body_coming, Pace::Refusal),
     }
-    // A body is read only for a caller the supervisor knows, and only so many at once
-    // from one address: nobody without a token can hold a worker or memory with one.
+    // A body is read only for a caller the supervisor knows: nobody without a token can
+    // hold a worker or memory with one (and a caller it does not know is told so, 401,
+    // whatever its share).
     if route.who != routes::Who::None && has_body(&rq) {
-        let admitted = handlers::authenticate(front, &call.who).and_then(|()| {
-            match rq.remote_addr().map(|a| a.ip()) {
-                None => Ok(None),
-                Some(ip) => fair::Readers::take(&front.readers, ip).map(Some).ok_or_else(|| {
-                    log::warn!(
-                        "{ip} is sending {} request bodies already; refused one more",
-                        front.readers.per()
-                    );
-                    HttpError::new(
-                        429,
-                        "busy",
-                        format!(
-                            "{} request bodies are being read from this address already; retry when one is done",
-                            front.readers.per()
-                        ),
-                    )
-                }),
-            }
-        });
-        match admitted {
-            Ok(reading) => call.reading = reading,
-            Err(e) => {
-                respond_json(rq, e.status, &e.body(), &id, e.retry_after, &[], true);
-                return;
-            }
+        if let Err(e) = handlers::authenticate(front, &call.who) {
+            return respond_error(rq, &e, &id, &[], true, Pace::Refusal);
         }
     }
+    // Held until the answer is written: reading the body, asking the supervisor and
+    // writing the answer all count against the caller's share and its address's.
+    let ip = rq.remote_addr().map(|a| a.ip());
+    let _place = match fair::Places::take(&front.places, &call.who, ip) {
+        Ok(p) => p,
+        Err(full) => {
+            let (status, code, message) = full.refusal();
+            front.refusals.note(|n| {
+                let from = ip.map_or_else(|| "a unix socket peer".to_string(), |ip| ip.to_string());
+                format!("refused a request from {from}: {message} ({n} refused since the last such line)")
+            });
+            let e = HttpError::new(status, code, message);
+            return respond_error(rq, &e, &id, &[], true, Pace::Refusal);
+        }
+    };
     call.rq = Some(rq);
     let out = (route.handler)(front, &mut call);
     let Some(rq) = call.rq.take() else {
@@ -643,11 +742,38 @@ pub fn serve_one(front: &Front, rq: tiny_http::Request) {
                 .unwrap_or(&call.id)
                 .to_string();
             let close = !call.body_read && body_coming;
-            respond_json(rq, status, &body, &rid, retry, &[], close);
+            // Only the encoded text is held while the answer drains.
+            let text = body.to_string().into_bytes();
+            drop(body);
+            respond_bytes(
+                rq,
+                status,
+                "application/json",
+                vec![text],
+                &rid,
+                retry,
+                &[],
+                close,
+                Pace::Answer,
+            );
+        }
+        Out::Bytes(status, pieces, rid) => {
+            let close = !call.body_read && body_coming;
+            respond_bytes(
+                rq,
+                status,
+                "application/json",
+                pieces,
+                rid.as_deref().unwrap_or(&call.id),
+                None,
+                &[],
+                close,
+                Pace::Answer,
+            );
         }
         Out::Err(e) => {
             let close = e.status == 413 || e.status == 408 || (!call.body_read && body_coming);
-            respond_json(rq, e.status, &e.body(), &call.id, e.retry_after, &[], close);
+            respond_error(rq, &e, &call.id, &[], close, Pace::Answer);
         }
     }
 }

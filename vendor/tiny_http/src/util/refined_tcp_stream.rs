@@ -121,6 +121,16 @@ impl RefinedTcpStream {
     pub(crate) fn peer_addr(&mut self) -> IoResult<Option<SocketAddr>> {
         self.stream.peer_addr()
     }
+
+    /// Zygo patch: the socket's descriptor (see `Request::connection_fd`).
+    #[cfg(unix)]
+    pub(crate) fn raw_fd(&self) -> Option<std::os::unix::io::RawFd> {
+        match &self.stream {
+            Stream::Http(c) => Some(c.raw_fd()),
+            #[cfg(any(feature = "ssl-openssl", feature = "ssl-rustls"))]
+            Stream::Https(_) => None,
+        }
+    }
 }
 
 impl Drop for RefinedTcpStream {

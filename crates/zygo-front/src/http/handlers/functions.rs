@@ -1,20 +1,23 @@
 //! `/fn…`: list, serve from a layer, stop, call (plain, streamed, batched), logs, stats,
 //! warm.
 
-use std::collections::BTreeMap;
 use std::io::Write;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Instant;
 
 use proto::api::{Credentials, ServeKind};
-use proto::front::{ErrorCode, ExecEvent, ExecRequest, Reply, Request};
+use proto::front::{ErrorCode, ExecAnswer, ExecEvent, ExecRequest, Reply, Request};
+use serde::de::IgnoredAny;
 use serde::Deserialize;
+use serde_json::value::RawValue;
 use serde_json::{json, Value};
 
 use super::{
-    ask, ask_until, ask_with, call_deadline, exec_answer, function_info, ms_left, name, unexpected,
+    ask, ask_until, ask_with, call_deadline, encode_object, encoded_len, exec_answer,
+    function_info, joined, ms_left, name, unexpected,
 };
+use crate::http::answer::Paced;
 use crate::http::{body, ok, Call, Front, HttpError, Out};
 
 /// Events in one batch, at most.
@@ -22,14 +25,16 @@ pub const MAX_BATCH: usize = 1000;
 /// Events of one batch in flight at once, at most (and never more than its caller's share
 /// of the channels).
 pub const BATCH_IN_FLIGHT: usize = 16;
-/// What a batch's answer may hold of its elements' output (stdout, stderr and results
-/// together). Past it an element's stdout and stderr are cut (`*_truncated: true`), and
-/// a result over [`BATCH_SMALL_RESULT`] that does not fit is left out (that element is
-/// 413 `too_large`); a smaller result is always kept.
+/// What a batch's answer may hold, all its elements together, counted as the bytes of
+/// their encoded JSON (what the front holds until the answer is written: results are kept
+/// as the text they came as, never parsed into trees). Past it an element's stdout and
+/// stderr are cut (`*_truncated: true`), and an element whose own fields and result do not
+/// fit is left out (413 `too_large`).
 pub const BATCH_ANSWER_BUDGET: usize = 64 * 1024 * 1024;
-/// A result this small is kept in a batch's answer even past its budget (at most 1000 of
-/// them: 64 MiB more at worst).
-pub const BATCH_SMALL_RESULT: usize = 64 * 1024;
+/// Set aside of [`BATCH_ANSWER_BUDGET`] for each event when the batch begins (at most 1000
+/// of them: 15.6 MiB), so that every element's status, its own fields and a result of up
+/// to about this much always fit, whatever the elements before it took.
+pub const BATCH_ELEMENT_RESERVE: usize = 16 * 1024;
 
 pub fn list(front: &Front, call: &mut Call) -> Out {
     if let Err(e) = call.only_query(&[]) {
@@ -148,13 +153,39 @@ fn fn_call_query(call: &Call) -> Result<(bool, Option<String>, bool), HttpError>
     Ok((stream, blob, out))
 }
 
-/// An event body: empty is `null`; otherwise one JSON value (strict).
+/// An event body: empty is `null`; otherwise one JSON value (strict), passed on as its
+/// text without the whitespace between tokens. It is checked without building it: as a
+/// tree, a body of small numbers or many keys takes many times its size (the supervisor
+/// parses it once more itself).
 pub fn event_text(bytes: &[u8]) -> Result<String, HttpError> {
     if bytes.iter().all(u8::is_ascii_whitespace) {
         return Ok("null".into());
     }
-    let v: Value = body::json(bytes)?;
-    Ok(v.to_string())
+    let _: IgnoredAny = body::json(bytes)?;
+    compact(bytes)
+}
+
+/// A JSON text already checked, without the whitespace between its tokens.
+fn compact(text: &[u8]) -> Result<String, HttpError> {
+    let mut out = Vec::with_capacity(text.len());
+    let (mut in_string, mut escaped) = (false, false);
+    for &b in text {
+        if in_string {
+            if escaped {
+                escaped = false;
+            } else if b == b'\\' {
+                escaped = true;
+            } else if b == b'"' {
+                in_string = false;
+            }
+        } else if b == b'"' {
+            in_string = true;
+        } else if matches!(b, b' ' | b'\t' | b'\n' | b'\r') {
+            continue;
+        }
+        out.push(b);
+    }
+    String::from_utf8(out).map_err(|_| HttpError::bad_request("the body is not UTF-8 text"))
 }
 
 pub fn call(front: &Front, call: &mut Call) -> Out {
@@ -195,8 +226,9 @@ pub fn exec(front: &Front, call: &mut Call, req: ExecRequest) -> Out {
         |_| {},
     ) {
         Ok(Reply::Answer(a)) => {
-            let (status, body) = exec_answer(&a);
-            Out::Json(status, body, None)
+            let id = a.request_id.clone();
+            let (status, body, raw) = exec_answer(a);
+            Out::Bytes(status, encode_object(raw, &body), Some(id))
         }
         Ok(r) => unexpected(&r).into(),
         Err(e) => e.into(),
@@ -215,13 +247,16 @@ pub const STREAM_QUEUE_BYTES: usize = 1024 * 1024;
 ///
 /// The channel is read on this thread and the HTTP client written on another, through a
 /// bounded queue: the supervisor's events are taken as they come however slowly the
-/// client reads, and what does not fit in the queue is dropped, never waited for.
+/// client reads, and what does not fit in the queue is dropped, never waited for. Once
+/// the call has answered, what is still queued must be taken at the pace of any answer
+/// (see [`crate::http::answer`]), or the connection is reset.
 fn exec_stream(front: &Front, call: &mut Call, req: ExecRequest) -> Out {
     let Some(rq) = call.rq.take() else {
         return Out::Done;
     };
     let chunked = *rq.http_version() >= (1, 1);
-    let mut w = rq.into_writer();
+    let answered = Arc::new(OnceLock::new());
+    let mut w = Paced::from_when(rq, answered.clone());
     let head = format!(
         "HTTP/1.1 200 OK\r\nContent-Type: application/x-ndjson\r\nX-Zygo-Request-Id: {}\r\nCache-Control: no-store\r\n{}\r\n",
         call.id,
@@ -233,13 +268,15 @@ fn exec_stream(front: &Front, call: &mut Call, req: ExecRequest) -> Out {
     );
     let (tx, rx) = std::sync::mpsc::sync_channel::<Vec<u8>>(STREAM_QUEUE_LINES);
     let queued = AtomicUsize::new(0);
-    let frame = |v: &Value| {
-        let mut text = v.to_string();
-        text.push('\n');
+    let frame = |mut text: Vec<u8>| {
+        text.push(b'\n');
         if chunked {
-            format!("{:x}\r\n{text}\r\n", text.len()).into_bytes()
+            let mut framed = format!("{:x}\r\n", text.len()).into_bytes();
+            framed.extend_from_slice(&text);
+            framed.extend_from_slice(b"\r\n");
+            framed
         } else {
-            text.into_bytes()
+            text
         }
     };
     std::thread::scope(|s| {
@@ -254,6 +291,7 @@ fn exec_stream(front: &Front, call: &mut Call, req: ExecRequest) -> Out {
             for bytes in rx {
                 if !gone && w.write_all(&bytes).and_then(|()| w.flush()).is_err() {
                     gone = true;
+                    crate::http::answer::log_stop(w.stopped(), queued.load(Ordering::Acquire));
                 }
                 queued.fetch_sub(bytes.len(), Ordering::AcqRel);
             }
@@ -276,7 +314,11 @@ fn exec_stream(front: &Front, call: &mut Call, req: ExecRequest) -> Out {
                     ExecEvent::Stderr(d) => ("stderr", d),
                     ExecEvent::Progress(d) => ("progress", d),
                 };
-                let bytes = frame(&json!({"stream": stream, "data": data}));
+                let bytes = frame(
+                    json!({"stream": stream, "data": data})
+                        .to_string()
+                        .into_bytes(),
+                );
                 let n = bytes.len();
                 let q = queued.load(Ordering::Acquire);
                 if q > 0 && q + n > STREAM_QUEUE_BYTES {
@@ -290,24 +332,30 @@ fn exec_stream(front: &Front, call: &mut Call, req: ExecRequest) -> Out {
                 }
             },
         );
-        let last = match result {
+        let (status, last) = match result {
             Ok(Reply::Answer(a)) => {
-                let (status, mut body) = exec_answer(&a);
+                let (status, mut body, raw) = exec_answer(a);
                 body["status"] = json!(status);
                 if cut {
                     body["stream_truncated"] = json!(true);
                 }
-                body
+                (status, joined(encode_object(raw, &body)))
             }
             Ok(r) => {
                 let e = unexpected(&r);
-                json!({"status": e.status, "error": e.message, "code": e.code})
+                let v = json!({"status": e.status, "error": e.message, "code": e.code});
+                (e.status, v.to_string().into_bytes())
             }
-            Err(e) => json!({"status": e.status, "error": e.message, "code": e.code}),
+            Err(e) => {
+                let v = json!({"status": e.status, "error": e.message, "code": e.code});
+                (e.status, v.to_string().into_bytes())
+            }
         };
-        crate::http::metrics::count(last["status"].as_u64().unwrap_or(200) as u16);
-        let bytes = frame(&last);
+        crate::http::metrics::count(status);
+        let bytes = frame(last);
         queued.fetch_add(bytes.len(), Ordering::AcqRel);
+        // From now on the client must take what is queued at an answer's pace.
+        let _ = answered.set(Instant::now());
         // The writer always takes what is queued (writing or dropping it), so this waits
         // at most for the lines ahead of it to be written or given up on.
         let _ = tx.send(bytes);
@@ -316,32 +364,66 @@ fn exec_stream(front: &Front, call: &mut Call, req: ExecRequest) -> Out {
     Out::Done
 }
 
+/// `POST /fn/{name}/batch`'s body. Each event is kept as the text it came as: parsed
+/// into trees, events of small numbers or many keys take many times their text.
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
-struct BatchBody {
-    events: Vec<Value>,
+struct BatchBody<'a> {
+    #[serde(borrow)]
+    events: Vec<&'a RawValue>,
+}
+
+/// The events of a batch's body, checked strictly (a key named twice at any depth is 400)
+/// without building any of them.
+fn batch_events(bytes: &[u8]) -> Result<Vec<&RawValue>, HttpError> {
+    let bad = |e: serde_json::Error| {
+        HttpError::bad_request(format!("the body is not what this route takes: {e}"))
+    };
+    proto::json::from_slice_strict::<IgnoredAny>(bytes).map_err(bad)?;
+    let b: BatchBody = serde_json::from_slice(bytes).map_err(bad)?;
+    if b.events.len() > MAX_BATCH {
+        return Err(HttpError::bad_request(format!(
+            "a batch has at most {MAX_BATCH} events; this one has {}",
+            b.events.len()
+        )));
+    }
+    Ok(b.events)
+}
+
+/// One element of a batch's answer: its status, what a refusal said (for a batch refused
+/// as a whole), and its JSON in pieces.
+struct Element {
+    status: u16,
+    error: Option<String>,
+    pieces: Vec<Vec<u8>>,
+}
+
+impl Element {
+    fn len(&self) -> usize {
+        self.pieces.iter().map(Vec::len).sum()
+    }
 }
 
 pub fn batch(front: &Front, call: &mut Call) -> Out {
     let parsed = (|| {
         call.only_query(&[])?;
         let name = name(call, 0)?;
-        let b: BatchBody = body::json(&call.body()?)?;
-        if b.events.len() > MAX_BATCH {
-            return Err(HttpError::bad_request(format!(
-                "a batch has at most {MAX_BATCH} events; this one has {}",
-                b.events.len()
-            )));
-        }
-        Ok((name, b.events))
+        Ok::<_, HttpError>((name, call.body()?))
     })();
-    let (name, events) = match parsed {
+    let (name, bytes) = match parsed {
         Ok(x) => x,
         Err(e) => return e.into(),
     };
+    let events = match batch_events(&bytes) {
+        Ok(e) => e,
+        Err(e) => return e.into(),
+    };
     let next = AtomicUsize::new(0);
-    let results: Mutex<BTreeMap<usize, Value>> = Mutex::new(BTreeMap::new());
-    let budget = Mutex::new(BATCH_ANSWER_BUDGET);
+    let results: Mutex<Vec<Option<Element>>> =
+        Mutex::new(std::iter::repeat_with(|| None).take(events.len()).collect());
+    // What is not set aside for the events' own reserves.
+    let shared =
+        Mutex::new(BATCH_ANSWER_BUDGET.saturating_sub(events.len() * BATCH_ELEMENT_RESERVE));
     let (who, key, deadline) = (&call.who, &call.key, call.deadline);
     let in_flight = BATCH_IN_FLIGHT.min(front.shares.per()).min(events.len());
     std::thread::scope(|s| {
@@ -349,80 +431,151 @@ pub fn batch(front: &Front, call: &mut Call) -> Out {
             s.spawn(|| loop {
                 let i = next.fetch_add(1, Ordering::AcqRel);
                 let Some(ev) = events.get(i) else { return };
-                let mut v = batch_one(front, who, key, deadline, &name, ev);
-                {
-                    let mut left = budget.lock().unwrap_or_else(|p| p.into_inner());
-                    fit_in_budget(&mut v, &mut left);
+                let answer = compact(ev.get().as_bytes())
+                    .and_then(|event| batch_one(front, who, key, deadline, &name, event));
+                let element = fit_element(answer, BATCH_ELEMENT_RESERVE, &shared);
+                let mut results = results.lock().unwrap_or_else(|p| p.into_inner());
+                if let Some(slot) = results.get_mut(i) {
+                    *slot = Some(element);
                 }
-                results
-                    .lock()
-                    .unwrap_or_else(|p| p.into_inner())
-                    .insert(i, v);
             });
         }
     });
-    let results: Vec<Value> = results
+    // Every event was taken by a thread, so every element is there.
+    let results: Vec<Element> = results
         .into_inner()
         .unwrap_or_else(|p| p.into_inner())
-        .into_values()
+        .into_iter()
+        .flatten()
         .collect();
     // Who the caller is holds for every element: refused as a caller (no, an unknown or
     // a revoked token; another tenant's header), the batch is refused as a whole.
     if let Some(first) = results.first() {
-        let status = first["status"].as_u64().unwrap_or(0);
-        if (status == 401 || status == 403)
-            && results.iter().all(|r| r["status"] == first["status"])
-        {
+        let status = first.status;
+        if (status == 401 || status == 403) && results.iter().all(|r| r.status == status) {
             let code = if status == 401 {
                 "unauthorized"
             } else {
                 "forbidden"
             };
-            let msg = first["error"].as_str().unwrap_or(code).to_string();
-            return HttpError::new(status as u16, code, msg).into();
+            let msg = first.error.clone().unwrap_or_else(|| code.to_string());
+            return HttpError::new(status, code, msg).into();
         }
     }
-    ok(json!({ "results": results }))
+    drop(events);
+    drop(bytes);
+    let mut pieces = vec![b"{\"results\":[".to_vec()];
+    for (i, e) in results.into_iter().enumerate() {
+        if i > 0 {
+            pieces.push(b",".to_vec());
+        }
+        pieces.extend(e.pieces);
+    }
+    pieces.push(b"]}".to_vec());
+    Out::Bytes(200, pieces, None)
 }
 
-/// Keep a batch element's answer within what is `left` of the batch's answer budget:
-/// its result first (left out, as 413 `too_large`, when it does not fit and is over
-/// [`BATCH_SMALL_RESULT`]), then as much of its stdout and then its stderr as fits, each
-/// cut at a character's start and marked `*_truncated`.
-fn fit_in_budget(v: &mut Value, left: &mut usize) {
-    let result_len = v.get("result").map_or(0, |r| r.to_string().len());
-    if result_len > *left && result_len > BATCH_SMALL_RESULT {
-        *v = json!({
-            "status": 413,
-            "error": format!(
+/// How many bytes each byte of a string takes in JSON as serde_json writes it.
+fn json_width(b: u8) -> usize {
+    match b {
+        b'"' | b'\\' | 0x08 | 0x09 | 0x0a | 0x0c | 0x0d => 2,
+        0x00..=0x1f => 6,
+        _ => 1,
+    }
+}
+
+/// `s` cut, at a character's start, to what takes at most `room` bytes inside a JSON
+/// string; and whether it was cut.
+fn cut_to(mut s: String, room: usize) -> (String, bool) {
+    let mut used = 0;
+    let mut end = s.len();
+    for (i, b) in s.bytes().enumerate() {
+        used += json_width(b);
+        if used > room {
+            end = i;
+            break;
+        }
+    }
+    if end == s.len() {
+        return (s, false);
+    }
+    while end > 0 && !s.is_char_boundary(end) {
+        end -= 1;
+    }
+    s.truncate(end);
+    (s, true)
+}
+
+/// Keep one element within the batch's budget, encoded: its own fields and result must
+/// fit in its `reserve` and what is left of the `shared` budget (else the element is 413
+/// `too_large`, its result left out); then as much of its stdout, and then its stderr,
+/// as still fits, each cut at a character's start and marked `*_truncated`. What its
+/// reserve did not need goes back to the shared budget.
+fn fit_element(
+    answer: Result<ExecAnswer, HttpError>,
+    reserve: usize,
+    shared: &Mutex<usize>,
+) -> Element {
+    let mut a = match answer {
+        Ok(a) => a,
+        Err(e) => return small_element(e, reserve, shared),
+    };
+    let stdout = std::mem::take(&mut a.stdout);
+    let stderr = std::mem::take(&mut a.stderr);
+    let (status, mut body, raw) = exec_answer(a);
+    body["status"] = json!(status);
+    let fixed = encoded_len(&raw, &body);
+    let mut free = shared.lock().unwrap_or_else(|p| p.into_inner());
+    if fixed > reserve + *free {
+        drop(free);
+        let e = HttpError::new(
+            413,
+            "too_large",
+            format!(
                 "the batch's answer passed {} MiB; this event's result was left out",
                 BATCH_ANSWER_BUDGET >> 20
             ),
-            "code": "too_large",
-        });
-        return;
+        );
+        return small_element(e, reserve, shared);
     }
-    *left = left.saturating_sub(result_len);
-    for (text, flag) in [
-        ("stdout", "stdout_truncated"),
-        ("stderr", "stderr_truncated"),
-    ] {
-        let Some(Value::String(s)) = v.get_mut(text) else {
-            continue;
-        };
-        if s.len() > *left {
-            let mut cut = *left;
-            while cut > 0 && !s.is_char_boundary(cut) {
-                cut -= 1;
-            }
-            s.truncate(cut);
-            v[flag] = json!(true);
-        }
-        let Some(Value::String(s)) = v.get(text) else {
-            continue;
-        };
-        *left -= s.len();
+    let room = (reserve + *free) - fixed;
+    let (stdout, out_cut) = cut_to(stdout, room);
+    let room = room - stdout.bytes().map(json_width).sum::<usize>();
+    let (stderr, err_cut) = cut_to(stderr, room);
+    body["stdout"] = json!(stdout);
+    body["stderr"] = json!(stderr);
+    if out_cut {
+        body["stdout_truncated"] = json!(true);
     }
+    if err_cut {
+        body["stderr_truncated"] = json!(true);
+    }
+    let pieces = encode_object(raw, &body);
+    let used: usize = pieces.iter().map(Vec::len).sum();
+    *free = (*free + reserve).saturating_sub(used);
+    Element {
+        status,
+        error: body
+            .get("error")
+            .and_then(Value::as_str)
+            .map(str::to_string),
+        pieces,
+    }
+}
+
+/// An element that is a refusal: small, it fits in its reserve (what it does not need
+/// goes back to the shared budget).
+fn small_element(e: HttpError, reserve: usize, shared: &Mutex<usize>) -> Element {
+    let v = json!({"status": e.status, "error": e.message, "code": e.code});
+    let pieces = vec![v.to_string().into_bytes()];
+    let el = Element {
+        status: e.status,
+        error: Some(e.message),
+        pieces,
+    };
+    let mut free = shared.lock().unwrap_or_else(|p| p.into_inner());
+    *free = (*free + reserve).saturating_sub(el.len());
+    el
 }
 
 /// One element of a batch: sent only while the batch's deadline has time left, with no
@@ -433,22 +586,22 @@ fn batch_one(
     key: &Option<String>,
     deadline: Instant,
     name: &str,
-    ev: &Value,
-) -> Value {
+    event: String,
+) -> Result<ExecAnswer, HttpError> {
     let left = deadline.saturating_duration_since(Instant::now());
     if left.is_zero() {
-        return json!({
-            "status": 504,
-            "error": "the batch's deadline passed before this event was sent",
-            "code": "timeout",
-        });
+        return Err(HttpError::new(
+            504,
+            "timeout",
+            "the batch's deadline passed before this event was sent",
+        ));
     }
     let req = ExecRequest {
         workspace: None,
         workspace_blob: None,
         out: false,
         name: name.to_string(),
-        event: ev.to_string(),
+        event,
         key: key.clone(),
         timeout_ms: Some(ms_left(left)),
         stream: false,
@@ -464,16 +617,9 @@ fn batch_one(
         Some(deadline),
         |_| {},
     ) {
-        Ok(Reply::Answer(a)) => {
-            let (status, mut body) = exec_answer(&a);
-            body["status"] = json!(status);
-            body
-        }
-        Ok(r) => {
-            let e = unexpected(&r);
-            json!({"status": e.status, "error": e.message, "code": e.code})
-        }
-        Err(e) => json!({"status": e.status, "error": e.message, "code": e.code}),
+        Ok(Reply::Answer(a)) => Ok(a),
+        Ok(r) => Err(unexpected(&r)),
+        Err(e) => Err(e),
     }
 }
 
@@ -547,41 +693,124 @@ pub fn stats(front: &Front, call: &mut Call) -> Out {
 }
 
 #[cfg(test)]
+#[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
 
+    fn answer(result: &str, stdout: &str, stderr: &str) -> ExecAnswer {
+        ExecAnswer {
+            request_id: "r".into(),
+            outcome: proto::front::Outcome::Ok,
+            result: Some(result.into()),
+            error: None,
+            traceback: None,
+            exit_code: None,
+            started: true,
+            oom_killed: false,
+            stdout: stdout.into(),
+            stdout_truncated: false,
+            stderr: stderr.into(),
+            stderr_truncated: false,
+            metrics: proto::front::Metrics::default(),
+            workspace_out: None,
+            workspace_out_truncated: false,
+            stream_truncated: false,
+            usage: None,
+        }
+    }
+
+    fn parsed(e: &Element) -> Value {
+        serde_json::from_slice(&super::super::joined(e.pieces.clone())).unwrap()
+    }
+
     #[test]
-    fn a_batch_answer_past_its_budget_is_cut_and_marked() {
-        let mut left = 10;
-        let mut v = json!({"status": 200, "result": "ab", "stdout": "0123", "stderr": "éééé",
-            "stdout_truncated": false, "stderr_truncated": false});
-        fit_in_budget(&mut v, &mut left);
-        // "ab" is 4 bytes of JSON; 4 of stdout; 2 of stderr (one é).
-        assert_eq!(v["stdout"], "0123");
-        assert_eq!(v["stdout_truncated"], false);
-        assert_eq!(v["stderr"], "é");
-        assert_eq!(v["stderr_truncated"], true);
-        assert_eq!(left, 0);
-        // Past the budget a small result is still kept; a big one is left out.
-        let mut v = json!({"status": 200, "result": "small", "stdout": "x", "stderr": "",
-            "stdout_truncated": false});
-        fit_in_budget(&mut v, &mut left);
+    fn a_batch_element_past_its_budget_is_cut_and_marked() {
+        // Its own fields, then stdout and stderr from what is left, each cut at a
+        // character's start; what the element does not use goes back.
+        let fixed = {
+            let shared = Mutex::new(1 << 20);
+            fit_element(Ok(answer("[1,2]", "", "")), 0, &shared).len()
+        };
+        let shared = Mutex::new(fixed + 6);
+        let e = fit_element(Ok(answer("[1,2]", "0123", "éééé")), 0, &shared);
+        let v = parsed(&e);
+        assert_eq!(v["result"], json!([1, 2]));
         assert_eq!(
-            (v["result"].as_str(), v["stdout"].as_str()),
-            (Some("small"), Some(""))
+            (v["stdout"].as_str(), v["stdout_truncated"].as_bool()),
+            (Some("0123"), Some(false))
         );
-        assert_eq!(v["stdout_truncated"], true);
-        let big = "r".repeat(BATCH_SMALL_RESULT + 1);
-        let mut v = json!({"status": 200, "result": big, "stdout": "", "stderr": ""});
-        fit_in_budget(&mut v, &mut left);
+        assert_eq!(
+            (v["stderr"].as_str(), v["stderr_truncated"].as_bool()),
+            (Some("é"), Some(true))
+        );
+        // What it holds and what is left are what there was ("true" is a byte shorter
+        // than "false").
+        assert_eq!(e.len() + *shared.lock().unwrap(), fixed + 6);
+        assert!(e.len() <= fixed + 6);
+        // Escapes count as what they take.
+        let shared = Mutex::new(fixed + 3);
+        let v = parsed(&fit_element(Ok(answer("[1,2]", "\n\n", "")), 0, &shared));
+        assert_eq!(v["stdout"], "\n");
+        // An element whose own fields and result do not fit is 413, in its reserve.
+        let shared = Mutex::new(0);
+        let big = format!("[{}0]", "0,".repeat(5000));
+        let e = fit_element(Ok(answer(&big, "out", "")), 1000, &shared);
+        let v = parsed(&e);
         assert_eq!(
             (v["status"].as_u64(), v["code"].as_str()),
             (Some(413), Some("too_large"))
         );
-        let mut left = 100;
-        let mut v = json!({"status": 504, "error": "late", "code": "timeout"});
-        fit_in_budget(&mut v, &mut left);
-        assert_eq!(v["code"], "timeout");
+        assert_eq!(*shared.lock().unwrap(), 1000 - e.len());
+        // A result that fits in the element's reserve is kept, its output cut.
+        let shared = Mutex::new(0);
+        let v = parsed(&fit_element(
+            Ok(answer(&big, "out", "")),
+            16 * 1024,
+            &shared,
+        ));
+        assert_eq!(v["result"].as_array().map(Vec::len), Some(5001));
+        assert_eq!(
+            (v["stdout"].as_str(), v["stdout_truncated"].as_bool()),
+            (Some("out"), Some(false))
+        );
+    }
+
+    #[test]
+    fn an_event_is_checked_strictly_and_kept_as_text() {
+        assert_eq!(event_text(b" \n").unwrap(), "null");
+        assert_eq!(event_text(b"{\"a\": [0, 0]}").unwrap(), "{\"a\":[0,0]}");
+        // Whitespace inside strings, and escaped quotes, stay as they are.
+        let text = "{ \"a b\" :\t\"c \\\" d\\\\\" ,\r\n\"é\": [ 1 , 2 ] }";
+        assert_eq!(
+            event_text(text.as_bytes()).unwrap(),
+            "{\"a b\":\"c \\\" d\\\\\",\"é\":[1,2]}"
+        );
+        for bad in [&b"{\"a\": 1, \"a\": 2}"[..], b"[1,", b"1 2"] {
+            assert_eq!(event_text(bad).unwrap_err().status, 400);
+        }
+    }
+
+    #[test]
+    fn a_batchs_events_are_checked_strictly_and_kept_as_text() {
+        let ev = batch_events(br#"{"events": [1, {"a": [0, 0]}, "x"]}"#).unwrap();
+        let texts: Vec<&str> = ev.iter().map(|e| e.get()).collect();
+        assert_eq!(texts, ["1", r#"{"a": [0, 0]}"#, r#""x""#]);
+        for bad in [
+            &br#"{"events": [{"a": 1, "a": 2}]}"#[..],
+            br#"{"events": [], "events": []}"#,
+            br#"{"events": [1], "more": 1}"#,
+            br#"{"events": 1}"#,
+            br#"{"events": [1,]}"#,
+            b"{}",
+        ] {
+            let e = batch_events(bad).unwrap_err();
+            assert_eq!(e.status, 400, "{}", String::from_utf8_lossy(bad));
+        }
+        let many = format!("{{\"events\": [{}0]}}", "0,".repeat(MAX_BATCH));
+        assert!(batch_events(many.as_bytes())
+            .unwrap_err()
+            .message
+            .contains("at most"));
     }
 }
 

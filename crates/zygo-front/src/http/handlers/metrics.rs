@@ -25,18 +25,11 @@ pub fn metrics(front: &Front, call: &mut Call) -> Out {
     let Some(rq) = call.rq.take() else {
         return Out::Done;
     };
-    let mut r = tiny_http::Response::from_data(page.into_bytes()).with_status_code(200);
-    for (k, v) in [
-        ("Content-Type", "text/plain; version=0.0.4; charset=utf-8"),
-        ("X-Zygo-Request-Id", call.id.as_str()),
-        ("Cache-Control", "no-store"),
-    ] {
-        if let Ok(h) = tiny_http::Header::from_bytes(k.as_bytes(), v.as_bytes()) {
-            r.add_header(h);
-        }
-    }
-    if let Err(e) = rq.respond(r) {
-        log::debug!("write /metrics: {e}");
-    }
+    // Counted above already: written as any answer, at the pace the client must keep.
+    let ctype = "text/plain; version=0.0.4; charset=utf-8";
+    let extra = [("Cache-Control", "no-store")];
+    let page = vec![page.into_bytes()];
+    let pace = crate::http::answer::Pace::Answer;
+    crate::http::write_answer(rq, 200, ctype, page, &call.id, None, &extra, false, pace);
     Out::Done
 }

@@ -208,8 +208,15 @@ pub fn function_info(f: &FunctionInfo) -> Value {
     })
 }
 
-/// The status and body of a call's answer (the contract's "A call's answer").
-pub fn exec_answer(a: &ExecAnswer) -> (u16, Value) {
+/// Fields of a JSON object given as JSON text, in pieces passed on as they are.
+pub type RawFields = Vec<(&'static str, Vec<Vec<u8>>)>;
+
+/// The status and body of a call's answer (the contract's "A call's answer"), taking the
+/// answer's strings rather than copying them. The result (and a workspace asked for with
+/// `out`) come apart, as JSON text in pieces ([`encode_object`] puts them in): a result
+/// that is one JSON value is passed on as the text the handler returned, checked without
+/// building it; one that is not (never from a well-behaved agent) is a JSON string.
+pub fn exec_answer(a: ExecAnswer) -> (u16, Value, RawFields) {
     let metrics = json!({
         "wall_ms": proto::front::ms(a.metrics.wall_us),
         "cpu_ms": proto::front::ms(a.metrics.cpu_us),
@@ -224,21 +231,18 @@ pub fn exec_answer(a: &ExecAnswer) -> (u16, Value) {
         "started": a.started,
         "metrics": metrics,
     });
+    let mut raw = RawFields::new();
     let status = match a.outcome {
         Outcome::Ok => {
-            let result = a
-                .result
-                .as_deref()
-                .map(|r| serde_json::from_str::<Value>(r).unwrap_or(Value::String(r.into())))
-                .unwrap_or(Value::Null);
-            body["result"] = result;
+            match a.result {
+                None => body["result"] = Value::Null,
+                Some(r) if is_one_json_value(&r) => raw.push(("result", vec![r.into_bytes()])),
+                Some(r) => body["result"] = Value::String(r),
+            }
             200
         }
         Outcome::Error => {
-            body["error"] = json!(a
-                .error
-                .clone()
-                .unwrap_or_else(|| "the handler failed".into()));
+            body["error"] = json!(a.error.unwrap_or_else(|| "the handler failed".into()));
             body["code"] = json!("handler");
             body["traceback"] = json!(a.traceback);
             // Set when the handler's process exited (sys.exit(3), a command's status);
@@ -253,7 +257,7 @@ pub fn exec_answer(a: &ExecAnswer) -> (u16, Value) {
                 Outcome::Stuck => (504, "stuck", "the handler stopped answering"),
                 _ => (499, "cancelled", "the request was cancelled"),
             };
-            body["error"] = json!(a.error.clone().unwrap_or_else(|| default.into()));
+            body["error"] = json!(a.error.unwrap_or_else(|| default.into()));
             body["code"] = json!(code);
             body["oom_killed"] = json!(a.oom_killed);
             status
@@ -263,12 +267,67 @@ pub fn exec_answer(a: &ExecAnswer) -> (u16, Value) {
     if a.stream_truncated {
         body["stream_truncated"] = json!(true);
     }
-    // Asked for with `out`: the directory, packed (the caller's SDK decodes it).
+    // Asked for with `out`: the directory, packed (the caller's SDK decodes it). Base64
+    // needs no escaping: its text is the JSON string's.
     if let Some(tar) = &a.workspace_out {
-        body["workspace"] = json!(crate::http::base64::encode(tar));
+        let b64 = crate::http::base64::encode(tar).into_bytes();
+        raw.push(("workspace", vec![b"\"".to_vec(), b64, b"\"".to_vec()]));
         body["workspace_truncated"] = json!(a.workspace_out_truncated);
     }
-    (status, body)
+    (status, body, raw)
+}
+
+/// Whether `text` is one JSON value (and nothing else but whitespace), found without
+/// building it.
+pub fn is_one_json_value(text: &str) -> bool {
+    serde_json::from_str::<serde::de::IgnoredAny>(text).is_ok()
+}
+
+/// A JSON object in pieces: the `raw` fields first (their values passed on as they are,
+/// never copied), then the fields of `rest` (an object).
+pub fn encode_object(raw: RawFields, rest: &Value) -> Vec<Vec<u8>> {
+    let mut pieces = Vec::new();
+    let mut sep = "{";
+    for (key, value) in raw {
+        pieces.push(format!("{sep}{}:", Value::from(key)).into_bytes());
+        pieces.extend(value);
+        sep = ",";
+    }
+    let mut tail = rest.to_string().into_bytes();
+    if sep == "," {
+        if tail.len() > 2 {
+            tail[0] = b',';
+        } else {
+            tail = b"}".to_vec();
+        }
+    }
+    pieces.push(tail);
+    pieces
+}
+
+/// How many bytes [`encode_object`] makes of `raw` and `rest`, without making them.
+pub fn encoded_len(raw: &RawFields, rest: &Value) -> usize {
+    let fields: usize = raw
+        .iter()
+        .map(|(key, value)| {
+            1 + Value::from(*key).to_string().len() + 1 + value.iter().map(Vec::len).sum::<usize>()
+        })
+        .sum();
+    let tail = rest.to_string().len();
+    if raw.is_empty() || tail > 2 {
+        fields + tail
+    } else {
+        fields + 1
+    }
+}
+
+/// The pieces' bytes in one.
+pub fn joined(pieces: Vec<Vec<u8>>) -> Vec<u8> {
+    let mut out = Vec::with_capacity(pieces.iter().map(Vec::len).sum());
+    for p in pieces {
+        out.extend_from_slice(&p);
+    }
+    out
 }
 
 fn bytes_text(b: u64) -> String {
@@ -324,6 +383,7 @@ pub fn ms_left(left: Duration) -> u64 {
 }
 
 #[cfg(test)]
+#[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
 
@@ -349,8 +409,43 @@ mod tests {
             stream_truncated: false,
             usage: None,
         };
-        let (st, v) = exec_answer(&base);
+        let encoded = |a: ExecAnswer| {
+            let (st, body, raw) = exec_answer(a);
+            let v: Value = serde_json::from_slice(&joined(encode_object(raw, &body))).unwrap();
+            (st, v)
+        };
+        let (_, body, raw) = exec_answer(base.clone());
+        let len = encoded_len(&raw, &body);
+        assert_eq!(len, joined(encode_object(raw, &body)).len());
+        let raw = vec![("a", vec![b"1".to_vec()])];
+        assert_eq!(
+            encoded_len(&raw, &json!({})),
+            joined(encode_object(raw, &json!({}))).len()
+        );
+        let (st, v) = encoded(base.clone());
         assert_eq!((st, v["result"]["a"].as_i64()), (200, Some(1)));
+        assert_eq!(v["request_id"], "r");
+        // A result that is not one JSON value is a string; none is null.
+        for (result, want) in [
+            (Some("{\"a\":"), json!("{\"a\":")),
+            (Some("1 2"), json!("1 2")),
+            (None, Value::Null),
+        ] {
+            let a = ExecAnswer {
+                result: result.map(str::to_string),
+                ..base.clone()
+            };
+            assert_eq!(encoded(a).1["result"], want);
+        }
+        let a = ExecAnswer {
+            workspace_out: Some(vec![1, 2, 3].into()),
+            ..base.clone()
+        };
+        let (_, v) = encoded(a);
+        assert_eq!(
+            (v["workspace"].as_str(), v["result"]["a"].as_i64()),
+            (Some("AQID"), Some(1))
+        );
         for (outcome, status, code) in [
             (Outcome::Error, 500, "handler"),
             (Outcome::Timeout, 504, "timeout"),
@@ -362,7 +457,7 @@ mod tests {
                 result: None,
                 ..base.clone()
             };
-            let (st, v) = exec_answer(&a);
+            let (st, v) = encoded(a);
             assert_eq!(st, status, "{outcome:?}");
             assert_eq!(v["code"], code);
             assert!(v["error"].is_string() && v.get("oom_killed").is_some());
@@ -375,7 +470,7 @@ mod tests {
                 exit_code,
                 ..base.clone()
             };
-            assert_eq!(exec_answer(&a).1["exit_code"], shown);
+            assert_eq!(exec_answer(a).1["exit_code"], shown);
         }
     }
 
