@@ -46,6 +46,15 @@ pub fn image_allowed(image: &str, deploy: bool) -> Result<(), String> {
 /// other option (`-r`, `-c`, `-e`, `--index-url`, ...), no URL, no path, no direct
 /// reference (`name @ url`). Comments and blank lines are fine; a line may continue on
 /// the next with a trailing backslash.
+///
+/// The text is read the way pip reads it, so that what is checked is what pip acts on:
+/// lines end only at `\n` (or `\r\n`), since every other character Python counts as a
+/// line break (`\r`, form feed, `\x1c`..., `\u2028`) is refused, as is any other control
+/// or non-ASCII character; a trailing backslash joins a line to the next with nothing
+/// between; a comment starts at a `#` at the start or after whitespace; and a line's
+/// options start at its first space-separated word that begins with `-`, everything from
+/// there on being read by a shell-like splitter, so quotes and backslashes are refused
+/// there.
 pub fn check_requirements(text: &str) -> Result<(), Refused> {
     const FILE: &str = "requirements.txt";
     let refuse = |line: usize, why: String| Refused {
@@ -55,24 +64,41 @@ pub fn check_requirements(text: &str) -> Result<(), Refused> {
     };
     let mut logical = String::new();
     let mut first = 0;
-    for (i, raw) in text.lines().enumerate() {
+    for (i, raw) in text.split('\n').enumerate() {
+        let raw = raw.strip_suffix('\r').unwrap_or(raw);
+        if let Some(bad) = raw
+            .chars()
+            .find(|&c| !(c == '\t' || (' '..='~').contains(&c)))
+        {
+            return Err(refuse(
+                i + 1,
+                format!(
+                    "has the character {bad:?}; a requirements file is printable ASCII, \
+                     tabs and line ends"
+                ),
+            ));
+        }
         if logical.is_empty() {
             first = i + 1;
         }
-        let line = strip_comment(raw);
-        if let Some(body) = line.strip_suffix('\\') {
-            logical.push_str(body);
-            logical.push(' ');
+        if raw.ends_with('\\') && !is_comment_line(raw) {
+            logical.push_str(raw.trim_matches('\\'));
             continue;
         }
-        logical.push_str(line);
-        check_requirement(&logical).map_err(|why| refuse(first, why))?;
+        logical.push_str(raw);
+        check_requirement(strip_comment(&logical)).map_err(|why| refuse(first, why))?;
         logical.clear();
     }
-    if !logical.trim().is_empty() {
-        check_requirement(&logical).map_err(|why| refuse(first, why))?;
+    if !logical.is_empty() {
+        check_requirement(strip_comment(&logical)).map_err(|why| refuse(first, why))?;
     }
     Ok(())
+}
+
+/// Whether pip reads a line as a comment before joining continued lines (a `#` at its
+/// start, after optional whitespace).
+fn is_comment_line(line: &str) -> bool {
+    line.trim_start_matches([' ', '\t']).starts_with('#')
 }
 
 /// A line without its comment: pip's comments start at a `#` that begins the line or
@@ -91,22 +117,26 @@ const ONLY_NAMES: &str = "a set built without deploy rights may name only packag
     registries (name, extras, versions, markers and --hash)";
 
 fn check_requirement(line: &str) -> Result<(), String> {
+    let line = line.trim_matches([' ', '\t']);
+    // pip's split: the words before the first space-separated word starting with '-' are
+    // the requirement; the rest are options, split like a shell command line.
+    let words: Vec<&str> = line.split(' ').collect();
+    let options_at = words
+        .iter()
+        .position(|w| w.starts_with('-'))
+        .unwrap_or(words.len());
+    let options = words[options_at..].join(" ");
+    if let Some(bad) = options.chars().find(|c| matches!(c, '"' | '\'' | '\\')) {
+        return Err(format!(
+            "the options {} have {bad:?}; {ONLY_NAMES}",
+            crate::Shown::new(&options)
+        ));
+    }
+    for word in options.split_whitespace() {
+        check_hash_option(word)?;
+    }
     let mut spec = String::new();
-    for word in line.split_whitespace() {
-        if let Some(hash) = word.strip_prefix("--hash=") {
-            let ok = hash.split_once(':').is_some_and(|(algo, hex)| {
-                matches!(algo, "sha256" | "sha384" | "sha512")
-                    && !hex.is_empty()
-                    && hex.bytes().all(|b| b.is_ascii_hexdigit())
-            });
-            if !ok {
-                return Err(format!(
-                    "{} is not a --hash=ALGO:HEX option",
-                    crate::Shown::new(word)
-                ));
-            }
-            continue;
-        }
+    for word in words[..options_at].join(" ").split_whitespace() {
         if word.starts_with('-') {
             return Err(format!(
                 "the option {} is refused; {ONLY_NAMES}",
@@ -118,6 +148,9 @@ fn check_requirement(line: &str) -> Result<(), String> {
     }
     let spec = spec.trim();
     if spec.is_empty() {
+        if options_at < words.len() {
+            return Err(format!("a line of options only is refused; {ONLY_NAMES}"));
+        }
         return Ok(());
     }
     let name_end = spec
@@ -162,6 +195,29 @@ fn check_requirement(line: &str) -> Result<(), String> {
         ));
     }
     Ok(())
+}
+
+/// `--hash=ALGO:HEX`, the one option a requirement may carry.
+fn check_hash_option(word: &str) -> Result<(), String> {
+    let Some(hash) = word.strip_prefix("--hash=") else {
+        return Err(format!(
+            "the option {} is refused; {ONLY_NAMES}",
+            crate::Shown::new(word)
+        ));
+    };
+    let ok = hash.split_once(':').is_some_and(|(algo, hex)| {
+        matches!(algo, "sha256" | "sha384" | "sha512")
+            && !hex.is_empty()
+            && hex.bytes().all(|b| b.is_ascii_hexdigit())
+    });
+    if ok {
+        Ok(())
+    } else {
+        Err(format!(
+            "{} is not a --hash=ALGO:HEX option",
+            crate::Shown::new(word)
+        ))
+    }
 }
 
 /// A `package.json` and `package-lock.json` that name registry packages only: in the
@@ -353,6 +409,9 @@ mod tests {
             "numpy~=1.26  # a comment\n",
             "six==1.16.0 \\\n    --hash=sha256:8abb2f1d86890a2dfb989f9a77cfcfd3e47c2a354b01111771326f8aa26e0254\n",
             "zope.interface\nruamel.yaml==0.17.*\n",
+            "six==1.16.0\r\nattrs\r\n",
+            "six==1.16.0\t# a comment after a tab\n",
+            "  # a comment ending in a backslash \\\nsix\n",
         ] {
             assert_eq!(check_requirements(ok), Ok(()), "{ok:?}");
         }
@@ -370,6 +429,18 @@ mod tests {
             ("git+https://github.com/a/b\n", 1),
             ("six \\\n  -r /etc/passwd\n", 1),
             ("six --hash=md5:abc\n", 1),
+            // Characters Python splits lines at, hiding an option behind a comment.
+            ("six # \x0c--index-url https://evil.example/simple\n", 1),
+            ("six #\r-r /etc/hostname\n", 1),
+            ("six # \u{2028}-r /etc/hostname\n", 1),
+            ("six\n# \x1e-r /etc/hostname\n", 2),
+            // pip reads the options part with a shell-like splitter: quotes vanish there.
+            ("six --hash=sha256:ab \"\"--global-option=x\n", 1),
+            ("six --hash=sha256:ab '--config-settings=x'\n", 1),
+            ("six --hash=sha256:ab \\--global-option=x\n", 1),
+            // A continuation joins with nothing between: the option is still seen.
+            ("six==1 \\\n--index-url=file:///etc\n", 1),
+            ("--hash=sha256:ab\n", 1),
         ] {
             let e = check_requirements(bad).expect_err(bad);
             assert_eq!(e.line, line, "{bad:?}: {e}");
