@@ -55,11 +55,6 @@ fuzz_target!(|data: &[u8]| {
         if fb.push(part).is_err() {
             return;
         }
-        loop {
-            match fb.next_frame::<FromLauncher>() {
-                Ok(Some(_)) => {}
-                Ok(None) | Err(_) => break,
-            }
-        }
+        while let Ok(Some(_)) = fb.next_frame::<FromLauncher>() {}
     }
 });
