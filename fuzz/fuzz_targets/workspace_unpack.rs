@@ -30,7 +30,11 @@ fn check(dir: &Path) -> (usize, u64) {
             entries += n;
             bytes += b;
         } else {
-            assert!(m.is_file(), "not a file or a folder: {}", e.path().display());
+            assert!(
+                m.is_file(),
+                "not a file or a folder: {}",
+                e.path().display()
+            );
             assert_eq!(mode, 0o600, "{}", e.path().display());
             bytes += m.len();
         }
@@ -56,7 +60,15 @@ fuzz_target!(|data: &[u8]| {
     let (entries, bytes) = check(&into);
     assert!(entries <= LIMITS.max_entries, "{entries} entries");
     assert!(bytes <= LIMITS.max_bytes, "{bytes} bytes");
-    assert_eq!(std::fs::read_dir(&beside).expect("read").count(), 0, "written beside");
-    assert_eq!(std::fs::read_dir(&root).expect("read").count(), 2, "written beside");
+    assert_eq!(
+        std::fs::read_dir(&beside).expect("read").count(),
+        0,
+        "written beside"
+    );
+    assert_eq!(
+        std::fs::read_dir(&root).expect("read").count(),
+        2,
+        "written beside"
+    );
     std::fs::remove_dir_all(&root).expect("clean up");
 });

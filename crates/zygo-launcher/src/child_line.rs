@@ -52,7 +52,7 @@ pub(crate) const MAX_TRACEBACK: usize = 1024 * 1024;
 
 /// One line of a request process, as the launcher passes it on.
 #[derive(Debug, PartialEq)]
-pub(crate) enum ChildMsg {
+pub enum ChildMsg {
     Progress {
         text: String,
     },
@@ -72,8 +72,9 @@ pub(crate) enum ChildMsg {
 }
 
 /// Check one line (without its newline) and take what it says. A result's value is moved
-/// to the front of `line`'s own buffer, which becomes the value's text.
-pub(crate) fn parse(line: Vec<u8>) -> Result<ChildMsg, String> {
+/// to the front of `line`'s own buffer, which becomes the value's text. (Public for the
+/// `agent_lines` fuzz target; the launcher is its only caller.)
+pub fn parse(line: Vec<u8>) -> Result<ChildMsg, String> {
     read(line).map_err(|e| format!("bad line: {e}"))
 }
 

@@ -9,7 +9,9 @@
 
 mod agent_log;
 mod agents;
-mod child_line;
+/// Public only for the `agent_lines` fuzz target (`fuzz/`): [`child_line::parse`] is the
+/// launcher's check of a request process's lines.
+pub mod child_line;
 pub mod harden;
 mod ids;
 mod rootfs;

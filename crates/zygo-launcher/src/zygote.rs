@@ -109,9 +109,12 @@ impl Channels {
 
 // --- What the sandbox may say ------------------------------------------------------------
 
+/// A line on the agent's control channel. (Public, with [`Registration`], for the
+/// `agent_lines` fuzz target, which parses hostile lines as [`serve`] does:
+/// `proto::json::from_slice_strict`.)
 #[derive(Debug, Deserialize)]
 #[serde(tag = "kind", rename_all = "snake_case", deny_unknown_fields)]
-enum AgentMsg {
+pub enum AgentMsg {
     Ready {
         #[serde(rename = "pid")]
         _pid: i64,
@@ -127,9 +130,10 @@ enum AgentMsg {
     },
 }
 
+/// A request process's registration datagram.
 #[derive(Debug, Deserialize)]
 #[serde(tag = "kind", rename_all = "snake_case", deny_unknown_fields)]
-enum Registration {
+pub enum Registration {
     Register { slot: String },
 }
 
