@@ -216,7 +216,10 @@ fn replies(token: &Option<String>, req: &Request) -> Vec<Reply> {
             kind: *kind,
         }),
         Request::Stop { name } => one(Reply::Stopped { name: name.clone() }),
-        Request::Logs { .. } => one(Reply::Logs(vec![])),
+        Request::Logs { .. } => one(Reply::Logs {
+            entries: vec![],
+            left_out: 0,
+        }),
         Request::Stats { name } => one(Reply::Stats(vec![proto::front::FunctionStats {
             name: name.clone().unwrap_or_default(),
             requests: 1,

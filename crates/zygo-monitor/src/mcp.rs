@@ -572,7 +572,7 @@ fn handle(sh: &Shared, req: McpRequest, stopper: &Arc<Stopper>) -> McpReply {
             }
             let n = limit.clamp(*LOG_LIMIT.start(), *LOG_LIMIT.end());
             match supervisor(Request::Logs { name, n }, stopper) {
-                Ok(Reply::Logs(entries)) => McpReply::Logs { call, entries },
+                Ok(Reply::Logs { entries, .. }) => McpReply::Logs { call, entries },
                 Ok(other) => tool_error(call, other),
                 Err(message) => McpReply::ToolError { call, message },
             }

@@ -457,7 +457,7 @@ impl Functions {
         // What its calls left on the host's functions (their log entries and its counters)
         // goes too: an id made again later is somebody else, who must not read them.
         for f in self.fns.values_mut() {
-            f.logs.retain(|(t, _)| t.as_deref() != Some(id));
+            f.logs.forget(id);
             f.tenant_stats.remove(id);
         }
         let tokens_revoked = match self.api.revoke_tenant_tokens(id) {
