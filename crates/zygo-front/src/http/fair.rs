@@ -11,7 +11,7 @@
 
 use std::collections::HashMap;
 use std::net::IpAddr;
-use std::sync::{Condvar, Mutex};
+use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
 use proto::api::Credentials;
@@ -25,14 +25,20 @@ fn key(who: &Credentials) -> Key {
 
 /// Channels held per credential.
 pub struct Shares {
+    inner: Arc<Held>,
+}
+
+struct Held {
     held: Mutex<HashMap<Key, usize>>,
     cv: Condvar,
     per: usize,
 }
 
-/// One of a caller's leases; given back when dropped.
-pub struct Share<'a> {
-    shares: &'a Shares,
+/// One of a caller's leases; given back when dropped. It may outlive the request that
+/// took it: a channel whose caller stopped waiting holds it until the channel is free
+/// again (see `channel::Lease::hold`).
+pub struct Share {
+    shares: Arc<Held>,
     key: Key,
 }
 
@@ -40,27 +46,30 @@ impl Shares {
     /// `per`: how many channels one credential may hold at once (at least 1).
     pub fn new(per: usize) -> Shares {
         Shares {
-            held: Mutex::new(HashMap::new()),
-            cv: Condvar::new(),
-            per: per.max(1),
+            inner: Arc::new(Held {
+                held: Mutex::new(HashMap::new()),
+                cv: Condvar::new(),
+                per: per.max(1),
+            }),
         }
     }
 
     pub fn per(&self) -> usize {
-        self.per
+        self.inner.per
     }
 
     /// One of `who`'s leases. `wait_until`: `None` refuses at once when `who` holds its
     /// share; `Some` waits (for the caller's own leases to end) until then.
-    pub fn take(&self, who: &Credentials, wait_until: Option<Instant>) -> Option<Share<'_>> {
+    pub fn take(&self, who: &Credentials, wait_until: Option<Instant>) -> Option<Share> {
         let k = key(who);
-        let mut held = self.held.lock().unwrap_or_else(|p| p.into_inner());
+        let s = &self.inner;
+        let mut held = s.held.lock().unwrap_or_else(|p| p.into_inner());
         loop {
             let n = held.entry(k.clone()).or_insert(0);
-            if *n < self.per {
+            if *n < s.per {
                 *n += 1;
                 return Some(Share {
-                    shares: self,
+                    shares: s.clone(),
                     key: k,
                 });
             }
@@ -69,16 +78,15 @@ impl Shares {
             if now >= until {
                 return None;
             }
-            held = self
-                .cv
-                .wait_timeout(held, until - now)
-                .unwrap_or_else(|p| p.into_inner())
-                .0;
+            held =
+                s.cv.wait_timeout(held, until - now)
+                    .unwrap_or_else(|p| p.into_inner())
+                    .0;
         }
     }
 }
 
-impl Drop for Share<'_> {
+impl Drop for Share {
     fn drop(&mut self) {
         let mut held = self.shares.held.lock().unwrap_or_else(|p| p.into_inner());
         if let Some(n) = held.get_mut(&self.key) {

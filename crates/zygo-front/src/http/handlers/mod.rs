@@ -50,7 +50,7 @@ pub fn ask_with(
     share_wait: Option<Instant>,
     on_event: impl FnMut(ExecEvent),
 ) -> Result<Reply, HttpError> {
-    let _share = front.shares.take(who, share_wait).ok_or_else(|| {
+    let share = front.shares.take(who, share_wait).ok_or_else(|| {
         HttpError::new(
             429,
             "busy",
@@ -65,6 +65,9 @@ pub fn ask_with(
         request: Box::new(req),
     };
     let mut lease = acquire(front, deadline)?;
+    // Should this request be abandoned (its deadline passes first), its channel still
+    // counts against its caller until the channel is free again.
+    lease.hold(share);
     match lease.call(&req, deadline, on_event) {
         Ok(Reply::Error {
             code,
