@@ -148,6 +148,7 @@ fn replies(token: &Option<String>, req: &Request) -> Vec<Reply> {
             cgroup: "v1".into(),
             landlock_abi: 6,
             private_net: None,
+            tenant: None,
         })),
         Request::List => one(Reply::Functions(vec![
             function("echo", "function"),

@@ -308,8 +308,7 @@ impl Drop for Lease {
 #[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
-    use crate::http::fair::Shares;
-    use proto::api::Credentials;
+    use crate::http::fair::{Party, Shares};
 
     /// A pool of two channels with a short grace, and the supervisor's ends.
     fn pool(grace: Duration) -> (Arc<Pool>, Vec<UnixStream>) {
@@ -322,11 +321,8 @@ mod tests {
         (Pool::with_grace(ours, grace), theirs)
     }
 
-    fn who() -> Credentials {
-        Credentials {
-            token: Some("t".into()),
-            tenant: None,
-        }
+    fn who() -> Party {
+        Party::Tenant("t".into())
     }
 
     /// A request its caller stops waiting for (its deadline passes): its channel is

@@ -1,8 +1,10 @@
 //! What one caller may hold of the front, so that no caller (with a token or without one)
 //! can take what every other caller needs:
 //!
-//! - [`Shares`]: the channels to the supervisor one credential may hold at once (a token,
-//!   with the tenant it acts for). Past its share a caller is answered 429 at once.
+//! - [`Shares`]: the channels to the supervisor one caller may hold at once: a tenant,
+//!   however it is named (any of its tokens, with or without `X-Zygo-Tenant` naming it,
+//!   or an operator acting for it), or, acting for no tenant, a token. Past its share a
+//!   caller is answered 429 at once.
 //! - [`Readers`]: the request bodies being read at once from one peer address.
 //! - [`AuthCache`]: which credentials the supervisor recently said it knows, so that a
 //!   body is read only for a caller the supervisor knows (and the check costs a channel
@@ -16,20 +18,39 @@ use std::time::{Duration, Instant};
 
 use proto::api::Credentials;
 
-/// A credential as the front tells callers apart: the token and the tenant header.
+/// A credential as the front receives it: the token and the tenant header.
 type Key = (Option<String>, Option<String>);
 
 fn key(who: &Credentials) -> Key {
     (who.token.clone(), who.tenant.clone())
 }
 
-/// Channels held per credential.
+/// Whom a share of the channels belongs to, as the supervisor says who a credential is.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub enum Party {
+    /// A tenant, however it is named.
+    Tenant(String),
+    /// The host's callers: each token (or no token, on a `--no-auth` front) its own.
+    Host(Option<String>),
+}
+
+impl Party {
+    /// The party of `who`, given the tenant the supervisor says it acts for.
+    pub fn of(who: &Credentials, tenant: Option<String>) -> Party {
+        match tenant {
+            Some(t) => Party::Tenant(t),
+            None => Party::Host(who.token.clone()),
+        }
+    }
+}
+
+/// Channels held per caller.
 pub struct Shares {
     inner: Arc<Held>,
 }
 
 struct Held {
-    held: Mutex<HashMap<Key, usize>>,
+    held: Mutex<HashMap<Party, usize>>,
     cv: Condvar,
     per: usize,
 }
@@ -39,11 +60,11 @@ struct Held {
 /// again (see `channel::Lease::hold`).
 pub struct Share {
     shares: Arc<Held>,
-    key: Key,
+    key: Party,
 }
 
 impl Shares {
-    /// `per`: how many channels one credential may hold at once (at least 1).
+    /// `per`: how many channels one caller may hold at once (at least 1).
     pub fn new(per: usize) -> Shares {
         Shares {
             inner: Arc::new(Held {
@@ -60,8 +81,8 @@ impl Shares {
 
     /// One of `who`'s leases. `wait_until`: `None` refuses at once when `who` holds its
     /// share; `Some` waits (for the caller's own leases to end) until then.
-    pub fn take(&self, who: &Credentials, wait_until: Option<Instant>) -> Option<Share> {
-        let k = key(who);
+    pub fn take(&self, who: &Party, wait_until: Option<Instant>) -> Option<Share> {
+        let k = who.clone();
         let s = &self.inner;
         let mut held = s.held.lock().unwrap_or_else(|p| p.into_inner());
         loop {
@@ -157,31 +178,32 @@ pub const AUTH_FRESH: Duration = Duration::from_secs(5);
 /// Credentials remembered at most; past it the oldest half is forgotten.
 const AUTH_KEEP: usize = 4096;
 
-/// Credentials the supervisor recently said it knows.
+/// Credentials the supervisor recently said it knows, and whose they are.
 #[derive(Default)]
 pub struct AuthCache {
-    known: Mutex<HashMap<Key, Instant>>,
+    known: Mutex<HashMap<Key, (Instant, Party)>>,
 }
 
 impl AuthCache {
-    /// Whether the supervisor said it knows `who` within [`AUTH_FRESH`].
-    pub fn fresh(&self, who: &Credentials) -> bool {
+    /// Whose `who` is, if the supervisor said it knows it within [`AUTH_FRESH`].
+    pub fn fresh(&self, who: &Credentials) -> Option<Party> {
         let known = self.known.lock().unwrap_or_else(|p| p.into_inner());
         known
             .get(&key(who))
-            .is_some_and(|at| at.elapsed() < AUTH_FRESH)
+            .filter(|(at, _)| at.elapsed() < AUTH_FRESH)
+            .map(|(_, party)| party.clone())
     }
 
-    /// The supervisor knows `who`, as of now.
-    pub fn known(&self, who: &Credentials) {
+    /// The supervisor knows `who`, as of now, as `party`'s.
+    pub fn known(&self, who: &Credentials, party: Party) {
         let mut known = self.known.lock().unwrap_or_else(|p| p.into_inner());
         if known.len() >= AUTH_KEEP {
-            known.retain(|_, at| at.elapsed() < AUTH_FRESH);
+            known.retain(|_, (at, _)| at.elapsed() < AUTH_FRESH);
             if known.len() >= AUTH_KEEP {
                 known.clear();
             }
         }
-        known.insert(key(who), Instant::now());
+        known.insert(key(who), (Instant::now(), party));
     }
 }
 
@@ -197,9 +219,14 @@ mod tests {
         }
     }
 
+    fn party(t: &str) -> Party {
+        Party::of(&who(t), None)
+    }
+
     #[test]
     fn a_caller_holds_at_most_its_share_and_others_are_not_affected() {
         let s = Shares::new(2);
+        let who = party;
         let a1 = s.take(&who("a"), None).unwrap();
         let _a2 = s.take(&who("a"), None).unwrap();
         assert!(s.take(&who("a"), None).is_none());
@@ -227,14 +254,46 @@ mod tests {
     #[test]
     fn the_auth_cache_remembers_only_what_it_was_told() {
         let c = AuthCache::default();
-        assert!(!c.fresh(&who("a")));
-        c.known(&who("a"));
-        assert!(c.fresh(&who("a")));
-        assert!(!c.fresh(&who("b")));
+        assert_eq!(c.fresh(&who("a")), None);
+        c.known(&who("a"), party("a"));
+        assert_eq!(c.fresh(&who("a")), Some(party("a")));
+        assert_eq!(c.fresh(&who("b")), None);
         let other_tenant = Credentials {
             token: Some("a".into()),
             tenant: Some("t".into()),
         };
-        assert!(!c.fresh(&other_tenant));
+        assert_eq!(c.fresh(&other_tenant), None);
+    }
+
+    #[test]
+    fn a_tenant_has_one_share_however_it_is_named() {
+        let s = Shares::new(1);
+        // Its token alone, its token naming it, another of its tokens, an operator acting
+        // for it: one tenant, one share.
+        let named = [
+            (Some("tok-a"), None),
+            (Some("tok-a"), Some("acme")),
+            (Some("tok-b"), None),
+            (Some("operator"), Some("acme")),
+        ];
+        let held = s
+            .take(&Party::of(&who("tok-a"), Some("acme".into())), None)
+            .unwrap();
+        for (token, header) in named {
+            let w = Credentials {
+                token: token.map(str::to_string),
+                tenant: header.map(str::to_string),
+            };
+            assert!(
+                s.take(&Party::of(&w, Some("acme".into())), None).is_none(),
+                "{w:?} took a second share"
+            );
+        }
+        // The host's callers: a share per token.
+        assert!(s.take(&Party::of(&who("operator"), None), None).is_some());
+        drop(held);
+        assert!(s
+            .take(&Party::of(&who("operator"), Some("acme".into())), None)
+            .is_some());
     }
 }

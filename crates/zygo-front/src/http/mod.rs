@@ -601,7 +601,7 @@ pub fn serve_one(front: &Front, rq: tiny_http::Request) {
     // A body is read only for a caller the supervisor knows, and only so many at once
     // from one address: nobody without a token can hold a worker or memory with one.
     if route.who != routes::Who::None && has_body(&rq) {
-        let admitted = handlers::authenticate(front, &call.who).and_then(|()| {
+        let admitted = handlers::authenticate(front, &call.who).and_then(|_| {
             match rq.remote_addr().map(|a| a.ip()) {
                 None => Ok(None),
                 Some(ip) => fair::Readers::take(&front.readers, ip).map(Some).ok_or_else(|| {

@@ -233,6 +233,7 @@ impl Functions {
             cgroup: self.backend.name().into(),
             landlock_abi: crate::supervisor::api::landlock_abi(),
             private_net: deploy.then_some(who.flags.allow_deploy && who.flags.allow_private_net),
+            tenant: who.tenant.clone(),
         })
     }
 
