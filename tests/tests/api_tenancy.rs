@@ -1195,3 +1195,80 @@ fn a_tenants_calls_keep_every_log_small_and_apart() {
     drop((api, mcp));
     s.shutdown();
 }
+
+// ---------------------------------------------------------------------------------------
+// One tenant cannot take the service from the others: a pool's zygotes.
+
+/// A pool script that sleeps `s` seconds and says which zygote (network namespace) it ran in.
+const NAP: &str = "import os, time\ndef handler(event):\n    time.sleep(event[\"s\"])\n    return os.readlink(\"/proc/self/ns/net\")\n";
+
+/// Tenant a, with its token only, makes 13 calls at once of a host pool (max_warm 4, the
+/// default): at most half the pool's zygotes are its share, so 8 of them run (two zygotes
+/// of 4 calls) and the others are busy, saying it is this tenant's share. Meanwhile tenant
+/// b's calls are served, in zygotes of their own. (a's 13 calls held all four zygotes, and
+/// b was busy.)
+#[test]
+fn one_tenant_holds_at_most_its_share_of_a_pool() {
+    let Some(mut s) = SUITE.root("poolshare") else {
+        return;
+    };
+    let n = start(&mut s, &[("nap", "agent = \"python\"".to_string())], false);
+    let nap = n[0].clone();
+    let mut api = Api::open(&s);
+    let (_, at) = tenant(&s, &mut api, "psa");
+    let (_, bt) = tenant(&s, &mut api, "psb");
+    let da = put_script(&mut api, tok(&at), NAP);
+    let db = put_script(&mut api, tok(&bt), &format!("{NAP}# b\n"));
+    let calls: Vec<_> = (0..13)
+        .map(|_| {
+            let (sock, at, nap, da) = (s.socket(), at.clone(), nap.clone(), da.clone());
+            std::thread::spawn(move || {
+                Api::open_at(&sock).ask(tok(&at), run_script(&nap, &da, r#"{"s": 8}"#))
+            })
+        })
+        .collect();
+    // Once a's calls are all placed or refused (the refusals come at once), b calls.
+    std::thread::sleep(Duration::from_millis(2500));
+    let b: Vec<Value> = (0..2)
+        .map(|_| {
+            let (sock, bt, nap, db) = (s.socket(), bt.clone(), nap.clone(), db.clone());
+            std::thread::spawn(move || {
+                Api::open_at(&sock).ask(tok(&bt), run_script(&nap, &db, r#"{"s": 0}"#))
+            })
+        })
+        .collect::<Vec<_>>()
+        .into_iter()
+        .map(|t| result(t.join().expect("b's call"), "b's call beside a's"))
+        .collect();
+    let (mut ran, mut busy, mut nets) = (0, 0, std::collections::BTreeSet::new());
+    for c in calls {
+        match c.join().expect("a's call") {
+            Reply::Answer(a) if a.outcome == Outcome::Ok => {
+                ran += 1;
+                nets.insert(a.result.unwrap_or_default());
+            }
+            r @ Reply::Error {
+                code: ErrorCode::Busy,
+                ..
+            } => {
+                assert!(message(&r).contains("share"), "{}", message(&r));
+                busy += 1;
+            }
+            other => panic!("a's call: {other:?}"),
+        }
+    }
+    assert_eq!(
+        (ran, busy, nets.len()),
+        (8, 5, 2),
+        "a's 13 calls: {ran} ran (in {} zygotes), {busy} busy",
+        nets.len()
+    );
+    for v in &b {
+        assert!(
+            !nets.contains(&v.to_string()),
+            "b ran in a zygote of a's: {v}"
+        );
+    }
+    drop(api);
+    s.shutdown();
+}
