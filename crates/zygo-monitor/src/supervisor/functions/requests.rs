@@ -721,7 +721,12 @@ impl Functions {
                 return Some(Reply::Error {
                     code: ErrorCode::Busy,
                     message: format!(
-                        "{name} is busy: all {max_warm} zygote(s) are serving {SLOTS} requests each; retry shortly"
+                        "{name} is busy: all {max_warm} zygote(s) are in use (each serves up to {SLOTS} calls of one tenant at a time{}); retry shortly",
+                        if exclusive {
+                            ", and a call with secrets has one to itself"
+                        } else {
+                            ""
+                        }
                     ),
                     retry_after: Some(1),
                 });
