@@ -1068,8 +1068,8 @@ fn entries_bytes(l: &[proto::front::LogEntry]) -> usize {
 /// - b still reads its five entries: a's calls erased none of them (one log of 1,000 for
 ///   every caller erased them all);
 /// - a reads its own entries within its 2 MiB (each error kept to its first 16 KiB and
-///   saying how much was cut), where the log held 1,000 × 80 KiB for it; the supervisor
-///   holds little more memory for all this than before it;
+///   saying how much was cut), where the log held 800 entries, 59 MB, for it; the
+///   supervisor's memory grows far less than the 74 MB it grew by;
 /// - the operator's answer (every caller's entries) holds the newest that fit 4 MiB and
 ///   says how many were left out; the host's `zygo logs` answers at once;
 /// - `zygo mcp`'s logs (the MCP role) show only the host's own call.
