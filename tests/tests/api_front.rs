@@ -149,6 +149,7 @@ fn replies(token: &Option<String>, req: &Request) -> Vec<Reply> {
             cgroup: "v1".into(),
             landlock_abi: 6,
             private_net: None,
+            tenant: None,
         })),
         Request::List => one(Reply::Functions(vec![
             function("echo", "function"),
@@ -217,7 +218,10 @@ fn replies(token: &Option<String>, req: &Request) -> Vec<Reply> {
             kind: *kind,
         }),
         Request::Stop { name } => one(Reply::Stopped { name: name.clone() }),
-        Request::Logs { .. } => one(Reply::Logs(vec![])),
+        Request::Logs { .. } => one(Reply::Logs {
+            entries: vec![],
+            left_out: 0,
+        }),
         Request::Stats { name } => one(Reply::Stats(vec![proto::front::FunctionStats {
             name: name.clone().unwrap_or_default(),
             requests: 1,

@@ -354,6 +354,93 @@ fn one_caller_holds_at_most_its_share_of_the_channels() {
     s.shutdown();
 }
 
+/// A tenant's share of the channels is the tenant's, however it is named: while its batch
+/// holds the share, a request with its token that also names it in `X-Zygo-Tenant`,
+/// one with another of its tokens, and one of an operator acting for it are each 429 at
+/// once (each was a caller of its own, with a share of its own); the host's callers and
+/// another tenant are served.
+#[test]
+fn a_tenant_has_one_share_however_it_is_named() {
+    if !root_only() {
+        return;
+    }
+    let mut s = SUITE.sup(Who::Root, "named");
+    s.env("ZYGO_API_TOKEN", BOOT);
+    let names = s.up(&[("echo", "echo", ""), ("slow", "slow", "max_warm = 4")]);
+    let (echo, slow) = (names[0].clone(), names[1].clone());
+    let f = start_api(&s);
+    let t = tenant_id("named");
+    let r = req(
+        &f.addr,
+        "POST",
+        "/tenants",
+        Some(BOOT),
+        &[],
+        &json!({ "id": t }).to_string(),
+    );
+    assert_eq!(r.status, 200, "{}", r.text());
+    let (first, second) = (mint(&s, Some(&t)).1, mint(&s, Some(&t)).1);
+    let op = mint(&s, None).1;
+    let other = tenant(&s, &f, "other");
+    let batch = {
+        let (addr, first, slow) = (f.addr.clone(), first.clone(), slow.clone());
+        std::thread::spawn(move || {
+            let events: Vec<Value> = (0..8).map(|_| json!({"s": 3})).collect();
+            req(
+                &addr,
+                "POST",
+                &format!("/fn/{slow}/batch"),
+                Some(&first),
+                &[],
+                &json!({ "events": events }).to_string(),
+            )
+        })
+    };
+    std::thread::sleep(Duration::from_millis(1000));
+    let call = |token: &str, header: Option<&str>| {
+        let extra: Vec<(&str, &str)> = header.map(|h| ("X-Zygo-Tenant", h)).into_iter().collect();
+        req(
+            &f.addr,
+            "POST",
+            &format!("/fn/{echo}"),
+            Some(token),
+            &extra,
+            "1",
+        )
+    };
+    for (what, token, header) in [
+        ("its token naming it", first.as_str(), Some(t.as_str())),
+        ("another of its tokens", second.as_str(), None),
+        ("an operator acting for it", op.as_str(), Some(t.as_str())),
+    ] {
+        let r = call(token, header);
+        assert_eq!(
+            r.status,
+            429,
+            "{what}: served beside the tenant's whole share: {}",
+            r.text()
+        );
+        assert!(r.json()["error"].as_str().unwrap().contains("share"));
+    }
+    for (what, token) in [
+        ("the operator", op.as_str()),
+        ("another tenant", other.as_str()),
+    ] {
+        let r = call(token, None);
+        assert_eq!(r.status, 200, "{what}: {}", r.text());
+    }
+    let r = batch.join().unwrap();
+    assert_eq!(r.status, 200, "{}", r.text());
+    for v in r.json()["results"].as_array().unwrap() {
+        assert_eq!(v["status"], 200, "{v}");
+    }
+    // The share is free again: the same names are served.
+    let r = call(&first, Some(&t));
+    assert_eq!(r.status, 200, "{}", r.text());
+    drop(f);
+    s.shutdown();
+}
+
 #[test]
 fn a_batch_answer_is_held_to_its_budget() {
     if !root_only() {

@@ -820,7 +820,7 @@ fn two_tenants_never_cross(who: Who) {
             n: 100,
         },
     ) {
-        Reply::Logs(l) => l,
+        Reply::Logs { entries, .. } => entries,
         other => panic!("{other:?}"),
     };
     let la = logs(&mut api, &at);

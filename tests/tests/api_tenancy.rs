@@ -64,7 +64,12 @@ fn tok(t: &str) -> As<'_> {
 
 impl Api {
     fn open(s: &Sup) -> Api {
-        let mut c = UnixStream::connect(s.socket()).expect("connect to the supervisor");
+        Api::open_at(&s.socket())
+    }
+
+    /// The same, given only the supervisor's socket (from another thread).
+    fn open_at(socket: &std::path::Path) -> Api {
+        let mut c = UnixStream::connect(socket).expect("connect to the supervisor");
         c.set_read_timeout(Some(Duration::from_secs(90)))
             .expect("read timeout");
         c.write_all(
@@ -78,7 +83,7 @@ impl Api {
         .expect("say hello");
         match read_frame::<_, HelloReply>(&mut c, MAX_FRONT_FRAME) {
             Ok(HelloReply::Welcome { .. }) => Api { s: c },
-            other => panic!("expected a welcome, got {other:?}\n{}", s.log()),
+            other => panic!("expected a welcome, got {other:?}"),
         }
     }
 
@@ -788,7 +793,7 @@ fn a_tenant_made_again_reads_nothing_of_the_one_deleted() {
             n: 1000,
         },
     ) {
-        Reply::Logs(l) => l,
+        Reply::Logs { entries, .. } => entries,
         other => panic!("logs: {other:?}"),
     };
     let stats = |api: &mut Api, t: &str| match api.ask(
@@ -1039,5 +1044,270 @@ fn an_oom_names_the_limit_that_applied() {
         Some("ran out of memory (limit 256M)"),
         "{a:?}"
     );
+    s.shutdown();
+}
+
+// ---------------------------------------------------------------------------------------
+// One tenant cannot take the service from the others: logs.
+
+/// A handler that writes 8 KiB to stdout and to stderr and raises an error of `n` bytes
+/// (the launcher keeps its first 64 KiB).
+const LOUD: &str = "import sys\n\ndef handler(event):\n    sys.stdout.write(\"o\" * 8192)\n    sys.stderr.write(\"e\" * 8192)\n    raise RuntimeError(\"x\" * event[\"n\"])\n";
+
+/// `calls` calls of `name` as the holder of `token`, four connections at once: each must
+/// be answered (an error, as the handler raises).
+fn call_many(s: &Sup, token: &str, name: &str, calls: usize, n: usize) {
+    let threads: Vec<_> = (0..4)
+        .map(|i| {
+            let (sock, token, name) = (s.socket(), token.to_string(), name.to_string());
+            std::thread::spawn(move || {
+                let mut api = Api::open_at(&sock);
+                for _ in (i..calls).step_by(4) {
+                    let a = answer(
+                        api.ask(tok(&token), exec(&name, &format!("{{\"n\": {n}}}"))),
+                        "a loud call",
+                    );
+                    assert_eq!(a.outcome, Outcome::Error, "{:?}", a.error);
+                }
+            })
+        })
+        .collect();
+    for t in threads {
+        t.join().expect("a caller's thread");
+    }
+}
+
+/// The supervisor's resident memory, in bytes.
+fn rss(pid: i32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).expect("its status");
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
+        .expect("VmRSS")
+        * 1024
+}
+
+/// The bytes of a logs answer's entries, as the log counts them.
+fn entries_bytes(l: &[proto::front::LogEntry]) -> usize {
+    l.iter()
+        .map(|e| {
+            e.request_id.len()
+                + e.error.as_ref().map_or(0, String::len)
+                + e.stdout.len()
+                + e.stderr.len()
+        })
+        .sum()
+}
+
+/// Tenant a, with its token only, calls a host function 1,000 times, each call raising a
+/// 64 KiB error and writing 16 KiB; tenants c and d 100 times each; tenant b five times
+/// before them, and the host once.
+///
+/// - b still reads its five entries: a's calls erased none of them (one log of 1,000 for
+///   every caller erased them all);
+/// - a reads its own entries within its 2 MiB (each error kept to its first 16 KiB and
+///   saying how much was cut), where the log held 800 entries, 59 MB, for it; the
+///   supervisor's memory grows far less than the 74 MB it grew by;
+/// - the operator's answer (every caller's entries) holds the newest that fit 4 MiB and
+///   says how many were left out; the host's `zygo logs` answers at once;
+/// - `zygo mcp`'s logs (the MCP role) show only the host's own call.
+#[test]
+fn a_tenants_calls_keep_every_log_small_and_apart() {
+    let Some(mut s) = SUITE.root("logs") else {
+        return;
+    };
+    s.fn_file("loud.py", LOUD);
+    let n = start(
+        &mut s,
+        &[(
+            "loud",
+            "agent = \"python\"\nentry = \"fn/loud.py:handler\"".to_string(),
+        )],
+        false,
+    );
+    let loud = n[0].clone();
+    let mut api = Api::open(&s);
+    let (_, at) = tenant(&s, &mut api, "lga");
+    let (b, bt) = tenant(&s, &mut api, "lgb");
+    let (_, ct) = tenant(&s, &mut api, "lgc");
+    let (_, dt) = tenant(&s, &mut api, "lgd");
+    let logs = |api: &mut Api, who: As, n: u32| match api.ask(
+        who,
+        Request::Logs {
+            name: loud.clone(),
+            n,
+        },
+    ) {
+        Reply::Logs { entries, left_out } => (entries, left_out),
+        other => panic!("logs: {other:?}"),
+    };
+    call_many(&s, &bt, &loud, 5, 10);
+    let (host, f) = s.exec(&loud, Some(r#"{"n": 3}"#), &[]);
+    s.assert_handler_error(&host, &f);
+    let pid = s.supervisor.expect("the supervisor's pid");
+    let before = rss(pid);
+    call_many(&s, &at, &loud, 1000, 100_000);
+    call_many(&s, &ct, &loud, 100, 100_000);
+    call_many(&s, &dt, &loud, 100, 100_000);
+    let grew = rss(pid).saturating_sub(before);
+
+    let (mine, left_out) = logs(&mut api, tok(&bt), 1000);
+    assert_eq!(
+        (mine.len(), left_out),
+        (5, 0),
+        "tenant {b} lost its entries to another tenant's calls"
+    );
+    let (theirs, left_out) = logs(&mut api, tok(&at), 1000);
+    let bytes = entries_bytes(&theirs);
+    assert!(
+        bytes <= 2 << 20 && left_out == 0 && theirs.len() >= 50,
+        "a's own log holds {} entries, {bytes} bytes (left out {left_out})",
+        theirs.len()
+    );
+    for e in &theirs {
+        let error = e.error.as_deref().unwrap_or("");
+        assert!(
+            error.len() <= (16 << 10) + 64 && error.ends_with("more bytes cut)"),
+            "an error of {} bytes: …{}",
+            error.len(),
+            &error[error.len().saturating_sub(80)..]
+        );
+        assert!(e.stdout.len() <= 4096 && e.stderr.len() <= 4096);
+    }
+    assert!(
+        grew < 40 << 20,
+        "the supervisor grew by {} MiB for 1,200 calls' logs",
+        grew >> 20
+    );
+    // The operator: every caller's, the newest that fit the answer's budget.
+    let (all, left_out) = logs(&mut api, tok(BOOT), 1000);
+    assert!(
+        entries_bytes(&all) <= 4 << 20 && left_out > 0,
+        "the operator's answer: {} entries, {} bytes, {left_out} left out",
+        all.len(),
+        entries_bytes(&all)
+    );
+    let t0 = std::time::Instant::now();
+    let f = s.run(&["logs", &loud, "-n", "1000", "--json"]);
+    assert_eq!(f.code, 0, "zygo logs: {}", f.stderr_text());
+    assert!(
+        t0.elapsed() < Duration::from_secs(20) && f.stderr_text().contains("left out"),
+        "zygo logs took {:?}: {}",
+        t0.elapsed(),
+        f.stderr_text()
+    );
+    // zygo mcp reads the host's own call, none of the tenants'.
+    let mut mcp = UnixStream::connect(s.socket()).expect("connect as zygo mcp");
+    mcp.set_read_timeout(Some(Duration::from_secs(30)))
+        .expect("a read timeout");
+    mcp.write_all(
+        &encode_frame(&Hello {
+            protocol: FRONT_PROTOCOL,
+            role: proto::front::Role::Mcp,
+            flags: FrontFlags::default(),
+        })
+        .expect("encode a hello"),
+    )
+    .expect("say hello");
+    let hello = read_frame::<_, HelloReply>(&mut mcp, MAX_FRONT_FRAME);
+    assert!(matches!(hello, Ok(HelloReply::Welcome { .. })), "{hello:?}");
+    mcp.write_all(
+        &encode_frame(&Request::Logs {
+            name: loud.clone(),
+            n: 200,
+        })
+        .expect("encode"),
+    )
+    .expect("ask for the logs");
+    match read_frame::<_, Reply>(&mut mcp, MAX_FRONT_FRAME) {
+        Ok(Reply::Logs { entries, .. }) => assert_eq!(
+            entries
+                .iter()
+                .map(|e| e.request_id.as_str())
+                .collect::<Vec<_>>(),
+            [host["request_id"].as_str().unwrap_or("?")],
+            "zygo mcp reads tenants' calls"
+        ),
+        other => panic!("zygo mcp's logs: {other:?}"),
+    }
+    drop((api, mcp));
+    s.shutdown();
+}
+
+// ---------------------------------------------------------------------------------------
+// One tenant cannot take the service from the others: a pool's zygotes.
+
+/// A pool script that sleeps `s` seconds and says which zygote (network namespace) it ran in.
+const NAP: &str = "import os, time\ndef handler(event):\n    time.sleep(event[\"s\"])\n    return os.readlink(\"/proc/self/ns/net\")\n";
+
+/// Tenant a, with its token only, makes 13 calls at once of a host pool (max_warm 4, the
+/// default): at most half the pool's zygotes are its share, so 8 of them run (two zygotes
+/// of 4 calls) and the others are busy, saying it is this tenant's share. Meanwhile tenant
+/// b's calls are served, in zygotes of their own. (a's 13 calls held all four zygotes, and
+/// b was busy.)
+#[test]
+fn one_tenant_holds_at_most_its_share_of_a_pool() {
+    let Some(mut s) = SUITE.root("poolshare") else {
+        return;
+    };
+    let n = start(&mut s, &[("nap", "agent = \"python\"".to_string())], false);
+    let nap = n[0].clone();
+    let mut api = Api::open(&s);
+    let (_, at) = tenant(&s, &mut api, "psa");
+    let (_, bt) = tenant(&s, &mut api, "psb");
+    let da = put_script(&mut api, tok(&at), NAP);
+    let db = put_script(&mut api, tok(&bt), &format!("{NAP}# b\n"));
+    let calls: Vec<_> = (0..13)
+        .map(|_| {
+            let (sock, at, nap, da) = (s.socket(), at.clone(), nap.clone(), da.clone());
+            std::thread::spawn(move || {
+                Api::open_at(&sock).ask(tok(&at), run_script(&nap, &da, r#"{"s": 8}"#))
+            })
+        })
+        .collect();
+    // Once a's calls are all placed or refused (the refusals come at once), b calls.
+    std::thread::sleep(Duration::from_millis(2500));
+    let b: Vec<Value> = (0..2)
+        .map(|_| {
+            let (sock, bt, nap, db) = (s.socket(), bt.clone(), nap.clone(), db.clone());
+            std::thread::spawn(move || {
+                Api::open_at(&sock).ask(tok(&bt), run_script(&nap, &db, r#"{"s": 0}"#))
+            })
+        })
+        .collect::<Vec<_>>()
+        .into_iter()
+        .map(|t| result(t.join().expect("b's call"), "b's call beside a's"))
+        .collect();
+    let (mut ran, mut busy, mut nets) = (0, 0, std::collections::BTreeSet::new());
+    for c in calls {
+        match c.join().expect("a's call") {
+            Reply::Answer(a) if a.outcome == Outcome::Ok => {
+                ran += 1;
+                nets.insert(a.result.unwrap_or_default());
+            }
+            r @ Reply::Error {
+                code: ErrorCode::Busy,
+                ..
+            } => {
+                assert!(message(&r).contains("share"), "{}", message(&r));
+                busy += 1;
+            }
+            other => panic!("a's call: {other:?}"),
+        }
+    }
+    assert_eq!(
+        (ran, busy, nets.len()),
+        (8, 5, 2),
+        "a's 13 calls: {ran} ran (in {} zygotes), {busy} busy",
+        nets.len()
+    );
+    for v in &b {
+        assert!(
+            !nets.contains(&v.to_string()),
+            "b ran in a zygote of a's: {v}"
+        );
+    }
+    drop(api);
     s.shutdown();
 }

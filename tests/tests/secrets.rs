@@ -712,6 +712,76 @@ fn two_tenants_share_a_pool_and_read_their_own(who: Who) {
 
 root_and_rootless!(two_tenants_share_a_pool_and_read_their_own);
 
+/// In a pool naming secrets (max_warm 4, the default), each call has a zygote to itself:
+/// tenant a's four calls at once (its token only) run two (its share: half the pool's
+/// zygotes) and are busy for the other two, saying it is this tenant's share; tenant b's
+/// call, made meanwhile, is served. (a's four calls held every zygote, and b was busy.)
+fn one_tenant_holds_at_most_its_share_of_a_pool_with_secrets(who: Who) {
+    let mut s = SUITE.sup(who, "share");
+    let key = keygen(&s);
+    start(&mut s, Some(&key));
+    let op = api::mint(&s, None).1;
+    let mut api = Api::open(&s, FrontFlags::default());
+    let (a, b) = (api::tenant_id("a"), api::tenant_id("b"));
+    for t in [&a, &b] {
+        create_tenant(&mut api, t);
+        assert_eq!(set(&s, t, "API_KEY", &format!("{t}-value")).code, 0);
+    }
+    let pool = format!("ss{:x}", unique() & 0xff_ffff);
+    let r = api.ask(
+        &op,
+        None,
+        Request::ServeLayer {
+            name: pool.clone(),
+            kind: ServeKind::Pool,
+            layer: api::layer(
+                r#"{"agent":"python","mem":"64M","secrets":["API_KEY"],"min_warm":1}"#,
+            ),
+            base_dir: None,
+        },
+    );
+    assert!(
+        matches!(r, Reply::ServedOne { .. }),
+        "serve {pool}: {r:?}\n{}",
+        s.log()
+    );
+    let (ta, tb) = (api::mint(&s, Some(&a)).1, api::mint(&s, Some(&b)).1);
+    let calls: Vec<_> = (0..4)
+        .map(|_| {
+            let (sock, ta, pool) = (s.socket(), ta.clone(), pool.clone());
+            std::thread::spawn(move || {
+                let mut api =
+                    Api::connect(&sock, FrontFlags::default()).expect("an API connection");
+                api.ask(&ta, None, pool_call(&ta, &pool, 6))
+            })
+        })
+        .collect();
+    std::thread::sleep(Duration::from_millis(2000));
+    let r = api.ask(&tb, None, pool_call(&tb, &pool, 0));
+    let b_ = exec_answer(r, "b's call beside a's four");
+    assert_eq!(b_.outcome, Outcome::Ok, "{b_:?}");
+    let (mut ran, mut busy) = (0, 0);
+    for c in calls {
+        match c.join().expect("a's call") {
+            Reply::Answer(x) if x.outcome == Outcome::Ok => ran += 1,
+            Reply::Error {
+                code: ErrorCode::Busy,
+                message,
+                ..
+            } => {
+                assert!(message.contains("share"), "{message}");
+                busy += 1;
+            }
+            other => panic!("a's call: {other:?}"),
+        }
+    }
+    assert_eq!((ran, busy), (2, 2), "a's four calls with secrets");
+    drop(api);
+    s.shutdown();
+}
+
+root_and_rootless!(one_tenant_holds_at_most_its_share_of_a_pool_with_secrets);
+
 /// A pool script: with `leave`, it listens on a loopback port, leaves a process of its own
 /// holding that listener running, and returns; without, it tries to connect to that port.
 /// Both say which network namespace they ran in.

@@ -273,6 +273,10 @@ pub struct VersionInfo {
     /// Whether deploy callers may name private addresses; `None` for a caller without
     /// deploy rights (it is not theirs to know).
     pub private_net: Option<bool>,
+    /// The tenant the caller acts for (its tenant token's, or the one an operator names);
+    /// `None` for the host's callers. The HTTP front counts a caller's share of its
+    /// channels by it.
+    pub tenant: Option<String>,
 }
 
 /// The answer of a one-shot run (`POST /run`): the seed's shape.

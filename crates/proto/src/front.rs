@@ -503,7 +503,13 @@ pub enum Reply {
     Event(ExecEvent),
     Answer(ExecAnswer),
     Functions(Vec<FunctionInfo>),
-    Logs(Vec<LogEntry>),
+    /// A function's last finished requests, oldest first, within the answer's byte budget:
+    /// `left_out` of the newest asked for did not fit it (the oldest of them are the ones
+    /// left out).
+    Logs {
+        entries: Vec<LogEntry>,
+        left_out: u32,
+    },
     Stats(Vec<FunctionStats>),
     Warmed {
         name: String,

@@ -78,9 +78,18 @@ impl Client {
             supervisor::ReachError::NotRunning { tried } => ConnectError::NotRunning(tried),
             supervisor::ReachError::Unreachable(e) => ConnectError::Unreachable(e),
         })?;
+        // Neither the hello nor any answer is waited for forever (see `reply_wait`).
+        sock.set_read_timeout(Some(supervisor::HELLO_WAIT))
+            .map_err(|e| ConnectError::Broken(format!("set a timeout on the socket: {e}")))?;
         match supervisor::hello(&mut sock, Role::Cli) {
             Ok(()) => Ok(Client { sock }),
             Err(supervisor::HelloError::Refused(reason)) => Err(ConnectError::Refused(reason)),
+            Err(supervisor::HelloError::Proto(e)) if supervisor::timed_out(&e) => {
+                Err(ConnectError::Broken(format!(
+                    "it did not answer the hello within {}s; it may be stuck (its log may say why)",
+                    supervisor::HELLO_WAIT.as_secs()
+                )))
+            }
             Err(supervisor::HelloError::Proto(e)) => Err(if ended(&e) {
                 ConnectError::Gone(e.to_string())
             } else {
@@ -96,6 +105,10 @@ impl Client {
     pub fn recv(&mut self) -> Result<Reply, String> {
         read_frame::<_, Reply>(&mut self.sock, MAX_FRONT_FRAME).map_err(|e| match e {
             proto::ProtoError::Closed => "the supervisor closed the connection".to_string(),
+            e if supervisor::timed_out(&e) => {
+                "the supervisor did not answer in time; it may be stuck (its log may say why)"
+                    .to_string()
+            }
             e => format!("read from the supervisor: {e}"),
         })
     }
@@ -129,12 +142,17 @@ impl Client {
         }
     }
 
-    /// One request, one final reply (events are passed to `on_event`).
+    /// One request, one final reply (events are passed to `on_event`). The supervisor's
+    /// answer is waited for as long as the request may rightly take, and a minute
+    /// (`reply_wait`), never forever.
     pub fn call(
         &mut self,
         req: &Request,
         mut on_event: impl FnMut(&proto::front::ExecEvent),
     ) -> Result<Reply, String> {
+        self.sock
+            .set_read_timeout(Some(supervisor::reply_wait(req)))
+            .map_err(|e| format!("set a timeout on the socket: {e}"))?;
         self.send(req)?;
         loop {
             match self.recv()? {

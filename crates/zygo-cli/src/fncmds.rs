@@ -933,7 +933,14 @@ pub fn logs(raw: Vec<OsString>) -> i32 {
                 n: if follow { LOGS_KEPT } else { n },
             },
         ) {
-            Ok(Reply::Logs(e)) => e,
+            Ok(Reply::Logs { entries, left_out }) => {
+                if first && left_out > 0 {
+                    eprintln!(
+                        "zygo: {left_out} older entries are left out: an answer holds at most 4 MiB of a log"
+                    );
+                }
+                entries
+            }
             Ok(_) => return refused(a.json, "internal", "unexpected reply"),
             Err(c) => return c,
         };

@@ -3,6 +3,9 @@
 
 use std::os::unix::net::UnixStream;
 use std::path::PathBuf;
+use std::time::Duration;
+
+use proto::front::Request;
 
 use crate::paths;
 
@@ -74,4 +77,80 @@ pub fn connect() -> Result<UnixStream, ReachError> {
 /// supervisor's answer.
 pub fn hello(sock: &mut UnixStream, role: proto::front::Role) -> Result<(), HelloError> {
     plumbing::hello::say(sock, role, Default::default())
+}
+
+/// How long the host's fronts (the CLI, `zygo mcp`) wait on the supervisor's socket for
+/// the next bytes of their answer to `req` before giving up with an error: a supervisor
+/// that never answers (stuck, or an answer lost) is reported, not waited for forever.
+/// Generous: the longest the request may rightly take, and a minute.
+pub fn reply_wait(req: &Request) -> Duration {
+    const MARGIN: Duration = Duration::from_secs(60);
+    let longest = policy::limits::MAX_DURATION;
+    let took = match req {
+        // A call runs until its deadline: the one asked for, else its function's (24 h at
+        // most). A streamed call's events each restart the wait.
+        Request::Exec(e) => e
+            .timeout_ms
+            .map_or(longest, |ms| Duration::from_millis(ms).min(longest)),
+        Request::Run { .. } => longest,
+        Request::Drain { grace_ms } => Duration::from_millis(*grace_ms).min(longest),
+        // Serving waits for zygotes to import their handler, and for a dependency set's
+        // build (15 minutes at most).
+        Request::Serve { .. } | Request::ServeAll { .. } | Request::ServeLayer { .. } => {
+            Duration::from_secs(30 * 60)
+        }
+        // Everything else is answered at once (a store write first, at most).
+        _ => Duration::ZERO,
+    };
+    took.saturating_add(MARGIN)
+}
+
+/// How long the host's fronts wait for the supervisor's answer to their hello.
+pub const HELLO_WAIT: Duration = Duration::from_secs(60);
+
+/// Whether a channel error is a read that waited its whole timeout.
+pub fn timed_out(e: &proto::ProtoError) -> bool {
+    matches!(e, proto::ProtoError::Io(io) if matches!(io.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proto::front::ExecRequest;
+
+    #[test]
+    fn an_answer_is_waited_for_as_long_as_its_request_may_take_never_forever() {
+        let exec = |timeout_ms| {
+            Request::Exec(ExecRequest {
+                name: "f".into(),
+                event: "{}".into(),
+                key: None,
+                timeout_ms,
+                stream: false,
+                script: None,
+                workspace: None,
+                workspace_blob: None,
+                out: false,
+            })
+        };
+        let min = |m: u64| Duration::from_secs(60 * m);
+        assert_eq!(reply_wait(&exec(Some(5_000))), Duration::from_secs(65));
+        assert_eq!(reply_wait(&exec(None)), min(24 * 60 + 1));
+        assert_eq!(reply_wait(&exec(Some(u64::MAX))), min(24 * 60 + 1));
+        assert_eq!(
+            reply_wait(&Request::Drain { grace_ms: u64::MAX }),
+            min(24 * 60 + 1)
+        );
+        assert_eq!(reply_wait(&Request::ServeAll { file: "f".into() }), min(31));
+        for quick in [
+            Request::Logs {
+                name: "f".into(),
+                n: 1000,
+            },
+            Request::List,
+            Request::Health,
+        ] {
+            assert_eq!(reply_wait(&quick), min(1), "{quick:?}");
+        }
+    }
 }

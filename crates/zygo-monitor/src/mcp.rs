@@ -579,7 +579,7 @@ fn handle(sh: &Shared, req: McpRequest, stopper: &Arc<Stopper>) -> McpReply {
             }
             let n = limit.clamp(*LOG_LIMIT.start(), *LOG_LIMIT.end());
             match supervisor(Request::Logs { name, n }, stopper) {
-                Ok(Reply::Logs(entries)) => McpReply::Logs { call, entries },
+                Ok(Reply::Logs { entries, .. }) => McpReply::Logs { call, entries },
                 Ok(other) => tool_error(call, other),
                 Err(message) => McpReply::ToolError { call, message },
             }
@@ -625,12 +625,17 @@ fn supervisor(req: Request, stopper: &Stopper) -> Result<Reply, String> {
     let failed = |e: ProtoError| {
         if stopper.cancelled() {
             "cancelled".to_string()
+        } else if crate::client::timed_out(&e) {
+            "the supervisor did not answer in time; it may be stuck (its log may say why)"
+                .to_string()
         } else if matches!(e, ProtoError::Closed) {
             "the supervisor closed the connection (it may be draining); try again".to_string()
         } else {
             format!("talking to the supervisor failed: {e}")
         }
     };
+    sock.set_read_timeout(Some(crate::client::HELLO_WAIT))
+        .map_err(|e| format!("set a timeout on the supervisor's socket: {e}"))?;
     match crate::client::hello(&mut sock, front::Role::Mcp) {
         Ok(()) => {}
         Err(HelloError::Proto(e)) => return Err(failed(e)),
@@ -638,6 +643,8 @@ fn supervisor(req: Request, stopper: &Stopper) -> Result<Reply, String> {
             return Err(format!("the supervisor refused this server: {reason}"))
         }
     }
+    sock.set_read_timeout(Some(crate::client::reply_wait(&req)))
+        .map_err(|e| format!("set a timeout on the supervisor's socket: {e}"))?;
     write_frame(&mut sock, &req).map_err(failed)?;
     loop {
         match read_frame::<_, Reply>(&mut sock, MAX_FRONT_FRAME).map_err(failed)? {

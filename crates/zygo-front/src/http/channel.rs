@@ -20,6 +20,8 @@ use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
 use proto::front::{ExecEvent, Reply, Request, Role, MAX_FRONT_FRAME};
+
+use super::fair::Share;
 use proto::{read_frame, write_frame, ProtoError};
 
 /// Say hello as the API role with the front's flags; `Err` says why not, in words.
@@ -48,9 +50,12 @@ pub enum ChanError {
     Broken(String),
 }
 
-/// How long the background read of an abandoned request's reply may wait: the longest a
-/// call may run (24 h) and a margin. Past it the channel is closed.
-const RECOVER_FOR: Duration = Duration::from_secs(24 * 3600 + 300);
+/// How long past its request's deadline the background read of an abandoned request's
+/// reply may wait. The supervisor answers every request by its deadline (a call's is
+/// kept on the supervisor's clock; everything else is answered at once): one that has not
+/// answered by then is not going to, and the channel is closed (which cancels what the
+/// supervisor still does for it) rather than kept from every other caller.
+pub const RECOVER_GRACE: Duration = Duration::from_secs(30);
 /// Once a frame has begun to arrive, the most its remaining bytes may take.
 const FRAME_TIME: Duration = Duration::from_secs(30);
 /// How often the idle channels are looked at for a supervisor that closed them.
@@ -60,20 +65,35 @@ pub struct Pool {
     free: Mutex<Vec<UnixStream>>,
     cv: Condvar,
     live: AtomicUsize,
+    /// Channels reading the reply of a request whose caller stopped waiting.
+    recovering: AtomicUsize,
+    /// [`RECOVER_GRACE`] (shorter in tests).
+    grace: Duration,
 }
 
 impl Pool {
     pub fn new(chans: Vec<UnixStream>) -> Arc<Pool> {
+        Pool::with_grace(chans, RECOVER_GRACE)
+    }
+
+    fn with_grace(chans: Vec<UnixStream>, grace: Duration) -> Arc<Pool> {
         Arc::new(Pool {
             live: AtomicUsize::new(chans.len()),
             free: Mutex::new(chans),
             cv: Condvar::new(),
+            recovering: AtomicUsize::new(0),
+            grace,
         })
     }
 
     /// Channels still usable (lent, free, or reading an abandoned reply).
     pub fn live(&self) -> usize {
         self.live.load(Ordering::Acquire)
+    }
+
+    /// Channels reading the reply of a request whose caller stopped waiting.
+    pub fn recovering(&self) -> usize {
+        self.recovering.load(Ordering::Acquire)
     }
 
     /// A channel, waiting at most until `deadline` for one to be free.
@@ -85,6 +105,8 @@ impl Pool {
                     pool: self.clone(),
                     sock: Some(sock),
                     pending: false,
+                    deadline: None,
+                    held: None,
                 });
             }
             let now = Instant::now();
@@ -108,6 +130,12 @@ impl Pool {
 
     fn lose(&self, sock: UnixStream, why: &str) {
         let _ = sock.shutdown(std::net::Shutdown::Both);
+        drop(sock);
+        self.lost(why);
+    }
+
+    /// A channel was closed: one fewer; with none left the front exits.
+    fn lost(&self, why: &str) {
         let left = self.live.fetch_sub(1, Ordering::AcqRel) - 1;
         log::warn!("a channel to the supervisor was closed ({why}); {left} left");
         self.cv.notify_all();
@@ -209,9 +237,20 @@ pub struct Lease {
     sock: Option<UnixStream>,
     /// A request was sent and its final reply not read yet.
     pending: bool,
+    /// The deadline of the request sent last.
+    deadline: Option<Instant>,
+    /// The caller's share of the channels this lease counts against: given back with the
+    /// channel, so a request its caller stopped waiting for still counts against that
+    /// caller until its channel is free again.
+    held: Option<Share>,
 }
 
 impl Lease {
+    /// Count this channel against `share` (its caller's) until the channel is free again.
+    pub fn hold(&mut self, share: Share) {
+        self.held = Some(share);
+    }
+
     /// Send `req` and read replies until the final one, passing events to `on_event`,
     /// waiting at most until `deadline`. A broken channel is shut and lost; a deadline that
     /// passes leaves the request running and its reply to be read in the background.
@@ -243,6 +282,7 @@ impl Lease {
             .ok_or_else(|| ChanError::Broken("the channel is closed".into()))?;
         sock.set_write_timeout(Some(Duration::from_secs(30)))
             .map_err(|e| ChanError::Broken(format!("set a timeout on the channel: {e}")))?;
+        self.deadline = Some(deadline);
         write_frame(sock, req)
             .map_err(|e| ChanError::Broken(format!("send to the supervisor: {e}")))?;
         self.pending = true;
@@ -270,29 +310,123 @@ impl Drop for Lease {
             self.pool.give_back(sock);
             return;
         }
-        // The caller stopped waiting; the supervisor still answers. Read that answer in
-        // the background so the channel is in step again, then lend it again.
+        // The caller stopped waiting; the supervisor still answers, by the request's
+        // deadline. Read that answer in the background so the channel is in step again,
+        // then lend it again; one that has not come within the grace past the deadline
+        // closes the channel. Meanwhile the channel still counts against its caller.
         let pool = self.pool.clone();
+        let held = self.held.take();
+        let until = self.deadline.unwrap_or_else(Instant::now) + pool.grace;
+        pool.recovering.fetch_add(1, Ordering::AcqRel);
+        let recover = move || {
+            let _held = held;
+            let lost = loop {
+                match readable(&sock, until) {
+                    Ok(true) => match read_reply(&mut sock) {
+                        Ok(Reply::Event(_)) => continue,
+                        Ok(_) => break None,
+                        Err(_) => break Some("an abandoned reply broke"),
+                    },
+                    Ok(false) => {
+                        break Some(
+                            "the supervisor did not answer an abandoned request by its deadline and the grace",
+                        )
+                    }
+                    Err(_) => break Some("an abandoned reply broke"),
+                }
+            };
+            pool.recovering.fetch_sub(1, Ordering::AcqRel);
+            match lost {
+                None => pool.give_back(sock),
+                Some(why) => pool.lose(sock, why),
+            }
+        };
         let spawned = std::thread::Builder::new()
             .name("chan-recover".into())
-            .spawn(move || {
-                let until = Instant::now() + RECOVER_FOR;
-                loop {
-                    match readable(&sock, until) {
-                        Ok(true) => match read_reply(&mut sock) {
-                            Ok(Reply::Event(_)) => continue,
-                            Ok(_) => return pool.give_back(sock),
-                            Err(_) => return pool.lose(sock, "an abandoned reply broke"),
-                        },
-                        Ok(false) => {
-                            return pool.lose(sock, "an abandoned reply did not come in time")
-                        }
-                        Err(_) => return pool.lose(sock, "an abandoned reply broke"),
-                    }
-                }
-            });
+            .spawn(recover);
         if let Err(e) = spawned {
-            log::warn!("read an abandoned reply in the background: {e}");
+            // The thread (and the channel it held) is gone: nothing reads that answer.
+            log::warn!("read an abandoned reply in the background: {e}; the channel is closed");
+            self.pool.recovering.fetch_sub(1, Ordering::AcqRel);
+            self.pool.lost("its reader could not be started");
         }
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+    use crate::http::fair::{Party, Shares};
+
+    /// A pool of two channels with a short grace, and the supervisor's ends.
+    fn pool(grace: Duration) -> (Arc<Pool>, Vec<UnixStream>) {
+        let (mut ours, mut theirs) = (Vec::new(), Vec::new());
+        for _ in 0..2 {
+            let (a, b) = UnixStream::pair().unwrap();
+            ours.push(a);
+            theirs.push(b);
+        }
+        (Pool::with_grace(ours, grace), theirs)
+    }
+
+    fn who() -> Party {
+        Party::Tenant("t".into())
+    }
+
+    /// A request its caller stops waiting for (its deadline passes): its channel is
+    /// read in the background and counts against the caller meanwhile.
+    fn abandon(pool: &Arc<Pool>, shares: &Shares, deadline: Duration) {
+        let mut lease = pool.acquire(Instant::now() + deadline).unwrap();
+        lease.hold(shares.take(&who(), None).unwrap());
+        let r = lease.call(&Request::List, Instant::now() + deadline, |_| {});
+        assert!(matches!(r, Err(ChanError::Timeout)), "{r:?}");
+        drop(lease);
+        assert!(
+            shares.take(&who(), None).is_none(),
+            "the abandoned channel no longer counts against its caller"
+        );
+        assert_eq!(pool.recovering(), 1);
+    }
+
+    fn wait_until(what: &str, cond: impl Fn() -> bool) {
+        let t0 = Instant::now();
+        while !cond() {
+            assert!(t0.elapsed() < Duration::from_secs(5), "{what}");
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+
+    #[test]
+    fn an_abandoned_channel_answered_late_is_lent_again_and_counted_until_then() {
+        let (pool, sup) = pool(Duration::from_secs(2));
+        let shares = Shares::new(1);
+        abandon(&pool, &shares, Duration::from_millis(100));
+        // The supervisor answers after the caller's deadline, within the grace, on the
+        // channel the request came on.
+        let mut end = sup
+            .into_iter()
+            .find(|s| readable(s, Instant::now() + Duration::from_millis(50)).is_ok_and(|r| r))
+            .unwrap();
+        let asked = proto::read_frame::<_, Request>(&mut end, MAX_FRONT_FRAME).unwrap();
+        assert_eq!(asked, Request::List);
+        std::thread::sleep(Duration::from_millis(300));
+        proto::write_frame(&mut end, &Reply::Cancelled { count: 0 }).unwrap();
+        wait_until("the channel back", || pool.recovering() == 0);
+        assert_eq!(pool.live(), 2);
+        assert!(shares.take(&who(), None).is_some());
+    }
+
+    #[test]
+    fn an_abandoned_channel_never_answered_is_closed_at_its_deadline_and_the_grace() {
+        let grace = Duration::from_millis(300);
+        let (pool, _sup) = pool(grace);
+        let shares = Shares::new(1);
+        let t0 = Instant::now();
+        abandon(&pool, &shares, Duration::from_millis(100));
+        wait_until("the channel closed", || pool.live() == 1);
+        assert!(t0.elapsed() >= Duration::from_millis(100) + grace);
+        assert_eq!(pool.recovering(), 0);
+        assert!(shares.take(&who(), None).is_some());
     }
 }

@@ -1,12 +1,14 @@
 //! What one caller may hold of the front, so that no caller (with a token or without one)
 //! can take what every other caller needs:
 //!
-//! - [`Shares`]: the channels to the supervisor one credential may hold at once (a token,
-//!   with the tenant it acts for). Past its share a caller is answered 429 at once.
+//! - [`Shares`]: the channels to the supervisor one caller may hold at once: a tenant,
+//!   however it is named (any of its tokens, with or without `X-Zygo-Tenant` naming it,
+//!   or an operator acting for it), or, acting for no tenant, a token. Past its share a
+//!   caller is answered 429 at once.
 //! - [`Places`]: the requests being served at once (from the head's arrival until the
 //!   answer is written: reading the body, waiting on the supervisor, writing the answer),
-//!   per caller, per peer address, and in all. Past a share a request is refused at once
-//!   (429; 503 past the total), so a caller that trickles bodies or does not read its
+//!   per credential, per peer address, and in all. Past a share a request is refused at
+//!   once (429; 503 past the total), so a caller that trickles bodies or does not read its
 //!   answers holds at most its share of the workers and another caller always finds one.
 //! - [`AuthCache`]: which credentials the supervisor recently said it knows, so that a
 //!   body is read only for a caller the supervisor knows (and the check costs a channel
@@ -15,56 +17,84 @@
 
 use std::collections::HashMap;
 use std::net::IpAddr;
-use std::sync::{Condvar, Mutex};
+use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
 use proto::api::Credentials;
 
-/// A credential as the front tells callers apart: the token and the tenant header.
+/// A credential as the front receives it: the token and the tenant header.
 type Key = (Option<String>, Option<String>);
 
 fn key(who: &Credentials) -> Key {
     (who.token.clone(), who.tenant.clone())
 }
 
-/// Channels held per credential.
+/// Whom a share of the channels belongs to, as the supervisor says who a credential is.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub enum Party {
+    /// A tenant, however it is named.
+    Tenant(String),
+    /// The host's callers: each token (or no token, on a `--no-auth` front) its own.
+    Host(Option<String>),
+}
+
+impl Party {
+    /// The party of `who`, given the tenant the supervisor says it acts for.
+    pub fn of(who: &Credentials, tenant: Option<String>) -> Party {
+        match tenant {
+            Some(t) => Party::Tenant(t),
+            None => Party::Host(who.token.clone()),
+        }
+    }
+}
+
+/// Channels held per caller.
 pub struct Shares {
-    held: Mutex<HashMap<Key, usize>>,
+    inner: Arc<Held>,
+}
+
+struct Held {
+    held: Mutex<HashMap<Party, usize>>,
     cv: Condvar,
     per: usize,
 }
 
-/// One of a caller's leases; given back when dropped.
-pub struct Share<'a> {
-    shares: &'a Shares,
-    key: Key,
+/// One of a caller's leases; given back when dropped. It may outlive the request that
+/// took it: a channel whose caller stopped waiting holds it until the channel is free
+/// again (see `channel::Lease::hold`).
+pub struct Share {
+    shares: Arc<Held>,
+    key: Party,
 }
 
 impl Shares {
-    /// `per`: how many channels one credential may hold at once (at least 1).
+    /// `per`: how many channels one caller may hold at once (at least 1).
     pub fn new(per: usize) -> Shares {
         Shares {
-            held: Mutex::new(HashMap::new()),
-            cv: Condvar::new(),
-            per: per.max(1),
+            inner: Arc::new(Held {
+                held: Mutex::new(HashMap::new()),
+                cv: Condvar::new(),
+                per: per.max(1),
+            }),
         }
     }
 
     pub fn per(&self) -> usize {
-        self.per
+        self.inner.per
     }
 
     /// One of `who`'s leases. `wait_until`: `None` refuses at once when `who` holds its
     /// share; `Some` waits (for the caller's own leases to end) until then.
-    pub fn take(&self, who: &Credentials, wait_until: Option<Instant>) -> Option<Share<'_>> {
-        let k = key(who);
-        let mut held = self.held.lock().unwrap_or_else(|p| p.into_inner());
+    pub fn take(&self, who: &Party, wait_until: Option<Instant>) -> Option<Share> {
+        let k = who.clone();
+        let s = &self.inner;
+        let mut held = s.held.lock().unwrap_or_else(|p| p.into_inner());
         loop {
             let n = held.entry(k.clone()).or_insert(0);
-            if *n < self.per {
+            if *n < s.per {
                 *n += 1;
                 return Some(Share {
-                    shares: self,
+                    shares: s.clone(),
                     key: k,
                 });
             }
@@ -73,16 +103,15 @@ impl Shares {
             if now >= until {
                 return None;
             }
-            held = self
-                .cv
-                .wait_timeout(held, until - now)
-                .unwrap_or_else(|p| p.into_inner())
-                .0;
+            held =
+                s.cv.wait_timeout(held, until - now)
+                    .unwrap_or_else(|p| p.into_inner())
+                    .0;
         }
     }
 }
 
-impl Drop for Share<'_> {
+impl Drop for Share {
     fn drop(&mut self) {
         let mut held = self.shares.held.lock().unwrap_or_else(|p| p.into_inner());
         if let Some(n) = held.get_mut(&self.key) {
@@ -98,14 +127,14 @@ impl Drop for Share<'_> {
 
 /// Requests being served per caller, per peer address, and in all.
 pub struct Places {
-    held: Mutex<Held>,
+    held: Mutex<PlacesHeld>,
     per_caller: usize,
     per_address: usize,
     all: usize,
 }
 
 #[derive(Default)]
-struct Held {
+struct PlacesHeld {
     callers: HashMap<Key, usize>,
     addresses: HashMap<IpAddr, usize>,
     all: usize,
@@ -157,7 +186,7 @@ impl Places {
     /// caller, from one address, and in all (each at least 1).
     pub fn new(per_caller: usize, per_address: usize, all: usize) -> Places {
         Places {
-            held: Mutex::new(Held::default()),
+            held: Mutex::new(PlacesHeld::default()),
             per_caller: per_caller.max(1),
             per_address: per_address.max(1),
             all: all.max(1),
@@ -258,31 +287,32 @@ pub const AUTH_FRESH: Duration = Duration::from_secs(5);
 /// Credentials remembered at most; past it the oldest half is forgotten.
 const AUTH_KEEP: usize = 4096;
 
-/// Credentials the supervisor recently said it knows.
+/// Credentials the supervisor recently said it knows, and whose they are.
 #[derive(Default)]
 pub struct AuthCache {
-    known: Mutex<HashMap<Key, Instant>>,
+    known: Mutex<HashMap<Key, (Instant, Party)>>,
 }
 
 impl AuthCache {
-    /// Whether the supervisor said it knows `who` within [`AUTH_FRESH`].
-    pub fn fresh(&self, who: &Credentials) -> bool {
+    /// Whose `who` is, if the supervisor said it knows it within [`AUTH_FRESH`].
+    pub fn fresh(&self, who: &Credentials) -> Option<Party> {
         let known = self.known.lock().unwrap_or_else(|p| p.into_inner());
         known
             .get(&key(who))
-            .is_some_and(|at| at.elapsed() < AUTH_FRESH)
+            .filter(|(at, _)| at.elapsed() < AUTH_FRESH)
+            .map(|(_, party)| party.clone())
     }
 
-    /// The supervisor knows `who`, as of now.
-    pub fn known(&self, who: &Credentials) {
+    /// The supervisor knows `who`, as of now, as `party`'s.
+    pub fn known(&self, who: &Credentials, party: Party) {
         let mut known = self.known.lock().unwrap_or_else(|p| p.into_inner());
         if known.len() >= AUTH_KEEP {
-            known.retain(|_, at| at.elapsed() < AUTH_FRESH);
+            known.retain(|_, (at, _)| at.elapsed() < AUTH_FRESH);
             if known.len() >= AUTH_KEEP {
                 known.clear();
             }
         }
-        known.insert(key(who), Instant::now());
+        known.insert(key(who), (Instant::now(), party));
     }
 }
 
@@ -298,9 +328,14 @@ mod tests {
         }
     }
 
+    fn party(t: &str) -> Party {
+        Party::of(&who(t), None)
+    }
+
     #[test]
     fn a_caller_holds_at_most_its_share_and_others_are_not_affected() {
         let s = Shares::new(2);
+        let who = party;
         let a1 = s.take(&who("a"), None).unwrap();
         let _a2 = s.take(&who("a"), None).unwrap();
         assert!(s.take(&who("a"), None).is_none());
@@ -373,14 +408,46 @@ mod tests {
     #[test]
     fn the_auth_cache_remembers_only_what_it_was_told() {
         let c = AuthCache::default();
-        assert!(!c.fresh(&who("a")));
-        c.known(&who("a"));
-        assert!(c.fresh(&who("a")));
-        assert!(!c.fresh(&who("b")));
+        assert_eq!(c.fresh(&who("a")), None);
+        c.known(&who("a"), party("a"));
+        assert_eq!(c.fresh(&who("a")), Some(party("a")));
+        assert_eq!(c.fresh(&who("b")), None);
         let other_tenant = Credentials {
             token: Some("a".into()),
             tenant: Some("t".into()),
         };
-        assert!(!c.fresh(&other_tenant));
+        assert_eq!(c.fresh(&other_tenant), None);
+    }
+
+    #[test]
+    fn a_tenant_has_one_share_however_it_is_named() {
+        let s = Shares::new(1);
+        // Its token alone, its token naming it, another of its tokens, an operator acting
+        // for it: one tenant, one share.
+        let named = [
+            (Some("tok-a"), None),
+            (Some("tok-a"), Some("acme")),
+            (Some("tok-b"), None),
+            (Some("operator"), Some("acme")),
+        ];
+        let held = s
+            .take(&Party::of(&who("tok-a"), Some("acme".into())), None)
+            .unwrap();
+        for (token, header) in named {
+            let w = Credentials {
+                token: token.map(str::to_string),
+                tenant: header.map(str::to_string),
+            };
+            assert!(
+                s.take(&Party::of(&w, Some("acme".into())), None).is_none(),
+                "{w:?} took a second share"
+            );
+        }
+        // The host's callers: a share per token.
+        assert!(s.take(&Party::of(&who("operator"), None), None).is_some());
+        drop(held);
+        assert!(s
+            .take(&Party::of(&who("operator"), Some("acme".into())), None)
+            .is_some());
     }
 }

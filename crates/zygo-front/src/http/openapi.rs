@@ -110,8 +110,9 @@ fn s_logs() -> Value {
         json!({"logs": {"type": "array", "items": open_obj(json!({
             "request_id": {"type": "string"}, "finished_ms": {"type": "integer"}, "outcome": {"type": "string"},
             "wall_ms": {"type": "number"}, "error": nullable("string"), "stdout": {"type": "string"}, "stderr": {"type": "string"}
-        }), &["request_id", "outcome"])}}),
-        &["logs"],
+        }), &["request_id", "outcome"])},
+        "truncated": {"type": "boolean"}, "left_out": {"type": "integer"}}),
+        &["logs", "truncated", "left_out"],
     )
 }
 fn s_stats() -> Value {
@@ -345,7 +346,7 @@ fn ops() -> Vec<Op> {
         op("DELETE", "/fn/{name}", "op", true, "Stop a function.", None, s_stopped, &[]),
         Op { stream: true, query: FN_CALL_QUERY, ..op("POST", "/fn/{name}", "any", false, "Call a function with the body as its event (empty: null).", AnyJson, s_answer, CALL_ERRORS) },
         op("POST", "/fn/{name}/batch", "any", false, "Call a function once per event, at most the caller's share of the channels (a quarter) at a time; one result per event, in order. The answer holds at most 64 MiB of JSON (16 KiB of it set aside per event, so each element's status and a small result always fit): past it an element's stdout and stderr are cut (stdout_truncated, stderr_truncated), and a result that does not fit makes that element 413 too_large.", Json(b_batch), s_batch, &[]),
-        Op { query: &[("limit", "integer", "How many, 1 to 1000 (default 100).")], ..op("GET", "/fn/{name}/logs", "any", false, "A function's last finished requests.", None, s_logs, &[]) },
+        Op { query: &[("limit", "integer", "How many, 1 to 1000 (default 100).")], ..op("GET", "/fn/{name}/logs", "any", false, "A function's last finished requests that are the caller's, the newest that fit 4 MiB (`left_out` counts the older ones left out); an error is kept to its first 16 KiB, stdout and stderr to their last 4 KiB.", None, s_logs, &[]) },
         op("GET", "/fn/{name}/stats", "any", false, "A function's counters and latency percentiles.", None, s_stats, &[]),
         op("POST", "/fn/{name}/warm", "any", false, "Keep at least n zygotes ready.", OptionalJson(b_warm), s_warmed, &[]),
         op("POST", "/run", "op", true, "A one-shot sandbox; 200 whenever it was attempted, 408 when X-Zygo-Timeout-Ms fired first.", Json(b_run), s_run_answer, &[408]),

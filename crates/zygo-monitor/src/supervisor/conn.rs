@@ -12,7 +12,7 @@ use std::time::Duration;
 
 use mio::Token;
 use proto::frame::PREFIX;
-use proto::front::MAX_FRONT_FRAME;
+use proto::front::{ErrorCode, Reply, MAX_FRONT_FRAME};
 use proto::{encode_frame, FrameBuf, ProtoError};
 use serde::{de::DeserializeOwned, Serialize};
 
@@ -76,6 +76,34 @@ pub const OUT_LOW: usize = 256 * 1024;
 /// count; time spent waiting in line for the input budget does.
 pub const FRAME_STALL: Duration = Duration::from_secs(10);
 
+/// A front's final reply as a frame of at most `cap` bytes (prefix included). One that
+/// cannot be made one (its encoding fails, or is over the cap) is answered with a small
+/// `too_large` error saying how large it was instead, so that the front always gets the
+/// one final reply it waits for. (Every reply is built well below the cap: a call's answer
+/// holds at most about 31 MiB, a function's logs 4 MiB (`stats::LOGS_REPLY_BUDGET`); this
+/// is the guard behind those budgets.)
+pub fn final_reply_frame(r: &Reply, cap: usize) -> Vec<u8> {
+    let why = match encode_frame(r) {
+        Ok(f) if f.len() <= cap => return f,
+        Ok(f) => format!(
+            "the answer is {} MiB, over the {} MiB a frame to a front may carry",
+            f.len().div_ceil(1 << 20),
+            cap >> 20
+        ),
+        Err(e) => format!("the answer could not be encoded ({e})"),
+    };
+    log::warn!("a front's answer was not sent: {why}; it was answered too_large instead");
+    let refusal = Reply::Error {
+        code: ErrorCode::TooLarge,
+        message: format!(
+            "{why}; it was not sent. Ask for less (fewer log entries, a smaller result or output)"
+        ),
+        retry_after: None,
+    };
+    // A few hundred bytes: this always encodes, and always fits.
+    encode_frame(&refusal).unwrap_or_default()
+}
+
 /// What one read of a connection brought.
 pub enum Got {
     Bytes,
@@ -107,27 +135,30 @@ impl Conn {
 
     /// Queue one message and write as much as the socket takes now.
     pub fn send<T: Serialize>(&mut self, msg: &T) {
+        match encode_frame(msg) {
+            Ok(f) => self.send_frame(&f),
+            Err(e) => log::error!("encode a message: {e}"),
+        }
+    }
+
+    /// Queue one whole frame and write as much as the socket takes now.
+    pub fn send_frame(&mut self, f: &[u8]) {
         if self.closed.is_some() {
             return;
         }
-        match encode_frame(msg) {
-            Ok(f) => {
-                if self.unsent() + f.len() > MAX_OUT {
-                    self.closed = Some(format!(
-                        "it does not read what it is sent ({} MiB unread)",
-                        self.unsent() >> 20
-                    ));
-                    return;
-                }
-                if self.sent == self.out.len() {
-                    self.out.clear();
-                    self.sent = 0;
-                }
-                self.out.extend_from_slice(&f);
-                self.flush();
-            }
-            Err(e) => log::error!("encode a message: {e}"),
+        if self.unsent() + f.len() > MAX_OUT {
+            self.closed = Some(format!(
+                "it does not read what it is sent ({} MiB unread)",
+                self.unsent() >> 20
+            ));
+            return;
         }
+        if self.sent == self.out.len() {
+            self.out.clear();
+            self.sent = 0;
+        }
+        self.out.extend_from_slice(f);
+        self.flush();
     }
 
     /// Bytes queued that have not reached the socket yet.
@@ -280,7 +311,39 @@ impl InputBudget {
 
 #[cfg(test)]
 mod tests {
-    use super::{InputBudget, Token};
+    use super::{final_reply_frame, ErrorCode, InputBudget, Reply, Token};
+    use proto::front::LogEntry;
+
+    #[test]
+    fn a_reply_over_the_cap_is_answered_too_large_instead_of_dropped() {
+        let entry = |i: usize| LogEntry {
+            request_id: format!("r{i}"),
+            finished_ms: 0,
+            outcome: proto::front::Outcome::Error,
+            wall_us: 1,
+            error: Some("e".repeat(64 * 1024)),
+            stdout: String::new(),
+            stderr: String::new(),
+        };
+        let big = Reply::Logs {
+            entries: (0..20).map(entry).collect(),
+            left_out: 0,
+        };
+        // Within the cap: the reply itself.
+        let f = final_reply_frame(&big, 4 << 20);
+        let whole: Reply = proto::codec::decode(&f[4..]).expect("decode");
+        assert_eq!(whole, big);
+        // Over it: a small too_large error saying how large the answer was.
+        let f = final_reply_frame(&big, 1 << 20);
+        assert!(f.len() < 1024, "{} bytes", f.len());
+        match proto::codec::decode::<Reply>(&f[4..]).expect("decode") {
+            Reply::Error { code, message, .. } => {
+                assert_eq!(code, ErrorCode::TooLarge);
+                assert!(message.contains("2 MiB, over the 1 MiB"), "{message}");
+            }
+            other => panic!("{other:?}"),
+        }
+    }
 
     #[test]
     fn the_budget_serves_its_line_in_order() {

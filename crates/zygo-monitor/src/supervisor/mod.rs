@@ -954,6 +954,7 @@ impl Supervisor {
                         }
                     }
                 }
+                other if role == Some(Role::Mcp) => (other, api::Acting::mcp()),
                 other => (other, api::Acting::host()),
             };
             match req {
@@ -1032,6 +1033,7 @@ impl Supervisor {
                 tenant: None,
                 limits: Default::default(),
                 flags,
+                all_logs: false,
             };
             return Ok((inner, anyone));
         }
@@ -1068,7 +1070,15 @@ impl Supervisor {
             }
         }
         if let Some(c) = self.clients.get_mut(&t) {
-            c.conn.send(r);
+            match r {
+                // An event is a chunk of output, small; a final reply that cannot be sent
+                // is answered `too_large` instead, so the front is never left waiting.
+                Reply::Event(_) => c.conn.send(r),
+                _ => c.conn.send_frame(&conn::final_reply_frame(
+                    r,
+                    proto::frame::PREFIX + MAX_FRONT_FRAME,
+                )),
+            }
         }
     }
 

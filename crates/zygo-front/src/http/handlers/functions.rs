@@ -644,7 +644,9 @@ pub fn logs(front: &Front, call: &mut Call) -> Out {
         Err(e) => return e.into(),
     };
     match ask(front, call, Request::Logs { name, n }) {
-        Ok(Reply::Logs(entries)) => ok(json!({
+        Ok(Reply::Logs { entries, left_out }) => ok(json!({
+            "truncated": left_out > 0,
+            "left_out": left_out,
             "logs": entries.iter().map(|l| json!({
                 "request_id": l.request_id,
                 "finished_ms": l.finished_ms,

@@ -31,7 +31,12 @@ pub fn healthz(front: &Front, call: &mut Call) -> Out {
         // Every channel busy with long calls: the supervisor is up, the front is full.
         Err(e) if e.status == 429 => ok(json!({
             "status": "degraded",
-            "reason": "every channel to the supervisor is busy with calls",
+            "reason": match front.chans.recovering() {
+                0 => "every channel to the supervisor is busy with calls".to_string(),
+                n => format!(
+                    "every channel to the supervisor is busy with calls ({n} reading answers their callers stopped waiting for)"
+                ),
+            },
         })),
         Err(e) if e.status == 503 => Out::Json(
             503,

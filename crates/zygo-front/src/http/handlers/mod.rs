@@ -50,7 +50,13 @@ pub fn ask_with(
     share_wait: Option<Instant>,
     on_event: impl FnMut(ExecEvent),
 ) -> Result<Reply, HttpError> {
-    let _share = front.shares.take(who, share_wait).ok_or_else(|| {
+    // A share is the caller's as the supervisor says who it is: a tenant has one,
+    // however it is named (asked once, then remembered for a few seconds).
+    let party = match req {
+        Request::Health => super::fair::Party::of(who, None),
+        _ => authenticate(front, who)?,
+    };
+    let share = front.shares.take(&party, share_wait).ok_or_else(|| {
         HttpError::new(
             429,
             "busy",
@@ -65,6 +71,9 @@ pub fn ask_with(
         request: Box::new(req),
     };
     let mut lease = acquire(front, deadline)?;
+    // Should this request be abandoned (its deadline passes first), its channel still
+    // counts against its caller until the channel is free again.
+    lease.hold(share);
     match lease.call(&req, deadline, on_event) {
         Ok(Reply::Error {
             code,
@@ -98,13 +107,15 @@ fn acquire(front: &Front, deadline: Instant) -> Result<super::channel::Lease, Ht
     })
 }
 
-/// Whether the supervisor knows this caller (its token, and the tenant it names), asked
-/// before a request's body is read: an unknown or revoked token is refused without a
-/// byte of its body read. The question is `Version` as the caller, which any known caller
-/// may ask and which changes nothing; a yes is remembered for [`super::fair::AUTH_FRESH`].
-pub fn authenticate(front: &Front, who: &Credentials) -> Result<(), HttpError> {
-    if front.auth.fresh(who) {
-        return Ok(());
+/// Whether the supervisor knows this caller (its token, and the tenant it names), and
+/// whose share of the channels it uses: asked before a request's body is read (an unknown
+/// or revoked token is refused without a byte of its body read) and before a share is
+/// taken. The question is `Version` as the caller, which any known caller may ask and
+/// which changes nothing; its answer names the tenant the caller acts for, and is
+/// remembered for [`super::fair::AUTH_FRESH`].
+pub fn authenticate(front: &Front, who: &Credentials) -> Result<super::fair::Party, HttpError> {
+    if let Some(party) = front.auth.fresh(who) {
+        return Ok(party);
     }
     let deadline = Instant::now() + AUTH_WAIT;
     let req = Request::Api {
@@ -113,9 +124,10 @@ pub fn authenticate(front: &Front, who: &Credentials) -> Result<(), HttpError> {
     };
     let mut lease = acquire(front, deadline)?;
     match lease.call(&req, deadline, |_| {}) {
-        Ok(Reply::Version(_)) => {
-            front.auth.known(who);
-            Ok(())
+        Ok(Reply::Version(v)) => {
+            let party = super::fair::Party::of(who, v.tenant);
+            front.auth.known(who, party.clone());
+            Ok(party)
         }
         Ok(Reply::Error {
             code,

@@ -63,6 +63,10 @@ pub struct Acting {
     /// The acting tenant's limits (all `None` for the host).
     pub limits: TenantLimits,
     pub flags: FrontFlags,
+    /// Acting for no tenant, whether it reads every caller's entries of a function's log
+    /// (the host's CLI and operators) or only the host's own (`zygo mcp`, whose reader is
+    /// a model, not the operator).
+    pub all_logs: bool,
 }
 
 impl Acting {
@@ -73,6 +77,15 @@ impl Acting {
             tenant: None,
             limits: TenantLimits::default(),
             flags: FrontFlags::default(),
+            all_logs: true,
+        }
+    }
+
+    /// `zygo mcp`: the host's, but it reads only the host's own calls in a log.
+    pub fn mcp() -> Acting {
+        Acting {
+            all_logs: false,
+            ..Acting::host()
         }
     }
 
@@ -341,6 +354,7 @@ impl Api {
             tenant,
             limits,
             flags,
+            all_logs: true,
         })
     }
 

@@ -8,7 +8,7 @@ use std::time::Instant;
 
 use mio::Token;
 use policy::file::FnSpec;
-use proto::front::{ErrorCode, LogEntry, Outcome, Reply};
+use proto::front::{ErrorCode, Outcome, Reply};
 use proto::launch::{BindMount, Image, LaunchPlan, Mode};
 
 use super::agents::agent_argv;
@@ -43,8 +43,8 @@ pub(super) struct Function {
     /// Calls waiting for a parked child in a zygote that has room (not a hidden queue:
     /// they are bounded by the zygotes' free slots).
     pub(super) pending: VecDeque<String>,
-    /// Its last calls, each with the tenant that made it.
-    pub(super) logs: VecDeque<(Option<String>, LogEntry)>,
+    /// Its last calls, kept apart by the tenant that made them (see `stats::FnLog`).
+    pub(super) logs: super::stats::FnLog,
     pub(super) stats: Stats,
     /// The same counters, for each tenant's own calls.
     pub(super) tenant_stats: std::collections::HashMap<String, Stats>,
@@ -268,7 +268,7 @@ impl Functions {
                 zygotes: Vec::new(),
                 min_warm,
                 pending: VecDeque::new(),
-                logs: VecDeque::new(),
+                logs: Default::default(),
                 stats: Stats::default(),
                 tenant_stats: std::collections::HashMap::new(),
                 shell_secrets: shell,

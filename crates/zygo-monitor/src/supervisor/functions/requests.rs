@@ -211,6 +211,29 @@ fn admit(room: usize, waiting: usize, zygotes: usize, max_warm: usize) -> Admiss
     }
 }
 
+/// How many of a host function's (or pool's) zygotes one tenant's calls may hold at once:
+/// half of its `max_warm`, at least one. Tenants never share a zygote, so without a share
+/// one tenant's calls could hold every zygote (4 calls with secrets, 13 without, at the
+/// default `max_warm` of 4) and every other tenant was busy; with it, at least as many
+/// zygotes as one tenant may hold are always left to the others. (Two tenants at their
+/// shares can still fill a pool: a limit of this version. The host's own callers have no
+/// share: they are the operator's.)
+pub(super) fn tenant_share(max_warm: usize) -> usize {
+    (max_warm / 2).max(1)
+}
+
+/// Whether a call of a tenant that holds `own` zygotes of a function, with `own_room` room
+/// for another call in them (for a call with secrets, `exclusive`: those of them where
+/// only answered calls are left, on their way out) and `waiting` calls of the tenant
+/// already waiting for a child, must be refused as busy for its share: placing it and
+/// those waiting would take more zygotes than `share` (a call with secrets takes a zygote
+/// to itself).
+fn over_share(own: usize, own_room: usize, waiting: usize, exclusive: bool, share: usize) -> bool {
+    let per = if exclusive { 1 } else { SLOTS };
+    let more = (waiting + 1).saturating_sub(own_room).div_ceil(per);
+    own + more > share
+}
+
 /// What happened to a call, as far as its outcome goes.
 pub(super) struct Ending {
     /// Why it was ended from outside, if it was (see [`InFlight::forced`]).
@@ -659,18 +682,53 @@ impl Functions {
         let tenant = who.tenant.as_deref();
         // A child whose call was answered does not count here: it is on its way out (and
         // hurried out once this call waits for it).
-        let room: usize = if exclusive {
-            live.iter()
-                .filter(|z| !z.children.keep_out(tenant, true, false))
-                .count()
-        } else {
-            live.iter()
-                .filter(|z| !z.children.keep_out(tenant, false, false))
-                .map(|z| z.children.room())
-                .sum()
-        };
+        let fits = |z: &super::Zygote| !z.children.keep_out(tenant, exclusive, false);
+        let room_of = |z: &super::Zygote| if exclusive { 1 } else { z.children.room() };
+        let mut room: usize = live.iter().filter(|z| fits(z)).map(|z| room_of(z)).sum();
+        let mut waiting = f.pending.len();
         let max_warm = (f.spec.max_warm as usize).max(1);
-        match admit(room, f.pending.len(), live.len(), max_warm) {
+        // A tenant's calls of a host function hold at most its share of the zygotes: past
+        // it the call is busy for this tenant (others still have room), and at it the call
+        // may wait only in the zygotes the tenant holds.
+        if let Some(share) = self.share_of(&name, tenant) {
+            let own: Vec<&super::Zygote> = live
+                .iter()
+                .copied()
+                .filter(|z| z.children.held_by(tenant))
+                .collect();
+            let own_room: usize = own.iter().filter(|z| fits(z)).map(|z| room_of(z)).sum();
+            let mine_waiting = f
+                .pending
+                .iter()
+                .filter(|id| {
+                    self.calls
+                        .get(*id)
+                        .is_some_and(|c| c.tenant.as_deref() == tenant)
+                })
+                .count();
+            if over_share(own.len(), own_room, mine_waiting, exclusive, share) {
+                self.calls.remove(&id);
+                return Some(Reply::Error {
+                    code: ErrorCode::Busy,
+                    message: format!(
+                        "{} is busy for this tenant: its calls hold {} of its {max_warm} zygote(s), a tenant's share (half of max_warm){}; retry shortly",
+                        shown_name(&name),
+                        own.len(),
+                        if exclusive {
+                            ", and a call with secrets has a zygote to itself"
+                        } else {
+                            ""
+                        }
+                    ),
+                    retry_after: Some(1),
+                });
+            }
+            if own.len() >= share {
+                room = own_room;
+                waiting = mine_waiting;
+            }
+        }
+        match admit(room, waiting, live.len(), max_warm) {
             Admission::Wait => {}
             Admission::Grow => {
                 if let Err(err) = self.spawn_zygote(&name, cx) {
@@ -686,7 +744,12 @@ impl Functions {
                 return Some(Reply::Error {
                     code: ErrorCode::Busy,
                     message: format!(
-                        "{name} is busy: all {max_warm} zygote(s) are serving {SLOTS} requests each; retry shortly"
+                        "{name} is busy: all {max_warm} zygote(s) are in use (each serves up to {SLOTS} calls of one tenant at a time{}); retry shortly",
+                        if exclusive {
+                            ", and a call with secrets has one to itself"
+                        } else {
+                            ""
+                        }
                     ),
                     retry_after: Some(1),
                 });
@@ -827,6 +890,25 @@ impl Functions {
         Ok(out)
     }
 
+    /// The share of a host function's zygotes a call of `tenant` is held to (see
+    /// [`tenant_share`]); `None` for the host's calls and a tenant's own functions.
+    fn share_of(&self, name: &str, tenant: Option<&str>) -> Option<usize> {
+        let f = self.fns.get(name)?;
+        (tenant.is_some() && !name.contains('/'))
+            .then(|| tenant_share((f.spec.max_warm as usize).max(1)))
+    }
+
+    /// How many live zygotes of `name` hold a call of `tenant`.
+    fn held(&self, name: &str, tenant: Option<&str>) -> usize {
+        self.fns.get(name).map_or(0, |f| {
+            f.zygotes
+                .iter()
+                .filter_map(|t| self.zygotes.get(t))
+                .filter(|z| z.state != ZState::Dead && z.children.held_by(tenant))
+                .count()
+        })
+    }
+
     /// Give a call a parked child, if one is free. True when it was sent.
     fn try_dispatch(&mut self, id: &str) -> bool {
         let Some(c) = self.calls.get(id) else {
@@ -835,6 +917,11 @@ impl Functions {
         let Some(f) = self.fns.get(&c.func) else {
             return false;
         };
+        // A tenant at its share of a host function's zygotes gets a child only of one it
+        // holds already.
+        let at_share = self
+            .share_of(&c.func, c.tenant.as_deref())
+            .is_some_and(|share| self.held(&c.func, c.tenant.as_deref()) >= share);
         // (zygote, slot, frozen, idle)
         let mut best: Option<(Token, String, bool, bool)> = None;
         for t in &f.zygotes {
@@ -842,6 +929,9 @@ impl Functions {
                 continue;
             };
             if z.state != ZState::Ready || z.children.busy() >= SLOTS {
+                continue;
+            }
+            if at_share && !z.children.held_by(c.tenant.as_deref()) {
                 continue;
             }
             // Another tenant's calls run there, or ran and their children have not gone
@@ -1515,6 +1605,27 @@ mod tests {
         // No room and max_warm zygotes: refused at once, never queued.
         assert_eq!(admit(4, 4, 2, 2), Admission::Busy);
         assert_eq!(admit(0, 0, 1, 1), Admission::Busy);
+    }
+
+    #[test]
+    fn a_tenant_holds_at_most_half_of_a_pools_zygotes() {
+        assert_eq!([1, 2, 3, 4, 5, 8].map(tenant_share), [1, 1, 1, 2, 2, 4]);
+        // own zygotes, room in them, calls of the tenant waiting, exclusive, share
+        // Room in a zygote it holds: never over.
+        assert!(!over_share(2, 1, 0, false, 2));
+        // One more zygote needed, within the share.
+        assert!(!over_share(1, 0, 0, false, 2));
+        assert!(!over_share(1, 1, 4, false, 2));
+        // At its share with no room left there: busy, for this tenant.
+        assert!(over_share(2, 0, 0, false, 2));
+        assert!(over_share(1, 1, 5, false, 2));
+        // A call with secrets needs a zygote to itself: each one a zygote, unless one the
+        // tenant holds has only answered calls left, on their way out.
+        assert!(!over_share(1, 0, 0, true, 2));
+        assert!(over_share(2, 0, 0, true, 2));
+        assert!(over_share(1, 0, 1, true, 2));
+        assert!(!over_share(1, 1, 0, true, 1));
+        assert!(over_share(1, 1, 1, true, 1));
     }
 
     #[test]

@@ -2,7 +2,7 @@
 //! `zygo stats` (counts by outcome, wall-time percentiles, peak memory), `zygo logs` (the
 //! last calls of a function); and what each finished call adds to them and to the usage log.
 
-use std::collections::VecDeque;
+use std::collections::{HashMap, VecDeque};
 use std::time::Duration;
 
 use proto::front::{
@@ -23,8 +23,149 @@ use crate::supervisor::api::Acting;
 pub(super) const HOST_FAILURE: &str =
     "the function failed to start; the operator can read why in the supervisor's log";
 
-/// Finished requests remembered per function for `zygo logs`.
+/// Finished requests a function's log keeps for each of its callers (a tenant, or the
+/// host's callers together), at most: `zygo logs` and `GET /fn/{name}/logs` show them.
 const LOG_KEEP: usize = 1000;
+
+/// Bytes a function's log keeps for each of its callers, at most: past them the caller's
+/// own oldest entries go. An entry counts its texts and [`ENTRY_OVERHEAD`].
+pub(super) const LOG_CALLER_BYTES: usize = 2 << 20;
+
+/// Bytes a function's log keeps for all its callers together, at most: past them the
+/// caller holding the most gives up its oldest entry, so no caller can push out the
+/// entries of one that holds less than it.
+pub(super) const LOG_FN_BYTES: usize = 8 << 20;
+
+/// The most of a call's error message its log entry keeps (the first bytes, saying how
+/// many more were cut); the call's own answer has it as the launcher passed it on.
+pub(super) const LOG_ERROR_KEEP: usize = 16 << 10;
+
+/// The last bytes of a call's stdout and of its stderr its log entry keeps.
+const LOG_OUTPUT_KEEP: usize = 4096;
+
+/// What an entry costs beyond its texts (its numbers, and what holds them).
+const ENTRY_OVERHEAD: usize = 64;
+
+/// The most of its entries' bytes (counted as the log counts them) one logs answer holds:
+/// the newest entries asked for that fit, the rest (the oldest) left out and counted.
+pub const LOGS_REPLY_BUDGET: usize = 4 << 20;
+
+/// The bytes an entry counts for, in a log and in an answer.
+fn entry_size(e: &LogEntry) -> usize {
+    e.request_id.len()
+        + e.error.as_ref().map_or(0, String::len)
+        + e.stdout.len()
+        + e.stderr.len()
+        + ENTRY_OVERHEAD
+}
+
+/// One caller's entries of a function's log, oldest first, each with its place in the
+/// function's order and its size.
+#[derive(Default)]
+struct CallerLog {
+    entries: VecDeque<(u64, usize, LogEntry)>,
+    bytes: usize,
+}
+
+/// A function's log: each caller's entries kept apart (a tenant, or the host's callers
+/// under `None`), so that one caller's calls, however many, never push out another's
+/// beyond the function's byte budget, where the caller holding the most gives way first.
+#[derive(Default)]
+pub(super) struct FnLog {
+    callers: HashMap<Option<String>, CallerLog>,
+    bytes: usize,
+    /// The last entry's place in the function's order.
+    last: u64,
+}
+
+impl FnLog {
+    /// A finished call of `caller`.
+    fn push(&mut self, caller: Option<String>, e: LogEntry) {
+        let size = entry_size(&e);
+        self.last += 1;
+        let own = self.callers.entry(caller).or_default();
+        own.entries.push_back((self.last, size, e));
+        own.bytes += size;
+        self.bytes += size;
+        // The caller's own bounds: its oldest go (never its newest entry, which fits).
+        while own.entries.len() > LOG_KEEP
+            || (own.bytes > LOG_CALLER_BYTES && own.entries.len() > 1)
+        {
+            let Some((_, gone, _)) = own.entries.pop_front() else {
+                break;
+            };
+            own.bytes -= gone;
+            self.bytes -= gone;
+        }
+        // The function's: whoever holds the most gives up its oldest.
+        while self.bytes > LOG_FN_BYTES {
+            let Some(most) = self.callers.values_mut().max_by_key(|c| c.bytes) else {
+                break;
+            };
+            let Some((_, gone, _)) = most.entries.pop_front() else {
+                break;
+            };
+            most.bytes -= gone;
+            self.bytes -= gone;
+        }
+        self.callers.retain(|_, c| !c.entries.is_empty());
+    }
+
+    /// A tenant deleted: its entries go.
+    pub(super) fn forget(&mut self, tenant: &str) {
+        if let Some(c) = self.callers.remove(&Some(tenant.to_string())) {
+            self.bytes -= c.bytes;
+        }
+    }
+
+    /// The last `n` entries of `caller` (`None`: of every caller, in the order they
+    /// finished), as many of the newest as fit `budget` bytes: (those, oldest first; how
+    /// many of the `n` were left out).
+    fn last(
+        &self,
+        caller: Option<&Option<String>>,
+        n: usize,
+        budget: usize,
+    ) -> (Vec<LogEntry>, u32) {
+        let mut all: Vec<&(u64, usize, LogEntry)> = match caller {
+            Some(c) => self
+                .callers
+                .get(c)
+                .map(|c| c.entries.iter().collect())
+                .unwrap_or_default(),
+            None => {
+                let mut v: Vec<_> = self
+                    .callers
+                    .values()
+                    .flat_map(|c| c.entries.iter())
+                    .collect();
+                v.sort_unstable_by_key(|(at, _, _)| *at);
+                v
+            }
+        };
+        let asked = all.split_off(all.len().saturating_sub(n));
+        let mut used = 0;
+        let mut fits = 0;
+        for (_, size, _) in asked.iter().rev() {
+            if used + size > budget {
+                break;
+            }
+            used += size;
+            fits += 1;
+        }
+        let left_out = asked.len() - fits;
+        let entries = asked[left_out..]
+            .iter()
+            .map(|(_, _, e)| e.clone())
+            .collect();
+        (entries, left_out as u32)
+    }
+
+    #[cfg(test)]
+    fn bytes(&self) -> usize {
+        self.bytes
+    }
+}
 
 /// Wall-time samples kept per function for percentiles.
 const SAMPLES: usize = 10_000;
@@ -78,15 +219,12 @@ impl Functions {
                 finished_ms,
                 outcome,
                 wall_us: metrics.wall_us,
-                error,
-                stdout: tail(&c.stdout.text, 4096),
-                stderr: tail(&c.stderr.text, 4096),
+                error: error.map(|e| head(e, LOG_ERROR_KEEP)),
+                stdout: tail(&c.stdout.text, LOG_OUTPUT_KEEP),
+                stderr: tail(&c.stderr.text, LOG_OUTPUT_KEEP),
             };
             if !tenant_gone {
-                f.logs.push_back((c.tenant.clone(), entry));
-                if f.logs.len() > LOG_KEEP {
-                    f.logs.pop_front();
-                }
+                f.logs.push(c.tenant.clone(), entry);
             }
             f.stats.add(outcome, wall, metrics.peak_rss_kb);
             if let Some(t) = c.tenant.as_ref().filter(|_| !tenant_gone) {
@@ -307,7 +445,9 @@ impl Functions {
     }
 
     /// `logs`: the last `n` (1 to [`LOG_KEEP`]) finished calls of a function that are the
-    /// caller's: a tenant reads only its own calls.
+    /// caller's, as many of the newest as fit [`LOGS_REPLY_BUDGET`]: a tenant (or an
+    /// operator acting for one) reads only that tenant's calls; `zygo mcp` only the host's
+    /// own; the host's CLI and an operator acting for nobody every caller's.
     pub(super) fn logs_as(&self, name: &str, n: u32, who: &Acting) -> Reply {
         let key = match self.key_for(who, name) {
             Ok(k) => k,
@@ -316,14 +456,12 @@ impl Functions {
         match self.fns.get(&key) {
             Some(f) => {
                 let n = (n as usize).clamp(1, LOG_KEEP);
-                let mine: Vec<&LogEntry> = f
-                    .logs
-                    .iter()
-                    .filter(|(t, _)| !who.api() || who.tenant.is_none() || *t == who.tenant)
-                    .map(|(_, e)| e)
-                    .collect();
-                let skip = mine.len().saturating_sub(n);
-                Reply::Logs(mine.into_iter().skip(skip).cloned().collect())
+                let whose = match &who.tenant {
+                    None if who.all_logs => None,
+                    t => Some(t),
+                };
+                let (entries, left_out) = f.logs.last(whose, n, LOGS_REPLY_BUDGET);
+                Reply::Logs { entries, left_out }
             }
             None => fail(
                 ErrorCode::NotFound,
@@ -331,6 +469,22 @@ impl Functions {
             ),
         }
     }
+}
+
+/// The first `n` bytes of `s` at most, cut at a character's start, saying how many more
+/// were cut (as the launcher says it).
+fn head(mut s: String, n: usize) -> String {
+    if s.len() <= n {
+        return s;
+    }
+    let mut end = n;
+    while !s.is_char_boundary(end) {
+        end -= 1;
+    }
+    let cut = s.len() - end;
+    s.truncate(end);
+    s.push_str(&format!("… ({cut} more bytes cut)"));
+    s
 }
 
 /// The last `n` bytes of `s` at most, cut at a character's start.
@@ -380,6 +534,111 @@ mod tests {
         let w: Vec<u64> = (1..=100).collect();
         assert_eq!(percentile(&w, 0.5), 51);
         assert_eq!(percentile(&w, 0.99), 99);
+    }
+
+    fn entry(id: &str, error_len: usize) -> LogEntry {
+        LogEntry {
+            request_id: id.to_string(),
+            finished_ms: 0,
+            outcome: Outcome::Error,
+            wall_us: 1,
+            error: Some("e".repeat(error_len)),
+            stdout: String::new(),
+            stderr: String::new(),
+        }
+    }
+
+    fn ids(v: &[LogEntry]) -> Vec<String> {
+        v.iter().map(|e| e.request_id.clone()).collect()
+    }
+
+    #[test]
+    fn one_callers_calls_never_push_out_anothers() {
+        let mut log = FnLog::default();
+        let (a, b) = (Some("a".to_string()), Some("b".to_string()));
+        for i in 0..5 {
+            log.push(b.clone(), entry(&format!("b{i}"), 10));
+        }
+        for i in 0..LOG_KEEP + 500 {
+            log.push(a.clone(), entry(&format!("a{i}"), 10));
+        }
+        let (mine, left_out) = log.last(Some(&b), LOG_KEEP, LOGS_REPLY_BUDGET);
+        assert_eq!(
+            (ids(&mine), left_out),
+            ((0..5).map(|i| format!("b{i}")).collect(), 0)
+        );
+        // a keeps its own last LOG_KEEP, the oldest first.
+        let (theirs, _) = log.last(Some(&a), LOG_KEEP, LOGS_REPLY_BUDGET);
+        assert_eq!(theirs.len(), LOG_KEEP);
+        assert_eq!(theirs[0].request_id, "a500");
+        // The host's CLI reads both, in the order they finished; zygo mcp (the host's own)
+        // neither.
+        let (all, _) = log.last(None, 3, LOGS_REPLY_BUDGET);
+        assert_eq!(ids(&all), ["a1497", "a1498", "a1499"]);
+        assert!(log.last(Some(&None), 10, LOGS_REPLY_BUDGET).0.is_empty());
+        log.forget("a");
+        assert_eq!(log.last(None, LOG_KEEP, LOGS_REPLY_BUDGET).0.len(), 5);
+    }
+
+    #[test]
+    fn a_log_keeps_to_its_byte_budgets_and_the_largest_caller_gives_way() {
+        let mut log = FnLog::default();
+        let big = LOG_ERROR_KEEP;
+        // One caller alone: its own budget.
+        for i in 0..1000 {
+            log.push(Some("a".into()), entry(&format!("a{i}"), big));
+        }
+        assert!(log.bytes() <= LOG_CALLER_BYTES, "{}", log.bytes());
+        // Many callers: the function's budget, and a small caller keeps all it had.
+        log.push(Some("small".into()), entry("s0", 10));
+        for t in 0..10 {
+            for i in 0..200 {
+                log.push(Some(format!("t{t}")), entry(&format!("t{t}-{i}"), big));
+            }
+        }
+        assert!(log.bytes() <= LOG_FN_BYTES, "{}", log.bytes());
+        assert_eq!(
+            ids(&log
+                .last(Some(&Some("small".into())), 10, LOGS_REPLY_BUDGET)
+                .0),
+            ["s0"]
+        );
+        // Each of the ten holds about the same share; none was pushed out whole.
+        for t in 0..10 {
+            let (mine, _) = log.last(Some(&Some(format!("t{t}"))), LOG_KEEP, LOGS_REPLY_BUDGET);
+            assert!(mine.len() > 10, "t{t} has {}", mine.len());
+        }
+    }
+
+    #[test]
+    fn an_answer_holds_the_newest_that_fit_its_budget_and_counts_the_rest() {
+        let mut log = FnLog::default();
+        for t in 0..4 {
+            for i in 0..100 {
+                log.push(
+                    Some(format!("t{t}")),
+                    entry(&format!("{t}-{i}"), LOG_ERROR_KEEP),
+                );
+            }
+        }
+        let (all, left_out) = log.last(None, LOG_KEEP, LOGS_REPLY_BUDGET);
+        let size: usize = all.iter().map(entry_size).sum();
+        assert!(
+            size <= LOGS_REPLY_BUDGET && left_out > 0,
+            "{size} {left_out}"
+        );
+        assert_eq!(all.len() + left_out as usize, 400);
+        assert_eq!(all.last().map(|e| e.request_id.as_str()), Some("3-99"));
+        // Fewer asked for than fit: none left out.
+        let (few, left_out) = log.last(None, 5, LOGS_REPLY_BUDGET);
+        assert_eq!((few.len(), left_out), (5, 0));
+    }
+
+    #[test]
+    fn a_long_error_is_kept_to_its_head_and_says_so() {
+        assert_eq!(head("short".into(), 16), "short");
+        let cut = head(format!("{}é", "a".repeat(15)), 16);
+        assert_eq!(cut, format!("{}… (2 more bytes cut)", "a".repeat(15)));
     }
 
     #[test]

@@ -230,6 +230,7 @@ impl Functions {
             cgroup: self.backend.name().into(),
             landlock_abi: crate::supervisor::api::landlock_abi(),
             private_net: deploy.then_some(who.flags.allow_deploy && who.flags.allow_private_net),
+            tenant: who.tenant.clone(),
         })
     }
 
@@ -454,7 +455,7 @@ impl Functions {
         // What its calls left on the host's functions (their log entries and its counters)
         // goes too: an id made again later is somebody else, who must not read them.
         for f in self.fns.values_mut() {
-            f.logs.retain(|(t, _)| t.as_deref() != Some(id));
+            f.logs.forget(id);
             f.tenant_stats.remove(id);
         }
         let tokens_revoked = match self.api.revoke_tenant_tokens(id) {

@@ -143,6 +143,14 @@ impl Children {
             .filter(|s| answered_too || s.answered.is_none())
             .any(|s| s.keeps_out(tenant, exclusive))
     }
+    /// Whether a call of `tenant` was given one of its children and that child's slot is
+    /// still open (answered or not): until then the zygote is that tenant's, and counts
+    /// against its share (see `requests::tenant_share`).
+    pub(super) fn held_by(&self, tenant: Option<&str>) -> bool {
+        self.slots
+            .values()
+            .any(|s| s.request.is_some() && s.tenant.as_deref() == tenant)
+    }
     pub(super) fn free_slot(&self) -> Option<String> {
         self.slots
             .iter()
