@@ -1,0 +1,376 @@
+//! Promises a new user meets in their first hour that were built but not yet held by a
+//! test, end to end on the real binary (a supervisor of the test's own, `zygo api` in
+//! front of it over loopback HTTP, `zygo mcp` over stdio):
+//!
+//! - a tenant's `cpu`, `pids` and `timeout` limits narrow its warm call of a host function
+//!   (the request's own cgroup has the tenant's CPU quota and pids limit, a fork loop
+//!   inside the call stops at the tenant's limit, a call past the tenant's timeout is
+//!   killed naming it), while the host's own call of the same function keeps the
+//!   function's.
+
+// A test that fails on an unexpected error says where; that is all an unwrap does here.
+#![allow(clippy::unwrap_used)]
+
+use std::fs;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use serde_json::{json, Value};
+use zygo_tests::api::{mint, start_http_front, tenant_id, HttpFront};
+use zygo_tests::http::{req, Resp};
+use zygo_tests::*;
+
+/// The handlers every supervisor of this file serves from.
+const HANDLERS: &str = r#"import errno, os, subprocess, time
+
+
+def slow(event):
+    time.sleep(event["s"])
+    return "slept"
+
+
+def nap(event):
+    subprocess.run(["sleep", event["marker"]], check=True)
+    return "slept"
+
+
+def _gate(name, limit):
+    path = os.path.join(os.path.dirname(os.path.abspath(__file__)), name)
+    end = time.monotonic() + limit
+    while not os.path.exists(path):
+        if time.monotonic() > end:
+            return False
+        time.sleep(0.02)
+    return True
+
+
+def forks(event):
+    """Fork children that wait on a pipe until a fork fails; count them. Then start
+    `sleep MARKER` (which the test finds on the host, in this request's cgroup) and hold
+    until the test opens the gate."""
+    r, w = os.pipe()
+    kids = []
+    failed = None
+    while len(kids) < 2000:
+        try:
+            pid = os.fork()
+        except OSError as e:
+            failed = errno.errorcode.get(e.errno, str(e.errno))
+            break
+        if pid == 0:
+            os.close(w)
+            os.read(r, 1)
+            os._exit(0)
+        kids.append(pid)
+    os.close(w)
+    os.close(r)
+    for k in kids:
+        os.waitpid(k, 0)
+    marker = subprocess.Popen(["sleep", event["marker"]])
+    opened = _gate(event["gate"], 60)
+    marker.kill()
+    marker.wait()
+    return {"forks": len(kids), "failed": failed, "gate": opened}
+"#;
+
+static SUITE: Suite = Suite {
+    prefix: "prom-",
+    handlers: HANDLERS,
+    defaults: "timeout = \"30s\"\nmem = \"128M\"\ncpu = 1\npids = 64\nidle_timeout = \"60s\"\n",
+    agents: false,
+};
+
+// ---------------------------------------------------------------------------------------
+// Helpers.
+
+/// A unique `sleep` argument: a number of seconds no other process of the host is likely
+/// to sleep, so its command line finds it.
+fn marker(base: u32) -> String {
+    format!("{base}.{:06}", unique() % 1_000_000)
+}
+
+/// The host pid of `sleep MARKER`, once it runs (within 20 s).
+fn sleeping(marker: &str) -> i32 {
+    let needle = format!("sleep\0{marker}\0");
+    let mut found = Vec::new();
+    wait_for(Duration::from_secs(20), &format!("sleep {marker}"), || {
+        found = host_pids_with(needle.as_bytes());
+        !found.is_empty()
+    });
+    found[0]
+}
+
+/// The folder of a process's cgroup, on the host, in the hierarchy holding `ctrl` (the
+/// unified one on a cgroup v2 host).
+fn cgroup_dir(pid: i32, ctrl: &str) -> PathBuf {
+    let text = fs::read_to_string(format!("/proc/{pid}/cgroup"))
+        .unwrap_or_else(|e| panic!("read /proc/{pid}/cgroup: {e}"));
+    let v2 = is_cgroup_v2_host();
+    let path = parse_cgroups(&text)
+        .into_iter()
+        .find(|(ctrls, _)| {
+            if v2 {
+                ctrls.is_empty()
+            } else {
+                ctrls.iter().any(|c| c == ctrl)
+            }
+        })
+        .map(|(_, p)| p)
+        .unwrap_or_else(|| panic!("no {ctrl} line in /proc/{pid}/cgroup: {text}"));
+    let (point, _, _) = cgroup_mounts()
+        .into_iter()
+        .find(|(_, is_v2, opts)| {
+            if v2 {
+                *is_v2
+            } else {
+                !is_v2 && opts.iter().any(|o| o == ctrl)
+            }
+        })
+        .unwrap_or_else(|| panic!("no cgroup mount holds {ctrl}"));
+    point.join(path.trim_start_matches('/'))
+}
+
+fn read_trim(p: &Path) -> String {
+    fs::read_to_string(p)
+        .unwrap_or_else(|e| panic!("read {}: {e}", p.display()))
+        .trim()
+        .to_string()
+}
+
+/// What a request's cgroup allows, read on the host: CPUs (quota over period) and pids.
+#[derive(Debug)]
+struct Allowed {
+    cpus: f64,
+    pids: String,
+    /// The cgroup's folder, in the cpu hierarchy.
+    dir: PathBuf,
+}
+
+/// What the cgroup of host process `pid` allows.
+fn allowed(pid: i32) -> Allowed {
+    let cpu = cgroup_dir(pid, "cpu");
+    let cpus = if is_cgroup_v2_host() {
+        let max = read_trim(&cpu.join("cpu.max"));
+        let (q, p) = max.split_once(' ').unwrap_or((&max, "100000"));
+        if q == "max" {
+            f64::INFINITY
+        } else {
+            q.parse::<f64>().unwrap() / p.parse::<f64>().unwrap()
+        }
+    } else {
+        let q: i64 = read_trim(&cpu.join("cpu.cfs_quota_us")).parse().unwrap();
+        let p: i64 = read_trim(&cpu.join("cpu.cfs_period_us")).parse().unwrap();
+        if q < 0 {
+            f64::INFINITY
+        } else {
+            q as f64 / p as f64
+        }
+    };
+    let pids = read_trim(&cgroup_dir(pid, "pids").join("pids.max"));
+    Allowed {
+        cpus,
+        pids,
+        dir: cpu,
+    }
+}
+
+/// `zygo up` with these functions and an operator token minted on the host, and `zygo api`
+/// in front: (function names, operator token, the front).
+fn serve(s: &mut Sup, fns: &[(&str, &str, &str)]) -> (Vec<String>, String, HttpFront) {
+    let names = s.up(fns);
+    let (_, op) = mint(s, None);
+    let front = start_http_front(s, &[]);
+    (names, op, front)
+}
+
+/// A tenant made over HTTP by the operator, and its token minted on the host.
+fn tenant(s: &Sup, f: &HttpFront, op: &str, tag: &str) -> (String, String) {
+    let t = tenant_id(tag);
+    let r = req(
+        &f.addr,
+        "POST",
+        "/tenants",
+        Some(op),
+        &[],
+        &json!({"id": t}).to_string(),
+    );
+    assert_eq!(r.status, 200, "create tenant {t}: {}", r.text());
+    let (_, secret) = mint(s, Some(&t));
+    (t, secret)
+}
+
+/// `POST /fn/{name}` with `event`, as the holder of `token`, with extra headers.
+fn call(f: &HttpFront, token: &str, name: &str, headers: &[(&str, &str)], event: &Value) -> Resp {
+    req(
+        &f.addr,
+        "POST",
+        &format!("/fn/{name}"),
+        Some(token),
+        headers,
+        &event.to_string(),
+    )
+}
+
+/// The same, on a thread of its own: (status, body).
+fn call_bg(
+    f: &HttpFront,
+    token: &str,
+    name: &str,
+    headers: &[(&str, &str)],
+    event: Value,
+) -> std::thread::JoinHandle<(u16, Value)> {
+    let (addr, token, name) = (f.addr.clone(), token.to_string(), name.to_string());
+    let headers: Vec<(String, String)> = headers
+        .iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect();
+    std::thread::spawn(move || {
+        let h: Vec<(&str, &str)> = headers
+            .iter()
+            .map(|(k, v)| (k.as_str(), v.as_str()))
+            .collect();
+        let r = req(
+            &addr,
+            "POST",
+            &format!("/fn/{name}"),
+            Some(&token),
+            &h,
+            &event.to_string(),
+        );
+        (r.status, r.json())
+    })
+}
+
+// ---------------------------------------------------------------------------------------
+// 1. A tenant's cpu, pids and timeout narrow a warm call of a host function.
+
+/// One call of `forks` as `token`: the cgroup of its request read on the host while it
+/// holds, and what the handler counted.
+fn forks_call(s: &Sup, f: &HttpFront, token: &str, name: &str) -> (Allowed, Value) {
+    let m = marker(61);
+    let gate = format!("gate-{:x}", unique());
+    let call = call_bg(
+        f,
+        token,
+        name,
+        &[],
+        json!({"marker": m, "gate": gate.clone()}),
+    );
+    let pid = sleeping(&m);
+    let a = allowed(pid);
+    s.fn_file(&gate, "");
+    let (status, v) = call.join().unwrap();
+    assert_eq!(status, 200, "[{}] forks: {v}\n{}", s.who.name(), s.log());
+    eprintln!("[{}] {a:?}: {}", s.who.name(), v["result"]);
+    assert_eq!(v["result"]["gate"], true, "{v}");
+    (a, v["result"].clone())
+}
+
+/// A tenant held to 0.25 CPU, 8 pids and a 2 s timeout calls a host function declared with
+/// 1 CPU, 64 pids and 30 s: its request's cgroup (read on the host, from the cgroup of a
+/// process the call started) has a quota of 0.25 CPU and `pids.max` 8, and lies under
+/// `tenants/<tenant>/`; a fork loop inside the call stops (EAGAIN) below 8; a call
+/// sleeping 6 s is killed as a timeout naming the tenant's 2 s. The host's own calls of
+/// the same function keep the function's limits: 1 CPU, 64 pids, a fork loop that gets
+/// far past 8, and a 3 s sleep that returns. Narrowed again (0.1 CPU, 5 pids), the
+/// tenant's next request has the new limits, not a cgroup kept with the old ones.
+fn tenant_limits_narrow_a_warm_call_of_a_host_function(who: Who) {
+    let mut s = SUITE.sup(who, "narrow");
+    let (names, op, f) = serve(
+        &mut s,
+        &[("forks", "forks", "max_warm = 2"), ("slow", "slow", "")],
+    );
+    let (forks, slow) = (&names[0], &names[1]);
+    let (t, tt) = tenant(&s, &f, &op, "narrow");
+    let r = req(
+        &f.addr,
+        "PATCH",
+        &format!("/tenants/{t}/limits"),
+        Some(&op),
+        &[],
+        r#"{"cpu": 0.25, "pids": 8, "timeout": "2s"}"#,
+    );
+    assert_eq!(r.status, 200, "set the limits: {}", r.text());
+
+    // The tenant's call: its cgroup and its fork loop.
+    let (a, v) = forks_call(&s, &f, &tt, forks);
+    let w = who.name();
+    assert!(
+        a.dir.to_string_lossy().contains(&format!("/tenants/{t}/")),
+        "[{w}] the tenant's request runs outside its tenant's cgroups: {a:?}"
+    );
+    assert!(
+        (a.cpus - 0.25).abs() < 0.01,
+        "[{w}] the tenant's request may use {} CPUs, not its 0.25: {a:?}",
+        a.cpus
+    );
+    assert_eq!(a.pids, "8", "[{w}] the tenant's request's pids.max: {a:?}");
+    let n = v["forks"].as_u64().unwrap();
+    assert!(
+        (1..8).contains(&n) && v["failed"] == "EAGAIN",
+        "[{w}] the tenant's fork loop: {v} (the tenant allows 8 pids)"
+    );
+
+    // The host's own call of the same function: the function's limits.
+    let (a, v) = forks_call(&s, &f, &op, forks);
+    assert!(
+        (a.cpus - 1.0).abs() < 0.01,
+        "[{w}] the host's request may use {} CPUs, not the function's 1: {a:?}",
+        a.cpus
+    );
+    assert_eq!(a.pids, "64", "[{w}] the host's request's pids.max: {a:?}");
+    let n = v["forks"].as_u64().unwrap();
+    assert!(
+        (32..64).contains(&n) && v["failed"] == "EAGAIN",
+        "[{w}] the host's fork loop: {v} (the function allows 64 pids)"
+    );
+
+    // The operator narrows the tenant again: its next call has the new limits, not those
+    // of a cgroup kept from its last call.
+    let r = req(
+        &f.addr,
+        "PATCH",
+        &format!("/tenants/{t}/limits"),
+        Some(&op),
+        &[],
+        r#"{"cpu": 0.1, "pids": 5}"#,
+    );
+    assert_eq!(r.status, 200, "narrow the limits: {}", r.text());
+    let (a, v) = forks_call(&s, &f, &tt, forks);
+    assert!(
+        (a.cpus - 0.1).abs() < 0.01,
+        "[{w}] after the limits narrowed, the tenant's request may use {} CPUs, not 0.1: {a:?}",
+        a.cpus
+    );
+    assert_eq!(a.pids, "5", "[{w}] after the limits narrowed: {a:?}");
+    let n = v["forks"].as_u64().unwrap();
+    assert!(
+        (1..5).contains(&n) && v["failed"] == "EAGAIN",
+        "[{w}] the tenant's fork loop after the limits narrowed: {v}"
+    );
+
+    // The timeout: the tenant's 2 s kills a 6 s sleep; the host's call sleeps 3 s.
+    let t0 = Instant::now();
+    let r = call(&f, &tt, slow, &[], &json!({"s": 6}));
+    let took = t0.elapsed();
+    let v = r.json();
+    assert_eq!(
+        r.status,
+        504,
+        "[{w}] the tenant's 6 s call: {v}\n{}",
+        s.log()
+    );
+    assert_eq!(v["code"], "timeout", "{v}");
+    assert_eq!(v["error"], "exceeded its 2s time limit", "{v}");
+    assert!(
+        took < Duration::from_secs(6),
+        "[{w}] the tenant's call was answered after {took:?}: it was not killed at 2 s"
+    );
+    let r = call(&f, &op, slow, &[], &json!({"s": 3}));
+    assert_eq!(r.status, 200, "[{w}] the host's 3 s call: {}", r.text());
+    assert_eq!(r.json()["result"], "slept");
+    drop(f);
+    s.shutdown();
+}
+
+root_and_rootless!(tenant_limits_narrow_a_warm_call_of_a_host_function);
