@@ -6,7 +6,8 @@
 //!   (the request's own cgroup has the tenant's CPU quota and pids limit, a fork loop
 //!   inside the call stops at the tenant's limit, a call past the tenant's timeout is
 //!   killed naming it), while the host's own call of the same function keeps the
-//!   function's.
+//!   function's;
+//! - a cancel before the request is let go to a child answers `started: false`.
 
 // A test that fails on an unexpected error says where; that is all an unwrap does here.
 #![allow(clippy::unwrap_used)]
@@ -374,3 +375,129 @@ fn tenant_limits_narrow_a_warm_call_of_a_host_function(who: Who) {
 }
 
 root_and_rootless!(tenant_limits_narrow_a_warm_call_of_a_host_function);
+
+// ---------------------------------------------------------------------------------------
+// 2. A cancel before the request is let go answers `started: false`.
+
+/// A module whose import, once the file `shut` is beside it, waits until `open` is too (at
+/// most 60 s): a zygote started after the test writes `shut` is not ready, and a call that
+/// needs it waits for a child until the test lets it. `hold` holds until the file its
+/// event names appears.
+const GATED: &str = r#"import os, time
+
+_here = os.path.dirname(os.path.abspath(__file__))
+
+
+def _wait(name, limit):
+    end = time.monotonic() + limit
+    while not os.path.exists(os.path.join(_here, name)):
+        if time.monotonic() > end:
+            return False
+        time.sleep(0.02)
+    return True
+
+
+if os.path.exists(os.path.join(_here, "shut")):
+    _wait("open", 60)
+
+
+def handler(event):
+    return "ran"
+
+
+def hold(event):
+    return _wait(event["gate"], 60)
+"#;
+
+/// A host function (`max_warm = 2`) whose one zygote runs the operator's call: a tenant's
+/// call may not run beside it, so a second zygote starts, and its import waits on a gate.
+/// The tenant's call waits for a child meanwhile; the tenant's `DELETE /requests/{key}`
+/// cancels it (`{"cancelled": 1}`), and it answers 499 `cancelled` with `started: false`,
+/// with the gate still shut (no child of it ever ran). Once the gate opens the tenant's
+/// next call runs (`started: true`), and the operator's call returns: the cancel harmed
+/// neither zygote.
+fn a_cancel_before_the_child_is_let_go_answers_not_started(who: Who) {
+    let mut s = SUITE.sup(who, "early");
+    s.fn_file("gated.py", GATED);
+    let (names, op, f) = serve(
+        &mut s,
+        &[(
+            "gated",
+            "hold",
+            "entry = \"fn/gated.py:hold\"\nmax_warm = 2",
+        )],
+    );
+    let gated = &names[0];
+    let w = who.name();
+    let (_, tt) = tenant(&s, &f, &op, "early");
+    // Zygotes started from now on wait at their import.
+    s.fn_file("shut", "");
+    // The operator's call holds the one zygote there is.
+    let release = format!("release-{:x}", unique());
+    let held = call_bg(&f, &op, gated, &[], json!({ "gate": release }));
+    wait_for(
+        Duration::from_secs(20),
+        "the operator's call running",
+        || s.info(gated)["zygotes"]["busy"] == 1,
+    );
+    // The tenant's call: a second zygote starts for it, and it waits.
+    let key = format!("early-{:x}", unique());
+    let victim = call_bg(
+        &f,
+        &tt,
+        gated,
+        &[("X-Zygo-Request-Key", &key)],
+        json!({"gate": "open"}),
+    );
+    wait_for(
+        Duration::from_secs(20),
+        "the tenant's call waiting for a starting zygote",
+        || {
+            let i = s.info(gated);
+            i["in_flight"] == 2 && i["zygotes"]["starting"] == 1
+        },
+    );
+    let r = req(
+        &f.addr,
+        "DELETE",
+        &format!("/requests/{key}"),
+        Some(&tt),
+        &[],
+        "",
+    );
+    assert_eq!(r.status, 200, "[{w}] the cancel: {}", r.text());
+    assert_eq!(r.json()["cancelled"], 1, "{}", r.text());
+    let (status, v) = victim.join().unwrap();
+    assert_eq!(status, 499, "[{w}] the cancelled call: {v}\n{}", s.log());
+    assert_eq!(v["code"], "cancelled", "{v}");
+    assert_eq!(
+        v["started"], false,
+        "[{w}] a call cancelled while it waited for a child says it started: {v}"
+    );
+    assert_eq!(
+        s.info(gated)["zygotes"]["starting"],
+        1,
+        "[{w}] the second zygote was ready before the cancel was answered: this proves nothing"
+    );
+    // The gate opens: the tenant's next call runs, the operator's returns.
+    s.fn_file("open", "");
+    let r = call(&f, &tt, gated, &[], &json!({"gate": "open"}));
+    assert_eq!(r.status, 200, "[{w}] the tenant's next call: {}", r.text());
+    let v = r.json();
+    assert_eq!(
+        (&v["result"], &v["started"]),
+        (&json!(true), &json!(true)),
+        "{v}"
+    );
+    s.fn_file(&release, "");
+    let (status, v) = held.join().unwrap();
+    assert_eq!(
+        (status, &v["result"]),
+        (200, &json!(true)),
+        "[{w}] the operator's call: {v}"
+    );
+    drop(f);
+    s.shutdown();
+}
+
+root_and_rootless!(a_cancel_before_the_child_is_let_go_answers_not_started);
