@@ -7,7 +7,8 @@
 //!   inside the call stops at the tenant's limit, a call past the tenant's timeout is
 //!   killed naming it), while the host's own call of the same function keeps the
 //!   function's;
-//! - a cancel before the request is let go to a child answers `started: false`.
+//! - a cancel before the request is let go to a child answers `started: false`;
+//! - one key cancels every call in flight under it.
 
 // A test that fails on an unexpected error says where; that is all an unwrap does here.
 #![allow(clippy::unwrap_used)]
@@ -501,3 +502,98 @@ fn a_cancel_before_the_child_is_let_go_answers_not_started(who: Who) {
 }
 
 root_and_rootless!(a_cancel_before_the_child_is_let_go_answers_not_started);
+
+// ---------------------------------------------------------------------------------------
+// 3. One key cancels every call under it.
+
+/// Three calls that each run `sleep` for 30 s, made under one key (each on a connection
+/// of its own, as `zygo api` makes them), and a fourth under another key: once the three
+/// sleeps run, one `Request::Cancel` of the key answers `Cancelled { count: 3 }`, the three
+/// end `cancelled` (having started) long before their sleep would, and their sleeps are
+/// gone; the fourth goes on and returns. The key then names nothing (`not_found`).
+fn one_key_cancels_every_call_under_it(who: Who) {
+    use proto::api::FrontFlags;
+    use proto::front::{ErrorCode, ExecRequest, Outcome, Reply, Request};
+    use zygo_tests::api::ApiConn;
+
+    let mut s = SUITE.sup(who, "onekey");
+    let names = s.up(&[("nap", "nap", "max_warm = 2")]);
+    let nap = names[0].clone();
+    let (_, op) = mint(&s, None);
+    let w = who.name();
+    let key = format!("batch-{:x}", unique());
+    let long = marker(30);
+    let exec = |key: &str, marker: &str| {
+        Request::Exec(ExecRequest {
+            name: nap.clone(),
+            event: json!({ "marker": marker }).to_string(),
+            key: Some(key.to_string()),
+            timeout_ms: None,
+            stream: false,
+            script: None,
+            workspace: None,
+            workspace_blob: None,
+            out: false,
+        })
+    };
+    let socket = s.socket();
+    let start = |req: Request| {
+        let (socket, op) = (socket.clone(), op.clone());
+        std::thread::spawn(move || {
+            let mut c = ApiConn::connect(&socket, FrontFlags::default()).unwrap();
+            let t0 = Instant::now();
+            let r = c.ask(&op, None, req);
+            (r, t0.elapsed())
+        })
+    };
+    let victims: Vec<_> = (0..3).map(|_| start(exec(&key, &long))).collect();
+    let other = start(exec(&format!("{key}-other"), "4"));
+    let needle = format!("sleep\0{long}\0");
+    wait_for(Duration::from_secs(30), "the three calls' sleeps", || {
+        host_pids_with(needle.as_bytes()).len() == 3
+    });
+    let mut api = ApiConn::open(&s, FrontFlags::default());
+    match api.ask(&op, None, Request::Cancel { key: key.clone() }) {
+        Reply::Cancelled { count } => assert_eq!(count, 3, "[{w}] calls cancelled"),
+        other => panic!("[{w}] the cancel: {other:?}\n{}", s.log()),
+    }
+    for v in victims {
+        let (r, took) = v.join().unwrap();
+        let Reply::Answer(a) = r else {
+            panic!("[{w}] a cancelled call: {r:?}")
+        };
+        assert_eq!(a.outcome, Outcome::Cancelled, "[{w}] {a:?}");
+        assert_eq!(a.error.as_deref(), Some("cancelled"), "{a:?}");
+        assert!(a.started, "[{w}] the call was running: {a:?}");
+        assert!(
+            took < Duration::from_secs(25),
+            "[{w}] a cancelled call was answered after {took:?}"
+        );
+    }
+    let mut left = Vec::new();
+    wait_for_quietly(Duration::from_secs(5), || {
+        left = host_pids_with(needle.as_bytes());
+        left.is_empty()
+    });
+    assert!(
+        left.is_empty(),
+        "[{w}] cancelled calls' sleeps left: {left:?}"
+    );
+    let (r, _) = other.join().unwrap();
+    match r {
+        Reply::Answer(a) => assert_eq!(
+            (a.outcome, a.result.as_deref()),
+            (Outcome::Ok, Some("\"slept\"")),
+            "[{w}] the call under another key: {a:?}"
+        ),
+        other => panic!("[{w}] the call under another key: {other:?}"),
+    }
+    match api.ask(&op, None, Request::Cancel { key }) {
+        Reply::Error { code, .. } => assert_eq!(code, ErrorCode::NotFound),
+        other => panic!("[{w}] a second cancel of the key: {other:?}"),
+    }
+    drop(api);
+    s.shutdown();
+}
+
+root_and_rootless!(one_key_cancels_every_call_under_it);
