@@ -8,7 +8,9 @@
 //!   killed naming it), while the host's own call of the same function keeps the
 //!   function's;
 //! - a cancel before the request is let go to a child answers `started: false`;
-//! - one key cancels every call in flight under it.
+//! - one key cancels every call in flight under it;
+//! - `zygo mcp`'s deadline answers a `run_code` that outlives it, naming the limit, and
+//!   leaves no sandbox behind.
 
 // A test that fails on an unexpected error says where; that is all an unwrap does here.
 #![allow(clippy::unwrap_used)]
@@ -597,3 +599,214 @@ fn one_key_cancels_every_call_under_it(who: Who) {
 }
 
 root_and_rootless!(one_key_cancels_every_call_under_it);
+
+// ---------------------------------------------------------------------------------------
+// 4. `zygo mcp`'s deadline.
+
+/// A running `zygo mcp` for `who` with runtime and state folders of its own (so no
+/// supervisor of the host is reached): JSON lines in and out, its stderr kept.
+struct Mcp {
+    child: std::process::Child,
+    stdin: Option<std::process::ChildStdin>,
+    lines: std::sync::mpsc::Receiver<String>,
+    stderr: std::sync::Arc<std::sync::Mutex<String>>,
+    _dirs: [TempDir; 2],
+}
+
+impl Mcp {
+    fn start(who: Who, args: &[&str]) -> Mcp {
+        use std::io::{BufRead, BufReader};
+        use std::process::Stdio;
+        let dirs = [TempDir::new(0o700), TempDir::new(0o700)];
+        if who == Who::Rootless && am_root() {
+            let r = rootless_setup();
+            for d in &dirs {
+                std::os::unix::fs::chown(&d.path, Some(r.uid), Some(r.gid)).unwrap();
+            }
+        }
+        let mut c = zygo(who);
+        c.env("ZYGO_RUNTIME_DIR", &dirs[0].path)
+            .env("ZYGO_STATE_DIR", &dirs[1].path)
+            .arg("mcp")
+            .args(args)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
+        let mut child = c.spawn().expect("start zygo mcp");
+        let stdin = child.stdin.take();
+        let stdout = child.stdout.take().unwrap();
+        let stderr = child.stderr.take().unwrap();
+        let (tx, lines) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            for l in BufReader::new(stdout).lines().map_while(Result::ok) {
+                if tx.send(l).is_err() {
+                    return;
+                }
+            }
+        });
+        let said = std::sync::Arc::new(std::sync::Mutex::new(String::new()));
+        let keep = said.clone();
+        std::thread::spawn(move || {
+            for l in BufReader::new(stderr).lines().map_while(Result::ok) {
+                let mut k = keep.lock().unwrap_or_else(|e| e.into_inner());
+                k.push_str(&l);
+                k.push('\n');
+            }
+        });
+        Mcp {
+            child,
+            stdin,
+            lines,
+            stderr: said,
+            _dirs: dirs,
+        }
+    }
+
+    fn stderr(&self) -> String {
+        self.stderr
+            .lock()
+            .map_or_else(|e| e.into_inner().clone(), |s| s.clone())
+    }
+
+    fn send(&mut self, v: &Value) {
+        use std::io::Write;
+        let s = self.stdin.as_mut().expect("stdin is open");
+        s.write_all(format!("{v}\n").as_bytes())
+            .and_then(|()| s.flush())
+            .expect("write to zygo mcp");
+    }
+
+    /// The next line, within `secs`.
+    fn recv(&mut self, secs: u64) -> Value {
+        let l = self
+            .lines
+            .recv_timeout(Duration::from_secs(secs))
+            .unwrap_or_else(|_| panic!("no answer within {secs}s; stderr:\n{}", self.stderr()));
+        serde_json::from_str(&l).unwrap_or_else(|e| panic!("not JSON ({e}): {l}"))
+    }
+
+    fn run_code(&mut self, id: i64, language: &str, code: &str) {
+        self.send(&json!({"jsonrpc": "2.0", "id": id, "method": "tools/call",
+            "params": {"name": "run_code", "arguments": {"language": language, "code": code}}}));
+    }
+
+    /// Close stdin; its exit code (within 30 s).
+    fn close(mut self) -> i32 {
+        self.stdin.take();
+        let t0 = Instant::now();
+        loop {
+            if let Some(st) = self.child.try_wait().unwrap() {
+                return st.code().unwrap_or(-1);
+            }
+            assert!(
+                t0.elapsed() < Duration::from_secs(30),
+                "zygo mcp did not exit: {}",
+                self.stderr()
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+}
+
+impl Drop for Mcp {
+    fn drop(&mut self) {
+        if let Ok(None) = self.child.try_wait() {
+            // SAFETY: signalling the child this test started.
+            unsafe { libc::kill(self.child.id() as i32, libc::SIGTERM) };
+            let t0 = Instant::now();
+            while t0.elapsed() < Duration::from_secs(10) {
+                if let Ok(Some(_)) = self.child.try_wait() {
+                    return;
+                }
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            let _ = self.child.kill();
+        }
+        let _ = self.child.wait();
+    }
+}
+
+/// The one-shot cgroups of process `pid` (`run-<pid>-…`) under every Zygo root.
+fn run_cgroups_of(pid: u32) -> Vec<PathBuf> {
+    let prefix = format!("run-{pid}-");
+    zygo_cgroup_roots()
+        .into_iter()
+        .flat_map(|r| fs::read_dir(r).into_iter().flatten().flatten())
+        .map(|e| e.path())
+        .filter(|p| {
+            p.file_name()
+                .is_some_and(|n| n.to_string_lossy().starts_with(&prefix))
+        })
+        .collect()
+}
+
+/// `zygo mcp --timeout 3s`: a `run_code` whose program sleeps a minute (and leaves a
+/// second sleep in a session of its own) is answered within seconds, as a tool error
+/// naming the deadline ("exceeded its 3s time limit", `timed_out`), without the program's
+/// last line; when the answer comes neither sleep is left on the host and no one-shot
+/// cgroup of the server is left. The server then answers the next call, and exits 0 when
+/// its input ends.
+fn mcp_run_code_past_the_deadline_is_answered_and_leaves_no_sandbox(who: Who) {
+    let w = who.name();
+    let mut m = Mcp::start(who, &["--timeout", "3s"]);
+    m.send(&json!({"jsonrpc": "2.0", "id": 0, "method": "initialize",
+        "params": {"protocolVersion": "2025-06-18", "capabilities": {},
+                   "clientInfo": {"name": "promises", "version": "1"}}}));
+    let init = m.recv(30);
+    assert_eq!(init["result"]["protocolVersion"], "2025-06-18", "{init}");
+    let long = marker(62);
+    let needle = format!("sleep\0{long}\0");
+    let t0 = Instant::now();
+    m.run_code(
+        1,
+        "sh",
+        &format!("setsid sleep {long} &\nsleep {long}\necho finished\n"),
+    );
+    // While it runs: both sleeps, in a one-shot cgroup of the server's (what is checked
+    // for below is there to be found).
+    let mut seen = (0, 0);
+    wait_for(Duration::from_secs(10), "the program's two sleeps", || {
+        seen = (
+            host_pids_with(needle.as_bytes()).len(),
+            run_cgroups_of(m.child.id()).len(),
+        );
+        seen.0 == 2 && seen.1 > 0
+    });
+    let r = m.recv(60);
+    let took = t0.elapsed();
+    let left = host_pids_with(needle.as_bytes());
+    let cgroups = run_cgroups_of(m.child.id());
+    let v = &r["result"]["structuredContent"];
+    assert_eq!(r["id"], 1, "[{w}] {r}");
+    assert_eq!(r["result"]["isError"], true, "[{w}] {r}");
+    assert_eq!(v["error"], "exceeded its 3s time limit", "[{w}] {r}");
+    assert_eq!(v["timed_out"], true, "[{w}] {r}");
+    assert!(
+        !v["stdout"].as_str().unwrap_or("").contains("finished"),
+        "[{w}] {r}"
+    );
+    assert!(
+        took < Duration::from_secs(20),
+        "[{w}] answered after {took:?}, its deadline is 3 s"
+    );
+    assert!(
+        left.is_empty(),
+        "[{w}] the sandbox's sleeps outlived the answer: {left:?}\n{}",
+        m.stderr()
+    );
+    assert!(
+        cgroups.is_empty(),
+        "[{w}] the sandbox's cgroups outlived the answer: {cgroups:?}"
+    );
+    // It goes on serving.
+    m.run_code(2, "sh", "echo after");
+    let r = m.recv(60);
+    assert_eq!(
+        r["result"]["structuredContent"]["stdout"], "after\n",
+        "[{w}] {r}"
+    );
+    let stderr = m.stderr();
+    assert_eq!(m.close(), 0, "[{w}] {stderr}");
+}
+
+root_and_rootless!(mcp_run_code_past_the_deadline_is_answered_and_leaves_no_sandbox);
