@@ -10,7 +10,8 @@
 //! - a cancel before the request is let go to a child answers `started: false`;
 //! - one key cancels every call in flight under it;
 //! - `zygo mcp`'s deadline answers a `run_code` that outlives it, naming the limit, and
-//!   leaves no sandbox behind.
+//!   leaves no sandbox behind;
+//! - `zygo api` without `--listen` listens on 127.0.0.1:7700, and only there.
 
 // A test that fails on an unexpected error says where; that is all an unwrap does here.
 #![allow(clippy::unwrap_used)]
@@ -810,3 +811,184 @@ fn mcp_run_code_past_the_deadline_is_answered_and_leaves_no_sandbox(who: Who) {
 }
 
 root_and_rootless!(mcp_run_code_past_the_deadline_is_answered_and_leaves_no_sandbox);
+
+// ---------------------------------------------------------------------------------------
+// 5. Where `zygo api` listens when not told.
+
+/// Where `zygo api` listens without `--listen` (docs/api.md, the user's document).
+const DEFAULT_LISTEN: &str = "127.0.0.1:7700";
+
+/// The tests that take the default port take turns.
+static DEFAULT_PORT: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+/// The bootstrap token of the supervisor behind the default address.
+const BOOT: &str = "bootstrap-secret-for-promises-tests";
+
+/// Listening TCP sockets of this network namespace: (local `IP:PORT`, inode).
+fn tcp_listeners() -> Vec<(String, u64)> {
+    let mut out = Vec::new();
+    for (file, v6) in [("/proc/net/tcp", false), ("/proc/net/tcp6", true)] {
+        let text = fs::read_to_string(file).unwrap_or_default();
+        for l in text.lines().skip(1) {
+            let f: Vec<&str> = l.split_whitespace().collect();
+            if f.len() < 10 || f[3] != "0A" {
+                continue;
+            }
+            let Some((ip, port)) = f[1].split_once(':') else {
+                continue;
+            };
+            let port = u16::from_str_radix(port, 16).unwrap_or(0);
+            let ip = if v6 {
+                // Four host-order words.
+                let mut b = [0u8; 16];
+                for (i, w) in (0..4).map(|i| &ip[i * 8..i * 8 + 8]).enumerate() {
+                    let w = u32::from_str_radix(w, 16).unwrap_or(0).to_ne_bytes();
+                    b[i * 4..i * 4 + 4].copy_from_slice(&w);
+                }
+                format!("[{}]", std::net::Ipv6Addr::from(b))
+            } else {
+                let w = u32::from_str_radix(ip, 16).unwrap_or(0).to_ne_bytes();
+                std::net::Ipv4Addr::from(w).to_string()
+            };
+            out.push((format!("{ip}:{port}"), f[9].parse().unwrap_or(0)));
+        }
+    }
+    out
+}
+
+/// The socket inodes a process holds.
+fn socket_inodes(pid: i32) -> Vec<u64> {
+    fs::read_dir(format!("/proc/{pid}/fd"))
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter_map(|e| {
+            let t = fs::read_link(e.path()).ok()?;
+            let t = t.to_str()?;
+            t.strip_prefix("socket:[")?.strip_suffix(']')?.parse().ok()
+        })
+        .collect()
+}
+
+/// Who listens on `port` here, in words (the pid and command line of each holder).
+fn holders(port: u16) -> String {
+    let inodes: Vec<u64> = tcp_listeners()
+        .into_iter()
+        .filter(|(a, _)| a.ends_with(&format!(":{port}")))
+        .map(|(_, i)| i)
+        .collect();
+    let held: Vec<String> = host_processes()
+        .into_iter()
+        .filter(|(pid, _)| socket_inodes(*pid).iter().any(|i| inodes.contains(i)))
+        .map(|(pid, cmd)| {
+            let cmd = String::from_utf8_lossy(&cmd).replace('\0', " ");
+            format!(
+                "{pid} ({})",
+                cmd.split_whitespace().collect::<Vec<_>>().join(" ")
+            )
+        })
+        .collect();
+    if held.is_empty() {
+        "a process this test cannot see".into()
+    } else {
+        held.join(", ")
+    }
+}
+
+/// `zygo api` with no `--listen` in front of the test's own supervisor says it listens on
+/// http://127.0.0.1:7700, and does: the only TCP socket it listens on is 127.0.0.1:7700
+/// (loopback, not every address), and a call there with this supervisor's bootstrap token
+/// reaches this supervisor's function. If another process already holds the port, the test
+/// fails saying which (it cannot prove anything then), rather than talking to that one.
+fn zygo_api_listens_on_loopback_7700_by_default(who: Who) {
+    use std::io::{BufRead, BufReader};
+    let _turn = DEFAULT_PORT.lock().unwrap_or_else(|e| e.into_inner());
+    let w = who.name();
+    let mut s = SUITE.sup(who, "listen");
+    s.env("ZYGO_API_TOKEN", BOOT);
+    let names = s.up(&[("slow", "slow", "")]);
+    // The port must be free, or what answers there is somebody else's.
+    if let Err(e) = std::net::TcpListener::bind(DEFAULT_LISTEN) {
+        panic!(
+            "[{w}] {DEFAULT_LISTEN}, where zygo api listens by default, is taken on this \
+             machine ({e}), by {}: stop that server to run this test",
+            holders(7700)
+        );
+    }
+    let mut c = s.cmd(&["api"]);
+    c.stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped());
+    let mut child = c.spawn().expect("start zygo api");
+    let pid = child.id() as i32;
+    let (tx, said) = std::sync::mpsc::channel::<String>();
+    let stderr = child.stderr.take().unwrap();
+    std::thread::spawn(move || {
+        for l in BufReader::new(stderr).lines().map_while(Result::ok) {
+            if tx.send(l).is_err() {
+                return;
+            }
+        }
+    });
+    let mut log = String::new();
+    let listening = loop {
+        match said.recv_timeout(Duration::from_secs(30)) {
+            Ok(l) => {
+                log.push_str(&l);
+                log.push('\n');
+                if l.contains("listening on") {
+                    break l;
+                }
+            }
+            Err(_) => {
+                let _ = child.kill();
+                let _ = child.wait();
+                panic!(
+                    "[{w}] zygo api did not say where it listens: {log}(port 7700 held by {})",
+                    holders(7700)
+                );
+            }
+        }
+    };
+    let stop = |mut child: std::process::Child| {
+        // SAFETY: signalling the child this test started.
+        unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
+        child.wait().unwrap()
+    };
+    assert!(
+        listening.contains(&format!("listening on http://{DEFAULT_LISTEN} ")),
+        "[{w}] {listening}"
+    );
+    let mine: Vec<String> = {
+        let inodes = socket_inodes(pid);
+        tcp_listeners()
+            .into_iter()
+            .filter(|(_, i)| inodes.contains(i))
+            .map(|(a, _)| a)
+            .collect()
+    };
+    assert_eq!(
+        mine,
+        vec![DEFAULT_LISTEN.to_string()],
+        "[{w}] the TCP sockets zygo api listens on"
+    );
+    let r = req(
+        DEFAULT_LISTEN,
+        "POST",
+        &format!("/fn/{}", names[0]),
+        Some(BOOT),
+        &[],
+        r#"{"s": 0}"#,
+    );
+    assert_eq!(
+        r.status,
+        200,
+        "[{w}] a call on {DEFAULT_LISTEN}: {}",
+        r.text()
+    );
+    assert_eq!(r.json()["result"], "slept");
+    let st = stop(child);
+    assert!(st.success(), "[{w}] zygo api on SIGTERM: {st}");
+    s.shutdown();
+}
+
+root_and_rootless!(zygo_api_listens_on_loopback_7700_by_default);
