@@ -505,13 +505,26 @@ fn tenants_never_share_a_zygote() {
     let n = start(
         &mut s,
         &[
-            ("two", "agent = \"python\"\nmax_warm = 2".to_string()),
+            // Both zygotes kept ready: b's call need not wait for one to start (under
+            // load that took longer than a's call and the calls did not overlap).
+            (
+                "two",
+                "agent = \"python\"\nmin_warm = 2\nmax_warm = 2".to_string(),
+            ),
             ("one", "agent = \"python\"\nmax_warm = 1".to_string()),
         ],
         false,
     );
     let (two, one) = (n[0].clone(), n[1].clone());
     let mut api = Api::open(&s);
+    for i in 0.. {
+        let l = listing(api.ask(tok(BOOT), Request::List));
+        if l.iter().any(|f| f.name == two && f.zygotes.ready >= 2) {
+            break;
+        }
+        assert!(i < 1200, "{two} never had two zygotes ready: {l:?}");
+        std::thread::sleep(Duration::from_millis(25));
+    }
     let (_, at) = tenant(&s, &mut api, "afa");
     let (_, bt) = tenant(&s, &mut api, "afb");
     // The same program, but different bytes for each: different digests.
