@@ -124,6 +124,20 @@ impl HttpFront {
             .lock()
             .map_or_else(|e| e.into_inner().clone(), |s| s.clone())
     }
+
+    /// Its log once it has a line `has` says yes to, waiting up to 10 s: its stderr is
+    /// read on a thread of the test's, so a line the front wrote just before its answer
+    /// may not be here yet when the answer is. Its log as it is after 10 s otherwise.
+    pub fn log_once(&self, has: impl Fn(&str) -> bool) -> String {
+        let t0 = std::time::Instant::now();
+        loop {
+            let text = self.log();
+            if has(&text) || t0.elapsed() > std::time::Duration::from_secs(10) {
+                return text;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+    }
 }
 
 impl Drop for HttpFront {

@@ -283,7 +283,11 @@ fn unknown_tokens_and_slow_bodies_hold_no_worker() {
         "{seen:?}\n{}",
         f.log()
     );
-    assert!(f.log().contains("slower than"), "{}", f.log());
+    // Each dropped body is logged: as too slow when its late byte came, as stopped when
+    // the late byte came after the idle timeout (a loaded machine).
+    let dropped = |l: &str| l.contains("slower than") || l.contains("stopped arriving");
+    let log = f.log_once(dropped);
+    assert!(dropped(&log), "{log}");
     // Connections from one address are capped (a quarter of all): one more is 503.
     let idle: Vec<TcpStream> = (0..128)
         .map(|_| connect_from(Ipv4Addr::new(127, 0, 0, 4), &f.addr))

@@ -72,6 +72,11 @@ const SNIFF_WAIT: Duration = Duration::from_secs(5);
 /// How long a connection accepted while every place is taken waits for one that was
 /// ended to make room (see [`Shared::evict_half_closed`]) to give its buffers back.
 const GRANT_WAIT: Duration = Duration::from_secs(5);
+/// How long a new connection that finds every place taken, and no relay to end for it,
+/// waits (holding up the accepting of others, which would find the same) for a place to
+/// be given back or a relay to finish sending: a program that opens its connections and
+/// half-closes them quickly may be a step ahead of the relays that see it.
+const ROOM_WAIT: Duration = Duration::from_millis(500);
 /// How long an upstream answer is reused before the host's DNS servers are asked again, so
 /// that a sandbox repeating a query does not repeat it upstream.
 const DNS_REUSE: Duration = Duration::from_secs(10);
@@ -266,6 +271,16 @@ fn run() -> Result<(), String> {
 }
 
 /// What every thread of the filter shares.
+/// What [`Shared::make_room`] found for a new connection.
+enum Room {
+    /// A place, free now.
+    Now(budget::Grant),
+    /// A half-closed relay was ended: its place is this connection's once given back.
+    Made,
+    /// Neither, within the wait.
+    None,
+}
+
 struct Shared {
     start: Start,
     /// The buffers the sandbox's connections may hold.
@@ -320,6 +335,25 @@ impl Shared {
             }
         }
         false
+    }
+
+    /// A place for a new connection: one free now, or room made by ending a half-closed
+    /// relay (the place it gives back is then waited for), looking again for either until
+    /// `wait` has passed.
+    fn make_room(&self, wait: Duration) -> Room {
+        let until = std::time::Instant::now() + wait;
+        loop {
+            if let Some(g) = self.pool.grant_now() {
+                return Room::Now(g);
+            }
+            if self.evict_half_closed() {
+                return Room::Made;
+            }
+            if std::time::Instant::now() >= until {
+                return Room::None;
+            }
+            std::thread::sleep(Duration::from_millis(5));
+        }
     }
 
     /// Log one refusal (a warning), within the filter's budget.
@@ -552,10 +586,10 @@ fn serve(start: Arc<Shared>, listeners: Vec<OwnedFd>) -> Result<(), String> {
                 // when that relay has given them back (the place is kept for this
                 // connection). Only a connection that made room waits, so the threads stay
                 // bounded by the places.
-                let grant = match start.pool.grant_now() {
-                    Some(g) => Ok(g),
-                    None if start.evict_half_closed() => Err(start.pool.queue()),
-                    None => {
+                let grant = match start.make_room(ROOM_WAIT) {
+                    Room::Now(g) => Ok(g),
+                    Room::Made => Err(start.pool.queue()),
+                    Room::None => {
                         start.refusal(format_args!(
                             "egress[{}]: refused a connection: all {} places are taken (the \
                              filter keeps the buffers of this sandbox's connections within a \

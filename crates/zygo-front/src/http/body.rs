@@ -70,11 +70,16 @@ pub fn read(rq: &mut tiny_http::Request) -> Result<Vec<u8>, HttpError> {
                     std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
                 ) =>
             {
+                log::warn!(
+                    "dropped a request body that stopped arriving ({} bytes in {:.1} s)",
+                    out.len(),
+                    started.elapsed().as_secs_f64()
+                );
                 return Err(HttpError::new(
                     408,
                     "bad_request",
                     "the body stopped arriving before it was complete",
-                ))
+                ));
             }
             Err(e) => {
                 return Err(HttpError::bad_request(format!(
