@@ -384,22 +384,43 @@ impl<'a> Scan<'a> {
             None => return bad("EOF while parsing a value", self.i),
             Some(_) => return bad("invalid number", self.i),
         }
-        let mut plain = self.i - start <= 18;
+        // Digits before the point (a sign aside): the number is below 10 to that power,
+        // times 10 to its exponent's.
+        let whole = self.i - start - usize::from(self.b[start] == b'-');
         if self.peek() == Some(b'.') {
             self.i += 1;
             self.at_least_one_digit()?;
-            plain = false;
         }
+        let mut exponent: i64 = 0;
         if matches!(self.peek(), Some(b'e' | b'E')) {
             self.i += 1;
-            if matches!(self.peek(), Some(b'+' | b'-')) {
-                self.i += 1;
-            }
+            let negative = match self.peek() {
+                Some(b'-') => {
+                    self.i += 1;
+                    true
+                }
+                Some(b'+') => {
+                    self.i += 1;
+                    false
+                }
+                _ => false,
+            };
+            let digits = self.i;
             self.at_least_one_digit()?;
-            plain = false;
+            // Only its size matters: a long exponent is counted as a large one.
+            let magnitude = self.b[digits..self.i]
+                .iter()
+                .try_fold(0i64, |n, &d| {
+                    n.checked_mul(10)?.checked_add(i64::from(d - b'0'))
+                })
+                .filter(|&n| n <= 100_000)
+                .unwrap_or(100_000);
+            exponent = if negative { -magnitude } else { magnitude };
         }
-        // An integer of at most 18 digits is always in range.
-        if plain {
+        // Below 10^300 a number is always within an f64's range, and serde_json takes
+        // every number that is (one too small for it is zero): nothing to ask it. This
+        // is nearly every number, so the scan rarely leaves its loop.
+        if whole as i64 + exponent <= 300 {
             return Ok(());
         }
         match serde_json::from_slice::<serde_json::Number>(&self.b[start..self.i]) {
@@ -621,6 +642,31 @@ mod tests {
                 "{}",
                 String::from_utf8_lossy(bad_text)
             );
+        }
+        // Numbers: taken exactly where serde_json takes them.
+        let long = format!("{}.5", "9".repeat(400));
+        let tiny = format!("0.{}1", "0".repeat(400));
+        for n in [
+            "1.5",
+            "-0",
+            "-0.0e-0",
+            "3e5",
+            "1e-400",
+            "1e308",
+            "1.7976931348623157e308",
+            "1.8e308",
+            "1e309",
+            "-1e309",
+            "0e999999999999999999999",
+            "1e99999999999999999999",
+            "123456789012345678901234567890",
+            &long,
+            &tiny,
+            "1E+2",
+            "2e-0300",
+        ] {
+            let serde = serde_json::from_str::<serde_json::Value>(n).is_ok();
+            assert_eq!(check_value(n.as_bytes()).is_ok(), serde, "{n}");
         }
         let deep = format!("{}{}", "[".repeat(MAX_DEPTH + 1), "]".repeat(MAX_DEPTH + 1));
         assert!(check_value(deep.as_bytes()).is_err());
