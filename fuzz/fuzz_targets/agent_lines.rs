@@ -30,7 +30,12 @@ enum Tree {
     Progress { text: String },
     Heartbeat,
     Result { value: Value },
-    Error { message: String, traceback: String },
+    Error {
+        message: String,
+        traceback: String,
+        #[serde(default)]
+        exit_code: Option<i32>,
+    },
 }
 
 /// The shapes serde took and the protocol never had: a line that is an array, and a
@@ -77,12 +82,15 @@ fn request_line(line: &[u8], strict: &Option<Value>) {
             Ok(Tree::Error {
                 message: m1,
                 traceback: t1,
+                exit_code: e1,
             }),
             Ok(ChildMsg::Error {
                 message: m2,
                 traceback: t2,
+                exit_code: e2,
             }),
         ) => {
+            assert_eq!(e1, e2, "{shown:?}");
             if m1.len() <= MAX_MESSAGE {
                 assert_eq!(m1, m2, "{shown:?}");
             } else {
