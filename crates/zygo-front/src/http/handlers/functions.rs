@@ -14,8 +14,8 @@ use serde_json::value::RawValue;
 use serde_json::{json, Value};
 
 use super::{
-    ask, ask_until, ask_with, call_deadline, encode_object, encoded_len, exec_answer,
-    function_info, joined, ms_left, name, unexpected,
+    ask, ask_with, call_deadline, encode_object, encoded_len, exec_answer, function_info, joined,
+    ms_left, name, share_wait, unexpected,
 };
 use crate::http::answer::Paced;
 use crate::http::{body, ok, Call, Front, HttpError, Out};
@@ -218,11 +218,12 @@ pub fn exec(front: &Front, call: &mut Call, req: ExecRequest) -> Out {
     if req.stream {
         return exec_stream(front, call, req);
     }
-    match ask_until(
+    match ask_with(
         front,
         &call.who,
         Request::Exec(req),
         call_deadline(call),
+        share_wait(call.deadline),
         |_| {},
     ) {
         Ok(Reply::Answer(a)) => {
@@ -300,11 +301,12 @@ fn exec_stream(front: &Front, call: &mut Call, req: ExecRequest) -> Out {
             }
         });
         let mut cut = false;
-        let result = ask_until(
+        let result = ask_with(
             front,
             &call.who,
             Request::Exec(req),
             call_deadline(call),
+            share_wait(call.deadline),
             |ev| {
                 if cut {
                     return;

@@ -20,28 +20,34 @@ use proto::front::{ExecAnswer, ExecEvent, FunctionInfo, Outcome, Reply, Request}
 use serde_json::{json, Value};
 
 use super::channel::ChanError;
-use super::{Call, Front, HttpError, ACQUIRE_WAIT, ANSWER_GRACE, AUTH_WAIT};
+use super::{Call, Front, HttpError, ACQUIRE_WAIT, ANSWER_GRACE, AUTH_WAIT, SHARE_WAIT};
 
-/// Ask the supervisor, waiting until the caller's deadline plus [`ANSWER_GRACE`].
+/// Ask the supervisor, waiting until the caller's deadline plus [`ANSWER_GRACE`]; a
+/// caller holding its share of the channels waits its turn (see [`share_wait`]).
 pub fn ask(front: &Front, call: &Call, req: Request) -> Result<Reply, HttpError> {
-    ask_until(front, &call.who, req, call.deadline + ANSWER_GRACE, |_| {})
+    ask_with(
+        front,
+        &call.who,
+        req,
+        call.deadline + ANSWER_GRACE,
+        share_wait(call.deadline),
+        |_| {},
+    )
+}
+
+/// How long a request whose caller holds its share of the channels waits for one of its
+/// own to be free: until `deadline` (the caller's), and at most [`SHARE_WAIT`]. Its
+/// worker waits with it, one of its caller's places (see `fair::Places`): a caller's
+/// waiting requests are bounded by those.
+pub fn share_wait(deadline: Instant) -> Option<Instant> {
+    Some(deadline.min(Instant::now() + SHARE_WAIT))
 }
 
 /// Ask, with a deadline of its own and events passed on. A refusal (`Reply::Error`) is
-/// returned as the error it maps to. A caller already holding its share of the channels
-/// is answered 429 at once.
-pub fn ask_until(
-    front: &Front,
-    who: &Credentials,
-    req: Request,
-    deadline: Instant,
-    on_event: impl FnMut(ExecEvent),
-) -> Result<Reply, HttpError> {
-    ask_with(front, who, req, deadline, None, on_event)
-}
-
-/// [`ask_until`], and `share_wait`: how long to wait for one of the caller's own leases
-/// when it holds its share (`None`: refuse at once).
+/// returned as the error it maps to. `share_wait`: until when to wait for one of the
+/// caller's own leases when it holds its share, in turn behind its other waiting requests
+/// (`None`: refuse at once); see [`share_wait`]. An exec that waited is sent with what
+/// is left of its timeout.
 pub fn ask_with(
     front: &Front,
     who: &Credentials,
@@ -56,21 +62,16 @@ pub fn ask_with(
         Request::Health => super::fair::Party::of(who, None),
         _ => authenticate(front, who)?,
     };
-    let share = front.shares.take(&party, share_wait).ok_or_else(|| {
-        HttpError::new(
-            429,
-            "busy",
-            format!(
-                "this caller has {} requests in flight already (its share of zygo api's channels to the supervisor); retry when one is done",
-                front.shares.per()
-            ),
-        )
-    })?;
+    let asked = Instant::now();
+    let share = front
+        .shares
+        .take(&party, share_wait)
+        .ok_or_else(|| over_share(front.shares.per(), share_wait.map(|_| asked.elapsed())))?;
+    let mut lease = acquire(front, deadline)?;
     let req = Request::Api {
         who: who.clone(),
-        request: Box::new(req),
+        request: Box::new(less_time(req, asked.elapsed())),
     };
-    let mut lease = acquire(front, deadline)?;
     // Should this request be abandoned (its deadline passes first), its channel still
     // counts against its caller until the channel is free again.
     lease.hold(share);
@@ -93,6 +94,33 @@ pub fn ask_with(
             "lost the supervisor's answer: {e}"
         ))),
     }
+}
+
+/// The 429 of a caller that holds its share of the channels: at once, or after `waited`.
+fn over_share(per: usize, waited: Option<Duration>) -> HttpError {
+    let message = match waited {
+        None => format!(
+            "this caller has {per} requests in flight already (its share of zygo api's channels to the supervisor); retry when one is done"
+        ),
+        Some(w) => format!(
+            "this caller has {per} requests in flight already (its share of zygo api's channels to the supervisor), and none of them ended in the {:.1} s this request waited for its turn (until its deadline, at most {} s); retry when one is done",
+            w.as_secs_f64(),
+            SHARE_WAIT.as_secs()
+        ),
+    };
+    HttpError::new(429, "busy", message)
+}
+
+/// `req` sent `waited` after it arrived: an exec's timeout is what is left of it (at
+/// least 1 ms), so that a call that waited for a channel still ends by its caller's
+/// deadline.
+fn less_time(mut req: Request, waited: Duration) -> Request {
+    if let Request::Exec(e) = &mut req {
+        if let Some(ms) = e.timeout_ms {
+            e.timeout_ms = Some(ms.saturating_sub(waited.as_millis() as u64).max(1));
+        }
+    }
+    req
 }
 
 /// A free channel, waiting at most [`ACQUIRE_WAIT`] (and never past `deadline`).
@@ -516,5 +544,141 @@ mod tests {
         assert_eq!(ms_text(90_000), "90s");
         assert_eq!(ms_text(1500), "1500ms");
         assert_eq!(ms_text(7_200_000), "2h");
+    }
+
+    /// A front with two channels, a share of one channel per caller, and a supervisor
+    /// that answers every exec after `hold` with the timeout it was sent (as
+    /// `Cancelled { count }`), and anything else at once.
+    fn front_and_supervisor(hold: Duration) -> Front {
+        use std::os::unix::net::UnixStream;
+        let mut ours = Vec::new();
+        for _ in 0..2 {
+            let (a, mut b) = UnixStream::pair().unwrap();
+            ours.push(a);
+            std::thread::spawn(move || {
+                while let Ok(rq) =
+                    proto::read_frame::<_, Request>(&mut b, proto::front::MAX_FRONT_FRAME)
+                {
+                    let Request::Api { request, .. } = rq else {
+                        return;
+                    };
+                    let count = match *request {
+                        Request::Exec(e) => {
+                            std::thread::sleep(hold);
+                            e.timeout_ms.unwrap_or(0) as u32
+                        }
+                        _ => 0,
+                    };
+                    if proto::write_frame(&mut b, &Reply::Cancelled { count }).is_err() {
+                        return;
+                    }
+                }
+            });
+        }
+        Front {
+            chans: super::super::channel::Pool::new(ours),
+            shares: super::super::fair::Shares::new(1),
+            places: std::sync::Arc::new(super::super::fair::Places::new(16, 16, 48)),
+            refusals: super::super::fair::RefusalLog::default(),
+            auth: super::super::fair::AuthCache::default(),
+            flags: proto::api::FrontFlags::default(),
+            stopping: std::sync::atomic::AtomicBool::new(false),
+            in_flight: std::sync::atomic::AtomicUsize::new(0),
+        }
+    }
+
+    fn caller(front: &Front) -> Credentials {
+        let who = Credentials {
+            token: Some("tok".into()),
+            tenant: None,
+        };
+        front
+            .auth
+            .known(&who, super::super::fair::Party::of(&who, None));
+        who
+    }
+
+    fn exec(timeout_ms: u64) -> Request {
+        Request::Exec(proto::front::ExecRequest {
+            name: "f".into(),
+            event: "{}".into(),
+            key: None,
+            timeout_ms: Some(timeout_ms),
+            stream: false,
+            script: None,
+            workspace: None,
+            workspace_blob: None,
+            out: false,
+        })
+    }
+
+    #[test]
+    fn a_call_over_its_callers_share_waits_and_is_sent_with_what_is_left_of_its_timeout() {
+        let front = front_and_supervisor(Duration::ZERO);
+        let who = caller(&front);
+        let party = super::super::fair::Party::of(&who, None);
+        // The caller's share (one channel) is held for 300 ms; the other channel is free
+        // all along.
+        let held = front.shares.take(&party, None).unwrap();
+        let let_go = std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_millis(300));
+            drop(held);
+        });
+        let far = Instant::now() + Duration::from_secs(60);
+        let r = ask_with(&front, &who, exec(10_000), far, share_wait(far), |_| {});
+        let_go.join().unwrap();
+        let Ok(Reply::Cancelled { count }) = r else {
+            panic!("{r:?}");
+        };
+        // Its timeout lost what it waited.
+        assert!(count <= 9_700, "sent with {count} ms");
+        assert!(count > 0);
+    }
+
+    #[test]
+    fn a_wait_past_the_callers_deadline_is_busy_saying_it_waited() {
+        let front = front_and_supervisor(Duration::ZERO);
+        let who = caller(&front);
+        let party = super::super::fair::Party::of(&who, None);
+        let _held = front.shares.take(&party, None).unwrap();
+        let far = Instant::now() + Duration::from_secs(60);
+        let t0 = Instant::now();
+        let soon = Instant::now() + Duration::from_millis(200);
+        let e = ask_with(&front, &who, exec(1000), far, share_wait(soon), |_| {}).unwrap_err();
+        assert!(t0.elapsed() >= Duration::from_millis(200));
+        assert_eq!((e.status, e.code, e.retry_after), (429, "busy", Some(1)));
+        assert!(e.message.contains("waited"), "{}", e.message);
+        // Without a wait (a health check), refused at once, saying nothing of a wait.
+        let t0 = Instant::now();
+        let e = ask_with(&front, &who, Request::List, far, None, |_| {}).unwrap_err();
+        assert!(t0.elapsed() < Duration::from_secs(2));
+        assert_eq!((e.status, e.code), (429, "busy"));
+        assert!(!e.message.contains("waited"), "{}", e.message);
+    }
+
+    #[test]
+    fn a_wait_for_a_share_is_capped() {
+        let now = Instant::now();
+        let w = share_wait(now + Duration::from_secs(86_400)).unwrap();
+        assert!(w <= Instant::now() + SHARE_WAIT);
+        assert!(w >= now + SHARE_WAIT);
+        let soon = now + Duration::from_millis(5);
+        assert_eq!(share_wait(soon), Some(soon));
+    }
+
+    #[test]
+    fn only_an_execs_timeout_is_shortened_by_its_wait() {
+        let Request::Exec(e) = less_time(exec(1000), Duration::from_millis(300)) else {
+            panic!("not an exec");
+        };
+        assert_eq!(e.timeout_ms, Some(700));
+        let Request::Exec(e) = less_time(exec(1000), Duration::from_secs(5)) else {
+            panic!("not an exec");
+        };
+        assert_eq!(e.timeout_ms, Some(1));
+        assert_eq!(
+            less_time(Request::List, Duration::from_secs(5)),
+            Request::List
+        );
     }
 }
