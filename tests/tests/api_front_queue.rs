@@ -5,11 +5,14 @@
 //! - a call whose deadline passes while it waits is 429 `busy` with `Retry-After`, saying
 //!   it waited, and `/healthz` is answered meanwhile;
 //! - a call that waited is sent with what is left of its timeout, so it ends by its
-//!   caller's deadline.
+//!   caller's deadline;
+//! - a call whose client hangs up while it waits is never sent.
 
 // A test that fails on an unexpected error says where; that is all an unwrap does here.
 #![allow(clippy::unwrap_used)]
 
+use std::io::Write;
+use std::net::TcpStream;
 use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
@@ -26,7 +29,7 @@ static SUITE: Suite = Suite {
 const BOOT: &str = "bootstrap-secret-for-api-queue-tests";
 
 use zygo_tests::api::{mint, start_http_front, tenant_id, HttpFront as Front};
-use zygo_tests::http::{req, Resp};
+use zygo_tests::http::{head, req, Resp};
 
 /// A tenant made over HTTP, and a token for it.
 fn tenant(s: &Sup, f: &Front, tag: &str) -> String {
@@ -190,6 +193,80 @@ fn a_call_whose_deadline_passes_while_it_waits_is_busy_and_one_that_waited_keeps
     assert_eq!(r.status, 504, "{}\n{}", r.text(), f.log());
     assert_eq!(v["code"], "timeout", "{v}");
     assert!(took < Duration::from_secs(20), "answered after {took:?}");
+    drop(f);
+    s.shutdown();
+}
+
+/// Calls of `slow` answered so far, as the operator sees them.
+fn answered(f: &Front, slow: &str) -> u64 {
+    let r = req(
+        &f.addr,
+        "GET",
+        &format!("/fn/{slow}/stats"),
+        Some(BOOT),
+        &[],
+        "",
+    );
+    assert_eq!(r.status, 200, "{}", r.text());
+    r.json()["requests"].as_u64().unwrap_or(0)
+}
+
+#[test]
+fn a_call_whose_client_hangs_up_while_it_waits_is_never_sent() {
+    if !root_only() {
+        return;
+    }
+    let mut s = SUITE.sup(Who::Root, "hangup");
+    s.env("ZYGO_API_TOKEN", BOOT);
+    let names = s.up(&[("slow", "slow", "min_warm = 2\nmax_warm = 4")]);
+    let slow = &names[0];
+    let f = start_http_front(&s, &[]);
+    let token = tenant(&s, &f, "hangup");
+    let before = answered(&f, slow);
+    // The tenant's whole share, held for 3 s.
+    let holders = calls(&f, slow, &token, 4, 3);
+    wait_for(Duration::from_secs(30), "the four calls to run", || {
+        in_flight(&f, slow) >= 4
+    });
+    // One more call, whose client gives up while it waits for its turn.
+    let mut c = TcpStream::connect(&f.addr).unwrap();
+    let body = r#"{"s": 0}"#;
+    c.write_all(
+        head(
+            "POST",
+            &format!("/fn/{slow}"),
+            Some(&token),
+            &[],
+            body.len(),
+        )
+        .as_bytes(),
+    )
+    .unwrap();
+    c.write_all(body.as_bytes()).unwrap();
+    std::thread::sleep(Duration::from_millis(500));
+    drop(c);
+    for h in holders {
+        let r = h.join().unwrap();
+        assert_eq!(r.status, 200, "{}", r.text());
+    }
+    // Had it been sent once the share came free, it would have been answered at once.
+    std::thread::sleep(Duration::from_millis(2000));
+    assert_eq!(
+        answered(&f, slow) - before,
+        4,
+        "the abandoned call ran\n{}",
+        f.log()
+    );
+    // The caller's share is whole again.
+    let r = req(
+        &f.addr,
+        "POST",
+        &format!("/fn/{slow}"),
+        Some(&token),
+        &[],
+        r#"{"s": 0}"#,
+    );
+    assert_eq!(r.status, 200, "{}", r.text());
     drop(f);
     s.shutdown();
 }

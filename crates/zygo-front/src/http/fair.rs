@@ -6,8 +6,9 @@
 //!   or an operator acting for it), or, acting for no tenant, a token. Past its share a
 //!   caller's request waits, in turn behind that caller's other waiting requests, for one
 //!   of its own channels to be free (for a bounded time: see `handlers::SHARE_WAIT`); one
-//!   that waited in vain is answered 429. A waiting request holds one of its caller's
-//!   [`Places`], so the requests one caller has waiting are bounded by those.
+//!   that waited in vain is answered 429, and one whose client hung up leaves the line
+//!   unsent. A waiting request holds one of its caller's [`Places`], so the requests one
+//!   caller has waiting are bounded by those.
 //! - [`Places`]: the requests being served at once (from the head's arrival until the
 //!   answer is written: reading the body, waiting on the supervisor, writing the answer),
 //!   per credential, per peer address, and in all. Past a share a request is refused at
@@ -119,6 +120,18 @@ impl Shares {
     /// behind them (for the caller's own leases to end, never another caller's) until
     /// then. `None` when no lease came.
     pub fn take(&self, who: &Party, wait_until: Option<Instant>) -> Option<Share> {
+        self.take_unless(who, wait_until, &|| false)
+    }
+
+    /// [`Shares::take`], leaving the line early once `gone()` says the request's client
+    /// hung up (asked every [`GONE_EVERY`] while it waits): a request nobody waits for
+    /// is not sent later.
+    pub fn take_unless(
+        &self,
+        who: &Party,
+        wait_until: Option<Instant>,
+        gone: &dyn Fn() -> bool,
+    ) -> Option<Share> {
         let s = &self.inner;
         let mut st = s.state.lock().unwrap_or_else(|p| p.into_inner());
         let mut ticket: Option<u64> = None;
@@ -147,7 +160,7 @@ impl Shares {
             }
             let now = Instant::now();
             let until = match wait_until {
-                Some(until) if now < until => until,
+                Some(until) if now < until && !(ticket.is_some() && gone()) => until,
                 _ => {
                     if let Some(t) = ticket {
                         p.waiting.retain(|w| *w != t);
@@ -167,7 +180,7 @@ impl Shares {
                 st.next = next.wrapping_add(1);
             }
             st =
-                s.cv.wait_timeout(st, until - now)
+                s.cv.wait_timeout(st, (until - now).min(GONE_EVERY))
                     .unwrap_or_else(|p| p.into_inner())
                     .0;
         }
@@ -185,6 +198,9 @@ impl Drop for Share {
         self.shares.cv.notify_all();
     }
 }
+
+/// How often a request waiting for its caller's share looks whether its client hung up.
+pub const GONE_EVERY: Duration = Duration::from_millis(200);
 
 /// Requests being served per caller, per peer address, and in all.
 pub struct Places {
@@ -511,6 +527,33 @@ mod tests {
         assert!(!first.join().unwrap());
         drop(held);
         assert!(second.join().unwrap());
+        assert!(s.inner.state.lock().unwrap().parties.is_empty());
+    }
+
+    #[test]
+    fn a_request_whose_client_hung_up_leaves_the_line() {
+        use std::sync::atomic::{AtomicBool, Ordering};
+        let s = Arc::new(Shares::new(1));
+        let held = s.take(&party("a"), None).unwrap();
+        let hung_up = Arc::new(AtomicBool::new(false));
+        let waiter = {
+            let (s, hung_up) = (s.clone(), hung_up.clone());
+            std::thread::spawn(move || {
+                let t0 = Instant::now();
+                let got = s.take_unless(
+                    &party("a"),
+                    Some(Instant::now() + Duration::from_secs(60)),
+                    &|| hung_up.load(Ordering::Acquire),
+                );
+                (got.is_some(), t0.elapsed())
+            })
+        };
+        wait_until_waiting(&s, &party("a"), 1);
+        hung_up.store(true, Ordering::Release);
+        let (got, waited) = waiter.join().unwrap();
+        assert!(!got);
+        assert!(waited < Duration::from_secs(30), "{waited:?}");
+        drop(held);
         assert!(s.inner.state.lock().unwrap().parties.is_empty());
     }
 

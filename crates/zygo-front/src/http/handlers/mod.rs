@@ -13,6 +13,7 @@ pub mod secrets;
 pub mod tenants;
 pub mod tokens;
 
+use std::os::fd::RawFd;
 use std::time::{Duration, Instant};
 
 use proto::api::{Credentials, TenantInfo, TenantLimits};
@@ -30,30 +31,72 @@ pub fn ask(front: &Front, call: &Call, req: Request) -> Result<Reply, HttpError>
         &call.who,
         req,
         call.deadline + ANSWER_GRACE,
-        share_wait(call.deadline),
+        share_wait(call),
         |_| {},
     )
 }
 
-/// How long a request whose caller holds its share of the channels waits for one of its
-/// own to be free: until `deadline` (the caller's), and at most [`SHARE_WAIT`]. Its
-/// worker waits with it, one of its caller's places (see `fair::Places`): a caller's
-/// waiting requests are bounded by those.
-pub fn share_wait(deadline: Instant) -> Option<Instant> {
-    Some(deadline.min(Instant::now() + SHARE_WAIT))
+/// How a request whose caller holds its share of the channels waits for one of its own.
+#[derive(Debug, Clone, Copy)]
+pub struct ShareWait {
+    /// Until when; `None`: not at all (refused at once).
+    pub until: Option<Instant>,
+    /// The connection of the request's client: a request whose client hung up while it
+    /// waited leaves the line, and nothing of it is sent.
+    pub client: Option<RawFd>,
+}
+
+impl ShareWait {
+    /// Refused at once (a health check says how things are now).
+    pub const NOT: ShareWait = ShareWait {
+        until: None,
+        client: None,
+    };
+
+    /// Until `deadline` (the caller's), and at most [`SHARE_WAIT`]. Its worker waits
+    /// with it, one of its caller's places (see `fair::Places`): a caller's waiting
+    /// requests are bounded by those.
+    pub fn until(deadline: Instant, client: Option<RawFd>) -> ShareWait {
+        ShareWait {
+            until: Some(deadline.min(Instant::now() + SHARE_WAIT)),
+            client,
+        }
+    }
+}
+
+/// How `call` waits for its caller's share: until its deadline, at most [`SHARE_WAIT`],
+/// and not once its client hung up.
+pub fn share_wait(call: &Call) -> ShareWait {
+    ShareWait::until(
+        call.deadline,
+        call.rq.as_ref().and_then(|rq| rq.connection_fd()),
+    )
+}
+
+/// Whether the client on `fd` hung up (or shut its sending side, which a client waiting
+/// for its answer does not do).
+fn hung_up(fd: RawFd) -> bool {
+    let mut p = libc::pollfd {
+        fd,
+        events: libc::POLLRDHUP,
+        revents: 0,
+    };
+    // SAFETY: poll, without waiting, on one pollfd of a descriptor the request being
+    // served holds open.
+    let r = unsafe { libc::poll(&mut p, 1, 0) };
+    r > 0 && p.revents & (libc::POLLRDHUP | libc::POLLHUP | libc::POLLERR) != 0
 }
 
 /// Ask, with a deadline of its own and events passed on. A refusal (`Reply::Error`) is
-/// returned as the error it maps to. `share_wait`: until when to wait for one of the
-/// caller's own leases when it holds its share, in turn behind its other waiting requests
-/// (`None`: refuse at once); see [`share_wait`]. An exec that waited is sent with what
-/// is left of its timeout.
+/// returned as the error it maps to. `wait`: how to wait for one of the caller's own
+/// leases when it holds its share, in turn behind its other waiting requests; see
+/// [`ShareWait`]. An exec that waited is sent with what is left of its timeout.
 pub fn ask_with(
     front: &Front,
     who: &Credentials,
     req: Request,
     deadline: Instant,
-    share_wait: Option<Instant>,
+    wait: ShareWait,
     on_event: impl FnMut(ExecEvent),
 ) -> Result<Reply, HttpError> {
     // A share is the caller's as the supervisor says who it is: a tenant has one,
@@ -63,10 +106,21 @@ pub fn ask_with(
         _ => authenticate(front, who)?,
     };
     let asked = Instant::now();
-    let share = front
-        .shares
-        .take(&party, share_wait)
-        .ok_or_else(|| over_share(front.shares.per(), share_wait.map(|_| asked.elapsed())))?;
+    let gone = || wait.client.is_some_and(hung_up);
+    let Some(share) = front.shares.take_unless(&party, wait.until, &gone) else {
+        if gone() {
+            log::debug!("a request left the line for its caller's share: its client hung up");
+            return Err(HttpError::new(
+                499,
+                "cancelled",
+                "the client hung up while the request waited for its turn; nothing of it ran",
+            ));
+        }
+        return Err(over_share(
+            front.shares.per(),
+            wait.until.map(|_| asked.elapsed()),
+        ));
+    };
     let mut lease = acquire(front, deadline)?;
     let req = Request::Api {
         who: who.clone(),
@@ -625,7 +679,8 @@ mod tests {
             drop(held);
         });
         let far = Instant::now() + Duration::from_secs(60);
-        let r = ask_with(&front, &who, exec(10_000), far, share_wait(far), |_| {});
+        let wait = ShareWait::until(far, None);
+        let r = ask_with(&front, &who, exec(10_000), far, wait, |_| {});
         let_go.join().unwrap();
         let Ok(Reply::Cancelled { count }) = r else {
             panic!("{r:?}");
@@ -644,26 +699,53 @@ mod tests {
         let far = Instant::now() + Duration::from_secs(60);
         let t0 = Instant::now();
         let soon = Instant::now() + Duration::from_millis(200);
-        let e = ask_with(&front, &who, exec(1000), far, share_wait(soon), |_| {}).unwrap_err();
+        let wait = ShareWait::until(soon, None);
+        let e = ask_with(&front, &who, exec(1000), far, wait, |_| {}).unwrap_err();
         assert!(t0.elapsed() >= Duration::from_millis(200));
         assert_eq!((e.status, e.code, e.retry_after), (429, "busy", Some(1)));
         assert!(e.message.contains("waited"), "{}", e.message);
         // Without a wait (a health check), refused at once, saying nothing of a wait.
         let t0 = Instant::now();
-        let e = ask_with(&front, &who, Request::List, far, None, |_| {}).unwrap_err();
+        let e = ask_with(&front, &who, Request::List, far, ShareWait::NOT, |_| {}).unwrap_err();
         assert!(t0.elapsed() < Duration::from_secs(2));
         assert_eq!((e.status, e.code), (429, "busy"));
         assert!(!e.message.contains("waited"), "{}", e.message);
     }
 
     #[test]
+    fn a_call_whose_client_hangs_up_while_it_waits_is_never_sent() {
+        use std::os::fd::AsRawFd;
+        let front = front_and_supervisor(Duration::ZERO);
+        let who = caller(&front);
+        let party = super::super::fair::Party::of(&who, None);
+        let held = front.shares.take(&party, None).unwrap();
+        let (ours, theirs) = std::os::unix::net::UnixStream::pair().unwrap();
+        let far = Instant::now() + Duration::from_secs(60);
+        let hang_up = std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_millis(300));
+            drop(theirs);
+        });
+        let t0 = Instant::now();
+        let wait = ShareWait::until(far, Some(ours.as_raw_fd()));
+        let e = ask_with(&front, &who, exec(1000), far, wait, |_| {}).unwrap_err();
+        hang_up.join().unwrap();
+        assert_eq!((e.status, e.code), (499, "cancelled"), "{}", e.message);
+        assert!(t0.elapsed() < Duration::from_secs(30), "{:?}", t0.elapsed());
+        // It left the line: the share, once free, is anyone's of that caller.
+        drop(held);
+        assert!(front.shares.take(&party, None).is_some());
+    }
+
+    #[test]
     fn a_wait_for_a_share_is_capped() {
         let now = Instant::now();
-        let w = share_wait(now + Duration::from_secs(86_400)).unwrap();
+        let w = ShareWait::until(now + Duration::from_secs(86_400), None)
+            .until
+            .unwrap();
         assert!(w <= Instant::now() + SHARE_WAIT);
         assert!(w >= now + SHARE_WAIT);
         let soon = now + Duration::from_millis(5);
-        assert_eq!(share_wait(soon), Some(soon));
+        assert_eq!(ShareWait::until(soon, None).until, Some(soon));
     }
 
     #[test]
