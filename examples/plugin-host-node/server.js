@@ -56,7 +56,9 @@ export async function createHost({ url, token, runtimeMem = '256M' } = {}) {
       if (mem) await op.setLimits(id, { mem });
       for (const [name, value] of Object.entries(secrets ?? {})) await op.putSecret(id, name, value);
       const minted = await op.mintToken(id);
-      customers.set(id, connect(url, { token: minted.secret, retries: 3, backoff: 0.2 }));
+      // A customer's Busy goes back to the host's own caller (429 with Zygo's Retry-After)
+      // after three tries, rather than holding the host's request for up to 30 s.
+      customers.set(id, connect(url, { token: minted.secret, retries: 3, backoff: 0.2, retryBusy: false }));
       return [200, { id }];
     }],
     ['DELETE', /^\/customers\/([^/]+)$/, async (req, [id]) => {

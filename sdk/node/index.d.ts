@@ -44,6 +44,7 @@ export declare class ZygoError extends Error {
 export declare class BadRequest extends ZygoError {}
 export declare class AuthError extends ZygoError {}
 export declare class NotFound extends ZygoError {}
+/** 429: refused before anything ran; resent by the client unless `retryBusy: false`. */
 export declare class Busy extends ZygoError {}
 export declare class Unavailable extends ZygoError {}
 export declare class HandlerError extends ZygoError {}
@@ -202,6 +203,13 @@ export interface ConnectOptions {
   retries?: number;
   /** Base wait in seconds, doubled per attempt (the longer of it and Retry-After); default 1. */
   backoff?: number;
+  /**
+   * Past `retries`, resend a request refused as Busy (nothing of it ran) after the
+   * server's Retry-After (1 s without one; each wait at most 5 s), for up to 30 s after
+   * it was first sent and never past its timeout; default true. false: throw Busy as it
+   * comes.
+   */
+  retryBusy?: boolean;
   /** Default wait of a call, seconds. */
   timeout?: number | null;
   /** Act for this tenant (X-Zygo-Tenant); see forTenant. */
@@ -314,6 +322,7 @@ export declare class Client {
   readonly actingFor: string | null;
   retries: number;
   backoff: number;
+  retryBusy: boolean;
   timeout: number | null;
   close(): void;
   forTenant(id: string): Client;

@@ -20,6 +20,14 @@ export const MAX_IDLE = 20;
 const CONNECT_TIMEOUT = 10;
 const DEFAULT_WAIT = 60;
 const SLACK = 10;
+// A request refused as Busy (429: nothing of it ran) once `retries` are used up is sent
+// again while `retryBusy` is on: after the server's Retry-After (BUSY_WAIT without one),
+// each wait between BUSY_WAIT_MIN and BUSY_WAIT_MAX, for as long as the next send comes
+// within BUSY_FOR of the first, and within the call's own timeout when it has one.
+const BUSY_WAIT = 1;
+const BUSY_WAIT_MIN = 0.1;
+const BUSY_WAIT_MAX = 5;
+const BUSY_FOR = 30;
 const MAX_HEAD = 64 * 1024;
 const MAX_BODY = 1024 * 1024 * 1024;
 const MAX_LINE = 64 * 1024 * 1024;
@@ -50,7 +58,11 @@ export class BadRequest extends ZygoError {}
 export class AuthError extends ZygoError {}
 /** 404: no such thing, or not yours. */
 export class NotFound extends ZygoError {}
-/** 429: refused before anything ran; safe to send again after `retryAfter` seconds. */
+/**
+ * 429: refused before anything ran; safe to send again after `retryAfter` seconds. The
+ * client sends it again itself unless `retryBusy: false`: thrown, it was refused for 30 s,
+ * or until the call's timeout.
+ */
 export class Busy extends ZygoError {}
 /** 503: the host cannot do this yet (starting, draining, deps building). Nothing ran. */
 export class Unavailable extends ZygoError {}
@@ -742,15 +754,16 @@ export function connect(url, options = {}) {
   return new Client(url, options);
 }
 
-const CLIENT_OPTIONS = ['token', 'retries', 'backoff', 'timeout', 'tenant', 'poolSize', 'tls'];
+const CLIENT_OPTIONS = ['token', 'retries', 'backoff', 'retryBusy', 'timeout', 'tenant', 'poolSize', 'tls'];
 
 export class Client {
   constructor(url, options = {}, shared = undefined) {
     for (const k of Object.keys(options)) {
       if (!CLIENT_OPTIONS.includes(k)) throw new TypeError(`unknown option ${JSON.stringify(k)}; the options are ${CLIENT_OPTIONS.join(', ')}`);
     }
-    const { token, retries = 0, backoff = 1, timeout = null, tenant = null, poolSize = 32, tls: tlsOptions } = options;
+    const { token, retries = 0, backoff = 1, retryBusy = true, timeout = null, tenant = null, poolSize = 32, tls: tlsOptions } = options;
     if (!(retries >= 0) || !(backoff >= 0)) throw new TypeError('retries and backoff must not be negative');
+    if (typeof retryBusy !== 'boolean') throw new TypeError('retryBusy is true or false');
     if (!shared) {
       const address = parseAddress(url);
       const tok = token ?? (process.env.ZYGO_API_TOKEN || null);
@@ -761,9 +774,11 @@ export class Client {
     this._shared = shared;
     this.retries = retries;
     this.backoff = backoff;
+    this.retryBusy = retryBusy;
     this.timeout = timeout;
     this._tenant = tenant;
     this._sleep = sleep;
+    this._clock = () => performance.now() / 1000;
   }
 
   /** The API's address. */
@@ -784,8 +799,9 @@ export class Client {
   /** A view acting for tenant `id` (X-Zygo-Tenant), sharing this client's pool. */
   forTenant(id) {
     if (typeof id !== 'string' || !id) throw new TypeError('forTenant needs a tenant id');
-    const c = new Client(undefined, { retries: this.retries, backoff: this.backoff, timeout: this.timeout, tenant: id }, this._shared);
+    const c = new Client(undefined, { retries: this.retries, backoff: this.backoff, retryBusy: this.retryBusy, timeout: this.timeout, tenant: id }, this._shared);
     c._sleep = this._sleep;
+    c._clock = this._clock;
     return c;
   }
 
@@ -796,11 +812,16 @@ export class Client {
 
   // -- sending --
 
+  /** The timeout `op` is sent with (X-Zygo-Timeout-Ms), or null. */
+  _timeoutOf(op) {
+    return op.timeout ?? (op.cancellable ? this.timeout : null);
+  }
+
   _requestBytes(op) {
     const headers = [...this._shared.base];
     if (this._tenant) headers.push(`X-Zygo-Tenant: ${this._tenant}`);
     let wait = op.wait ?? DEFAULT_WAIT;
-    const timeout = op.timeout ?? (op.cancellable ? this.timeout : null);
+    const timeout = this._timeoutOf(op);
     if (timeout !== null && timeout !== undefined) {
       if (!(timeout > 0)) throw new TypeError('timeout must be a positive number of seconds');
       headers.push(`X-Zygo-Timeout-Ms: ${Math.max(1, Math.round(timeout * 1000))}`);
@@ -884,7 +905,24 @@ export class Client {
     return Math.max(e.retryAfter ?? 0, this.backoff * 2 ** attempt);
   }
 
+  /**
+   * How long to wait before sending `op` again after refusal `e` (its `attempt`-th,
+   * counting from 0; `began`: when it was first sent, on `this._clock`), or null to throw
+   * `e`. Only Busy and Unavailable are ever sent again: both mean the request never ran.
+   */
+  _again(e, attempt, op, began) {
+    if (!(e instanceof Busy || e instanceof Unavailable)) return null;
+    if (attempt < this.retries) return this._waitBefore(attempt, e);
+    if (!(e instanceof Busy) || !this.retryBusy) return null;
+    const wait = Math.min(Math.max(e.retryAfter ?? BUSY_WAIT, BUSY_WAIT_MIN), BUSY_WAIT_MAX);
+    const timeout = this._timeoutOf(op);
+    const limit = timeout === null || timeout === undefined ? BUSY_FOR : Math.min(BUSY_FOR, timeout);
+    if (this._clock() - began + wait > limit) return null;
+    return wait;
+  }
+
   async _send(op) {
+    const began = this._clock();
     for (let attempt = 0; ; attempt++) {
       try {
         return await this._once(op);
@@ -893,9 +931,10 @@ export class Client {
           await this._cancelOnServer(op);
           throw abortError(op.signal);
         }
-        if (!(e instanceof Busy || e instanceof Unavailable) || attempt >= this.retries) throw e;
+        const wait = this._again(e, attempt, op, began);
+        if (wait === null) throw e;
         try {
-          await this._sleep(this._waitBefore(attempt, e), op.signal);
+          await this._sleep(wait, op.signal);
         } catch (abort) {
           throw abortError(op.signal) ?? abort;
         }
@@ -918,6 +957,7 @@ export class Client {
   }
 
   async *_stream(op) {
+    const began = this._clock();
     for (let attempt = 0; ; attempt++) {
       let yielded = false;
       let conn = null;
@@ -947,8 +987,10 @@ export class Client {
           await this._cancelOnServer(op);
           throw abortError(op.signal);
         }
-        if ((e instanceof Busy || e instanceof Unavailable) && !yielded && attempt < this.retries) {
-          await this._sleep(this._waitBefore(attempt, e), op.signal);
+        // Sent again only when nothing of it was yielded (nothing ran).
+        const wait = yielded ? null : this._again(e, attempt, op, began);
+        if (wait !== null) {
+          await this._sleep(wait, op.signal);
           continue;
         }
         if (e instanceof ZygoError) throw e;

@@ -6,8 +6,9 @@
 //! - unknown tokens and no token are refused before a byte of the body is read, slow
 //!   bodies are dropped (408), and while both go on `/healthz` and a known caller are
 //!   served;
-//! - one caller holding its share of the channels (a batch, concurrent calls) is answered
-//!   429 at once for one more, and another caller is served meanwhile;
+//! - one caller holding its share of the channels (a batch, concurrent calls) has one more
+//!   request wait its turn (429 once its deadline passes), and another caller is served
+//!   meanwhile;
 //! - a batch's answer is held to its budget, the cut elements marked.
 
 // A test that fails on an unexpected error says where; that is all an unwrap does here.
@@ -322,7 +323,7 @@ fn one_caller_holds_at_most_its_share_of_the_channels() {
     let batch = {
         let (addr, greedy, slow) = (f.addr.clone(), greedy.clone(), slow.clone());
         std::thread::spawn(move || {
-            let events: Vec<Value> = (0..8).map(|_| json!({"s": 2})).collect();
+            let events: Vec<Value> = (0..8).map(|_| json!({"s": 3})).collect();
             req(
                 &addr,
                 "POST",
@@ -334,19 +335,44 @@ fn one_caller_holds_at_most_its_share_of_the_channels() {
         })
     };
     std::thread::sleep(Duration::from_millis(1000));
-    // One more call of that tenant: 429 at once, with Retry-After.
+    // One more call of that tenant waits its turn: asking for half a second, it is 429
+    // once that has passed, with Retry-After, saying it waited.
+    let t0 = std::time::Instant::now();
     let r = req(
         &f.addr,
         "POST",
         &format!("/fn/{slow}"),
         Some(&greedy),
-        &[],
+        &[("X-Zygo-Timeout-Ms", "500")],
         r#"{"s": 0}"#,
     );
     assert_eq!(r.status, 429, "{}", r.text());
     assert_eq!(r.json()["code"], "busy");
-    assert!(r.json()["error"].as_str().unwrap().contains("share"));
+    let message = r.json()["error"].as_str().unwrap().to_string();
+    assert!(
+        message.contains("share") && message.contains("waited"),
+        "{message}"
+    );
     assert_eq!(r.headers.get("retry-after").map(String::as_str), Some("1"));
+    assert!(
+        t0.elapsed() >= Duration::from_millis(450),
+        "{:?}",
+        t0.elapsed()
+    );
+    // Asking for longer, it is served in its turn, between the batch's events.
+    let waiter = {
+        let (addr, greedy, slow) = (f.addr.clone(), greedy.clone(), slow.clone());
+        std::thread::spawn(move || {
+            req(
+                &addr,
+                "POST",
+                &format!("/fn/{slow}"),
+                Some(&greedy),
+                &[],
+                r#"{"s": 0}"#,
+            )
+        })
+    };
     // Another tenant is served meanwhile, many times over.
     for i in 0..5 {
         let r = req(
@@ -359,6 +385,9 @@ fn one_caller_holds_at_most_its_share_of_the_channels() {
         );
         assert_eq!(r.status, 200, "{}", r.text());
     }
+    let r = waiter.join().unwrap();
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(r.json()["result"], "slept");
     // The batch is whole: its elements waited for their own caller's leases.
     let r = batch.join().unwrap();
     assert_eq!(r.status, 200, "{}", r.text());
@@ -374,9 +403,9 @@ fn one_caller_holds_at_most_its_share_of_the_channels() {
 
 /// A tenant's share of the channels is the tenant's, however it is named: while its batch
 /// holds the share, a request with its token that also names it in `X-Zygo-Tenant`,
-/// one with another of its tokens, and one of an operator acting for it are each 429 at
-/// once (each was a caller of its own, with a share of its own); the host's callers and
-/// another tenant are served.
+/// one with another of its tokens, and one of an operator acting for it each wait their
+/// turn, and are 429 once their short deadline passes (each was a caller of its own, with
+/// a share of its own); the host's callers and another tenant are served.
 #[test]
 fn a_tenant_has_one_share_however_it_is_named() {
     if !root_only() {
@@ -403,7 +432,7 @@ fn a_tenant_has_one_share_however_it_is_named() {
     let batch = {
         let (addr, first, slow) = (f.addr.clone(), first.clone(), slow.clone());
         std::thread::spawn(move || {
-            let events: Vec<Value> = (0..8).map(|_| json!({"s": 3})).collect();
+            let events: Vec<Value> = (0..8).map(|_| json!({"s": 5})).collect();
             req(
                 &addr,
                 "POST",
@@ -415,8 +444,11 @@ fn a_tenant_has_one_share_however_it_is_named() {
         })
     };
     std::thread::sleep(Duration::from_millis(1000));
-    let call = |token: &str, header: Option<&str>| {
-        let extra: Vec<(&str, &str)> = header.map(|h| ("X-Zygo-Tenant", h)).into_iter().collect();
+    // `wait_ms`: the call's deadline (the default 60 s without).
+    let call = |token: &str, header: Option<&str>, wait_ms: Option<&str>| {
+        let mut extra: Vec<(&str, &str)> =
+            header.map(|h| ("X-Zygo-Tenant", h)).into_iter().collect();
+        extra.extend(wait_ms.map(|ms| ("X-Zygo-Timeout-Ms", ms)));
         req(
             &f.addr,
             "POST",
@@ -431,7 +463,9 @@ fn a_tenant_has_one_share_however_it_is_named() {
         ("another of its tokens", second.as_str(), None),
         ("an operator acting for it", op.as_str(), Some(t.as_str())),
     ] {
-        let r = call(token, header);
+        // Half a second: over the share, it waits that long and is 429 (the batch's
+        // first events take 5 s).
+        let r = call(token, header, Some("500"));
         assert_eq!(
             r.status,
             429,
@@ -439,12 +473,13 @@ fn a_tenant_has_one_share_however_it_is_named() {
             r.text()
         );
         assert!(r.json()["error"].as_str().unwrap().contains("share"));
+        assert_eq!(r.header("retry-after"), Some("1"));
     }
     for (what, token) in [
         ("the operator", op.as_str()),
         ("another tenant", other.as_str()),
     ] {
-        let r = call(token, None);
+        let r = call(token, None, None);
         assert_eq!(r.status, 200, "{what}: {}", r.text());
     }
     let r = batch.join().unwrap();
@@ -453,7 +488,7 @@ fn a_tenant_has_one_share_however_it_is_named() {
         assert_eq!(v["status"], 200, "{v}");
     }
     // The share is free again: the same names are served.
-    let r = call(&first, Some(&t));
+    let r = call(&first, Some(&t), None);
     assert_eq!(r.status, 200, "{}", r.text());
     drop(f);
     s.shutdown();

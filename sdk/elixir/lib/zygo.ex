@@ -51,7 +51,7 @@ defmodule Zygo do
 
   @version "0.1.5"
 
-  @connect_opts [:url, :token, :retries, :backoff, :timeout, :tenant, :pool_size, :ssl, :name]
+  @connect_opts [:url, :token, :retries, :backoff, :retry_busy, :timeout, :tenant, :pool_size, :ssl, :name]
 
   # ---- connecting --------------------------------------------------------------------------
 
@@ -59,9 +59,12 @@ defmodule Zygo do
   A client with its pool started and linked to the caller. Options: `url` (else
   `ZYGO_API_URL`, else `http://127.0.0.1:7700`; `unix:///path`, `http://`, `https://` or
   `host:port`), `token` (else `ZYGO_API_TOKEN`), `retries` (default 0), `backoff` (ms,
-  default 1000), `timeout` (ms, the default wait of a call), `tenant`, `pool_size`
-  (default 32), `ssl` (extra `:ssl.connect/4` options). Raises `ArgumentError` on a bad
-  address. Nothing is connected until the first request.
+  default 1000), `retry_busy` (default true: past `retries`, a request refused as busy is
+  sent again after the server's Retry-After, 1 s without one and each wait at most 5 s,
+  for up to 30 s after it was first sent and never past its timeout; false returns the
+  busy error as it comes), `timeout` (ms, the default wait of a call), `tenant`,
+  `pool_size` (default 32), `ssl` (extra `:ssl.connect/4` options). Raises
+  `ArgumentError` on a bad address. Nothing is connected until the first request.
   """
   @spec connect(String.t() | keyword) :: Client.t()
   def connect(opts \\ [])
@@ -123,6 +126,12 @@ defmodule Zygo do
       raise ArgumentError, "retries and backoff (milliseconds) are non-negative integers"
     end
 
+    retry_busy = Keyword.get(opts, :retry_busy, true)
+
+    unless is_boolean(retry_busy) do
+      raise ArgumentError, "retry_busy is true or false"
+    end
+
     base = [{"Host", address.host_header}, {"User-Agent", "zygo-sdk-elixir/#{@version}"}]
     base = if token, do: base ++ [{"Authorization", "Bearer " <> token}], else: base
 
@@ -132,10 +141,12 @@ defmodule Zygo do
       tenant: opts[:tenant],
       retries: retries,
       backoff: backoff,
+      retry_busy: retry_busy,
       timeout: opts[:timeout],
       pool_size: Keyword.get(opts, :pool_size, 32),
       ssl: Keyword.get(opts, :ssl, []),
-      sleep: &Process.sleep/1
+      sleep: &Process.sleep/1,
+      clock: fn -> System.monotonic_time(:millisecond) end
     }
   end
 

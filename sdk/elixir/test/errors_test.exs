@@ -9,7 +9,8 @@ defmodule Zygo.ErrorsTest do
 
   defp answer(api, status, body, headers \\ []) do
     FakeAPI.set_handler(api, fn _ -> {:reply, status, body, headers: headers} end)
-    {:error, e} = Zygo.call(Zygo.connect(api.url), "f")
+    # What each answer returns, as it comes (busy is not sent again here).
+    {:error, e} = Zygo.call(Zygo.connect(api.url, retry_busy: false), "f")
     e
   end
 
@@ -94,24 +95,38 @@ defmodule Zygo.ErrorsTest do
     assert FakeAPI.json(List.last(FakeAPI.requests(api))) == %{"events" => [1, 2, 3]}
   end
 
-  defp refusing(api, n, status \\ 429, retry_after \\ "0") do
+  # The first `n` requests are refused (`retry_after` nil: without Retry-After), each
+  # `took` ms on `clock` (see recording/2).
+  defp refusing(api, n, status \\ 429, retry_after \\ "0", took \\ 0, clock \\ nil) do
     counter = :counters.new(1, [])
 
     FakeAPI.set_handler(api, fn _ ->
       :counters.add(counter, 1, 1)
 
       if :counters.get(counter, 1) <= n do
+        if clock, do: :atomics.add(clock, 1, took)
         code = if status == 429, do: "busy", else: "unavailable"
-        {:reply, status, %{"error" => code, "code" => code}, headers: [{"Retry-After", retry_after}]}
+        headers = if retry_after, do: [{"Retry-After", retry_after}], else: []
+        {:reply, status, %{"error" => code, "code" => code}, headers: headers}
       else
         {:reply, 200, FakeAPI.result()}
       end
     end)
   end
 
-  defp recording(client) do
+  # The waits `client` sleeps, on a clock that moves only when it sleeps (or a test says
+  # the server took its time): the limits are exact.
+  defp recording(client, clock \\ :atomics.new(1, [])) do
     me = self()
-    %{client | sleep: fn ms -> send(me, {:slept, ms}) end}
+
+    %{
+      client
+      | sleep: fn ms ->
+          send(me, {:slept, ms})
+          :atomics.add(clock, 1, ms)
+        end,
+        clock: fn -> :atomics.get(clock, 1) end
+    }
   end
 
   defp slept do
@@ -122,11 +137,70 @@ defmodule Zygo.ErrorsTest do
     end
   end
 
-  test "no retries by default", %{api: api} do
-    refusing(api, 1)
-    assert {:error, %Zygo.Error{kind: :busy}} = Zygo.call(recording(Zygo.connect(api.url)), "f")
+  test "unavailable is not resent by default", %{api: api} do
+    refusing(api, 1, 503)
+    assert {:error, %Zygo.Error{kind: :unavailable}} = Zygo.call(recording(Zygo.connect(api.url)), "f")
     assert length(FakeAPI.requests(api)) == 1
     assert slept() == []
+  end
+
+  test "busy is resent by default after its Retry-After", %{api: api} do
+    refusing(api, 2, 429, "2")
+    assert Zygo.call!(recording(Zygo.connect(api.url)), "f").result == %{"ok" => true}
+    assert length(FakeAPI.requests(api)) == 3
+    assert slept() == [2000, 2000]
+  end
+
+  test "a busy wait is 1 s without Retry-After, at most 5 s, at least 100 ms", %{api: api} do
+    for ra <- [nil, "60", "0"] do
+      refusing(api, 1, 429, ra)
+      Zygo.call!(recording(Zygo.connect(api.url)), "f")
+    end
+
+    assert slept() == [1000, 5000, 100]
+    assert length(FakeAPI.requests(api)) == 6
+  end
+
+  test "retry_busy: false returns busy as it comes", %{api: api} do
+    refusing(api, 1, 429, "1")
+    c = recording(Zygo.connect(api.url, retry_busy: false))
+    assert {:error, %Zygo.Error{kind: :busy, retry_after: 1000}} = Zygo.call(c, "f")
+    assert length(FakeAPI.requests(api)) == 1
+    assert slept() == []
+    assert_raise ArgumentError, ~r/retry_busy is true or false/, fn -> Zygo.connect(retry_busy: 1) end
+  end
+
+  test "busy is resent for at most 30 s, and never past the call's timeout", %{api: api} do
+    refusing(api, 100, 429, "2")
+    assert {:error, %Zygo.Error{kind: :busy}} = Zygo.call(recording(Zygo.connect(api.url)), "f")
+    # Sent at 0, 2, …, 30 s: the next would go out past 30 s after the first.
+    assert slept() == List.duplicate(2000, 15)
+    assert length(FakeAPI.requests(api)) == 16
+
+    refusing(api, 100, 429, "2")
+    c = recording(Zygo.connect(api.url))
+    assert {:error, %Zygo.Error{kind: :busy}} = Zygo.call(c, "f", nil, timeout: 5_000)
+    assert slept() == [2000, 2000]
+
+    refusing(api, 100, 429, "2")
+    c = recording(Zygo.connect(api.url, timeout: 3_000))
+    assert {:error, %Zygo.Error{kind: :busy}} = Zygo.call(c, "f")
+    assert slept() == [2000]
+  end
+
+  test "a busy that came after the whole wait is not resent", %{api: api} do
+    # The API held the request in its queue for 30 s before it said busy.
+    clock = :atomics.new(1, [])
+    refusing(api, 1, 429, "1", 30_000, clock)
+    assert {:error, %Zygo.Error{kind: :busy}} = Zygo.call(recording(Zygo.connect(api.url), clock), "f")
+    assert length(FakeAPI.requests(api)) == 1
+    assert slept() == []
+  end
+
+  test "retries come first, then busy is resent", %{api: api} do
+    refusing(api, 3, 429, "0")
+    Zygo.call!(recording(Zygo.connect(api.url, retries: 1, backoff: 500)), "f")
+    assert slept() == [500, 100, 100]
   end
 
   test "busy is resent, backoff doubling", %{api: api} do
@@ -166,5 +240,8 @@ defmodule Zygo.ErrorsTest do
     c = recording(Zygo.connect(api.url, retries: 1, backoff: 250))
     Zygo.call!(Zygo.for_tenant(c, "acme"), "f")
     assert slept() == [250]
+    refusing(api, 1)
+    c = Zygo.for_tenant(Zygo.connect(api.url, retry_busy: false), "acme")
+    assert {:error, %Zygo.Error{kind: :busy}} = Zygo.call(c, "f")
   end
 end

@@ -84,8 +84,38 @@ defmodule Zygo.StreamsTest do
 
     assert [{:error, %Zygo.Error{kind: :not_found}}] = Enum.to_list(Zygo.stream(c, "render"))
     FakeAPI.set_handler(api, fn _ -> {:stream, [%{"status" => 429, "error" => "busy", "code" => "busy"}]} end)
+    c = %{c | retry_busy: false}
     assert [{:error, %Zygo.Error{kind: :busy}}] = Enum.to_list(Zygo.stream(c, "render"))
     assert %{out: 0} = Zygo.Pool.info(c.pool)
+  end
+
+  test "a busy stream is resent by default after its Retry-After, never after output", %{api: api} do
+    counter = :counters.new(1, [])
+
+    FakeAPI.set_handler(api, fn _ ->
+      :counters.add(counter, 1, 1)
+
+      case :counters.get(counter, 1) do
+        1 -> {:reply, 429, %{"error" => "busy", "code" => "busy"}, headers: [{"Retry-After", "2"}]}
+        2 -> {:stream, [%{"status" => 429, "error" => "busy", "code" => "busy", "retry_after" => 3}]}
+        _ -> {:stream, [%{"stream" => "stdout", "data" => "x"}, Map.put(FakeAPI.result(), "status", 200)]}
+      end
+    end)
+
+    me = self()
+    c = %{Zygo.connect(api.url) | sleep: fn ms -> send(me, {:slept, ms}) end}
+    assert [{:stdout, "x"}, {:result, _}] = Enum.to_list(Zygo.stream(c, "render"))
+    assert_received {:slept, 2000}
+    assert_received {:slept, 3000}
+    assert length(FakeAPI.requests(api)) == 3
+
+    FakeAPI.set_handler(api, fn _ ->
+      {:stream,
+       [%{"stream" => "stdout", "data" => "x"}, %{"status" => 429, "error" => "busy", "code" => "busy"}]}
+    end)
+
+    assert [{:stdout, "x"}, {:error, %Zygo.Error{kind: :busy}}] = Enum.to_list(Zygo.stream(c, "render"))
+    assert length(FakeAPI.requests(api)) == 4
   end
 
   test "a busy stream is resent when nothing was yielded", %{api: api} do

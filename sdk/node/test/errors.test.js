@@ -9,7 +9,8 @@ async function answer(status, body, headers = {}) {
   return withApi(async (api) => {
     api.handler = () => reply(body, { status, headers });
     try {
-      await connect(api.url).call('f');
+      // What each answer throws, as it comes (Busy is not sent again here).
+      await connect(api.url, { retryBusy: false }).call('f');
     } catch (e) {
       return e;
     }
@@ -86,34 +87,119 @@ test('batch returns errors instead of throwing', () =>
     assert.deepEqual(api.requests.at(-1).json(), { events: [1, 2, 3] });
   }));
 
-function refusing(api, n, status = 429, retryAfter = '0') {
+// The first `n` requests are refused (`retryAfter` null: without Retry-After), each
+// `took` seconds on the client's clock (see recording).
+function refusing(api, n, status = 429, retryAfter = '0', took = 0, clock = null) {
   let count = 0;
   api.handler = () => {
     count += 1;
     if (count <= n) {
+      if (clock) clock.now += took;
       const code = status === 429 ? 'busy' : 'unavailable';
-      return reply({ error: code, code }, { status, headers: { 'Retry-After': retryAfter } });
+      const headers = retryAfter === null ? {} : { 'Retry-After': retryAfter };
+      return reply({ error: code, code }, { status, headers });
     }
     return reply(RESULT);
   };
 }
 
-function recording(c) {
+// The waits `c` sleeps, on a clock of its own that moves only when it sleeps (or a
+// test says the server took its time): the limits are exact.
+function recording(c, clock = { now: 0 }) {
   const slept = [];
   c._sleep = async (s) => {
     slept.push(s);
+    clock.now += s;
   };
+  c._clock = () => clock.now;
   return slept;
 }
 
-test('no retries by default', () =>
+test('Unavailable is not resent by default', () =>
   withApi(async (api) => {
-    refusing(api, 1);
+    refusing(api, 1, 503);
     const c = connect(api.url);
     const slept = recording(c);
+    await assert.rejects(c.call('f'), zygo.Unavailable);
+    assert.equal(api.requests.length, 1);
+    assert.deepEqual(slept, []);
+  }));
+
+test('Busy is resent by default after its Retry-After', () =>
+  withApi(async (api) => {
+    refusing(api, 2, 429, '2');
+    const c = connect(api.url);
+    const slept = recording(c);
+    assert.deepEqual((await c.call('f')).result, { ok: true });
+    assert.equal(api.requests.length, 3);
+    assert.deepEqual(slept, [2, 2]);
+  }));
+
+test('a Busy wait is 1 s without Retry-After, at most 5 s, at least 0.1 s', () =>
+  withApi(async (api) => {
+    const slept = [];
+    for (const ra of [null, '60', '0']) {
+      refusing(api, 1, 429, ra);
+      const c = connect(api.url);
+      const waits = recording(c);
+      await c.call('f');
+      slept.push(...waits);
+    }
+    assert.deepEqual(slept, [1, 5, 0.1]);
+    assert.equal(api.requests.length, 6);
+  }));
+
+test('retryBusy: false throws Busy as it comes', () =>
+  withApi(async (api) => {
+    refusing(api, 1, 429, '1');
+    const c = connect(api.url, { retryBusy: false });
+    const slept = recording(c);
+    await assert.rejects(c.call('f'), (e) => e instanceof zygo.Busy && e.retryAfter === 1);
+    assert.equal(api.requests.length, 1);
+    assert.deepEqual(slept, []);
+    assert.throws(() => connect(api.url, { retryBusy: 'no' }), /retryBusy is true or false/);
+  }));
+
+test('Busy is resent for at most 30 s, and never past the call\'s timeout', () =>
+  withApi(async (api) => {
+    refusing(api, 100, 429, '2');
+    let c = connect(api.url);
+    let slept = recording(c);
+    await assert.rejects(c.call('f'), zygo.Busy);
+    // Sent at 0, 2, …, 30 s: the next would go out past 30 s after the first.
+    assert.deepEqual(slept, Array(15).fill(2));
+    assert.equal(api.requests.length, 16);
+    refusing(api, 100, 429, '2');
+    c = connect(api.url);
+    slept = recording(c);
+    await assert.rejects(c.call('f', {}, { timeout: 5 }), zygo.Busy);
+    assert.deepEqual(slept, [2, 2]);
+    refusing(api, 100, 429, '2');
+    c = connect(api.url, { timeout: 3 });
+    slept = recording(c);
+    await assert.rejects(c.call('f'), zygo.Busy);
+    assert.deepEqual(slept, [2]);
+  }));
+
+test('a Busy that came after the whole wait is not resent', () =>
+  withApi(async (api) => {
+    // The API held the request in its queue for 30 s before it said busy.
+    const clock = { now: 0 };
+    refusing(api, 1, 429, '1', 30, clock);
+    const c = connect(api.url);
+    const slept = recording(c, clock);
     await assert.rejects(c.call('f'), zygo.Busy);
     assert.equal(api.requests.length, 1);
     assert.deepEqual(slept, []);
+  }));
+
+test('retries come first, then Busy is resent', () =>
+  withApi(async (api) => {
+    refusing(api, 3, 429, '0');
+    const c = connect(api.url, { retries: 1, backoff: 0.5 });
+    const slept = recording(c);
+    await c.call('f');
+    assert.deepEqual(slept, [0.5, 0.1, 0.1]);
   }));
 
 test('Busy is resent, backoff doubling', () =>
@@ -134,10 +220,10 @@ test('Retry-After wins when it is longer; the last refusal is what the caller se
     await c.call('f');
     assert.deepEqual(slept, [3, 4]);
     api.requests.length = 0;
-    refusing(api, 10, 503, '1');
-    c = connect(api.url, { retries: 2, backoff: 0.1 });
+    refusing(api, 10, 429, '1');
+    c = connect(api.url, { retries: 2, backoff: 0.1, retryBusy: false });
     slept = recording(c);
-    await assert.rejects(c.call('f'), (e) => e instanceof zygo.Unavailable && e.retryAfter === 1);
+    await assert.rejects(c.call('f'), (e) => e instanceof zygo.Busy && e.retryAfter === 1);
     assert.equal(api.requests.length, 3);
   }));
 
@@ -161,4 +247,6 @@ test('forTenant views keep the retry settings', () =>
     const slept = recording(c);
     await c.forTenant('acme').call('f');
     assert.deepEqual(slept, [0.25]);
+    refusing(api, 1);
+    await assert.rejects(connect(api.url, { retryBusy: false }).forTenant('acme').call('f'), zygo.Busy);
   }));

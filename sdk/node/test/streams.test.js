@@ -62,7 +62,35 @@ test('a refusal before anything ran throws at once', () =>
     api.handler = () => reply({ error: 'no function render', code: 'not_found' }, { status: 404 });
     await assert.rejects(connect(api.url).stream('render').next(), zygo.NotFound);
     api.handler = () => stream([{ status: 429, error: 'busy', code: 'busy' }]);
-    await assert.rejects(connect(api.url).stream('render').next(), zygo.Busy);
+    await assert.rejects(connect(api.url, { retryBusy: false }).stream('render').next(), zygo.Busy);
+    assert.equal(api.requests.length, 2);
+  }));
+
+test('a Busy stream is resent by default after its Retry-After, never after output', () =>
+  withApi(async (api) => {
+    let n = 0;
+    api.handler = () => {
+      n += 1;
+      if (n === 1) return reply({ error: 'busy', code: 'busy' }, { status: 429, headers: { 'Retry-After': '2' } });
+      if (n === 2) return stream([{ status: 429, error: 'busy', code: 'busy', retry_after: 3 }]);
+      return stream([{ stream: 'stdout', data: 'x' }, { ...RESULT, status: 200 }]);
+    };
+    const c = connect(api.url);
+    const slept = [];
+    c._sleep = async (s) => {
+      slept.push(s);
+    };
+    const kinds = [];
+    for await (const ev of c.stream('render')) kinds.push(ev.kind);
+    assert.deepEqual(kinds, ['stdout', 'result']);
+    assert.deepEqual(slept, [2, 3]);
+    assert.equal(api.requests.length, 3);
+    api.requests.length = 0;
+    api.handler = () => stream([{ stream: 'stdout', data: 'x' }, { status: 429, error: 'busy', code: 'busy' }]);
+    const it = c.stream('render');
+    assert.equal((await it.next()).value.kind, 'stdout');
+    await assert.rejects(it.next(), zygo.Busy);
+    assert.equal(api.requests.length, 1);
   }));
 
 test('a Busy stream is resent when nothing was yielded', () =>

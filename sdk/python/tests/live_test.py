@@ -117,6 +117,16 @@ class LiveTest(unittest.TestCase):
 
         asyncio.run(main())
 
+    def test_a_burst_of_one_token_is_served_in_turn(self) -> None:
+        # More calls at once than the token's share of the API's channels (a quarter):
+        # the API queues the rest, and the client resends what is still Busy.
+        async def main() -> list:
+            async with zygo.aio.connect() as c:
+                return await asyncio.gather(*(c.call("echo", {"sleep": 1, "n": i}) for i in range(8)))
+
+        results = asyncio.run(main())
+        self.assertEqual([r.result["n"] for r in results], list(range(8)))
+
     def test_scripts_pools_tenants_tokens(self) -> None:
         pool = "sdkpy-" + self.uniq
         tenant = "t" + self.uniq

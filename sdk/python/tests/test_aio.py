@@ -134,6 +134,56 @@ class AsyncTest(unittest.TestCase):
         self.run_async(main())
         self.assertEqual(len(self.api.requests), 3)
 
+    def test_busy_is_resent_by_default_and_retry_busy_false_raises_it(self) -> None:
+        state = {"n": 0}
+
+        def handler(req):  # type: ignore[no-untyped-def]
+            state["n"] += 1
+            if state["n"] in (1, 3):
+                return Reply(status=429, body={"error": "busy", "code": "busy"}, headers={"Retry-After": "2"})
+            return Reply(body=RESULT)
+
+        self.api.handler = handler
+        slept: list = []
+
+        async def sleep(s: float) -> None:
+            slept.append(s)
+
+        async def main():  # type: ignore[no-untyped-def]
+            c = zygo.aio.connect(self.api.url)
+            c._sleep = sleep
+            self.assertEqual((await c.call("f")).result, {"ok": True})
+            off = zygo.aio.connect(self.api.url, retry_busy=False)
+            with self.assertRaises(zygo.Busy) as cm:
+                await off.for_tenant("acme").call("f")
+            self.assertEqual(cm.exception.retry_after, 2.0)
+
+        self.run_async(main())
+        self.assertEqual(slept, [2.0])
+        self.assertEqual(len(self.api.requests), 3)
+
+    def test_busy_is_resent_for_at_most_30_s(self) -> None:
+        self.api.handler = lambda req: Reply(status=429, body={"error": "busy", "code": "busy"}, headers={"Retry-After": "5"})
+        now = [0.0]
+
+        async def sleep(s: float) -> None:
+            now[0] += s
+
+        async def main():  # type: ignore[no-untyped-def]
+            c = zygo.aio.connect(self.api.url)
+            c._sleep, c._clock = sleep, lambda: now[0]
+            with self.assertRaises(zygo.Busy):
+                await c.call("f")
+            # A stream too, before anything was yielded.
+            with self.assertRaises(zygo.Busy):
+                async for _ in c.stream("f"):
+                    pass
+
+        self.run_async(main())
+        # Each sent at 0, 5, …, 30 s.
+        self.assertEqual(len(self.api.requests), 14)
+        self.assertEqual(now[0], 60.0)
+
     def test_cancelling_the_task_cancels_on_the_server_first(self) -> None:
         release = threading.Event()
 

@@ -1,4 +1,5 @@
 import unittest
+from typing import Optional
 
 import zygo_sdk as zygo
 
@@ -9,7 +10,8 @@ class ErrorMappingTest(unittest.TestCase):
     def setUp(self) -> None:
         self.api = FakeAPI()
         self.addCleanup(self.api.close)
-        self.c = zygo.connect(self.api.url)
+        # What each answer raises, as it comes (Busy is not sent again here).
+        self.c = zygo.connect(self.api.url, retry_busy=False)
 
     def answer(self, status: int, body: object, headers: dict = {}) -> zygo.ZygoError:
         self.api.handler = lambda req: Reply(status=status, body=body, headers=dict(headers))
@@ -96,30 +98,98 @@ class RetryTest(unittest.TestCase):
         self.api = FakeAPI()
         self.addCleanup(self.api.close)
         self.slept: list = []
+        # The client's clock: it moves only when the client sleeps (or a test says the
+        # server took its time), so the limits are exact.
+        self.now = 0.0
+
+    def sleep(self, s: float) -> None:
+        self.slept.append(s)
+        self.now += s
 
     def client(self, **kw: object) -> zygo.Client:
         c = zygo.connect(self.api.url, **kw)  # type: ignore[arg-type]
-        c._sleep = self.slept.append
+        c._sleep = self.sleep
+        c._clock = lambda: self.now
         return c
 
-    def refuse(self, n: int, status: int = 429, retry_after: str = "0") -> None:
+    def refuse(self, n: int, status: int = 429, retry_after: Optional[str] = "0", took: float = 0.0) -> None:
+        """The first ``n`` requests are refused, each after ``took`` seconds."""
         state = {"n": 0}
 
         def handler(req):  # type: ignore[no-untyped-def]
             state["n"] += 1
             if state["n"] <= n:
+                self.now += took
                 code = "busy" if status == 429 else "unavailable" if status == 503 else "handler"
-                return Reply(status=status, body={"error": code, "code": code}, headers={"Retry-After": retry_after})
+                headers = {"Retry-After": retry_after} if retry_after is not None else {}
+                return Reply(status=status, body={"error": code, "code": code}, headers=headers)
             return Reply(body=RESULT)
 
         self.api.handler = handler
 
-    def test_no_retries_by_default(self) -> None:
-        self.refuse(1)
+    def test_unavailable_is_not_resent_by_default(self) -> None:
+        self.refuse(1, status=503)
+        with self.assertRaises(zygo.Unavailable):
+            self.client().call("f")
+        self.assertEqual(len(self.api.requests), 1)
+        self.assertEqual(self.slept, [])
+
+    def test_busy_is_resent_by_default_after_its_retry_after(self) -> None:
+        self.refuse(2, retry_after="2")
+        r = self.client().call("f")
+        self.assertEqual(r.result, {"ok": True})
+        self.assertEqual(len(self.api.requests), 3)
+        self.assertEqual(self.slept, [2.0, 2.0])
+
+    def test_a_busy_wait_is_a_second_without_retry_after_and_at_most_five(self) -> None:
+        self.refuse(1, retry_after=None)
+        self.client().call("f")
+        self.refuse(1, retry_after="60")
+        self.client().call("f")
+        self.refuse(1, retry_after="0")
+        self.client().call("f")
+        self.assertEqual(self.slept, [1.0, 5.0, 0.1])
+
+    def test_retry_busy_false_raises_busy_as_it_comes(self) -> None:
+        self.refuse(1, retry_after="1")
+        with self.assertRaises(zygo.Busy) as cm:
+            self.client(retry_busy=False).call("f")
+        self.assertEqual(cm.exception.retry_after, 1.0)
+        self.assertEqual(len(self.api.requests), 1)
+        self.assertEqual(self.slept, [])
+
+    def test_busy_is_resent_for_at_most_30_s(self) -> None:
+        self.refuse(100, retry_after="2")
+        with self.assertRaises(zygo.Busy):
+            self.client().call("f")
+        # Sent at 0, 2, …, 30 s: the next would go out past 30 s after the first.
+        self.assertEqual(self.slept, [2.0] * 15)
+        self.assertEqual(len(self.api.requests), 16)
+
+    def test_busy_is_never_resent_past_the_calls_timeout(self) -> None:
+        self.refuse(100, retry_after="2")
+        with self.assertRaises(zygo.Busy):
+            self.client().call("f", timeout=5)
+        self.assertEqual(self.slept, [2.0, 2.0])
+        self.slept.clear()
+        self.api.requests.clear()
+        self.refuse(100, retry_after="2")
+        with self.assertRaises(zygo.Busy):
+            self.client(timeout=3).call("f")
+        self.assertEqual(self.slept, [2.0])
+
+    def test_a_busy_that_came_after_the_whole_wait_is_not_resent(self) -> None:
+        # The API held the request in its queue for 30 s before it said busy.
+        self.refuse(1, retry_after="1", took=30.0)
         with self.assertRaises(zygo.Busy):
             self.client().call("f")
         self.assertEqual(len(self.api.requests), 1)
         self.assertEqual(self.slept, [])
+
+    def test_retries_come_first_then_busy_is_resent(self) -> None:
+        self.refuse(3, retry_after="0")
+        self.client(retries=1, backoff=0.5).call("f")
+        self.assertEqual(self.slept, [0.5, 0.1, 0.1])
 
     def test_busy_is_resent_with_backoff_doubling(self) -> None:
         self.refuse(3)
@@ -141,7 +211,7 @@ class RetryTest(unittest.TestCase):
     def test_the_last_refusal_is_what_the_caller_sees(self) -> None:
         self.refuse(10, retry_after="1")
         with self.assertRaises(zygo.Busy) as cm:
-            self.client(retries=2, backoff=0.1).call("f")
+            self.client(retries=2, backoff=0.1, retry_busy=False).call("f")
         self.assertEqual(cm.exception.retry_after, 1.0)
         self.assertEqual(len(self.api.requests), 3)
 
@@ -160,6 +230,9 @@ class RetryTest(unittest.TestCase):
         c = self.client(retries=1, backoff=0.25)
         c.for_tenant("acme").call("f")
         self.assertEqual(self.slept, [0.25])
+        self.refuse(1)
+        with self.assertRaises(zygo.Busy):
+            self.client(retry_busy=False).for_tenant("acme").call("f")
 
 
 if __name__ == "__main__":

@@ -66,7 +66,8 @@ class StreamTest(unittest.TestCase):
             list(self.c.stream("render"))
         self.api.handler = lambda req: Stream([{"status": 429, "error": "busy", "code": "busy"}])
         with self.assertRaises(zygo.Busy):
-            list(self.c.stream("render"))
+            list(zygo.connect(self.api.url, retry_busy=False).stream("render"))
+        self.assertEqual(len(self.api.requests), 2)
 
     def test_a_busy_stream_is_resent_when_nothing_was_yielded(self) -> None:
         state = {"n": 0}
@@ -82,6 +83,34 @@ class StreamTest(unittest.TestCase):
         items = list(c.stream("render"))
         self.assertEqual([e.kind for e in items], ["stdout", "result"])
         self.assertEqual(len(self.api.requests), 2)
+
+    def test_a_busy_stream_is_resent_by_default_after_its_retry_after(self) -> None:
+        state = {"n": 0}
+
+        def handler(req):  # type: ignore[no-untyped-def]
+            state["n"] += 1
+            if state["n"] == 1:
+                return Reply(status=429, body={"error": "busy", "code": "busy"}, headers={"Retry-After": "2"})
+            if state["n"] == 2:
+                return Stream([{"status": 429, "error": "busy", "code": "busy", "retry_after": 3}])
+            return Stream([{"stream": "stdout", "data": "x"}, dict(RESULT, status=200)])
+
+        self.api.handler = handler
+        slept: list = []
+        self.c._sleep = slept.append
+        items = list(self.c.stream("render"))
+        self.assertEqual([e.kind for e in items], ["stdout", "result"])
+        self.assertEqual(slept, [2.0, 3.0])
+        self.assertEqual(len(self.api.requests), 3)
+
+    def test_a_busy_after_output_is_not_resent(self) -> None:
+        self.api.handler = lambda req: Stream([
+            {"stream": "stdout", "data": "x"},
+            {"status": 429, "error": "busy", "code": "busy"},
+        ])
+        with self.assertRaises(zygo.Busy):
+            list(self.c.stream("render"))
+        self.assertEqual(len(self.api.requests), 1)
 
     def test_a_stream_that_ends_without_its_result_is_a_transport_error(self) -> None:
         self.api.handler = lambda req: Stream([{"stream": "stdout", "data": "x"}])

@@ -52,6 +52,7 @@ def connect(
     *,
     retries: int = 0,
     backoff: float = 1.0,
+    retry_busy: bool = True,
     timeout: Optional[float] = None,
     tenant: Optional[str] = None,
     pool_size: int = 32,
@@ -61,13 +62,17 @@ def connect(
     ``http://127.0.0.1:7700``; ``unix:///path``, ``http://``, ``https://`` or ``host:port``)
     with ``token`` (else ``ZYGO_API_TOKEN``). ``retries`` resends a request refused as Busy
     or Unavailable, waiting the longer of the server's Retry-After and ``backoff`` seconds
-    doubled per attempt. ``timeout`` is the default wait of a call, in seconds. Nothing is
-    connected until the first request."""
+    doubled per attempt. Past those, ``retry_busy`` (on by default) resends a request
+    refused as Busy after the server's Retry-After (1 s without one; each wait at most
+    5 s) for up to 30 s after it was first sent, and never past its timeout: Busy means
+    nothing of it ran. ``retry_busy=False`` raises Busy as it comes. ``timeout`` is the
+    default wait of a call, in seconds. Nothing is connected until the first request."""
     return Client(
         url,
         token,
         retries=retries,
         backoff=backoff,
+        retry_busy=retry_busy,
         timeout=timeout,
         tenant=tenant,
         pool_size=pool_size,

@@ -16,8 +16,9 @@ import functools
 import inspect
 import os
 import ssl
+import time
 import uuid
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Awaitable, Callable, Dict, List, Optional, Tuple
 
 from ._http import (
     CONNECT_TIMEOUT,
@@ -179,6 +180,7 @@ class AsyncStream:
         self._finished = False
         self._yielded = False
         self._attempt = 0
+        self._began: Optional[float] = None
 
     def __aiter__(self) -> "AsyncStream":
         return self
@@ -207,6 +209,7 @@ class AsyncStream:
 
     async def _start(self) -> None:
         c = self._client
+        began = self._began = self._began if self._began is not None else c._clock()
         while True:
             conn, h = await c._exchange(self._op)
             if 200 <= h.status < 300:
@@ -219,11 +222,11 @@ class AsyncStream:
             finally:
                 conn.close()
             e = error_from_answer(h.status, body, retry_after(h), h.headers.get("x-zygo-request-id"))
-            if isinstance(e, (Busy, Unavailable)) and self._attempt < c.retries:
-                await asyncio.sleep(c._wait_before(self._attempt, e))
-                self._attempt += 1
-                continue
-            raise e
+            wait = c._again(e, self._attempt, self._op, began)
+            if wait is None:
+                raise e
+            await c._sleep(wait)
+            self._attempt += 1
 
     async def _next_line(self) -> Optional[bytes]:
         assert self._conn is not None and self._state is not None
@@ -276,9 +279,13 @@ class AsyncStream:
             try:
                 return final_item(final)
             except (Busy, Unavailable) as e:
-                if self._yielded or self._attempt >= self._client.retries:
+                # Sent again only when nothing of it was yielded (nothing ran).
+                c = self._client
+                began = self._began if self._began is not None else c._clock()
+                wait = None if self._yielded else c._again(e, self._attempt, self._op, began)
+                if wait is None:
                     raise
-                await asyncio.sleep(self._client._wait_before(self._attempt, e))
+                await c._sleep(wait)
                 self._attempt += 1
                 self._finished = False
                 self._lines, self._rest = [], b""
@@ -294,6 +301,7 @@ class AsyncClient(_Sending, Surface):
         *,
         retries: int = 0,
         backoff: float = 1.0,
+        retry_busy: bool = True,
         timeout: Optional[float] = None,
         tenant: Optional[str] = None,
         pool_size: int = 32,
@@ -310,8 +318,11 @@ class AsyncClient(_Sending, Surface):
         self._ssl = ssl_context
         self.retries = retries
         self.backoff = backoff
+        self.retry_busy = bool(retry_busy)
         self.timeout = timeout
         self._tenant = tenant
+        self._sleep: Callable[[float], Awaitable[None]] = asyncio.sleep
+        self._clock: Callable[[], float] = time.monotonic
 
     @property
     def url(self) -> str:
@@ -339,9 +350,16 @@ class AsyncClient(_Sending, Surface):
     def _view(self, tenant: str) -> "AsyncClient":
         if not isinstance(tenant, str) or not tenant:
             raise ValueError("for_tenant needs a tenant id")
-        return AsyncClient(
-            retries=self.retries, backoff=self.backoff, timeout=self.timeout, tenant=tenant, _shared=self._shared
+        c = AsyncClient(
+            retries=self.retries,
+            backoff=self.backoff,
+            retry_busy=self.retry_busy,
+            timeout=self.timeout,
+            tenant=tenant,
+            _shared=self._shared,
         )
+        c._sleep, c._clock = self._sleep, self._clock
+        return c
 
     async def _exchange(self, op: Op) -> Tuple[_AConn, Head]:
         if op.cancellable and op.key is None:
@@ -395,14 +413,15 @@ class AsyncClient(_Sending, Surface):
         raise error_from_answer(h.status, body, retry_after(h), h.headers.get("x-zygo-request-id"))
 
     async def _send(self, op: Op) -> Any:
-        attempt = 0
+        attempt, began = 0, self._clock()
         while True:
             try:
                 return await self._once(op)
             except (Busy, Unavailable) as e:
-                if attempt >= self.retries:
+                wait = self._again(e, attempt, op, began)
+                if wait is None:
                     raise
-                await asyncio.sleep(self._wait_before(attempt, e))
+                await self._sleep(wait)
                 attempt += 1
             except asyncio.CancelledError:
                 await self._cancel_on_server(op)
@@ -458,6 +477,7 @@ def connect(
     *,
     retries: int = 0,
     backoff: float = 1.0,
+    retry_busy: bool = True,
     timeout: Optional[float] = None,
     tenant: Optional[str] = None,
     pool_size: int = 32,
@@ -469,6 +489,7 @@ def connect(
         token,
         retries=retries,
         backoff=backoff,
+        retry_busy=retry_busy,
         timeout=timeout,
         tenant=tenant,
         pool_size=pool_size,

@@ -8,7 +8,7 @@ import socket
 import ssl
 import threading
 import time
-from typing import Any, Dict, Iterator, List, Optional, Tuple
+from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
 
 from . import __version__
 from ._http import (
@@ -30,6 +30,15 @@ from .types import Result, StreamEvent
 
 DEFAULT_WAIT = 60.0  # the API's own default wait (X-Zygo-Timeout-Ms)
 SLACK = 10.0  # how much longer than the API's wait the socket waits for an answer
+
+# A request refused as Busy (429: nothing of it ran) once ``retries`` are used up is sent
+# again while ``retry_busy`` is on: after the server's Retry-After (BUSY_WAIT without
+# one), each wait between BUSY_WAIT_MIN and BUSY_WAIT_MAX, for as long as the next send
+# comes within BUSY_FOR of the first, and within the call's own timeout when it has one.
+BUSY_WAIT = 1.0
+BUSY_WAIT_MIN = 0.1
+BUSY_WAIT_MAX = 5.0
+BUSY_FOR = 30.0
 
 
 def retry_after(head: Head) -> Optional[float]:
@@ -104,14 +113,21 @@ class _Sending:
     _shared: _Shared
     _tenant: Optional[str]
     timeout: Optional[float]
+    retries: int
     backoff: float
+    retry_busy: bool
+    _clock: Callable[[], float]
+
+    def _timeout_of(self, op: Op) -> Optional[float]:
+        """The timeout ``op`` is sent with (``X-Zygo-Timeout-Ms``), if any."""
+        return op.timeout if op.timeout is not None else self.timeout if op.cancellable else None
 
     def _request_bytes(self, op: Op) -> Tuple[bytes, float]:
         headers = list(self._shared.base_headers)
         if self._tenant:
             headers.append(("X-Zygo-Tenant", self._tenant))
         wait = op.wait if op.wait is not None else DEFAULT_WAIT
-        timeout = op.timeout if op.timeout is not None else self.timeout if op.cancellable else None
+        timeout = self._timeout_of(op)
         if timeout is not None:
             if timeout <= 0:
                 raise ValueError("timeout must be a positive number of seconds")
@@ -127,6 +143,27 @@ class _Sending:
     def _wait_before(self, attempt: int, e: ZygoError) -> float:
         return max(e.retry_after or 0.0, self.backoff * (2**attempt))
 
+    def _again(self, e: ZygoError, attempt: int, op: Op, began: float) -> Optional[float]:
+        """How long to wait before sending ``op`` again after refusal ``e`` (its
+        ``attempt``-th, counting from 0; ``began``: when it was first sent, on
+        ``self._clock``), or None to raise ``e``. Only Busy and Unavailable are ever sent
+        again: both mean the request never ran."""
+        if not isinstance(e, (Busy, Unavailable)):
+            return None
+        if attempt < self.retries:
+            return self._wait_before(attempt, e)
+        if not isinstance(e, Busy) or not self.retry_busy:
+            return None
+        wait = e.retry_after if e.retry_after is not None else BUSY_WAIT
+        wait = min(max(wait, BUSY_WAIT_MIN), BUSY_WAIT_MAX)
+        limit = BUSY_FOR
+        timeout = self._timeout_of(op)
+        if timeout is not None:
+            limit = min(limit, timeout)
+        if self._clock() - began + wait > limit:
+            return None
+        return wait
+
 
 
 class Client(_Sending, Surface):
@@ -140,6 +177,7 @@ class Client(_Sending, Surface):
         *,
         retries: int = 0,
         backoff: float = 1.0,
+        retry_busy: bool = True,
         timeout: Optional[float] = None,
         tenant: Optional[str] = None,
         pool_size: int = 32,
@@ -155,9 +193,11 @@ class Client(_Sending, Surface):
         self._shared = _shared
         self.retries = retries
         self.backoff = backoff
+        self.retry_busy = bool(retry_busy)
         self.timeout = timeout
         self._tenant = tenant
         self._sleep = time.sleep
+        self._clock = time.monotonic
 
     # -- the client itself --
 
@@ -187,8 +227,15 @@ class Client(_Sending, Surface):
     def _view(self, tenant: str) -> "Client":
         if not isinstance(tenant, str) or not tenant:
             raise ValueError("for_tenant needs a tenant id")
-        c = Client(retries=self.retries, backoff=self.backoff, timeout=self.timeout, tenant=tenant, _shared=self._shared)
-        c._sleep = self._sleep
+        c = Client(
+            retries=self.retries,
+            backoff=self.backoff,
+            retry_busy=self.retry_busy,
+            timeout=self.timeout,
+            tenant=tenant,
+            _shared=self._shared,
+        )
+        c._sleep, c._clock = self._sleep, self._clock
         return c
 
     # -- sending --
@@ -243,21 +290,22 @@ class Client(_Sending, Surface):
         raise error_from_answer(head.status, body, retry_after(head), head.headers.get("x-zygo-request-id"))
 
     def _send(self, op: Op) -> Any:
-        attempt = 0
+        attempt, began = 0, self._clock()
         while True:
             try:
                 return self._once(op)
             except (Busy, Unavailable) as e:
-                if attempt >= self.retries:
+                wait = self._again(e, attempt, op, began)
+                if wait is None:
                     raise
-                self._sleep(self._wait_before(attempt, e))
+                self._sleep(wait)
                 attempt += 1
 
     def _stream(self, op: Op) -> Iterator[StreamEvent]:
         return self._stream_gen(op)
 
     def _stream_gen(self, op: Op) -> Iterator[StreamEvent]:
-        attempt = 0
+        attempt, began = 0, self._clock()
         while True:
             data, read_timeout = self._request_bytes(op)
             conn, head = self._exchange(data, read_timeout)
@@ -277,9 +325,11 @@ class Client(_Sending, Surface):
                     return
                 raise TransportError("the stream ended before its result")
             except (Busy, Unavailable) as e:
-                if yielded or attempt >= self.retries:
+                # Sent again only when nothing of it was yielded (nothing ran).
+                wait = None if yielded else self._again(e, attempt, op, began)
+                if wait is None:
                     raise
-                self._sleep(self._wait_before(attempt, e))
+                self._sleep(wait)
                 attempt += 1
             except OSError as e:
                 raise TransportError(f"the stream from {self._shared.addr} broke: {e}") from None

@@ -88,7 +88,8 @@ class NotFound(ZygoError):
 
 class Busy(ZygoError):
     """429: refused before anything ran, so sending it again is safe. ``retry_after`` says
-    when."""
+    when. The clients send it again themselves unless ``retry_busy=False``: raised, it
+    was refused for 30 s, or until the call's timeout."""
 
     kind = "busy"
 

@@ -4,7 +4,11 @@
 //! - [`Shares`]: the channels to the supervisor one caller may hold at once: a tenant,
 //!   however it is named (any of its tokens, with or without `X-Zygo-Tenant` naming it,
 //!   or an operator acting for it), or, acting for no tenant, a token. Past its share a
-//!   caller is answered 429 at once.
+//!   caller's request waits, in turn behind that caller's other waiting requests, for one
+//!   of its own channels to be free (for a bounded time: see `handlers::SHARE_WAIT`); one
+//!   that waited in vain is answered 429, and one whose client hung up leaves the line
+//!   unsent. A waiting request holds one of its caller's [`Places`], so the requests one
+//!   caller has waiting are bounded by those.
 //! - [`Places`]: the requests being served at once (from the head's arrival until the
 //!   answer is written: reading the body, waiting on the supervisor, writing the answer),
 //!   per credential, per peer address, and in all. Past a share a request is refused at
@@ -15,7 +19,7 @@
 //!   round trip at most once every few seconds per credential). The supervisor still
 //!   judges every request itself: the cache only decides whether a body is worth reading.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::net::IpAddr;
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
@@ -48,15 +52,43 @@ impl Party {
     }
 }
 
-/// Channels held per caller.
+/// Channels held per caller, and the requests of each caller waiting, in turn, for one of
+/// its own to be free.
 pub struct Shares {
     inner: Arc<Held>,
 }
 
 struct Held {
-    held: Mutex<HashMap<Party, usize>>,
+    state: Mutex<SharesState>,
     cv: Condvar,
     per: usize,
+}
+
+#[derive(Default)]
+struct SharesState {
+    parties: HashMap<Party, PartyShare>,
+    /// The next waiting request's ticket.
+    next: u64,
+}
+
+/// What one caller holds, and its requests waiting for a share, first come first.
+#[derive(Default)]
+struct PartyShare {
+    held: usize,
+    waiting: VecDeque<u64>,
+}
+
+impl SharesState {
+    /// Forget `who` once it holds nothing and nobody of it waits.
+    fn tidy(&mut self, who: &Party) {
+        if self
+            .parties
+            .get(who)
+            .is_some_and(|p| p.held == 0 && p.waiting.is_empty())
+        {
+            self.parties.remove(who);
+        }
+    }
 }
 
 /// One of a caller's leases; given back when dropped. It may outlive the request that
@@ -72,7 +104,7 @@ impl Shares {
     pub fn new(per: usize) -> Shares {
         Shares {
             inner: Arc::new(Held {
-                held: Mutex::new(HashMap::new()),
+                state: Mutex::new(SharesState::default()),
                 cv: Condvar::new(),
                 per: per.max(1),
             }),
@@ -84,27 +116,71 @@ impl Shares {
     }
 
     /// One of `who`'s leases. `wait_until`: `None` refuses at once when `who` holds its
-    /// share; `Some` waits (for the caller's own leases to end) until then.
+    /// share (or has requests waiting for one, which go first); `Some` waits in turn
+    /// behind them (for the caller's own leases to end, never another caller's) until
+    /// then. `None` when no lease came.
     pub fn take(&self, who: &Party, wait_until: Option<Instant>) -> Option<Share> {
-        let k = who.clone();
+        self.take_unless(who, wait_until, &|| false)
+    }
+
+    /// [`Shares::take`], leaving the line early once `gone()` says the request's client
+    /// hung up (asked every [`GONE_EVERY`] while it waits): a request nobody waits for
+    /// is not sent later.
+    pub fn take_unless(
+        &self,
+        who: &Party,
+        wait_until: Option<Instant>,
+        gone: &dyn Fn() -> bool,
+    ) -> Option<Share> {
         let s = &self.inner;
-        let mut held = s.held.lock().unwrap_or_else(|p| p.into_inner());
+        let mut st = s.state.lock().unwrap_or_else(|p| p.into_inner());
+        let mut ticket: Option<u64> = None;
         loop {
-            let n = held.entry(k.clone()).or_insert(0);
-            if *n < s.per {
-                *n += 1;
+            let next = st.next;
+            let p = st.parties.entry(who.clone()).or_default();
+            let turn = match ticket {
+                None => p.waiting.is_empty(),
+                Some(t) => p.waiting.front() == Some(&t),
+            };
+            if turn && p.held < s.per {
+                if ticket.is_some() {
+                    p.waiting.pop_front();
+                }
+                p.held += 1;
+                // Two leases may have ended at once: the next in line looks again.
+                let more = p.held < s.per && !p.waiting.is_empty();
+                drop(st);
+                if more {
+                    s.cv.notify_all();
+                }
                 return Some(Share {
                     shares: s.clone(),
-                    key: k,
+                    key: who.clone(),
                 });
             }
-            let until = wait_until?;
             let now = Instant::now();
-            if now >= until {
-                return None;
+            let until = match wait_until {
+                Some(until) if now < until && !(ticket.is_some() && gone()) => until,
+                _ => {
+                    if let Some(t) = ticket {
+                        p.waiting.retain(|w| *w != t);
+                    }
+                    st.tidy(who);
+                    drop(st);
+                    // Whoever was behind this request may be first now.
+                    if ticket.is_some() {
+                        s.cv.notify_all();
+                    }
+                    return None;
+                }
+            };
+            if ticket.is_none() {
+                p.waiting.push_back(next);
+                ticket = Some(next);
+                st.next = next.wrapping_add(1);
             }
-            held =
-                s.cv.wait_timeout(held, until - now)
+            st =
+                s.cv.wait_timeout(st, (until - now).min(GONE_EVERY))
                     .unwrap_or_else(|p| p.into_inner())
                     .0;
         }
@@ -113,17 +189,18 @@ impl Shares {
 
 impl Drop for Share {
     fn drop(&mut self) {
-        let mut held = self.shares.held.lock().unwrap_or_else(|p| p.into_inner());
-        if let Some(n) = held.get_mut(&self.key) {
-            *n = n.saturating_sub(1);
-            if *n == 0 {
-                held.remove(&self.key);
-            }
+        let mut st = self.shares.state.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(p) = st.parties.get_mut(&self.key) {
+            p.held = p.held.saturating_sub(1);
         }
-        drop(held);
+        st.tidy(&self.key);
+        drop(st);
         self.shares.cv.notify_all();
     }
 }
+
+/// How often a request waiting for its caller's share looks whether its client hung up.
+pub const GONE_EVERY: Duration = Duration::from_millis(200);
 
 /// Requests being served per caller, per peer address, and in all.
 pub struct Places {
@@ -347,6 +424,157 @@ mod tests {
         assert!(waited.elapsed() >= Duration::from_millis(50));
         drop(a1);
         assert!(s.take(&who("a"), None).is_some());
+    }
+
+    #[test]
+    fn a_caller_over_its_share_waits_for_its_own_lease() {
+        let s = Arc::new(Shares::new(1));
+        let held = s.take(&party("a"), None).unwrap();
+        let waiter = {
+            let s = s.clone();
+            std::thread::spawn(move || {
+                s.take(&party("a"), Some(Instant::now() + Duration::from_secs(60)))
+                    .is_some()
+            })
+        };
+        // Another caller's lease neither helps nor hinders it.
+        wait_until_waiting(&s, &party("a"), 1);
+        drop(s.take(&party("b"), None).unwrap());
+        assert!(!waiter.is_finished());
+        drop(held);
+        assert!(waiter.join().unwrap());
+        assert!(s.inner.state.lock().unwrap().parties.is_empty());
+    }
+
+    #[test]
+    fn waiting_callers_are_served_in_turn() {
+        let s = Arc::new(Shares::new(1));
+        let held = s.take(&party("a"), None).unwrap();
+        let order = Arc::new(Mutex::new(Vec::new()));
+        let mut waiters = Vec::new();
+        for i in 0..4 {
+            let (shares, order) = (s.clone(), order.clone());
+            waiters.push(std::thread::spawn(move || {
+                let share = shares
+                    .take(&party("a"), Some(Instant::now() + Duration::from_secs(60)))
+                    .unwrap();
+                order.lock().unwrap().push(i);
+                drop(share);
+            }));
+            // Each is in line before the next comes.
+            wait_until_waiting(&s, &party("a"), i + 1);
+        }
+        drop(held);
+        for w in waiters {
+            w.join().unwrap();
+        }
+        assert_eq!(*order.lock().unwrap(), [0, 1, 2, 3]);
+        assert!(s.inner.state.lock().unwrap().parties.is_empty());
+    }
+
+    #[test]
+    fn a_request_that_would_not_wait_does_not_pass_those_in_line() {
+        let s = Arc::new(Shares::new(1));
+        let held = s.take(&party("a"), None).unwrap();
+        let waiter = {
+            let s = s.clone();
+            std::thread::spawn(move || {
+                s.take(&party("a"), Some(Instant::now() + Duration::from_secs(60)))
+                    .is_some()
+            })
+        };
+        wait_until_waiting(&s, &party("a"), 1);
+        // The lease ends without the one in line being told yet: a request that came
+        // now, not waiting, is still refused (the one in line goes first).
+        std::mem::forget(held);
+        s.inner
+            .state
+            .lock()
+            .unwrap()
+            .parties
+            .get_mut(&party("a"))
+            .unwrap()
+            .held = 0;
+        assert!(s.take(&party("a"), None).is_none());
+        s.inner.cv.notify_all();
+        assert!(waiter.join().unwrap());
+        assert!(s.inner.state.lock().unwrap().parties.is_empty());
+    }
+
+    #[test]
+    fn a_wait_that_ends_in_vain_leaves_the_line() {
+        let s = Arc::new(Shares::new(1));
+        let held = s.take(&party("a"), None).unwrap();
+        // The first in line gives up; the one behind it is served once a lease ends.
+        let first = {
+            let s = s.clone();
+            std::thread::spawn(move || {
+                s.take(
+                    &party("a"),
+                    Some(Instant::now() + Duration::from_millis(100)),
+                )
+                .is_some()
+            })
+        };
+        wait_until_waiting(&s, &party("a"), 1);
+        let second = {
+            let s = s.clone();
+            std::thread::spawn(move || {
+                s.take(&party("a"), Some(Instant::now() + Duration::from_secs(60)))
+                    .is_some()
+            })
+        };
+        assert!(!first.join().unwrap());
+        drop(held);
+        assert!(second.join().unwrap());
+        assert!(s.inner.state.lock().unwrap().parties.is_empty());
+    }
+
+    #[test]
+    fn a_request_whose_client_hung_up_leaves_the_line() {
+        use std::sync::atomic::{AtomicBool, Ordering};
+        let s = Arc::new(Shares::new(1));
+        let held = s.take(&party("a"), None).unwrap();
+        let hung_up = Arc::new(AtomicBool::new(false));
+        let waiter = {
+            let (s, hung_up) = (s.clone(), hung_up.clone());
+            std::thread::spawn(move || {
+                let t0 = Instant::now();
+                let got = s.take_unless(
+                    &party("a"),
+                    Some(Instant::now() + Duration::from_secs(60)),
+                    &|| hung_up.load(Ordering::Acquire),
+                );
+                (got.is_some(), t0.elapsed())
+            })
+        };
+        wait_until_waiting(&s, &party("a"), 1);
+        hung_up.store(true, Ordering::Release);
+        let (got, waited) = waiter.join().unwrap();
+        assert!(!got);
+        assert!(waited < Duration::from_secs(30), "{waited:?}");
+        drop(held);
+        assert!(s.inner.state.lock().unwrap().parties.is_empty());
+    }
+
+    /// Wait until `n` of `who`'s requests are in line.
+    fn wait_until_waiting(s: &Shares, who: &Party, n: usize) {
+        let until = Instant::now() + Duration::from_secs(30);
+        loop {
+            let waiting = s
+                .inner
+                .state
+                .lock()
+                .unwrap()
+                .parties
+                .get(who)
+                .map_or(0, |p| p.waiting.len());
+            if waiting == n {
+                return;
+            }
+            assert!(Instant::now() < until, "{waiting} waiting, not {n}");
+            std::thread::sleep(Duration::from_millis(1));
+        }
     }
 
     #[test]

@@ -60,6 +60,11 @@ pub const MIN_BODY_RATE: usize = 64 * 1024;
 /// The longest a request waits for a free channel to the supervisor before it is answered
 /// 429 (never the caller's own deadline: a worker waiting is a worker nobody else has).
 pub const ACQUIRE_WAIT: Duration = Duration::from_secs(2);
+/// The longest a request whose caller holds its share of the channels to the supervisor
+/// waits (never past its own deadline) for one of them to be free before it is answered
+/// 429: long enough for a burst of a caller's calls to be served in turn, short enough
+/// that a caller whose calls never end hears so.
+pub const SHARE_WAIT: Duration = Duration::from_secs(30);
 /// How long the supervisor may take to say who a caller is, before its body is read.
 pub const AUTH_WAIT: Duration = Duration::from_secs(10);
 /// Beyond the caller's deadline, how long the front waits for the supervisor's answer to a

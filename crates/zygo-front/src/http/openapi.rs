@@ -391,7 +391,7 @@ fn error_text(status: u16) -> &'static str {
         409 => "The name is taken by the other kind, or (DELETE /deps/{id}) the set is in use or building (conflict).",
         413 => "The body is over 16 MiB (too_large).",
         422 => "A limit above every ceiling the tenant can reach (above_ceiling).",
-        429 => "Refused before anything ran (busy): every channel to the supervisor is in use, the caller holds its share of them (a quarter), or the caller or its address has its share of the front's workers (a quarter: 16 requests being served); retry after Retry-After seconds.",
+        429 => "Refused before anything ran (busy): every channel to the supervisor stayed in use for 2 s; the caller holds its share of them (a quarter) and none came free while the request waited its turn (until its deadline, at most 30 s); the caller or its address has its share of the front's workers (a quarter: 16 requests being served); or the supervisor is at a limit of its own (a function's zygotes, a tenant's share of them, runs, dependency builds, the store). Safe to send again after Retry-After seconds.",
         431 => "A header line over 8 KiB, or more than 100 headers.",
         499 => "Cancelled (cancelled).",
         500 => "The handler failed (handler), or Zygo did (internal).",

@@ -10,10 +10,12 @@ defmodule Zygo.Client do
             tenant: nil,
             retries: 0,
             backoff: 1_000,
+            retry_busy: true,
             timeout: nil,
             pool_size: 32,
             ssl: [],
-            sleep: nil
+            sleep: nil,
+            clock: nil
 
   @type t :: %__MODULE__{}
 end
@@ -23,13 +25,23 @@ defmodule Zygo.HTTP do
   # Sending one request through the pool: a reused connection that turns out closed before
   # the first byte of the answer is replaced by a fresh one, once; anything else that goes
   # wrong on the connection is a :transport error. Busy and Unavailable are resent when the
-  # client has retries.
+  # client has retries; past them, Busy is resent while retry_busy is on (see again/5).
 
   alias Zygo.{Conn, Error, JSON, Pool}
 
   @default_wait 60_000
   @slack 10_000
   @connect_timeout 10_000
+
+  # A request refused as Busy (429: nothing of it ran) once `retries` are used up is sent
+  # again while `retry_busy` is on: after the server's Retry-After (@busy_wait without
+  # one), each wait between @busy_wait_min and @busy_wait_max, for as long as the next send
+  # comes within @busy_for of the first, and within the call's own timeout when it has
+  # one. Milliseconds.
+  @busy_wait 1_000
+  @busy_wait_min 100
+  @busy_wait_max 5_000
+  @busy_for 30_000
 
   defmodule Op do
     @moduledoc false
@@ -45,10 +57,13 @@ defmodule Zygo.HTTP do
               wait: nil
   end
 
+  @doc "The timeout (ms) `op` is sent with (`X-Zygo-Timeout-Ms`), or nil."
+  def timeout_of(client, %Op{} = op), do: op.timeout || if(op.cancellable, do: client.timeout)
+
   def request_bytes(client, %Op{} = op) do
     headers = client.base_headers
     headers = if client.tenant, do: headers ++ [{"X-Zygo-Tenant", client.tenant}], else: headers
-    timeout = op.timeout || if(op.cancellable, do: client.timeout)
+    timeout = timeout_of(client, op)
 
     {headers, wait} =
       if timeout do
@@ -104,14 +119,45 @@ defmodule Zygo.HTTP do
   end
 
   @doc "Sends `op` with the client's retries; `{:ok, value}` or `{:error, %Error{}}`."
-  def send_op(client, op, attempt \\ 0) do
+  def send_op(client, op), do: send_op(client, op, 0, client.clock.())
+
+  defp send_op(client, op, attempt, began) do
     case once(client, op) do
-      {:error, %Error{kind: kind} = e} when kind in [:busy, :unavailable] and attempt < client.retries ->
-        client.sleep.(max(e.retry_after || 0, client.backoff * Integer.pow(2, attempt)))
-        send_op(client, op, attempt + 1)
+      {:error, %Error{} = e} = refused ->
+        case again(client, e, attempt, op, began) do
+          nil ->
+            refused
+
+          wait ->
+            client.sleep.(wait)
+            send_op(client, op, attempt + 1, began)
+        end
 
       other ->
         other
+    end
+  end
+
+  @doc """
+  How long (ms) to wait before sending `op` again after refusal `e` (its `attempt`-th,
+  counting from 0; `began`: when it was first sent, on `client.clock`), or nil to return
+  `e`. Only Busy and Unavailable are ever sent again: both mean the request never ran.
+  """
+  def again(client, %Error{kind: kind} = e, attempt, op, began) do
+    cond do
+      kind not in [:busy, :unavailable] ->
+        nil
+
+      attempt < client.retries ->
+        max(e.retry_after || 0, client.backoff * Integer.pow(2, attempt))
+
+      kind != :busy or not client.retry_busy ->
+        nil
+
+      true ->
+        wait = (e.retry_after || @busy_wait) |> max(@busy_wait_min) |> min(@busy_wait_max)
+        limit = min(@busy_for, timeout_of(client, op) || @busy_for)
+        if client.clock.() - began + wait > limit, do: nil, else: wait
     end
   end
 

@@ -20,7 +20,8 @@ defmodule Zygo.Streaming do
           rest: "",
           lines: [],
           yielded: false,
-          deadline: nil
+          deadline: nil,
+          began: nil
         }
       end,
       &next/1,
@@ -40,7 +41,7 @@ defmodule Zygo.Streaming do
     {data, read_timeout} = HTTP.request_bytes(st.client, st.op)
     deadline = System.monotonic_time(:millisecond) + read_timeout
     {:ok, ref, conn} = Pool.checkout(st.client.pool)
-    st = %{st | ref: ref, deadline: deadline}
+    st = %{st | ref: ref, deadline: deadline, began: st.began || st.client.clock.()}
 
     case HTTP.exchange(st.client, conn, data, deadline) do
       {:ok, status, headers, conn} when status in 200..299 ->
@@ -135,14 +136,16 @@ defmodule Zygo.Streaming do
     end
   end
 
-  # A refusal: resent when it is Busy/Unavailable, nothing was yielded and retries are left.
-  defp refusal(st, %Error{kind: kind} = e) do
-    if kind in [:busy, :unavailable] and not st.yielded and st.attempt < st.client.retries do
-      finish(st)
-      st.client.sleep.(max(e.retry_after || 0, st.client.backoff * Integer.pow(2, st.attempt)))
-      next(%{st | attempt: st.attempt + 1, phase: :start, ref: nil, conn: nil, rest: "", lines: []})
-    else
-      {[{:error, e}], done(st)}
+  # A refusal: resent as HTTP.again/5 says, and only when nothing was yielded (nothing ran).
+  defp refusal(st, %Error{} = e) do
+    case if(st.yielded, do: nil, else: HTTP.again(st.client, e, st.attempt, st.op, st.began)) do
+      nil ->
+        {[{:error, e}], done(st)}
+
+      wait ->
+        finish(st)
+        st.client.sleep.(wait)
+        next(%{st | attempt: st.attempt + 1, phase: :start, ref: nil, conn: nil, rest: "", lines: []})
     end
   end
 

@@ -14,8 +14,8 @@ use serde_json::value::RawValue;
 use serde_json::{json, Value};
 
 use super::{
-    ask, ask_until, ask_with, call_deadline, encode_object, encoded_len, exec_answer,
-    function_info, joined, ms_left, name, unexpected,
+    ask, ask_with, call_deadline, encode_object, encoded_len, exec_answer, function_info, joined,
+    ms_left, name, share_wait, unexpected, ShareWait,
 };
 use crate::http::answer::Paced;
 use crate::http::{body, ok, Call, Front, HttpError, Out};
@@ -218,11 +218,12 @@ pub fn exec(front: &Front, call: &mut Call, req: ExecRequest) -> Out {
     if req.stream {
         return exec_stream(front, call, req);
     }
-    match ask_until(
+    match ask_with(
         front,
         &call.who,
         Request::Exec(req),
         call_deadline(call),
+        share_wait(call),
         |_| {},
     ) {
         Ok(Reply::Answer(a)) => {
@@ -254,6 +255,8 @@ fn exec_stream(front: &Front, call: &mut Call, req: ExecRequest) -> Out {
     let Some(rq) = call.rq.take() else {
         return Out::Done;
     };
+    // The connection stays open while the writer made of `rq` lives (through the call).
+    let wait = ShareWait::until(call.deadline, rq.connection_fd());
     let chunked = *rq.http_version() >= (1, 1);
     let answered = Arc::new(OnceLock::new());
     let mut w = Paced::from_when(rq, answered.clone());
@@ -300,11 +303,12 @@ fn exec_stream(front: &Front, call: &mut Call, req: ExecRequest) -> Out {
             }
         });
         let mut cut = false;
-        let result = ask_until(
+        let result = ask_with(
             front,
             &call.who,
             Request::Exec(req),
             call_deadline(call),
+            wait,
             |ev| {
                 if cut {
                     return;
@@ -609,14 +613,11 @@ fn batch_one(
     };
     let deadline = Instant::now() + left + crate::http::ANSWER_GRACE;
     // An element waits for one of its own caller's leases (never another caller's).
-    match ask_with(
-        front,
-        who,
-        Request::Exec(req),
-        deadline,
-        Some(deadline),
-        |_| {},
-    ) {
+    let wait = ShareWait {
+        until: Some(deadline),
+        client: None,
+    };
+    match ask_with(front, who, Request::Exec(req), deadline, wait, |_| {}) {
         Ok(Reply::Answer(a)) => Ok(a),
         Ok(r) => Err(unexpected(&r)),
         Err(e) => Err(e),

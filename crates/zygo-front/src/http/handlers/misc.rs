@@ -7,7 +7,7 @@ use proto::front::{Reply, Request};
 use serde::Deserialize;
 use serde_json::json;
 
-use super::{ask, ask_until, unexpected};
+use super::{ask, ask_with, share_wait, unexpected, ShareWait};
 use crate::http::{body, check_key, ok, Call, Front, HttpError, Out};
 
 /// `GET /healthz`: no token; the front asks the supervisor for its condition.
@@ -17,7 +17,15 @@ pub fn healthz(front: &Front, call: &mut Call) -> Out {
         tenant: None,
     };
     let deadline = Instant::now() + Duration::from_secs(10).min(call.left());
-    match ask_until(front, &call.who, Request::Health, deadline, |_| {}) {
+    // Never waits for a share: a health check says how things are now.
+    match ask_with(
+        front,
+        &call.who,
+        Request::Health,
+        deadline,
+        ShareWait::NOT,
+        |_| {},
+    ) {
         Ok(Reply::Health(h)) => {
             if h.stopping {
                 Out::Json(503, json!({"status": "stopping"}), Some(5))
@@ -112,7 +120,8 @@ pub fn drain(front: &Front, call: &mut Call) -> Out {
     let req = Request::Drain {
         grace_ms: grace * 1000,
     };
-    match ask_until(front, &call.who, req, deadline, |_| {}) {
+    let wait = share_wait(call);
+    match ask_with(front, &call.who, req, deadline, wait, |_| {}) {
         Ok(Reply::Drained { cut_off, .. }) => ok(json!({ "drained": true, "in_flight": cut_off })),
         Ok(r) => unexpected(&r).into(),
         Err(e) => e.into(),

@@ -13,6 +13,7 @@ pub mod secrets;
 pub mod tenants;
 pub mod tokens;
 
+use std::os::fd::RawFd;
 use std::time::{Duration, Instant};
 
 use proto::api::{Credentials, TenantInfo, TenantLimits};
@@ -20,34 +21,82 @@ use proto::front::{ExecAnswer, ExecEvent, FunctionInfo, Outcome, Reply, Request}
 use serde_json::{json, Value};
 
 use super::channel::ChanError;
-use super::{Call, Front, HttpError, ACQUIRE_WAIT, ANSWER_GRACE, AUTH_WAIT};
+use super::{Call, Front, HttpError, ACQUIRE_WAIT, ANSWER_GRACE, AUTH_WAIT, SHARE_WAIT};
 
-/// Ask the supervisor, waiting until the caller's deadline plus [`ANSWER_GRACE`].
+/// Ask the supervisor, waiting until the caller's deadline plus [`ANSWER_GRACE`]; a
+/// caller holding its share of the channels waits its turn (see [`share_wait`]).
 pub fn ask(front: &Front, call: &Call, req: Request) -> Result<Reply, HttpError> {
-    ask_until(front, &call.who, req, call.deadline + ANSWER_GRACE, |_| {})
+    ask_with(
+        front,
+        &call.who,
+        req,
+        call.deadline + ANSWER_GRACE,
+        share_wait(call),
+        |_| {},
+    )
+}
+
+/// How a request whose caller holds its share of the channels waits for one of its own.
+#[derive(Debug, Clone, Copy)]
+pub struct ShareWait {
+    /// Until when; `None`: not at all (refused at once).
+    pub until: Option<Instant>,
+    /// The connection of the request's client: a request whose client hung up while it
+    /// waited leaves the line, and nothing of it is sent.
+    pub client: Option<RawFd>,
+}
+
+impl ShareWait {
+    /// Refused at once (a health check says how things are now).
+    pub const NOT: ShareWait = ShareWait {
+        until: None,
+        client: None,
+    };
+
+    /// Until `deadline` (the caller's), and at most [`SHARE_WAIT`]. Its worker waits
+    /// with it, one of its caller's places (see `fair::Places`): a caller's waiting
+    /// requests are bounded by those.
+    pub fn until(deadline: Instant, client: Option<RawFd>) -> ShareWait {
+        ShareWait {
+            until: Some(deadline.min(Instant::now() + SHARE_WAIT)),
+            client,
+        }
+    }
+}
+
+/// How `call` waits for its caller's share: until its deadline, at most [`SHARE_WAIT`],
+/// and not once its client hung up.
+pub fn share_wait(call: &Call) -> ShareWait {
+    ShareWait::until(
+        call.deadline,
+        call.rq.as_ref().and_then(|rq| rq.connection_fd()),
+    )
+}
+
+/// Whether the client on `fd` hung up (or shut its sending side, which a client waiting
+/// for its answer does not do).
+fn hung_up(fd: RawFd) -> bool {
+    let mut p = libc::pollfd {
+        fd,
+        events: libc::POLLRDHUP,
+        revents: 0,
+    };
+    // SAFETY: poll, without waiting, on one pollfd of a descriptor the request being
+    // served holds open.
+    let r = unsafe { libc::poll(&mut p, 1, 0) };
+    r > 0 && p.revents & (libc::POLLRDHUP | libc::POLLHUP | libc::POLLERR) != 0
 }
 
 /// Ask, with a deadline of its own and events passed on. A refusal (`Reply::Error`) is
-/// returned as the error it maps to. A caller already holding its share of the channels
-/// is answered 429 at once.
-pub fn ask_until(
-    front: &Front,
-    who: &Credentials,
-    req: Request,
-    deadline: Instant,
-    on_event: impl FnMut(ExecEvent),
-) -> Result<Reply, HttpError> {
-    ask_with(front, who, req, deadline, None, on_event)
-}
-
-/// [`ask_until`], and `share_wait`: how long to wait for one of the caller's own leases
-/// when it holds its share (`None`: refuse at once).
+/// returned as the error it maps to. `wait`: how to wait for one of the caller's own
+/// leases when it holds its share, in turn behind its other waiting requests; see
+/// [`ShareWait`]. An exec that waited is sent with what is left of its timeout.
 pub fn ask_with(
     front: &Front,
     who: &Credentials,
     req: Request,
     deadline: Instant,
-    share_wait: Option<Instant>,
+    wait: ShareWait,
     on_event: impl FnMut(ExecEvent),
 ) -> Result<Reply, HttpError> {
     // A share is the caller's as the supervisor says who it is: a tenant has one,
@@ -56,21 +105,27 @@ pub fn ask_with(
         Request::Health => super::fair::Party::of(who, None),
         _ => authenticate(front, who)?,
     };
-    let share = front.shares.take(&party, share_wait).ok_or_else(|| {
-        HttpError::new(
-            429,
-            "busy",
-            format!(
-                "this caller has {} requests in flight already (its share of zygo api's channels to the supervisor); retry when one is done",
-                front.shares.per()
-            ),
-        )
-    })?;
-    let req = Request::Api {
-        who: who.clone(),
-        request: Box::new(req),
+    let asked = Instant::now();
+    let gone = || wait.client.is_some_and(hung_up);
+    let Some(share) = front.shares.take_unless(&party, wait.until, &gone) else {
+        if gone() {
+            log::debug!("a request left the line for its caller's share: its client hung up");
+            return Err(HttpError::new(
+                499,
+                "cancelled",
+                "the client hung up while the request waited for its turn; nothing of it ran",
+            ));
+        }
+        return Err(over_share(
+            front.shares.per(),
+            wait.until.map(|_| asked.elapsed()),
+        ));
     };
     let mut lease = acquire(front, deadline)?;
+    let req = Request::Api {
+        who: who.clone(),
+        request: Box::new(less_time(req, asked.elapsed())),
+    };
     // Should this request be abandoned (its deadline passes first), its channel still
     // counts against its caller until the channel is free again.
     lease.hold(share);
@@ -93,6 +148,33 @@ pub fn ask_with(
             "lost the supervisor's answer: {e}"
         ))),
     }
+}
+
+/// The 429 of a caller that holds its share of the channels: at once, or after `waited`.
+fn over_share(per: usize, waited: Option<Duration>) -> HttpError {
+    let message = match waited {
+        None => format!(
+            "this caller has {per} requests in flight already (its share of zygo api's channels to the supervisor); retry when one is done"
+        ),
+        Some(w) => format!(
+            "this caller has {per} requests in flight already (its share of zygo api's channels to the supervisor), and none of them ended in the {:.1} s this request waited for its turn (until its deadline, at most {} s); retry when one is done",
+            w.as_secs_f64(),
+            SHARE_WAIT.as_secs()
+        ),
+    };
+    HttpError::new(429, "busy", message)
+}
+
+/// `req` sent `waited` after it arrived: an exec's timeout is what is left of it (at
+/// least 1 ms), so that a call that waited for a channel still ends by its caller's
+/// deadline.
+fn less_time(mut req: Request, waited: Duration) -> Request {
+    if let Request::Exec(e) = &mut req {
+        if let Some(ms) = e.timeout_ms {
+            e.timeout_ms = Some(ms.saturating_sub(waited.as_millis() as u64).max(1));
+        }
+    }
+    req
 }
 
 /// A free channel, waiting at most [`ACQUIRE_WAIT`] (and never past `deadline`).
@@ -516,5 +598,169 @@ mod tests {
         assert_eq!(ms_text(90_000), "90s");
         assert_eq!(ms_text(1500), "1500ms");
         assert_eq!(ms_text(7_200_000), "2h");
+    }
+
+    /// A front with two channels, a share of one channel per caller, and a supervisor
+    /// that answers every exec after `hold` with the timeout it was sent (as
+    /// `Cancelled { count }`), and anything else at once.
+    fn front_and_supervisor(hold: Duration) -> Front {
+        use std::os::unix::net::UnixStream;
+        let mut ours = Vec::new();
+        for _ in 0..2 {
+            let (a, mut b) = UnixStream::pair().unwrap();
+            ours.push(a);
+            std::thread::spawn(move || {
+                while let Ok(rq) =
+                    proto::read_frame::<_, Request>(&mut b, proto::front::MAX_FRONT_FRAME)
+                {
+                    let Request::Api { request, .. } = rq else {
+                        return;
+                    };
+                    let count = match *request {
+                        Request::Exec(e) => {
+                            std::thread::sleep(hold);
+                            e.timeout_ms.unwrap_or(0) as u32
+                        }
+                        _ => 0,
+                    };
+                    if proto::write_frame(&mut b, &Reply::Cancelled { count }).is_err() {
+                        return;
+                    }
+                }
+            });
+        }
+        Front {
+            chans: super::super::channel::Pool::new(ours),
+            shares: super::super::fair::Shares::new(1),
+            places: std::sync::Arc::new(super::super::fair::Places::new(16, 16, 48)),
+            refusals: super::super::fair::RefusalLog::default(),
+            auth: super::super::fair::AuthCache::default(),
+            flags: proto::api::FrontFlags::default(),
+            stopping: std::sync::atomic::AtomicBool::new(false),
+            in_flight: std::sync::atomic::AtomicUsize::new(0),
+        }
+    }
+
+    fn caller(front: &Front) -> Credentials {
+        let who = Credentials {
+            token: Some("tok".into()),
+            tenant: None,
+        };
+        front
+            .auth
+            .known(&who, super::super::fair::Party::of(&who, None));
+        who
+    }
+
+    fn exec(timeout_ms: u64) -> Request {
+        Request::Exec(proto::front::ExecRequest {
+            name: "f".into(),
+            event: "{}".into(),
+            key: None,
+            timeout_ms: Some(timeout_ms),
+            stream: false,
+            script: None,
+            workspace: None,
+            workspace_blob: None,
+            out: false,
+        })
+    }
+
+    #[test]
+    fn a_call_over_its_callers_share_waits_and_is_sent_with_what_is_left_of_its_timeout() {
+        let front = front_and_supervisor(Duration::ZERO);
+        let who = caller(&front);
+        let party = super::super::fair::Party::of(&who, None);
+        // The caller's share (one channel) is held for 300 ms; the other channel is free
+        // all along.
+        let held = front.shares.take(&party, None).unwrap();
+        let let_go = std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_millis(300));
+            drop(held);
+        });
+        let far = Instant::now() + Duration::from_secs(60);
+        let wait = ShareWait::until(far, None);
+        let r = ask_with(&front, &who, exec(10_000), far, wait, |_| {});
+        let_go.join().unwrap();
+        let Ok(Reply::Cancelled { count }) = r else {
+            panic!("{r:?}");
+        };
+        // Its timeout lost what it waited.
+        assert!(count <= 9_700, "sent with {count} ms");
+        assert!(count > 0);
+    }
+
+    #[test]
+    fn a_wait_past_the_callers_deadline_is_busy_saying_it_waited() {
+        let front = front_and_supervisor(Duration::ZERO);
+        let who = caller(&front);
+        let party = super::super::fair::Party::of(&who, None);
+        let _held = front.shares.take(&party, None).unwrap();
+        let far = Instant::now() + Duration::from_secs(60);
+        let t0 = Instant::now();
+        let soon = Instant::now() + Duration::from_millis(200);
+        let wait = ShareWait::until(soon, None);
+        let e = ask_with(&front, &who, exec(1000), far, wait, |_| {}).unwrap_err();
+        assert!(t0.elapsed() >= Duration::from_millis(200));
+        assert_eq!((e.status, e.code, e.retry_after), (429, "busy", Some(1)));
+        assert!(e.message.contains("waited"), "{}", e.message);
+        // Without a wait (a health check), refused at once, saying nothing of a wait.
+        let t0 = Instant::now();
+        let e = ask_with(&front, &who, Request::List, far, ShareWait::NOT, |_| {}).unwrap_err();
+        assert!(t0.elapsed() < Duration::from_secs(2));
+        assert_eq!((e.status, e.code), (429, "busy"));
+        assert!(!e.message.contains("waited"), "{}", e.message);
+    }
+
+    #[test]
+    fn a_call_whose_client_hangs_up_while_it_waits_is_never_sent() {
+        use std::os::fd::AsRawFd;
+        let front = front_and_supervisor(Duration::ZERO);
+        let who = caller(&front);
+        let party = super::super::fair::Party::of(&who, None);
+        let held = front.shares.take(&party, None).unwrap();
+        let (ours, theirs) = std::os::unix::net::UnixStream::pair().unwrap();
+        let far = Instant::now() + Duration::from_secs(60);
+        let hang_up = std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_millis(300));
+            drop(theirs);
+        });
+        let t0 = Instant::now();
+        let wait = ShareWait::until(far, Some(ours.as_raw_fd()));
+        let e = ask_with(&front, &who, exec(1000), far, wait, |_| {}).unwrap_err();
+        hang_up.join().unwrap();
+        assert_eq!((e.status, e.code), (499, "cancelled"), "{}", e.message);
+        assert!(t0.elapsed() < Duration::from_secs(30), "{:?}", t0.elapsed());
+        // It left the line: the share, once free, is anyone's of that caller.
+        drop(held);
+        assert!(front.shares.take(&party, None).is_some());
+    }
+
+    #[test]
+    fn a_wait_for_a_share_is_capped() {
+        let now = Instant::now();
+        let w = ShareWait::until(now + Duration::from_secs(86_400), None)
+            .until
+            .unwrap();
+        assert!(w <= Instant::now() + SHARE_WAIT);
+        assert!(w >= now + SHARE_WAIT);
+        let soon = now + Duration::from_millis(5);
+        assert_eq!(ShareWait::until(soon, None).until, Some(soon));
+    }
+
+    #[test]
+    fn only_an_execs_timeout_is_shortened_by_its_wait() {
+        let Request::Exec(e) = less_time(exec(1000), Duration::from_millis(300)) else {
+            panic!("not an exec");
+        };
+        assert_eq!(e.timeout_ms, Some(700));
+        let Request::Exec(e) = less_time(exec(1000), Duration::from_secs(5)) else {
+            panic!("not an exec");
+        };
+        assert_eq!(e.timeout_ms, Some(1));
+        assert_eq!(
+            less_time(Request::List, Duration::from_secs(5)),
+            Request::List
+        );
     }
 }
