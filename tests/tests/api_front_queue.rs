@@ -270,3 +270,65 @@ fn a_call_whose_client_hangs_up_while_it_waits_is_never_sent() {
     drop(f);
     s.shutdown();
 }
+
+/// A caller whose calls hold its whole share can still cancel them: a cancel takes no
+/// share, so it does not wait in line behind the very calls it ends.
+#[test]
+fn a_caller_at_its_share_cancels_its_calls_at_once() {
+    if !root_only() {
+        return;
+    }
+    let mut s = SUITE.sup(Who::Root, "cancel");
+    s.env("ZYGO_API_TOKEN", BOOT);
+    let names = s.up(&[("slow", "slow", "min_warm = 1\nmax_warm = 4")]);
+    let slow = &names[0];
+    let f = start_http_front(&s, &[]);
+    let token = tenant(&s, &f, "cancel");
+    let held: Vec<_> = (0..4)
+        .map(|_| {
+            let (addr, path, token) = (f.addr.clone(), format!("/fn/{slow}"), token.clone());
+            std::thread::spawn(move || {
+                req(
+                    &addr,
+                    "POST",
+                    &path,
+                    Some(&token),
+                    &[("X-Zygo-Request-Key", "all-of-them")],
+                    &json!({ "s": 30 }).to_string(),
+                )
+            })
+        })
+        .collect();
+    let t0 = Instant::now();
+    while in_flight(&f, slow) < 4 {
+        assert!(
+            t0.elapsed() < Duration::from_secs(30),
+            "the four calls never ran\n{}",
+            f.log()
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let asked = Instant::now();
+    let r = req(
+        &f.addr,
+        "DELETE",
+        "/requests/all-of-them",
+        Some(&token),
+        &[],
+        "",
+    );
+    assert_eq!(r.status, 200, "{}\n{}", r.text(), f.log());
+    assert_eq!(r.json()["cancelled"], 4, "{}", r.text());
+    assert!(
+        asked.elapsed() < Duration::from_secs(10),
+        "the cancel waited {:?} for a share",
+        asked.elapsed()
+    );
+    for h in held {
+        let r = h.join().unwrap();
+        assert_eq!(r.status, 499, "{}", r.text());
+        assert_eq!(r.json()["code"], "cancelled");
+    }
+    drop(f);
+    s.shutdown();
+}

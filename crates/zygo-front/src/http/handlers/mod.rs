@@ -99,27 +99,13 @@ pub fn ask_with(
     wait: ShareWait,
     on_event: impl FnMut(ExecEvent),
 ) -> Result<Reply, HttpError> {
-    // A share is the caller's as the supervisor says who it is: a tenant has one,
-    // however it is named (asked once, then remembered for a few seconds).
-    let party = match req {
-        Request::Health => super::fair::Party::of(who, None),
-        _ => authenticate(front, who)?,
-    };
     let asked = Instant::now();
-    let gone = || wait.client.is_some_and(hung_up);
-    let Some(share) = front.shares.take_unless(&party, wait.until, &gone) else {
-        if gone() {
-            log::debug!("a request left the line for its caller's share: its client hung up");
-            return Err(HttpError::new(
-                499,
-                "cancelled",
-                "the client hung up while the request waited for its turn; nothing of it ran",
-            ));
-        }
-        return Err(over_share(
-            front.shares.per(),
-            wait.until.map(|_| asked.elapsed()),
-        ));
+    // A cancel takes no share: the supervisor answers it at once, and it is how a caller
+    // at its share ends what holds the share (waiting behind those calls would defeat it).
+    let share = if matches!(req, Request::Cancel { .. }) {
+        None
+    } else {
+        Some(take_share(front, who, &req, &wait, asked)?)
     };
     let mut lease = acquire(front, deadline)?;
     let req = Request::Api {
@@ -128,7 +114,9 @@ pub fn ask_with(
     };
     // Should this request be abandoned (its deadline passes first), its channel still
     // counts against its caller until the channel is free again.
-    lease.hold(share);
+    if let Some(share) = share {
+        lease.hold(share);
+    }
     match lease.call(&req, deadline, on_event) {
         Ok(Reply::Error {
             code,
@@ -148,6 +136,38 @@ pub fn ask_with(
             "lost the supervisor's answer: {e}"
         ))),
     }
+}
+
+/// One of the caller's shares of the channels, waiting for it as `wait` says: 499 when
+/// the client hung up meanwhile, 429 when the wait ended without one.
+fn take_share(
+    front: &Front,
+    who: &Credentials,
+    req: &Request,
+    wait: &ShareWait,
+    asked: Instant,
+) -> Result<super::fair::Share, HttpError> {
+    // A share is the caller's as the supervisor says who it is: a tenant has one,
+    // however it is named (asked once, then remembered for a few seconds).
+    let party = match req {
+        Request::Health => super::fair::Party::of(who, None),
+        _ => authenticate(front, who)?,
+    };
+    let gone = || wait.client.is_some_and(hung_up);
+    front
+        .shares
+        .take_unless(&party, wait.until, &gone)
+        .ok_or_else(|| {
+            if gone() {
+                log::debug!("a request left the line for its caller's share: its client hung up");
+                return HttpError::new(
+                    499,
+                    "cancelled",
+                    "the client hung up while the request waited for its turn; nothing of it ran",
+                );
+            }
+            over_share(front.shares.per(), wait.until.map(|_| asked.elapsed()))
+        })
 }
 
 /// The 429 of a caller that holds its share of the channels: at once, or after `waited`.
