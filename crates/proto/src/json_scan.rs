@@ -664,6 +664,8 @@ mod tests {
             &tiny,
             "1E+2",
             "2e-0300",
+            "1e-99999999999999999999",
+            "-5e-400",
         ] {
             let serde = serde_json::from_str::<serde_json::Value>(n).is_ok();
             assert_eq!(check_value(n.as_bytes()).is_ok(), serde, "{n}");
