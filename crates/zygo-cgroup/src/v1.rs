@@ -704,12 +704,20 @@ impl Cgroup for V1Cgroup {
         if super::thread_count(pid) != Some(1) {
             return self.add_pid(pid);
         }
-        let pid = pid.to_string();
+        let text = pid.to_string();
         for h in 0..5 {
-            self.write_in(h, "tasks", &pid)?;
+            self.write_in(h, "tasks", &text)?;
         }
         if let Some(b) = &self.blkio {
-            self.blkio_add_task(b, &pid)?;
+            self.blkio_add_task(b, &text)?;
+        }
+        // The count above may be stale: a child that was between its fork and its exec (a
+        // Node spare) starts threads of its own, and one started before the move stayed
+        // behind. Threads started after it follow the thread that starts them, so a second
+        // count of one means the whole process is here; more, and `cgroup.procs` moves the
+        // rest (it takes the threadgroup lock, so none can be started meanwhile).
+        if super::thread_count(pid) != Some(1) {
+            return self.add_pid(pid);
         }
         Ok(())
     }
