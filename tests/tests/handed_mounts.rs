@@ -275,3 +275,89 @@ fn a_link_left_in_a_writable_folder_redirects_no_later_mount(who: Who) {
     );
     assert!(s(&v, "error").contains("is a symbolic link"), "{v}");
 }
+
+/// Who a sandbox of `who` writes as on disk in a folder of its caller's: root, or the
+/// rootless user.
+fn callers_ids(who: Who) -> (u32, u32) {
+    match who {
+        Who::Root => (0, 0),
+        Who::Rootless => {
+            let r = rootless_setup();
+            (r.uid, r.gid)
+        }
+    }
+}
+
+/// A folder `name` in `dir` owned by `uid`:`gid` with `mode`, holding `old.txt` ("old\n",
+/// 0644, the same owner); its path.
+fn owned_folder(
+    dir: &std::path::Path,
+    name: &str,
+    uid: u32,
+    gid: u32,
+    mode: u32,
+) -> std::path::PathBuf {
+    let p = dir.join(name);
+    fs::create_dir(&p).expect("create a folder");
+    fs::write(p.join("old.txt"), "old\n").expect("write old.txt");
+    fs::set_permissions(p.join("old.txt"), fs::Permissions::from_mode(0o644)).expect("chmod");
+    for f in [p.join("old.txt"), p.clone()] {
+        std::os::unix::fs::chown(&f, Some(uid), Some(gid)).expect("chown");
+    }
+    fs::set_permissions(&p, fs::Permissions::from_mode(mode)).expect("chmod the folder");
+    p
+}
+
+root_and_rootless!(no_set_id_file_is_made_in_a_writable_folder);
+
+/// A sandbox writes a writable folder as its owner (root's, as root), so a set-user-id or
+/// set-group-id file it made there would run as that owner on the host: every way of
+/// making one is refused (creating with the bits, chmod, fchmod, mknod; openat2, whose mode
+/// seccomp cannot read, is ENOSYS), and nothing set-id is left on disk. An ordinary chmod
+/// still works. (The folder is open to all, so that whoever the sandbox is on disk, it can
+/// write there.)
+fn no_set_id_file_is_made_in_a_writable_folder(who: Who) {
+    if !root_only() {
+        return;
+    }
+    let dir = TempDir::new(0o755);
+    let (uid, gid) = callers_ids(who);
+    let folder = owned_folder(&dir.path, "data", uid, gid, 0o777);
+    let rw = format!("{}:/d:rw", folder.display());
+    let code = r#"
+import ctypes, errno, os, struct
+out = []
+def attempt(name, f):
+    try:
+        f()
+        out.append(name + " ok")
+    except OSError as e:
+        out.append(name + " " + errno.errorcode[e.errno])
+attempt("create", lambda: os.close(os.open("/d/a", os.O_CREAT | os.O_WRONLY, 0o4755)))
+open("/d/b", "w").close()
+attempt("chmod-u", lambda: os.chmod("/d/b", 0o4755))
+attempt("chmod-g", lambda: os.chmod("/d/b", 0o2755))
+fd = os.open("/d/b", os.O_RDONLY)
+attempt("fchmod", lambda: os.fchmod(fd, 0o6755))
+attempt("mknod", lambda: os.mknod("/d/c", 0o104755))
+libc = ctypes.CDLL(None, use_errno=True)
+how = struct.pack("QQQ", os.O_CREAT | os.O_WRONLY, 0o4755, 0)
+r = libc.syscall(437, -100, b"/d/e", how, 24)
+out.append("openat2 " + ("ok" if r >= 0 else errno.errorcode[ctypes.get_errno()]))
+attempt("chmod", lambda: os.chmod("/d/b", 0o750))
+print(" ".join(out))
+"#;
+    let (v, code) = py(who, &["--mount", &rw], code);
+    assert_ok(who, &v, code);
+    assert_eq!(
+        s(&v, "stdout"),
+        "create EPERM chmod-u EPERM chmod-g EPERM fchmod EPERM mknod EPERM openat2 ENOSYS chmod ok\n",
+        "[{}] {v}",
+        who.name()
+    );
+    use std::os::unix::fs::PermissionsExt as _;
+    for e in fs::read_dir(&folder).expect("list the folder").flatten() {
+        let mode = e.metadata().expect("stat").permissions().mode();
+        assert_eq!(mode & 0o6000, 0, "{} is set-id on disk", e.path().display());
+    }
+}

@@ -41,6 +41,8 @@
 //! inspected by seccomp at all. `chmod`, `chown`, xattr writes, `set*id` and `kill` are
 //! allowed: inside the user and pid namespaces they only reach what the sandbox already owns.
 //! (Landlock does not mediate chmod, chown or xattrs; ownership and read-only mounts do.)
+//! But no mode a sandbox gives a file may be set-user-id or set-group-id ([`SET_ID`]): in a
+//! writable host folder the sandbox writes as the folder's owner.
 //!
 //! # `seccomp()` itself
 //!
@@ -53,12 +55,13 @@
 //!
 //! [`SANDBOX`] is the whole policy, a [`Table`] of the plumbing crate's shape (the same as
 //! every front's): one line per allowed syscall, with the reason a normal program needs it.
-//! Thirteen entries filter an argument ([`When`]); the `ENOSYS` answers have a list of their
-//! own. `plumbing::seccomp::compile` turns the table into BPF while `zygo` is compiled: after
-//! the architecture check, a balanced binary search on the syscall number (about 240
-//! instructions, at most 12 run per call; see [`sandbox_filter`]). It rarely runs anyway:
-//! since Linux 5.11 the kernel caches the verdict of every syscall allowed whatever its
-//! arguments, so only the filtered ones and refused calls evaluate the program.
+//! The entries that filter an argument say so ([`When`]); the `ENOSYS` answers have a list
+//! of their own. `plumbing::seccomp::compile` turns the table into BPF while `zygo` is
+//! compiled: after the architecture check, a balanced binary search on the syscall number
+//! (about 300 instructions, a dozen or so run per call; see [`sandbox_filter`]). Since
+//! Linux 5.11 the kernel caches the verdict of every syscall allowed whatever its
+//! arguments, so only the filtered ones (`openat` the most frequent of them, about 0.1 µs
+//! each) and refused calls evaluate the program.
 
 use plumbing::seccomp::{
     self as bpf, sock_filter, Allowed, Enosys, InstallError, Program, Table, Threads, When,
@@ -105,6 +108,15 @@ const UNSHARE_REFUSED: u32 = !((libc::CLONE_NEWNS | libc::CLONE_NEWIPC) as u32);
 /// limits, CPUs and priorities of all its processes; `/proc` hiding does not stop a call
 /// that names a pid directly.
 const SELF: &[u32] = &[0];
+
+/// The set-user-id and set-group-id mode bits, which no file a sandbox makes or changes may
+/// have: a writable host folder is written as its owner (root, for a folder of root's), so
+/// a set-id program left there would run as that owner for whoever on the host starts it.
+/// (The sandbox's own mounts are `nosuid`; the host's mount of the same folder is not.)
+/// Refused where the mode is an argument: `open`, `openat`, `creat`, `mknod`, `mknodat`
+/// and the `chmod` calls. `openat2` passes it in memory and answers `ENOSYS`; `mkdir`
+/// drops these bits itself.
+const SET_ID: u32 = libc::S_ISUID | libc::S_ISGID;
 
 /// Terminal ioctls that inject input into, or reconfigure, a terminal the sandbox may share.
 const TERMINAL_INJECTION: &[u32] = &[libc::TIOCSTI as u32, libc::TIOCLINUX as u32];
@@ -302,10 +314,12 @@ static ALLOWLIST: &[Allowed] = { use sys::*; &[
     allow!(SYS_flock, "whole-file locks (pip, package managers, databases)"),
     allow!(SYS_ioctl, When::NoneOf { arg: 1, values: TERMINAL_INJECTION },
            "terminals, FIONREAD, FIOCLEX...; not TIOCSTI/TIOCLINUX (terminal injection)"),
-    #[cfg(target_arch = "x86_64")] allow!(SYS_open, "open files and directories, as older code asks for it; Landlock and the mounts decide which"),
-    allow!(SYS_openat, "open files and directories (every program); Landlock and the mounts decide which"),
-    allow!(SYS_openat2, "open a file with resolve flags (RESOLVE_BENEATH in newer runtimes)"),
-    #[cfg(target_arch = "x86_64")] allow!(SYS_creat, "create a file, as older code asks for it"),
+    #[cfg(target_arch = "x86_64")] allow!(SYS_open, When::MaskClear { arg: 2, mask: SET_ID },
+           "open files and directories, as older code asks for it; Landlock and the mounts decide which; no set-id mode"),
+    allow!(SYS_openat, When::MaskClear { arg: 3, mask: SET_ID },
+           "open files and directories (every program); Landlock and the mounts decide which; no set-id mode"),
+    #[cfg(target_arch = "x86_64")] allow!(SYS_creat, When::MaskClear { arg: 1, mask: SET_ID },
+           "create a file, as older code asks for it; no set-id mode"),
     allow!(SYS_truncate, "set a file's size (editors, databases, log rotation)"),
     allow!(SYS_ftruncate, "set a file's size (editors, databases, shared memory objects)"),
     allow!(SYS_fallocate, "reserve file space ahead (databases, downloaders, cp)"),
@@ -355,12 +369,18 @@ static ALLOWLIST: &[Allowed] = { use sys::*; &[
     allow!(SYS_linkat, "hard links (cp -l, git, package managers)"),
     #[cfg(target_arch = "x86_64")] allow!(SYS_symlink, "symbolic links, as older code asks for it"),
     allow!(SYS_symlinkat, "symbolic links (ln -s, virtualenvs, npm)"),
-    #[cfg(target_arch = "x86_64")] allow!(SYS_mknod, "FIFOs and sockets; device nodes need CAP_MKNOD"),
-    allow!(SYS_mknodat, "FIFOs and sockets (mkfifo); device nodes need CAP_MKNOD"),
-    #[cfg(target_arch = "x86_64")] allow!(SYS_chmod, "file modes, as older code asks for it"),
-    allow!(SYS_fchmod, "file modes of an open file (tempfile, cp -p, tar)"),
-    allow!(SYS_fchmodat, "file modes (chmod, making a script executable, tar)"),
-    allow!(SYS_fchmodat2, "file mode with flags (lchmod in newer libcs)"),
+    #[cfg(target_arch = "x86_64")] allow!(SYS_mknod, When::MaskClear { arg: 1, mask: SET_ID },
+           "FIFOs and sockets; device nodes need CAP_MKNOD; no set-id mode"),
+    allow!(SYS_mknodat, When::MaskClear { arg: 2, mask: SET_ID },
+           "FIFOs and sockets (mkfifo); device nodes need CAP_MKNOD; no set-id mode"),
+    #[cfg(target_arch = "x86_64")] allow!(SYS_chmod, When::MaskClear { arg: 1, mask: SET_ID },
+           "file modes, as older code asks for it; not set-id"),
+    allow!(SYS_fchmod, When::MaskClear { arg: 1, mask: SET_ID },
+           "file modes of an open file (tempfile, cp -p, tar); not set-id"),
+    allow!(SYS_fchmodat, When::MaskClear { arg: 2, mask: SET_ID },
+           "file modes (chmod, making a script executable, tar); not set-id"),
+    allow!(SYS_fchmodat2, When::MaskClear { arg: 2, mask: SET_ID },
+           "file mode with flags (lchmod in newer libcs); not set-id"),
     #[cfg(target_arch = "x86_64")] allow!(SYS_chown, "file owner, within the namespace's id map"),
     #[cfg(target_arch = "x86_64")] allow!(SYS_lchown, "file owner, within the namespace's id map"),
     allow!(SYS_fchown, "file owner, within the namespace's id map"),
@@ -449,6 +469,7 @@ static ALLOWLIST: &[Allowed] = { use sys::*; &[
 #[rustfmt::skip]
 static ENOSYS_LIST: &[Enosys] = { use sys::*; &[
     enosys!(SYS_clone3, "flags are passed in memory, out of seccomp's sight; glibc falls back to clone"),
+    enosys!(SYS_openat2, "its mode is passed in memory, out of seccomp's sight (see SET_ID); callers fall back to openat"),
     enosys!(SYS_io_uring_setup, "io_uring's operations bypass seccomp; libuv falls back to epoll and threads"),
     enosys!(SYS_io_uring_enter, "io_uring's other half: with io_uring_setup refused there is no ring, and probes fall back the same way"),
     enosys!(SYS_io_uring_register, "io_uring's other half: with io_uring_setup refused there is no ring, and probes fall back the same way"),
@@ -723,7 +744,20 @@ mod tests {
                 "ioprio_set",
                 "prlimit64",
                 "ioctl",
+                #[cfg(target_arch = "x86_64")]
+                "open",
+                "openat",
+                #[cfg(target_arch = "x86_64")]
+                "creat",
                 "fadvise64",
+                #[cfg(target_arch = "x86_64")]
+                "mknod",
+                "mknodat",
+                #[cfg(target_arch = "x86_64")]
+                "chmod",
+                "fchmod",
+                "fchmodat",
+                "fchmodat2",
                 "socket",
                 "socketpair"
             ]
