@@ -1126,12 +1126,17 @@ pub fn launch_plan(plan: &policy::plan::OneShotPlan) -> Result<(LaunchPlan, Limi
         // once, in the operator's own path.
         plumbing::resolve::open_host_path(&m.src)
             .map_err(|e| format!("mount source {}: {e}", m.src.display()))?;
+        // A writable one the sandbox could not write is refused now, naming it.
+        if m.rw {
+            crate::mounts::check_writable(&m.src)?;
+        }
         mounts.push(proto::launch::BindMount {
             src: path_str(&m.src)?,
             dst: path_str(&m.dst)?,
             rw: m.rw,
             handed: false,
             fresh: false,
+            owner: None,
         });
     }
     let ids = crate::identity::id_map().map_err(|e| e.to_string())?;
@@ -1156,6 +1161,7 @@ pub fn launch_plan(plan: &policy::plan::OneShotPlan) -> Result<(LaunchPlan, Limi
         inotify: plan.inotify,
         image_handed: false,
         work_handed: false,
+        work_owner: None,
         hide_pids: Shape::ONE_SHOT.hide_pids,
         work_mode: Shape::ONE_SHOT.work_mode,
         agents: Vec::new(),

@@ -402,6 +402,7 @@ fn plan(spec: &FnSpec, identity: &Identity) -> Result<Planned, String> {
             rw: m.rw,
             handed: false,
             fresh: false,
+            owner: None,
         });
     }
     if let Some(m) = fn_mount {
@@ -436,6 +437,7 @@ fn plan(spec: &FnSpec, identity: &Identity) -> Result<Planned, String> {
         inotify: spec.inotify,
         image_handed: false,
         work_handed: false,
+        work_owner: None,
         hide_pids: Shape::ZYGOTE.hide_pids,
         work_mode: Shape::ZYGOTE.work_mode,
         scripts: is_pool(spec),
