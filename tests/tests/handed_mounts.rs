@@ -15,7 +15,13 @@ static SUITE: Suite = Suite {
     handlers: "import os\n\
                def look(event):\n    \
                    return {\"data\": sorted(os.listdir(\"/data\")),\n            \
-                           \"secret\": open(\"/data/secret.txt\").read() if os.path.exists(\"/data/secret.txt\") else None}\n",
+                           \"secret\": open(\"/data/secret.txt\").read() if os.path.exists(\"/data/secret.txt\") else None}\n\
+               def write(event):\n    \
+                   p = \"/data/\" + event[\"name\"]\n    \
+                   open(p, \"w\").write(\"from a request\\n\")\n    \
+                   open(\"/data/old.txt\", \"a\").write(\"more\\n\")\n    \
+                   os.mkdir(p + \".d\")\n    \
+                   return {\"old_owner\": os.stat(\"/data/old.txt\").st_uid}\n",
     defaults: "timeout = \"10s\"\nmem = \"128M\"\n",
     agents: false,
 };
@@ -563,4 +569,55 @@ fn an_mcp_workspace_keeps_its_owner_on_disk(who: Who) {
         who.name(),
         f.stderr_text()
     );
+}
+
+root_and_rootless!(a_functions_writable_mount_keeps_its_owner_on_disk);
+
+/// A function's `mounts` entry with `rw = true` on an existing folder of the caller's (as
+/// root, root's): its requests write there as the folder's owner, new files are the
+/// owner's on disk, the owner's files writable. A folder the sandbox could not write is
+/// refused when the function is served, naming it.
+fn a_functions_writable_mount_keeps_its_owner_on_disk(who: Who) {
+    if !root_only() {
+        return;
+    }
+    let mut s = SUITE.sup(who, "owner");
+    let (uid, gid) = callers_ids(who);
+    let data = owned_folder(&s.dir.path, "data", uid, gid, 0o755);
+    let table = |p: &std::path::Path| {
+        format!(
+            "mounts = [{{src = \"{}\", dst = \"/data\", rw = true}}]",
+            p.display()
+        )
+    };
+    let n = s.up(&[("w", "write", &*table(&data))]);
+    for name in ["one", "two"] {
+        let r = s.call_ok(&n[0], &format!("{{\"name\": \"{name}\"}}"));
+        assert_eq!(r["old_owner"], 0, "{r}");
+        for p in [name.to_string(), format!("{name}.d")] {
+            assert_eq!(owner_on_disk(&data.join(&p)), (uid, gid), "{p}");
+        }
+    }
+    assert_eq!(
+        fs::read_to_string(data.join("old.txt")).expect("read"),
+        "old\nmore\nmore\n"
+    );
+    s.shutdown();
+    // A folder the sandbox cannot write.
+    let mut s = SUITE.sup(who, "closed");
+    let theirs = match who {
+        Who::Root => owned_folder(&s.dir.path, "closed", 0, 0, 0o555),
+        Who::Rootless => owned_folder(&s.dir.path, "roots", 0, 0, 0o755),
+    };
+    let (file, _) = s.write_toml(&[("w", "write", &*table(&theirs))]);
+    let f = s.run(&["up", "-f", file.to_str().expect("UTF-8")]);
+    s.find_supervisor();
+    assert_ne!(f.code, 0, "{}", f.stdout_text());
+    let said = format!("{}{}", f.stdout_text(), f.stderr_text());
+    assert!(
+        said.contains(&theirs.display().to_string()) && said.contains("read-only"),
+        "[{}] {said}",
+        who.name()
+    );
+    s.shutdown();
 }
