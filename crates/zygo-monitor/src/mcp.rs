@@ -148,7 +148,8 @@ impl Workspace {
             ));
         }
         utf8(&path)?;
-        crate::mounts::check_writable(&path).map_err(|e| format!("--workspace: {e}"))?;
+        crate::mounts::check_writable(&path, "choose another --workspace")
+            .map_err(|e| format!("--workspace: {e}"))?;
         Ok(Workspace {
             path,
             scratch: false,

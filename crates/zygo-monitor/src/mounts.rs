@@ -138,8 +138,9 @@ fn fstat(fd: RawFd) -> io::Result<libc::stat> {
 /// `EACCES` or `EROFS` otherwise. As root the sandbox writes there as its owner (see
 /// `DiskOwner`), with no capability, so the owner's mode bits decide; rootless, as the user
 /// running this process, so the kernel's own answer for this user does (groups and ACLs
-/// included). No symbolic link is followed in `src` (see `plumbing::resolve`).
-pub fn check_writable(src: &Path) -> Result<(), String> {
+/// included). No symbolic link is followed in `src` (see `plumbing::resolve`). `instead`
+/// is the way out that needs no change to the folder ("mount it read-only").
+pub fn check_writable(src: &Path, instead: &str) -> Result<(), String> {
     let held = hold(src).map_err(|e| format!("{}: {e}", src.display()))?;
     let st = fstat(held.as_raw_fd()).map_err(|e| format!("{}: {e}", src.display()))?;
     let dir = st.st_mode & libc::S_IFMT == libc::S_IFDIR;
@@ -152,7 +153,7 @@ pub fn check_writable(src: &Path) -> Result<(), String> {
         && vfs.f_flag & libc::ST_RDONLY != 0
     {
         return Err(format!(
-            "the writable {what} {shown} is on a read-only filesystem: mount it read-only"
+            "the writable {what} {shown} is on a read-only filesystem: {instead}"
         ));
     }
     let mode = st.st_mode & 0o7777;
@@ -161,8 +162,8 @@ pub fn check_writable(src: &Path) -> Result<(), String> {
         if mode & needed != needed {
             return Err(format!(
                 "the writable {what} {shown} is not writable by its owner (uid {}, mode \
-                 {mode:04o}), whom a sandbox writes there as: mount it read-only, or give \
-                 its owner the right (chmod u+w{} {shown})",
+                 {mode:04o}), whom a sandbox writes there as: {instead}, or give its owner \
+                 the right (chmod u+w{} {shown})",
                 st.st_uid,
                 if dir { "x" } else { "" }
             ));
@@ -191,7 +192,7 @@ pub fn check_writable(src: &Path) -> Result<(), String> {
         return Err(format!(
             "the writable {what} {shown} (owner uid {}, mode {mode:04o}) cannot be written by \
              uid {me}, who runs zygo and whom a sandbox without root writes there as ({e}): \
-             mount it read-only, or give uid {me} the right to write it",
+             {instead}, or give uid {me} the right to write it",
             st.st_uid
         ));
     }

@@ -1128,7 +1128,7 @@ pub fn launch_plan(plan: &policy::plan::OneShotPlan) -> Result<(LaunchPlan, Limi
             .map_err(|e| format!("mount source {}: {e}", m.src.display()))?;
         // A writable one the sandbox could not write is refused now, naming it.
         if m.rw {
-            crate::mounts::check_writable(&m.src)?;
+            crate::mounts::check_writable(&m.src, "mount it read-only")?;
         }
         mounts.push(proto::launch::BindMount {
             src: path_str(&m.src)?,

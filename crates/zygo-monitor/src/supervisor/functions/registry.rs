@@ -409,7 +409,7 @@ fn plan(spec: &FnSpec, identity: &Identity) -> Result<Planned, String> {
             .map_err(|e| format!("mount source {}: {e}", m.src.display()))?;
         // A writable one the sandbox could not write is refused now, naming it.
         if m.rw {
-            crate::mounts::check_writable(&m.src)?;
+            crate::mounts::check_writable(&m.src, "mount it read-only")?;
         }
         mounts.push(BindMount {
             src: m.src.to_str().ok_or("mount path is not UTF-8")?.into(),
