@@ -366,7 +366,13 @@ impl Started {
             });
         if let Err(e) = sent {
             drop(cg); // removed: nothing ever ran in it
-            let out = self.abandon(Outcome::refused(Phase::Start, e));
+            // A launcher that refused the plan (a writable folder that cannot be idmapped,
+            // say) said why before it went: that is the answer, not the channel it closed.
+            let out = match launchers_last_word(&self.sock) {
+                Some((phase, reason)) => Outcome::refused(phase, reason),
+                None => Outcome::refused(Phase::Start, e),
+            };
+            let out = self.abandon(out);
             meanwhile();
             return out;
         }
@@ -430,6 +436,27 @@ impl Started {
         let _ = self.child.kill();
         let _ = self.child.wait();
         out
+    }
+}
+
+/// The `Failed` report a launcher left on its channel before it closed it, if it did: what
+/// remains to be read of a channel whose other end is gone (a short wait at most, should
+/// it not be gone after all).
+fn launchers_last_word(sock: &UnixStream) -> Option<(Phase, String)> {
+    sock.set_read_timeout(Some(Duration::from_millis(200))).ok()?;
+    let mut frames = FrameBuf::new(MAX_LAUNCH_FRAME);
+    let mut buf = [0u8; 4096];
+    loop {
+        match frames.next_frame::<FromLauncher>() {
+            Ok(Some(FromLauncher::Failed { phase, reason })) => return Some((phase, reason)),
+            Ok(Some(_)) => continue,
+            Ok(None) => {}
+            Err(_) => return None,
+        }
+        match (&*sock).read(&mut buf) {
+            Ok(0) | Err(_) => return None,
+            Ok(n) => frames.push(&buf[..n]).ok()?,
+        }
     }
 }
 
