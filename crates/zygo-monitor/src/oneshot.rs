@@ -365,7 +365,8 @@ impl Started {
                     .map_err(|e| format!("send the sandbox's cgroup to the launcher: {e}"))
             });
         if let Err(e) = sent {
-            drop(cg); // removed: nothing ever ran in it
+            // Removed: nothing ever ran in it.
+            drop(cg);
             // A launcher that refused the plan (a writable folder that cannot be idmapped,
             // say) said why before it went: that is the answer, not the channel it closed.
             let out = match launchers_last_word(&self.sock) {
@@ -443,7 +444,8 @@ impl Started {
 /// remains to be read of a channel whose other end is gone (a short wait at most, should
 /// it not be gone after all).
 fn launchers_last_word(sock: &UnixStream) -> Option<(Phase, String)> {
-    sock.set_read_timeout(Some(Duration::from_millis(200))).ok()?;
+    sock.set_read_timeout(Some(Duration::from_millis(200)))
+        .ok()?;
     let mut frames = FrameBuf::new(MAX_LAUNCH_FRAME);
     let mut buf = [0u8; 4096];
     loop {
