@@ -15,7 +15,13 @@ static SUITE: Suite = Suite {
     handlers: "import os\n\
                def look(event):\n    \
                    return {\"data\": sorted(os.listdir(\"/data\")),\n            \
-                           \"secret\": open(\"/data/secret.txt\").read() if os.path.exists(\"/data/secret.txt\") else None}\n",
+                           \"secret\": open(\"/data/secret.txt\").read() if os.path.exists(\"/data/secret.txt\") else None}\n\
+               def write(event):\n    \
+                   p = \"/data/\" + event[\"name\"]\n    \
+                   open(p, \"w\").write(\"from a request\\n\")\n    \
+                   open(\"/data/old.txt\", \"a\").write(\"more\\n\")\n    \
+                   os.mkdir(p + \".d\")\n    \
+                   return {\"old_owner\": os.stat(\"/data/old.txt\").st_uid}\n",
     defaults: "timeout = \"10s\"\nmem = \"128M\"\n",
     agents: false,
 };
@@ -308,6 +314,89 @@ fn owned_folder(
     p
 }
 
+/// The owner (uid, gid) of a file on disk.
+fn owner_on_disk(p: &std::path::Path) -> (u32, u32) {
+    use std::os::unix::fs::MetadataExt;
+    let m = fs::symlink_metadata(p).unwrap_or_else(|e| panic!("{}: {e}", p.display()));
+    (m.uid(), m.gid())
+}
+
+root_and_rootless!(a_writable_folder_keeps_its_owner_on_disk);
+
+/// `zygo run --mount SRC:DST:rw` of an existing folder of the caller's (as root, a folder
+/// owned by root, 0755): the sandbox writes there as the folder's owner. Its new files and
+/// folders are the owner's on disk (never a subordinate uid of Zygo's), and the owner's
+/// existing files are the sandbox's root's inside, and writable. A folder the sandbox
+/// could not write is refused before anything runs, naming it.
+fn a_writable_folder_keeps_its_owner_on_disk(who: Who) {
+    if !root_only() {
+        return;
+    }
+    let dir = TempDir::new(0o755);
+    let (uid, gid) = callers_ids(who);
+    let folder = owned_folder(&dir.path, "data", uid, gid, 0o755);
+    let rw = format!("{}:/d:rw", folder.display());
+    let write = "echo new > /d/new.txt && echo more >> /d/old.txt && mkdir /d/sub && \
+                 echo deep > /d/sub/f && stat -c %u:%g /d /d/old.txt";
+    let (v, code) = run_json(who, &["--mount", &rw], &["sh", "-c", write]);
+    assert_ok(who, &v, code);
+    assert_eq!(s(&v, "stdout"), "0:0\n0:0\n", "{v}");
+    for p in ["new.txt", "sub", "sub/f", "old.txt"] {
+        assert_eq!(owner_on_disk(&folder.join(p)), (uid, gid), "{p}");
+    }
+    assert_eq!(
+        fs::read_to_string(folder.join("old.txt")).expect("read"),
+        "old\nmore\n"
+    );
+    // A folder the sandbox cannot write: rootless, one of root's; as root, one whose
+    // owner has no write permission on it.
+    let (theirs, mode) = match who {
+        Who::Root => (owned_folder(&dir.path, "closed", 0, 0, 0o555), 0o555),
+        Who::Rootless => (owned_folder(&dir.path, "roots", 0, 0, 0o755), 0o755),
+    };
+    let spec = format!("{}:/d:rw", theirs.display());
+    let (v, code) = run_json(who, &["--mount", &spec], &["touch", "/d/x"]);
+    assert_eq!(code, 1, "{v}");
+    assert_eq!(v["started"], false, "{v}");
+    assert_eq!(v["phase"], "plan", "{v}");
+    let err = s(&v, "error");
+    assert!(
+        err.contains(&theirs.display().to_string()) && err.contains("read-only"),
+        "[{}] the refusal names neither the folder nor the way out (mode {mode:o}): {v}",
+        who.name()
+    );
+    assert!(!theirs.join("x").exists());
+    // Read-only, the same folder is mounted.
+    let ro = format!("{}:/d", theirs.display());
+    let (v, code) = run_json(who, &["--mount", &ro], &["cat", "/d/old.txt"]);
+    assert_ok(who, &v, code);
+}
+
+/// As root, a writable folder of another user's is written as that user: the folder's
+/// owner, not the caller.
+#[test]
+fn a_writable_folder_of_another_user_is_written_as_that_user() {
+    if !root_only() {
+        return;
+    }
+    let dir = TempDir::new(0o755);
+    let folder = owned_folder(&dir.path, "theirs", 4321, 4322, 0o700);
+    let rw = format!("{}:/d:rw", folder.display());
+    let (v, code) = run_json(
+        Who::Root,
+        &["--mount", &rw],
+        &[
+            "sh",
+            "-c",
+            "echo x > /d/made && mkdir /d/dir && echo y >> /d/old.txt",
+        ],
+    );
+    assert_ok(Who::Root, &v, code);
+    for p in ["made", "dir", "old.txt"] {
+        assert_eq!(owner_on_disk(&folder.join(p)), (4321, 4322), "{p}");
+    }
+}
+
 root_and_rootless!(no_set_id_file_is_made_in_a_writable_folder);
 
 /// A sandbox writes a writable folder as its owner (root's, as root), so a set-user-id or
@@ -360,4 +449,175 @@ print(" ".join(out))
         let mode = e.metadata().expect("stat").permissions().mode();
         assert_eq!(mode & 0o6000, 0, "{} is set-id on disk", e.path().display());
     }
+}
+
+/// `zygo mcp --workspace DIR` with these lines of JSON-RPC after `initialize`, stdin then
+/// closed: the answers (one per line of stdout), stderr and the exit code.
+fn mcp(who: Who, args: &[&str], calls: &[serde_json::Value]) -> (Vec<serde_json::Value>, Finished) {
+    let (rt, st) = (TempDir::new(0o700), TempDir::new(0o700));
+    if who == Who::Rootless {
+        let r = rootless_setup();
+        for d in [&rt, &st] {
+            std::os::unix::fs::chown(&d.path, Some(r.uid), Some(r.gid)).expect("chown");
+        }
+    }
+    let mut input = String::from(
+        r#"{"jsonrpc":"2.0","id":0,"method":"initialize","params":{"protocolVersion":"2025-06-18"}}"#,
+    );
+    for c in calls {
+        input.push('\n');
+        input.push_str(&c.to_string());
+    }
+    input.push('\n');
+    let stdin = dir_file(&st, "input", &input, who);
+    let mut c = zygo(who);
+    c.env("ZYGO_RUNTIME_DIR", &rt.path)
+        .env("ZYGO_STATE_DIR", &st.path)
+        .arg("mcp")
+        .args(args)
+        .stdin(fs::File::open(&stdin).expect("open the input"));
+    let f = finish(c);
+    let answers = f
+        .stdout_text()
+        .lines()
+        .filter_map(|l| serde_json::from_str(l).ok())
+        .collect();
+    (answers, f)
+}
+
+/// A file in `dir` holding `text`, readable by `who`.
+fn dir_file(dir: &TempDir, name: &str, text: &str, who: Who) -> std::path::PathBuf {
+    let p = dir.file(name, text.as_bytes());
+    if who == Who::Rootless {
+        let r = rootless_setup();
+        std::os::unix::fs::chown(&p, Some(r.uid), Some(r.gid)).expect("chown");
+    }
+    p
+}
+
+fn run_code(id: i64, code: &str) -> serde_json::Value {
+    json!({"jsonrpc": "2.0", "id": id, "method": "tools/call",
+           "params": {"name": "run_code", "arguments": {"language": "python", "code": code}}})
+}
+
+root_and_rootless!(an_mcp_workspace_keeps_its_owner_on_disk);
+
+/// `zygo mcp --workspace DIR` on an existing folder of the caller's (as root, root's):
+/// `run_code` writes there as the folder's owner, new files are the owner's on disk, the
+/// owner's files are writable; a workspace `zygo mcp` makes is the caller's. A workspace
+/// the sandbox could not write is refused when the server starts, naming it.
+fn an_mcp_workspace_keeps_its_owner_on_disk(who: Who) {
+    if !root_only() {
+        return;
+    }
+    let dir = TempDir::new(0o755);
+    let (uid, gid) = callers_ids(who);
+    let ws = owned_folder(&dir.path, "ws", uid, gid, 0o755);
+    let code = "import os\n\
+                open('/work/new.txt', 'w').write('new')\n\
+                open('/work/old.txt', 'a').write('more\\n')\n\
+                os.mkdir('/work/sub')\n\
+                print(os.stat('/work/old.txt').st_uid, os.stat('/work').st_uid)\n";
+    let ws_s = ws.to_str().expect("UTF-8").to_string();
+    let (answers, f) = mcp(who, &["--workspace", &ws_s], &[run_code(1, code)]);
+    let r = answers.iter().find(|a| a["id"] == 1).unwrap_or_else(|| {
+        panic!(
+            "[{}] no answer to run_code: {}",
+            who.name(),
+            f.stderr_text()
+        )
+    });
+    assert_eq!(r["result"]["isError"], false, "{r}\n{}", f.stderr_text());
+    assert_eq!(r["result"]["structuredContent"]["stdout"], "0 0\n", "{r}");
+    for p in ["new.txt", "sub", "old.txt"] {
+        assert_eq!(owner_on_disk(&ws.join(p)), (uid, gid), "{p}");
+    }
+    assert_eq!(
+        fs::read_to_string(ws.join("old.txt")).expect("read"),
+        "old\nmore\n"
+    );
+    // A workspace zygo mcp makes is the caller's, and so is what is written there.
+    let made = dir.path.join("made");
+    if who == Who::Rootless {
+        fs::set_permissions(&dir.path, fs::Permissions::from_mode(0o777)).expect("chmod");
+    }
+    let made_s = made.to_str().expect("UTF-8").to_string();
+    let (answers, f) = mcp(
+        who,
+        &["--workspace", &made_s],
+        &[run_code(2, "open('/work/f', 'w').write('x')")],
+    );
+    let r = answers.iter().find(|a| a["id"] == 2);
+    assert!(
+        r.is_some_and(|r| r["result"]["isError"] == false),
+        "{r:?}\n{}",
+        f.stderr_text()
+    );
+    assert_eq!(owner_on_disk(&made), (uid, gid));
+    assert_eq!(owner_on_disk(&made.join("f")), (uid, gid));
+    // A workspace the sandbox cannot write.
+    let theirs = match who {
+        Who::Root => owned_folder(&dir.path, "closed", 0, 0, 0o555),
+        Who::Rootless => owned_folder(&dir.path, "roots", 0, 0, 0o755),
+    };
+    let theirs_s = theirs.to_str().expect("UTF-8").to_string();
+    let (_, f) = mcp(who, &["--workspace", &theirs_s], &[run_code(3, "print(1)")]);
+    assert_eq!(f.code, 1, "{}", f.stderr_text());
+    assert!(
+        f.stderr_text().contains(&theirs_s) && f.stderr_text().contains("another --workspace"),
+        "[{}] {}",
+        who.name(),
+        f.stderr_text()
+    );
+}
+
+root_and_rootless!(a_functions_writable_mount_keeps_its_owner_on_disk);
+
+/// A function's `mounts` entry with `rw = true` on an existing folder of the caller's (as
+/// root, root's): its requests write there as the folder's owner, new files are the
+/// owner's on disk, the owner's files writable. A folder the sandbox could not write is
+/// refused when the function is served, naming it.
+fn a_functions_writable_mount_keeps_its_owner_on_disk(who: Who) {
+    if !root_only() {
+        return;
+    }
+    let mut s = SUITE.sup(who, "owner");
+    let (uid, gid) = callers_ids(who);
+    let data = owned_folder(&s.dir.path, "data", uid, gid, 0o755);
+    let table = |p: &std::path::Path| {
+        format!(
+            "mounts = [{{src = \"{}\", dst = \"/data\", rw = true}}]",
+            p.display()
+        )
+    };
+    let n = s.up(&[("w", "write", &*table(&data))]);
+    for name in ["one", "two"] {
+        let r = s.call_ok(&n[0], &format!("{{\"name\": \"{name}\"}}"));
+        assert_eq!(r["old_owner"], 0, "{r}");
+        for p in [name.to_string(), format!("{name}.d")] {
+            assert_eq!(owner_on_disk(&data.join(&p)), (uid, gid), "{p}");
+        }
+    }
+    assert_eq!(
+        fs::read_to_string(data.join("old.txt")).expect("read"),
+        "old\nmore\nmore\n"
+    );
+    s.shutdown();
+    // A folder the sandbox cannot write.
+    let mut s = SUITE.sup(who, "closed");
+    let theirs = match who {
+        Who::Root => owned_folder(&s.dir.path, "closed", 0, 0, 0o555),
+        Who::Rootless => owned_folder(&s.dir.path, "roots", 0, 0, 0o755),
+    };
+    let (file, _) = s.write_toml(&[("w", "write", &*table(&theirs))]);
+    let f = s.run(&["up", "-f", file.to_str().expect("UTF-8")]);
+    s.find_supervisor();
+    assert_ne!(f.code, 0, "{}", f.stdout_text());
+    let said = format!("{}{}", f.stdout_text(), f.stderr_text());
+    assert!(
+        said.contains(&theirs.display().to_string()) && said.contains("read-only"),
+        "[{}] {said}",
+        who.name()
+    );
+    s.shutdown();
 }

@@ -33,6 +33,24 @@ pub struct BindMount {
     /// names it): placed as it is, never idmapped, since no other sandbox ever mounts it.
     /// Such mounts come after every other mount of the plan.
     pub fresh: bool,
+    /// Who the sandbox's id 0 is on disk in this handed tree (set by the monitor for every
+    /// handed mount but a fresh one): the launcher mounts it idmapped so that this owner's
+    /// files are id 0's inside and what id 0 writes there is this owner's on disk. For a
+    /// writable folder it is the folder's own owner; see [`DiskOwner`]. `None`: placed as
+    /// it is.
+    pub owner: Option<DiskOwner>,
+}
+
+/// Ids on disk that a sandbox's id 0 (uid and gid) stands for in a host folder handed to
+/// it. A writable folder is written as its owner: the files the sandbox makes there belong
+/// to whoever owned the folder when the monitor opened it (root's folder, root's files), and
+/// that owner's files are the sandbox's to change. A read-only folder gets the subordinate
+/// range's base ids, as every sandbox's root was on disk before each had a host uid of its
+/// own (so the sandbox reads the owner's files only as their mode lets anyone).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DiskOwner {
+    pub uid: u32,
+    pub gid: u32,
 }
 
 /// How the sandbox's ids map onto the host's.
@@ -51,9 +69,11 @@ pub enum IdMap {
     /// Id 0 inside maps onto that owner id too (ids 1..count onto `base + 1 ..`): the
     /// kernel also counts pipe buffers, descriptors in flight and epoll watches per host
     /// uid of the process, so every sandbox's root is a host uid of its own. Host folders
-    /// handed in are mounted idmapped, so that files written there are owned by `base` on
-    /// disk whichever sandbox wrote them (a folder on a filesystem that cannot be idmapped
-    /// is mounted as it is). Gids are mapped `0..count` onto `gid_base ..`.
+    /// handed in are mounted idmapped, so that id 0 is one owner on disk there whichever
+    /// sandbox wrote them: a writable folder's own owner, the base ids in a read-only one
+    /// (see [`DiskOwner`]). A read-only folder on a filesystem that cannot be idmapped is
+    /// mounted as it is; a writable one is refused. Gids are mapped `0..count` onto
+    /// `gid_base ..`.
     Range {
         uid_base: u32,
         gid_base: u32,
@@ -145,6 +165,9 @@ pub struct LaunchPlan {
     /// `work` opened by the monitor itself: the last descriptor of `ToLauncher::Mounts` is
     /// that folder as a detached writable tree, placed at `/work`.
     pub work_handed: bool,
+    /// Who the sandbox's id 0 is on disk in the handed `work` folder (see
+    /// [`BindMount::owner`]).
+    pub work_owner: Option<DiskOwner>,
     /// `/proc` is mounted `hidepid=invisible`: each process sees only those of its own uid
     /// that it may ptrace (a zygote's requests, each its own uid or Landlock domain).
     pub hide_pids: bool,

@@ -125,15 +125,13 @@ pub fn main(raw: Vec<OsString>) -> i32 {
         Ok(p) => p,
         Err(e) => return refuse(format!("find the zygo binary: {e}")),
     };
-    let (workspace, warning) = match &opts.workspace {
-        Some(dir) => match Workspace::given(dir, &launch.ids) {
-            Ok(x) => x,
-            Err(e) => return refuse(e),
-        },
-        None => match Workspace::scratch(&launch.ids) {
-            Ok(w) => (w, None),
-            Err(e) => return refuse(e),
-        },
+    let workspace = match &opts.workspace {
+        Some(dir) => Workspace::given(dir),
+        None => Workspace::scratch(&launch.ids),
+    };
+    let workspace = match workspace {
+        Ok(w) => w,
+        Err(e) => return refuse(e),
     };
     eprintln!(
         "zygo mcp: workspace {} ({}); run_code limits: mem {mem_text}, cpu {}, pids {}, \
@@ -149,9 +147,6 @@ pub fn main(raw: Vec<OsString>) -> i32 {
         plan.limits.scratch,
         plan.image,
     );
-    if let Some(w) = warning {
-        eprintln!("zygo mcp: warning: {w}");
-    }
     zygo_monitor::mcp::serve(Options {
         ceiling: Ceiling {
             plan: launch,

@@ -67,7 +67,15 @@ Limits:
 Sandbox:
   --image IMG        host (the host's /usr, /bin, /lib*, part of /etc, read-only)
                      or dir:/path/to/rootfs                [default: host]
-  --mount SRC:DST[:rw]  bind a host path (read-only unless :rw); repeatable
+  --mount SRC:DST[:rw]  bind a host path (read-only unless :rw); repeatable.
+                     In a :rw folder the program acts as the folder's owner: what it
+                     makes there is the owner's on disk (root's folder, root's files),
+                     and the owner's files are its own to change; rootless, it acts as
+                     the user running zygo. A folder it could not write, or one on a
+                     filesystem that cannot be idmapped (proc, sysfs, some FUSE and
+                     network filesystems, tmpfs before Linux 6.3), is refused before
+                     anything runs. No file may be made set-user-id or set-group-id
+                     (EPERM), here or anywhere in the sandbox
   --env K=V          set an environment variable; repeatable
   --inotify          let the program use inotify (off by default: a watch on a file
                      of the shared, read-only image would see anyone open it;
@@ -360,7 +368,12 @@ Limits (of every run_code sandbox):
 Sandbox:
   --image IMG        host or dir:/path/to/rootfs            [default: host]
   --workspace DIR    the folder mounted writable at /work, kept after exit (made 0700 if
-                     missing); default: a scratch folder removed when the server exits
+                     missing); default: a scratch folder removed when the server exits.
+                     run_code acts there as the folder's owner (rootless, as the user
+                     running zygo): what it makes is the owner's on disk (a folder zygo
+                     mcp makes is its user's), and the owner's files are its own to
+                     change. A folder it could not write is refused at start; see
+                     zygo run --help, --mount
   -f FILE            a sandbox.toml whose [defaults] (image, limits, network) is the
                      ceiling; flags may only narrow it
 

@@ -10,13 +10,16 @@
 //! map onto the shared range as before (no process of a one-shot sandbox can become one of
 //! them: it has no capabilities).
 //!
-//! Files keep one owner on disk, whatever sandbox wrote them: a host folder handed into
-//! the sandbox (a workspace, a `--mount`) is mounted *idmapped*, so that on disk the
-//! sandbox's root is still `uid_base` (as it was when every sandbox's root was that id)
-//! and the next sandbox, with another uid, owns the same files. A folder on a filesystem
-//! that cannot be idmapped (proc, sysfs, some network filesystems, tmpfs before Linux 6.3)
-//! is mounted as it is when read-only (that changes nothing the sandbox could do), and a
-//! writable one is refused: the sandbox would leave files of its own uid there.
+//! Files keep their owner on disk, whatever sandbox wrote them: a host folder handed into
+//! the sandbox (a workspace, a `--mount`, a function's `mounts`) is mounted *idmapped*, so
+//! that on disk the sandbox's id 0 is the owner the monitor named for that folder
+//! (`DiskOwner`): a writable folder's own owner (root's folder, root's files; the owner's
+//! files are id 0's inside), and the subordinate range's base in a read-only one. Each
+//! sandbox has another host uid, and every one of them writes as that same owner. A folder
+//! on a filesystem that cannot be idmapped (proc, sysfs, some network filesystems, tmpfs
+//! before Linux 6.3) is mounted as it is when read-only (that changes nothing the sandbox
+//! could do), and a writable one is refused: the sandbox would leave files of its own uid
+//! there.
 //!
 //! Every handed tree is also made private first (recursively): a clone of a shared mount
 //! would otherwise stay a peer of the host's, and a mount made under it would show on the
@@ -26,6 +29,7 @@ use std::io;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 
 use plumbing::sys::{MountAttr, MOUNT_ATTR_IDMAP};
+use proto::launch::DiskOwner;
 
 /// A child of this process, killed already, reaped when this is dropped: waiting for it to
 /// exit would put a trip through the scheduler on the sandbox's start.
@@ -41,22 +45,31 @@ impl Drop for Reap {
     }
 }
 
-/// Mount every tree in `trees` (detached, from the monitor) idmapped: host uid `root` (the
-/// sandbox's id 0) reads and writes as `uid_base` on disk; every other id as itself.
-/// Returns the child to reap once the sandbox is under way (if one was made), and for each
-/// tree whether it is idmapped.
-pub fn idmap_trees<'a>(
-    trees: impl ExactSizeIterator<Item = &'a OwnedFd>,
-    uid_base: u32,
-    count: u32,
-    root: u32,
-) -> io::Result<(Option<Reap>, Vec<io::Result<()>>)> {
-    if trees.len() == 0 {
-        return Ok((None, Vec::new()));
-    }
-    let (userns, child) = mapping_namespace(uid_base, count, root)?;
-    let mut done = Vec::new();
-    for tree in trees {
+/// Mount every tree in `trees` (detached, from the monitor) idmapped for the owner named
+/// with it: host ids `root_uid` and `root_gid` (the sandbox's id 0) read and write as that
+/// owner on disk; every other id as itself. Returns the children to reap once the sandbox
+/// is under way (one per distinct owner), and for each tree whether it is idmapped.
+pub fn idmap_trees(
+    trees: &[(&OwnedFd, DiskOwner)],
+    root_uid: u32,
+    root_gid: u32,
+) -> io::Result<(Vec<Reap>, Vec<io::Result<()>>)> {
+    let mut children = Vec::new();
+    let mut namespaces: Vec<(DiskOwner, OwnedFd)> = Vec::new();
+    let mut done = Vec::with_capacity(trees.len());
+    for &(tree, owner) in trees {
+        let userns = match namespaces.iter().find(|(o, _)| *o == owner) {
+            Some((_, ns)) => ns.as_raw_fd(),
+            None => {
+                let (ns, child) = mapping_namespace(
+                    &mount_id_map(owner.uid, root_uid),
+                    &mount_id_map(owner.gid, root_gid),
+                )?;
+                children.push(child);
+                namespaces.push((owner, ns));
+                namespaces[namespaces.len() - 1].1.as_raw_fd()
+            }
+        };
         let private = MountAttr {
             attr_set: 0,
             attr_clr: 0,
@@ -77,7 +90,7 @@ pub fn idmap_trees<'a>(
             attr_set: MOUNT_ATTR_IDMAP,
             attr_clr: 0,
             propagation: 0,
-            userns_fd: userns.as_raw_fd() as u64,
+            userns_fd: userns as u64,
         };
         done.push(plumbing::sys::mount_setattr(
             tree.as_raw_fd(),
@@ -86,29 +99,36 @@ pub fn idmap_trees<'a>(
             &attr,
         ));
     }
-    Ok((Some(child), done))
+    Ok((children, done))
 }
 
-/// The uid map of the idmapping namespace: on-disk id `uid_base` is host `root`; ids below
-/// `uid_base` and the rest of the mapped range are themselves. (`root` lies past the
-/// mapped range, so no two lines overlap on either side.)
-pub fn mount_uid_map(uid_base: u32, count: u32, root: u32) -> String {
-    let mut s = format!("0 0 {uid_base}\n{uid_base} {root} 1\n");
-    if count > 1 {
-        s.push_str(&format!(
-            "{} {} {}\n",
-            uid_base + 1,
-            uid_base + 1,
-            count - 1
-        ));
+/// One id map (of uids or of gids) of an idmapping namespace: on-disk id `disk` is host id
+/// `host` (the sandbox's id 0 there); every other id is itself, except those two, which
+/// stay unmapped on the side where the pair took them (no other process writes as `disk`,
+/// and no file on disk reads as `host`). Covers every valid id, `0 ..= u32::MAX - 1`.
+pub fn mount_id_map(disk: u32, host: u32) -> String {
+    const END: u64 = u32::MAX as u64;
+    let mut holes = [u64::from(disk), u64::from(host)];
+    holes.sort_unstable();
+    let mut s = String::new();
+    let mut from = 0u64;
+    for hole in holes {
+        if hole > from {
+            s.push_str(&format!("{from} {from} {}\n", hole - from));
+        }
+        from = from.max(hole + 1);
     }
+    if END > from {
+        s.push_str(&format!("{from} {from} {}\n", END - from));
+    }
+    s.push_str(&format!("{disk} {host} 1\n"));
     s
 }
 
-/// A user namespace holding the mapping of [`mount_uid_map`] (gids unchanged), made by a
-/// child that is killed as soon as its maps are written and the namespace is held (it
-/// never needs to run).
-fn mapping_namespace(uid_base: u32, count: u32, root: u32) -> io::Result<(OwnedFd, Reap)> {
+/// A user namespace holding these maps (see [`mount_id_map`]), made by a child that is
+/// killed as soon as its maps are written and the namespace is held (it never needs to
+/// run).
+fn mapping_namespace(uid_map: &str, gid_map: &str) -> io::Result<(OwnedFd, Reap)> {
     // SAFETY: a raw clone with a null stack behaves like fork; the launcher is
     // single-threaded, and the child only calls async-signal-safe functions.
     let pid = unsafe {
@@ -135,11 +155,8 @@ fn mapping_namespace(uid_base: u32, count: u32, root: u32) -> io::Result<(OwnedF
     }
     let pid = pid as libc::pid_t;
     let made = (|| {
-        std::fs::write(
-            format!("/proc/{pid}/uid_map"),
-            mount_uid_map(uid_base, count, root),
-        )?;
-        std::fs::write(format!("/proc/{pid}/gid_map"), "0 0 4294967295\n")?;
+        std::fs::write(format!("/proc/{pid}/uid_map"), uid_map)?;
+        std::fs::write(format!("/proc/{pid}/gid_map"), gid_map)?;
         let path = std::ffi::CString::new(format!("/proc/{pid}/ns/user"))
             .map_err(|_| io::Error::from_raw_os_error(libc::EINVAL))?;
         // SAFETY: a valid C string.
@@ -161,11 +178,36 @@ mod tests {
     use super::*;
 
     #[test]
-    fn the_mount_map_sends_the_shared_root_to_the_sandboxs_own() {
+    fn the_mount_map_makes_the_sandboxs_root_the_folders_owner() {
+        // Root's folder, a sandbox whose id 0 is host uid 2000131079.
         assert_eq!(
-            mount_uid_map(1000, 131072, 1000 + 131072 + 7),
-            "0 0 1000\n1000 132079 1\n1001 1001 131071\n"
+            mount_id_map(0, 2_000_131_079),
+            "1 1 2000131078\n2000131080 2000131080 2294836215\n0 2000131079 1\n"
         );
-        assert_eq!(mount_uid_map(1000, 1, 1005), "0 0 1000\n1000 1005 1\n");
+        // A user's folder, below the sandbox's id.
+        assert_eq!(
+            mount_id_map(1000, 1005),
+            "0 0 1000\n1001 1001 4\n1006 1006 4294966289\n1000 1005 1\n"
+        );
+        // The owner is the sandbox's id itself: every id is itself.
+        assert_eq!(mount_id_map(7, 7), "0 0 7\n8 8 4294967287\n7 7 1\n");
+        // Each line covers ids no other line does, on either side.
+        for (disk, host) in [(0, 2_000_131_079), (1000, 1005), (1005, 1000), (7, 7)] {
+            let mut inside = Vec::new();
+            let mut outside = Vec::new();
+            for line in mount_id_map(disk, host).lines() {
+                let n: Vec<u64> = line
+                    .split(' ')
+                    .map(|x| x.parse().expect("a number"))
+                    .collect();
+                inside.push((n[0], n[0] + n[2]));
+                outside.push((n[1], n[1] + n[2]));
+            }
+            for side in [&mut inside, &mut outside] {
+                side.sort_unstable();
+                assert!(side.windows(2).all(|w| w[0].1 <= w[1].0), "{side:?}");
+                assert!(side.last().is_some_and(|l| l.1 <= u64::from(u32::MAX)));
+            }
+        }
     }
 }

@@ -191,9 +191,10 @@ pub fn run(
     // the effective ids change; the real and saved ids stay 0 so we can change back.
     //
     // Id 0 inside maps onto that same owner id where there is one (see `crate::ids`): the
-    // host folders handed in are idmapped so that on disk they keep the shared owner.
+    // host folders handed in are idmapped so that on disk id 0 is the owner the monitor
+    // named for each.
     let mut root_uid = None;
-    let mut _idmap_child = None;
+    let mut _idmap_children = Vec::new();
     let as_subordinate = match plan.ids {
         IdMap::Range {
             uid_base,
@@ -203,19 +204,12 @@ pub fn run(
         } => {
             let (uid, gid) = owner_ids(uid_base, gid_base, count, owners);
             if owners > 0 {
-                match idmap_handed(plan, &handed, uid_base, count, uid) {
-                    Ok(child) => {
-                        _idmap_child = child;
-                        root_uid = Some(uid);
-                    }
-                    Err(e) => {
-                        return failed(
-                            sock,
-                            Phase::Start,
-                            format!("map the ids of the folders handed in: {e}"),
-                        )
-                    }
-                }
+                root_uid = Some(uid);
+            }
+            // Id 0 inside is host `uid` (`uid_base` without owner ids) and host `gid_base`.
+            match idmap_handed(plan, &handed, uid, gid_base) {
+                Ok(children) => _idmap_children = children,
+                Err(e) => return failed(sock, Phase::Start, e),
             }
             // SAFETY: changing only the effective ids of this single-threaded process.
             let r = unsafe { libc::setresgid(u32::MAX, gid, u32::MAX) };
@@ -462,54 +456,88 @@ fn owner_ids(uid_base: u32, gid_base: u32, count: u32, owners: u32) -> (u32, u32
     (uid_base + count + i, gid_base + count + i)
 }
 
-/// Mount the host folders handed in (not the image) idmapped for a sandbox whose id 0 is
-/// host `root` (see `crate::ids`), and say which cannot be. The child to reap later.
+/// Mount the host folders handed in (not the image, nor a fresh filesystem) idmapped for
+/// a sandbox whose id 0 is host `root_uid` and `root_gid`, each for the owner the plan
+/// names (see `crate::ids`), and refuse a writable one that cannot be. The children to
+/// reap later.
 fn idmap_handed(
     plan: &LaunchPlan,
     handed: &[OwnedFd],
-    uid_base: u32,
-    count: u32,
-    root: u32,
-) -> Result<Option<crate::ids::Reap>, String> {
+    root_uid: u32,
+    root_gid: u32,
+) -> Result<Vec<crate::ids::Reap>, String> {
     // In the order the monitor sent them: the image, the handed mounts, the workspace.
-    // A fresh mount (a filesystem made for this sandbox alone) is placed as it is.
-    let mut folders: Vec<(&str, bool, bool)> = plan
+    struct Folder<'a> {
+        src: &'a str,
+        dst: &'a str,
+        rw: bool,
+        fresh: bool,
+        owner: Option<proto::launch::DiskOwner>,
+    }
+    let mut folders: Vec<Folder> = plan
         .mounts
         .iter()
         .filter(|m| m.handed)
-        .map(|m| (m.dst.as_str(), m.rw, m.fresh))
+        .map(|m| Folder {
+            src: &m.src,
+            dst: &m.dst,
+            rw: m.rw,
+            fresh: m.fresh,
+            owner: m.owner,
+        })
         .collect();
     if plan.work_handed {
-        folders.push(("/work", true, false));
+        folders.push(Folder {
+            src: plan.work.as_deref().unwrap_or("the workspace"),
+            dst: "/work",
+            rw: true,
+            fresh: false,
+            owner: plan.work_owner,
+        });
     }
     let trees = handed.get(usize::from(plan.image_handed)..).unwrap_or(&[]);
-    let mapped: Vec<&OwnedFd> = trees
-        .iter()
-        .zip(&folders)
-        .filter(|(_, (_, _, fresh))| !fresh)
-        .map(|(t, _)| t)
-        .collect();
-    folders.retain(|(_, _, fresh)| !fresh);
-    let (child, done) = crate::ids::idmap_trees(mapped.into_iter(), uid_base, count, root)
-        .map_err(|e| format!("make the idmapping namespace: {e}"))?;
-    for ((dst, rw, _), r) in folders.iter().zip(&done) {
+    let mut mapped = Vec::new();
+    let mut named = Vec::new();
+    for (tree, f) in trees.iter().zip(&folders) {
+        // A fresh mount (a filesystem made for this sandbox alone) is placed as it is.
+        if f.fresh {
+            continue;
+        }
+        match f.owner {
+            Some(owner) => {
+                mapped.push((tree, owner));
+                named.push(f);
+            }
+            None if f.rw => {
+                return Err(format!(
+                    "the plan names no owner on disk for the writable folder {} (at {})",
+                    f.src, f.dst
+                ))
+            }
+            None => {}
+        }
+    }
+    let (children, done) = crate::ids::idmap_trees(&mapped, root_uid, root_gid)
+        .map_err(|e| format!("make the idmapping namespace of the folders handed in: {e}"))?;
+    for (f, r) in named.iter().zip(&done) {
         match r {
             Ok(()) => {}
             // Read-only, nothing the sandbox may do there depends on who owns what.
-            Err(e) if !rw => log::debug!("launcher: {dst} is not idmapped: {e}"),
-            // Writable, the sandbox would leave files of its own host uid there, which a
+            Err(e) if !f.rw => log::debug!("launcher: {} is not idmapped: {e}", f.dst),
+            // Writable, the sandbox would write there as a host uid of its own, which a
             // later sandbox may be given: refused.
             Err(e) => {
                 return Err(format!(
-                    "the writable folder {dst} cannot be mounted idmapped ({e}), so this \
-                     sandbox would write there as a host uid of its own: mount it read-only, \
-                     or keep it on a filesystem that supports idmapped mounts (ext4, xfs, \
-                     btrfs; tmpfs from Linux 6.3)"
+                    "the writable folder {} (at {}) cannot be mounted idmapped ({e}), so a \
+                     sandbox cannot write there as its owner: mount it read-only, or keep it \
+                     on a filesystem that supports idmapped mounts (ext4, xfs, btrfs; tmpfs \
+                     from Linux 6.3)",
+                    f.src, f.dst
                 ))
             }
         }
     }
-    Ok(child)
+    Ok(children)
 }
 
 /// Back to effective root after creating the sandbox as its subordinate uid.

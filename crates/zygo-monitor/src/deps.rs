@@ -431,6 +431,7 @@ fn fresh_mount() -> proto::launch::BindMount {
         rw: true,
         handed: true,
         fresh: true,
+        owner: None,
     }
 }
 

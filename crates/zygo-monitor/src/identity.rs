@@ -22,9 +22,10 @@
 //! Id 0 inside maps onto that owner id too (ids 1..65535 onto the first part as in the
 //! table): the kernel counts pipe buffers, descriptors in flight over unix sockets and
 //! epoll watches per host uid of the process, and a sandbox's processes run as its id 0.
-//! On disk, files a sandbox writes into a host folder are owned by `BASE` as before (the
-//! folder is mounted idmapped). A zygote's request uids are shared with other zygotes'
-//! requests of the same number.
+//! On disk, id 0 is one owner in a host folder whichever sandbox it is (the folder is
+//! mounted idmapped): a writable folder's own owner, `BASE` in a read-only one. A zygote's
+//! request uids are shared with other zygotes' requests of the same number; a function
+//! with a writable mount gives its requests none.
 //!
 //! A smaller configured range still works, with less: fewer than 65536 + 1024 ids and
 //! requests take uids 60000–65533 (above `useradd`'s range, below `nobody`); no owner ids

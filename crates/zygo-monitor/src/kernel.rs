@@ -80,6 +80,23 @@ pub fn rootless_zygote_refusal(abi: u32) -> Option<String> {
     ))
 }
 
+/// Why a function or pool with a writable mount is refused on this kernel as root, if it
+/// is: its requests run as the sandbox's id 0 (which writes into the folder as its owner),
+/// so they share one uid, as rootless requests do.
+pub fn writable_mount_refusal(abi: u32) -> Option<String> {
+    if abi >= 6 || unscoped_allowed() {
+        return None;
+    }
+    Some(format!(
+        "the requests of a function with a writable mount (rw = true) run as the sandbox's \
+         root, which writes into the folder as the folder's owner, so they share one uid, and \
+         only Landlock ABI 6 (Linux 6.12 or later) keeps them from signalling each other and \
+         the zygote's agent; this kernel has ABI {abi}. Mount the folder read-only, use Linux \
+         6.12 or later, or accept that this function's requests can signal each other with \
+         {ALLOW_UNSCOPED}=1"
+    ))
+}
+
 /// Every protection that depends on the ABI, as provided on a kernel with `abi`, for a
 /// monitor whose zygotes give each request a uid of its own (`own_uids`: root with a
 /// subordinate id range) or not (rootless).
@@ -178,6 +195,12 @@ mod tests {
             why.contains("Linux 6.12") && why.contains("ABI 2") && why.contains(ALLOW_UNSCOPED)
         );
         assert!(rootless_zygote_refusal(6).is_none());
+        let why = writable_mount_refusal(2).expect("refused on ABI 2");
+        assert!(
+            why.contains("ABI 2") && why.contains(ALLOW_UNSCOPED),
+            "{why}"
+        );
+        assert!(writable_mount_refusal(6).is_none());
         assert!(rootless_zygote_refusal(7).is_none());
     }
 }

@@ -85,11 +85,11 @@ pub struct Workspace {
     pub scratch: bool,
 }
 
-fn sandbox_owner(ids: &IdMap) -> Option<(u32, u32)> {
+/// The host uid that older versions of Zygo gave workspaces (the subordinate range's
+/// base), whose scratch workspaces are swept too.
+fn old_sandbox_owner(ids: &IdMap) -> Option<u32> {
     match ids {
-        IdMap::Range {
-            uid_base, gid_base, ..
-        } => Some((*uid_base, *gid_base)),
+        IdMap::Range { uid_base, .. } => Some(*uid_base),
         IdMap::Single { .. } => None,
     }
 }
@@ -101,8 +101,9 @@ fn utf8(p: &Path) -> Result<String, String> {
 }
 
 impl Workspace {
-    /// A fresh private folder (0700) under the temporary directory, owned by the sandbox's
-    /// root on the host, removed when the server exits.
+    /// A fresh private folder (0700) under the temporary directory, this process's user's
+    /// (the sandboxes write there as its owner: see `proto::launch::DiskOwner`), removed
+    /// when the server exits.
     pub fn scratch(ids: &IdMap) -> Result<Workspace, String> {
         let base = std::env::temp_dir();
         sweep_stale(&base, ids);
@@ -116,28 +117,17 @@ impl Workspace {
             path,
             scratch: true,
         };
-        if let Some((uid, gid)) = sandbox_owner(ids) {
-            if let Err(e) = std::os::unix::fs::chown(&ws.path, Some(uid), Some(gid)) {
-                ws.remove();
-                return Err(format!(
-                    "give the scratch workspace to the sandbox's user ({uid}:{gid}): {e}"
-                ));
-            }
-        }
         utf8(&ws.path)?;
         Ok(ws)
     }
 
-    /// `--workspace DIR`: made (0700, owned by the sandbox's root) if it does not exist,
-    /// kept when the server exits. Returns the workspace and, when the sandbox's user will
-    /// probably not be able to write it, a warning saying how to fix that.
-    pub fn given(dir: &Path, ids: &IdMap) -> Result<(Workspace, Option<String>), String> {
-        // The folders on the way need not let the sandbox's user through: as root the
-        // monitor opens the workspace itself and hands it over (`crate::mounts`).
-        let owner = sandbox_owner(ids);
-        let mut made = false;
+    /// `--workspace DIR`: made (0700, this process's user's) if it does not exist, kept
+    /// when the server exits. The sandboxes write there as the folder's owner (as root; as
+    /// this user rootless): one they could not write is refused, naming it.
+    pub fn given(dir: &Path) -> Result<Workspace, String> {
+        // The folders on the way need not let anyone else through: as root the monitor
+        // opens the workspace itself and hands it over (`crate::mounts`).
         if !dir.exists() {
-            // Missing parents 0755 (so the sandbox's user can pass), the workspace 0700.
             std::fs::DirBuilder::new()
                 .mode(0o755)
                 .recursive(true)
@@ -146,7 +136,6 @@ impl Workspace {
                     std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700))
                 })
                 .map_err(|e| format!("create the workspace {}: {e}", dir.display()))?;
-            made = true;
         }
         let path = std::fs::canonicalize(dir)
             .map_err(|e| format!("the workspace {}: {e}", dir.display()))?;
@@ -159,31 +148,12 @@ impl Workspace {
             ));
         }
         utf8(&path)?;
-        let mut warning = None;
-        if let Some((uid, gid)) = owner {
-            if made {
-                std::os::unix::fs::chown(&path, Some(uid), Some(gid)).map_err(|e| {
-                    format!(
-                        "give the workspace {} to the sandbox's user: {e}",
-                        path.display()
-                    )
-                })?;
-            } else if !may(&meta, uid, gid, 0o3) {
-                warning = Some(format!(
-                    "the sandbox writes a workspace as host uid {uid}, which cannot write {}; \
-                     to let run_code write there, run `chown -R {uid}:{gid} {}`",
-                    path.display(),
-                    path.display()
-                ));
-            }
-        }
-        Ok((
-            Workspace {
-                path,
-                scratch: false,
-            },
-            warning,
-        ))
+        crate::mounts::check_writable(&path, "choose another --workspace")
+            .map_err(|e| format!("--workspace: {e}"))?;
+        Ok(Workspace {
+            path,
+            scratch: false,
+        })
     }
 
     /// Remove a scratch workspace (a given one is kept). Sandboxes filled it: it is
@@ -202,27 +172,13 @@ impl Workspace {
     }
 }
 
-/// Whether `uid`:`gid` (no capabilities on the host) has all of `bits` (r=4, w=2, x=1) on
-/// a file with this metadata, by its mode bits.
-fn may(meta: &std::fs::Metadata, uid: u32, gid: u32, bits: u32) -> bool {
-    let mode = meta.mode();
-    let granted = if meta.uid() == uid {
-        mode >> 6
-    } else if meta.gid() == gid {
-        mode >> 3
-    } else {
-        mode
-    } & 0o7;
-    granted & bits == bits
-}
-
 /// Remove scratch workspaces left by servers that were killed before they could clean up
-/// (SIGKILL): `zygo-mcp-<pid>-<random>` whose process is gone, owned by us or by our
-/// sandboxes' user.
+/// (SIGKILL): `zygo-mcp-<pid>-<random>` whose process is gone, owned by us (or by the
+/// uid older versions gave them).
 fn sweep_stale(base: &Path, ids: &IdMap) {
     // SAFETY: geteuid cannot fail.
     let me = unsafe { libc::geteuid() };
-    let sandbox = sandbox_owner(ids).map(|(u, _)| u);
+    let sandbox = old_sandbox_owner(ids);
     let Ok(entries) = std::fs::read_dir(base) else {
         return;
     };
@@ -886,14 +842,13 @@ mod tests {
     fn given_workspace_is_made_and_kept() {
         let base = std::env::temp_dir().join(format!("zygo-mcp-test-{}", random_hex(8).unwrap()));
         let dir = base.join("a/b");
-        let (ws, warning) = Workspace::given(&dir, &IdMap::Single { uid: 0, gid: 0 }).unwrap();
-        assert!(warning.is_none());
+        let ws = Workspace::given(&dir).unwrap();
         assert!(ws.path.is_dir() && !ws.scratch);
         ws.remove();
         assert!(ws.path.is_dir(), "a given workspace is kept");
         let file = base.join("file");
         std::fs::write(&file, b"x").unwrap();
-        assert!(Workspace::given(&file, &IdMap::Single { uid: 0, gid: 0 })
+        assert!(Workspace::given(&file)
             .unwrap_err()
             .contains("not a directory"));
         std::fs::remove_dir_all(&base).unwrap();

@@ -18,7 +18,7 @@ use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::os::unix::net::UnixStream;
 use std::path::Path;
 
-use proto::launch::{Image, LaunchPlan, ToLauncher, MAX_HANDED_MOUNTS};
+use proto::launch::{DiskOwner, IdMap, Image, LaunchPlan, ToLauncher, MAX_HANDED_MOUNTS};
 
 use plumbing::sys::{
     MountAttr, MOUNT_ATTR_NODEV, MOUNT_ATTR_NOSUID, MOUNT_ATTR_RDONLY, OPEN_TREE_CLONE,
@@ -98,10 +98,112 @@ pub fn copy(handed: &Handed) -> io::Result<OwnedFd> {
     }
 }
 
-/// As root, detach a plan's `dir:` image and every mount (marking them handed over) and
-/// return the trees: the image's first, then the mounts' in the plan's order, then the
-/// workspace's. Rootless, nothing (the launcher binds the paths itself). A `fresh` mount
-/// is left to its maker, whose descriptor goes after the others' (before the workspace).
+/// Who the sandbox's id 0 is on disk in a host tree handed to it (see `DiskOwner`): for a
+/// writable one, the owner of its root as the detached tree itself says (so what the
+/// sandbox writes there keeps the folder's owner); for a read-only one, the subordinate
+/// range's base ids. `None` where ids are not mapped onto a range (rootless: nothing is
+/// handed).
+fn disk_owner(tree: &OwnedFd, rw: bool, ids: &IdMap) -> io::Result<Option<DiskOwner>> {
+    let IdMap::Range {
+        uid_base, gid_base, ..
+    } = *ids
+    else {
+        return Ok(None);
+    };
+    if !rw {
+        return Ok(Some(DiskOwner {
+            uid: uid_base,
+            gid: gid_base,
+        }));
+    }
+    let st = fstat(tree.as_raw_fd())?;
+    Ok(Some(DiskOwner {
+        uid: st.st_uid,
+        gid: st.st_gid,
+    }))
+}
+
+fn fstat(fd: RawFd) -> io::Result<libc::stat> {
+    // SAFETY: stat is plain old data; zeroed is a valid starting value.
+    let mut st: libc::stat = unsafe { std::mem::zeroed() };
+    // SAFETY: a descriptor of ours and a stat to fill.
+    if unsafe { libc::fstat(fd, &mut st) } < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(st)
+}
+
+/// Refuse, before anything is made, a host folder (or file) handed to a sandbox writable
+/// that the sandbox could not write, naming it: every write there would fail with
+/// `EACCES` or `EROFS` otherwise. As root the sandbox writes there as its owner (see
+/// `DiskOwner`), with no capability, so the owner's mode bits decide; rootless, as the user
+/// running this process, so the kernel's own answer for this user does (groups and ACLs
+/// included). No symbolic link is followed in `src` (see `plumbing::resolve`). `instead`
+/// is the way out that needs no change to the folder ("mount it read-only").
+pub fn check_writable(src: &Path, instead: &str) -> Result<(), String> {
+    let held = hold(src).map_err(|e| format!("{}: {e}", src.display()))?;
+    let st = fstat(held.as_raw_fd()).map_err(|e| format!("{}: {e}", src.display()))?;
+    let dir = st.st_mode & libc::S_IFMT == libc::S_IFDIR;
+    let what = if dir { "folder" } else { "file" };
+    let shown = src.display();
+    // SAFETY: statvfs is plain old data; zeroed is a valid starting value.
+    let mut vfs: libc::statvfs = unsafe { std::mem::zeroed() };
+    // SAFETY: a descriptor of ours and a statvfs to fill.
+    if unsafe { libc::fstatvfs(held.as_raw_fd(), &mut vfs) } == 0
+        && vfs.f_flag & libc::ST_RDONLY != 0
+    {
+        return Err(format!(
+            "the writable {what} {shown} is on a read-only filesystem: {instead}"
+        ));
+    }
+    let mode = st.st_mode & 0o7777;
+    if can_hand_over() {
+        let needed = if dir { 0o300 } else { 0o200 };
+        if mode & needed != needed {
+            return Err(format!(
+                "the writable {what} {shown} is not writable by its owner (uid {}, mode \
+                 {mode:04o}), whom a sandbox writes there as: {instead}, or give its owner \
+                 the right (chmod u+w{} {shown})",
+                st.st_uid,
+                if dir { "x" } else { "" }
+            ));
+        }
+        return Ok(());
+    }
+    let bits = if dir {
+        libc::W_OK | libc::X_OK
+    } else {
+        libc::W_OK
+    };
+    // SAFETY: a descriptor of ours and an empty C string (AT_EMPTY_PATH: the descriptor
+    // itself).
+    let r = unsafe {
+        libc::faccessat(
+            held.as_raw_fd(),
+            c"".as_ptr(),
+            bits,
+            libc::AT_EMPTY_PATH | libc::AT_EACCESS,
+        )
+    };
+    if r < 0 {
+        let e = io::Error::last_os_error();
+        // SAFETY: geteuid cannot fail.
+        let me = unsafe { libc::geteuid() };
+        return Err(format!(
+            "the writable {what} {shown} (owner uid {}, mode {mode:04o}) cannot be written by \
+             uid {me}, who runs zygo and whom a sandbox without root writes there as ({e}): \
+             {instead}, or give uid {me} the right to write it",
+            st.st_uid
+        ));
+    }
+    Ok(())
+}
+
+/// As root, detach a plan's `dir:` image and every mount (marking them handed over, with
+/// whom the sandbox's id 0 is on disk in each) and return the trees: the image's first,
+/// then the mounts' in the plan's order, then the workspace's. Rootless, nothing (the
+/// launcher binds the paths itself). A `fresh` mount is left to its maker, whose
+/// descriptor goes after the others' (before the workspace).
 pub fn hand_over(plan: &mut LaunchPlan) -> Result<Vec<Handed>, String> {
     if !can_hand_over() {
         return Ok(Vec::new());
@@ -130,12 +232,16 @@ pub fn hand_over(plan: &mut LaunchPlan) -> Result<Vec<Handed>, String> {
         }
         let tree = detach(Path::new(&m.src), m.rw)
             .map_err(|e| format!("open the mount source {}: {e}", m.src))?;
+        m.owner = disk_owner(&tree.tree, m.rw, &plan.ids)
+            .map_err(|e| format!("the mount source {}: {e}", m.src))?;
         m.handed = true;
         trees.push(tree);
     }
     if let Some(w) = &plan.work {
         let tree =
             detach(Path::new(w), true).map_err(|e| format!("open the workspace {w}: {e}"))?;
+        plan.work_owner = disk_owner(&tree.tree, true, &plan.ids)
+            .map_err(|e| format!("the workspace {w}: {e}"))?;
         plan.work_handed = true;
         trees.push(tree);
     }

@@ -365,8 +365,15 @@ impl Started {
                     .map_err(|e| format!("send the sandbox's cgroup to the launcher: {e}"))
             });
         if let Err(e) = sent {
-            drop(cg); // removed: nothing ever ran in it
-            let out = self.abandon(Outcome::refused(Phase::Start, e));
+            // Removed: nothing ever ran in it.
+            drop(cg);
+            // A launcher that refused the plan (a writable folder that cannot be idmapped,
+            // say) said why before it went: that is the answer, not the channel it closed.
+            let out = match launchers_last_word(&self.sock) {
+                Some((phase, reason)) => Outcome::refused(phase, reason),
+                None => Outcome::refused(Phase::Start, e),
+            };
+            let out = self.abandon(out);
             meanwhile();
             return out;
         }
@@ -430,6 +437,28 @@ impl Started {
         let _ = self.child.kill();
         let _ = self.child.wait();
         out
+    }
+}
+
+/// The `Failed` report a launcher left on its channel before it closed it, if it did: what
+/// remains to be read of a channel whose other end is gone (a short wait at most, should
+/// it not be gone after all).
+fn launchers_last_word(sock: &UnixStream) -> Option<(Phase, String)> {
+    sock.set_read_timeout(Some(Duration::from_millis(200)))
+        .ok()?;
+    let mut frames = FrameBuf::new(MAX_LAUNCH_FRAME);
+    let mut buf = [0u8; 4096];
+    loop {
+        match frames.next_frame::<FromLauncher>() {
+            Ok(Some(FromLauncher::Failed { phase, reason })) => return Some((phase, reason)),
+            Ok(Some(_)) => continue,
+            Ok(None) => {}
+            Err(_) => return None,
+        }
+        match (&*sock).read(&mut buf) {
+            Ok(0) | Err(_) => return None,
+            Ok(n) => frames.push(&buf[..n]).ok()?,
+        }
     }
 }
 
@@ -1126,12 +1155,17 @@ pub fn launch_plan(plan: &policy::plan::OneShotPlan) -> Result<(LaunchPlan, Limi
         // once, in the operator's own path.
         plumbing::resolve::open_host_path(&m.src)
             .map_err(|e| format!("mount source {}: {e}", m.src.display()))?;
+        // A writable one the sandbox could not write is refused now, naming it.
+        if m.rw {
+            crate::mounts::check_writable(&m.src, "mount it read-only")?;
+        }
         mounts.push(proto::launch::BindMount {
             src: path_str(&m.src)?,
             dst: path_str(&m.dst)?,
             rw: m.rw,
             handed: false,
             fresh: false,
+            owner: None,
         });
     }
     let ids = crate::identity::id_map().map_err(|e| e.to_string())?;
@@ -1156,6 +1190,7 @@ pub fn launch_plan(plan: &policy::plan::OneShotPlan) -> Result<(LaunchPlan, Limi
         inotify: plan.inotify,
         image_handed: false,
         work_handed: false,
+        work_owner: None,
         hide_pids: Shape::ONE_SHOT.hide_pids,
         work_mode: Shape::ONE_SHOT.work_mode,
         agents: Vec::new(),

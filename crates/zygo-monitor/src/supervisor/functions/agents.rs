@@ -63,6 +63,7 @@ fn entry_mount(dir: String) -> Option<BindMount> {
         rw: false,
         handed: false,
         fresh: false,
+        owner: None,
     })
 }
 

@@ -697,6 +697,7 @@ pub(super) fn apply(plan: &mut LaunchPlan, spec: &FnSpec, set: &DepsUse) -> Resu
         rw: false,
         handed: false,
         fresh: false,
+        owner: None,
     });
     match set.kind {
         Kind::Python => {
@@ -734,6 +735,7 @@ pub(super) fn apply(plan: &mut LaunchPlan, spec: &FnSpec, set: &DepsUse) -> Resu
                 rw: false,
                 handed: false,
                 fresh: false,
+                owner: None,
             });
             set_env(
                 &mut plan.env,

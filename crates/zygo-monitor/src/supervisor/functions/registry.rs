@@ -371,14 +371,25 @@ fn plan(spec: &FnSpec, identity: &Identity) -> Result<Planned, String> {
             proto::launch::MAX_REQUEST_SECRETS
         ));
     }
+    // Requests that may write into a host folder run as the sandbox's id 0, which writes
+    // there as the folder's owner (see `proto::launch::DiskOwner`): they share that uid
+    // instead of each getting one of its own, as rootless requests do.
+    let writes_host = spec.mounts.iter().any(|m| m.rw);
+    let request_ids = identity.request_ids.filter(|_| !writes_host);
     // Without uids of their own, requests are kept from signalling each other by
     // Landlock's scoping alone: on an older kernel that is refused unless accepted.
-    if identity.request_ids.is_none() {
-        if let Some(why) = crate::kernel::rootless_zygote_refusal(crate::kernel::landlock_abi()) {
+    if request_ids.is_none() {
+        let abi = crate::kernel::landlock_abi();
+        let refusal = if identity.request_ids.is_none() {
+            crate::kernel::rootless_zygote_refusal(abi)
+        } else {
+            crate::kernel::writable_mount_refusal(abi)
+        };
+        if let Some(why) = refusal {
             return Err(why);
         }
     }
-    let (argv, fn_mount, agents) = agent_argv(spec, identity.request_ids)?;
+    let (argv, fn_mount, agents) = agent_argv(spec, request_ids)?;
     let image = match &spec.image {
         policy::plan::Image::Host => Image::Host,
         policy::plan::Image::Dir(d) => {
@@ -396,12 +407,17 @@ fn plan(spec: &FnSpec, identity: &Identity) -> Result<Planned, String> {
         // No link is followed in a mount source (see `plumbing::resolve`).
         plumbing::resolve::open_host_path(&m.src)
             .map_err(|e| format!("mount source {}: {e}", m.src.display()))?;
+        // A writable one the sandbox could not write is refused now, naming it.
+        if m.rw {
+            crate::mounts::check_writable(&m.src, "mount it read-only")?;
+        }
         mounts.push(BindMount {
             src: m.src.to_str().ok_or("mount path is not UTF-8")?.into(),
             dst: m.dst.to_str().ok_or("mount path is not UTF-8")?.into(),
             rw: m.rw,
             handed: false,
             fresh: false,
+            owner: None,
         });
     }
     if let Some(m) = fn_mount {
@@ -432,10 +448,11 @@ fn plan(spec: &FnSpec, identity: &Identity) -> Result<Planned, String> {
         timeout_ms: l.timeout.as_millis() as u64,
         ids: identity.ids,
         hostname: "zygo".into(),
-        request_ids: identity.request_ids,
+        request_ids,
         inotify: spec.inotify,
         image_handed: false,
         work_handed: false,
+        work_owner: None,
         hide_pids: Shape::ZYGOTE.hide_pids,
         work_mode: Shape::ZYGOTE.work_mode,
         scripts: is_pool(spec),

@@ -236,7 +236,7 @@ impl Functions {
                 child,
                 cgroup: cg.keep(),
                 state: ZState::Starting,
-                children: Children::new(self.identity.request_ids.map(|r| r.count)),
+                children: Children::new(f.plan.request_ids.map(|r| r.count)),
                 last_used: now,
                 last_beat: now,
                 frozen: false,
