@@ -130,27 +130,16 @@ pub struct NameRule {
 }
 
 impl NameRule {
-    /// The form a launcher hands on: `NAME PORT 0|1`.
-    pub fn encode(&self) -> String {
-        format!("{} {} {}", self.name, self.port, u8::from(self.private_ok))
-    }
-
-    /// Parse [`NameRule::encode`]'s form.
-    pub fn decode(s: &str) -> Option<NameRule> {
-        let mut parts = s.split(' ');
-        let name = parts.next()?.to_string();
-        let port = parts.next()?.parse().ok().filter(|p| *p > 0)?;
-        let private_ok = match parts.next()? {
-            "0" => false,
-            "1" => true,
-            _ => return None,
-        };
-        (parts.next().is_none() && crate::file::is_dns_name(&name) && name == normal_name(&name))
-            .then_some(NameRule {
-                name,
+    /// A name rule as a launcher hands it on, checked again: a name in normal form (see
+    /// [`normal_name`]) and a port other than 0; `None` otherwise.
+    pub fn checked(name: &str, port: u16, private_ok: bool) -> Option<NameRule> {
+        (port > 0 && crate::file::is_dns_name(name) && name == normal_name(name)).then(|| {
+            NameRule {
+                name: name.to_string(),
                 port,
                 private_ok,
-            })
+            }
+        })
     }
 }
 
@@ -201,17 +190,14 @@ impl Rule {
             .map(|(_, _, what)| *what)
     }
 
-    /// Parse the form [`Rule`]'s `Display` writes (`a.b.c.d/n:port`), as a launcher hands
-    /// the rules on.
-    pub fn parse_exact(s: &str) -> Option<Rule> {
-        let (net, port) = s.rsplit_once(':')?;
-        let (net, prefix) = net.split_once('/')?;
-        let rule = Rule {
-            net: net.parse().ok()?,
-            prefix: prefix.parse().ok().filter(|p| *p <= 32)?,
-            port: port.parse().ok().filter(|p| *p > 0)?,
-        };
-        (u32::from(rule.net) & !mask(rule.prefix) == 0).then_some(rule)
+    /// A rule as a launcher hands it on, checked again: a prefix of at most 32 with no host
+    /// bits set in `net`, and a port other than 0; `None` otherwise.
+    pub fn checked(net: Ipv4Addr, prefix: u8, port: u16) -> Option<Rule> {
+        (prefix <= 32 && port > 0 && u32::from(net) & !mask(prefix) == 0).then_some(Rule {
+            net,
+            prefix,
+            port,
+        })
     }
 }
 
@@ -450,12 +436,15 @@ mod tests {
         assert!(r.addrs.is_empty());
         assert_eq!(r.names[0].name, "api.example.com");
         assert!(!r.names[0].private_ok);
+        let n = &r.names[0];
         assert_eq!(
-            NameRule::decode(&r.names[0].encode()),
-            Some(r.names[0].clone())
+            NameRule::checked(&n.name, n.port, n.private_ok),
+            Some(n.clone())
         );
-        assert_eq!(NameRule::decode("a.com 0 1"), None);
-        assert_eq!(NameRule::decode("A.com 1 1"), None);
+        assert_eq!(NameRule::checked("a.com", 0, true), None);
+        assert_eq!(NameRule::checked("A.com", 1, true), None);
+        assert_eq!(NameRule::checked("a.com.", 1, true), None);
+        assert_eq!(NameRule::checked("a com", 1, true), None);
         assert!(answers_for(&r.names, "api.example.COM.").is_some());
         assert!(answers_for(&r.names, "example.com").is_none());
         let dst: SocketAddrV4 = "93.184.216.34:443".parse().unwrap();
@@ -551,14 +540,16 @@ mod tests {
     }
 
     #[test]
-    fn rules_round_trip_through_their_text() {
+    fn rules_are_checked_again_as_handed_on() {
         let r = rules(&["10.9.0.0/24:8080", "1.2.3.4:5"], PrivateNet::Allowed).unwrap();
         for rule in r {
-            assert_eq!(Rule::parse_exact(&rule.to_string()), Some(rule));
+            assert_eq!(Rule::checked(rule.net, rule.prefix, rule.port), Some(rule));
         }
-        assert_eq!(Rule::parse_exact("10.9.0.1/24:80"), None);
-        assert_eq!(Rule::parse_exact("10.9.0.0/24:0"), None);
-        assert_eq!(Rule::parse_exact("10.9.0.0:80"), None);
+        let net = Ipv4Addr::new(10, 9, 0, 1);
+        assert_eq!(Rule::checked(net, 24, 80), None);
+        assert_eq!(Rule::checked(Ipv4Addr::new(10, 9, 0, 0), 24, 0), None);
+        assert_eq!(Rule::checked(net, 33, 80), None);
+        assert!(Rule::checked(net, 32, 80).is_some());
     }
 
     #[test]

@@ -200,6 +200,22 @@ pub struct Egress {
     pub mem_bytes: Option<u64>,
 }
 
+/// What a launcher tells the egress filter it starts, in one message on their private
+/// socket (the listening sockets travel beside it, one per rule at most, then the DNS one).
+/// The filter checks every rule again (see `policy::egress`): it takes nothing on trust.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct EgressStart {
+    /// Host ids the filter switches to when started as root (`None`: it stays who it is).
+    pub ids: Option<(u32, u32)>,
+    /// How the filter's log lines name the sandbox.
+    pub label: String,
+    pub egress: Egress,
+}
+
+/// The largest [`EgressStart`] a filter reads: the most rules a plan may carry, each name
+/// at its longest, with room to spare.
+pub const MAX_EGRESS_START: usize = 32 * 1024;
+
 /// One name rule: TCP to `port` at an address the filter resolved for `name`, with that
 /// name in TLS SNI or the HTTP `Host` header.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]

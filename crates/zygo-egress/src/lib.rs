@@ -62,7 +62,7 @@ use std::sync::Mutex;
 use policy::egress::{decide, decide_name, NameRule, Rule};
 
 /// The largest start message the launcher may send.
-pub const MAX_START: usize = 8 * 1024;
+pub const MAX_START: usize = proto::launch::MAX_EGRESS_START;
 /// The most listening sockets one filter serves (one per rule at most).
 pub const MAX_LISTENERS: usize = 65;
 /// The most addresses remembered for one name (what the resolver gave the sandbox).
@@ -112,73 +112,57 @@ pub struct Start {
 }
 
 impl Start {
-    /// The message's text (the listening sockets travel beside it).
-    pub fn encode(&self) -> String {
-        let mut s = String::from("zygo-egress 2\n");
-        match self.ids {
-            Some((u, g)) => s.push_str(&format!("ids {u} {g}\n")),
-            None => s.push_str("ids -\n"),
+    /// Read the launcher's start message ([`proto::launch::EgressStart`]) and check every
+    /// rule again; the reason for anything else.
+    pub fn decode(bytes: &[u8]) -> Result<Start, String> {
+        let wire: proto::launch::EgressStart =
+            proto::codec::decode(bytes).map_err(|e| e.to_string())?;
+        let e = wire.egress;
+        if e.rules.len() + e.names.len() > policy::egress::MAX_RULES {
+            return Err(format!(
+                "{} rules, over the {} a sandbox may have",
+                e.rules.len() + e.names.len(),
+                policy::egress::MAX_RULES
+            ));
         }
-        let label: String = self
+        if e.resolvers.len() > 3 {
+            return Err(format!("{} resolvers, over 3", e.resolvers.len()));
+        }
+        let rules = e
+            .rules
+            .iter()
+            .map(|r| {
+                Rule::checked(Ipv4Addr::from(r.addr), r.prefix, r.port).ok_or_else(|| {
+                    let [a, b, c, d] = r.addr;
+                    format!(
+                        "the rule {a}.{b}.{c}.{d}/{}:{} is not one",
+                        r.prefix, r.port
+                    )
+                })
+            })
+            .collect::<Result<_, _>>()?;
+        let names = e
+            .names
+            .iter()
+            .map(|n| {
+                NameRule::checked(&n.name, n.port, n.private_ok)
+                    .ok_or_else(|| format!("the name rule {:?} port {} is not one", n.name, n.port))
+            })
+            .collect::<Result<_, _>>()?;
+        let label = wire
             .label
             .chars()
             .filter(|c| !c.is_control())
             .take(128)
             .collect();
-        s.push_str(&format!("label {label}\n"));
-        match self.mem {
-            Some(m) => s.push_str(&format!("mem {m}\n")),
-            None => s.push_str("mem -\n"),
-        }
-        for r in &self.rules {
-            s.push_str(&format!("rule {r}\n"));
-        }
-        for n in &self.names {
-            s.push_str(&format!("name {}\n", n.encode()));
-        }
-        for r in &self.resolvers {
-            s.push_str(&format!("resolver {r}\n"));
-        }
-        s
-    }
-
-    /// Parse what [`Start::encode`] wrote; `None` for anything else.
-    pub fn decode(text: &str) -> Option<Start> {
-        let mut lines = text.lines();
-        if lines.next()? != "zygo-egress 2" {
-            return None;
-        }
-        let ids = match lines.next()?.strip_prefix("ids ")? {
-            "-" => None,
-            both => {
-                let (u, g) = both.split_once(' ')?;
-                Some((u.parse().ok()?, g.parse().ok()?))
-            }
-        };
-        let label = lines.next()?.strip_prefix("label ")?.to_string();
-        let mem = match lines.next()?.strip_prefix("mem ")? {
-            "-" => None,
-            m => Some(m.parse().ok()?),
-        };
-        let (mut rules, mut names, mut resolvers) = (Vec::new(), Vec::new(), Vec::new());
-        for l in lines {
-            match l.split_once(' ')? {
-                ("rule", r) => rules.push(Rule::parse_exact(r)?),
-                ("name", n) => names.push(NameRule::decode(n)?),
-                ("resolver", a) => resolvers.push(a.parse().ok()?),
-                _ => return None,
-            }
-        }
-        (rules.len() + names.len() <= policy::egress::MAX_RULES && resolvers.len() <= 3).then_some(
-            Start {
-                ids,
-                label,
-                mem,
-                rules,
-                names,
-                resolvers,
-            },
-        )
+        Ok(Start {
+            ids: wire.ids,
+            label,
+            mem: e.mem_bytes,
+            rules,
+            names,
+            resolvers: e.resolvers.into_iter().map(Ipv4Addr::from).collect(),
+        })
     }
 }
 
@@ -201,10 +185,8 @@ fn run() -> Result<(), String> {
     let (n, fds) = plumbing::fds::recv_with_fds(chan.as_raw_fd(), &mut buf, MAX_LISTENERS)
         .map_err(|e| format!("read the start message: {e}"))?;
     drop(chan);
-    let start = std::str::from_utf8(&buf[..n])
-        .ok()
-        .and_then(Start::decode)
-        .ok_or("the launcher's start message does not parse")?;
+    let start =
+        Start::decode(&buf[..n]).map_err(|e| format!("the launcher's start message: {e}"))?;
     if fds.is_empty() {
         return Err("no listening sockets were handed over".into());
     }
@@ -1289,33 +1271,76 @@ fn connect(dst: SocketAddrV4, grant: &mut budget::Grant) -> Result<TcpStream, St
 #[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
+    use proto::launch::{Egress, EgressName, EgressRule, EgressStart};
+
+    fn wire(rules: Vec<EgressRule>, names: Vec<EgressName>) -> EgressStart {
+        EgressStart {
+            ids: Some((100000, 100000)),
+            label: "sandbox 42\nfake".into(),
+            egress: Egress {
+                rules,
+                names,
+                resolvers: vec![[10, 0, 0, 53]],
+                mem_bytes: Some(64 << 20),
+            },
+        }
+    }
+
+    fn decode(w: &EgressStart) -> Result<Start, String> {
+        Start::decode(&proto::codec::encode(w).unwrap())
+    }
 
     #[test]
-    fn the_start_message_round_trips_and_rejects_garbage() {
-        let s = Start {
-            ids: Some((100000, 100000)),
-            label: "run 42\nfake".into(),
-            mem: Some(64 << 20),
-            rules: vec![Rule::parse_exact("10.0.0.0/8:80").unwrap()],
-            names: vec![NameRule::decode("pypi.org 443 0").unwrap()],
-            resolvers: vec![Ipv4Addr::new(10, 0, 0, 53)],
+    fn the_start_message_is_read_and_every_rule_checked_again() {
+        let rule = |addr, prefix, port| EgressRule { addr, prefix, port };
+        let name = |name: &str, port| EgressName {
+            name: name.into(),
+            port,
+            private_ok: false,
         };
-        let d = Start::decode(&s.encode()).unwrap();
-        assert_eq!(d.rules, s.rules);
-        assert_eq!(d.names, s.names);
-        assert_eq!(d.resolvers, s.resolvers);
-        assert_eq!(d.ids, s.ids);
-        assert_eq!(d.label, "run 42fake");
-        assert_eq!(d.mem, Some(64 << 20));
-        let unlimited = Start { mem: None, ..s };
-        assert_eq!(Start::decode(&unlimited.encode()).unwrap().mem, None);
-        assert!(Start::decode("zygo-egress 1\nids -\nlabel x\nmem -\n").is_none());
-        assert!(Start::decode("zygo-egress 2\nids -\nlabel x\n").is_none());
-        assert!(Start::decode("zygo-egress 2\nids -\nlabel x\nmem 1k\n").is_none());
-        assert!(
-            Start::decode("zygo-egress 2\nids -\nlabel x\nmem -\nrule 10.0.0.1/8:80\n").is_none()
+        let good = wire(
+            vec![rule([10, 0, 0, 0], 8, 80)],
+            vec![name("pypi.org", 443)],
         );
-        assert!(Start::decode("zygo-egress 2\nids -\nlabel x\nmem -\nbogus\n").is_none());
+        let d = decode(&good).unwrap();
+        assert_eq!(
+            d.rules,
+            vec![Rule::checked(Ipv4Addr::new(10, 0, 0, 0), 8, 80).unwrap()]
+        );
+        assert_eq!(d.names[0].name, "pypi.org");
+        assert_eq!(d.resolvers, vec![Ipv4Addr::new(10, 0, 0, 53)]);
+        assert_eq!(d.ids, Some((100000, 100000)));
+        assert_eq!(d.label, "sandbox 42fake");
+        assert_eq!(d.mem, Some(64 << 20));
+        let mut unlimited = good.clone();
+        unlimited.egress.mem_bytes = None;
+        assert_eq!(decode(&unlimited).unwrap().mem, None);
+        // Host bits, a port 0, a name not in normal form: refused, naming the rule.
+        for bad in [
+            wire(vec![rule([10, 0, 0, 1], 8, 80)], vec![]),
+            wire(vec![rule([10, 0, 0, 0], 8, 0)], vec![]),
+            wire(vec![rule([10, 0, 0, 0], 33, 80)], vec![]),
+            wire(vec![], vec![name("PyPI.org", 443)]),
+            wire(vec![], vec![name("pypi.org 443 1", 443)]),
+        ] {
+            let e = decode(&bad).unwrap_err();
+            assert!(e.contains("is not one"), "{e}");
+        }
+        let many = wire(
+            (1..=policy::egress::MAX_RULES as u16 + 1)
+                .map(|p| rule([1, 1, 1, 1], 32, p))
+                .collect(),
+            vec![],
+        );
+        assert!(decode(&many).unwrap_err().contains("rules"));
+        let mut resolvers = good.clone();
+        resolvers.egress.resolvers = vec![[1, 1, 1, 1]; 4];
+        assert!(decode(&resolvers).unwrap_err().contains("resolvers"));
+        // Bytes that are not the message, or are more than it.
+        assert!(Start::decode(b"zygo-egress 2\nids -\n").is_err());
+        let mut trailing = proto::codec::encode(&good).unwrap();
+        trailing.push(0);
+        assert!(Start::decode(&trailing).is_err());
     }
 
     #[test]

@@ -370,7 +370,7 @@ fn start_egress_filter(
         IdMap::Range { .. } => Some((EGRESS_FILTER_ID, EGRESS_FILTER_ID)),
         IdMap::Single { .. } => None,
     };
-    let start = zygo_egress_start(ids, init_pid, rules);
+    let start = egress_start(ids, init_pid, rules)?;
     let (mine, theirs) =
         plumbing::pipes::socketpair(libc::SOCK_SEQPACKET).map_err(|e| e.to_string())?;
     let child = plumbing::role::spawn(
@@ -387,47 +387,31 @@ fn start_egress_filter(
     let filter = EgressFilter(child);
     drop(theirs);
     let raw: Vec<RawFd> = listeners.iter().map(AsRawFd::as_raw_fd).collect();
-    plumbing::fds::send_with_fds(mine.as_raw_fd(), start.as_bytes(), &raw)
+    plumbing::fds::send_with_fds(mine.as_raw_fd(), &start, &raw)
         .map_err(|e| format!("hand it the listeners: {e}"))?;
     Ok(Some(filter))
 }
 
-/// The egress filter's start message: see `zygo_egress::Start`, whose text form this
-/// writes (the launcher does not link the filter).
-fn zygo_egress_start(
+/// The egress filter's start message.
+fn egress_start(
     ids: Option<(u32, u32)>,
     init_pid: libc::pid_t,
     egress: &proto::launch::Egress,
-) -> String {
-    let mut s = String::from("zygo-egress 2\n");
-    match ids {
-        Some((u, g)) => s.push_str(&format!("ids {u} {g}\n")),
-        None => s.push_str("ids -\n"),
-    }
-    s.push_str(&format!(
-        "label sandbox {init_pid} (launcher {})\n",
-        std::process::id()
-    ));
-    match egress.mem_bytes {
-        Some(m) => s.push_str(&format!("mem {m}\n")),
-        None => s.push_str("mem -\n"),
-    }
-    for r in &egress.rules {
-        let [a, b, c, d] = r.addr;
-        s.push_str(&format!("rule {a}.{b}.{c}.{d}/{}:{}\n", r.prefix, r.port));
-    }
-    for n in &egress.names {
-        s.push_str(&format!(
-            "name {} {} {}\n",
-            n.name,
-            n.port,
-            u8::from(n.private_ok)
+) -> Result<Vec<u8>, String> {
+    let start = proto::launch::EgressStart {
+        ids,
+        label: format!("sandbox {init_pid} (launcher {})", std::process::id()),
+        egress: egress.clone(),
+    };
+    let bytes = proto::codec::encode(&start).map_err(|e| e.to_string())?;
+    if bytes.len() > proto::launch::MAX_EGRESS_START {
+        return Err(format!(
+            "its start message is {} bytes, over the {} it reads",
+            bytes.len(),
+            proto::launch::MAX_EGRESS_START
         ));
     }
-    for [a, b, c, d] in &egress.resolvers {
-        s.push_str(&format!("resolver {a}.{b}.{c}.{d}\n"));
-    }
-    s
+    Ok(bytes)
 }
 
 /// The host uid and gid of an egress filter started as root where sandboxes have no owner
