@@ -1152,3 +1152,49 @@ fn a_runtime_pool_is_called_with_its_code() {
     s.close_stdin();
     assert_eq!(s.wait(Duration::from_secs(20)), 0, "{}", s.stderr());
 }
+
+/// `--timeout` is a ceiling for `call_function` too: a call of a function whose own
+/// timeout is longer ends at the MCP server's (outcome `timeout`).
+#[test]
+fn call_function_is_held_to_the_ceilings_timeout() {
+    let d = Dirs::new();
+    let app = TempDir::new(0o755);
+    app.file(
+        "sandbox.toml",
+        b"[defaults]\nmem = \"256M\"\ntimeout = \"60s\"\n\n[fn.slow]\nagent = \"python\"\nentry = \"slow.py:handler\"\n",
+    );
+    app.file(
+        "slow.py",
+        b"import time\n\ndef handler(event):\n    time.sleep(event['s'])\n    return 'slept'\n",
+    );
+    let env = d.env();
+    let mut up = clean(&zygo_bin(), &env);
+    up.args(["up", "-f"]).arg(app.path.join("sandbox.toml"));
+    let f = finish(up);
+    let _guard = Supervisor {
+        env: env.clone(),
+        log: d.state.path.join("supervisor.log"),
+    };
+    assert_eq!(f.code, 0, "zygo up: {}", f.stderr_text());
+    let runtime = d.runtime.str().to_string();
+    let state = d.state.str().to_string();
+    let mut s = Server::start_env(
+        &["--timeout", "1s"],
+        &[
+            ("ZYGO_RUNTIME_DIR".into(), runtime),
+            ("ZYGO_STATE_DIR".into(), state),
+        ],
+        Dirs::new(),
+    );
+    s.init("2025-06-18");
+    let r = s.ask(call_function(1, json!({"name": "slow", "event": {"s": 20}})));
+    let v = &r["result"]["structuredContent"];
+    assert_eq!(v["outcome"], "timeout", "{r}\n{}", s.stderr());
+    // Within the ceiling, the call is answered as usual.
+    let r = s.ask(call_function(2, json!({"name": "slow", "event": {"s": 0}})));
+    let v = &r["result"]["structuredContent"];
+    assert_eq!(v["outcome"], "ok", "{r}");
+    assert_eq!(v["result"], "slept", "{r}");
+    s.close_stdin();
+    assert_eq!(s.wait(Duration::from_secs(20)), 0, "{}", s.stderr());
+}

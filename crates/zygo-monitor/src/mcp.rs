@@ -512,7 +512,11 @@ fn handle(sh: &Shared, req: McpRequest, stopper: &Arc<Stopper>) -> McpReply {
                 name,
                 event,
                 key: None,
-                timeout_ms: None,
+                // The ceiling's timeout holds here too: the function's own, if shorter,
+                // still wins (the supervisor takes the shorter of the two).
+                timeout_ms: Some(
+                    u64::try_from(sh.opts.ceiling.timeout.as_millis()).unwrap_or(u64::MAX),
+                ),
                 stream: false,
                 // A pool's script, sent with the call (stored by digest, as every script).
                 script: code.map(|c| front::ScriptRef::Source(c.into_bytes())),
