@@ -1543,3 +1543,96 @@ fn a_body_that_stops_arriving_is_408_and_the_front_goes_on() {
     );
     assert_eq!(api.op("POST", "/fn/echo", "2").status, 200);
 }
+
+/// `[api]` of a sandbox.toml says where `zygo api` listens and whether a token is needed,
+/// as `--listen` and `--no-auth` do: read from `-f FILE`, else from `./sandbox.toml`.
+/// `auth = "none"` is refused off loopback, naming the file; a flag wins over the file; an
+/// unknown key or a wrong value is refused, naming it.
+#[test]
+fn the_files_api_table_says_where_and_how_zygo_api_listens() {
+    if skip_without_binary() {
+        return;
+    }
+    let fake = Fake::start();
+    let sock = fake.dir.path.join("from-file.sock");
+    let app = TempDir::new(0o755);
+    app.file(
+        "sandbox.toml",
+        format!(
+            "[api]\nlisten = \"unix://{}\"\nauth = \"none\"\n\n[fn.x]\nagent = \"python\"\n",
+            sock.display()
+        )
+        .as_bytes(),
+    );
+    let log = TempDir::new(0o700);
+    let log_file = log.path.join("stderr");
+    // No flag: ./sandbox.toml is read.
+    let mut child = Command::new(zygo_bin())
+        .arg("api")
+        .current_dir(&app.path)
+        .env_clear()
+        .env("ZYGO_RUNTIME_DIR", &fake.dir.path)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(&log_file).unwrap())
+        .spawn()
+        .unwrap();
+    let said = || std::fs::read_to_string(&log_file).unwrap_or_default();
+    wait_for(Duration::from_secs(10), "the socket", || {
+        if let Ok(Some(st)) = child.try_wait() {
+            panic!("zygo api exited ({st}) before its socket appeared: {}", said());
+        }
+        sock.exists()
+    });
+    let mut c = UnixStream::connect(&sock).unwrap();
+    c.write_all(b"GET /fn HTTP/1.1\r\nHost: x\r\n\r\n").unwrap();
+    let r = read_resp(&mut BufReader::new(c))
+        .unwrap_or_else(|e| panic!("no answer: {e}; zygo api said: {}", said()));
+    let _ = child.kill();
+    let _ = child.wait();
+    // The fake refuses tokenless calls; what matters is that the flag went with the hello.
+    assert_eq!(r.status, 401, "zygo api said: {}", said());
+    let hellos = fake.seen.lock().unwrap().hellos.clone();
+    assert!(!hellos.is_empty() && hellos.iter().all(|(_, f)| f.no_auth), "{hellos:?}");
+
+    let refused = |args: &[&str], file: &str| {
+        let dir = TempDir::new(0o755);
+        dir.file("sandbox.toml", file.as_bytes());
+        let f = dir.path.join("sandbox.toml");
+        let out = Command::new(zygo_bin())
+            .arg("api")
+            .args(args)
+            .arg("-f")
+            .arg(&f)
+            .env_clear()
+            .env("ZYGO_RUNTIME_DIR", &fake.dir.path)
+            .stdin(Stdio::null())
+            .output()
+            .unwrap();
+        (
+            out.status.code(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+            f.display().to_string(),
+        )
+    };
+    let (code, err, f) = refused(&[], "[api]\nlisten = \"0.0.0.0:7799\"\nauth = \"none\"\n");
+    assert_eq!(code, Some(2), "{err}");
+    assert!(err.contains("[api] auth = \"none\"") && err.contains(&f), "{err}");
+    assert!(err.contains("loopback"), "{err}");
+    let (code, err, _) = refused(&[], "[api]\nauth = \"off\"\n");
+    assert_eq!(code, Some(2), "{err}");
+    assert!(err.contains("[api] auth") && err.contains("\"none\""), "{err}");
+    let (code, err, _) = refused(&[], "[api]\nport = 7700\n");
+    assert_eq!(code, Some(2), "{err}");
+    assert!(err.contains("port") && err.contains("[api]"), "{err}");
+    let (code, err, f) = refused(&[], "[api]\nlisten = \"localhost:7700\"\n");
+    assert_eq!(code, Some(2), "{err}");
+    assert!(err.contains("[api] listen") && err.contains(&f), "{err}");
+    // A flag wins: the file's listen is never tried.
+    let (code, err, _) = refused(
+        &["--listen", "127.0.0.1:notaport"],
+        "[api]\nlisten = \"unix:///nonexistent/dir/x.sock\"\n",
+    );
+    assert_eq!(code, Some(2), "{err}");
+    assert!(err.contains("--listen 127.0.0.1:notaport"), "{err}");
+}

@@ -141,6 +141,24 @@ pub struct SandboxFile {
     /// `[defaults]` as written (paths joined), for HTTP layers to merge over.
     pub defaults: Layer,
     pub functions: BTreeMap<String, FnSpec>,
+    /// `[api]`: how `zygo api` listens; the other commands ignore it.
+    pub api: ApiSettings,
+}
+
+/// The `[api]` table of a sandbox.toml, read by `zygo api` (its flags win over it).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ApiSettings {
+    /// `listen`: an `IP:PORT` or `unix:///path`, checked by `zygo api` as `--listen` is.
+    pub listen: Option<String>,
+    /// `auth = "none"` (as `--no-auth`); `"token"`, the default, is `false`.
+    pub no_auth: bool,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawApi {
+    listen: Option<String>,
+    auth: Option<String>,
 }
 
 type RawTable = BTreeMap<Spanned<String>, Value>;
@@ -152,6 +170,8 @@ struct RawFile {
     defaults: Option<RawTable>,
     #[serde(default, rename = "fn")]
     functions: BTreeMap<Spanned<String>, RawTable>,
+    #[serde(default)]
+    api: Option<RawApi>,
 }
 
 /// Parse sandbox.toml text. `path` is used only for error messages and as the base for
@@ -212,10 +232,28 @@ fn parse(text: &str, path: &Path) -> Result<SandboxFile, PolicyError> {
         let spec = layer.merge_over(&defaults).resolve(name.get_ref())?;
         functions.insert(name.get_ref().clone(), spec);
     }
+    let api = match raw.api {
+        Some(a) => ApiSettings {
+            no_auth: match a.auth.as_deref() {
+                None | Some("token") => false,
+                Some("none") => true,
+                Some(other) => {
+                    return Err(PolicyError::invalid(
+                        "[api] auth",
+                        other,
+                        "is not \"token\" (every caller needs a bearer token, the default) or \"none\" (as --no-auth)",
+                    ))
+                }
+            },
+            listen: a.listen,
+        },
+        None => ApiSettings::default(),
+    };
     Ok(SandboxFile {
         base_dir,
         defaults,
         functions,
+        api,
     })
 }
 
@@ -261,11 +299,28 @@ fn shape_problems(top: &toml::Table, line: Option<usize>) -> Vec<PolicyError> {
                 }
             }
             ("fn", v) => out.push(wrong("fn".into(), "a table of [fn.NAME] tables", v)),
+            ("api", Value::Table(t)) => {
+                for (k, v) in t {
+                    match (k.as_str(), v) {
+                        ("listen" | "auth", Value::String(_)) => {}
+                        ("listen" | "auth", v) => {
+                            out.push(wrong(format!("[api] {k}"), "a string", v));
+                        }
+                        (other, _) => out.push(PolicyError::UnknownKey {
+                            key: Shown::new(other),
+                            table: "[api]".into(),
+                            line,
+                            known: "listen, auth",
+                        }),
+                    }
+                }
+            }
+            ("api", v) => out.push(wrong("[api]".into(), "a table", v)),
             (other, _) => out.push(PolicyError::UnknownKey {
                 key: Shown::new(other),
                 table: "the top level".into(),
                 line,
-                known: "[defaults], [fn.NAME]",
+                known: "[defaults], [fn.NAME], [api]",
             }),
         }
     }
@@ -922,6 +977,27 @@ mod doc_tests {
 mod tests {
     use super::*;
     use crate::limits::Bytes;
+
+    #[test]
+    fn the_api_table_is_read_strictly() {
+        let p = Path::new("/app/sandbox.toml");
+        let f = parse_sandbox_toml("[api]\nlisten = \"unix:///run/a.sock\"\nauth = \"none\"\n", p)
+            .unwrap();
+        assert_eq!(f.api.listen.as_deref(), Some("unix:///run/a.sock"));
+        assert!(f.api.no_auth);
+        let f = parse_sandbox_toml("[api]\nauth = \"token\"\n", p).unwrap();
+        assert_eq!(f.api, ApiSettings::default());
+        assert_eq!(parse_sandbox_toml("", p).unwrap().api, ApiSettings::default());
+        for (bad, says) in [
+            ("[api]\nauth = \"off\"\n", "[api] auth"),
+            ("[api]\nport = 1\n", "port"),
+            ("[api]\nlisten = 7700\n", "[api] listen"),
+            ("api = 1\n", "[api]"),
+        ] {
+            let e = parse_sandbox_toml(bad, p).unwrap_err().to_string();
+            assert!(e.contains(says), "{bad:?}: {e}");
+        }
+    }
 
     const EXAMPLE: &str = r#"
 [defaults]                 # every [fn.NAME] is merged over this

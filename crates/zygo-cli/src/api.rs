@@ -7,7 +7,9 @@ use std::ffi::OsString;
 use std::net::{SocketAddr, TcpListener};
 use std::os::fd::AsRawFd;
 use std::os::unix::net::{UnixListener, UnixStream};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
+
+use policy::file::ApiSettings;
 
 use proto::api::FrontFlags;
 use zygo_front::confine::{confine, FrontRole};
@@ -33,24 +35,48 @@ struct Opts {
     otlp: Option<Endpoint>,
 }
 
-fn parse_listen(s: &str) -> Result<Listen, String> {
+/// Parse an address to listen on; `what` names where it was given (`--listen`, or the
+/// file's `[api] listen`).
+fn parse_listen(what: &str, s: &str) -> Result<Listen, String> {
     if let Some(path) = s.strip_prefix("unix://") {
         if !path.starts_with('/') {
             return Err(format!(
-                "--listen {s}: a unix socket is unix:///absolute/path"
+                "{what} {s}: a unix socket is unix:///absolute/path"
             ));
         }
         return Ok(Listen::Unix(PathBuf::from(path)));
     }
     // Parsed, never resolved: an address, not a host name.
     s.parse::<SocketAddr>().map(Listen::Tcp).map_err(|_| {
-        format!("--listen {s}: give IP:PORT (e.g. 127.0.0.1:7700 or [::1]:7700) or unix:///path")
+        format!("{what} {s}: give IP:PORT (e.g. 127.0.0.1:7700 or [::1]:7700) or unix:///path")
     })
+}
+
+/// `[api]` of the `-f` sandbox.toml, else of `./sandbox.toml` if there is one, and the
+/// file's path (for messages).
+fn file_settings(flag: Option<&Path>) -> Result<Option<(PathBuf, ApiSettings)>, String> {
+    let given = match flag {
+        Some(f) => f.to_path_buf(),
+        None if Path::new("sandbox.toml").exists() => PathBuf::from("sandbox.toml"),
+        None => return Ok(None),
+    };
+    let path = std::fs::canonicalize(&given).map_err(|e| format!("-f {}: {e}", given.display()))?;
+    let meta = std::fs::metadata(&path).map_err(|e| format!("{}: {e}", path.display()))?;
+    if meta.len() > policy::file::MAX_FILE_BYTES as u64 {
+        return Err(format!(
+            "{}: the file is over 1 MiB, the most a sandbox.toml may be",
+            path.display()
+        ));
+    }
+    let text = std::fs::read_to_string(&path).map_err(|e| format!("{}: {e}", path.display()))?;
+    let parsed = policy::parse_sandbox_toml(&text, &path).map_err(|e| e.to_string())?;
+    Ok(Some((path, parsed.api)))
 }
 
 fn parse(raw: Vec<OsString>) -> Result<Option<Opts>, String> {
     use lexopt::prelude::*;
     let mut listen: Option<String> = None;
+    let mut file: Option<PathBuf> = None;
     let mut flags = FrontFlags::default();
     let mut openapi = false;
     let (mut webhook, mut otlp) = (None, None);
@@ -67,6 +93,12 @@ fn parse(raw: Vec<OsString>) -> Result<Option<Opts>, String> {
                     v.into_string()
                         .map_err(|_| "--listen is not UTF-8".to_string())?,
                 );
+            }
+            Short('f') | Long("file") => {
+                if file.is_some() {
+                    return Err("-f given twice".into());
+                }
+                file = Some(PathBuf::from(p.value().map_err(|e| e.to_string())?));
             }
             Long("allow-deploy") => flags.allow_deploy = true,
             Long("allow-private-net") => flags.allow_private_net = true,
@@ -89,7 +121,26 @@ fn parse(raw: Vec<OsString>) -> Result<Option<Opts>, String> {
             other => return Err(other.unexpected().to_string()),
         }
     }
-    let listen = parse_listen(listen.as_deref().unwrap_or(DEFAULT_LISTEN))?;
+    // The file's [api] where no flag says otherwise (not needed for --openapi).
+    let settings = if openapi {
+        None
+    } else {
+        file_settings(file.as_deref())?
+    };
+    let mut no_auth_from = "--no-auth".to_string();
+    let listen = match (listen, &settings) {
+        (Some(l), _) => parse_listen("--listen", &l)?,
+        (None, Some((path, ApiSettings { listen: Some(l), .. }))) => {
+            parse_listen(&format!("{}: [api] listen", path.display()), l)?
+        }
+        (None, _) => parse_listen("--listen", DEFAULT_LISTEN)?,
+    };
+    if let Some((path, s)) = &settings {
+        if s.no_auth && !flags.no_auth {
+            flags.no_auth = true;
+            no_auth_from = format!("[api] auth = \"none\" in {}", path.display());
+        }
+    }
     if flags.allow_private_net && !flags.allow_deploy {
         // As the user's document says: it does nothing then, since only a deploy call
         // declares a sandbox. Said, not refused.
@@ -103,7 +154,7 @@ fn parse(raw: Vec<OsString>) -> Result<Option<Opts>, String> {
         if let Listen::Tcp(a) = &listen {
             if !a.ip().is_loopback() {
                 return Err(format!(
-                    "--no-auth is refused on {a}: only on a unix socket or a loopback address (127.0.0.1, ::1)"
+                    "{no_auth_from} is refused on {a}: only on a unix socket or a loopback address (127.0.0.1, ::1)"
                 ));
             }
         }

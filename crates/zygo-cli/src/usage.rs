@@ -389,7 +389,7 @@ pub const API: &str = "\
 zygo api — the HTTP API in front of the running supervisor
 
 Usage: zygo api [--listen ADDR] [--allow-deploy [--allow-private-net]] [--no-auth]
-                [--usage-webhook URL] [--otlp-endpoint URL]
+                [--usage-webhook URL] [--otlp-endpoint URL] [-f sandbox.toml]
        zygo api --openapi
 
 Serves the routes listed by `zygo api --openapi` (OpenAPI 3.1; the same document is
@@ -407,6 +407,9 @@ Options:
                        link-local addresses in `allow` (without it: does nothing)
   --no-auth            a request without a token acts as the bootstrap operator; only on
                        a unix socket or a loopback address
+  -f, --file FILE      read `listen` and `auth` (\"token\" or \"none\") of the file's [api]
+                       table, where no flag says otherwise  [default: ./sandbox.toml, if
+                       there is one]
   --usage-webhook URL  POST every call's usage record, in JSON arrays, to URL: at least
                        once (a failed batch is sent again, in order; key on request_id);
                        at most 10 000 waiting, the oldest dropped first and counted in the
