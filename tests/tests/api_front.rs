@@ -1580,7 +1580,10 @@ fn the_files_api_table_says_where_and_how_zygo_api_listens() {
     let said = || std::fs::read_to_string(&log_file).unwrap_or_default();
     wait_for(Duration::from_secs(10), "the socket", || {
         if let Ok(Some(st)) = child.try_wait() {
-            panic!("zygo api exited ({st}) before its socket appeared: {}", said());
+            panic!(
+                "zygo api exited ({st}) before its socket appeared: {}",
+                said()
+            );
         }
         sock.exists()
     });
@@ -1593,7 +1596,10 @@ fn the_files_api_table_says_where_and_how_zygo_api_listens() {
     // The fake refuses tokenless calls; what matters is that the flag went with the hello.
     assert_eq!(r.status, 401, "zygo api said: {}", said());
     let hellos = fake.seen.lock().unwrap().hellos.clone();
-    assert!(!hellos.is_empty() && hellos.iter().all(|(_, f)| f.no_auth), "{hellos:?}");
+    assert!(
+        !hellos.is_empty() && hellos.iter().all(|(_, f)| f.no_auth),
+        "{hellos:?}"
+    );
 
     let refused = |args: &[&str], file: &str| {
         let dir = TempDir::new(0o755);
@@ -1617,11 +1623,17 @@ fn the_files_api_table_says_where_and_how_zygo_api_listens() {
     };
     let (code, err, f) = refused(&[], "[api]\nlisten = \"0.0.0.0:7799\"\nauth = \"none\"\n");
     assert_eq!(code, Some(2), "{err}");
-    assert!(err.contains("[api] auth = \"none\"") && err.contains(&f), "{err}");
+    assert!(
+        err.contains("[api] auth = \"none\"") && err.contains(&f),
+        "{err}"
+    );
     assert!(err.contains("loopback"), "{err}");
     let (code, err, _) = refused(&[], "[api]\nauth = \"off\"\n");
     assert_eq!(code, Some(2), "{err}");
-    assert!(err.contains("[api] auth") && err.contains("\"none\""), "{err}");
+    assert!(
+        err.contains("[api] auth") && err.contains("\"none\""),
+        "{err}"
+    );
     let (code, err, _) = refused(&[], "[api]\nport = 7700\n");
     assert_eq!(code, Some(2), "{err}");
     assert!(err.contains("port") && err.contains("[api]"), "{err}");

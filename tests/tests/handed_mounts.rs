@@ -621,3 +621,53 @@ fn a_functions_writable_mount_keeps_its_owner_on_disk(who: Who) {
     );
     s.shutdown();
 }
+
+/// A read-only mount inside a folder handed writable stays read-only in the sandbox, as it
+/// is for the host: only the folder's own mount is made writable. (The read-only bind is
+/// made in a mount namespace of the test's own, which `zygo run` starts in.)
+#[test]
+fn a_read_only_mount_inside_a_writable_folder_stays_read_only() {
+    if !root_only() {
+        return;
+    }
+    let dir = TempDir::new(0o755);
+    let rw = dir.path.join("rw");
+    let victim = dir.path.join("victim");
+    fs::create_dir_all(rw.join("sub")).expect("mkdir");
+    fs::create_dir(&victim).expect("mkdir");
+    fs::write(victim.join("file"), "original\n").expect("write");
+    let script = format!(
+        "set -e; mount --bind {v} {rw}/sub; mount -o remount,bind,ro {rw}/sub; \
+         exec {z} run --json --mount {rw}:/d:rw -- sh -c \
+         'echo new > /d/top.txt; echo changed > /d/sub/file; echo made > /d/sub/new'",
+        v = victim.display(),
+        rw = rw.display(),
+        z = zygo_bin().display()
+    );
+    let out = std::process::Command::new("unshare")
+        .args(["-m", "--propagation", "private", "sh", "-c", &script])
+        .output()
+        .expect("unshare");
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
+        panic!(
+            "{e}: {}\n{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        )
+    });
+    assert_ne!(v["exit_code"], 0, "the read-only mount was written: {v}");
+    assert!(s(&v, "stderr").contains("Read-only file system"), "{v}");
+    assert_eq!(
+        fs::read_to_string(victim.join("file")).expect("read"),
+        "original\n"
+    );
+    assert!(
+        !victim.join("new").exists(),
+        "a file was made in the read-only mount"
+    );
+    // The folder's own mount is writable.
+    assert_eq!(
+        fs::read_to_string(rw.join("top.txt")).expect("top.txt"),
+        "new\n"
+    );
+}

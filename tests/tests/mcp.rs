@@ -1187,7 +1187,10 @@ fn call_function_is_held_to_the_ceilings_timeout() {
         Dirs::new(),
     );
     s.init("2025-06-18");
-    let r = s.ask(call_function(1, json!({"name": "slow", "event": {"s": 20}})));
+    let r = s.ask(call_function(
+        1,
+        json!({"name": "slow", "event": {"s": 20}}),
+    ));
     let v = &r["result"]["structuredContent"];
     assert_eq!(v["outcome"], "timeout", "{r}\n{}", s.stderr());
     // Within the ceiling, the call is answered as usual.

@@ -981,13 +981,19 @@ mod tests {
     #[test]
     fn the_api_table_is_read_strictly() {
         let p = Path::new("/app/sandbox.toml");
-        let f = parse_sandbox_toml("[api]\nlisten = \"unix:///run/a.sock\"\nauth = \"none\"\n", p)
-            .unwrap();
+        let f = parse_sandbox_toml(
+            "[api]\nlisten = \"unix:///run/a.sock\"\nauth = \"none\"\n",
+            p,
+        )
+        .unwrap();
         assert_eq!(f.api.listen.as_deref(), Some("unix:///run/a.sock"));
         assert!(f.api.no_auth);
         let f = parse_sandbox_toml("[api]\nauth = \"token\"\n", p).unwrap();
         assert_eq!(f.api, ApiSettings::default());
-        assert_eq!(parse_sandbox_toml("", p).unwrap().api, ApiSettings::default());
+        assert_eq!(
+            parse_sandbox_toml("", p).unwrap().api,
+            ApiSettings::default()
+        );
         for (bad, says) in [
             ("[api]\nauth = \"off\"\n", "[api] auth"),
             ("[api]\nport = 1\n", "port"),

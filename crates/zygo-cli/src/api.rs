@@ -130,9 +130,15 @@ fn parse(raw: Vec<OsString>) -> Result<Option<Opts>, String> {
     let mut no_auth_from = "--no-auth".to_string();
     let listen = match (listen, &settings) {
         (Some(l), _) => parse_listen("--listen", &l)?,
-        (None, Some((path, ApiSettings { listen: Some(l), .. }))) => {
-            parse_listen(&format!("{}: [api] listen", path.display()), l)?
-        }
+        (
+            None,
+            Some((
+                path,
+                ApiSettings {
+                    listen: Some(l), ..
+                },
+            )),
+        ) => parse_listen(&format!("{}: [api] listen", path.display()), l)?,
         (None, _) => parse_listen("--listen", DEFAULT_LISTEN)?,
     };
     if let Some((path, s)) = &settings {

@@ -70,9 +70,13 @@ fn detach_from(source: &OwnedFd, rw: bool) -> io::Result<OwnedFd> {
         c"",
         OPEN_TREE_CLONE | libc::AT_RECURSIVE as libc::c_uint | libc::AT_EMPTY_PATH as libc::c_uint,
     )?;
+    // Every mount of the tree: no set-id programs, no devices, and read-only unless the
+    // tree is handed writable. A writable tree has only its top mount made writable (the
+    // host's is, `check_writable` saw to it): a read-only mount under it stays so, as it is
+    // for the host.
     let attr = MountAttr {
         attr_set: MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV | if rw { 0 } else { MOUNT_ATTR_RDONLY },
-        attr_clr: if rw { MOUNT_ATTR_RDONLY } else { 0 },
+        attr_clr: 0,
         propagation: 0,
         userns_fd: 0,
     };
@@ -82,6 +86,20 @@ fn detach_from(source: &OwnedFd, rw: bool) -> io::Result<OwnedFd> {
         (libc::AT_EMPTY_PATH | libc::AT_RECURSIVE) as libc::c_uint,
         &attr,
     )?;
+    if rw {
+        let top = MountAttr {
+            attr_set: 0,
+            attr_clr: MOUNT_ATTR_RDONLY,
+            propagation: 0,
+            userns_fd: 0,
+        };
+        plumbing::sys::mount_setattr(
+            fd.as_raw_fd(),
+            c"",
+            libc::AT_EMPTY_PATH as libc::c_uint,
+            &top,
+        )?;
+    }
     Ok(fd)
 }
 
