@@ -1201,3 +1201,36 @@ fn call_function_is_held_to_the_ceilings_timeout() {
     s.close_stdin();
     assert_eq!(s.wait(Duration::from_secs(20)), 0, "{}", s.stderr());
 }
+
+/// A `--workspace` path through a symbolic link is refused at start, naming the link, and
+/// nothing is made or changed where the link points (the sandboxes would write there as
+/// that folder's owner). A path that is a file is refused too.
+#[test]
+fn a_workspace_through_a_link_is_refused_and_nothing_is_made_behind_it() {
+    use std::os::unix::fs::PermissionsExt;
+    let base = TempDir::new(0o755);
+    let target = base.path.join("target");
+    std::fs::create_dir(&target).expect("mkdir");
+    std::fs::set_permissions(&target, std::fs::Permissions::from_mode(0o750)).expect("chmod");
+    let link = base.path.join("link");
+    std::os::unix::fs::symlink(&target, &link).expect("symlink");
+    for ws in [link.clone(), link.join("new/deeper")] {
+        let f = zygo_mcp_refused(&["--workspace", ws.to_str().expect("utf-8")]);
+        assert_eq!(f.code, 1, "{}", f.stderr_text());
+        let err = f.stderr_text();
+        assert!(
+            err.contains(&link.display().to_string()) && err.contains("symbolic link"),
+            "{err}"
+        );
+        let mode = std::fs::metadata(&target).expect("stat").permissions().mode() & 0o777;
+        assert_eq!(mode, 0o750, "the link's target was changed");
+        assert_eq!(
+            std::fs::read_dir(&target).expect("ls").count(),
+            0,
+            "something was made behind the link"
+        );
+    }
+    base.file("a-file", b"x");
+    let f = zygo_mcp_refused(&["--workspace", base.path.join("a-file/ws").to_str().expect("utf-8")]);
+    assert_eq!(f.code, 1, "{}", f.stderr_text());
+}

@@ -27,7 +27,7 @@
 
 use std::collections::HashMap;
 use std::os::fd::{AsFd, OwnedFd};
-use std::os::unix::fs::{DirBuilderExt, MetadataExt, PermissionsExt};
+use std::os::unix::fs::{DirBuilderExt, MetadataExt};
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicI32, Ordering};
@@ -125,28 +125,27 @@ impl Workspace {
     /// when the server exits. The sandboxes write there as the folder's owner (as root; as
     /// this user rootless): one they could not write is refused, naming it.
     pub fn given(dir: &Path) -> Result<Workspace, String> {
-        // The folders on the way need not let anyone else through: as root the monitor
-        // opens the workspace itself and hands it over (`crate::mounts`).
-        if !dir.exists() {
-            std::fs::DirBuilder::new()
-                .mode(0o755)
-                .recursive(true)
-                .create(dir)
-                .and_then(|()| {
-                    std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700))
-                })
-                .map_err(|e| format!("create the workspace {}: {e}", dir.display()))?;
-        }
-        let path = std::fs::canonicalize(dir)
-            .map_err(|e| format!("the workspace {}: {e}", dir.display()))?;
-        let meta = std::fs::metadata(&path)
-            .map_err(|e| format!("the workspace {}: {e}", path.display()))?;
-        if !meta.is_dir() {
-            return Err(format!(
-                "the workspace {} is not a directory",
-                path.display()
-            ));
-        }
+        // Absolute, but never through a link: a link on the way (one a user of the host
+        // left in a folder of theirs, say) would have the sandboxes write wherever it
+        // points, as that folder's owner. The folders on the way need not let anyone else
+        // through: as root the monitor opens the workspace itself and hands it over
+        // (`crate::mounts`).
+        let path = if dir.is_absolute() {
+            dir.to_path_buf()
+        } else {
+            std::env::current_dir()
+                .map_err(|e| format!("the workspace {}: the current folder: {e}", dir.display()))?
+                .join(dir)
+        };
+        crate::tree::make_folders(&path, 0o700).map_err(|e| match e.raw_os_error() {
+            Some(libc::ELOOP) | Some(libc::ENOTDIR) => {
+                match plumbing::resolve::open_host_path(&path) {
+                    Err(named) => format!("--workspace {}: {named}", path.display()),
+                    Ok(_) => format!("the workspace {} is not a directory", path.display()),
+                }
+            }
+            _ => format!("create the workspace {}: {e}", path.display()),
+        })?;
         utf8(&path)?;
         crate::mounts::check_writable(&path, "choose another --workspace")
             .map_err(|e| format!("--workspace: {e}"))?;

@@ -222,6 +222,50 @@ pub fn ensure_folder(root: &OwnedFd, name: &CStr) -> io::Result<bool> {
     Ok(lstat_at(top.as_raw_fd(), name)?.st_mode & libc::S_IFMT == libc::S_IFDIR)
 }
 
+/// Make the folder at the absolute `path` and whatever of its parents is missing, never
+/// following a symbolic link: each component is opened from the one before it with
+/// `O_NOFOLLOW` (a link anywhere is refused with `ELOOP`), a missing one made with
+/// `mkdirat` (parents 0755), and the last set to `mode` through a descriptor of its own,
+/// whatever the umask. `Ok(false)` when it was there already (left as it is).
+pub fn make_folders(path: &Path, mode: libc::mode_t) -> io::Result<bool> {
+    use std::path::Component;
+    if !path.is_absolute() {
+        return Err(io::Error::new(io::ErrorKind::InvalidInput, "not an absolute path"));
+    }
+    let names: Vec<CString> = path
+        .components()
+        .filter_map(|c| match c {
+            Component::Normal(n) => Some(
+                CString::new(n.as_bytes()).map_err(|_| io::Error::from_raw_os_error(libc::EINVAL)),
+            ),
+            Component::RootDir | Component::CurDir => None,
+            Component::ParentDir | Component::Prefix(_) => Some(Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                "a path with `..` in it",
+            ))),
+        })
+        .collect::<io::Result<_>>()?;
+    let mut at = open_dir_at(libc::AT_FDCWD, c"/")?;
+    let mut made = false;
+    for (i, name) in names.iter().enumerate() {
+        let last = i + 1 == names.len();
+        // SAFETY: a valid C string; mkdirat never follows a link in its last component.
+        if unsafe { libc::mkdirat(at.as_raw_fd(), name.as_ptr(), 0o755) } == 0 {
+            made = last;
+        } else {
+            let e = io::Error::last_os_error();
+            if e.raw_os_error() != Some(libc::EEXIST) {
+                return Err(e);
+            }
+        }
+        at = open_dir_at(at.as_raw_fd(), name)?;
+        if made {
+            fchmod(at.as_raw_fd(), mode)?;
+        }
+    }
+    Ok(made)
+}
+
 /// A path for messages: the names from the top, joined.
 fn shown(top: &str, names: &[&CStr]) -> String {
     let mut s = top.to_string();
