@@ -671,3 +671,70 @@ fn a_read_only_mount_inside_a_writable_folder_stays_read_only() {
         "new\n"
     );
 }
+
+root_and_rootless!(a_writable_folder_holding_a_set_id_program_is_refused);
+
+/// A folder handed writable is written as its owner, and a write through a shared mapping
+/// changes a set-user-id program without clearing the bit: so a writable folder that holds
+/// one (set-uid or set-gid, at any depth) is refused before anything runs, naming the
+/// file, on `zygo run --mount` and for a function's mount. Read-only, it is mounted; with
+/// the bits taken off, writable too.
+fn a_writable_folder_holding_a_set_id_program_is_refused(who: Who) {
+    if !root_only() {
+        return;
+    }
+    use std::os::unix::fs::PermissionsExt as _;
+    let dir = TempDir::new(0o755);
+    let (uid, gid) = callers_ids(who);
+    let folder = owned_folder(&dir.path, "data", uid, gid, 0o755);
+    let deep = folder.join("a/b");
+    fs::create_dir_all(&deep).expect("mkdir");
+    for d in [folder.join("a"), deep.clone()] {
+        std::os::unix::fs::chown(&d, Some(uid), Some(gid)).expect("chown");
+    }
+    let prog = deep.join("prog");
+    fs::write(&prog, "#!/bin/sh\nid\n").expect("write");
+    std::os::unix::fs::chown(&prog, Some(uid), Some(gid)).expect("chown");
+    for mode in [0o4755, 0o2755, 0o2644] {
+        fs::set_permissions(&prog, fs::Permissions::from_mode(mode)).expect("chmod");
+        let rw = format!("{}:/d:rw", folder.display());
+        let (v, code) = run_json(who, &["--mount", &rw], &["true"]);
+        assert_eq!(code, 1, "[{}] mode {mode:o}: {v}", who.name());
+        assert_eq!(v["started"], false, "{v}");
+        let err = s(&v, "error");
+        assert!(
+            err.contains(&prog.display().to_string()) && err.contains("set-user-id"),
+            "[{}] {v}",
+            who.name()
+        );
+        let ro = format!("{}:/d", folder.display());
+        let (v, code) = run_json(who, &["--mount", &ro], &["cat", "/d/a/b/prog"]);
+        assert_ok(who, &v, code);
+    }
+    // A function's writable mount is checked when it is served.
+    let mut sup = SUITE.sup(who, "setid");
+    let table = format!(
+        "mounts = [{{src = \"{}\", dst = \"/data\", rw = true}}]",
+        folder.display()
+    );
+    let (file, _) = sup.write_toml(&[("w", "write", &*table)]);
+    let f = sup.run(&["up", "-f", file.to_str().expect("UTF-8")]);
+    sup.find_supervisor();
+    assert_ne!(f.code, 0, "{}", f.stdout_text());
+    let said = format!("{}{}", f.stdout_text(), f.stderr_text());
+    assert!(
+        said.contains(&prog.display().to_string()),
+        "[{}] {said}",
+        who.name()
+    );
+    sup.shutdown();
+    // Without the bits, the folder is handed writable.
+    fs::set_permissions(&prog, fs::Permissions::from_mode(0o755)).expect("chmod");
+    let rw = format!("{}:/d:rw", folder.display());
+    let (v, code) = run_json(
+        who,
+        &["--mount", &rw],
+        &["sh", "-c", "echo ok > /d/a/b/new"],
+    );
+    assert_ok(who, &v, code);
+}

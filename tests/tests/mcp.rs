@@ -1222,7 +1222,11 @@ fn a_workspace_through_a_link_is_refused_and_nothing_is_made_behind_it() {
             err.contains(&link.display().to_string()) && err.contains("symbolic link"),
             "{err}"
         );
-        let mode = std::fs::metadata(&target).expect("stat").permissions().mode() & 0o777;
+        let mode = std::fs::metadata(&target)
+            .expect("stat")
+            .permissions()
+            .mode()
+            & 0o777;
         assert_eq!(mode, 0o750, "the link's target was changed");
         assert_eq!(
             std::fs::read_dir(&target).expect("ls").count(),
@@ -1231,6 +1235,29 @@ fn a_workspace_through_a_link_is_refused_and_nothing_is_made_behind_it() {
         );
     }
     base.file("a-file", b"x");
-    let f = zygo_mcp_refused(&["--workspace", base.path.join("a-file/ws").to_str().expect("utf-8")]);
+    let f = zygo_mcp_refused(&[
+        "--workspace",
+        base.path.join("a-file/ws").to_str().expect("utf-8"),
+    ]);
     assert_eq!(f.code, 1, "{}", f.stderr_text());
+}
+
+/// A `--workspace` holding a set-user-id program is refused at start, naming it (the
+/// sandboxes write there as its owner and could change it).
+#[test]
+fn a_workspace_holding_a_set_id_program_is_refused() {
+    use std::os::unix::fs::PermissionsExt;
+    let base = TempDir::new(0o755);
+    let ws = base.path.join("ws");
+    std::fs::create_dir_all(ws.join("bin")).expect("mkdir");
+    let prog = ws.join("bin/tool");
+    std::fs::write(&prog, "#!/bin/sh\n").expect("write");
+    std::fs::set_permissions(&prog, std::fs::Permissions::from_mode(0o4755)).expect("chmod");
+    let f = zygo_mcp_refused(&["--workspace", ws.to_str().expect("utf-8")]);
+    assert_eq!(f.code, 1, "{}", f.stderr_text());
+    assert!(
+        f.stderr_text().contains(&prog.display().to_string()),
+        "{}",
+        f.stderr_text()
+    );
 }

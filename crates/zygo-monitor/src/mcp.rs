@@ -824,6 +824,7 @@ fn signal_name(s: i32) -> &'static str {
 #[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
+    use std::os::unix::fs::PermissionsExt;
 
     #[test]
     fn scratch_workspace_is_private_and_removed() {

@@ -186,7 +186,7 @@ pub fn check_writable(src: &Path, instead: &str) -> Result<(), String> {
                 if dir { "x" } else { "" }
             ));
         }
-        return Ok(());
+        return check_no_set_id(&held, src, what, instead);
     }
     let bits = if dir {
         libc::W_OK | libc::X_OK
@@ -214,7 +214,36 @@ pub fn check_writable(src: &Path, instead: &str) -> Result<(), String> {
             st.st_uid
         ));
     }
-    Ok(())
+    check_no_set_id(&held, src, what, instead)
+}
+
+/// The most folders nested, and entries in all, of a writable folder checked for set-id
+/// programs ([`crate::tree::find_set_id`]).
+const SET_ID_SCAN_DEPTH: usize = 200;
+const SET_ID_SCAN_ENTRIES: u64 = 1_000_000;
+
+/// Refuse a writable folder (or file) that holds a set-user-id or set-group-id program,
+/// naming it: the sandbox writes there as its owner and could change it (see
+/// [`crate::tree::find_set_id`]).
+fn check_no_set_id(held: &OwnedFd, src: &Path, what: &str, instead: &str) -> Result<(), String> {
+    let shown = src.display().to_string();
+    match crate::tree::find_set_id(
+        held.as_raw_fd(),
+        &shown,
+        SET_ID_SCAN_DEPTH,
+        SET_ID_SCAN_ENTRIES,
+    ) {
+        Ok(None) => Ok(()),
+        Ok(Some(file)) => Err(format!(
+            "the writable {what} {shown} holds a set-user-id or set-group-id program, {file}: \
+             a sandbox writes there as its owner and could change what it runs; {instead}, or \
+             take the bits off it (chmod u-s,g-s {file})"
+        )),
+        Err(e) => Err(format!(
+            "the writable {what} {shown} could not be checked for set-id programs ({e}): \
+             {instead}, or hand a smaller folder"
+        )),
+    }
 }
 
 /// As root, detach a plan's `dir:` image and every mount (marking them handed over, with

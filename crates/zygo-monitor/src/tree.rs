@@ -230,7 +230,10 @@ pub fn ensure_folder(root: &OwnedFd, name: &CStr) -> io::Result<bool> {
 pub fn make_folders(path: &Path, mode: libc::mode_t) -> io::Result<bool> {
     use std::path::Component;
     if !path.is_absolute() {
-        return Err(io::Error::new(io::ErrorKind::InvalidInput, "not an absolute path"));
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            "not an absolute path",
+        ));
     }
     let names: Vec<CString> = path
         .components()
@@ -264,6 +267,79 @@ pub fn make_folders(path: &Path, mode: libc::mode_t) -> io::Result<bool> {
         }
     }
     Ok(made)
+}
+
+/// The first set-user-id or set-group-id regular file in the tree at `top` (a folder, or
+/// one file), as a path below `shown_top`; `None` if there is none. Read by descriptor and
+/// iteratively like the rest of this module, at most `depth` folders deep and `entries`
+/// entries in all (past either, an error saying so).
+///
+/// A folder handed to a sandbox writable is written there as its owner: a sandbox cannot
+/// make a set-id file (seccomp refuses the mode bits), but it could change one that is
+/// already there without the kernel clearing the bit (a write through a shared mapping
+/// leaves it), and whoever on the host runs it next would run the sandbox's code as the
+/// file's owner. So such a folder is refused while it holds one.
+pub fn find_set_id(
+    top: RawFd,
+    shown_top: &str,
+    depth: usize,
+    entries: u64,
+) -> Result<Option<String>, TreeError> {
+    let set_id = |st: &libc::stat| {
+        st.st_mode & libc::S_IFMT == libc::S_IFREG
+            && st.st_mode & (libc::S_ISUID | libc::S_ISGID) != 0
+    };
+    let st = fstat(top).map_err(io_err("stat", shown_top))?;
+    if st.st_mode & libc::S_IFMT != libc::S_IFDIR {
+        return Ok(set_id(&st).then(|| shown_top.to_string()));
+    }
+    let mut stack: Vec<(OwnedFd, Dir, CString)> = Vec::new();
+    let first = open_dir_at(top, c".").map_err(io_err("open", shown_top))?;
+    let dir = Dir::of(first.as_raw_fd()).map_err(io_err("read", shown_top))?;
+    stack.push((first, dir, CString::default()));
+    let mut seen = 0u64;
+    let path = |stack: &[(OwnedFd, Dir, CString)], name: &CStr| {
+        let names: Vec<&CStr> = stack
+            .iter()
+            .skip(1)
+            .map(|(_, _, n)| n.as_c_str())
+            .chain(std::iter::once(name))
+            .collect();
+        shown(shown_top, &names)
+    };
+    while let Some((fd, dir, _)) = stack.last_mut() {
+        let parent = fd.as_raw_fd();
+        let Some(name) = dir.next().map_err(|e| io_err("read", shown_top)(e))? else {
+            stack.pop();
+            continue;
+        };
+        seen += 1;
+        if seen > entries {
+            return Err(TreeError::TooMany { limit: entries });
+        }
+        let st = lstat_at(parent, &name).map_err(|e| io_err("stat", path(&stack, &name))(e))?;
+        if set_id(&st) {
+            return Ok(Some(path(&stack, &name)));
+        }
+        if st.st_mode & libc::S_IFMT != libc::S_IFDIR {
+            continue;
+        }
+        if stack.len() > depth {
+            return Err(TreeError::TooDeep {
+                limit: depth,
+                at: path(&stack, &name),
+            });
+        }
+        let sub = match open_dir_at(parent, &name) {
+            Ok(sub) => sub,
+            // Gone since it was listed: nothing to check there.
+            Err(e) if e.raw_os_error() == Some(libc::ENOENT) => continue,
+            Err(e) => return Err(io_err("open", path(&stack, &name))(e)),
+        };
+        let dir = Dir::of(sub.as_raw_fd()).map_err(|e| io_err("read", path(&stack, &name))(e))?;
+        stack.push((sub, dir, name));
+    }
+    Ok(None)
 }
 
 /// A path for messages: the names from the top, joined.
@@ -574,6 +650,7 @@ fn unlink(dir: RawFd, name: &CStr, flags: libc::c_int) -> io::Result<()> {
 }
 
 #[cfg(test)]
+#[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
     use std::os::unix::fs::{MetadataExt, PermissionsExt};
@@ -584,6 +661,41 @@ mod tests {
         let _ = remove(&d);
         std::fs::create_dir_all(&d).expect("mkdir");
         d
+    }
+
+    #[test]
+    fn set_id_files_are_found_at_any_depth_and_links_are_not_followed() {
+        let d = scratch("setid");
+        std::fs::create_dir_all(d.join("a/b/c")).unwrap();
+        let f = d.join("a/b/c/prog");
+        std::fs::write(&f, "x").unwrap();
+        let top = open_folder(&d).unwrap();
+        let scan = |depth, entries| find_set_id(top.as_raw_fd(), "top", depth, entries);
+        assert_eq!(scan(10, 100).unwrap(), None);
+        std::fs::set_permissions(&f, std::fs::Permissions::from_mode(0o2755)).unwrap();
+        assert_eq!(scan(10, 100).unwrap().as_deref(), Some("top/a/b/c/prog"));
+        assert!(matches!(scan(1, 100), Err(TreeError::TooDeep { .. })));
+        assert!(matches!(scan(10, 2), Err(TreeError::TooMany { .. })));
+        // A link to a set-id file elsewhere is a link, not the file.
+        let other = scratch("setid-other");
+        std::fs::write(other.join("su"), "x").unwrap();
+        std::fs::set_permissions(other.join("su"), std::fs::Permissions::from_mode(0o4755))
+            .unwrap();
+        std::fs::set_permissions(&f, std::fs::Permissions::from_mode(0o755)).unwrap();
+        std::os::unix::fs::symlink(other.join("su"), d.join("a/su")).unwrap();
+        std::os::unix::fs::symlink(&other, d.join("a/dir")).unwrap();
+        assert_eq!(scan(10, 100).unwrap(), None);
+        // A single file is checked as itself.
+        let one = open_folder(&other).unwrap();
+        let su = open_at(one.as_raw_fd(), c"su", libc::O_PATH, 0).unwrap();
+        assert_eq!(
+            find_set_id(su.as_raw_fd(), "su", 10, 100)
+                .unwrap()
+                .as_deref(),
+            Some("su")
+        );
+        let _ = std::fs::remove_dir_all(&d);
+        let _ = std::fs::remove_dir_all(&other);
     }
 
     fn open(p: &Path) -> OwnedFd {
