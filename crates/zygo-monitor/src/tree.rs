@@ -269,8 +269,9 @@ pub fn make_folders(path: &Path, mode: libc::mode_t) -> io::Result<bool> {
     Ok(made)
 }
 
-/// The first set-user-id or set-group-id regular file in the tree at `top` (a folder, or
-/// one file), as a path below `shown_top`; `None` if there is none. Read by descriptor and
+/// The first set-user-id or set-group-id regular file (or executable with file
+/// capabilities) in the tree at `top` (a folder, or one file), as a path below
+/// `shown_top`; `None` if there is none. Read by descriptor and
 /// iteratively like the rest of this module, at most `depth` folders deep and `entries`
 /// entries in all (past either, an error saying so).
 ///
@@ -291,7 +292,8 @@ pub fn find_set_id(
     };
     let st = fstat(top).map_err(io_err("stat", shown_top))?;
     if st.st_mode & libc::S_IFMT != libc::S_IFDIR {
-        return Ok(set_id(&st).then(|| shown_top.to_string()));
+        let caps = has_file_caps(top, c"", &st);
+        return Ok((set_id(&st) || caps).then(|| shown_top.to_string()));
     }
     let mut stack: Vec<(OwnedFd, Dir, CString)> = Vec::new();
     let first = open_dir_at(top, c".").map_err(io_err("open", shown_top))?;
@@ -318,7 +320,7 @@ pub fn find_set_id(
             return Err(TreeError::TooMany { limit: entries });
         }
         let st = lstat_at(parent, &name).map_err(|e| io_err("stat", path(&stack, &name))(e))?;
-        if set_id(&st) {
+        if set_id(&st) || has_file_caps(parent, &name, &st) {
             return Ok(Some(path(&stack, &name)));
         }
         if st.st_mode & libc::S_IFMT != libc::S_IFDIR {
@@ -340,6 +342,40 @@ pub fn find_set_id(
         stack.push((sub, dir, name));
     }
     Ok(None)
+}
+
+/// Whether the executable regular file `name` in `dir` (`name` empty: `dir` itself) has
+/// file capabilities (`security.capability`), which a write through a shared mapping keeps
+/// as it keeps a set-id bit. One that cannot be asked is taken to have none.
+fn has_file_caps(dir: RawFd, name: &CStr, st: &libc::stat) -> bool {
+    if st.st_mode & libc::S_IFMT != libc::S_IFREG || st.st_mode & 0o111 == 0 {
+        return false;
+    }
+    let held;
+    let fd = if name.is_empty() {
+        dir
+    } else {
+        match open_at(dir, name, libc::O_PATH, 0) {
+            Ok(f) => {
+                held = f;
+                held.as_raw_fd()
+            }
+            Err(_) => return false,
+        }
+    };
+    let Ok(proc_path) = CString::new(format!("/proc/self/fd/{fd}")) else {
+        return false;
+    };
+    // SAFETY: valid C strings; a null buffer of size 0 asks only for the value's size.
+    let r = unsafe {
+        libc::getxattr(
+            proc_path.as_ptr(),
+            c"security.capability".as_ptr(),
+            std::ptr::null_mut(),
+            0,
+        )
+    };
+    r >= 0
 }
 
 /// A path for messages: the names from the top, joined.
@@ -694,6 +730,28 @@ mod tests {
                 .as_deref(),
             Some("su")
         );
+        // An executable with file capabilities (as root, where they can be set).
+        let capped = d.join("a/b/capped");
+        std::fs::write(&capped, "x").unwrap();
+        std::fs::set_permissions(&capped, std::fs::Permissions::from_mode(0o755)).unwrap();
+        // VFS_CAP_REVISION_2 | VFS_CAP_FLAGS_EFFECTIVE, then CAP_NET_RAW permitted.
+        let mut blob = [0u8; 20];
+        blob[..4].copy_from_slice(&0x0200_0001u32.to_le_bytes());
+        blob[4..8].copy_from_slice(&(1u32 << 13).to_le_bytes());
+        let c = CString::new(capped.as_os_str().as_bytes()).unwrap();
+        // SAFETY: valid C strings and a buffer of the given size.
+        let set = unsafe {
+            libc::setxattr(
+                c.as_ptr(),
+                c"security.capability".as_ptr(),
+                blob.as_ptr().cast(),
+                blob.len(),
+                0,
+            )
+        };
+        if set == 0 {
+            assert_eq!(scan(10, 100).unwrap().as_deref(), Some("top/a/b/capped"));
+        }
         let _ = std::fs::remove_dir_all(&d);
         let _ = std::fs::remove_dir_all(&other);
     }
