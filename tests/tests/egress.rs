@@ -413,10 +413,20 @@ fn the_filter_is_confined(who: Who) {
         }
         pids.retain(ours);
     }
-    let status: Vec<String> = pids
-        .iter()
-        .filter_map(|p| std::fs::read_to_string(format!("/proc/{p}/status")).ok())
-        .collect();
+    // Found as soon as it is started, a filter may not have confined itself yet (it does
+    // so once it has its start message): give it until then, and look at it after.
+    let read = || -> Vec<String> {
+        pids.iter()
+            .filter_map(|p| std::fs::read_to_string(format!("/proc/{p}/status")).ok())
+            .collect()
+    };
+    let confined = |st: &String| st.lines().any(|l| l == "Seccomp:\t2");
+    let t0 = Instant::now();
+    let mut status = read();
+    while !status.iter().all(confined) && t0.elapsed() < Duration::from_secs(10) {
+        std::thread::sleep(Duration::from_millis(20));
+        status = read();
+    }
     let _ = child.kill();
     let _ = child.wait();
     assert!(

@@ -115,9 +115,13 @@ fn a_project_in_a_private_folder_is_served_and_a_later_symlink_changes_nothing()
         // SAFETY: killing an agent of this test's own supervisor.
         unsafe { libc::kill(*pid, libc::SIGKILL) };
     }
+    // A killed agent's parked children outlive it for a moment and look like agents of
+    // their own: the supervisor's word that the zygote ended is what says it is gone.
+    let ended = format!("a zygote of {f} ended");
     wait_for(std::time::Duration::from_secs(20), "a new zygote", || {
         let now = agent_pids(f);
-        !now.is_empty()
+        s.log().matches(&ended).count() >= before.len()
+            && !now.is_empty()
             && now.iter().all(|p| !before.contains(p))
             && s.info(f)["zygotes"]["ready"].as_u64() >= Some(1)
     });
