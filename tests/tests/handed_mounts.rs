@@ -111,20 +111,28 @@ fn a_project_in_a_private_folder_is_served_and_a_later_symlink_changes_nothing()
     // ones there are (the monitor replaces them), and call the new ones.
     let before = agent_pids(f);
     assert!(!before.is_empty(), "no agent of {f}");
+    let inits: Vec<i32> = before.iter().filter_map(|p| ppid(*p)).collect();
     for pid in &before {
         // SAFETY: killing an agent of this test's own supervisor.
         unsafe { libc::kill(*pid, libc::SIGKILL) };
     }
     // A killed agent's parked children outlive it for a moment and look like agents of
-    // their own: the supervisor's word that the zygote ended is what says it is gone.
-    let ended = format!("a zygote of {f} ended");
-    wait_for(std::time::Duration::from_secs(20), "a new zygote", || {
+    // their own, until its sandbox's init (which exits with the agent) is gone: only then
+    // is an agent found the replacement's, started once the supervisor knew.
+    let ok = wait_for_quietly(std::time::Duration::from_secs(20), || {
         let now = agent_pids(f);
-        s.log().matches(&ended).count() >= before.len()
+        inits.iter().all(|p| !alive(*p))
             && !now.is_empty()
             && now.iter().all(|p| !before.contains(p))
             && s.info(f)["zygotes"]["ready"].as_u64() >= Some(1)
     });
+    assert!(
+        ok,
+        "no new zygote: before {before:?} (inits {inits:?}), now {:?}, info {}\n{}",
+        agent_pids(f),
+        s.info(f),
+        s.log()
+    );
     for _ in 0..4 {
         let r = s.call_ok(f, "{}");
         assert_eq!(r["secret"], "the real data", "{r}");
