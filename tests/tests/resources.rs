@@ -368,25 +368,33 @@ done(tmp=fill("/tmp"), work=fill("/work"))"#);
         assert_eq!(s(&v, "stderr"), "to stderr\n", "[{}] {v}", who.name());
     }
 
-    /// --cpu 0.5: a busy loop for 1 s of wall time gets roughly half a CPU. (A loaded machine
-    /// can only lower the figure, so a low reading is retried.)
+    /// --cpu 0.5: a busy loop for 1 s of wall time gets at most about half a CPU, and not
+    /// much less than the same loop without a limit gets in the same moment (a loaded
+    /// machine lowers both; a low reading is retried).
     fn cpu_bandwidth_is_limited(who) {
         let code = "import time\nt = time.monotonic()\nwhile time.monotonic() - t < 1.0:\n    pass";
-        let mut ratios = Vec::new();
-        for _ in 0..3 {
-            let (v, c) = py(who, &["--cpu", "0.5"], code);
+        let ratio_of = |flags: &[&str]| {
+            let (v, c) = py(who, flags, code);
             assert_ok(who, &v, c);
             let cpu = v["cpu_ms"].as_f64().unwrap_or(0.0);
             let wall = v["wall_ms"].as_f64().unwrap_or(0.0).max(1.0);
-            let ratio = cpu / wall;
-            eprintln!("[{}] --cpu 0.5: cpu_ms {cpu} / wall_ms {wall} = {ratio:.2}", who.name());
+            (cpu / wall, v)
+        };
+        let mut seen = Vec::new();
+        for _ in 0..3 {
+            let (free, _) = ratio_of(&[]);
+            let (ratio, v) = ratio_of(&["--cpu", "0.5"]);
+            eprintln!("[{}] --cpu 0.5: {ratio:.2} of a CPU (unlimited, just before: {free:.2})", who.name());
             assert!(ratio <= 0.7, "[{}] --cpu 0.5 got {ratio:.2} of a CPU: {v}", who.name());
-            ratios.push(ratio);
-            if ratio >= 0.3 {
+            seen.push((ratio, free));
+            if ratio >= 0.3 || ratio >= 0.25 * free {
                 return;
             }
         }
-        panic!("[{}] --cpu 0.5 busy loop got too little CPU every time: {ratios:?}", who.name());
+        panic!(
+            "[{}] --cpu 0.5 busy loop got too little CPU every time (limited, unlimited): {seen:?}",
+            who.name()
+        );
     }
 
     /// The output cap is exact: 1 MiB is kept whole and not marked truncated; one byte more
