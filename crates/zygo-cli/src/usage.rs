@@ -73,9 +73,11 @@ Sandbox:
                      and the owner's files are its own to change; rootless, it acts as
                      the user running zygo. A folder it could not write, or one on a
                      filesystem that cannot be idmapped (proc, sysfs, some FUSE and
-                     network filesystems, tmpfs before Linux 6.3), is refused before
-                     anything runs. No file may be made set-user-id or set-group-id
-                     (EPERM), here or anywhere in the sandbox
+                     network filesystems, tmpfs before Linux 6.3), or one holding a
+                     set-user-id or set-group-id program, is refused before anything
+                     runs; a read-only mount inside it stays read-only. No file may be
+                     made set-user-id or set-group-id (EPERM), here or anywhere in the
+                     sandbox
   --env K=V          set an environment variable; repeatable
   --inotify          let the program use inotify (off by default: a watch on a file
                      of the shared, read-only image would see anyone open it;
@@ -372,8 +374,9 @@ Sandbox:
                      run_code acts there as the folder's owner (rootless, as the user
                      running zygo): what it makes is the owner's on disk (a folder zygo
                      mcp makes is its user's), and the owner's files are its own to
-                     change. A folder it could not write is refused at start; see
-                     zygo run --help, --mount
+                     change. A folder it could not write, one holding a set-id
+                     program, or a path through a symbolic link is refused at start;
+                     see zygo run --help, --mount
   -f FILE            a sandbox.toml whose [defaults] (image, limits, network) is the
                      ceiling; flags may only narrow it
 
