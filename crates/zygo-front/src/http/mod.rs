@@ -544,7 +544,7 @@ fn header_values<'a>(rq: &'a tiny_http::Request, name: &'static str) -> Vec<&'a 
 }
 
 /// At most one of a header.
-fn one_header<'a>(
+pub(crate) fn one_header<'a>(
     rq: &'a tiny_http::Request,
     name: &'static str,
 ) -> Result<Option<&'a str>, HttpError> {

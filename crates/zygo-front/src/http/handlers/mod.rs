@@ -4,6 +4,7 @@
 pub mod blobs;
 pub mod deps;
 pub mod functions;
+pub mod mcp;
 pub mod metrics;
 pub mod misc;
 pub mod pools;
