@@ -511,7 +511,7 @@ fn operation(o: &Op) -> Value {
         });
         // What /mcp itself refuses is a JSON-RPC error; what the API refuses before it (a
         // token, a place, the body's size) is the API's error shape.
-        if o.mcp && matches!(s, 400 | 403 | 406 | 413 | 415) {
+        if o.mcp && matches!(s, 400 | 403 | 406 | 415) {
             resp["content"]["application/json"]["schema"] = json!({"oneOf": [s_mcp(), r("Error")]});
         }
         if s == 429 || s == 503 {

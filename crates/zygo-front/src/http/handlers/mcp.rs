@@ -60,6 +60,9 @@ enum Answer {
     Accepted,
     /// An error status with this JSON-RPC error.
     Status(u16, Value),
+    /// Refused by the API before the message was read (its body's size or pace), in the
+    /// API's own error shape; the connection is closed after it.
+    Http(HttpError),
 }
 
 pub fn post(front: &Front, call: &mut Call) -> Out {
@@ -74,6 +77,7 @@ pub fn post(front: &Front, call: &mut Call) -> Out {
         Answer::Message(v) => Out::Json(200, v, None),
         Answer::Accepted => Out::Bytes(202, Vec::new(), None),
         Answer::Status(status, v) => Out::Json(status, v, None),
+        Answer::Http(e) => Out::Err(e),
     }
 }
 
@@ -184,12 +188,7 @@ fn accepts_json(accept: &str) -> bool {
 
 /// The body as one JSON-RPC message (an object), strictly.
 fn read_message(call: &mut Call) -> Result<Map<String, Value>, Answer> {
-    let bytes = call.body().map_err(|e| {
-        Answer::Status(
-            e.status,
-            jsonrpc::error(None, INVALID_REQUEST, e.message, None),
-        )
-    })?;
+    let bytes = call.body().map_err(Answer::Http)?;
     let value: Value = proto::json::from_slice_strict(&bytes).map_err(|e| {
         status_error(
             400,
@@ -243,36 +242,47 @@ fn on_message(
             Answer::Accepted
         }
         Envelope::Request { id, method, params } => {
-            let res = on_request(front, call, &method, params.as_ref(), header_rev);
-            Answer::Message(match res {
-                Ok(v) => jsonrpc::result(&id, v),
-                Err((code, msg, data)) => jsonrpc::error(Some(&id), code, msg, data),
-            })
+            match on_request(front, call, &method, params.as_ref(), header_rev) {
+                Ok(Ok(v)) => Answer::Message(jsonrpc::result(&id, v)),
+                Ok(Err((code, msg, data))) => {
+                    Answer::Message(jsonrpc::error(Some(&id), code, msg, data))
+                }
+                Err(e) => Answer::Http(e),
+            }
         }
     }
 }
 
+/// Answer one request. The outer error is the caller's refusal as the API says it (401 for
+/// a token the supervisor does not know, 403 for a tenant header a tenant token may not
+/// send): no MCP answer at all.
 fn on_request(
     front: &Front,
     call: &Call,
     method: &str,
     params: Option<&Map<String, Value>>,
     header_rev: Option<Rev>,
-) -> Result<Value, RpcError> {
+) -> Result<Result<Value, RpcError>, HttpError> {
+    if method != "tools/call" {
+        // Every request is judged by the supervisor, not only the ones that carry out a
+        // tool: a revoked token gets no answer from the next request on.
+        ask(front, call, Request::Version)?;
+    }
     if method == "initialize" {
-        return methods::initialize(params, INSTRUCTIONS).map(|(_, result)| result);
+        return Ok(methods::initialize(params, INSTRUCTIONS).map(|(_, result)| result));
     }
     let rev = header_rev.unwrap_or(WITHOUT_HEADER);
-    match method {
+    Ok(match method {
         "ping" => Ok(json!({})),
         "tools/list" => methods::tools_list(rev, params, tools::definitions_http(rev)),
-        "tools/call" => match methods::tool_call(rev, params)? {
-            ToolCall::Answered(result) => Ok(result),
-            ToolCall::Ready {
+        "tools/call" => match methods::tool_call(rev, params) {
+            Err(e) => Err(e),
+            Ok(ToolCall::Answered(result)) => Ok(result),
+            Ok(ToolCall::Ready {
                 tool,
                 call: args,
                 fn_name,
-            } => Ok(carry_out(front, call, tool, args, fn_name.as_deref()).to_json(rev)),
+            }) => Ok(carry_out(front, call, tool, args, fn_name.as_deref())?.to_json(rev)),
         },
         other => Err((
             METHOD_NOT_FOUND,
@@ -283,12 +293,20 @@ fn on_request(
             ),
             None,
         )),
-    }
+    })
 }
 
-/// A refusal of the supervisor's (or the front's), as a tool's error.
-fn refused(tool: Tool, name: Option<&str>, e: &HttpError) -> ToolResult {
-    tools::failure(tool, name, &format!("refused ({}): {}", e.code, e.message))
+/// A refusal of the supervisor's (or the front's), as a tool's error; a caller the
+/// supervisor does not know gets the API's 401 instead.
+fn refused(tool: Tool, name: Option<&str>, e: HttpError) -> Result<ToolResult, HttpError> {
+    if e.status == 401 {
+        return Err(e);
+    }
+    Ok(tools::failure(
+        tool,
+        name,
+        &format!("refused ({}): {}", e.code, e.message),
+    ))
 }
 
 /// Carry out one tool call with the request its route sends, as the caller.
@@ -298,18 +316,18 @@ fn carry_out(
     tool: Tool,
     args: ToolArgs,
     name: Option<&str>,
-) -> ToolResult {
+) -> Result<ToolResult, HttpError> {
     match args {
         ToolArgs::ListFunctions => match ask(front, call, Request::List) {
-            Ok(Reply::Functions(fs)) => ToolResult {
+            Ok(Reply::Functions(fs)) => Ok(ToolResult {
                 structured: json!({
                     "functions": fs.iter().map(tools::function_json).collect::<Vec<_>>(),
                     "error": null,
                 }),
                 is_error: false,
-            },
-            Ok(r) => refused(tool, name, &unexpected(&r)),
-            Err(e) => refused(tool, name, &e),
+            }),
+            Ok(r) => refused(tool, name, unexpected(&r)),
+            Err(e) => refused(tool, name, e),
         },
         ToolArgs::FunctionLogs { name: f, limit } => {
             match ask(
@@ -320,16 +338,16 @@ fn carry_out(
                     n: limit,
                 },
             ) {
-                Ok(Reply::Logs { entries, .. }) => ToolResult {
+                Ok(Reply::Logs { entries, .. }) => Ok(ToolResult {
                     structured: json!({
                         "name": f,
                         "entries": entries.iter().map(tools::log_json).collect::<Vec<_>>(),
                         "error": null,
                     }),
                     is_error: false,
-                },
-                Ok(r) => refused(tool, name, &unexpected(&r)),
-                Err(e) => refused(tool, name, &e),
+                }),
+                Ok(r) => refused(tool, name, unexpected(&r)),
+                Err(e) => refused(tool, name, e),
             }
         }
         ToolArgs::CallFunction {
@@ -356,9 +374,9 @@ fn carry_out(
                 share_wait(call),
                 |_| {},
             ) {
-                Ok(Reply::Answer(a)) => tools::answer_result(&f, &a),
-                Ok(r) => refused(tool, name, &unexpected(&r)),
-                Err(e) => refused(tool, name, &e),
+                Ok(Reply::Answer(a)) => Ok(tools::answer_result(&f, &a)),
+                Ok(r) => refused(tool, name, unexpected(&r)),
+                Err(e) => refused(tool, name, e),
             }
         }
         ToolArgs::RunCode {
@@ -377,11 +395,11 @@ fn run_code(
     language: Language,
     code: String,
     stdin: Option<String>,
-) -> ToolResult {
+) -> Result<ToolResult, HttpError> {
     let tool = Tool::RunCode;
     let max = proto::api::run_caps::MAX_ARG;
     if code.len() > max {
-        return tools::failure(
+        return Ok(tools::failure(
             tool,
             None,
             &format!(
@@ -389,7 +407,7 @@ fn run_code(
                  most {max} bytes",
                 code.len()
             ),
-        );
+        ));
     }
     let (prog, flag) = match language {
         Language::Python => ("python3", "-c"),
@@ -417,9 +435,9 @@ fn run_code(
     ) {
         Ok(Reply::RunAnswer(a)) => {
             crate::delivery::usage(&a.usage);
-            tools::run_code_result(&run_code_words(&a))
+            Ok(tools::run_code_result(&run_code_words(&a)))
         }
-        Ok(r) => refused(tool, None, &unexpected(&r)),
+        Ok(r) => refused(tool, None, unexpected(&r)),
         Err(e) => {
             if e.status == 503 {
                 // The answer did not come: end the run rather than leave it running.
@@ -430,7 +448,7 @@ fn run_code(
                     );
                 }
             }
-            refused(tool, None, &e)
+            refused(tool, None, e)
         }
     }
 }
