@@ -36,9 +36,13 @@ const MCP_HEADERS: [(&str, &str); 2] = [
     ("Accept", "application/json, text/event-stream"),
 ];
 
-/// One POST /mcp with the transport's headers, `extra` and the protocol revision header.
+/// One POST /mcp with the transport's headers, `extra` and the protocol revision header,
+/// sent to `Host: <addr>` (the API listens on loopback, where a foreign name is refused).
 fn post(addr: &str, token: Option<&str>, extra: &[(&str, &str)], body: &[u8]) -> Resp {
     let mut h: Vec<(&str, &str)> = MCP_HEADERS.to_vec();
+    if !extra.iter().any(|(k, _)| k.eq_ignore_ascii_case("Host")) {
+        h.push(("Host", addr));
+    }
     h.push(("MCP-Protocol-Version", "2025-06-18"));
     h.extend_from_slice(extra);
     req_within(addr, "POST", "/mcp", token, &h, body, 60)
@@ -124,7 +128,8 @@ fn mcp_over_http_serves_the_tools_as_far_as_the_callers_token_reaches() {
     let body = json!({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
         "protocolVersion": "2025-06-18", "capabilities": {},
         "clientInfo": {"name": "api_mcp", "version": "1"}}});
-    let h: Vec<(&str, &str)> = MCP_HEADERS.to_vec();
+    let mut h: Vec<(&str, &str)> = MCP_HEADERS.to_vec();
+    h.push(("Host", a));
     let r = req_within(a, "POST", "/mcp", Some(&ka), &h, &body.to_string(), 30);
     assert_eq!(r.status, 200, "{}", r.text());
     let v = r.json();
@@ -350,10 +355,33 @@ fn mcp_over_http_refuses_hostile_input_and_goes_on() {
         let r = post(a, t, &[(name, value)], ping);
         assert_eq!(r.status, status, "{name}: {value}: {}", r.text());
     }
-    // The server's own origin (the test client's Host is `t`) is taken.
-    assert_eq!(post(a, t, &[("Origin", "http://t")], ping).status, 200);
+    // The server's own origin is taken, by any loopback name; another name is refused
+    // on this loopback listener, with or without an Origin that agrees with it (DNS
+    // rebinding: a foreign site's name resolved to 127.0.0.1).
+    let own = format!("http://{a}");
+    assert_eq!(post(a, t, &[("Origin", &own)], ping).status, 200);
+    let port = a.rsplit_once(':').unwrap().1;
+    let local = format!("localhost:{port}");
+    let local_origin = format!("http://{local}");
+    let r = post(a, t, &[("Host", &local), ("Origin", &local_origin)], ping);
+    assert_eq!(r.status, 200, "{}", r.text());
+    for extra in [
+        vec![("Host", "evil.example.com")],
+        vec![
+            ("Host", "evil.example.com"),
+            ("Origin", "http://evil.example.com"),
+        ],
+        vec![("Host", "t")],
+    ] {
+        let r = post(a, t, &extra, ping);
+        assert_eq!(r.status, 403, "{extra:?}: {}", r.text());
+    }
     let h = |ctype: &'static str, accept: &'static str| {
-        vec![("Content-Type", ctype), ("Accept", accept)]
+        vec![
+            ("Content-Type", ctype),
+            ("Accept", accept),
+            ("Host", "127.0.0.1"),
+        ]
     };
     for (headers, status) in [
         (h("text/plain", "application/json"), 415),
@@ -372,7 +400,7 @@ fn mcp_over_http_refuses_hostile_input_and_goes_on() {
     // A body over 16 MiB: 413 before it is read.
     let mut c = TcpStream::connect(a).unwrap();
     let head = format!(
-        "POST /mcp HTTP/1.1\r\nHost: t\r\nAuthorization: Bearer {BOOT}\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n",
+        "POST /mcp HTTP/1.1\r\nHost: {a}\r\nAuthorization: Bearer {BOOT}\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n",
         16 * 1024 * 1024 + 1
     );
     c.write_all(head.as_bytes()).unwrap();
@@ -386,6 +414,151 @@ fn mcp_over_http_refuses_hostile_input_and_goes_on() {
     assert_eq!(r.status, 401, "{}", r.text());
     // And the front goes on.
     assert_eq!(post(a, t, &[], ping).status, 200);
+    drop(f);
+    s.shutdown();
+}
+
+/// Where `tests/mcp/setup.sh` installs the official MCP conformance suite.
+fn conformance_bin() -> std::path::PathBuf {
+    let dir = match std::env::var_os("ZYGO_MCP_SDK_DIR") {
+        Some(d) => std::path::PathBuf::from(d),
+        None => std::env::var_os("XDG_CACHE_HOME")
+            .map(std::path::PathBuf::from)
+            .unwrap_or_else(|| {
+                std::path::PathBuf::from(std::env::var_os("HOME").unwrap_or_else(|| "/root".into()))
+                    .join(".cache")
+            })
+            .join("zygo-mcp-sdk"),
+    };
+    dir.join("conformance/node_modules/.bin/conformance")
+}
+
+/// Every server scenario of the pinned conformance suite: `None` for one that applies to a
+/// server whose only capability is its own tools (each must pass), or why it does not.
+const SCENARIOS: &[(&str, Option<&str>)] = &[
+    ("server-initialize", None),
+    ("ping", None),
+    ("tools-list", None),
+    ("dns-rebinding-protection", None),
+    ("logging-set-level", Some(NO_LOGGING)),
+    (
+        "completion-complete",
+        Some("completions, a capability this server does not offer"),
+    ),
+    ("tools-call-simple-text", Some(FIXTURE)),
+    ("tools-call-image", Some(FIXTURE)),
+    ("tools-call-audio", Some(FIXTURE)),
+    ("tools-call-embedded-resource", Some(FIXTURE)),
+    ("tools-call-mixed-content", Some(FIXTURE)),
+    ("tools-call-with-logging", Some(FIXTURE)),
+    ("tools-call-error", Some(FIXTURE)),
+    ("tools-call-with-progress", Some(FIXTURE)),
+    ("tools-call-sampling", Some(FIXTURE)),
+    ("tools-call-elicitation", Some(FIXTURE)),
+    ("json-schema-2020-12", Some(FIXTURE)),
+    ("elicitation-sep1034-defaults", Some(FIXTURE)),
+    ("elicitation-sep1330-enums", Some(FIXTURE)),
+    ("server-sse-polling", Some(NO_STREAMS)),
+    ("server-sse-multiple-streams", Some(NO_STREAMS)),
+    ("resources-list", Some(NO_RESOURCES)),
+    ("resources-read-text", Some(NO_RESOURCES)),
+    ("resources-read-binary", Some(NO_RESOURCES)),
+    ("resources-templates-read", Some(NO_RESOURCES)),
+    ("resources-subscribe", Some(NO_RESOURCES)),
+    ("resources-unsubscribe", Some(NO_RESOURCES)),
+    ("prompts-list", Some(NO_PROMPTS)),
+    ("prompts-get-simple", Some(NO_PROMPTS)),
+    ("prompts-get-with-args", Some(NO_PROMPTS)),
+    ("prompts-get-embedded-resource", Some(NO_PROMPTS)),
+    ("prompts-get-with-image", Some(NO_PROMPTS)),
+];
+const FIXTURE: &str =
+    "calls a fixture tool of the suite's own reference server (test_simple_text, \
+    test_error_handling, ...), which a server with tools of its own does not have";
+const NO_LOGGING: &str = "logging, a capability this server does not offer";
+const NO_STREAMS: &str = "SSE streams within a session; this server answers application/json \
+    and keeps no sessions, which the transport allows";
+const NO_RESOURCES: &str = "resources, a capability this server does not offer";
+const NO_PROMPTS: &str = "prompts, a capability this server does not offer";
+
+/// The official MCP conformance suite (`@modelcontextprotocol/conformance`) against
+/// `zygo api`'s /mcp: every scenario that applies to a tools-only server passes, and every
+/// scenario of the pinned release is classified (a new one fails this test until it is).
+#[test]
+fn the_official_conformance_suite_passes_every_scenario_for_a_tools_server() {
+    if !root_only() {
+        return;
+    }
+    let bin = conformance_bin();
+    if !bin.is_file() {
+        skip(&format!(
+            "the MCP conformance suite is not installed at {} (run tests/mcp/setup.sh)",
+            bin.display()
+        ));
+        return;
+    }
+    let listed = std::process::Command::new(&bin)
+        .args(["list", "--server"])
+        .output()
+        .expect("run conformance list");
+    assert!(listed.status.success(), "{listed:?}");
+    let listed = String::from_utf8_lossy(&listed.stdout).into_owned();
+    let names: Vec<&str> = listed
+        .lines()
+        .filter_map(|l| l.trim().strip_prefix("- "))
+        .collect();
+    assert!(names.len() >= 10, "no scenarios read from: {listed}");
+    for n in &names {
+        assert!(
+            SCENARIOS.iter().any(|(s, _)| s == n),
+            "the conformance suite has a server scenario {n:?} this test does not classify"
+        );
+    }
+
+    let mut s = SUITE.sup(Who::Root, "conformance");
+    s.env("ZYGO_API_TOKEN", BOOT);
+    let _ = s.up(&[("echo", "echo", "")]);
+    // The suite's client sends no token: a loopback API without auth, as a developer runs
+    // one for a local agent.
+    let f = start_api(&s, &["--no-auth"]);
+    let url = format!("http://{}/mcp", f.addr);
+    let out = TempDir::new(0o700);
+    for (scenario, why) in SCENARIOS {
+        if why.is_some() || !names.contains(scenario) {
+            continue;
+        }
+        let dir = out.path.join(scenario);
+        let run = std::process::Command::new(&bin)
+            .args(["server", "--url", &url, "--scenario", scenario, "-o"])
+            .arg(&dir)
+            .output()
+            .expect("run the conformance suite");
+        let said = format!(
+            "{}{}",
+            String::from_utf8_lossy(&run.stdout),
+            String::from_utf8_lossy(&run.stderr)
+        );
+        assert!(run.status.success(), "{scenario}: {said}\n{}", s.log());
+        let checks: Vec<Value> = std::fs::read_dir(&dir)
+            .unwrap()
+            .flatten()
+            .map(|e| e.path().join("checks.json"))
+            .filter(|p| p.is_file())
+            .flat_map(|p| {
+                let v: Value = serde_json::from_slice(&std::fs::read(&p).unwrap()).unwrap();
+                v.as_array().unwrap().clone()
+            })
+            .collect();
+        let status = |c: &Value| c["status"].as_str().unwrap_or("").to_string();
+        assert!(
+            checks.iter().any(|c| status(c) == "SUCCESS"),
+            "{scenario}: no check passed: {checks:?}"
+        );
+        assert!(
+            !checks.iter().any(|c| status(c) == "FAILURE"),
+            "{scenario}: {checks:?}"
+        );
+    }
     drop(f);
     s.shutdown();
 }

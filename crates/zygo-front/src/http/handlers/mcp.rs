@@ -17,9 +17,11 @@
 //! - answers are `application/json`; a notification or a response is answered 202 with no
 //!   body; GET and DELETE are 405 (there is no server stream and no session to end);
 //! - a JSON-RPC batch (an array) is refused with 400: one message per POST;
-//! - an `Origin` header that is not this server's own origin (`http://` or `https://` and
-//!   the `Host` the request was sent to) is 403, against DNS rebinding: a web page in a
-//!   browser cannot drive the tools of an API it reached by a name it controls;
+//! - against DNS rebinding (a page of another site that had its name resolve to this
+//!   server's address, driving the tools from a browser): on a loopback listener, a `Host`
+//!   that is not a loopback name (`localhost`, `127.0.0.1`, `[::1]`, with a port or not) is
+//!   403; on any listener, an `Origin` that is not this server's own (`http://` or
+//!   `https://` and the request's `Host`) is 403;
 //! - the body is parsed strictly (a key named twice anywhere is a parse error) within the
 //!   API's 16 MiB cap.
 
@@ -66,7 +68,7 @@ enum Answer {
 }
 
 pub fn post(front: &Front, call: &mut Call) -> Out {
-    let answer = match check_headers(call) {
+    let answer = match check_headers(front, call) {
         Ok(header_rev) => match read_message(call) {
             Ok(obj) => on_message(front, call, obj, header_rev),
             Err(a) => a,
@@ -87,14 +89,29 @@ fn status_error(status: u16, code: i64, msg: impl Into<String>) -> Answer {
 
 /// The headers MCP's transport asks a server to check: `Origin`, `Content-Type`,
 /// `Accept`, and `MCP-Protocol-Version` (its revision, if it names one).
-fn check_headers(call: &Call) -> Result<Option<Rev>, Answer> {
+fn check_headers(front: &Front, call: &Call) -> Result<Option<Rev>, Answer> {
     let Some(rq) = call.rq.as_ref() else {
         return Ok(None);
     };
     let bad = |e: HttpError| status_error(400, INVALID_REQUEST, e.message);
     call.only_query(&[]).map_err(bad)?;
+    let host = one_header(rq, "Host").map_err(bad)?.unwrap_or("");
+    if front.loopback && !is_loopback_host(host) {
+        log::warn!(
+            "refused an MCP request for host {}: this server listens on a loopback address",
+            excerpt(host)
+        );
+        return Err(status_error(
+            403,
+            INVALID_REQUEST,
+            format!(
+                "Forbidden: Host {} is not a loopback name, and this server listens on a \
+                 loopback address; connect as localhost, 127.0.0.1 or [::1]",
+                excerpt(host)
+            ),
+        ));
+    }
     if let Some(origin) = one_header(rq, "Origin").map_err(bad)? {
-        let host = one_header(rq, "Host").map_err(bad)?.unwrap_or("");
         if !same_origin(origin, host) {
             log::warn!(
                 "refused an MCP request from origin {}: not this server's own ({})",
@@ -152,6 +169,29 @@ fn check_headers(call: &Call) -> Result<Option<Rev>, Answer> {
             )),
         },
     }
+}
+
+/// Whether a `Host` value names this machine's loopback: `localhost`, an address in
+/// 127.0.0.0/8 or `[::1]`, with or without a port.
+pub fn is_loopback_host(host: &str) -> bool {
+    let host = host.trim();
+    let name = if let Some(rest) = host.strip_prefix('[') {
+        match rest.split_once(']') {
+            Some((inner, port)) if port.is_empty() || port.starts_with(':') => inner,
+            _ => return false,
+        }
+    } else {
+        match host.rsplit_once(':') {
+            Some((name, port)) if port.bytes().all(|b| b.is_ascii_digit()) => name,
+            Some(_) => return false,
+            None => host,
+        }
+    };
+    if name.eq_ignore_ascii_case("localhost") {
+        return true;
+    }
+    name.parse::<std::net::IpAddr>()
+        .is_ok_and(|ip| ip.is_loopback())
 }
 
 /// Whether `origin` is `http://HOST` or `https://HOST` for the `Host` the request came to.
@@ -500,6 +540,34 @@ mod tests {
             ("http://127.0.0.1:7701", "127.0.0.1:7700"),
         ] {
             assert!(!same_origin(origin, host), "{origin} at {host}");
+        }
+    }
+
+    #[test]
+    fn on_loopback_only_loopback_names_are_taken() {
+        for h in [
+            "localhost",
+            "LOCALHOST:7700",
+            "127.0.0.1",
+            "127.0.0.1:80",
+            "[::1]",
+            "[::1]:7700",
+            "127.9.9.9:1",
+        ] {
+            assert!(is_loopback_host(h), "{h}");
+        }
+        for h in [
+            "",
+            "evil.example.com",
+            "evil.example.com:7700",
+            "localhost.evil.example",
+            "10.0.0.1:7700",
+            "[::2]:1",
+            "[::1]x",
+            "127.0.0.1:x",
+            "t",
+        ] {
+            assert!(!is_loopback_host(h), "{h}");
         }
     }
 
