@@ -9,6 +9,9 @@
 //!   `Origin`, a wrong `Content-Type` or `Accept`, an unknown `MCP-Protocol-Version`,
 //!   arguments that try to widen the sandbox — each refused with its status, and the
 //!   front goes on serving.
+//! - the official Python SDK's Streamable HTTP client, with a tenant's token, and the
+//!   official conformance suite (`@modelcontextprotocol/conformance`): both installed by
+//!   `tests/mcp/setup.sh`, and skipped (failed under `ZYGO_TEST_NO_SKIPS=1`) without them.
 
 // A test that fails on an unexpected error says where; that is all an unwrap does here.
 #![allow(clippy::unwrap_used)]
@@ -418,9 +421,9 @@ fn mcp_over_http_refuses_hostile_input_and_goes_on() {
     s.shutdown();
 }
 
-/// Where `tests/mcp/setup.sh` installs the official MCP conformance suite.
-fn conformance_bin() -> std::path::PathBuf {
-    let dir = match std::env::var_os("ZYGO_MCP_SDK_DIR") {
+/// Where `tests/mcp/setup.sh` installs the MCP client SDKs and the conformance suite.
+fn sdk_dir() -> std::path::PathBuf {
+    match std::env::var_os("ZYGO_MCP_SDK_DIR") {
         Some(d) => std::path::PathBuf::from(d),
         None => std::env::var_os("XDG_CACHE_HOME")
             .map(std::path::PathBuf::from)
@@ -429,8 +432,98 @@ fn conformance_bin() -> std::path::PathBuf {
                     .join(".cache")
             })
             .join("zygo-mcp-sdk"),
-    };
-    dir.join("conformance/node_modules/.bin/conformance")
+    }
+}
+
+/// The official MCP conformance suite's command.
+fn conformance_bin() -> std::path::PathBuf {
+    sdk_dir().join("conformance/node_modules/.bin/conformance")
+}
+
+/// The official Python SDK's Streamable HTTP client, with a tenant's bearer token: the
+/// handshake, the tools, and a call of the tenant's own function.
+#[test]
+fn the_python_sdk_reaches_a_tenants_function_over_http_with_its_token() {
+    if !root_only() {
+        return;
+    }
+    let py = sdk_dir().join("py1/bin/python");
+    if !py.is_file() {
+        skip(&format!(
+            "the MCP Python SDK is not installed at {} (run tests/mcp/setup.sh)",
+            py.display()
+        ));
+        return;
+    }
+    let mut s = SUITE.sup(Who::Root, "pysdk");
+    s.env("ZYGO_API_TOKEN", BOOT);
+    let _ = s.up(&[("echo", "echo", "")]);
+    let f = start_api(&s, &[]);
+    let a = f.addr.as_str();
+    let t = tenant_id("mcppy");
+    let r = req_within(
+        a,
+        "POST",
+        "/tenants",
+        Some(BOOT),
+        &[],
+        &json!({"id": t}).to_string(),
+        30,
+    );
+    assert_eq!(r.status, 200, "{}", r.text());
+    let fa = s.name("fa");
+    let base = s.dir.path.display().to_string();
+    let layer =
+        json!({"layer": {"agent": "python", "entry": "fn/handlers.py:echo"}, "base_dir": base});
+    // Serving needs deploy rights: a minted operator token has them.
+    let op = mint(&s, None).1;
+    let r = req_within(
+        a,
+        "PUT",
+        &format!("/fn/{fa}"),
+        Some(&op),
+        &[("X-Zygo-Tenant", &t)],
+        &layer.to_string(),
+        120,
+    );
+    assert_eq!(r.status, 200, "{}\n{}", r.text(), s.log());
+    let key = mint(&s, Some(&t)).1;
+    let script = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("mcp/py_http_client.py");
+    let out = std::process::Command::new(&py)
+        .arg(&script)
+        .args([&format!("http://{a}/mcp"), &key, &fa])
+        .output()
+        .expect("run the Python SDK client");
+    let said = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(
+        out.status.success(),
+        "{said}{}\n{}",
+        String::from_utf8_lossy(&out.stderr),
+        s.log()
+    );
+    let v: Value = serde_json::from_str(said.trim().lines().last().unwrap_or("")).unwrap();
+    assert_eq!(v["revision"], "2025-11-25", "{v}");
+    assert_eq!(
+        v["tools"],
+        json!([
+            "run_code",
+            "list_functions",
+            "call_function",
+            "function_logs"
+        ])
+    );
+    assert!(
+        v["functions"].as_array().unwrap().contains(&json!(fa)),
+        "{v}"
+    );
+    assert_eq!(v["called_is_error"], false, "{v}");
+    assert_eq!(
+        v["called"]["result"],
+        json!({"echo": {"via": "http"}}),
+        "{v}"
+    );
+    drop(f);
+    s.shutdown();
 }
 
 /// Every server scenario of the pinned conformance suite: `None` for one that applies to a
