@@ -40,7 +40,7 @@ const MCP_HEADERS: [(&str, &str); 2] = [
 ];
 
 /// One POST /mcp with the transport's headers, `extra` and the protocol revision header,
-/// sent to `Host: <addr>` (the API listens on loopback, where a foreign name is refused).
+/// sent to `Host: <addr>` (unless `extra` names another).
 fn post(addr: &str, token: Option<&str>, extra: &[(&str, &str)], body: &[u8]) -> Resp {
     let mut h: Vec<(&str, &str)> = MCP_HEADERS.to_vec();
     if !extra.iter().any(|(k, _)| k.eq_ignore_ascii_case("Host")) {
@@ -358,27 +358,18 @@ fn mcp_over_http_refuses_hostile_input_and_goes_on() {
         let r = post(a, t, &[(name, value)], ping);
         assert_eq!(r.status, status, "{name}: {value}: {}", r.text());
     }
-    // The server's own origin is taken, by any loopback name; another name is refused
-    // on this loopback listener, with or without an Origin that agrees with it (DNS
-    // rebinding: a foreign site's name resolved to 127.0.0.1).
+    // The server's own origin is taken; with a token, so is another name in Host (a
+    // reverse proxy's on the same machine) as long as Origin, if any, agrees with it.
     let own = format!("http://{a}");
     assert_eq!(post(a, t, &[("Origin", &own)], ping).status, 200);
-    let port = a.rsplit_once(':').unwrap().1;
-    let local = format!("localhost:{port}");
-    let local_origin = format!("http://{local}");
-    let r = post(a, t, &[("Host", &local), ("Origin", &local_origin)], ping);
+    let proxied = [
+        ("Host", "api.example.com"),
+        ("Origin", "https://api.example.com"),
+    ];
+    let r = post(a, t, &proxied, ping);
     assert_eq!(r.status, 200, "{}", r.text());
-    for extra in [
-        vec![("Host", "evil.example.com")],
-        vec![
-            ("Host", "evil.example.com"),
-            ("Origin", "http://evil.example.com"),
-        ],
-        vec![("Host", "t")],
-    ] {
-        let r = post(a, t, &extra, ping);
-        assert_eq!(r.status, 403, "{extra:?}: {}", r.text());
-    }
+    let r = post(a, t, &[("Host", "api.example.com"), ("Origin", &own)], ping);
+    assert_eq!(r.status, 403, "{}", r.text());
     let h = |ctype: &'static str, accept: &'static str| {
         vec![
             ("Content-Type", ctype),
@@ -418,6 +409,37 @@ fn mcp_over_http_refuses_hostile_input_and_goes_on() {
     // And the front goes on.
     assert_eq!(post(a, t, &[], ping).status, 200);
     drop(f);
+
+    // Without tokens (--no-auth, loopback only), nothing but Host and Origin stands
+    // between a web page and the tools: a name that is not a loopback one is refused,
+    // with or without an Origin that agrees with it (DNS rebinding: a foreign site's name
+    // resolved to 127.0.0.1).
+    let open = start_api(&s, &["--no-auth"]);
+    let o = open.addr.as_str();
+    assert_eq!(post(o, None, &[], ping).status, 200);
+    let port = o.rsplit_once(':').unwrap().1;
+    let local = format!("localhost:{port}");
+    let local_origin = format!("http://{local}");
+    let r = post(
+        o,
+        None,
+        &[("Host", &local), ("Origin", &local_origin)],
+        ping,
+    );
+    assert_eq!(r.status, 200, "{}", r.text());
+    for extra in [
+        vec![("Host", "evil.example.com")],
+        vec![
+            ("Host", "evil.example.com"),
+            ("Origin", "http://evil.example.com"),
+        ],
+        vec![("Host", "t")],
+        vec![("Origin", "http://evil.example.com")],
+    ] {
+        let r = post(o, None, &extra, ping);
+        assert_eq!(r.status, 403, "{extra:?}: {}", r.text());
+    }
+    drop(open);
     s.shutdown();
 }
 

@@ -83,9 +83,9 @@ pub struct Front {
     /// Credentials the supervisor recently said it knows.
     pub auth: fair::AuthCache,
     pub flags: FrontFlags,
-    /// The listener is a loopback address: requests must name a loopback host in `Host`
-    /// (see [`handlers::mcp`]: a page of another site that had its name resolve to this
-    /// address does not).
+    /// The listener is a loopback address (see [`handlers::mcp`]: with `--no-auth`, a
+    /// request there must name a loopback host in `Host`, which a page of another site that
+    /// had its name resolve to this address does not).
     pub loopback: bool,
     pub stopping: AtomicBool,
     pub in_flight: AtomicUsize,

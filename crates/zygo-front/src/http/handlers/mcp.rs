@@ -18,10 +18,12 @@
 //!   body; GET and DELETE are 405 (there is no server stream and no session to end);
 //! - a JSON-RPC batch (an array) is refused with 400: one message per POST;
 //! - against DNS rebinding (a page of another site that had its name resolve to this
-//!   server's address, driving the tools from a browser): on a loopback listener, a `Host`
-//!   that is not a loopback name (`localhost`, `127.0.0.1`, `[::1]`, with a port or not) is
-//!   403; on any listener, an `Origin` that is not this server's own (`http://` or
-//!   `https://` and the request's `Host`) is 403;
+//!   server's address, driving the tools from a browser): on any listener, an `Origin` that
+//!   is not this server's own (`http://` or `https://` and the request's `Host`) is 403;
+//!   and on a loopback listener started with `--no-auth`, where no token stands between
+//!   such a page and the tools, a `Host` that is not a loopback name (`localhost`,
+//!   `127.0.0.1`, `[::1]`, with a port or not) is 403 too. With a token the page has
+//!   nothing to send, and a reverse proxy on the same machine may forward its own name;
 //! - the body is parsed strictly (a key named twice anywhere is a parse error) within the
 //!   API's 16 MiB cap.
 
@@ -96,9 +98,10 @@ fn check_headers(front: &Front, call: &Call) -> Result<Option<Rev>, Answer> {
     let bad = |e: HttpError| status_error(400, INVALID_REQUEST, e.message);
     call.only_query(&[]).map_err(bad)?;
     let host = one_header(rq, "Host").map_err(bad)?.unwrap_or("");
-    if front.loopback && !is_loopback_host(host) {
+    if front.loopback && front.flags.no_auth && !is_loopback_host(host) {
         log::warn!(
-            "refused an MCP request for host {}: this server listens on a loopback address",
+            "refused an MCP request for host {}: this server listens on a loopback address \
+             without tokens (--no-auth)",
             excerpt(host)
         );
         return Err(status_error(
@@ -106,7 +109,8 @@ fn check_headers(front: &Front, call: &Call) -> Result<Option<Rev>, Answer> {
             INVALID_REQUEST,
             format!(
                 "Forbidden: Host {} is not a loopback name, and this server listens on a \
-                 loopback address; connect as localhost, 127.0.0.1 or [::1]",
+                 loopback address without tokens (--no-auth); connect as localhost, \
+                 127.0.0.1 or [::1]",
                 excerpt(host)
             ),
         ));
