@@ -43,7 +43,7 @@ impl Resp {
     }
 }
 
-/// A request's head: `Host`, `Content-Length: len`, `Authorization: Bearer` with `token`
+/// A request's head: `Host` (`t`, unless `extra` names one), `Content-Length: len`, `Authorization: Bearer` with `token`
 /// if there is one, then `extra`, then the blank line.
 pub fn head(
     method: &str,
@@ -52,7 +52,11 @@ pub fn head(
     extra: &[(&str, &str)],
     len: usize,
 ) -> String {
-    let mut head = format!("{method} {path} HTTP/1.1\r\nHost: t\r\nContent-Length: {len}\r\n");
+    let mut head = format!("{method} {path} HTTP/1.1\r\n");
+    if !extra.iter().any(|(k, _)| k.eq_ignore_ascii_case("Host")) {
+        head.push_str("Host: t\r\n");
+    }
+    head.push_str(&format!("Content-Length: {len}\r\n"));
     if let Some(t) = token {
         head.push_str(&format!("Authorization: Bearer {t}\r\n"));
     }

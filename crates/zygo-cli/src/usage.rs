@@ -400,6 +400,8 @@ spec/openapi.json) until SIGTERM or SIGINT, then stops taking requests and lets 
 flight finish for up to 25 s. It starts no supervisor: start one first with `zygo up`.
 Every caller needs `Authorization: Bearer TOKEN`: the supervisor's ZYGO_API_TOKEN (the
 bootstrap operator token) or a token minted with `zygo token mint [--tenant T]`.
+POST /mcp is an MCP server (Streamable HTTP, JSON answers, no sessions) with the tools
+of `zygo mcp`, each call made as the caller its token names, with that caller's rights.
 
 Options:
   --listen ADDR        IP:PORT, or unix:///path (created 0600)   [default: 127.0.0.1:7700]

@@ -4,3 +4,4 @@
 pub mod confine;
 pub mod delivery;
 pub mod http;
+pub mod mcp;

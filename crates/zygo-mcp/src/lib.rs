@@ -18,11 +18,11 @@
 //!    [`proto::mcp::McpRequest`], which has no field for an image, a mount, a network, a
 //!    limit or a path.
 
-pub mod jsonrpc;
 pub mod link;
-pub mod revision;
 pub mod server;
-pub mod tools;
+
+/// Shared with `zygo api`'s `/mcp`: one reader, one revision table, one set of tools.
+pub use zygo_front::mcp::{jsonrpc, revision, tools};
 
 #[cfg(test)]
 mod tests;

@@ -35,21 +35,21 @@ use std::time::{Duration, Instant};
 use serde_json::{json, Map, Value};
 
 use crate::jsonrpc::{
-    self, excerpt, type_name, Id, Line, LineReader, INTERNAL_ERROR, INVALID_PARAMS,
-    INVALID_REQUEST, MAX_LINE, METHOD_NOT_FOUND, PARSE_ERROR, UNSUPPORTED_PROTOCOL_VERSION,
+    self, excerpt, type_name, Id, Line, LineReader, INTERNAL_ERROR, INVALID_REQUEST, MAX_LINE,
+    METHOD_NOT_FOUND, PARSE_ERROR, UNSUPPORTED_PROTOCOL_VERSION,
 };
 use crate::link::{lock, Link, LinkError};
-use crate::revision::{self, Rev, PREFERRED, STATELESS};
-use crate::tools::{self, parse_arguments, render, Call, Tool};
+use crate::revision::{Rev, PREFERRED, STATELESS};
+use crate::tools::{self, render, Call, Tool};
+use zygo_front::mcp::methods::{
+    self, envelope, invalid_params, server_info, versions, Envelope, RpcError, ToolCall,
+    CACHE_TTL_MS,
+};
 
 const META_PROTOCOL_VERSION: &str = "io.modelcontextprotocol/protocolVersion";
 const META_CLIENT_CAPABILITIES: &str = "io.modelcontextprotocol/clientCapabilities";
 const META_CLIENT_INFO: &str = "io.modelcontextprotocol/clientInfo";
 const META_SERVER_INFO: &str = "io.modelcontextprotocol/serverInfo";
-
-/// How long clients may cache `tools/list` and `server/discover` (the tools never change
-/// while the server runs).
-const CACHE_TTL_MS: u64 = 3_600_000;
 
 /// What the server tells the model about itself.
 pub const INSTRUCTIONS: &str = "\
@@ -105,12 +105,6 @@ enum Handled {
     Later,
 }
 
-type RpcError = (i64, String, Option<Value>);
-
-fn invalid_params(msg: impl Into<String>) -> RpcError {
-    (INVALID_PARAMS, msg.into(), None)
-}
-
 pub struct Server {
     out: Mutex<Box<dyn Write + Send>>,
     out_broken: AtomicBool,
@@ -120,20 +114,6 @@ pub struct Server {
     inflight: Mutex<HashMap<Id, Flight>>,
     idle: Condvar,
     cfg: Config,
-}
-
-fn server_info(rev: Rev) -> Value {
-    let mut i = Map::new();
-    i.insert("name".into(), json!("zygo"));
-    if rev.has_structured_output() {
-        i.insert("title".into(), json!("Zygo"));
-    }
-    i.insert("version".into(), json!(env!("CARGO_PKG_VERSION")));
-    Value::Object(i)
-}
-
-fn versions(list: &[Rev]) -> Vec<&'static str> {
-    list.iter().map(|r| r.as_str()).collect()
 }
 
 impl Server {
@@ -368,82 +348,22 @@ impl Server {
         }
     }
 
-    fn on_message(self: &Arc<Self>, mut obj: Map<String, Value>, sink: &Sink) -> Handled {
-        let method = obj.get("method");
-        if method.is_none() && (obj.contains_key("result") || obj.contains_key("error")) {
-            log::warn!("ignored a response from the client: this server sends no requests");
-            return Handled::Nothing;
-        }
-        let id = match obj.get("id") {
-            None => None,
-            Some(v) => match Id::from_value(v) {
-                Some(id) => Some(id),
-                None => {
-                    return Handled::Now(jsonrpc::error(
-                        None,
-                        INVALID_REQUEST,
-                        format!(
-                            "Invalid Request: id must be a string or an integer, not {}",
-                            type_name(v)
-                        ),
-                        None,
-                    ))
-                }
-            },
-        };
-        // A message that is not a request or a notification at all is answered with id
-        // null (JSON-RPC's "Invalid Request"); a notification with bad params only logged.
-        let refuse = |code: i64, msg: String| match &id {
-            Some(id) => Handled::Now(jsonrpc::error(Some(id), code, msg, None)),
-            None if code == INVALID_REQUEST => {
-                log::warn!("{msg}");
-                Handled::Now(jsonrpc::error(None, code, msg, None))
-            }
-            None => {
-                log::warn!("ignored a notification: {msg}");
+    fn on_message(self: &Arc<Self>, obj: Map<String, Value>, sink: &Sink) -> Handled {
+        match envelope(obj) {
+            Envelope::Response => {
+                log::warn!("ignored a response from the client: this server sends no requests");
                 Handled::Nothing
             }
-        };
-        if obj.get("jsonrpc") != Some(&json!("2.0")) {
-            return refuse(
-                INVALID_REQUEST,
-                "Invalid Request: jsonrpc must be \"2.0\"".into(),
-            );
-        }
-        let method = match method {
-            Some(Value::String(m)) => m.clone(),
-            Some(other) => {
-                return refuse(
-                    INVALID_REQUEST,
-                    format!(
-                        "Invalid Request: method must be a string, not {}",
-                        type_name(other)
-                    ),
-                )
+            Envelope::Refused(answer) => Handled::Now(answer),
+            Envelope::Ignored(why) => {
+                log::warn!("ignored a notification: {why}");
+                Handled::Nothing
             }
-            None => return refuse(INVALID_REQUEST, "Invalid Request: no method".into()),
-        };
-        // Taken, not copied: params may be most of a 20 MiB line.
-        let params = match obj.remove("params") {
-            None => None,
-            Some(Value::Object(p)) => Some(p),
-            Some(other) => {
-                return refuse(
-                    INVALID_PARAMS,
-                    format!(
-                        "Invalid params: params of {} must be an object, not {}",
-                        excerpt(&method),
-                        type_name(&other)
-                    ),
-                )
-            }
-        };
-        match id {
-            None => {
+            Envelope::Notification { method, params } => {
                 self.on_notification(&method, params.as_ref());
                 Handled::Nothing
             }
-            Some(id) => self.on_request(id, method, params, sink),
+            Envelope::Request { id, method, params } => self.on_request(id, method, params, sink),
         }
     }
 
@@ -682,78 +602,13 @@ impl Server {
     }
 
     fn initialize(&self, params: Option<&Map<String, Value>>) -> Result<Value, RpcError> {
-        let Some(p) = params else {
-            return Err(invalid_params(
-                "Invalid params: initialize needs params with protocolVersion",
-            ));
-        };
-        let requested = match p.get("protocolVersion") {
-            Some(Value::String(s)) => s.as_str(),
-            Some(other) => {
-                return Err(invalid_params(format!(
-                    "Invalid params: protocolVersion must be a string, not {}",
-                    type_name(other)
-                )))
-            }
-            None => {
-                return Err(invalid_params(
-                    "Invalid params: initialize needs params.protocolVersion",
-                ))
-            }
-        };
-        for key in ["capabilities", "clientInfo"] {
-            if let Some(v) = p.get(key) {
-                if !v.is_object() {
-                    return Err(invalid_params(format!(
-                        "Invalid params: {key} must be an object, not {}",
-                        type_name(v)
-                    )));
-                }
-            }
-        }
-        let rev = revision::negotiate(requested);
-        let client = p
-            .get("clientInfo")
-            .and_then(|c| c.get("name"))
-            .and_then(Value::as_str)
-            .map(excerpt)
-            .unwrap_or_else(|| "a client".into());
-        log::info!(
-            "{client} asked for protocol revision {}; speaking {rev}",
-            excerpt(requested)
-        );
+        let (rev, result) = methods::initialize(params, INSTRUCTIONS)?;
         *lock(&self.negotiated) = Some(rev);
-        Ok(json!({
-            "protocolVersion": rev.as_str(),
-            "capabilities": {"tools": {"listChanged": false}},
-            "serverInfo": server_info(rev),
-            "instructions": INSTRUCTIONS,
-        }))
+        Ok(result)
     }
 
     fn tools_list(rev: Rev, params: Option<&Map<String, Value>>) -> Result<Value, RpcError> {
-        match params.and_then(|p| p.get("cursor")) {
-            None | Some(Value::Null) => {}
-            Some(Value::String(c)) => {
-                return Err(invalid_params(format!(
-                    "Invalid params: cursor {} is not one this server handed out (the tool list \
-                     has one page)",
-                    excerpt(c)
-                )))
-            }
-            Some(other) => {
-                return Err(invalid_params(format!(
-                    "Invalid params: cursor must be a string, not {}",
-                    type_name(other)
-                )))
-            }
-        }
-        let mut r = json!({"tools": tools::definitions(rev)});
-        if rev.is_stateless() {
-            r["ttlMs"] = json!(CACHE_TTL_MS);
-            r["cacheScope"] = json!("public");
-        }
-        Ok(r)
+        methods::tools_list(rev, params, tools::definitions(rev))
     }
 
     fn tools_call(
@@ -762,52 +617,16 @@ impl Server {
         rev: Rev,
         params: Option<&Map<String, Value>>,
     ) -> Result<Value, RpcError> {
-        let Some(p) = params else {
-            return Err(invalid_params(
-                "Invalid params: tools/call needs params with name and arguments",
-            ));
-        };
-        let name = match p.get("name") {
-            Some(Value::String(n)) => n,
-            Some(other) => {
-                return Err(invalid_params(format!(
-                    "Invalid params: name must be a string, not {}",
-                    type_name(other)
-                )))
-            }
-            None => {
-                return Err(invalid_params(
-                    "Invalid params: tools/call needs params.name",
-                ))
-            }
-        };
-        let Some(tool) = Tool::by_name(name) else {
-            return Err(invalid_params(format!(
-                "Unknown tool: {} (this server has run_code, list_functions, call_function and \
-                 function_logs)",
-                excerpt(name)
-            )));
-        };
-        let empty = Map::new();
-        let args = match p.get("arguments") {
-            None | Some(Value::Null) => &empty,
-            Some(Value::Object(a)) => a,
-            Some(other) => {
-                return Err(invalid_params(format!(
-                    "Invalid params: arguments must be an object, not {}",
-                    type_name(other)
-                )))
-            }
-        };
-        let fn_name = args.get("name").and_then(Value::as_str);
-        let call = match parse_arguments(tool, args) {
-            Ok(c) => c,
-            Err(msg) if rev.argument_errors_are_tool_errors() => {
-                return Ok(tools::failure(tool, fn_name, &msg).to_json(rev))
-            }
-            Err(msg) => return Err(invalid_params(format!("Invalid params: {msg}"))),
-        };
-        Ok(self.call_monitor(id, tool, call, fn_name).to_json(rev))
+        match methods::tool_call(rev, params)? {
+            ToolCall::Answered(result) => Ok(result),
+            ToolCall::Ready {
+                tool,
+                call,
+                fn_name,
+            } => Ok(self
+                .call_monitor(id, tool, call, fn_name.as_deref())
+                .to_json(rev)),
+        }
     }
 
     fn call_monitor(

@@ -83,6 +83,10 @@ pub struct Front {
     /// Credentials the supervisor recently said it knows.
     pub auth: fair::AuthCache,
     pub flags: FrontFlags,
+    /// The listener is a loopback address (see [`handlers::mcp`]: with `--no-auth`, a
+    /// request there must name a loopback host in `Host`, which a page of another site that
+    /// had its name resolve to this address does not).
+    pub loopback: bool,
     pub stopping: AtomicBool,
     pub in_flight: AtomicUsize,
 }
@@ -435,6 +439,12 @@ pub fn serve(
     // so a few slow uploads cannot leave the channels idle and everyone else waiting.
     let workers = (chans.len() * 4).max(WORKERS_MIN);
     let share = (chans.len() / 4).max(1);
+    let server = tiny_http::Server::from_listener_limited(listener, None, limits())
+        .map_err(|e| format!("start the HTTP server: {e}"))?;
+    let loopback = server
+        .server_addr()
+        .to_ip()
+        .is_some_and(|a| a.ip().is_loopback());
     let front = Arc::new(Front {
         shares: fair::Shares::new(share),
         places: Arc::new(fair::Places::new(
@@ -446,12 +456,11 @@ pub fn serve(
         auth: fair::AuthCache::default(),
         chans: channel::Pool::new(chans),
         flags,
+        loopback,
         stopping: AtomicBool::new(false),
         in_flight: AtomicUsize::new(0),
     });
     front.chans.watch()?;
-    let server = tiny_http::Server::from_listener_limited(listener, None, limits())
-        .map_err(|e| format!("start the HTTP server: {e}"))?;
     let server = Arc::new(server);
     for i in 0..workers {
         let (front, server) = (front.clone(), server.clone());
@@ -544,7 +553,7 @@ fn header_values<'a>(rq: &'a tiny_http::Request, name: &'static str) -> Vec<&'a 
 }
 
 /// At most one of a header.
-fn one_header<'a>(
+pub(crate) fn one_header<'a>(
     rq: &'a tiny_http::Request,
     name: &'static str,
 ) -> Result<Option<&'a str>, HttpError> {

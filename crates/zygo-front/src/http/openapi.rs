@@ -26,6 +26,9 @@ struct Op {
     text: bool,
     /// The route also answers 202 (accepted, still working) with the same schema.
     accepted: bool,
+    /// The route is MCP's Streamable HTTP transport: JSON-RPC in and out, 202 with no body
+    /// for a notification, and the transport's own statuses.
+    mcp: bool,
 }
 
 enum Body {
@@ -291,6 +294,21 @@ fn b_pool_call() -> Value {
         &[],
     )
 }
+fn b_mcp() -> Value {
+    open_obj(
+        json!({"jsonrpc": {"const": "2.0"}, "id": {"type": ["string", "integer"]},
+               "method": {"type": "string"}, "params": {"type": "object"}}),
+        &["jsonrpc"],
+    )
+}
+fn s_mcp() -> Value {
+    open_obj(
+        json!({"jsonrpc": {"const": "2.0"}, "id": {"type": ["string", "integer", "null"]},
+               "result": {"type": "object"},
+               "error": open_obj(json!({"code": {"type": "integer"}, "message": {"type": "string"}, "data": {}}), &["code", "message"])}),
+        &["jsonrpc", "id"],
+    )
+}
 fn b_tenant() -> Value {
     obj(
         json!({"id": {"type": "string", "pattern": "^[a-z0-9][a-z0-9_-]{0,62}$"}}),
@@ -336,7 +354,7 @@ const FN_CALL_QUERY: &[(&str, &str, &str)] = &[
 fn ops() -> Vec<Op> {
     use Body::*;
     let op = |method, path, who, deploy, summary, body, ok: fn() -> Value, more| Op {
-        method, path, who, deploy, summary, body, ok, more, stream: false, query: &[], text: false, accepted: false,
+        method, path, who, deploy, summary, body, ok, more, stream: false, query: &[], text: false, accepted: false, mcp: false,
     };
     vec![
         op("GET", "/healthz", "none", false, "The supervisor's condition: ok, degraded (with a reason) or stopping (503).", None, s_health, &[]),
@@ -378,6 +396,7 @@ fn ops() -> Vec<Op> {
         op("DELETE", "/tokens/{id}", "op", true, "Revoke a token (the record stays).", None, s_revoked, &[]),
         op("POST", "/drain", "op", true, "Stop taking calls, let running ones finish within grace seconds, stop the supervisor.", OptionalJson(b_drain), s_drained, &[]),
         Op { text: true, ..op("GET", "/metrics", "any", false, "Prometheus series: this API's requests and errors, and the numbers of each function the caller can see.", None, s_metrics, &[]) },
+        Op { mcp: true, ..op("POST", "/mcp", "any", false, "MCP's Streamable HTTP transport (revisions 2024-11-05 to 2025-11-25, no sessions): one JSON-RPC message per POST, answered as application/json; the tools of `zygo mcp`, carried out as the caller with the routes' own rights (run_code is a POST /run and needs deploy rights). A notification is 202 with no body; a batch is 400; an Origin other than this server's own is 403; GET is 405 (no server stream).", Json(b_mcp), s_mcp, &[406, 415]) },
     ]
 }
 
@@ -387,9 +406,11 @@ fn error_text(status: u16) -> &'static str {
         401 => "No token, an unknown or a revoked one (unauthorized); a body is not read before the caller is known.",
         403 => "Not the caller's to ask: the deploy gate, operator-only, another tenant (forbidden).",
         404 => "Not found, or not the caller's (not_found).",
+        406 => "Not Acceptable (POST /mcp): the Accept header does not take application/json.",
         408 => "The request's head or body did not arrive in time (the body within 60 s, and at 64 KiB/s or more after its first second), or (POST /run) X-Zygo-Timeout-Ms fired first (api_timeout).",
         409 => "The name is taken by the other kind, or (DELETE /deps/{id}) the set is in use or building (conflict).",
         413 => "The body is over 16 MiB (too_large).",
+        415 => "Unsupported Media Type (POST /mcp): the body is not sent as application/json.",
         422 => "A limit above every ceiling the tenant can reach (above_ceiling).",
         429 => "Refused before anything ran (busy): every channel to the supervisor stayed in use for 2 s; the caller holds its share of them (a quarter) and none came free while the request waited its turn (until its deadline, at most 30 s); the caller or its address has its share of the front's workers (a quarter: 16 requests being served); or the supervisor is at a limit of its own (a function's zygotes, a tenant's share of them, runs, dependency builds, the store). Safe to send again after Retry-After seconds.",
         431 => "A header line over 8 KiB, or more than 100 headers.",
@@ -452,6 +473,15 @@ fn operation(o: &Op) -> Value {
             "content": ok_content,
         }),
     );
+    if o.mcp {
+        responses.insert(
+            "202".into(),
+            json!({
+                "description": "Accepted: the message was a notification or a response; no body.",
+                "headers": {"X-Zygo-Request-Id": {"$ref": "#/components/headers/RequestId"}},
+            }),
+        );
+    }
     if o.accepted {
         responses.insert(
             "202".into(),
@@ -479,6 +509,11 @@ fn operation(o: &Op) -> Value {
             "headers": {"X-Zygo-Request-Id": {"$ref": "#/components/headers/RequestId"}},
             "content": {"application/json": {"schema": if o.who == "none" { s_health() } else { r("Error") }}},
         });
+        // What /mcp itself refuses is a JSON-RPC error; what the API refuses before it (a
+        // token, a place, the body's size) is the API's error shape.
+        if o.mcp && matches!(s, 400 | 403 | 406 | 415) {
+            resp["content"]["application/json"]["schema"] = json!({"oneOf": [s_mcp(), r("Error")]});
+        }
         if s == 429 || s == 503 {
             resp["headers"]["Retry-After"] = json!({"$ref": "#/components/headers/RetryAfter"});
         }

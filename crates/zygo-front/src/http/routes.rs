@@ -6,7 +6,7 @@
 //! a route answered without a token but not marked so fails the suite.
 
 use super::handlers::{
-    blobs, deps, functions, metrics, misc, pools, run, scripts, secrets, tenants, tokens,
+    blobs, deps, functions, mcp, metrics, misc, pools, run, scripts, secrets, tenants, tokens,
 };
 use super::{Call, Front, HttpError, Out};
 
@@ -97,6 +97,7 @@ pub static ROUTES: &[Route] = &[
     route!("DELETE", "/tokens/{id}",             Op,         true,  tokens::revoke),
     route!("POST",   "/drain",                   Op,         true,  misc::drain),
     route!("GET",    "/metrics",                 Any,        false, metrics::metrics),
+    route!("POST",   "/mcp",                     Any,        false, mcp::post),
 ];
 
 /// What a path and method found.

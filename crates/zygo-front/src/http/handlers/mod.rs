@@ -4,6 +4,7 @@
 pub mod blobs;
 pub mod deps;
 pub mod functions;
+pub mod mcp;
 pub mod metrics;
 pub mod misc;
 pub mod pools;
@@ -656,6 +657,7 @@ mod tests {
             refusals: super::super::fair::RefusalLog::default(),
             auth: super::super::fair::AuthCache::default(),
             flags: proto::api::FrontFlags::default(),
+            loopback: true,
             stopping: std::sync::atomic::AtomicBool::new(false),
             in_flight: std::sync::atomic::AtomicUsize::new(0),
         }

@@ -11,8 +11,8 @@ use proto::front::{ExecAnswer, FunctionInfo, LogEntry, Outcome};
 use proto::mcp::{Language, McpReply, McpRequest, RunCodeResult};
 use serde_json::{json, Map, Value};
 
-use crate::jsonrpc::{excerpt, type_name};
-use crate::revision::Rev;
+use super::jsonrpc::{excerpt, type_name};
+use super::revision::Rev;
 
 /// The most code plus stdin (or event) one call may carry: the channel's frame cap less
 /// room for the envelope.
@@ -290,6 +290,29 @@ pub fn definitions(rev: Rev) -> Vec<Value> {
     ALL.iter().map(|t| t.definition(rev)).collect()
 }
 
+/// How `run_code` works at `zygo api`'s `/mcp`, where it is a `POST /run`.
+const RUN_CODE_OVER_HTTP: &str = "\
+Run a program in a fresh one-shot sandbox and get its exit code, stdout and stderr. language \
+is python (run as python3 -c CODE), javascript (node -e CODE) or sh (/bin/sh -c CODE); the \
+code is that one argument, at most 128 KiB. stdin, if given, is fed to the program and then \
+closed. Nothing is kept between calls. Image, memory, CPU, process and time limits and network \
+are the operator's and no argument changes them; a program that exceeds a limit is killed and \
+the result says which. It needs deploy rights, as POST /run does: a tenant's token, or the \
+bootstrap token of an API started without --allow-deploy, is refused. If list_functions shows \
+a warm function that does the job, call_function is much faster.";
+
+/// Every tool, as `zygo api` lists them at `/mcp` under `rev`: the same names and schemas,
+/// with `run_code` described as it runs there.
+pub fn definitions_http(rev: Rev) -> Vec<Value> {
+    let mut defs = definitions(rev);
+    for d in &mut defs {
+        if d["name"] == Tool::RunCode.name() {
+            d["description"] = json!(RUN_CODE_OVER_HTTP);
+        }
+    }
+    defs
+}
+
 /// A tool call with its arguments checked: everything the front may ask for.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Call {
@@ -508,7 +531,7 @@ pub fn failure(tool: Tool, name: Option<&str>, message: &str) -> ToolResult {
     }
 }
 
-fn run_code_result(r: &RunCodeResult) -> ToolResult {
+pub fn run_code_result(r: &RunCodeResult) -> ToolResult {
     let structured = json!({
         "exit_code": r.exit_code,
         "timed_out": r.timed_out,
@@ -527,7 +550,7 @@ fn run_code_result(r: &RunCodeResult) -> ToolResult {
     }
 }
 
-fn function_json(f: &FunctionInfo) -> Value {
+pub fn function_json(f: &FunctionInfo) -> Value {
     json!({
         "name": f.name,
         "kind": f.kind,
@@ -543,7 +566,7 @@ fn function_json(f: &FunctionInfo) -> Value {
     })
 }
 
-fn answer_result(name: &str, a: &ExecAnswer) -> ToolResult {
+pub fn answer_result(name: &str, a: &ExecAnswer) -> ToolResult {
     let result = match &a.result {
         Some(text) => serde_json::from_str::<Value>(text).unwrap_or_else(|_| json!(text)),
         None => Value::Null,
@@ -579,7 +602,7 @@ fn answer_result(name: &str, a: &ExecAnswer) -> ToolResult {
     }
 }
 
-fn log_json(e: &LogEntry) -> Value {
+pub fn log_json(e: &LogEntry) -> Value {
     json!({
         "request_id": e.request_id,
         "finished_ms": e.finished_ms,
@@ -630,7 +653,7 @@ pub fn render(tool: Tool, call: &Call, reply: &McpReply) -> ToolResult {
 #[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
-    use crate::revision::{HANDSHAKE, STATELESS};
+    use crate::mcp::revision::{HANDSHAKE, STATELESS};
 
     /// Every property name in a schema, at any depth.
     fn property_names(schema: &Value, out: &mut Vec<String>) {
