@@ -1648,3 +1648,59 @@ fn the_files_api_table_says_where_and_how_zygo_api_listens() {
     assert_eq!(code, Some(2), "{err}");
     assert!(err.contains("--listen 127.0.0.1:notaport"), "{err}");
 }
+
+/// Under `--no-auth` on a loopback address, where no token stands between a web page in a
+/// browser on the machine and the API, a request must name a loopback host (DNS
+/// rebinding sends a page's own name) and carry no `Origin` but the server's own (a page
+/// of another site's form POST carries its own): both are refused with 403 before
+/// anything is asked of the supervisor. Programs (which send neither) are served; with
+/// tokens nothing changes.
+#[test]
+fn without_tokens_on_loopback_only_local_callers_are_served() {
+    if skip_without_binary() {
+        return;
+    }
+    let api = Api::start(&["--no-auth"]);
+    let host = api.addr.clone();
+    let own = format!("http://{host}");
+    let asked = || api.fake.requests().len();
+    let before = asked();
+    for headers in [
+        vec![("Host", "attacker.example")],
+        vec![("Host", "attacker.example:7700")],
+        vec![("Host", host.as_str()), ("Origin", "http://attacker.example")],
+        vec![("Host", host.as_str()), ("Origin", "null")],
+    ] {
+        let r = api.req("POST", "/fn/echo", &headers, b"{}");
+        r.assert_error(403, "forbidden");
+        assert!(
+            r.text().contains("--no-auth"),
+            "{headers:?}: {}",
+            r.text()
+        );
+    }
+    assert_eq!(asked(), before, "a refused request reached the supervisor");
+    // A program's request, and a page of the server's own origin, go through (the fake
+    // answers a tokenless caller 401: what matters is that it was asked).
+    for headers in [
+        vec![("Host", host.as_str())],
+        vec![("Host", "localhost")],
+        vec![("Host", host.as_str()), ("Origin", own.as_str())],
+    ] {
+        let r = api.req("GET", "/fn", &headers, b"");
+        assert_ne!(r.status, 403, "{headers:?}: {}", r.text());
+    }
+    assert!(asked() > before, "no request reached the supervisor");
+    // /healthz needs no caller and is answered whatever the Host.
+    let r = api.req("GET", "/healthz", &[("Host", "attacker.example")], b"");
+    assert_ne!(r.status, 403, "{}", r.text());
+    // With tokens, the Host is not the server's business.
+    let api = Api::start(&[]);
+    let r = api.req(
+        "GET",
+        "/fn",
+        &[("Host", "attacker.example"), ("Authorization", &format!("Bearer {OP}"))],
+        b"",
+    );
+    assert_ne!(r.status, 403, "{}", r.text());
+}

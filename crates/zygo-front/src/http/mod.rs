@@ -23,6 +23,7 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use crate::mcp::jsonrpc::excerpt;
 use proto::api::{Credentials, FrontFlags};
 use proto::front::{ErrorCode, Request};
 use serde_json::{json, Value};
@@ -83,9 +84,9 @@ pub struct Front {
     /// Credentials the supervisor recently said it knows.
     pub auth: fair::AuthCache,
     pub flags: FrontFlags,
-    /// The listener is a loopback address (see [`handlers::mcp`]: with `--no-auth`, a
-    /// request there must name a loopback host in `Host`, which a page of another site that
-    /// had its name resolve to this address does not).
+    /// The listener is a loopback address: with `--no-auth`, a request there must name a
+    /// loopback host in `Host` (which a page of another site that had its name resolve to
+    /// this address does not) and carry no other origin's `Origin` (see `local_only`).
     pub loopback: bool,
     pub stopping: AtomicBool,
     pub in_flight: AtomicUsize,
@@ -567,6 +568,59 @@ pub(crate) fn one_header<'a>(
     }
 }
 
+/// Under `--no-auth` on a loopback listener no token stands between a web page in a
+/// browser on this machine and the API: a page of another site may send requests to it
+/// (a form's POST needs no permission), or rename itself onto the loopback address (DNS
+/// rebinding) and read the answers. So there a request that needs a caller must name a
+/// loopback host in `Host`, and an `Origin` (which browsers send, and programs do not)
+/// must be this server's own. (`/mcp` checks the same itself, answering in JSON-RPC.)
+fn local_only(
+    front: &Front,
+    rq: &tiny_http::Request,
+    who: routes::Who,
+    path: &str,
+) -> Result<(), HttpError> {
+    if !(front.loopback && front.flags.no_auth) || who == routes::Who::None || path == "/mcp" {
+        return Ok(());
+    }
+    let host = one_header(rq, "Host")?.unwrap_or("");
+    if !handlers::mcp::is_loopback_host(host) {
+        log::warn!(
+            "refused a request for host {}: this server listens on a loopback address without \
+             tokens (--no-auth)",
+            excerpt(host)
+        );
+        return Err(HttpError::new(
+            403,
+            "forbidden",
+            format!(
+                "Host {} is not a loopback name, and this server listens on a loopback address \
+                 without tokens (--no-auth); connect as localhost, 127.0.0.1 or [::1]",
+                excerpt(host)
+            ),
+        ));
+    }
+    if let Some(origin) = one_header(rq, "Origin")? {
+        if !handlers::mcp::same_origin(origin, host) {
+            log::warn!(
+                "refused a request from origin {}: this server takes no token (--no-auth), so \
+                 not from web pages of other origins",
+                excerpt(origin)
+            );
+            return Err(HttpError::new(
+                403,
+                "forbidden",
+                format!(
+                    "Origin {} is not this server's own origin, and this server takes no token \
+                     (--no-auth): web pages of other origins are not served",
+                    excerpt(origin)
+                ),
+            ));
+        }
+    }
+    Ok(())
+}
+
 /// The caller's headers, as the front checks their shape (never who they are).
 fn read_headers(rq: &tiny_http::Request, call: &mut Call) -> Result<(), HttpError> {
     if let Some(t) = one_header(rq, "X-Zygo-Timeout-Ms")? {
@@ -708,13 +762,15 @@ pub fn serve_one(front: &Front, rq: tiny_http::Request) {
         },
         body_read: false,
     };
-    let checked = read_headers(&rq, &mut call).and_then(|()| {
-        if route.who == routes::Who::None {
-            Ok(None)
-        } else {
-            read_token(&rq)
-        }
-    });
+    let checked = local_only(front, &rq, route.who, &path)
+        .and_then(|()| read_headers(&rq, &mut call))
+        .and_then(|()| {
+            if route.who == routes::Who::None {
+                Ok(None)
+            } else {
+                read_token(&rq)
+            }
+        });
     match checked {
         Ok(token) => call.who.token = token,
         Err(e) => return respond_error(rq, &e, &id, &[], body_coming, Pace::Refusal),
