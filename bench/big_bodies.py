@@ -13,7 +13,10 @@ the other over one kept-alive connection:
             many tokens, the costly kind to check), each sender starting its next call as
             soon as its last one is answered
 
-and prints the median and p99 of each, and the ratio of the medians. `sink` returns a
+and prints the median and p99 of each, and the ratio of the medians. Between two stats
+requests the victim sends `GET /no-such-route`, which the front answers 404 without the
+supervisor: its figures are what the machine's load alone costs a request (the front
+parsing the large bodies, the attackers' own processes), the floor under the stats figure. `sink` returns a
 small answer and runs at `cpu = "0.25"`, so what the large calls cost the host is mostly
 what the front and the supervisor spend on their bodies, not the handler's own work.
 
@@ -124,25 +127,27 @@ def sender(addr, token, path, body, stop, answered, failed):
 
 
 def victim(addr, token, seconds, gap):
-    """Stats requests one after the other, `gap` seconds apart, for `seconds`: each one's
-    time in ms."""
+    """Requests one after the other, `gap` seconds apart, for `seconds`, alternating
+    `GET /fn/echo/stats` (the supervisor's loop answers it) and `GET /no-such-route` (the
+    front answers 404 alone): each one's time in ms, for each."""
     c = connect(addr)
-    times = []
+    times = {"stats": [], "front": []}
     until = time.perf_counter() + seconds
     while time.perf_counter() < until:
-        t = time.perf_counter()
-        status, data = request(c, "GET", "/fn/echo/stats", token)
-        times.append((time.perf_counter() - t) * 1000)
-        if status != 200:
-            raise SystemExit(f"GET /fn/echo/stats: HTTP {status}: {data[:300]!r}")
-        time.sleep(gap)
+        for kind, path, want in (("stats", "/fn/echo/stats", 200), ("front", "/no-such-route", 404)):
+            t = time.perf_counter()
+            status, data = request(c, "GET", path, token)
+            times[kind].append((time.perf_counter() - t) * 1000)
+            if status != want:
+                raise SystemExit(f"GET {path}: HTTP {status}: {data[:300]!r}")
+            time.sleep(gap)
     return times
 
 
 def row(name, xs):
     s = sorted(xs)
     p99 = s[min(len(s) - 1, int(len(s) * 0.99))]
-    return f"{name:<8} median {statistics.median(xs):9.2f} ms   p99 {p99:9.2f} ms   ({len(xs)} requests)"
+    return f"  {name:<8} median {statistics.median(xs):9.2f} ms   p99 {p99:9.2f} ms   ({len(xs)} requests)"
 
 
 def main() -> int:
@@ -228,9 +233,13 @@ def main() -> int:
         rate = (done[0] - began[0]) / (done[1] - began[1])
         print(f"zygo {args.zygo}; another tenant's GET /fn/echo/stats, alone and beside "
               f"{args.senders} calls in flight of {len(body) / 1e6:.1f} MB events from one tenant to /fn/{args.target}")
-        print(row("alone", alone))
-        print(row("loaded", loaded))
-        print(f"median loaded / alone: {statistics.median(loaded) / statistics.median(alone):.1f}x; "
+        print(row("alone", alone["stats"]))
+        print(row("loaded", loaded["stats"]))
+        print("the front's own 404 (no supervisor; what the machine's load alone costs):")
+        print(row("alone", alone["front"]))
+        print(row("loaded", loaded["front"]))
+        ratio = statistics.median(loaded["stats"]) / statistics.median(alone["stats"])
+        print(f"stats median loaded / alone: {ratio:.1f}x; "
               f"the large calls answered as expected meanwhile: {rate:.1f}/s ({failed.value} otherwise)")
         return 0
     finally:

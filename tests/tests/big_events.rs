@@ -87,6 +87,14 @@ fn big_event(bytes: usize, tag: &str) -> String {
     s
 }
 
+/// About `bytes` of JSON text that is all tokens: `[0,0,…]`.
+fn zeros(bytes: usize) -> String {
+    let mut s = "[0".to_string();
+    s.push_str(&",0".repeat(bytes / 2));
+    s.push(']');
+    s
+}
+
 #[track_caller]
 fn error(r: &Reply) -> (ErrorCode, String) {
     match r {
@@ -269,24 +277,27 @@ fn one_tenants_queue_of_large_events_does_not_hold_back_anothers() {
     const FLOOD: usize = 8;
     // The order the answers come in.
     let order = Arc::new(AtomicUsize::new(0));
-    let mut threads = Vec::new();
-    for i in 0..FLOOD {
-        let mut c = conn(&s);
-        c.send(
-            &flooder,
-            None,
-            call(&pool, big_event(6 << 20, &format!("f{i}")), None),
-        );
-        let order = order.clone();
-        threads.push(std::thread::spawn(move || {
-            let r = c.recv();
-            (order.fetch_add(1, Ordering::SeqCst), r)
-        }));
-    }
+    // The flood is sent all at once, on connections of its own: events of many small
+    // tokens, which take far longer to check than to send, so they wait in line.
+    let sent = Arc::new(std::sync::Barrier::new(FLOOD + 1));
+    let threads: Vec<_> = (0..FLOOD)
+        .map(|_| {
+            let mut c = conn(&s);
+            let (pool, flooder, order, sent) =
+                (pool.clone(), flooder.clone(), order.clone(), sent.clone());
+            std::thread::spawn(move || {
+                c.send(&flooder, None, call(&pool, zeros(6 << 20), None));
+                sent.wait();
+                let r = c.recv();
+                (order.fetch_add(1, Ordering::SeqCst), r)
+            })
+        })
+        .collect();
+    sent.wait();
     // The other tenant's large event, sent once the flood's are: it takes its turn
     // beside them, not behind them all.
     let mut c = conn(&s);
-    c.send(&other, None, call(&pool, big_event(6 << 20, "o"), None));
+    c.send(&other, None, call(&pool, zeros(256 << 10), None));
     let mine = {
         let order = order.clone();
         std::thread::spawn(move || {
