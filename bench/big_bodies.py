@@ -16,7 +16,10 @@ the other over one kept-alive connection:
 and prints the median and p99 of each, and the ratio of the medians. Between two stats
 requests the victim sends `GET /no-such-route`, which the front answers 404 without the
 supervisor: its figures are what the machine's load alone costs a request (the front
-parsing the large bodies, the attackers' own processes), the floor under the stats figure. `sink` returns a
+parsing the large bodies, the attackers' own processes), the floor under the stats figure.
+Last, how busy each of the supervisor's threads was during the loaded phase (CPU time from
+/proc; "loop" is the event loop): the loop's share is the time every caller's requests
+could have waited behind the large bodies, whatever the machine's noise. `sink` returns a
 small answer and runs at `cpu = "0.25"`, so what the large calls cost the host is mostly
 what the front and the supervisor spend on their bodies, not the handler's own work.
 
@@ -136,12 +139,50 @@ def victim(addr, token, seconds, gap):
     while time.perf_counter() < until:
         for kind, path, want in (("stats", "/fn/echo/stats", 200), ("front", "/no-such-route", 404)):
             t = time.perf_counter()
-            status, data = request(c, "GET", path, token)
+            try:
+                status, data = request(c, "GET", path, token)
+            except (OSError, http.client.HTTPException):
+                # The front closed the kept-alive connection: a new one, and no sample.
+                c.close()
+                c = connect(addr)
+                continue
             times[kind].append((time.perf_counter() - t) * 1000)
             if status != want:
                 raise SystemExit(f"GET {path}: HTTP {status}: {data[:300]!r}")
             time.sleep(gap)
     return times
+
+
+def supervisor_pid(zygo, state):
+    """The pid of the supervisor started with this state directory."""
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                args = f.read().split(b"\0")
+            with open(f"/proc/{pid}/environ", "rb") as f:
+                env = f.read().split(b"\0")
+        except OSError:
+            continue
+        if args[1:2] == [b"supervisor"] and f"ZYGO_STATE_DIR={state}".encode() in env:
+            return int(pid)
+    return None
+
+
+def thread_cpu(pid):
+    """Seconds of CPU each thread of `pid` has used, by thread name (the loop is the
+    process's own name)."""
+    tick = os.sysconf("SC_CLK_TCK")
+    out = {}
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        try:
+            with open(f"/proc/{pid}/task/{tid}/stat") as f:
+                stat = f.read()
+        except OSError:
+            continue
+        name = "loop" if tid == str(pid) else stat[stat.index("(") + 1:stat.rindex(")")]
+        fields = stat[stat.rindex(")") + 2:].split()
+        out[name] = out.get(name, 0) + (int(fields[11]) + int(fields[12])) / tick
+    return out
 
 
 def row(name, xs):
@@ -221,9 +262,12 @@ def main() -> int:
         # Until the large calls are flowing.
         while answered.value + failed.value < args.senders:
             time.sleep(0.05)
+        sup = supervisor_pid(args.zygo, env["ZYGO_STATE_DIR"])
+        cpu_before = thread_cpu(sup) if sup else {}
         began = (answered.value, time.perf_counter())
         loaded = victim(addr, tokens["victim"], args.seconds, args.gap)
         done = (answered.value, time.perf_counter())
+        cpu_after = thread_cpu(sup) if sup else {}
         stop.set()
         for p in procs:
             p.join(timeout=120)
@@ -239,6 +283,10 @@ def main() -> int:
         print(row("alone", alone["front"]))
         print(row("loaded", loaded["front"]))
         ratio = statistics.median(loaded["stats"]) / statistics.median(alone["stats"])
+        busy = {k: (v - cpu_before.get(k, 0)) / (done[1] - began[1]) * 100
+                for k, v in cpu_after.items() if v - cpu_before.get(k, 0) > 0}
+        print("the supervisor's threads busy while loaded: " +
+              (", ".join(f"{k} {v:.0f}%" for k, v in sorted(busy.items())) or "(not found)"))
         print(f"stats median loaded / alone: {ratio:.1f}x; "
               f"the large calls answered as expected meanwhile: {rate:.1f}/s ({failed.value} otherwise)")
         return 0
