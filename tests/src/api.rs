@@ -45,6 +45,12 @@ impl ApiConn {
     /// One request as the holder of `token`, acting for `tenant`: its final reply (events
     /// of a streamed answer are skipped).
     pub fn ask(&mut self, token: &str, tenant: Option<&str>, req: Request) -> Reply {
+        self.send(token, tenant, req);
+        self.recv()
+    }
+
+    /// Send a request without waiting for its reply.
+    pub fn send(&mut self, token: &str, tenant: Option<&str>, req: Request) {
         let env = Request::Api {
             who: Credentials {
                 token: Some(token.to_string()),
@@ -55,6 +61,15 @@ impl ApiConn {
         self.s
             .write_all(&encode_frame(&env).expect("encode"))
             .expect("send a request");
+    }
+
+    /// The connection itself.
+    pub fn stream(&mut self) -> &mut UnixStream {
+        &mut self.s
+    }
+
+    /// The final reply to the request sent last (events of a streamed answer skipped).
+    pub fn recv(&mut self) -> Reply {
         loop {
             match read_frame::<_, Reply>(&mut self.s, MAX_FRONT_FRAME) {
                 Ok(Reply::Event(_)) => continue,

@@ -7,6 +7,10 @@
 //! the connection. Deadlines, heartbeats (stuck), cancels, idle freezing and drain are all
 //! decided here, on the loop's clock.
 //!
+//! Work that could hold the loop, and with it every other caller, runs on threads beside
+//! it that wake it with their results: the cgroup worker ([`cgworker`]), the store writer
+//! ([`store_writer`]) and the checker of large events ([`event_check`]).
+//!
 //! Fronts cannot make it hold more than a bounded amount, however many connect and
 //! whatever they send (the limits and why are in [`conn`]): at most [`MAX_FRONTS`]
 //! connections; exactly one frame, a few bytes, is read as the hello and every frame after
@@ -22,6 +26,7 @@
 pub mod api;
 mod cgworker;
 mod conn;
+mod event_check;
 pub(crate) mod functions;
 mod scripts;
 mod store_writer;
@@ -78,6 +83,15 @@ impl std::fmt::Display for SupervisorError {
 }
 
 impl std::error::Error for SupervisorError {}
+
+/// The refusal of new work once a drain has begun.
+fn draining_refusal() -> Reply {
+    Reply::Error {
+        code: ErrorCode::Unavailable,
+        message: "the supervisor is draining and takes no new work".into(),
+        retry_after: Some(5),
+    }
+}
 
 fn err(what: &str, e: impl std::fmt::Display) -> SupervisorError {
     SupervisorError(format!("{what}: {e}"))
@@ -532,7 +546,10 @@ impl Supervisor {
                 match ev.token() {
                     LISTENER => self.accept(),
                     SIGNALS => self.signals(),
-                    WAKER => self.fns.worker_done(),
+                    WAKER => {
+                        let mut cx = Ctx::new(self.poll.registry(), &mut self.next_token);
+                        self.fns.worker_done(&mut cx);
+                    }
                     t if self.clients.contains_key(&t) => self.service(t),
                     t => {
                         let mut cx = Ctx::new(self.poll.registry(), &mut self.next_token);
@@ -981,14 +998,7 @@ impl Supervisor {
                 | Request::Run { .. }
                     if draining =>
                 {
-                    self.reply(
-                        t,
-                        Reply::Error {
-                            code: ErrorCode::Unavailable,
-                            message: "the supervisor is draining and takes no new work".into(),
-                            retry_after: Some(5),
-                        },
-                    );
+                    self.reply(t, draining_refusal());
                 }
                 other => {
                     let mut cx = Ctx::new(self.poll.registry(), &mut self.next_token);

@@ -27,6 +27,7 @@
 
 mod agents;
 mod blobs;
+mod checking;
 mod deps;
 mod registry;
 mod requests;
@@ -100,6 +101,10 @@ pub struct Functions {
     echo_waits: HashMap<u64, store_puts::EchoWait>,
     /// What waits for the writer, bounded (see `store_writer`).
     queued: super::store_writer::Queued,
+    /// Checks large events off the loop (see `event_check`).
+    checker: super::event_check::Checker,
+    /// Calls waiting for their event's check, by ticket (see [`checking`]).
+    checking: HashMap<u64, checking::Waiting>,
     /// The last write's ticket.
     write_tickets: u64,
     /// Answers of calls waiting for the store write of the script they carried, by ticket.
@@ -210,6 +215,8 @@ impl Functions {
         }
         let writer = super::store_writer::Writer::start(waker.clone())
             .map_err(|e| SupervisorError(format!("start the store writer: {e}")))?;
+        let checker = super::event_check::Checker::start(waker.clone())
+            .map_err(|e| SupervisorError(format!("start the event checker: {e}")))?;
         let worker = Worker::start(backend.clone(), waker)
             .map_err(|e| SupervisorError(format!("start the cgroup worker: {e}")))?;
         Ok(Functions {
@@ -224,6 +231,8 @@ impl Functions {
             store_waits: HashMap::new(),
             echo_waits: HashMap::new(),
             queued: Default::default(),
+            checker,
+            checking: HashMap::new(),
             after_write: HashMap::new(),
             write_tickets: 0,
             fns: BTreeMap::new(),
@@ -322,7 +331,7 @@ impl Functions {
                 secrets,
             } => self.serve_file(client, &file, Some(name), secrets, cx),
             Request::Stop { name } => Some(self.stop_as(&name, who, cx)),
-            Request::Exec(e) => self.exec_as(client, e, who, cx),
+            Request::Exec(e) => self.exec_as(client, e, who, cx, None),
             Request::List => Some(Reply::Functions(self.list(who))),
             Request::Logs { name, n } => Some(self.logs_as(&name, n, who)),
             Request::Stats { name } => Some(self.stats(name.as_deref(), who)),
@@ -416,6 +425,9 @@ impl Functions {
     /// The end of a drain: the calls still in flight are cancelled and answered, every
     /// zygote is killed, and the folders of cgroups are removed once empty.
     pub fn shutdown(&mut self, cx: &Ctx) {
+        // Calls still waiting for their event's check never started: refused as calls
+        // that came during the drain.
+        self.checking_shutdown();
         // The store writes handed over are finished, and answered.
         self.writer.finish();
         self.store_written();

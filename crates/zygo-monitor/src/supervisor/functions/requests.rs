@@ -21,12 +21,14 @@ use mio::Token;
 use proto::front::{ErrorCode, ExecAnswer, ExecEvent, ExecRequest, Metrics, Outcome, Reply};
 use proto::launch::{Script, SecretFile, Stream, ToLauncher};
 
+use super::checking::Event;
 use super::registry::{is_pool, FnState};
 use super::timers::stuck_after;
 use super::zygotes::{thaw, ZState};
 use super::{fail, Ctx, Functions, MAX_EVENT, SLOTS};
 use crate::cgroup::{Cgroup, Limits, Usage, Weight};
 use crate::supervisor::api::Acting;
+use crate::supervisor::event_check;
 use plumbing::random_hex;
 
 /// Output kept per stream per request.
@@ -459,26 +461,25 @@ impl Functions {
         mut e: ExecRequest,
         who: &Acting,
         cx: &mut Ctx,
+        checked: Option<Event>,
     ) -> Option<Reply> {
-        if e.event.len() > MAX_EVENT {
-            return Some(fail(
-                ErrorCode::TooLarge,
-                format!("the event is over {} MiB", MAX_EVENT >> 20),
-            ));
-        }
         // Checked in one pass that builds nothing (a tree of a large event would cost many
-        // times its size, on the event loop), and made one line for the agent's protocol.
-        let mut event = std::mem::take(&mut e.event).into_bytes();
-        if let Err(err) = proto::json_scan::check_value(&event) {
-            return Some(fail(
-                ErrorCode::BadRequest,
-                format!("the event is not JSON: {} at byte {}", err.what, err.at),
-            ));
-        }
-        proto::json_scan::compact(&mut event);
-        let event = match String::from_utf8(event) {
-            Ok(t) => t,
-            Err(_) => return Some(fail(ErrorCode::BadRequest, "the event is not UTF-8")),
+        // times its size), and made one line for the agent's protocol: a small event here,
+        // a large one already, off the loop (see `checking`).
+        let (event, cancelled) = match checked {
+            Some(ev) => (ev.text, ev.cancelled),
+            None => {
+                if e.event.len() > MAX_EVENT {
+                    return Some(fail(
+                        ErrorCode::TooLarge,
+                        format!("the event is over {} MiB", MAX_EVENT >> 20),
+                    ));
+                }
+                match event_check::check(std::mem::take(&mut e.event)) {
+                    Ok(text) => (text, false),
+                    Err(message) => return Some(fail(ErrorCode::BadRequest, message)),
+                }
+            }
         };
         if let Some(w) = &e.workspace {
             if w.len() > proto::front::MAX_WORKSPACE {
@@ -661,6 +662,14 @@ impl Functions {
         call.secrets = secrets;
         call.exclusive = exclusive;
         call.script_write = script_write;
+        if cancelled {
+            // Cancelled while its event was being checked: answered as a call cancelled
+            // before it got a child.
+            call.forced = Some(Outcome::Cancelled);
+            self.calls.insert(id.clone(), call);
+            self.finish(&id, None, None);
+            return None;
+        }
         self.calls.insert(id.clone(), call);
         if self.try_dispatch(&id) {
             return None;
@@ -1259,7 +1268,8 @@ impl Functions {
         // One-shot runs too: a tenant's own (an operator acting for nobody, like the
         // host's CLI, names every run under the key).
         let runs = self.cancel_runs(key, who.tenant.as_deref());
-        if ids.is_empty() && runs == 0 && who.api() {
+        let checking = self.cancel_checking(key, who);
+        if ids.is_empty() && runs == 0 && checking == 0 && who.api() {
             return fail(
                 ErrorCode::NotFound,
                 format!("no request of yours is running under the key {key:?}"),
@@ -1269,7 +1279,7 @@ impl Functions {
             self.force(id, Outcome::Cancelled);
         }
         Reply::Cancelled {
-            count: ids.len() as u32 + runs,
+            count: ids.len() as u32 + runs + checking,
         }
     }
 
@@ -1299,6 +1309,7 @@ impl Functions {
         for id in ids {
             self.force(&id, Outcome::Cancelled);
         }
+        self.checking_client_gone(t);
         self.pending_serves.retain(|(c, _, _)| *c != t);
         self.pending_layers.retain(|(c, _, _, _)| *c != t);
         self.runs_client_gone(t);

@@ -16,6 +16,7 @@ use policy::limits::Source;
 use proto::api::{ServeKind, TenantDeleted, TenantInfo, TenantLimits, VersionInfo};
 use proto::front::{ErrorCode, ExecRequest, Health, Outcome, Reply, ScriptRef};
 
+use super::checking::Event;
 use super::registry::{is_pool, FnState};
 use super::requests::script_in_flight;
 use super::zygotes::ZState;
@@ -79,18 +80,25 @@ impl Functions {
     }
 
     /// A call made by `who`: its name resolved, a pool's script checked against what the
-    /// tenant registered (and one sent with the call registered for it).
+    /// tenant registered (and one sent with the call registered for it). A large event
+    /// is first checked off the loop (see `checking`): the call comes back here with it,
+    /// `event`, once it is.
     pub(super) fn exec_as(
         &mut self,
         client: Token,
         mut e: ExecRequest,
         who: &Acting,
         cx: &mut Ctx,
+        event: Option<Event>,
     ) -> Option<Reply> {
-        e.name = match self.key_for(who, &e.name) {
+        let key = match self.key_for(who, &e.name) {
             Ok(k) => k,
             Err(r) => return Some(r.into()),
         };
+        if event.is_none() && Functions::checked_away(&e) {
+            return self.check_away(client, e, who);
+        }
+        e.name = key;
         if let Err(r) = self.fill_workspace(&mut e, who) {
             return Some(r.into());
         }
@@ -119,7 +127,7 @@ impl Functions {
             }
             _ => {}
         }
-        let reply = self.exec(client, e, who, cx);
+        let reply = self.exec(client, e, who, cx, event);
         if let Some((d, existed)) = sent {
             // Held, or being written (a write that fails leaves a record of a digest
             // the store does not hold: `not_found`, as for an evicted one).
@@ -442,6 +450,7 @@ impl Functions {
             self.stop(&k, cx);
             stopped.push(k[prefix.len()..].to_string());
         }
+        self.checking_tenant_deleted(id);
         let theirs: Vec<String> = self
             .calls
             .iter()

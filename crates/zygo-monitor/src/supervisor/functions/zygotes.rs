@@ -649,12 +649,14 @@ impl Functions {
         Ok(())
     }
 
-    /// The cgroup worker finished placing parked children: their slots are ready.
-    pub fn worker_done(&mut self) {
+    /// A thread off the loop woke it: the cgroup worker placed parked children (their
+    /// slots are ready), the store writer wrote, the checker checked events.
+    pub fn worker_done(&mut self, cx: &mut Ctx) {
         for p in self.worker.done() {
             self.placed(p);
         }
         self.store_written();
+        self.events_checked(cx);
     }
 
     /// A parked child's placement, by the worker or the loop: its slot is ready (or, if
