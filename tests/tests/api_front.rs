@@ -1668,16 +1668,15 @@ fn without_tokens_on_loopback_only_local_callers_are_served() {
     for headers in [
         vec![("Host", "attacker.example")],
         vec![("Host", "attacker.example:7700")],
-        vec![("Host", host.as_str()), ("Origin", "http://attacker.example")],
+        vec![
+            ("Host", host.as_str()),
+            ("Origin", "http://attacker.example"),
+        ],
         vec![("Host", host.as_str()), ("Origin", "null")],
     ] {
         let r = api.req("POST", "/fn/echo", &headers, b"{}");
         r.assert_error(403, "forbidden");
-        assert!(
-            r.text().contains("--no-auth"),
-            "{headers:?}: {}",
-            r.text()
-        );
+        assert!(r.text().contains("--no-auth"), "{headers:?}: {}", r.text());
     }
     assert_eq!(asked(), before, "a refused request reached the supervisor");
     // A program's request, and a page of the server's own origin, go through (the fake
@@ -1699,7 +1698,10 @@ fn without_tokens_on_loopback_only_local_callers_are_served() {
     let r = api.req(
         "GET",
         "/fn",
-        &[("Host", "attacker.example"), ("Authorization", &format!("Bearer {OP}"))],
+        &[
+            ("Host", "attacker.example"),
+            ("Authorization", &format!("Bearer {OP}")),
+        ],
         b"",
     );
     assert_ne!(r.status, 403, "{}", r.text());
