@@ -235,6 +235,7 @@ impl Server {
         let limits = Arc::new(limits);
         let live = Arc::new(AtomicUsize::new(0));
         let peers: limits::PeerCounts = Arc::default();
+        let waiting: Arc<limits::Waiting> = Arc::default();
         // building the "close" variable
         let close_trigger = Arc::new(AtomicBool::new(false));
 
@@ -292,7 +293,11 @@ impl Server {
                             log::warn!("set a connection's timeouts: {}", e);
                             continue;
                         }
-                        if live.load(Relaxed) >= limits.max_connections {
+                        // Zygo patch: at the cap the connection that has waited longest for
+                        // a request's head is closed to make room; only when every one has
+                        // a request being answered is the new one refused.
+                        if live.load(Relaxed) >= limits.max_connections && !waiting.close_longest()
+                        {
                             limits::refuse_over_cap(sock, &limits);
                             continue;
                         }
@@ -313,6 +318,14 @@ impl Server {
                             }
                             _ => None,
                         };
+                        let handle = match sock.try_clone() {
+                            Ok(h) => h,
+                            Err(e) => {
+                                log::warn!("hold a connection: {}", e);
+                                continue;
+                            }
+                        };
+                        let waiting_id = waiting.add(handle);
                         use util::RefinedTcpStream;
                         let (read_closable, write_closable) = match ssl {
                             None => RefinedTcpStream::new(sock),
@@ -322,7 +335,10 @@ impl Server {
                                 // if an error occurs, we just close the socket and resume listening
                                 let sock = match ssl.accept(sock) {
                                     Ok(s) => s,
-                                    Err(_) => continue,
+                                    Err(_) => {
+                                        waiting.remove(waiting_id);
+                                        continue;
+                                    }
                                 };
 
                                 RefinedTcpStream::new(sock)
@@ -333,35 +349,41 @@ impl Server {
 
                         Ok((
                             ClientConnection::new(write_closable, read_closable, limits.clone()),
-                            peer_guard,
+                            (peer_guard, waiting_id),
                         ))
                     }
                     Err(e) => Err(e),
                 };
 
                 match new_client {
-                    Ok((client, peer_guard)) => {
+                    Ok((client, (peer_guard, waiting_id))) => {
                         let messages = inside_messages.clone();
                         let mut client = Some(client);
                         let guard = limits::LiveGuard::new(live.clone());
+                        let waiting = waiting.clone();
                         tasks_pool.spawn(Box::new(move || {
                             let _guard = &guard;
                             let _peer_guard = &peer_guard;
-                            if let Some(client) = client.take() {
+                            if let Some(mut client) = client.take() {
                                 // Zygo patch: a connection's next request is read only once
                                 // the previous one was answered (upstream did this for HTTPS
                                 // only). Pipelined requests wait in the socket, not in a
                                 // worker: one connection is one request in the handler's
                                 // hands at a time, and no answer waits inside a worker for
-                                // another's to be written first.
+                                // another's to be written first. While it waits for a head
+                                // it may be closed to make room (`limits::Waiting`).
                                 let (sender, receiver) = mpsc::channel();
-                                for rq in client {
+                                loop {
+                                    waiting.set(waiting_id, true);
+                                    let Some(rq) = client.next() else { break };
+                                    waiting.set(waiting_id, false);
                                     messages.push(rq.with_notify_sender(sender.clone()).into());
                                     if receiver.recv().is_err() {
                                         break;
                                     }
                                 }
                             }
+                            waiting.remove(waiting_id);
                         }));
                     }
 

@@ -104,6 +104,69 @@ impl Drop for PeerGuard {
     }
 }
 
+/// Zygo patch: the open connections that are waiting for a request's head (a new one, or
+/// a keep-alive one between requests), with the time each began to wait and a handle to
+/// close it. At the connection cap the one that has waited longest is closed to make room
+/// for a new one, instead of the new one being refused: connections that trickle a head
+/// (or open and send nothing) cannot hold the server, while a connection whose request is
+/// being answered is never taken.
+#[derive(Default)]
+pub(crate) struct Waiting {
+    next: std::sync::atomic::AtomicU64,
+    open: std::sync::Mutex<std::collections::HashMap<u64, (Option<std::time::Instant>, Connection)>>,
+}
+
+impl Waiting {
+    fn lock(
+        &self,
+    ) -> std::sync::MutexGuard<'_, std::collections::HashMap<u64, (Option<std::time::Instant>, Connection)>>
+    {
+        self.open.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Register a connection (`handle`: a clone of its socket), waiting from now; its id.
+    pub(crate) fn add(&self, handle: Connection) -> u64 {
+        let id = self.next.fetch_add(1, Ordering::Relaxed);
+        self.lock().insert(id, (Some(std::time::Instant::now()), handle));
+        id
+    }
+
+    /// The connection waits for a request's head (`true`: since now, unless it waited
+    /// already), or has one being answered.
+    pub(crate) fn set(&self, id: u64, waiting: bool) {
+        if let Some(e) = self.lock().get_mut(&id) {
+            if !waiting {
+                e.0 = None;
+            } else if e.0.is_none() {
+                e.0 = Some(std::time::Instant::now());
+            }
+        }
+    }
+
+    /// The connection is gone.
+    pub(crate) fn remove(&self, id: u64) {
+        self.lock().remove(&id);
+    }
+
+    /// Close the connection that has waited longest for a head, if one waits; whether one
+    /// was closed. Its thread sees the end of its socket and lets it go.
+    pub(crate) fn close_longest(&self) -> bool {
+        let mut m = self.lock();
+        let oldest = m
+            .iter()
+            .filter_map(|(id, (since, _))| since.map(|t| (t, *id)))
+            .min()
+            .map(|(_, id)| id);
+        match oldest.and_then(|id| m.remove(&id)) {
+            Some((_, handle)) => {
+                let _ = handle.shutdown(std::net::Shutdown::Both);
+                true
+            }
+            None => false,
+        }
+    }
+}
+
 /// Whether an accept error is a shortage (descriptors, memory) worth pausing for rather
 /// than a connection that went away before it was taken.
 pub(crate) fn accept_error_needs_pause(e: &std::io::Error) -> bool {
