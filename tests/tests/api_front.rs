@@ -125,8 +125,10 @@ fn tenant(id: &str) -> TenantInfo {
     }
 }
 
-/// The canned replies: events first, then the final reply.
-fn replies(token: &Option<String>, req: &Request) -> Vec<Reply> {
+/// The canned replies: events first, then the final reply. `tenant` is the request's
+/// `X-Zygo-Tenant` (`acting`), which the operator's token acts for (as the supervisor says in
+/// `Version`).
+fn replies(token: &Option<String>, acting: &Option<String>, req: &Request) -> Vec<Reply> {
     use proto::front::ErrorCode::*;
     if !matches!(req, Request::Health) && token.as_deref() != Some(OP) {
         return vec![err(Unauthorized, "no such token")];
@@ -149,7 +151,7 @@ fn replies(token: &Option<String>, req: &Request) -> Vec<Reply> {
             cgroup: "v1".into(),
             landlock_abi: 6,
             private_net: None,
-            tenant: None,
+            tenant: acting.clone(),
         })),
         Request::List => one(Reply::Functions(vec![
             function("echo", "function"),
@@ -322,7 +324,7 @@ fn serve_channel(mut s: UnixStream, seen: Arc<Mutex<Seen>>) {
             g.max_in_flight = g.max_in_flight.max(g.in_flight);
         }
         let mut ok = true;
-        for r in replies(&token, &inner) {
+        for r in replies(&token, &tenant, &inner) {
             if write_frame(&mut s, &r).is_err() {
                 ok = false;
                 break;

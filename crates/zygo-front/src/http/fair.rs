@@ -11,7 +11,9 @@
 //!   caller has waiting are bounded by those.
 //! - [`Places`]: the requests being served at once (from the head's arrival until the
 //!   answer is written: reading the body, waiting on the supervisor, writing the answer),
-//!   per credential, per peer address, and in all. Past a share a request is refused at
+//!   per caller (a tenant however its tokens and headers name it, or a token), per peer
+//!   address, for callers not known yet (a small pool of their own, so a flood of made-up
+//!   tokens takes no known caller's place), and in all. Past a share a request is refused at
 //!   once (429; 503 past the total), so a caller that trickles bodies or does not read its
 //!   answers holds at most its share of the workers and another caller always finds one.
 //! - [`AuthCache`]: which credentials the supervisor recently said it knows, so that a
@@ -208,29 +210,48 @@ pub struct Places {
     per_caller: usize,
     per_address: usize,
     all: usize,
+    unknown: usize,
 }
 
 #[derive(Default)]
 struct PlacesHeld {
-    callers: HashMap<Key, usize>,
+    callers: HashMap<Party, usize>,
     addresses: HashMap<IpAddr, usize>,
+    unknown: usize,
     all: usize,
+}
+
+/// Whom a request's place is counted against, besides its address and the total.
+#[derive(Debug, Clone, Copy)]
+pub enum Caller<'a> {
+    /// A caller the supervisor has said it knows: its party's share (a tenant's however
+    /// its tokens and headers name it).
+    Known(&'a Party),
+    /// A credential not known yet (a token never seen, or none): the small pool all such
+    /// requests share, so that a flood of made-up tokens cannot take the places of callers
+    /// the front knows.
+    Unknown,
+    /// A route that needs no caller (`/healthz`, `/version` without a token).
+    Anyone,
 }
 
 /// One request's place; given back when dropped.
 pub struct Place {
     places: std::sync::Arc<Places>,
-    caller: Option<Key>,
+    caller: Option<Party>,
+    unknown: bool,
     ip: Option<IpAddr>,
 }
 
 /// Which share a request found full.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Full {
-    /// Its caller (token and tenant) has this many requests being served.
+    /// Its caller has this many requests being served.
     Caller(usize),
     /// Its peer address has this many.
     Address(usize),
+    /// Callers not known yet have this many, their most.
+    Unknown(usize),
     /// The front serves this many, its most.
     All(usize),
 }
@@ -249,6 +270,11 @@ impl Full {
                 "busy",
                 format!("{n} requests from this address are being served by zygo api already (its share of the front's workers); retry when one is done"),
             ),
+            Full::Unknown(n) => (
+                503,
+                "unavailable",
+                format!("zygo api is serving {n} requests of callers it does not know yet, its most; retry in a moment"),
+            ),
             Full::All(n) => (
                 503,
                 "unavailable",
@@ -259,34 +285,37 @@ impl Full {
 }
 
 impl Places {
-    /// `per_caller`, `per_address`, `all`: the most requests served at once for one
-    /// caller, from one address, and in all (each at least 1).
-    pub fn new(per_caller: usize, per_address: usize, all: usize) -> Places {
+    /// `per_caller`, `per_address`, `all`, `unknown`: the most requests served at once for
+    /// one caller, from one address, in all, and for callers not known yet (each at
+    /// least 1).
+    pub fn new(per_caller: usize, per_address: usize, all: usize, unknown: usize) -> Places {
         Places {
             held: Mutex::new(PlacesHeld::default()),
             per_caller: per_caller.max(1),
             per_address: per_address.max(1),
             all: all.max(1),
+            unknown: unknown.max(1),
         }
     }
 
-    /// A place for one request of `who` from `ip`. A request without a token is counted
-    /// only by its address (and in all): every token-less request would otherwise share
-    /// one caller's share. Unix socket peers have no address.
+    /// A place for one request of `caller` from `ip`. Unix socket peers have no address.
     pub fn take(
         this: &std::sync::Arc<Places>,
-        who: &Credentials,
+        caller: Caller<'_>,
         ip: Option<IpAddr>,
     ) -> Result<Place, Full> {
-        let caller = who.token.is_some().then(|| key(who));
         let mut held = this.held.lock().unwrap_or_else(|p| p.into_inner());
         if held.all >= this.all {
             return Err(Full::All(this.all));
         }
-        if let Some(k) = &caller {
-            if held.callers.get(k).copied().unwrap_or(0) >= this.per_caller {
+        match caller {
+            Caller::Known(k) if held.callers.get(k).copied().unwrap_or(0) >= this.per_caller => {
                 return Err(Full::Caller(this.per_caller));
             }
+            Caller::Unknown if held.unknown >= this.unknown => {
+                return Err(Full::Unknown(this.unknown));
+            }
+            _ => {}
         }
         if let Some(ip) = ip {
             if held.addresses.get(&ip).copied().unwrap_or(0) >= this.per_address {
@@ -294,15 +323,24 @@ impl Places {
             }
         }
         held.all += 1;
-        if let Some(k) = &caller {
-            *held.callers.entry(k.clone()).or_insert(0) += 1;
-        }
+        let known = match caller {
+            Caller::Known(k) => {
+                *held.callers.entry(k.clone()).or_insert(0) += 1;
+                Some(k.clone())
+            }
+            Caller::Unknown => {
+                held.unknown += 1;
+                None
+            }
+            Caller::Anyone => None,
+        };
         if let Some(ip) = ip {
             *held.addresses.entry(ip).or_insert(0) += 1;
         }
         Ok(Place {
             places: this.clone(),
-            caller,
+            caller: known,
+            unknown: matches!(caller, Caller::Unknown),
             ip,
         })
     }
@@ -312,6 +350,9 @@ impl Drop for Place {
     fn drop(&mut self) {
         let mut held = self.places.held.lock().unwrap_or_else(|p| p.into_inner());
         held.all = held.all.saturating_sub(1);
+        if self.unknown {
+            held.unknown = held.unknown.saturating_sub(1);
+        }
         if let Some(k) = self.caller.take() {
             if let Some(n) = held.callers.get_mut(&k) {
                 *n = n.saturating_sub(1);
@@ -579,38 +620,45 @@ mod tests {
 
     #[test]
     fn places_are_capped_per_caller_per_address_and_in_all_and_given_back() {
-        let p = std::sync::Arc::new(Places::new(2, 3, 5));
+        let p = std::sync::Arc::new(Places::new(2, 3, 7, 2));
         let (ip1, ip2, ip3): (IpAddr, IpAddr, IpAddr) = (
             [127, 0, 0, 1].into(),
             [127, 0, 0, 2].into(),
             [127, 0, 0, 3].into(),
         );
+        let (a, b) = (party("a"), party("b"));
         // One caller from two addresses: its share, whichever address.
-        let a1 = Places::take(&p, &who("a"), Some(ip1)).unwrap();
-        let _a2 = Places::take(&p, &who("a"), Some(ip2)).unwrap();
+        let a1 = Places::take(&p, Caller::Known(&a), Some(ip1)).unwrap();
+        let _a2 = Places::take(&p, Caller::Known(&a), Some(ip2)).unwrap();
         assert_eq!(
-            Places::take(&p, &who("a"), Some(ip3)).err(),
+            Places::take(&p, Caller::Known(&a), Some(ip3)).err(),
             Some(Full::Caller(2))
         );
         // One address, many callers (or none): its share.
-        let _b = Places::take(&p, &who("b"), Some(ip1)).unwrap();
-        let anon = Credentials {
-            token: None,
-            tenant: None,
-        };
-        let _n = Places::take(&p, &anon, Some(ip1)).unwrap();
+        let _b = Places::take(&p, Caller::Known(&b), Some(ip1)).unwrap();
+        let _n = Places::take(&p, Caller::Anyone, Some(ip1)).unwrap();
         assert_eq!(
-            Places::take(&p, &who("c"), Some(ip1)).err(),
+            Places::take(&p, Caller::Unknown, Some(ip1)).err(),
             Some(Full::Address(3))
         );
+        // Callers not known yet share a pool of their own.
+        let _u1 = Places::take(&p, Caller::Unknown, Some(ip3)).unwrap();
+        let _u2 = Places::take(&p, Caller::Unknown, Some(ip3)).unwrap();
+        assert_eq!(
+            Places::take(&p, Caller::Unknown, None).err(),
+            Some(Full::Unknown(2))
+        );
         // In all.
-        let _u = Places::take(&p, &anon, None).unwrap();
-        assert_eq!(Places::take(&p, &who("d"), None).err(), Some(Full::All(5)));
+        let _d = Places::take(&p, Caller::Known(&party("d")), None).unwrap();
+        assert_eq!(
+            Places::take(&p, Caller::Known(&party("e")), None).err(),
+            Some(Full::All(7))
+        );
         // Given back.
         drop(a1);
-        let _a3 = Places::take(&p, &who("a"), Some(ip3)).unwrap();
-        assert_eq!(p.held.lock().unwrap().all, 5);
-        let (st, code, _) = Full::All(5).refusal();
+        let _a3 = Places::take(&p, Caller::Known(&a), Some(ip3)).unwrap();
+        assert_eq!(p.held.lock().unwrap().all, 7);
+        let (st, code, _) = Full::All(7).refusal();
         assert_eq!((st, code), (503, "unavailable"));
     }
 

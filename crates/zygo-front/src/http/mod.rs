@@ -52,6 +52,10 @@ pub const MAX_CONNECTIONS_PER_PEER: usize = MAX_CONNECTIONS / 4;
 /// Of the workers, the share one caller's requests may hold at once (from the head's
 /// arrival until the answer is written), and one peer address's: a quarter each.
 pub const PLACES_PER_CALLER_DIV: usize = 4;
+/// Of the workers, the share requests of callers not known yet (tokens the supervisor has
+/// not recently vouched for, or none) may hold together: an eighth. Past it such a request
+/// is first checked with the supervisor, then counted as its caller.
+pub const PLACES_UNKNOWN_DIV: usize = 8;
 /// Of the workers, the share all requests together may hold (three quarters): the rest
 /// answer refusals at once, so a refusal never waits for a worker.
 pub const PLACES_ALL_NUM: usize = 3;
@@ -452,6 +456,7 @@ pub fn serve(
             workers / PLACES_PER_CALLER_DIV,
             workers / PLACES_PER_CALLER_DIV,
             workers * PLACES_ALL_NUM / 4,
+            workers / PLACES_UNKNOWN_DIV,
         )),
         refusals: fair::RefusalLog::default(),
         auth: fair::AuthCache::default(),
@@ -566,6 +571,19 @@ pub(crate) fn one_header<'a>(
             "{name} is sent more than once"
         ))),
     }
+}
+
+/// Who a request's credential is, if the front knows without asking: a tokenless request
+/// under `--no-auth` (the bootstrap operator), or a credential the supervisor recently
+/// said it knows (see [`fair::AuthCache`]).
+fn known_party(front: &Front, who: routes::Who, creds: &Credentials) -> Option<fair::Party> {
+    if who == routes::Who::None {
+        return None;
+    }
+    if creds.token.is_none() && front.flags.no_auth {
+        return Some(fair::Party::of(creds, None));
+    }
+    front.auth.fresh(creds)
 }
 
 /// Under `--no-auth` on a loopback listener no token stands between a web page in a
@@ -786,7 +804,22 @@ pub fn serve_one(front: &Front, rq: tiny_http::Request) {
     // Held until the answer is written: reading the body, asking the supervisor and
     // writing the answer all count against the caller's share and its address's.
     let ip = rq.remote_addr().map(|a| a.ip());
-    let _place = match fair::Places::take(&front.places, &call.who, ip) {
+    let known = known_party(front, route.who, &call.who);
+    let caller = match (&known, route.who) {
+        (_, routes::Who::None) => fair::Caller::Anyone,
+        (Some(p), _) => fair::Caller::Known(p),
+        (None, _) => fair::Caller::Unknown,
+    };
+    let place = match fair::Places::take(&front.places, caller, ip) {
+        // The pool of callers not known yet is full: ask the supervisor who this is (at
+        // most once every few seconds per credential), and count it as that.
+        Err(fair::Full::Unknown(_)) => match handlers::authenticate(front, &call.who) {
+            Ok(party) => fair::Places::take(&front.places, fair::Caller::Known(&party), ip),
+            Err(e) => return respond_error(rq, &e, &id, &[], body_coming, Pace::Refusal),
+        },
+        other => other,
+    };
+    let _place = match place {
         Ok(p) => p,
         Err(full) => {
             let (status, code, message) = full.refusal();

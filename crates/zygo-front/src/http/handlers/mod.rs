@@ -653,7 +653,7 @@ mod tests {
         Front {
             chans: super::super::channel::Pool::new(ours),
             shares: super::super::fair::Shares::new(1),
-            places: std::sync::Arc::new(super::super::fair::Places::new(16, 16, 48)),
+            places: std::sync::Arc::new(super::super::fair::Places::new(16, 16, 48, 8)),
             refusals: super::super::fair::RefusalLog::default(),
             auth: super::super::fair::AuthCache::default(),
             flags: proto::api::FrontFlags::default(),
