@@ -113,6 +113,22 @@ fn strip_comment(line: &str) -> &str {
     line
 }
 
+/// What pip takes for an archive to install from a file (`pip._internal.utils.filetypes`).
+const ARCHIVE_ENDINGS: [&str; 12] = [
+    ".zip",
+    ".whl",
+    ".tar.gz",
+    ".tgz",
+    ".tar",
+    ".tar.bz2",
+    ".tbz",
+    ".tar.xz",
+    ".txz",
+    ".tlz",
+    ".tar.lz",
+    ".tar.lzma",
+];
+
 const ONLY_NAMES: &str = "a set built without deploy rights may name only packages on the \
     registries (name, extras, versions, markers and --hash)";
 
@@ -161,6 +177,15 @@ fn check_requirement(line: &str) -> Result<(), String> {
         return Err(format!(
             "{} does not start with a package name; {ONLY_NAMES}",
             crate::Shown::new(spec)
+        ));
+    }
+    // pip reads a name that ends like an archive as a file in the folder it runs in, if
+    // there is one of that name.
+    let lower = name.to_ascii_lowercase();
+    if let Some(ext) = ARCHIVE_ENDINGS.iter().find(|e| lower.ends_with(*e)) {
+        return Err(format!(
+            "{} ends in {ext}, which pip reads as a file to install; {ONLY_NAMES}",
+            crate::Shown::new(name)
         ));
     }
     let allowed = |c: char| {
@@ -441,6 +466,10 @@ mod tests {
             // A continuation joins with nothing between: the option is still seen.
             ("six==1 \\\n--index-url=file:///etc\n", 1),
             ("--hash=sha256:ab\n", 1),
+            // A name pip would take for an archive in its folder.
+            ("x.tar.gz\n", 1),
+            ("six\nPkg.WHL\n", 2),
+            ("a.zip ; python_version > \"3\"\n", 1),
         ] {
             let e = check_requirements(bad).expect_err(bad);
             assert_eq!(e.line, line, "{bad:?}: {e}");
