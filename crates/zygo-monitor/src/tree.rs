@@ -300,6 +300,8 @@ pub fn find_set_id(
     let dir = Dir::of(first.as_raw_fd()).map_err(io_err("read", shown_top))?;
     stack.push((first, dir, CString::default()));
     let mut seen = 0u64;
+    // SAFETY: geteuid cannot fail.
+    let me = unsafe { libc::geteuid() };
     let path = |stack: &[(OwnedFd, Dir, CString)], name: &CStr| {
         let names: Vec<&CStr> = stack
             .iter()
@@ -336,6 +338,10 @@ pub fn find_set_id(
             Ok(sub) => sub,
             // Gone since it was listed: nothing to check there.
             Err(e) if e.raw_os_error() == Some(libc::ENOENT) => continue,
+            // Someone else's folder this process may not read (rootless: a folder of
+            // root's in the user's): nor may the sandbox, which is this user there. One of
+            // this user's own it could open up with chmod, so that one is an error.
+            Err(e) if e.raw_os_error() == Some(libc::EACCES) && st.st_uid != me => continue,
             Err(e) => return Err(io_err("open", path(&stack, &name))(e)),
         };
         let dir = Dir::of(sub.as_raw_fd()).map_err(|e| io_err("read", path(&stack, &name))(e))?;
