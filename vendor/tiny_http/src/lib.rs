@@ -293,14 +293,6 @@ impl Server {
                             log::warn!("set a connection's timeouts: {}", e);
                             continue;
                         }
-                        // Zygo patch: at the cap the connection that has waited longest for
-                        // a request's head is closed to make room; only when every one has
-                        // a request being answered is the new one refused.
-                        if live.load(Relaxed) >= limits.max_connections && !waiting.close_longest()
-                        {
-                            limits::refuse_over_cap(sock, &limits);
-                            continue;
-                        }
                         let peer_guard = match addr {
                             Some(a) if limits.max_per_peer > 0 => {
                                 match limits::PeerGuard::take(&peers, a.ip(), limits.max_per_peer) {
@@ -318,6 +310,15 @@ impl Server {
                             }
                             _ => None,
                         };
+                        // Zygo patch: at the cap the connection that has waited longest for
+                        // a request's head is closed to make room (for one within its
+                        // address's share: checked first); only when every one has a request
+                        // being answered is the new one refused.
+                        if live.load(Relaxed) >= limits.max_connections && !waiting.close_longest()
+                        {
+                            limits::refuse_over_cap(sock, &limits);
+                            continue;
+                        }
                         let handle = match sock.try_clone() {
                             Ok(h) => h,
                             Err(e) => {
