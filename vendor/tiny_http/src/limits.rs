@@ -113,21 +113,25 @@ impl Drop for PeerGuard {
 #[derive(Default)]
 pub(crate) struct Waiting {
     next: std::sync::atomic::AtomicU64,
-    open: std::sync::Mutex<std::collections::HashMap<u64, (Option<std::time::Instant>, Connection)>>,
+    open:
+        std::sync::Mutex<std::collections::HashMap<u64, (Option<std::time::Instant>, Connection)>>,
 }
 
 impl Waiting {
     fn lock(
         &self,
-    ) -> std::sync::MutexGuard<'_, std::collections::HashMap<u64, (Option<std::time::Instant>, Connection)>>
-    {
+    ) -> std::sync::MutexGuard<
+        '_,
+        std::collections::HashMap<u64, (Option<std::time::Instant>, Connection)>,
+    > {
         self.open.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     /// Register a connection (`handle`: a clone of its socket), waiting from now; its id.
     pub(crate) fn add(&self, handle: Connection) -> u64 {
         let id = self.next.fetch_add(1, Ordering::Relaxed);
-        self.lock().insert(id, (Some(std::time::Instant::now()), handle));
+        self.lock()
+            .insert(id, (Some(std::time::Instant::now()), handle));
         id
     }
 
