@@ -14,7 +14,8 @@ METHODS = ("get", "put", "post", "delete", "patch")
 
 
 def api_routes() -> Tuple[str, List[Tuple[str, str]]]:
-    """(where the list came from, [(METHOD, template)]) without GET /metrics."""
+    """(where the list came from, [(METHOD, template)]) without GET /metrics (read by a
+    metrics scraper) and POST /mcp (MCP's transport, spoken by MCP clients)."""
     if os.path.exists(OPENAPI):
         with open(OPENAPI) as f:
             doc = json.load(f)
@@ -24,4 +25,4 @@ def api_routes() -> Tuple[str, List[Tuple[str, str]]]:
         with open(FALLBACK) as f:
             routes = [(m, p) for m, p in json.load(f)["routes"]]
         source = FALLBACK
-    return source, [r for r in routes if r != ("GET", "/metrics")]
+    return source, [r for r in routes if r not in (("GET", "/metrics"), ("POST", "/mcp"))]
