@@ -1261,3 +1261,22 @@ fn a_workspace_holding_a_set_id_program_is_refused() {
         f.stderr_text()
     );
 }
+
+/// A `--workspace` path with `..` in it names the folder it says (made if missing), as
+/// long as no link is on the way.
+#[test]
+fn a_workspace_path_with_dot_dot_is_taken_as_written() {
+    let base = TempDir::new(0o755);
+    std::fs::create_dir(base.path.join("sub")).expect("mkdir");
+    let dir = base.path.join("sub/../ws");
+    let mut s = Server::start(&["--workspace", dir.to_str().expect("utf-8")]);
+    s.init("2025-06-18");
+    let r = s.ask(run_code(1, "python", "open('here.txt', 'w').write('yes')"));
+    assert_eq!(r["result"]["isError"], false, "{r}\n{}", s.stderr());
+    s.close_stdin();
+    assert_eq!(s.wait(Duration::from_secs(20)), 0, "{}", s.stderr());
+    assert_eq!(
+        std::fs::read_to_string(base.path.join("ws/here.txt")).expect("the file is there"),
+        "yes"
+    );
+}

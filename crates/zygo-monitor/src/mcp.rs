@@ -130,13 +130,25 @@ impl Workspace {
         // points, as that folder's owner. The folders on the way need not let anyone else
         // through: as root the monitor opens the workspace itself and hands it over
         // (`crate::mounts`).
-        let path = if dir.is_absolute() {
+        let joined = if dir.is_absolute() {
             dir.to_path_buf()
         } else {
             std::env::current_dir()
                 .map_err(|e| format!("the workspace {}: the current folder: {e}", dir.display()))?
                 .join(dir)
         };
+        // `.` and `..` taken by their names: with no link on the way (refused below), the
+        // folder `..` names is the one before it.
+        let mut path = std::path::PathBuf::from("/");
+        for c in joined.components() {
+            match c {
+                std::path::Component::ParentDir => {
+                    path.pop();
+                }
+                std::path::Component::Normal(n) => path.push(n),
+                _ => {}
+            }
+        }
         crate::tree::make_folders(&path, 0o700).map_err(|e| match e.raw_os_error() {
             Some(libc::ELOOP) | Some(libc::ENOTDIR) => {
                 match plumbing::resolve::open_host_path(&path) {
