@@ -806,6 +806,23 @@ fn reader(mut r: impl Read + Send + 'static) -> std::thread::JoinHandle<Vec<u8>>
     })
 }
 
+/// Spawn `cmd`, again for a moment while the program is "Text file busy": a binary a test
+/// has just copied can still be open for writing in a child another test thread forked
+/// meanwhile (until that child execs), and exec refuses it then.
+pub fn spawn_retrying(cmd: &mut Command) -> std::process::Child {
+    let mut tries = 0;
+    loop {
+        match cmd.spawn() {
+            Ok(c) => return c,
+            Err(e) if e.raw_os_error() == Some(libc::ETXTBSY) && tries < 100 => {
+                tries += 1;
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            Err(e) => panic!("spawn {cmd:?}: {e}"),
+        }
+    }
+}
+
 /// Run a command to completion with pipes for stdout and stderr, killing it (and failing
 /// the test) after [`OUTER_TIMEOUT`].
 // The child is reaped with wait4 (for its rusage), which clippy cannot see.
@@ -813,7 +830,7 @@ fn reader(mut r: impl Read + Send + 'static) -> std::thread::JoinHandle<Vec<u8>>
 pub fn finish(mut cmd: Command) -> Finished {
     cmd.stdout(Stdio::piped()).stderr(Stdio::piped());
     let t0 = Instant::now();
-    let mut child = cmd.spawn().unwrap_or_else(|e| panic!("spawn {cmd:?}: {e}"));
+    let mut child = spawn_retrying(&mut cmd);
     let pid = child.id() as i32;
     let out = reader(child.stdout.take().expect("stdout is piped"));
     let err = reader(child.stderr.take().expect("stderr is piped"));
