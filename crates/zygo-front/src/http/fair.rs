@@ -354,20 +354,20 @@ impl Drop for Place {
             held.unknown = held.unknown.saturating_sub(1);
         }
         if let Some(k) = self.caller.take() {
-            if let Some(n) = held.callers.get_mut(&k) {
-                *n = n.saturating_sub(1);
-                if *n == 0 {
-                    held.callers.remove(&k);
-                }
-            }
+            release(&mut held.callers, &k);
         }
         if let Some(ip) = self.ip {
-            if let Some(n) = held.addresses.get_mut(&ip) {
-                *n = n.saturating_sub(1);
-                if *n == 0 {
-                    held.addresses.remove(&ip);
-                }
-            }
+            release(&mut held.addresses, &ip);
+        }
+    }
+}
+
+/// One count of `k` given back; a count of zero is forgotten.
+fn release<K: std::hash::Hash + Eq>(counts: &mut HashMap<K, usize>, k: &K) {
+    if let Some(n) = counts.get_mut(k) {
+        *n = n.saturating_sub(1);
+        if *n == 0 {
+            counts.remove(k);
         }
     }
 }
