@@ -442,10 +442,10 @@ impl Backend {
     /// Create `<root>/<name>` (parents as needed) with no limits yet. Fails if it exists.
     /// It is removed again if dropped before [`Fresh::keep`].
     pub fn create(&self, name: &str) -> Result<Fresh, CgroupError> {
-        let cg: Box<dyn Cgroup> = match self {
-            Backend::V1(b) => Box::new(b.create(name)?),
-            Backend::V2(b) => Box::new(b.create(name)?),
-        };
+        let cg: Box<dyn Cgroup> = again_if_root_went(|| match self {
+            Backend::V1(b) => b.create(name).map(|c| Box::new(c) as Box<dyn Cgroup>),
+            Backend::V2(b) => b.create(name).map(|c| Box::new(c) as Box<dyn Cgroup>),
+        })?;
         Ok(Fresh(Some(cg)))
     }
 
@@ -453,9 +453,31 @@ impl Backend {
     /// (made if missing): what its zygotes and requests hold together, whatever any of them
     /// leaves charged behind, cannot pass it. `None` lifts it.
     pub fn set_ceiling(&self, dir: &str, mem_bytes: Option<u64>) -> Result<(), CgroupError> {
-        match self {
+        again_if_root_went(|| match self {
             Backend::V1(b) => b.set_ceiling(dir, mem_bytes),
             Backend::V2(b) => b.set_ceiling(dir, mem_bytes),
+        })
+    }
+}
+
+/// Run `make` (which makes a cgroup, and Zygo's root first if it is missing) again when a
+/// directory on its way vanished meanwhile: another Zygo process leaving removes the root
+/// as soon as it is empty ([`Backend::release_root`]), which can fall between making the
+/// root and making a cgroup in it. Each try either leaves its cgroup in the root (which
+/// then cannot be removed) or nothing, so a few tries settle any such race.
+fn again_if_root_went<T>(
+    mut make: impl FnMut() -> Result<T, CgroupError>,
+) -> Result<T, CgroupError> {
+    const TRIES: u32 = 8;
+    let mut tried = 1;
+    loop {
+        match make() {
+            Err(CgroupError::Io { source, .. })
+                if source.kind() == io::ErrorKind::NotFound && tried < TRIES =>
+            {
+                tried += 1;
+            }
+            done => return done,
         }
     }
 }
@@ -652,41 +674,46 @@ pub(crate) fn read_file(path: &Path) -> Result<String, CgroupError> {
 
 /// Make the directory that holds Zygo's cgroups; a permission error means no delegation.
 pub(crate) fn ensure_dir(path: &Path) -> Result<(), CgroupError> {
-    match std::fs::create_dir(path) {
-        Ok(()) => Ok(()),
-        Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {
+    let not_delegated = |source| CgroupError::NotDelegated {
+        path: path.to_path_buf(),
+        source,
+    };
+    // Another Zygo process leaving may remove the directory between our finding it there
+    // and checking it (see `Backend::release_root`): then it is made again.
+    let mut tries = 0;
+    loop {
+        tries += 1;
+        return match std::fs::create_dir(path) {
+            Ok(()) => Ok(()),
             // It exists; we must also be allowed to create children in it.
-            if access_w(path) {
-                Ok(())
-            } else {
-                Err(CgroupError::NotDelegated {
-                    path: path.to_path_buf(),
-                    source: io::Error::from_raw_os_error(libc::EACCES),
-                })
+            Err(e) if e.kind() == io::ErrorKind::AlreadyExists => match access_w(path) {
+                Ok(()) => Ok(()),
+                Err(e) if e.kind() == io::ErrorKind::NotFound && tries < 8 => continue,
+                Err(e) => Err(not_delegated(e)),
+            },
+            Err(e)
+                if matches!(
+                    e.raw_os_error(),
+                    Some(libc::EACCES) | Some(libc::EPERM) | Some(libc::EROFS)
+                ) =>
+            {
+                Err(not_delegated(e))
             }
-        }
-        Err(e)
-            if matches!(
-                e.raw_os_error(),
-                Some(libc::EACCES) | Some(libc::EPERM) | Some(libc::EROFS)
-            ) =>
-        {
-            Err(CgroupError::NotDelegated {
-                path: path.to_path_buf(),
-                source: e,
-            })
-        }
-        Err(e) => Err(io_err("create", path, e)),
+            Err(e) => Err(io_err("create", path, e)),
+        };
     }
 }
 
-pub(crate) fn access_w(path: &Path) -> bool {
+pub(crate) fn access_w(path: &Path) -> io::Result<()> {
     use std::os::unix::ffi::OsStrExt;
-    let Ok(c) = std::ffi::CString::new(path.as_os_str().as_bytes()) else {
-        return false;
-    };
+    let c = std::ffi::CString::new(path.as_os_str().as_bytes())
+        .map_err(|_| io::Error::from_raw_os_error(libc::EINVAL))?;
     // SAFETY: c is a valid C string.
-    unsafe { libc::access(c.as_ptr(), libc::W_OK) == 0 }
+    if unsafe { libc::access(c.as_ptr(), libc::W_OK) } == 0 {
+        Ok(())
+    } else {
+        Err(io::Error::last_os_error())
+    }
 }
 
 /// Remove a cgroup directory, waiting briefly for exiting tasks to leave it.

@@ -56,7 +56,7 @@ impl V1 {
             let base_dir = join(&m.point, &base);
             let root = base_dir.join("zygo");
             // The usual case, in one system call: Zygo's root is there and ours to use.
-            if super::access_w(&root) {
+            if super::access_w(&root).is_ok() {
                 roots.push(root);
                 continue;
             }
@@ -266,7 +266,7 @@ fn blkio_root(
         .find(|o| o.controllers.iter().any(|c| c == "blkio"))?;
     let base = super::base_path(&own_path.path, base_override);
     let root = join(&m.point, &base).join("zygo");
-    if super::access_w(&root) {
+    if super::access_w(&root).is_ok() {
         return Some(root);
     }
     match ensure_dir(&root) {

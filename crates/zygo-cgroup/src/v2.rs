@@ -240,8 +240,13 @@ impl V2 {
         for part in Path::new(rel).components() {
             level = level.join(part);
             if !level.is_dir() {
-                std::fs::create_dir(&level)
-                    .map_err(|e| super::io_err("create cgroup", &level, e))?;
+                // Another Zygo process may make the same level meanwhile.
+                match std::fs::create_dir(&level) {
+                    Err(e) if e.kind() != std::io::ErrorKind::AlreadyExists => {
+                        return Err(super::io_err("create cgroup", &level, e));
+                    }
+                    _ => {}
+                }
                 write_file(&level.join("cgroup.subtree_control"), "+memory +pids +cpu")?;
                 enable_io(&level);
             }
@@ -263,8 +268,13 @@ impl V2 {
             for part in parent.components() {
                 level = level.join(part);
                 if !level.is_dir() {
-                    std::fs::create_dir(&level)
-                        .map_err(|e| super::io_err("create cgroup", &level, e))?;
+                    // Another Zygo process may make the same level meanwhile.
+                    match std::fs::create_dir(&level) {
+                        Err(e) if e.kind() != std::io::ErrorKind::AlreadyExists => {
+                            return Err(super::io_err("create cgroup", &level, e));
+                        }
+                        _ => {}
+                    }
                     write_file(&level.join("cgroup.subtree_control"), "+memory +pids +cpu")?;
                     enable_io(&level);
                 }
