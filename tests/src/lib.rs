@@ -1185,3 +1185,75 @@ pub fn connect_from(from: std::net::Ipv4Addr, addr: &str) -> std::net::TcpStream
         <std::net::TcpStream as std::os::fd::FromRawFd>::from_raw_fd(fd)
     }
 }
+
+/// A cgroup base of the test's own (under the test's cgroup in each hierarchy, named to
+/// `$ZYGO_CGROUP`), so that no other Zygo process keeps Zygo's root in it alive: the runs
+/// of a test make and remove `<base>/zygo` themselves. Removed when dropped.
+pub struct OwnRoot {
+    bases: Vec<PathBuf>,
+    pub env: String,
+    pub roots: Vec<PathBuf>,
+}
+
+impl OwnRoot {
+    pub fn make() -> OwnRoot {
+        let tag = format!("zygo-roottest-{:x}", crate::unique() & 0xff_ffff);
+        // The base in each hierarchy, and what $ZYGO_CGROUP says for it.
+        let (bases, env): (Vec<PathBuf>, String) = if is_cgroup_v2_host() {
+            let point = cgroup_mounts()
+                .into_iter()
+                .find(|(_, v2, _)| *v2)
+                .map(|(p, _, _)| p)
+                .expect("a cgroup2 mount");
+            let base = v2_base_dir().join(&tag);
+            let rel = base
+                .strip_prefix(&point)
+                .expect("the base is under the cgroup2 mount")
+                .display()
+                .to_string();
+            (vec![base], format!("/{rel}"))
+        } else {
+            let bases = V1_CONTROLLERS
+                .into_iter()
+                .chain([V1_IO_CONTROLLER])
+                .filter_map(v1_own_dir)
+                .map(|d| d.join(&tag))
+                .collect();
+            (bases, tag.clone())
+        };
+        for b in &bases {
+            fs::create_dir(b).unwrap_or_else(|e| panic!("create {}: {e}", b.display()));
+        }
+        let roots = bases.iter().map(|b| b.join("zygo")).collect();
+        OwnRoot { bases, env, roots }
+    }
+
+    /// The roots still there.
+    pub fn left(&self) -> Vec<PathBuf> {
+        self.roots.iter().filter(|r| r.exists()).cloned().collect()
+    }
+
+    /// Remove every (empty) cgroup under the bases, and the bases.
+    pub fn cleanup(&self) {
+        for b in &self.bases {
+            let _ = Command::new("find")
+                .args([
+                    b.to_str().unwrap_or(""),
+                    "-depth",
+                    "-type",
+                    "d",
+                    "-exec",
+                    "rmdir",
+                    "{}",
+                    "+",
+                ])
+                .status();
+        }
+    }
+}
+
+impl Drop for OwnRoot {
+    fn drop(&mut self) {
+        self.cleanup();
+    }
+}

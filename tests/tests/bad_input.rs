@@ -6,7 +6,6 @@ use std::collections::BTreeSet;
 use std::fs;
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
-use std::process::Command;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
@@ -527,7 +526,7 @@ fn the_cgroup_root_is_there_only_while_zygo_uses_it() {
     if !root_only() {
         return;
     }
-    let t = OwnRoot::new();
+    let t = OwnRoot::make();
     let roots = &t.roots;
     let run = |secs: &str| {
         let mut c = zygo(Who::Root);
@@ -581,78 +580,6 @@ fn the_cgroup_root_is_there_only_while_zygo_uses_it() {
     assert!(after.is_empty(), "the last run out left {after:?}");
 }
 
-/// A cgroup base of the test's own (under the test's cgroup in each hierarchy, named to
-/// `$ZYGO_CGROUP`), so that no other Zygo process keeps Zygo's root in it alive: the runs
-/// of a test make and remove `<base>/zygo` themselves. Removed when dropped.
-struct OwnRoot {
-    bases: Vec<PathBuf>,
-    env: String,
-    roots: Vec<PathBuf>,
-}
-
-impl OwnRoot {
-    fn new() -> OwnRoot {
-        let tag = format!("zygo-roottest-{:x}", unique() & 0xff_ffff);
-        // The base in each hierarchy, and what $ZYGO_CGROUP says for it.
-        let (bases, env): (Vec<PathBuf>, String) = if is_cgroup_v2_host() {
-            let point = cgroup_mounts()
-                .into_iter()
-                .find(|(_, v2, _)| *v2)
-                .map(|(p, _, _)| p)
-                .expect("a cgroup2 mount");
-            let base = v2_base_dir().join(&tag);
-            let rel = base
-                .strip_prefix(&point)
-                .expect("the base is under the cgroup2 mount")
-                .display()
-                .to_string();
-            (vec![base], format!("/{rel}"))
-        } else {
-            let bases = V1_CONTROLLERS
-                .into_iter()
-                .chain([V1_IO_CONTROLLER])
-                .filter_map(v1_own_dir)
-                .map(|d| d.join(&tag))
-                .collect();
-            (bases, tag.clone())
-        };
-        for b in &bases {
-            fs::create_dir(b).unwrap_or_else(|e| panic!("create {}: {e}", b.display()));
-        }
-        let roots = bases.iter().map(|b| b.join("zygo")).collect();
-        OwnRoot { bases, env, roots }
-    }
-
-    /// The roots still there.
-    fn left(&self) -> Vec<PathBuf> {
-        self.roots.iter().filter(|r| r.exists()).cloned().collect()
-    }
-
-    /// Remove every (empty) cgroup under the bases, and the bases.
-    fn cleanup(&self) {
-        for b in &self.bases {
-            let _ = Command::new("find")
-                .args([
-                    b.to_str().unwrap_or(""),
-                    "-depth",
-                    "-type",
-                    "d",
-                    "-exec",
-                    "rmdir",
-                    "{}",
-                    "+",
-                ])
-                .status();
-        }
-    }
-}
-
-impl Drop for OwnRoot {
-    fn drop(&mut self) {
-        self.cleanup();
-    }
-}
-
 /// Runs that start and end at the same moment, with no other Zygo process holding Zygo's
 /// root: each one out removes the root when it is empty, and one starting meanwhile makes
 /// it again. None of them may fail for the root going under it (a run once failed with
@@ -663,7 +590,7 @@ fn runs_that_start_and_end_together_share_the_root() {
     if !root_only() {
         return;
     }
-    let t = OwnRoot::new();
+    let t = OwnRoot::make();
     const THREADS: usize = 4;
     const EACH: usize = 100;
     let failures = Mutex::new(Vec::new());

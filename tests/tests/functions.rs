@@ -1156,6 +1156,36 @@ fn no_supervisor() {
     s.never_started();
 }
 
+/// `zygo up -f FILE` with a file that cannot be served (it does not parse, or names no
+/// function) is refused before anything starts: exit 1, the fault named, and no supervisor
+/// left running for nothing.
+#[test]
+fn up_with_a_file_it_cannot_serve_starts_nothing() {
+    let who = if am_root() { Who::Root } else { Who::Rootless };
+    let s = SUITE.sup(who, "upbad");
+    let bad = s.file("bad.toml", b"[fn.x]\nhandler = \"h.py\"\nmem = \"lots\"\n");
+    let empty = s.file("empty.toml", b"[defaults]\nmem = \"64M\"\n");
+    for (file, says) in [(&bad, "mem"), (&empty, "has no [fn.*] tables")] {
+        let f = s.run(&["up", "-f", file]);
+        assert_eq!(f.code, 1, "{file}: {}", f.stderr_text());
+        assert!(
+            f.stderr_text().contains(says),
+            "{file}: {}",
+            f.stderr_text()
+        );
+        assert!(
+            !f.stdout_text().contains("supervisor started"),
+            "{}",
+            f.stdout_text()
+        );
+        let f = s.run(&["up", "-f", file, "--json"]);
+        assert_eq!(f.code, 1, "{file}: {}", f.stderr_text());
+        assert_eq!(f.last_json()["code"], "bad_spec", "{}", f.stdout_text());
+        assert!(!s.socket().exists(), "a supervisor was started for {file}");
+    }
+    s.never_started();
+}
+
 /// `zygo up` against a supervisor already running says what it cannot make take effect,
 /// and how to restart, with a non-zero exit: a ZYGO_API_TOKEN the supervisor was not
 /// started with (nothing is changed), a function whose table changed (it is left as it is).

@@ -246,6 +246,43 @@ fn output_and_exit_code(who: Who) {
     end(s);
 }
 
+/// A supervisor alone in its cgroup (a base of the test's own, `$ZYGO_CGROUP`) takes
+/// Zygo's whole tree with it when it stops: its runs' folders, their caller's folder and
+/// `tenants` (the caller's folder and `tenants` were once left behind, so Zygo's root in
+/// every hierarchy stayed after `zygo down`).
+#[test]
+fn a_supervisor_alone_leaves_no_cgroup_when_it_stops() {
+    if !root_only() {
+        return;
+    }
+    let t = OwnRoot::make();
+    let mut s = SUITE.sup(Who::Root, "alone");
+    s.env("ZYGO_CGROUP", &t.env);
+    let mut c = s.cmd(&["up"]);
+    c.current_dir(&s.dir.path);
+    let f = finish(c);
+    assert_eq!(f.code, 0, "zygo up: {}\n{}", f.stderr_text(), s.log());
+    s.find_supervisor();
+    assert!(s.supervisor.is_some(), "no supervisor found\n{}", s.log());
+    let a = run(&s, json!({"cmd": ["true"]}));
+    assert_eq!(a.exit_code, Some(0), "{a:?}");
+    let runs: Vec<PathBuf> = t
+        .roots
+        .iter()
+        .map(|r| r.join("tenants/_host/_run"))
+        .collect();
+    assert!(
+        runs.iter().all(|d| d.is_dir()),
+        "the runs' folder is not where the test looks: {runs:?}"
+    );
+    s.shutdown();
+    let left = t.left();
+    assert!(
+        left.is_empty(),
+        "left after the supervisor stopped: {left:?}"
+    );
+}
+
 fn output_past_the_cap_is_cut_and_marked(who: Who) {
     let s = start(who, "cap");
     let a = run(

@@ -60,16 +60,7 @@ fn file_settings(flag: Option<&Path>) -> Result<Option<(PathBuf, ApiSettings)>, 
         None if Path::new("sandbox.toml").exists() => PathBuf::from("sandbox.toml"),
         None => return Ok(None),
     };
-    let path = std::fs::canonicalize(&given).map_err(|e| format!("-f {}: {e}", given.display()))?;
-    let meta = std::fs::metadata(&path).map_err(|e| format!("{}: {e}", path.display()))?;
-    if meta.len() > policy::file::MAX_FILE_BYTES as u64 {
-        return Err(format!(
-            "{}: the file is over 1 MiB, the most a sandbox.toml may be",
-            path.display()
-        ));
-    }
-    let text = std::fs::read_to_string(&path).map_err(|e| format!("{}: {e}", path.display()))?;
-    let parsed = policy::parse_sandbox_toml(&text, &path).map_err(|e| e.to_string())?;
+    let (path, parsed) = crate::sandbox_file::read(&given)?;
     Ok(Some((path, parsed.api)))
 }
 

@@ -352,6 +352,17 @@ pub fn up(raw: Vec<OsString>) -> i32 {
         Ok(f) => f,
         Err(e) => return refused(a.json, "bad_spec", &e),
     };
+    // A file that cannot be served is refused before any supervisor is started for it.
+    if let Some(f) = &file {
+        match crate::sandbox_file::read(f) {
+            Err(e) => return refused(a.json, "bad_spec", &e),
+            Ok((path, parsed)) if parsed.functions.is_empty() => {
+                let e = format!("{} has no [fn.*] tables", path.display());
+                return refused(a.json, "bad_spec", &e);
+            }
+            Ok(_) => {}
+        }
+    }
     match Client::connect() {
         Ok(_) => {
             // What this `zygo up` was asked to bring that a running supervisor cannot take

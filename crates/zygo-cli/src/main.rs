@@ -34,6 +34,7 @@ mod fncmds;
 mod mcp;
 mod output;
 mod run;
+mod sandbox_file;
 mod usage;
 mod version;
 

@@ -73,16 +73,7 @@ fn file_defaults(file: Option<&PathBuf>) -> Result<Option<Layer>, String> {
     let Some(f) = file else {
         return Ok(None);
     };
-    let path = std::fs::canonicalize(f).map_err(|e| format!("-f {}: {e}", f.display()))?;
-    let meta = std::fs::metadata(&path).map_err(|e| format!("-f {}: {e}", path.display()))?;
-    if meta.len() > policy::file::MAX_FILE_BYTES as u64 {
-        return Err(format!(
-            "-f {}: the file is over 1 MiB, the most a sandbox.toml may be",
-            path.display()
-        ));
-    }
-    let text = std::fs::read_to_string(&path).map_err(|e| format!("-f {}: {e}", path.display()))?;
-    let parsed = policy::parse_sandbox_toml(&text, &path).map_err(|e| e.to_string())?;
+    let (_, parsed) = crate::sandbox_file::read(f).map_err(|e| format!("-f {e}"))?;
     Ok(Some(parsed.defaults))
 }
 

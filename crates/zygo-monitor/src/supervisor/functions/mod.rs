@@ -457,30 +457,26 @@ impl Functions {
         for key in self.fns.keys() {
             self.backend.prune(&cg_folder(key));
         }
-        // Tenants' folders, for their own functions and for their calls of the host's: only
-        // those of this supervisor's functions. An empty folder of another name may be
-        // another live supervisor's, just made and about to get its memory ceiling.
+        // Tenants' function folders, for their own functions and for their calls of the
+        // host's: only those of this supervisor's functions. An empty one of another name
+        // may be another live supervisor's, just made and about to get its memory ceiling.
         let ours: std::collections::HashSet<&str> = self
             .fns
             .keys()
             .map(|k| k.rsplit('/').next().unwrap_or(k))
             .collect();
-        let mut pruned = false;
         for owner in self.backend.child_names_of("tenants") {
             let top = format!("tenants/{owner}");
-            let mut pruned_here = false;
             for func in self.backend.child_names_of(&top) {
                 if ours.contains(func.as_str()) {
-                    pruned_here |= self.backend.prune(&format!("{top}/{func}"));
+                    self.backend.prune(&format!("{top}/{func}"));
                 }
             }
-            if pruned_here {
-                self.backend.prune(&top);
-            }
-            pruned |= pruned_here;
+            // An owner's folder (and `tenants`) holds no limit of its own, so it goes when
+            // empty, whoever made it: a supervisor making a cgroup in it meanwhile makes the
+            // folders on its way again (`Backend::create`).
+            self.backend.prune(&top);
         }
-        if pruned {
-            self.backend.prune("tenants");
-        }
+        self.backend.prune("tenants");
     }
 }

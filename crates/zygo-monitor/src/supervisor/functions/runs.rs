@@ -681,13 +681,9 @@ impl Functions {
             let _ = l.kill();
             let _ = l.wait();
         }
+        // Their callers' folders go with the rest of the tree (see `shutdown`).
         for dir in std::mem::take(&mut self.runs.dirs) {
             self.backend.prune(&dir);
-            if let Some(parent) = dir.strip_suffix("/_run") {
-                if parent != "tenants/_host" {
-                    self.backend.prune(parent);
-                }
-            }
         }
     }
 
