@@ -1,23 +1,27 @@
-//! Large events are checked off the event loop. A call's event is checked (one JSON
-//! value, strictly) and made one line before it goes to a sandbox; for an event of a few
-//! megabytes that takes tens of milliseconds, and on the loop every other tenant's
-//! requests would wait for it. An event of up to [`ON_LOOP`] bytes is still checked on
-//! the loop (no hand-over for the common small call); a larger one goes to one checker
-//! thread, and its call goes on, exactly as it would have, when the checker wakes the
-//! loop with the result ([`Checker::done`]).
+//! Large events are checked, and large puts hashed, off the event loop. A call's event is
+//! checked (one JSON value, strictly) and made one line before it goes to a sandbox; a
+//! script or blob put is named by its SHA-256. For a few megabytes either takes tens of
+//! milliseconds, and on the loop every other tenant's requests would wait for it. Up to
+//! [`ON_LOOP`] bytes are still done on the loop (no hand-over for the common small
+//! request); more go to one checker thread, and the request goes on, exactly as it would
+//! have, when the checker wakes the loop with the result ([`Checker::done`]).
 //!
-//! The checker takes its callers in turn ([`Line`]): one event of each holder (a tenant,
-//! or the host) that has some waiting, round and round, so one tenant's queue of large
-//! events delays another's by at most one event of its own. What waits is bounded: each
-//! holder may have [`QUEUE_PER_HOLDER`] bytes handed over and not yet checked, and all
-//! together [`QUEUE_TOTAL`]; a call past that is refused `busy`, to retry shortly.
+//! The checker takes its callers in turn ([`crate::supervisor::turns`]): one job of each
+//! holder (a tenant, or the host) that has some waiting, round and round, so one tenant's
+//! queue of large events or puts delays another's by at most one job of its own. What
+//! waits is bounded: each holder may have [`QUEUE_PER_HOLDER`] bytes handed over and not
+//! yet done, and all together [`QUEUE_TOTAL`]; a request past that is refused `busy`, to
+//! retry shortly.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::HashMap;
 use std::sync::mpsc::{channel, Receiver, Sender};
-use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::sync::Arc;
 use std::thread::JoinHandle;
 
 use mio::Waker;
+
+pub use crate::supervisor::turns::Holder;
+use crate::supervisor::turns::Shared;
 
 /// Events up to this many bytes are checked on the loop: a fraction of a millisecond.
 pub const ON_LOOP: usize = 64 * 1024;
@@ -30,9 +34,6 @@ pub const QUEUE_TOTAL: usize = 192 << 20;
 
 /// The checker's nice value: below the loop, which serves every caller's small requests.
 const CHECKER_NICE: libc::c_int = 5;
-
-/// Who an event is held for: a tenant, or the host (`None`).
-pub type Holder = Option<String>;
 
 /// Check `event` as one JSON value (strictly) and make it one line: the text for the
 /// agent's protocol, or why not (the words of a `bad_request`).
@@ -48,77 +49,44 @@ pub fn check(event: String) -> Result<String, String> {
     String::from_utf8(bytes).map_err(|_| "the event is not UTF-8".to_string())
 }
 
-/// An event checked: its ticket and what [`check`] said.
+/// The SHA-256 of `bytes`, in lowercase hex: the name of a script or blob.
+pub fn digest(bytes: &[u8]) -> String {
+    use sha2::{Digest, Sha256};
+    Sha256::digest(bytes)
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect()
+}
+
+/// What the checker is asked to do.
+pub enum Job {
+    /// Check a call's event ([`check`]).
+    Event(String),
+    /// Name bytes put in a store ([`digest`]).
+    Digest(Vec<u8>),
+}
+
+impl Job {
+    fn len(&self) -> usize {
+        match self {
+            Job::Event(e) => e.len(),
+            Job::Digest(b) => b.len(),
+        }
+    }
+}
+
+/// What the checker did.
+pub enum Done {
+    /// The event, checked and made one line, or why not (the words of a `bad_request`).
+    Event(Result<String, String>),
+    /// The bytes, and their digest.
+    Digest { bytes: Vec<u8>, digest: String },
+}
+
+/// A job done: its ticket and the result.
 pub struct Checked {
     pub ticket: u64,
-    pub result: Result<String, String>,
-}
-
-struct Job {
-    ticket: u64,
-    event: String,
-}
-
-/// The events waiting for the checker, by holder, and the holders' turns.
-#[derive(Default)]
-struct Line {
-    waiting: HashMap<Holder, VecDeque<Job>>,
-    /// Holders with events waiting, in the order of their next turn.
-    turns: VecDeque<Holder>,
-    stop: bool,
-}
-
-impl Line {
-    fn push(&mut self, holder: Holder, job: Job) {
-        let q = self.waiting.entry(holder.clone()).or_default();
-        if q.is_empty() {
-            self.turns.push_back(holder);
-        }
-        q.push_back(job);
-    }
-
-    /// The next holder's first event; the holder goes to the back of the line if it has
-    /// more.
-    fn next(&mut self) -> Option<Job> {
-        let holder = self.turns.pop_front()?;
-        let q = self.waiting.get_mut(&holder)?;
-        let job = q.pop_front();
-        if q.is_empty() {
-            self.waiting.remove(&holder);
-        } else {
-            self.turns.push_back(holder);
-        }
-        job
-    }
-
-    /// Take back a waiting event: whether it was still waiting.
-    fn withdraw(&mut self, holder: &Holder, ticket: u64) -> bool {
-        let Some(q) = self.waiting.get_mut(holder) else {
-            return false;
-        };
-        let Some(i) = q.iter().position(|j| j.ticket == ticket) else {
-            return false;
-        };
-        q.remove(i);
-        if q.is_empty() {
-            self.waiting.remove(holder);
-            self.turns.retain(|h| h != holder);
-        }
-        true
-    }
-}
-
-#[derive(Default)]
-struct Shared {
-    line: Mutex<Line>,
-    ready: Condvar,
-}
-
-impl Shared {
-    /// A lock poisoned by a panic still guards a valid line.
-    fn lock(&self) -> MutexGuard<'_, Line> {
-        self.line.lock().unwrap_or_else(|e| e.into_inner())
-    }
+    pub done: Done,
 }
 
 /// Bytes handed to the checker and not yet come back, by holder and in all (kept by the
@@ -135,15 +103,15 @@ impl Counted {
         let mine = self.by.get(holder).copied().unwrap_or(0);
         if mine > 0 && mine + bytes > QUEUE_PER_HOLDER {
             return Err(format!(
-                "{mine} bytes of this caller's events are still being checked (at most \
-                 {} MiB wait at once); retry shortly",
+                "{mine} bytes of this caller's events and puts are still being checked \
+                 (at most {} MiB wait at once); retry shortly",
                 QUEUE_PER_HOLDER >> 20
             ));
         }
         if self.total > 0 && self.total + bytes > QUEUE_TOTAL {
             return Err(format!(
-                "{} bytes of events are being checked already (at most {} MiB wait at \
-                 once); retry shortly",
+                "{} bytes of events and puts are being checked already (at most {} MiB \
+                 wait at once); retry shortly",
                 self.total,
                 QUEUE_TOTAL >> 20
             ));
@@ -172,7 +140,7 @@ impl Counted {
 }
 
 pub struct Checker {
-    shared: Arc<Shared>,
+    shared: Arc<Shared<Job>>,
     rx: Receiver<Checked>,
     handle: Option<JoinHandle<()>>,
     counted: Counted,
@@ -181,7 +149,7 @@ pub struct Checker {
 
 impl Checker {
     pub fn start(waker: Arc<Waker>) -> std::io::Result<Checker> {
-        let shared = Arc::new(Shared::default());
+        let shared = Arc::new(Shared::<Job>::default());
         let (done, rx) = channel::<Checked>();
         let theirs = shared.clone();
         let handle = std::thread::Builder::new()
@@ -196,22 +164,21 @@ impl Checker {
         })
     }
 
-    /// Hand `event` of `holder`'s over: its ticket, or why it cannot wait now (the words
-    /// of a `busy`).
-    pub fn send(&mut self, holder: Holder, event: String) -> Result<u64, String> {
-        self.counted.room(&holder, event.len())?;
+    /// Hand a job of `holder`'s over: its ticket, or why it cannot wait now (the words of
+    /// a `busy`).
+    pub fn send(&mut self, holder: Holder, job: Job) -> Result<u64, String> {
+        self.counted.room(&holder, job.len())?;
         if self.handle.is_none() {
             return Err("the supervisor is stopping".into());
         }
         self.tickets += 1;
         let ticket = self.tickets;
-        self.counted.add(ticket, holder.clone(), event.len());
-        self.shared.lock().push(holder, Job { ticket, event });
-        self.shared.ready.notify_one();
+        self.counted.add(ticket, holder.clone(), job.len());
+        self.shared.push(holder, ticket, job);
         Ok(ticket)
     }
 
-    /// Nobody waits for this event any more: it is taken back if it has not been begun
+    /// Nobody waits for this job any more: it is taken back if it has not been begun
     /// (`true`), else its result is to be dropped when it comes.
     pub fn withdraw(&mut self, holder: &Holder, ticket: u64) -> bool {
         let taken = self.shared.lock().withdraw(holder, ticket);
@@ -221,7 +188,7 @@ impl Checker {
         taken
     }
 
-    /// The events checked since the last call.
+    /// The jobs done since the last call.
     pub fn done(&mut self) -> Vec<Checked> {
         let done: Vec<Checked> = self.rx.try_iter().collect();
         for c in &done {
@@ -230,16 +197,10 @@ impl Checker {
         done
     }
 
-    /// Stop: events not begun are dropped (their callers are answered by whoever handed
-    /// them over), the one being checked is finished, and the thread waited for.
+    /// Stop: jobs not begun are dropped (their callers are answered by whoever handed
+    /// them over), the one being done is finished, and the thread waited for.
     pub fn finish(&mut self) {
-        {
-            let mut line = self.shared.lock();
-            line.stop = true;
-            line.waiting.clear();
-            line.turns.clear();
-        }
-        self.shared.ready.notify_all();
+        self.shared.close(true);
         if let Some(h) = self.handle.take() {
             let _ = h.join();
         }
@@ -247,8 +208,8 @@ impl Checker {
     }
 }
 
-/// The checker thread: the next event in turn, checked, handed back, the loop woken.
-fn work(shared: &Shared, done: &Sender<Checked>, waker: &Waker) {
+/// The checker thread: the next job in turn, done, handed back, the loop woken.
+fn work(shared: &Shared<Job>, done: &Sender<Checked>, waker: &Waker) {
     // Below the event loop: on a small machine this thread competes with it for a CPU,
     // and the loop's work is every caller's.
     // SAFETY: gettid and setpriority on this thread; failure leaves it as is.
@@ -256,28 +217,25 @@ fn work(shared: &Shared, done: &Sender<Checked>, waker: &Waker) {
         let tid = libc::syscall(libc::SYS_gettid) as libc::id_t;
         libc::setpriority(libc::PRIO_PROCESS, tid, CHECKER_NICE);
     }
-    loop {
-        let job = {
-            let mut line = shared.lock();
-            loop {
-                if line.stop {
-                    return;
-                }
-                if let Some(job) = line.next() {
-                    break job;
-                }
-                line = shared.ready.wait(line).unwrap_or_else(|e| e.into_inner());
-            }
+    while let Some((ticket, job)) = shared.take() {
+        let done_now = match job {
+            Job::Event(event) => Done::Event(check(event)),
+            Job::Digest(bytes) => Done::Digest {
+                digest: digest(&bytes),
+                bytes,
+            },
         };
-        let checked = Checked {
-            ticket: job.ticket,
-            result: check(job.event),
-        };
-        if done.send(checked).is_err() {
+        if done
+            .send(Checked {
+                ticket,
+                done: done_now,
+            })
+            .is_err()
+        {
             return;
         }
         if let Err(e) = waker.wake() {
-            log::warn!("wake the supervisor after checking an event: {e}");
+            log::warn!("wake the supervisor after a check: {e}");
         }
     }
 }
@@ -285,42 +243,6 @@ fn work(shared: &Shared, done: &Sender<Checked>, waker: &Waker) {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn job(ticket: u64) -> Job {
-        Job {
-            ticket,
-            event: String::new(),
-        }
-    }
-
-    #[test]
-    fn holders_take_turns() {
-        let mut line = Line::default();
-        let a = Some("a".to_string());
-        let b = Some("b".to_string());
-        for t in 1..=3 {
-            line.push(a.clone(), job(t));
-        }
-        line.push(b.clone(), job(10));
-        line.push(None, job(20));
-        line.push(b.clone(), job(11));
-        let order: Vec<u64> = std::iter::from_fn(|| line.next().map(|j| j.ticket)).collect();
-        assert_eq!(order, [1, 10, 20, 2, 11, 3]);
-        assert!(line.waiting.is_empty() && line.turns.is_empty());
-    }
-
-    #[test]
-    fn a_withdrawn_event_is_not_checked() {
-        let mut line = Line::default();
-        let a = Some("a".to_string());
-        line.push(a.clone(), job(1));
-        line.push(None, job(2));
-        assert!(line.withdraw(&a, 1));
-        assert!(!line.withdraw(&a, 1));
-        assert!(!line.withdraw(&None, 1));
-        let order: Vec<u64> = std::iter::from_fn(|| line.next().map(|j| j.ticket)).collect();
-        assert_eq!(order, [2]);
-    }
 
     #[test]
     fn what_waits_is_bounded_per_holder_and_in_all() {
@@ -342,6 +264,14 @@ mod tests {
         c.done(1);
         assert!(c.room(&a, 16 << 20).is_ok());
         assert_eq!(c.total, 2 * QUEUE_PER_HOLDER);
+    }
+
+    #[test]
+    fn a_digest_is_lowercase_hex_sha256() {
+        assert_eq!(
+            digest(b"abc"),
+            "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad"
+        );
     }
 
     #[test]

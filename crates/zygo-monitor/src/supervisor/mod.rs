@@ -30,6 +30,7 @@ mod event_check;
 pub(crate) mod functions;
 mod scripts;
 mod store_writer;
+mod turns;
 mod usage;
 
 use std::collections::{HashMap, VecDeque};

@@ -274,18 +274,37 @@ impl Store {
         who: Option<&str>,
         in_use: &dyn Fn(&str) -> bool,
     ) -> Result<(String, Put), Refusal> {
-        use sha2::{Digest, Sha256};
-        let (noun, env) = (self.flavor.noun, self.flavor.env);
-        if source.len() > self.flavor.max {
+        self.fits(source.len())?;
+        let digest = crate::supervisor::event_check::digest(source);
+        self.put_named(digest, source, who, in_use)
+    }
+
+    /// Whether `len` bytes may be one entry: `Err` is the refusal.
+    pub fn fits(&self, len: usize) -> Result<(), Refusal> {
+        if len > self.flavor.max {
             return Err((
                 ErrorCode::TooLarge,
-                format!("a {noun} may be at most {} MiB", self.flavor.max >> 20),
+                format!(
+                    "a {} may be at most {} MiB",
+                    self.flavor.noun,
+                    self.flavor.max >> 20
+                ),
             ));
         }
-        let digest: String = Sha256::digest(source)
-            .iter()
-            .map(|b| format!("{b:02x}"))
-            .collect();
+        Ok(())
+    }
+
+    /// [`Store::put`] of bytes already named: `digest` is their SHA-256 (computed off the
+    /// loop for large puts).
+    pub fn put_named(
+        &mut self,
+        digest: String,
+        source: &[u8],
+        who: Option<&str>,
+        in_use: &dyn Fn(&str) -> bool,
+    ) -> Result<(String, Put), Refusal> {
+        let (noun, env) = (self.flavor.noun, self.flavor.env);
+        self.fits(source.len())?;
         let holder: Holder = who.map(str::to_string);
         let need = cost(source.len() as u64);
         let pending = self.entries.get(&digest).is_some_and(|e| e.pending);

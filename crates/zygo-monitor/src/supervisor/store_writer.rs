@@ -10,17 +10,23 @@
 //! synced, removed, and the folder synced. Its answer then takes as long as a new entry's,
 //! so how fast a put is answered does not tell whether anyone else holds those bytes.
 //!
+//! The writer takes its holders in turn ([`crate::supervisor::turns`]): one write of each
+//! holder (a tenant, or the host) that has some waiting, round and round, so one tenant's
+//! queue of large puts delays another's put by at most one write of its own.
+//!
 //! What waits for the writer is bounded ([`Queued`]): each holder may have at most
 //! [`QUEUE_PER_HOLDER`] bytes handed over and not yet written, and all together
 //! [`QUEUE_TOTAL`]; a put past that is refused `busy`, to retry shortly.
 
 use std::io::Write as _;
 use std::path::{Path, PathBuf};
-use std::sync::mpsc::{channel, Receiver, Sender};
+use std::sync::mpsc::{channel, Receiver};
 use std::sync::Arc;
 use std::thread::JoinHandle;
 
 use mio::Waker;
+
+use crate::supervisor::turns::{Holder, Shared};
 
 /// Which store a write is for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -123,25 +129,26 @@ fn perform(w: &Write) -> Result<(), String> {
 }
 
 pub struct Writer {
-    tx: Option<Sender<Write>>,
+    shared: Arc<Shared<Write>>,
     rx: Receiver<Written>,
     handle: Option<JoinHandle<()>>,
 }
 
 impl Writer {
     pub fn start(waker: Arc<Waker>) -> std::io::Result<Writer> {
-        let (tx, jobs) = channel::<Write>();
+        let shared = Arc::new(Shared::<Write>::default());
+        let jobs = shared.clone();
         let (done, rx) = channel::<Written>();
         let handle = std::thread::Builder::new()
             .name("store-writes".into())
             .spawn(move || {
-                for w in jobs {
+                while let Some((_, w)) = jobs.take() {
                     let began = std::time::Instant::now();
                     let result = perform(&w);
                     let took = began.elapsed();
                     if took >= SLOW_WRITE {
                         log::warn!(
-                            "store: writing {} ({} bytes) took {took:?}: every put waits behind it; is the disk of {} slow?",
+                            "store: writing {} ({} bytes) took {took:?}: the puts after it wait; is the disk of {} slow?",
                             w.digest,
                             w.bytes.len(),
                             w.dir.display()
@@ -163,22 +170,19 @@ impl Writer {
                 }
             })?;
         Ok(Writer {
-            tx: Some(tx),
+            shared,
             rx,
             handle: Some(handle),
         })
     }
 
-    /// Hand a write over. Should the thread be gone, the write is done here (the caller
-    /// still gets its answer, only later).
-    pub fn send(&self, w: Write) -> Option<Written> {
-        let w = match &self.tx {
-            Some(tx) => match tx.send(w) {
-                Ok(()) => return None,
-                Err(std::sync::mpsc::SendError(w)) => w,
-            },
-            None => w,
-        };
+    /// Hand a write of `holder`'s over. Should the thread be gone, the write is done here
+    /// (the caller still gets its answer, only later).
+    pub fn send(&self, w: Write, holder: Holder) -> Option<Written> {
+        if self.handle.as_ref().is_some_and(|h| !h.is_finished()) {
+            self.shared.push(holder, w.ticket, w);
+            return None;
+        }
         log::error!("the store writer is gone: writing on the event loop");
         let result = perform(&w);
         Some(Written {
@@ -197,7 +201,7 @@ impl Writer {
 
     /// Let the writer finish what it was given, and wait for it.
     pub fn finish(&mut self) {
-        self.tx = None;
+        self.shared.close(false);
         if let Some(h) = self.handle.take() {
             let _ = h.join();
         }

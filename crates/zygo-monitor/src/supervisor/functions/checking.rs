@@ -13,7 +13,7 @@ use proto::front::{ErrorCode, ExecRequest, Reply};
 
 use super::{fail, Ctx, Functions};
 use crate::supervisor::api::Acting;
-use crate::supervisor::event_check::{Checked, ON_LOOP};
+use crate::supervisor::event_check::{Checked, Done, Job, ON_LOOP};
 
 /// A call waiting for its event's check.
 pub(super) struct Waiting {
@@ -48,7 +48,7 @@ impl Functions {
         who: &Acting,
     ) -> Option<Reply> {
         let event = std::mem::take(&mut e.event);
-        match self.checker.send(who.tenant.clone(), event) {
+        match self.checker.send(who.tenant.clone(), Job::Event(event)) {
             Ok(ticket) => {
                 self.checking.insert(
                     ticket,
@@ -73,7 +73,14 @@ impl Functions {
     /// as it would have been on the loop; a drain begun meanwhile, as a call that came
     /// during it). A call whose caller left is dropped.
     pub(super) fn events_checked(&mut self, cx: &mut Ctx) {
-        for Checked { ticket, result } in self.checker.done() {
+        for Checked { ticket, done } in self.checker.done() {
+            let result = match done {
+                Done::Event(result) => result,
+                Done::Digest { bytes, digest } => {
+                    self.named(ticket, digest, bytes);
+                    continue;
+                }
+            };
             let Some(w) = self.checking.remove(&ticket) else {
                 continue;
             };

@@ -105,6 +105,8 @@ pub struct Functions {
     checker: super::event_check::Checker,
     /// Calls waiting for their event's check, by ticket (see [`checking`]).
     checking: HashMap<u64, checking::Waiting>,
+    /// Puts waiting for the checker to name their bytes, by ticket (see [`store_puts`]).
+    naming: HashMap<u64, store_puts::Naming>,
     /// The last write's ticket.
     write_tickets: u64,
     /// Answers of calls waiting for the store write of the script they carried, by ticket.
@@ -233,6 +235,7 @@ impl Functions {
             queued: Default::default(),
             checker,
             checking: HashMap::new(),
+            naming: HashMap::new(),
             after_write: HashMap::new(),
             write_tickets: 0,
             fns: BTreeMap::new(),
@@ -341,7 +344,7 @@ impl Functions {
                 Some(fail(ErrorCode::Internal, "drain is handled by the loop"))
             }
             Request::Health => Some(Reply::Health(self.health(who))),
-            Request::PutScript { source } => self.put_script(client, &source, who),
+            Request::PutScript { source } => self.put_script(client, source, who),
             Request::Api { .. } => Some(fail(
                 ErrorCode::BadRequest,
                 "an Api request may not carry another Api request",
@@ -397,7 +400,7 @@ impl Functions {
                 process_counts: true,
             }),
             Request::RecordUsage(rec) => Some(self.record_outside(rec, who)),
-            Request::PutBlob { bytes } => self.put_blob(client, &bytes, who),
+            Request::PutBlob { bytes } => self.put_blob(client, bytes.into_vec(), who),
             Request::DeleteBlob { digest } => Some(self.delete_blob(&digest)),
             Request::PutDeps { image, files } => Some(self.put_deps(&image, files, who)),
             Request::ListDeps => Some(self.list_deps(who)),
@@ -428,6 +431,7 @@ impl Functions {
         // Calls still waiting for their event's check never started: refused as calls
         // that came during the drain.
         self.checking_shutdown();
+        self.naming_shutdown();
         // The store writes handed over are finished, and answered.
         self.writer.finish();
         self.store_written();

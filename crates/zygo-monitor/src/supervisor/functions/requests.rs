@@ -1310,6 +1310,7 @@ impl Functions {
             self.force(&id, Outcome::Cancelled);
         }
         self.checking_client_gone(t);
+        self.naming_client_gone(t);
         self.pending_serves.retain(|(c, _, _)| *c != t);
         self.pending_layers.retain(|(c, _, _, _)| *c != t);
         self.runs_client_gone(t);

@@ -1,5 +1,6 @@
 //! `PUT /scripts` (`scripts put`) and `PUT /blobs`: bytes stored for the acting tenant (if
-//! any). The store reserves a new entry's room at once (within the tenant's share); its
+//! any). Bytes past `event_check::ON_LOOP` are named (SHA-256) by the checker thread, in
+//! their holder's turn, rather than on the event loop. The store reserves a new entry's room at once (within the tenant's share); its
 //! bytes are written and synced by the store writer, off the event loop, and the caller is
 //! answered once they are durable. Bytes the store holds already are answered at once to
 //! a caller that held them already (or the host); a tenant taking on bytes others hold, or
@@ -13,8 +14,16 @@ use proto::front::{ErrorCode, Reply};
 use super::blobs::{blob_in_flight, BLOB_OWNERS_SLACK};
 use super::{fail, script_in_flight, Functions, SCRIPT_OWNERS_SLACK};
 use crate::supervisor::api::Acting;
+use crate::supervisor::event_check::{self, Job, ON_LOOP};
 use crate::supervisor::scripts::Put;
 use crate::supervisor::store_writer::{Which, Write, Written};
+
+/// A put waiting for the checker to name its bytes.
+pub(super) struct Naming {
+    which: Which,
+    client: Token,
+    who: Acting,
+}
 
 /// A caller waiting for a store write to end.
 pub(super) struct StoreWait {
@@ -42,28 +51,152 @@ impl Functions {
     pub(super) fn put_script(
         &mut self,
         client: Token,
-        source: &[u8],
+        source: Vec<u8>,
         who: &Acting,
     ) -> Option<Reply> {
-        let tenant = who.tenant.as_deref();
-        if let Err(m) = self.queued.room(tenant, source.len() as u64) {
-            return Some(busy(m));
-        }
-        let put = self
-            .scripts
-            .put(source, tenant, &script_in_flight(&self.calls));
-        self.after_put(Which::Scripts, client, put, tenant, source)
+        self.put_bytes(Which::Scripts, client, source, who)
     }
 
     /// `PUT /blobs`: store the bytes, owned by the acting tenant (if any). `None`:
     /// answered once they are written.
-    pub(super) fn put_blob(&mut self, client: Token, bytes: &[u8], who: &Acting) -> Option<Reply> {
+    pub(super) fn put_blob(
+        &mut self,
+        client: Token,
+        bytes: Vec<u8>,
+        who: &Acting,
+    ) -> Option<Reply> {
+        self.put_bytes(Which::Blobs, client, bytes, who)
+    }
+
+    /// A put: bytes of up to [`ON_LOOP`] are named (SHA-256) here and stored at once;
+    /// larger ones are named by the checker, off the loop, in their holder's turn, and the
+    /// put goes on in [`Functions::put_named`] when they come back.
+    fn put_bytes(
+        &mut self,
+        which: Which,
+        client: Token,
+        bytes: Vec<u8>,
+        who: &Acting,
+    ) -> Option<Reply> {
+        if let Err((code, message)) = self.store_of(which).fits(bytes.len()) {
+            return Some(fail(code, message));
+        }
+        if let Err(m) = self.queued.room(who.tenant.as_deref(), bytes.len() as u64) {
+            return Some(busy(m));
+        }
+        if bytes.len() <= ON_LOOP {
+            let digest = event_check::digest(&bytes);
+            return self.put_named(which, client, digest, &bytes, who);
+        }
+        match self.checker.send(who.tenant.clone(), Job::Digest(bytes)) {
+            Ok(ticket) => {
+                self.naming.insert(
+                    ticket,
+                    Naming {
+                        which,
+                        client,
+                        who: who.clone(),
+                    },
+                );
+                None
+            }
+            Err(m) => Some(busy(m)),
+        }
+    }
+
+    /// A put whose bytes are named: stored (their room reserved, their write handed to
+    /// the writer), or refused. `None`: answered once they are written.
+    pub(super) fn put_named(
+        &mut self,
+        which: Which,
+        client: Token,
+        digest: String,
+        bytes: &[u8],
+        who: &Acting,
+    ) -> Option<Reply> {
         let tenant = who.tenant.as_deref();
+        // Checked again: the writer's line may have grown while the bytes were named.
         if let Err(m) = self.queued.room(tenant, bytes.len() as u64) {
             return Some(busy(m));
         }
-        let put = self.blobs.put(bytes, tenant, &blob_in_flight(&self.calls));
-        self.after_put(Which::Blobs, client, put, tenant, bytes)
+        let put = match which {
+            Which::Scripts => {
+                let in_use = script_in_flight(&self.calls);
+                self.scripts.put_named(digest, bytes, tenant, &in_use)
+            }
+            Which::Blobs => {
+                let in_use = blob_in_flight(&self.calls);
+                self.blobs.put_named(digest, bytes, tenant, &in_use)
+            }
+        };
+        self.after_put(which, client, put, tenant, bytes)
+    }
+
+    fn store_of(&self, which: Which) -> &crate::supervisor::scripts::Store {
+        match which {
+            Which::Scripts => &self.scripts,
+            Which::Blobs => &self.blobs,
+        }
+    }
+
+    /// The bytes the checker named since the last wake-up: each put goes on. A put whose
+    /// caller left, or whose tenant was deleted meanwhile, is gone from [`Naming`] already.
+    pub(super) fn named(&mut self, ticket: u64, digest: String, bytes: Vec<u8>) {
+        let Some(n) = self.naming.remove(&ticket) else {
+            return;
+        };
+        if let Some(r) = self.put_named(n.which, n.client, digest, &bytes, &n.who) {
+            self.outbox.push((n.client, r, true));
+        }
+    }
+
+    /// The front `t` left: its put being named (at most one) is dropped.
+    pub(super) fn naming_client_gone(&mut self, t: Token) {
+        let gone: Vec<u64> = self
+            .naming
+            .iter()
+            .filter(|(_, n)| n.client == t)
+            .map(|(k, _)| *k)
+            .collect();
+        for ticket in gone {
+            if let Some(n) = self.naming.remove(&ticket) {
+                self.checker.withdraw(&n.who.tenant, ticket);
+            }
+        }
+    }
+
+    /// `tenant` was deleted: its puts being named are answered now, as those being written
+    /// are ([`Functions::drop_store_waits`]).
+    fn naming_tenant_deleted(&mut self, tenant: &str) -> Vec<Token> {
+        let gone: Vec<u64> = self
+            .naming
+            .iter()
+            .filter(|(_, n)| n.who.tenant.as_deref() == Some(tenant))
+            .map(|(k, _)| *k)
+            .collect();
+        let mut clients = Vec::new();
+        for ticket in gone {
+            if let Some(n) = self.naming.remove(&ticket) {
+                self.checker.withdraw(&n.who.tenant, ticket);
+                clients.push(n.client);
+            }
+        }
+        clients
+    }
+
+    /// The supervisor stops (the checker has stopped): puts still being named are
+    /// answered.
+    pub(super) fn naming_shutdown(&mut self) {
+        for (_, n) in self.naming.drain() {
+            self.outbox.push((
+                n.client,
+                fail(
+                    ErrorCode::Unavailable,
+                    "the supervisor stopped before these bytes were stored; put them again once it is back",
+                ),
+                true,
+            ));
+        }
     }
 
     fn after_put(
@@ -138,7 +271,7 @@ impl Functions {
         let ticket = self.write_tickets;
         w.ticket = ticket;
         self.queued.add(ticket, who, w.bytes.len() as u64);
-        if let Some(done) = self.writer.send(w) {
+        if let Some(done) = self.writer.send(w, who.map(str::to_string)) {
             self.on_written(done);
         }
         ticket
@@ -155,8 +288,8 @@ impl Functions {
     /// A tenant is deleted: its callers waiting for store writes are answered now
     /// (`not_found`), and nothing is registered for it when the writes end.
     pub(super) fn drop_store_waits(&mut self, tenant: &str) {
+        let mut gone = self.naming_tenant_deleted(tenant);
         let mine = |w: &StoreWait| w.tenant.as_deref() == Some(tenant);
-        let mut gone = Vec::new();
         for waits in self.store_waits.values_mut() {
             gone.extend(waits.extract_if(.., |w| mine(w)).map(|w| w.client));
         }

@@ -117,11 +117,7 @@ impl Functions {
                 }
             }
             Some(ScriptRef::Source(source)) => {
-                use sha2::{Digest, Sha256};
-                let d: String = Sha256::digest(source)
-                    .iter()
-                    .map(|b| format!("{b:02x}"))
-                    .collect();
+                let d = crate::supervisor::event_check::digest(source);
                 let existed = self.scripts.knows(&d);
                 sent = Some((d, existed));
             }
