@@ -542,6 +542,72 @@ fn a_batch_answer_is_held_to_its_budget() {
     s.shutdown();
 }
 
+/// A caller's batches answered at once share one answer budget (64 MiB): each sets aside
+/// 16 KiB for each of its events as it begins, so five batches of 1,000 events from one
+/// tenant at once do not all fit, and one is refused 429 `busy` at once instead of the
+/// front holding five budgets' worth (a tenant once made the front hold a gigabyte with
+/// sixteen). Another tenant's batch is answered meanwhile, and once the tenant's batches
+/// are answered its budget is whole again.
+#[test]
+fn a_callers_batches_at_once_share_one_answer_budget() {
+    if !root_only() {
+        return;
+    }
+    let mut s = SUITE.sup(Who::Root, "batchshare");
+    s.env("ZYGO_API_TOKEN", BOOT);
+    let names = s.up(&[("slow", "slow", "max_warm = 8")]);
+    let slow = names[0].clone();
+    let f = start_api(&s);
+    let greedy = tenant(&s, &f, "greedy");
+    let other = tenant(&s, &f, "other");
+    // Each batch lasts a second at least (its first event sleeps), so they overlap.
+    let body = |n: usize| {
+        let mut events = vec![json!({ "s": 1 })];
+        events.extend((1..n).map(|_| json!({ "s": 0 })));
+        json!({ "events": events }).to_string()
+    };
+    let batch = |token: &str, n: usize| {
+        req(
+            &f.addr,
+            "POST",
+            &format!("/fn/{slow}/batch"),
+            Some(token),
+            &[("X-Zygo-Timeout-Ms", "120000")],
+            &body(n),
+        )
+    };
+    let answers: Vec<_> = std::thread::scope(|scope| {
+        let greedy_ones: Vec<_> = (0..5)
+            .map(|_| scope.spawn(|| batch(&greedy, 1000)))
+            .collect();
+        // The other tenant's batch, sent while the greedy tenant's are answered.
+        std::thread::sleep(Duration::from_millis(300));
+        let r = batch(&other, 20);
+        assert_eq!(r.status, 200, "the other tenant's batch: {}", r.text());
+        greedy_ones.into_iter().map(|t| t.join().unwrap()).collect()
+    });
+    let refused: Vec<_> = answers.iter().filter(|r| r.status == 429).collect();
+    assert_eq!(
+        refused.len(),
+        1,
+        "{:?}",
+        answers.iter().map(|r| r.status).collect::<Vec<_>>()
+    );
+    let v = refused[0].json();
+    assert_eq!(v["code"], "busy", "{v}");
+    assert!(v["error"].as_str().unwrap().contains("batches"), "{v}");
+    for r in answers.iter().filter(|r| r.status != 429) {
+        assert_eq!(r.status, 200, "{}", r.text());
+        let results = r.json()["results"].as_array().unwrap().len();
+        assert_eq!(results, 1000);
+    }
+    // Answered, its batches gave their budget back.
+    let r = batch(&greedy, 1000);
+    assert_eq!(r.status, 200, "{}", r.text());
+    drop(f);
+    s.shutdown();
+}
+
 /// The supervisor's side of a stream nobody reads: a front (here a bare API-role client)
 /// that reads nothing while a call prints without end is sent a bounded prefix of the
 /// events, then the answer marked `stream_truncated`; the connection is not dropped.

@@ -16,6 +16,9 @@
 //!   tokens takes no known caller's place), and in all. Past a share a request is refused at
 //!   once (429; 503 past the total), so a caller that trickles bodies or does not read its
 //!   answers holds at most its share of the workers and another caller always finds one.
+//! - [`AnswerBudgets`]: the bytes of batch answers one caller's batches hold at once, all
+//!   of them together: a caller that sends many large batches at once holds one batch's
+//!   worth of the front's memory, not one per batch (past it a batch is refused 429).
 //! - [`AuthCache`]: which credentials the supervisor recently said it knows, so that a
 //!   body is read only for a caller the supervisor knows (and the check costs a channel
 //!   round trip at most once every few seconds per credential). The supervisor still
@@ -375,6 +378,88 @@ fn release<K: std::hash::Hash + Eq>(counts: &mut HashMap<K, usize>, k: &K) {
 /// Refusals for want of a place are logged at most this often.
 pub const REFUSAL_LOG_EVERY: Duration = Duration::from_secs(1);
 
+/// The bytes of batch answers each caller's batches hold at once, together: at most `per`.
+pub struct AnswerBudgets {
+    per: usize,
+    used: Mutex<HashMap<Party, usize>>,
+}
+
+impl AnswerBudgets {
+    pub fn new(per: usize) -> AnswerBudgets {
+        AnswerBudgets {
+            per,
+            used: Mutex::new(HashMap::new()),
+        }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<Party, usize>> {
+        self.used.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Set aside `bytes` for a batch of `party`'s: what the batch holds, or (when the
+    /// party's batches hold too much already to make room) how much they hold.
+    pub fn take(self: &Arc<Self>, party: &Party, bytes: usize) -> Result<AnswerShare, usize> {
+        let mut used = self.lock();
+        let mine = used.get(party).copied().unwrap_or(0);
+        if mine + bytes > self.per {
+            return Err(mine);
+        }
+        used.insert(party.clone(), mine + bytes);
+        Ok(AnswerShare {
+            budgets: self.clone(),
+            party: party.clone(),
+            bytes,
+        })
+    }
+
+    /// What `party`'s batches hold now.
+    pub fn used(&self, party: &Party) -> usize {
+        self.lock().get(party).copied().unwrap_or(0)
+    }
+}
+
+/// What one batch holds of its caller's budget; given back when dropped (once its
+/// answer is written).
+pub struct AnswerShare {
+    budgets: Arc<AnswerBudgets>,
+    party: Party,
+    bytes: usize,
+}
+
+impl AnswerShare {
+    /// What the caller's budget has free, beyond what this batch holds.
+    pub fn free(&self) -> usize {
+        self.budgets
+            .per
+            .saturating_sub(self.budgets.used(&self.party))
+    }
+
+    /// This batch holds `bytes` now (more, within [`AnswerShare::free`], or less).
+    pub fn set(&mut self, bytes: usize) {
+        let mut used = self.budgets.lock();
+        let mine = used.entry(self.party.clone()).or_default();
+        *mine = (*mine + bytes).saturating_sub(self.bytes);
+        self.bytes = bytes;
+    }
+
+    /// What this batch holds.
+    pub fn bytes(&self) -> usize {
+        self.bytes
+    }
+}
+
+impl Drop for AnswerShare {
+    fn drop(&mut self) {
+        let mut used = self.budgets.lock();
+        if let Some(mine) = used.get_mut(&self.party) {
+            *mine = mine.saturating_sub(self.bytes);
+            if *mine == 0 {
+                used.remove(&self.party);
+            }
+        }
+    }
+}
+
 /// Refusals, logged at most once every [`REFUSAL_LOG_EVERY`], each line saying how many
 /// there were since the last: a caller refused in a loop cannot make the front spend its
 /// time (or its log's room) on lines about it.
@@ -448,6 +533,31 @@ mod tests {
 
     fn party(t: &str) -> Party {
         Party::of(&who(t), None)
+    }
+
+    #[test]
+    fn a_callers_batches_share_one_answer_budget() {
+        let b = Arc::new(AnswerBudgets::new(100));
+        let (a, other) = (party("a"), party("b"));
+        let mut first = b.take(&a, 60).expect("room");
+        assert!(b.take(&a, 41).is_err(), "past the caller's budget");
+        let second = b.take(&a, 40).expect("the rest");
+        assert_eq!(first.free(), 0);
+        // Another caller is not affected.
+        let theirs = b.take(&other, 100).expect("its own budget");
+        // A batch that used less gives the rest back at once.
+        first.set(10);
+        assert_eq!(b.used(&a), 50);
+        assert_eq!(second.free(), 50);
+        drop(first);
+        drop(second);
+        assert_eq!(b.used(&a), 0);
+        assert!(
+            b.lock().get(&a).is_none(),
+            "nothing kept for a caller holding nothing"
+        );
+        drop(theirs);
+        assert!(b.lock().is_empty());
     }
 
     #[test]

@@ -87,6 +87,8 @@ pub struct Front {
     pub refusals: fair::RefusalLog,
     /// Credentials the supervisor recently said it knows.
     pub auth: fair::AuthCache,
+    /// What each caller's batch answers hold at once, all its batches together.
+    pub answers: Arc<fair::AnswerBudgets>,
     pub flags: FrontFlags,
     /// The listener is a loopback address: with `--no-auth`, a request there must name a
     /// loopback host in `Host` (which a page of another site that had its name resolve to
@@ -196,9 +198,16 @@ pub struct Call {
     pub who: Credentials,
     /// Whether the handler read the body (otherwise the answer closes the connection).
     pub body_read: bool,
+    /// What the handler's answer holds of a budget (given back once it is written).
+    held: Option<Box<dyn std::any::Any + Send + 'static>>,
 }
 
 impl Call {
+    /// Keep `what` (a share of a budget the answer holds) until the answer is written.
+    pub fn hold(&mut self, what: impl std::any::Any + Send + 'static) {
+        self.held = Some(Box::new(what));
+    }
+
     pub fn param(&self, i: usize) -> &str {
         self.params.get(i).map(String::as_str).unwrap_or("")
     }
@@ -460,6 +469,9 @@ pub fn serve(
         )),
         refusals: fair::RefusalLog::default(),
         auth: fair::AuthCache::default(),
+        answers: Arc::new(fair::AnswerBudgets::new(
+            handlers::functions::BATCH_ANSWER_BUDGET,
+        )),
         chans: channel::Pool::new(chans),
         flags,
         loopback,
@@ -779,6 +791,7 @@ pub fn serve_one(front: &Front, rq: tiny_http::Request) {
             tenant: None,
         },
         body_read: false,
+        held: None,
     };
     let checked = local_only(front, &rq, route.who, &path)
         .and_then(|()| read_headers(&rq, &mut call))

@@ -18,6 +18,7 @@ use super::{
     ms_left, name, share_wait, unexpected, ShareWait,
 };
 use crate::http::answer::Paced;
+use crate::http::fair::AnswerShare;
 use crate::http::{body, ok, Call, Front, HttpError, Out};
 
 /// Events in one batch, at most.
@@ -422,12 +423,34 @@ pub fn batch(front: &Front, call: &mut Call) -> Out {
         Ok(e) => e,
         Err(e) => return e.into(),
     };
+    // The answer's budget is its caller's, shared by all its batches at once: each
+    // element's reserve is set aside now, and the rest is taken as elements come.
+    let party = match super::authenticate(front, &call.who) {
+        Ok(p) => p,
+        Err(e) => return e.into(),
+    };
+    let held = match front
+        .answers
+        .take(&party, events.len() * BATCH_ELEMENT_RESERVE)
+    {
+        Ok(h) => Mutex::new(h),
+        Err(in_use) => {
+            return HttpError::new(
+                429,
+                "busy",
+                format!(
+                    "this caller's batches being answered hold {} MiB already (at most {} \
+                     MiB, all its batches together); retry once one has been answered",
+                    in_use >> 20,
+                    BATCH_ANSWER_BUDGET >> 20
+                ),
+            )
+            .into();
+        }
+    };
     let next = AtomicUsize::new(0);
     let results: Mutex<Vec<Option<Element>>> =
         Mutex::new(std::iter::repeat_with(|| None).take(events.len()).collect());
-    // What is not set aside for the events' own reserves.
-    let shared =
-        Mutex::new(BATCH_ANSWER_BUDGET.saturating_sub(events.len() * BATCH_ELEMENT_RESERVE));
     let (who, key, deadline) = (&call.who, &call.key, call.deadline);
     let in_flight = BATCH_IN_FLIGHT.min(front.shares.per()).min(events.len());
     std::thread::scope(|s| {
@@ -437,7 +460,7 @@ pub fn batch(front: &Front, call: &mut Call) -> Out {
                 let Some(ev) = events.get(i) else { return };
                 let answer = compact(ev.get().as_bytes())
                     .and_then(|event| batch_one(front, who, key, deadline, &name, event));
-                let element = fit_element(answer, BATCH_ELEMENT_RESERVE, &shared);
+                let element = fit_element(answer, BATCH_ELEMENT_RESERVE, &held);
                 let mut results = results.lock().unwrap_or_else(|p| p.into_inner());
                 if let Some(slot) = results.get_mut(i) {
                     *slot = Some(element);
@@ -476,6 +499,8 @@ pub fn batch(front: &Front, call: &mut Call) -> Out {
         pieces.extend(e.pieces);
     }
     pieces.push(b"]}".to_vec());
+    // AnswerShare by the call until its answer is written.
+    call.hold(held.into_inner().unwrap_or_else(|p| p.into_inner()));
     Out::Bytes(200, pieces, None)
 }
 
@@ -511,27 +536,28 @@ fn cut_to(mut s: String, room: usize) -> (String, bool) {
 }
 
 /// Keep one element within the batch's budget, encoded: its own fields and result must
-/// fit in its `reserve` and what is left of the `shared` budget (else the element is 413
+/// fit in its `reserve` and what is free of its caller's budget (else the element is 413
 /// `too_large`, its result left out); then as much of its stdout, and then its stderr,
 /// as still fits, each cut at a character's start and marked `*_truncated`. What its
-/// reserve did not need goes back to the shared budget.
+/// reserve did not need goes back to the caller's budget.
 fn fit_element(
     answer: Result<ExecAnswer, HttpError>,
     reserve: usize,
-    shared: &Mutex<usize>,
+    held: &Mutex<AnswerShare>,
 ) -> Element {
     let mut a = match answer {
         Ok(a) => a,
-        Err(e) => return small_element(e, reserve, shared),
+        Err(e) => return small_element(e, reserve, held),
     };
     let stdout = std::mem::take(&mut a.stdout);
     let stderr = std::mem::take(&mut a.stderr);
     let (status, mut body, raw) = exec_answer(a);
     body["status"] = json!(status);
     let fixed = encoded_len(&raw, &body);
-    let mut free = shared.lock().unwrap_or_else(|p| p.into_inner());
-    if fixed > reserve + *free {
-        drop(free);
+    let mut h = held.lock().unwrap_or_else(|p| p.into_inner());
+    let free = h.free();
+    if fixed > reserve + free {
+        drop(h);
         let e = HttpError::new(
             413,
             "too_large",
@@ -540,9 +566,9 @@ fn fit_element(
                 BATCH_ANSWER_BUDGET >> 20
             ),
         );
-        return small_element(e, reserve, shared);
+        return small_element(e, reserve, held);
     }
-    let room = (reserve + *free) - fixed;
+    let room = (reserve + free) - fixed;
     let (stdout, out_cut) = cut_to(stdout, room);
     let room = room - stdout.bytes().map(json_width).sum::<usize>();
     let (stderr, err_cut) = cut_to(stderr, room);
@@ -556,7 +582,9 @@ fn fit_element(
     }
     let pieces = encode_object(raw, &body);
     let used: usize = pieces.iter().map(Vec::len).sum();
-    *free = (*free + reserve).saturating_sub(used);
+    // The batch held `reserve` for this element; it holds what the element takes now.
+    let now = (h.bytes() + used).saturating_sub(reserve);
+    h.set(now);
     Element {
         status,
         error: body
@@ -568,8 +596,8 @@ fn fit_element(
 }
 
 /// An element that is a refusal: small, it fits in its reserve (what it does not need
-/// goes back to the shared budget).
-fn small_element(e: HttpError, reserve: usize, shared: &Mutex<usize>) -> Element {
+/// goes back to the caller's budget).
+fn small_element(e: HttpError, reserve: usize, held: &Mutex<AnswerShare>) -> Element {
     let v = json!({"status": e.status, "error": e.message, "code": e.code});
     let pieces = vec![v.to_string().into_bytes()];
     let el = Element {
@@ -577,8 +605,9 @@ fn small_element(e: HttpError, reserve: usize, shared: &Mutex<usize>) -> Element
         error: Some(e.message),
         pieces,
     };
-    let mut free = shared.lock().unwrap_or_else(|p| p.into_inner());
-    *free = (*free + reserve).saturating_sub(el.len());
+    let mut h = held.lock().unwrap_or_else(|p| p.into_inner());
+    let now = (h.bytes() + el.len()).saturating_sub(reserve);
+    h.set(now);
     el
 }
 
@@ -699,6 +728,7 @@ pub fn stats(front: &Front, call: &mut Call) -> Out {
 #[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
+    use crate::http::fair::AnswerBudgets;
 
     fn answer(result: &str, stdout: &str, stderr: &str) -> ExecAnswer {
         ExecAnswer {
@@ -726,16 +756,24 @@ mod tests {
         serde_json::from_slice(&super::super::joined(e.pieces.clone())).unwrap()
     }
 
+    /// `fit_element` of `answer` in a batch holding `reserve` for it, its caller's budget
+    /// having `free` bytes more: the element, what the batch holds after, and what is free.
+    fn fit(answer: ExecAnswer, reserve: usize, free: usize) -> (Element, usize, usize) {
+        let budgets = Arc::new(AnswerBudgets::new(reserve + free));
+        let party = crate::http::fair::Party::Host(None);
+        let held = Mutex::new(budgets.take(&party, reserve).unwrap());
+        let e = fit_element(Ok(answer), reserve, &held);
+        let h = held.into_inner().unwrap();
+        let (bytes, free) = (h.bytes(), h.free());
+        (e, bytes, free)
+    }
+
     #[test]
     fn a_batch_element_past_its_budget_is_cut_and_marked() {
         // Its own fields, then stdout and stderr from what is left, each cut at a
         // character's start; what the element does not use goes back.
-        let fixed = {
-            let shared = Mutex::new(1 << 20);
-            fit_element(Ok(answer("[1,2]", "", "")), 0, &shared).len()
-        };
-        let shared = Mutex::new(fixed + 6);
-        let e = fit_element(Ok(answer("[1,2]", "0123", "éééé")), 0, &shared);
+        let fixed = fit(answer("[1,2]", "", ""), 0, 1 << 20).0.len();
+        let (e, held, free) = fit(answer("[1,2]", "0123", "éééé"), 0, fixed + 6);
         let v = parsed(&e);
         assert_eq!(v["result"], json!([1, 2]));
         assert_eq!(
@@ -748,29 +786,23 @@ mod tests {
         );
         // What it holds and what is left are what there was ("true" is a byte shorter
         // than "false").
-        assert_eq!(e.len() + *shared.lock().unwrap(), fixed + 6);
+        assert_eq!(held, e.len());
+        assert_eq!(e.len() + free, fixed + 6);
         assert!(e.len() <= fixed + 6);
         // Escapes count as what they take.
-        let shared = Mutex::new(fixed + 3);
-        let v = parsed(&fit_element(Ok(answer("[1,2]", "\n\n", "")), 0, &shared));
+        let v = parsed(&fit(answer("[1,2]", "\n\n", ""), 0, fixed + 3).0);
         assert_eq!(v["stdout"], "\n");
         // An element whose own fields and result do not fit is 413, in its reserve.
-        let shared = Mutex::new(0);
         let big = format!("[{}0]", "0,".repeat(5000));
-        let e = fit_element(Ok(answer(&big, "out", "")), 1000, &shared);
+        let (e, held, free) = fit(answer(&big, "out", ""), 1000, 0);
         let v = parsed(&e);
         assert_eq!(
             (v["status"].as_u64(), v["code"].as_str()),
             (Some(413), Some("too_large"))
         );
-        assert_eq!(*shared.lock().unwrap(), 1000 - e.len());
+        assert_eq!((held, free), (e.len(), 1000 - e.len()));
         // A result that fits in the element's reserve is kept, its output cut.
-        let shared = Mutex::new(0);
-        let v = parsed(&fit_element(
-            Ok(answer(&big, "out", "")),
-            16 * 1024,
-            &shared,
-        ));
+        let v = parsed(&fit(answer(&big, "out", ""), 16 * 1024, 0).0);
         assert_eq!(v["result"].as_array().map(Vec::len), Some(5001));
         assert_eq!(
             (v["stdout"].as_str(), v["stdout_truncated"].as_bool()),

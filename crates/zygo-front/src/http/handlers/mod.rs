@@ -656,6 +656,7 @@ mod tests {
             places: std::sync::Arc::new(super::super::fair::Places::new(16, 16, 48, 8)),
             refusals: super::super::fair::RefusalLog::default(),
             auth: super::super::fair::AuthCache::default(),
+            answers: std::sync::Arc::new(super::super::fair::AnswerBudgets::new(1 << 20)),
             flags: proto::api::FrontFlags::default(),
             loopback: true,
             stopping: std::sync::atomic::AtomicBool::new(false),
