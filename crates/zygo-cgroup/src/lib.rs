@@ -465,7 +465,7 @@ impl Backend {
 /// as soon as it is empty ([`Backend::release_root`]), which can fall between making the
 /// root and making a cgroup in it. Each try either leaves its cgroup in the root (which
 /// then cannot be removed) or nothing, so a few tries settle any such race.
-fn again_if_root_went<T>(
+pub(crate) fn again_if_root_went<T>(
     mut make: impl FnMut() -> Result<T, CgroupError>,
 ) -> Result<T, CgroupError> {
     const TRIES: u32 = 8;

@@ -288,6 +288,12 @@ impl V2 {
 /// Make Zygo's root (if missing) with the controllers enabled for its children and the
 /// tree's CPU weight.
 fn make_root(root: &Path) -> Result<(), CgroupError> {
+    // Another Zygo process leaving may remove it again at any point (see
+    // `Backend::release_root`): then it is made again.
+    super::again_if_root_went(|| make_root_once(root))
+}
+
+fn make_root_once(root: &Path) -> Result<(), CgroupError> {
     ensure_dir(root)?;
     if !has_all(&read_file(&root.join("cgroup.subtree_control")).unwrap_or_default()) {
         write_file(&root.join("cgroup.subtree_control"), "+memory +pids +cpu")?;
