@@ -112,6 +112,30 @@ r["read"] = (sys.stdin.readline() if n == "line" else None if n == "none"
 print(json.dumps(r))
 "#;
 
+/// Reads a line of its stdin, then tries to change the file behind it (each attempt's
+/// errno, or "OK", in its report): its mode, its times and an extended attribute through
+/// the descriptor, and a truncating and a writing open through `/proc/self/fd/0`.
+const STDIN_TAMPER: &str = r#"
+import errno, json, os, stat, sys
+r = {"fifo": stat.S_ISFIFO(os.fstat(0).st_mode), "read": sys.stdin.readline()}
+def attempt(name, f):
+    try:
+        f()
+        r[name] = "OK"
+    except OSError as e:
+        r[name] = errno.errorcode.get(e.errno, str(e.errno))
+attempt("fchmod", lambda: os.fchmod(0, 0o777))
+attempt("utime", lambda: os.utime(0, (0, 0)))
+attempt("setxattr", lambda: os.setxattr(0, "user.zygo", b"x"))
+attempt("reopen_trunc", lambda: os.close(os.open("/proc/self/fd/0", os.O_RDONLY | os.O_TRUNC)))
+def write_again():
+    fd = os.open("/proc/self/fd/0", os.O_WRONLY)
+    os.write(fd, b"changed")
+    os.close(fd)
+attempt("reopen_write", write_again)
+print(json.dumps(r))
+"#;
+
 /// `zygo run --json FLAGS -- python3 -c STDIN_PROBE`, with zygo's own stdin `stdin`: the
 /// answer, the probe's report, and how the command ended.
 fn stdin_probe(who: Who, flags: &[&str], stdin: Stdio) -> (Value, Value, Finished) {
@@ -297,14 +321,44 @@ both_tests! {
         assert!(f.elapsed < Duration::from_secs(20), "[{w}] zygo took {:?}", f.elapsed);
     }
 
-    /// A regular file and a pipe are handed over as they are (no copy).
-    fn a_file_or_a_pipe_given_as_stdin_is_handed_over_as_it_is(who) {
+    /// A regular file named by --stdin reaches the program through a pipe, and the
+    /// program gets no hold on the host's file: it cannot change its mode, times or
+    /// extended attributes through its stdin, nor open it again through
+    /// `/proc/self/fd/0` to truncate or write it. (Handed over as it was, the file's
+    /// descriptor allowed all of that rootless, where the sandbox's root is the file's
+    /// owner.) A pipe arrives as a pipe.
+    fn a_file_given_as_stdin_is_read_through_a_pipe_and_left_as_it_was(who) {
+        use std::os::unix::fs::{MetadataExt, PermissionsExt};
         let dir = TempDir::new(0o755);
         let file = dir.file("input", b"from a file\n");
-        let (_, r, _) = stdin_probe(who, &["--stdin", file.to_str().expect("UTF-8")], Stdio::null());
-        assert_eq!(r["read"], "from a file\n", "[{}] {r}", who.name());
-        assert_eq!(r["fifo"], false, "[{}] a regular file arrives as one: {r}", who.name());
-        assert_eq!(r["tcsetattr"], "ENOTTY", "[{}] {r}", who.name());
+        std::fs::set_permissions(&file, std::fs::Permissions::from_mode(0o600))
+            .expect("chmod the file");
+        if who == Who::Rootless && am_root() {
+            // The rootless user's own file, as one of its own would be.
+            let r = rootless_setup();
+            std::os::unix::fs::chown(&file, Some(r.uid), Some(r.gid)).expect("chown the file");
+        }
+        let before = std::fs::metadata(&file).expect("stat the file");
+        let mut c = zygo(who);
+        c.args(["run", "--json", "--stdin", file.to_str().expect("UTF-8"), "--", "python3",
+                "-c", STDIN_TAMPER]);
+        let f = finish(c);
+        let v = f.last_json();
+        let w = who.name();
+        assert!(v["started"] == true && v["exit_code"] == 0, "[{w}] {v}\n{}", f.stderr_text());
+        let r: Value = serde_json::from_str(s(&v, "stdout").trim()).expect("the probe's report");
+        assert_eq!(r["read"], "from a file\n", "[{w}] {r}");
+        assert_eq!(r["fifo"], true, "[{w}] the file was handed over as it is: {r}");
+        let after = std::fs::metadata(&file).expect("stat the file");
+        assert_eq!(after.permissions().mode() & 0o7777, 0o600, "[{w}] its mode changed: {r}");
+        assert_eq!(after.len(), before.len(), "[{w}] its size changed: {r}");
+        assert_eq!(after.mtime(), before.mtime(), "[{w}] its times changed: {r}");
+        assert_eq!(std::fs::read(&file).expect("read the file"), b"from a file\n", "[{w}] {r}");
+        let xattr = std::process::Command::new("getfattr").args(["--absolute-names", "-d"]).arg(&file).output();
+        if let Ok(x) = xattr {
+            let listed = String::from_utf8_lossy(&x.stdout).to_string();
+            assert!(!listed.contains("user.zygo"), "[{w}] an attribute was set: {listed} {r}");
+        }
 
         let (read, mut write) = pipe();
         if who == Who::Rootless && am_root() {

@@ -83,10 +83,9 @@ Sandbox:
                      of the shared, read-only image would see anyone open it;
                      without it inotify_init fails with ENOSYS and programs poll)
   --stdin FILE       feed FILE to the program's stdin (default: zygo's own stdin,
-                     or nothing with --json). A regular file or a pipe is handed
-                     over as it is; a terminal or a device is copied through a pipe
-                     (the program never gets a terminal); a directory or a socket
-                     is refused
+                     or nothing with --json), copied through a pipe: the program
+                     never gets the host's file, pipe or terminal itself; a
+                     directory or a socket is refused
 
 Output:
   --json             print one JSON object: exit_code, timed_out, oom_killed,

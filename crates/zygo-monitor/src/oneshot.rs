@@ -29,18 +29,20 @@ const WATCHDOG_SLACK: Duration = Duration::from_secs(35);
 
 /// Where the program's stdin comes from.
 ///
-/// The program is handed a host descriptor as it is only when that is a regular file or a
-/// pipe. Anything else would give the sandbox more than bytes to read: a terminal takes
-/// ioctls that change it for the host (`TCSETS`: the operator's echo switched off for
-/// good), a device has ioctls of its own, and a directory is a way into the host's file
-/// tree past the sandbox's root (`openat(0, "..")`). A terminal or a device is therefore
-/// copied through a pipe by the monitor, and a directory or a socket refused.
+/// The program is never handed a host descriptor: it gets a pipe the monitor copies into.
+/// A host descriptor gives the sandbox more than bytes to read: a terminal takes ioctls
+/// that change it for the host (`TCSETS`: the operator's echo switched off for good), a
+/// device has ioctls of its own, a directory is a way into the host's file tree past the
+/// sandbox's root (`openat(0, "..")`), and a regular file or a named pipe can be changed
+/// through it (its mode, times and attributes with `fchmod` and the like, its length by
+/// opening `/proc/self/fd/0` again with `O_TRUNC`) wherever the sandbox's root is the
+/// file's owner, as it is rootless. A directory or a socket is refused.
 pub enum Stdin {
     /// Nothing: the program reads end of file.
     Null,
     /// A file opened by the monitor (see [`Stdin::open`]). [`start`] looks at what it is:
-    /// a regular file or a pipe is handed over, a terminal or a device copied through a
-    /// pipe, anything else refused.
+    /// a regular file, a pipe, a terminal or a device is copied through a pipe, anything
+    /// else refused.
     File(File),
     /// The monitor's own stdin, copied through a pipe (never handed over directly: a
     /// terminal must not reach the sandbox).
@@ -52,9 +54,8 @@ pub enum Stdin {
 /// How a descriptor may reach the program as its stdin.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum StdinKind {
-    /// A regular file or a pipe: handed over as it is.
-    Direct,
-    /// A terminal or a character or block device: copied through a pipe.
+    /// A regular file, a pipe, a terminal or a character or block device: copied through
+    /// a pipe.
     Copied,
     /// A directory.
     Directory,
@@ -67,8 +68,7 @@ enum StdinKind {
 impl StdinKind {
     fn of_mode(mode: libc::mode_t) -> StdinKind {
         match mode & libc::S_IFMT {
-            libc::S_IFREG | libc::S_IFIFO => StdinKind::Direct,
-            libc::S_IFCHR | libc::S_IFBLK => StdinKind::Copied,
+            libc::S_IFREG | libc::S_IFIFO | libc::S_IFCHR | libc::S_IFBLK => StdinKind::Copied,
             libc::S_IFDIR => StdinKind::Directory,
             libc::S_IFSOCK => StdinKind::Socket,
             _ => StdinKind::Other,
@@ -83,7 +83,7 @@ impl StdinKind {
     /// Why a file of this kind is refused, after `what` names it; None when it is not.
     fn refusal(self, what: &str) -> Option<String> {
         match self {
-            StdinKind::Direct | StdinKind::Copied => None,
+            StdinKind::Copied => None,
             StdinKind::Directory => Some(format!(
                 "{what} is a directory, which would open the host's files to the sandbox; \
                  give a file, a pipe or a terminal"
@@ -248,12 +248,8 @@ pub fn start(req: Request) -> Result<Started, Box<Outcome>> {
             if let Some(why) = kind.refusal("the program's stdin") {
                 return Err(Box::new(Outcome::refused(Phase::Plan, why)));
             }
-            if kind == StdinKind::Direct {
-                (Some(OwnedFd::from(f)), None)
-            } else {
-                let (r, w) = pipe().map_err(|e| start_err("create a pipe", e))?;
-                (Some(r), Some(Feeder::Relay(f, w)))
-            }
+            let (r, w) = pipe().map_err(|e| start_err("create a pipe", e))?;
+            (Some(r), Some(Feeder::Relay(f, w)))
         }
         Stdin::Forward => {
             let own = own_stdin().map_err(|e| start_err("duplicate zygo's stdin", e))?;
@@ -1305,10 +1301,10 @@ mod tests {
     }
 
     #[test]
-    fn only_regular_files_and_pipes_are_handed_over_as_they_are() {
+    fn files_pipes_terminals_and_devices_are_copied_and_the_rest_refused() {
         let cases = [
-            (libc::S_IFREG, StdinKind::Direct),
-            (libc::S_IFIFO, StdinKind::Direct),
+            (libc::S_IFREG, StdinKind::Copied),
+            (libc::S_IFIFO, StdinKind::Copied),
             (libc::S_IFCHR, StdinKind::Copied),
             (libc::S_IFBLK, StdinKind::Copied),
             (libc::S_IFDIR, StdinKind::Directory),
