@@ -297,6 +297,38 @@ fn output_past_the_cap_is_cut_and_marked(who: Who) {
     end(s);
 }
 
+/// Past the cap, output is drained into `/dev/null` a chunk at a time at a bounded
+/// pace, not read as fast as the program writes: a program writing without end waits on
+/// its full pipe rather than making the supervisor's loop (every tenant's) move its bytes.
+/// Here the program writes for 1.5 s and says how much it got through: drained at the
+/// loop's speed that was hundreds of megabytes; now it is a few.
+fn output_past_the_cap_is_drained_at_a_bounded_pace(who: Who) {
+    let s = start(who, "drainpace");
+    let program = "import os, sys, time\n\
+                   chunk = b'x' * 65536\n\
+                   n, t0 = 0, time.time()\n\
+                   while time.time() - t0 < 1.5:\n    n += os.write(1, chunk)\n\
+                   sys.stderr.write(str(n))\n";
+    let a = run(
+        &s,
+        json!({"cmd": ["python3", "-c", program], "timeout": "30s"}),
+    );
+    assert_eq!(a.exit_code, Some(0), "{a:?}");
+    assert_eq!(a.stdout.len(), 1024 * 1024);
+    assert!(a.stdout_truncated);
+    let written: u64 = a.stderr.trim().parse().unwrap_or_else(|_| panic!("{a:?}"));
+    eprintln!(
+        "[{}] the program wrote {written} bytes in 1.5 s",
+        who.name()
+    );
+    assert!(
+        written > 1024 * 1024 && written < 32 << 20,
+        "[{}] the program wrote {written} bytes in 1.5 s",
+        who.name()
+    );
+    end(s);
+}
+
 fn the_deadline_kills_it(who: Who) {
     let s = start(who, "deadline");
     let t0 = Instant::now();
@@ -631,6 +663,7 @@ root_and_rootless!(
     a_drain_ends_the_runs_it_cuts_off,
     output_and_exit_code,
     output_past_the_cap_is_cut_and_marked,
+    output_past_the_cap_is_drained_at_a_bounded_pace,
     the_deadline_kills_it,
     a_memory_limit_kills_it_as_oom,
     a_pids_limit_stops_it_forking,

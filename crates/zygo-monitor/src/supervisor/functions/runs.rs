@@ -107,6 +107,51 @@ enum Source {
     Stderr,
 }
 
+/// Past its cap, a stream is drained one chunk at a time, at most once in this long,
+/// into `/dev/null` with splice (never copied through the loop): a program writing
+/// without end waits on its full pipe instead of making the loop, which serves every
+/// tenant, move its bytes. (Once the run has ended, what is left goes at once.)
+const DRAIN_TICK: Duration = Duration::from_millis(4);
+
+/// `/dev/null`, opened once, for what is dropped.
+fn dev_null() -> Option<&'static File> {
+    static NULL: std::sync::OnceLock<Option<File>> = std::sync::OnceLock::new();
+    NULL.get_or_init(|| {
+        std::fs::OpenOptions::new()
+            .write(true)
+            .open("/dev/null")
+            .ok()
+    })
+    .as_ref()
+}
+
+/// Move up to a chunk from the pipe `from` into `/dev/null` without copying it here (a
+/// read into a buffer where splice cannot be used): how much went, 0 at the pipe's end.
+fn drop_chunk(from: &File) -> std::io::Result<usize> {
+    if let Some(null) = dev_null() {
+        // SAFETY: splice(2) between two descriptors we hold, no offsets.
+        let n = unsafe {
+            libc::splice(
+                from.as_raw_fd(),
+                std::ptr::null_mut(),
+                null.as_raw_fd(),
+                std::ptr::null_mut(),
+                CHUNK,
+                libc::SPLICE_F_MOVE | libc::SPLICE_F_NONBLOCK,
+            )
+        };
+        if n >= 0 {
+            return Ok(n as usize);
+        }
+        let e = std::io::Error::last_os_error();
+        if e.raw_os_error() != Some(libc::EINVAL) {
+            return Err(e);
+        }
+    }
+    let mut scratch = Vec::new();
+    read_append(from.as_raw_fd(), &mut scratch, CHUNK)
+}
+
 /// One output stream of a run, kept up to [`OUTPUT_CAP`].
 struct Capture {
     token: Token,
@@ -116,6 +161,8 @@ struct Capture {
     truncated: bool,
     /// Read to the turn's limit with more waiting: read again on the next turn.
     more: bool,
+    /// Past the cap: not drained again before this.
+    resume_at: Option<Instant>,
 }
 
 impl Capture {
@@ -126,30 +173,24 @@ impl Capture {
             kept: Vec::new(),
             truncated: false,
             more: false,
+            resume_at: None,
         }
     }
 
-    /// Read what is there (up to [`CHUNKS_PER_TURN`] reads): kept up to the cap, dropped
-    /// past it. The pipe is closed at its end.
-    fn pump(&mut self, cx: &Ctx) {
+    /// Read what is there (up to [`CHUNKS_PER_TURN`] reads): kept up to the cap; past it
+    /// dropped a chunk at a time (all of it once `ended`, the program being done). The
+    /// pipe is closed at its end.
+    fn pump(&mut self, cx: &Ctx, ended: bool) {
         self.more = false;
-        let mut scratch = Vec::new();
         for _ in 0..CHUNKS_PER_TURN {
             let Some(f) = self.fd.as_ref() else { return };
             let room = OUTPUT_CAP - self.kept.len();
-            let read = if room > 0 {
-                read_append(f.as_raw_fd(), &mut self.kept, room.min(CHUNK))
-            } else {
-                scratch.clear();
-                read_append(f.as_raw_fd(), &mut scratch, CHUNK)
-            };
-            match read {
+            if room == 0 {
+                return self.drop_past_cap(cx, ended);
+            }
+            match read_append(f.as_raw_fd(), &mut self.kept, room.min(CHUNK)) {
                 Ok(0) => return self.close(cx),
-                Ok(n) => {
-                    if room == 0 && n > 0 {
-                        self.truncated = true;
-                    }
-                }
+                Ok(_) => {}
                 Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => return,
                 Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
                 Err(_) => return self.close(cx),
@@ -158,7 +199,34 @@ impl Capture {
         self.more = self.fd.is_some();
     }
 
+    /// Past the cap: one chunk into `/dev/null` (up to [`CHUNKS_PER_TURN`] once `ended`),
+    /// then nothing until [`DRAIN_TICK`] has passed (the next is taken by the runs' tick).
+    fn drop_past_cap(&mut self, cx: &Ctx, ended: bool) {
+        let now = Instant::now();
+        if !ended && self.resume_at.is_some_and(|t| now < t) {
+            self.more = true;
+            return;
+        }
+        let chunks = if ended { CHUNKS_PER_TURN } else { 1 };
+        for _ in 0..chunks {
+            let Some(f) = self.fd.as_ref() else { return };
+            match drop_chunk(f) {
+                Ok(0) => return self.close(cx),
+                Ok(_) => self.truncated = true,
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                    self.resume_at = None;
+                    return;
+                }
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                Err(_) => return self.close(cx),
+            }
+        }
+        self.resume_at = Some(now + DRAIN_TICK);
+        self.more = true;
+    }
+
     fn close(&mut self, cx: &Ctx) {
+        self.resume_at = None;
         if let Some(f) = self.fd.take() {
             let _ = cx.reg.deregister(&mut SourceFd(&f.as_raw_fd()));
         }
@@ -503,8 +571,8 @@ impl Functions {
             return true;
         };
         match source {
-            Source::Stdout => run.stdout.pump(cx),
-            Source::Stderr => run.stderr.pump(cx),
+            Source::Stdout => run.stdout.pump(cx, run.ended.is_some()),
+            Source::Stderr => run.stderr.pump(cx, run.ended.is_some()),
             Source::Channel => self.run_channel(&id, cx),
         }
         self.finish_run_if_over(&id, Instant::now(), cx);
@@ -595,11 +663,12 @@ impl Functions {
                     settle(run, &self.worker);
                 }
             }
+            let ended = run.ended.is_some();
             if run.stdout.more {
-                run.stdout.pump(cx);
+                run.stdout.pump(cx, ended);
             }
             if run.stderr.more {
-                run.stderr.pump(cx);
+                run.stderr.pump(cx, ended);
             }
             self.finish_run_if_over(&id, now, cx);
         }
