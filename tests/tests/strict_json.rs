@@ -1,7 +1,8 @@
 //! Duplicate JSON keys fail every boundary where Zygo reads JSON it did not write: a line a
 //! handler's process writes on its request channel, an event, an MCP message. serde_json
 //! alone keeps the last of two equal keys, so `{"id":12,"id":13}` was read as 13; each test
-//! here was answered (as the last duplicate) before `proto::json` refused them.
+//! here was answered (as the last duplicate) before `proto::json` refused them. Also here,
+//! what other lines a handler forges cost: a huge result line, a flood of heartbeats.
 
 use std::fs;
 use std::io::{BufRead, BufReader, Write};
@@ -52,6 +53,13 @@ def echo(event):
     return event
 
 
+def beats(event):
+    """`n` heartbeat lines on its own request channel, as fast as it can, then a value."""
+    line = b'{"kind": "heartbeat"}\n'
+    _request_channel().sendall(line * event["n"])
+    return "done"
+
+
 def forge_big(event):
     """A terminal line of `bytes` bytes (newline included), written by the handler itself:
     `{"kind":"result","value":[0,0,...,0]}`, the shape that costs a parser building a
@@ -72,10 +80,46 @@ static SUITE: Suite = Suite {
 };
 
 root_and_rootless!(
+    a_flood_of_heartbeat_lines_reaches_the_supervisor_as_a_few_frames,
     a_result_line_with_a_duplicate_key_fails_the_call_with_a_protocol_error,
     an_event_with_a_duplicate_key_is_refused_before_anything_runs,
     a_huge_result_line_costs_the_launcher_little_more_than_its_size,
 );
+
+/// The bytes a process has read (`rchar` of /proc/PID/io).
+fn bytes_read(pid: i32) -> u64 {
+    fs::read_to_string(format!("/proc/{pid}/io"))
+        .unwrap_or_default()
+        .lines()
+        .find_map(|l| l.strip_prefix("rchar: "))
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or(0)
+}
+
+/// A handler that writes heartbeat lines in a loop (40,000 of them, 880 KB) costs the
+/// supervisor, whose loop serves everyone, a few frames: the launcher sends a child's
+/// heartbeats up at most once a quarter second. (Each line was a frame of its own, about
+/// 1.2 MB for the supervisor to read and decode.) The call is answered as ever.
+fn a_flood_of_heartbeat_lines_reaches_the_supervisor_as_a_few_frames(who: Who) {
+    let mut s = SUITE.sup(who, "beats");
+    let n = s.up(&[("beats", "beats", "max_warm = 1\ntimeout = \"20s\"")]);
+    let beats = &n[0];
+    assert_eq!(s.call_ok(beats, r#"{"n": 1}"#), json!("done"));
+    let pid = s.supervisor.expect("the supervisor's pid");
+    let before = bytes_read(pid);
+    assert_eq!(s.call_ok(beats, r#"{"n": 40000}"#), json!("done"));
+    let read = bytes_read(pid) - before;
+    eprintln!(
+        "[{}] the supervisor read {read} bytes for the call",
+        who.name()
+    );
+    assert!(
+        read < 300_000,
+        "[{}] the supervisor read {read} bytes for a call of 40,000 heartbeat lines",
+        who.name()
+    );
+    s.shutdown();
+}
 
 /// A handler writes a terminal line whose only fault is a key named twice inside its value
 /// (or in a value nested deeper): the call fails with a protocol error naming the key, at

@@ -269,6 +269,24 @@ struct Child {
     work: crate::workspace::Workdir,
     /// Its call asked for the directory back (`out`): packed when its handler answers.
     pack: bool,
+    /// When its last heartbeat went up (see [`beat_due`]).
+    beat_sent: Option<Instant>,
+}
+
+/// A child's heartbeats go up to the monitor at most once in this long. The monitor's
+/// check for a stuck request works in seconds; a handler writing heartbeat lines in a loop
+/// (a few bytes each) would otherwise make a frame, a write and a decode on the
+/// supervisor's loop, which serves everyone, out of every 22 bytes it writes.
+const BEAT_EVERY: Duration = Duration::from_millis(250);
+
+/// Whether a heartbeat that came `now` goes up, given when the last one went (updated
+/// when it does).
+fn beat_due(last: &mut Option<Instant>, now: Instant) -> bool {
+    if last.is_some_and(|t| now.saturating_duration_since(t) < BEAT_EVERY) {
+        return false;
+    }
+    *last = Some(now);
+    true
 }
 
 /// Output a child's process tree writes to fd 1 or fd 2: the read end of that pipe, relayed
@@ -1178,6 +1196,7 @@ pub fn serve(
                                 lines: Lines::new(MAX_CHILD_LINE),
                                 done: false,
                                 orphaned: false,
+                                beat_sent: None,
                                 out: Relay::new(m.out, Stream::Stdout),
                                 err: Relay::new(m.err, Stream::Stderr),
                                 work,
@@ -1257,6 +1276,13 @@ pub fn serve(
                             truncated: p.truncated,
                         })?;
                     }
+                }
+                if matches!(msg, ChildMsg::Heartbeat) {
+                    // It rides with the next frame that goes (or after `HOLD`).
+                    if beat_due(&mut c.beat_sent, Instant::now()) {
+                        up.hold(&FromLauncher::ChildHeartbeat { slot: s })?;
+                    }
+                    continue;
                 }
                 let out = match msg {
                     ChildMsg::Progress { text } => FromLauncher::Progress { slot: s, text },
@@ -1361,6 +1387,19 @@ pub fn serve(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_childs_heartbeats_go_up_at_most_once_a_quarter_second() {
+        let t0 = Instant::now();
+        let mut last = None;
+        let sent = (0..3000u64)
+            .filter(|i| beat_due(&mut last, t0 + Duration::from_micros(i * 100)))
+            .count();
+        // 3,000 lines over 0.3 s: the first, and one 250 ms later.
+        assert_eq!(sent, 2);
+        assert!(beat_due(&mut last, t0 + Duration::from_millis(600)));
+        assert!(!beat_due(&mut last, t0 + Duration::from_millis(700)));
+    }
     use proto::read_frame;
 
     fn closed(slot: &str) -> FromLauncher {
