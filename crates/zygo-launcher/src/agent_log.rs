@@ -3,8 +3,11 @@
 //! log file could be grown, truncated, forged or read through it). The launcher reads that
 //! pipe whole and logs it line by line, each line marked as the sandbox's, its control
 //! characters escaped and its length capped, within a byte budget per minute: a zygote
-//! cannot flood, forge or cut the host's log. What is over the budget is read and dropped,
-//! and counted, so the agent never blocks on a full pipe.
+//! cannot flood, forge or cut the host's log. What is over the budget is dropped and
+//! counted: moved into `/dev/null` with splice, one chunk at a time at a bounded pace
+//! (16 MB a second), so an agent that writes without end (a tenant's module code can)
+//! waits on its full pipe rather than keeping the launcher, outside the sandbox's
+//! cgroups, busy reading it.
 
 use std::time::{Duration, Instant};
 
@@ -24,6 +27,8 @@ pub struct AgentLog {
     window_start: Instant,
     spent: usize,
     dropped: usize,
+    /// Over the budget: the pipe is not read again before this.
+    resume_at: Option<Instant>,
 }
 
 /// Control characters (C0, DEL, C1) as `\xNN`, or `\u{NN}`; everything else as it is.
@@ -52,12 +57,82 @@ impl AgentLog {
             window_start: Instant::now(),
             spent: 0,
             dropped: 0,
+            resume_at: None,
+        }
+    }
+
+    /// The descriptor to poll: `fd`, or none while a drain waits for its next turn.
+    pub fn poll_fd(&self, fd: std::os::fd::RawFd) -> std::os::fd::RawFd {
+        match self.resume_at {
+            Some(t) if t > Instant::now() => -1,
+            _ => fd,
+        }
+    }
+
+    /// How long until a waiting drain is due, in milliseconds (rounded up).
+    pub fn due_ms(&self) -> Option<libc::c_int> {
+        let t = self.resume_at?;
+        Some(
+            t.saturating_duration_since(Instant::now())
+                .as_micros()
+                .div_ceil(1000) as libc::c_int,
+        )
+    }
+
+    /// Whether what comes now is over the budget (its window not over yet).
+    fn over_budget(&self, now: Instant) -> bool {
+        self.spent >= BUDGET && now.duration_since(self.window_start) < WINDOW
+    }
+
+    /// Over the budget: one chunk into `/dev/null` (counted), then nothing until
+    /// `DRAIN_TICK` has passed. `None` where splice cannot be used (then it is read).
+    fn drop_spliced(&mut self, fd: std::os::fd::RawFd, now: Instant) -> Option<bool> {
+        use std::os::fd::AsRawFd;
+        let null = crate::zygote::dev_null()?;
+        // SAFETY: splice(2) between two descriptors we hold, no offsets.
+        let n = unsafe {
+            libc::splice(
+                fd,
+                std::ptr::null_mut(),
+                null.as_raw_fd(),
+                std::ptr::null_mut(),
+                CHUNK,
+                libc::SPLICE_F_MOVE | libc::SPLICE_F_NONBLOCK,
+            )
+        };
+        match n {
+            0 => {
+                self.finish();
+                Some(false)
+            }
+            n if n > 0 => {
+                self.dropped += n as usize;
+                // The line it was in is not whole any more.
+                self.partial.clear();
+                self.resume_at = Some(now + crate::zygote::DRAIN_TICK);
+                Some(true)
+            }
+            _ => match std::io::Error::last_os_error().raw_os_error() {
+                Some(libc::EAGAIN) | Some(libc::EINTR) => Some(true),
+                Some(libc::EINVAL) => None,
+                _ => {
+                    self.finish();
+                    Some(false)
+                }
+            },
         }
     }
 
     /// Read what the pipe holds now. `false` at its end (the agent and everything that held
     /// the pipe are gone).
     pub fn pump(&mut self, fd: std::os::fd::RawFd) -> bool {
+        let now = Instant::now();
+        self.resume_at = None;
+        if self.over_budget(now) {
+            if let Some(open) = self.drop_spliced(fd, now) {
+                return open;
+            }
+        }
         let mut buf = [0u8; CHUNK];
         // One read: poll says when there is more.
         let n = match crate::sys::read_fd(fd, &mut buf) {
@@ -171,6 +246,42 @@ mod tests {
         }
         assert!(n * 1001 <= BUDGET, "{n} lines logged");
         assert!(log.dropped > 900 * 1001);
+    }
+
+    #[test]
+    fn past_the_budget_the_pipe_is_drained_at_a_bounded_pace() {
+        use std::io::Write;
+        use std::os::fd::AsRawFd;
+        let (r, w) = std::io::pipe().expect("a pipe");
+        // SAFETY: fcntl on descriptors we own: O_NONBLOCK added, the pipe made larger
+        // than a chunk.
+        unsafe {
+            let flags = libc::fcntl(r.as_raw_fd(), libc::F_GETFL);
+            libc::fcntl(r.as_raw_fd(), libc::F_SETFL, flags | libc::O_NONBLOCK);
+            assert!(libc::fcntl(w.as_raw_fd(), libc::F_SETPIPE_SZ, 256 * 1024) > 0);
+        }
+        let mut w = w;
+        let mut log = AgentLog::new("z".into());
+        // The budget spent: what comes next is drained, a chunk per turn.
+        log.spent = BUDGET;
+        let line = [b"y".repeat(99), b"\n".to_vec()].concat();
+        for _ in 0..1000 {
+            w.write_all(&line).expect("write");
+        }
+        assert_eq!(log.poll_fd(r.as_raw_fd()), r.as_raw_fd());
+        assert!(log.pump(r.as_raw_fd()));
+        assert_eq!(log.dropped, CHUNK, "one chunk in the first turn");
+        // Not read again before its turn.
+        assert_eq!(log.poll_fd(r.as_raw_fd()), -1);
+        assert!(log.due_ms().is_some_and(|ms| (0..=4).contains(&ms)));
+        std::thread::sleep(crate::zygote::DRAIN_TICK);
+        assert_eq!(log.poll_fd(r.as_raw_fd()), r.as_raw_fd());
+        assert!(log.pump(r.as_raw_fd()));
+        assert_eq!(log.dropped, 100_000, "the rest in the second");
+        // At its end the pipe says so.
+        drop(w);
+        std::thread::sleep(crate::zygote::DRAIN_TICK);
+        assert!(!log.pump(r.as_raw_fd()));
     }
 
     #[test]

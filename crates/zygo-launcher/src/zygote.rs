@@ -312,10 +312,10 @@ const MAX_RELAY: usize = 1024 * 1024 + 1;
 /// that is dropped anyway, so a handler writing as fast as it can costs the launcher,
 /// which runs outside the sandbox's cgroup, next to no CPU; the handler waits on its full
 /// pipe instead.
-const DRAIN_TICK: Duration = Duration::from_millis(4);
+pub(crate) const DRAIN_TICK: Duration = Duration::from_millis(4);
 
 /// `/dev/null`, opened once, for what is dropped.
-fn dev_null() -> Option<&'static std::fs::File> {
+pub(crate) fn dev_null() -> Option<&'static std::fs::File> {
     static NULL: std::sync::OnceLock<Option<std::fs::File>> = std::sync::OnceLock::new();
     NULL.get_or_init(|| {
         std::fs::OpenOptions::new()
@@ -842,7 +842,11 @@ pub fn serve(
                 revents: 0,
             },
             libc::pollfd {
-                fd: if log_open { log_fd } else { -1 },
+                fd: if log_open {
+                    agent_log.poll_fd(log_fd)
+                } else {
+                    -1
+                },
                 events: libc::POLLIN,
                 revents: 0,
             },
@@ -869,8 +873,12 @@ pub fn serve(
             }
         }
 
-        // Until what is held is due, or the next drain of a stream past its cap.
+        // Until what is held is due, or the next drain of a stream past its cap (or of the
+        // agent's diagnostics past their budget).
         let mut timeout = up.timeout_ms();
+        if let Some(ms) = agent_log.due_ms().filter(|_| log_open) {
+            timeout = if timeout < 0 { ms } else { timeout.min(ms) };
+        }
         for c in children.values().filter(|c| !c.orphaned) {
             for ms in [c.out.due_ms(), c.err.due_ms()].into_iter().flatten() {
                 timeout = if timeout < 0 { ms } else { timeout.min(ms) };
