@@ -374,6 +374,30 @@ both_tests! {
         assert_eq!(r["fifo"], true, "[{}] {r}", who.name());
     }
 
+    /// Output that zygo passes through to `/dev/null` is not relayed at all: the program's
+    /// stream is a `/dev/null` of its own (nothing for zygo to copy, outside the sandbox's
+    /// CPU quota). A stream that goes anywhere else is still a pipe zygo relays.
+    fn output_passed_through_to_dev_null_is_not_relayed(who) {
+        let probe = "import os, stat, sys\n\
+                     def kind(fd):\n    st = os.fstat(fd)\n    \
+                     return 'null' if stat.S_ISCHR(st.st_mode) and (os.major(st.st_rdev), os.minor(st.st_rdev)) == (1, 3) \
+                     else 'pipe' if stat.S_ISFIFO(st.st_mode) else 'other'\n\
+                     print(kind(1), kind(2), file=sys.stderr)\n\
+                     print('to stdout')\n";
+        let w = who.name();
+        let run = |out: Stdio, err: Stdio| {
+            let mut c = zygo(who);
+            c.args(["run", "--", "python3", "-c", probe]).stdout(out).stderr(err);
+            let o = spawn_retrying(&mut c).wait_with_output().expect("wait for zygo");
+            assert!(o.status.success(), "[{w}] {o:?}");
+            (String::from_utf8_lossy(&o.stdout).to_string(), String::from_utf8_lossy(&o.stderr).to_string())
+        };
+        let (_, err) = run(Stdio::null(), Stdio::piped());
+        assert_eq!(err.trim(), "null pipe", "[{w}] stdout to /dev/null");
+        let (out, _) = run(Stdio::piped(), Stdio::null());
+        assert_eq!(out, "to stdout\n", "[{w}] stderr to /dev/null");
+    }
+
     /// A socket named by --stdin is refused, naming the path and saying why, whether it is
     /// a socket file or zygo's own stdin (`/dev/stdin`).
     fn a_socket_given_as_stdin_is_refused_naming_it(who) {

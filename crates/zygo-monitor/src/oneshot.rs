@@ -209,8 +209,9 @@ pub struct Started {
     t0: Instant,
     child: Launcher,
     sock: UnixStream,
-    stdout: OwnedFd,
-    stderr: OwnedFd,
+    /// The program's output pipes (none for a stream that goes to `/dev/null`).
+    stdout: Option<OwnedFd>,
+    stderr: Option<OwnedFd>,
     timeout_ms: u64,
     limits: Limits,
     output: Output,
@@ -235,8 +236,20 @@ pub fn start(req: Request) -> Result<Started, Box<Outcome>> {
     };
     let (sock_mon, sock_launcher) =
         UnixStream::pair().map_err(|e| start_err("create the launcher channel", e))?;
-    let (out_r, out_w) = pipe().map_err(|e| start_err("create a pipe", e))?;
-    let (err_r, err_w) = pipe().map_err(|e| start_err("create a pipe", e))?;
+    // Output passed through to a `/dev/null` goes straight to a `/dev/null` of the
+    // program's own: nothing to relay (nor to reopen through it: a device that takes and
+    // gives nothing).
+    let stream = |own: RawFd| -> Result<(Option<OwnedFd>, OwnedFd), Box<Outcome>> {
+        if matches!(req.output, Output::PassThrough) && is_dev_null(own) {
+            if let Ok(null) = std::fs::OpenOptions::new().write(true).open("/dev/null") {
+                return Ok((None, OwnedFd::from(null)));
+            }
+        }
+        let (r, w) = pipe().map_err(|e| start_err("create a pipe", e))?;
+        Ok((Some(r), w))
+    };
+    let (out_r, out_w) = stream(1)?;
+    let (err_r, err_w) = stream(2)?;
     // A thread that feeds the program's stdin is started once the launcher is: a thread
     // starting or ending meanwhile slows the spawn down a lot (they contend for the
     // address space the spawn shares until the launcher has exec'd).
@@ -535,10 +548,28 @@ fn splice(from: RawFd, to: RawFd, len: usize, flags: libc::c_uint) -> std::io::R
     }
 }
 
+/// Whether `fd` is the null device.
+fn is_dev_null(fd: RawFd) -> bool {
+    use std::os::unix::fs::{FileTypeExt, MetadataExt};
+    let Ok(null) = std::fs::metadata("/dev/null") else {
+        return false;
+    };
+    // SAFETY: stat is plain old data, so all zeroes is a valid value for fstat to fill.
+    let mut st: libc::stat = unsafe { std::mem::zeroed() };
+    // SAFETY: fstat of a descriptor number into a valid, writable stat buffer.
+    if unsafe { libc::fstat(fd, &mut st) } != 0 {
+        return false;
+    }
+    null.file_type().is_char_device()
+        && st.st_mode & libc::S_IFMT == libc::S_IFCHR
+        && st.st_rdev == null.rdev()
+}
+
 impl Stream {
-    fn new(fd: OwnedFd) -> Stream {
+    /// A stream from the program's pipe; none when it has none (it is at its end).
+    fn new(fd: Option<OwnedFd>) -> Stream {
         Stream {
-            fd: Some(File::from(fd)),
+            fd: fd.map(File::from),
             kept: Vec::new(),
             truncated: false,
             scratch: Vec::new(),
