@@ -54,8 +54,12 @@ def echo(event):
 
 
 def beats(event):
-    """`n` heartbeat lines on its own request channel, as fast as it can, then a value."""
-    line = b'{"kind": "heartbeat"}\n'
+    """`n` heartbeat (or progress) lines on its own request channel, as fast as it can,
+    then a value."""
+    if event.get("progress"):
+        line = b'{"kind": "progress", "text": "x"}\n'
+    else:
+        line = b'{"kind": "heartbeat"}\n'
     _request_channel().sendall(line * event["n"])
     return "done"
 
@@ -99,25 +103,26 @@ fn bytes_read(pid: i32) -> u64 {
 /// A handler that writes heartbeat lines in a loop (40,000 of them, 880 KB) costs the
 /// supervisor, whose loop serves everyone, a few frames: the launcher sends a child's
 /// heartbeats up at most once a quarter second. (Each line was a frame of its own, about
-/// 1.2 MB for the supervisor to read and decode.) The call is answered as ever.
+/// 1.2 MB for the supervisor to read and decode.) So do progress lines of a call whose
+/// caller does not take progress as it comes: for it they only say the handler is alive.
+/// The call is answered as ever.
 fn a_flood_of_heartbeat_lines_reaches_the_supervisor_as_a_few_frames(who: Who) {
     let mut s = SUITE.sup(who, "beats");
     let n = s.up(&[("beats", "beats", "max_warm = 1\ntimeout = \"20s\"")]);
     let beats = &n[0];
     assert_eq!(s.call_ok(beats, r#"{"n": 1}"#), json!("done"));
     let pid = s.supervisor.expect("the supervisor's pid");
-    let before = bytes_read(pid);
-    assert_eq!(s.call_ok(beats, r#"{"n": 40000}"#), json!("done"));
-    let read = bytes_read(pid) - before;
-    eprintln!(
-        "[{}] the supervisor read {read} bytes for the call",
-        who.name()
-    );
-    assert!(
-        read < 300_000,
-        "[{}] the supervisor read {read} bytes for a call of 40,000 heartbeat lines",
-        who.name()
-    );
+    for event in [r#"{"n": 40000}"#, r#"{"n": 40000, "progress": true}"#] {
+        let before = bytes_read(pid);
+        assert_eq!(s.call_ok(beats, event), json!("done"));
+        let read = bytes_read(pid) - before;
+        eprintln!("[{}] {event}: the supervisor read {read} bytes", who.name());
+        assert!(
+            read < 300_000,
+            "[{}] {event}: the supervisor read {read} bytes for the call",
+            who.name()
+        );
+    }
     s.shutdown();
 }
 

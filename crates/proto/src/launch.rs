@@ -363,6 +363,9 @@ pub enum ToLauncher {
         /// Pack the child's directory once its handler answered ([`FromLauncher::WorkspaceOut`]
         /// before the terminal message).
         out: bool,
+        /// The caller takes progress as it comes: each `progress` line goes up. Otherwise a
+        /// progress line only says the handler is alive, and goes up as a heartbeat does.
+        progress: bool,
         /// A smaller size for the child's `/tmp` and `/work` than the plan's (a tenant's
         /// scratch limit): they are shrunk to it before the request reaches the child.
         scratch_bytes: Option<u64>,

@@ -269,6 +269,8 @@ struct Child {
     work: crate::workspace::Workdir,
     /// Its call asked for the directory back (`out`): packed when its handler answers.
     pack: bool,
+    /// Its caller takes progress as it comes (else a progress line is a heartbeat).
+    progress: bool,
     /// When its last heartbeat went up (see [`beat_due`]).
     beat_sent: Option<Instant>,
 }
@@ -913,6 +915,7 @@ pub fn serve(
                     script,
                     workspace,
                     out,
+                    progress,
                     scratch_bytes: shrink_to,
                     secrets,
                 }) => {
@@ -948,6 +951,7 @@ pub fn serve(
                     let shrink = shrink_to.filter(|s| *s < scratch_bytes);
                     if let Some(c) = children.get_mut(&slot) {
                         c.pack = out;
+                        c.progress = progress;
                     }
                     // The workspace is unpacked into the child's directory before the child
                     // has its request: nothing of the call runs until it is all there. Where
@@ -1209,6 +1213,7 @@ pub fn serve(
                                 err: Relay::new(m.err, Stream::Stderr),
                                 work,
                                 pack: false,
+                                progress: false,
                             },
                         );
                         up.send(&FromLauncher::Parked {
@@ -1285,7 +1290,9 @@ pub fn serve(
                         })?;
                     }
                 }
-                if matches!(msg, ChildMsg::Heartbeat) {
+                if matches!(msg, ChildMsg::Heartbeat)
+                    || (matches!(msg, ChildMsg::Progress { .. }) && !c.progress)
+                {
                     // It rides with the next frame that goes (or after `HOLD`).
                     if beat_due(&mut c.beat_sent, Instant::now()) {
                         up.hold(&FromLauncher::ChildHeartbeat { slot: s })?;

@@ -1052,6 +1052,7 @@ impl Functions {
             script,
             workspace: c.workspace.take(),
             out: c.out,
+            progress: c.stream,
             scratch_bytes,
             secrets,
         });
