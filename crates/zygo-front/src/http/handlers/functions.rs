@@ -499,7 +499,7 @@ pub fn batch(front: &Front, call: &mut Call) -> Out {
         pieces.extend(e.pieces);
     }
     pieces.push(b"]}".to_vec());
-    // AnswerShare by the call until its answer is written.
+    // Held by the call until its answer is written.
     call.hold(held.into_inner().unwrap_or_else(|p| p.into_inner()));
     Out::Bytes(200, pieces, None)
 }
