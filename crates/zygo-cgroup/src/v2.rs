@@ -281,6 +281,30 @@ impl V2 {
             }
         }
         std::fs::create_dir(&dir).map_err(|e| super::io_err("create cgroup", &dir, e))?;
+        // A root or level that another Zygo process has just made may not have its
+        // controllers enabled yet (it enables them right after making it), and a cgroup
+        // made in it meanwhile has none until then: enabled here, down from the root, in
+        // that case (enabling them again changes nothing).
+        if !has_all(&read_file(&dir.join("cgroup.controllers")).unwrap_or_default()) {
+            let mut levels = vec![self.root.clone()];
+            if let Some(parent) = Path::new(name).parent() {
+                for part in parent.components() {
+                    let next = levels[levels.len() - 1].join(part);
+                    levels.push(next);
+                }
+            }
+            for l in &levels {
+                let control = l.join("cgroup.subtree_control");
+                if has_all(&read_file(&control).unwrap_or_default()) {
+                    continue;
+                }
+                if let Err(e) = write_file(&control, "+memory +pids +cpu") {
+                    let _ = std::fs::remove_dir(&dir);
+                    return Err(e);
+                }
+                enable_io(l);
+            }
+        }
         Ok(V2Cgroup::new(dir))
     }
 }

@@ -1040,6 +1040,13 @@ fn handle(
             };
             let reply = match placed {
                 Ok(()) => ToLauncher::Proceed,
+                // init is gone: it dies with its launcher, whose end says what happened
+                // (its report, or "the launcher died" once its channel closes).
+                Err(CgroupError::Io { source, .. })
+                    if source.raw_os_error() == Some(libc::ESRCH) =>
+                {
+                    ToLauncher::Kill
+                }
                 Err(e) => {
                     out.error = Some(format!("place the sandbox in its cgroup: {e}"));
                     ToLauncher::Kill
