@@ -64,6 +64,48 @@ fn sigkill(pid: i32) {
 // Calls, rootful and rootless.
 
 both_tests! {
+    /// Once a zygote is up, its launcher's relay (which reads every agent line, request
+    /// output and workspace archive) runs confined: under seccomp with no_new_privs, no
+    /// capability but CAP_SETUID and CAP_SETGID (for writing as the sandbox's own ids), and,
+    /// as root, as the sandbox's owner rather than root. Calls go on working through it.
+    fn a_zygote_s_relay_is_confined_before_it_reads_the_sandbox(who) {
+        let mut s = SUITE.sup(who, "relay");
+        let n = s.up(&[("hello", "hello", "")]);
+        assert_eq!(s.call_ok(&n[0], "{\"x\": 1}")["echo"], json!({"x": 1}), "{}", s.log());
+        let sup = s.supervisor.expect("the supervisor's pid");
+        let launchers: Vec<i32> = host_processes()
+            .into_iter()
+            .filter(|(p, cmd)| ppid(*p) == Some(sup) && contains(cmd, b"__launcher"))
+            .map(|(p, _)| p)
+            .collect();
+        assert!(!launchers.is_empty(), "no launcher under the supervisor {sup}\n{}", s.log());
+        for p in launchers {
+            let st = fs::read_to_string(format!("/proc/{p}/status")).unwrap_or_default();
+            let field = |k: &str| {
+                st.lines().find_map(|l| l.strip_prefix(k)).unwrap_or("").trim().to_string()
+            };
+            assert_eq!(field("Seccomp:"), "2", "[{}] {st}", who.name());
+            assert_eq!(field("NoNewPrivs:"), "1", "[{}] {st}", who.name());
+            let eff = u64::from_str_radix(&field("CapEff:"), 16).unwrap_or(u64::MAX);
+            // CAP_SETGID (6) and CAP_SETUID (7) as root; nothing rootless.
+            let want = if who == Who::Root { 1 << 6 | 1 << 7 } else { 0 };
+            assert_eq!(eff, want, "[{}] CapEff {st}", who.name());
+            if who == Who::Root {
+                assert_eq!(field("CapBnd:"), "0000000000000000", "{st}");
+                for k in ["Uid:", "Gid:"] {
+                    let v = field(k);
+                    let ids: Vec<&str> = v.split_whitespace().collect();
+                    assert!(ids.len() == 4 && ids.iter().all(|i| *i == ids[0] && *i != "0"), "{k} {st}");
+                }
+            }
+        }
+        // Still a working relay.
+        assert_eq!(s.call_ok(&n[0], "{}")["echo"], json!({}), "{}", s.log());
+        s.shutdown();
+    }
+}
+
+both_tests! {
     /// A served Python function answers `{result, request_id, stdout, stderr, metrics}`
     /// with --json; the human output is its stdout then the result; --stream delivers
     /// stdout and progress as events before the answer. The event comes as an argument,

@@ -94,6 +94,8 @@ pub enum When {
     /// When all 64 bits of `arg` equal `value` (a value known only at run time, such as the
     /// caller's own pid; the high half must be what `value` says too).
     Equals { arg: u8, value: u64 },
+    /// When `lo <= arg <= hi` (a range known only at run time, such as a sandbox's ids).
+    Between { arg: u8, lo: u32, hi: u32 },
 }
 
 /// A syscall answered with `ENOSYS`, as if the kernel were too old to have it.
@@ -205,6 +207,7 @@ impl Table<'_> {
                 When::OneOf { arg, values } => values.contains(&low(arg)),
                 When::NoneOf { arg, values } => !values.contains(&low(arg)),
                 When::Equals { arg, value } => whole(arg) == value,
+                When::Between { arg, lo, hi } => (lo..=hi).contains(&low(arg)),
             };
             return if allowed { RET_ALLOW } else { RET_EPERM };
         }
@@ -299,6 +302,9 @@ impl Table<'_> {
                     whole.extend([value, value ^ 1, value ^ 1 << 32, value ^ 1 << 63]);
                     low.extend([value as u32, (value >> 32) as u32]);
                 }
+                When::Between { lo, hi, .. } => {
+                    low.extend([lo, lo.wrapping_sub(1), hi, hi.wrapping_add(1)]);
+                }
             }
         }
         low.sort_unstable();
@@ -325,6 +331,8 @@ pub enum TableError {
     NoSuchArgument { nr: i64 },
     /// A [`When::OneOf`] or [`When::NoneOf`] lists no values, or more than a jump can skip.
     ValueCount { nr: i64 },
+    /// A [`When::Between`] whose `lo` is above its `hi`.
+    EmptyRange { nr: i64 },
     /// The program would be longer than the kernel's `BPF_MAXINSNS` instructions.
     TooLong,
 }
@@ -340,6 +348,7 @@ impl TableError {
             Self::Twice { .. } => "a seccomp table names a syscall twice",
             Self::NoSuchArgument { .. } => "a seccomp table checks an argument above 5",
             Self::ValueCount { .. } => "a seccomp argument check lists no values, or more than 255",
+            Self::EmptyRange { .. } => "a seccomp argument range is empty (lo above hi)",
             Self::TooLong => "the seccomp program is longer than BPF_MAXINSNS",
         }
     }
@@ -351,6 +360,7 @@ impl fmt::Display for TableError {
             Self::OutOfRange { nr }
             | Self::Twice { nr }
             | Self::NoSuchArgument { nr }
+            | Self::EmptyRange { nr }
             | Self::ValueCount { nr } => write!(f, "{} (syscall {nr})", self.message()),
             Self::TooLong => f.write_str(self.message()),
         }
@@ -366,6 +376,7 @@ const LD_ABS: u16 = (libc::BPF_LD | libc::BPF_W | libc::BPF_ABS) as u16;
 const AND: u16 = (libc::BPF_ALU | libc::BPF_AND | libc::BPF_K) as u16;
 const JEQ: u16 = (libc::BPF_JMP | libc::BPF_JEQ | libc::BPF_K) as u16;
 const JGE: u16 = (libc::BPF_JMP | libc::BPF_JGE | libc::BPF_K) as u16;
+const JGT: u16 = (libc::BPF_JMP | libc::BPF_JGT | libc::BPF_K) as u16;
 const JSET: u16 = (libc::BPF_JMP | libc::BPF_JSET | libc::BPF_K) as u16;
 const JA: u16 = (libc::BPF_JMP | libc::BPF_JA) as u16;
 const RET: u16 = (libc::BPF_RET | libc::BPF_K) as u16;
@@ -454,6 +465,18 @@ const fn same(a: Answer, b: Answer) -> bool {
             Answer::Check(When::Equals { arg: a1, value: v1 }),
             Answer::Check(When::Equals { arg: a2, value: v2 }),
         ) => a1 == a2 && v1 == v2,
+        (
+            Answer::Check(When::Between {
+                arg: a1,
+                lo: l1,
+                hi: h1,
+            }),
+            Answer::Check(When::Between {
+                arg: a2,
+                lo: l2,
+                hi: h2,
+            }),
+        ) => a1 == a2 && l1 == l2 && h1 == h2,
         _ => false,
     }
 }
@@ -543,6 +566,12 @@ const fn check_when(nr: i64, when: When) -> Result<(), TableError> {
     let (arg, values) = match when {
         When::Always => return Ok(()),
         When::MaskClear { arg, .. } | When::MaskSet { arg, .. } | When::Equals { arg, .. } => {
+            (arg, None)
+        }
+        When::Between { arg, lo, hi } => {
+            if lo > hi {
+                return Err(TableError::EmptyRange { nr });
+            }
             (arg, None)
         }
         When::OneOf { arg, values } | When::NoneOf { arg, values } => (arg, Some(values)),
@@ -731,6 +760,7 @@ const fn leaf_len(answer: Answer) -> usize {
             values.len() + 3
         }
         Answer::Check(When::Equals { .. }) => 6,
+        Answer::Check(When::Between { .. }) => 5,
     }
 }
 
@@ -765,6 +795,13 @@ const fn leaf(answer: Answer, code: &mut Program) {
             code.push(ins(JEQ, 1, 0, (value >> 32) as u32)); // both halves equal: ALLOW
             code.push(ret(RET_EPERM));
             code.push(ret(RET_ALLOW));
+        }
+        Answer::Check(When::Between { arg, lo, hi }) => {
+            code.push(ins(LD_ABS, 0, 0, arg_low(arg)));
+            code.push(ins(JGE, 0, 2, lo)); // below `lo`: EPERM
+            code.push(ins(JGT, 1, 0, hi)); // above `hi`: EPERM
+            code.push(ret(RET_ALLOW));
+            code.push(ret(RET_EPERM));
         }
     }
 }
@@ -810,7 +847,6 @@ pub struct Evaluation {
 ///
 /// On any other opcode, a jump out of the program, or a load the kernel would refuse.
 pub fn evaluate(prog: &[sock_filter], arch: u32, nr: u32, args: [u64; 6]) -> Evaluation {
-    const JGT: u16 = (libc::BPF_JMP | libc::BPF_JGT | libc::BPF_K) as u16;
     let mut data = [0u8; 64]; // struct seccomp_data, instruction_pointer 0
     data[0..4].copy_from_slice(&nr.to_ne_bytes());
     data[4..8].copy_from_slice(&arch.to_ne_bytes());
@@ -933,7 +969,7 @@ mod tests {
     use libc::{
         SYS_clone, SYS_clone3, SYS_exit_group, SYS_getpid, SYS_gettid, SYS_ioctl, SYS_mmap,
     };
-    use libc::{SYS_personality, SYS_socket, SYS_tgkill, SYS_unshare};
+    use libc::{SYS_personality, SYS_setfsuid, SYS_socket, SYS_tgkill, SYS_unshare};
 
     const FAMILIES: &[u32] = &[libc::AF_UNIX as u32, libc::AF_INET as u32];
     const TIOCSTI: &[u32] = &[libc::TIOCSTI as u32];
@@ -950,6 +986,8 @@ mod tests {
         allow!(SYS_ioctl, When::NoneOf { arg: 1, values: TIOCSTI }, "any ioctl but TIOCSTI"),
         allow!(SYS_personality, When::Equals { arg: 0, value: 0x1_0000_0008 },
                "one value with both halves set"),
+        allow!(SYS_setfsuid, When::Between { arg: 0, lo: 1000, hi: 1999 },
+               "a range of ids"),
     ];
     static CLONE3: &[Enosys] = &[enosys!(SYS_clone3, "callers fall back to clone")];
 
@@ -1003,6 +1041,17 @@ mod tests {
         );
         assert_eq!(ask(SYS_ioctl, [0, libc::TIOCSTI, 0, 0, 0, 0]), RET_EPERM);
         assert_eq!(ask(SYS_ioctl, [0, libc::FIONREAD, 0, 0, 0, 0]), RET_ALLOW);
+        for (id, ret) in [
+            (999, RET_EPERM),
+            (1000, RET_ALLOW),
+            (1999, RET_ALLOW),
+            (2000, RET_EPERM),
+            (0, RET_EPERM),
+            (u64::from(u32::MAX), RET_EPERM),
+            (1 << 32 | 1500, RET_ALLOW),
+        ] {
+            assert_eq!(ask(SYS_setfsuid, [id, 0, 0, 0, 0, 0]), ret, "{id}");
+        }
         assert_eq!(ask(SYS_clone3, [0; 6]), RET_ENOSYS);
         assert_eq!(ask(SYS_mmap, [0; 6]), RET_EPERM);
         assert_eq!(ask(0x4000_0027, [0; 6]), RET_EPERM);
@@ -1051,6 +1100,21 @@ mod tests {
         assert_eq!(
             try_build(&[one(-1, always)], &[], None),
             Some(TableError::OutOfRange { nr: -1 })
+        );
+        assert_eq!(
+            try_build(
+                &[one(
+                    3,
+                    When::Between {
+                        arg: 0,
+                        lo: 2,
+                        hi: 1
+                    }
+                )],
+                &[],
+                None
+            ),
+            Some(TableError::EmptyRange { nr: 3 })
         );
         assert_eq!(
             try_build(&[one(NR_LIMIT, always)], &[], None),

@@ -14,6 +14,7 @@ mod agents;
 pub mod child_line;
 pub mod harden;
 mod ids;
+pub mod relay;
 mod rootfs;
 pub mod sandbox;
 mod scratch;

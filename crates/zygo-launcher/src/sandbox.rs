@@ -194,6 +194,7 @@ pub fn run(
     // host folders handed in are idmapped so that on disk id 0 is the owner the monitor
     // named for each.
     let mut root_uid = None;
+    let mut ns_owner = None;
     let mut _idmap_children = Vec::new();
     let as_subordinate = match plan.ids {
         IdMap::Range {
@@ -203,6 +204,7 @@ pub fn run(
             owners,
         } => {
             let (uid, gid) = owner_ids(uid_base, gid_base, count, owners);
+            ns_owner = Some((uid, gid));
             if owners > 0 {
                 root_uid = Some(uid);
             }
@@ -299,7 +301,7 @@ pub fn run(
     }
     let outcome = match handed {
         Ok(true) => supervise(
-            sock, plan, root_uid, &init, ctl, rep_r, agent_fds, sandbox_ns,
+            sock, plan, root_uid, ns_owner, &init, ctl, rep_r, agent_fds, sandbox_ns,
         ),
         other => other.map(drop),
     };
@@ -524,6 +526,39 @@ fn idmap_handed(
     Ok(children)
 }
 
+/// What a zygote's relay keeps once the sandbox is built (see `relay`): as root, the ids
+/// of the sandbox's owner, and the sandbox's id range to write its files as; rootless,
+/// its own ids. It may signal `signals` alone.
+fn relay_confinement(
+    ids: &IdMap,
+    ns_owner: Option<(u32, u32)>,
+    signals: Vec<libc::pid_t>,
+) -> crate::relay::Confinement {
+    // SAFETY: plain id query.
+    let root = unsafe { libc::geteuid() } == 0;
+    let (uids, gids) = match *ids {
+        IdMap::Range {
+            uid_base,
+            gid_base,
+            count,
+            owners,
+        } if root => {
+            let last = count.saturating_add(owners).saturating_sub(1);
+            (
+                Some((uid_base, uid_base.saturating_add(last))),
+                Some((gid_base, gid_base.saturating_add(last))),
+            )
+        }
+        _ => (None, None),
+    };
+    crate::relay::Confinement {
+        owner: ns_owner.filter(|_| root),
+        uids,
+        gids,
+        signals,
+    }
+}
+
 /// Back to effective root after creating the sandbox as its subordinate uid.
 fn restore_root() {
     // SAFETY: the real and saved ids are 0, so these only restore the effective ids.
@@ -714,6 +749,7 @@ fn supervise(
     sock: &mut UnixStream,
     plan: &LaunchPlan,
     root_uid: Option<u32>,
+    ns_owner: Option<(u32, u32)>,
     init: &Init,
     ctl: OwnedFd,
     rep_r: RawFd,
@@ -760,7 +796,7 @@ fn supervise(
     }
     // 5b. Egress: init's listeners go to an egress filter of this sandbox's own, which
     // lives as long as this process. If init failed instead, its report says why.
-    let _filter = match &plan.egress {
+    let filter = match &plan.egress {
         Some(rules) => match start_egress_filter(plan, rules, init.pid, &ctl) {
             Ok(f) => f,
             Err(e) => {
@@ -904,12 +940,15 @@ fn supervise(
                                     );
                                 }
                             };
+                            let mut signals = vec![init.pid];
+                            signals.extend(filter.as_ref().map(|f| f.0.pid()));
                             let sandbox = zygote::Sandbox {
                                 init_pid: init.pid,
                                 ns,
                                 scratch_bytes: plan.scratch_bytes,
                                 script_owner,
                                 scripts: plan.scripts,
+                                confinement: relay_confinement(&plan.ids, ns_owner, signals),
                             };
                             return zygote::serve(sock, sandbox, rep_r, rest, ch);
                         }

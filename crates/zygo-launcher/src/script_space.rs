@@ -156,7 +156,9 @@ impl ScriptSpace {
             return;
         };
         // SAFETY: unlinkat relative to our directory descriptor, with a C string name.
-        if unsafe { libc::unlinkat(self.dir.as_raw_fd(), name.as_ptr(), 0) } < 0 {
+        let removed =
+            self.as_owner(|| unsafe { libc::unlinkat(self.dir.as_raw_fd(), name.as_ptr(), 0) });
+        if removed < 0 {
             log::warn!(
                 "launcher: evict script {digest} from the sandbox: {}",
                 std::io::Error::last_os_error()
@@ -172,24 +174,32 @@ impl ScriptSpace {
     /// Write a new file, 0444, as the sandbox's `nobody` when running as root (so the
     /// sandbox sees it owned by someone it is not). A partial file is removed.
     fn write(&self, name: &CString, source: &[u8]) -> std::io::Result<()> {
-        if let Some((uid, gid)) = self.owner {
-            // SAFETY: setfsgid/setfsuid only change this thread's filesystem ids.
-            unsafe {
-                libc::setfsgid(gid);
-                libc::setfsuid(uid);
+        self.as_owner(|| {
+            let r = write_new(self.dir.as_raw_fd(), name, source);
+            if r.is_err() {
+                // SAFETY: unlinkat relative to our directory descriptor.
+                unsafe { libc::unlinkat(self.dir.as_raw_fd(), name.as_ptr(), 0) };
             }
-        }
-        let r = write_new(self.dir.as_raw_fd(), name, source);
-        if self.owner.is_some() {
-            // SAFETY: back to root's filesystem ids (our real and saved ids are 0).
+            r
+        })
+    }
+
+    /// Run `f` with the filesystem ids of the folder's owner (the sandbox's `nobody`, as
+    /// root), who alone may write and remove its files (it is 0311 and the relay is not
+    /// root once confined); then back to the relay's own.
+    fn as_owner<T>(&self, f: impl FnOnce() -> T) -> T {
+        // SAFETY: setfsgid/setfsuid only change this thread's filesystem ids; each returns
+        // the id from before, to go back to.
+        let before = self
+            .owner
+            .map(|(uid, gid)| unsafe { (libc::setfsuid(uid), libc::setfsgid(gid)) });
+        let r = f();
+        if let Some((uid, gid)) = before {
+            // SAFETY: back to the relay's own filesystem ids.
             unsafe {
-                libc::setfsuid(0);
-                libc::setfsgid(0);
+                libc::setfsuid(uid as u32);
+                libc::setfsgid(gid as u32);
             }
-        }
-        if r.is_err() {
-            // SAFETY: unlinkat relative to our directory descriptor.
-            unsafe { libc::unlinkat(self.dir.as_raw_fd(), name.as_ptr(), 0) };
         }
         r
     }

@@ -225,16 +225,18 @@ impl ActAs {
         let Some((uid, gid)) = ids else {
             return Ok(ActAs { before: None });
         };
-        // SAFETY: setfsgid/setfsuid change only this thread's file system ids; -1 (an
-        // invalid id) only asks what they are.
+        // SAFETY: setfsgid/setfsuid change only this thread's file system ids. Each
+        // returns the ids from before the call, so a second call with the same id says
+        // whether the first took (the relay's seccomp table refuses any id outside the
+        // sandbox's, -1 included).
         let (old_gid, old_uid, now_gid, now_uid) = unsafe {
             let old_gid = libc::setfsgid(gid) as u32;
             let old_uid = libc::setfsuid(uid) as u32;
             (
                 old_gid,
                 old_uid,
-                libc::setfsgid(u32::MAX) as u32,
-                libc::setfsuid(u32::MAX) as u32,
+                libc::setfsgid(gid) as u32,
+                libc::setfsuid(uid) as u32,
             )
         };
         let guard = ActAs {

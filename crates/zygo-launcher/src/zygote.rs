@@ -714,6 +714,8 @@ pub struct Sandbox {
     pub script_owner: Option<(u32, u32)>,
     /// A runtime pool: scripts are written into its `/run/script`.
     pub scripts: bool,
+    /// What the relay gives up before it reads anything from the sandbox.
+    pub confinement: crate::relay::Confinement,
 }
 
 /// A request held back while its child's `/tmp` and `/work` are shrunk: its line, its
@@ -771,6 +773,7 @@ pub fn serve(
         scratch_bytes,
         script_owner,
         scripts,
+        confinement,
     } = sandbox;
     let ctl = ch.ctl;
     let reg = ch.reg;
@@ -820,6 +823,14 @@ pub fn serve(
         Ok(m) => m,
         Err(e) => return end(format!("start the mounter: {e}")),
     };
+    // Everything from here on is read from the sandbox: the relay gives up the host's
+    // privileges first (see `relay`). /dev/null is opened while it still may.
+    if dev_null().is_none() {
+        return end("open /dev/null".into());
+    }
+    if let Err(e) = crate::relay::confine(&confinement) {
+        return end(e.to_string());
+    }
 
     loop {
         let mut fds: Vec<libc::pollfd> = vec![
