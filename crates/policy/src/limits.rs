@@ -452,8 +452,8 @@ impl fmt::Display for Dur {
     }
 }
 
-#[cfg(test)]
 #[allow(clippy::unwrap_used)]
+#[cfg(test)]
 mod tests {
     use super::*;
 
