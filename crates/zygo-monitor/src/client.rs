@@ -85,7 +85,7 @@ pub fn hello(sock: &mut UnixStream, role: proto::front::Role) -> Result<(), Hell
 /// Generous: the longest the request may rightly take, and a minute.
 pub fn reply_wait(req: &Request) -> Duration {
     const MARGIN: Duration = Duration::from_secs(60);
-    let longest = policy::limits::MAX_DURATION;
+    let longest = proto::front::MAX_DURATION;
     let took = match req {
         // A call runs until its deadline: the one asked for, else its function's (24 h at
         // most). A streamed call's events each restart the wait.
