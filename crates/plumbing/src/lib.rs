@@ -10,13 +10,15 @@
 //! - [`resolve`]: host paths opened without following a link in any component;
 //! - [`signals`], [`random`]: blocking the signals a process reads itself; random names;
 //! - [`seccomp`]: the one table type for every seccomp filter Zygo installs;
-//! - [`sys`]: pidfds, `open_tree` and `mount_setattr`, each wrapped once.
+//! - [`sys`]: pidfds, `open_tree` and `mount_setattr`, each wrapped once;
+//! - [`paths`]: where the supervisor keeps its socket and its state; private directories.
 //!
 //! Imports nothing of Zygo's but `proto`.
 
 pub mod cpu;
 pub mod fds;
 pub mod hello;
+pub mod paths;
 pub mod pipes;
 pub mod random;
 pub mod resolve;

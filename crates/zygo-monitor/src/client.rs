@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use proto::front::Request;
 
-use crate::paths;
+use plumbing::paths;
 
 pub use plumbing::hello::HelloError;
 

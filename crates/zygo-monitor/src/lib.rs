@@ -31,7 +31,6 @@ pub mod mcp;
 pub mod mounts;
 pub mod notify;
 pub mod oneshot;
-pub mod paths;
 pub mod shape;
 pub mod spawn;
 pub mod supervisor;

@@ -792,13 +792,13 @@ fn record_usage(out: &oneshot::Outcome) {
             "no supervisor took the run_code usage record ({e}); appending it to the log"
         ),
     }
-    let state = crate::paths::state_dir();
+    let state = plumbing::paths::state_dir();
     let path = state.join("usage.log");
     let mut line = rec.json_line();
     line.push('\n');
     // On a machine where no supervisor ever ran, the state directory is made here, as
     // `zygo up` makes it (0700), so the record has somewhere to go.
-    let wrote = crate::paths::make_private_dir_if_missing(&state).and_then(|()| {
+    let wrote = plumbing::paths::make_private_dir_if_missing(&state).and_then(|()| {
         std::fs::OpenOptions::new()
             .create(true)
             .append(true)

@@ -43,10 +43,10 @@ use std::time::{Duration, Instant};
 use mio::net::{UnixListener, UnixStream};
 use mio::unix::SourceFd;
 use mio::{Events, Interest, Poll, Token};
+use plumbing::paths;
 use proto::front::{ErrorCode, Hello, HelloReply, Reply, Request, Role, MAX_FRONT_FRAME};
 
 use crate::cgroup::Backend;
-use crate::paths;
 use conn::{
     Conn, Got, InputBudget, CHUNK, FRAME_STALL, INPUT_BUDGET, MAX_FRONTS, MAX_HELLO_FRAME,
     MAX_QUEUED, MAX_QUEUED_BYTES, OUTPUT_BUDGET, OUT_LOW, SMALL_FRAME,
