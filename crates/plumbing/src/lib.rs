@@ -11,10 +11,13 @@
 //! - [`signals`], [`random`]: blocking the signals a process reads itself; random names;
 //! - [`seccomp`]: the one table type for every seccomp filter Zygo installs;
 //! - [`sys`]: pidfds, `open_tree` and `mount_setattr`, each wrapped once;
-//! - [`paths`]: where the supervisor keeps its socket and its state; private directories.
+//! - [`paths`]: where the supervisor keeps its socket and its state; private directories;
+//! - [`client`]: the supervisor's client as the CLI and `zygo mcp` use it (connect, hello,
+//!   how long to wait for an answer).
 //!
 //! Imports nothing of Zygo's but `proto`.
 
+pub mod client;
 pub mod cpu;
 pub mod fds;
 pub mod hello;

@@ -302,7 +302,7 @@ fn token_not_taken(file: Option<&Path>) -> Option<String> {
     let token = std::env::var("ZYGO_API_TOKEN")
         .ok()
         .filter(|t| !t.is_empty())?;
-    let mut sock = zygo_monitor::client::connect().ok()?;
+    let mut sock = plumbing::client::connect().ok()?;
     plumbing::hello::say(&mut sock, proto::front::Role::Api, Default::default()).ok()?;
     let probe = Request::Api {
         who: proto::api::Credentials {

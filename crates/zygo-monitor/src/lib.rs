@@ -22,7 +22,6 @@ pub fn cgroup_limits(l: &policy::limits::ResolvedLimits) -> cgroup::Limits {
         io_iops: l.io_iops,
     }
 }
-pub mod client;
 pub mod deps;
 pub mod etc_cache;
 pub mod identity;

@@ -7,9 +7,9 @@ use std::time::Duration;
 
 use proto::front::Request;
 
-use plumbing::paths;
+use crate::paths;
 
-pub use plumbing::hello::HelloError;
+pub use crate::hello::HelloError;
 
 pub const NO_SUPERVISOR: &str = "no supervisor is running; start one with `zygo up`";
 
@@ -76,7 +76,7 @@ pub fn connect() -> Result<UnixStream, ReachError> {
 /// Say hello as `role` (a front without flags: the CLI, `zygo mcp`) and read the
 /// supervisor's answer.
 pub fn hello(sock: &mut UnixStream, role: proto::front::Role) -> Result<(), HelloError> {
-    plumbing::hello::say(sock, role, Default::default())
+    crate::hello::say(sock, role, Default::default())
 }
 
 /// How long the host's fronts (the CLI, `zygo mcp`) wait on the supervisor's socket for
