@@ -13,7 +13,9 @@
 //! - [`sys`]: pidfds, `open_tree` and `mount_setattr`, each wrapped once;
 //! - [`paths`]: where the supervisor keeps its socket and its state; private directories;
 //! - [`client`]: the supervisor's client as the CLI and `zygo mcp` use it (connect, hello,
-//!   how long to wait for an answer).
+//!   how long to wait for an answer);
+//! - [`kernel`]: the running kernel's Landlock ABI, and what stands in for each protection
+//!   an older ABI lacks.
 //!
 //! Imports nothing of Zygo's but `proto`.
 
@@ -21,6 +23,7 @@ pub mod client;
 pub mod cpu;
 pub mod fds;
 pub mod hello;
+pub mod kernel;
 pub mod paths;
 pub mod pipes;
 pub mod random;

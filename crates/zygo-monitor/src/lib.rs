@@ -25,7 +25,6 @@ pub fn cgroup_limits(l: &policy::limits::ResolvedLimits) -> cgroup::Limits {
 pub mod deps;
 pub mod etc_cache;
 pub mod identity;
-pub mod kernel;
 pub mod mcp;
 pub mod mounts;
 pub mod notify;
