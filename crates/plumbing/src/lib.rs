@@ -15,11 +15,14 @@
 //! - [`client`]: the supervisor's client as the CLI and `zygo mcp` use it (connect, hello,
 //!   how long to wait for an answer);
 //! - [`kernel`]: the running kernel's Landlock ABI, and what stands in for each protection
-//!   an older ABI lacks.
+//!   an older ABI lacks;
+//! - [`conn`]: the supervisor's non-blocking framed connection (to a front or a launcher),
+//!   and the limits on what fronts can make it hold.
 //!
 //! Imports nothing of Zygo's but `proto`.
 
 pub mod client;
+pub mod conn;
 pub mod cpu;
 pub mod fds;
 pub mod hello;

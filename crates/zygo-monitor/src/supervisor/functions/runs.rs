@@ -41,11 +41,11 @@ use proto::launch::{FromLauncher, Image, Phase, ToLauncher, MAX_LAUNCH_FRAME};
 use proto::readbuf::read_append;
 
 use super::super::cgworker::Job;
-use super::super::conn::{Conn, Got};
 use super::run_spec;
 use super::{fail, now_ms, Ctx, Functions};
 use crate::cgroup::{Cgroup, Usage};
 use crate::spawn::Launcher;
+use plumbing::conn::{Conn, Got};
 use plumbing::pipes::pipe;
 use plumbing::random_hex;
 

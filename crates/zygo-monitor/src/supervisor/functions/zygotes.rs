@@ -12,11 +12,11 @@ use mio::{Interest, Token};
 use proto::launch::{FromLauncher, Image, LaunchPlan, ToLauncher, MAX_LAUNCH_FRAME};
 
 use super::super::cgworker::{Job, Placed};
-use super::super::conn::Conn;
 use super::registry::FnState;
 use super::requests::{last_reading, Terminal};
 use super::{Ctx, Functions, SLOTS, SPARES};
 use crate::cgroup::{Cgroup, Weight};
+use plumbing::conn::Conn;
 use plumbing::random_hex;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
