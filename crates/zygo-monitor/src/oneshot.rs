@@ -746,7 +746,7 @@ const PIDFD_GET_NAMESPACES: [libc::c_ulong; 2] = [0xFF02, 0xFF04];
 impl Held {
     /// `Cloned`: the launcher waits for the answer, so `pid` is still its unreaped init.
     fn init_cloned(&mut self, pid: i32) {
-        self.init = crate::spawn::pidfd_open(pid);
+        self.init = plumbing::sys::pidfd_open(pid).ok();
     }
 
     /// `Started`: init is in its final namespaces.
