@@ -6,7 +6,7 @@
 //!   that starts any of them ([`vfork`] underneath, placed by [`cpu`]);
 //! - [`hello`]: the first exchange on every front channel, both sides;
 //! - [`fds`]: descriptors passed with a message (`SCM_RIGHTS`), both ways, capped;
-//! - [`pipes`]: pipes, socket pairs, close-on-exec;
+//! - [`pipes`]: pipes, socket pairs, close-on-exec, `/dev/null`;
 //! - [`resolve`]: host paths opened without following a link in any component;
 //! - [`signals`], [`random`]: blocking the signals a process reads itself; random names;
 //! - [`seccomp`]: the one table type for every seccomp filter Zygo installs;

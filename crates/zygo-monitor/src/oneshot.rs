@@ -11,7 +11,7 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use plumbing::pipes::pipe;
+use plumbing::pipes::{dev_null, pipe};
 use proto::launch::{FromLauncher, LaunchPlan, Phase, ToLauncher, MAX_LAUNCH_FRAME};
 use proto::readbuf::read_append;
 use proto::{write_frame, FrameBuf};
@@ -510,18 +510,6 @@ struct Stream {
 /// a second of output that is dropped anyway, so that a program writing as fast as it can
 /// costs its caller next to no CPU (it waits on the full pipe instead).
 const DRAIN_TICK: Duration = Duration::from_millis(4);
-
-/// `/dev/null`, where what a captured stream writes past its cap is spliced.
-fn dev_null() -> Option<&'static File> {
-    static NULL: std::sync::OnceLock<Option<File>> = std::sync::OnceLock::new();
-    NULL.get_or_init(|| {
-        std::fs::OpenOptions::new()
-            .write(true)
-            .open("/dev/null")
-            .ok()
-    })
-    .as_ref()
-}
 
 /// Move up to `len` bytes from the pipe `from` to `to` inside the kernel (no copy through
 /// this process): `Ok(0)` at the end of the pipe.
