@@ -1,6 +1,9 @@
 //! Process plumbing every Zygo role shares, written once: what the monitor, the launcher
 //! and the fronts need to start one another and to talk over the descriptors they hand
 //! each other. `proto` holds the messages; this crate holds the pipes they travel in.
+//! It also holds what the supervisor shares with its clients that needs no privilege
+//! ([`paths`], [`client`], [`conn`], [`kernel`]), so that the monitor's crate keeps only
+//! what runs as root.
 //!
 //! - [`role`]: each internal role's argv name and descriptor layout, and the one spawn
 //!   that starts any of them ([`vfork`] underneath, placed by [`cpu`]);
