@@ -9,8 +9,6 @@
 use std::fmt;
 use std::time::Duration;
 
-use proto::front::MAX_DURATION;
-
 use crate::PolicyError;
 
 /// Where a value came from. Some values are accepted only from sandbox.toml,
@@ -64,6 +62,10 @@ pub struct ResolvedLimits {
     pub io_iops: u32,
 }
 
+/// Longest duration accepted anywhere (timeouts, idle_timeout). The same as
+/// `proto::front::MAX_DURATION`, which the channel's side uses (policy imports nothing of
+/// ours; the monitor's tests check the two agree).
+pub const MAX_DURATION: Duration = Duration::from_secs(24 * 3600);
 pub const MIN_PIDS: u32 = 1;
 pub const MAX_PIDS: u32 = 65_536;
 pub const MIN_IOPS: u32 = 10;

@@ -33,3 +33,13 @@ pub mod shape;
 pub mod spawn;
 pub mod supervisor;
 pub mod tree;
+
+#[cfg(test)]
+mod tests {
+    /// `policy` imports nothing of ours, so the longest duration is written twice: what
+    /// limits accept, and what the channel's side waits for.
+    #[test]
+    fn policy_and_proto_agree_on_the_longest_duration() {
+        assert_eq!(policy::limits::MAX_DURATION, proto::front::MAX_DURATION);
+    }
+}
