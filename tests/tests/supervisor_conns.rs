@@ -4,7 +4,7 @@
 //!
 //! - Many connections each holding a partial frame do not grow the supervisor, which keeps
 //!   answering others, and closes each of them once it has stalled mid-frame for the
-//!   timeout (10 s, `FRAME_STALL` in `zygo-monitor/src/supervisor/conn.rs`).
+//!   timeout (10 s, `FRAME_STALL` in `crates/plumbing/src/conn.rs`).
 //! - A client that pipelines thousands of requests without reading its answers is held
 //!   back, not buffered; it gets every answer, in order, once it reads.
 //! - Past the cap on connections (256, `MAX_FRONTS`), a new one is refused with a reason.

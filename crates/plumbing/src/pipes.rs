@@ -1,6 +1,7 @@
 //! Pipes, socket pairs and descriptor flags: every descriptor Zygo's own processes make for
 //! one another is close-on-exec from the start, and crosses an exec only where a spawn puts
-//! it in place on purpose (`dup2`, which clears the flag on the copy).
+//! it in place on purpose (`dup2`, which clears the flag on the copy). And the one
+//! `/dev/null` a process drops what a pipe carries past its cap into ([`dev_null`]).
 
 use std::io;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
@@ -55,6 +56,20 @@ pub fn dup_above(fd: &impl AsRawFd, min: RawFd) -> io::Result<OwnedFd> {
     }
     // SAFETY: fcntl returned a fresh descriptor that we now own.
     Ok(unsafe { OwnedFd::from_raw_fd(n) })
+}
+
+/// `/dev/null`, opened once for the life of the process (write-only, close-on-exec):
+/// where what a pipe carries past its cap is spliced to be dropped. `None` if it could not
+/// be opened.
+pub fn dev_null() -> Option<&'static std::fs::File> {
+    static NULL: std::sync::OnceLock<Option<std::fs::File>> = std::sync::OnceLock::new();
+    NULL.get_or_init(|| {
+        std::fs::OpenOptions::new()
+            .write(true)
+            .open("/dev/null")
+            .ok()
+    })
+    .as_ref()
 }
 
 #[cfg(test)]

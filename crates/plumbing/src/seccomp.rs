@@ -962,8 +962,8 @@ pub fn install(prog: &[sock_filter], threads: Threads) -> Result<(), InstallErro
     }
 }
 
-#[cfg(test)]
 #[allow(clippy::unwrap_used)]
+#[cfg(test)]
 mod tests {
     use super::*;
     use libc::{

@@ -412,8 +412,8 @@ pub fn decide(rules: &[Rule], dst: SocketAddrV4) -> Result<Rule, Refusal> {
     Err(refusal)
 }
 
-#[cfg(test)]
 #[allow(clippy::unwrap_used)]
+#[cfg(test)]
 mod tests {
     use super::*;
 

@@ -972,8 +972,8 @@ mod doc_tests {
     }
 }
 
-#[cfg(test)]
 #[allow(clippy::unwrap_used)]
+#[cfg(test)]
 mod tests {
     use super::*;
     use crate::limits::Bytes;

@@ -62,7 +62,9 @@ pub struct ResolvedLimits {
     pub io_iops: u32,
 }
 
-/// Longest duration accepted anywhere (timeouts, idle_timeout).
+/// Longest duration accepted anywhere (timeouts, idle_timeout). The same as
+/// `proto::front::MAX_DURATION`, which the channel's side uses (policy imports nothing of
+/// ours; the monitor's tests check the two agree).
 pub const MAX_DURATION: Duration = Duration::from_secs(24 * 3600);
 pub const MIN_PIDS: u32 = 1;
 pub const MAX_PIDS: u32 = 65_536;
@@ -452,8 +454,8 @@ impl fmt::Display for Dur {
     }
 }
 
-#[cfg(test)]
 #[allow(clippy::unwrap_used)]
+#[cfg(test)]
 mod tests {
     use super::*;
 

@@ -409,8 +409,8 @@ impl fmt::Display for Network {
     }
 }
 
-#[cfg(test)]
 #[allow(clippy::unwrap_used)]
+#[cfg(test)]
 mod tests {
     use super::*;
     use crate::limits::{Bytes, Mem};

@@ -1,6 +1,8 @@
 //! front ⇄ monitor: the hello every front sends first. Its role, fixed for the life of the
 //! channel, selects the one dispatch table the monitor will use for everything after it.
 
+use std::time::Duration;
+
 use serde::{Deserialize, Serialize};
 
 /// Protocol revision spoken on front channels. A hello with another revision ends the
@@ -16,6 +18,9 @@ pub const MAX_WORKSPACE: usize = 64 * 1024 * 1024;
 /// The most a call's answer carries back of its directory (`out`): 8 MiB of tar, headers
 /// included. What would go past it is left out, and the answer says so.
 pub const MAX_WORKSPACE_OUT: usize = 8 * 1024 * 1024;
+
+/// Longest duration accepted anywhere (timeouts, idle_timeout).
+pub const MAX_DURATION: Duration = Duration::from_secs(24 * 3600);
 
 /// Which kind of front is asking.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]

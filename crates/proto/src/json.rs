@@ -512,8 +512,8 @@ impl<'de, A: EnumAccess<'de>> EnumAccess<'de> for KeyEnum<'_, 'de, A> {
     }
 }
 
-#[cfg(test)]
 #[allow(clippy::unwrap_used)]
+#[cfg(test)]
 mod tests {
     use std::collections::{BTreeMap, HashMap};
     use std::time::{Duration, Instant};

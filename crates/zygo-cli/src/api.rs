@@ -11,11 +11,11 @@ use std::path::{Path, PathBuf};
 
 use policy::file::ApiSettings;
 
+use plumbing::client;
 use proto::api::FrontFlags;
 use zygo_front::confine::{confine, FrontRole};
 use zygo_front::delivery::{self, Endpoint};
 use zygo_front::http;
-use zygo_monitor::client;
 
 use crate::{usage, usage_error};
 

@@ -3,9 +3,9 @@
 
 use std::os::unix::net::UnixStream;
 
+use plumbing::client as supervisor;
 use proto::front::{Reply, Request, Role, MAX_FRONT_FRAME};
 use proto::{read_frame, write_frame};
-use zygo_monitor::client as supervisor;
 
 pub struct Client {
     sock: UnixStream,

@@ -35,7 +35,7 @@ pub fn main(raw: Vec<OsString>) -> i32 {
             other => return usage_refusal(json, "deps", other.unexpected()),
         }
     }
-    let state_dir = zygo_monitor::paths::state_dir();
+    let state_dir = plumbing::paths::state_dir();
     match positional.split_first() {
         Some((verb, rest)) if verb == "build" => build(json, &state_dir, rest),
         Some((verb, [id])) if verb == "show" => show(json, &state_dir, id),

@@ -213,8 +213,8 @@ fn start_supervisor() -> Result<PathBuf, String> {
     // Enter the cgroup tree first, so that the supervisor starts inside it (on cgroup v2 a
     // process may leave the base cgroup for a leaf only while it is alone there).
     zygo_monitor::cgroup::Backend::detect().map_err(|e| e.to_string())?;
-    let state = zygo_monitor::paths::state_dir();
-    zygo_monitor::paths::make_private_dir(&state)
+    let state = plumbing::paths::state_dir();
+    plumbing::paths::make_private_dir(&state)
         .map_err(|e| format!("create {}: {e}", state.display()))?;
     let log_path = state.join("supervisor.log");
     let log = std::fs::OpenOptions::new()
@@ -302,7 +302,7 @@ fn token_not_taken(file: Option<&Path>) -> Option<String> {
     let token = std::env::var("ZYGO_API_TOKEN")
         .ok()
         .filter(|t| !t.is_empty())?;
-    let mut sock = zygo_monitor::client::connect().ok()?;
+    let mut sock = plumbing::client::connect().ok()?;
     plumbing::hello::say(&mut sock, proto::front::Role::Api, Default::default()).ok()?;
     let probe = Request::Api {
         who: proto::api::Credentials {

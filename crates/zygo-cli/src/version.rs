@@ -2,7 +2,7 @@
 
 use std::ffi::OsString;
 
-use zygo_monitor::kernel::{self, Provided};
+use plumbing::kernel::{self, Provided};
 
 use crate::output::clean;
 use crate::{usage, usage_refusal};

@@ -205,8 +205,8 @@ pub fn confine() -> Result<(), ConfineError> {
         .map_err(|e| ConfineError(format!("install the seccomp filter: {e}")))
 }
 
-#[cfg(test)]
 #[allow(clippy::unwrap_used)]
+#[cfg(test)]
 mod tests {
     use super::*;
 

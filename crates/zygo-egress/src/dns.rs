@@ -277,8 +277,8 @@ fn ask(server: Ipv4Addr, name: &str) -> Result<Vec<(Ipv4Addr, u32)>, String> {
     }
 }
 
-#[cfg(test)]
 #[allow(clippy::unwrap_used)]
+#[cfg(test)]
 mod tests {
     use super::*;
 

@@ -207,8 +207,8 @@ fn push_strict(buf: &mut Vec<u8>, c: u8) -> Result<(), &'static str> {
     Ok(())
 }
 
-#[cfg(test)]
 #[allow(clippy::unwrap_used)]
+#[cfg(test)]
 mod tests {
     use super::*;
 

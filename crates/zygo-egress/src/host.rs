@@ -245,8 +245,8 @@ fn local_route(m: &[u8]) -> Option<(Ipv4Addr, u8)> {
     (table == RT_TABLE_LOCAL).then_some((dst, dst_len))
 }
 
-#[cfg(test)]
 #[allow(clippy::unwrap_used)]
+#[cfg(test)]
 mod tests {
     use super::*;
 

@@ -1267,8 +1267,8 @@ fn connect(dst: SocketAddrV4, grant: &mut budget::Grant) -> Result<TcpStream, St
     Ok(TcpStream::from(sock))
 }
 
-#[cfg(test)]
 #[allow(clippy::unwrap_used)]
+#[cfg(test)]
 mod tests {
     use super::*;
     use proto::launch::{Egress, EgressName, EgressRule, EgressStart};

@@ -300,8 +300,8 @@ fn trim(v: &[u8]) -> &[u8] {
     &v[start..end.max(start)]
 }
 
-#[cfg(test)]
 #[allow(clippy::unwrap_used)]
+#[cfg(test)]
 mod tests {
     use super::*;
 

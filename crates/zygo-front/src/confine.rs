@@ -240,8 +240,8 @@ pub fn landlock_nothing() -> Result<bool, ConfineError> {
     Ok(status.ruleset != RulesetStatus::NotEnforced)
 }
 
-#[cfg(test)]
 #[allow(clippy::unwrap_used)]
+#[cfg(test)]
 mod tests {
     use super::*;
     use std::ffi::CString;

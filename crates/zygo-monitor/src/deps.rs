@@ -546,7 +546,7 @@ pub fn add_owner(state_dir: &Path, id: &str, tenant: &str) -> Result<(), String>
     if list.iter().any(|t| t == tenant) {
         return Ok(());
     }
-    crate::paths::make_private_dir(state_dir)
+    plumbing::paths::make_private_dir(state_dir)
         .map_err(|e| format!("create {}: {e}", state_dir.display()))?;
     make_dir(&root(state_dir), 0o711)?;
     let d = dir(state_dir, id);
@@ -632,7 +632,7 @@ pub enum Claim {
 pub fn claim(state_dir: &Path, inputs: &Inputs) -> Result<Claim, String> {
     let id = inputs.id();
     let root = root(state_dir);
-    crate::paths::make_private_dir(state_dir)
+    plumbing::paths::make_private_dir(state_dir)
         .map_err(|e| format!("create {}: {e}", state_dir.display()))?;
     make_dir(&root, 0o711)?;
     let d = root.join(&id);

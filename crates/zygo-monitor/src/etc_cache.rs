@@ -59,7 +59,7 @@ pub fn prepare() -> Option<PreparedEtc> {
     let root = if unsafe { libc::geteuid() } == 0 {
         PathBuf::from("/run/zygo-etc")
     } else {
-        crate::paths::runtime_dir().join("etc")
+        plumbing::paths::runtime_dir().join("etc")
     };
     match prepare_in(Path::new("/etc"), &root) {
         Ok(p) => Some(p),

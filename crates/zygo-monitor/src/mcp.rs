@@ -35,6 +35,7 @@ use std::sync::mpsc::{self, RecvTimeoutError};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
 
+use plumbing::client::NO_SUPERVISOR;
 use plumbing::hello::HelloError;
 use plumbing::random_hex;
 use plumbing::role::{self, Child, Role, RoleFds, Stdio};
@@ -57,9 +58,6 @@ pub const OUTER_SLACK: Duration = Duration::from_secs(300);
 
 /// How long a front that closed its channel has to exit before it is killed.
 const FRONT_EXIT_GRACE: Duration = Duration::from_secs(2);
-
-/// What a tool says when no supervisor runs.
-pub use crate::client::NO_SUPERVISOR;
 
 /// `function_logs`' limit is clamped into this range.
 pub const LOG_LIMIT: std::ops::RangeInclusive<u32> = 1..=200;
@@ -577,12 +575,12 @@ fn tool_error(call: u64, reply: Reply) -> McpReply {
 
 /// One request to the running supervisor on a connection of its own, as an `Mcp` front.
 fn supervisor(req: Request, stopper: &Stopper) -> Result<Reply, String> {
-    let mut sock = crate::client::connect().map_err(|e| match e {
+    let mut sock = plumbing::client::connect().map_err(|e| match e {
         // An MCP host may start this server with little of the user's environment: say
         // where it looked, and how to point it at a supervisor elsewhere.
-        crate::client::ReachError::NotRunning { tried } => format!(
+        plumbing::client::ReachError::NotRunning { tried } => format!(
             "{NO_SUPERVISOR} ({}; a supervisor started with ZYGO_RUNTIME_DIR set is found when the MCP host passes this server the same ZYGO_RUNTIME_DIR in its env settings)",
-            crate::client::ReachError::tried_text(&tried)
+            plumbing::client::ReachError::tried_text(&tried)
         ),
         e => e.to_string(),
     })?;
@@ -596,7 +594,7 @@ fn supervisor(req: Request, stopper: &Stopper) -> Result<Reply, String> {
     let failed = |e: ProtoError| {
         if stopper.cancelled() {
             "cancelled".to_string()
-        } else if crate::client::timed_out(&e) {
+        } else if plumbing::client::timed_out(&e) {
             "the supervisor did not answer in time; it may be stuck (its log may say why)"
                 .to_string()
         } else if matches!(e, ProtoError::Closed) {
@@ -605,16 +603,16 @@ fn supervisor(req: Request, stopper: &Stopper) -> Result<Reply, String> {
             format!("talking to the supervisor failed: {e}")
         }
     };
-    sock.set_read_timeout(Some(crate::client::HELLO_WAIT))
+    sock.set_read_timeout(Some(plumbing::client::HELLO_WAIT))
         .map_err(|e| format!("set a timeout on the supervisor's socket: {e}"))?;
-    match crate::client::hello(&mut sock, front::Role::Mcp) {
+    match plumbing::client::hello(&mut sock, front::Role::Mcp) {
         Ok(()) => {}
         Err(HelloError::Proto(e)) => return Err(failed(e)),
         Err(HelloError::Refused(reason)) => {
             return Err(format!("the supervisor refused this server: {reason}"))
         }
     }
-    sock.set_read_timeout(Some(crate::client::reply_wait(&req)))
+    sock.set_read_timeout(Some(plumbing::client::reply_wait(&req)))
         .map_err(|e| format!("set a timeout on the supervisor's socket: {e}"))?;
     write_frame(&mut sock, &req).map_err(failed)?;
     loop {
@@ -778,10 +776,10 @@ fn record_usage(out: &oneshot::Outcome) {
             .map_or(0, |d| d.as_millis() as u64),
     };
     let sent = (|| -> Result<Reply, String> {
-        let mut sock = crate::client::connect().map_err(|e| e.to_string())?;
+        let mut sock = plumbing::client::connect().map_err(|e| e.to_string())?;
         let _ = sock.set_read_timeout(Some(Duration::from_secs(10)));
         let _ = sock.set_write_timeout(Some(Duration::from_secs(10)));
-        crate::client::hello(&mut sock, front::Role::Mcp).map_err(|e| format!("{e:?}"))?;
+        plumbing::client::hello(&mut sock, front::Role::Mcp).map_err(|e| format!("{e:?}"))?;
         write_frame(&mut sock, &Request::RecordUsage(rec.clone())).map_err(|e| e.to_string())?;
         read_frame::<_, Reply>(&mut sock, MAX_FRONT_FRAME).map_err(|e| e.to_string())
     })();
@@ -792,13 +790,13 @@ fn record_usage(out: &oneshot::Outcome) {
             "no supervisor took the run_code usage record ({e}); appending it to the log"
         ),
     }
-    let state = crate::paths::state_dir();
+    let state = plumbing::paths::state_dir();
     let path = state.join("usage.log");
     let mut line = rec.json_line();
     line.push('\n');
     // On a machine where no supervisor ever ran, the state directory is made here, as
     // `zygo up` makes it (0700), so the record has somewhere to go.
-    let wrote = crate::paths::make_private_dir_if_missing(&state).and_then(|()| {
+    let wrote = plumbing::paths::make_private_dir_if_missing(&state).and_then(|()| {
         std::fs::OpenOptions::new()
             .create(true)
             .append(true)
@@ -832,8 +830,8 @@ fn signal_name(s: i32) -> &'static str {
     }
 }
 
-#[cfg(test)]
 #[allow(clippy::unwrap_used)]
+#[cfg(test)]
 mod tests {
     use super::*;
     use std::os::unix::fs::PermissionsExt;

@@ -11,7 +11,7 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use plumbing::pipes::pipe;
+use plumbing::pipes::{dev_null, pipe};
 use proto::launch::{FromLauncher, LaunchPlan, Phase, ToLauncher, MAX_LAUNCH_FRAME};
 use proto::readbuf::read_append;
 use proto::{write_frame, FrameBuf};
@@ -511,18 +511,6 @@ struct Stream {
 /// costs its caller next to no CPU (it waits on the full pipe instead).
 const DRAIN_TICK: Duration = Duration::from_millis(4);
 
-/// `/dev/null`, where what a captured stream writes past its cap is spliced.
-fn dev_null() -> Option<&'static File> {
-    static NULL: std::sync::OnceLock<Option<File>> = std::sync::OnceLock::new();
-    NULL.get_or_init(|| {
-        std::fs::OpenOptions::new()
-            .write(true)
-            .open("/dev/null")
-            .ok()
-    })
-    .as_ref()
-}
-
 /// Move up to `len` bytes from the pipe `from` to `to` inside the kernel (no copy through
 /// this process): `Ok(0)` at the end of the pipe.
 fn splice(from: RawFd, to: RawFd, len: usize, flags: libc::c_uint) -> std::io::Result<usize> {
@@ -746,7 +734,7 @@ const PIDFD_GET_NAMESPACES: [libc::c_ulong; 2] = [0xFF02, 0xFF04];
 impl Held {
     /// `Cloned`: the launcher waits for the answer, so `pid` is still its unreaped init.
     fn init_cloned(&mut self, pid: i32) {
-        self.init = crate::spawn::pidfd_open(pid);
+        self.init = plumbing::sys::pidfd_open(pid).ok();
     }
 
     /// `Started`: init is in its final namespaces.

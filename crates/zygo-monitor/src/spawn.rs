@@ -1,6 +1,5 @@
 //! Starting a launcher: the `zygo` binary re-executed in its launcher role, by the one
-//! spawn every role is started with ([`plumbing::role::spawn`]); and pidfds, which name a
-//! process even after its pid is reused.
+//! spawn every role is started with ([`plumbing::role::spawn`]).
 
 use std::io;
 use std::os::fd::{AsFd, OwnedFd};
@@ -34,15 +33,4 @@ pub fn spawn_launcher(exe: &Path, fds: LauncherFds<'_>) -> io::Result<Launcher> 
             program_stderr: Some(fds.program_stderr.as_fd()),
         },
     )
-}
-
-/// A pidfd for `pid` (pidfd_open(2)), or `None` if the process is gone or the kernel has
-/// no pidfds. It refers to that process even if the pid is later reused.
-pub(crate) fn pidfd_open(pid: i32) -> Option<OwnedFd> {
-    plumbing::sys::pidfd_open(pid).ok()
-}
-
-/// Whether the process behind `pidfd` has not exited: then its pid still names it.
-pub(crate) fn pidfd_alive(pidfd: &OwnedFd) -> bool {
-    plumbing::sys::pidfd_alive(pidfd)
 }

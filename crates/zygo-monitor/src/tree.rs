@@ -691,8 +691,8 @@ fn unlink(dir: RawFd, name: &CStr, flags: libc::c_int) -> io::Result<()> {
     Ok(())
 }
 
-#[cfg(test)]
 #[allow(clippy::unwrap_used)]
+#[cfg(test)]
 mod tests {
     use super::*;
     use std::os::unix::fs::{MetadataExt, PermissionsExt};

@@ -148,8 +148,8 @@ pub fn enabled() -> bool {
     FEED.get().is_some()
 }
 
-#[cfg(test)]
 #[allow(clippy::unwrap_used)]
+#[cfg(test)]
 mod tests {
     use super::*;
 

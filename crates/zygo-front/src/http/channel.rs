@@ -353,8 +353,8 @@ impl Drop for Lease {
     }
 }
 
-#[cfg(test)]
 #[allow(clippy::unwrap_used)]
+#[cfg(test)]
 mod tests {
     use super::*;
     use crate::http::fair::{Party, Shares};

@@ -651,8 +651,8 @@ pub fn document_text() -> String {
     s
 }
 
-#[cfg(test)]
 #[allow(clippy::unwrap_used)]
+#[cfg(test)]
 mod tests {
     use super::*;
 

@@ -219,8 +219,8 @@ pub fn split_url(url: &str) -> Result<(String, Vec<(String, String)>), HttpError
     Ok((path.to_string(), q))
 }
 
-#[cfg(test)]
 #[allow(clippy::unwrap_used)]
+#[cfg(test)]
 mod tests {
     use super::*;
 

@@ -166,8 +166,8 @@ pub fn type_name(v: &Value) -> &'static str {
     }
 }
 
-#[cfg(test)]
 #[allow(clippy::unwrap_used)]
+#[cfg(test)]
 mod tests {
     use super::*;
     use std::io::BufReader;

@@ -649,8 +649,8 @@ pub fn render(tool: Tool, call: &Call, reply: &McpReply) -> ToolResult {
     }
 }
 
-#[cfg(test)]
 #[allow(clippy::unwrap_used)]
+#[cfg(test)]
 mod tests {
     use super::*;
     use crate::mcp::revision::{HANDSHAKE, STATELESS};

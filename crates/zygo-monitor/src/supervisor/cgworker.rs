@@ -143,7 +143,7 @@ fn place_new(
     cg.set_limits(limits)
         .and_then(|()| cg.set_weight(Weight::Background))
         .map_err(|e| e.to_string())?;
-    if !crate::spawn::pidfd_alive(pidfd) {
+    if !plumbing::sys::pidfd_alive(pidfd) {
         return Err(format!("process {pid} exited before it was placed"));
     }
     cg.add_single_threaded(pid).map_err(|e| e.to_string())?;
@@ -157,7 +157,7 @@ fn reuse(
     pid: i32,
     pidfd: &OwnedFd,
 ) -> Result<Box<dyn Cgroup>, Box<dyn Cgroup>> {
-    if !crate::spawn::pidfd_alive(pidfd) {
+    if !plumbing::sys::pidfd_alive(pidfd) {
         return Err(cg);
     }
     match cg

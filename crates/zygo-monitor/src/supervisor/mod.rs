@@ -25,7 +25,6 @@
 
 pub mod api;
 mod cgworker;
-mod conn;
 mod event_check;
 pub(crate) mod functions;
 mod scripts;
@@ -43,14 +42,14 @@ use std::time::{Duration, Instant};
 use mio::net::{UnixListener, UnixStream};
 use mio::unix::SourceFd;
 use mio::{Events, Interest, Poll, Token};
+use plumbing::conn::{
+    self, Conn, Got, InputBudget, CHUNK, FRAME_STALL, INPUT_BUDGET, MAX_FRONTS, MAX_HELLO_FRAME,
+    MAX_QUEUED, MAX_QUEUED_BYTES, OUTPUT_BUDGET, OUT_LOW, SMALL_FRAME,
+};
+use plumbing::paths;
 use proto::front::{ErrorCode, Hello, HelloReply, Reply, Request, Role, MAX_FRONT_FRAME};
 
 use crate::cgroup::Backend;
-use crate::paths;
-use conn::{
-    Conn, Got, InputBudget, CHUNK, FRAME_STALL, INPUT_BUDGET, MAX_FRONTS, MAX_HELLO_FRAME,
-    MAX_QUEUED, MAX_QUEUED_BYTES, OUTPUT_BUDGET, OUT_LOW, SMALL_FRAME,
-};
 use functions::{Ctx, Functions};
 
 const LISTENER: Token = Token(0);

@@ -187,7 +187,7 @@ fn timeout(v: &Value) -> Result<u64, HttpError> {
             ))
         }
     };
-    if d > policy::limits::MAX_DURATION {
+    if d > proto::front::MAX_DURATION {
         return Err(HttpError::from_code(
             ErrorCode::BadSpec,
             "timeout: at most 24h".into(),

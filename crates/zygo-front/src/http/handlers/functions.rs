@@ -724,8 +724,8 @@ pub fn stats(front: &Front, call: &mut Call) -> Out {
     }
 }
 
-#[cfg(test)]
 #[allow(clippy::unwrap_used)]
+#[cfg(test)]
 mod tests {
     use super::*;
     use crate::http::fair::AnswerBudgets;

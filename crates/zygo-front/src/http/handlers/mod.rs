@@ -497,8 +497,8 @@ pub fn ms_left(left: Duration) -> u64 {
     (left.as_millis() as u64).max(1)
 }
 
-#[cfg(test)]
 #[allow(clippy::unwrap_used)]
+#[cfg(test)]
 mod tests {
     use super::*;
 

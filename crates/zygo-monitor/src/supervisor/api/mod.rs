@@ -823,7 +823,7 @@ pub fn check_limits(p: &LimitsPatch, private_ok: bool) -> Result<(), Refusal> {
     positive("timeout", &p.timeout_ms)?;
     positive("scratch", &p.scratch_bytes)?;
     if let Some(Some(ms)) = p.timeout_ms {
-        if u128::from(ms) > policy::limits::MAX_DURATION.as_millis() {
+        if u128::from(ms) > proto::front::MAX_DURATION.as_millis() {
             return Err(spec("timeout: at most 24h".into()));
         }
     }

@@ -234,7 +234,7 @@ impl Files {
     pub fn open(dir: PathBuf) -> Result<Files, StoreError> {
         for k in Kind::ALL {
             let d = dir.join(k.folder());
-            crate::paths::make_private_dir(&d)
+            plumbing::paths::make_private_dir(&d)
                 .map_err(|e| StoreError(format!("create {}: {e}", d.display())))?;
         }
         Ok(Files { dir })

@@ -379,11 +379,11 @@ fn plan(spec: &FnSpec, identity: &Identity) -> Result<Planned, String> {
     // Without uids of their own, requests are kept from signalling each other by
     // Landlock's scoping alone: on an older kernel that is refused unless accepted.
     if request_ids.is_none() {
-        let abi = crate::kernel::landlock_abi();
+        let abi = plumbing::kernel::landlock_abi();
         let refusal = if identity.request_ids.is_none() {
-            crate::kernel::rootless_zygote_refusal(abi)
+            plumbing::kernel::rootless_zygote_refusal(abi)
         } else {
-            crate::kernel::writable_mount_refusal(abi)
+            plumbing::kernel::writable_mount_refusal(abi)
         };
         if let Some(why) = refusal {
             return Err(why);

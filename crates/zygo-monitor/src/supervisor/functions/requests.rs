@@ -425,7 +425,7 @@ fn move_to(
                 .create(&format!("{dir}/r-{}-{slot}", std::process::id()))
                 .map_err(|e| e.to_string())?;
             cg.set_limits(limits).map_err(|e| e.to_string())?;
-            if !crate::spawn::pidfd_alive(pidfd) {
+            if !plumbing::sys::pidfd_alive(pidfd) {
                 return Err(format!("the parked child {} has exited", s.pid));
             }
             cg.add_single_threaded(s.pid).map_err(|e| e.to_string())?;

@@ -41,12 +41,12 @@ use proto::launch::{FromLauncher, Image, Phase, ToLauncher, MAX_LAUNCH_FRAME};
 use proto::readbuf::read_append;
 
 use super::super::cgworker::Job;
-use super::super::conn::{Conn, Got};
 use super::run_spec;
 use super::{fail, now_ms, Ctx, Functions};
 use crate::cgroup::{Cgroup, Usage};
 use crate::spawn::Launcher;
-use plumbing::pipes::pipe;
+use plumbing::conn::{Conn, Got};
+use plumbing::pipes::{dev_null, pipe};
 use plumbing::random_hex;
 
 /// Runs going at once. One more is refused as busy: each holds a launcher, a sandbox, and
@@ -112,18 +112,6 @@ enum Source {
 /// without end waits on its full pipe instead of making the loop, which serves every
 /// tenant, move its bytes. (Once the run has ended, what is left goes at once.)
 const DRAIN_TICK: Duration = Duration::from_millis(4);
-
-/// `/dev/null`, opened once, for what is dropped.
-fn dev_null() -> Option<&'static File> {
-    static NULL: std::sync::OnceLock<Option<File>> = std::sync::OnceLock::new();
-    NULL.get_or_init(|| {
-        std::fs::OpenOptions::new()
-            .write(true)
-            .open("/dev/null")
-            .ok()
-    })
-    .as_ref()
-}
 
 /// Move up to a chunk from the pipe `from` into `/dev/null` without copying it here (a
 /// read into a buffer where splice cannot be used): how much went, 0 at the pipe's end.

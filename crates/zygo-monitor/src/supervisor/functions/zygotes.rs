@@ -12,11 +12,11 @@ use mio::{Interest, Token};
 use proto::launch::{FromLauncher, Image, LaunchPlan, ToLauncher, MAX_LAUNCH_FRAME};
 
 use super::super::cgworker::{Job, Placed};
-use super::super::conn::Conn;
 use super::registry::FnState;
 use super::requests::{last_reading, Terminal};
 use super::{Ctx, Functions, SLOTS, SPARES};
 use crate::cgroup::{Cgroup, Weight};
+use plumbing::conn::Conn;
 use plumbing::random_hex;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -473,9 +473,9 @@ impl Functions {
                 // a process that is still this zygote's (in its cgroup, where its agent
                 // forked it) is moved, held by a pidfd meanwhile so its number cannot change
                 // hands between the check and the move.
-                let pidfd = crate::spawn::pidfd_open(pid);
+                let pidfd = plumbing::sys::pidfd_open(pid).ok();
                 let ours = pidfd.as_ref().is_some_and(|fd| {
-                    z.cgroup.contains(pid).unwrap_or(false) && crate::spawn::pidfd_alive(fd)
+                    z.cgroup.contains(pid).unwrap_or(false) && plumbing::sys::pidfd_alive(fd)
                 });
                 let Some(pidfd) = pidfd.filter(|_| ours) else {
                     log::warn!(

@@ -80,8 +80,8 @@ pub const FRAME_STALL: Duration = Duration::from_secs(10);
 /// cannot be made one (its encoding fails, or is over the cap) is answered with a small
 /// `too_large` error saying how large it was instead, so that the front always gets the
 /// one final reply it waits for. (Every reply is built well below the cap: a call's answer
-/// holds at most about 31 MiB, a function's logs 4 MiB (`stats::LOGS_REPLY_BUDGET`); this
-/// is the guard behind those budgets.)
+/// holds at most about 31 MiB, a function's logs 4 MiB (`stats::LOGS_REPLY_BUDGET` in the
+/// monitor's supervisor); this is the guard behind those budgets.)
 pub fn final_reply_frame(r: &Reply, cap: usize) -> Vec<u8> {
     let why = match encode_frame(r) {
         Ok(f) if f.len() <= cap => return f,

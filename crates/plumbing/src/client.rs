@@ -9,7 +9,7 @@ use proto::front::Request;
 
 use crate::paths;
 
-pub use plumbing::hello::HelloError;
+pub use crate::hello::HelloError;
 
 pub const NO_SUPERVISOR: &str = "no supervisor is running; start one with `zygo up`";
 
@@ -76,7 +76,7 @@ pub fn connect() -> Result<UnixStream, ReachError> {
 /// Say hello as `role` (a front without flags: the CLI, `zygo mcp`) and read the
 /// supervisor's answer.
 pub fn hello(sock: &mut UnixStream, role: proto::front::Role) -> Result<(), HelloError> {
-    plumbing::hello::say(sock, role, Default::default())
+    crate::hello::say(sock, role, Default::default())
 }
 
 /// How long the host's fronts (the CLI, `zygo mcp`) wait on the supervisor's socket for
@@ -85,7 +85,7 @@ pub fn hello(sock: &mut UnixStream, role: proto::front::Role) -> Result<(), Hell
 /// Generous: the longest the request may rightly take, and a minute.
 pub fn reply_wait(req: &Request) -> Duration {
     const MARGIN: Duration = Duration::from_secs(60);
-    let longest = policy::limits::MAX_DURATION;
+    let longest = proto::front::MAX_DURATION;
     let took = match req {
         // A call runs until its deadline: the one asked for, else its function's (24 h at
         // most). A streamed call's events each restart the wait.
