@@ -88,7 +88,7 @@ impl AgentLog {
     /// `DRAIN_TICK` has passed. `None` where splice cannot be used (then it is read).
     fn drop_spliced(&mut self, fd: std::os::fd::RawFd, now: Instant) -> Option<bool> {
         use std::os::fd::AsRawFd;
-        let null = crate::zygote::dev_null()?;
+        let null = plumbing::pipes::dev_null()?;
         // SAFETY: splice(2) between two descriptors we hold, no offsets.
         let n = unsafe {
             libc::splice(

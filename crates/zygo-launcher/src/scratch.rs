@@ -158,7 +158,7 @@ impl Mounter {
         shrink: Option<u64>,
         secrets: &[proto::launch::SecretFile],
     ) -> Result<(), ScratchError> {
-        let pidfd = crate::sys::pidfd_open(pid)
+        let pidfd = plumbing::sys::pidfd_open(pid)
             .map_err(|e| ScratchError(format!("open process {pid}: {e}")))?;
         let mnt = check(pid, sandbox)?;
         let (uid, gid) = if secrets.is_empty() {
@@ -590,7 +590,7 @@ fn exit_now(code: libc::c_int) -> ! {
 /// namespaces, and in a mount namespace that is not the sandbox's own (mounts made there
 /// would cover the sandbox's /tmp and /work, for every request to share).
 pub fn check(pid: i32, sandbox: &SandboxNs) -> Result<OwnedFd, ScratchError> {
-    let pidfd = crate::sys::pidfd_open(pid)
+    let pidfd = plumbing::sys::pidfd_open(pid)
         .map_err(|e| ScratchError(format!("open process {pid}: {e}")))?;
     let user = open_ns(pid, "user")?;
     let pid_ns = open_ns(pid, "pid")?;

@@ -221,12 +221,6 @@ pub fn close(fd: RawFd) {
     unsafe { libc::close(fd) };
 }
 
-/// A descriptor for the process `pid` (host pid), which stays with that process even if the
-/// number is reused.
-pub fn pidfd_open(pid: libc::pid_t) -> io::Result<OwnedFd> {
-    plumbing::sys::pidfd_open(pid)
-}
-
 /// Close every descriptor from `from` up, except those in `keep`.
 pub fn close_fds_from(from: RawFd, keep: &[RawFd]) {
     let mut keep: Vec<RawFd> = keep.iter().copied().filter(|&k| k >= from).collect();

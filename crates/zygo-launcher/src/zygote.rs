@@ -316,18 +316,6 @@ const MAX_RELAY: usize = 1024 * 1024 + 1;
 /// pipe instead.
 pub(crate) const DRAIN_TICK: Duration = Duration::from_millis(4);
 
-/// `/dev/null`, opened once, for what is dropped.
-pub(crate) fn dev_null() -> Option<&'static std::fs::File> {
-    static NULL: std::sync::OnceLock<Option<std::fs::File>> = std::sync::OnceLock::new();
-    NULL.get_or_init(|| {
-        std::fs::OpenOptions::new()
-            .write(true)
-            .open("/dev/null")
-            .ok()
-    })
-    .as_ref()
-}
-
 impl Relay {
     fn new(fd: OwnedFd, stream: Stream) -> Relay {
         // SAFETY: fcntl on a descriptor we own, adding O_NONBLOCK.
@@ -366,7 +354,7 @@ impl Relay {
     /// Past [`MAX_RELAY`]: move one chunk (all there is, up to 64 of them, when `drain`)
     /// into `/dev/null`. False if splice cannot be used here.
     fn drop_spliced(&mut self, drain: bool) -> bool {
-        let (Some(fd), Some(null)) = (self.fd.as_ref(), dev_null()) else {
+        let (Some(fd), Some(null)) = (self.fd.as_ref(), plumbing::pipes::dev_null()) else {
             return false;
         };
         for _ in 0..if drain { 64 } else { 1 } {
@@ -825,7 +813,7 @@ pub fn serve(
     };
     // Everything from here on is read from the sandbox: the relay gives up the host's
     // privileges first (see `relay`). /dev/null is opened while it still may.
-    if dev_null().is_none() {
+    if plumbing::pipes::dev_null().is_none() {
         return end("open /dev/null".into());
     }
     if let Err(e) = crate::relay::confine(&confinement) {
