@@ -1257,3 +1257,25 @@ impl Drop for OwnRoot {
         self.cleanup();
     }
 }
+
+/// A pipe for a zygo run by `who`: (the test's end, the run's end). The run reads it when
+/// `run_reads`. Rootless under a root test, the pipe is the rootless user's, as a pipe its
+/// own shell made would be (zygo reopens its pipes through /proc, which checks the owner).
+pub fn pipe_for(who: Who, run_reads: bool) -> (std::fs::File, Stdio) {
+    use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+    let mut fds = [0; 2];
+    // SAFETY: pipe2 into an array of two descriptors.
+    assert_eq!(unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) }, 0);
+    // SAFETY: two fresh descriptors that nothing else owns.
+    let (r, w) = unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) };
+    if who == Who::Rootless && am_root() {
+        let u = rootless_setup();
+        // SAFETY: fchown of a descriptor we hold.
+        assert_eq!(unsafe { libc::fchown(r.as_raw_fd(), u.uid, u.gid) }, 0);
+    }
+    if run_reads {
+        (std::fs::File::from(w), Stdio::from(r))
+    } else {
+        (std::fs::File::from(r), Stdio::from(w))
+    }
+}

@@ -398,6 +398,95 @@ both_tests! {
         assert_eq!(out, "to stdout\n", "[{w}] stderr to /dev/null");
     }
 
+    /// Output that zygo passes through to a pipe, and its own stdin when that is a pipe,
+    /// reach the program as those very pipes (each through a description of its own): zygo
+    /// copies nothing outside the sandbox's CPU quota (issue 29 item 10). The program sees
+    /// the inode of the test's own pipes; a flood of both streams costs zygo next to no
+    /// CPU however long it lasts; and the program's flags are its own (a non-blocking
+    /// stdout in the sandbox leaves zygo's blocking).
+    fn output_and_stdin_passed_through_pipes_are_not_relayed(who) {
+        use std::os::unix::fs::MetadataExt;
+        let w = who.name();
+        let probe = "import os, fcntl\n\
+                     print(os.fstat(0).st_ino, os.fstat(1).st_ino, os.fstat(2).st_ino, flush=True)\n\
+                     fcntl.fcntl(1, fcntl.F_SETFL, os.O_NONBLOCK)\n\
+                     print(os.read(0, 100).decode(), flush=True)\n";
+        let ino = |f: &File| f.metadata().expect("fstat a pipe").ino();
+        let (mut stdin, child_in) = pipe_for(who, true);
+        let (mut stdout, child_out) = pipe_for(who, false);
+        let (stderr, child_err) = pipe_for(who, false);
+        let want = format!("{} {} {}", ino(&stdin), ino(&stdout), ino(&stderr));
+        let mut c = zygo(who);
+        c.args(["run", "--", "python3", "-c", probe])
+            .stdin(child_in)
+            .stdout(child_out)
+            .stderr(child_err);
+        let mut child = spawn_retrying(&mut c);
+        drop(c);
+        stdin.write_all(b"from the test").expect("write stdin");
+        drop(stdin);
+        let mut out = String::new();
+        std::io::Read::read_to_string(&mut stdout, &mut out).expect("read stdout");
+        let status = child.wait().expect("wait for zygo");
+        assert!(status.success(), "[{w}] {status:?} {out}");
+        assert_eq!(out.lines().next(), Some(want.as_str()), "[{w}] the program's pipes: {out}");
+        assert_eq!(out.lines().nth(1), Some("from the test"), "[{w}] {out}");
+
+        // A flood of both streams, drained by the test: zygo's own CPU does not grow with
+        // how long it lasts.
+        let mut own = Vec::new();
+        for secs in ["1s", "4s"] {
+            let (stdout, child_out) = pipe_for(who, false);
+            let (stderr, child_err) = pipe_for(who, false);
+            let mut c = zygo(who);
+            c.args(["run", "--cpu", "0.5", "--timeout", secs, "--", "sh", "-c"])
+                .arg("cat /dev/zero & cat /dev/zero >&2")
+                .stdin(Stdio::null())
+                .stdout(child_out)
+                .stderr(child_err);
+            let mut child = spawn_retrying(&mut c);
+            drop(c);
+            let pid = child.id();
+            let drain = |mut r: Box<dyn std::io::Read + Send>| {
+                std::thread::spawn(move || {
+                    let mut buf = vec![0u8; 1 << 16];
+                    let mut n = 0u64;
+                    while let Ok(k) = r.read(&mut buf) {
+                        if k == 0 {
+                            break;
+                        }
+                        n += k as u64;
+                    }
+                    n
+                })
+            };
+            let out = drain(Box::new(stdout));
+            let err = drain(Box::new(stderr));
+            // SAFETY: sysconf cannot fail for this name.
+            let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) }.max(1) as u64;
+            let mut ticks = 0u64;
+            while child.try_wait().ok().flatten().is_none() {
+                if let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+                    let f: Vec<&str> = stat.rsplit(") ").next().unwrap_or("").split(' ').collect();
+                    if let (Some(u), Some(s)) = (f.get(11), f.get(12)) {
+                        ticks = u.parse::<u64>().unwrap_or(0) + s.parse::<u64>().unwrap_or(0);
+                    }
+                }
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            let (out, err) = (out.join().expect("drain"), err.join().expect("drain"));
+            assert!(out > 1 << 20 && err > 1 << 20, "[{w}] {out} and {err} bytes came through");
+            let cpu = Duration::from_millis(ticks * 1000 / hz);
+            eprintln!("[{w}] --timeout {secs}: {out} + {err} bytes, zygo's own CPU {cpu:?}");
+            own.push(cpu);
+        }
+        let extra = own[1].saturating_sub(own[0]);
+        assert!(
+            extra < Duration::from_millis(300),
+            "[{w}] zygo spent {extra:?} more CPU passing 3 s more of output through ({own:?})"
+        );
+    }
+
     /// A socket named by --stdin is refused, naming the path and saying why, whether it is
     /// a socket file or zygo's own stdin (`/dev/stdin`).
     fn a_socket_given_as_stdin_is_refused_naming_it(who) {

@@ -662,66 +662,111 @@ root_and_rootless!(queued_signals_are_counted_per_sandbox);
 
 both_tests! {
     /// A `zygo run --timeout 1s` whose stdout nobody reads: the program is killed at the
-    /// deadline, its cgroup removed at once, and zygo returns within moments, saying that
-    /// it dropped the output it could not pass on (it used to stay blocked writing it, with
-    /// the cgroup in place, until the reader went away).
+    /// deadline, its cgroup removed at once, and zygo returns within moments. Stdout a pipe,
+    /// the program writes into that pipe itself (zygo relays nothing, so nothing is held);
+    /// stdout a socket, zygo relays it, and says that it dropped the output it could not
+    /// pass on (it used to stay blocked writing it, with the cgroup in place, until the
+    /// reader went away).
     fn an_unread_stdout_does_not_hold_zygo_past_the_deadline(who) {
-        let marker = format!("unread{}", unique());
-        let mut c = zygo(who);
-        c.args(["run", "--timeout", "1s", "--", "yes", &marker])
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped());
-        let t0 = Instant::now();
-        let mut child = c.spawn().unwrap_or_else(|e| panic!("spawn {c:?}: {e}"));
-        // Held, never read.
-        let _stdout = child.stdout.take();
-        let mut stderr = child.stderr.take().expect("stderr is piped");
-        let err = std::thread::spawn(move || {
-            let mut v = String::new();
-            let _ = std::io::Read::read_to_string(&mut stderr, &mut v);
-            v
-        });
-        let pid = {
-            let mut found = None;
-            wait_for(Duration::from_secs(20), "the sandboxed program to start", || {
-                found = host_pids_starting_with(format!("yes\0{marker}").as_bytes()).first().copied();
+        for relayed in [false, true] {
+            unread_stdout(who, relayed);
+        }
+    }
+}
+
+fn unread_stdout(who: Who, relayed: bool) {
+    let marker = format!("unread{}", unique());
+    // Held, never read.
+    let (_held, stdout): (Box<dyn std::any::Any>, Stdio) = if relayed {
+        let (a, b) = std::os::unix::net::UnixStream::pair().expect("a socket pair");
+        (Box::new(a), Stdio::from(std::os::fd::OwnedFd::from(b)))
+    } else {
+        let (r, w) = pipe_for(who, false);
+        (Box::new(r), w)
+    };
+    let mut c = zygo(who);
+    c.args(["run", "--timeout", "1s", "--", "yes", &marker])
+        .stdin(Stdio::null())
+        .stdout(stdout)
+        .stderr(Stdio::piped());
+    let t0 = Instant::now();
+    let mut child = c.spawn().unwrap_or_else(|e| panic!("spawn {c:?}: {e}"));
+    drop(c);
+    let mut stderr = child.stderr.take().expect("stderr is piped");
+    let err = std::thread::spawn(move || {
+        let mut v = String::new();
+        let _ = std::io::Read::read_to_string(&mut stderr, &mut v);
+        v
+    });
+    let pid = {
+        let mut found = None;
+        wait_for(
+            Duration::from_secs(20),
+            "the sandboxed program to start",
+            || {
+                found = host_pids_starting_with(format!("yes\0{marker}").as_bytes())
+                    .first()
+                    .copied();
                 found.is_some()
-            });
-            found.unwrap_or(0)
-        };
-        let cg = cgroup_dir_of(pid, "memory");
-        assert!(cg.exists(), "[{}] no cgroup {}", who.name(), cg.display());
-        let mut cgroup_gone_while_zygo_ran = None;
-        let status = loop {
-            if let Some(s) = child.try_wait().expect("try_wait") {
-                break s;
-            }
-            if cgroup_gone_while_zygo_ran.is_none() && !cg.exists() {
-                cgroup_gone_while_zygo_ran = Some(t0.elapsed());
-            }
-            if t0.elapsed() > Duration::from_secs(60) {
-                let _ = child.kill();
-                let _ = child.wait();
-                panic!("[{}] zygo still blocked 60 s after a 1 s deadline", who.name());
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        };
-        let elapsed = t0.elapsed();
-        let err = err.join().expect("stderr reader");
-        eprintln!(
-            "[{}] zygo returned after {elapsed:?}; the cgroup was gone after {cgroup_gone_while_zygo_ran:?}; stderr: {err}",
+            },
+        );
+        found.unwrap_or(0)
+    };
+    let cg = cgroup_dir_of(pid, "memory");
+    assert!(cg.exists(), "[{}] no cgroup {}", who.name(), cg.display());
+    let mut cgroup_gone_while_zygo_ran = None;
+    let status = loop {
+        if let Some(s) = child.try_wait().expect("try_wait") {
+            break s;
+        }
+        if cgroup_gone_while_zygo_ran.is_none() && !cg.exists() {
+            cgroup_gone_while_zygo_ran = Some(t0.elapsed());
+        }
+        if t0.elapsed() > Duration::from_secs(60) {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!(
+                "[{}] zygo still blocked 60 s after a 1 s deadline",
+                who.name()
+            );
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let elapsed = t0.elapsed();
+    let err = err.join().expect("stderr reader");
+    eprintln!(
+            "[{}] relayed {relayed}: zygo returned after {elapsed:?}; the cgroup was gone after {cgroup_gone_while_zygo_ran:?}; stderr: {err}",
             who.name()
         );
-        assert_eq!(status.code(), Some(137), "[{}] {err}", who.name());
-        assert!(err.contains("time limit"), "[{}] {err}", who.name());
-        assert!(err.contains("bytes of the program's output were dropped"), "[{}] {err}", who.name());
-        assert!(!cg.exists(), "[{}] the cgroup {} outlived zygo", who.name(), cg.display());
-        // Removed as soon as the sandbox was gone, not when zygo gave up on its stdout.
-        assert!(cgroup_gone_while_zygo_ran.is_some(), "[{}] the cgroup went only as zygo returned", who.name());
-        // The deadline, then at most 2 s for the reader, and the start: well within 10 s.
-        assert!(elapsed < Duration::from_secs(10), "[{}] zygo took {elapsed:?}", who.name());
+    assert_eq!(status.code(), Some(137), "[{}] {err}", who.name());
+    assert!(err.contains("time limit"), "[{}] {err}", who.name());
+    assert_eq!(
+        err.contains("bytes of the program's output were dropped"),
+        relayed,
+        "[{}] relayed {relayed}: {err}",
+        who.name()
+    );
+    assert!(
+        !cg.exists(),
+        "[{}] the cgroup {} outlived zygo",
+        who.name(),
+        cg.display()
+    );
+    // Removed as soon as the sandbox was gone, not when zygo gave up on its stdout (which
+    // it holds only when it relays).
+    if relayed {
+        assert!(
+            cgroup_gone_while_zygo_ran.is_some(),
+            "[{}] the cgroup went only as zygo returned",
+            who.name()
+        );
     }
+    // The deadline, then at most 2 s for the reader, and the start: well within 10 s.
+    assert!(
+        elapsed < Duration::from_secs(10),
+        "[{}] zygo took {elapsed:?}",
+        who.name()
+    );
 }
 
 /// As root, two sandboxes running at once are different host uids (each sandbox's id 0 is

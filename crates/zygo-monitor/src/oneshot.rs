@@ -29,8 +29,9 @@ const WATCHDOG_SLACK: Duration = Duration::from_secs(35);
 
 /// Where the program's stdin comes from.
 ///
-/// The program is never handed a host descriptor: it gets a pipe the monitor copies into.
-/// A host descriptor gives the sandbox more than bytes to read: a terminal takes ioctls
+/// The program is never handed a host file: it gets a pipe the monitor copies into, or,
+/// when zygo's own stdin is an anonymous pipe, a description of that pipe of its own
+/// (`own_pipe`), which lives on no host filesystem. A host file gives the sandbox more than bytes to read: a terminal takes ioctls
 /// that change it for the host (`TCSETS`: the operator's echo switched off for good), a
 /// device has ioctls of its own, a directory is a way into the host's file tree past the
 /// sandbox's root (`openat(0, "..")`), and a regular file or a named pipe can be changed
@@ -44,8 +45,9 @@ pub enum Stdin {
     /// a regular file, a pipe, a terminal or a device is copied through a pipe, anything
     /// else refused.
     File(File),
-    /// The monitor's own stdin, copied through a pipe (never handed over directly: a
-    /// terminal must not reach the sandbox).
+    /// The monitor's own stdin: an anonymous pipe reopened for the program, anything else
+    /// copied through a pipe (never handed over directly: a terminal must not reach the
+    /// sandbox).
     Forward,
     /// These bytes, then end of file.
     Bytes(Vec<u8>),
@@ -239,10 +241,17 @@ pub fn start(req: Request) -> Result<Started, Box<Outcome>> {
     // Output passed through to a `/dev/null` goes straight to a `/dev/null` of the
     // program's own: nothing to relay (nor to reopen through it: a device that takes and
     // gives nothing).
+    // Output passed through to a pipe goes into that pipe, through a description of the
+    // program's own (see `own_pipe`): nothing to copy outside the sandbox's CPU quota.
     let stream = |own: RawFd| -> Result<(Option<OwnedFd>, OwnedFd), Box<Outcome>> {
         if matches!(req.output, Output::PassThrough) && is_dev_null(own) {
             if let Ok(null) = std::fs::OpenOptions::new().write(true).open("/dev/null") {
                 return Ok((None, OwnedFd::from(null)));
+            }
+        }
+        if matches!(req.output, Output::PassThrough) {
+            if let Some(pipe) = own_pipe(own, libc::O_WRONLY) {
+                return Ok((None, pipe));
             }
         }
         let (r, w) = pipe().map_err(|e| start_err("create a pipe", e))?;
@@ -264,11 +273,15 @@ pub fn start(req: Request) -> Result<Started, Box<Outcome>> {
             let (r, w) = pipe().map_err(|e| start_err("create a pipe", e))?;
             (Some(r), Some(Feeder::Relay(f, w)))
         }
-        Stdin::Forward => {
-            let own = own_stdin().map_err(|e| start_err("duplicate zygo's stdin", e))?;
-            let (r, w) = pipe().map_err(|e| start_err("create a pipe", e))?;
-            (Some(r), Some(Feeder::Relay(own, w)))
-        }
+        // A pipe reaches the program as a description of its own, with nothing to copy.
+        Stdin::Forward => match own_pipe(libc::STDIN_FILENO, libc::O_RDONLY) {
+            Some(pipe) => (Some(pipe), None),
+            None => {
+                let own = own_stdin().map_err(|e| start_err("duplicate zygo's stdin", e))?;
+                let (r, w) = pipe().map_err(|e| start_err("create a pipe", e))?;
+                (Some(r), Some(Feeder::Relay(own, w)))
+            }
+        },
         Stdin::Bytes(bytes) => {
             let (r, w) = pipe().map_err(|e| start_err("create a pipe", e))?;
             (Some(r), Some(Feeder::Bytes(w, bytes)))
@@ -504,6 +517,91 @@ struct Stream {
     /// the last splice; it is polled for room rather than the program's pipe for data, and
     /// the relay never blocks on it.
     dest_full: bool,
+    /// Passing through by copying: where to, without ever blocking (see [`Copy`]); chosen
+    /// at the first copy.
+    copy_to: Option<Copy>,
+    /// Read and not yet taken by the destination (a copy only; nothing more is read
+    /// meanwhile).
+    pending: Vec<u8>,
+}
+
+/// A destination that output is copied to rather than spliced, written without blocking:
+/// a socket with `MSG_DONTWAIT` (a splice into a socket waits for room whatever its flags
+/// say), anything else through a non-blocking description of its own (a terminal
+/// reopened; the flags of zygo's own stdout and stderr are left as they are).
+enum Copy {
+    Socket(RawFd),
+    Own(File),
+    /// Neither could be had: written as it is, which may wait.
+    Blocking(RawFd),
+}
+
+impl Copy {
+    /// `fd` as a socket to copy to, or `Blocking` (not one).
+    fn of_socket(fd: RawFd) -> Copy {
+        // SAFETY: stat is plain old data, so all zeroes is a valid value to fill.
+        let mut st: libc::stat = unsafe { std::mem::zeroed() };
+        // SAFETY: fstat of a descriptor number into a valid, writable buffer.
+        if unsafe { libc::fstat(fd, &mut st) } == 0 && st.st_mode & libc::S_IFMT == libc::S_IFSOCK {
+            Copy::Socket(fd)
+        } else {
+            Copy::Blocking(fd)
+        }
+    }
+
+    fn of(fd: RawFd) -> Copy {
+        if let c @ Copy::Socket(_) = Copy::of_socket(fd) {
+            return c;
+        }
+        // SAFETY: F_GETFL on a descriptor number.
+        let flags = unsafe { libc::fcntl(fd, libc::F_GETFL) };
+        let append = if flags >= 0 {
+            flags & libc::O_APPEND
+        } else {
+            0
+        };
+        let Ok(path) = std::ffi::CString::new(format!("/proc/self/fd/{fd}")) else {
+            return Copy::Blocking(fd);
+        };
+        let mode = libc::O_WRONLY | libc::O_NONBLOCK | libc::O_NOCTTY | libc::O_CLOEXEC | append;
+        // SAFETY: open with a valid C string; the descriptor is ours.
+        match unsafe { libc::open(path.as_ptr(), mode) } {
+            // SAFETY: a fresh descriptor that nothing else owns.
+            own if own >= 0 => Copy::Own(unsafe { File::from_raw_fd(own) }),
+            _ => Copy::Blocking(fd),
+        }
+    }
+
+    /// Write some of `buf`: how much was taken (`EAGAIN`: none, the destination is full).
+    fn write(&self, buf: &[u8]) -> std::io::Result<usize> {
+        let (fd, sock) = match self {
+            Copy::Socket(fd) => (*fd, true),
+            Copy::Own(f) => (f.as_raw_fd(), false),
+            Copy::Blocking(fd) => (*fd, false),
+        };
+        loop {
+            // SAFETY: send and write from a valid buffer of `buf.len()` bytes.
+            let n = unsafe {
+                if sock {
+                    libc::send(
+                        fd,
+                        buf.as_ptr().cast(),
+                        buf.len(),
+                        libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL,
+                    )
+                } else {
+                    libc::write(fd, buf.as_ptr().cast(), buf.len())
+                }
+            };
+            if n >= 0 {
+                return Ok(n as usize);
+            }
+            let e = std::io::Error::last_os_error();
+            if e.kind() != std::io::ErrorKind::Interrupted {
+                return Err(e);
+            }
+        }
+    }
 }
 
 /// How often a captured stream past its cap is drained (a chunk at a time): at most 16 MB
@@ -537,6 +635,48 @@ fn splice(from: RawFd, to: RawFd, len: usize, flags: libc::c_uint) -> std::io::R
 }
 
 /// Whether `fd` is the null device.
+/// A new open file description (`mode`: `O_RDONLY` or `O_WRONLY`) of the anonymous pipe
+/// `fd` is, for the program to use directly: none when `fd` is anything else, or when a
+/// pipe to write has no reader. The program then reads or writes the caller's pipe with no
+/// copy made outside its cgroups, and holds no descriptor of zygo's own (the flags it may
+/// set, `O_NONBLOCK` say, are its description's). An anonymous pipe lives on no host
+/// filesystem: what the program may do to it (`fchmod`, reopening it with `O_TRUNC`)
+/// changes nothing on the host, unlike a named pipe, which is copied as a file is.
+fn own_pipe(fd: RawFd, mode: libc::c_int) -> Option<OwnedFd> {
+    const PIPEFS_MAGIC: libc::__fsword_t = 0x5049_5045;
+    // SAFETY: statfs and stat are plain old data, so all zeroes is a valid value to fill.
+    let (mut sfs, mut st): (libc::statfs, libc::stat) = unsafe { std::mem::zeroed() };
+    // SAFETY: fstatfs and fstat of a descriptor number into valid, writable buffers.
+    let known = unsafe { libc::fstatfs(fd, &mut sfs) == 0 && libc::fstat(fd, &mut st) == 0 };
+    if !known || sfs.f_type != PIPEFS_MAGIC || st.st_mode & libc::S_IFMT != libc::S_IFIFO {
+        return None;
+    }
+    let path = std::ffi::CString::new(format!("/proc/self/fd/{fd}")).ok()?;
+    // Non-blocking, so that a pipe without a reader fails (ENXIO) instead of waiting.
+    // SAFETY: open with a valid C string; the descriptor is ours.
+    let new = unsafe {
+        libc::open(
+            path.as_ptr(),
+            mode | libc::O_NONBLOCK | libc::O_CLOEXEC | libc::O_NOCTTY,
+        )
+    };
+    if new < 0 {
+        return None;
+    }
+    // SAFETY: a fresh descriptor that nothing else owns.
+    let new = unsafe { OwnedFd::from_raw_fd(new) };
+    // Its own description: blocking, as a program expects its stdin and stdout to be.
+    // SAFETY: fcntl on the descriptor we hold.
+    let ok = unsafe { libc::fcntl(new.as_raw_fd(), libc::F_SETFL, 0) } == 0;
+    // The same pipe, not whatever the path names now.
+    // SAFETY: stat is plain old data, so all zeroes is a valid value to fill.
+    let mut now: libc::stat = unsafe { std::mem::zeroed() };
+    // SAFETY: fstat of the descriptor we hold into a valid buffer.
+    let same = unsafe { libc::fstat(new.as_raw_fd(), &mut now) } == 0
+        && (now.st_dev, now.st_ino) == (st.st_dev, st.st_ino);
+    (ok && same).then_some(new)
+}
+
 fn is_dev_null(fd: RawFd) -> bool {
     use std::os::unix::fs::{FileTypeExt, MetadataExt};
     let Ok(null) = std::fs::metadata("/dev/null") else {
@@ -564,6 +704,42 @@ impl Stream {
             no_splice: false,
             resume_at: None,
             dest_full: false,
+            copy_to: None,
+            pending: Vec::new(),
+        }
+    }
+
+    /// The destination has room again: what is pending goes first.
+    fn room(&mut self) {
+        self.dest_full = false;
+        self.flush();
+    }
+
+    /// Copy what is pending to the destination, as far as it takes it without waiting.
+    fn flush(&mut self) {
+        let Some(to) = self.copy_to.as_ref() else {
+            return;
+        };
+        while !self.pending.is_empty() {
+            match to.write(&self.pending) {
+                Ok(0) => {
+                    self.dest_full = true;
+                    return;
+                }
+                Ok(n) => {
+                    self.pending.drain(..n);
+                }
+                Err(e) if e.raw_os_error() == Some(libc::EAGAIN) => {
+                    self.dest_full = true;
+                    return;
+                }
+                // As a splice would: the relay ends.
+                Err(_) => {
+                    self.pending.clear();
+                    self.fd = None;
+                    return;
+                }
+            }
         }
     }
 
@@ -590,15 +766,16 @@ impl Stream {
         }
     }
 
-    /// What is left unread in the program's pipe (dropped when the relay gives up).
+    /// What is left unread in the program's pipe, and read but not passed on (dropped
+    /// when the relay gives up).
     fn unread(&self) -> u32 {
         let Some(f) = self.fd.as_ref() else { return 0 };
         let mut n: libc::c_int = 0;
         // SAFETY: FIONREAD on a pipe we hold, into an int.
         if unsafe { libc::ioctl(f.as_raw_fd(), libc::FIONREAD, &mut n) } < 0 {
-            return 0;
+            n = 0;
         }
-        n.max(0) as u32
+        (n.max(0) as u32).saturating_add(self.pending.len() as u32)
     }
 
     /// When a waiting drain is due.
@@ -615,10 +792,26 @@ impl Stream {
     /// writing as fast as its CPU quota allows would otherwise have its caller spend as
     /// much again copying it.
     fn pump(&mut self, mode: Output, to_stderr: bool, tee: Option<&File>) {
+        if !self.pending.is_empty() {
+            self.flush();
+            return;
+        }
         let Some(f) = self.fd.as_ref() else { return };
         let fd = f.as_raw_fd();
         let room = OUTPUT_CAP - self.kept.len();
         let keeping = mode == Output::Capture && room > 0;
+        // Passing through: a socket takes a copy (a splice into it would wait for room).
+        let own = if to_stderr {
+            libc::STDERR_FILENO
+        } else {
+            libc::STDOUT_FILENO
+        };
+        if mode == Output::PassThrough && self.copy_to.is_none() && !self.no_splice {
+            if let c @ Copy::Socket(_) = Copy::of_socket(own) {
+                self.copy_to = Some(c);
+                self.no_splice = true;
+            }
+        }
         if !self.no_splice && !keeping {
             let to = match mode {
                 Output::Capture => dev_null().map(|n| n.as_raw_fd()),
@@ -677,11 +870,11 @@ impl Stream {
                     }
                 }
                 Output::PassThrough => {
-                    let _ = if to_stderr {
-                        std::io::stderr().write_all(&self.scratch)
-                    } else {
-                        std::io::stdout().write_all(&self.scratch)
-                    };
+                    if self.copy_to.is_none() {
+                        self.copy_to = Some(Copy::of(own));
+                    }
+                    self.pending.append(&mut self.scratch);
+                    self.flush();
                 }
             },
         }
@@ -887,10 +1080,10 @@ fn drive(ending: &mut Ending, st: Started, meanwhile: impl FnOnce()) -> (Outcome
         }
         // Room again (or an error, which the next splice reports).
         if fds[5].revents != 0 {
-            stdout.dest_full = false;
+            stdout.room();
         }
         if fds[6].revents != 0 {
-            stderr.dest_full = false;
+            stderr.room();
         }
         if fds[3].revents != 0 {
             out.cancelled = true;
