@@ -103,6 +103,51 @@ both_tests! {
         assert_eq!(s.call_ok(&n[0], "{}")["echo"], json!({}), "{}", s.log());
         s.shutdown();
     }
+
+    /// The same for a one-shot run's launcher, once it has let the program start: it
+    /// waits for the program as the sandbox's owner, under its seccomp table.
+    fn a_one_shot_launcher_is_confined_once_the_program_runs(who) {
+        let marker = format!("confined{}", unique());
+        let mut c = zygo(who);
+        c.args(["run", "--timeout", "20s", "--", "sh", "-c", &format!("echo {marker}; sleep 20")])
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null());
+        let mut child = spawn_retrying(&mut c);
+        let mut out = child.stdout.take().expect("piped stdout");
+        let mut first = [0u8; 64];
+        let n = std::io::Read::read(&mut out, &mut first).unwrap_or(0);
+        assert!(String::from_utf8_lossy(&first[..n]).contains(&marker), "[{}] the program did not start", who.name());
+        let zygo_pid = child.id() as i32;
+        let launchers: Vec<i32> = host_processes()
+            .into_iter()
+            .filter(|(p, cmd)| ppid(*p) == Some(zygo_pid) && contains(cmd, b"__launcher"))
+            .map(|(p, _)| p)
+            .collect();
+        // It confines itself while the program starts: give it until then.
+        let read = || -> Vec<String> {
+            launchers.iter().filter_map(|p| fs::read_to_string(format!("/proc/{p}/status")).ok()).collect()
+        };
+        let t0 = Instant::now();
+        let mut status = read();
+        while !status.iter().all(|st| st.lines().any(|l| l == "Seccomp:\t2")) && t0.elapsed() < Duration::from_secs(10) {
+            std::thread::sleep(Duration::from_millis(20));
+            status = read();
+        }
+        let _ = child.kill();
+        let _ = child.wait();
+        assert_eq!(status.len(), 1, "[{}] the run's launcher", who.name());
+        let st = &status[0];
+        let field = |k: &str| st.lines().find_map(|l| l.strip_prefix(k)).unwrap_or("").trim().to_string();
+        assert_eq!(field("Seccomp:"), "2", "[{}] {st}", who.name());
+        assert_eq!(field("NoNewPrivs:"), "1", "[{}] {st}", who.name());
+        let eff = u64::from_str_radix(&field("CapEff:"), 16).unwrap_or(u64::MAX);
+        let want = if who == Who::Root { 1 << 6 | 1 << 7 } else { 0 };
+        assert_eq!(eff, want, "[{}] CapEff {st}", who.name());
+        if who == Who::Root {
+            let v = field("Uid:");
+            assert!(v.split_whitespace().all(|i| i != "0"), "Uid {st}");
+        }
+    }
 }
 
 both_tests! {

@@ -1,5 +1,6 @@
-//! The zygote relay's confinement, installed once its sandbox is built and before it
-//! reads one agent line or one byte of a caller's archive.
+//! The launcher's confinement once its sandbox is built: a zygote's relay installs it
+//! before it reads one agent line or one byte of a caller's archive, a one-shot launcher
+//! as soon as it has let the program start.
 //!
 //! Until then the launcher is root in the host's namespaces (or the rootless user): it
 //! needs that to build the sandbox. What comes after (agent lines, requests' output,

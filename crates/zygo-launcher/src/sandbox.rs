@@ -810,6 +810,16 @@ fn supervise(
     // fails too, and its report says why.
     let _ = plumbing::fds::send_with_fds(ctl.as_raw_fd(), b"G", &[]);
     drop(ctl);
+    // A one-shot launcher has nothing left to build: it gives up the host's privileges
+    // now, as a zygote's relay does once its mounter is started (see `relay`).
+    if plan.mode == Mode::OneShot {
+        let mut signals = vec![init.pid];
+        signals.extend(filter.as_ref().map(|f| f.0.pid()));
+        if let Err(e) = crate::relay::confine(&relay_confinement(&plan.ids, ns_owner, signals)) {
+            init.kill();
+            return failed(sock, Phase::Start, e.to_string());
+        }
+    }
 
     // 7. Wait for init's reports, the monitor, or the deadline.
     let mut started: Option<Instant> = None;
