@@ -502,3 +502,223 @@ pub enum FromLauncher {
         truncated: bool,
     },
 }
+
+/// What a launcher has said so far in a one-shot conversation, with no I/O: the one place
+/// that decides which message may come when, for `zygo run` (the monitor's blocking loop)
+/// and for the supervisor's runs (its event loop) alike.
+///
+/// The launcher says, in this order: `Cloned` (the sandbox's init waits to be checked and
+/// let go, answered with [`OneShotTalk::answer_cloned`]), `Started`, then `Exited`; or
+/// `Failed` at any point before an end. Anything else, or anything out of that order,
+/// ends the conversation.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct OneShotTalk {
+    cloned: bool,
+    started: bool,
+    ended: bool,
+}
+
+/// A launcher message [`OneShotTalk::hear`] took.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Said {
+    /// The sandbox's init (host pid) waits to be checked in its cgroup.
+    Cloned { pid: i32 },
+    /// The program was exec'd.
+    Started,
+    /// The program ended.
+    Exited {
+        code: Option<i32>,
+        signal: Option<i32>,
+        timed_out: bool,
+        wall_us: u64,
+    },
+    /// The sandbox could not be built, or the program could not be started.
+    Failed { phase: Phase, reason: String },
+}
+
+/// Where the sandbox's init is, as its cgroup says when it is `Cloned`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Placement {
+    /// In its cgroup (it put itself there, or the monitor moved it).
+    Placed,
+    /// Gone already: it dies with its launcher, whose end says what happened.
+    Gone,
+    /// It could not be placed: the run fails with this.
+    Failed(String),
+}
+
+impl OneShotTalk {
+    /// Take the launcher's next message, or say what was out of order.
+    pub fn hear(&mut self, m: FromLauncher) -> Result<Said, String> {
+        let said = match m {
+            FromLauncher::Cloned { pid } if !self.cloned && !self.ended => {
+                self.cloned = true;
+                Said::Cloned { pid }
+            }
+            FromLauncher::Started if self.cloned && !self.started && !self.ended => {
+                self.started = true;
+                Said::Started
+            }
+            FromLauncher::Exited {
+                code,
+                signal,
+                timed_out,
+                wall_us,
+            } if self.started && !self.ended => {
+                self.ended = true;
+                Said::Exited {
+                    code,
+                    signal,
+                    timed_out,
+                    wall_us,
+                }
+            }
+            FromLauncher::Failed { phase, reason } if !self.ended => {
+                self.ended = true;
+                Said::Failed { phase, reason }
+            }
+            other => return Err(format!("sent {} out of order", other.kind())),
+        };
+        Ok(said)
+    }
+
+    /// Whether the program was started.
+    pub fn started(&self) -> bool {
+        self.started
+    }
+
+    /// Whether the launcher reported the end (`Exited` or `Failed`).
+    pub fn ended(&self) -> bool {
+        self.ended
+    }
+
+    /// The answer to `Cloned`: go on only when init is in its cgroup and nobody ended the
+    /// run meanwhile (`killed`); otherwise the launcher kills the sandbox. With the error
+    /// the run fails with, if any.
+    pub fn answer_cloned(placed: Placement, killed: bool) -> (ToLauncher, Option<String>) {
+        match placed {
+            Placement::Placed if !killed => (ToLauncher::Proceed, None),
+            Placement::Placed | Placement::Gone => (ToLauncher::Kill, None),
+            Placement::Failed(why) => (
+                ToLauncher::Kill,
+                Some(format!("place the sandbox in its cgroup: {why}")),
+            ),
+        }
+    }
+}
+
+impl FromLauncher {
+    /// The message's kind, for logs (never its contents, which may be large).
+    pub fn kind(&self) -> &'static str {
+        match self {
+            FromLauncher::Cloned { .. } => "cloned",
+            FromLauncher::Started => "started",
+            FromLauncher::Exited { .. } => "exited",
+            FromLauncher::Failed { .. } => "failed",
+            FromLauncher::Ready => "ready",
+            FromLauncher::ImportError { .. } => "import_error",
+            FromLauncher::Heartbeat => "heartbeat",
+            FromLauncher::Parked { .. } => "parked",
+            FromLauncher::ParkFailed { .. } => "park_failed",
+            FromLauncher::Output { .. } => "output",
+            FromLauncher::Progress { .. } => "progress",
+            FromLauncher::ChildHeartbeat { .. } => "child_heartbeat",
+            FromLauncher::Returned { .. } => "returned",
+            FromLauncher::Raised { .. } => "raised",
+            FromLauncher::SlotClosed { .. } => "slot_closed",
+            FromLauncher::ScriptRefused { .. } => "script_refused",
+            FromLauncher::WorkspaceRefused { .. } => "workspace_refused",
+            FromLauncher::WorkspaceOut { .. } => "workspace_out",
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn exited() -> FromLauncher {
+        FromLauncher::Exited {
+            code: Some(0),
+            signal: None,
+            timed_out: false,
+            wall_us: 1,
+        }
+    }
+
+    #[test]
+    fn a_one_shot_launcher_says_cloned_started_exited_in_that_order() {
+        let mut t = OneShotTalk::default();
+        assert!(
+            t.hear(FromLauncher::Started).is_err(),
+            "started before cloned"
+        );
+        let mut t2 = OneShotTalk::default();
+        assert!(t2.hear(exited()).is_err(), "exited before it started");
+        assert_eq!(
+            t.hear(FromLauncher::Cloned { pid: 7 }),
+            Ok(Said::Cloned { pid: 7 })
+        );
+        assert!(
+            t.hear(FromLauncher::Cloned { pid: 7 }).is_err(),
+            "cloned twice"
+        );
+        assert_eq!(t.hear(FromLauncher::Started), Ok(Said::Started));
+        assert!(t.started() && !t.ended());
+        assert!(t.hear(FromLauncher::Started).is_err(), "started twice");
+        assert!(matches!(t.hear(exited()), Ok(Said::Exited { .. })));
+        assert!(t.ended());
+        let failed = FromLauncher::Failed {
+            phase: Phase::Run,
+            reason: "x".into(),
+        };
+        assert!(t.hear(failed).is_err(), "failed after the end");
+        assert!(t.hear(FromLauncher::Ready).is_err(), "a zygote's message");
+    }
+
+    #[test]
+    fn failed_may_come_at_any_point_before_an_end() {
+        for before in [0, 1, 2] {
+            let mut t = OneShotTalk::default();
+            if before > 0 {
+                assert!(t.hear(FromLauncher::Cloned { pid: 1 }).is_ok());
+            }
+            if before > 1 {
+                assert!(t.hear(FromLauncher::Started).is_ok());
+            }
+            let failed = FromLauncher::Failed {
+                phase: Phase::Start,
+                reason: "no".into(),
+            };
+            assert!(
+                matches!(t.hear(failed), Ok(Said::Failed { .. })),
+                "{before}"
+            );
+            assert!(t.ended());
+            assert!(t.hear(exited()).is_err());
+        }
+    }
+
+    #[test]
+    fn init_goes_on_only_when_placed_and_not_killed() {
+        let answer = OneShotTalk::answer_cloned;
+        assert!(matches!(
+            answer(Placement::Placed, false),
+            (ToLauncher::Proceed, None)
+        ));
+        assert!(matches!(
+            answer(Placement::Placed, true),
+            (ToLauncher::Kill, None)
+        ));
+        assert!(matches!(
+            answer(Placement::Gone, false),
+            (ToLauncher::Kill, None)
+        ));
+        let (reply, error) = answer(Placement::Failed("EACCES".into()), false);
+        assert!(matches!(reply, ToLauncher::Kill));
+        assert_eq!(
+            error.as_deref(),
+            Some("place the sandbox in its cgroup: EACCES")
+        );
+    }
+}

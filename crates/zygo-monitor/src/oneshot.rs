@@ -12,7 +12,9 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use plumbing::pipes::{dev_null, pipe};
-use proto::launch::{FromLauncher, LaunchPlan, Phase, ToLauncher, MAX_LAUNCH_FRAME};
+use proto::launch::{
+    FromLauncher, LaunchPlan, OneShotTalk, Phase, Placement, Said, ToLauncher, MAX_LAUNCH_FRAME,
+};
 use proto::readbuf::read_append;
 use proto::{write_frame, FrameBuf};
 
@@ -972,6 +974,7 @@ fn drive(ending: &mut Ending, st: Started, meanwhile: impl FnOnce()) -> (Outcome
     let mut stderr = Stream::new(stderr);
     let mut sock_open = true;
     let mut finished = false;
+    let mut talk = OneShotTalk::default();
     let watchdog = Instant::now() + Duration::from_millis(timeout_ms) + WATCHDOG_SLACK;
     let mut drain_deadline: Option<Instant> = None;
     // The program's deadline as seen from here (a little after the launcher's own, which
@@ -1115,16 +1118,12 @@ fn drive(ending: &mut Ending, st: Started, meanwhile: impl FnOnce()) -> (Outcome
             loop {
                 match frames.next_frame::<FromLauncher>() {
                     Ok(Some(msg)) => {
-                        log::debug!("launcher: {} after {:?}", msg_name(&msg), t0.elapsed());
+                        log::debug!("launcher: {} after {:?}", msg.kind(), t0.elapsed());
                         let started = matches!(msg, FromLauncher::Started);
-                        if !handle(
-                            msg,
-                            ending.cg(),
-                            &mut sock,
-                            &mut out,
-                            &mut finished,
-                            &mut held,
-                        ) {
+                        let went_on =
+                            handle(msg, &mut talk, ending.cg(), &mut sock, &mut out, &mut held);
+                        finished = talk.ended();
+                        if !went_on {
                             let _ = child.kill();
                             sock_open = false;
                             break;
@@ -1190,82 +1189,75 @@ fn drive(ending: &mut Ending, st: Started, meanwhile: impl FnOnce()) -> (Outcome
     (out, child, held)
 }
 
-fn msg_name(m: &FromLauncher) -> &'static str {
-    match m {
-        FromLauncher::Cloned { .. } => "cloned",
-        FromLauncher::Started => "started",
-        FromLauncher::Exited { .. } => "exited",
-        FromLauncher::Failed { .. } => "failed",
-        _ => "zygote message",
+/// Where the sandbox's init `pid` is once it says it is `Cloned`: in `cg` (where it put
+/// itself, or is moved now), gone already (its cgroup with it), or not placeable. The same
+/// check for `zygo run` and the supervisor's runs.
+pub(crate) fn place_init(cg: Option<&dyn Cgroup>, pid: i32) -> Placement {
+    match cg {
+        Some(cg) if cg.contains(pid).unwrap_or(false) => Placement::Placed,
+        Some(cg) => match cg.add_pid(pid) {
+            Ok(()) => Placement::Placed,
+            Err(CgroupError::Io { source, .. }) if source.raw_os_error() == Some(libc::ESRCH) => {
+                Placement::Gone
+            }
+            Err(e) => Placement::Failed(e.to_string()),
+        },
+        None => Placement::Gone,
     }
 }
 
-/// One launcher message. Returns false when the channel must end.
+/// One launcher message, in the order `OneShotTalk` allows. Returns false when the channel
+/// must end.
 fn handle(
     msg: FromLauncher,
+    talk: &mut OneShotTalk,
     cg: Option<&dyn Cgroup>,
     sock: &mut UnixStream,
     out: &mut Outcome,
-    finished: &mut bool,
     held: &mut Held,
 ) -> bool {
-    match msg {
-        FromLauncher::Cloned { pid } if !out.started && !*finished => {
+    let said = match talk.hear(msg) {
+        Ok(said) => said,
+        Err(why) => {
+            log::error!("the launcher {why}; ending the channel");
+            return false;
+        }
+    };
+    match said {
+        Said::Cloned { pid } => {
             held.init_cloned(pid);
             // Re-check what the launcher's sandbox claims to have done; move it if not.
-            let placed = match cg {
-                Some(cg) if cg.contains(pid).unwrap_or(false) => Ok(()),
-                Some(cg) => cg.add_pid(pid),
-                // init has exited already (its cgroup is gone with it): nothing to place.
-                None => Err(CgroupError::Unavailable("the sandbox has ended".into())),
-            };
-            let reply = match placed {
-                Ok(()) => ToLauncher::Proceed,
-                // init is gone: it dies with its launcher, whose end says what happened
-                // (its report, or "the launcher died" once its channel closes).
-                Err(CgroupError::Io { source, .. })
-                    if source.raw_os_error() == Some(libc::ESRCH) =>
-                {
-                    ToLauncher::Kill
-                }
-                Err(e) => {
-                    out.error = Some(format!("place the sandbox in its cgroup: {e}"));
-                    ToLauncher::Kill
-                }
-            };
+            let (reply, error) = OneShotTalk::answer_cloned(place_init(cg, pid), out.cancelled);
+            if error.is_some() {
+                out.error = error;
+            }
             let _ = sock.set_nonblocking(false);
             let sent = write_frame(sock, &reply).is_ok();
             let _ = sock.set_nonblocking(true);
             sent
         }
-        FromLauncher::Started if !out.started && !*finished => {
+        Said::Started => {
             held.init_started();
             out.started = true;
             out.phase = Some(Phase::Run);
             true
         }
-        FromLauncher::Exited {
+        Said::Exited {
             code,
             signal,
             timed_out,
             wall_us,
-        } if out.started && !*finished => {
-            *finished = true;
+        } => {
             out.exit_code = Some(code.unwrap_or_else(|| 128 + signal.unwrap_or(libc::SIGKILL)));
             out.signal = signal;
             out.timed_out = timed_out;
             out.wall_us = wall_us;
             true
         }
-        FromLauncher::Failed { phase, reason } if !*finished => {
-            *finished = true;
+        Said::Failed { phase, reason } => {
             out.phase = Some(phase);
             out.error = Some(reason);
             true
-        }
-        other => {
-            log::error!("launcher sent {other:?} out of order; ending the channel");
-            false
         }
     }
 }

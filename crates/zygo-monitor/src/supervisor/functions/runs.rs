@@ -37,7 +37,7 @@ use mio::unix::SourceFd;
 use mio::{Interest, Token};
 use proto::api::{RunAnswer, TenantLimits, UsageRecord};
 use proto::front::{ErrorCode, Outcome, Reply};
-use proto::launch::{FromLauncher, Image, Phase, ToLauncher, MAX_LAUNCH_FRAME};
+use proto::launch::{FromLauncher, Image, OneShotTalk, Phase, Said, ToLauncher, MAX_LAUNCH_FRAME};
 use proto::readbuf::read_append;
 
 use super::super::cgworker::Job;
@@ -265,6 +265,8 @@ pub(super) struct Run {
     killed: Option<(Killed, Instant)>,
     /// When the launcher reported the end (or its channel closed, or it was given up on).
     ended: Option<Instant>,
+    /// What the launcher may say next.
+    talk: OneShotTalk,
 }
 
 /// The runs going, and the launchers of answered runs that have not exited yet.
@@ -546,6 +548,7 @@ impl Functions {
             exit: None,
             killed: None,
             ended: None,
+            talk: OneShotTalk::default(),
         })
     }
 
@@ -863,40 +866,30 @@ fn receive(conn: &mut Conn) -> (Vec<FromLauncher>, Option<String>) {
     }
 }
 
-/// One launcher message: what it may say, and when. An error ends the launcher.
+/// One launcher message, in the order `OneShotTalk` allows. An error ends the launcher.
 fn run_msg(run: &mut Run, m: FromLauncher) -> Result<(), String> {
-    match m {
-        FromLauncher::Cloned { pid } if run.started.is_none() && run.ended.is_none() => {
+    match run.talk.hear(m)? {
+        Said::Cloned { pid } => {
             // The sandbox's init joined the cgroup itself; check, and move it if not.
-            let placed = match &run.cgroup {
-                Some(cg) if cg.contains(pid).unwrap_or(false) => Ok(()),
-                Some(cg) => cg.add_pid(pid).map_err(|e| e.to_string()),
-                None => Err("the run's cgroup is gone".to_string()),
-            };
-            let reply = match placed {
-                Ok(()) if run.killed.is_none() => ToLauncher::Proceed,
-                Ok(()) => ToLauncher::Kill,
-                Err(e) => {
-                    run.error = Some(format!("place the sandbox in its cgroup: {e}"));
-                    ToLauncher::Kill
-                }
-            };
+            let placed = crate::oneshot::place_init(run.cgroup.as_deref(), pid);
+            let (reply, error) = OneShotTalk::answer_cloned(placed, run.killed.is_some());
+            if error.is_some() {
+                run.error = error;
+            }
             if let Some(c) = run.conn.as_mut() {
                 c.send(&reply);
             }
-            Ok(())
         }
-        FromLauncher::Started if run.started.is_none() && run.ended.is_none() => {
+        Said::Started => {
             run.started = Some(Instant::now());
             run.phase = Phase::Run;
-            Ok(())
         }
-        FromLauncher::Exited {
+        Said::Exited {
             code,
             signal,
             timed_out,
             wall_us,
-        } if run.started.is_some() && run.ended.is_none() => {
+        } => {
             run.exit = Some(Exit {
                 code,
                 signal,
@@ -904,16 +897,14 @@ fn run_msg(run: &mut Run, m: FromLauncher) -> Result<(), String> {
                 wall_us,
             });
             run.ended = Some(Instant::now());
-            Ok(())
         }
-        FromLauncher::Failed { phase, reason } if run.ended.is_none() => {
+        Said::Failed { phase, reason } => {
             run.phase = phase;
             run.error.get_or_insert(reason);
             run.ended = Some(Instant::now());
-            Ok(())
         }
-        other => Err(format!("sent {other:?} out of order")),
     }
+    Ok(())
 }
 
 /// End a run from outside: the launcher is told to kill the sandbox, and its cgroup is
