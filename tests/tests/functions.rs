@@ -67,7 +67,8 @@ both_tests! {
     /// Once a zygote is up, its launcher's relay (which reads every agent line, request
     /// output and workspace archive) runs confined: under seccomp with no_new_privs, no
     /// capability but CAP_SETUID and CAP_SETGID (for writing as the sandbox's own ids), and,
-    /// as root, as the sandbox's owner rather than root. Calls go on working through it.
+    /// as root, as the sandbox's owner rather than root; and its mounter lives in the
+    /// sandbox's mount namespace under a table of its own. Calls go on working through it.
     fn a_zygote_s_relay_is_confined_before_it_reads_the_sandbox(who) {
         let mut s = SUITE.sup(who, "relay");
         let n = s.up(&[("hello", "hello", "")]);
@@ -98,6 +99,26 @@ both_tests! {
                     assert!(ids.len() == 4 && ids.iter().all(|i| *i == ids[0] && *i != "0"), "{k} {st}");
                 }
             }
+        }
+        // Its mounter: in the sandbox's mount namespace (never the host's), under a seccomp
+        // table of its own. It is the launcher's child outside the sandbox's pid namespace
+        // (the sandbox's init, also the launcher's child, is inside it).
+        let mounters: Vec<i32> = host_processes()
+            .into_iter()
+            .filter(|(p, cmd)| {
+                ppid(*p).is_some_and(|pp| ppid(pp) == Some(sup))
+                    && contains(cmd, b"__launcher")
+                    && fs::read_to_string(format!("/proc/{p}/status"))
+                        .is_ok_and(|st| st.lines().any(|l| l.starts_with("NSpid:") && l.split_whitespace().count() == 2))
+            })
+            .map(|(p, _)| p)
+            .collect();
+        assert!(!mounters.is_empty(), "[{}] no mounter\n{}", who.name(), s.log());
+        for p in mounters {
+            let st = fs::read_to_string(format!("/proc/{p}/status")).unwrap_or_default();
+            assert!(st.contains("Seccomp:\t2") && st.contains("NoNewPrivs:\t1"), "[{}] the mounter: {st}", who.name());
+            let host_mnt = fs::read_link("/proc/self/ns/mnt").expect("our mount namespace");
+            assert_ne!(fs::read_link(format!("/proc/{p}/ns/mnt")).ok(), Some(host_mnt), "[{}] the mounter is in the host's mount namespace", who.name());
         }
         // Still a working relay.
         assert_eq!(s.call_ok(&n[0], "{}")["echo"], json!({}), "{}", s.log());

@@ -275,6 +275,73 @@ pub fn allowlist(c: &Confinement) -> Vec<Allowed> {
     v
 }
 
+/// The mounter's table (see `scratch`): it lives in the sandbox's user and mount
+/// namespaces and only mounts a request's scratch space and writes its secrets, in the
+/// request's mount namespace the relay hands it. Installed once it is in the sandbox's
+/// namespaces, before it reads its first message.
+#[rustfmt::skip]
+pub fn mounter_allowlist() -> Vec<Allowed> {
+    use libc::*;
+    let pid = std::process::id();
+    let mut v = vec![
+        allow!(SYS_recvmsg, "the relay's messages, with a request's mount namespace"),
+        allow!(SYS_sendmsg, "answers, with the root of a request's new /work"),
+        allow!(SYS_setns, When::OneOf { arg: 1, values: &[CLONE_NEWNS as u32] },
+               "into a request's mount namespace and back; never another kind"),
+        allow!(SYS_mount, "a request's /tmp, /work, /dev/shm and /run/secrets; remounting them"),
+        allow!(SYS_openat, "the new /work's root; a request's secret files"),
+        allow!(SYS_write, "a secret's value"),
+        allow!(SYS_fchown, "a secret file belongs to the request's uid"),
+        allow!(SYS_close, "descriptors it is done with"),
+        allow!(SYS_fcntl, When::OneOf { arg: 1, values: &[F_GETFD as u32] },
+               "std checking, in a debug build, that a descriptor it closes is open"),
+        allow!(SYS_mmap, When::MaskClear { arg: 2, mask: PROT_EXEC as u32 }, "buffers; never executable"),
+        allow!(SYS_munmap, "freeing buffers"),
+        allow!(SYS_brk, "the heap"),
+        allow!(SYS_rt_sigreturn, "returning from a signal handler"),
+        allow!(SYS_restart_syscall, "the kernel resuming a wait a signal interrupted"),
+        allow!(SYS_getpid, "abort() naming its own process to tgkill"),
+        allow!(SYS_gettid, "abort() naming its own thread to tgkill"),
+        allow!(SYS_tgkill, When::Equals { arg: 0, value: u64::from(pid) },
+               "abort() signalling its own thread; never another process"),
+        allow!(SYS_rt_sigprocmask, "abort()"),
+        allow!(SYS_exit, "the mounter ending"),
+        allow!(SYS_exit_group, "the mounter ending"),
+    ];
+    #[cfg(target_arch = "x86_64")]
+    v.push(allow!(SYS_open, "the new /work's root; a request's secret files (the older form)"));
+    v
+}
+
+/// The mounter's confinement: no_new_privs, not dumpable, its table.
+pub fn confine_mounter() -> Result<(), ConfineError> {
+    // SAFETY: prctl with integer arguments only.
+    unsafe {
+        check(
+            "make the mounter non-dumpable",
+            libc::prctl(libc::PR_SET_DUMPABLE, 0, 0, 0, 0),
+        )?;
+        check(
+            "set no_new_privs",
+            libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0),
+        )?;
+    }
+    let allowed = mounter_allowlist();
+    let table = Table {
+        allowed: &allowed,
+        enosys: ENOSYS,
+        reviewed_up_to: None,
+    };
+    let prog = bpf::build(&table).map_err(|e| ConfineError {
+        step: "build the mounter's seccomp filter",
+        source: std::io::Error::other(e.to_string()),
+    })?;
+    bpf::install(prog.as_slice(), Threads::Caller).map_err(|e| ConfineError {
+        step: "install the mounter's seccomp filter",
+        source: std::io::Error::other(e.to_string()),
+    })
+}
+
 #[rustfmt::skip]
 static ENOSYS: &[Enosys] = { use libc::*; &[
     enosys!(SYS_clone3, "its flags are in memory, out of seccomp's sight; the relay starts no thread or process anyway"),
@@ -335,6 +402,39 @@ mod tests {
             libc::SYS_keyctl,
         ] {
             assert!(list.iter().all(|a| a.nr != nr), "{nr} is allowed");
+        }
+    }
+
+    #[test]
+    fn the_mounter_may_enter_mount_namespaces_alone() {
+        let allowed = mounter_allowlist();
+        let table = Table {
+            allowed: &allowed,
+            enosys: ENOSYS,
+            reviewed_up_to: None,
+        };
+        bpf::build(&table).unwrap();
+        let ask = |nr: i64, a: [u64; 6]| table.verdict(nr as u32, a);
+        let ns = |flag: i32| [3, flag as u64, 0, 0, 0, 0];
+        assert_eq!(ask(libc::SYS_setns, ns(libc::CLONE_NEWNS)), bpf::RET_ALLOW);
+        for other in [
+            libc::CLONE_NEWUSER,
+            libc::CLONE_NEWPID,
+            libc::CLONE_NEWNET,
+            0,
+        ] {
+            assert_eq!(ask(libc::SYS_setns, ns(other)), bpf::RET_EPERM, "{other}");
+        }
+        for nr in [
+            libc::SYS_execve,
+            libc::SYS_socket,
+            libc::SYS_ptrace,
+            libc::SYS_unshare,
+            libc::SYS_clone,
+            libc::SYS_kill,
+            libc::SYS_bpf,
+        ] {
+            assert!(allowed.iter().all(|a| a.nr != nr), "{nr} is allowed");
         }
     }
 

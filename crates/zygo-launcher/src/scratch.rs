@@ -268,6 +268,17 @@ fn mounter_main(sock: RawFd, user: RawFd, home: RawFd, opts: &CString) -> ! {
             }
         }
     }
+    // Into the sandbox's own mount namespace at once, and confined (below) before the
+    // first message: as the host's uid 0 (with no capability over the host) it never has
+    // the host's files in view, and it makes only the calls its work needs.
+    // SAFETY: setns with a namespace descriptor we hold; this process is single-threaded.
+    if unsafe { libc::setns(home, libc::CLONE_NEWNS) } != 0 {
+        log::error!(
+            "launcher: the mounter could not enter the sandbox's mount namespace: {}",
+            std::io::Error::last_os_error()
+        );
+        exit_now(1);
+    }
     // Files it creates (a request's secrets) must belong to ids the sandbox maps: it
     // creates them as the namespace's root (where the launcher's own id is not mapped,
     // as when Zygo runs as root; otherwise this changes nothing).
@@ -275,6 +286,10 @@ fn mounter_main(sock: RawFd, user: RawFd, home: RawFd, opts: &CString) -> ! {
     unsafe {
         libc::setfsgid(0);
         libc::setfsuid(0);
+    }
+    if let Err(e) = crate::relay::confine_mounter() {
+        log::error!("launcher: the mounter: {e}");
+        exit_now(1);
     }
     let fstype = c"tmpfs";
     let mut msg = vec![0u8; MAX_MESSAGE];
