@@ -894,15 +894,25 @@ fn each_egress_filter_is_charged_to_its_own_sandbox() {
                 std::thread::sleep(Duration::from_millis(50));
             }
         }
-        let uids: Vec<String> = filters
-            .iter()
-            .filter_map(|p| std::fs::read_to_string(format!("/proc/{p}/status")).ok())
-            .filter_map(|st| {
-                st.lines()
-                    .find_map(|l| l.strip_prefix("Uid:"))
-                    .map(|u| u.split_whitespace().collect::<Vec<_>>().join(" "))
-            })
-            .collect();
+        // Found as soon as it is started, a filter may not have dropped its ids yet (it
+        // does so once it has its start message): give it until then.
+        let read = || -> Vec<String> {
+            filters
+                .iter()
+                .filter_map(|p| std::fs::read_to_string(format!("/proc/{p}/status")).ok())
+                .filter_map(|st| {
+                    st.lines()
+                        .find_map(|l| l.strip_prefix("Uid:"))
+                        .map(|u| u.split_whitespace().collect::<Vec<_>>().join(" "))
+                })
+                .collect()
+        };
+        let t0 = Instant::now();
+        let mut uids = read();
+        while uids.iter().any(|u| u.starts_with("0 ")) && t0.elapsed() < Duration::from_secs(10) {
+            std::thread::sleep(Duration::from_millis(20));
+            uids = read();
+        }
         let _ = r.kill();
         let _ = r.wait();
         assert_eq!(

@@ -184,7 +184,6 @@ fn run() -> Result<(), String> {
     let mut buf = vec![0u8; MAX_START];
     let (n, fds) = plumbing::fds::recv_with_fds(chan.as_raw_fd(), &mut buf, MAX_LISTENERS)
         .map_err(|e| format!("read the start message: {e}"))?;
-    drop(chan);
     let start =
         Start::decode(&buf[..n]).map_err(|e| format!("the launcher's start message: {e}"))?;
     if fds.is_empty() {
@@ -222,6 +221,16 @@ fn run() -> Result<(), String> {
         .collect();
     confine::landlock(&ports).map_err(|e| format!("Landlock: {e}"))?;
     confine::confine().map_err(|e| e.to_string())?;
+    // The launcher gives up root only once the filter has: until then it is the one that
+    // may signal the filter (its parent-death signal included).
+    // SAFETY: a one-byte write from a valid buffer to the channel we hold.
+    if unsafe { libc::write(chan.as_raw_fd(), b"c".as_ptr().cast(), 1) } != 1 {
+        return Err(format!(
+            "tell the launcher it is confined: {}",
+            std::io::Error::last_os_error()
+        ));
+    }
+    drop(chan);
     let pool = budget::Pool::new(start.mem);
     log::info!(
         "egress[{}]: buffers for {} connections at once, within {} KiB",

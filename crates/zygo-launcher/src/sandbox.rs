@@ -386,10 +386,10 @@ fn start_egress_filter(
         },
     )
     .map_err(|e| format!("spawn it: {e}"))?;
-    let filter = EgressFilter(child);
     drop(theirs);
     let raw: Vec<RawFd> = listeners.iter().map(AsRawFd::as_raw_fd).collect();
-    plumbing::fds::send_with_fds(mine.as_raw_fd(), &start, &raw)
+    let filter = EgressFilter { child, chan: mine };
+    plumbing::fds::send_with_fds(filter.chan.as_raw_fd(), &start, &raw)
         .map_err(|e| format!("hand it the listeners: {e}"))?;
     Ok(Some(filter))
 }
@@ -422,12 +422,50 @@ const EGRESS_FILTER_ID: u32 = 65534;
 
 /// A running egress filter: killed and reaped when the sandbox's launcher lets go of it
 /// (and killed by the kernel if the launcher dies first: its parent-death signal).
-struct EgressFilter(plumbing::role::Child);
+struct EgressFilter {
+    child: plumbing::role::Child,
+    /// Its channel, on which it says it has confined itself.
+    chan: OwnedFd,
+}
+
+/// How long a launcher waits for its egress filter to have confined itself.
+const FILTER_CONFINED_WITHIN: Duration = Duration::from_secs(10);
+
+impl EgressFilter {
+    fn pid(&self) -> libc::pid_t {
+        self.child.pid()
+    }
+
+    /// Wait until the filter says it has given up root (its ids dropped, Landlock and its
+    /// seccomp table in place). The launcher confines itself only after that: a launcher
+    /// that is no longer root may not signal a filter that still is, and the kernel does
+    /// not deliver a parent-death signal its parent may not send.
+    fn confined(&self) -> Result<(), String> {
+        let mut fd = libc::pollfd {
+            fd: self.chan.as_raw_fd(),
+            events: libc::POLLIN,
+            revents: 0,
+        };
+        let ms = FILTER_CONFINED_WITHIN.as_millis() as libc::c_int;
+        // SAFETY: one valid pollfd.
+        match unsafe { libc::poll(&mut fd, 1, ms) } {
+            n if n > 0 => {}
+            0 => return Err(format!("it did not confine itself within {ms} ms")),
+            _ => return Err(std::io::Error::last_os_error().to_string()),
+        }
+        let mut byte = [0u8; 1];
+        match sys::read_fd(self.chan.as_raw_fd(), &mut byte) {
+            Ok(1) if byte == *b"c" => Ok(()),
+            Ok(_) => Err("it ended before it confined itself".into()),
+            Err(e) => Err(e.to_string()),
+        }
+    }
+}
 
 impl Drop for EgressFilter {
     fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
+        let _ = self.child.kill();
+        let _ = self.child.wait();
     }
 }
 
@@ -525,6 +563,10 @@ fn idmap_handed(
     }
     Ok(children)
 }
+
+/// How long a one-shot launcher waits with nothing to do, once the program runs, before it
+/// confines itself (see `supervise`).
+const CONFINE_WHEN_IDLE_MS: libc::c_int = 2;
 
 /// What a zygote's relay keeps once the sandbox is built (see `relay`): as root, the ids
 /// of the sandbox's owner, and the sandbox's id range to write its files as; rootless,
@@ -810,16 +852,12 @@ fn supervise(
     // fails too, and its report says why.
     let _ = plumbing::fds::send_with_fds(ctl.as_raw_fd(), b"G", &[]);
     drop(ctl);
-    // A one-shot launcher has nothing left to build: it gives up the host's privileges
-    // now, as a zygote's relay does once its mounter is started (see `relay`).
-    if plan.mode == Mode::OneShot {
-        let mut signals = vec![init.pid];
-        signals.extend(filter.as_ref().map(|f| f.0.pid()));
-        if let Err(e) = crate::relay::confine(&relay_confinement(&plan.ids, ns_owner, signals)) {
-            init.kill();
-            return failed(sock, Phase::Start, e.to_string());
-        }
-    }
+    // A one-shot launcher has nothing left to build: it gives up the host's privileges, as
+    // a zygote's relay does once its mounter is started (see `relay`), at its first idle
+    // moment once the program runs. Doing it at once would put the work (about half a
+    // millisecond) between a short program's end and its report; until then it reads only
+    // init's report lines and the monitor.
+    let mut confined = plan.mode != Mode::OneShot;
 
     // 7. Wait for init's reports, the monitor, or the deadline.
     let mut started: Option<Instant> = None;
@@ -858,6 +896,12 @@ fn supervise(
                 .min(i32::MAX as u128) as i32
                 + 1
         };
+        let wait_ms = match (confined, started) {
+            (false, Some(_)) if !(0..=CONFINE_WHEN_IDLE_MS).contains(&wait_ms) => {
+                CONFINE_WHEN_IDLE_MS
+            }
+            _ => wait_ms,
+        };
         let mut fds = [
             libc::pollfd {
                 fd: rep_r,
@@ -878,6 +922,24 @@ fn supervise(
             }
             init.kill();
             break;
+        }
+        if n == 0 && !confined && started.is_some() {
+            confined = true;
+            if let Some(Err(e)) = filter.as_ref().map(EgressFilter::confined) {
+                init.kill();
+                killed = true;
+                failure = Some(format!("the egress filter: {e}"));
+                continue;
+            }
+            let mut signals = vec![init.pid];
+            signals.extend(filter.as_ref().map(EgressFilter::pid));
+            let c = relay_confinement(&plan.ids, ns_owner, signals);
+            if let Err(e) = crate::relay::confine(&c) {
+                init.kill();
+                killed = true;
+                failure = Some(e.to_string());
+            }
+            continue;
         }
         if fds[1].revents != 0 {
             match read_frame::<_, ToLauncher>(sock, MAX_LAUNCH_FRAME) {
@@ -950,8 +1012,16 @@ fn supervise(
                                     );
                                 }
                             };
+                            if let Some(Err(e)) = filter.as_ref().map(EgressFilter::confined) {
+                                init.kill();
+                                return failed(
+                                    sock,
+                                    Phase::Start,
+                                    format!("the egress filter: {e}"),
+                                );
+                            }
                             let mut signals = vec![init.pid];
-                            signals.extend(filter.as_ref().map(|f| f.0.pid()));
+                            signals.extend(filter.as_ref().map(EgressFilter::pid));
                             let sandbox = zygote::Sandbox {
                                 init_pid: init.pid,
                                 ns,
