@@ -568,9 +568,9 @@ fn idmap_handed(
 /// confines itself (see `supervise`).
 const CONFINE_WHEN_IDLE_MS: libc::c_int = 2;
 
-/// What a zygote's relay keeps once the sandbox is built (see `relay`): as root, the ids
-/// of the sandbox's owner, and the sandbox's id range to write its files as; rootless,
-/// its own ids. It may signal `signals` alone.
+/// What a launcher keeps once its sandbox is built (see `relay`): as root, the ids of the
+/// sandbox's owner, and the sandbox's id range to write its files as; rootless, its own
+/// ids. It may signal `signals` alone.
 fn relay_confinement(
     ids: &IdMap,
     ns_owner: Option<(u32, u32)>,
