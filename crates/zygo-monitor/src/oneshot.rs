@@ -33,14 +33,14 @@ const WATCHDOG_SLACK: Duration = Duration::from_secs(35);
 ///
 /// The program is never handed a host file: it gets a pipe the monitor copies into, or,
 /// when zygo's own stdin is an anonymous pipe, a description of that pipe of its own
-/// (`own_pipe`), which lives on no host filesystem. A host file gives the sandbox more
-/// than bytes to read: a terminal takes ioctls
-/// that change it for the host (`TCSETS`: the operator's echo switched off for good), a
-/// device has ioctls of its own, a directory is a way into the host's file tree past the
-/// sandbox's root (`openat(0, "..")`), and a regular file or a named pipe can be changed
-/// through it (its mode, times and attributes with `fchmod` and the like, its length by
-/// opening `/proc/self/fd/0` again with `O_TRUNC`) wherever the sandbox's root is the
-/// file's owner, as it is rootless. A directory or a socket is refused.
+/// (`own_pipe`), which lives on no host filesystem. A host file gives the sandbox more than
+/// bytes to read: a terminal takes ioctls that change it for the host (`TCSETS`: the
+/// operator's echo switched off for good), a device has ioctls of its own, a directory is a
+/// way into the host's file tree past the sandbox's root (`openat(0, "..")`), and a regular
+/// file or a named pipe can be changed through it (its mode, times and attributes with
+/// `fchmod` and the like, its length by opening `/proc/self/fd/0` again with `O_TRUNC`)
+/// wherever the sandbox's root is the file's owner, as it is rootless. A directory or a
+/// socket is refused.
 pub enum Stdin {
     /// Nothing: the program reads end of file.
     Null,
