@@ -431,6 +431,23 @@ impl Sup {
         self.rt.join("zygo.sock")
     }
 
+    /// Kill the supervisor with SIGKILL and wait until it is gone, which is when its
+    /// socket refuses connections: its leader may show as a zombie while another of its
+    /// threads, still exiting, holds the listening socket (a client connecting then is
+    /// reset). Returns the dead supervisor's pid.
+    pub fn kill_supervisor(&mut self) -> i32 {
+        let pid = self.supervisor.take().expect("the supervisor's pid");
+        // SAFETY: killing the supervisor this test started.
+        unsafe { libc::kill(pid, libc::SIGKILL) };
+        let socket = self.socket();
+        wait_for(
+            Duration::from_secs(10),
+            "the killed supervisor to be gone",
+            || !alive(pid) && std::os::unix::net::UnixStream::connect(&socket).is_err(),
+        );
+        pid
+    }
+
     /// Remember the supervisor's pid: the process whose stderr is our log.
     pub fn find_supervisor(&mut self) {
         if self.supervisor.is_some() {

@@ -1189,7 +1189,6 @@ fn records_survive_kill_9_in_a_burst() {
         return;
     };
     start::<(&str, &str)>(&mut s, &[]);
-    let pid = s.supervisor.expect("the supervisor's pid");
     let (_, op) = mint(&s, None);
     let sock = s.socket();
     let op2 = op.clone();
@@ -1254,20 +1253,13 @@ fn records_survive_kill_9_in_a_burst() {
         (acked_tenants, acked_tokens, acked_limits)
     });
     std::thread::sleep(Duration::from_millis(1500));
-    // SAFETY: killing the supervisor this test started.
-    unsafe { libc::kill(pid, libc::SIGKILL) };
+    s.kill_supervisor();
     let (tenants, tokens, limits) = burst.join().expect("the burst");
     assert!(
         tenants.len() > 5,
         "the burst made progress before the kill: {}",
         tenants.len()
     );
-    // Dead once its socket refuses connections: its leader may show as a zombie while its
-    // other thread still holds the listening socket.
-    wait_for(Duration::from_secs(10), "the supervisor to die", || {
-        !alive(pid) && UnixStream::connect(s.socket()).is_err()
-    });
-    s.supervisor = None;
     let mut c = s.cmd(&["up"]);
     c.current_dir(&s.dir.path);
     let f = finish(c);

@@ -1979,14 +1979,7 @@ fn killed_supervisor_leftovers_are_swept() {
     let n = s.up(&[("hello", "hello", "")]);
     let hello = &n[0];
     assert_eq!(s.call_ok(hello, "{}")["echo"], json!({}));
-    let old = s.supervisor.expect("the supervisor's pid");
-    // SAFETY: killing the supervisor this test started.
-    unsafe { libc::kill(old, libc::SIGKILL) };
-    wait_for(
-        Duration::from_secs(10),
-        "the killed supervisor to be gone",
-        || !alive(old),
-    );
+    let old = s.kill_supervisor();
     assert!(
         !s.leftover_cgroups().is_empty(),
         "a killed supervisor leaves its cgroups (else this test proves nothing)"
@@ -2006,7 +1999,6 @@ fn killed_supervisor_leftovers_are_swept() {
         fs::create_dir(d).expect("create another supervisor's function folder");
     }
     // A new supervisor for the same functions sweeps what the old one left.
-    s.supervisor = None;
     let (file, _) = s.write_toml(&[("hello", "hello", "")]);
     let f = s.run(&["up", "-f", file.to_str().expect("UTF-8")]);
     assert_eq!(f.code, 0, "{}\n{}", f.stderr_text(), s.log());
