@@ -9,7 +9,7 @@
 use std::collections::VecDeque;
 use std::sync::{Arc, Mutex, MutexGuard};
 
-use super::{Cgroup, CgroupError, Limits, Usage, Weight};
+use super::{Cgroup, CgroupError, CgroupView, Limits, Usage, Weight};
 
 /// One call made on a [`Fake`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -170,6 +170,39 @@ impl Cgroup for Fake {
         self.record(Op::SetWeight(w));
         Ok(())
     }
+
+    fn view(&self) -> Result<Box<dyn CgroupView>, CgroupError> {
+        Ok(Box::new(self.clone()))
+    }
+}
+
+/// A fake's view shares its state: what is done through it is recorded with the rest.
+impl CgroupView for Fake {
+    fn describe(&self) -> String {
+        Cgroup::describe(self)
+    }
+
+    fn usage(&self) -> Result<Usage, CgroupError> {
+        Cgroup::usage(self)
+    }
+
+    fn freeze(&self) -> Result<(), CgroupError> {
+        Cgroup::freeze(self)
+    }
+
+    fn thaw(&self) -> Result<(), CgroupError> {
+        Cgroup::thaw(self)
+    }
+
+    fn is_empty(&self) -> Result<bool, CgroupError> {
+        Cgroup::is_empty(self)
+    }
+
+    fn set_weight(&self, w: Weight) -> Result<(), CgroupError> {
+        Cgroup::set_weight(self, w)
+    }
+
+    fn follow(&self, _limits: &Limits) {}
 }
 
 #[cfg(test)]

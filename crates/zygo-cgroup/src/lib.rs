@@ -15,6 +15,7 @@ pub mod disks;
 pub mod fake;
 mod v1;
 mod v2;
+mod view;
 
 use std::fmt;
 use std::io;
@@ -22,6 +23,7 @@ use std::path::{Path, PathBuf};
 
 pub use v1::V1;
 pub use v2::V2;
+pub use view::{CgroupView, HandedView};
 
 /// A cgroup's CPU weight among its siblings.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -285,6 +287,9 @@ pub trait Cgroup: Send {
     fn recycle(&self) -> Result<bool, CgroupError> {
         Ok(false)
     }
+    /// What may be done to it without privilege, as descriptors opened now (see
+    /// [`CgroupView`]): for the code that schedules calls, which never needs more.
+    fn view(&self) -> Result<Box<dyn CgroupView>, CgroupError>;
 }
 
 /// A cgroup just created, and nobody's yet: removed (whatever is in it killed) when dropped,

@@ -5,7 +5,6 @@
 //! while we look), SIGKILLing every task listed, then thawing so the kills are delivered.
 
 use std::cell::{Cell, OnceCell, RefCell};
-use std::ffi::CString;
 use std::fs::File;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::os::unix::fs::OpenOptionsExt;
@@ -13,8 +12,8 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use super::{
-    ensure_dir, io_err, join, kill_listed, rmdir_retry, Cgroup, CgroupError, CgroupMount, Limits,
-    OwnCgroup, Usage, Weight,
+    ensure_dir, io_err, join, kill_listed, rmdir_retry, Cgroup, CgroupError, CgroupMount,
+    CgroupView, HandedView, Limits, OwnCgroup, Usage, Weight,
 };
 
 const CONTROLLERS: [&str; 5] = ["memory", "pids", "cpu", "cpuacct", "freezer"];
@@ -455,27 +454,7 @@ impl V1Cgroup {
     }
 
     fn open_in(&self, h: usize, name: &str, flags: libc::c_int) -> Result<File, CgroupError> {
-        let path = || self.dirs[h].join(name);
-        let cname = CString::new(name).map_err(|_| {
-            io_err(
-                "open",
-                &path(),
-                std::io::Error::from_raw_os_error(libc::EINVAL),
-            )
-        })?;
-        // SAFETY: openat on a directory descriptor we own, with a NUL-terminated name.
-        let fd = unsafe {
-            libc::openat(
-                self.dirfds[h].as_raw_fd(),
-                cname.as_ptr(),
-                flags | libc::O_CLOEXEC,
-            )
-        };
-        if fd < 0 {
-            return Err(io_err("open", &path(), std::io::Error::last_os_error()));
-        }
-        // SAFETY: the kernel just gave us this descriptor; nothing else owns it.
-        Ok(File::from(unsafe { OwnedFd::from_raw_fd(fd) }))
+        super::view::open_at(&self.dirfds[h], name, flags, &self.dirs[h].join(name))
     }
 
     fn write_in(&self, h: usize, name: &str, value: &str) -> Result<(), CgroupError> {
@@ -779,6 +758,17 @@ impl Cgroup for V1Cgroup {
 
     fn is_empty(&self) -> Result<bool, CgroupError> {
         Ok(self.procs_in(FREEZER)?.is_empty())
+    }
+
+    fn view(&self) -> Result<Box<dyn CgroupView>, CgroupError> {
+        let at = |h: usize| (self.dirs[h].as_path(), &self.dirfds[h]);
+        Ok(Box::new(HandedView::v1(
+            at(MEMORY),
+            at(CPU),
+            at(CPUACCT),
+            at(FREEZER),
+            self.shares.get(),
+        )?))
     }
 
     fn recycle(&self) -> Result<bool, CgroupError> {

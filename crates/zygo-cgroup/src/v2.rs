@@ -6,8 +6,8 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use super::{
-    ensure_dir, join, procs, read_file, rmdir_retry, write_file, Cgroup, CgroupError, CgroupMount,
-    Limits, OwnCgroup, Usage, Weight,
+    ensure_dir, join, procs, read_file, rmdir_retry, view::keyed, write_file, Cgroup, CgroupError,
+    CgroupMount, CgroupView, HandedView, Limits, OwnCgroup, Usage, Weight,
 };
 
 const NEEDED: [&str; 3] = ["memory", "pids", "cpu"];
@@ -359,13 +359,6 @@ impl V2Cgroup {
     }
 }
 
-fn keyed(text: &str, key: &str) -> u64 {
-    text.lines()
-        .find_map(|l| l.strip_prefix(key).and_then(|r| r.strip_prefix(' ')))
-        .and_then(|v| v.trim().parse().ok())
-        .unwrap_or(0)
-}
-
 impl Cgroup for V2Cgroup {
     fn describe(&self) -> String {
         format!("v2 {}", self.dir.display())
@@ -490,6 +483,10 @@ impl Cgroup for V2Cgroup {
     fn is_empty(&self) -> Result<bool, CgroupError> {
         let events = read_file(&self.dir.join("cgroup.events"))?;
         Ok(keyed(&events, "populated") == 0)
+    }
+
+    fn view(&self) -> Result<Box<dyn CgroupView>, CgroupError> {
+        Ok(Box::new(HandedView::v2(&self.dir, self.weight.get())?))
     }
 
     // `recycle` is left at "no": cpu.stat cannot be reset, and memory.peak only per open

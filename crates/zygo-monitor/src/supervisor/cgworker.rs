@@ -17,7 +17,7 @@ use std::thread::JoinHandle;
 
 use mio::{Token, Waker};
 
-use crate::cgroup::{Backend, Cgroup, Limits, Weight};
+use crate::cgroup::{Backend, Cgroup, CgroupView, Limits, Weight};
 
 /// The worker thread's nice value.
 const WORKER_NICE: libc::c_int = 10;
@@ -40,7 +40,7 @@ pub enum Job {
     Release {
         pool: String,
         limits: Limits,
-        cg: Box<dyn Cgroup>,
+        cg: Viewed,
     },
     /// Kill what is left in a cgroup and remove it.
     Remove(Box<dyn Cgroup>),
@@ -53,7 +53,27 @@ pub enum Job {
 const KEEP: usize = 8;
 
 /// An emptied request cgroup and the limits written in it.
-type Ready = (Limits, Box<dyn Cgroup>);
+type Ready = (Limits, Viewed);
+
+/// A request cgroup with its view, made together. A call's cgroup is frozen, thawed,
+/// weighed and read through the view alone; the cgroup itself serves what needs
+/// privilege (limits, moving a process in, killing, removing). A kept cgroup keeps its
+/// view: the view's descriptors stay good for the cgroup's life.
+pub struct Viewed {
+    pub cg: Box<dyn Cgroup>,
+    pub view: Box<dyn CgroupView>,
+}
+
+#[cfg(test)]
+impl Viewed {
+    /// A fake cgroup and its view, both recording into `fake`.
+    pub fn fake(fake: &crate::cgroup::fake::Fake) -> Viewed {
+        Viewed {
+            cg: fake.boxed(),
+            view: Box::new(fake.clone()),
+        }
+    }
+}
 
 /// Emptied request cgroups, by function; and the folders of functions no longer served,
 /// by function, which the worker removes once the last cgroup in them is gone (a request
@@ -66,7 +86,7 @@ struct Kept {
 }
 
 impl Kept {
-    fn take(&mut self, pool: &str, limits: &Limits) -> Option<Box<dyn Cgroup>> {
+    fn take(&mut self, pool: &str, limits: &Limits) -> Option<Viewed> {
         let v = self.cgroups.get_mut(pool)?;
         let i = v.iter().position(|(l, _)| l == limits)?;
         Some(v.swap_remove(i).1)
@@ -76,7 +96,7 @@ impl Kept {
         !self.forgotten.contains_key(pool) && self.cgroups.get(pool).map_or(0, Vec::len) < KEEP
     }
 
-    fn keep(&mut self, pool: String, limits: Limits, cg: Box<dyn Cgroup>) {
+    fn keep(&mut self, pool: String, limits: Limits, cg: Viewed) {
         self.cgroups.entry(pool).or_default().push((limits, cg));
     }
 
@@ -95,7 +115,7 @@ fn remove(cg: Box<dyn Cgroup>) {
 pub struct Placed {
     pub zt: Token,
     pub slot: String,
-    pub result: Result<Box<dyn Cgroup>, String>,
+    pub result: Result<Viewed, String>,
     /// The child, and the pidfd that holds it (to move it again for a tenant's request).
     pub pid: i32,
     pub pidfd: OwnedFd,
@@ -114,9 +134,9 @@ impl Shared {
     /// A finished request's cgroup: kept for the next request of `pool` if it can be made
     /// as good as new and there is room, else removed. The emptying (file work) is done
     /// without the lock.
-    fn release(&self, pool: String, limits: Limits, cg: Box<dyn Cgroup>) {
+    fn release(&self, pool: String, limits: Limits, cg: Viewed) {
         if self.lock().has_room(&pool) {
-            match cg.recycle() {
+            match cg.cg.recycle() {
                 Ok(true) => {
                     self.lock().keep(pool, limits, cg);
                     return;
@@ -125,7 +145,7 @@ impl Shared {
                 Err(e) => log::warn!("reuse a request cgroup: {e}"),
             }
         }
-        remove(cg);
+        remove(cg.cg);
     }
 }
 
@@ -138,7 +158,7 @@ fn place_new(
     limits: &Limits,
     pid: i32,
     pidfd: &OwnedFd,
-) -> Result<Box<dyn Cgroup>, String> {
+) -> Result<Viewed, String> {
     let cg = backend.create(rel).map_err(|e| e.to_string())?;
     cg.set_limits(limits)
         .and_then(|()| cg.set_weight(Weight::Background))
@@ -147,27 +167,28 @@ fn place_new(
         return Err(format!("process {pid} exited before it was placed"));
     }
     cg.add_single_threaded(pid).map_err(|e| e.to_string())?;
-    Ok(cg.keep())
+    let view = cg.view().map_err(|e| e.to_string())?;
+    Ok(Viewed {
+        cg: cg.keep(),
+        view,
+    })
 }
 
 /// Put a parked child (single-threaded, held by `pidfd`) in a kept cgroup, at background
 /// weight. On failure the cgroup comes back, to be removed: a new one is needed.
-fn reuse(
-    cg: Box<dyn Cgroup>,
-    pid: i32,
-    pidfd: &OwnedFd,
-) -> Result<Box<dyn Cgroup>, Box<dyn Cgroup>> {
+fn reuse(cg: Viewed, pid: i32, pidfd: &OwnedFd) -> Result<Viewed, Box<dyn Cgroup>> {
     if !plumbing::sys::pidfd_alive(pidfd) {
-        return Err(cg);
+        return Err(cg.cg);
     }
     match cg
+        .view
         .set_weight(Weight::Background)
-        .and_then(|_| cg.add_single_threaded(pid))
+        .and_then(|_| cg.cg.add_single_threaded(pid))
     {
         Ok(()) => Ok(cg),
         Err(e) => {
             log::warn!("reuse a request cgroup: {e}");
-            Err(cg)
+            Err(cg.cg)
         }
     }
 }
@@ -239,7 +260,7 @@ impl Worker {
                         Job::Forget { pool } => {
                             let gone = kept.lock().cgroups.remove(&pool).unwrap_or_default();
                             for (_, cg) in gone {
-                                remove(cg);
+                                remove(cg.cg);
                             }
                             kept.lock().prune_forgotten(&backend);
                         }
@@ -247,7 +268,7 @@ impl Worker {
                 }
                 let all: Vec<Ready> = kept.lock().cgroups.drain().flat_map(|(_, v)| v).collect();
                 for (_, cg) in all {
-                    remove(cg);
+                    remove(cg.cg);
                 }
             })?;
         Ok(Worker {
@@ -267,7 +288,7 @@ impl Worker {
         limits: &Limits,
         pid: i32,
         pidfd: &OwnedFd,
-    ) -> Option<Box<dyn Cgroup>> {
+    ) -> Option<Viewed> {
         let cg = self.kept.lock().take(pool, limits)?;
         reuse(cg, pid, pidfd)
             .map_err(|cg| self.send(Job::Remove(cg)))
@@ -300,7 +321,8 @@ impl Worker {
         // The worker is gone (after shutdown began): a removal is done here; a placement
         // is moot, its zygote is being killed; what was kept went with the worker.
         match job {
-            Job::Remove(cg) | Job::Release { cg, .. } => remove(cg),
+            Job::Remove(cg) => remove(cg),
+            Job::Release { cg, .. } => remove(cg.cg),
             Job::Place { .. } | Job::Forget { .. } => {}
         }
     }

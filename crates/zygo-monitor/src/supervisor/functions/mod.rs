@@ -439,7 +439,7 @@ impl Functions {
         self.worker.finish();
         for p in self.worker.done() {
             if let Ok(cg) = p.result {
-                let _ = cg.remove();
+                let _ = cg.cg.remove();
             }
         }
         self.parks.clear();

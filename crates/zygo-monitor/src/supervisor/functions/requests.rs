@@ -26,8 +26,9 @@ use super::registry::{is_pool, FnState};
 use super::timers::stuck_after;
 use super::zygotes::{thaw, ZState};
 use super::{fail, Ctx, Functions, MAX_EVENT, SLOTS};
-use crate::cgroup::{Cgroup, Limits, Usage, Weight};
+use crate::cgroup::{Limits, Usage, Weight};
 use crate::supervisor::api::Acting;
+use crate::supervisor::cgworker::Viewed;
 use crate::supervisor::event_check;
 use plumbing::random_hex;
 
@@ -348,9 +349,9 @@ fn metrics(wall: Duration, usage: Option<Usage>) -> Metrics {
 
 /// What a request's cgroup counted, read when its child went without an answer: whatever
 /// is left in it is killed first, so the counters no longer move.
-pub(super) fn last_reading(cg: &dyn Cgroup) -> Option<Usage> {
-    let _ = cg.kill_all();
-    cg.usage().ok()
+pub(super) fn last_reading(cg: &Viewed) -> Option<Usage> {
+    let _ = cg.cg.kill_all();
+    cg.view.usage().ok()
 }
 
 /// Whether a tenant with these limits may call a function (or make a run) with egress
@@ -413,7 +414,7 @@ fn move_to(
     slot: &str,
     s: &mut super::zygotes::Slot,
     limits: &Limits,
-) -> Result<Box<dyn Cgroup>, String> {
+) -> Result<Viewed, String> {
     let pidfd = s
         .pidfd
         .as_ref()
@@ -429,14 +430,18 @@ fn move_to(
                 return Err(format!("the parked child {} has exited", s.pid));
             }
             cg.add_single_threaded(s.pid).map_err(|e| e.to_string())?;
-            cg.keep()
+            let view = cg.view().map_err(|e| e.to_string())?;
+            Viewed {
+                cg: cg.keep(),
+                view,
+            }
         }
     };
     // From here on it is what a caller waits for (and whatever fails, it is removed with
     // the slot).
     let old = std::mem::replace(&mut s.cgroup, cg);
     s.kept_as = Some((key.to_string(), *limits));
-    if let Err(e) = s.cgroup.set_weight(Weight::Foreground) {
+    if let Err(e) = s.cgroup.view.set_weight(Weight::Foreground) {
         log::warn!("raise a request's CPU weight: {e}");
     }
     Ok(old)
@@ -811,8 +816,8 @@ impl Functions {
             {
                 log::debug!("a call of {name} waits for an answered child of another tenant's to go: its cgroup is killed");
                 s.hurried = true;
-                let _ = s.cgroup.thaw();
-                if let Err(e) = s.cgroup.kill_all() {
+                let _ = s.cgroup.cg.thaw();
+                if let Err(e) = s.cgroup.cg.kill_all() {
                     log::warn!("kill an answered request's cgroup: {e}");
                 }
             }
@@ -1002,7 +1007,9 @@ impl Functions {
                 }
                 (None, Some(l)) => {
                     s.narrowed = true;
-                    s.cgroup.set_limits(&l).map_err(|e| e.to_string())
+                    // Its weight in the foreground follows the new limits.
+                    s.cgroup.view.follow(&l);
+                    s.cgroup.cg.set_limits(&l).map_err(|e| e.to_string())
                 }
                 (None, None) => Ok(()),
             };
@@ -1012,7 +1019,7 @@ impl Functions {
                 if let Some(s) = z.children.slots.remove(&slot) {
                     z.conn.send(&ToLauncher::Reap { slot: slot.clone() });
                     self.worker
-                        .send(super::super::cgworker::Job::Remove(s.cgroup));
+                        .send(super::super::cgworker::Job::Remove(s.cgroup.cg));
                 }
                 self.parks.push_back(zt);
                 if let Some(c) = self.calls.remove(id) {
@@ -1033,7 +1040,7 @@ impl Functions {
             s.tenant = c.tenant.clone();
             s.exclusive = c.exclusive;
             // From now on this child is what a caller waits for.
-            if let Err(e) = s.cgroup.set_weight(Weight::Foreground) {
+            if let Err(e) = s.cgroup.view.set_weight(Weight::Foreground) {
                 log::warn!("raise a request's CPU weight: {e}");
             }
         }
@@ -1206,7 +1213,7 @@ impl Functions {
             return;
         }
         s.answered = Some(Instant::now());
-        let usage = s.cgroup.usage().ok();
+        let usage = s.cgroup.view.usage().ok();
         let func = z.func.clone();
         self.settling.push((zt, slot.to_string()));
         match self.calls.get_mut(&id) {
@@ -1239,8 +1246,8 @@ impl Functions {
                     .get(&zt)
                     .and_then(|z| z.children.slots.get(&slot))
                 {
-                    let _ = s.cgroup.thaw();
-                    if let Err(e) = s.cgroup.kill_all() {
+                    let _ = s.cgroup.cg.thaw();
+                    if let Err(e) = s.cgroup.cg.kill_all() {
                         log::error!("kill a request's cgroup: {e}");
                     }
                 }
@@ -1577,11 +1584,11 @@ mod tests {
             peak_bytes: 64 << 20,
             cpu_usec: 2_500_000,
         });
-        let usage = last_reading(&*cg.boxed());
+        let usage = last_reading(&Viewed::fake(&cg));
         assert_eq!(cg.ops(), [Op::KillAll, Op::Usage]);
         assert!(cg.pids().is_empty());
         assert_eq!(usage.map(|u| u.oom_kills), Some(1));
-        assert_eq!(last_reading(&*Fake::new().unreadable().boxed()), None);
+        assert_eq!(last_reading(&Viewed::fake(&Fake::new().unreadable())), None);
     }
 
     #[test]

@@ -52,8 +52,8 @@ fn due(c: &InFlight, now: Instant, stuck: Duration) -> Option<Due> {
 /// launcher then reports its channel closed).
 fn end_if_lingering(s: &Slot, now: Instant) {
     if s.answered.is_some_and(|t| now.duration_since(t) >= LINGER) {
-        let _ = s.cgroup.thaw();
-        let _ = s.cgroup.kill_all();
+        let _ = s.cgroup.cg.thaw();
+        let _ = s.cgroup.cg.kill_all();
     }
 }
 
@@ -131,6 +131,7 @@ impl Functions {
 mod tests {
     use super::*;
     use crate::cgroup::fake::{Fake, Op};
+    use crate::supervisor::cgworker::Viewed;
     use proto::front::ExecRequest;
 
     const TIMEOUT: Duration = Duration::from_secs(30);
@@ -204,7 +205,7 @@ mod tests {
         let s = Slot {
             request: Some("r".into()),
             answered: Some(t0),
-            ..Slot::parked(cg.boxed(), 0, None)
+            ..Slot::parked(Viewed::fake(&cg), 0, None)
         };
         end_if_lingering(&s, t0 + LINGER - Duration::from_millis(1));
         assert!(cg.ops().is_empty());
@@ -215,7 +216,7 @@ mod tests {
         let running = Fake::new();
         let s = Slot {
             request: Some("r".into()),
-            ..Slot::parked(running.boxed(), 0, None)
+            ..Slot::parked(Viewed::fake(&running), 0, None)
         };
         end_if_lingering(&s, t0 + secs(3600));
         assert!(running.ops().is_empty());

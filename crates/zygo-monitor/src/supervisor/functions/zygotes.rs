@@ -11,11 +11,11 @@ use std::time::Instant;
 use mio::{Interest, Token};
 use proto::launch::{FromLauncher, Image, LaunchPlan, ToLauncher, MAX_LAUNCH_FRAME};
 
-use super::super::cgworker::{Job, Placed};
+use super::super::cgworker::{Job, Placed, Viewed};
 use super::registry::FnState;
 use super::requests::{last_reading, Terminal};
 use super::{Ctx, Functions, SLOTS, SPARES};
-use crate::cgroup::{Cgroup, Weight};
+use crate::cgroup::{Cgroup, CgroupView, Weight};
 use plumbing::conn::Conn;
 use plumbing::random_hex;
 
@@ -31,7 +31,8 @@ pub(super) enum ZState {
 
 /// One child of a zygote, in a cgroup of its own: parked, or serving one request.
 pub(super) struct Slot {
-    pub(super) cgroup: Box<dyn Cgroup>,
+    /// Its cgroup: frozen, thawed, weighed and read through the view.
+    pub(super) cgroup: Viewed,
     /// The call it serves; `None` while it is parked.
     pub(super) request: Option<String>,
     /// When its request was answered: the child should exit at once; past a grace it
@@ -59,7 +60,7 @@ pub(super) struct Slot {
 
 impl Slot {
     /// A parked child in `cgroup`.
-    pub(super) fn parked(cgroup: Box<dyn Cgroup>, pid: i32, pidfd: Option<OwnedFd>) -> Slot {
+    pub(super) fn parked(cgroup: Viewed, pid: i32, pidfd: Option<OwnedFd>) -> Slot {
         Slot {
             cgroup,
             request: None,
@@ -184,6 +185,8 @@ pub(super) struct Zygote {
     pub(super) conn: Conn,
     child: crate::spawn::Launcher,
     cgroup: Box<dyn Cgroup>,
+    /// Its cgroup's view: how it is frozen and thawed.
+    view: Box<dyn CgroupView>,
     pub(super) state: ZState,
     pub(super) children: Children,
     pub(super) last_used: Instant,
@@ -226,6 +229,9 @@ impl Functions {
             .map(crate::mounts::copy)
             .collect::<Result<Vec<_>, _>>()
             .map_err(|e| format!("copy the function's mounts: {e}"))?;
+        let view = cg
+            .view()
+            .map_err(|e| format!("open the zygote's cgroup: {e}"))?;
         let (child, conn, t) = start_launcher(&launcher, &*cg, plan, &handed, cx)?;
         let now = Instant::now();
         self.zygotes.insert(
@@ -235,6 +241,7 @@ impl Functions {
                 conn,
                 child,
                 cgroup: cg.keep(),
+                view,
                 state: ZState::Starting,
                 children: Children::new(f.plan.request_ids.map(|r| r.count)),
                 last_used: now,
@@ -314,15 +321,15 @@ impl Functions {
         let _ = z.child.wait();
         let _ = z.cgroup.thaw();
         for (_, s) in z.children.slots.drain() {
-            let _ = s.cgroup.thaw();
+            let _ = s.cgroup.cg.thaw();
             match s.request {
                 Some(id) => {
-                    let usage = s.cgroup.usage().ok();
-                    let _ = s.cgroup.remove();
+                    let usage = s.cgroup.view.usage().ok();
+                    let _ = s.cgroup.cg.remove();
                     self.zygote_gone(&id, usage);
                 }
                 None => {
-                    let _ = s.cgroup.remove();
+                    let _ = s.cgroup.cg.remove();
                 }
             }
         }
@@ -601,7 +608,7 @@ impl Functions {
                     .as_ref()
                     .is_some_and(|id| self.calls.contains_key(id));
                 let usage = if unanswered {
-                    last_reading(&*s.cgroup)
+                    last_reading(&s.cgroup)
                 } else {
                     None
                 };
@@ -609,9 +616,9 @@ impl Functions {
                 // that let go of it) is killed now, before another call can be given a
                 // child of this zygote, not later by the worker: that call may be another
                 // tenant's. Almost always the cgroup is empty by now and this is one read.
-                if s.request.is_some() && !s.cgroup.is_empty().unwrap_or(false) {
-                    let _ = s.cgroup.thaw();
-                    if let Err(e) = s.cgroup.kill_all() {
+                if s.request.is_some() && !s.cgroup.view.is_empty().unwrap_or(false) {
+                    let _ = s.cgroup.cg.thaw();
+                    if let Err(e) = s.cgroup.cg.kill_all() {
                         log::warn!("kill what a request left running: {e}");
                     }
                 }
@@ -629,7 +636,7 @@ impl Functions {
                         limits,
                         cg: s.cgroup,
                     }),
-                    None => self.worker.send(Job::Remove(s.cgroup)),
+                    None => self.worker.send(Job::Remove(s.cgroup.cg)),
                 }
                 self.parks.push_back(zt);
                 if let Some(id) = s.request {
@@ -669,7 +676,7 @@ impl Functions {
         if !waiting {
             // Its zygote or the child went away meanwhile.
             if let Ok(cg) = p.result {
-                self.worker.send(Job::Remove(cg));
+                self.worker.send(Job::Remove(cg.cg));
             }
             return;
         }
@@ -680,7 +687,7 @@ impl Functions {
         match p.result {
             Ok(cg) => {
                 if z.frozen {
-                    let _ = cg.freeze();
+                    let _ = cg.view.freeze();
                 }
                 z.children
                     .slots
@@ -714,7 +721,7 @@ impl Functions {
                 else {
                     continue;
                 };
-                if let Err(e) = s.cgroup.set_weight(Weight::Background) {
+                if let Err(e) = s.cgroup.view.set_weight(Weight::Background) {
                     log::debug!("lower an answered request's CPU weight: {e}");
                 }
             }
@@ -808,9 +815,9 @@ impl DupFd for std::io::Stderr {
 
 /// Thaw a frozen zygote and its children.
 pub(super) fn thaw(z: &mut Zygote) {
-    let _ = z.cgroup.thaw();
+    let _ = z.view.thaw();
     for s in z.children.slots.values() {
-        let _ = s.cgroup.thaw();
+        let _ = s.cgroup.view.thaw();
     }
     z.frozen = false;
     z.last_beat = Instant::now();
@@ -818,9 +825,9 @@ pub(super) fn thaw(z: &mut Zygote) {
 
 /// Freeze an idle zygote and its children.
 pub(super) fn freeze(z: &mut Zygote) {
-    let _ = z.cgroup.freeze();
+    let _ = z.view.freeze();
     for s in z.children.slots.values() {
-        let _ = s.cgroup.freeze();
+        let _ = s.cgroup.view.freeze();
     }
     z.frozen = true;
 }
@@ -834,7 +841,7 @@ mod tests {
     fn child(request: Option<&str>) -> Slot {
         Slot {
             request: request.map(str::to_string),
-            ..Slot::parked(Fake::new().boxed(), 0, None)
+            ..Slot::parked(Viewed::fake(&Fake::new()), 0, None)
         }
     }
 
