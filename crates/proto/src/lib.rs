@@ -22,6 +22,7 @@ pub mod frame;
 pub mod front;
 pub mod json;
 pub mod json_scan;
+pub mod keeper;
 pub mod launch;
 pub mod mcp;
 pub mod readbuf;

@@ -203,6 +203,10 @@ impl CgroupView for Fake {
     }
 
     fn follow(&self, _limits: &Limits) {}
+
+    fn duplicate(&self) -> Result<Box<dyn CgroupView>, CgroupError> {
+        Ok(Box::new(self.clone()))
+    }
 }
 
 #[cfg(test)]

@@ -37,6 +37,9 @@ pub trait CgroupView: Send {
     /// New limits were written to the cgroup since the view was made: its foreground
     /// weight follows them (as the maker's `set_limits` wrote it).
     fn follow(&self, limits: &Limits);
+    /// Another view of the same cgroup (its descriptors duplicated), with the same
+    /// foreground weight: the maker keeps one and hands out copies.
+    fn duplicate(&self) -> Result<Box<dyn CgroupView>, CgroupError>;
 }
 
 /// A cgroup's view as a fixed set of descriptors (see the module's comment).
@@ -349,6 +352,61 @@ impl CgroupView for HandedView {
         }
     }
 
+    fn duplicate(&self) -> Result<Box<dyn CgroupView>, CgroupError> {
+        let dup = |f: &File, name: &str| {
+            f.try_clone()
+                .map_err(|e| io_err("hold", &self.path(name), e))
+        };
+        let files = match &self.files {
+            Files::V1 {
+                cpu_dir,
+                cpuacct_dir,
+                freezer_path,
+                freezer_state,
+                freezer_dir,
+                shares,
+                oom_control,
+                max_usage,
+                cpuacct_usage,
+            } => Files::V1 {
+                cpu_dir: cpu_dir.clone(),
+                cpuacct_dir: cpuacct_dir.clone(),
+                freezer_path: freezer_path.clone(),
+                freezer_state: dup(freezer_state, "freezer.state")?,
+                freezer_dir: freezer_dir
+                    .try_clone()
+                    .map_err(|e| io_err("hold", freezer_path, e))?,
+                shares: dup(shares, "cpu.shares")?,
+                oom_control: dup(oom_control, "memory.oom_control")?,
+                max_usage: dup(max_usage, "memory.max_usage_in_bytes")?,
+                cpuacct_usage: dup(cpuacct_usage, "cpuacct.usage")?,
+            },
+            Files::V2 {
+                freeze,
+                events,
+                memory_events,
+                peak,
+                cpu_stat,
+                weight,
+            } => Files::V2 {
+                freeze: dup(freeze, "cgroup.freeze")?,
+                events: dup(events, "cgroup.events")?,
+                memory_events: dup(memory_events, "memory.events")?,
+                peak: match peak {
+                    Some(f) => Some(dup(f, "memory.peak")?),
+                    None => None,
+                },
+                cpu_stat: dup(cpu_stat, "cpu.stat")?,
+                weight: dup(weight, "cpu.weight")?,
+            },
+        };
+        Ok(Box::new(HandedView {
+            dir: self.dir.clone(),
+            files,
+            foreground: Cell::new(self.foreground.get()),
+        }))
+    }
+
     fn follow(&self, limits: &Limits) {
         self.foreground.set(match self.files {
             Files::V1 { .. } => limits.cpu_shares(),
@@ -411,7 +469,9 @@ mod tests {
         let mut sleeper = Command::new("sleep").arg("60").spawn().unwrap();
         let pid = i32::try_from(sleeper.id()).unwrap();
         cg.add_pid(pid).unwrap();
-        let view = cg.view().unwrap();
+        // The maker keeps the view it made and hands out a copy.
+        let kept = cg.view().unwrap();
+        let view = kept.duplicate().unwrap();
         let weight_file = match &backend {
             Backend::V1(_) => weight_path(pid, "cpu", "cpu.shares"),
             Backend::V2(_) => weight_path(pid, "", "cpu.weight"),

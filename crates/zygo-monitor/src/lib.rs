@@ -25,6 +25,7 @@ pub fn cgroup_limits(l: &policy::limits::ResolvedLimits) -> cgroup::Limits {
 pub mod deps;
 pub mod etc_cache;
 pub mod identity;
+pub mod keeper;
 pub mod mcp;
 pub mod mounts;
 pub mod notify;

@@ -8,7 +8,7 @@
 //! decided here, on the loop's clock.
 //!
 //! Work that could hold the loop, and with it every other caller, runs on threads beside
-//! it that wake it with their results: the cgroup worker ([`cgworker`]), the store writer
+//! it that wake it with their results: the keeper's cgroup worker ([`crate::keeper::cgworker`]), the store writer
 //! ([`store_writer`]) and the checker of large events ([`event_check`]).
 //!
 //! Fronts cannot make it hold more than a bounded amount, however many connect and
@@ -24,7 +24,6 @@
 //! (25 s), then every zygote is killed and every cgroup removed. SIGCHLD reaps launchers.
 
 pub mod api;
-mod cgworker;
 mod event_check;
 pub(crate) mod functions;
 mod scripts;
@@ -692,7 +691,7 @@ impl Supervisor {
                 now.checked_add(grace)
                     .unwrap_or_else(|| now + Duration::from_secs(365 * 24 * 3600)),
             );
-            self.fns.draining = true;
+            self.fns.begin_drain();
             self.notify.send(&format!(
                 "STOPPING=1\nSTATUS=draining: {} requests running may finish within {}s",
                 self.fns.in_flight(),

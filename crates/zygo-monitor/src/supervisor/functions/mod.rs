@@ -47,10 +47,10 @@ use mio::{Registry, Token};
 use proto::front::{ErrorCode, Outcome, Reply, Request};
 
 use super::api::Acting;
-use super::cgworker::Worker;
 use super::SupervisorError;
 use crate::cgroup::Backend;
 use crate::identity::Identity;
+use crate::keeper::LocalKeeper;
 use registry::{Function, PendingServe};
 use requests::{script_in_flight, InFlight};
 use zygotes::Zygote;
@@ -83,8 +83,11 @@ pub struct StoreDirs {
 }
 
 pub struct Functions {
+    /// What needs privilege: every cgroup, behind the keeper's table.
+    keeper: LocalKeeper,
+    /// The cgroup tree, for what is not behind the keeper's table yet (one-shot runs and
+    /// dependency builds).
     backend: Arc<Backend>,
-    worker: Worker,
     identity: Identity,
     launcher: PathBuf,
     /// The usage log (see `usage`).
@@ -122,7 +125,7 @@ pub struct Functions {
     /// Tokens, tenants and script owners (the API's state).
     pub(super) api: super::api::Api,
     /// A drain has begun (health says `stopping`).
-    pub draining: bool,
+    draining: bool,
     /// The `[defaults]` of the sandbox.toml served last: what a layer served over the API
     /// is merged over.
     defaults: policy::file::Layer,
@@ -160,15 +163,6 @@ impl<'a> Ctx<'a> {
     }
 }
 
-/// The folder of a function's cgroups: `tenants/<tenant>/<name>` for a tenant's function
-/// (served under the key `<tenant>/<name>`), `tenants/_host/<name>` for the host's.
-pub(super) fn cg_folder(key: &str) -> String {
-    match key.split_once('/') {
-        Some((tenant, name)) => format!("tenants/{tenant}/{name}"),
-        None => format!("tenants/_host/{key}"),
-    }
-}
-
 fn fail(code: ErrorCode, message: impl Into<String>) -> Reply {
     Reply::Error {
         code,
@@ -189,7 +183,6 @@ impl Functions {
     ) -> Result<Functions, SupervisorError> {
         let usage = super::usage::UsageLog::open(usage_path.clone())
             .map_err(|e| SupervisorError(format!("open {}: {e}", usage_path.display())))?;
-        let backend = Arc::new(backend);
         use super::scripts::{BLOBS, SCRIPTS};
         let StoreDirs {
             scripts,
@@ -219,11 +212,15 @@ impl Functions {
             .map_err(|e| SupervisorError(format!("start the store writer: {e}")))?;
         let checker = super::event_check::Checker::start(waker.clone())
             .map_err(|e| SupervisorError(format!("start the event checker: {e}")))?;
-        let worker = Worker::start(backend.clone(), waker)
+        let keeper = LocalKeeper::start(backend, waker)
             .map_err(|e| SupervisorError(format!("start the cgroup worker: {e}")))?;
+        let backend = match keeper.backend() {
+            Some(b) => b.clone(),
+            None => return Err(SupervisorError("the keeper has no cgroup tree".into())),
+        };
         Ok(Functions {
+            keeper,
             backend,
-            worker,
             identity,
             launcher,
             usage,
@@ -256,56 +253,26 @@ impl Functions {
         })
     }
 
-    /// Remove what supervisors that are gone (killed before they could drain) left in the
-    /// tree: `tenants/<owner>/<fn>/z-<pid>-…` and `r-<pid>-…` whose process does not exist.
-    /// Whatever still runs in such a cgroup is killed first. A function's folder (and a
-    /// tenant's) is removed with them only when something was swept from it: an empty one
-    /// may be another live supervisor's, just made and about to get its memory ceiling.
+    /// Remove what supervisors that are gone left in the tree (see
+    /// [`LocalKeeper::sweep_stale`]).
     pub fn sweep_stale(&self) {
-        for owner in self.backend.child_names_of("tenants") {
-            let top = format!("tenants/{owner}");
-            let mut swept_under_top = false;
-            for func in self.backend.child_names_of(&top) {
-                let base = format!("{top}/{func}");
-                let mut swept = false;
-                for name in self.backend.child_names_of(&base) {
-                    let pid = name
-                        .strip_prefix("z-")
-                        .or_else(|| name.strip_prefix("r-"))
-                        .and_then(|r| r.split('-').next())
-                        .and_then(|p| p.parse::<u32>().ok());
-                    let Some(pid) = pid else { continue };
-                    if pid == std::process::id() || crate::cgroup::process_alive(pid) {
-                        continue;
-                    }
-                    log::info!("removing {base}/{name}, left by a supervisor that is gone");
-                    swept = true;
-                    // `open` finishes a cgroup that was only partly created or removed itself.
-                    if let Some(cg) = self.backend.open(&format!("{base}/{name}")) {
-                        if let Err(e) = cg.remove() {
-                            log::warn!("remove {base}/{name}: {e}");
-                        }
-                    }
-                }
-                if swept {
-                    swept_under_top = true;
-                    self.backend.prune(&base);
-                }
-            }
-            if swept_under_top && owner != "_host" {
-                self.backend.prune(&top);
-            }
-        }
+        self.keeper.sweep_stale();
     }
 
     /// Remove Zygo's cgroup root if this supervisor leaves it empty (see
     /// `Backend::release_root`).
     pub fn release_cgroup_root(&self) {
-        self.backend.release_root();
+        self.keeper.release_root();
     }
 
     pub fn backend_root(&self) -> String {
-        format!("{} {}", self.backend.name(), self.backend.root())
+        self.keeper.describe()
+    }
+
+    /// The drain began: no new function is served (the keeper refuses one from now on).
+    pub fn begin_drain(&mut self) {
+        self.draining = true;
+        self.keeper.begin_drain();
     }
 
     pub fn in_flight(&self) -> usize {
@@ -435,13 +402,6 @@ impl Functions {
         // The store writes handed over are finished, and answered.
         self.writer.finish();
         self.store_written();
-        // What the worker is still placing goes with its zygote; wait for it first.
-        self.worker.finish();
-        for p in self.worker.done() {
-            if let Ok(cg) = p.result {
-                let _ = cg.cg.remove();
-            }
-        }
         self.parks.clear();
         self.runs_shutdown(cx);
         self.deps_builds.shutdown();
@@ -458,29 +418,8 @@ impl Functions {
         for id in ids {
             self.finish(&id, None, None);
         }
-        for key in self.fns.keys() {
-            self.backend.prune(&cg_folder(key));
-        }
-        // Tenants' function folders, for their own functions and for their calls of the
-        // host's: only those of this supervisor's functions. An empty one of another name
-        // may be another live supervisor's, just made and about to get its memory ceiling.
-        let ours: std::collections::HashSet<&str> = self
-            .fns
-            .keys()
-            .map(|k| k.rsplit('/').next().unwrap_or(k))
-            .collect();
-        for owner in self.backend.child_names_of("tenants") {
-            let top = format!("tenants/{owner}");
-            for func in self.backend.child_names_of(&top) {
-                if ours.contains(func.as_str()) {
-                    self.backend.prune(&format!("{top}/{func}"));
-                }
-            }
-            // An owner's folder (and `tenants`) holds no limit of its own, so it goes when
-            // empty, whoever made it: a supervisor making a cgroup in it meanwhile makes the
-            // folders on its way again (`Backend::create`).
-            self.backend.prune(&top);
-        }
-        self.backend.prune("tenants");
+        // What the keeper's worker is still placing goes with its zygote; then the
+        // folders.
+        self.keeper.shutdown(self.fns.keys());
     }
 }

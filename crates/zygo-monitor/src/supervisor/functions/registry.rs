@@ -9,6 +9,7 @@ use std::time::Instant;
 use mio::Token;
 use policy::file::FnSpec;
 use proto::front::{ErrorCode, Outcome, Reply};
+use proto::keeper::{FromKeeper, ToKeeper};
 use proto::launch::{BindMount, Image, LaunchPlan, Mode};
 
 use super::agents::agent_argv;
@@ -249,11 +250,15 @@ impl Functions {
             super::deps::apply(&mut plan, &spec, set)?;
         }
         let handed = crate::mounts::hand_over(&mut plan)?;
-        let folder = super::cg_folder(&name);
-        self.worker.remember(&name);
-        if let Err(e) = self.backend.set_ceiling(&folder, ceiling) {
-            self.worker.forget(&name, folder);
-            return Err(format!("write the memory ceiling of {name}'s cgroups: {e}"));
+        if let FromKeeper::Refused { why } = self
+            .keeper
+            .call(ToKeeper::ServeFunction {
+                function: crate::keeper::fn_key(&name),
+                ceiling,
+            })
+            .reply
+        {
+            return Err(format!("make the folder of {name}'s cgroups: {why}"));
         }
         let min_warm = (spec.min_warm as usize).max(1);
         self.fns.insert(
@@ -547,8 +552,16 @@ impl Functions {
             self.finish(&id, None, None);
         }
         self.fns.remove(name);
-        // The worker removes the cgroups it kept for the function, then its folder.
-        self.worker.forget(name, super::cg_folder(name));
+        // The keeper removes the cgroups it kept for the function, then its folder.
+        if let FromKeeper::Refused { why } = self
+            .keeper
+            .call(ToKeeper::StopFunction {
+                function: crate::keeper::fn_key(name),
+            })
+            .reply
+        {
+            log::warn!("remove the cgroups of {name}: {why}");
+        }
         log::info!("stopped {name}");
         Reply::Stopped {
             name: name.to_string(),

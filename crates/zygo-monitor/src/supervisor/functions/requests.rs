@@ -27,10 +27,11 @@ use super::timers::stuck_after;
 use super::zygotes::{thaw, ZState};
 use super::{fail, Ctx, Functions, MAX_EVENT, SLOTS};
 use crate::cgroup::{Limits, Usage, Weight};
+use crate::keeper::LocalKeeper;
 use crate::supervisor::api::Acting;
-use crate::supervisor::cgworker::Viewed;
 use crate::supervisor::event_check;
 use plumbing::random_hex;
+use proto::keeper::{FromKeeper, SlotId, ToKeeper, UsageMsg};
 
 /// Output kept per stream per request.
 const OUTPUT_CAP: usize = 1024 * 1024;
@@ -348,10 +349,29 @@ fn metrics(wall: Duration, usage: Option<Usage>) -> Metrics {
 }
 
 /// What a request's cgroup counted, read when its child went without an answer: whatever
-/// is left in it is killed first, so the counters no longer move.
-pub(super) fn last_reading(cg: &Viewed) -> Option<Usage> {
-    let _ = cg.cg.kill_all();
-    cg.view.usage().ok()
+/// is left in it is killed first (by the keeper), so the counters no longer move.
+pub(super) fn last_reading(keeper: &mut LocalKeeper, slot: SlotId) -> Option<Usage> {
+    kill_slot(keeper, slot)
+}
+
+/// Kill what runs in a slot's cgroup (the keeper does); what it counted after.
+pub(super) fn kill_slot(keeper: &mut LocalKeeper, slot: SlotId) -> Option<Usage> {
+    match keeper.call(ToKeeper::KillSlot { slot }).reply {
+        FromKeeper::Killed { usage } => usage.map(usage_of),
+        other => {
+            log::error!("kill a request's cgroup: {other:?}");
+            None
+        }
+    }
+}
+
+/// What a cgroup counted, as the keeper said it.
+pub(super) fn usage_of(u: UsageMsg) -> Usage {
+    Usage {
+        oom_kills: u.oom_kills,
+        peak_bytes: u.peak_bytes,
+        cpu_usec: u.cpu_usec,
+    }
 }
 
 /// Whether a tenant with these limits may call a function (or make a run) with egress
@@ -400,51 +420,6 @@ pub(super) fn narrowed(f: &Limits, t: &proto::api::TenantLimits) -> Option<Limit
         ..*f
     };
     (l != *f).then_some(l)
-}
-
-/// Move a parked child into a cgroup of a tenant's for one function (`key`, folder `dir`)
-/// with `limits`: one kept from the tenant's last request of it, else a new
-/// `<dir>/r-<pid>-<slot>`. The cgroup it left, empty now, is returned. On failure a new
-/// cgroup is removed (with whatever reached it).
-fn move_to(
-    backend: &crate::cgroup::Backend,
-    worker: &super::super::cgworker::Worker,
-    key: &str,
-    dir: &str,
-    slot: &str,
-    s: &mut super::zygotes::Slot,
-    limits: &Limits,
-) -> Result<Viewed, String> {
-    let pidfd = s
-        .pidfd
-        .as_ref()
-        .ok_or("the parked child is not held by a pidfd")?;
-    let cg = match worker.place_kept(key, limits, s.pid, pidfd) {
-        Some(cg) => cg,
-        None => {
-            let cg = backend
-                .create(&format!("{dir}/r-{}-{slot}", std::process::id()))
-                .map_err(|e| e.to_string())?;
-            cg.set_limits(limits).map_err(|e| e.to_string())?;
-            if !plumbing::sys::pidfd_alive(pidfd) {
-                return Err(format!("the parked child {} has exited", s.pid));
-            }
-            cg.add_single_threaded(s.pid).map_err(|e| e.to_string())?;
-            let view = cg.view().map_err(|e| e.to_string())?;
-            Viewed {
-                cg: cg.keep(),
-                view,
-            }
-        }
-    };
-    // From here on it is what a caller waits for (and whatever fails, it is removed with
-    // the slot).
-    let old = std::mem::replace(&mut s.cgroup, cg);
-    s.kept_as = Some((key.to_string(), *limits));
-    if let Err(e) = s.cgroup.view.set_weight(Weight::Foreground) {
-        log::warn!("raise a request's CPU weight: {e}");
-    }
-    Ok(old)
 }
 
 /// Whether a call in flight names a script (see `Store::put`: such a script is never
@@ -816,10 +791,7 @@ impl Functions {
             {
                 log::debug!("a call of {name} waits for an answered child of another tenant's to go: its cgroup is killed");
                 s.hurried = true;
-                let _ = s.cgroup.cg.thaw();
-                if let Err(e) = s.cgroup.cg.kill_all() {
-                    log::warn!("kill an answered request's cgroup: {e}");
-                }
+                kill_slot(&mut self.keeper, s.id);
             }
         }
     }
@@ -970,13 +942,7 @@ impl Functions {
         };
         // A tenant's call of a host function runs in a cgroup of that tenant's
         // (`tenants/<tenant>/<function>/…`): everything one tenant runs is in one place.
-        let tenant_dir = match (&c.tenant, c.func.contains('/')) {
-            (Some(t), false) => {
-                Some((format!("{t}/{}", c.func), format!("tenants/{t}/{}", c.func)))
-            }
-            _ => None,
-        };
-        let flimits = f.limits;
+        let moved_for = c.tenant.clone().filter(|_| !c.func.contains('/'));
         let now = Instant::now();
         let Some(c) = self.calls.get_mut(id) else {
             return false;
@@ -991,35 +957,32 @@ impl Functions {
             // The tenant's limits go on the child's own cgroup before it is let go: moved
             // into a cgroup of the tenant's (one kept from its last request of the
             // function, else a new one), or narrowed where it is (then it is not kept for
-            // another request afterwards).
-            let applied = match (&tenant_dir, c.narrow) {
-                (Some((key, dir)), narrow) => {
-                    s.narrowed = true;
-                    let limits = narrow.unwrap_or(flimits);
-                    move_to(&self.backend, &self.worker, key, dir, &slot, s, &limits).map(|old| {
-                        // The parked cgroup it left is empty: kept for the function.
-                        self.worker.send(super::super::cgworker::Job::Release {
-                            pool: c.func.clone(),
-                            limits: flimits,
-                            cg: old,
-                        })
-                    })
-                }
-                (None, Some(l)) => {
-                    s.narrowed = true;
-                    // Its weight in the foreground follows the new limits.
-                    s.cgroup.view.follow(&l);
-                    s.cgroup.cg.set_limits(&l).map_err(|e| e.to_string())
-                }
+            // another request afterwards). The keeper does it, and hands back the view of
+            // the cgroup the child is in now.
+            let applied = match (&moved_for, c.narrow) {
                 (None, None) => Ok(()),
+                (tenant, narrow) => {
+                    let asked = ToKeeper::PrepareSlot {
+                        slot: s.id,
+                        tenant: tenant.clone(),
+                        limits: narrow.as_ref().map(crate::keeper::limits_msg),
+                    };
+                    let prepared = self.keeper.call(asked);
+                    match (prepared.reply, prepared.view) {
+                        (FromKeeper::Slot { .. }, Some(view)) => {
+                            s.view = view;
+                            Ok(())
+                        }
+                        (other, _) => Err(format!("{other:?}")),
+                    }
+                }
             };
             if let Err(e) = applied {
                 log::error!("give a tenant's request its cgroup and limits: {e}");
-                // That child is not used: it is let go of, and its cgroup removed.
+                // That child is not used: it is let go of, and its cgroup released.
                 if let Some(s) = z.children.slots.remove(&slot) {
                     z.conn.send(&ToLauncher::Reap { slot: slot.clone() });
-                    self.worker
-                        .send(super::super::cgworker::Job::Remove(s.cgroup.cg));
+                    self.keeper.call(ToKeeper::ReleaseSlot { slot: s.id });
                 }
                 self.parks.push_back(zt);
                 if let Some(c) = self.calls.remove(id) {
@@ -1040,7 +1003,7 @@ impl Functions {
             s.tenant = c.tenant.clone();
             s.exclusive = c.exclusive;
             // From now on this child is what a caller waits for.
-            if let Err(e) = s.cgroup.view.set_weight(Weight::Foreground) {
+            if let Err(e) = s.view.set_weight(Weight::Foreground) {
                 log::warn!("raise a request's CPU weight: {e}");
             }
         }
@@ -1213,7 +1176,7 @@ impl Functions {
             return;
         }
         s.answered = Some(Instant::now());
-        let usage = s.cgroup.view.usage().ok();
+        let usage = s.view.usage().ok();
         let func = z.func.clone();
         self.settling.push((zt, slot.to_string()));
         match self.calls.get_mut(&id) {
@@ -1246,10 +1209,7 @@ impl Functions {
                     .get(&zt)
                     .and_then(|z| z.children.slots.get(&slot))
                 {
-                    let _ = s.cgroup.cg.thaw();
-                    if let Err(e) = s.cgroup.cg.kill_all() {
-                        log::error!("kill a request's cgroup: {e}");
-                    }
+                    kill_slot(&mut self.keeper, s.id);
                 }
             }
             None => {
@@ -1584,11 +1544,25 @@ mod tests {
             peak_bytes: 64 << 20,
             cpu_usec: 2_500_000,
         });
-        let usage = last_reading(&Viewed::fake(&cg));
-        assert_eq!(cg.ops(), [Op::KillAll, Op::Usage]);
+        let mut keeper = LocalKeeper::detached();
+        let z = keeper.adopt_zygote(
+            "hello",
+            crate::cgroup::Limits {
+                mem_bytes: None,
+                cpu_millis: 1000,
+                pids: 64,
+                io_bps: 0,
+                io_iops: 0,
+            },
+            &Fake::new(),
+        );
+        let slot = keeper.adopt_slot(z, &cg);
+        let usage = last_reading(&mut keeper, slot);
+        assert_eq!(cg.ops(), [Op::Thaw, Op::KillAll, Op::Usage]);
         assert!(cg.pids().is_empty());
         assert_eq!(usage.map(|u| u.oom_kills), Some(1));
-        assert_eq!(last_reading(&Viewed::fake(&Fake::new().unreadable())), None);
+        let unreadable = keeper.adopt_slot(z, &Fake::new().unreadable());
+        assert_eq!(last_reading(&mut keeper, unreadable), None);
     }
 
     #[test]

@@ -40,7 +40,6 @@ use proto::front::{ErrorCode, Outcome, Reply};
 use proto::launch::{FromLauncher, Image, OneShotTalk, Phase, Said, ToLauncher, MAX_LAUNCH_FRAME};
 use proto::readbuf::read_append;
 
-use super::super::cgworker::Job;
 use super::run_spec;
 use super::{fail, now_ms, Ctx, Functions};
 use crate::cgroup::{Cgroup, Usage};
@@ -587,7 +586,7 @@ impl Functions {
                     .get_or_insert_with(|| format!("the launcher {why}"));
                 let _ = run.launcher.kill();
                 close_channel(run, cx);
-                settle(run, &self.worker);
+                settle(run, &self.keeper);
                 return;
             }
         }
@@ -604,7 +603,7 @@ impl Functions {
                     .get_or_insert_with(|| format!("the launcher died while {what}"));
             }
             close_channel(run, cx);
-            settle(run, &self.worker);
+            settle(run, &self.keeper);
         } else if let Some(c) = run.conn.as_ref() {
             if let Some(why) = c.closed.clone() {
                 // After the report, a write that failed (a `Kill` crossing the launcher's
@@ -615,7 +614,7 @@ impl Functions {
                 }
                 let _ = run.launcher.kill();
                 close_channel(run, cx);
-                settle(run, &self.worker);
+                settle(run, &self.keeper);
             }
         }
     }
@@ -651,7 +650,7 @@ impl Functions {
                         .get_or_insert_with(|| "the launcher stopped answering".into());
                     let _ = run.launcher.kill();
                     close_channel(run, cx);
-                    settle(run, &self.worker);
+                    settle(run, &self.keeper);
                 }
             }
             let ended = run.ended.is_some();
@@ -731,7 +730,7 @@ impl Functions {
                 let _ = run.launcher.kill();
                 let _ = run.launcher.wait();
                 close_channel(run, cx);
-                settle(run, &self.worker);
+                settle(run, &self.keeper);
             }
             run.stdout.close(cx);
             run.stderr.close(cx);
@@ -767,7 +766,7 @@ impl Functions {
         run.stdout.close(cx);
         run.stderr.close(cx);
         close_channel(&mut run, cx);
-        settle(&mut run, &self.worker);
+        settle(&mut run, &self.keeper);
         // Reaped now if it has exited; otherwise on a later turn (see `runs_tick`).
         if let Ok(None) = run.launcher.try_wait() {
             self.runs.exiting.push((run.launcher, now + EXIT_WAIT));
@@ -929,9 +928,9 @@ fn close_channel(run: &mut Run, cx: &Ctx) {
     run.ended.get_or_insert_with(Instant::now);
 }
 
-/// Read what the run's cgroup counted and hand it to the worker to be removed (once).
+/// Read what the run's cgroup counted and hand it to the keeper to be removed (once).
 /// Unless the launcher reported a clean end, whatever is left in it is killed first.
-fn settle(run: &mut Run, worker: &super::super::cgworker::Worker) {
+fn settle(run: &mut Run, keeper: &crate::keeper::LocalKeeper) {
     let Some(cg) = run.cgroup.take() else { return };
     if run.exit.is_none() || run.error.is_some() || run.killed.is_some() {
         let _ = cg.kill_all();
@@ -940,7 +939,7 @@ fn settle(run: &mut Run, worker: &super::super::cgworker::Worker) {
         Ok(u) => run.usage = Some(u),
         Err(e) => log::warn!("read a run's usage: {e}"),
     }
-    worker.send(Job::Remove(cg));
+    keeper.remove_later(cg);
 }
 
 #[cfg(test)]

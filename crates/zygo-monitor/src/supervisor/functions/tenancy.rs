@@ -231,7 +231,7 @@ impl Functions {
             version: env!("CARGO_PKG_VERSION").into(),
             api: proto::api::API_VERSION,
             backend: "ns".into(),
-            cgroup: self.backend.name().into(),
+            cgroup: self.keeper.backend_name().into(),
             landlock_abi: crate::supervisor::api::landlock_abi(),
             private_net: deploy.then_some(who.flags.allow_deploy && who.flags.allow_private_net),
             tenant: who.tenant.clone(),
@@ -494,12 +494,12 @@ impl Functions {
             return r.into();
         }
         // The cgroups kept for its calls of the host's functions go, then its folders.
-        let top = format!("tenants/{id}");
-        for func in self.backend.child_names_of(&top) {
-            self.worker
-                .forget(&format!("{id}/{func}"), format!("{top}/{func}"));
+        let forget = proto::keeper::ToKeeper::ForgetTenant {
+            tenant: id.to_string(),
+        };
+        if let proto::keeper::FromKeeper::Refused { why } = self.keeper.call(forget).reply {
+            log::warn!("remove the cgroups of tenant {id}: {why}");
         }
-        self.backend.prune(&top);
         Reply::TenantDeleted(TenantDeleted {
             id: id.to_string(),
             stopped,

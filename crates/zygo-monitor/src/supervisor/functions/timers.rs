@@ -9,6 +9,7 @@ use proto::front::Outcome;
 use super::requests::InFlight;
 use super::zygotes::{freeze, Slot, ZState};
 use super::{Ctx, Functions};
+use crate::keeper::LocalKeeper;
 
 /// A request with no heartbeat for this long is killed as stuck
 /// (`$ZYGO_STUCK_AFTER_MS` overrides it, for tests).
@@ -50,10 +51,9 @@ fn due(c: &InFlight, now: Instant, stuck: Duration) -> Option<Due> {
 
 /// A child answered [`LINGER`] ago or more that has not exited goes with its cgroup (the
 /// launcher then reports its channel closed).
-fn end_if_lingering(s: &Slot, now: Instant) {
+fn end_if_lingering(keeper: &mut LocalKeeper, s: &Slot, now: Instant) {
     if s.answered.is_some_and(|t| now.duration_since(t) >= LINGER) {
-        let _ = s.cgroup.cg.thaw();
-        let _ = s.cgroup.cg.kill_all();
+        super::requests::kill_slot(keeper, s.id);
     }
 }
 
@@ -81,7 +81,7 @@ impl Functions {
         // Children answered a while ago.
         for z in self.zygotes.values() {
             for s in z.children.slots.values() {
-                end_if_lingering(s, now);
+                end_if_lingering(&mut self.keeper, s, now);
             }
         }
         // Zygotes: a silent agent is replaced; an idle one is frozen.
@@ -131,7 +131,15 @@ impl Functions {
 mod tests {
     use super::*;
     use crate::cgroup::fake::{Fake, Op};
-    use crate::supervisor::cgworker::Viewed;
+    use crate::cgroup::Limits;
+
+    const LIMITS: Limits = Limits {
+        mem_bytes: Some(1 << 28),
+        cpu_millis: 1000,
+        pids: 64,
+        io_bps: 1 << 20,
+        io_iops: 100,
+    };
     use proto::front::ExecRequest;
 
     const TIMEOUT: Duration = Duration::from_secs(30);
@@ -200,25 +208,27 @@ mod tests {
 
     #[test]
     fn a_child_lingering_after_its_answer_is_killed_with_its_cgroup() {
+        let mut keeper = LocalKeeper::detached();
+        let z = keeper.adopt_zygote("hello", LIMITS, &Fake::new());
         let cg = Fake::new().holding(4242);
         let t0 = Instant::now();
         let s = Slot {
             request: Some("r".into()),
             answered: Some(t0),
-            ..Slot::parked(Viewed::fake(&cg), 0, None)
+            ..Slot::parked(keeper.adopt_slot(z, &cg), Box::new(cg.clone()))
         };
-        end_if_lingering(&s, t0 + LINGER - Duration::from_millis(1));
+        end_if_lingering(&mut keeper, &s, t0 + LINGER - Duration::from_millis(1));
         assert!(cg.ops().is_empty());
-        end_if_lingering(&s, t0 + LINGER);
-        assert_eq!(cg.ops(), [Op::Thaw, Op::KillAll]);
+        end_if_lingering(&mut keeper, &s, t0 + LINGER);
+        assert_eq!(cg.ops(), [Op::Thaw, Op::KillAll, Op::Usage]);
         assert!(cg.pids().is_empty());
         // One not answered yet is left alone, however long it runs.
         let running = Fake::new();
         let s = Slot {
             request: Some("r".into()),
-            ..Slot::parked(Viewed::fake(&running), 0, None)
+            ..Slot::parked(keeper.adopt_slot(z, &running), Box::new(running.clone()))
         };
-        end_if_lingering(&s, t0 + secs(3600));
+        end_if_lingering(&mut keeper, &s, t0 + secs(3600));
         assert!(running.ops().is_empty());
     }
 }

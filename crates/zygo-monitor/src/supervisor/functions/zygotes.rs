@@ -11,13 +11,13 @@ use std::time::Instant;
 use mio::{Interest, Token};
 use proto::launch::{FromLauncher, Image, LaunchPlan, ToLauncher, MAX_LAUNCH_FRAME};
 
-use super::super::cgworker::{Job, Placed, Viewed};
 use super::registry::FnState;
-use super::requests::{last_reading, Terminal};
+use super::requests::{last_reading, usage_of, Terminal};
 use super::{Ctx, Functions, SLOTS, SPARES};
-use crate::cgroup::{Cgroup, CgroupView, Weight};
+use crate::cgroup::{CgroupView, Weight};
 use plumbing::conn::Conn;
 use plumbing::random_hex;
+use proto::keeper::{FromKeeper, SlotId, ToKeeper, ZygoteId};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) enum ZState {
@@ -31,22 +31,15 @@ pub(super) enum ZState {
 
 /// One child of a zygote, in a cgroup of its own: parked, or serving one request.
 pub(super) struct Slot {
-    /// Its cgroup: frozen, thawed, weighed and read through the view.
-    pub(super) cgroup: Viewed,
+    /// Its cgroup, as the keeper named it; what the keeper does to it needs only this.
+    pub(super) id: SlotId,
+    /// Its cgroup's view: how it is frozen, thawed, weighed and read.
+    pub(super) view: Box<dyn CgroupView>,
     /// The call it serves; `None` while it is parked.
     pub(super) request: Option<String>,
     /// When its request was answered: the child should exit at once; past a grace it
     /// is killed with its cgroup.
     pub(super) answered: Option<Instant>,
-    /// Its limits were narrowed for its request (a tenant's limits), or it was made for a
-    /// tenant's request: it is removed afterwards, never kept for another request.
-    pub(super) narrowed: bool,
-    /// Made for a tenant's request of a host function: kept afterwards for that tenant's
-    /// next request of it, under this key and with these limits.
-    pub(super) kept_as: Option<(String, crate::cgroup::Limits)>,
-    /// The child (held by its pidfd while parked), to move into a tenant's cgroup.
-    pub(super) pid: i32,
-    pub(super) pidfd: Option<OwnedFd>,
     /// The tenant of the call it was given (`None`: the host's), and whether that call
     /// has the zygote to itself (it carries a tenant's secrets). Both hold from the call's
     /// dispatch until the slot closes, answered or not: what the call left running is
@@ -59,16 +52,13 @@ pub(super) struct Slot {
 }
 
 impl Slot {
-    /// A parked child in `cgroup`.
-    pub(super) fn parked(cgroup: Viewed, pid: i32, pidfd: Option<OwnedFd>) -> Slot {
+    /// A parked child in the keeper's slot `id`.
+    pub(super) fn parked(id: SlotId, view: Box<dyn CgroupView>) -> Slot {
         Slot {
-            cgroup,
+            id,
+            view,
             request: None,
             answered: None,
-            narrowed: false,
-            kept_as: None,
-            pid,
-            pidfd,
             tenant: None,
             exclusive: false,
             hurried: false,
@@ -184,7 +174,8 @@ pub(super) struct Zygote {
     /// Its launcher's channel.
     pub(super) conn: Conn,
     child: crate::spawn::Launcher,
-    cgroup: Box<dyn Cgroup>,
+    /// Its cgroup, as the keeper named it.
+    pub(super) id: ZygoteId,
     /// Its cgroup's view: how it is frozen and thawed.
     view: Box<dyn CgroupView>,
     pub(super) state: ZState,
@@ -202,22 +193,16 @@ impl Functions {
     /// launcher started with the function's plan.
     pub(super) fn spawn_zygote(&mut self, name: &str, cx: &mut Ctx) -> Result<(), String> {
         let f = self.fns.get(name).ok_or("no such function")?;
-        let id = random_hex(6).map_err(|e| format!("name the zygote's cgroup: {e}"))?;
-        let cg = self
-            .backend
-            .create(&format!(
-                "{}/z-{}-{id}",
-                super::cg_folder(name),
-                std::process::id()
-            ))
-            .map_err(|e| e.to_string())?;
-        // On any error below, dropping `cg` removes it.
-        if let Err(e) = cg
-            .set_limits(&f.limits)
-            .and_then(|_| cg.set_weight(Weight::Background))
-        {
-            return Err(format!("write the zygote's limits: {e}"));
-        }
+        let made = self.keeper.call(ToKeeper::MakeZygote {
+            function: crate::keeper::fn_key(name),
+            limits: crate::keeper::limits_msg(&f.limits),
+        });
+        let (id, view) = match (made.reply, made.view) {
+            (FromKeeper::Zygote { zygote }, Some(view)) => (zygote, view),
+            (FromKeeper::Refused { why }, _) => return Err(why),
+            (other, _) => return Err(format!("the keeper made no zygote: {other:?}")),
+        };
+        let attach = made.files;
         let mut plan = f.plan.clone();
         if plan.image == Image::Host {
             plan.etc = crate::etc_cache::prepare();
@@ -228,11 +213,17 @@ impl Functions {
             .iter()
             .map(crate::mounts::copy)
             .collect::<Result<Vec<_>, _>>()
-            .map_err(|e| format!("copy the function's mounts: {e}"))?;
-        let view = cg
-            .view()
-            .map_err(|e| format!("open the zygote's cgroup: {e}"))?;
-        let (child, conn, t) = start_launcher(&launcher, &*cg, plan, &handed, cx)?;
+            .map_err(|e| format!("copy the function's mounts: {e}"));
+        let started =
+            handed.and_then(|handed| start_launcher(&launcher, attach, plan, &handed, cx));
+        let (child, conn, t) = match started {
+            Ok(s) => s,
+            Err(e) => {
+                // Its cgroup goes with it.
+                self.keeper.call(ToKeeper::RemoveZygote { zygote: id });
+                return Err(e);
+            }
+        };
         let now = Instant::now();
         self.zygotes.insert(
             t,
@@ -240,7 +231,7 @@ impl Functions {
                 func: name.to_string(),
                 conn,
                 child,
-                cgroup: cg.keep(),
+                id,
                 view,
                 state: ZState::Starting,
                 children: Children::new(f.plan.request_ids.map(|r| r.count)),
@@ -319,22 +310,23 @@ impl Functions {
         let _ = cx.reg.deregister(&mut z.conn.stream);
         let _ = z.child.kill();
         let _ = z.child.wait();
-        let _ = z.cgroup.thaw();
-        for (_, s) in z.children.slots.drain() {
-            let _ = s.cgroup.cg.thaw();
-            match s.request {
-                Some(id) => {
-                    let usage = s.cgroup.view.usage().ok();
-                    let _ = s.cgroup.cg.remove();
-                    self.zygote_gone(&id, usage);
-                }
-                None => {
-                    let _ = s.cgroup.cg.remove();
-                }
+        // The keeper removes its cgroup and its slots', and says what each counted.
+        let counted = match self
+            .keeper
+            .call(ToKeeper::RemoveZygote { zygote: z.id })
+            .reply
+        {
+            FromKeeper::Removed { slots } => slots.into_iter().collect(),
+            other => {
+                log::warn!("remove a zygote's cgroups: {other:?}");
+                HashMap::new()
             }
-        }
-        if let Err(e) = z.cgroup.remove() {
-            log::warn!("remove a zygote's cgroup: {e}");
+        };
+        for (_, s) in z.children.slots.drain() {
+            if let Some(id) = s.request {
+                let usage = counted.get(&s.id).copied().flatten().map(usage_of);
+                self.zygote_gone(&id, usage);
+            }
         }
         if let Some(f) = self.fns.get_mut(&z.func) {
             f.zygotes.retain(|t| *t != zt);
@@ -410,15 +402,11 @@ impl Functions {
         let z = self.zygotes.get_mut(&zt).ok_or("no such zygote")?;
         match m {
             FromLauncher::Cloned { pid } if z.state == ZState::Starting => {
-                let placed = z.cgroup.contains(pid).unwrap_or(false);
-                let reply = match if placed {
-                    Ok(())
-                } else {
-                    z.cgroup.add_pid(pid)
-                } {
-                    Ok(()) => ToLauncher::Proceed,
-                    Err(e) => {
-                        log::error!("place a zygote in its cgroup: {e}");
+                let placed = self.keeper.call(ToKeeper::PlaceInit { zygote: z.id, pid });
+                let reply = match placed.reply {
+                    FromKeeper::Done => ToLauncher::Proceed,
+                    other => {
+                        log::error!("place a zygote in its cgroup: {other:?}");
                         ToLauncher::Kill
                     }
                 };
@@ -475,52 +463,28 @@ impl Functions {
                     .position(|s| *s == slot)
                     .ok_or("a slot nobody asked to park")?;
                 z.children.parking.remove(pos);
-                // The pid is the number the kernel gave for the registration's sender, which
-                // may have exited since and its number gone to any process on the host. Only
-                // a process that is still this zygote's (in its cgroup, where its agent
-                // forked it) is moved, held by a pidfd meanwhile so its number cannot change
-                // hands between the check and the move.
-                let pidfd = plumbing::sys::pidfd_open(pid).ok();
-                let ours = pidfd.as_ref().is_some_and(|fd| {
-                    z.cgroup.contains(pid).unwrap_or(false) && plumbing::sys::pidfd_alive(fd)
-                });
-                let Some(pidfd) = pidfd.filter(|_| ours) else {
-                    log::warn!(
-                        "a zygote of {} registered a process ({pid}) that is not in its cgroup; dropping the slot",
-                        z.func
-                    );
-                    z.conn.send(&ToLauncher::Reap { slot });
-                    self.parks.push_back(zt);
-                    return Ok(());
-                };
-                z.children.placing.push(slot.clone());
-                let func = z.func.clone();
-                let limits = self.fns.get(&func).map(|f| f.limits).ok_or("no function")?;
-                // Usually into a cgroup kept from an earlier request, here and now.
-                if let Some(cg) = self.worker.place_kept(&func, &limits, pid, &pidfd) {
-                    self.placed(Placed {
-                        zt,
-                        slot,
-                        result: Ok(cg),
-                        pid,
-                        pidfd,
-                    });
-                    return Ok(());
-                }
-                // Otherwise a new cgroup is made off the loop; `placed` takes the result.
-                self.worker.send(Job::Place {
-                    zt,
-                    rel: format!(
-                        "{}/r-{}-{slot}",
-                        super::cg_folder(&func),
-                        std::process::id()
-                    ),
-                    pool: func,
-                    slot,
+                // The keeper checks that the child is the zygote's and gives it a cgroup
+                // of its own: one kept from an earlier request here and now, usually, else
+                // a new one off its loop (an event says how that went).
+                let asked = ToKeeper::PlaceSpare {
+                    zygote: z.id,
+                    slot: slot.clone(),
                     pid,
-                    pidfd,
-                    limits,
-                });
+                };
+                let placed = self.keeper.call(asked);
+                match placed.reply {
+                    FromKeeper::Slot { id, .. } => {
+                        if let Some(view) = placed.view {
+                            self.slot_placed(zt, slot, id, view);
+                        }
+                    }
+                    FromKeeper::Placing => z.children.placing.push(slot),
+                    other => {
+                        log::warn!("a zygote of {} parked a child ({pid}) that was not placed: {other:?}; dropping the slot", z.func);
+                        z.conn.send(&ToLauncher::Reap { slot });
+                        self.parks.push_back(zt);
+                    }
+                }
             }
             FromLauncher::ScriptRefused {
                 slot,
@@ -601,42 +565,24 @@ impl Functions {
                 // The launcher has dropped the child already; the agent cleans up after it
                 // when it exits.
                 // A call still waiting for its answer (killed, died, out of memory) reads
-                // what its cgroup counted now; the cgroup itself (and whatever the child
-                // left in it) goes later, off the request path.
+                // what its cgroup counted now, after what is left in it is killed.
                 let unanswered = s
                     .request
                     .as_ref()
                     .is_some_and(|id| self.calls.contains_key(id));
                 let usage = if unanswered {
-                    last_reading(&s.cgroup)
+                    last_reading(&mut self.keeper, s.id)
                 } else {
                     None
                 };
-                // What a request's child left running after its channel closed (a process
-                // that let go of it) is killed now, before another call can be given a
-                // child of this zygote, not later by the worker: that call may be another
-                // tenant's. Almost always the cgroup is empty by now and this is one read.
-                if s.request.is_some() && !s.cgroup.view.is_empty().unwrap_or(false) {
-                    let _ = s.cgroup.cg.thaw();
-                    if let Err(e) = s.cgroup.cg.kill_all() {
-                        log::warn!("kill what a request left running: {e}");
-                    }
-                }
-                let func = z.func.clone();
-                // Kept for the next request it can serve as it is: the function's, or (one
-                // made for a tenant) that tenant's; a narrowed one is removed.
-                let keep = match (&s.kept_as, s.narrowed) {
-                    (Some((pool, limits)), _) => Some((pool.clone(), *limits)),
-                    (None, false) => self.fns.get(&func).map(|f| (func.clone(), f.limits)),
-                    (None, true) => None,
-                };
-                match keep {
-                    Some((pool, limits)) => self.worker.send(Job::Release {
-                        pool,
-                        limits,
-                        cg: s.cgroup,
-                    }),
-                    None => self.worker.send(Job::Remove(s.cgroup.cg)),
+                // The keeper kills what the child left running (before another call can be
+                // given a child of this zygote: that call may be another tenant's), then
+                // keeps the cgroup for the next request it can serve as it is, or removes
+                // it.
+                if let FromKeeper::Refused { why } =
+                    self.keeper.call(ToKeeper::ReleaseSlot { slot: s.id }).reply
+                {
+                    log::warn!("release a request's cgroup: {why}");
                 }
                 self.parks.push_back(zt);
                 if let Some(id) = s.request {
@@ -656,51 +602,71 @@ impl Functions {
         Ok(())
     }
 
-    /// A thread off the loop woke it: the cgroup worker placed parked children (their
-    /// slots are ready), the store writer wrote, the checker checked events.
+    /// A thread off the loop woke it: the keeper placed parked children (their slots are
+    /// ready), the store writer wrote, the checker checked events.
     pub fn worker_done(&mut self, cx: &mut Ctx) {
-        for p in self.worker.done() {
-            self.placed(p);
+        for a in self.keeper.events() {
+            self.keeper_event(a);
         }
         self.store_written();
         self.events_checked(cx);
     }
 
-    /// A parked child's placement, by the worker or the loop: its slot is ready (or, if
-    /// placing it failed, the launcher lets the child go).
-    fn placed(&mut self, p: Placed) {
-        let waiting = self
-            .zygotes
-            .get(&p.zt)
-            .is_some_and(|z| z.state != ZState::Dead && z.children.placing.contains(&p.slot));
-        if !waiting {
-            // Its zygote or the child went away meanwhile.
-            if let Ok(cg) = p.result {
-                self.worker.send(Job::Remove(cg.cg));
+    /// A placement the keeper finished off its loop: the slot is ready (or, if placing it
+    /// failed, the launcher lets the child go).
+    fn keeper_event(&mut self, a: crate::keeper::Answer) {
+        let (zygote, slot, placed) = match a.reply {
+            FromKeeper::Slot { zygote, slot, id } => (zygote, slot, a.view.map(|v| (id, v))),
+            FromKeeper::PlaceFailed { zygote, slot, why } => {
+                log::error!("give a parked child its cgroup: {why}");
+                (zygote, slot, None)
             }
-            return;
-        }
-        let Some(z) = self.zygotes.get_mut(&p.zt) else {
-            return;
+            other => {
+                log::error!("an event from the keeper that is not one: {other:?}");
+                return;
+            }
         };
-        z.children.placing.retain(|s| *s != p.slot);
-        match p.result {
-            Ok(cg) => {
-                if z.frozen {
-                    let _ = cg.view.freeze();
-                }
-                z.children
-                    .slots
-                    .insert(p.slot, Slot::parked(cg, p.pid, Some(p.pidfd)));
-            }
-            Err(e) => {
+        let zt = self
+            .zygotes
+            .iter()
+            .find(|(_, z)| z.id == zygote && z.state != ZState::Dead)
+            .map(|(t, _)| *t);
+        let waiting = zt.and_then(|t| {
+            let z = self.zygotes.get_mut(&t)?;
+            let i = z.children.placing.iter().position(|s| *s == slot)?;
+            z.children.placing.remove(i);
+            Some(t)
+        });
+        match (waiting, placed) {
+            (Some(zt), Some((id, view))) => self.slot_placed(zt, slot, id, view),
+            (Some(zt), None) => {
                 // The launcher lets go of the child's channel, and a parked child whose
                 // channel closes before a request exits (it is still in the zygote's
                 // cgroup meanwhile). No kill by pid: that pid may be someone else's by now.
-                log::error!("give a parked child its cgroup: {e}");
-                z.conn.send(&ToLauncher::Reap { slot: p.slot });
+                if let Some(z) = self.zygotes.get_mut(&zt) {
+                    z.conn.send(&ToLauncher::Reap { slot });
+                    let func = z.func.clone();
+                    self.dispatch_pending(&func);
+                }
             }
+            (None, Some((id, _))) => {
+                // Its zygote or the child went away meanwhile.
+                self.keeper.call(ToKeeper::ReleaseSlot { slot: id });
+            }
+            (None, None) => {}
         }
+    }
+
+    /// A parked child has its cgroup: its slot is ready.
+    fn slot_placed(&mut self, zt: Token, slot: String, id: SlotId, view: Box<dyn CgroupView>) {
+        let Some(z) = self.zygotes.get_mut(&zt) else {
+            self.keeper.call(ToKeeper::ReleaseSlot { slot: id });
+            return;
+        };
+        if z.frozen {
+            let _ = view.freeze();
+        }
+        z.children.slots.insert(slot, Slot::parked(id, view));
         let func = z.func.clone();
         self.dispatch_pending(&func);
     }
@@ -721,7 +687,7 @@ impl Functions {
                 else {
                     continue;
                 };
-                if let Err(e) = s.cgroup.view.set_weight(Weight::Background) {
+                if let Err(e) = s.view.set_weight(Weight::Background) {
                     log::debug!("lower an answered request's CPU weight: {e}");
                 }
             }
@@ -740,12 +706,13 @@ impl Functions {
     }
 }
 
-/// Start a zygote's launcher with its cgroup's attach files and its plan: the launcher
+/// Start a zygote's launcher with its cgroup's attach files (`attach`, from the keeper)
+/// and its plan: the launcher
 /// process, its connection (registered with the loop) and the connection's token. Whatever
 /// was started is stopped again if a later step fails.
 fn start_launcher(
     launcher: &Path,
-    cg: &dyn Cgroup,
+    attach: Vec<OwnedFd>,
     plan: LaunchPlan,
     handed: &[OwnedFd],
     cx: &mut Ctx,
@@ -759,9 +726,6 @@ fn start_launcher(
     let log_err = std::io::stderr()
         .as_fd_dup()
         .map_err(|e| format!("dup stderr: {e}"))?;
-    let attach = cg
-        .attach_files()
-        .map_err(|e| format!("open the zygote's cgroup: {e}"))?;
     let fds = crate::spawn::LauncherFds {
         stdin: None,
         stdout: &log_out,
@@ -817,7 +781,7 @@ impl DupFd for std::io::Stderr {
 pub(super) fn thaw(z: &mut Zygote) {
     let _ = z.view.thaw();
     for s in z.children.slots.values() {
-        let _ = s.cgroup.view.thaw();
+        let _ = s.view.thaw();
     }
     z.frozen = false;
     z.last_beat = Instant::now();
@@ -827,7 +791,7 @@ pub(super) fn thaw(z: &mut Zygote) {
 pub(super) fn freeze(z: &mut Zygote) {
     let _ = z.view.freeze();
     for s in z.children.slots.values() {
-        let _ = s.cgroup.view.freeze();
+        let _ = s.view.freeze();
     }
     z.frozen = true;
 }
@@ -841,7 +805,7 @@ mod tests {
     fn child(request: Option<&str>) -> Slot {
         Slot {
             request: request.map(str::to_string),
-            ..Slot::parked(Viewed::fake(&Fake::new()), 0, None)
+            ..Slot::parked(SlotId(0), Box::new(Fake::new()))
         }
     }
 

@@ -15,7 +15,8 @@ use std::sync::mpsc::{channel, Receiver, Sender};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::thread::JoinHandle;
 
-use mio::{Token, Waker};
+use mio::Waker;
+use proto::keeper::ZygoteId;
 
 use crate::cgroup::{Backend, Cgroup, CgroupView, Limits, Weight};
 
@@ -26,7 +27,7 @@ pub enum Job {
     /// Move the (single-threaded) parked child `pid` into a cgroup with `limits`: one kept
     /// from an earlier request of `pool` (the function) if there is one, else `rel`, new.
     Place {
-        zt: Token,
+        zygote: ZygoteId,
         slot: String,
         pid: i32,
         /// The same process, held so that its number cannot name another before the move.
@@ -113,7 +114,7 @@ fn remove(cg: Box<dyn Cgroup>) {
 }
 
 pub struct Placed {
-    pub zt: Token,
+    pub zygote: ZygoteId,
     pub slot: String,
     pub result: Result<Viewed, String>,
     /// The child, and the pidfd that holds it (to move it again for a tenant's request).
@@ -220,7 +221,7 @@ impl Worker {
                 for job in jobs {
                     match job {
                         Job::Place {
-                            zt,
+                            zygote,
                             slot,
                             pid,
                             pidfd,
@@ -238,7 +239,7 @@ impl Worker {
                                 None => place_new(&backend, &rel, &limits, pid, &pidfd),
                             };
                             let placed = Placed {
-                                zt,
+                                zygote,
                                 slot,
                                 result,
                                 pid,
