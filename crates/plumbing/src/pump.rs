@@ -487,3 +487,109 @@ pub fn relay(from: &File, to: OwnedFd) {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::pipes::pipe;
+    use std::io::Read;
+
+    /// A pipe whose write end has had `bytes` written and is closed: its read end.
+    fn filled(bytes: &[u8]) -> OwnedFd {
+        let (r, w) = pipe().expect("pipe");
+        File::from(w).write_all(bytes).expect("write");
+        r
+    }
+
+    fn read_all(fd: OwnedFd) -> Vec<u8> {
+        let mut got = Vec::new();
+        File::from(fd).read_to_end(&mut got).expect("read");
+        got
+    }
+
+    #[test]
+    fn a_captured_stream_keeps_up_to_its_cap_and_drains_the_rest() {
+        let (tee_r, tee_w) = pipe().expect("pipe");
+        let tee = File::from(tee_w);
+        let mut s = Stream::new(Some(filled(b"0123456789")), 4);
+        while s.is_open() {
+            s.pump(Output::Capture, false, Some(&tee));
+        }
+        drop(tee);
+        assert_eq!(s.unread(), 0);
+        assert_eq!(s.into_kept(), (b"0123".to_vec(), true));
+        assert_eq!(read_all(tee_r), b"0123");
+    }
+
+    #[test]
+    fn a_captured_stream_under_its_cap_is_kept_whole() {
+        let mut s = Stream::new(Some(filled(b"abc")), 4);
+        while s.is_open() {
+            s.pump(Output::Capture, false, None);
+        }
+        assert_eq!(s.into_kept(), (b"abc".to_vec(), false));
+    }
+
+    #[test]
+    fn only_the_null_device_is_dev_null() {
+        let null = File::open("/dev/null").expect("open /dev/null");
+        let zero = File::open("/dev/zero").expect("open /dev/zero");
+        let (r, _w) = pipe().expect("pipe");
+        assert!(is_dev_null(null.as_raw_fd()));
+        assert!(!is_dev_null(zero.as_raw_fd()));
+        assert!(!is_dev_null(r.as_raw_fd()));
+        assert!(!is_dev_null(-1));
+    }
+
+    #[test]
+    fn an_anonymous_pipe_is_reopened_as_the_same_pipe_blocking() {
+        let (r, w) = pipe().expect("pipe");
+        let own = own_pipe(w.as_raw_fd(), libc::O_WRONLY).expect("a description of the pipe");
+        drop(w);
+        // SAFETY: F_GETFL on a descriptor we hold.
+        let flags = unsafe { libc::fcntl(own.as_raw_fd(), libc::F_GETFL) };
+        assert_eq!(flags & libc::O_NONBLOCK, 0);
+        File::from(own).write_all(b"through").expect("write");
+        assert_eq!(read_all(r), b"through");
+    }
+
+    #[test]
+    fn a_named_pipe_or_a_file_is_not_handed_over() {
+        use std::os::unix::fs::OpenOptionsExt;
+        let d = std::env::temp_dir().join(format!("zygo-pump-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&d);
+        std::fs::create_dir(&d).expect("create a temp dir");
+        let (fifo, file) = (d.join("fifo"), d.join("file"));
+        let path = std::ffi::CString::new(fifo.as_os_str().as_encoded_bytes()).expect("path");
+        // SAFETY: mkfifo with a valid C string.
+        let made = unsafe { libc::mkfifo(path.as_ptr(), 0o600) };
+        let named = std::fs::OpenOptions::new()
+            .read(true)
+            .custom_flags(libc::O_NONBLOCK)
+            .open(&fifo);
+        let plain = std::fs::write(&file, b"x").and_then(|()| File::open(&file));
+        let _ = std::fs::remove_dir_all(&d);
+        assert_eq!(made, 0, "mkfifo");
+        let named = named.expect("open the named pipe");
+        assert!(own_pipe(named.as_raw_fd(), libc::O_RDONLY).is_none());
+        let plain = plain.expect("open the file");
+        assert!(own_pipe(plain.as_raw_fd(), libc::O_RDONLY).is_none());
+    }
+
+    #[test]
+    fn the_relay_copies_until_its_source_ends() {
+        let from = File::from(filled(b"stdin bytes"));
+        let (r, w) = pipe().expect("pipe");
+        relay(&from, w);
+        assert_eq!(read_all(r), b"stdin bytes");
+    }
+
+    #[test]
+    fn the_relay_ends_once_nothing_reads_its_pipe() {
+        let (from, _writer) = pipe().expect("pipe");
+        let (r, w) = pipe().expect("pipe");
+        drop(r);
+        // Returns although its source, still open, has nothing to read.
+        relay(&File::from(from), w);
+    }
+}
