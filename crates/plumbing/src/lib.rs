@@ -10,6 +10,8 @@
 //! - [`hello`]: the first exchange on every front channel, both sides;
 //! - [`fds`]: descriptors passed with a message (`SCM_RIGHTS`), both ways, capped;
 //! - [`pipes`]: pipes, socket pairs, close-on-exec, `/dev/null`;
+//! - [`pump`]: a program's output kept, passed through or drained, its stdin fed, without
+//!   blocking on a reader and with `splice` where it can;
 //! - [`resolve`]: host paths opened without following a link in any component;
 //! - [`signals`], [`random`]: blocking the signals a process reads itself; random names;
 //! - [`seccomp`]: the one table type for every seccomp filter Zygo installs;
@@ -32,6 +34,7 @@ pub mod hello;
 pub mod kernel;
 pub mod paths;
 pub mod pipes;
+pub mod pump;
 pub mod random;
 pub mod resolve;
 pub mod role;

@@ -4,6 +4,7 @@ use std::ffi::OsString;
 use std::io::IsTerminal;
 use std::path::Path;
 
+use plumbing::pump::is_dev_null;
 use policy::limits::Mem;
 use policy::plan::OneShotArgs;
 use proto::launch::Phase;
@@ -106,7 +107,7 @@ pub fn main(raw: Vec<OsString>) -> i32 {
         None if opts.json => Stdin::Null,
         None if std::io::stdin().is_terminal() => Stdin::Forward,
         // Nothing to forward from /dev/null: the program gets its own (no copying thread).
-        None if stdin_is_dev_null() => Stdin::Null,
+        None if is_dev_null(libc::STDIN_FILENO) => Stdin::Null,
         None => Stdin::Forward,
     };
     let launcher = match std::env::current_exe() {
@@ -191,23 +192,6 @@ fn keep_freed_memory() {
         libc::mallopt(libc::M_TRIM_THRESHOLD, -1);
         libc::mallopt(libc::M_MMAP_THRESHOLD, 32 << 20);
     }
-}
-
-/// Whether our stdin is the null device (the same character device as `/dev/null`).
-fn stdin_is_dev_null() -> bool {
-    use std::os::unix::fs::{FileTypeExt, MetadataExt};
-    let Ok(null) = std::fs::metadata("/dev/null") else {
-        return false;
-    };
-    // SAFETY: stat is plain old data, so all zeroes is a valid value for fstat to fill.
-    let mut st: libc::stat = unsafe { std::mem::zeroed() };
-    // SAFETY: fstat of fd 0 into a valid, writable stat buffer.
-    if unsafe { libc::fstat(0, &mut st) } != 0 {
-        return false;
-    }
-    null.file_type().is_char_device()
-        && st.st_mode & libc::S_IFMT == libc::S_IFCHR
-        && st.st_rdev == null.rdev()
 }
 
 /// Why a started program was killed, in words; None when it ended by itself.
