@@ -164,8 +164,10 @@ fn splice(from: RawFd, to: RawFd, len: usize, flags: libc::c_uint) -> std::io::R
 }
 
 /// A new open file description (`mode`: `O_RDONLY` or `O_WRONLY`) of the anonymous pipe
-/// `fd` is, for the program to use directly: none when `fd` is anything else, or when a
-/// pipe to write has no reader. The program then reads or writes the caller's pipe with no
+/// `fd` is, for the program to use directly: none when `fd` is anything else. (A pipe
+/// whose other end is closed is handed over too: the kernel opens an anonymous pipe
+/// without the reader check a named one gets, and the program's writes then fail with
+/// `EPIPE`, as in a shell pipeline.) The program then reads or writes the caller's pipe with no
 /// copy made outside its cgroups, and holds no descriptor of zygo's own (the flags it may
 /// set, `O_NONBLOCK` say, are its description's). An anonymous pipe lives on no host
 /// filesystem: what the program may do to it (`fchmod`, reopening it with `O_TRUNC`)
@@ -180,7 +182,8 @@ pub fn own_pipe(fd: RawFd, mode: libc::c_int) -> Option<OwnedFd> {
         return None;
     }
     let path = std::ffi::CString::new(format!("/proc/self/fd/{fd}")).ok()?;
-    // Non-blocking, so that a pipe without a reader fails (ENXIO) instead of waiting.
+    // Non-blocking, so that should the path name a named pipe by now, the open cannot
+    // wait for a partner (the check below then refuses it).
     // SAFETY: open with a valid C string; the descriptor is ours.
     let new = unsafe {
         libc::open(
