@@ -143,6 +143,32 @@ mod tests {
         }
     }
 
+    /// `docs/process-model.md` prints the table as it is.
+    #[test]
+    fn the_documented_table_is_this_one() {
+        let doc = std::fs::read_to_string(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../../docs/process-model.md"
+        ))
+        .unwrap();
+        let printed: Vec<&str> = doc
+            .lines()
+            .map(str::trim)
+            .filter(|l| l.starts_with("| `"))
+            .collect();
+        let ours: Vec<String> = TABLE
+            .iter()
+            .map(|e| {
+                let allowed = match e.allowed {
+                    Allowed::Serving => "serving",
+                    Allowed::Always => "serving, draining",
+                };
+                format!("| `{:?}` | {allowed} | {} |", e.kind, e.does)
+            })
+            .collect();
+        assert_eq!(printed, ours, "docs/process-model.md's keeper table");
+    }
+
     #[test]
     fn no_function_is_served_while_draining() {
         assert_eq!(
