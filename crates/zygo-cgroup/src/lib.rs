@@ -9,6 +9,10 @@
 //! cgroup v2 is used where its memory, pids and cpu controllers are available to us;
 //! otherwise the v1 memory, pids, cpu, cpuacct and freezer hierarchies. Where neither can
 //! enforce limits, sandboxes are refused with the steps to fix it.
+//!
+//! Beside a [`Cgroup`], which whoever made it keeps, a cgroup has a view ([`CgroupView`]):
+//! the descriptors that freeze, thaw, weigh and read it and nothing else, which the maker
+//! hands to the code that schedules calls.
 
 pub mod disks;
 #[cfg(any(test, feature = "fake"))]

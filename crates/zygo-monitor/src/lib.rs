@@ -3,7 +3,9 @@
 //! It owns the cgroup tree, every sandbox's lifecycle and deadline, and the identity a
 //! sandbox runs as. It trusts the `policy` crate's verdicts and nothing it reads from a
 //! launcher or a front: every message is checked against what the monitor itself granted.
-//! One-shot commands (`zygo run`) embed it; the supervisor runs it as a daemon.
+//! One-shot commands (`zygo run`) embed it; the supervisor runs it as a daemon. In the
+//! supervisor, what needs privilege for the functions it serves sits behind the
+//! [`keeper`]'s request table.
 
 /// The cgroup backends (their own crate, `zygo-cgroup`), under the name the monitor has
 /// always used.

@@ -90,6 +90,14 @@ impl fmt::Display for Refusal {
     }
 }
 
+/// A keeper made without a cgroup tree (unit tests) refuses what needs one.
+fn no_tree() -> Refusal {
+    Refusal::Cgroup {
+        step: "reach the cgroup tree",
+        source: CgroupError::Unavailable("this keeper has no cgroup tree".into()),
+    }
+}
+
 fn cg_err(step: &'static str) -> impl FnOnce(CgroupError) -> Refusal {
     move |source| Refusal::Cgroup { step, source }
 }
@@ -319,10 +327,7 @@ impl LocalKeeper {
     }
 
     fn host(&self) -> Result<&Host, Refusal> {
-        self.host.as_ref().ok_or(Refusal::Cgroup {
-            step: "reach the cgroup tree",
-            source: CgroupError::Unavailable("this keeper has no cgroup tree".into()),
-        })
+        self.host.as_ref().ok_or_else(no_tree)
     }
 
     fn serve_function(&mut self, f: &FnKey, ceiling: Option<u64>) -> Result<Answer, Refusal> {
@@ -606,7 +611,7 @@ impl LocalKeeper {
         dir: &str,
         limits: &Limits,
     ) -> Result<Viewed, Refusal> {
-        let host = self.host.as_ref().ok_or(Refusal::UnknownSlot(id))?;
+        let host = self.host.as_ref().ok_or_else(no_tree)?;
         let s = self.slots.get_mut(&id).ok_or(Refusal::UnknownSlot(id))?;
         let pidfd = s.pidfd.as_ref().ok_or(Refusal::NotTheZygotes(s.pid))?;
         let cg = match host.worker.place_kept(key, limits, s.pid, pidfd) {
