@@ -28,6 +28,10 @@ pub struct ZygoteId(pub u64);
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
 pub struct SlotId(pub u64);
 
+/// A one-shot run's cgroup (`POST /run`), as the keeper issued it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+pub struct RunId(pub u64);
+
 /// A function or pool: the host's (`tenant` None) or a tenant's. The keeper checks both
 /// names before it makes a path of them.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
@@ -59,16 +63,19 @@ pub struct UsageMsg {
 /// A request to the keeper.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub enum ToKeeper {
-    /// A function is served: its folder, with this memory ceiling over all its sandboxes.
+    /// A function is served with these limits: its folder, with this memory ceiling over
+    /// all its sandboxes. Its zygotes are made with these limits, and its requests'
+    /// cgroups narrowed from them.
     ServeFunction {
         function: FnKey,
+        limits: LimitsMsg,
         ceiling: Option<u64>,
     },
     /// A function is served no more: its kept cgroups, then its folder, are removed.
     StopFunction { function: FnKey },
-    /// A new zygote's cgroup in the function's folder, with these limits, at background
-    /// weight. Answered with [`FromKeeper::Zygote`].
-    MakeZygote { function: FnKey, limits: LimitsMsg },
+    /// A new zygote's cgroup in the (served) function's folder, with the function's
+    /// limits, at background weight. Answered with [`FromKeeper::Zygote`].
+    MakeZygote { function: FnKey },
     /// The zygote's first process (its launcher cloned it as `pid`): in the zygote's
     /// cgroup already, or moved there now. Answered [`FromKeeper::Done`] or refused.
     PlaceInit { zygote: ZygoteId, pid: i32 },
@@ -84,7 +91,8 @@ pub enum ToKeeper {
     },
     /// A parked slot is given to a call of `tenant` (of a host function: moved into a
     /// cgroup of the tenant's for the function) or with narrowed `limits` (never wider
-    /// than the zygote's). Answered with [`FromKeeper::Slot`] (its view may be new).
+    /// than the zygote's, I/O rates as they are). Once per slot, before its call.
+    /// Answered with [`FromKeeper::Slot`] (its view may be new).
     PrepareSlot {
         slot: SlotId,
         tenant: Option<String>,
@@ -101,6 +109,22 @@ pub enum ToKeeper {
     RemoveZygote { zygote: ZygoteId },
     /// A tenant is deleted: its folders are removed once empty.
     ForgetTenant { tenant: String },
+    /// A one-shot run's cgroup, in the folder of its caller's runs (`tenant`, or the
+    /// host's), with these limits. Answered with [`FromKeeper::Run`]; its attach files
+    /// come beside.
+    MakeRun {
+        tenant: Option<String>,
+        limits: LimitsMsg,
+    },
+    /// The run's first process (its launcher cloned it as `pid`): in the run's cgroup
+    /// already, or moved there now. Answered [`FromKeeper::Done`], [`FromKeeper::Gone`]
+    /// (it exited already) or refused.
+    PlaceRunInit { run: RunId, pid: i32 },
+    /// Kill everything in a run's cgroup (it stays).
+    KillRun { run: RunId },
+    /// The run is over: what is left in its cgroup is killed first when `kill`, what it
+    /// counted is read, and the cgroup is removed. Answered with [`FromKeeper::Killed`].
+    EndRun { run: RunId, kill: bool },
 }
 
 /// A request's kind: the keeper's table is keyed by it.
@@ -116,6 +140,10 @@ pub enum KeeperKind {
     ReleaseSlot,
     RemoveZygote,
     ForgetTenant,
+    MakeRun,
+    PlaceRunInit,
+    KillRun,
+    EndRun,
 }
 
 impl ToKeeper {
@@ -131,6 +159,10 @@ impl ToKeeper {
             ToKeeper::ReleaseSlot { .. } => KeeperKind::ReleaseSlot,
             ToKeeper::RemoveZygote { .. } => KeeperKind::RemoveZygote,
             ToKeeper::ForgetTenant { .. } => KeeperKind::ForgetTenant,
+            ToKeeper::MakeRun { .. } => KeeperKind::MakeRun,
+            ToKeeper::PlaceRunInit { .. } => KeeperKind::PlaceRunInit,
+            ToKeeper::KillRun { .. } => KeeperKind::KillRun,
+            ToKeeper::EndRun { .. } => KeeperKind::EndRun,
         }
     }
 }
@@ -163,7 +195,13 @@ pub enum FromKeeper {
         slot: String,
         why: String,
     },
-    /// What a killed slot counted (`None`: it could not be read).
+    /// A run's cgroup was made. Its attach files come beside this.
+    Run {
+        run: RunId,
+    },
+    /// The process is gone already (it dies with its launcher).
+    Gone,
+    /// What a killed slot or run counted (`None`: it could not be read).
     Killed {
         usage: Option<UsageMsg>,
     },
@@ -217,12 +255,10 @@ mod tests {
         for m in [
             ToKeeper::ServeFunction {
                 function: f.clone(),
+                limits,
                 ceiling: Some(3),
             },
-            ToKeeper::MakeZygote {
-                function: f,
-                limits,
-            },
+            ToKeeper::MakeZygote { function: f },
             ToKeeper::PrepareSlot {
                 slot: SlotId(7),
                 tenant: None,

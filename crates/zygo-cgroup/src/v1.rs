@@ -781,6 +781,11 @@ impl Cgroup for V1Cgroup {
             log::debug!("not reusing {}: it does not empty", self.describe());
             return Ok(false);
         }
+        // That kill may have lifted the quota (see `kill_all_found`).
+        if self.quota_lifted.get() {
+            log::debug!("not reusing {}: its CPU quota was lifted", self.describe());
+            return Ok(false);
+        }
         // The kernel's OOM-kill counter cannot be reset: a cgroup that counted one is not
         // reused, or the next request would be reported as killed.
         if self.usage()?.oom_kills > 0 {

@@ -30,7 +30,7 @@ pub enum Job {
         zygote: ZygoteId,
         slot: String,
         pid: i32,
-        /// The same process, held so that its number cannot name another before the move.
+        /// The same process, checked alive through it just before the move.
         pidfd: std::os::fd::OwnedFd,
         pool: String,
         rel: String,

@@ -14,12 +14,12 @@
 pub mod cgworker;
 pub mod table;
 
-use std::collections::HashMap;
+use std::collections::{BTreeSet, HashMap, HashSet};
 use std::fmt;
 use std::os::fd::OwnedFd;
 use std::sync::Arc;
 
-use proto::keeper::{FnKey, FromKeeper, LimitsMsg, SlotId, ToKeeper, UsageMsg, ZygoteId};
+use proto::keeper::{FnKey, FromKeeper, LimitsMsg, RunId, SlotId, ToKeeper, UsageMsg, ZygoteId};
 
 use crate::cgroup::{Backend, Cgroup, CgroupError, CgroupView, Limits, Usage, Weight};
 use cgworker::{Job, Placed, Viewed, Worker};
@@ -53,13 +53,20 @@ pub enum Refusal {
     /// No zygote or slot of that id (never issued, or gone).
     UnknownZygote(ZygoteId),
     UnknownSlot(SlotId),
+    UnknownRun(RunId),
     /// A name that cannot be part of a cgroup's path.
     BadName {
         what: &'static str,
         name: String,
     },
-    /// A process that is not the zygote's.
+    /// A process that is not the zygote's, or one placed already.
     NotTheZygotes(i32),
+    /// A function that is not served.
+    NotServed(String),
+    /// A request allowed once per zygote, slot or run, sent again.
+    Again(&'static str),
+    /// A message that does not cross the wire (see [`on_the_wire`]).
+    Wire(String),
     /// Limits wider than the zygote's.
     Wider(&'static str),
     /// A slot of a tenant's function asked to move to a tenant's folder.
@@ -77,11 +84,15 @@ impl fmt::Display for Refusal {
             Refusal::Table(v) => write!(f, "{v}"),
             Refusal::UnknownZygote(z) => write!(f, "no zygote {}", z.0),
             Refusal::UnknownSlot(s) => write!(f, "no slot {}", s.0),
+            Refusal::UnknownRun(r) => write!(f, "no run {}", r.0),
             Refusal::BadName { what, name } => write!(f, "{name:?} is not a {what}"),
             Refusal::NotTheZygotes(pid) => {
                 write!(f, "process {pid} is not in its zygote's cgroup")
             }
             Refusal::Wider(what) => write!(f, "the {what} asked for is above the zygote's"),
+            Refusal::NotServed(key) => write!(f, "{key} is not served"),
+            Refusal::Again(what) => write!(f, "{what} was done already"),
+            Refusal::Wire(why) => write!(f, "the request does not cross the wire: {why}"),
             Refusal::NotAHostFunction => {
                 f.write_str("only a host function's child moves into a tenant's folder")
             }
@@ -108,6 +119,15 @@ struct Zygote {
     key: String,
     limits: Limits,
     cg: Box<dyn Cgroup>,
+    /// Its first process was placed (once only).
+    init_placed: bool,
+}
+
+/// A one-shot run's cgroup.
+struct Run {
+    cg: Box<dyn Cgroup>,
+    /// Its first process was placed (once only).
+    init_placed: bool,
 }
 
 /// A slot's cgroup, its child, and what becomes of the cgroup when it closes.
@@ -120,6 +140,8 @@ struct Slot {
     pidfd: Option<OwnedFd>,
     /// Kept on release for this key with these limits; `None` (narrowed): removed.
     keep_as: Option<(String, Limits)>,
+    /// Given to a call's tenant or limits (once only, before its call).
+    prepared: bool,
 }
 
 /// The cgroup tree and the worker thread that does its slow work.
@@ -133,8 +155,16 @@ pub struct LocalKeeper {
     host: Option<Host>,
     phase: Phase,
     next: u64,
+    /// The functions served, by key, with the limits they were served with.
+    served: HashMap<String, Limits>,
     zygotes: HashMap<ZygoteId, Zygote>,
     slots: HashMap<SlotId, Slot>,
+    /// Parked children being placed off the loop, by pid: each is placed once.
+    placing: HashSet<i32>,
+    /// One-shot runs' cgroups.
+    runs: HashMap<RunId, Run>,
+    /// The folders runs were made in: removed when the supervisor stops.
+    run_dirs: BTreeSet<String>,
 }
 
 /// The memory, CPU and pids limits, as a message carries them.
@@ -207,6 +237,17 @@ pub fn cg_folder(key: &str) -> String {
     }
 }
 
+/// Whether `pid` could be a sandbox's first process: never init, the kernel's, a group
+/// (0 and negative numbers name this process or groups) or the keeper itself.
+fn plausible_pid(pid: i32) -> bool {
+    pid > 1 && u32::try_from(pid).is_ok_and(|p| p != std::process::id())
+}
+
+/// The folder of a caller's runs.
+fn run_dir(tenant: Option<&str>) -> String {
+    format!("tenants/{}/_run", tenant.unwrap_or("_host"))
+}
+
 /// Whether `asked` is within `zygote`'s limits, limit by limit.
 fn within(asked: &Limits, zygote: &Limits) -> Result<(), Refusal> {
     let mem = match (asked.mem_bytes, zygote.mem_bytes) {
@@ -223,26 +264,32 @@ fn within(asked: &Limits, zygote: &Limits) -> Result<(), Refusal> {
     if asked.pids > zygote.pids {
         return Err(Refusal::Wider("process count"));
     }
-    if asked.io_bps > zygote.io_bps || asked.io_iops > zygote.io_iops {
+    // A tenant has no I/O limits of its own; 0 would lift the throttle on v1.
+    if asked.io_bps != zygote.io_bps || asked.io_iops != zygote.io_iops {
         return Err(Refusal::Wider("I/O rate"));
     }
     Ok(())
 }
 
-/// In debug builds, a request crosses the wire format as it will between processes: only
-/// what the fixed shapes carry arrives.
-fn on_the_wire(req: ToKeeper) -> ToKeeper {
-    if cfg!(debug_assertions) {
-        let sent = proto::codec::encode(&req);
-        match sent.and_then(|bytes| proto::codec::decode::<ToKeeper>(&bytes)) {
-            Ok(back) => {
-                debug_assert_eq!(back, req, "a keeper request changed on the wire");
-                return back;
-            }
-            Err(e) => log::error!("a keeper request does not cross the wire: {e}"),
-        }
+/// A request as it will cross the channel between processes: no larger than a keeper
+/// frame, and (in debug builds) encoded and decoded on the way, so that only what the
+/// fixed shapes carry arrives. One that does not cross is refused.
+fn on_the_wire(req: ToKeeper) -> Result<ToKeeper, Refusal> {
+    let bytes = proto::codec::encode(&req).map_err(|e| Refusal::Wire(e.to_string()))?;
+    if bytes.len() > proto::keeper::MAX_KEEPER_FRAME {
+        return Err(Refusal::Wire(format!(
+            "{} bytes, over the {} a keeper frame holds",
+            bytes.len(),
+            proto::keeper::MAX_KEEPER_FRAME
+        )));
     }
-    req
+    if cfg!(debug_assertions) {
+        let back =
+            proto::codec::decode::<ToKeeper>(&bytes).map_err(|e| Refusal::Wire(e.to_string()))?;
+        debug_assert_eq!(back, req, "a keeper request changed on the wire");
+        return Ok(back);
+    }
+    Ok(req)
 }
 
 impl LocalKeeper {
@@ -255,8 +302,12 @@ impl LocalKeeper {
             host: Some(Host { backend, worker }),
             phase: Phase::Serving,
             next: 0,
+            served: HashMap::new(),
             zygotes: HashMap::new(),
             slots: HashMap::new(),
+            placing: HashSet::new(),
+            runs: HashMap::new(),
+            run_dirs: BTreeSet::new(),
         })
     }
 
@@ -298,7 +349,13 @@ impl LocalKeeper {
 
     /// One request.
     pub fn call(&mut self, req: ToKeeper) -> Answer {
-        let req = on_the_wire(req);
+        let req = match on_the_wire(req) {
+            Ok(r) => r,
+            Err(r) => {
+                log::error!("keeper: {r}");
+                return Answer::of(FromKeeper::Refused { why: r.to_string() });
+            }
+        };
         if let Err(v) = table::admit(self.phase, req.kind()) {
             log::error!("keeper: {v}");
             return Answer::of(FromKeeper::Refused {
@@ -306,11 +363,13 @@ impl LocalKeeper {
             });
         }
         let done = match req {
-            ToKeeper::ServeFunction { function, ceiling } => {
-                self.serve_function(&function, ceiling)
-            }
+            ToKeeper::ServeFunction {
+                function,
+                limits,
+                ceiling,
+            } => self.serve_function(&function, &limits, ceiling),
             ToKeeper::StopFunction { function } => self.stop_function(&function),
-            ToKeeper::MakeZygote { function, limits } => self.make_zygote(&function, &limits),
+            ToKeeper::MakeZygote { function } => self.make_zygote(&function),
             ToKeeper::PlaceInit { zygote, pid } => self.place_init(zygote, pid),
             ToKeeper::PlaceSpare { zygote, slot, pid } => self.place_spare(zygote, slot, pid),
             ToKeeper::PrepareSlot {
@@ -322,6 +381,10 @@ impl LocalKeeper {
             ToKeeper::ReleaseSlot { slot } => self.release_slot(slot),
             ToKeeper::RemoveZygote { zygote } => self.remove_zygote(zygote),
             ToKeeper::ForgetTenant { tenant } => self.forget_tenant(&tenant),
+            ToKeeper::MakeRun { tenant, limits } => self.make_run(tenant.as_deref(), &limits),
+            ToKeeper::PlaceRunInit { run, pid } => self.place_run_init(run, pid),
+            ToKeeper::KillRun { run } => self.kill_run(run),
+            ToKeeper::EndRun { run, kill } => self.end_run(run, kill),
         };
         done.unwrap_or_else(|r| Answer::of(FromKeeper::Refused { why: r.to_string() }))
     }
@@ -330,7 +393,12 @@ impl LocalKeeper {
         self.host.as_ref().ok_or_else(no_tree)
     }
 
-    fn serve_function(&mut self, f: &FnKey, ceiling: Option<u64>) -> Result<Answer, Refusal> {
+    fn serve_function(
+        &mut self,
+        f: &FnKey,
+        limits: &LimitsMsg,
+        ceiling: Option<u64>,
+    ) -> Result<Answer, Refusal> {
         let key = checked_key(f)?;
         let host = self.host()?;
         let folder = cg_folder(&key);
@@ -342,19 +410,24 @@ impl LocalKeeper {
                 source: e,
             });
         }
+        self.served.insert(key, limits_of(limits));
         Ok(Answer::of(FromKeeper::Done))
     }
 
     fn stop_function(&mut self, f: &FnKey) -> Result<Answer, Refusal> {
         let key = checked_key(f)?;
+        self.served.remove(&key);
         // The worker removes the cgroups it kept for the function, then its folder.
         self.host()?.worker.forget(&key, cg_folder(&key));
         Ok(Answer::of(FromKeeper::Done))
     }
 
-    fn make_zygote(&mut self, f: &FnKey, limits: &LimitsMsg) -> Result<Answer, Refusal> {
+    fn make_zygote(&mut self, f: &FnKey) -> Result<Answer, Refusal> {
         let key = checked_key(f)?;
-        let limits = limits_of(limits);
+        let limits = *self
+            .served
+            .get(&key)
+            .ok_or_else(|| Refusal::NotServed(key.clone()))?;
         let id = plumbing::random_hex(6).map_err(|e| Refusal::Cgroup {
             step: "name the zygote's cgroup",
             source: CgroupError::Unavailable(e.to_string()),
@@ -383,6 +456,7 @@ impl LocalKeeper {
                 key,
                 limits,
                 cg: cg.keep(),
+                init_placed: false,
             },
         );
         Ok(Answer {
@@ -395,8 +469,15 @@ impl LocalKeeper {
     fn place_init(&mut self, zygote: ZygoteId, pid: i32) -> Result<Answer, Refusal> {
         let z = self
             .zygotes
-            .get(&zygote)
+            .get_mut(&zygote)
             .ok_or(Refusal::UnknownZygote(zygote))?;
+        if z.init_placed {
+            return Err(Refusal::Again("placing the zygote's first process"));
+        }
+        z.init_placed = true;
+        if !plausible_pid(pid) {
+            return Err(Refusal::NotTheZygotes(pid));
+        }
         if !z.cg.contains(pid).unwrap_or(false) {
             z.cg.add_pid(pid)
                 .map_err(cg_err("place a zygote in its cgroup"))?;
@@ -415,11 +496,16 @@ impl LocalKeeper {
             .zygotes
             .get(&zygote)
             .ok_or(Refusal::UnknownZygote(zygote))?;
+        // Each child is placed once.
+        if self.placing.contains(&pid) || self.slots.values().any(|s| s.pid == pid) {
+            return Err(Refusal::NotTheZygotes(pid));
+        }
         // The pid is the number the kernel gave for the registration's sender, which may
         // have exited since and its number gone to any process on the host. Only a process
-        // that is still this zygote's (in its cgroup, where its agent forked it) is moved,
-        // held by a pidfd meanwhile so its number cannot change hands between the check and
-        // the move.
+        // that is still this zygote's (in its cgroup, where its agent forked it, and alive
+        // by a pidfd taken before that check) is moved. The pidfd is checked again just
+        // before the move; it does not hold the number itself, so a child its agent reaps
+        // in the few writes between that check and the move frees it.
         let pidfd = plumbing::sys::pidfd_open(pid).ok();
         let ours = pidfd.as_ref().is_some_and(|fd| {
             z.cg.contains(pid).unwrap_or(false) && plumbing::sys::pidfd_alive(fd)
@@ -435,6 +521,8 @@ impl LocalKeeper {
             return self.register(zygote, slot, cg, pid, pidfd, keep_as);
         }
         // Otherwise a new cgroup is made off the loop: an event says how it went.
+        self.placing.insert(pid);
+        let host = self.host()?;
         host.worker.send(Job::Place {
             zygote,
             rel: format!("{}/r-{}-{slot}", cg_folder(&key), std::process::id()),
@@ -477,6 +565,7 @@ impl LocalKeeper {
                 pid,
                 pidfd: Some(pidfd),
                 keep_as,
+                prepared: false,
             },
         );
         Ok(Answer {
@@ -505,6 +594,7 @@ impl LocalKeeper {
             pidfd,
         } in done
         {
+            self.placing.remove(&pid);
             let Some(z) = self.zygotes.get(&zygote) else {
                 // Its zygote went away meanwhile.
                 if let Ok(cg) = result {
@@ -538,7 +628,10 @@ impl LocalKeeper {
         tenant: Option<String>,
         limits: Option<LimitsMsg>,
     ) -> Result<Answer, Refusal> {
-        let s = self.slots.get(&id).ok_or(Refusal::UnknownSlot(id))?;
+        let s = self.slots.get_mut(&id).ok_or(Refusal::UnknownSlot(id))?;
+        if s.prepared {
+            return Err(Refusal::Again("giving the slot to a call"));
+        }
         let z = self
             .zygotes
             .get(&s.zygote)
@@ -547,6 +640,8 @@ impl LocalKeeper {
         if let Some(l) = &asked {
             within(l, &z.limits)?;
         }
+        // Whatever happens from here, the slot is given once.
+        s.prepared = true;
         let limits = asked.unwrap_or(z.limits);
         let (zkey, zlimits) = (z.key.clone(), z.limits);
         match tenant {
@@ -718,6 +813,83 @@ impl LocalKeeper {
         Ok(Answer::of(FromKeeper::Done))
     }
 
+    fn make_run(&mut self, tenant: Option<&str>, limits: &LimitsMsg) -> Result<Answer, Refusal> {
+        if let Some(t) = tenant.filter(|t| !proto::api::is_tenant_id(t)) {
+            return Err(Refusal::BadName {
+                what: "tenant id",
+                name: t.to_string(),
+            });
+        }
+        let dir = run_dir(tenant);
+        let name = plumbing::random_hex(6).map_err(|e| Refusal::Cgroup {
+            step: "name the run's cgroup",
+            source: CgroupError::Unavailable(e.to_string()),
+        })?;
+        let host = self.host()?;
+        let cg = host
+            .backend
+            .create(&format!("{dir}/r-{}-{name}", std::process::id()))
+            .map_err(cg_err("create the run's cgroup"))?;
+        self.run_dirs.insert(dir);
+        // Dropping `cg` on any error below removes it: nothing has run in it.
+        cg.set_limits(&limits_of(limits))
+            .map_err(cg_err("write the run's limits"))?;
+        let files = cg.attach_files().map_err(cg_err("open the run's cgroup"))?;
+        let run = RunId(self.issue());
+        self.runs.insert(
+            run,
+            Run {
+                cg: cg.keep(),
+                init_placed: false,
+            },
+        );
+        Ok(Answer {
+            reply: FromKeeper::Run { run },
+            view: None,
+            files,
+        })
+    }
+
+    fn place_run_init(&mut self, run: RunId, pid: i32) -> Result<Answer, Refusal> {
+        let r = self.runs.get_mut(&run).ok_or(Refusal::UnknownRun(run))?;
+        if r.init_placed {
+            return Err(Refusal::Again("placing the run's first process"));
+        }
+        r.init_placed = true;
+        if !plausible_pid(pid) {
+            return Err(Refusal::NotTheZygotes(pid));
+        }
+        Ok(Answer::of(
+            match crate::oneshot::place_init(Some(&*r.cg), pid) {
+                proto::launch::Placement::Placed => FromKeeper::Done,
+                proto::launch::Placement::Gone => FromKeeper::Gone,
+                proto::launch::Placement::Failed(why) => FromKeeper::Refused { why },
+            },
+        ))
+    }
+
+    fn kill_run(&mut self, run: RunId) -> Result<Answer, Refusal> {
+        let r = self.runs.get(&run).ok_or(Refusal::UnknownRun(run))?;
+        r.cg.kill_all().map_err(cg_err("kill a run's cgroup"))?;
+        Ok(Answer::of(FromKeeper::Done))
+    }
+
+    fn end_run(&mut self, run: RunId, kill: bool) -> Result<Answer, Refusal> {
+        let cg = self.runs.remove(&run).ok_or(Refusal::UnknownRun(run))?.cg;
+        if kill {
+            let _ = cg.kill_all();
+        }
+        let usage = match cg.usage() {
+            Ok(u) => Some(usage_msg(&u)),
+            Err(e) => {
+                log::warn!("read a run's usage: {e}");
+                None
+            }
+        };
+        self.remove_later(cg);
+        Ok(Answer::of(FromKeeper::Killed { usage }))
+    }
+
     /// Remove what supervisors that are gone (killed before they could drain) left in the
     /// tree: `tenants/<owner>/<fn>/z-<pid>-…` and `r-<pid>-…` whose process does not exist.
     /// Whatever still runs in such a cgroup is killed first. A function's folder (and a
@@ -770,6 +942,10 @@ impl LocalKeeper {
         let Some(host) = self.host.as_mut() else {
             return;
         };
+        // Runs still here were never ended: removed (the worker's queue first).
+        for (_, r) in self.runs.drain() {
+            host.worker.send(Job::Remove(r.cg));
+        }
         host.worker.finish();
         for p in host.worker.done() {
             if let Ok(cg) = p.result {
@@ -777,6 +953,10 @@ impl LocalKeeper {
             }
         }
         let backend = &host.backend;
+        // The callers' folders of runs, now that their runs' cgroups are gone.
+        for dir in std::mem::take(&mut self.run_dirs) {
+            backend.prune(&dir);
+        }
         for key in keys.clone() {
             backend.prune(&cg_folder(key));
         }
@@ -809,6 +989,27 @@ impl LocalKeeper {
     }
 }
 
+/// Only with the `fuzzing` feature (off in every build of zygo), for the fuzz target.
+#[cfg(feature = "fuzzing")]
+impl LocalKeeper {
+    /// A keeper with no cgroup tree, serving: it has issued no id and holds no cgroup, so
+    /// every request is checked (the table, then its names and ids) and refused, and none
+    /// reaches the host. A named process is never looked at: no zygote is known.
+    pub fn without_tree() -> LocalKeeper {
+        LocalKeeper {
+            host: None,
+            phase: Phase::Serving,
+            next: 0,
+            served: HashMap::new(),
+            zygotes: HashMap::new(),
+            slots: HashMap::new(),
+            placing: HashSet::new(),
+            runs: HashMap::new(),
+            run_dirs: BTreeSet::new(),
+        }
+    }
+}
+
 #[cfg(test)]
 impl LocalKeeper {
     /// A keeper with no cgroup tree, for unit tests: cgroups are handed to it.
@@ -817,8 +1018,12 @@ impl LocalKeeper {
             host: None,
             phase: Phase::Serving,
             next: 0,
+            served: HashMap::new(),
             zygotes: HashMap::new(),
             slots: HashMap::new(),
+            placing: HashSet::new(),
+            runs: HashMap::new(),
+            run_dirs: BTreeSet::new(),
         }
     }
 
@@ -836,6 +1041,7 @@ impl LocalKeeper {
                 key: key.into(),
                 limits,
                 cg: cg.boxed(),
+                init_placed: false,
             },
         );
         id
@@ -843,6 +1049,16 @@ impl LocalKeeper {
 
     /// A parked slot of `zygote` in the fake cgroup `cg`.
     pub fn adopt_slot(&mut self, zygote: ZygoteId, cg: &crate::cgroup::fake::Fake) -> SlotId {
+        self.adopt_child(zygote, cg, 0)
+    }
+
+    /// A parked slot of `zygote` in the fake cgroup `cg`, holding `pid`.
+    pub fn adopt_child(
+        &mut self,
+        zygote: ZygoteId,
+        cg: &crate::cgroup::fake::Fake,
+        pid: i32,
+    ) -> SlotId {
         let id = SlotId(self.issue());
         self.slots.insert(
             id,
@@ -850,9 +1066,10 @@ impl LocalKeeper {
                 zygote,
                 name: format!("s{}", id.0),
                 cgroup: Viewed::fake(cg),
-                pid: 0,
+                pid,
                 pidfd: None,
                 keep_as: None,
+                prepared: false,
             },
         );
         id
@@ -966,7 +1183,6 @@ mod tests {
                     tenant: None,
                     name: name.into(),
                 },
-                limits: limits_msg(&LIMITS),
             });
             assert!(matches!(a.reply, FromKeeper::Refused { .. }), "{name:?}");
         }
@@ -1008,11 +1224,114 @@ mod tests {
     }
 
     #[test]
+    fn a_first_process_is_placed_once_and_never_init_or_the_keeper() {
+        let mut k = LocalKeeper::detached();
+        let zcg = Fake::new();
+        let z = k.adopt_zygote("hello", LIMITS, &zcg);
+        // SAFETY: getpid cannot fail.
+        let me = unsafe { libc::getpid() };
+        for pid in [1, 0, -1, me] {
+            let mut k = LocalKeeper::detached();
+            let z = k.adopt_zygote("hello", LIMITS, &zcg);
+            let a = k.call(ToKeeper::PlaceInit { zygote: z, pid });
+            assert!(matches!(a.reply, FromKeeper::Refused { .. }), "{pid}");
+        }
+        assert!(zcg.ops().is_empty());
+        let a = k.call(ToKeeper::PlaceInit {
+            zygote: z,
+            pid: 4242,
+        });
+        assert_eq!(a.reply, FromKeeper::Done);
+        assert_eq!(zcg.ops(), [Op::AddPid(4242)]);
+        let a = k.call(ToKeeper::PlaceInit {
+            zygote: z,
+            pid: 4343,
+        });
+        assert!(
+            matches!(&a.reply, FromKeeper::Refused { why } if why.contains("already")),
+            "{:?}",
+            a.reply
+        );
+        assert_eq!(zcg.ops(), [Op::AddPid(4242)]);
+    }
+
+    #[test]
+    fn a_slot_is_given_to_a_call_once_and_keeps_its_io_rates() {
+        let mut k = LocalKeeper::detached();
+        let z = k.adopt_zygote("hello", LIMITS, &Fake::new());
+        let cg = Fake::new();
+        let s = k.adopt_slot(z, &cg);
+        let no_throttle = Limits {
+            io_bps: 0,
+            ..LIMITS
+        };
+        let a = k.call(ToKeeper::PrepareSlot {
+            slot: s,
+            tenant: None,
+            limits: Some(limits_msg(&no_throttle)),
+        });
+        assert!(matches!(&a.reply, FromKeeper::Refused { why } if why.contains("I/O")));
+        let s = k.adopt_slot(z, &cg);
+        let narrower = Limits { pids: 8, ..LIMITS };
+        let once = k.call(ToKeeper::PrepareSlot {
+            slot: s,
+            tenant: None,
+            limits: Some(limits_msg(&narrower)),
+        });
+        assert!(matches!(once.reply, FromKeeper::Slot { .. }));
+        let again = k.call(ToKeeper::PrepareSlot {
+            slot: s,
+            tenant: None,
+            limits: Some(limits_msg(&LIMITS)),
+        });
+        assert!(matches!(&again.reply, FromKeeper::Refused { why } if why.contains("already")));
+        assert_eq!(cg.ops(), [Op::SetLimits(narrower)]);
+    }
+
+    #[test]
+    fn a_zygote_is_made_only_for_a_function_served_and_a_child_placed_once() {
+        let mut k = LocalKeeper::detached();
+        let a = k.call(ToKeeper::MakeZygote {
+            function: fn_key("hello"),
+        });
+        assert!(
+            matches!(&a.reply, FromKeeper::Refused { why } if why.contains("not served")),
+            "{:?}",
+            a.reply
+        );
+        // SAFETY: getpid cannot fail.
+        let me = unsafe { libc::getpid() };
+        let z = k.adopt_zygote("hello", LIMITS, &Fake::new().holding(me));
+        k.adopt_child(z, &Fake::new(), me);
+        let a = k.call(ToKeeper::PlaceSpare {
+            zygote: z,
+            slot: "s2".into(),
+            pid: me,
+        });
+        assert!(
+            matches!(&a.reply, FromKeeper::Refused { why } if why.contains("not in its zygote"))
+        );
+    }
+
+    #[test]
+    fn runs_go_in_their_callers_folder() {
+        assert_eq!(run_dir(None), "tenants/_host/_run");
+        assert_eq!(run_dir(Some("acme")), "tenants/acme/_run");
+        let mut k = LocalKeeper::detached();
+        let a = k.call(ToKeeper::MakeRun {
+            tenant: Some("../x".into()),
+            limits: limits_msg(&LIMITS),
+        });
+        assert!(matches!(&a.reply, FromKeeper::Refused { why } if why.contains("tenant id")));
+    }
+
+    #[test]
     fn no_function_is_served_while_draining() {
         let mut k = LocalKeeper::detached();
         k.begin_drain();
         let a = k.call(ToKeeper::ServeFunction {
             function: fn_key("hello"),
+            limits: limits_msg(&LIMITS),
             ceiling: None,
         });
         assert!(

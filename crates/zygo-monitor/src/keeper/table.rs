@@ -85,6 +85,26 @@ pub const TABLE: &[Entry] = &[
         allowed: Allowed::Always,
         does: "remove a deleted tenant's folders once empty",
     },
+    Entry {
+        kind: KeeperKind::MakeRun,
+        allowed: Allowed::Serving,
+        does: "make a one-shot run's cgroup in its caller's folder; hand its attach files",
+    },
+    Entry {
+        kind: KeeperKind::PlaceRunInit,
+        allowed: Allowed::Always,
+        does: "check a run's first process is in its cgroup, or move it there",
+    },
+    Entry {
+        kind: KeeperKind::KillRun,
+        allowed: Allowed::Always,
+        does: "kill what runs in a run's cgroup",
+    },
+    Entry {
+        kind: KeeperKind::EndRun,
+        allowed: Allowed::Always,
+        does: "read what a run's cgroup counted (after a kill, if asked) and remove it",
+    },
 ];
 
 /// A request the table does not allow.
@@ -135,6 +155,10 @@ mod tests {
             KeeperKind::ReleaseSlot,
             KeeperKind::RemoveZygote,
             KeeperKind::ForgetTenant,
+            KeeperKind::MakeRun,
+            KeeperKind::PlaceRunInit,
+            KeeperKind::KillRun,
+            KeeperKind::EndRun,
         ];
         assert_eq!(TABLE.len(), kinds.len());
         for k in kinds {

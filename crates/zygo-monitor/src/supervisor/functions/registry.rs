@@ -254,6 +254,7 @@ impl Functions {
             .keeper
             .call(ToKeeper::ServeFunction {
                 function: crate::keeper::fn_key(&name),
+                limits: crate::keeper::limits_msg(&limits),
                 ceiling,
             })
             .reply

@@ -26,7 +26,7 @@
 //!
 //! Nothing here blocks the loop: every descriptor is non-blocking and registered with it.
 
-use std::collections::{BTreeSet, HashMap};
+use std::collections::HashMap;
 use std::fs::File;
 use std::io::Write;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
@@ -37,12 +37,17 @@ use mio::unix::SourceFd;
 use mio::{Interest, Token};
 use proto::api::{RunAnswer, TenantLimits, UsageRecord};
 use proto::front::{ErrorCode, Outcome, Reply};
-use proto::launch::{FromLauncher, Image, OneShotTalk, Phase, Said, ToLauncher, MAX_LAUNCH_FRAME};
+use proto::keeper::{FromKeeper, RunId, ToKeeper};
+use proto::launch::{
+    FromLauncher, Image, LaunchPlan, OneShotTalk, Phase, Placement, Said, ToLauncher,
+    MAX_LAUNCH_FRAME,
+};
 use proto::readbuf::read_append;
 
 use super::run_spec;
 use super::{fail, now_ms, Ctx, Functions};
-use crate::cgroup::{Cgroup, Usage};
+use crate::cgroup::Usage;
+use crate::keeper::LocalKeeper;
 use crate::spawn::Launcher;
 use plumbing::conn::{Conn, Got};
 use plumbing::pipes::{dev_null, pipe};
@@ -248,9 +253,9 @@ pub(super) struct Run {
     conn: Option<Conn>,
     stdout: Capture,
     stderr: Capture,
-    /// The run's cgroup, until what it counted has been read and it is handed to the
-    /// worker to be removed.
-    cgroup: Option<Box<dyn Cgroup>>,
+    /// The run's cgroup (the keeper's), until what it counted has been read and it is
+    /// removed.
+    cgroup: Option<RunId>,
     usage: Option<Usage>,
     received: Instant,
     /// When the launcher said the program started.
@@ -274,8 +279,6 @@ pub(super) struct Runs {
     runs: HashMap<String, Run>,
     tokens: HashMap<Token, (String, Source)>,
     exiting: Vec<(Launcher, Instant)>,
-    /// The `_run` folders made, removed at shutdown once empty.
-    dirs: BTreeSet<String>,
 }
 
 impl Runs {
@@ -328,11 +331,6 @@ fn set_nonblocking(fd: &OwnedFd) -> std::io::Result<()> {
         }
     }
     Ok(())
-}
-
-/// The folder of a caller's runs.
-fn run_dir(tenant: Option<&str>) -> String {
-    format!("tenants/{}/_run", tenant.unwrap_or("_host"))
 }
 
 /// An answer for a run that never started.
@@ -408,7 +406,7 @@ impl Functions {
             Ok(id) => id,
             Err(e) => return Some(fail(ErrorCode::Internal, format!("name the run: {e}"))),
         };
-        match self.spawn_run(&id, client, spec, tenant, cx) {
+        match self.spawn_run(client, spec, tenant, cx) {
             Ok(run) => {
                 self.runs
                     .tokens
@@ -436,31 +434,53 @@ impl Functions {
     /// Whatever was made is undone if a later step fails.
     fn spawn_run(
         &mut self,
-        id: &str,
         client: Token,
         spec: run_spec::RunSpec,
         tenant: Option<&str>,
         cx: &mut Ctx,
     ) -> Result<Run, (Phase, String)> {
         let plan_err = |e: String| (Phase::Plan, e);
-        let start_err = |what: &str, e: std::io::Error| (Phase::Start, format!("{what}: {e}"));
         let (mut plan, limits) = crate::oneshot::launch_plan(&spec.plan).map_err(plan_err)?;
         if plan.image == Image::Host {
             plan.etc = crate::etc_cache::prepare();
         }
         let timeout = Duration::from_millis(plan.timeout_ms);
-        let dir = run_dir(tenant);
-        self.runs.dirs.insert(dir.clone());
-        let cg = self
-            .backend
-            .create(&format!("{dir}/r-{}-{id}", std::process::id()))
-            .map_err(|e| plan_err(format!("create the run's cgroup: {e}")))?;
-        // Dropping `cg` on any error below removes it: nothing has run in it.
-        cg.set_limits(&limits)
-            .map_err(|e| plan_err(format!("write the run's limits: {e}")))?;
-        let attach = cg
-            .attach_files()
-            .map_err(|e| (Phase::Start, format!("open the run's cgroup: {e}")))?;
+        // The keeper makes the run's cgroup in its caller's folder.
+        let made = self.keeper.call(ToKeeper::MakeRun {
+            tenant: tenant.map(str::to_string),
+            limits: crate::keeper::limits_msg(&limits),
+        });
+        let cgroup = match made.reply {
+            FromKeeper::Run { run } => run,
+            FromKeeper::Refused { why } => return Err(plan_err(why)),
+            other => return Err(plan_err(format!("the keeper made no run: {other:?}"))),
+        };
+        let launched = self.launch_run(client, spec, tenant, plan, timeout, made.files, cgroup, cx);
+        if launched.is_err() {
+            // Nothing ran in it: its cgroup goes.
+            self.keeper.call(ToKeeper::EndRun {
+                run: cgroup,
+                kill: true,
+            });
+        }
+        launched
+    }
+
+    /// Spawn a run's launcher and send it its cgroup's attach files (`attach`) and the
+    /// plan.
+    #[allow(clippy::too_many_arguments)]
+    fn launch_run(
+        &mut self,
+        client: Token,
+        spec: run_spec::RunSpec,
+        tenant: Option<&str>,
+        plan: LaunchPlan,
+        timeout: Duration,
+        attach: Vec<OwnedFd>,
+        cgroup: RunId,
+        cx: &mut Ctx,
+    ) -> Result<Run, (Phase, String)> {
+        let start_err = |what: &str, e: std::io::Error| (Phase::Start, format!("{what}: {e}"));
         let stdin = spec
             .stdin
             .as_deref()
@@ -537,7 +557,7 @@ impl Functions {
             conn: Some(conn),
             stdout,
             stderr,
-            cgroup: Some(cg.keep()),
+            cgroup: Some(cgroup),
             usage: None,
             received: Instant::now(),
             started: None,
@@ -580,13 +600,13 @@ impl Functions {
         conn.flush();
         let (msgs, end) = receive(conn);
         for m in msgs {
-            if let Err(why) = run_msg(run, m) {
+            if let Err(why) = run_msg(run, m, &mut self.keeper) {
                 log::error!("run {id}: the launcher {why}; killing it");
                 run.error
                     .get_or_insert_with(|| format!("the launcher {why}"));
                 let _ = run.launcher.kill();
                 close_channel(run, cx);
-                settle(run, &self.keeper);
+                settle(run, &mut self.keeper);
                 return;
             }
         }
@@ -603,7 +623,7 @@ impl Functions {
                     .get_or_insert_with(|| format!("the launcher died while {what}"));
             }
             close_channel(run, cx);
-            settle(run, &self.keeper);
+            settle(run, &mut self.keeper);
         } else if let Some(c) = run.conn.as_ref() {
             if let Some(why) = c.closed.clone() {
                 // After the report, a write that failed (a `Kill` crossing the launcher's
@@ -614,7 +634,7 @@ impl Functions {
                 }
                 let _ = run.launcher.kill();
                 close_channel(run, cx);
-                settle(run, &self.keeper);
+                settle(run, &mut self.keeper);
             }
         }
     }
@@ -629,13 +649,15 @@ impl Functions {
             };
             if run.killed.is_none() && run.ended.is_none() {
                 match run.started {
-                    Some(s) if now >= s + run.timeout => kill(run, Killed::Deadline, now),
+                    Some(s) if now >= s + run.timeout => {
+                        kill(run, Killed::Deadline, now, &mut self.keeper)
+                    }
                     None if now >= run.received + BUILD_LIMIT => {
                         run.error = Some(format!(
                             "the sandbox took longer than {}s to build",
                             BUILD_LIMIT.as_secs()
                         ));
-                        kill(run, Killed::Build, now);
+                        kill(run, Killed::Build, now, &mut self.keeper);
                     }
                     _ => {}
                 }
@@ -650,7 +672,7 @@ impl Functions {
                         .get_or_insert_with(|| "the launcher stopped answering".into());
                     let _ = run.launcher.kill();
                     close_channel(run, cx);
-                    settle(run, &self.keeper);
+                    settle(run, &mut self.keeper);
                 }
             }
             let ended = run.ended.is_some();
@@ -683,7 +705,7 @@ impl Functions {
             if ours && run.key.as_deref() == Some(key) && run.ended.is_none() {
                 n += 1;
                 if run.killed.is_none() {
-                    kill(run, Killed::Cancelled, now);
+                    kill(run, Killed::Cancelled, now, &mut self.keeper);
                 }
             }
         }
@@ -696,7 +718,7 @@ impl Functions {
         for run in self.runs.runs.values_mut() {
             let theirs = run.tenant.as_deref() == Some(tenant);
             if theirs && run.killed.is_none() && run.ended.is_none() {
-                kill(run, Killed::Cancelled, now);
+                kill(run, Killed::Cancelled, now, &mut self.keeper);
             }
         }
     }
@@ -706,7 +728,7 @@ impl Functions {
         let now = Instant::now();
         for run in self.runs.runs.values_mut() {
             if run.client == t && run.killed.is_none() && run.ended.is_none() {
-                kill(run, Killed::Cancelled, now);
+                kill(run, Killed::Cancelled, now, &mut self.keeper);
             }
         }
     }
@@ -723,14 +745,14 @@ impl Functions {
             };
             if run.ended.is_none() {
                 if run.killed.is_none() {
-                    kill(run, Killed::Shutdown, now);
+                    kill(run, Killed::Shutdown, now, &mut self.keeper);
                 }
                 run.error
                     .get_or_insert_with(|| "the supervisor stopped before the run ended".into());
                 let _ = run.launcher.kill();
                 let _ = run.launcher.wait();
                 close_channel(run, cx);
-                settle(run, &self.keeper);
+                settle(run, &mut self.keeper);
             }
             run.stdout.close(cx);
             run.stderr.close(cx);
@@ -740,10 +762,7 @@ impl Functions {
             let _ = l.kill();
             let _ = l.wait();
         }
-        // Their callers' folders go with the rest of the tree (see `shutdown`).
-        for dir in std::mem::take(&mut self.runs.dirs) {
-            self.backend.prune(&dir);
-        }
+        // Their callers' folders go with the rest of the tree (`LocalKeeper::shutdown`).
     }
 
     /// Answer a run whose launcher has reported (or is given up on) and whose output has
@@ -766,7 +785,7 @@ impl Functions {
         run.stdout.close(cx);
         run.stderr.close(cx);
         close_channel(&mut run, cx);
-        settle(&mut run, &self.keeper);
+        settle(&mut run, &mut self.keeper);
         // Reaped now if it has exited; otherwise on a later turn (see `runs_tick`).
         if let Ok(None) = run.launcher.try_wait() {
             self.runs.exiting.push((run.launcher, now + EXIT_WAIT));
@@ -866,11 +885,20 @@ fn receive(conn: &mut Conn) -> (Vec<FromLauncher>, Option<String>) {
 }
 
 /// One launcher message, in the order `OneShotTalk` allows. An error ends the launcher.
-fn run_msg(run: &mut Run, m: FromLauncher) -> Result<(), String> {
+fn run_msg(run: &mut Run, m: FromLauncher, keeper: &mut LocalKeeper) -> Result<(), String> {
     match run.talk.hear(m)? {
         Said::Cloned { pid } => {
-            // The sandbox's init joined the cgroup itself; check, and move it if not.
-            let placed = crate::oneshot::place_init(run.cgroup.as_deref(), pid);
+            // The sandbox's init joined the cgroup itself; the keeper checks, and moves it
+            // if not.
+            let placed = match run.cgroup {
+                Some(id) => match keeper.call(ToKeeper::PlaceRunInit { run: id, pid }).reply {
+                    FromKeeper::Done => Placement::Placed,
+                    FromKeeper::Gone => Placement::Gone,
+                    FromKeeper::Refused { why } => Placement::Failed(why),
+                    other => Placement::Failed(format!("the keeper answered {other:?}")),
+                },
+                None => Placement::Gone,
+            };
             let (reply, error) = OneShotTalk::answer_cloned(placed, run.killed.is_some());
             if error.is_some() {
                 run.error = error;
@@ -908,14 +936,14 @@ fn run_msg(run: &mut Run, m: FromLauncher) -> Result<(), String> {
 
 /// End a run from outside: the launcher is told to kill the sandbox, and its cgroup is
 /// killed from here, which does not depend on the launcher or the sandbox.
-fn kill(run: &mut Run, why: Killed, now: Instant) {
+fn kill(run: &mut Run, why: Killed, now: Instant, keeper: &mut LocalKeeper) {
     run.killed = Some((why, now));
     if let Some(c) = run.conn.as_mut() {
         c.send(&ToLauncher::Kill);
     }
-    if let Some(cg) = &run.cgroup {
-        if let Err(e) = cg.kill_all() {
-            log::error!("kill a run's cgroup: {e}");
+    if let Some(id) = run.cgroup {
+        if let FromKeeper::Refused { why } = keeper.call(ToKeeper::KillRun { run: id }).reply {
+            log::error!("kill a run's cgroup: {why}");
         }
     }
 }
@@ -930,16 +958,13 @@ fn close_channel(run: &mut Run, cx: &Ctx) {
 
 /// Read what the run's cgroup counted and hand it to the keeper to be removed (once).
 /// Unless the launcher reported a clean end, whatever is left in it is killed first.
-fn settle(run: &mut Run, keeper: &crate::keeper::LocalKeeper) {
-    let Some(cg) = run.cgroup.take() else { return };
-    if run.exit.is_none() || run.error.is_some() || run.killed.is_some() {
-        let _ = cg.kill_all();
+fn settle(run: &mut Run, keeper: &mut LocalKeeper) {
+    let Some(id) = run.cgroup.take() else { return };
+    let kill = run.exit.is_none() || run.error.is_some() || run.killed.is_some();
+    match keeper.call(ToKeeper::EndRun { run: id, kill }).reply {
+        FromKeeper::Killed { usage } => run.usage = usage.map(super::requests::usage_of),
+        other => log::warn!("end a run's cgroup: {other:?}"),
     }
-    match cg.usage() {
-        Ok(u) => run.usage = Some(u),
-        Err(e) => log::warn!("read a run's usage: {e}"),
-    }
-    keeper.remove_later(cg);
 }
 
 #[cfg(test)]
@@ -979,11 +1004,5 @@ mod tests {
         assert_eq!(got, "hello");
         assert!(f.write_all(b"x").is_err(), "a sealed stdin took a write");
         assert_eq!(f.metadata().expect("stat").len(), 5);
-    }
-
-    #[test]
-    fn runs_go_in_their_callers_folder() {
-        assert_eq!(run_dir(None), "tenants/_host/_run");
-        assert_eq!(run_dir(Some("acme")), "tenants/acme/_run");
     }
 }

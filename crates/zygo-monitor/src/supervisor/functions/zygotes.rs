@@ -195,7 +195,6 @@ impl Functions {
         let f = self.fns.get(name).ok_or("no such function")?;
         let made = self.keeper.call(ToKeeper::MakeZygote {
             function: crate::keeper::fn_key(name),
-            limits: crate::keeper::limits_msg(&f.limits),
         });
         let (id, view) = match (made.reply, made.view) {
             (FromKeeper::Zygote { zygote }, Some(view)) => (zygote, view),
