@@ -1,12 +1,14 @@
 //! Writes the binary seeds under `seeds/` (the text ones are written by hand):
 //! `cargo run --example make_seeds` in this folder. Each is a valid input of its target,
 //! for libFuzzer to start from: proto payloads (the `Api` envelope around each typed
-//! body, a hello, launcher frames), DNS queries and a TLS ClientHello.
+//! body, a hello, launcher frames), keeper requests and answers, DNS queries and a TLS
+//! ClientHello.
 
 use std::path::Path;
 
 use proto::api::{Credentials, ServeKind};
 use proto::front::{Hello, Request, Role, FRONT_PROTOCOL};
+use proto::keeper::{FnKey, FromKeeper, LimitsMsg, RunId, SlotId, ToKeeper, UsageMsg, ZygoteId};
 use proto::launch::FromLauncher;
 use zygo_front::http::bodies::{layer, limits, run};
 
@@ -119,6 +121,8 @@ fn main() {
     }
     write("proto_frames", "launcher-frames", &framed);
 
+    keeper_seeds();
+
     let query = zygo_egress::dns::query_a("pypi.org", 0x1234).expect("a query");
     write("egress_sniff", "dns-query-a", &query);
     let mut aaaa = query.clone();
@@ -130,4 +134,144 @@ fn main() {
         "client-hello",
         &client_hello("files.pythonhosted.org"),
     );
+}
+
+/// The keeper's requests one by one, every kind of them as frames in one channel, and its
+/// answers as frames.
+fn keeper_seeds() {
+    let limits = LimitsMsg {
+        mem_bytes: Some(256 << 20),
+        cpu_millis: 1000,
+        pids: 64,
+        io_bps: 1 << 20,
+        io_iops: 100,
+    };
+    let host = FnKey {
+        tenant: None,
+        name: "hello".into(),
+    };
+    let tenants = FnKey {
+        tenant: Some("acme".into()),
+        name: "resize".into(),
+    };
+    let requests = [
+        (
+            "serve-function",
+            ToKeeper::ServeFunction {
+                function: tenants.clone(),
+                limits,
+                ceiling: Some(1 << 30),
+            },
+        ),
+        (
+            "make-zygote",
+            ToKeeper::MakeZygote {
+                function: host.clone(),
+            },
+        ),
+        (
+            "place-init",
+            ToKeeper::PlaceInit {
+                zygote: ZygoteId(1),
+                pid: 4242,
+            },
+        ),
+        (
+            "place-spare",
+            ToKeeper::PlaceSpare {
+                zygote: ZygoteId(1),
+                slot: "s12abc".into(),
+                pid: 4243,
+            },
+        ),
+        (
+            "prepare-slot",
+            ToKeeper::PrepareSlot {
+                slot: SlotId(2),
+                tenant: Some("acme".into()),
+                limits: Some(LimitsMsg {
+                    cpu_millis: 500,
+                    ..limits
+                }),
+            },
+        ),
+        ("kill-slot", ToKeeper::KillSlot { slot: SlotId(2) }),
+        ("release-slot", ToKeeper::ReleaseSlot { slot: SlotId(2) }),
+        (
+            "remove-zygote",
+            ToKeeper::RemoveZygote {
+                zygote: ZygoteId(1),
+            },
+        ),
+        ("stop-function", ToKeeper::StopFunction { function: host }),
+        (
+            "forget-tenant",
+            ToKeeper::ForgetTenant {
+                tenant: "acme".into(),
+            },
+        ),
+        (
+            "make-run",
+            ToKeeper::MakeRun {
+                tenant: Some("acme".into()),
+                limits,
+            },
+        ),
+        (
+            "place-run-init",
+            ToKeeper::PlaceRunInit {
+                run: RunId(3),
+                pid: 4244,
+            },
+        ),
+        ("kill-run", ToKeeper::KillRun { run: RunId(3) }),
+        (
+            "end-run",
+            ToKeeper::EndRun {
+                run: RunId(3),
+                kill: true,
+            },
+        ),
+    ];
+    let mut framed = Vec::new();
+    for (name, r) in &requests {
+        write(
+            "keeper_requests",
+            name,
+            &proto::codec::encode(r).expect("encode"),
+        );
+        framed.extend(proto::encode_frame(r).expect("frame"));
+    }
+    write("keeper_requests", "request-frames", &framed);
+    let answers = [
+        FromKeeper::Zygote {
+            zygote: ZygoteId(1),
+        },
+        FromKeeper::Placing,
+        FromKeeper::Run { run: RunId(3) },
+        FromKeeper::Gone,
+        FromKeeper::Slot {
+            zygote: ZygoteId(1),
+            slot: "s12abc".into(),
+            id: SlotId(2),
+        },
+        FromKeeper::Killed {
+            usage: Some(UsageMsg {
+                oom_kills: 0,
+                peak_bytes: 1 << 20,
+                cpu_usec: 1500,
+            }),
+        },
+        FromKeeper::Removed {
+            slots: vec![(SlotId(2), None)],
+        },
+        FromKeeper::Refused {
+            why: "no slot 9".into(),
+        },
+    ];
+    let mut framed = Vec::new();
+    for a in &answers {
+        framed.extend(proto::encode_frame(a).expect("frame"));
+    }
+    write("keeper_requests", "answer-frames", &framed);
 }
