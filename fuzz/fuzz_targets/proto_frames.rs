@@ -2,7 +2,7 @@
 //! whole frames or split at any point, and never allocate past the frame cap. A message
 //! that decodes is one the encoder writes: encoded again it is no longer than the input
 //! (the encoding is the shortest), and decodes to the same message. `Request` covers the
-//! keeper's whole decoder: the `Api` envelope (at most one nested inside another: a third
+//! supervisor's whole decoder of what fronts send: the `Api` envelope (at most one nested inside another: a third
 //! ends the decoding) and the typed bodies inside it (`Run`, `ServeLayer`, `SetLimits`).
 #![no_main]
 

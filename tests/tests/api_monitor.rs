@@ -875,8 +875,8 @@ fn two_tenants_never_cross(who: Who) {
         Reply::Functions(fs) => fs.iter().any(|f| f.name == *slow && f.in_flight == 1),
         _ => false,
     });
-    // It runs in a cgroup of a's: tenants/<a>/<slow>/r-…, holding the handler.
-    let mine: Vec<std::path::PathBuf> = tenant_cgroups(&a, slow)
+    // It runs in a cgroup of a's: tenants/<a>/@<slow>/r-…, holding the handler.
+    let mine: Vec<std::path::PathBuf> = tenant_cgroups(&a, &format!("@{slow}"))
         .iter()
         .flat_map(|d| fs::read_dir(d).into_iter().flatten().flatten())
         .map(|e| e.path())
@@ -887,7 +887,7 @@ fn two_tenants_never_cross(who: Who) {
         .collect();
     assert!(
         mine.iter().any(|d| fs::read_to_string(d.join("cgroup.procs")).is_ok_and(|p| !p.trim().is_empty())),
-        "no process in a cgroup under tenants/{a}/{slow}: {mine:?}"
+        "no process in a cgroup under tenants/{a}/@{slow}: {mine:?}"
     );
     // b does not even see it in flight.
     match api.ask(tok(&bt), Request::List) {

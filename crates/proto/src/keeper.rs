@@ -4,9 +4,11 @@
 //! The runtime names nothing on the host. It never sends a path: cgroups are named by ids
 //! the keeper issued ([`ZygoteId`], [`SlotId`]) and by names the keeper checks
 //! ([`FnKey`], a tenant id, a slot name), from which the keeper builds every path itself.
-//! Limits are numbers the keeper caps. What a request may be sent in which phase, and which
-//! only once, is the keeper's table (`zygo_monitor::keeper::table`); a request outside it
-//! ends the channel.
+//! A zygote's limits are those its function was served with, and a request's are only ever
+//! narrowed from them (the operator's ceilings over what a function is served with are not
+//! the keeper's yet). What a request may be sent in which phase is the keeper's table
+//! (`zygo_monitor::keeper::table`); what may be done once per zygote, slot or run, the
+//! keeper's records.
 //!
 //! Descriptors travel beside a message, never inside it: a cgroup's view (see
 //! `zygo_cgroup::CgroupView`) with [`FromKeeper::Zygote`] and [`FromKeeper::Slot`], a

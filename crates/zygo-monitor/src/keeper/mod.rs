@@ -228,8 +228,16 @@ fn checked_key(f: &FnKey) -> Result<String, Refusal> {
     }
 }
 
+/// The key under which a tenant's calls of the host's function `name` are kept:
+/// `<tenant>/@<name>`, whose folder (`tenants/<tenant>/@<name>`) no function's can be (a
+/// function's name has no `@`), so a tenant's own function of the same name is apart.
+fn calls_key(tenant: &str, name: &str) -> String {
+    format!("{tenant}/@{name}")
+}
+
 /// The folder of a function's cgroups: `tenants/<tenant>/<name>` for a tenant's function
-/// (served under the key `<tenant>/<name>`), `tenants/_host/<name>` for the host's.
+/// (served under the key `<tenant>/<name>`), `tenants/_host/<name>` for the host's, and
+/// `tenants/<tenant>/@<name>` for a tenant's calls of the host's (see [`calls_key`]).
 pub fn cg_folder(key: &str) -> String {
     match key.split_once('/') {
         Some((tenant, name)) => format!("tenants/{tenant}/{name}"),
@@ -655,8 +663,8 @@ impl LocalKeeper {
                 if zkey.contains('/') {
                     return Err(Refusal::NotAHostFunction);
                 }
-                let key = format!("{t}/{zkey}");
-                let dir = format!("tenants/{t}/{zkey}");
+                let key = calls_key(&t, &zkey);
+                let dir = cg_folder(&key);
                 let moved = self.move_to(id, &key, &dir, &limits)?;
                 // The parked cgroup it left, empty now, is kept for the function.
                 let host = self.host()?;
@@ -963,12 +971,16 @@ impl LocalKeeper {
         // Tenants' function folders, for their own functions and for their calls of the
         // host's: only those of this supervisor's functions. An empty one of another name
         // may be another live supervisor's, just made and about to get its memory ceiling.
-        let ours: std::collections::HashSet<&str> =
-            keys.map(|k| k.rsplit('/').next().unwrap_or(k)).collect();
+        let ours: HashSet<String> = keys
+            .flat_map(|k| match k.split_once('/') {
+                Some((_, name)) => vec![name.to_string()],
+                None => vec![k.clone(), format!("@{k}")],
+            })
+            .collect();
         for owner in backend.child_names_of("tenants") {
             let top = format!("tenants/{owner}");
             for func in backend.child_names_of(&top) {
-                if ours.contains(func.as_str()) {
+                if ours.contains(&func) {
                     backend.prune(&format!("{top}/{func}"));
                 }
             }
@@ -1311,6 +1323,17 @@ mod tests {
         assert!(
             matches!(&a.reply, FromKeeper::Refused { why } if why.contains("not in its zygote"))
         );
+    }
+
+    #[test]
+    fn a_tenants_calls_of_a_host_function_have_a_folder_no_function_has() {
+        assert_eq!(cg_folder("hello"), "tenants/_host/hello");
+        assert_eq!(cg_folder("acme/hello"), "tenants/acme/hello");
+        assert_eq!(
+            cg_folder(&calls_key("acme", "hello")),
+            "tenants/acme/@hello"
+        );
+        assert!(policy::file::check_fn_name("@hello", None).is_err());
     }
 
     #[test]

@@ -941,7 +941,7 @@ impl Functions {
             return false;
         };
         // A tenant's call of a host function runs in a cgroup of that tenant's
-        // (`tenants/<tenant>/<function>/…`): everything one tenant runs is in one place.
+        // (`tenants/<tenant>/@<function>/…`): everything one tenant runs is in one place.
         let moved_for = c.tenant.clone().filter(|_| !c.func.contains('/'));
         let now = Instant::now();
         let Some(c) = self.calls.get_mut(id) else {
