@@ -127,3 +127,19 @@ fn random_bytes_never_panic() {
         let _: Result<crate::front::Hello, _> = crate::codec::decode(&payload);
     }
 }
+
+#[test]
+fn a_small_frame_cannot_make_the_decoder_reserve_much() {
+    // Ten bytes that declare an 80 MiB string: refused at the declaration.
+    let mut payload = vec![252u8];
+    payload.extend_from_slice(&(80u32 << 20).to_le_bytes());
+    let err = crate::codec::decode::<String>(&payload).expect_err("a declared string");
+    assert!(err.to_string().contains("Limit"), "{err}");
+    // A message the encoder wrote decodes at any size, however its values grow in memory.
+    let many: Vec<u64> = (0..50_000).map(|i| i % 100).collect();
+    let bytes = crate::codec::encode(&many).expect("encode");
+    assert_eq!(crate::codec::decode::<Vec<u64>>(&bytes).ok(), Some(many));
+    let text = "x".repeat(3 << 20);
+    let bytes = crate::codec::encode(&text).expect("encode");
+    assert_eq!(crate::codec::decode::<String>(&bytes).ok(), Some(text));
+}
