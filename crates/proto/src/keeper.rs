@@ -78,8 +78,9 @@ pub enum ToKeeper {
     /// A new zygote's cgroup in the (served) function's folder, with the function's
     /// limits, at background weight. Answered with [`FromKeeper::Zygote`].
     MakeZygote { function: FnKey },
-    /// The zygote's first process (its launcher cloned it as `pid`): in the zygote's
-    /// cgroup already, or moved there now. Answered [`FromKeeper::Done`] or refused.
+    /// The zygote's first process (its launcher cloned it as `pid`, and it joined its
+    /// cgroup through the attach files): checked to be in the zygote's cgroup, never moved
+    /// there. Once per zygote. Answered [`FromKeeper::Done`], [`FromKeeper::Gone`] or refused.
     PlaceInit { zygote: ZygoteId, pid: i32 },
     /// A child of the zygote parked itself as `pid`, under the runtime's name `slot`: a
     /// cgroup of its own with the zygote's limits, at background weight. Only a process
@@ -118,9 +119,9 @@ pub enum ToKeeper {
         tenant: Option<String>,
         limits: LimitsMsg,
     },
-    /// The run's first process (its launcher cloned it as `pid`): in the run's cgroup
-    /// already, or moved there now. Answered [`FromKeeper::Done`], [`FromKeeper::Gone`]
-    /// (it exited already) or refused.
+    /// The run's first process (its launcher cloned it as `pid`): checked to be in the
+    /// run's cgroup, never moved there. Once per run. Answered [`FromKeeper::Done`],
+    /// [`FromKeeper::Gone`] (it exited already) or refused.
     PlaceRunInit { run: RunId, pid: i32 },
     /// Kill everything in a run's cgroup (it stays).
     KillRun { run: RunId },

@@ -251,6 +251,21 @@ fn plausible_pid(pid: i32) -> bool {
     pid > 1 && u32::try_from(pid).is_ok_and(|p| p != std::process::id())
 }
 
+/// Where a sandbox's first process is when its launcher says it cloned it: in its cgroup
+/// (it joined through the attach files before the launcher reported it), gone already, or
+/// not there. The keeper never moves it: a pid it is told could be anyone's.
+fn first_process(cg: &dyn Cgroup, pid: i32) -> FromKeeper {
+    if cg.contains(pid).unwrap_or(false) {
+        return FromKeeper::Done;
+    }
+    match plumbing::sys::pidfd_open(pid) {
+        Err(e) if e.raw_os_error() == Some(libc::ESRCH) => FromKeeper::Gone,
+        _ => FromKeeper::Refused {
+            why: format!("process {pid} is not in its sandbox's cgroup"),
+        },
+    }
+}
+
 /// The folder of a caller's runs.
 fn run_dir(tenant: Option<&str>) -> String {
     format!("tenants/{}/_run", tenant.unwrap_or("_host"))
@@ -486,11 +501,7 @@ impl LocalKeeper {
         if !plausible_pid(pid) {
             return Err(Refusal::NotTheZygotes(pid));
         }
-        if !z.cg.contains(pid).unwrap_or(false) {
-            z.cg.add_pid(pid)
-                .map_err(cg_err("place a zygote in its cgroup"))?;
-        }
-        Ok(Answer::of(FromKeeper::Done))
+        Ok(Answer::of(first_process(&*z.cg, pid)))
     }
 
     fn place_spare(&mut self, zygote: ZygoteId, slot: String, pid: i32) -> Result<Answer, Refusal> {
@@ -867,13 +878,7 @@ impl LocalKeeper {
         if !plausible_pid(pid) {
             return Err(Refusal::NotTheZygotes(pid));
         }
-        Ok(Answer::of(
-            match crate::oneshot::place_init(Some(&*r.cg), pid) {
-                proto::launch::Placement::Placed => FromKeeper::Done,
-                proto::launch::Placement::Gone => FromKeeper::Gone,
-                proto::launch::Placement::Failed(why) => FromKeeper::Refused { why },
-            },
-        ))
+        Ok(Answer::of(first_process(&*r.cg, pid)))
     }
 
     fn kill_run(&mut self, run: RunId) -> Result<Answer, Refusal> {
@@ -1236,7 +1241,7 @@ mod tests {
     }
 
     #[test]
-    fn a_first_process_is_placed_once_and_never_init_or_the_keeper() {
+    fn a_first_process_is_checked_once_never_moved_and_never_init_or_the_keeper() {
         let mut k = LocalKeeper::detached();
         let zcg = Fake::new();
         let z = k.adopt_zygote("hello", LIMITS, &zcg);
@@ -1248,23 +1253,36 @@ mod tests {
             let a = k.call(ToKeeper::PlaceInit { zygote: z, pid });
             assert!(matches!(a.reply, FromKeeper::Refused { .. }), "{pid}");
         }
-        assert!(zcg.ops().is_empty());
+        // One that is not in the cgroup is never moved there.
+        // SAFETY: getppid cannot fail.
+        let parent = unsafe { libc::getppid() };
         let a = k.call(ToKeeper::PlaceInit {
             zygote: z,
-            pid: 4242,
+            pid: parent,
+        });
+        assert!(
+            matches!(&a.reply, FromKeeper::Refused { why } if why.contains("not in")),
+            "{:?}",
+            a.reply
+        );
+        assert!(zcg.ops().is_empty());
+        let inside = Fake::new().holding(parent);
+        let z = k.adopt_zygote("hello", LIMITS, &inside);
+        let a = k.call(ToKeeper::PlaceInit {
+            zygote: z,
+            pid: parent,
         });
         assert_eq!(a.reply, FromKeeper::Done);
-        assert_eq!(zcg.ops(), [Op::AddPid(4242)]);
         let a = k.call(ToKeeper::PlaceInit {
             zygote: z,
-            pid: 4343,
+            pid: parent,
         });
         assert!(
             matches!(&a.reply, FromKeeper::Refused { why } if why.contains("already")),
             "{:?}",
             a.reply
         );
-        assert_eq!(zcg.ops(), [Op::AddPid(4242)]);
+        assert!(inside.ops().is_empty());
     }
 
     #[test]

@@ -53,7 +53,7 @@ pub const TABLE: &[Entry] = &[
     Entry {
         kind: KeeperKind::PlaceInit,
         allowed: Allowed::Always,
-        does: "check a zygote's first process is in its cgroup, or move it there",
+        does: "check a zygote's first process is in its cgroup (it is never moved there)",
     },
     Entry {
         kind: KeeperKind::PlaceSpare,
@@ -93,7 +93,7 @@ pub const TABLE: &[Entry] = &[
     Entry {
         kind: KeeperKind::PlaceRunInit,
         allowed: Allowed::Always,
-        does: "check a run's first process is in its cgroup, or move it there",
+        does: "check a run's first process is in its cgroup (it is never moved there)",
     },
     Entry {
         kind: KeeperKind::KillRun,
