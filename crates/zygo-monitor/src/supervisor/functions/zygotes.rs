@@ -471,14 +471,12 @@ impl Functions {
                     pid,
                 };
                 let placed = self.keeper.call(asked);
-                match placed.reply {
-                    FromKeeper::Slot { id, .. } => {
-                        if let Some(view) = placed.view {
-                            self.slot_placed(zt, slot, id, view);
-                        }
+                match (placed.reply, placed.view) {
+                    (FromKeeper::Slot { id, .. }, Some(view)) => {
+                        self.slot_placed(zt, slot, id, view);
                     }
-                    FromKeeper::Placing => z.children.placing.push(slot),
-                    other => {
+                    (FromKeeper::Placing, _) => z.children.placing.push(slot),
+                    (other, _) => {
                         log::warn!("a zygote of {} parked a child ({pid}) that was not placed: {other:?}; dropping the slot", z.func);
                         z.conn.send(&ToLauncher::Reap { slot });
                         self.parks.push_back(zt);
