@@ -867,80 +867,29 @@ struct Zygote<'a> {
     agent_status: Option<i32>,
 }
 
+/// What the loop does once a handler has run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Then {
+    /// Go on to the next ready source of this pass.
+    Go,
+    /// Poll again: the sources after this one are looked at on the next pass.
+    Poll,
+    /// init is gone: the relay ends.
+    InitGone,
+}
+
 impl Zygote<'_> {
     /// End the zygote (see [`end`]).
     fn end(&self, why: String) -> LaunchError {
         end(self.init_pid, why)
     }
 
-    /// Relay until init is gone.
+    /// Relay until init is gone: wait for events, hand each ready source to its handler in
+    /// this order, and send what is held once it is due.
     fn run(&mut self) -> Result<(), LaunchError> {
         loop {
-            let mut fds: Vec<libc::pollfd> = vec![
-                libc::pollfd {
-                    fd: self.monitor.as_raw_fd(),
-                    events: libc::POLLIN,
-                    revents: 0,
-                },
-                libc::pollfd {
-                    fd: self.report,
-                    events: libc::POLLIN,
-                    revents: 0,
-                },
-                libc::pollfd {
-                    fd: if self.ctl_open { self.ctl } else { -1 },
-                    events: libc::POLLIN,
-                    revents: 0,
-                },
-                libc::pollfd {
-                    fd: if self.reg_open { self.reg } else { -1 },
-                    events: libc::POLLIN,
-                    revents: 0,
-                },
-                libc::pollfd {
-                    fd: if self.log_open {
-                        self.agent_log.poll_fd(self.log_fd)
-                    } else {
-                        -1
-                    },
-                    events: libc::POLLIN,
-                    revents: 0,
-                },
-                libc::pollfd {
-                    fd: self.mounter.fd(),
-                    events: libc::POLLIN,
-                    revents: 0,
-                },
-            ];
-            let slots: Vec<String> = self.children.keys().cloned().collect();
-            for s in &slots {
-                let (fd, out, err) = self
-                    .children
-                    .get(s)
-                    .filter(|c| !c.orphaned)
-                    .map_or((-1, -1, -1), |c| {
-                        (c.fd.as_raw_fd(), c.out.raw(), c.err.raw())
-                    });
-                for fd in [fd, out, err] {
-                    fds.push(libc::pollfd {
-                        fd,
-                        events: libc::POLLIN,
-                        revents: 0,
-                    });
-                }
-            }
-
-            // Until what is held is due, or the next drain of a stream past its cap (or of the
-            // agent's diagnostics past their budget).
-            let mut timeout = self.up.timeout_ms();
-            if let Some(ms) = self.agent_log.due_ms().filter(|_| self.log_open) {
-                timeout = if timeout < 0 { ms } else { timeout.min(ms) };
-            }
-            for c in self.children.values().filter(|c| !c.orphaned) {
-                for ms in [c.out.due_ms(), c.err.due_ms()].into_iter().flatten() {
-                    timeout = if timeout < 0 { ms } else { timeout.min(ms) };
-                }
-            }
+            let (mut fds, slots) = self.poll_set();
+            let timeout = self.timeout_ms();
             // SAFETY: fds is a valid pollfd array for its length.
             let n = unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, timeout) };
             if n < 0 {
@@ -949,510 +898,594 @@ impl Zygote<'_> {
                 }
                 return Err(self.end("poll failed".into()));
             }
-
-            // The monitor.
-            if fds[0].revents != 0 {
-                match read_frame::<_, ToLauncher>(self.monitor, MAX_LAUNCH_FRAME) {
-                    Ok(ToLauncher::Park { slot }) if valid_slot(&slot) => {
-                        let mut line =
-                            serde_json::json!({"kind": "park", "slot": slot}).to_string();
-                        line.push('\n');
-                        if send_now(self.ctl, line.as_bytes()).is_err() {
-                            self.up.send(&FromLauncher::ParkFailed {
-                                slot,
-                                message: "the agent is not reading".into(),
-                            })?;
-                        }
-                    }
-                    Ok(ToLauncher::Call {
-                        slot,
-                        request_id,
-                        event,
-                        script,
-                        workspace,
-                        out,
-                        progress,
-                        scratch_bytes: shrink_to,
-                        secrets,
-                    }) => {
-                        // A pool's script goes into the sandbox before its request does.
-                        use crate::script_space::Refused;
-                        let placed = match (&script, self.script_space.as_mut()) {
-                            (Some(s), Some(space)) if self.children.contains_key(&slot) => {
-                                space.place(&slot, s).map(Some)
-                            }
-                            (Some(_), None) => {
-                                Err(Refused::Failed("this zygote is not a runtime pool".into()))
-                            }
-                            _ => Ok(None),
-                        };
-                        let refused = match &placed {
-                            Err(Refused::TooLarge(m)) => Some((true, m.clone())),
-                            Err(Refused::Full(m)) => Some((false, m.clone())),
-                            _ => None,
-                        };
-                        if let Some((too_large, message)) = refused {
-                            self.children.remove(&slot);
-                            self.up.send(&FromLauncher::ScriptRefused {
-                                slot: slot.clone(),
-                                too_large,
-                                message,
-                            })?;
-                            self.up.send(&FromLauncher::SlotClosed {
-                                slot,
-                                violation: None,
-                            })?;
-                            continue;
-                        }
-                        let shrink = shrink_to.filter(|s| *s < self.scratch_bytes);
-                        if let Some(c) = self.children.get_mut(&slot) {
-                            c.pack = out;
-                            c.progress = progress;
-                        }
-                        // The workspace is unpacked into the child's directory before the child
-                        // has its request: nothing of the call runs until it is all there. Where
-                        // the child's scratch space is shrunk first, it is unpacked after that,
-                        // into the smaller space.
-                        if shrink.is_none() {
-                            if let Some(refusal) = self.children.get(&slot).and_then(|c| {
-                                c.work
-                                    .unpack_call(workspace.as_ref(), self.scratch_bytes)
-                                    .err()
-                            }) {
-                                refuse_workspace(
-                                    &mut self.up,
-                                    &mut self.children,
-                                    self.script_space.as_mut(),
-                                    slot,
-                                    refusal,
-                                )?;
-                                continue;
-                            }
-                        }
-                        let delivered = match (self.children.get(&slot), placed) {
-                            (Some(c), Ok(path)) => {
-                                let mut line = Vec::with_capacity(event.len() + 128);
-                                line.extend_from_slice(b"{\"kind\":\"request\",\"id\":");
-                                line.extend_from_slice(
-                                    serde_json::Value::from(request_id).to_string().as_bytes(),
-                                );
-                                if let Some(p) = path {
-                                    line.extend_from_slice(b",\"script\":");
-                                    line.extend_from_slice(
-                                        serde_json::Value::from(p).to_string().as_bytes(),
-                                    );
-                                }
-                                line.extend_from_slice(b",\"event\":");
-                                line.extend_from_slice(event.as_bytes());
-                                line.extend_from_slice(b"}\n");
-                                if shrink.is_some() || !secrets.is_empty() {
-                                    // Its /tmp and /work are shrunk and its secrets written
-                                    // first; the request follows once the mounter says so (and
-                                    // the workspace, where the space was shrunk, after that).
-                                    match self
-                                        .mounter
-                                        .prepare(&slot, c.pid, &self.ns, shrink, &secrets)
-                                    {
-                                        Ok(()) => {
-                                            self.shrinking.insert(
-                                                slot.clone(),
-                                                Held {
-                                                    line,
-                                                    workspace: if shrink.is_some() {
-                                                        workspace
-                                                    } else {
-                                                        None
-                                                    },
-                                                    size: shrink.unwrap_or(self.scratch_bytes),
-                                                },
-                                            );
-                                            true
-                                        }
-                                        Err(e) => {
-                                            log::error!("launcher: {e}");
-                                            false
-                                        }
-                                    }
-                                } else {
-                                    sys::write_fd(c.fd.as_raw_fd(), &line).is_ok()
-                                }
-                            }
-                            (_, Err(e)) => {
-                                log::error!("launcher: place a script in the sandbox: {e}");
-                                false
-                            }
-                            (None, _) => false,
-                        };
-                        if !delivered {
-                            if let Some(space) = self.script_space.as_mut() {
-                                space.release(&slot);
-                            }
-                            self.children.remove(&slot);
-                            self.up.send(&FromLauncher::SlotClosed {
-                                slot,
-                                violation: Some("the child could not take the request".into()),
-                            })?;
-                        }
-                    }
-                    // An unused parked child: dropping its channel ends it (it sees the end of
-                    // its request channel and exits; its directory goes with its /work).
-                    Ok(ToLauncher::Reap { slot }) if valid_slot(&slot) => {
-                        if let Some(space) = self.script_space.as_mut() {
-                            space.release(&slot);
-                        }
-                        self.children.remove(&slot);
-                        self.mounting.remove(&slot);
-                        self.shrinking.remove(&slot);
-                    }
-                    Ok(ToLauncher::Kill) => return Err(self.end("killed by the monitor".into())),
-                    Ok(other) => {
-                        return Err(self.end(format!("the monitor sent {other:?} to a zygote")))
-                    }
-                    Err(e) => return Err(self.end(format!("monitor channel: {e}"))),
-                }
+            if fds[0].revents != 0 && self.on_monitor()? == Then::Poll {
+                continue;
             }
-
-            // The agent's control channel.
             if fds[2].revents != 0 {
-                match self.ctl_lines.fill(self.ctl) {
-                    Ok(Read_::Eof) => self.ctl_open = false,
-                    Ok(Read_::Data) => {}
-                    Err(e) => return Err(self.end(format!("the agent broke the protocol: {e}"))),
-                }
-                loop {
-                    let line = match self.ctl_lines.next_line() {
-                        Ok(Some(l)) => l,
-                        Ok(None) => break,
-                        Err(e) => {
-                            return Err(self.end(format!("the agent broke the protocol: {e}")))
-                        }
-                    };
-                    let msg = match parse::<AgentMsg>(&line) {
-                        Ok(m) => m,
-                        Err(e) => {
-                            return Err(self.end(format!("the agent broke the protocol: {e}")))
-                        }
-                    };
-                    let out = match msg {
-                        AgentMsg::Ready { .. } if !self.ready => {
-                            self.ready = true;
-                            FromLauncher::Ready
-                        }
-                        AgentMsg::ImportError { message, traceback } if !self.ready => {
-                            FromLauncher::ImportError {
-                                message: crate::child_line::cut_message(message),
-                                traceback: crate::child_line::cut_traceback(traceback),
-                            }
-                        }
-                        AgentMsg::Heartbeat if self.ready => FromLauncher::Heartbeat,
-                        AgentMsg::ParkFailed { slot, message }
-                            if self.ready && valid_slot(&slot) =>
-                        {
-                            FromLauncher::ParkFailed { slot, message }
-                        }
-                        other => {
-                            return Err(self.end(format!(
-                                "the agent broke the protocol: {other:?} out of order"
-                            )))
-                        }
-                    };
-                    self.up.send(&out)?;
-                }
+                self.on_agent()?;
             }
-
-            // Registrations.
             if fds[3].revents != 0 {
-                match receive_registration(self.reg) {
-                    Ok(Some((slot, sender, fd, out, err))) => {
-                        if self.children.contains_key(&slot) || self.mounting.contains_key(&slot) {
-                            return Err(self.end(format!("slot {slot} registered twice")));
-                        }
-                        // The request's own /tmp and /work, mounted by a helper this loop does
-                        // not wait for; the child is parked once they are there. A child that
-                        // gets neither sees its channel close, and exits.
-                        match self.mounter.request(&slot, sender.pid, &self.ns) {
-                            Err(e) => self.up.send(&FromLauncher::ParkFailed {
-                                slot,
-                                message: format!("give the request its own /tmp and /work: {e}"),
-                            })?,
-                            Ok(()) => {
-                                self.mounting.insert(
-                                    slot,
-                                    Mounting {
-                                        sender,
-                                        fd,
-                                        out,
-                                        err,
-                                    },
-                                );
-                            }
-                        }
-                    }
-                    Ok(None) => {}
-                    Err(e) if e.contains("closed") => self.reg_open = false,
-                    Err(e) => return Err(self.end(format!("the agent broke the protocol: {e}"))),
-                }
+                self.on_registration()?;
             }
-
-            // The agent's own diagnostics.
             if fds[4].revents != 0 {
-                self.log_open = self.agent_log.pump(self.log_fd);
+                self.on_agent_log();
             }
-
-            // The mounter's answer: that child is parked now (or failed). A slot dropped
-            // meanwhile has no entry any more; its answer is dropped.
-            if fds[5].revents != 0 {
-                let (slot, result) = match self.mounter.answer() {
-                    Ok(a) => a,
-                    Err(e) => return Err(self.end(format!("the mounter failed: {e}"))),
-                };
-                // A request held while its child's scratch space was shrunk goes on now, or
-                // (not shrunk) never reaches the child.
-                if let Some(held) = self.shrinking.remove(&slot) {
-                    // Its workspace goes into the space as it is now.
-                    if let (Ok(_), Some(c)) = (&result, self.children.get(&slot)) {
-                        if let Err(refusal) = c.work.unpack_call(held.workspace.as_ref(), held.size)
-                        {
-                            refuse_workspace(
-                                &mut self.up,
-                                &mut self.children,
-                                self.script_space.as_mut(),
-                                slot,
-                                refusal,
-                            )?;
-                            continue;
-                        }
-                    }
-                    let line = held.line;
-                    let delivered = match (&result, self.children.get(&slot)) {
-                        (Ok(_), Some(c)) => sys::write_fd(c.fd.as_raw_fd(), &line).is_ok(),
-                        (Err(e), Some(_)) => {
-                            log::error!("launcher: {e}");
-                            false
-                        }
-                        (_, None) => true,
-                    };
-                    if !delivered {
-                        if let Some(space) = self.script_space.as_mut() {
-                            space.release(&slot);
-                        }
-                        self.children.remove(&slot);
-                        self.up.send(&FromLauncher::SlotClosed {
-                        slot,
-                        violation: Some(
-                            "the request's /tmp and /work could not be shrunk to its scratch limit"
-                                .into(),
-                        ),
-                    })?;
-                    }
-                } else if let Some(m) = self.mounting.remove(&slot) {
-                    let placed = result
-                        .map_err(|e| format!("give the request its own /tmp and /work: {e}"))
-                        .and_then(|work| {
-                            work.ok_or_else(|| {
-                                "the mounter did not hand over its /work".to_string()
-                            })
-                        })
-                        .and_then(|work| {
-                            crate::workspace::Workdir::create(work, act_as(m.sender))
-                                .map_err(|e| format!("give the request its own directory: {e}"))
-                        })
-                        .and_then(|work| {
-                            send_now(m.fd.as_raw_fd(), &mounted_line(&work.name))
-                                .map(|()| work)
-                                .map_err(|e| {
-                                    format!(
-                                    "the request's process could not be told it was parked: {e}"
-                                )
-                                })
-                        });
-                    match placed {
-                        Err(message) => self.up.send(&FromLauncher::ParkFailed {
-                            slot: slot.clone(),
-                            message,
-                        })?,
-                        Ok(work) => {
-                            self.children.insert(
-                                slot.clone(),
-                                Child {
-                                    pid: m.sender.pid,
-                                    fd: m.fd,
-                                    lines: Lines::new(MAX_CHILD_LINE),
-                                    done: false,
-                                    orphaned: false,
-                                    beat_sent: None,
-                                    out: Relay::new(m.out, Stream::Stdout),
-                                    err: Relay::new(m.err, Stream::Stderr),
-                                    work,
-                                    pack: false,
-                                    progress: false,
-                                },
-                            );
-                            self.up.send(&FromLauncher::Parked {
-                                slot: slot.clone(),
-                                pid: m.sender.pid,
-                            })?;
-                        }
-                    }
-                }
+            if fds[5].revents != 0 && self.on_mounter()? == Then::Poll {
+                continue;
             }
-
             // Children.
             for (i, slot) in slots.iter().enumerate() {
                 let base = 6 + 3 * i;
-                let Some(c) = self.children.get_mut(slot) else {
-                    continue;
-                };
-                // Output first: it belongs before anything the channel says after it.
-                if fds[base + 1].revents != 0 {
-                    c.out.pump(slot, &mut self.up, false)?;
-                }
-                if fds[base + 2].revents != 0 {
-                    c.err.pump(slot, &mut self.up, false)?;
-                }
-                if fds[base].revents == 0 {
-                    continue;
-                }
-                let mut violation: Option<String> = None;
-                let mut closed = false;
-                match c.lines.fill(c.fd.as_raw_fd()) {
-                    Ok(Read_::Eof) => closed = true,
-                    Ok(Read_::Data) => {}
-                    Err(e) => violation = Some(e),
-                }
-                while violation.is_none() {
-                    let line = match c.lines.next_line() {
-                        Ok(Some(l)) => l,
-                        Ok(None) => break,
-                        Err(e) => {
-                            violation = Some(e);
-                            break;
-                        }
-                    };
-                    let msg = match crate::child_line::parse(line) {
-                        Ok(m) => m,
-                        Err(e) => {
-                            violation = Some(e);
-                            break;
-                        }
-                    };
-                    if c.done {
-                        violation = Some("a line after the terminal result".into());
-                        break;
-                    }
-                    let s = slot.clone();
-                    if matches!(msg, ChildMsg::Result { .. } | ChildMsg::Error { .. }) {
-                        // Everything the handler wrote is in the pipes by now: relay all of it
-                        // before its answer.
-                        c.out.pump(slot, &mut self.up, true)?;
-                        c.err.pump(slot, &mut self.up, true)?;
-                        // The handler is done: its directory, as it left it, goes with the
-                        // answer (before it, so the monitor has it when it answers).
-                        if c.pack {
-                            let p = c.work.pack(proto::front::MAX_WORKSPACE_OUT);
-                            if let Some(why) = &p.note {
-                                log::warn!(
-                                    "launcher: request {slot}: its directory was not packed: {why}"
-                                );
-                            }
-                            self.up.send(&FromLauncher::WorkspaceOut {
-                                slot: slot.clone(),
-                                tar: p.tar.map(proto::bytes::Bytes),
-                                truncated: p.truncated,
-                            })?;
-                        }
-                    }
-                    if matches!(msg, ChildMsg::Heartbeat)
-                        || (matches!(msg, ChildMsg::Progress { .. }) && !c.progress)
-                    {
-                        // It rides with the next frame that goes (or after `HOLD`).
-                        if beat_due(&mut c.beat_sent, Instant::now()) {
-                            self.up.hold(&FromLauncher::ChildHeartbeat { slot: s })?;
-                        }
-                        continue;
-                    }
-                    let out = match msg {
-                        ChildMsg::Progress { text } => FromLauncher::Progress { slot: s, text },
-                        ChildMsg::Heartbeat => FromLauncher::ChildHeartbeat { slot: s },
-                        ChildMsg::Result { value } => {
-                            c.done = true;
-                            FromLauncher::Returned {
-                                slot: s,
-                                value: value.to_string(),
-                            }
-                        }
-                        ChildMsg::Error {
-                            message,
-                            traceback,
-                            exit_code,
-                        } => {
-                            c.done = true;
-                            FromLauncher::Raised {
-                                slot: s,
-                                message,
-                                traceback,
-                                exit_code,
-                            }
-                        }
-                    };
-                    self.up.send(&out)?;
-                }
-                if violation.is_none() && closed && !self.ctl_open && !c.done {
-                    // The agent went first: this child is going down with the zygote.
-                    c.out.pump(slot, &mut self.up, true)?;
-                    c.err.pump(slot, &mut self.up, true)?;
-                    c.orphaned = true;
-                    continue;
-                }
-                if violation.is_some() || closed {
-                    c.out.pump(slot, &mut self.up, true)?;
-                    c.err.pump(slot, &mut self.up, true)?;
-                    // The end of a child that has answered can wait for company (see HOLD); a
-                    // child that broke the protocol or died unanswered is reported at once.
-                    let answered = c.done && violation.is_none();
-                    self.children.remove(slot);
-                    if let Some(space) = self.script_space.as_mut() {
-                        space.release(slot);
-                    }
-                    let msg = FromLauncher::SlotClosed {
-                        slot: slot.clone(),
-                        violation,
-                    };
-                    if answered {
-                        self.up.hold(&msg)?;
-                    } else {
-                        self.up.send(&msg)?;
-                    }
-                }
+                let ready = [base, base + 1, base + 2].map(|j| fds[j].revents != 0);
+                self.on_child(slot, ready)?;
             }
-
-            // init: the agent exited (W) or init itself is gone (EOF).
-            if fds[1].revents != 0 {
-                let mut chunk = [0u8; 512];
-                let n = sys::read_fd(self.report, &mut chunk).unwrap_or(0);
-                if n == 0 {
-                    break;
-                }
-                self.report_buf.extend_from_slice(&chunk[..n]);
-                if self.report_buf.len() > 4096 {
-                    return Err(self.end("the sandbox's init said too much".into()));
-                }
-                while let Some(nl) = self.report_buf.iter().position(|&b| b == b'\n') {
-                    let line: Vec<u8> = self.report_buf.drain(..=nl).collect();
-                    let text = String::from_utf8_lossy(&line[..line.len() - 1]).to_string();
-                    match text.strip_prefix("W ").and_then(|n| n.parse::<i32>().ok()) {
-                        Some(s) => self.agent_status = Some(s),
-                        None => {
-                            return Err(
-                                self.end("the sandbox's init broke its report protocol".into())
-                            )
-                        }
-                    }
-                }
+            if fds[1].revents != 0 && self.on_report()? == Then::InitGone {
+                return Ok(());
             }
             self.up.flush_due()?;
         }
+    }
+
+    /// What to poll, in the order [`Zygote::run`] looks at it: the monitor, init's report,
+    /// the agent's control channel, the registration socket, the agent's diagnostics, the
+    /// mounter, then each child's channel, stdout and stderr, in the order of the slots
+    /// returned.
+    fn poll_set(&self) -> (Vec<libc::pollfd>, Vec<String>) {
+        let mut fds: Vec<libc::pollfd> = vec![
+            libc::pollfd {
+                fd: self.monitor.as_raw_fd(),
+                events: libc::POLLIN,
+                revents: 0,
+            },
+            libc::pollfd {
+                fd: self.report,
+                events: libc::POLLIN,
+                revents: 0,
+            },
+            libc::pollfd {
+                fd: if self.ctl_open { self.ctl } else { -1 },
+                events: libc::POLLIN,
+                revents: 0,
+            },
+            libc::pollfd {
+                fd: if self.reg_open { self.reg } else { -1 },
+                events: libc::POLLIN,
+                revents: 0,
+            },
+            libc::pollfd {
+                fd: if self.log_open {
+                    self.agent_log.poll_fd(self.log_fd)
+                } else {
+                    -1
+                },
+                events: libc::POLLIN,
+                revents: 0,
+            },
+            libc::pollfd {
+                fd: self.mounter.fd(),
+                events: libc::POLLIN,
+                revents: 0,
+            },
+        ];
+        let slots: Vec<String> = self.children.keys().cloned().collect();
+        for s in &slots {
+            let (fd, out, err) = self
+                .children
+                .get(s)
+                .filter(|c| !c.orphaned)
+                .map_or((-1, -1, -1), |c| {
+                    (c.fd.as_raw_fd(), c.out.raw(), c.err.raw())
+                });
+            for fd in [fd, out, err] {
+                fds.push(libc::pollfd {
+                    fd,
+                    events: libc::POLLIN,
+                    revents: 0,
+                });
+            }
+        }
+        (fds, slots)
+    }
+
+    /// Until what is held is due, or the next drain of a stream past its cap (or of the
+    /// agent's diagnostics past their budget).
+    fn timeout_ms(&self) -> libc::c_int {
+        let mut timeout = self.up.timeout_ms();
+        if let Some(ms) = self.agent_log.due_ms().filter(|_| self.log_open) {
+            timeout = if timeout < 0 { ms } else { timeout.min(ms) };
+        }
+        for c in self.children.values().filter(|c| !c.orphaned) {
+            for ms in [c.out.due_ms(), c.err.due_ms()].into_iter().flatten() {
+                timeout = if timeout < 0 { ms } else { timeout.min(ms) };
+            }
+        }
+        timeout
+    }
+
+    /// A frame from the monitor.
+    fn on_monitor(&mut self) -> Result<Then, LaunchError> {
+        match read_frame::<_, ToLauncher>(self.monitor, MAX_LAUNCH_FRAME) {
+            Ok(ToLauncher::Park { slot }) if valid_slot(&slot) => {
+                let mut line = serde_json::json!({"kind": "park", "slot": slot}).to_string();
+                line.push('\n');
+                if send_now(self.ctl, line.as_bytes()).is_err() {
+                    self.up.send(&FromLauncher::ParkFailed {
+                        slot,
+                        message: "the agent is not reading".into(),
+                    })?;
+                }
+            }
+            Ok(ToLauncher::Call {
+                slot,
+                request_id,
+                event,
+                script,
+                workspace,
+                out,
+                progress,
+                scratch_bytes: shrink_to,
+                secrets,
+            }) => {
+                // A pool's script goes into the sandbox before its request does.
+                use crate::script_space::Refused;
+                let placed = match (&script, self.script_space.as_mut()) {
+                    (Some(s), Some(space)) if self.children.contains_key(&slot) => {
+                        space.place(&slot, s).map(Some)
+                    }
+                    (Some(_), None) => {
+                        Err(Refused::Failed("this zygote is not a runtime pool".into()))
+                    }
+                    _ => Ok(None),
+                };
+                let refused = match &placed {
+                    Err(Refused::TooLarge(m)) => Some((true, m.clone())),
+                    Err(Refused::Full(m)) => Some((false, m.clone())),
+                    _ => None,
+                };
+                if let Some((too_large, message)) = refused {
+                    self.children.remove(&slot);
+                    self.up.send(&FromLauncher::ScriptRefused {
+                        slot: slot.clone(),
+                        too_large,
+                        message,
+                    })?;
+                    self.up.send(&FromLauncher::SlotClosed {
+                        slot,
+                        violation: None,
+                    })?;
+                    return Ok(Then::Poll);
+                }
+                let shrink = shrink_to.filter(|s| *s < self.scratch_bytes);
+                if let Some(c) = self.children.get_mut(&slot) {
+                    c.pack = out;
+                    c.progress = progress;
+                }
+                // The workspace is unpacked into the child's directory before the child
+                // has its request: nothing of the call runs until it is all there. Where
+                // the child's scratch space is shrunk first, it is unpacked after that,
+                // into the smaller space.
+                if shrink.is_none() {
+                    if let Some(refusal) = self.children.get(&slot).and_then(|c| {
+                        c.work
+                            .unpack_call(workspace.as_ref(), self.scratch_bytes)
+                            .err()
+                    }) {
+                        refuse_workspace(
+                            &mut self.up,
+                            &mut self.children,
+                            self.script_space.as_mut(),
+                            slot,
+                            refusal,
+                        )?;
+                        return Ok(Then::Poll);
+                    }
+                }
+                let delivered = match (self.children.get(&slot), placed) {
+                    (Some(c), Ok(path)) => {
+                        let mut line = Vec::with_capacity(event.len() + 128);
+                        line.extend_from_slice(b"{\"kind\":\"request\",\"id\":");
+                        line.extend_from_slice(
+                            serde_json::Value::from(request_id).to_string().as_bytes(),
+                        );
+                        if let Some(p) = path {
+                            line.extend_from_slice(b",\"script\":");
+                            line.extend_from_slice(
+                                serde_json::Value::from(p).to_string().as_bytes(),
+                            );
+                        }
+                        line.extend_from_slice(b",\"event\":");
+                        line.extend_from_slice(event.as_bytes());
+                        line.extend_from_slice(b"}\n");
+                        if shrink.is_some() || !secrets.is_empty() {
+                            // Its /tmp and /work are shrunk and its secrets written
+                            // first; the request follows once the mounter says so (and
+                            // the workspace, where the space was shrunk, after that).
+                            match self
+                                .mounter
+                                .prepare(&slot, c.pid, &self.ns, shrink, &secrets)
+                            {
+                                Ok(()) => {
+                                    self.shrinking.insert(
+                                        slot.clone(),
+                                        Held {
+                                            line,
+                                            workspace: if shrink.is_some() {
+                                                workspace
+                                            } else {
+                                                None
+                                            },
+                                            size: shrink.unwrap_or(self.scratch_bytes),
+                                        },
+                                    );
+                                    true
+                                }
+                                Err(e) => {
+                                    log::error!("launcher: {e}");
+                                    false
+                                }
+                            }
+                        } else {
+                            sys::write_fd(c.fd.as_raw_fd(), &line).is_ok()
+                        }
+                    }
+                    (_, Err(e)) => {
+                        log::error!("launcher: place a script in the sandbox: {e}");
+                        false
+                    }
+                    (None, _) => false,
+                };
+                if !delivered {
+                    if let Some(space) = self.script_space.as_mut() {
+                        space.release(&slot);
+                    }
+                    self.children.remove(&slot);
+                    self.up.send(&FromLauncher::SlotClosed {
+                        slot,
+                        violation: Some("the child could not take the request".into()),
+                    })?;
+                }
+            }
+            // An unused parked child: dropping its channel ends it (it sees the end of
+            // its request channel and exits; its directory goes with its /work).
+            Ok(ToLauncher::Reap { slot }) if valid_slot(&slot) => {
+                if let Some(space) = self.script_space.as_mut() {
+                    space.release(&slot);
+                }
+                self.children.remove(&slot);
+                self.mounting.remove(&slot);
+                self.shrinking.remove(&slot);
+            }
+            Ok(ToLauncher::Kill) => return Err(self.end("killed by the monitor".into())),
+            Ok(other) => return Err(self.end(format!("the monitor sent {other:?} to a zygote"))),
+            Err(e) => return Err(self.end(format!("monitor channel: {e}"))),
+        }
+        Ok(Then::Go)
+    }
+
+    /// The agent's control channel: its lines, each relayed to the monitor.
+    fn on_agent(&mut self) -> Result<(), LaunchError> {
+        match self.ctl_lines.fill(self.ctl) {
+            Ok(Read_::Eof) => self.ctl_open = false,
+            Ok(Read_::Data) => {}
+            Err(e) => return Err(self.end(format!("the agent broke the protocol: {e}"))),
+        }
+        loop {
+            let line = match self.ctl_lines.next_line() {
+                Ok(Some(l)) => l,
+                Ok(None) => break,
+                Err(e) => return Err(self.end(format!("the agent broke the protocol: {e}"))),
+            };
+            let msg = match parse::<AgentMsg>(&line) {
+                Ok(m) => m,
+                Err(e) => return Err(self.end(format!("the agent broke the protocol: {e}"))),
+            };
+            let out = match msg {
+                AgentMsg::Ready { .. } if !self.ready => {
+                    self.ready = true;
+                    FromLauncher::Ready
+                }
+                AgentMsg::ImportError { message, traceback } if !self.ready => {
+                    FromLauncher::ImportError {
+                        message: crate::child_line::cut_message(message),
+                        traceback: crate::child_line::cut_traceback(traceback),
+                    }
+                }
+                AgentMsg::Heartbeat if self.ready => FromLauncher::Heartbeat,
+                AgentMsg::ParkFailed { slot, message } if self.ready && valid_slot(&slot) => {
+                    FromLauncher::ParkFailed { slot, message }
+                }
+                other => {
+                    return Err(self.end(format!(
+                        "the agent broke the protocol: {other:?} out of order"
+                    )))
+                }
+            };
+            self.up.send(&out)?;
+        }
         Ok(())
+    }
+
+    /// A registration: a request process asks to be parked.
+    fn on_registration(&mut self) -> Result<(), LaunchError> {
+        match receive_registration(self.reg) {
+            Ok(Some((slot, sender, fd, out, err))) => {
+                if self.children.contains_key(&slot) || self.mounting.contains_key(&slot) {
+                    return Err(self.end(format!("slot {slot} registered twice")));
+                }
+                // The request's own /tmp and /work, mounted by a helper this loop does
+                // not wait for; the child is parked once they are there. A child that
+                // gets neither sees its channel close, and exits.
+                match self.mounter.request(&slot, sender.pid, &self.ns) {
+                    Err(e) => self.up.send(&FromLauncher::ParkFailed {
+                        slot,
+                        message: format!("give the request its own /tmp and /work: {e}"),
+                    })?,
+                    Ok(()) => {
+                        self.mounting.insert(
+                            slot,
+                            Mounting {
+                                sender,
+                                fd,
+                                out,
+                                err,
+                            },
+                        );
+                    }
+                }
+            }
+            Ok(None) => {}
+            Err(e) if e.contains("closed") => self.reg_open = false,
+            Err(e) => return Err(self.end(format!("the agent broke the protocol: {e}"))),
+        }
+        Ok(())
+    }
+
+    /// The agent's own diagnostics.
+    fn on_agent_log(&mut self) {
+        self.log_open = self.agent_log.pump(self.log_fd);
+    }
+
+    /// The mounter's answer: that child is parked now (or failed). A slot dropped
+    /// meanwhile has no entry any more; its answer is dropped.
+    fn on_mounter(&mut self) -> Result<Then, LaunchError> {
+        let (slot, result) = match self.mounter.answer() {
+            Ok(a) => a,
+            Err(e) => return Err(self.end(format!("the mounter failed: {e}"))),
+        };
+        // A request held while its child's scratch space was shrunk goes on now, or
+        // (not shrunk) never reaches the child.
+        if let Some(held) = self.shrinking.remove(&slot) {
+            // Its workspace goes into the space as it is now.
+            if let (Ok(_), Some(c)) = (&result, self.children.get(&slot)) {
+                if let Err(refusal) = c.work.unpack_call(held.workspace.as_ref(), held.size) {
+                    refuse_workspace(
+                        &mut self.up,
+                        &mut self.children,
+                        self.script_space.as_mut(),
+                        slot,
+                        refusal,
+                    )?;
+                    return Ok(Then::Poll);
+                }
+            }
+            let line = held.line;
+            let delivered = match (&result, self.children.get(&slot)) {
+                (Ok(_), Some(c)) => sys::write_fd(c.fd.as_raw_fd(), &line).is_ok(),
+                (Err(e), Some(_)) => {
+                    log::error!("launcher: {e}");
+                    false
+                }
+                (_, None) => true,
+            };
+            if !delivered {
+                if let Some(space) = self.script_space.as_mut() {
+                    space.release(&slot);
+                }
+                self.children.remove(&slot);
+                self.up.send(&FromLauncher::SlotClosed {
+                    slot,
+                    violation: Some(
+                        "the request's /tmp and /work could not be shrunk to its scratch limit"
+                            .into(),
+                    ),
+                })?;
+            }
+        } else if let Some(m) = self.mounting.remove(&slot) {
+            let placed = result
+                .map_err(|e| format!("give the request its own /tmp and /work: {e}"))
+                .and_then(|work| {
+                    work.ok_or_else(|| "the mounter did not hand over its /work".to_string())
+                })
+                .and_then(|work| {
+                    crate::workspace::Workdir::create(work, act_as(m.sender))
+                        .map_err(|e| format!("give the request its own directory: {e}"))
+                })
+                .and_then(|work| {
+                    send_now(m.fd.as_raw_fd(), &mounted_line(&work.name))
+                        .map(|()| work)
+                        .map_err(|e| {
+                            format!("the request's process could not be told it was parked: {e}")
+                        })
+                });
+            match placed {
+                Err(message) => self.up.send(&FromLauncher::ParkFailed {
+                    slot: slot.clone(),
+                    message,
+                })?,
+                Ok(work) => {
+                    self.children.insert(
+                        slot.clone(),
+                        Child {
+                            pid: m.sender.pid,
+                            fd: m.fd,
+                            lines: Lines::new(MAX_CHILD_LINE),
+                            done: false,
+                            orphaned: false,
+                            beat_sent: None,
+                            out: Relay::new(m.out, Stream::Stdout),
+                            err: Relay::new(m.err, Stream::Stderr),
+                            work,
+                            pack: false,
+                            progress: false,
+                        },
+                    );
+                    self.up.send(&FromLauncher::Parked {
+                        slot: slot.clone(),
+                        pid: m.sender.pid,
+                    })?;
+                }
+            }
+        }
+        Ok(Then::Go)
+    }
+
+    /// A child's channel, stdout and stderr, as `ready` says which of them poll found ready.
+    fn on_child(&mut self, slot: &str, ready: [bool; 3]) -> Result<(), LaunchError> {
+        let Some(c) = self.children.get_mut(slot) else {
+            return Ok(());
+        };
+        // Output first: it belongs before anything the channel says after it.
+        if ready[1] {
+            c.out.pump(slot, &mut self.up, false)?;
+        }
+        if ready[2] {
+            c.err.pump(slot, &mut self.up, false)?;
+        }
+        if !ready[0] {
+            return Ok(());
+        }
+        let mut violation: Option<String> = None;
+        let mut closed = false;
+        match c.lines.fill(c.fd.as_raw_fd()) {
+            Ok(Read_::Eof) => closed = true,
+            Ok(Read_::Data) => {}
+            Err(e) => violation = Some(e),
+        }
+        while violation.is_none() {
+            let line = match c.lines.next_line() {
+                Ok(Some(l)) => l,
+                Ok(None) => break,
+                Err(e) => {
+                    violation = Some(e);
+                    break;
+                }
+            };
+            let msg = match crate::child_line::parse(line) {
+                Ok(m) => m,
+                Err(e) => {
+                    violation = Some(e);
+                    break;
+                }
+            };
+            if c.done {
+                violation = Some("a line after the terminal result".into());
+                break;
+            }
+            let s = slot.to_string();
+            if matches!(msg, ChildMsg::Result { .. } | ChildMsg::Error { .. }) {
+                // Everything the handler wrote is in the pipes by now: relay all of it
+                // before its answer.
+                c.out.pump(slot, &mut self.up, true)?;
+                c.err.pump(slot, &mut self.up, true)?;
+                // The handler is done: its directory, as it left it, goes with the
+                // answer (before it, so the monitor has it when it answers).
+                if c.pack {
+                    let p = c.work.pack(proto::front::MAX_WORKSPACE_OUT);
+                    if let Some(why) = &p.note {
+                        log::warn!("launcher: request {slot}: its directory was not packed: {why}");
+                    }
+                    self.up.send(&FromLauncher::WorkspaceOut {
+                        slot: slot.to_string(),
+                        tar: p.tar.map(proto::bytes::Bytes),
+                        truncated: p.truncated,
+                    })?;
+                }
+            }
+            if matches!(msg, ChildMsg::Heartbeat)
+                || (matches!(msg, ChildMsg::Progress { .. }) && !c.progress)
+            {
+                // It rides with the next frame that goes (or after `HOLD`).
+                if beat_due(&mut c.beat_sent, Instant::now()) {
+                    self.up.hold(&FromLauncher::ChildHeartbeat { slot: s })?;
+                }
+                continue;
+            }
+            let out = match msg {
+                ChildMsg::Progress { text } => FromLauncher::Progress { slot: s, text },
+                ChildMsg::Heartbeat => FromLauncher::ChildHeartbeat { slot: s },
+                ChildMsg::Result { value } => {
+                    c.done = true;
+                    FromLauncher::Returned {
+                        slot: s,
+                        value: value.to_string(),
+                    }
+                }
+                ChildMsg::Error {
+                    message,
+                    traceback,
+                    exit_code,
+                } => {
+                    c.done = true;
+                    FromLauncher::Raised {
+                        slot: s,
+                        message,
+                        traceback,
+                        exit_code,
+                    }
+                }
+            };
+            self.up.send(&out)?;
+        }
+        if violation.is_none() && closed && !self.ctl_open && !c.done {
+            // The agent went first: this child is going down with the zygote.
+            c.out.pump(slot, &mut self.up, true)?;
+            c.err.pump(slot, &mut self.up, true)?;
+            c.orphaned = true;
+            return Ok(());
+        }
+        if violation.is_some() || closed {
+            c.out.pump(slot, &mut self.up, true)?;
+            c.err.pump(slot, &mut self.up, true)?;
+            // The end of a child that has answered can wait for company (see HOLD); a
+            // child that broke the protocol or died unanswered is reported at once.
+            let answered = c.done && violation.is_none();
+            self.children.remove(slot);
+            if let Some(space) = self.script_space.as_mut() {
+                space.release(slot);
+            }
+            let msg = FromLauncher::SlotClosed {
+                slot: slot.to_string(),
+                violation,
+            };
+            if answered {
+                self.up.hold(&msg)?;
+            } else {
+                self.up.send(&msg)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// init: the agent exited (W) or init itself is gone (EOF).
+    fn on_report(&mut self) -> Result<Then, LaunchError> {
+        let mut chunk = [0u8; 512];
+        let n = sys::read_fd(self.report, &mut chunk).unwrap_or(0);
+        if n == 0 {
+            return Ok(Then::InitGone);
+        }
+        self.report_buf.extend_from_slice(&chunk[..n]);
+        if self.report_buf.len() > 4096 {
+            return Err(self.end("the sandbox's init said too much".into()));
+        }
+        while let Some(nl) = self.report_buf.iter().position(|&b| b == b'\n') {
+            let line: Vec<u8> = self.report_buf.drain(..=nl).collect();
+            let text = String::from_utf8_lossy(&line[..line.len() - 1]).to_string();
+            match text.strip_prefix("W ").and_then(|n| n.parse::<i32>().ok()) {
+                Some(s) => self.agent_status = Some(s),
+                None => return Err(self.end("the sandbox's init broke its report protocol".into())),
+            }
+        }
+        Ok(Then::Go)
     }
 
     /// init is gone, and every child went with it. Say so first, so the monitor blames the
