@@ -23,6 +23,7 @@ use serde::Deserialize;
 
 use crate::child_line::ChildMsg;
 use crate::sandbox::LaunchError;
+use crate::script_space::Refused;
 use crate::sys;
 
 /// The longest line the agent may send on its control channel.
@@ -714,28 +715,35 @@ struct Held {
     size: u64,
 }
 
-/// A call whose workspace was refused: nothing of it ran; its child is dropped and the
-/// monitor told why.
-fn refuse_workspace(
-    up: &mut Up,
-    children: &mut HashMap<String, Child>,
-    space: Option<&mut crate::script_space::ScriptSpace>,
-    slot: String,
-    refusal: crate::workspace::Refusal,
-) -> Result<(), LaunchError> {
-    if let Some(space) = space {
-        space.release(&slot);
+/// A call the monitor hands to a slot's parked child: `ToLauncher::Call` without its slot.
+struct Call {
+    request_id: String,
+    /// JSON text the monitor has already parsed and re-serialised.
+    event: String,
+    script: Option<proto::launch::Script>,
+    workspace: Option<proto::bytes::Bytes>,
+    /// Pack the child's directory once its handler answered.
+    out: bool,
+    /// The caller takes progress as it comes.
+    progress: bool,
+    /// The size the child's `/tmp` and `/work` are to have, if not the plan's.
+    shrink_to: Option<u64>,
+    secrets: Vec<proto::launch::SecretFile>,
+}
+
+/// The request line a child is handed: its id, its script's path (a pool's), its event.
+fn request_line(request_id: String, script: Option<String>, event: &str) -> Vec<u8> {
+    let mut line = Vec::with_capacity(event.len() + 128);
+    line.extend_from_slice(b"{\"kind\":\"request\",\"id\":");
+    line.extend_from_slice(serde_json::Value::from(request_id).to_string().as_bytes());
+    if let Some(p) = script {
+        line.extend_from_slice(b",\"script\":");
+        line.extend_from_slice(serde_json::Value::from(p).to_string().as_bytes());
     }
-    children.remove(&slot);
-    up.send(&FromLauncher::WorkspaceRefused {
-        slot: slot.clone(),
-        too_large: refusal.too_large,
-        message: format!("the workspace was refused: {}", refusal.message),
-    })?;
-    up.send(&FromLauncher::SlotClosed {
-        slot,
-        violation: None,
-    })
+    line.extend_from_slice(b",\"event\":");
+    line.extend_from_slice(event.as_bytes());
+    line.extend_from_slice(b"}\n");
+    line
 }
 
 /// The host ids the launcher acts as in a request's directory: the request's own, or
@@ -832,6 +840,15 @@ fn end(init_pid: libc::pid_t, why: String) -> LaunchError {
     LaunchError::Sandbox(why)
 }
 
+/// A poll entry that waits for `fd` to be readable (-1: for nothing).
+fn pollin(fd: RawFd) -> libc::pollfd {
+    libc::pollfd {
+        fd,
+        events: libc::POLLIN,
+        revents: 0,
+    }
+}
+
 /// The relay's state while it serves a zygote. Fields are dropped in the order they are
 /// declared: the mounter is reaped first, then the children's channels close.
 struct Zygote<'a> {
@@ -851,15 +868,19 @@ struct Zygote<'a> {
     monitor: &'a mut UnixStream,
     /// init's report pipe.
     report: RawFd,
-    /// The agent's control channel, the registration socket, and the agent's diagnostics.
+    /// The agent's control channel.
     ctl: RawFd,
+    /// The registration socket.
     reg: RawFd,
+    /// The read end of the agent's diagnostics pipe.
     log_fd: RawFd,
     init_pid: libc::pid_t,
     /// The size of each request's `/tmp` and of its `/work`, in bytes.
     scratch_bytes: u64,
     /// The agent said it is ready.
     ready: bool,
+    /// Whether the control channel, the registration socket and the diagnostics pipe are
+    /// still open: each is polled until its end.
     ctl_open: bool,
     reg_open: bool,
     log_open: bool,
@@ -879,6 +900,16 @@ enum Then {
 }
 
 impl Zygote<'_> {
+    // Where each source is in the poll set: these first, then three for each child (see
+    // `poll_set`).
+    const MONITOR: usize = 0;
+    const REPORT: usize = 1;
+    const AGENT: usize = 2;
+    const REGISTRATIONS: usize = 3;
+    const AGENT_LOG: usize = 4;
+    const MOUNTER: usize = 5;
+    const CHILDREN: usize = 6;
+
     /// End the zygote (see [`end`]).
     fn end(&self, why: String) -> LaunchError {
         end(self.init_pid, why)
@@ -898,74 +929,47 @@ impl Zygote<'_> {
                 }
                 return Err(self.end("poll failed".into()));
             }
-            if fds[0].revents != 0 && self.on_monitor()? == Then::Poll {
+            let ready = |i: usize| fds[i].revents != 0;
+            if ready(Self::MONITOR) && self.on_monitor()? == Then::Poll {
                 continue;
             }
-            if fds[2].revents != 0 {
+            if ready(Self::AGENT) {
                 self.on_agent()?;
             }
-            if fds[3].revents != 0 {
+            if ready(Self::REGISTRATIONS) {
                 self.on_registration()?;
             }
-            if fds[4].revents != 0 {
+            if ready(Self::AGENT_LOG) {
                 self.on_agent_log();
             }
-            if fds[5].revents != 0 && self.on_mounter()? == Then::Poll {
+            if ready(Self::MOUNTER) && self.on_mounter()? == Then::Poll {
                 continue;
             }
-            // Children.
             for (i, slot) in slots.iter().enumerate() {
-                let base = 6 + 3 * i;
-                let ready = [base, base + 1, base + 2].map(|j| fds[j].revents != 0);
-                self.on_child(slot, ready)?;
+                let base = Self::CHILDREN + 3 * i;
+                self.on_child(slot, [base, base + 1, base + 2].map(ready))?;
             }
-            if fds[1].revents != 0 && self.on_report()? == Then::InitGone {
+            if ready(Self::REPORT) && self.on_report()? == Then::InitGone {
                 return Ok(());
             }
             self.up.flush_due()?;
         }
     }
 
-    /// What to poll, in the order [`Zygote::run`] looks at it: the monitor, init's report,
-    /// the agent's control channel, the registration socket, the agent's diagnostics, the
-    /// mounter, then each child's channel, stdout and stderr, in the order of the slots
-    /// returned.
+    /// What to poll, in the order of the indices above; then each child's channel, stdout
+    /// and stderr, in the order of the slots returned (-1 for an orphaned child's).
     fn poll_set(&self) -> (Vec<libc::pollfd>, Vec<String>) {
         let mut fds: Vec<libc::pollfd> = vec![
-            libc::pollfd {
-                fd: self.monitor.as_raw_fd(),
-                events: libc::POLLIN,
-                revents: 0,
-            },
-            libc::pollfd {
-                fd: self.report,
-                events: libc::POLLIN,
-                revents: 0,
-            },
-            libc::pollfd {
-                fd: if self.ctl_open { self.ctl } else { -1 },
-                events: libc::POLLIN,
-                revents: 0,
-            },
-            libc::pollfd {
-                fd: if self.reg_open { self.reg } else { -1 },
-                events: libc::POLLIN,
-                revents: 0,
-            },
-            libc::pollfd {
-                fd: if self.log_open {
-                    self.agent_log.poll_fd(self.log_fd)
-                } else {
-                    -1
-                },
-                events: libc::POLLIN,
-                revents: 0,
-            },
-            libc::pollfd {
-                fd: self.mounter.fd(),
-                events: libc::POLLIN,
-                revents: 0,
-            },
+            pollin(self.monitor.as_raw_fd()),
+            pollin(self.report),
+            pollin(if self.ctl_open { self.ctl } else { -1 }),
+            pollin(if self.reg_open { self.reg } else { -1 }),
+            pollin(if self.log_open {
+                self.agent_log.poll_fd(self.log_fd)
+            } else {
+                -1
+            }),
+            pollin(self.mounter.fd()),
         ];
         let slots: Vec<String> = self.children.keys().cloned().collect();
         for s in &slots {
@@ -976,13 +980,7 @@ impl Zygote<'_> {
                 .map_or((-1, -1, -1), |c| {
                     (c.fd.as_raw_fd(), c.out.raw(), c.err.raw())
                 });
-            for fd in [fd, out, err] {
-                fds.push(libc::pollfd {
-                    fd,
-                    events: libc::POLLIN,
-                    revents: 0,
-                });
-            }
+            fds.extend([fd, out, err].map(pollin));
         }
         (fds, slots)
     }
@@ -1002,19 +1000,12 @@ impl Zygote<'_> {
         timeout
     }
 
+    // --- The monitor ------------------------------------------------------------------
+
     /// A frame from the monitor.
     fn on_monitor(&mut self) -> Result<Then, LaunchError> {
         match read_frame::<_, ToLauncher>(self.monitor, MAX_LAUNCH_FRAME) {
-            Ok(ToLauncher::Park { slot }) if valid_slot(&slot) => {
-                let mut line = serde_json::json!({"kind": "park", "slot": slot}).to_string();
-                line.push('\n');
-                if send_now(self.ctl, line.as_bytes()).is_err() {
-                    self.up.send(&FromLauncher::ParkFailed {
-                        slot,
-                        message: "the agent is not reading".into(),
-                    })?;
-                }
-            }
+            Ok(ToLauncher::Park { slot }) if valid_slot(&slot) => self.park(slot)?,
             Ok(ToLauncher::Call {
                 slot,
                 request_id,
@@ -1023,144 +1014,202 @@ impl Zygote<'_> {
                 workspace,
                 out,
                 progress,
-                scratch_bytes: shrink_to,
+                scratch_bytes,
                 secrets,
             }) => {
-                // A pool's script goes into the sandbox before its request does.
-                use crate::script_space::Refused;
-                let placed = match (&script, self.script_space.as_mut()) {
-                    (Some(s), Some(space)) if self.children.contains_key(&slot) => {
-                        space.place(&slot, s).map(Some)
-                    }
-                    (Some(_), None) => {
-                        Err(Refused::Failed("this zygote is not a runtime pool".into()))
-                    }
-                    _ => Ok(None),
+                let call = Call {
+                    request_id,
+                    event,
+                    script,
+                    workspace,
+                    out,
+                    progress,
+                    shrink_to: scratch_bytes,
+                    secrets,
                 };
-                let refused = match &placed {
-                    Err(Refused::TooLarge(m)) => Some((true, m.clone())),
-                    Err(Refused::Full(m)) => Some((false, m.clone())),
-                    _ => None,
-                };
-                if let Some((too_large, message)) = refused {
-                    self.children.remove(&slot);
-                    self.up.send(&FromLauncher::ScriptRefused {
-                        slot: slot.clone(),
-                        too_large,
-                        message,
-                    })?;
-                    self.up.send(&FromLauncher::SlotClosed {
-                        slot,
-                        violation: None,
-                    })?;
-                    return Ok(Then::Poll);
-                }
-                let shrink = shrink_to.filter(|s| *s < self.scratch_bytes);
-                if let Some(c) = self.children.get_mut(&slot) {
-                    c.pack = out;
-                    c.progress = progress;
-                }
-                // The workspace is unpacked into the child's directory before the child
-                // has its request: nothing of the call runs until it is all there. Where
-                // the child's scratch space is shrunk first, it is unpacked after that,
-                // into the smaller space.
-                if shrink.is_none() {
-                    if let Some(refusal) = self.children.get(&slot).and_then(|c| {
-                        c.work
-                            .unpack_call(workspace.as_ref(), self.scratch_bytes)
-                            .err()
-                    }) {
-                        refuse_workspace(
-                            &mut self.up,
-                            &mut self.children,
-                            self.script_space.as_mut(),
-                            slot,
-                            refusal,
-                        )?;
-                        return Ok(Then::Poll);
-                    }
-                }
-                let delivered = match (self.children.get(&slot), placed) {
-                    (Some(c), Ok(path)) => {
-                        let mut line = Vec::with_capacity(event.len() + 128);
-                        line.extend_from_slice(b"{\"kind\":\"request\",\"id\":");
-                        line.extend_from_slice(
-                            serde_json::Value::from(request_id).to_string().as_bytes(),
-                        );
-                        if let Some(p) = path {
-                            line.extend_from_slice(b",\"script\":");
-                            line.extend_from_slice(
-                                serde_json::Value::from(p).to_string().as_bytes(),
-                            );
-                        }
-                        line.extend_from_slice(b",\"event\":");
-                        line.extend_from_slice(event.as_bytes());
-                        line.extend_from_slice(b"}\n");
-                        if shrink.is_some() || !secrets.is_empty() {
-                            // Its /tmp and /work are shrunk and its secrets written
-                            // first; the request follows once the mounter says so (and
-                            // the workspace, where the space was shrunk, after that).
-                            match self
-                                .mounter
-                                .prepare(&slot, c.pid, &self.ns, shrink, &secrets)
-                            {
-                                Ok(()) => {
-                                    self.shrinking.insert(
-                                        slot.clone(),
-                                        Held {
-                                            line,
-                                            workspace: if shrink.is_some() {
-                                                workspace
-                                            } else {
-                                                None
-                                            },
-                                            size: shrink.unwrap_or(self.scratch_bytes),
-                                        },
-                                    );
-                                    true
-                                }
-                                Err(e) => {
-                                    log::error!("launcher: {e}");
-                                    false
-                                }
-                            }
-                        } else {
-                            sys::write_fd(c.fd.as_raw_fd(), &line).is_ok()
-                        }
-                    }
-                    (_, Err(e)) => {
-                        log::error!("launcher: place a script in the sandbox: {e}");
-                        false
-                    }
-                    (None, _) => false,
-                };
-                if !delivered {
-                    if let Some(space) = self.script_space.as_mut() {
-                        space.release(&slot);
-                    }
-                    self.children.remove(&slot);
-                    self.up.send(&FromLauncher::SlotClosed {
-                        slot,
-                        violation: Some("the child could not take the request".into()),
-                    })?;
-                }
+                return self.call(slot, call);
             }
             // An unused parked child: dropping its channel ends it (it sees the end of
             // its request channel and exits; its directory goes with its /work).
-            Ok(ToLauncher::Reap { slot }) if valid_slot(&slot) => {
-                if let Some(space) = self.script_space.as_mut() {
-                    space.release(&slot);
-                }
-                self.children.remove(&slot);
-                self.mounting.remove(&slot);
-                self.shrinking.remove(&slot);
-            }
+            Ok(ToLauncher::Reap { slot }) if valid_slot(&slot) => self.reap(&slot),
             Ok(ToLauncher::Kill) => return Err(self.end("killed by the monitor".into())),
             Ok(other) => return Err(self.end(format!("the monitor sent {other:?} to a zygote"))),
             Err(e) => return Err(self.end(format!("monitor channel: {e}"))),
         }
         Ok(Then::Go)
     }
+
+    /// Ask the agent for a parked child for `slot`.
+    fn park(&mut self, slot: String) -> Result<(), LaunchError> {
+        let mut line = serde_json::json!({"kind": "park", "slot": slot}).to_string();
+        line.push('\n');
+        if send_now(self.ctl, line.as_bytes()).is_err() {
+            self.up.send(&FromLauncher::ParkFailed {
+                slot,
+                message: "the agent is not reading".into(),
+            })?;
+        }
+        Ok(())
+    }
+
+    /// Hand a call to `slot`'s parked child: its script placed, its workspace unpacked,
+    /// then its request line. A refused script or workspace ends the pass (see [`Then`]).
+    fn call(&mut self, slot: String, call: Call) -> Result<Then, LaunchError> {
+        // A pool's script goes into the sandbox before its request does.
+        let placed = self.place_script(&slot, call.script.as_ref());
+        let refused = match &placed {
+            Err(Refused::TooLarge(m)) => Some((true, m.clone())),
+            Err(Refused::Full(m)) => Some((false, m.clone())),
+            _ => None,
+        };
+        if let Some((too_large, message)) = refused {
+            self.children.remove(&slot);
+            self.up.send(&FromLauncher::ScriptRefused {
+                slot: slot.clone(),
+                too_large,
+                message,
+            })?;
+            self.up.send(&FromLauncher::SlotClosed {
+                slot,
+                violation: None,
+            })?;
+            return Ok(Then::Poll);
+        }
+        let shrink = call.shrink_to.filter(|s| *s < self.scratch_bytes);
+        if let Some(c) = self.children.get_mut(&slot) {
+            c.pack = call.out;
+            c.progress = call.progress;
+        }
+        // The workspace is unpacked into the child's directory before the child has its
+        // request: nothing of the call runs until it is all there. Where the child's
+        // scratch space is shrunk first, it is unpacked after that, into the smaller space.
+        if shrink.is_none() {
+            if let Some(refusal) = self.children.get(&slot).and_then(|c| {
+                c.work
+                    .unpack_call(call.workspace.as_ref(), self.scratch_bytes)
+                    .err()
+            }) {
+                self.refuse_workspace(slot, refusal)?;
+                return Ok(Then::Poll);
+            }
+        }
+        let delivered = match placed {
+            Ok(path) => self.deliver(&slot, path, call, shrink),
+            Err(e) => {
+                log::error!("launcher: place a script in the sandbox: {e}");
+                false
+            }
+        };
+        if !delivered {
+            self.drop_undelivered(slot, "the child could not take the request")?;
+        }
+        Ok(Then::Go)
+    }
+
+    /// Place a pool's script for `slot`'s call: its path in the sandbox, or none when the
+    /// call has none (or `slot` has no child).
+    fn place_script(
+        &mut self,
+        slot: &str,
+        script: Option<&proto::launch::Script>,
+    ) -> Result<Option<String>, Refused> {
+        match (script, self.script_space.as_mut()) {
+            (Some(s), Some(space)) if self.children.contains_key(slot) => {
+                space.place(slot, s).map(Some)
+            }
+            (Some(_), None) => Err(Refused::Failed("this zygote is not a runtime pool".into())),
+            _ => Ok(None),
+        }
+    }
+
+    /// Write `slot`'s request line to its child now, or hold it while the mounter shrinks
+    /// the child's scratch space and writes its secrets. False if the child could not take
+    /// it (or there is no child).
+    fn deliver(
+        &mut self,
+        slot: &str,
+        script: Option<String>,
+        call: Call,
+        shrink: Option<u64>,
+    ) -> bool {
+        let Some(c) = self.children.get(slot) else {
+            return false;
+        };
+        let line = request_line(call.request_id, script, &call.event);
+        if shrink.is_none() && call.secrets.is_empty() {
+            return sys::write_fd(c.fd.as_raw_fd(), &line).is_ok();
+        }
+        // Its /tmp and /work are shrunk and its secrets written first; the request follows
+        // once the mounter says so (and the workspace, where the space was shrunk, after
+        // that).
+        if let Err(e) = self
+            .mounter
+            .prepare(slot, c.pid, &self.ns, shrink, &call.secrets)
+        {
+            log::error!("launcher: {e}");
+            return false;
+        }
+        self.shrinking.insert(
+            slot.to_string(),
+            Held {
+                line,
+                workspace: if shrink.is_some() {
+                    call.workspace
+                } else {
+                    None
+                },
+                size: shrink.unwrap_or(self.scratch_bytes),
+            },
+        );
+        true
+    }
+
+    /// Drop `slot`'s child, unused (see [`Zygote::on_monitor`]).
+    fn reap(&mut self, slot: &str) {
+        if let Some(space) = self.script_space.as_mut() {
+            space.release(slot);
+        }
+        self.children.remove(slot);
+        self.mounting.remove(slot);
+        self.shrinking.remove(slot);
+    }
+
+    /// A call whose workspace was refused: nothing of it ran; its child is dropped and the
+    /// monitor told why.
+    fn refuse_workspace(
+        &mut self,
+        slot: String,
+        refusal: crate::workspace::Refusal,
+    ) -> Result<(), LaunchError> {
+        if let Some(space) = self.script_space.as_mut() {
+            space.release(&slot);
+        }
+        self.children.remove(&slot);
+        self.up.send(&FromLauncher::WorkspaceRefused {
+            slot: slot.clone(),
+            too_large: refusal.too_large,
+            message: format!("the workspace was refused: {}", refusal.message),
+        })?;
+        self.up.send(&FromLauncher::SlotClosed {
+            slot,
+            violation: None,
+        })
+    }
+
+    /// A call whose request never reached its child: the child is dropped, and the monitor
+    /// told why.
+    fn drop_undelivered(&mut self, slot: String, why: &str) -> Result<(), LaunchError> {
+        if let Some(space) = self.script_space.as_mut() {
+            space.release(&slot);
+        }
+        self.children.remove(&slot);
+        self.up.send(&FromLauncher::SlotClosed {
+            slot,
+            violation: Some(why.into()),
+        })
+    }
+
+    // --- The agent ----------------------------------------------------------------------
 
     /// The agent's control channel: its lines, each relayed to the monitor.
     fn on_agent(&mut self) -> Result<(), LaunchError> {
@@ -1179,30 +1228,35 @@ impl Zygote<'_> {
                 Ok(m) => m,
                 Err(e) => return Err(self.end(format!("the agent broke the protocol: {e}"))),
             };
-            let out = match msg {
-                AgentMsg::Ready { .. } if !self.ready => {
-                    self.ready = true;
-                    FromLauncher::Ready
-                }
-                AgentMsg::ImportError { message, traceback } if !self.ready => {
-                    FromLauncher::ImportError {
-                        message: crate::child_line::cut_message(message),
-                        traceback: crate::child_line::cut_traceback(traceback),
-                    }
-                }
-                AgentMsg::Heartbeat if self.ready => FromLauncher::Heartbeat,
-                AgentMsg::ParkFailed { slot, message } if self.ready && valid_slot(&slot) => {
-                    FromLauncher::ParkFailed { slot, message }
-                }
-                other => {
-                    return Err(self.end(format!(
-                        "the agent broke the protocol: {other:?} out of order"
-                    )))
-                }
-            };
+            let out = self.agent_message(msg)?;
             self.up.send(&out)?;
         }
         Ok(())
+    }
+
+    /// What the monitor is told of one agent line, if it came in its turn.
+    fn agent_message(&mut self, msg: AgentMsg) -> Result<FromLauncher, LaunchError> {
+        Ok(match msg {
+            AgentMsg::Ready { .. } if !self.ready => {
+                self.ready = true;
+                FromLauncher::Ready
+            }
+            AgentMsg::ImportError { message, traceback } if !self.ready => {
+                FromLauncher::ImportError {
+                    message: crate::child_line::cut_message(message),
+                    traceback: crate::child_line::cut_traceback(traceback),
+                }
+            }
+            AgentMsg::Heartbeat if self.ready => FromLauncher::Heartbeat,
+            AgentMsg::ParkFailed { slot, message } if self.ready && valid_slot(&slot) => {
+                FromLauncher::ParkFailed { slot, message }
+            }
+            other => {
+                return Err(self.end(format!(
+                    "the agent broke the protocol: {other:?} out of order"
+                )))
+            }
+        })
     }
 
     /// A registration: a request process asks to be parked.
@@ -1245,6 +1299,8 @@ impl Zygote<'_> {
         self.log_open = self.agent_log.pump(self.log_fd);
     }
 
+    // --- The mounter --------------------------------------------------------------------
+
     /// The mounter's answer: that child is parked now (or failed). A slot dropped
     /// meanwhile has no entry any more; its answer is dropped.
     fn on_mounter(&mut self) -> Result<Then, LaunchError> {
@@ -1255,89 +1311,98 @@ impl Zygote<'_> {
         // A request held while its child's scratch space was shrunk goes on now, or
         // (not shrunk) never reaches the child.
         if let Some(held) = self.shrinking.remove(&slot) {
-            // Its workspace goes into the space as it is now.
-            if let (Ok(_), Some(c)) = (&result, self.children.get(&slot)) {
-                if let Err(refusal) = c.work.unpack_call(held.workspace.as_ref(), held.size) {
-                    refuse_workspace(
-                        &mut self.up,
-                        &mut self.children,
-                        self.script_space.as_mut(),
-                        slot,
-                        refusal,
-                    )?;
-                    return Ok(Then::Poll);
-                }
-            }
-            let line = held.line;
-            let delivered = match (&result, self.children.get(&slot)) {
-                (Ok(_), Some(c)) => sys::write_fd(c.fd.as_raw_fd(), &line).is_ok(),
-                (Err(e), Some(_)) => {
-                    log::error!("launcher: {e}");
-                    false
-                }
-                (_, None) => true,
-            };
-            if !delivered {
-                if let Some(space) = self.script_space.as_mut() {
-                    space.release(&slot);
-                }
-                self.children.remove(&slot);
-                self.up.send(&FromLauncher::SlotClosed {
-                    slot,
-                    violation: Some(
-                        "the request's /tmp and /work could not be shrunk to its scratch limit"
-                            .into(),
-                    ),
-                })?;
-            }
-        } else if let Some(m) = self.mounting.remove(&slot) {
-            let placed = result
-                .map_err(|e| format!("give the request its own /tmp and /work: {e}"))
-                .and_then(|work| {
-                    work.ok_or_else(|| "the mounter did not hand over its /work".to_string())
-                })
-                .and_then(|work| {
-                    crate::workspace::Workdir::create(work, act_as(m.sender))
-                        .map_err(|e| format!("give the request its own directory: {e}"))
-                })
-                .and_then(|work| {
-                    send_now(m.fd.as_raw_fd(), &mounted_line(&work.name))
-                        .map(|()| work)
-                        .map_err(|e| {
-                            format!("the request's process could not be told it was parked: {e}")
-                        })
-                });
-            match placed {
-                Err(message) => self.up.send(&FromLauncher::ParkFailed {
-                    slot: slot.clone(),
-                    message,
-                })?,
-                Ok(work) => {
-                    self.children.insert(
-                        slot.clone(),
-                        Child {
-                            pid: m.sender.pid,
-                            fd: m.fd,
-                            lines: Lines::new(MAX_CHILD_LINE),
-                            done: false,
-                            orphaned: false,
-                            beat_sent: None,
-                            out: Relay::new(m.out, Stream::Stdout),
-                            err: Relay::new(m.err, Stream::Stderr),
-                            work,
-                            pack: false,
-                            progress: false,
-                        },
-                    );
-                    self.up.send(&FromLauncher::Parked {
-                        slot: slot.clone(),
-                        pid: m.sender.pid,
-                    })?;
-                }
-            }
+            return self.prepared(slot, result, held);
+        }
+        if let Some(m) = self.mounting.remove(&slot) {
+            self.mounted(slot, result, m)?;
         }
         Ok(Then::Go)
     }
+
+    /// The mounter has shrunk `slot`'s scratch space and written its secrets (or failed
+    /// to): the request held for it goes on.
+    fn prepared(
+        &mut self,
+        slot: String,
+        result: Result<Option<OwnedFd>, crate::scratch::ScratchError>,
+        held: Held,
+    ) -> Result<Then, LaunchError> {
+        // Its workspace goes into the space as it is now.
+        if let (Ok(_), Some(c)) = (&result, self.children.get(&slot)) {
+            if let Err(refusal) = c.work.unpack_call(held.workspace.as_ref(), held.size) {
+                self.refuse_workspace(slot, refusal)?;
+                return Ok(Then::Poll);
+            }
+        }
+        let line = held.line;
+        let delivered = match (&result, self.children.get(&slot)) {
+            (Ok(_), Some(c)) => sys::write_fd(c.fd.as_raw_fd(), &line).is_ok(),
+            (Err(e), Some(_)) => {
+                log::error!("launcher: {e}");
+                false
+            }
+            (_, None) => true,
+        };
+        if !delivered {
+            self.drop_undelivered(
+                slot,
+                "the request's /tmp and /work could not be shrunk to its scratch limit",
+            )?;
+        }
+        Ok(Then::Go)
+    }
+
+    /// The mounter has given `slot`'s registered process its own `/tmp` and `/work` (or
+    /// failed to): it gets its directory and is told it is parked, and the monitor is told.
+    fn mounted(
+        &mut self,
+        slot: String,
+        result: Result<Option<OwnedFd>, crate::scratch::ScratchError>,
+        m: Mounting,
+    ) -> Result<(), LaunchError> {
+        let placed = result
+            .map_err(|e| format!("give the request its own /tmp and /work: {e}"))
+            .and_then(|work| {
+                work.ok_or_else(|| "the mounter did not hand over its /work".to_string())
+            })
+            .and_then(|work| {
+                crate::workspace::Workdir::create(work, act_as(m.sender))
+                    .map_err(|e| format!("give the request its own directory: {e}"))
+            })
+            .and_then(|work| {
+                send_now(m.fd.as_raw_fd(), &mounted_line(&work.name))
+                    .map(|()| work)
+                    .map_err(|e| {
+                        format!("the request's process could not be told it was parked: {e}")
+                    })
+            });
+        let work = match placed {
+            Ok(work) => work,
+            Err(message) => return self.up.send(&FromLauncher::ParkFailed { slot, message }),
+        };
+        self.children.insert(
+            slot.clone(),
+            Child {
+                pid: m.sender.pid,
+                fd: m.fd,
+                lines: Lines::new(MAX_CHILD_LINE),
+                done: false,
+                orphaned: false,
+                beat_sent: None,
+                out: Relay::new(m.out, Stream::Stdout),
+                err: Relay::new(m.err, Stream::Stderr),
+                work,
+                pack: false,
+                progress: false,
+            },
+        );
+        self.up.send(&FromLauncher::Parked {
+            slot,
+            pid: m.sender.pid,
+        })
+    }
+
+    // --- Children and init --------------------------------------------------------------
 
     /// A child's channel, stdout and stderr, as `ready` says which of them poll found ready.
     fn on_child(&mut self, slot: &str, ready: [bool; 3]) -> Result<(), LaunchError> {
@@ -1354,116 +1419,33 @@ impl Zygote<'_> {
         if !ready[0] {
             return Ok(());
         }
-        let mut violation: Option<String> = None;
-        let mut closed = false;
-        match c.lines.fill(c.fd.as_raw_fd()) {
-            Ok(Read_::Eof) => closed = true,
-            Ok(Read_::Data) => {}
-            Err(e) => violation = Some(e),
-        }
-        while violation.is_none() {
-            let line = match c.lines.next_line() {
-                Ok(Some(l)) => l,
-                Ok(None) => break,
-                Err(e) => {
-                    violation = Some(e);
-                    break;
-                }
-            };
-            let msg = match crate::child_line::parse(line) {
-                Ok(m) => m,
-                Err(e) => {
-                    violation = Some(e);
-                    break;
-                }
-            };
-            if c.done {
-                violation = Some("a line after the terminal result".into());
-                break;
-            }
-            let s = slot.to_string();
-            if matches!(msg, ChildMsg::Result { .. } | ChildMsg::Error { .. }) {
-                // Everything the handler wrote is in the pipes by now: relay all of it
-                // before its answer.
-                c.out.pump(slot, &mut self.up, true)?;
-                c.err.pump(slot, &mut self.up, true)?;
-                // The handler is done: its directory, as it left it, goes with the
-                // answer (before it, so the monitor has it when it answers).
-                if c.pack {
-                    let p = c.work.pack(proto::front::MAX_WORKSPACE_OUT);
-                    if let Some(why) = &p.note {
-                        log::warn!("launcher: request {slot}: its directory was not packed: {why}");
-                    }
-                    self.up.send(&FromLauncher::WorkspaceOut {
-                        slot: slot.to_string(),
-                        tar: p.tar.map(proto::bytes::Bytes),
-                        truncated: p.truncated,
-                    })?;
-                }
-            }
-            if matches!(msg, ChildMsg::Heartbeat)
-                || (matches!(msg, ChildMsg::Progress { .. }) && !c.progress)
-            {
-                // It rides with the next frame that goes (or after `HOLD`).
-                if beat_due(&mut c.beat_sent, Instant::now()) {
-                    self.up.hold(&FromLauncher::ChildHeartbeat { slot: s })?;
-                }
-                continue;
-            }
-            let out = match msg {
-                ChildMsg::Progress { text } => FromLauncher::Progress { slot: s, text },
-                ChildMsg::Heartbeat => FromLauncher::ChildHeartbeat { slot: s },
-                ChildMsg::Result { value } => {
-                    c.done = true;
-                    FromLauncher::Returned {
-                        slot: s,
-                        value: value.to_string(),
-                    }
-                }
-                ChildMsg::Error {
-                    message,
-                    traceback,
-                    exit_code,
-                } => {
-                    c.done = true;
-                    FromLauncher::Raised {
-                        slot: s,
-                        message,
-                        traceback,
-                        exit_code,
-                    }
-                }
-            };
-            self.up.send(&out)?;
-        }
+        let (violation, closed) = c.read_lines(slot, &mut self.up)?;
         if violation.is_none() && closed && !self.ctl_open && !c.done {
             // The agent went first: this child is going down with the zygote.
-            c.out.pump(slot, &mut self.up, true)?;
-            c.err.pump(slot, &mut self.up, true)?;
+            c.drain(slot, &mut self.up)?;
             c.orphaned = true;
             return Ok(());
         }
-        if violation.is_some() || closed {
-            c.out.pump(slot, &mut self.up, true)?;
-            c.err.pump(slot, &mut self.up, true)?;
-            // The end of a child that has answered can wait for company (see HOLD); a
-            // child that broke the protocol or died unanswered is reported at once.
-            let answered = c.done && violation.is_none();
-            self.children.remove(slot);
-            if let Some(space) = self.script_space.as_mut() {
-                space.release(slot);
-            }
-            let msg = FromLauncher::SlotClosed {
-                slot: slot.to_string(),
-                violation,
-            };
-            if answered {
-                self.up.hold(&msg)?;
-            } else {
-                self.up.send(&msg)?;
-            }
+        if violation.is_none() && !closed {
+            return Ok(());
         }
-        Ok(())
+        c.drain(slot, &mut self.up)?;
+        // The end of a child that has answered can wait for company (see HOLD); a child
+        // that broke the protocol or died unanswered is reported at once.
+        let answered = c.done && violation.is_none();
+        self.children.remove(slot);
+        if let Some(space) = self.script_space.as_mut() {
+            space.release(slot);
+        }
+        let msg = FromLauncher::SlotClosed {
+            slot: slot.to_string(),
+            violation,
+        };
+        if answered {
+            self.up.hold(&msg)
+        } else {
+            self.up.send(&msg)
+        }
     }
 
     /// init: the agent exited (W) or init itself is gone (EOF).
@@ -1510,6 +1492,110 @@ impl Zygote<'_> {
             })?;
         }
         Ok(())
+    }
+}
+
+impl Child {
+    /// Read its channel and relay each whole line: how it broke the protocol, if it did,
+    /// and whether its channel closed.
+    fn read_lines(
+        &mut self,
+        slot: &str,
+        up: &mut Up,
+    ) -> Result<(Option<String>, bool), LaunchError> {
+        let mut violation: Option<String> = None;
+        let mut closed = false;
+        match self.lines.fill(self.fd.as_raw_fd()) {
+            Ok(Read_::Eof) => closed = true,
+            Ok(Read_::Data) => {}
+            Err(e) => violation = Some(e),
+        }
+        while violation.is_none() {
+            let line = match self.lines.next_line() {
+                Ok(Some(l)) => l,
+                Ok(None) => break,
+                Err(e) => {
+                    violation = Some(e);
+                    break;
+                }
+            };
+            let msg = match crate::child_line::parse(line) {
+                Ok(m) => m,
+                Err(e) => {
+                    violation = Some(e);
+                    break;
+                }
+            };
+            if self.done {
+                violation = Some("a line after the terminal result".into());
+                break;
+            }
+            self.pass_on(slot, msg, up)?;
+        }
+        Ok((violation, closed))
+    }
+
+    /// Relay one of its lines to the monitor.
+    fn pass_on(&mut self, slot: &str, msg: ChildMsg, up: &mut Up) -> Result<(), LaunchError> {
+        let s = slot.to_string();
+        if matches!(msg, ChildMsg::Result { .. } | ChildMsg::Error { .. }) {
+            // Everything the handler wrote is in the pipes by now: relay all of it
+            // before its answer.
+            self.drain(slot, up)?;
+            // The handler is done: its directory, as it left it, goes with the
+            // answer (before it, so the monitor has it when it answers).
+            if self.pack {
+                let p = self.work.pack(proto::front::MAX_WORKSPACE_OUT);
+                if let Some(why) = &p.note {
+                    log::warn!("launcher: request {slot}: its directory was not packed: {why}");
+                }
+                up.send(&FromLauncher::WorkspaceOut {
+                    slot: slot.to_string(),
+                    tar: p.tar.map(proto::bytes::Bytes),
+                    truncated: p.truncated,
+                })?;
+            }
+        }
+        if matches!(msg, ChildMsg::Heartbeat)
+            || (matches!(msg, ChildMsg::Progress { .. }) && !self.progress)
+        {
+            // It rides with the next frame that goes (or after `HOLD`).
+            if beat_due(&mut self.beat_sent, Instant::now()) {
+                up.hold(&FromLauncher::ChildHeartbeat { slot: s })?;
+            }
+            return Ok(());
+        }
+        let out = match msg {
+            ChildMsg::Progress { text } => FromLauncher::Progress { slot: s, text },
+            ChildMsg::Heartbeat => FromLauncher::ChildHeartbeat { slot: s },
+            ChildMsg::Result { value } => {
+                self.done = true;
+                FromLauncher::Returned {
+                    slot: s,
+                    value: value.to_string(),
+                }
+            }
+            ChildMsg::Error {
+                message,
+                traceback,
+                exit_code,
+            } => {
+                self.done = true;
+                FromLauncher::Raised {
+                    slot: s,
+                    message,
+                    traceback,
+                    exit_code,
+                }
+            }
+        };
+        up.send(&out)
+    }
+
+    /// Relay all that its pipes hold now, stdout first.
+    fn drain(&mut self, slot: &str, up: &mut Up) -> Result<(), LaunchError> {
+        self.out.pump(slot, up, true)?;
+        self.err.pump(slot, up, true)
     }
 }
 
