@@ -23,6 +23,7 @@ use serde::Deserialize;
 
 use crate::child_line::ChildMsg;
 use crate::sandbox::LaunchError;
+use crate::script_space::Refused;
 use crate::sys;
 
 /// The longest line the agent may send on its control channel.
@@ -714,28 +715,35 @@ struct Held {
     size: u64,
 }
 
-/// A call whose workspace was refused: nothing of it ran; its child is dropped and the
-/// monitor told why.
-fn refuse_workspace(
-    up: &mut Up,
-    children: &mut HashMap<String, Child>,
-    space: Option<&mut crate::script_space::ScriptSpace>,
-    slot: String,
-    refusal: crate::workspace::Refusal,
-) -> Result<(), LaunchError> {
-    if let Some(space) = space {
-        space.release(&slot);
+/// A call the monitor hands to a slot's parked child: `ToLauncher::Call` without its slot.
+struct Call {
+    request_id: String,
+    /// JSON text the monitor has already parsed and re-serialised.
+    event: String,
+    script: Option<proto::launch::Script>,
+    workspace: Option<proto::bytes::Bytes>,
+    /// Pack the child's directory once its handler answered.
+    out: bool,
+    /// The caller takes progress as it comes.
+    progress: bool,
+    /// The size the child's `/tmp` and `/work` are to have, if not the plan's.
+    shrink_to: Option<u64>,
+    secrets: Vec<proto::launch::SecretFile>,
+}
+
+/// The request line a child is handed: its id, its script's path (a pool's), its event.
+fn request_line(request_id: String, script: Option<String>, event: &str) -> Vec<u8> {
+    let mut line = Vec::with_capacity(event.len() + 128);
+    line.extend_from_slice(b"{\"kind\":\"request\",\"id\":");
+    line.extend_from_slice(serde_json::Value::from(request_id).to_string().as_bytes());
+    if let Some(p) = script {
+        line.extend_from_slice(b",\"script\":");
+        line.extend_from_slice(serde_json::Value::from(p).to_string().as_bytes());
     }
-    children.remove(&slot);
-    up.send(&FromLauncher::WorkspaceRefused {
-        slot: slot.clone(),
-        too_large: refusal.too_large,
-        message: format!("the workspace was refused: {}", refusal.message),
-    })?;
-    up.send(&FromLauncher::SlotClosed {
-        slot,
-        violation: None,
-    })
+    line.extend_from_slice(b",\"event\":");
+    line.extend_from_slice(event.as_bytes());
+    line.extend_from_slice(b"}\n");
+    line
 }
 
 /// The host ids the launcher acts as in a request's directory: the request's own, or
@@ -763,639 +771,832 @@ pub fn serve(
         scripts,
         confinement,
     } = sandbox;
-    let ctl = ch.ctl;
-    let reg = ch.reg;
-    let log_fd = ch.log;
     // SAFETY: fcntl on a descriptor we own, adding O_NONBLOCK.
     unsafe {
-        let flags = libc::fcntl(log_fd, libc::F_GETFL);
-        libc::fcntl(log_fd, libc::F_SETFL, flags | libc::O_NONBLOCK);
+        let flags = libc::fcntl(ch.log, libc::F_GETFL);
+        libc::fcntl(ch.log, libc::F_SETFL, flags | libc::O_NONBLOCK);
     }
-    let mut agent_log = crate::agent_log::AgentLog::new(format!("sandbox {init_pid} (agent)"));
-    let mut log_open = true;
-    let mut script_space = if scripts {
-        match receive_script_dir(reg, init_pid) {
+    let agent_log = crate::agent_log::AgentLog::new(format!("sandbox {init_pid} (agent)"));
+    let script_space = if scripts {
+        match receive_script_dir(ch.reg, init_pid) {
             Ok(d) => Some(crate::script_space::ScriptSpace::new(d, script_owner)),
-            Err(why) => {
-                // SAFETY: signalling our own child (the sandbox's init).
-                unsafe { libc::kill(init_pid, libc::SIGKILL) };
-                return Err(LaunchError::Sandbox(why));
-            }
+            Err(why) => return Err(end(init_pid, why)),
         }
     } else {
         None
     };
-    let mut up = Up {
+    let up = Up {
         sock: sock
             .try_clone()
             .map_err(|e| LaunchError::Channel(e.into()))?,
         held: Vec::new(),
         since: None,
     };
-    let mut ctl_lines = Lines::new(MAX_CONTROL_LINE);
-    let mut report_buf = pending;
-    let mut ready = false;
-    let mut children: HashMap<String, Child> = HashMap::new();
-    let mut mounting: HashMap<String, Mounting> = HashMap::new();
-    // Requests held while their child's /tmp and /work are shrunk: the line to send it.
-    let mut shrinking: HashMap<String, Held> = HashMap::new();
-    let mut ctl_open = true;
-    let mut reg_open = true;
-    let mut agent_status: Option<i32> = None;
-    let end = |why: String| -> Result<(), LaunchError> {
-        // SAFETY: signalling our own child (the sandbox's init).
-        unsafe { libc::kill(init_pid, libc::SIGKILL) };
-        Err(LaunchError::Sandbox(why))
-    };
-    let mut mounter = match crate::scratch::Mounter::start(&ns, scratch_bytes) {
+    let mounter = match crate::scratch::Mounter::start(&ns, scratch_bytes) {
         Ok(m) => m,
-        Err(e) => return end(format!("start the mounter: {e}")),
+        Err(e) => return Err(end(init_pid, format!("start the mounter: {e}"))),
+    };
+    let mut zygote = Zygote {
+        mounter,
+        shrinking: HashMap::new(),
+        mounting: HashMap::new(),
+        children: HashMap::new(),
+        report_buf: pending,
+        ctl_lines: Lines::new(MAX_CONTROL_LINE),
+        up,
+        script_space,
+        agent_log,
+        ns,
+        monitor: sock,
+        report,
+        ctl: ch.ctl,
+        reg: ch.reg,
+        log_fd: ch.log,
+        init_pid,
+        scratch_bytes,
+        ready: false,
+        ctl_open: true,
+        reg_open: true,
+        log_open: true,
+        agent_status: None,
     };
     // Everything from here on is read from the sandbox: the relay gives up the host's
     // privileges first (see `relay`). /dev/null is opened while it still may.
     if plumbing::pipes::dev_null().is_none() {
-        return end("open /dev/null".into());
+        return Err(end(init_pid, "open /dev/null".into()));
     }
     if let Err(e) = crate::relay::confine(&confinement) {
-        return end(e.to_string());
+        return Err(end(init_pid, e.to_string()));
+    }
+    zygote.run()?;
+    zygote.exited()
+}
+
+/// End the zygote: kill the sandbox's init (every process in the sandbox goes with it),
+/// and say why.
+fn end(init_pid: libc::pid_t, why: String) -> LaunchError {
+    // SAFETY: signalling our own child (the sandbox's init).
+    unsafe { libc::kill(init_pid, libc::SIGKILL) };
+    LaunchError::Sandbox(why)
+}
+
+/// A poll entry that waits for `fd` to be readable (-1: for nothing).
+fn pollin(fd: RawFd) -> libc::pollfd {
+    libc::pollfd {
+        fd,
+        events: libc::POLLIN,
+        revents: 0,
+    }
+}
+
+/// The relay's state while it serves a zygote. Fields are dropped in the order they are
+/// declared: the mounter is reaped first, then the children's channels close.
+struct Zygote<'a> {
+    mounter: crate::scratch::Mounter,
+    /// Requests held while their child's /tmp and /work are shrunk: the line to send it.
+    shrinking: HashMap<String, Held>,
+    mounting: HashMap<String, Mounting>,
+    children: HashMap<String, Child>,
+    /// What init has reported that is not a whole line yet.
+    report_buf: Vec<u8>,
+    ctl_lines: Lines,
+    up: Up,
+    script_space: Option<crate::script_space::ScriptSpace>,
+    agent_log: crate::agent_log::AgentLog,
+    ns: crate::scratch::SandboxNs,
+    /// The monitor's channel (frames from it are read here; `up` writes to it).
+    monitor: &'a mut UnixStream,
+    /// init's report pipe.
+    report: RawFd,
+    /// The agent's control channel.
+    ctl: RawFd,
+    /// The registration socket.
+    reg: RawFd,
+    /// The read end of the agent's diagnostics pipe.
+    log_fd: RawFd,
+    init_pid: libc::pid_t,
+    /// The size of each request's `/tmp` and of its `/work`, in bytes.
+    scratch_bytes: u64,
+    /// The agent said it is ready.
+    ready: bool,
+    /// Whether the control channel, the registration socket and the diagnostics pipe are
+    /// still open: each is polled until its end.
+    ctl_open: bool,
+    reg_open: bool,
+    log_open: bool,
+    /// The agent's wait status, once init has reported it.
+    agent_status: Option<i32>,
+}
+
+/// What the loop does once a handler has run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Then {
+    /// Go on to the next ready source of this pass.
+    Go,
+    /// Poll again: the sources after this one are looked at on the next pass.
+    Poll,
+    /// init is gone: the relay ends.
+    InitGone,
+}
+
+impl Zygote<'_> {
+    // Where each source is in the poll set: these first, then three for each child (see
+    // `poll_set`).
+    const MONITOR: usize = 0;
+    const REPORT: usize = 1;
+    const AGENT: usize = 2;
+    const REGISTRATIONS: usize = 3;
+    const AGENT_LOG: usize = 4;
+    const MOUNTER: usize = 5;
+    const CHILDREN: usize = 6;
+
+    /// End the zygote (see [`end`]).
+    fn end(&self, why: String) -> LaunchError {
+        end(self.init_pid, why)
     }
 
-    loop {
+    /// Relay until init is gone: wait for events, hand each ready source to its handler in
+    /// this order, and send what is held once it is due.
+    fn run(&mut self) -> Result<(), LaunchError> {
+        loop {
+            let (mut fds, slots) = self.poll_set();
+            let timeout = self.timeout_ms();
+            // SAFETY: fds is a valid pollfd array for its length.
+            let n = unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, timeout) };
+            if n < 0 {
+                if std::io::Error::last_os_error().raw_os_error() == Some(libc::EINTR) {
+                    continue;
+                }
+                return Err(self.end("poll failed".into()));
+            }
+            let ready = |i: usize| fds[i].revents != 0;
+            if ready(Self::MONITOR) && self.on_monitor()? == Then::Poll {
+                continue;
+            }
+            if ready(Self::AGENT) {
+                self.on_agent()?;
+            }
+            if ready(Self::REGISTRATIONS) {
+                self.on_registration()?;
+            }
+            if ready(Self::AGENT_LOG) {
+                self.on_agent_log();
+            }
+            if ready(Self::MOUNTER) && self.on_mounter()? == Then::Poll {
+                continue;
+            }
+            for (i, slot) in slots.iter().enumerate() {
+                let base = Self::CHILDREN + 3 * i;
+                self.on_child(slot, [base, base + 1, base + 2].map(ready))?;
+            }
+            if ready(Self::REPORT) && self.on_report()? == Then::InitGone {
+                return Ok(());
+            }
+            self.up.flush_due()?;
+        }
+    }
+
+    /// What to poll, in the order of the indices above; then each child's channel, stdout
+    /// and stderr, in the order of the slots returned (-1 for an orphaned child's).
+    fn poll_set(&self) -> (Vec<libc::pollfd>, Vec<String>) {
         let mut fds: Vec<libc::pollfd> = vec![
-            libc::pollfd {
-                fd: sock.as_raw_fd(),
-                events: libc::POLLIN,
-                revents: 0,
-            },
-            libc::pollfd {
-                fd: report,
-                events: libc::POLLIN,
-                revents: 0,
-            },
-            libc::pollfd {
-                fd: if ctl_open { ctl } else { -1 },
-                events: libc::POLLIN,
-                revents: 0,
-            },
-            libc::pollfd {
-                fd: if reg_open { reg } else { -1 },
-                events: libc::POLLIN,
-                revents: 0,
-            },
-            libc::pollfd {
-                fd: if log_open {
-                    agent_log.poll_fd(log_fd)
-                } else {
-                    -1
-                },
-                events: libc::POLLIN,
-                revents: 0,
-            },
-            libc::pollfd {
-                fd: mounter.fd(),
-                events: libc::POLLIN,
-                revents: 0,
-            },
+            pollin(self.monitor.as_raw_fd()),
+            pollin(self.report),
+            pollin(if self.ctl_open { self.ctl } else { -1 }),
+            pollin(if self.reg_open { self.reg } else { -1 }),
+            pollin(if self.log_open {
+                self.agent_log.poll_fd(self.log_fd)
+            } else {
+                -1
+            }),
+            pollin(self.mounter.fd()),
         ];
-        let slots: Vec<String> = children.keys().cloned().collect();
+        let slots: Vec<String> = self.children.keys().cloned().collect();
         for s in &slots {
-            let (fd, out, err) = children
+            let (fd, out, err) = self
+                .children
                 .get(s)
                 .filter(|c| !c.orphaned)
                 .map_or((-1, -1, -1), |c| {
                     (c.fd.as_raw_fd(), c.out.raw(), c.err.raw())
                 });
-            for fd in [fd, out, err] {
-                fds.push(libc::pollfd {
-                    fd,
-                    events: libc::POLLIN,
-                    revents: 0,
-                });
-            }
+            fds.extend([fd, out, err].map(pollin));
         }
+        (fds, slots)
+    }
 
-        // Until what is held is due, or the next drain of a stream past its cap (or of the
-        // agent's diagnostics past their budget).
-        let mut timeout = up.timeout_ms();
-        if let Some(ms) = agent_log.due_ms().filter(|_| log_open) {
+    /// Until what is held is due, or the next drain of a stream past its cap (or of the
+    /// agent's diagnostics past their budget).
+    fn timeout_ms(&self) -> libc::c_int {
+        let mut timeout = self.up.timeout_ms();
+        if let Some(ms) = self.agent_log.due_ms().filter(|_| self.log_open) {
             timeout = if timeout < 0 { ms } else { timeout.min(ms) };
         }
-        for c in children.values().filter(|c| !c.orphaned) {
+        for c in self.children.values().filter(|c| !c.orphaned) {
             for ms in [c.out.due_ms(), c.err.due_ms()].into_iter().flatten() {
                 timeout = if timeout < 0 { ms } else { timeout.min(ms) };
             }
         }
-        // SAFETY: fds is a valid pollfd array for its length.
-        let n = unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, timeout) };
-        if n < 0 {
-            if std::io::Error::last_os_error().raw_os_error() == Some(libc::EINTR) {
-                continue;
-            }
-            return end("poll failed".into());
-        }
+        timeout
+    }
 
-        // The monitor.
-        if fds[0].revents != 0 {
-            match read_frame::<_, ToLauncher>(sock, MAX_LAUNCH_FRAME) {
-                Ok(ToLauncher::Park { slot }) if valid_slot(&slot) => {
-                    let mut line = serde_json::json!({"kind": "park", "slot": slot}).to_string();
-                    line.push('\n');
-                    if send_now(ctl, line.as_bytes()).is_err() {
-                        up.send(&FromLauncher::ParkFailed {
-                            slot,
-                            message: "the agent is not reading".into(),
-                        })?;
-                    }
-                }
-                Ok(ToLauncher::Call {
-                    slot,
+    // --- The monitor ------------------------------------------------------------------
+
+    /// A frame from the monitor.
+    fn on_monitor(&mut self) -> Result<Then, LaunchError> {
+        match read_frame::<_, ToLauncher>(self.monitor, MAX_LAUNCH_FRAME) {
+            Ok(ToLauncher::Park { slot }) if valid_slot(&slot) => self.park(slot)?,
+            Ok(ToLauncher::Call {
+                slot,
+                request_id,
+                event,
+                script,
+                workspace,
+                out,
+                progress,
+                scratch_bytes,
+                secrets,
+            }) => {
+                let call = Call {
                     request_id,
                     event,
                     script,
                     workspace,
                     out,
                     progress,
-                    scratch_bytes: shrink_to,
+                    shrink_to: scratch_bytes,
                     secrets,
-                }) => {
-                    // A pool's script goes into the sandbox before its request does.
-                    use crate::script_space::Refused;
-                    let placed = match (&script, script_space.as_mut()) {
-                        (Some(s), Some(space)) if children.contains_key(&slot) => {
-                            space.place(&slot, s).map(Some)
-                        }
-                        (Some(_), None) => {
-                            Err(Refused::Failed("this zygote is not a runtime pool".into()))
-                        }
-                        _ => Ok(None),
-                    };
-                    let refused = match &placed {
-                        Err(Refused::TooLarge(m)) => Some((true, m.clone())),
-                        Err(Refused::Full(m)) => Some((false, m.clone())),
-                        _ => None,
-                    };
-                    if let Some((too_large, message)) = refused {
-                        children.remove(&slot);
-                        up.send(&FromLauncher::ScriptRefused {
-                            slot: slot.clone(),
-                            too_large,
-                            message,
-                        })?;
-                        up.send(&FromLauncher::SlotClosed {
-                            slot,
-                            violation: None,
-                        })?;
-                        continue;
-                    }
-                    let shrink = shrink_to.filter(|s| *s < scratch_bytes);
-                    if let Some(c) = children.get_mut(&slot) {
-                        c.pack = out;
-                        c.progress = progress;
-                    }
-                    // The workspace is unpacked into the child's directory before the child
-                    // has its request: nothing of the call runs until it is all there. Where
-                    // the child's scratch space is shrunk first, it is unpacked after that,
-                    // into the smaller space.
-                    if shrink.is_none() {
-                        if let Some(refusal) = children.get(&slot).and_then(|c| {
-                            c.work.unpack_call(workspace.as_ref(), scratch_bytes).err()
-                        }) {
-                            refuse_workspace(
-                                &mut up,
-                                &mut children,
-                                script_space.as_mut(),
-                                slot,
-                                refusal,
-                            )?;
-                            continue;
-                        }
-                    }
-                    let delivered = match (children.get(&slot), placed) {
-                        (Some(c), Ok(path)) => {
-                            let mut line = Vec::with_capacity(event.len() + 128);
-                            line.extend_from_slice(b"{\"kind\":\"request\",\"id\":");
-                            line.extend_from_slice(
-                                serde_json::Value::from(request_id).to_string().as_bytes(),
-                            );
-                            if let Some(p) = path {
-                                line.extend_from_slice(b",\"script\":");
-                                line.extend_from_slice(
-                                    serde_json::Value::from(p).to_string().as_bytes(),
-                                );
-                            }
-                            line.extend_from_slice(b",\"event\":");
-                            line.extend_from_slice(event.as_bytes());
-                            line.extend_from_slice(b"}\n");
-                            if shrink.is_some() || !secrets.is_empty() {
-                                // Its /tmp and /work are shrunk and its secrets written
-                                // first; the request follows once the mounter says so (and
-                                // the workspace, where the space was shrunk, after that).
-                                match mounter.prepare(&slot, c.pid, &ns, shrink, &secrets) {
-                                    Ok(()) => {
-                                        shrinking.insert(
-                                            slot.clone(),
-                                            Held {
-                                                line,
-                                                workspace: if shrink.is_some() {
-                                                    workspace
-                                                } else {
-                                                    None
-                                                },
-                                                size: shrink.unwrap_or(scratch_bytes),
-                                            },
-                                        );
-                                        true
-                                    }
-                                    Err(e) => {
-                                        log::error!("launcher: {e}");
-                                        false
-                                    }
-                                }
-                            } else {
-                                sys::write_fd(c.fd.as_raw_fd(), &line).is_ok()
-                            }
-                        }
-                        (_, Err(e)) => {
-                            log::error!("launcher: place a script in the sandbox: {e}");
-                            false
-                        }
-                        (None, _) => false,
-                    };
-                    if !delivered {
-                        if let Some(space) = script_space.as_mut() {
-                            space.release(&slot);
-                        }
-                        children.remove(&slot);
-                        up.send(&FromLauncher::SlotClosed {
-                            slot,
-                            violation: Some("the child could not take the request".into()),
-                        })?;
-                    }
-                }
-                // An unused parked child: dropping its channel ends it (it sees the end of
-                // its request channel and exits; its directory goes with its /work).
-                Ok(ToLauncher::Reap { slot }) if valid_slot(&slot) => {
-                    if let Some(space) = script_space.as_mut() {
-                        space.release(&slot);
-                    }
-                    children.remove(&slot);
-                    mounting.remove(&slot);
-                    shrinking.remove(&slot);
-                }
-                Ok(ToLauncher::Kill) => return end("killed by the monitor".into()),
-                Ok(other) => return end(format!("the monitor sent {other:?} to a zygote")),
-                Err(e) => return end(format!("monitor channel: {e}")),
+                };
+                return self.call(slot, call);
             }
+            // An unused parked child: dropping its channel ends it (it sees the end of
+            // its request channel and exits; its directory goes with its /work).
+            Ok(ToLauncher::Reap { slot }) if valid_slot(&slot) => self.reap(&slot),
+            Ok(ToLauncher::Kill) => return Err(self.end("killed by the monitor".into())),
+            Ok(other) => return Err(self.end(format!("the monitor sent {other:?} to a zygote"))),
+            Err(e) => return Err(self.end(format!("monitor channel: {e}"))),
         }
-
-        // The agent's control channel.
-        if fds[2].revents != 0 {
-            match ctl_lines.fill(ctl) {
-                Ok(Read_::Eof) => ctl_open = false,
-                Ok(Read_::Data) => {}
-                Err(e) => return end(format!("the agent broke the protocol: {e}")),
-            }
-            loop {
-                let line = match ctl_lines.next_line() {
-                    Ok(Some(l)) => l,
-                    Ok(None) => break,
-                    Err(e) => return end(format!("the agent broke the protocol: {e}")),
-                };
-                let msg = match parse::<AgentMsg>(&line) {
-                    Ok(m) => m,
-                    Err(e) => return end(format!("the agent broke the protocol: {e}")),
-                };
-                let out = match msg {
-                    AgentMsg::Ready { .. } if !ready => {
-                        ready = true;
-                        FromLauncher::Ready
-                    }
-                    AgentMsg::ImportError { message, traceback } if !ready => {
-                        FromLauncher::ImportError {
-                            message: crate::child_line::cut_message(message),
-                            traceback: crate::child_line::cut_traceback(traceback),
-                        }
-                    }
-                    AgentMsg::Heartbeat if ready => FromLauncher::Heartbeat,
-                    AgentMsg::ParkFailed { slot, message } if ready && valid_slot(&slot) => {
-                        FromLauncher::ParkFailed { slot, message }
-                    }
-                    other => {
-                        return end(format!(
-                            "the agent broke the protocol: {other:?} out of order"
-                        ))
-                    }
-                };
-                up.send(&out)?;
-            }
-        }
-
-        // Registrations.
-        if fds[3].revents != 0 {
-            match receive_registration(reg) {
-                Ok(Some((slot, sender, fd, out, err))) => {
-                    if children.contains_key(&slot) || mounting.contains_key(&slot) {
-                        return end(format!("slot {slot} registered twice"));
-                    }
-                    // The request's own /tmp and /work, mounted by a helper this loop does
-                    // not wait for; the child is parked once they are there. A child that
-                    // gets neither sees its channel close, and exits.
-                    match mounter.request(&slot, sender.pid, &ns) {
-                        Err(e) => up.send(&FromLauncher::ParkFailed {
-                            slot,
-                            message: format!("give the request its own /tmp and /work: {e}"),
-                        })?,
-                        Ok(()) => {
-                            mounting.insert(
-                                slot,
-                                Mounting {
-                                    sender,
-                                    fd,
-                                    out,
-                                    err,
-                                },
-                            );
-                        }
-                    }
-                }
-                Ok(None) => {}
-                Err(e) if e.contains("closed") => reg_open = false,
-                Err(e) => return end(format!("the agent broke the protocol: {e}")),
-            }
-        }
-
-        // The agent's own diagnostics.
-        if fds[4].revents != 0 {
-            log_open = agent_log.pump(log_fd);
-        }
-
-        // The mounter's answer: that child is parked now (or failed). A slot dropped
-        // meanwhile has no entry any more; its answer is dropped.
-        if fds[5].revents != 0 {
-            let (slot, result) = match mounter.answer() {
-                Ok(a) => a,
-                Err(e) => return end(format!("the mounter failed: {e}")),
-            };
-            // A request held while its child's scratch space was shrunk goes on now, or
-            // (not shrunk) never reaches the child.
-            if let Some(held) = shrinking.remove(&slot) {
-                // Its workspace goes into the space as it is now.
-                if let (Ok(_), Some(c)) = (&result, children.get(&slot)) {
-                    if let Err(refusal) = c.work.unpack_call(held.workspace.as_ref(), held.size) {
-                        refuse_workspace(
-                            &mut up,
-                            &mut children,
-                            script_space.as_mut(),
-                            slot,
-                            refusal,
-                        )?;
-                        continue;
-                    }
-                }
-                let line = held.line;
-                let delivered = match (&result, children.get(&slot)) {
-                    (Ok(_), Some(c)) => sys::write_fd(c.fd.as_raw_fd(), &line).is_ok(),
-                    (Err(e), Some(_)) => {
-                        log::error!("launcher: {e}");
-                        false
-                    }
-                    (_, None) => true,
-                };
-                if !delivered {
-                    if let Some(space) = script_space.as_mut() {
-                        space.release(&slot);
-                    }
-                    children.remove(&slot);
-                    up.send(&FromLauncher::SlotClosed {
-                        slot,
-                        violation: Some(
-                            "the request's /tmp and /work could not be shrunk to its scratch limit"
-                                .into(),
-                        ),
-                    })?;
-                }
-            } else if let Some(m) = mounting.remove(&slot) {
-                let placed = result
-                    .map_err(|e| format!("give the request its own /tmp and /work: {e}"))
-                    .and_then(|work| {
-                        work.ok_or_else(|| "the mounter did not hand over its /work".to_string())
-                    })
-                    .and_then(|work| {
-                        crate::workspace::Workdir::create(work, act_as(m.sender))
-                            .map_err(|e| format!("give the request its own directory: {e}"))
-                    })
-                    .and_then(|work| {
-                        send_now(m.fd.as_raw_fd(), &mounted_line(&work.name))
-                            .map(|()| work)
-                            .map_err(|e| {
-                                format!(
-                                    "the request's process could not be told it was parked: {e}"
-                                )
-                            })
-                    });
-                match placed {
-                    Err(message) => up.send(&FromLauncher::ParkFailed {
-                        slot: slot.clone(),
-                        message,
-                    })?,
-                    Ok(work) => {
-                        children.insert(
-                            slot.clone(),
-                            Child {
-                                pid: m.sender.pid,
-                                fd: m.fd,
-                                lines: Lines::new(MAX_CHILD_LINE),
-                                done: false,
-                                orphaned: false,
-                                beat_sent: None,
-                                out: Relay::new(m.out, Stream::Stdout),
-                                err: Relay::new(m.err, Stream::Stderr),
-                                work,
-                                pack: false,
-                                progress: false,
-                            },
-                        );
-                        up.send(&FromLauncher::Parked {
-                            slot: slot.clone(),
-                            pid: m.sender.pid,
-                        })?;
-                    }
-                }
-            }
-        }
-
-        // Children.
-        for (i, slot) in slots.iter().enumerate() {
-            let base = 6 + 3 * i;
-            let Some(c) = children.get_mut(slot) else {
-                continue;
-            };
-            // Output first: it belongs before anything the channel says after it.
-            if fds[base + 1].revents != 0 {
-                c.out.pump(slot, &mut up, false)?;
-            }
-            if fds[base + 2].revents != 0 {
-                c.err.pump(slot, &mut up, false)?;
-            }
-            if fds[base].revents == 0 {
-                continue;
-            }
-            let mut violation: Option<String> = None;
-            let mut closed = false;
-            match c.lines.fill(c.fd.as_raw_fd()) {
-                Ok(Read_::Eof) => closed = true,
-                Ok(Read_::Data) => {}
-                Err(e) => violation = Some(e),
-            }
-            while violation.is_none() {
-                let line = match c.lines.next_line() {
-                    Ok(Some(l)) => l,
-                    Ok(None) => break,
-                    Err(e) => {
-                        violation = Some(e);
-                        break;
-                    }
-                };
-                let msg = match crate::child_line::parse(line) {
-                    Ok(m) => m,
-                    Err(e) => {
-                        violation = Some(e);
-                        break;
-                    }
-                };
-                if c.done {
-                    violation = Some("a line after the terminal result".into());
-                    break;
-                }
-                let s = slot.clone();
-                if matches!(msg, ChildMsg::Result { .. } | ChildMsg::Error { .. }) {
-                    // Everything the handler wrote is in the pipes by now: relay all of it
-                    // before its answer.
-                    c.out.pump(slot, &mut up, true)?;
-                    c.err.pump(slot, &mut up, true)?;
-                    // The handler is done: its directory, as it left it, goes with the
-                    // answer (before it, so the monitor has it when it answers).
-                    if c.pack {
-                        let p = c.work.pack(proto::front::MAX_WORKSPACE_OUT);
-                        if let Some(why) = &p.note {
-                            log::warn!(
-                                "launcher: request {slot}: its directory was not packed: {why}"
-                            );
-                        }
-                        up.send(&FromLauncher::WorkspaceOut {
-                            slot: slot.clone(),
-                            tar: p.tar.map(proto::bytes::Bytes),
-                            truncated: p.truncated,
-                        })?;
-                    }
-                }
-                if matches!(msg, ChildMsg::Heartbeat)
-                    || (matches!(msg, ChildMsg::Progress { .. }) && !c.progress)
-                {
-                    // It rides with the next frame that goes (or after `HOLD`).
-                    if beat_due(&mut c.beat_sent, Instant::now()) {
-                        up.hold(&FromLauncher::ChildHeartbeat { slot: s })?;
-                    }
-                    continue;
-                }
-                let out = match msg {
-                    ChildMsg::Progress { text } => FromLauncher::Progress { slot: s, text },
-                    ChildMsg::Heartbeat => FromLauncher::ChildHeartbeat { slot: s },
-                    ChildMsg::Result { value } => {
-                        c.done = true;
-                        FromLauncher::Returned {
-                            slot: s,
-                            value: value.to_string(),
-                        }
-                    }
-                    ChildMsg::Error {
-                        message,
-                        traceback,
-                        exit_code,
-                    } => {
-                        c.done = true;
-                        FromLauncher::Raised {
-                            slot: s,
-                            message,
-                            traceback,
-                            exit_code,
-                        }
-                    }
-                };
-                up.send(&out)?;
-            }
-            if violation.is_none() && closed && !ctl_open && !c.done {
-                // The agent went first: this child is going down with the zygote.
-                c.out.pump(slot, &mut up, true)?;
-                c.err.pump(slot, &mut up, true)?;
-                c.orphaned = true;
-                continue;
-            }
-            if violation.is_some() || closed {
-                c.out.pump(slot, &mut up, true)?;
-                c.err.pump(slot, &mut up, true)?;
-                // The end of a child that has answered can wait for company (see HOLD); a
-                // child that broke the protocol or died unanswered is reported at once.
-                let answered = c.done && violation.is_none();
-                children.remove(slot);
-                if let Some(space) = script_space.as_mut() {
-                    space.release(slot);
-                }
-                let msg = FromLauncher::SlotClosed {
-                    slot: slot.clone(),
-                    violation,
-                };
-                if answered {
-                    up.hold(&msg)?;
-                } else {
-                    up.send(&msg)?;
-                }
-            }
-        }
-
-        // init: the agent exited (W) or init itself is gone (EOF).
-        if fds[1].revents != 0 {
-            let mut chunk = [0u8; 512];
-            let n = sys::read_fd(report, &mut chunk).unwrap_or(0);
-            if n == 0 {
-                break;
-            }
-            report_buf.extend_from_slice(&chunk[..n]);
-            if report_buf.len() > 4096 {
-                return end("the sandbox's init said too much".into());
-            }
-            while let Some(nl) = report_buf.iter().position(|&b| b == b'\n') {
-                let line: Vec<u8> = report_buf.drain(..=nl).collect();
-                let text = String::from_utf8_lossy(&line[..line.len() - 1]).to_string();
-                match text.strip_prefix("W ").and_then(|n| n.parse::<i32>().ok()) {
-                    Some(s) => agent_status = Some(s),
-                    None => return end("the sandbox's init broke its report protocol".into()),
-                }
-            }
-        }
-        up.flush_due()?;
+        Ok(Then::Go)
     }
-    // init is gone, and every child went with it. Say so first, so the monitor blames the
-    // zygote, not the handlers, for the requests that were running.
-    let s = agent_status.unwrap_or(libc::SIGKILL);
-    let (code, signal) = if libc::WIFSIGNALED(s) {
-        (None, Some(libc::WTERMSIG(s)))
-    } else {
-        (Some(libc::WEXITSTATUS(s)), None)
-    };
-    up.send(&FromLauncher::Exited {
-        code,
-        signal,
-        timed_out: false,
-        wall_us: 0,
-    })?;
-    for (slot, _) in children.drain() {
-        up.send(&FromLauncher::SlotClosed {
+
+    /// Ask the agent for a parked child for `slot`.
+    fn park(&mut self, slot: String) -> Result<(), LaunchError> {
+        let mut line = serde_json::json!({"kind": "park", "slot": slot}).to_string();
+        line.push('\n');
+        if send_now(self.ctl, line.as_bytes()).is_err() {
+            self.up.send(&FromLauncher::ParkFailed {
+                slot,
+                message: "the agent is not reading".into(),
+            })?;
+        }
+        Ok(())
+    }
+
+    /// Hand a call to `slot`'s parked child: its script placed, its workspace unpacked,
+    /// then its request line. A refused script or workspace ends the pass (see [`Then`]).
+    fn call(&mut self, slot: String, call: Call) -> Result<Then, LaunchError> {
+        // A pool's script goes into the sandbox before its request does.
+        let placed = self.place_script(&slot, call.script.as_ref());
+        let refused = match &placed {
+            Err(Refused::TooLarge(m)) => Some((true, m.clone())),
+            Err(Refused::Full(m)) => Some((false, m.clone())),
+            _ => None,
+        };
+        if let Some((too_large, message)) = refused {
+            self.children.remove(&slot);
+            self.up.send(&FromLauncher::ScriptRefused {
+                slot: slot.clone(),
+                too_large,
+                message,
+            })?;
+            self.up.send(&FromLauncher::SlotClosed {
+                slot,
+                violation: None,
+            })?;
+            return Ok(Then::Poll);
+        }
+        let shrink = call.shrink_to.filter(|s| *s < self.scratch_bytes);
+        if let Some(c) = self.children.get_mut(&slot) {
+            c.pack = call.out;
+            c.progress = call.progress;
+        }
+        // The workspace is unpacked into the child's directory before the child has its
+        // request: nothing of the call runs until it is all there. Where the child's
+        // scratch space is shrunk first, it is unpacked after that, into the smaller space.
+        if shrink.is_none() {
+            if let Some(refusal) = self.children.get(&slot).and_then(|c| {
+                c.work
+                    .unpack_call(call.workspace.as_ref(), self.scratch_bytes)
+                    .err()
+            }) {
+                self.refuse_workspace(slot, refusal)?;
+                return Ok(Then::Poll);
+            }
+        }
+        let delivered = match placed {
+            Ok(path) => self.deliver(&slot, path, call, shrink),
+            Err(e) => {
+                log::error!("launcher: place a script in the sandbox: {e}");
+                false
+            }
+        };
+        if !delivered {
+            self.drop_undelivered(slot, "the child could not take the request")?;
+        }
+        Ok(Then::Go)
+    }
+
+    /// Place a pool's script for `slot`'s call: its path in the sandbox, or none when the
+    /// call has none (or `slot` has no child).
+    fn place_script(
+        &mut self,
+        slot: &str,
+        script: Option<&proto::launch::Script>,
+    ) -> Result<Option<String>, Refused> {
+        match (script, self.script_space.as_mut()) {
+            (Some(s), Some(space)) if self.children.contains_key(slot) => {
+                space.place(slot, s).map(Some)
+            }
+            (Some(_), None) => Err(Refused::Failed("this zygote is not a runtime pool".into())),
+            _ => Ok(None),
+        }
+    }
+
+    /// Write `slot`'s request line to its child now, or hold it while the mounter shrinks
+    /// the child's scratch space and writes its secrets. False if the child could not take
+    /// it (or there is no child).
+    fn deliver(
+        &mut self,
+        slot: &str,
+        script: Option<String>,
+        call: Call,
+        shrink: Option<u64>,
+    ) -> bool {
+        let Some(c) = self.children.get(slot) else {
+            return false;
+        };
+        let line = request_line(call.request_id, script, &call.event);
+        if shrink.is_none() && call.secrets.is_empty() {
+            return sys::write_fd(c.fd.as_raw_fd(), &line).is_ok();
+        }
+        // Its /tmp and /work are shrunk and its secrets written first; the request follows
+        // once the mounter says so (and the workspace, where the space was shrunk, after
+        // that).
+        if let Err(e) = self
+            .mounter
+            .prepare(slot, c.pid, &self.ns, shrink, &call.secrets)
+        {
+            log::error!("launcher: {e}");
+            return false;
+        }
+        self.shrinking.insert(
+            slot.to_string(),
+            Held {
+                line,
+                workspace: if shrink.is_some() {
+                    call.workspace
+                } else {
+                    None
+                },
+                size: shrink.unwrap_or(self.scratch_bytes),
+            },
+        );
+        true
+    }
+
+    /// Drop `slot`'s child, unused (see [`Zygote::on_monitor`]).
+    fn reap(&mut self, slot: &str) {
+        if let Some(space) = self.script_space.as_mut() {
+            space.release(slot);
+        }
+        self.children.remove(slot);
+        self.mounting.remove(slot);
+        self.shrinking.remove(slot);
+    }
+
+    /// A call whose workspace was refused: nothing of it ran; its child is dropped and the
+    /// monitor told why.
+    fn refuse_workspace(
+        &mut self,
+        slot: String,
+        refusal: crate::workspace::Refusal,
+    ) -> Result<(), LaunchError> {
+        if let Some(space) = self.script_space.as_mut() {
+            space.release(&slot);
+        }
+        self.children.remove(&slot);
+        self.up.send(&FromLauncher::WorkspaceRefused {
+            slot: slot.clone(),
+            too_large: refusal.too_large,
+            message: format!("the workspace was refused: {}", refusal.message),
+        })?;
+        self.up.send(&FromLauncher::SlotClosed {
             slot,
             violation: None,
-        })?;
+        })
     }
-    Ok(())
+
+    /// A call whose request never reached its child: the child is dropped, and the monitor
+    /// told why.
+    fn drop_undelivered(&mut self, slot: String, why: &str) -> Result<(), LaunchError> {
+        if let Some(space) = self.script_space.as_mut() {
+            space.release(&slot);
+        }
+        self.children.remove(&slot);
+        self.up.send(&FromLauncher::SlotClosed {
+            slot,
+            violation: Some(why.into()),
+        })
+    }
+
+    // --- The agent ----------------------------------------------------------------------
+
+    /// The agent's control channel: its lines, each relayed to the monitor.
+    fn on_agent(&mut self) -> Result<(), LaunchError> {
+        match self.ctl_lines.fill(self.ctl) {
+            Ok(Read_::Eof) => self.ctl_open = false,
+            Ok(Read_::Data) => {}
+            Err(e) => return Err(self.end(format!("the agent broke the protocol: {e}"))),
+        }
+        loop {
+            let line = match self.ctl_lines.next_line() {
+                Ok(Some(l)) => l,
+                Ok(None) => break,
+                Err(e) => return Err(self.end(format!("the agent broke the protocol: {e}"))),
+            };
+            let msg = match parse::<AgentMsg>(&line) {
+                Ok(m) => m,
+                Err(e) => return Err(self.end(format!("the agent broke the protocol: {e}"))),
+            };
+            let out = self.agent_message(msg)?;
+            self.up.send(&out)?;
+        }
+        Ok(())
+    }
+
+    /// What the monitor is told of one agent line, if it came in its turn.
+    fn agent_message(&mut self, msg: AgentMsg) -> Result<FromLauncher, LaunchError> {
+        Ok(match msg {
+            AgentMsg::Ready { .. } if !self.ready => {
+                self.ready = true;
+                FromLauncher::Ready
+            }
+            AgentMsg::ImportError { message, traceback } if !self.ready => {
+                FromLauncher::ImportError {
+                    message: crate::child_line::cut_message(message),
+                    traceback: crate::child_line::cut_traceback(traceback),
+                }
+            }
+            AgentMsg::Heartbeat if self.ready => FromLauncher::Heartbeat,
+            AgentMsg::ParkFailed { slot, message } if self.ready && valid_slot(&slot) => {
+                FromLauncher::ParkFailed { slot, message }
+            }
+            other => {
+                return Err(self.end(format!(
+                    "the agent broke the protocol: {other:?} out of order"
+                )))
+            }
+        })
+    }
+
+    /// A registration: a request process asks to be parked.
+    fn on_registration(&mut self) -> Result<(), LaunchError> {
+        match receive_registration(self.reg) {
+            Ok(Some((slot, sender, fd, out, err))) => {
+                if self.children.contains_key(&slot) || self.mounting.contains_key(&slot) {
+                    return Err(self.end(format!("slot {slot} registered twice")));
+                }
+                // The request's own /tmp and /work, mounted by a helper this loop does
+                // not wait for; the child is parked once they are there. A child that
+                // gets neither sees its channel close, and exits.
+                match self.mounter.request(&slot, sender.pid, &self.ns) {
+                    Err(e) => self.up.send(&FromLauncher::ParkFailed {
+                        slot,
+                        message: format!("give the request its own /tmp and /work: {e}"),
+                    })?,
+                    Ok(()) => {
+                        self.mounting.insert(
+                            slot,
+                            Mounting {
+                                sender,
+                                fd,
+                                out,
+                                err,
+                            },
+                        );
+                    }
+                }
+            }
+            Ok(None) => {}
+            Err(e) if e.contains("closed") => self.reg_open = false,
+            Err(e) => return Err(self.end(format!("the agent broke the protocol: {e}"))),
+        }
+        Ok(())
+    }
+
+    /// The agent's own diagnostics.
+    fn on_agent_log(&mut self) {
+        self.log_open = self.agent_log.pump(self.log_fd);
+    }
+
+    // --- The mounter --------------------------------------------------------------------
+
+    /// The mounter's answer: that child is parked now (or failed). A slot dropped
+    /// meanwhile has no entry any more; its answer is dropped.
+    fn on_mounter(&mut self) -> Result<Then, LaunchError> {
+        let (slot, result) = match self.mounter.answer() {
+            Ok(a) => a,
+            Err(e) => return Err(self.end(format!("the mounter failed: {e}"))),
+        };
+        // A request held while its child's scratch space was shrunk goes on now, or
+        // (not shrunk) never reaches the child.
+        if let Some(held) = self.shrinking.remove(&slot) {
+            return self.prepared(slot, result, held);
+        }
+        if let Some(m) = self.mounting.remove(&slot) {
+            self.mounted(slot, result, m)?;
+        }
+        Ok(Then::Go)
+    }
+
+    /// The mounter has shrunk `slot`'s scratch space and written its secrets (or failed
+    /// to): the request held for it goes on.
+    fn prepared(
+        &mut self,
+        slot: String,
+        result: Result<Option<OwnedFd>, crate::scratch::ScratchError>,
+        held: Held,
+    ) -> Result<Then, LaunchError> {
+        // Its workspace goes into the space as it is now.
+        if let (Ok(_), Some(c)) = (&result, self.children.get(&slot)) {
+            if let Err(refusal) = c.work.unpack_call(held.workspace.as_ref(), held.size) {
+                self.refuse_workspace(slot, refusal)?;
+                return Ok(Then::Poll);
+            }
+        }
+        let line = held.line;
+        let delivered = match (&result, self.children.get(&slot)) {
+            (Ok(_), Some(c)) => sys::write_fd(c.fd.as_raw_fd(), &line).is_ok(),
+            (Err(e), Some(_)) => {
+                log::error!("launcher: {e}");
+                false
+            }
+            (_, None) => true,
+        };
+        if !delivered {
+            self.drop_undelivered(
+                slot,
+                "the request's /tmp and /work could not be shrunk to its scratch limit",
+            )?;
+        }
+        Ok(Then::Go)
+    }
+
+    /// The mounter has given `slot`'s registered process its own `/tmp` and `/work` (or
+    /// failed to): it gets its directory and is told it is parked, and the monitor is told.
+    fn mounted(
+        &mut self,
+        slot: String,
+        result: Result<Option<OwnedFd>, crate::scratch::ScratchError>,
+        m: Mounting,
+    ) -> Result<(), LaunchError> {
+        let placed = result
+            .map_err(|e| format!("give the request its own /tmp and /work: {e}"))
+            .and_then(|work| {
+                work.ok_or_else(|| "the mounter did not hand over its /work".to_string())
+            })
+            .and_then(|work| {
+                crate::workspace::Workdir::create(work, act_as(m.sender))
+                    .map_err(|e| format!("give the request its own directory: {e}"))
+            })
+            .and_then(|work| {
+                send_now(m.fd.as_raw_fd(), &mounted_line(&work.name))
+                    .map(|()| work)
+                    .map_err(|e| {
+                        format!("the request's process could not be told it was parked: {e}")
+                    })
+            });
+        let work = match placed {
+            Ok(work) => work,
+            Err(message) => return self.up.send(&FromLauncher::ParkFailed { slot, message }),
+        };
+        self.children.insert(
+            slot.clone(),
+            Child {
+                pid: m.sender.pid,
+                fd: m.fd,
+                lines: Lines::new(MAX_CHILD_LINE),
+                done: false,
+                orphaned: false,
+                beat_sent: None,
+                out: Relay::new(m.out, Stream::Stdout),
+                err: Relay::new(m.err, Stream::Stderr),
+                work,
+                pack: false,
+                progress: false,
+            },
+        );
+        self.up.send(&FromLauncher::Parked {
+            slot,
+            pid: m.sender.pid,
+        })
+    }
+
+    // --- Children and init --------------------------------------------------------------
+
+    /// A child's channel, stdout and stderr, as `ready` says which of them poll found ready.
+    fn on_child(&mut self, slot: &str, ready: [bool; 3]) -> Result<(), LaunchError> {
+        let Some(c) = self.children.get_mut(slot) else {
+            return Ok(());
+        };
+        // Output first: it belongs before anything the channel says after it.
+        if ready[1] {
+            c.out.pump(slot, &mut self.up, false)?;
+        }
+        if ready[2] {
+            c.err.pump(slot, &mut self.up, false)?;
+        }
+        if !ready[0] {
+            return Ok(());
+        }
+        let (violation, closed) = c.read_lines(slot, &mut self.up)?;
+        if violation.is_none() && closed && !self.ctl_open && !c.done {
+            // The agent went first: this child is going down with the zygote.
+            c.drain(slot, &mut self.up)?;
+            c.orphaned = true;
+            return Ok(());
+        }
+        if violation.is_none() && !closed {
+            return Ok(());
+        }
+        c.drain(slot, &mut self.up)?;
+        // The end of a child that has answered can wait for company (see HOLD); a child
+        // that broke the protocol or died unanswered is reported at once.
+        let answered = c.done && violation.is_none();
+        self.children.remove(slot);
+        if let Some(space) = self.script_space.as_mut() {
+            space.release(slot);
+        }
+        let msg = FromLauncher::SlotClosed {
+            slot: slot.to_string(),
+            violation,
+        };
+        if answered {
+            self.up.hold(&msg)
+        } else {
+            self.up.send(&msg)
+        }
+    }
+
+    /// init: the agent exited (W) or init itself is gone (EOF).
+    fn on_report(&mut self) -> Result<Then, LaunchError> {
+        let mut chunk = [0u8; 512];
+        let n = sys::read_fd(self.report, &mut chunk).unwrap_or(0);
+        if n == 0 {
+            return Ok(Then::InitGone);
+        }
+        self.report_buf.extend_from_slice(&chunk[..n]);
+        if self.report_buf.len() > 4096 {
+            return Err(self.end("the sandbox's init said too much".into()));
+        }
+        while let Some(nl) = self.report_buf.iter().position(|&b| b == b'\n') {
+            let line: Vec<u8> = self.report_buf.drain(..=nl).collect();
+            let text = String::from_utf8_lossy(&line[..line.len() - 1]).to_string();
+            match text.strip_prefix("W ").and_then(|n| n.parse::<i32>().ok()) {
+                Some(s) => self.agent_status = Some(s),
+                None => return Err(self.end("the sandbox's init broke its report protocol".into())),
+            }
+        }
+        Ok(Then::Go)
+    }
+
+    /// init is gone, and every child went with it. Say so first, so the monitor blames the
+    /// zygote, not the handlers, for the requests that were running.
+    fn exited(mut self) -> Result<(), LaunchError> {
+        let s = self.agent_status.unwrap_or(libc::SIGKILL);
+        let (code, signal) = if libc::WIFSIGNALED(s) {
+            (None, Some(libc::WTERMSIG(s)))
+        } else {
+            (Some(libc::WEXITSTATUS(s)), None)
+        };
+        self.up.send(&FromLauncher::Exited {
+            code,
+            signal,
+            timed_out: false,
+            wall_us: 0,
+        })?;
+        for (slot, _) in self.children.drain() {
+            self.up.send(&FromLauncher::SlotClosed {
+                slot,
+                violation: None,
+            })?;
+        }
+        Ok(())
+    }
+}
+
+impl Child {
+    /// Read its channel and relay each whole line: how it broke the protocol, if it did,
+    /// and whether its channel closed.
+    fn read_lines(
+        &mut self,
+        slot: &str,
+        up: &mut Up,
+    ) -> Result<(Option<String>, bool), LaunchError> {
+        let mut violation: Option<String> = None;
+        let mut closed = false;
+        match self.lines.fill(self.fd.as_raw_fd()) {
+            Ok(Read_::Eof) => closed = true,
+            Ok(Read_::Data) => {}
+            Err(e) => violation = Some(e),
+        }
+        while violation.is_none() {
+            let line = match self.lines.next_line() {
+                Ok(Some(l)) => l,
+                Ok(None) => break,
+                Err(e) => {
+                    violation = Some(e);
+                    break;
+                }
+            };
+            let msg = match crate::child_line::parse(line) {
+                Ok(m) => m,
+                Err(e) => {
+                    violation = Some(e);
+                    break;
+                }
+            };
+            if self.done {
+                violation = Some("a line after the terminal result".into());
+                break;
+            }
+            self.pass_on(slot, msg, up)?;
+        }
+        Ok((violation, closed))
+    }
+
+    /// Relay one of its lines to the monitor.
+    fn pass_on(&mut self, slot: &str, msg: ChildMsg, up: &mut Up) -> Result<(), LaunchError> {
+        let s = slot.to_string();
+        if matches!(msg, ChildMsg::Result { .. } | ChildMsg::Error { .. }) {
+            // Everything the handler wrote is in the pipes by now: relay all of it
+            // before its answer.
+            self.drain(slot, up)?;
+            // The handler is done: its directory, as it left it, goes with the
+            // answer (before it, so the monitor has it when it answers).
+            if self.pack {
+                let p = self.work.pack(proto::front::MAX_WORKSPACE_OUT);
+                if let Some(why) = &p.note {
+                    log::warn!("launcher: request {slot}: its directory was not packed: {why}");
+                }
+                up.send(&FromLauncher::WorkspaceOut {
+                    slot: slot.to_string(),
+                    tar: p.tar.map(proto::bytes::Bytes),
+                    truncated: p.truncated,
+                })?;
+            }
+        }
+        if matches!(msg, ChildMsg::Heartbeat)
+            || (matches!(msg, ChildMsg::Progress { .. }) && !self.progress)
+        {
+            // It rides with the next frame that goes (or after `HOLD`).
+            if beat_due(&mut self.beat_sent, Instant::now()) {
+                up.hold(&FromLauncher::ChildHeartbeat { slot: s })?;
+            }
+            return Ok(());
+        }
+        let out = match msg {
+            ChildMsg::Progress { text } => FromLauncher::Progress { slot: s, text },
+            ChildMsg::Heartbeat => FromLauncher::ChildHeartbeat { slot: s },
+            ChildMsg::Result { value } => {
+                self.done = true;
+                FromLauncher::Returned {
+                    slot: s,
+                    value: value.to_string(),
+                }
+            }
+            ChildMsg::Error {
+                message,
+                traceback,
+                exit_code,
+            } => {
+                self.done = true;
+                FromLauncher::Raised {
+                    slot: s,
+                    message,
+                    traceback,
+                    exit_code,
+                }
+            }
+        };
+        up.send(&out)
+    }
+
+    /// Relay all that its pipes hold now, stdout first.
+    fn drain(&mut self, slot: &str, up: &mut Up) -> Result<(), LaunchError> {
+        self.out.pump(slot, up, true)?;
+        self.err.pump(slot, up, true)
+    }
 }
 
 #[cfg(test)]
