@@ -161,10 +161,12 @@ both_tests! {
         // than a second past the deadline (before the quota was lifted for the kill this
         // took 15-25 s as root, and wall_ms hid it).
         assert!(wall < 2000.0 + 1000.0, "[{}] the kill took {} ms past the deadline: {v}", who.name(), wall - 2000.0);
-        // And zygo returned soon after; the sandbox is also built under its 1% quota,
-        // which takes up to a second here.
+        // And zygo returned soon after (before the quota was lifted for the kill, 15-25 s
+        // late). The sandbox is also built under its 1% quota: the 10-30 ms of CPU that
+        // takes are 1 to 3 s at 1 ms per 100 ms, the more the busier the machine (3.2 s
+        // once, with the whole suite running beside it).
         assert!(
-            f.elapsed < Duration::from_millis(2000 + 1500 + 1000),
+            f.elapsed < Duration::from_millis(2000 + 1500 + 3500),
             "[{}] zygo took {:?} to return after a 2 s deadline: {v}",
             who.name(),
             f.elapsed
