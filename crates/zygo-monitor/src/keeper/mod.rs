@@ -321,8 +321,14 @@ impl LocalKeeper {
     pub fn start(backend: Backend, waker: Arc<mio::Waker>) -> std::io::Result<LocalKeeper> {
         let backend = Arc::new(backend);
         let worker = Worker::start(backend.clone(), waker)?;
-        Ok(LocalKeeper {
-            host: Some(Host { backend, worker }),
+        Ok(LocalKeeper::with(Some(Host { backend, worker })))
+    }
+
+    /// A keeper serving, that has issued no id and holds no cgroup (`host` `None`: no
+    /// cgroup tree either, for unit tests and the fuzz target).
+    fn with(host: Option<Host>) -> LocalKeeper {
+        LocalKeeper {
+            host,
             phase: Phase::Serving,
             next: 0,
             served: HashMap::new(),
@@ -331,7 +337,7 @@ impl LocalKeeper {
             placing: HashSet::new(),
             runs: HashMap::new(),
             run_dirs: BTreeSet::new(),
-        })
+        }
     }
 
     /// The backend, for what is not behind the table yet (one-shot runs, dependency
@@ -1013,17 +1019,7 @@ impl LocalKeeper {
     /// every request is checked (the table, then its names and ids) and refused, and none
     /// reaches the host. A named process is never looked at: no zygote is known.
     pub fn without_tree() -> LocalKeeper {
-        LocalKeeper {
-            host: None,
-            phase: Phase::Serving,
-            next: 0,
-            served: HashMap::new(),
-            zygotes: HashMap::new(),
-            slots: HashMap::new(),
-            placing: HashSet::new(),
-            runs: HashMap::new(),
-            run_dirs: BTreeSet::new(),
-        }
+        LocalKeeper::with(None)
     }
 }
 
@@ -1031,18 +1027,17 @@ impl LocalKeeper {
 impl LocalKeeper {
     /// A keeper with no cgroup tree, for unit tests: cgroups are handed to it.
     pub fn detached() -> LocalKeeper {
-        LocalKeeper {
-            host: None,
-            phase: Phase::Serving,
-            next: 0,
-            served: HashMap::new(),
-            zygotes: HashMap::new(),
-            slots: HashMap::new(),
-            placing: HashSet::new(),
-            runs: HashMap::new(),
-            run_dirs: BTreeSet::new(),
-        }
+        LocalKeeper::with(None)
     }
+
+    /// Limits for unit tests' zygotes.
+    pub const TEST_LIMITS: Limits = Limits {
+        mem_bytes: Some(256 << 20),
+        cpu_millis: 1000,
+        pids: 64,
+        io_bps: 1 << 20,
+        io_iops: 100,
+    };
 
     /// A zygote of `key` with `limits`, in the fake cgroup `cg`.
     pub fn adopt_zygote(
@@ -1099,13 +1094,7 @@ mod tests {
     use super::*;
     use crate::cgroup::fake::{Fake, Op};
 
-    const LIMITS: Limits = Limits {
-        mem_bytes: Some(256 << 20),
-        cpu_millis: 1000,
-        pids: 64,
-        io_bps: 1 << 20,
-        io_iops: 100,
-    };
+    const LIMITS: Limits = LocalKeeper::TEST_LIMITS;
 
     #[test]
     fn a_slot_is_named_only_by_the_id_the_keeper_issued() {

@@ -1545,17 +1545,7 @@ mod tests {
             cpu_usec: 2_500_000,
         });
         let mut keeper = LocalKeeper::detached();
-        let z = keeper.adopt_zygote(
-            "hello",
-            crate::cgroup::Limits {
-                mem_bytes: None,
-                cpu_millis: 1000,
-                pids: 64,
-                io_bps: 0,
-                io_iops: 0,
-            },
-            &Fake::new(),
-        );
+        let z = keeper.adopt_zygote("hello", LocalKeeper::TEST_LIMITS, &Fake::new());
         let slot = keeper.adopt_slot(z, &cg);
         let usage = last_reading(&mut keeper, slot);
         assert_eq!(cg.ops(), [Op::Thaw, Op::KillAll, Op::Usage]);

@@ -133,13 +133,7 @@ mod tests {
     use crate::cgroup::fake::{Fake, Op};
     use crate::cgroup::Limits;
 
-    const LIMITS: Limits = Limits {
-        mem_bytes: Some(1 << 28),
-        cpu_millis: 1000,
-        pids: 64,
-        io_bps: 1 << 20,
-        io_iops: 100,
-    };
+    const LIMITS: Limits = LocalKeeper::TEST_LIMITS;
     use proto::front::ExecRequest;
 
     const TIMEOUT: Duration = Duration::from_secs(30);
